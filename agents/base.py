@@ -1,0 +1,119 @@
+"""The narrow agent interface every proposer implements.
+
+The offline agent, the Claude agent and the scripted test agent all plug into the
+controller the same way: ``agent.propose(request)`` is an async iterator of
+``AgentEvent``s that ends with exactly one ``ProposalReady`` (or a ``Failure``).
+The controller cancels a reply by cancelling the task that iterates it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+Role = Literal["plan", "implement", "fix", "tune", "analyze"]
+ProposalKind = Literal["plan", "kernel", "tuning"]
+
+
+@dataclass(frozen=True)
+class TaskBrief:
+    """What an agent may know of a task. Never carries the held-out shape."""
+
+    name: str
+    description: str
+    layout: str
+    entry: str
+    family: str | None
+    reference_source: str
+    shapes: tuple[dict[str, Any], ...]  # visible configurations only: {"name", "params"}
+    atol: float
+    rtol: float
+    require_pallas: bool
+
+
+@dataclass(frozen=True)
+class AgentRequest:
+    role: Role
+    task: TaskBrief
+    current_source: str | None  # the current kernel version, None before the first
+    current_version: int | None = None
+    last_eval: dict[str, Any] | None = None  # EvalResult.to_json() of the current version
+    profile_summary: dict[str, Any] | None = None
+    user_message: str | None = None
+    notes: tuple[str, ...] = ()  # rejection notes and follow-ups since the last proposal
+    history: tuple[dict[str, Any], ...] = ()  # [{"version", "status", "speedup", "summary"}]
+    chip: str = "cpu"
+    lessons: tuple[str, ...] = ()  # remembered across sessions (agents.memory)
+
+
+@dataclass(frozen=True)
+class Proposal:
+    kind: ProposalKind
+    summary: str  # one line, shown in lists
+    rationale: str = ""
+    source: str | None = None  # kind == "kernel": the complete new kernel source
+    plan: str | None = None  # kind == "plan": markdown steps
+    tuning: dict[str, Any] | None = None  # kind == "tuning": {"NAME": new_value, ...}
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Usage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    cost_usd: float = 0.0
+
+
+# -- events streamed by an agent -------------------------------------------------------
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    input: dict[str, Any]
+    id: str = ""
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Something the user should see: a retry with its wait, a fallback, a follow-up."""
+
+    text: str
+    level: Literal["info", "warning", "error"] = "info"
+
+
+@dataclass(frozen=True)
+class UsageReport:
+    usage: Usage
+
+
+@dataclass(frozen=True)
+class ProposalReady:
+    proposal: Proposal
+    text: str = ""  # the agent's full prose reply
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The agent could not produce a proposal (API error, no key, gave up)."""
+
+    message: str
+    retryable: bool = False
+
+
+AgentEvent = TextDelta | ToolCall | Notice | UsageReport | ProposalReady | Failure
+
+
+@runtime_checkable
+class Agent(Protocol):
+    name: str  # "offline" | "anthropic" | "scripted"
+    label: str  # shown in the UI, e.g. "offline agent" or "Claude (claude-sonnet-4-5)"
+
+    def propose(self, request: AgentRequest) -> AsyncIterator[AgentEvent]: ...

@@ -1,0 +1,54 @@
+"""The layering of DESIGN.md, checked: import-linter contracts, ruff, package docstrings,
+and no jax in the app process."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("tui", "sessions", "agents", "kernels", "profiling")
+
+
+def _tool(name: str) -> str:
+    path = Path(sys.executable).parent / name
+    return str(path) if path.exists() else (shutil.which(name) or name)
+
+
+def test_import_linter_contracts_hold() -> None:
+    proc = subprocess.run([_tool("lint-imports"), "--no-cache"], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_ruff_clean() -> None:
+    proc = subprocess.run([_tool("ruff"), "check", "."], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_each_package_opens_with_a_docstring(package: str) -> None:
+    module = importlib.import_module(package)
+    doc = (module.__doc__ or "").strip()
+    assert len(doc) > 80, f"{package}/__init__.py needs a docstring saying what lives there"
+
+
+def test_cli_and_app_layers_do_not_import_jax() -> None:
+    code = (
+        "import sys, json, importlib\n"
+        "import tui.cli\n"
+        "tui.cli.build_parser()\n"
+        "for m in ('sessions', 'agents', 'kernels.loaders', 'kernels.workers'):\n"
+        "    try: importlib.import_module(m)\n"
+        "    except ModuleNotFoundError: pass\n"
+        "print(json.dumps(sorted(k for k in sys.modules if k == 'jax' or k.startswith('jax.'))))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
