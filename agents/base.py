@@ -42,7 +42,10 @@ class AgentRequest:
     profile_summary: dict[str, Any] | None = None
     user_message: str | None = None
     notes: tuple[str, ...] = ()  # rejection notes and follow-ups since the last proposal
-    history: tuple[dict[str, Any], ...] = ()  # [{"version", "status", "speedup", "summary"}]
+    # [{"version", "status", "speedup", "summary"}], oldest first; entries may also carry
+    # "median_ms" and "tunables" ({NAME: value} of that version, kernels.tunables.config_of),
+    # which the offline autotuner uses to remember what it has tried.
+    history: tuple[dict[str, Any], ...] = ()
     chip: str = "cpu"
     lessons: tuple[str, ...] = ()  # remembered across sessions (agents.memory)
 

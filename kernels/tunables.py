@@ -1,0 +1,186 @@
+"""The tunables convention: what a kernel lets an autotuner change, read and rewritten with ``ast``.
+
+A kernel declares its knobs as module-level constants plus one literal dict::
+
+    BLOCK_ROWS = 64
+    BLOCK_COLS = 512
+    TUNABLES = {"BLOCK_ROWS": [8, 16, 32, 64, 128, 256], "BLOCK_COLS": [128, 256, 512]}
+
+Each name in ``TUNABLES`` is a module-level constant assigned exactly once to a literal.
+``read`` returns ``{name: (current, choices)}``; ``apply`` rewrites only the right-hand
+side of those assignments and keeps every other byte of the source.
+
+TPU legality: a block's last two dimensions must be multiples of (8, 128) or equal the
+array's dimensions. Which tunable tiles which axis is inferred from its name
+(``*ROWS``/``*_M``/``*_Q``/``*_KV`` tile sublanes: multiples of 8; ``*COLS``/``*_N``/
+``*_K``/``*LANES`` tile lanes: multiples of 128), or declared explicitly with an optional
+``TUNABLE_ALIGN = {"BLOCK_K": 128}``. App-side module: no JAX.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import Any
+
+SUBLANE = 8
+LANE = 128
+
+
+class TunablesError(ValueError):
+    """A ``TUNABLES`` declaration that does not follow the convention; says where and why."""
+
+    def __init__(self, message: str, line: int | None = None) -> None:
+        self.line = line
+        super().__init__(f"line {line}: {message}" if line else message)
+
+
+def _module_assigns(tree: ast.Module) -> dict[str, list[ast.Assign | ast.AnnAssign]]:
+    found: dict[str, list[ast.Assign | ast.AnnAssign]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    found.setdefault(target.id, []).append(node)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value:
+            found.setdefault(node.target.id, []).append(node)
+    return found
+
+
+def _literal_dict(assigns: dict[str, list], name: str) -> dict[str, Any] | None:
+    nodes = assigns.get(name)
+    if not nodes:
+        return None
+    node = nodes[-1]
+    try:
+        value = ast.literal_eval(node.value)
+    except ValueError as exc:
+        raise TunablesError(f"{name} must be a literal dict", node.lineno) from exc
+    if not isinstance(value, dict):
+        raise TunablesError(f"{name} must be a dict, got {type(value).__name__}", node.lineno)
+    return value
+
+
+def _parse(source: str) -> tuple[ast.Module, dict[str, list]]:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise TunablesError(f"syntax error: {exc.msg}", exc.lineno) from exc
+    return tree, _module_assigns(tree)
+
+
+def read(source: str) -> dict[str, tuple[Any, list[Any]]]:
+    """``{name: (current_value, choices)}`` for every declared tunable; ``{}`` when none."""
+    _tree, assigns = _parse(source)
+    declared = _literal_dict(assigns, "TUNABLES")
+    if declared is None:
+        return {}
+    out: dict[str, tuple[Any, list[Any]]] = {}
+    for name, choices in declared.items():
+        nodes = assigns.get(name)
+        if not nodes:
+            raise TunablesError(f"TUNABLES names {name!r} but the module never assigns it")
+        if len(nodes) > 1:
+            raise TunablesError(f"{name} is assigned {len(nodes)} times; assign it once",
+                                nodes[1].lineno)
+        try:
+            current = ast.literal_eval(nodes[0].value)
+        except ValueError as exc:
+            raise TunablesError(f"{name} must be assigned a literal", nodes[0].lineno) from exc
+        if not isinstance(choices, list | tuple) or not choices:
+            raise TunablesError(f"TUNABLES[{name!r}] must be a non-empty list of values")
+        out[name] = (current, list(choices))
+    return out
+
+
+def alignment(source: str) -> dict[str, int]:
+    """The alignment each tunable must respect: TUNABLE_ALIGN, else inferred from its name."""
+    _tree, assigns = _parse(source)
+    explicit = _literal_dict(assigns, "TUNABLE_ALIGN") or {}
+    return {name: int(explicit.get(name) or infer_alignment(name)) for name in read(source)}
+
+
+_LANE_NAME = re.compile(r"(COLS?|LANES?|_N|_K|^BN|^BK|_D|HEAD_DIM)$")
+_SUBLANE_NAME = re.compile(r"(ROWS?|SUBLANES?|_M|_Q|_KV|^BM|^BQ|_B|BATCH)$")
+
+
+def infer_alignment(name: str) -> int:
+    """Alignment a block tunable needs on TPU from its name; 1 when the name says nothing."""
+    upper = name.upper()
+    if _LANE_NAME.search(upper):
+        return LANE
+    if _SUBLANE_NAME.search(upper):
+        return SUBLANE
+    return 1
+
+
+def is_legal(name: str, value: Any, align: int, dims: tuple[int, ...] = ()) -> bool:
+    """Whether a value may be proposed: an aligned positive int that tiles every given dim.
+
+    A value at least as large as a dim is legal (kernels clamp with ``min(BLOCK, n)``, and a
+    block equal to the array dimension is always allowed); a smaller one must divide it.
+    Non-integer tunables (flags, strings) are always legal.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        return True
+    if value <= 0:
+        return False
+    if any(value < dim and dim % value for dim in dims):
+        return False
+    if dims and all(value >= dim for dim in dims):
+        return True  # clamps to the full dimension: always a legal block
+    return align <= 1 or value % align == 0
+
+
+def legal_choices(source: str, dims: dict[str, tuple[int, ...]] | None = None) -> dict[str, list]:
+    """Each tunable's choices filtered for TPU legality (alignment, and dims if known)."""
+    dims = dims or {}
+    aligns = alignment(source)
+    return {name: [v for v in choices if is_legal(name, v, aligns[name], dims.get(name, ()))]
+            for name, (_cur, choices) in read(source).items()}
+
+
+def nearest_legal(name: str, value: int, choices: list[Any], align: int,
+                  dims: tuple[int, ...] = ()) -> Any | None:
+    """The legal choice closest to ``value`` (ties go to the smaller, safer block)."""
+    legal = [c for c in choices if isinstance(c, int) and is_legal(name, c, align, dims)]
+    if not legal:
+        return None
+    return min(legal, key=lambda c: (abs(c - value), c))
+
+
+def apply(source: str, changes: dict[str, Any]) -> str:
+    """Rewrite the assignments of the named tunables; every other byte stays as it was."""
+    if not changes:
+        return source
+    declared = read(source)
+    unknown = [name for name in changes if name not in declared]
+    if unknown:
+        raise TunablesError(
+            f"not a declared tunable: {', '.join(unknown)} (declared: {', '.join(declared) or 'none'})")
+    for name, value in changes.items():
+        try:
+            ast.literal_eval(repr(value))
+        except (ValueError, SyntaxError) as exc:
+            raise TunablesError(f"{name}: {value!r} is not a literal value") from exc
+    _tree, assigns = _parse(source)
+    lines = source.splitlines(keepends=True)
+    # Rewrite bottom-up so earlier offsets stay valid.
+    edits = sorted(((assigns[name][0].value, value) for name, value in changes.items()),
+                   key=lambda e: (e[0].lineno, e[0].col_offset), reverse=True)
+    for node, value in edits:
+        start, end = node.lineno - 1, node.end_lineno - 1
+        head = lines[start][:_char_offset(lines[start], node.col_offset)]
+        tail = lines[end][_char_offset(lines[end], node.end_col_offset):]
+        lines[start:end + 1] = [head + repr(value) + tail]
+    return "".join(lines)
+
+
+def _char_offset(line: str, byte_offset: int) -> int:
+    # ast reports UTF-8 byte offsets; convert for lines with non-ASCII text.
+    return len(line.encode("utf-8")[:byte_offset].decode("utf-8", errors="ignore"))
+
+
+def config_of(source: str) -> dict[str, Any]:
+    """The current value of each tunable: the point in the search space a source sits at."""
+    return {name: current for name, (current, _choices) in read(source).items()}
