@@ -1,0 +1,59 @@
+"""The operations a worker answers: ``OPS`` maps a name to ``handler(payload) -> dict``.
+
+Built in: ``hello`` (backend and process facts) and ``eval`` (``kernels.harness.evaluate``).
+Other layers add theirs by listing a module in ``PLUGIN_MODULES`` that registers its
+handler on import with ``@op("name")`` (the profiling op lives in
+``kernels.harness.profile_op``). Handlers import their heavy dependencies lazily and
+return plain JSON-able dicts; an exception they raise becomes an error reply.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable
+from typing import Any
+
+Handler = Callable[[dict[str, Any]], dict[str, Any]]
+OPS: dict[str, Handler] = {}
+
+# Worker-side modules that register more ops; a missing one is skipped.
+PLUGIN_MODULES = ("kernels.harness.profile_op",)
+
+
+def op(name: str) -> Callable[[Handler], Handler]:
+    """Register ``handler`` under ``name`` (a later registration replaces an earlier one)."""
+
+    def register(handler: Handler) -> Handler:
+        OPS[name] = handler
+        return handler
+
+    return register
+
+
+@op("hello")
+def hello(payload: dict[str, Any]) -> dict[str, Any]:
+    from kernels.harness.backend import backend_info
+
+    return {"backend": backend_info(), "pid": os.getpid(), "ops": sorted(OPS)}
+
+
+@op("eval")
+def evaluate(payload: dict[str, Any]) -> dict[str, Any]:
+    from kernels.harness.evaluate import evaluate_request
+
+    return evaluate_request(payload)
+
+
+def load_plugins() -> list[str]:
+    """Import the plugin modules; returns the ones that were found."""
+    found = []
+    for name in PLUGIN_MODULES:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        found.append(name)
+    return found

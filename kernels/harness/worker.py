@@ -1,0 +1,114 @@
+"""Worker process main loop: ``python -m kernels.harness.worker --fd N --parent PID``.
+
+Imports JAX once, then answers requests framed on the inherited socket ``N``
+(``kernels.harness.protocol``) by dispatching to ``kernels.harness.ops.OPS``. Its
+stdout and stderr are a capture file owned by the app, which reads it per request:
+nothing a candidate or XLA prints reaches the user's terminal. The worker dies with
+its parent: PR_SET_PDEATHSIG on Linux, and a watchdog thread that notices a changed
+parent pid (covers other platforms and a parent that died before prctl ran).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+from kernels.harness import protocol
+from kernels.worker_env import scrub_current_process
+
+PR_SET_PDEATHSIG = 1
+WATCHDOG_PERIOD_S = 0.5
+
+
+def die_with_parent(parent_pid: int) -> None:
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # the watchdog below still covers it
+    if os.getppid() != parent_pid:
+        os._exit(0)  # the parent died before we could ask to follow it
+
+    def watch() -> None:
+        while True:
+            time.sleep(WATCHDOG_PERIOD_S)
+            if os.getppid() != parent_pid:
+                os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def _send(sock: socket.socket, message: dict[str, Any]) -> None:
+    try:
+        sock.sendall(protocol.encode(message))
+    except OSError:
+        os._exit(0)  # the app is gone
+
+
+def _flush_stdio() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def serve(sock: socket.socket) -> None:
+    from kernels.harness import ops
+
+    ops.load_plugins()
+    _send(sock, {"type": "ready", **ops.hello({})})
+    while True:
+        try:
+            request = protocol.recv_blocking(sock)
+        except (OSError, protocol.ProtocolError):
+            request = None
+        if request is None:
+            return
+        reply: dict[str, Any] = {"id": request.get("id")}
+        handler = ops.OPS.get(str(request.get("op")))
+        started = time.perf_counter()
+        if handler is None:
+            reply.update(ok=False, error={"type": "UnknownOp", "message":
+                         f"unknown op {request.get('op')!r}; known: {sorted(ops.OPS)}"})
+        else:
+            try:
+                reply.update(ok=True, result=handler(request.get("payload") or {}))
+            except BaseException as exc:  # SystemExit from candidate code must not end us
+                reply.update(ok=False, error={
+                    "type": type(exc).__name__, "message": str(exc),
+                    "traceback": "".join(traceback.format_exception(exc)),
+                })
+        reply["handler_s"] = time.perf_counter() - started
+        _flush_stdio()
+        _send(sock, reply)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kernels.harness.worker")
+    parser.add_argument("--fd", type=int, required=True, help="inherited socket for requests")
+    parser.add_argument("--parent", type=int, required=True, help="pid of the app process")
+    args = parser.parse_args(argv)
+    die_with_parent(args.parent)
+    scrub_current_process()
+    # Ctrl-C in the user's terminal is the app's business, not ours.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sock = socket.socket(fileno=args.fd)
+    sock.setblocking(True)
+    import jax  # noqa: F401  -- once, up front: this is what makes the worker warm
+
+    serve(sock)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
