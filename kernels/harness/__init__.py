@@ -5,4 +5,8 @@ Everything here that needs JAX imports it; these modules are only imported by
 worker). The one exception is ``kernels.harness.protocol``, the pipe framing shared
 with the app side, which imports nothing heavy. Nothing in the app process may import
 any other module of this package.
+
+``runtime`` adapts a task of any layout (native, JAXBench, MaxKernel) to one
+interface: shape configurations, fresh inputs per key, reference, flops, and the
+candidate's entry point.
 """

@@ -1,0 +1,116 @@
+"""Task loaders: turn a task directory in any supported layout into a ``Task``.
+
+Layouts, detected by marker file (the first that matches wins):
+``task.toml`` -> native (``kernels.loaders.native``), ``kernel_task.yaml`` ->
+MaxKernel (``kernels.loaders.maxkernel``), ``baseline.py`` -> JAXBench
+(``kernels.loaders.jaxbench``). docs/TASK_FORMATS.md describes all three.
+
+This runs in the app process: no JAX here. Sources are checked statically (``ast``);
+the worker side (``kernels.harness.runtime``) imports them. Every problem is a
+``kernels.task.TaskError`` naming the file, the line where known, and what is expected.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from kernels.loaders import jaxbench, maxkernel, native
+from kernels.task import Task, TaskError
+
+BUNDLED_DIR = Path(__file__).resolve().parent.parent / "bundled"
+
+# Marker file -> (layout, loader), in detection order.
+LAYOUTS = (
+    ("task.toml", "native", native.load),
+    ("kernel_task.yaml", "maxkernel", maxkernel.load),
+    ("baseline.py", "jaxbench", jaxbench.load),
+)
+SKIP_DIRS = {"__pycache__", "node_modules", "site-packages"}
+
+
+def detect_layout(directory: Path) -> str | None:
+    """The layout of ``directory``, or None when it holds no marker file."""
+    for marker, layout, _ in LAYOUTS:
+        if (directory / marker).is_file():
+            return layout
+    return None
+
+
+def load_task(path: str | Path, overrides: dict[str, Any] | None = None) -> Task:
+    """Load the task at ``path`` (a directory, a file inside it, or a bundled task's name).
+
+    ``overrides`` are ``--set KEY=VALUE`` pairs; string values are parsed as Python
+    literals (``128`` -> int, ``"bfloat16"`` stays a string). Raises ``TaskError``.
+    """
+    directory = _resolve(path)
+    for marker, _, loader in LAYOUTS:
+        if (directory / marker).is_file():
+            return loader(directory, overrides or None)
+    raise TaskError(directory, "not a task directory",
+                    expected="task.toml (native), kernel_task.yaml (MaxKernel) or "
+                             "baseline.py (JAXBench)")
+
+
+def find_tasks(directory: str | Path) -> list[Task | TaskError]:
+    """Every task under ``directory`` (recursively, all layouts), broken ones as errors.
+
+    A task directory is not searched further: its subfolders belong to the task.
+    """
+    root = Path(directory).expanduser()
+    if not root.is_dir():
+        raise TaskError(root, "no such directory", expected="a folder holding task directories")
+    found: list[Task | TaskError] = []
+    for current, dirs, _files in os.walk(root):
+        here = Path(current)
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIP_DIRS)
+        if detect_layout(here) is None:
+            continue
+        dirs[:] = []
+        try:
+            found.append(load_task(here))
+        except TaskError as exc:
+            found.append(exc)
+    return found
+
+
+def bundled_tasks() -> list[Task]:
+    """The tasks shipped with tilewright (``kernels/bundled/<name>/``), by name."""
+    if not BUNDLED_DIR.is_dir():
+        return []
+    return [native.load(d) for d in sorted(BUNDLED_DIR.iterdir())
+            if (d / "task.toml").is_file()]
+
+
+def bundled_names() -> list[str]:
+    if not BUNDLED_DIR.is_dir():
+        return []
+    return sorted(d.name for d in BUNDLED_DIR.iterdir() if (d / "task.toml").is_file())
+
+
+def parse_overrides(pairs: Iterable[str] | None) -> dict[str, str]:
+    """``["rows=128", "dtype=bfloat16"]`` -> ``{"rows": "128", ...}``; ValueError when malformed."""
+    out: dict[str, str] = {}
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not key or not value.strip():
+            raise ValueError(f"--set {pair!r}: expected KEY=VALUE, e.g. --set rows=128")
+        out[key] = value.strip()
+    return out
+
+
+def _resolve(path: str | Path) -> Path:
+    candidate = Path(path).expanduser()
+    if candidate.is_file():
+        return candidate.parent
+    if candidate.is_dir():
+        return candidate
+    name = str(path)
+    if name in bundled_names():
+        return BUNDLED_DIR / name
+    bundled = ", ".join(bundled_names()) or "none installed"
+    raise TaskError(candidate, "no such task directory",
+                    expected=f"a task directory, or a bundled task name ({bundled})")

@@ -1,0 +1,121 @@
+"""The JAXBench workload layout: one ``baseline.py`` per task directory.
+
+``baseline.py`` defines ``CONFIG`` (a dict literal; sizes and metadata),
+``create_inputs(dtype=...)`` returning a tuple of arrays, ``workload(*inputs)`` (the
+reference, and the entry point a candidate must define) and optionally
+``get_flops()``. Everything else in the file (``benchmark()``, ``__main__``) is
+ignored.
+
+How tilewright reads it:
+
+- One shape configuration, ``default``, of size ``small``: tilewright runs what you
+  asked for, on every host. JAXBench sizes are TPU-sized; on a CPU shrink them with
+  ``--set KEY=VALUE``. KEY is a ``CONFIG`` key, or else a module-level constant
+  assigned a literal (the KernelBench-derived workloads keep sizes there); the
+  overrides become the configuration's params and are written into the baseline's and
+  the candidate's ``CONFIG`` (or module globals) before inputs are built.
+- ``dtype``: JAXBench's own harness calls ``create_inputs(dtype=jnp.bfloat16)``.
+  tilewright calls it with ``float32`` so that correctness compares float32 numbers at
+  meaningful tolerances; ``--set dtype=bfloat16`` asks for bfloat16 inputs instead.
+- Tolerances: ``CONFIG['atol']``/``CONFIG['rtol']`` when present, else JAXBench's 1e-2.
+- Fresh inputs per trial: ``create_inputs`` seeds itself (``jax.random.key(42)``), so
+  the worker re-seeds it by folding the trial's key into every key it creates.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Any
+
+from kernels.loaders.pysource import PySource, parse_literal
+from kernels.task import ShapeConfig, Task, TaskError
+
+DEFAULT_TOL = 1e-2  # JAXBench's harness: np.allclose(atol=rtol=1e-2)
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def load(root: Path, overrides: dict[str, Any] | None = None) -> Task:
+    path = root / "baseline.py"
+    src = PySource.parse(path)
+    create_inputs = src.require("create_inputs", "create_inputs(dtype=jnp.float32) -> tuple of arrays")
+    src.require("workload", "workload(*inputs)")
+    config = _config(src)
+    constants = {k: v for k, v in src.literal_constants().items()
+                 if k != "CONFIG" and not k.startswith("_")}
+
+    params: dict[str, Any] = {}
+    warnings: list[str] = []
+    for key, raw in (overrides or {}).items():
+        value = parse_literal(raw) if isinstance(raw, str) else raw
+        if key == "dtype":
+            if value not in DTYPES:
+                raise TaskError(path, f"--set dtype={value}: unsupported dtype",
+                                expected="one of " + ", ".join(DTYPES))
+            if not create_inputs.accepts_keyword("dtype"):
+                raise TaskError(path, "--set dtype: create_inputs takes no dtype parameter",
+                                line=create_inputs.line, expected="def create_inputs(dtype=...)")
+        elif key not in config and key not in constants:
+            known = sorted([*config, *constants, "dtype"])
+            raise TaskError(path, f"--set {key}: not a CONFIG key nor a module-level constant",
+                            expected="one of " + ", ".join(known))
+        params[key] = value
+    size_keys = [k for k in params if k != "dtype"]
+    if size_keys and not any(src.reads_name("create_inputs", name)
+                             for name in ["CONFIG", *size_keys]):
+        warnings.append(f"{path}:{create_inputs.line}: create_inputs never reads CONFIG, so "
+                        f"--set {', '.join(size_keys)} may not change the input sizes")
+
+    meta: dict[str, Any] = {
+        "config": {**config, **{k: v for k, v in params.items() if k in config}},
+        "dtype": params.get("dtype", "float32"),
+        "has_flops": "get_flops" in src.functions(),
+    }
+    if overrides:
+        meta["overrides"] = dict(overrides)
+    if warnings:
+        meta["warnings"] = warnings
+    optimized = root / "optimized.py"
+    return Task(
+        name=root.name, root=root, layout="jaxbench",
+        description=_description(src, config), reference_path=path,
+        shapes=(ShapeConfig("default", params, "small"),),
+        atol=_tol(config, "atol", path), rtol=_tol(config, "rtol", path),
+        require_pallas=True, family=None,
+        kernel_path=optimized if optimized.is_file() else None, meta=meta,
+    )
+
+
+def _config(src: PySource) -> dict[str, Any]:
+    """CONFIG's literal entries; non-literal values (``jnp.bfloat16``) are kept as source text."""
+    node = src.assignments().get("CONFIG")
+    if node is None:
+        return {}
+    if not isinstance(node.value, ast.Dict):
+        raise TaskError(src.path, "CONFIG is not a dict literal", line=src.line_of(node),
+                        expected="CONFIG = {'M': 1024, ...}")
+    config: dict[str, Any] = {}
+    for key, value in zip(node.value.keys, node.value.values, strict=True):
+        if not (isinstance(key, ast.Constant) and isinstance(key.value, str)):
+            raise TaskError(src.path, "CONFIG keys must be string literals",
+                            line=src.line_of(key or value), expected="CONFIG = {'M': 1024, ...}")
+        try:
+            config[key.value] = ast.literal_eval(value)
+        except (ValueError, TypeError, SyntaxError):
+            config[key.value] = ast.unparse(value)
+    return config
+
+
+def _tol(config: dict[str, Any], key: str, path: Path) -> float:
+    value = config.get(key, DEFAULT_TOL)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise TaskError(path, f"CONFIG[{key!r}] is {value!r}", expected="a non-negative number")
+    return float(value)
+
+
+def _description(src: PySource, config: dict[str, Any]) -> str:
+    doc = (ast.get_docstring(src.tree) or "").strip()
+    if doc:
+        return doc.split("\n\n")[0]
+    name = config.get("name")
+    return f"JAXBench workload {name}" if isinstance(name, str) else "JAXBench workload"

@@ -1,0 +1,167 @@
+"""The MaxKernel task layout: ``kernel_task.yaml`` + ``reference.py``.
+
+``kernel_task.yaml`` holds ``task_id``, ``description``, ``input_gen_code`` (Python
+source defining ``get_inputs()``, which returns ``(dynamic_args, static_args)`` or a
+list of such pairs, one per input configuration), and optionally ``atol``/``rtol``
+(a number, or a list with one number per configuration) and ``sort_outputs``.
+``reference.py`` defines ``computation(*dynamic_args, *static_args)``; the static
+arguments are the trailing ``static_argnums``. A candidate defines ``computation``.
+
+How tilewright reads it:
+
+- Each configuration returned by ``get_inputs()`` is a shape configuration named
+  ``config_<i>`` with params ``{"index": i}``, all of size ``small`` (tilewright runs
+  what the task asks; shrink with ``--set``). The app side cannot run
+  ``get_inputs``, so it counts configurations from a per-configuration ``atol``/``rtol``
+  list or from a literal list in ``get_inputs``'s return statement; when neither tells,
+  the worker's runtime finds the real count (``TaskRuntime.configs()``).
+- ``--set KEY=VALUE`` sets a module-level constant of ``input_gen_code`` (one assigned a
+  literal) before ``get_inputs()`` runs; the overrides appear in every configuration's
+  params.
+- Fresh inputs per trial: ``get_inputs()`` seeds itself, so the worker folds the
+  trial's key into every key it creates (and re-seeds numpy's generators).
+- Default tolerances, when the YAML gives none: 1e-2, like MaxKernel's evaluator.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kernels.loaders.pysource import PySource, parse_literal
+from kernels.task import ShapeConfig, Task, TaskError
+
+DEFAULT_TOL = 1e-2
+
+
+def load(root: Path, overrides: dict[str, Any] | None = None) -> Task:
+    path = root / "kernel_task.yaml"
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise TaskError(path, f"cannot read: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+        node = yaml.compose(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        raise TaskError(path, f"YAML syntax error: {getattr(exc, 'problem', None) or exc}",
+                        line=mark.line + 1 if mark else None,
+                        expected="valid YAML (see docs/TASK_FORMATS.md)") from exc
+    if not isinstance(data, dict):
+        raise TaskError(path, "the file is not a mapping",
+                        expected="task_id, description, input_gen_code, atol, rtol keys")
+    lines = _value_lines(node)
+    code = data.get("input_gen_code")
+    if not isinstance(code, str) or not code.strip():
+        raise TaskError(path, "input_gen_code is missing or not a string",
+                        line=_line(lines, "input_gen_code"),
+                        expected="input_gen_code: | followed by Python defining get_inputs()")
+    # A block scalar (``|``) starts on the line after its key: code line 1 is that line.
+    offset = lines.get("input_gen_code", 0)
+    gen = PySource.parse(path, code, line_offset=offset)
+    get_inputs = gen.require("get_inputs", "get_inputs() -> (dynamic_args, static_args) "
+                             "or a list of them (inside input_gen_code)")
+
+    ref_path = root / "reference.py"
+    if not ref_path.is_file():
+        raise TaskError(root, "kernel_task.yaml found but reference.py is missing",
+                        expected="reference.py defining computation(*dynamic, *static)")
+    PySource.parse(ref_path).require("computation", "computation(*dynamic_args, *static_args)")
+
+    atol, atols = _tolerance(data, "atol", path, lines)
+    rtol, rtols = _tolerance(data, "rtol", path, lines)
+    counts = {len(x) for x in (atols, rtols) if x is not None}
+    literal_count = _literal_list_length(gen, get_inputs.name)
+    if literal_count is not None:
+        counts.add(literal_count)
+    if len(counts) > 1:
+        raise TaskError(path, f"atol/rtol lists and get_inputs() disagree on the number of "
+                        f"input configurations ({sorted(counts)})", line=_line(lines, "atol"),
+                        expected="one tolerance per configuration returned by get_inputs()")
+    count = counts.pop() if counts else 1
+
+    params = _overrides(gen, overrides, path)
+    shapes = tuple(
+        ShapeConfig(f"config_{i}", {"index": i, **params}, "small",
+                    atol=atols[i] if atols else None, rtol=rtols[i] if rtols else None)
+        for i in range(count)
+    )
+    meta: dict[str, Any] = {
+        "task_id": data.get("task_id"),
+        "configs_counted": bool(atols or rtols or literal_count is not None),
+        "input_gen_line_offset": offset,
+        "sort_outputs": bool(data.get("sort_outputs", False)),
+    }
+    if overrides:
+        meta["overrides"] = dict(overrides)
+    task_id = data.get("task_id")
+    return Task(
+        name=task_id if isinstance(task_id, str) and task_id else root.name,
+        root=root, layout="maxkernel",
+        description=str(data.get("description") or "").strip(), reference_path=ref_path,
+        shapes=shapes, atol=atol, rtol=rtol, require_pallas=True,
+        kernel_path=None, input_gen_path=path, meta=meta,
+    )
+
+
+def _value_lines(node: yaml.Node | None) -> dict[str, int]:
+    """0-based line of each top-level value, +1 for block scalars (content starts below)."""
+    out: dict[str, int] = {}
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode):
+                block = isinstance(value, yaml.ScalarNode) and value.style in ("|", ">")
+                out[key.value] = value.start_mark.line + (1 if block else 0)
+    return out
+
+
+def _line(lines: dict[str, int], key: str) -> int | None:
+    return lines[key] + 1 if key in lines else None
+
+
+def _tolerance(data: dict[str, Any], key: str, path: Path,
+               lines: dict[str, int]) -> tuple[float, list[float] | None]:
+    value = data.get(key, DEFAULT_TOL)
+    values = value if isinstance(value, list) else [value]
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
+            raise TaskError(path, f"{key} has {v!r}", line=_line(lines, key),
+                            expected="a non-negative number or a list of them, one per "
+                                     "input configuration")
+    if isinstance(value, list):
+        if not value:
+            raise TaskError(path, f"{key} is an empty list", line=_line(lines, key),
+                            expected="one number per input configuration")
+        return float(max(value)), [float(v) for v in value]
+    return float(value), None
+
+
+def _literal_list_length(gen: PySource, function: str) -> int | None:
+    """N when ``get_inputs`` ends in ``return [pair, pair, ...]``; 1 for ``return (d, s)``."""
+    for node in gen.tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == function:
+            returns = [n for n in ast.walk(node) if isinstance(n, ast.Return) and n.value]
+            if len(returns) != 1:
+                return None
+            value = returns[0].value
+            if isinstance(value, ast.List):
+                return len(value.elts)
+            if isinstance(value, ast.Tuple) and len(value.elts) == 2:
+                return 1
+    return None
+
+
+def _overrides(gen: PySource, overrides: dict[str, Any] | None, path: Path) -> dict[str, Any]:
+    constants = gen.literal_constants()
+    params: dict[str, Any] = {}
+    for key, raw in (overrides or {}).items():
+        if key not in constants:
+            raise TaskError(path, f"--set {key}: not a module-level constant of input_gen_code",
+                            expected="one of " + ", ".join(sorted(constants))
+                            if constants else "input_gen_code has no literal constants to set")
+        params[key] = parse_literal(raw) if isinstance(raw, str) else raw
+    return params
