@@ -1,0 +1,237 @@
+"""Claude through the official ``anthropic`` SDK: a streaming ``Provider`` with retries.
+
+The SDK is imported lazily (it takes seconds to import). The SDK's own retries are off
+(``max_retries=0``): this module retries 429, 529 and connection errors itself with
+exponential backoff, so that each retry reaches the user as a ``Notice`` while it waits.
+Streaming reads the raw server-sent events and assembles the reply here, so a tool call
+with malformed JSON input becomes a ``MalformedToolCall`` (answered with a follow-up)
+instead of an exception. Any other API error ends the reply with a ``Failure``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+from agents.base import Failure, Notice, TextDelta, ToolCall, Usage
+from agents.errors import NoApiKey
+from agents.prices import cost_usd, price_for
+from agents.provider import FinalMessage, MalformedToolCall, ProviderEvent
+
+DEFAULT_MODEL = "claude-sonnet-4-5"
+
+
+def api_key_from_env() -> str | None:
+    key = os.environ.get("ANTHROPIC_API_KEY", "").strip()
+    return key or None
+
+
+class AnthropicProvider:
+    """One model behind ``AsyncAnthropic``; ``stream`` yields ``ProviderEvent``s."""
+
+    name = "anthropic"
+
+    def __init__(self, config: dict[str, Any] | None = None, api_key: str | None = None) -> None:
+        agent_cfg = dict((config or {}).get("agent", {}))
+        self.api_key = api_key or api_key_from_env()
+        if not self.api_key:
+            raise NoApiKey()
+        self.model = os.environ.get("TILEWRIGHT_MODEL") or agent_cfg.get("model") or DEFAULT_MODEL
+        self.base_url = agent_cfg.get("base_url") or os.environ.get("ANTHROPIC_BASE_URL") or None
+        self.max_tokens = int(agent_cfg.get("max_tokens", 8192))
+        self.attempts = max(1, int(agent_cfg.get("max_retries", 4)))
+        self.retry_base_s = float(agent_cfg.get("retry_base_s", 2.0))
+        self.retry_max_s = float(agent_cfg.get("retry_max_s", 60.0))
+        self.timeout_s = float(agent_cfg.get("timeout_s", 600.0))
+        self.price = price_for(self.model, agent_cfg.get("prices"))
+        self._client: Any = None
+
+    def _sdk_client(self) -> Any:
+        if self._client is None:
+            import anthropic  # slow import: only when a reply is actually requested
+
+            self._client = anthropic.AsyncAnthropic(
+                api_key=self.api_key, base_url=self.base_url, max_retries=0,
+                timeout=self.timeout_s)
+        return self._client
+
+    async def stream(self, system: list[dict[str, Any]], messages: list[dict[str, Any]],
+                     tools: list[dict[str, Any]]) -> AsyncIterator[ProviderEvent]:
+        import anthropic
+
+        client = self._sdk_client()
+        for attempt in range(1, self.attempts + 1):
+            try:
+                async for event in self._one_attempt(client, system, messages, tools):
+                    yield event
+                return
+            except (anthropic.APIConnectionError, anthropic.APIStatusError) as exc:
+                kind = _retry_kind(exc)
+                if kind is None:
+                    yield Failure(_describe(exc), retryable=False)
+                    return
+                if attempt == self.attempts:
+                    yield Failure(f"{kind}; gave up after {attempt} attempts: {_short(exc)}",
+                                  retryable=True)
+                    return
+                wait = _wait_s(exc, self.retry_base_s * 2 ** (attempt - 1), self.retry_max_s)
+                yield Notice(f"{kind}, retrying in {wait:.{1 if wait >= 1 else 2}f} s (attempt {attempt + 1}/"
+                             f"{self.attempts})", level="warning")
+                await asyncio.sleep(wait)
+            except anthropic.AnthropicError as exc:
+                yield Failure(f"Anthropic SDK error: {exc}")
+                return
+
+    async def _one_attempt(self, client: Any, system: list[dict[str, Any]],
+                           messages: list[dict[str, Any]],
+                           tools: list[dict[str, Any]]) -> AsyncIterator[ProviderEvent]:
+        kwargs: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens,
+                                  "system": system, "messages": messages, "stream": True}
+        if tools:
+            kwargs["tools"] = tools
+        blocks: dict[int, dict[str, Any]] = {}
+        json_bufs: dict[int, str] = {}
+        usage = {"input": 0, "output": 0, "cache_read": 0, "cache_write": 0}
+        stop_reason = None
+        stream = await client.messages.create(**kwargs)
+        async with stream:
+            async for event in stream:
+                etype = event.type
+                if etype == "message_start":
+                    _read_usage(usage, event.message.usage)
+                elif etype == "content_block_start":
+                    block = event.content_block.to_dict()
+                    blocks[event.index] = block
+                    if block.get("type") == "text":
+                        block["text"] = block.get("text", "")
+                elif etype == "content_block_delta":
+                    delta = event.delta
+                    block = blocks.setdefault(event.index, {"type": "text", "text": ""})
+                    if delta.type == "text_delta":
+                        block["text"] = block.get("text", "") + delta.text
+                        yield TextDelta(delta.text)
+                    elif delta.type == "input_json_delta":
+                        json_bufs[event.index] = json_bufs.get(event.index, "") + delta.partial_json
+                elif etype == "content_block_stop":
+                    block = blocks.get(event.index, {})
+                    if block.get("type") == "tool_use":
+                        call = _finish_tool(block, json_bufs.get(event.index))
+                        if isinstance(call, ToolCall):
+                            yield call
+                elif etype == "message_delta":
+                    stop_reason = event.delta.stop_reason or stop_reason
+                    _read_usage(usage, event.usage)
+        yield self._final(blocks, stop_reason, usage)
+
+    def _final(self, blocks: dict[int, dict[str, Any]], stop_reason: str | None,
+               usage: dict[str, int]) -> FinalMessage:
+        text_parts, calls, malformed, content = [], [], [], []
+        for index in sorted(blocks):
+            block = blocks[index]
+            if block.get("type") == "text":
+                text_parts.append(block.get("text", ""))
+                if block.get("text"):
+                    content.append({"type": "text", "text": block["text"]})
+            elif block.get("type") == "tool_use":
+                bad = block.get("_malformed")
+                if bad:
+                    malformed.append(MalformedToolCall(block["name"], block["id"], bad[0], bad[1]))
+                    content.append({"type": "tool_use", "id": block["id"], "name": block["name"],
+                                    "input": {}})
+                else:
+                    calls.append(ToolCall(block["name"], block["input"], block["id"]))
+                    content.append({"type": "tool_use", "id": block["id"], "name": block["name"],
+                                    "input": block["input"]})
+        tokens = Usage(input_tokens=usage["input"], output_tokens=usage["output"],
+                       cache_read_tokens=usage["cache_read"], cache_write_tokens=usage["cache_write"])
+        tokens = Usage(**{**tokens.__dict__, "cost_usd": cost_usd(tokens, self.price)})
+        return FinalMessage(text="".join(text_parts), tool_calls=tuple(calls),
+                            malformed=tuple(malformed), stop_reason=stop_reason, usage=tokens,
+                            content=tuple(content))
+
+
+def _finish_tool(block: dict[str, Any], raw: str | None) -> ToolCall | None:
+    """Parse the streamed JSON of a tool call; a malformed one is marked, not raised."""
+    if raw is None or not raw.strip():
+        value: Any = block.get("input") or {}
+    else:
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            block["_malformed"] = (raw, f"invalid JSON at character {exc.pos}: {exc.msg}")
+            return None
+    if not isinstance(value, dict):
+        block["_malformed"] = (raw or "", f"expected a JSON object, got {type(value).__name__}")
+        return None
+    block["input"] = value
+    return ToolCall(block["name"], value, block.get("id", ""))
+
+
+def _read_usage(into: dict[str, int], usage: Any) -> None:
+    if usage is None:
+        return
+    # Usage counts are cumulative: a later report overwrites an earlier one.
+    for key, attr in (("input", "input_tokens"), ("output", "output_tokens"),
+                      ("cache_read", "cache_read_input_tokens"),
+                      ("cache_write", "cache_creation_input_tokens")):
+        value = getattr(usage, attr, None)
+        if value is not None:
+            into[key] = int(value)
+
+
+def _error_type(exc: Exception) -> str:
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict):
+            return str(err.get("type", ""))
+    return ""
+
+
+def _retry_kind(exc: Exception) -> str | None:
+    """What to tell the user before retrying, or None when retrying cannot help."""
+    import anthropic
+
+    if isinstance(exc, anthropic.APIConnectionError):
+        return "connection error" if not isinstance(exc, anthropic.APITimeoutError) else "timed out"
+    status = getattr(exc, "status_code", None)
+    etype = _error_type(exc)
+    if status == 429 or etype == "rate_limit_error":
+        return "rate limited"
+    if status == 529 or etype == "overloaded_error":
+        return "API overloaded (529)"
+    if status in (500, 502, 503, 504) or etype == "api_error":
+        return f"server error ({status})"
+    return None
+
+
+def _wait_s(exc: Exception, backoff: float, cap: float) -> float:
+    response = getattr(exc, "response", None)
+    header = response.headers.get("retry-after") if response is not None else None
+    try:
+        hinted = float(header) if header else None
+    except ValueError:
+        hinted = None
+    return min(cap, hinted if hinted is not None and hinted > backoff else backoff)
+
+
+def _short(exc: Exception) -> str:
+    message = getattr(exc, "message", None) or str(exc)
+    return message.splitlines()[0][:300] if message else type(exc).__name__
+
+
+def _describe(exc: Exception) -> str:
+    status = getattr(exc, "status_code", None)
+    if status == 401:
+        return ("Anthropic rejected the API key (401): check ANTHROPIC_API_KEY, or use the "
+                "offline agent (--agent offline).")
+    if status == 403:
+        return f"Anthropic refused the request (403): {_short(exc)}"
+    if status == 404:
+        return f"Model or endpoint not found (404): {_short(exc)}; check [agent] model / base_url."
+    if status == 400:
+        return f"Anthropic rejected the request (400): {_short(exc)}"
+    return f"Anthropic API error ({status}): {_short(exc)}"

@@ -1,0 +1,193 @@
+"""What the model is told: the stable, cached prefix and the per-turn context.
+
+The prompt has two parts. The stable prefix (system text, our Pallas guide, and the
+task with its reference source) is identical across every turn of a session and carries
+``cache_control`` so Anthropic's prompt cache serves it after the first request. The
+per-turn part holds the role's instructions, the current kernel, the last evaluation,
+the profile, the chip's figures, history, notes and lessons. Everything comes from the
+``AgentRequest``, whose ``TaskBrief`` never holds the held-out shape; evaluation
+details are copied field by field (never the per-shape ``extra``), so nothing the
+harness keeps private leaks into a prompt.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, is_dataclass
+from typing import Any
+
+from agents.base import AgentRequest, TaskBrief
+from agents.roles import SYSTEM_TEXT, pallas_guide, role_spec
+
+CACHE = {"type": "ephemeral"}
+_MAX_PROFILE_CHARS = 4000
+_MAX_TRACEBACK_LINES = 20
+
+
+def system_blocks() -> list[dict[str, Any]]:
+    text = f"{SYSTEM_TEXT}\n\n{pallas_guide()}"
+    return [{"type": "text", "text": text, "cache_control": CACHE}]
+
+
+def task_text(task: TaskBrief) -> str:
+    shapes = "\n".join(f"- {s['name']}: {_params(s['params'])}" for s in task.shapes) or "- (none)"
+    return (
+        f"# Task: {task.name}\n\n{task.description.strip()}\n\n"
+        f"Entry point: `{task.entry}` (same signature as the reference function)\n"
+        f"Family: {task.family or 'unspecified'}  ·  layout: {task.layout}\n"
+        f"Tolerance: atol={task.atol:g}, rtol={task.rtol:g} (compared in float32)\n"
+        f"Pallas required: {'yes' if task.require_pallas else 'no'}\n"
+        f"Shape configurations you may see (more are checked, unseen):\n{shapes}\n\n"
+        f"## Reference ({'reference.py' if task.layout == 'native' else 'reference'})\n"
+        f"```python\n{task.reference_source.rstrip()}\n```\n"
+    )
+
+
+def _params(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in params.items())
+
+
+def first_user_message(request: AgentRequest) -> dict[str, Any]:
+    return {"role": "user", "content": [
+        {"type": "text", "text": task_text(request.task), "cache_control": CACHE},
+        {"type": "text", "text": turn_text(request)},
+    ]}
+
+
+def turn_text(request: AgentRequest) -> str:
+    spec = role_spec(request.role)
+    parts = [f"## Your role: {spec.title}\n{spec.instructions}"]
+    parts.append(chip_text(request.chip))
+    if request.current_source is not None:
+        label = f"v{request.current_version}" if request.current_version else "current"
+        parts.append(f"## Current kernel ({label})\n```python\n{request.current_source.rstrip()}\n```")
+        tunables = _tunables_text(request.current_source)
+        if tunables:
+            parts.append(tunables)
+    else:
+        parts.append("## Current kernel\nNone yet: this is the first version.")
+    if request.last_eval:
+        parts.append(eval_text(request.last_eval, request.current_source))
+    if request.profile_summary:
+        parts.append("## Profile summary\n" + _compact(request.profile_summary, _MAX_PROFILE_CHARS))
+    if request.history:
+        parts.append(history_text(request.history))
+    if request.lessons:
+        parts.append("## Lessons from earlier sessions\n" + "\n".join(f"- {x}" for x in request.lessons))
+    if request.notes:
+        parts.append("## Notes since your last proposal\n" + "\n".join(f"- {x}" for x in request.notes))
+    if request.user_message:
+        parts.append(f"## Message from the user\n{request.user_message}")
+    return "\n\n".join(parts)
+
+
+def eval_text(result: dict[str, Any], source: str | None = None) -> str:
+    """The last evaluation, field by field: status, error with its line, numbers."""
+    lines = [f"## Last evaluation: {result.get('status', '?')}"]
+    backend = result.get("backend") or {}
+    if backend:
+        lines.append(f"Backend: {backend.get('platform')} ({backend.get('mode')}); "
+                     "interpret-mode timings are not TPU performance." if
+                     backend.get("mode") == "tpu-interpret" else
+                     f"Backend: {backend.get('platform')} {backend.get('device_kind', '')}")
+    lowering = result.get("lowering") or {}
+    if lowering.get("tpu") not in (None, "skipped"):
+        msg = f": {lowering.get('message')}" if lowering.get("message") else ""
+        lines.append(f"TPU lowering: {lowering.get('tpu')}{msg}")
+    error = result.get("error")
+    if error:
+        where = f" at line {error['line']}" if error.get("line") else ""
+        lines.append(f"Error ({error.get('kind')}){where}: {error.get('message')}")
+        if error.get("line") and source:
+            lines.append(_source_excerpt(source, int(error["line"])))
+        if error.get("hint"):
+            lines.append(f"Hint: {error['hint']}")
+        tb = (error.get("traceback") or "").strip().splitlines()
+        if tb:
+            lines.append("Traceback (last lines):\n" + "\n".join(tb[-_MAX_TRACEBACK_LINES:]))
+    corr = result.get("correctness")
+    if corr:
+        lines.append("Correctness: " + ", ".join(
+            f"{k}={corr[k]}" for k in ("correct", "trials", "max_abs_diff", "max_rel_diff",
+                                        "atol", "rtol", "reason") if corr.get(k) is not None))
+    flags = (result.get("integrity") or {}).get("flags") or []
+    if flags:
+        lines.append("Integrity flags: " + ", ".join(map(str, flags)))
+    timing = result.get("timing")
+    if timing:
+        lines.append("Timing: " + ", ".join(
+            f"{k}={timing[k]:.4g}" if isinstance(timing[k], float) else f"{k}={timing[k]}"
+            for k in ("method", "median_ms", "p10_ms", "p90_ms", "baseline_median_ms", "speedup")
+            if timing.get(k) is not None))
+    return "\n".join(lines)
+
+
+def _source_excerpt(source: str, line: int, around: int = 2) -> str:
+    src = source.splitlines()
+    lo, hi = max(1, line - around), min(len(src), line + around)
+    return "\n".join(f"{'>' if n == line else ' '}{n:4d} | {src[n - 1]}" for n in range(lo, hi + 1))
+
+
+def history_text(history: tuple[dict[str, Any], ...], limit: int = 12) -> str:
+    rows = []
+    for h in history[-limit:]:
+        speed = f"{h['speedup']:.3g}x" if isinstance(h.get("speedup"), int | float) else "-"
+        rows.append(f"- v{h.get('version')}: {h.get('status')}, speedup {speed}: {h.get('summary', '')}")
+    return "## Versions so far\n" + "\n".join(rows)
+
+
+def _tunables_text(source: str) -> str:
+    from kernels import tunables
+
+    try:
+        declared = tunables.read(source)
+    except (tunables.TunablesError, SyntaxError):
+        return ""
+    if not declared:
+        return ""
+    return "Declared tunables: " + "; ".join(
+        f"{name}={cur!r} of {choices}" for name, (cur, choices) in declared.items())
+
+
+def chip_text(chip: str) -> str:
+    """The target chip's figures, from ``profiling.chips`` when that module is present."""
+    figures = chip_figures(chip)
+    if chip in ("cpu", "", None):
+        head = ("## Chip\nRunning on a CPU host in TPU interpret mode: correctness and TPU "
+                "lowering are real, timings measure the interpreter. Optimize for a real TPU.")
+    else:
+        head = f"## Chip: {chip}"
+    if figures:
+        head += "\n" + ", ".join(f"{k}={v}" for k, v in figures.items())
+    return head
+
+
+def chip_figures(chip: str) -> dict[str, Any]:
+    try:
+        from profiling import chips  # written by the profiling layer; optional here
+    except ImportError:
+        return {}
+    spec: Any = None
+    for attr in ("get_chip", "chip_spec", "lookup", "get", "spec_for"):
+        fn = getattr(chips, attr, None)
+        if callable(fn):
+            try:
+                spec = fn(chip)
+            except Exception:  # an unknown chip name is not a reason to fail a prompt
+                spec = None
+            if spec is not None:
+                break
+    if spec is None:
+        table = getattr(chips, "CHIPS", None)
+        spec = table.get(chip) if isinstance(table, dict) else None
+    if spec is None:
+        return {}
+    if is_dataclass(spec):
+        spec = asdict(spec)
+    return {k: v for k, v in dict(spec).items() if isinstance(v, int | float | str)} \
+        if isinstance(spec, dict) else {}
+
+
+def _compact(value: Any, limit: int) -> str:
+    text = json.dumps(value, default=str, indent=None, sort_keys=True)
+    return text if len(text) <= limit else text[:limit] + " …(truncated)"

@@ -1,0 +1,47 @@
+"""Token prices and what a reply cost.
+
+Built-in prices are USD per million tokens per model family, as published by Anthropic
+on its pricing page in November 2025 (prompts up to 200k tokens, 5-minute cache writes).
+They change: override them in the config file, ``[agent.prices."<model or family>"]``
+with ``input``, ``output``, ``cache_read`` and ``cache_write``. The most specific key
+that is a prefix of (or equal to) the model name wins.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agents.base import Usage
+
+PRICES_AS_OF = "2025-11"
+
+# family key -> USD per MTok. Keys are matched against the model id (longest first).
+DEFAULT_PRICES: dict[str, dict[str, float]] = {
+    "claude-opus-4-5": {"input": 5.0, "output": 25.0, "cache_read": 0.50, "cache_write": 6.25},
+    "claude-opus-4": {"input": 15.0, "output": 75.0, "cache_read": 1.50, "cache_write": 18.75},
+    "claude-sonnet-4": {"input": 3.0, "output": 15.0, "cache_read": 0.30, "cache_write": 3.75},
+    "claude-3-7-sonnet": {"input": 3.0, "output": 15.0, "cache_read": 0.30, "cache_write": 3.75},
+    "claude-haiku-4-5": {"input": 1.0, "output": 5.0, "cache_read": 0.10, "cache_write": 1.25},
+    "claude-3-5-haiku": {"input": 0.80, "output": 4.0, "cache_read": 0.08, "cache_write": 1.0},
+    "claude-3-haiku": {"input": 0.25, "output": 1.25, "cache_read": 0.03, "cache_write": 0.30},
+}
+
+
+def price_for(model: str, overrides: dict[str, Any] | None = None) -> dict[str, float] | None:
+    """The price row for a model: config overrides first, then the built-in table."""
+    for table in (overrides or {}, DEFAULT_PRICES):
+        if model in table:
+            return dict(table[model])
+        keys = sorted((k for k in table if model.startswith(k)), key=len, reverse=True)
+        if keys:
+            return dict(table[keys[0]])
+    return None
+
+
+def cost_usd(usage: Usage, price: dict[str, float] | None) -> float:
+    if not price:
+        return 0.0
+    return (usage.input_tokens * price.get("input", 0.0)
+            + usage.output_tokens * price.get("output", 0.0)
+            + usage.cache_read_tokens * price.get("cache_read", 0.0)
+            + usage.cache_write_tokens * price.get("cache_write", 0.0)) / 1e6
