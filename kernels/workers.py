@@ -442,7 +442,11 @@ class WorkerPool:
             self._replace(worker)  # unknown state: do not reuse it
             raise
         stderr = worker.read_capture()
-        self._release(worker)
+        result = reply.get("result")
+        if isinstance(result, dict) and result.pop("_recycle", False):
+            self._replace(worker)  # the candidate left it untrustworthy (patched, threads)
+        else:
+            self._release(worker)
         return reply, stderr
 
     async def evaluate(self, task: Task, source: str, options: EvalOptions | None = None,

@@ -1,0 +1,405 @@
+"""One evaluation of a candidate, inside a worker: the ``eval`` op.
+
+The order is part of the contract (DESIGN.md, "Rules the harness never bends"):
+
+1. Load the task runtime (cached per task in a warm worker) and pick the shape
+   configurations meant for this host (small ones on CPU, all on hardware).
+2. Compute the reference outputs for every configuration and trial, with fresh random
+   keys, *before* the candidate's code is loaded: it cannot influence them.
+3. Load the candidate (syntax error, import failure or missing entry point ->
+   compile_error / runtime_error), snapshot the guarded modules.
+4. Per configuration: trace (``no_pallas_call`` from the jaxpr -> rejected when the
+   task requires Pallas) and lower for TPU (``lowering_platforms=("tpu",)``, lowered,
+   not compiled) -> compile_error on failure, even where interpret mode would run it.
+5. Run every trial (TPU interpret mode on a CPU host, native on a TPU), compare in
+   float32; the first trial runs twice (``nondeterministic``).
+6. Check for tampering, then time candidate and reference the same way
+   (``kernels.harness.timing``) on one configuration.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from kernels.harness import errors, integrity, timing
+from kernels.harness.backend import backend_info
+from kernels.harness.compare import Host, compare, finite_or_none, to_host
+from kernels.result import EvalResult
+from kernels.task import ShapeConfig, Task, TaskError
+
+_RUNTIMES: dict[str, Any] = {}  # task spec (+ file stamps) -> TaskRuntime, for warm workers
+_RUNTIME_CACHE_SIZE = 8
+
+
+class _Stop(Exception):
+    """Ends an evaluation early with ``result`` already filled in."""
+
+
+def evaluate_request(payload: dict[str, Any]) -> dict[str, Any]:
+    """The ``eval`` op: ``{task, source, filename, options}`` -> EvalResult JSON."""
+    evaluation = Evaluation(payload["task"], payload["source"],
+                            payload.get("filename") or "kernel.py", payload.get("options") or {})
+    result = evaluation.run()
+    data = result.to_json()
+    if evaluation.recycle:
+        data["_recycle"] = True  # the worker process is no longer trustworthy
+    return data
+
+
+def _runtime(spec: dict[str, Any]) -> Any:
+    from kernels.harness.runtime import load_runtime
+
+    stamps = []
+    for key in ("reference_path", "input_gen_path"):
+        if spec.get(key):
+            with contextlib.suppress(OSError):
+                stamps.append(os.stat(spec[key]).st_mtime_ns)
+    cache_key = json.dumps(spec, sort_keys=True, default=str) + repr(stamps)
+    if cache_key not in _RUNTIMES:
+        if len(_RUNTIMES) >= _RUNTIME_CACHE_SIZE:
+            _RUNTIMES.pop(next(iter(_RUNTIMES)))
+        _RUNTIMES[cache_key] = load_runtime(spec)
+    return _RUNTIMES[cache_key]
+
+
+def _jitted_reference(runtime: Any, n_dynamic: int, n_static: int) -> Any:
+    """One jitted reference per runtime and signature: a warm worker reuses its compile."""
+    import jax
+
+    cache = runtime.__dict__.setdefault("_tilewright_jitted", {})
+    if (n_dynamic, n_static) not in cache:
+        static_argnums = tuple(range(n_dynamic, n_dynamic + n_static)) or None
+        cache[n_dynamic, n_static] = jax.jit(runtime.reference, static_argnums=static_argnums)
+    return cache[n_dynamic, n_static]
+
+
+@contextlib.contextmanager
+def _execution_mode(interpret: bool) -> Iterator[None]:
+    if not interpret:
+        yield
+        return
+    from jax.experimental.pallas import tpu as pltpu
+
+    with pltpu.force_tpu_interpret_mode():
+        yield
+
+
+def _reset_interpret_state() -> None:
+    from jax.experimental.pallas import tpu as pltpu
+
+    pltpu.reset_tpu_interpret_mode_state()
+
+
+class Evaluation:
+    def __init__(self, spec: dict[str, Any], source: str, filename: str,
+                 options: dict[str, Any]) -> None:
+        self.spec = spec
+        self.task = Task.from_spec(spec)
+        self.source = source
+        self.filename = filename
+        self.trials = max(int(options.get("trials") or 3), 1)
+        self.iters = options.get("iters")
+        self.time_budget_s = float(options.get("time_budget_s") or 3.0)
+        self.lowering = bool(options.get("lowering", True))
+        self.timing = bool(options.get("timing", True))
+        self.shape_names = options.get("shapes")
+        self.backend = backend_info()
+        self.interpret = self.backend["mode"] == "tpu-interpret"
+        self.flags: list[str] = []
+        self.phases: dict[str, float] = {}
+        self.recycle = False
+        self.result = EvalResult(status="correct", backend=None)
+        self.shape_details: list[dict[str, Any]] = []
+
+    # -- driver ----------------------------------------------------------------------
+
+    def run(self) -> EvalResult:
+        from kernels.result import Backend
+
+        started = time.perf_counter()
+        self.result.backend = Backend(**self.backend)
+        try:
+            self._run()
+        except _Stop:
+            pass
+        result = self.result
+        result.integrity = {"flags": sorted(set(self.flags))}
+        result.extra.update(shapes=self.shape_details, phases=self.phases,
+                            interpret=self.interpret)
+        result.duration_s = time.perf_counter() - started
+        return result
+
+    def _phase(self, name: str, since: float) -> None:
+        self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - since
+
+    def _fail(self, status: str, kind: str, exc: BaseException | None = None,
+              message: str | None = None, hint: str | None = None) -> None:
+        error = (errors.describe(exc, kind, self.filename) if exc is not None
+                 else {"kind": kind, "message": message or kind, "line": None,
+                       "traceback": None, "hint": hint})
+        if message:
+            error["message"] = message
+        if hint:
+            error["hint"] = hint
+        from kernels.result import EvalError
+
+        self.result.status = status
+        self.result.error = EvalError(**error)
+        if isinstance(exc, SystemExit):
+            self.recycle = True
+        raise _Stop
+
+    def _run(self) -> None:
+        import jax
+
+        t = time.perf_counter()
+        try:
+            runtime = _runtime(self.spec)
+            configs = self._configs(runtime)
+        except _Stop:
+            raise
+        except Exception as exc:  # the task's fault, not the candidate's
+            message = str(exc) if isinstance(exc, TaskError) else None
+            self._fail("runtime_error", "task", exc, message=message)
+        self._phase("runtime_s", t)
+
+        # 2. references first, with fresh keys the candidate cannot predict
+        t = time.perf_counter()
+        seeds = {c.name: [int.from_bytes(os.urandom(4), "little") for _ in range(self.trials)]
+                 for c in configs}
+        references: dict[str, list[Host]] = {}
+        try:
+            for config in configs:
+                references[config.name] = []
+                for seed in seeds[config.name]:
+                    dyn, static = runtime.make_inputs(config, jax.random.PRNGKey(seed))
+                    fn = _jitted_reference(runtime, len(dyn), len(static))
+                    references[config.name].append(to_host(fn(*dyn, *static)))
+        except Exception as exc:
+            self._fail("runtime_error", "task", exc,
+                       message=str(exc) if isinstance(exc, TaskError) else None)
+        self._phase("reference_s", t)
+
+        # 3. the candidate
+        t = time.perf_counter()
+        entry = self._load_candidate(runtime)
+        snapshot = integrity.ModuleSnapshot()
+        self._phase("load_s", t)
+
+        # 4 + 5. trace, lower, run, compare: configuration by configuration
+        for config in configs:
+            self.shape_details.append(self._check_config(
+                runtime, entry, config, seeds[config.name], references[config.name]))
+        details = self.shape_details
+        failed = [d for d in details if not d["correct"]]
+        abs_diffs = [d["max_abs_diff"] for d in details if d["max_abs_diff"] is not None]
+        rel_diffs = [d["max_rel_diff"] for d in details if d["max_rel_diff"] is not None]
+        all_correct = not failed
+        self.result.correctness = {
+            "correct": all_correct, "trials": self.trials,
+            # null when a failing shape has no number to give (NaN output, wrong shape)
+            "max_abs_diff": max(abs_diffs) if abs_diffs and not any(
+                d["max_abs_diff"] is None for d in failed) else None,
+            "max_rel_diff": max(rel_diffs) if rel_diffs else None,
+            "atol": details[0]["atol"], "rtol": details[0]["rtol"],
+            "reason": f"{failed[0]['name']}: {failed[0]['reason']}" if failed else None,
+        }
+        self._check_tampering(snapshot)
+        if not all_correct:
+            self.result.status = "incorrect"
+            return
+
+        # 6. timing
+        if self.timing:
+            t = time.perf_counter()
+            self._time(runtime, entry, configs)
+            self._phase("timing_s", t)
+
+    # -- steps -----------------------------------------------------------------------
+
+    def _configs(self, runtime: Any) -> list[ShapeConfig]:
+        platform = self.backend["platform"]
+        all_configs = list(runtime.configs())
+        host = list(replace(self.task, shapes=tuple(all_configs)).shapes_for(platform))
+        if self.shape_names:
+            known = {c.name for c in all_configs}
+            unknown = [n for n in self.shape_names if n not in known]
+            if unknown:
+                self._fail("runtime_error", "task", message=f"unknown shape configuration(s) "
+                           f"{unknown}; the task has {sorted(known)}")
+            host = [c for c in all_configs if c.name in self.shape_names]
+        if not host:
+            sizes = ", ".join(f"{c.name} ({c.size})" for c in all_configs)
+            self._fail("runtime_error", "task", message=f"no shape configuration is meant for "
+                       f"a {platform} host (the task has: {sizes}); add a small one or "
+                       "shrink one with --set", hint="On a CPU host only configurations "
+                       "marked size='small' run (TPU interpret mode is slow).")
+        return host
+
+    def _jit(self, fn: Any, dyn: tuple, static: tuple) -> Any:
+        import jax
+
+        static_argnums = tuple(range(len(dyn), len(dyn) + len(static))) or None
+        return jax.jit(fn, static_argnums=static_argnums)
+
+    def _load_candidate(self, runtime: Any) -> Any:
+        from kernels.harness.runtime import MissingEntryPoint
+
+        try:
+            return runtime.load_candidate(self.source, self.filename)
+        except SyntaxError as exc:
+            self._fail("compile_error", "syntax", exc,
+                       message=f"SyntaxError: {exc.msg} (line {exc.lineno})")
+        except MissingEntryPoint as exc:
+            self._fail("compile_error", "missing_entry", exc, message=str(exc),
+                       hint=f"Define `def {self.task.entry}(*inputs)` at module level; it "
+                            "receives the task's inputs and returns the output.")
+        except BaseException as exc:  # import-time failure, sys.exit included
+            self._fail("runtime_error", "exit" if isinstance(exc, SystemExit) else "import",
+                       exc)
+        raise AssertionError("unreachable")
+
+    def _check_config(self, runtime: Any, entry: Any, config: ShapeConfig,
+                      seeds: list[int], references: list[Host]) -> dict[str, Any]:
+        import jax
+
+        atol, rtol = runtime.tolerance(config, references[0].dtype)
+        detail: dict[str, Any] = {
+            "name": config.name, "held_out": config.held_out, "trials": 0,
+            "atol": atol, "rtol": rtol, "correct": False, "reason": None,
+            "max_abs_diff": None, "max_rel_diff": None,
+        }
+        if not config.held_out:
+            detail["params"] = config.params
+        dyn, static = runtime.make_inputs(config, jax.random.PRNGKey(seeds[0]))
+        fn = self._jit(entry, dyn, static)
+
+        t = time.perf_counter()
+        try:
+            traced = fn.trace(*dyn, *static)
+        except BaseException as exc:
+            self._fail("compile_error", "exit" if isinstance(exc, SystemExit) else "trace", exc)
+        if not integrity.contains_pallas_call(traced.jaxpr):
+            self.flags.append("no_pallas_call")
+            if self.task.require_pallas:
+                self._fail("rejected", "no_pallas_call", message="the candidate contains no "
+                           "pallas_call, and this task requires a Pallas kernel",
+                           hint="Write the computation as a pl.pallas_call kernel; a plain "
+                                "jax.numpy rewrite is not accepted for this task.")
+        if self.lowering:
+            try:
+                traced.lower(lowering_platforms=("tpu",))
+            except Exception as exc:
+                self.result.lowering = {"tpu": "error", "message": errors.short_message(exc),
+                                        "shape": config.name}
+                self._fail("compile_error", "lowering", exc)
+            self.result.lowering = {"tpu": "ok", "message": None}
+        self._phase("trace_lower_s", t)
+
+        t = time.perf_counter()
+        worst_abs, worst_rel = 0.0, 0.0
+        for trial, (seed, expected) in enumerate(zip(seeds, references, strict=True)):
+            if trial:
+                dyn, static = runtime.make_inputs(config, jax.random.PRNGKey(seed))
+            out = self._execute(fn, dyn, static)
+            if trial == 0:
+                again = self._execute(fn, dyn, static)
+                if not integrity.outputs_identical(out.leaves, again.leaves):
+                    self.flags.append("nondeterministic")
+                if integrity.is_degenerate(expected.leaves, atol):
+                    self.flags.append("degenerate_reference")
+            verdict = compare(out, expected, atol, rtol)
+            detail["trials"] = trial + 1
+            if verdict.max_abs_diff is not None:
+                worst_abs = max(worst_abs, verdict.max_abs_diff)
+                worst_rel = max(worst_rel, verdict.max_rel_diff or 0.0)
+            if not verdict.close:
+                known = verdict.max_abs_diff is not None
+                detail.update(reason=f"trial {trial + 1}: {verdict.reason}",
+                              max_abs_diff=finite_or_none(worst_abs) if known else None,
+                              max_rel_diff=finite_or_none(worst_rel) if known else None)
+                self._phase("trials_s", t)
+                return detail
+        detail.update(correct=True, max_abs_diff=finite_or_none(worst_abs),
+                      max_rel_diff=finite_or_none(worst_rel))
+        self._phase("trials_s", t)
+        return detail
+
+    def _execute(self, fn: Any, dyn: tuple, static: tuple) -> Host:
+        import jax
+
+        try:
+            with _execution_mode(self.interpret):
+                out = jax.block_until_ready(fn(*dyn, *static))
+            return to_host(out)
+        except BaseException as exc:
+            if self.interpret:
+                _reset_interpret_state()
+            kind = "exit" if isinstance(exc, SystemExit) else "runtime"
+            self._fail("runtime_error", kind, exc)
+        raise AssertionError("unreachable")
+
+    def _check_tampering(self, snapshot: integrity.ModuleSnapshot) -> None:
+        threads = snapshot.new_threads()
+        if threads:
+            self.flags.append("background_threads")
+            self.recycle = True
+        changed = snapshot.changed()
+        if changed:
+            self.flags.append("harness_tampering")
+            self.recycle = True
+            shown = ", ".join(changed[:5]) + (" ..." if len(changed) > 5 else "")
+            self._fail("rejected", "harness_tampering", message="the candidate replaced "
+                       f"attributes of modules the harness relies on: {shown}")
+
+    def _time(self, runtime: Any, entry: Any, configs: list[ShapeConfig]) -> None:
+        import jax
+
+        visible = [c for c in configs if not c.held_out] or configs
+        # The biggest visible configuration: the one where the kernel's work dominates.
+        sized = []
+        for config in visible:
+            dyn, static = runtime.make_inputs(config, jax.random.PRNGKey(0))
+            sized.append((sum(int(np.prod(a.shape)) for a in dyn), config, dyn, static))
+        _, config, dyn, static = max(sized, key=lambda item: item[0])
+        kernel_fn = self._jit(entry, dyn, static)
+        ref_fn = _jitted_reference(runtime, len(dyn), len(static))
+        budget = self.time_budget_s / 2
+        try:
+            with _execution_mode(self.interpret):
+                kernel = timing.measure(kernel_fn, (*dyn, *static), budget, self.iters)
+                baseline = timing.measure(ref_fn, (*dyn, *static), budget, self.iters)
+        except Exception as exc:
+            if self.interpret:
+                _reset_interpret_state()
+            self._fail("runtime_error", "runtime", exc)
+        speedup = baseline["median_ms"] / kernel["median_ms"] if kernel["median_ms"] else None
+        if speedup is not None and speedup > integrity.SUSPICIOUS_SPEEDUP:
+            self.flags.append("suspicious_speedup")
+        flops = None
+        with contextlib.suppress(Exception):
+            flops = runtime.flops(config, dyn)
+        self.result.timing = {
+            "method": "wall_clock",
+            "mode": self.backend["mode"],
+            "note": ("TPU interpret mode on the CPU: simulated, not TPU performance"
+                     if self.interpret else "native execution"),
+            "shape": config.name,
+            "warmup": kernel["warmup"], "iters": kernel["iters"],
+            "median_ms": kernel["median_ms"], "p10_ms": kernel["p10_ms"],
+            "p90_ms": kernel["p90_ms"], "min_ms": kernel["min_ms"],
+            "baseline_median_ms": baseline["median_ms"], "baseline_p10_ms": baseline["p10_ms"],
+            "baseline_p90_ms": baseline["p90_ms"], "baseline_iters": baseline["iters"],
+            "speedup": speedup,
+            "flops": flops,
+            "gflops_per_s": (flops / (kernel["median_ms"] * 1e6)
+                             if flops and kernel["median_ms"] else None),
+        }

@@ -1,0 +1,105 @@
+"""Integrity checks that keep a candidate honest.
+
+- ``contains_pallas_call``: does the candidate's jaxpr hold a ``pallas_call`` at all
+  (a task that requires Pallas rejects plain-XLA rewrites).
+- ``ModuleSnapshot``: the harness runs the candidate in its own process, so it checks
+  that the candidate did not patch the libraries the harness and the reference use
+  (``numpy``, ``jax.numpy``, ...); a tampering candidate is rejected and the worker
+  recycled.
+- ``outputs_identical``: same inputs twice must give the same bits (``nondeterministic``).
+- ``is_degenerate``: a reference output within atol of zero everywhere makes a kernel
+  that returns zeros pass; flagged ``degenerate_reference``.
+
+Flags (strings in ``integrity.flags``): no_pallas_call, nondeterministic,
+suspicious_speedup, degenerate_reference, harness_tampering, background_threads.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+import numpy as np
+
+SUSPICIOUS_SPEEDUP = 10.0
+
+# Modules whose attributes the harness and references rely on.
+GUARDED_MODULES = (
+    "builtins", "numpy", "numpy.random", "jax", "jax.numpy", "jax.lax", "jax.random",
+    "jax.experimental.pallas", "jax.experimental.pallas.tpu", "time", "math",
+    "kernels.harness.evaluate", "kernels.harness.integrity", "kernels.harness.timing",
+    "kernels.harness.compare", "kernels.harness.runtime", "kernels.result",
+)
+
+
+def _sub_jaxprs(value: Any) -> list[Any]:
+    """Jaxprs nested in an equation parameter (pjit, cond branches, scan, custom_vjp...)."""
+    found = []
+    items = value if isinstance(value, (list, tuple)) else [value]
+    for item in items:
+        inner = getattr(item, "jaxpr", None)
+        if hasattr(item, "eqns"):
+            found.append(item)
+        elif inner is not None and hasattr(inner, "eqns"):
+            found.append(inner)
+    return found
+
+
+def contains_pallas_call(jaxpr: Any) -> bool:
+    """True when ``jaxpr`` (a Jaxpr or ClosedJaxpr) or any nested jaxpr calls Pallas."""
+    stack = [getattr(jaxpr, "jaxpr", jaxpr)]
+    seen: set[int] = set()
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        for eqn in current.eqns:
+            if eqn.primitive.name in ("pallas_call", "core_map"):
+                return True
+            for param in eqn.params.values():
+                stack.extend(_sub_jaxprs(param))
+    return False
+
+
+class ModuleSnapshot:
+    """Identity of every attribute of the guarded modules, to detect monkeypatching."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, dict[str, int]] = {}
+        for name in GUARDED_MODULES:
+            module = sys.modules.get(name)
+            if module is not None:
+                self.ids[name] = {k: id(v) for k, v in vars(module).items()}
+        self.threads = {t.ident for t in threading.enumerate()}
+
+    def changed(self) -> list[str]:
+        """``module.attr`` names that were replaced or deleted since the snapshot.
+
+        New attributes are ignored: jax and numpy add submodules lazily.
+        """
+        changes = []
+        for name, before in self.ids.items():
+            module = sys.modules.get(name)
+            now = vars(module) if module is not None else {}
+            for attr, ident in before.items():
+                if attr not in now or id(now[attr]) != ident:
+                    changes.append(f"{name}.{attr}")
+        return changes
+
+    def new_threads(self) -> list[str]:
+        return [t.name for t in threading.enumerate()
+                if t.ident not in self.threads and t.is_alive()]
+
+
+def outputs_identical(first: list[np.ndarray], second: list[np.ndarray]) -> bool:
+    if len(first) != len(second):
+        return False
+    return all(a.shape == b.shape and np.array_equal(a, b, equal_nan=True)
+               for a, b in zip(first, second, strict=True))
+
+
+def is_degenerate(reference: list[np.ndarray], atol: float) -> bool:
+    """Every reference value within atol of zero (or no values at all)."""
+    return all(r.size == 0 or float(np.nanmax(np.abs(r))) <= atol for r in reference)
