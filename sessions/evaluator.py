@@ -1,0 +1,55 @@
+"""How the controller has kernels judged: the ``Evaluator`` protocol and its adapter over
+``kernels.workers.WorkerPool``.
+
+The controller only needs two calls, ``evaluate`` and ``profile``; keeping them behind
+this seam lets tests of pure controller logic use an in-process evaluator while every
+real path (the CLI, the TUI, the flow tests) runs candidates in worker processes.
+Cancelling an ``evaluate`` await kills that worker and the pool starts a fresh one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from kernels.result import Backend, EvalResult
+from kernels.task import Task
+from kernels.workers import EvalOptions, WorkerPool
+
+
+@runtime_checkable
+class Evaluator(Protocol):
+    async def evaluate(self, task: Task, source: str) -> EvalResult: ...
+
+    async def profile(self, task: Task, source: str, logdir: Path) -> dict[str, Any]: ...
+
+
+class PoolEvaluator:
+    """``Evaluator`` over a started ``WorkerPool`` (the pool's lifetime is the caller's)."""
+
+    def __init__(self, pool: WorkerPool, options: EvalOptions | None = None,
+                 profile_timeout_s: float = 300.0) -> None:
+        self.pool = pool
+        self.options = options or EvalOptions()
+        self.profile_timeout_s = profile_timeout_s
+
+    async def evaluate(self, task: Task, source: str) -> EvalResult:
+        return await self.pool.evaluate(task, source, self.options)
+
+    async def profile(self, task: Task, source: str, logdir: Path) -> dict[str, Any]:
+        payload = {"task": task.to_spec(), "source": source, "filename": "kernel.py",
+                   "logdir": str(logdir)}
+        result = await self.pool.request("profile", payload, self.profile_timeout_s)
+        result.pop("_stderr", None)
+        return result
+
+    async def backend(self) -> Backend:
+        return await self.pool.backend()
+
+    @property
+    def state(self) -> str:
+        return self.pool.state
+
+    def set_state_listener(self, callback: Callable[[str], None] | None) -> None:
+        self.pool.on_state_change = callback

@@ -1,0 +1,398 @@
+"""Session state as a fold over events.
+
+``fold(header, events)`` and ``SessionState.apply(event)`` are the only way state
+changes: the live controller folds each event it appends, resume folds what is on
+disk, replay folds what was recorded. The same events give the same state, whichever
+path produced them. Unknown event types are counted and otherwise ignored, so an
+older tilewright can still fold a session that a newer one wrote within the schema.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# Statuses that mean the candidate needs fixing rather than tuning.
+FAILED_STATUSES = frozenset(
+    {"incorrect", "compile_error", "runtime_error", "timeout", "crashed", "rejected"})
+
+
+@dataclass
+class Version:
+    number: int
+    parent: int | None
+    origin: str  # initial | template | agent | tuning | user-edit
+    proposal: str | None
+    source_blob: str
+    summary: str
+    decision_seq: int | None  # the user.decision that authorised it (None: initial)
+    seq: int
+    t: float
+    status: str | None = None  # of the latest finished eval run
+    correct: bool = False
+    speedup: float | None = None
+    median_ms: float | None = None
+    result_blob: str | None = None
+    run: str | None = None
+    profile_blob: str | None = None
+
+
+@dataclass
+class ProposalInfo:
+    id: str
+    kind: str  # plan | kernel | tuning
+    summary: str
+    rationale: str
+    role: str
+    base_version: int | None
+    source_blob: str | None
+    plan: str | None
+    tuning: dict[str, Any] | None
+    seq: int
+    decision: str | None = None  # approve | reject | edit
+    decided_by: str | None = None
+    decision_seq: int | None = None
+    applied_version: int | None = None
+    edit_blob: str | None = None  # the user's source when the decision was an edit
+    apply_failed: bool = False  # approved, but could not be applied (error event)
+
+
+@dataclass
+class Spent:
+    iterations: int = 0  # agent/user versions made (the initial kernel is not one)
+    runs: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+@dataclass
+class RunInfo:
+    id: str
+    version: int
+    kind: str  # eval | profile
+    by: str
+    seq: int
+    t_start: float
+    status: str | None = None  # None while it runs
+    t_end: float | None = None
+    cancelled: bool = False
+    interrupted: bool = False  # the app stopped mid-run (settled on resume)
+
+
+@dataclass
+class DecisionInfo:
+    seq: int
+    t: float
+    proposal: str | None
+    decision: str
+    by: str
+    note: str | None
+
+
+@dataclass
+class SessionState:
+    header: dict[str, Any]
+    versions: dict[int, Version] = field(default_factory=dict)
+    current: int | None = None
+    proposals: dict[str, ProposalInfo] = field(default_factory=dict)
+    pending: str | None = None  # id of the proposal awaiting a decision
+    mode: str = "step"
+    spent: Spent = field(default_factory=Spent)
+    auto_spent: Spent = field(default_factory=Spent)  # since autonomous mode last began
+    auto_since_t: float | None = None
+    auto_stops: list[dict[str, Any]] = field(default_factory=list)
+    runs: dict[str, RunInfo] = field(default_factory=dict)
+    decisions: list[DecisionInfo] = field(default_factory=list)
+    # Rejection notes and user messages since the last proposal: the next request's notes.
+    notes: list[str] = field(default_factory=list)
+    approved_plans: list[str] = field(default_factory=list)  # proposal ids
+    plan_to_implement: str | None = None
+    fix_streak: int = 0  # fix proposals since the last passing or user-made version
+    # Evals in autonomous mode since the best speedup last improved.
+    evals_without_improvement: int = 0
+    best_history: list[dict[str, Any]] = field(default_factory=list)  # per eval run
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    agent_failures: int = 0  # consecutive agent turns without a proposal
+    best_version: int | None = None  # kept up to date by the fold (see ``best``)
+    unknown_types: dict[str, int] = field(default_factory=dict)
+    last_seq: int = 0
+    last_t: float = 0.0
+    ended: str | None = None  # reason of the latest session.end, cleared by new events
+
+    # -- derived ----------------------------------------------------------------------
+
+    @property
+    def best(self) -> int | None:
+        """The correct version with the highest speedup (earliest on ties)."""
+        return self.best_version
+
+    def _recompute_best(self) -> None:
+        best: Version | None = None
+        for v in self.versions.values():
+            if v.correct and (best is None or (v.speedup or 0.0) > (best.speedup or 0.0)):
+                best = v
+        self.best_version = best.number if best else None
+
+    @property
+    def best_speedup(self) -> float | None:
+        best = self.best
+        return self.versions[best].speedup if best is not None else None
+
+    @property
+    def active_run(self) -> RunInfo | None:
+        for run in reversed(list(self.runs.values())):
+            if run.status is None:
+                return run
+        return None
+
+    @property
+    def pending_proposal(self) -> ProposalInfo | None:
+        return self.proposals.get(self.pending) if self.pending else None
+
+    def unapplied_approval(self) -> ProposalInfo | None:
+        """An approved kernel/tuning proposal whose version was never written (the app
+        stopped between the decision and the version): resume finishes applying it."""
+        for prop in reversed(list(self.proposals.values())):
+            if prop.decision in ("approve", "edit") and prop.applied_version is None \
+                    and not prop.apply_failed and (prop.kind != "plan" or prop.decision == "edit"):
+                return prop
+        return None
+
+    def authorized(self, number: int) -> bool:
+        """A version may run when it is the task's own kernel or a decision made it."""
+        version = self.versions.get(number)
+        if version is None:
+            return False
+        if version.origin == "initial":
+            return True
+        if version.decision_seq is None:
+            return False
+        return any(d.seq == version.decision_seq and d.decision in ("approve", "edit")
+                   for d in self.decisions)
+
+    def history(self) -> tuple[dict[str, Any], ...]:
+        return tuple({"version": v.number, "status": v.status, "speedup": v.speedup,
+                      "summary": v.summary} for v in self.versions.values())
+
+    def snapshot(self) -> dict[str, Any]:
+        """Plain data for comparing two folds (live vs replayed)."""
+        data = asdict(self)
+        data.pop("header")
+        return data
+
+    # -- the fold ---------------------------------------------------------------------
+
+    def apply(self, event: dict[str, Any]) -> None:
+        kind = event.get("type", "")
+        handler = _HANDLERS.get(kind)
+        if handler is None:
+            self.unknown_types[kind] = self.unknown_types.get(kind, 0) + 1
+        else:
+            handler(self, event)
+        if isinstance(event.get("seq"), int):
+            self.last_seq = event["seq"]
+        if isinstance(event.get("t"), int | float):
+            self.last_t = float(event["t"])
+        if kind != "session.end":
+            self.ended = None
+
+
+def fold(header: dict[str, Any], events: list[dict[str, Any]]) -> SessionState:
+    state = SessionState(header=header)
+    for event in events:
+        state.apply(event)
+    return state
+
+
+# -- handlers, one per event type -----------------------------------------------------
+
+def _agent_message(s: SessionState, e: dict[str, Any]) -> None:
+    usage = e.get("usage") or {}
+    for spent in _spent_targets(s):
+        spent.input_tokens += int(usage.get("input_tokens", 0) or 0) \
+            + int(usage.get("cache_read_tokens", 0) or 0) \
+            + int(usage.get("cache_write_tokens", 0) or 0)
+        spent.output_tokens += int(usage.get("output_tokens", 0) or 0)
+        spent.cost_usd += float(usage.get("cost_usd", 0.0) or 0.0)
+
+
+def _user_message(s: SessionState, e: dict[str, Any]) -> None:
+    if e.get("text"):
+        s.notes.append(f"user: {e['text']}")
+
+
+def _proposal(s: SessionState, e: dict[str, Any]) -> None:
+    pid = str(e.get("proposal"))
+    s.proposals[pid] = ProposalInfo(
+        id=pid, kind=e.get("kind", "kernel"), summary=e.get("summary", ""),
+        rationale=e.get("rationale", ""), role=e.get("role", ""),
+        base_version=e.get("base_version"), source_blob=e.get("source_blob"),
+        plan=e.get("plan"), tuning=e.get("tuning"), seq=e.get("seq", 0))
+    s.pending = pid
+    s.notes = []
+    s.agent_failures = 0
+    if e.get("role") == "fix":
+        s.fix_streak += 1
+
+
+def _decision(s: SessionState, e: dict[str, Any]) -> None:
+    info = DecisionInfo(seq=e.get("seq", 0), t=float(e.get("t", 0.0)),
+                        proposal=e.get("proposal"), decision=e.get("decision", ""),
+                        by=e.get("by", "user"), note=e.get("note"))
+    s.decisions.append(info)
+    prop = s.proposals.get(info.proposal) if info.proposal else None
+    if prop is not None:
+        prop.decision, prop.decided_by, prop.decision_seq = info.decision, info.by, info.seq
+        prop.edit_blob = e.get("source_blob") if info.decision == "edit" else None
+        if s.pending == prop.id:
+            s.pending = None
+        if info.decision == "approve" and prop.kind == "plan":
+            s.approved_plans.append(prop.id)
+            s.plan_to_implement = prop.id
+    if info.decision == "reject" and info.note:
+        s.notes.append(f"rejected {info.proposal}: {info.note}")
+
+
+def _version(s: SessionState, e: dict[str, Any]) -> None:
+    number = int(e["version"])
+    origin = e.get("origin", "agent")
+    s.versions[number] = Version(
+        number=number, parent=e.get("parent"), origin=origin, proposal=e.get("proposal"),
+        source_blob=e.get("source_blob", ""), summary=e.get("summary", ""),
+        decision_seq=e.get("decision"), seq=e.get("seq", 0), t=float(e.get("t", 0.0)))
+    s.current = number
+    prop = s.proposals.get(e.get("proposal") or "")
+    if prop is not None:
+        prop.applied_version = number
+        if s.plan_to_implement and prop.role == "implement":
+            s.plan_to_implement = None
+    if origin != "initial":
+        for spent in _spent_targets(s):
+            spent.iterations += 1
+    if origin == "user-edit":
+        s.fix_streak = 0
+
+
+def _checkout(s: SessionState, e: dict[str, Any]) -> None:
+    if int(e.get("version", -1)) in s.versions:
+        s.current = int(e["version"])
+        s.fix_streak = 0
+
+
+def _run_start(s: SessionState, e: dict[str, Any]) -> None:
+    rid = str(e.get("run"))
+    s.runs[rid] = RunInfo(id=rid, version=int(e.get("version", 0)), kind=e.get("kind", "eval"),
+                          by=e.get("by", "user"), seq=e.get("seq", 0),
+                          t_start=float(e.get("t", 0.0)))
+
+
+def _run_result(s: SessionState, e: dict[str, Any]) -> None:
+    rid = str(e.get("run"))
+    run = s.runs.get(rid)
+    if run is not None:
+        run.status = e.get("status", "unknown")
+        run.t_end = float(e.get("t", 0.0))
+        run.cancelled = bool(e.get("cancelled"))
+        run.interrupted = bool(e.get("interrupted"))
+    if e.get("cancelled"):
+        return
+    version = s.versions.get(int(e.get("version", -1)))
+    if version is None:
+        return
+    before = s.best_speedup
+    version.status = e.get("status")
+    version.correct = bool(e.get("correct"))
+    version.speedup = e.get("speedup")
+    version.median_ms = e.get("median_ms")
+    version.result_blob = e.get("result_blob")
+    version.run = rid
+    current_best = s.versions.get(s.best_version) if s.best_version is not None else None
+    if current_best is None or current_best.number == version.number:
+        s._recompute_best()  # the best itself was re-measured: look at every version
+    elif version.correct and (version.speedup or 0.0) > (current_best.speedup or 0.0):
+        s.best_version = version.number
+    for spent in _spent_targets(s):
+        spent.runs += 1
+    after = s.best_speedup
+    improved = after is not None and (before is None or after > before)
+    if version.correct:
+        s.fix_streak = 0
+    if s.mode == "auto":
+        s.evals_without_improvement = 0 if improved else s.evals_without_improvement + 1
+    s.best_history.append({"run": rid, "version": version.number, "status": version.status,
+                           "speedup": version.speedup, "best": s.best,
+                           "best_speedup": after, "t": float(e.get("t", 0.0))})
+
+
+def _profile_result(s: SessionState, e: dict[str, Any]) -> None:
+    rid = str(e.get("run"))
+    run = s.runs.get(rid)
+    if run is not None:
+        run.status = "error" if e.get("error") else "done"
+        run.t_end = float(e.get("t", 0.0))
+    version = s.versions.get(int(e.get("version", -1)))
+    if version is not None and e.get("profile_blob"):
+        version.profile_blob = e["profile_blob"]
+
+
+def _mode(s: SessionState, e: dict[str, Any]) -> None:
+    mode = e.get("mode", "step")
+    if mode == "auto" and s.mode != "auto":
+        s.auto_spent = Spent()
+        s.auto_since_t = float(e.get("t", 0.0))
+        s.evals_without_improvement = 0
+    if mode != "auto":
+        s.auto_since_t = None
+    s.mode = mode
+
+
+def _auto_stop(s: SessionState, e: dict[str, Any]) -> None:
+    s.auto_stops.append({"reason": e.get("reason"), "seq": e.get("seq"), "t": e.get("t")})
+
+
+def _error(s: SessionState, e: dict[str, Any]) -> None:
+    s.errors.append({"message": e.get("message"), "where": e.get("where"), "seq": e.get("seq")})
+    if e.get("where") == "agent":
+        s.agent_failures += 1
+    prop = s.proposals.get(e.get("proposal") or "")
+    if prop is not None:  # an approved proposal that could not be applied
+        prop.apply_failed = True
+        s.notes.append(f"{prop.id} could not be applied: {e.get('message')}")
+
+
+def _session_end(s: SessionState, e: dict[str, Any]) -> None:
+    s.ended = e.get("reason") or "end"
+    active = s.active_run
+    if active is not None:  # a run cannot outlive its session
+        active.status, active.cancelled = "cancelled", True
+
+
+def _ignore(s: SessionState, e: dict[str, Any]) -> None:
+    pass
+
+
+def _spent_targets(s: SessionState) -> list[Spent]:
+    return [s.spent, s.auto_spent] if s.mode == "auto" else [s.spent]
+
+
+_HANDLERS = {
+    "user.message": _user_message,
+    "agent.message": _agent_message,
+    "agent.proposal": _proposal,
+    "user.decision": _decision,
+    "kernel.version": _version,
+    "kernel.checkout": _checkout,
+    "run.start": _run_start,
+    "run.result": _run_result,
+    "profile.result": _profile_result,
+    "mode.change": _mode,
+    "auto.stop": _auto_stop,
+    "error": _error,
+    "marker": _ignore,
+    "session.end": _session_end,
+}
