@@ -1,0 +1,190 @@
+"""The chip table and the roofline.
+
+Per-chip peak figures a kernel author reasons with: matrix-unit FLOP/s for bf16 and
+f32, HBM bandwidth, on-core VMEM (TPU) or shared memory per SM (GPU), the default
+scoped VMEM limit a Pallas kernel gets without ``vmem_limit_bytes``, and how many
+cores one device spreads a ``parallel`` grid axis over. ``bound()`` is the roofline:
+the time no kernel can beat for a given amount of work and traffic on that chip.
+
+Sources (public, as of 2025; figures are per chip unless noted):
+- TPU: Google Cloud TPU "System architecture" pages, one per generation
+  (cloud.google.com/tpu/docs/v4, /v5e, /v5p, /v6e, /tpu7x). VMEM capacities and
+  TensorCore counts are not on those pages; they come from JAX's own table in
+  ``jax/_src/pallas/mosaic/tpu_info.py`` (jax 0.10.2), which the Pallas lowering uses.
+- Default scoped VMEM limit: the Pallas TPU docs ("Pipelining", "Matmul") state
+  16 MiB on v4/v5e/v5p and 32 MiB on v6e; for v7x we assume 32 MiB (XLA's
+  ``--xla_tpu_scoped_vmem_limit_kib`` default; not stated on a Google docs page,
+  so treat it as uncertain). ``CompilerParams(vmem_limit_bytes=...)`` raises it.
+- f32 on TPU: no public figure. The MXU multiplies bf16; f32 dots run as several
+  bf16 passes (3 for precision HIGH, 6 for HIGHEST). We list bf16/3 as an estimate
+  and mark it ``f32_estimated``.
+- GPU: NVIDIA H100 and H200 datasheets (SXM form factor, dense figures, i.e.
+  the datasheet's sparsity figures halved). "VMEM" for a GPU is the per-SM shared
+  memory (228 KiB on Hopper, 227 KiB usable per block); the "scoped default" is
+  the 48 KiB a block gets without opting in to more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+
+@dataclass(frozen=True)
+class Chip:
+    name: str  # our short key, e.g. "v5e"
+    label: str  # what a person reads, e.g. "TPU v5e"
+    kind: str  # tpu | gpu | cpu
+    bf16_flops: float  # peak FLOP/s, dense
+    f32_flops: float  # peak FLOP/s for f32 matmul work (see f32_estimated)
+    hbm_bytes_per_s: float
+    hbm_bytes: float
+    vmem_bytes: int  # per core (TPU VMEM, GPU shared memory per SM)
+    scoped_vmem_bytes: int  # default limit one kernel may use
+    cores: int  # TensorCores per chip (TPU), SMs (GPU), cores (CPU)
+    megacore: bool  # two TensorCores per chip that a short "parallel" grid leaves half idle
+    f32_estimated: bool = False
+    note: str = ""
+
+    @property
+    def ridge_intensity(self) -> float:
+        """FLOP per byte where a bf16 kernel turns from memory- to compute-bound."""
+        return self.bf16_flops / self.hbm_bytes_per_s
+
+    def peak_flops(self, dtype: str) -> float:
+        return self.f32_flops if dtype in ("f32", "float32") else self.bf16_flops
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "ridge_intensity": self.ridge_intensity}
+
+
+CHIPS: dict[str, Chip] = {
+    # TPU v4: 275 TFLOP/s bf16, 32 GiB HBM2 at 1,200 GB/s (cloud.google.com/tpu/docs/v4).
+    # 2 TensorCores in megacore mode; 16 MiB VMEM per core (jax tpu_info).
+    "v4": Chip("v4", "TPU v4", "tpu", 275e12, 275e12 / 3, 1200e9, 32 * GiB,
+               16 * MiB, 16 * MiB, 2, True, f32_estimated=True),
+    # TPU v5e: 197 TFLOP/s bf16, 16 GiB HBM2 at 819 GB/s (cloud.google.com/tpu/docs/v5e).
+    # 1 TensorCore; 128 MiB VMEM (jax tpu_info).
+    "v5e": Chip("v5e", "TPU v5e", "tpu", 197e12, 197e12 / 3, 819e9, 16 * GiB,
+                128 * MiB, 16 * MiB, 1, False, f32_estimated=True),
+    # TPU v5p: 459 TFLOP/s bf16, 95 GiB HBM2e at 2,765 GB/s (cloud.google.com/tpu/docs/v5p).
+    # 2 TensorCores in megacore mode; 64 MiB VMEM per core (jax tpu_info).
+    "v5p": Chip("v5p", "TPU v5p", "tpu", 459e12, 459e12 / 3, 2765e9, 95 * GiB,
+                64 * MiB, 16 * MiB, 2, True, f32_estimated=True),
+    # TPU v6e (Trillium): 918 TFLOP/s bf16, 32 GiB HBM at 1,640 GB/s
+    # (cloud.google.com/tpu/docs/v6e). 1 TensorCore; 128 MiB VMEM (jax tpu_info).
+    "v6e": Chip("v6e", "TPU v6e", "tpu", 918e12, 918e12 / 3, 1640e9, 32 * GiB,
+                128 * MiB, 32 * MiB, 1, False, f32_estimated=True),
+    # TPU7x (Ironwood): 2,307 TFLOP/s bf16 (4,614 fp8), 192 GiB HBM3e at 7.37 TB/s
+    # (cloud.google.com/tpu/docs/tpu7x; Google's Ironwood announcement says 7.37 TB/s,
+    # jax tpu_info uses 7.40e12: the two differ in rounding only). 2 TensorCores per chip, 64 MiB VMEM each
+    # (jax tpu_info). JAX does not fuse them into one megacore device: each core is
+    # its own device unless the kernel splits work with core_map / CORE_PARALLEL,
+    # so a small grid still leaves one of the two cores idle.
+    "v7x": Chip("v7x", "TPU v7x", "tpu", 2307e12, 2307e12 / 3, 7.37e12, 192 * GiB,
+                64 * MiB, 32 * MiB, 2, True, f32_estimated=True,
+                note="scoped VMEM default (32 MiB) assumed, not published"),
+    # H100 SXM5: 989 TFLOP/s bf16 dense, 67 TFLOP/s f32 (non-tensor), 495 TFLOP/s TF32
+    # dense; 80 GB HBM3 at 3.35 TB/s; 132 SMs, 228 KiB shared memory per SM
+    # (NVIDIA H100 datasheet; Hopper tuning guide for shared memory).
+    "h100": Chip("h100", "H100 SXM", "gpu", 989e12, 67e12, 3.35e12, 80e9,
+                 228 * KiB, 48 * KiB, 132, False,
+                 note="f32 is the non-tensor-core figure; TF32 tensor cores: 495 TFLOP/s"),
+    # H200 SXM: same Hopper compute as H100 SXM (989 TFLOP/s bf16 dense, 67 f32);
+    # 141 GB HBM3e at 4.8 TB/s (NVIDIA H200 datasheet).
+    "h200": Chip("h200", "H200 SXM", "gpu", 989e12, 67e12, 4.8e12, 141e9,
+                 228 * KiB, 48 * KiB, 132, False,
+                 note="f32 is the non-tensor-core figure; TF32 tensor cores: 495 TFLOP/s"),
+    # CPU: a NOMINAL figure for this host class (2 vCPUs of an Intel Xeon Ice Lake at
+    # 2.8 GHz, AVX-512 with 2 FMA ports): 2 cores x 2.8e9 Hz x 64 f32 FLOP/cycle
+    # (2 ports x 16 lanes x 2) = 358 GFLOP/s. Ice Lake has no AVX512-BF16, so bf16 runs
+    # at the f32 rate at best. Bandwidth: 24 GB/s, what a numpy copy of 64 MiB measured
+    # on this VM (read+write, one thread); the socket's 8 DDR4 channels are shared
+    # with other tenants. "VMEM" here is the 1.25 MiB L2 per core. Interpret-mode
+    # timings are far from both figures: they time a simulator, not the chip.
+    "cpu": Chip("cpu", "CPU (nominal)", "cpu", 358e9, 358e9, 24e9, 23 * GiB,
+                1280 * KiB, 1280 * KiB, 2, False,
+                note="nominal host figures; interpret mode simulates a TPU and is slower"),
+}
+
+ALIASES: dict[str, str] = {
+    "tpu v4": "v4", "tpu v5e": "v5e", "tpu v5 lite": "v5e", "v5litepod": "v5e",
+    "tpu v5": "v5p", "tpu v5p": "v5p", "tpu v6e": "v6e", "tpu v6 lite": "v6e",
+    "trillium": "v6e", "tpu7x": "v7x", "tpu 7x": "v7x", "ironwood": "v7x", "7x": "v7x",
+    "nvidia h100 80gb hbm3": "h100", "h100 sxm": "h100", "nvidia h200": "h200",
+    "h200 sxm": "h200", "host": "cpu",
+}
+
+
+def get_chip(name: str) -> Chip:
+    """Look a chip up by key, label or JAX ``device_kind``; raises ``KeyError`` naming the choices."""
+    key = name.strip().lower()
+    key = ALIASES.get(key, key)
+    if key in CHIPS:
+        return CHIPS[key]
+    for chip in CHIPS.values():
+        if chip.label.lower() == key:
+            return chip
+    raise KeyError(f"unknown chip {name!r}; choose one of: {', '.join(CHIPS)}")
+
+
+def chip_for_device(platform: str, device_kind: str) -> Chip:
+    """The chip a backend runs on (``KeyError`` for an accelerator not in the table)."""
+    try:
+        return get_chip(device_kind)
+    except KeyError:
+        pass
+    kind = device_kind.lower()
+    for key in ("h200", "h100"):
+        if key in kind:
+            return CHIPS[key]
+    if platform == "cpu":
+        return CHIPS["cpu"]
+    # An unknown accelerator gets no made-up figures: the caller says so.
+    raise KeyError(f"no chip entry for {platform} device {device_kind!r}; pass --chip")
+
+
+def bound(flops: float | None, bytes_moved: float | None, chip: Chip,
+          dtype: str = "bf16") -> dict[str, Any]:
+    """Roofline: the time no kernel can beat for this work on ``chip``.
+
+    The bound is max(flops / peak, bytes / bandwidth): a kernel must at least
+    stream its operands through HBM once and issue its multiply-adds at peak rate.
+    """
+    peak = chip.peak_flops(dtype)
+    compute_s = (flops or 0.0) / peak
+    memory_s = (bytes_moved or 0.0) / chip.hbm_bytes_per_s
+    time_s = max(compute_s, memory_s)
+    intensity = (flops / bytes_moved) if flops and bytes_moved else None
+    return {
+        "chip": chip.name,
+        "dtype": "f32" if dtype in ("f32", "float32") else "bf16",
+        "flops": flops,
+        "bytes": bytes_moved,
+        "intensity": intensity,
+        "ridge_intensity": peak / chip.hbm_bytes_per_s,
+        "compute_bound_ms": compute_s * 1e3,
+        "memory_bound_ms": memory_s * 1e3,
+        "bound_ms": time_s * 1e3,
+        "bound_by": "compute" if compute_s >= memory_s else "memory",
+        "peak_estimated": chip.f32_estimated and dtype in ("f32", "float32"),
+    }
+
+
+def placement(roof: dict[str, Any], measured_ms: float | None) -> dict[str, Any]:
+    """Where a measured run sits against its bound: fraction of roofline reached (<= 1)."""
+    out = dict(roof)
+    out["measured_ms"] = measured_ms
+    if measured_ms and measured_ms > 0 and roof["bound_ms"] > 0:
+        out["fraction"] = roof["bound_ms"] / measured_ms
+        if roof["flops"]:
+            out["achieved_flops"] = roof["flops"] / (measured_ms / 1e3)
+        if roof["bytes"]:
+            out["achieved_bytes_per_s"] = roof["bytes"] / (measured_ms / 1e3)
+    else:
+        out["fraction"] = None
+    return out

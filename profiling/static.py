@@ -1,0 +1,331 @@
+"""Static analysis of every ``pallas_call`` in a candidate (worker-side: imports jax lazily).
+
+From the candidate's jaxpr alone, per ``pallas_call``: the grid and its dimension
+semantics, each operand's block shape, dtype and memory space, the HBM bytes it moves
+(a block is fetched again only when its block index changes between consecutive grid
+steps: we evaluate the index maps over the grid in iteration order), the VMEM
+footprint (pipelined blocks times their buffer count, padded to TPU tiles, plus
+scratch), the alignment of the last two block dims, the dots and whether they suit
+the MXU, flops and arithmetic intensity, and warnings that each carry a concrete fix.
+The JAX internals read here (``GridMapping``, ``BlockMapping``) are those of jax 0.10.2
+(``jax/_src/pallas/core.py``, ``pallas_call.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from profiling.chips import Chip
+from profiling.static_rules import kernel_warnings
+from profiling.static_walk import count_kernel_work, evaluate_index_map
+
+MAX_STEPS = 1 << 20  # grids longer than this are sampled, and the total extrapolated
+LANES, SUBLANES = 128, 8
+
+
+def analyze_callable(fn: Callable[..., Any], dynamic: tuple, static: tuple = (), *,
+                     chip: Chip, task_flops: float | None = None) -> dict[str, Any]:
+    """Trace ``fn(*dynamic, *static)`` to a jaxpr and analyze each ``pallas_call`` in it."""
+    import jax
+
+    closed = jax.make_jaxpr(lambda *d: fn(*d, *static))(*dynamic)
+    return analyze_jaxpr(closed, chip=chip, task_flops=task_flops)
+
+
+def analyze_jaxpr(closed: Any, *, chip: Chip, task_flops: float | None = None) -> dict[str, Any]:
+    calls = list(find_pallas_calls(closed.jaxpr))
+    kernels = []
+    for index, (eqn, times, where) in enumerate(calls):
+        flops = task_flops if (task_flops and len(calls) == 1) else None
+        kernels.append(analyze_pallas_call(eqn, chip=chip, task_flops=flops, index=index,
+                                           times=times, where=where))
+    totals = {
+        "kernels": len(kernels),
+        "bytes_total": sum(k["bytes_total"] * k["calls"] for k in kernels),
+        "flops": sum((k["flops"] or 0) * k["calls"] for k in kernels),
+        "vmem_bytes_max": max((k["vmem_bytes"] for k in kernels), default=0),
+    }
+    return {"chip": chip.name, "kernels": kernels, "totals": totals}
+
+
+def find_pallas_calls(jaxpr: Any, times: int = 1, where: str = "") -> Iterator[tuple[Any, int, str]]:
+    """Every pallas_call eqn, with how many times it runs per call (scan lengths multiply)."""
+    from jax._src import core as jcore
+
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            yield eqn, times, where
+            continue
+        inner_times = times
+        if eqn.primitive.name == "scan":
+            inner_times = times * int(eqn.params.get("length", 1))
+        for key, value in eqn.params.items():
+            for sub in _sub_jaxprs(value, jcore):
+                yield from find_pallas_calls(sub, inner_times, f"{where}/{eqn.primitive.name}")
+            del key
+
+
+def _sub_jaxprs(value: Any, jcore: Any) -> Iterator[Any]:
+    if isinstance(value, jcore.ClosedJaxpr):
+        yield value.jaxpr
+    elif isinstance(value, jcore.Jaxpr):
+        yield value
+    elif isinstance(value, tuple | list):
+        for item in value:
+            yield from _sub_jaxprs(item, jcore)
+
+
+def analyze_pallas_call(eqn: Any, *, chip: Chip, task_flops: float | None = None, index: int = 0,
+                        times: int = 1, where: str = "") -> dict[str, Any]:
+    params = eqn.params
+    gm = params["grid_mapping"]
+    kernel_jaxpr = params["jaxpr"]
+    grid = [int(g) if isinstance(g, int) else None for g in gm.grid]
+    static_grid = all(g is not None for g in grid)
+    steps = math.prod(grid) if static_grid else None
+    compiler = params.get("compiler_params")
+    semantics = _dimension_semantics(compiler, len(grid))
+    vmem_limit = getattr(compiler, "vmem_limit_bytes", None) if compiler is not None else None
+    aliases = dict(params.get("input_output_aliases") or ())
+
+    operands = []
+    notes: list[str] = []
+    for i, bm in enumerate(gm.block_mappings):
+        is_input = i < gm.num_inputs
+        operands.append(_operand(bm, is_input, i if is_input else i - gm.num_inputs, grid, steps,
+                                 gm.num_index_operands, notes))
+    for in_idx, out_idx in aliases.items():
+        if out_idx + gm.num_inputs < len(operands):
+            operands[out_idx + gm.num_inputs]["aliases_input"] = int(in_idx)
+
+    scratch = [_scratch(aval) for aval in gm.scratch_avals]
+    vmem_blocks = sum(o["vmem_bytes"] for o in operands)
+    vmem_scratch = sum(s["bytes"] for s in scratch if s["memory_space"] == "vmem")
+    vmem_bytes = vmem_blocks + vmem_scratch
+    bytes_total = sum(o["bytes_total"] or 0 for o in operands)
+
+    work = count_kernel_work(kernel_jaxpr)
+    grid_steps = steps or 1
+    dot_flops = work["dot_flops"] * grid_steps
+    if task_flops:
+        flops, flops_source = float(task_flops), "task"
+    elif dot_flops:
+        flops, flops_source = float(dot_flops), "dots"
+    else:
+        flops, flops_source = float(work["elementwise_flops"] * grid_steps), "elementwise"
+    notes.extend(work["notes"])
+    dots = [_dot_fit(d, chip) for d in work["dots"]]
+
+    info = kernel_jaxpr.debug_info
+    src = getattr(info, "func_src_info", "") or ""
+    name = params.get("name") or (src.split(" at ")[0] if src else f"pallas_call_{index}")
+    kernel = {
+        "index": index,
+        "name": name,
+        "source": src,
+        "calls": times,
+        "where": where or "top",
+        "grid": grid,
+        "steps": steps,
+        "dimension_semantics": semantics,
+        "operands": operands,
+        "scratch": scratch,
+        "vmem_bytes": vmem_bytes,
+        "vmem_blocks_bytes": vmem_blocks,
+        "vmem_scratch_bytes": vmem_scratch,
+        "vmem_limit_bytes": vmem_limit,
+        "vmem_budget_bytes": vmem_limit or chip.scoped_vmem_bytes,
+        "vmem_physical_bytes": chip.vmem_bytes,
+        "bytes_total": bytes_total,
+        "bytes_per_step": (bytes_total / steps) if steps else None,
+        "flops": flops,
+        "flops_source": flops_source,
+        "dot_flops": dot_flops,
+        "transcendentals": work["transcendentals"] * grid_steps,
+        "intensity": (flops / bytes_total) if bytes_total else None,
+        "dots": dots,
+        "notes": notes,
+    }
+    kernel["warnings"] = kernel_warnings(kernel, chip)
+    return kernel
+
+
+def _dimension_semantics(compiler: Any, rank: int) -> list[str] | None:
+    sem = getattr(compiler, "dimension_semantics", None) if compiler is not None else None
+    if sem is None:
+        return None
+    out = []
+    for s in sem:
+        text = str(getattr(s, "name", s)).lower()
+        out.append(text.replace("dimensionsemantics.", ""))
+    return out[:rank]
+
+
+def _memory_space(ms: Any) -> str:
+    text = str(ms).lower() if ms is not None else "default"
+    if "smem" in text:
+        return "smem"
+    if "sem" in text:
+        return "semaphore"
+    if "any" in text or "hbm" in text:
+        return "hbm"
+    return "vmem"  # DEFAULT and VMEM: Pallas TPU pipelines these blocks through VMEM
+
+
+def _operand(bm: Any, is_input: bool, idx: int, grid: list[int | None], steps: int | None,
+             num_prefetch: int, notes: list[str]) -> dict[str, Any]:
+    import numpy as np
+
+    array_shape = [int(d) for d in bm.array_aval.shape]
+    dtype = np.dtype(bm.array_aval.dtype)
+    block = [_block_dim(b) for b in bm.block_shape]  # None for squeezed dims
+    ref_shape = [int(d) for d in bm.transformed_block_aval.shape]
+    memory_space = _memory_space(bm.transformed_block_aval.memory_space)
+    itemsize = dtype.itemsize
+    block_elems = math.prod(b if b is not None else 1 for b in block)
+    block_bytes = block_elems * itemsize
+    buffers = 2
+    pm = bm.pipeline_mode
+    if pm is not None and getattr(pm, "buffer_count", None):
+        buffers = int(pm.buffer_count)
+
+    fetches: int | None = None
+    exact = True
+    if memory_space == "hbm":
+        # The kernel copies by hand (make_async_copy); we cannot see how much.
+        bytes_total: float | None = float(math.prod(array_shape) * itemsize)
+        exact = False
+        vmem = 0
+        buffers = 0
+    else:
+        if steps is not None:
+            fetches, exact = _count_fetches(bm, grid, steps, num_prefetch)
+        bytes_total = float(fetches * block_bytes) if fetches is not None else None
+        vmem = buffers * _padded_bytes(ref_shape, dtype) if memory_space == "vmem" else 0
+    role = "input" if is_input else "output"
+    origin = str(bm.origin)
+    if not exact:
+        notes.append(f"{origin}: bytes are an upper bound" + (
+            " (manual DMA from HBM/ANY memory: whole array counted once)"
+            if memory_space == "hbm" else " (index map reads scalar-prefetch values)"))
+    return {
+        "role": role,
+        "index": idx,
+        "origin": origin,
+        "shape": array_shape,
+        "dtype": dtype.name,
+        "block": block,
+        "block_ref_shape": ref_shape,
+        "memory_space": memory_space,
+        "buffers": buffers,
+        "block_bytes": block_bytes,
+        "vmem_bytes": vmem,
+        "fetches": fetches,
+        "bytes_total": bytes_total,
+        "bytes_exact": exact,
+        "index_map": str(bm.index_map_jaxpr.jaxpr).replace("\n", " "),
+        "alignment": _alignment(block, array_shape, dtype, memory_space),
+    }
+
+
+def _block_dim(b: Any) -> int | None:
+    cls = type(b).__name__
+    if cls == "Squeezed":
+        return None
+    size = getattr(b, "block_size", b)
+    return int(size) if size is not None else None
+
+
+def _count_fetches(bm: Any, grid: list[int | None], steps: int, num_prefetch: int
+                   ) -> tuple[int, bool]:
+    """How many times the block index changes along the grid (first step included)."""
+    import numpy as np
+
+    sample = min(steps, MAX_STEPS)
+    idx = np.unravel_index(np.arange(sample, dtype=np.int64), [g or 1 for g in grid])
+    grid_indices = [np.asarray(a, dtype=np.int32) for a in idx]
+    blocks = evaluate_index_map(bm.index_map_jaxpr, grid_indices, num_prefetch)
+    if blocks is None:  # depends on runtime values: assume a new block every step
+        return steps, False
+    stacked = np.stack([np.broadcast_to(np.asarray(b), (sample,)) for b in blocks], axis=1) \
+        if blocks else np.zeros((sample, 0), np.int32)
+    changed = 1 + int(np.any(stacked[1:] != stacked[:-1], axis=1).sum()) if sample else 0
+    if sample < steps:  # extrapolate from the sampled prefix
+        return round(changed * steps / sample), False
+    return changed, True
+
+
+def _tile_rows(dtype: Any) -> int:
+    # Sub-32-bit types pack along sublanes: bf16 tiles are (16, 128), int8 (32, 128).
+    return SUBLANES * max(1, 4 // max(1, dtype.itemsize))
+
+
+def _padded_bytes(ref_shape: list[int], dtype: Any) -> int:
+    """Bytes a block occupies in VMEM once padded to (8·packing, 128) tiles."""
+    if not ref_shape:
+        return dtype.itemsize
+    dims = list(ref_shape)
+    dims[-1] = -(-dims[-1] // LANES) * LANES
+    if len(dims) >= 2:
+        rows = _tile_rows(dtype)
+        dims[-2] = -(-dims[-2] // rows) * rows
+    return math.prod(dims) * dtype.itemsize
+
+
+def _alignment(block: list[int | None], shape: list[int], dtype: Any, memory_space: str
+               ) -> dict[str, Any]:
+    """The TPU lowering's rule: last two block dims divisible by (8, 128) or equal to the array's."""
+    out: dict[str, Any] = {"ok": True, "problems": [], "suggest": None}
+    if memory_space != "vmem" or not block:
+        return out
+    dims = [(b if b is not None else 1) for b in block]
+    checks = [(len(dims) - 2, SUBLANES), (len(dims) - 1, LANES)] if len(dims) >= 2 else [(0, LANES)]
+    for axis, unit in checks:
+        b, full = dims[axis], shape[axis]
+        if b != full and b % unit:
+            out["ok"] = False
+            out["problems"].append({"axis": axis, "block": b, "array": full, "unit": unit})
+    if out["problems"]:
+        fixed = list(dims)
+        for p in out["problems"]:
+            unit = p["unit"]
+            up = -(-p["block"] // unit) * unit
+            fixed[p["axis"]] = p["array"] if up >= p["array"] else up
+        out["suggest"] = fixed
+    rows = _tile_rows(dtype)
+    if len(dims) >= 2 and rows > SUBLANES and dims[-2] != shape[-2] and dims[-2] % rows:
+        out["packing"] = f"{dtype.name} packs {rows} rows per tile; {dims[-2]} rows leave tiles part-filled"
+    return out
+
+
+def _dot_fit(dot: dict[str, Any], chip: Chip) -> dict[str, Any]:
+    """Whether a dot's (M, K) x (K, N) suits the MXU (128 wide; 256 on v6e/v7x)."""
+    m, k, n = dot["m"], dot["k"], dot["n"]
+    width = 256 if chip.name in ("v6e", "v7x") else 128
+    problems = []
+    if k % 128 or n % 128:
+        problems.append(f"K={k}, N={n} not multiples of 128: the MXU runs part-empty")
+    elif (k % width or n % width) and chip.kind == "tpu":
+        problems.append(f"K={k}, N={n}: {chip.label}'s MXU is {width} wide; multiples of {width} fill it")
+    if m % SUBLANES:
+        problems.append(f"M={m} not a multiple of 8 sublanes")
+    if dot["lhs_dtype"] == "float32" or dot["rhs_dtype"] == "float32":
+        problems.append("f32 operands run as several bf16 passes; bf16 inputs with "
+                        "preferred_element_type=f32 are up to 3-6x faster where tolerance allows")
+    return {**dot, "mxu_width": width, "mxu_ok": not problems, "problems": problems}
+
+
+def _scratch(aval: Any) -> dict[str, Any]:
+    import numpy as np
+
+    shape = [int(d) for d in getattr(aval, "shape", ())]
+    memory_space = _memory_space(getattr(aval, "memory_space", None))
+    try:
+        dtype = np.dtype(aval.dtype)
+    except TypeError:  # semaphore and other non-numeric scratch
+        return {"shape": shape, "dtype": str(getattr(aval, "dtype", "?")),
+                "memory_space": "semaphore", "bytes": 0}
+    size = _padded_bytes(shape, dtype) if memory_space == "vmem" else math.prod(shape) * dtype.itemsize
+    return {"shape": shape, "dtype": dtype.name, "memory_space": memory_space, "bytes": size}

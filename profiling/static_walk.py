@@ -1,0 +1,196 @@
+"""Jaxpr walking for the static analysis (worker-side: imports jax lazily).
+
+Two jobs: evaluate a BlockSpec's index map over every grid step at once (a small
+numpy interpreter for the integer arithmetic index maps use, falling back to
+``jax.vmap`` for anything else), and count the work in a kernel body (dots with
+their M/K/N, elementwise ops, transcendentals), following cond, scan, while and
+nested calls.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+TRANSCENDENTAL = {"exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "erf", "erf_inv",
+                  "erfc", "sqrt", "rsqrt", "cbrt", "pow", "sin", "cos", "tan", "atan2"}
+ELEMENTWISE = {"add", "sub", "mul", "div", "max", "min", "neg", "abs", "select_n", "integer_pow",
+               "square", "sign", "floor", "ceil", "round", "rem", "clamp", "reduce_sum",
+               "reduce_max", "reduce_min", "cumsum", "cummax", "add_any", "exp", "exp2", "log",
+               "log1p", "expm1", "tanh", "logistic", "erf", "erfc", "sqrt", "rsqrt", "pow", "sin",
+               "cos", "tan", "reciprocal"}
+
+
+class _Unknown(Exception):
+    """The index map needs something we cannot evaluate statically."""
+
+
+def _np_div(a: Any, b: Any) -> Any:
+    import numpy as np
+
+    a, b = np.asarray(a), np.asarray(b)
+    if np.issubdtype(np.result_type(a, b), np.integer):  # lax.div truncates toward zero
+        q = np.abs(a) // np.where(b == 0, 1, np.abs(b))
+        return np.where((a < 0) ^ (b < 0), -q, q)
+    return a / b
+
+
+def _np_table() -> dict[str, Callable[..., Any]]:
+    import numpy as np
+
+    return {
+        "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": _np_div,
+        "rem": np.fmod, "max": np.maximum, "min": np.minimum, "neg": np.negative,
+        "abs": np.abs, "sign": np.sign, "eq": np.equal, "ne": np.not_equal, "lt": np.less,
+        "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal, "and": np.bitwise_and,
+        "or": np.bitwise_or, "not": np.invert, "xor": np.bitwise_xor,
+        "shift_left": np.left_shift, "shift_right_arithmetic": np.right_shift,
+        "clamp": lambda lo, x, hi: np.clip(x, lo, hi),
+        "select_n": lambda which, *cases: np.choose(np.asarray(which).astype(np.int64), cases),
+    }
+
+
+def evaluate_index_map(closed: Any, grid_indices: list[Any], num_prefetch: int) -> list[Any] | None:
+    """Block indices for every grid step (arrays aligned with ``grid_indices``), or None.
+
+    None means the map reads scalar-prefetch values (known only at run time).
+    """
+    try:
+        return _eval_numpy(closed.jaxpr, closed.consts, grid_indices)
+    except _Unknown:
+        pass
+    if num_prefetch:
+        return None
+    return _eval_jax(closed, grid_indices)
+
+
+def _eval_numpy(jaxpr: Any, consts: list[Any], args: list[Any]) -> list[Any]:
+    import numpy as np
+    from jax._src import core as jcore
+
+    table = _np_table()
+    env: dict[Any, Any] = {}
+    for var, val in zip(jaxpr.constvars, consts, strict=False):
+        env[var] = np.asarray(val)
+    for var, val in zip(jaxpr.invars, args, strict=False):
+        env[var] = val  # prefetch refs beyond the grid args stay unbound
+
+    def read(atom: Any) -> Any:
+        if isinstance(atom, jcore.Literal):
+            return np.asarray(atom.val)
+        if atom not in env:
+            raise _Unknown(str(atom))
+        return env[atom]
+
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        ins = [read(v) for v in eqn.invars]
+        if name in table:
+            outs = [table[name](*ins)]
+        elif name == "convert_element_type":
+            outs = [np.asarray(ins[0]).astype(np.dtype(eqn.params["new_dtype"]))]
+        elif name == "integer_pow":
+            outs = [np.power(ins[0], eqn.params["y"])]
+        elif name in ("pjit", "jit", "closed_call", "core_call"):
+            sub = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+            sub_jaxpr = getattr(sub, "jaxpr", sub)
+            outs = _eval_numpy(sub_jaxpr, getattr(sub, "consts", []), ins)
+        else:
+            raise _Unknown(name)
+        for var, val in zip(eqn.outvars, outs, strict=False):
+            env[var] = val
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _eval_jax(closed: Any, grid_indices: list[Any]) -> list[Any]:
+    import jax
+    import numpy as np
+    from jax._src import core as jcore
+
+    fn = jax.vmap(jcore.jaxpr_as_fun(closed))
+    with jax.default_device(jax.devices("cpu")[0]):
+        outs = jax.jit(fn)(*[np.asarray(g) for g in grid_indices])
+    return [np.asarray(o) for o in outs]
+
+
+def count_kernel_work(jaxpr: Any) -> dict[str, Any]:
+    """Dots (with M, K, N), dot flops, elementwise flops and transcendentals of one grid step."""
+    acc: dict[str, Any] = {"dot_flops": 0.0, "elementwise_flops": 0.0, "transcendentals": 0.0,
+                           "dots": [], "notes": []}
+    _walk_work(jaxpr, 1.0, acc)
+    return acc
+
+
+def _size(aval: Any) -> int:
+    return math.prod(int(d) for d in getattr(aval, "shape", ()))
+
+
+def _walk_work(jaxpr: Any, times: float, acc: dict[str, Any]) -> None:
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name == "dot_general":
+            _count_dot(eqn, times, acc)
+        elif name in ELEMENTWISE:
+            n = max((_size(v.aval) for v in eqn.invars if hasattr(v, "aval")), default=1)
+            acc["elementwise_flops"] += n * times
+            if name in TRANSCENDENTAL:
+                acc["transcendentals"] += n * times
+        elif name == "cond":
+            # pl.when guards: count the costliest branch (an upper bound per step).
+            best = None
+            for branch in eqn.params["branches"]:
+                sub = {"dot_flops": 0.0, "elementwise_flops": 0.0, "transcendentals": 0.0,
+                       "dots": [], "notes": []}
+                _walk_work(branch.jaxpr, times, sub)
+                if best is None or (sub["dot_flops"], sub["elementwise_flops"]) > (
+                        best["dot_flops"], best["elementwise_flops"]):
+                    best = sub
+            if best:
+                for key in ("dot_flops", "elementwise_flops", "transcendentals"):
+                    acc[key] += best[key]
+                acc["dots"].extend(best["dots"])
+                acc["notes"].extend(best["notes"])
+        elif name == "scan":
+            _walk_work(eqn.params["jaxpr"].jaxpr, times * int(eqn.params["length"]), acc)
+        elif name == "while":
+            note = "a while loop with a run-time trip count was counted once per grid step"
+            if note not in acc["notes"]:
+                acc["notes"].append(note)
+            _walk_work(eqn.params["body_jaxpr"].jaxpr, times, acc)
+        else:
+            for value in eqn.params.values():
+                for sub in _jaxprs_in(value):
+                    _walk_work(sub, times, acc)
+
+
+def _jaxprs_in(value: Any) -> list[Any]:
+    from jax._src import core as jcore
+
+    if isinstance(value, jcore.ClosedJaxpr):
+        return [value.jaxpr]
+    if isinstance(value, jcore.Jaxpr):
+        return [value]
+    if isinstance(value, tuple | list):
+        return [j for item in value for j in _jaxprs_in(item)]
+    return []
+
+
+def _count_dot(eqn: Any, times: float, acc: dict[str, Any]) -> None:
+    import numpy as np
+
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    lhs, rhs = eqn.invars[0].aval, eqn.invars[1].aval
+    ls, rs = [int(d) for d in lhs.shape], [int(d) for d in rhs.shape]
+    k = math.prod(ls[d] for d in lc)
+    batch = math.prod(ls[d] for d in lb)
+    m = math.prod(ls[d] for d in range(len(ls)) if d not in lc and d not in lb)
+    n = math.prod(rs[d] for d in range(len(rs)) if d not in rc and d not in rb)
+    flops = 2.0 * batch * m * n * k
+    acc["dot_flops"] += flops * times
+    out = eqn.outvars[0].aval
+    entry = {"m": m, "k": k, "n": n, "batch": batch, "lhs_dtype": np.dtype(lhs.dtype).name,
+             "rhs_dtype": np.dtype(rhs.dtype).name, "out_dtype": np.dtype(out.dtype).name,
+             "flops_per_step": flops * times}
+    if entry not in acc["dots"]:
+        acc["dots"].append(entry)
