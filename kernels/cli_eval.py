@@ -1,0 +1,180 @@
+"""``tilewright eval``: evaluate one candidate on one task, in a worker process.
+
+``tilewright eval --task DIR|NAME --kernel FILE [--json] [--set K=V ...] [--trials N]
+[--iters N] [--timeout SECONDS]`` prints the eval JSON contract (``--json``) or a
+readable summary. Exit status: 0 only for ``correct``, 1 for any other status, 2 for
+bad usage (missing file, malformed task). App side: no JAX here; the worker runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+EXIT_CORRECT, EXIT_OTHER, EXIT_USAGE = 0, 1, 2
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "eval", help="evaluate a kernel on a task (correctness, TPU lowering, timing)",
+        description="Evaluate a candidate kernel in an isolated worker: several trials with "
+                    "fresh inputs on every shape configuration for this host, a TPU lowering "
+                    "check, integrity checks and timing against the XLA reference. "
+                    "Exit 0 only when the status is 'correct'.")
+    parser.add_argument("--task", required=True, metavar="DIR|NAME",
+                        help="task directory (native, JAXBench or MaxKernel layout) or a "
+                             "bundled task name")
+    parser.add_argument("--kernel", metavar="FILE",
+                        help="candidate source file (default: the task's kernel.py)")
+    parser.add_argument("--json", action="store_true", help="print the eval JSON contract")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE", help="override a shape parameter (repeatable)")
+    parser.add_argument("--trials", type=_positive_int, default=3,
+                        help="correctness trials per shape configuration (default 3)")
+    parser.add_argument("--iters", type=_positive_int, default=None,
+                        help="timing iterations (default: adaptive within a time budget)")
+    parser.add_argument("--timeout", type=_positive_float, default=120.0, metavar="SECONDS",
+                        help="kill the evaluation after this long (default 120)")
+    parser.add_argument("--shape", dest="shapes", action="append", default=None,
+                        metavar="NAME", help="only this shape configuration (repeatable)")
+    parser.add_argument("--no-timing", action="store_true", help="skip timing")
+    parser.set_defaults(handler=run)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be positive")
+    return value
+
+
+def _usage_error(message: str) -> int:
+    print(f"tilewright eval: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def run(args: argparse.Namespace) -> int:
+    from kernels.loaders import load_task, parse_overrides
+    from kernels.task import TaskError
+
+    try:
+        overrides = parse_overrides(args.overrides)
+        task = load_task(args.task, overrides)
+    except (TaskError, ValueError) as exc:
+        return _usage_error(str(exc))
+    if args.kernel:
+        path = Path(args.kernel).expanduser()
+    elif task.kernel_path is not None:
+        path = task.kernel_path
+    else:
+        return _usage_error(f"task {task.name} has no kernel.py; pass --kernel FILE")
+    try:
+        source = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        return _usage_error(f"cannot read kernel {path}: {getattr(exc, 'strerror', None) or exc}")
+    known = {s.name for s in task.shapes}
+    unknown = [s for s in args.shapes or [] if s not in known]
+    if unknown:
+        return _usage_error(f"unknown --shape {unknown[0]!r}; task {task.name} has "
+                            f"{', '.join(sorted(known))}")
+
+    from kernels.workers import EvalOptions, WorkerStartError
+
+    options = EvalOptions(trials=args.trials, iters=args.iters, timeout_s=args.timeout,
+                          timing=not args.no_timing, shapes=args.shapes)
+    try:
+        result = asyncio.run(_evaluate(task, source, options, str(path.resolve())))
+    except WorkerStartError as exc:
+        print(f"tilewright eval: could not start a JAX worker: {exc}", file=sys.stderr)
+        return EXIT_OTHER
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        print_summary(result, task.name, str(path))
+    return EXIT_CORRECT if result.correct else EXIT_OTHER
+
+
+async def _evaluate(task: Any, source: str, options: Any, filename: str) -> Any:
+    from kernels.workers import WorkerPool
+
+    async with WorkerPool(size=1) as pool:
+        return await pool.evaluate(task, source, options, filename=filename)
+
+
+STATUS_STYLE = {"correct": "bold green", "incorrect": "bold red", "rejected": "bold magenta"}
+
+
+def print_summary(result: Any, task_name: str, kernel: str) -> None:
+    """A readable summary: status, backend, lowering, correctness, timing, error."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console(stderr=False, highlight=False)
+    style = STATUS_STYLE.get(result.status, "bold yellow")
+    backend = result.backend.label() if result.backend else "unknown backend"
+    console.print(f"[{style}]{result.status.upper()}[/]  {escape(task_name)} · "
+                  f"{escape(kernel)} · [bold]{escape(backend)}[/] · {result.duration_s:.1f} s")
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="dim", no_wrap=True)
+    table.add_column()
+    lowering = result.lowering or {}
+    table.add_row("TPU lowering", escape(f"{lowering.get('tpu')}"
+                                         + (f": {lowering['message']}" if lowering.get("message")
+                                            else "")))
+    correctness = result.correctness
+    if correctness:
+        verdict = "pass" if correctness["correct"] else "FAIL"
+        diff = correctness.get("max_abs_diff")
+        table.add_row("correctness", escape(
+            f"{verdict} · {correctness['trials']} trials per shape · max |diff| "
+            f"{'n/a' if diff is None else f'{diff:.3g}'} (atol {correctness['atol']:g}, "
+            f"rtol {correctness['rtol']:g})"))
+        if correctness.get("reason"):
+            table.add_row("", escape(correctness["reason"]))
+        for shape in result.extra.get("shapes", []):
+            mark = "✓" if shape["correct"] else "✗"
+            label = "held-out" if shape.get("held_out") else _params(shape.get("params"))
+            table.add_row("", escape(f"{mark} {shape['name']} {label}"))
+    flags = (result.integrity or {}).get("flags") or []
+    table.add_row("integrity", escape(", ".join(flags) if flags else "no flags"))
+    timing = result.timing
+    if timing:
+        label = "interpret-mode wall clock (not TPU performance)" \
+            if timing.get("mode") == "tpu-interpret" else f"{timing['method']}"
+        speedup = timing.get("speedup")
+        table.add_row("timing", escape(
+            f"{timing['median_ms']:.3f} ms median (p10 {timing['p10_ms']:.3f}, p90 "
+            f"{timing['p90_ms']:.3f}; {timing['iters']} iters on {timing.get('shape')}) · "
+            f"XLA reference {timing['baseline_median_ms']:.3f} ms · speedup "
+            f"{'n/a' if speedup is None else f'{speedup:.2f}x'}"))
+        table.add_row("", f"[yellow]{escape(label)}[/]")
+    error = result.error
+    if error:
+        where = f" (kernel line {error.line})" if error.line else ""
+        table.add_row("error", escape(f"{error.kind}{where}: {error.message}"))
+        if error.hint:
+            table.add_row("hint", escape(error.hint))
+    console.print(table)
+    if result.stderr.strip():
+        tail = result.stderr.strip().splitlines()[-5:]
+        console.print("[dim]worker stderr (last lines; --json has all):[/]")
+        for line in tail:
+            console.print(f"[dim]  {escape(line)}[/]")
+
+
+def _params(params: dict[str, Any] | None) -> str:
+    if not params:
+        return ""
+    return "(" + ", ".join(f"{k}={v}" for k, v in params.items()) + ")"
