@@ -1,0 +1,406 @@
+"""Where evaluations run: on this machine's worker processes, or on a Ray cluster.
+
+An ``Executor`` takes ``(task, source, options)`` and returns an ``EvalResult``; its
+``capacity`` says how many evaluations it runs at once, so a search knows how many
+candidates to keep in flight. Two implementations:
+
+- ``LocalExecutor``: N long-lived worker processes (``kernels.workers.WorkerPool``),
+  N bounded by the CPU cores and, on a TPU host, by the chips (one chip per worker).
+- ``RayExecutor``: each evaluation is a Ray task with a resource request
+  (``num_cpus=1`` here, ``{"TPU": chips}`` on a TPU host); inside the Ray worker the
+  evaluation still runs in a worker process of its own (``kernels.workers``), so JAX is
+  never imported by the Ray driver (the app) nor by the Ray worker itself. The
+  controller and the session log stay on the driver. ``ray`` is imported lazily: it is
+  an optional extra (``pip install tilewright[ray]``).
+
+App-side module: no JAX here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import glob
+import hashlib
+import logging
+import os
+import tempfile
+import threading
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from kernels.result import EvalResult
+from kernels.task import Task
+
+EXECUTORS = ("local", "ray")
+
+# A task directory is shipped along with a Ray task when the remote node does not have
+# it (another host of a cluster); bigger trees must be on a shared filesystem.
+_SHIP_FILE_LIMIT = 1 << 20
+_SHIP_TOTAL_LIMIT = 8 << 20
+
+
+class ExecutorError(Exception):
+    """An executor that cannot start: says why and what to do about it."""
+
+
+@runtime_checkable
+class Executor(Protocol):
+    name: str  # "local" | "ray"
+    capacity: int  # evaluations run at once
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def submit(self, task: Task, source: str, options: Any = None) -> EvalResult: ...
+
+    def describe(self) -> str: ...
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (the affinity mask, not the machine's total)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def local_tpu_chips() -> int:
+    """TPU chips on this host, found without JAX: /dev/accel* (v4, v5e) or /dev/vfio/N."""
+    visible = os.environ.get("TPU_VISIBLE_CHIPS")
+    if visible:
+        return len([c for c in visible.split(",") if c.strip()])
+    accel = glob.glob("/dev/accel[0-9]*")
+    if accel:
+        return len(accel)
+    return len([p for p in glob.glob("/dev/vfio/*") if Path(p).name.isdigit()])
+
+
+def chip_env(chip: int, port: int) -> dict[str, str]:
+    """Environment that pins one worker process to one TPU chip of the host."""
+    return {
+        "TPU_VISIBLE_CHIPS": str(chip),
+        "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1",
+        "TPU_PROCESS_BOUNDS": "1,1,1",
+        "TPU_PROCESS_PORT": str(port),
+        "TPU_PROCESS_ADDRESSES": f"localhost:{port}",
+        "CLOUD_TPU_TASK_ID": "0",
+    }
+
+
+def local_worker_count(requested: int | None = None) -> int:
+    """Workers for a LocalExecutor: what was asked, at most one per core and per chip."""
+    cores = usable_cores()
+    chips = local_tpu_chips()
+    limit = min(cores, chips) if chips else cores
+    if requested is None:
+        return max(1, limit)
+    if requested < 1:
+        raise ExecutorError(f"--workers must be at least 1 (got {requested})")
+    return min(requested, max(1, limit))
+
+
+def _options_dict(options: Any) -> dict[str, Any] | None:
+    if options is None:
+        return None
+    if isinstance(options, dict):
+        return dict(options)
+    return asdict(options)
+
+
+def _eval_options(data: dict[str, Any] | None) -> Any:
+    from kernels.workers import EvalOptions
+
+    return EvalOptions(**data) if data else None
+
+
+class LocalExecutor:
+    """Evaluations on this machine's worker processes.
+
+    On a CPU host one ``WorkerPool(size=N)``; on a TPU host with several chips one
+    single-worker pool per chip, each pinned to its chip. A free-slot queue hands each
+    submission a pool with an idle worker, so ``capacity`` evaluations run at once.
+    """
+
+    name = "local"
+
+    def __init__(self, workers: int | None = None, env_overrides: dict[str, str] | None = None,
+                 ) -> None:
+        self.capacity = local_worker_count(workers)
+        self._env = dict(env_overrides or {})
+        self._pools: list[Any] = []
+        self._free: asyncio.Queue[Any] | None = None
+        self._chips = local_tpu_chips()
+
+    async def start(self) -> None:
+        from kernels.workers import WorkerPool
+
+        if self._pools:
+            return
+        if self._chips > 1 and self.capacity > 1:
+            self._pools = [
+                WorkerPool(size=1, env_overrides={**self._env, **chip_env(i, 8476 + i)})
+                for i in range(self.capacity)
+            ]
+        else:
+            self._pools = [WorkerPool(size=self.capacity, env_overrides=self._env or None)]
+        started: list[Any] = []
+        try:
+            for pool in self._pools:
+                await pool.__aenter__()
+                started.append(pool)
+        except BaseException:
+            for pool in started:
+                await pool.__aexit__(None, None, None)
+            self._pools = []
+            raise
+        self._free = asyncio.Queue()
+        per_pool = self.capacity // len(self._pools)
+        for pool in self._pools:
+            for _ in range(per_pool):
+                self._free.put_nowait(pool)
+
+    async def close(self) -> None:
+        pools, self._pools = self._pools, []
+        for pool in pools:
+            await pool.__aexit__(None, None, None)
+
+    async def __aenter__(self) -> LocalExecutor:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def submit(self, task: Task, source: str, options: Any = None) -> EvalResult:
+        """Evaluate one candidate; cancelling the caller kills and replaces that worker."""
+        if self._free is None:
+            raise ExecutorError("LocalExecutor.submit before start(): use `async with`")
+        pool = await self._free.get()
+        try:
+            return await pool.evaluate(task, source, options)
+        finally:
+            self._free.put_nowait(pool)
+
+    def describe(self) -> str:
+        where = f"{self._chips} TPU chips" if self._chips else f"{usable_cores()} cores"
+        return f"local: {self.capacity} worker process(es) ({where})"
+
+
+# -- Ray ------------------------------------------------------------------------------
+
+def _pack_task(task: Task) -> dict[str, Any]:
+    """The task spec plus its files (small trees only), for nodes without the directory."""
+    spec = task.to_spec()
+    files: dict[str, str] = {}
+    total = 0
+    root = Path(task.root)
+    for path in sorted(root.rglob("*")):
+        if not path.is_file() or "__pycache__" in path.parts:
+            continue
+        size = path.stat().st_size
+        total += size
+        if size > _SHIP_FILE_LIMIT or total > _SHIP_TOTAL_LIMIT:
+            files = {}  # too big to ship: the cluster must share the filesystem
+            break
+        try:
+            files[str(path.relative_to(root))] = path.read_text()
+        except UnicodeDecodeError:
+            files = {}
+            break
+    return {"spec": spec, "files": files}
+
+
+def _unpack_task(packed: dict[str, Any]) -> Task:
+    """Rebuild the Task on a Ray node, writing its files to a cache dir if it lacks them."""
+    spec = dict(packed["spec"])
+    root = Path(spec["root"])
+    files = packed.get("files") or {}
+    if not root.exists() and files:
+        digest = hashlib.sha256(repr(sorted(files.items())).encode()).hexdigest()[:16]
+        local = Path(tempfile.gettempdir()) / "tilewright-ray-tasks" / digest
+        if not local.exists():
+            staging = Path(tempfile.mkdtemp(prefix="stage-", dir=local.parent
+                                            if local.parent.exists() else None))
+            for rel, text in files.items():
+                dest = staging / rel
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_text(text)
+            local.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(OSError):  # another task may have won the race
+                staging.rename(local)
+        for key in ("root", "reference_path", "kernel_path", "input_gen_path"):
+            if spec.get(key):
+                spec[key] = str(local / Path(spec[key]).relative_to(root))
+    return Task.from_spec(spec)
+
+
+class _EvalHost:
+    """One per Ray worker process: an event loop thread holding a one-worker pool.
+
+    Ray reuses its worker processes between tasks, so the JAX worker started for the
+    first evaluation serves the following ones (no JAX import per evaluation).
+    """
+
+    _instance: _EvalHost | None = None
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True,
+                                       name="tilewright-eval-host")
+        self.thread.start()
+        self.pool: Any = None
+
+    @classmethod
+    def get(cls) -> _EvalHost:
+        with cls._lock:
+            if cls._instance is None:
+                cls._instance = cls()
+            return cls._instance
+
+    async def _evaluate(self, task: Task, source: str, options: Any) -> EvalResult:
+        from kernels.workers import WorkerPool
+
+        if self.pool is None:
+            pool = WorkerPool(size=1)
+            await pool.__aenter__()
+            self.pool = pool
+        return await self.pool.evaluate(task, source, options)
+
+    def evaluate(self, task: Task, source: str, options: Any) -> EvalResult:
+        future = asyncio.run_coroutine_threadsafe(self._evaluate(task, source, options),
+                                                  self.loop)
+        return future.result()
+
+
+def ray_evaluate(packed: dict[str, Any], source: str, options: dict[str, Any] | None,
+                 ) -> dict[str, Any]:
+    """Body of the Ray task: evaluate in a worker process of this node, return eval JSON."""
+    task = _unpack_task(packed)
+    result = _EvalHost.get().evaluate(task, source, _eval_options(options))
+    data = result.to_json()
+    data.setdefault("extra", {})["executor"] = {"name": "ray", "node": os.uname().nodename}
+    return data
+
+
+class RayExecutor:
+    """Evaluations as Ray tasks, on a local Ray instance or the cluster at ``address``.
+
+    ``resources`` is the request of one evaluation (default ``{"TPU": 1}`` where the
+    cluster has TPUs, else one CPU). ``capacity`` is how many such requests the
+    cluster can hold at once (or ``workers`` when given). The driver process (this one)
+    keeps the controller and the session log; only source text and eval JSON travel.
+    """
+
+    name = "ray"
+
+    def __init__(self, address: str | None = None, workers: int | None = None,
+                 resources: dict[str, float] | None = None, num_cpus: int | None = None,
+                 ) -> None:
+        self.address = address
+        self.requested = workers
+        self.resources = dict(resources) if resources else None
+        self.num_cpus = num_cpus  # of a local instance started here
+        self.capacity = workers or 1
+        self._ray: Any = None
+        self._owns_ray = False
+        self._remote: Any = None
+        self._slots: asyncio.Semaphore | None = None
+
+    async def start(self) -> None:
+        try:
+            import ray
+        except ImportError as exc:
+            raise ExecutorError(
+                "the ray executor needs Ray: pip install 'tilewright[ray]' "
+                "(or use --executor local)") from exc
+        self._ray = ray
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = {
+                "include_dashboard": False,
+                "logging_level": logging.ERROR,
+                "log_to_driver": False,
+                "configure_logging": True,
+            }
+            if self.address:
+                kwargs["address"] = self.address
+            else:
+                kwargs["num_cpus"] = self.num_cpus or self.requested or local_worker_count()
+                kwargs["object_store_memory"] = 80 * 1024 * 1024
+            # Ray's own loggers go to stderr before logging_level applies; quiet them.
+            logging.getLogger("ray").setLevel(logging.ERROR)
+            os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+            try:
+                await asyncio.to_thread(ray.init, **kwargs)
+            except ConnectionError as exc:
+                raise ExecutorError(
+                    f"cannot reach a Ray cluster at {self.address}: {exc} "
+                    "(start one with `ray start --head`, or drop --address)") from exc
+            self._owns_ray = True
+        total = ray.cluster_resources()
+        if self.resources is None:
+            chips = total.get("TPU", 0)
+            self.resources = {"TPU": 1.0} if chips else {"CPU": 1.0}
+        fits = min(int(total.get(k, 0) // v) for k, v in self.resources.items() if v > 0)
+        if fits < 1:
+            raise ExecutorError(
+                f"the Ray cluster cannot hold one evaluation's request {self.resources} "
+                f"(it has {dict(total)})")
+        self.capacity = min(self.requested, fits) if self.requested else fits
+        cpus = self.resources.get("CPU", 0.0)
+        custom = {k: v for k, v in self.resources.items() if k != "CPU"}
+        self._remote = ray.remote(ray_evaluate).options(
+            num_cpus=cpus, resources=custom or None, max_retries=0, name="tilewright.eval")
+        self._slots = asyncio.Semaphore(self.capacity)
+
+    async def close(self) -> None:
+        if self._ray is not None and self._owns_ray:
+            await asyncio.to_thread(self._ray.shutdown)
+        self._owns_ray = False
+        self._remote = None
+
+    async def __aenter__(self) -> RayExecutor:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def submit(self, task: Task, source: str, options: Any = None) -> EvalResult:
+        """Run one evaluation as a Ray task; cancelling the caller force-cancels it."""
+        if self._remote is None or self._slots is None:
+            raise ExecutorError("RayExecutor.submit before start(): use `async with`")
+        async with self._slots:
+            ref = self._remote.remote(_pack_task(task), source, _options_dict(options))
+            try:
+                data = await ref
+            except asyncio.CancelledError:
+                # force=True kills the Ray worker; its JAX worker child dies with it.
+                with contextlib.suppress(Exception):
+                    self._ray.cancel(ref, force=True)
+                raise
+            except self._ray.exceptions.RayError as exc:
+                from kernels.result import EvalError
+
+                return EvalResult(status="crashed", backend=None, error=EvalError(
+                    kind="crashed", message=f"Ray task failed: {type(exc).__name__}: {exc}"))
+        return EvalResult.from_json(data)
+
+    def describe(self) -> str:
+        where = self.address or "local Ray instance"
+        return f"ray: {self.capacity} concurrent evaluation(s) on {where}, each {self.resources}"
+
+
+def make_executor(kind: str, workers: int | None = None, address: str | None = None,
+                  ) -> LocalExecutor | RayExecutor:
+    """The executor named on the command line (``--executor local|ray``)."""
+    if kind == "local":
+        if address:
+            raise ExecutorError("--address only applies to --executor ray")
+        return LocalExecutor(workers)
+    if kind == "ray":
+        return RayExecutor(address=address, workers=workers)
+    raise ExecutorError(f"unknown executor {kind!r}: choose one of {', '.join(EXECUTORS)}")

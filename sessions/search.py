@@ -1,0 +1,492 @@
+"""Graph search over kernel versions: beam search and parallel independent runs.
+
+``Search`` drives ``sessions.search_graph.plan`` against one session: it asks the
+agent (or the search's own tuning steps) for children, decides, applies them as kernel
+versions and has an ``Executor`` evaluate them, several at once. Everything it does is
+an event in the session log, folded into the same ``SearchState`` it plans from, so
+``Search.open`` on an interrupted session re-folds and carries on: finished nodes are
+skipped, a ``run.start`` without its ``run.result`` is evaluated again, a proposal left
+between decision and version is finished.
+
+Approval is enforced the controller's way: a child becomes a kernel version only
+through a ``user.decision`` event, written ``by: auto`` when ``approval`` is auto, or
+by the person through ``approve``/``reject`` when it is ``user`` (the search view
+calls these; ``prune`` takes a branch out of the beam). No textual, no jax.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from agents.base import Agent, AgentRequest, TaskBrief
+from kernels import tunables
+from kernels.task import Task
+from sessions.agent_turn import AgentTurn, stream_turn
+from sessions.autonomy import duplicate_of
+from sessions.log import SessionLog, read_json_blob
+from sessions.search_graph import (
+    Action,
+    SearchConfig,
+    SearchState,
+    finish_reason,
+    fold_search,
+    plan,
+    select_beam,
+)
+
+Subscriber = Callable[[dict[str, Any]], None]
+AGENT_TIMEOUT_S = 600.0
+
+
+@dataclass
+class SearchSummary:
+    session: str
+    task: str
+    reason: str
+    best_version: int | None
+    best_status: str | None
+    best_speedup: float | None
+    evaluations: int
+    nodes: int
+    tokens: int
+    cost_usd: float
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def summarize(state: SearchState, session: Path | str, task: str) -> SearchSummary:
+    """Per-task figures of a (finished or not) search session."""
+    best = state.best()
+    versions = state.session.versions
+    if best is None and versions:  # nothing correct: report the root's status
+        root = state.root if state.root in versions else min(versions)
+        best_status = versions[root].status
+    else:
+        best_status = versions[best].status if best is not None else None
+    return SearchSummary(
+        session=str(session), task=task, reason=state.ended or "unfinished",
+        best_version=best, best_status=best_status,
+        best_speedup=versions[best].speedup if best is not None else None,
+        evaluations=state.evaluations(), nodes=len(state.nodes),
+        tokens=state.session.spent.tokens, cost_usd=round(state.session.spent.cost_usd, 6))
+
+
+class Search:
+    """One search over one task's session. ``await search.run()`` until it ends."""
+
+    def __init__(self, log: SessionLog, state: SearchState, task: Task, brief: TaskBrief,
+                 agent: Agent, executor: Any, eval_options: Any = None) -> None:
+        self.log = log
+        self.state = state
+        self.task = task
+        self.brief = brief
+        self.agent = agent
+        self.executor = executor
+        self.eval_options = eval_options
+        self._subscribers: list[Subscriber] = []
+        self._decisions: dict[str, asyncio.Future[tuple[str, str | None]]] = {}
+        self._tunable_cache: dict[int, bool] = {}
+        self._wake = asyncio.Event()
+
+    # -- opening ------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, sessions_dir: Path | str, task: Task, brief: TaskBrief, agent: Agent,
+               executor: Any, config: SearchConfig, eval_options: Any = None) -> Search:
+        log = SessionLog.create(
+            sessions_dir, task={"name": task.name, "root": str(task.root),
+                                "layout": task.layout},
+            backend=None, agent=getattr(agent, "label", agent.name), app_version=_version(),
+            extra={"search": True})
+        state = fold_search(log.header, [])
+        search = cls(log, state, task, brief, agent, executor, eval_options)
+        root = None
+        source = task.starting_source()
+        if source is not None:
+            root = 1
+            search._emit("kernel.version", version=1, parent=None, origin="initial",
+                         proposal=None, source_blob=log.put_blob(source),
+                         summary=f"starting kernel ({task.kernel_path.name})"
+                         if task.kernel_path else "starting kernel", decision=None)
+        if config.approval == "auto":
+            search._emit("mode.change", mode="auto", by="search")
+        search._emit("search.start", config=config.to_json(), root=root,
+                     executor=getattr(executor, "name", "?"), agent=agent.name)
+        return search
+
+    @classmethod
+    def open(cls, path: Path | str, task: Task, brief: TaskBrief, agent: Agent,
+             executor: Any, config: SearchConfig | None = None,
+             eval_options: Any = None) -> Search:
+        """Reopen an interrupted search; ``config`` (when given) replaces the recorded
+        one from now on (a bigger budget, say)."""
+        log, loaded = SessionLog.open(path)
+        state = fold_search(loaded.header, loaded.events)
+        search = cls(log, state, task, brief, agent, executor, eval_options)
+        if state.ended is None:
+            if state.config is None:
+                raise ValueError(f"{path}: not a search session (no search.start event)")
+            new = config or state.config
+            search._emit("search.resume", config=new.to_json(),
+                         executor=getattr(executor, "name", "?"))
+        return search
+
+    # -- observing and commands ---------------------------------------------------------
+
+    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
+        self._subscribers.append(callback)
+        return lambda: self._subscribers.remove(callback)
+
+    def _emit(self, type_: str, **fields: Any) -> dict[str, Any]:
+        event = self.log.append(type_, **fields)
+        self.state.apply(event)
+        for callback in list(self._subscribers):
+            with contextlib.suppress(Exception):  # an observer bug must not stop a search
+                callback(event)
+        self._wake.set()
+        return event
+
+    def approve(self, proposal: str) -> None:
+        self._resolve(proposal, "approve", None)
+
+    def reject(self, proposal: str, note: str | None = None) -> None:
+        self._resolve(proposal, "reject", note)
+
+    def _resolve(self, proposal: str, decision: str, note: str | None) -> None:
+        future = self._decisions.get(proposal)
+        if future is None or future.done():
+            raise ValueError(f"{proposal} is not awaiting a decision")
+        future.set_result((decision, note))
+
+    def awaiting(self) -> list[str]:
+        """Proposals waiting for the person (human-in-the-loop search)."""
+        return [p for p, f in self._decisions.items() if not f.done()]
+
+    def prune(self, version: int, reason: str = "pruned by the user", by: str = "user") -> None:
+        if version not in self.state.nodes:
+            raise ValueError(f"v{version} is not a node of this search")
+        self._emit("search.prune", version=version, reason=reason, by=by)
+        for pid, future in self._decisions.items():  # its pending children go with it
+            prop = self.state.session.proposals.get(pid)
+            if prop and prop.base_version == version and not future.done():
+                future.set_result(("reject", f"branch v{version} pruned"))
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def _live_wall(self) -> float:
+        segments = self.state.segments
+        return max(0.0, self.log.now() - segments[-1][1]) if segments else 0.0
+
+    async def run(self) -> SearchSummary:
+        """Work until the planner has nothing left; then record ``search.end``."""
+        if self.state.ended is not None:
+            return self.summary()
+        inflight: dict[str, asyncio.Task[None]] = {}
+        capacity = max(1, int(getattr(self.executor, "capacity", 1)))
+        try:
+            while True:
+                actions = plan(self.state, set(inflight), self._live_wall(), self._tunables())
+                evaluating = sum(1 for k in inflight if k.startswith("evaluate:"))
+                asking = sum(1 for k in inflight if not k.startswith("evaluate:"))
+                for action in actions:
+                    if action.kind == "evaluate":
+                        if evaluating >= capacity:
+                            continue
+                        evaluating += 1
+                    elif action.kind in ("expand", "decide", "apply"):
+                        # the agent and the person are asked at most `capacity` at once
+                        if asking >= capacity:
+                            continue
+                        asking += 1
+                    inflight[action.key] = asyncio.ensure_future(self._perform(action))
+                if not inflight:
+                    break
+                self._wake.clear()
+                waiter = asyncio.ensure_future(self._wake.wait())
+                await asyncio.wait([*inflight.values(), waiter],
+                                   return_when=asyncio.FIRST_COMPLETED,
+                                   timeout=self._wall_left())
+                waiter.cancel()
+                for key, job in list(inflight.items()):
+                    if job.done():
+                        del inflight[key]
+                        job.result()  # a bug in the driver surfaces here
+                if self._wall_left() == 0.0:
+                    await self._cancel(inflight)
+                    break
+        except BaseException:
+            await self._cancel(inflight)
+            raise
+        reason = finish_reason(self.state, self._live_wall())
+        best = self.state.best()
+        self._emit("search.end", reason=reason, best_version=best,
+                   best_speedup=self.state.speedup(best) if best is not None else None,
+                   evaluations=self.state.evaluations())
+        self._emit("session.end", reason=f"search: {reason}")
+        return self.summary()
+
+    def _wall_left(self) -> float | None:
+        cfg = self.state.config
+        if cfg is None or cfg.budget.wall_s is None:
+            return None
+        return max(0.0, cfg.budget.wall_s - self.state.wall_spent(self._live_wall()))
+
+    async def _cancel(self, inflight: dict[str, asyncio.Task[None]]) -> None:
+        for job in inflight.values():
+            job.cancel()
+        for job in inflight.values():
+            with contextlib.suppress(BaseException):
+                await job
+        inflight.clear()
+
+    def summary(self) -> SearchSummary:
+        return summarize(self.state, self.log.path, self.task.name)
+
+    def close(self) -> None:
+        self.log.close()
+
+    def _tunables(self) -> dict[int, bool]:
+        for number in self.state.nodes:
+            if number not in self._tunable_cache:
+                try:
+                    self._tunable_cache[number] = bool(tunables.read(self._source(number)))
+                except Exception:  # a kernel that does not parse has nothing to tune
+                    self._tunable_cache[number] = False
+        return self._tunable_cache
+
+    def _source(self, version: int) -> str:
+        return self.log.get_blob(self.state.session.versions[version].source_blob).decode()
+
+    async def _perform(self, action: Action) -> None:
+        if action.kind == "evaluate":
+            await self._evaluate(action.version)  # type: ignore[arg-type]
+        elif action.kind == "select":
+            lineage, rnd = action.slot[0], action.slot[1]  # type: ignore[index]
+            info = select_beam(self.state, lineage, rnd)
+            self._emit("search.round", **asdict(info))
+        elif action.kind == "expand":
+            pid = await self._expand(action)
+            if pid is not None:
+                await self._decide_and_apply(pid)
+        elif action.kind in ("decide", "apply"):
+            await self._decide_and_apply(action.proposal)  # type: ignore[arg-type]
+
+    # -- evaluating ---------------------------------------------------------------------
+
+    async def _evaluate(self, number: int) -> None:
+        if not self.state.session.authorized(number):  # the gate: no decision, no run
+            raise RuntimeError(f"v{number} has no approving decision; not running it")
+        runs = self.state.session.runs
+        rid = f"r{max((int(r[1:]) for r in runs if r[1:].isdigit()), default=0) + 1}"
+        self._emit("run.start", run=rid, version=number, kind="eval", by="search")
+        try:
+            result = await self.executor.submit(self.task, self._source(number),
+                                                self.eval_options)
+        except asyncio.CancelledError:
+            self._emit("run.result", run=rid, version=number, status="cancelled",
+                       correct=False, speedup=None, median_ms=None, result_blob=None,
+                       cancelled=True)
+            raise
+        except Exception as exc:  # the executor failed, not the kernel: take it out of play
+            self._emit("run.result", run=rid, version=number, status="error", correct=False,
+                       speedup=None, median_ms=None, result_blob=None, cancelled=True)
+            self._emit("error", message=f"evaluation failed: {exc}", where="executor")
+            self._emit("search.prune", version=number, reason=f"executor error: {exc}",
+                       by="auto")
+            return
+        self._emit("run.result", run=rid, version=number, status=result.status,
+                   correct=result.correct, speedup=result.speedup,
+                   median_ms=(result.timing or {}).get("median_ms"),
+                   result_blob=self.log.put_json_blob(result.to_json()), cancelled=False)
+
+    # -- proposing ----------------------------------------------------------------------
+
+    def _slot_fields(self, action: Action) -> dict[str, Any]:
+        lineage, rnd, _parent, slot = action.slot  # type: ignore[misc]
+        return {"lineage": lineage, "round": rnd, "slot": slot}
+
+    def _next_pid(self) -> str:
+        return f"p{len(self.state.session.proposals) + 1}"
+
+    async def _expand(self, action: Action) -> str | None:
+        parent = action.slot[2]  # type: ignore[index]
+        if action.proposer == "tuning":
+            pid = self._tuning_step(action)
+            if pid is not None:
+                return pid
+        return await self._ask_agent(action, parent)
+
+    def _tuning_step(self, action: Action) -> str | None:
+        """The search's own child: one untried neighbouring value of one tunable."""
+        parent = action.slot[2]  # type: ignore[index]
+        source = self._source(parent)
+        try:
+            legal = tunables.legal_choices(source)
+            current = tunables.config_of(source)
+        except tunables.TunablesError:
+            return None
+        known = {v.source_blob for v in self.state.session.versions.values()}
+        names = sorted(legal)
+        start = action.slot[3] % max(1, len(names))  # type: ignore[index]
+        for name in names[start:] + names[:start]:
+            choices = legal[name]
+            if current[name] not in choices:
+                continue
+            at = choices.index(current[name])
+            for step in (1, -1):
+                if not 0 <= at + step < len(choices):
+                    continue
+                value = choices[at + step]
+                new = tunables.apply(source, {name: value})
+                if hashlib.sha256(new.encode()).hexdigest() in known:
+                    continue
+                pid = self._next_pid()
+                self._emit("agent.proposal", proposal=pid, kind="tuning",
+                           summary=f"tuning step: {name} {current[name]} -> {value}",
+                           rationale="a neighbouring value of one tunable, not yet measured "
+                                     "in this search", base_version=parent,
+                           source_blob=self.log.put_blob(new), plan=None,
+                           tuning={name: value}, role="tune", proposer="tuning",
+                           strategy=f"tune {name}", **self._slot_fields(action))
+                return pid
+        return None
+
+    def _request(self, action: Action, parent: int | None, role: str,
+                 message: str | None) -> AgentRequest:
+        s = self.state.session
+        source = self._source(parent) if parent is not None else None
+        version = s.versions.get(parent) if parent is not None else None
+        last_eval = (read_json_blob(self.log.path, version.result_blob)
+                     if version is not None and version.result_blob else None)
+        _lineage, rnd, _p, slot = action.slot  # type: ignore[misc]
+        siblings = [n for n in self.state.nodes.values()
+                    if n.parent == parent and n.proposer != "root"]
+        tried = [_tried(n.version, n.strategy, s.versions[n.version]) for n in siblings]
+        ask = (f"Graph search, round {rnd}, child {slot + 1} of "
+               f"{'the starting point' if parent is None else f'v{parent}'}. "
+               "Name the optimization strategy you apply in the first words of your "
+               "summary, and pick one that differs from the strategies already tried "
+               "from this version.")
+        if message:
+            ask += "\n" + message
+        history = []
+        cursor = parent
+        while cursor is not None and cursor in s.versions:  # the path from the root
+            v = s.versions[cursor]
+            history.insert(0, {"version": v.number, "status": v.status, "speedup": v.speedup,
+                               "summary": v.summary, "median_ms": v.median_ms})
+            cursor = v.parent
+        return AgentRequest(role=role, task=self.brief, current_source=source,  # type: ignore[arg-type]
+                            current_version=parent, last_eval=last_eval, user_message=ask,
+                            notes=tuple(f"already tried: {t}" for t in tried),
+                            history=tuple(history))
+
+    async def _ask_agent(self, action: Action, parent: int | None,
+                         message: str | None = None, role: str | None = None) -> str | None:
+        role = role or action.role
+        request = self._request(action, parent, role, message)
+        turn = AgentTurn()
+        try:
+            await asyncio.wait_for(stream_turn(self.agent, request, turn, lambda *a, **k: None),
+                                   AGENT_TIMEOUT_S)
+        except TimeoutError:
+            turn.failure = f"the agent gave no proposal within {AGENT_TIMEOUT_S:g} s"
+        problem = turn.problem()
+        pid = None if problem else self._next_pid()
+        self._emit("agent.message", text=turn.text(), role=role, proposal=pid,
+                   usage=turn.usage_json())
+        fields = self._slot_fields(action)
+        if problem is not None:
+            self._emit("error", message=problem, where="search", parent=parent, **fields)
+            return None
+        p = turn.proposal
+        assert p is not None
+        strategy = str(p.meta.get("strategy") or p.summary)
+        source = p.source
+        if p.kind == "tuning" and parent is not None:
+            try:
+                source = tunables.apply(self._source(parent), p.tuning or {})
+            except Exception as exc:
+                self._emit("error", message=f"could not apply the tuning: {exc}",
+                           where="search", parent=parent, **fields)
+                return None
+        self._emit("agent.proposal", proposal=pid, kind=p.kind, summary=p.summary,
+                   rationale=p.rationale, base_version=parent,
+                   source_blob=self.log.put_blob(source) if source else None, plan=p.plan,
+                   tuning=p.tuning, role=role, proposer="agent", strategy=strategy, **fields)
+        if p.kind == "plan":  # a plan is no node: approve it and ask for its kernel once
+            self._emit("user.decision", proposal=pid, decision="approve", by="auto",
+                       note="search: implement the plan", source_blob=None)
+            if message is not None:
+                return None
+            return await self._ask_agent(action, parent, f"Implement this plan:\n{p.plan}",
+                                         role="implement")
+        return pid
+
+    # -- deciding and applying ----------------------------------------------------------
+
+    async def _decide_and_apply(self, pid: str) -> None:
+        s = self.state.session
+        prop = s.proposals[pid]
+        if prop.decision is None:
+            decision, note = await self._decision(pid)
+            self._emit("user.decision", proposal=pid, decision=decision,
+                       by="auto" if self.state.config and self.state.config.approval == "auto"
+                       else "user", note=note, source_blob=None)
+            if decision != "approve":
+                return
+        prop = s.proposals[pid]
+        if prop.decision not in ("approve", "edit") or prop.applied_version is not None:
+            return
+        key = self.state.proposal_slots[pid]
+        number = max(s.versions, default=0) + 1
+        origin = "tuning" if prop.kind == "tuning" else (
+            "template" if prop.role == "implement" and self.agent.name == "offline"
+            else "agent")
+        self._emit("kernel.version", version=number, parent=key[2], origin=origin,
+                   proposal=pid, source_blob=prop.source_blob, summary=prop.summary,
+                   decision=prop.decision_seq)
+
+    async def _decision(self, pid: str) -> tuple[str, str | None]:
+        s = self.state.session
+        prop = s.proposals[pid]
+        base = prop.base_version
+        if base is not None and base in self.state.nodes and self.state.nodes[base].pruned:
+            return "reject", f"branch v{base} was pruned"
+        same = duplicate_of(s, prop.source_blob)
+        if same is not None:
+            return "reject", f"identical to v{same}; propose something different"
+        if not prop.source_blob:
+            return "reject", "the proposal carries no kernel source"
+        cfg = self.state.config
+        if cfg is None or cfg.approval == "auto":
+            return "approve", None
+        future: asyncio.Future[tuple[str, str | None]] = \
+            asyncio.get_running_loop().create_future()
+        self._decisions[pid] = future
+        self._wake.set()  # observers see the request through the proposal event
+        try:
+            return await future
+        finally:
+            self._decisions.pop(pid, None)
+
+
+def _tried(number: int, strategy: str | None, version: Any) -> str:
+    speed = "" if version.speedup is None else f", {version.speedup:.2f}x"
+    return f"v{number}: {strategy or version.summary} ({version.status or 'not run'}{speed})"
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tilewright")
+    except PackageNotFoundError:
+        return "0+unknown"
