@@ -1,0 +1,63 @@
+"""Starting kernel for matmul_bias_gelu: a tiled matmul with a fused bias + GELU epilogue.
+
+Grid (m/BLOCK_M, n/BLOCK_N, k/BLOCK_K), k innermost. A float32 accumulator lives in
+VMEM scratch: zeroed at the first k step, accumulated every step, and at the last k
+step bias + GELU are applied and the tile is written once. Naive: 128-wide tiles are
+small for a TPU's MXU and HBM bandwidth, leaving the tuner room.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+BLOCK_M = 128
+BLOCK_N = 128
+BLOCK_K = 128
+TUNABLES = {
+    "BLOCK_M": [128, 256, 512, 1024],
+    "BLOCK_N": [128, 256, 512, 1024],
+    "BLOCK_K": [128, 256, 512, 1024],
+}
+
+_C = math.sqrt(2.0 / math.pi)
+
+
+def matmul_bias_gelu_kernel(x_ref, w_ref, b_ref, o_ref, acc_ref):
+    k = pl.program_id(2)
+
+    @pl.when(k == 0)
+    def _init():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    acc_ref[...] += jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)
+
+    @pl.when(k == pl.num_programs(2) - 1)
+    def _finalize():
+        y = acc_ref[...] + b_ref[...]
+        y = 0.5 * y * (1.0 + jnp.tanh(_C * (y + 0.044715 * y * y * y)))
+        o_ref[...] = y.astype(o_ref.dtype)
+
+
+@jax.jit
+def kernel(x, w, b):
+    m, k = x.shape
+    n = w.shape[1]
+    # Clamp to the array so small problems still get legal (full-dimension) blocks.
+    bm, bn, bk = min(BLOCK_M, m), min(BLOCK_N, n), min(BLOCK_K, k)
+    return pl.pallas_call(
+        matmul_bias_gelu_kernel,
+        out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
+        grid=(pl.cdiv(m, bm), pl.cdiv(n, bn), pl.cdiv(k, bk)),
+        in_specs=[
+            pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
+            pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j)),
+            pl.BlockSpec((1, bn), lambda i, j, kk: (0, j)),
+        ],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
+        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary")),
+    )(x, w, b)
