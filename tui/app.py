@@ -1,0 +1,119 @@
+"""The Textual application: composes the screens and routes app-wide actions.
+
+Session work lives in ``sessions``; panes live in ``tui.widgets``; what a key does on
+the workbench lives in ``tui.screens.workbench``. This class only sets up the theme,
+the keymap and the command palette, opens the session after the first paint, and
+closes it on quit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from textual import work
+from textual.app import App
+from textual.binding import Binding
+from textual.worker import Worker, WorkerState
+
+from tui import keymap
+from tui.launch import ChipChoice, LaunchError, LaunchOptions
+from tui.link import LiveLink
+from tui.palette import WorkbenchCommands
+from tui.screens.modals import ErrorModal, HelpScreen
+from tui.screens.workbench import WorkbenchScreen
+
+Opener = Callable[[], Awaitable[tuple[LiveLink, ChipChoice]]]
+
+HELP_EXTRA = """Panes: Source (editor; a pending proposal shows as a diff, F3 toggles the full
+source), Chat (Enter sends), Problems (Enter jumps to the line), Profile (timeline:
+←/→ pan, +/- zoom, [ ] select an event, 0 fits), History (Enter views, d diffs
+against the current version, r reverts).
+The approval keys are ignored for half a second after a proposal appears.
+Remap any key in the config file's [keys] table (`tilewright config` shows it)."""
+
+
+class TilewrightApp(App):
+    TITLE = "tilewright"
+    COMMANDS = App.COMMANDS | {WorkbenchCommands}
+    BINDINGS = [Binding("ctrl+q", "quit", "Quit", id="quit", priority=True)]
+
+    def __init__(self, config: dict[str, Any] | None = None, opener: Opener | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.config = config or {}
+        self.opener = opener
+        self.clock = clock
+        self.link: LiveLink | None = None
+        self.theme = str((self.config.get("ui") or {}).get("theme", "textual-dark"))
+        self._keymap_error: str | None = None
+        try:
+            self.set_keymap(keymap.keymap_from_config(self.config))
+        except keymap.KeymapError as exc:  # a typo in the config must not stop the app
+            self._keymap_error = str(exc)
+
+    def on_mount(self) -> None:
+        self.push_screen(WorkbenchScreen(self.clock))
+        if self._keymap_error:
+            self.notify(self._keymap_error, title="config", severity="error", timeout=15)
+        if self.opener is not None:
+            self._open_session()
+
+    @work(exclusive=True, exit_on_error=False, group="open")
+    async def _open_session(self) -> None:
+        assert self.opener is not None
+        link, chip = await self.opener()
+        self.link = link
+        screen = self.workbench
+        screen.chip_label, screen.vmem_capacity = chip.label, chip.vmem_bytes
+        from tui.widgets.profile import ProfilePane
+
+        screen.query_one(ProfilePane).set_chip(chip.label, chip.vmem_bytes)
+        screen.attach(link)
+
+    @property
+    def workbench(self) -> WorkbenchScreen:
+        for screen in self.screen_stack:
+            if isinstance(screen, WorkbenchScreen):
+                return screen
+        raise LookupError("no workbench screen")
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.state != WorkerState.ERROR or event.worker.group != "open":
+            return
+        error = event.worker.error
+        next_step = getattr(error, "next_step", "") or "quit with ctrl+q and try again"
+        title = "Could not open the session" if isinstance(error, LaunchError) \
+            else "Could not open the session (unexpected error)"
+        message = str(error) if isinstance(error, LaunchError) \
+            else f"{type(error).__name__}: {error}"
+        self.push_screen(ErrorModal(title, message, next_step))
+
+    def action_help(self) -> None:
+        if isinstance(self.screen, HelpScreen):
+            self.pop_screen()
+            return
+        self.push_screen(HelpScreen(keymap.describe(self._keymap), HELP_EXTRA))
+
+    async def action_quit(self) -> None:
+        link, self.link = self.link, None
+        if link is not None:
+            try:
+                await link.close()
+            except Exception as exc:  # quitting must always work; say what was lost
+                self.log.error(f"closing the session failed: {exc!r}")
+        self.exit()
+
+
+def run_app(options: LaunchOptions, config: dict[str, Any]) -> int:
+    from tui.launch import open_live
+
+    async def opener() -> tuple[LiveLink, ChipChoice]:
+        from tui.cli import _version
+
+        return await open_live(options, config, app_version=_version())
+
+    app = TilewrightApp(config, opener)
+    app.run()
+    return 0

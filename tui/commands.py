@@ -1,0 +1,127 @@
+"""The TUI's subcommands: ``open`` (the default), ``replay`` and ``config``.
+
+``tilewright [--task DIR|NAME] [--resume SESSION] [--session-dir DIR] [--agent KIND]``
+opens the workbench; ``tilewright replay SESSION`` opens a recorded session in the
+replay screen (``--headless`` re-runs it without a screen, through ``sessions.cli``);
+``tilewright config`` prints where the config file is and what is in effect. textual
+is imported only by the handlers that open a screen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    open_ = subparsers.add_parser("open", help="open the workbench (the default command)")
+    open_.add_argument("--task", help="task directory or bundled task name (default: softmax)")
+    open_.add_argument("--resume", metavar="SESSION", help="resume a session (id or path)")
+    open_.add_argument("--session-dir", metavar="DIR", help="where sessions are kept")
+    open_.add_argument("--agent", choices=("offline", "anthropic", "auto"),
+                       help="who proposes (default: the config's agent.kind, auto)")
+    open_.set_defaults(handler=_open)
+
+    replay = subparsers.add_parser("replay", help="replay a recorded session")
+    replay.add_argument("session", metavar="SESSION", help="session id, prefix or directory")
+    replay.add_argument("--session-dir", metavar="DIR", help="where sessions are kept")
+    replay.add_argument("--headless", action="store_true",
+                        help="no screen: re-fold (and with --verify re-run) the session")
+    _headless_arguments(replay)
+    replay.set_defaults(handler=_replay)
+
+    config = subparsers.add_parser("config", help="print the config file path and values")
+    config.add_argument("--json", action="store_true", help="print the values as JSON")
+    config.set_defaults(handler=_config)
+
+
+def _headless_arguments(parser: argparse.ArgumentParser) -> None:
+    try:
+        from sessions.cli import add_replay_arguments  # type: ignore[attr-defined]
+    except ImportError:
+        parser.add_argument("--verify", action="store_true",
+                            help="re-evaluate every version (with --headless)")
+        return
+    add_replay_arguments(parser)
+
+
+def _open(args: argparse.Namespace) -> int:
+    from tui.app import run_app
+    from tui.launch import LaunchOptions
+
+    options = LaunchOptions(task=args.task, resume=args.resume,
+                            session_dir=args.session_dir, agent=args.agent)
+    return run_app(options, args.config)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    if args.headless:
+        try:
+            from sessions.cli import run_headless_replay  # type: ignore[attr-defined]
+        except ImportError:
+            print("headless replay needs sessions.cli.run_headless_replay, which this "
+                  "build lacks; run without --headless to open the replay screen",
+                  file=sys.stderr)
+            return 2
+        return int(run_headless_replay(args) or 0)
+    from sessions.log import SessionError, resolve
+
+    try:
+        path = resolve(args.session, args.session_dir)
+    except SessionError as exc:
+        print(f"tilewright replay: {exc}", file=sys.stderr)
+        return 2
+    from tui.replay_app import run_replay
+
+    return run_replay(path, args.config, session_dir=args.session_dir)
+
+
+def _config(args: argparse.Namespace) -> int:
+    config: dict[str, Any] = dict(args.config)
+    path = config.pop("_path", "")
+    from tui import keymap
+    from tui.settings import config_path
+
+    keys = {bid: keys for bid, (keys, *_rest) in keymap.ACTIONS.items()}
+    keys.update(config.get("keys") or {})
+    config["keys"] = keys
+    if args.json:
+        print(json.dumps({"path": path, "config": config}, indent=2, default=str))
+        return 0
+    exists = "exists" if config_path().exists() else "not created yet; defaults in effect"
+    print(f"# config file: {path} ({exists})")
+    print("# effective values (defaults merged with the file):")
+    print(_toml(config))
+    return 0
+
+
+def _toml(data: dict[str, Any], prefix: str = "") -> str:
+    """A small TOML writer for the effective config (unset values become comments)."""
+    lines: list[str] = []
+    for key, value in data.items():
+        if isinstance(value, dict):
+            continue
+        lines.append(f"# {_key(key)} = (unset)" if value is None
+                     else f"{_key(key)} = {_value(value)}")
+    out = "\n".join(lines)
+    for key, value in data.items():
+        if isinstance(value, dict):
+            name = f"{prefix}.{_key(key)}" if prefix else _key(key)
+            out += f"\n\n[{name}]\n" + _toml(value, name)
+    return out.strip("\n")
+
+
+def _key(key: str) -> str:
+    return key if key.replace("_", "").replace("-", "").isalnum() else json.dumps(key)
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    return json.dumps(str(value))

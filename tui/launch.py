@@ -1,0 +1,136 @@
+"""Opening a live session for the TUI: task, agent, worker pool, log, controller.
+
+Everything here is slow or can fail (a JAX worker takes seconds to start; a task
+directory can be broken; a key can be missing), so the app paints first and calls
+``open_live`` from a worker; a ``LaunchError`` carries the message and the next step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from tui.link import LiveLink
+
+DEFAULT_TASK = "softmax"
+CPU_TARGET_CHIP = "v5e"  # what interpret mode on a CPU host is judged against
+
+
+class LaunchError(Exception):
+    def __init__(self, message: str, next_step: str = "") -> None:
+        super().__init__(message)
+        self.next_step = next_step
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    task: str | None = None
+    resume: str | None = None
+    session_dir: str | None = None
+    agent: str | None = None  # offline | anthropic | auto (None: the config's)
+
+
+@dataclass(frozen=True)
+class ChipChoice:
+    key: str
+    label: str
+    vmem_bytes: float | None
+
+
+def choose_chip(config: dict[str, Any], platform: str | None = None,
+                device_kind: str | None = None) -> ChipChoice:
+    """The chip the gauges and roofline use: the config's, else the device's, else (on a
+    CPU host, where kernels run in TPU interpret mode) a TPU v5e target."""
+    from profiling.chips import chip_for_device, get_chip
+
+    name = (config.get("backend") or {}).get("chip")
+    try:
+        if name:
+            chip = get_chip(str(name))
+        elif platform and platform != "cpu" and device_kind:
+            chip = chip_for_device(platform, device_kind)
+        else:
+            chip = get_chip(CPU_TARGET_CHIP)
+    except KeyError as exc:
+        raise LaunchError(str(exc), "set [backend] chip in the config file "
+                                    "(`tilewright config` shows where it is)") from None
+    return ChipChoice(chip.name, chip.label, float(chip.scoped_vmem_bytes or chip.vmem_bytes))
+
+
+def _task(spec: str | None, resume_header: dict[str, Any] | None):
+    from kernels.loaders import load_task
+    from kernels.task import TaskError
+
+    if spec is None and resume_header is not None:
+        task_info = resume_header.get("task") or {}
+        spec = task_info.get("root") or task_info.get("name")
+    try:
+        return load_task(spec or DEFAULT_TASK)
+    except TaskError as exc:
+        raise LaunchError(str(exc), "check the task directory, or pass --task with a "
+                                    "bundled task name (e.g. softmax)") from None
+
+
+def _agent(kind: str, config: dict[str, Any]):
+    from agents import make_agent
+    from agents.errors import AgentError
+
+    try:
+        return make_agent(kind, config)  # type: ignore[arg-type]
+    except AgentError as exc:
+        raise LaunchError(str(exc), "run with --agent offline, or export "
+                                    "ANTHROPIC_API_KEY") from None
+
+
+async def open_live(options: LaunchOptions, config: dict[str, Any],
+                    app_version: str = "0") -> tuple[LiveLink, ChipChoice]:
+    """Start (or resume) a session; the caller owns the returned link and closes it."""
+    from agents import brief
+    from kernels.workers import WorkerPool
+    from sessions.autonomy import ControllerSettings
+    from sessions.controller import Controller
+    from sessions.evaluator import PoolEvaluator
+    from sessions.log import SessionError, SessionLog, default_sessions_dir, resolve
+    from sessions.state import fold
+
+    sessions_dir = Path(options.session_dir).expanduser() if options.session_dir \
+        else default_sessions_dir()
+    log = loaded = None
+    if options.resume:
+        try:
+            log, loaded = SessionLog.open(resolve(options.resume, sessions_dir))
+        except SessionError as exc:
+            raise LaunchError(str(exc), "`tilewright sessions` lists the sessions") from None
+    task = _task(options.task, loaded.header if loaded else None)
+    kind = options.agent or (config.get("agent") or {}).get("kind", "auto")
+    agent = _agent(kind, config)
+    pool = WorkerPool(1)
+    try:
+        await pool.start()
+        evaluator = PoolEvaluator(pool)
+        backend = await evaluator.backend()
+    except Exception as exc:
+        await pool.close()
+        raise LaunchError(f"the JAX worker did not start: {exc}",
+                          "run `tilewright eval --task softmax` to see the worker's "
+                          "own error output") from exc
+    chip = choose_chip(config, backend.platform, backend.device_kind)
+    backend_json = {**asdict(backend), "label": backend.label()}
+    if log is None:
+        sessions_dir.mkdir(parents=True, exist_ok=True)
+        log = SessionLog.create(sessions_dir, task={"name": task.name, "root": str(task.root),
+                                                    "layout": task.layout},
+                                backend=backend_json, agent=agent.label,
+                                app_version=app_version)
+        state = None
+    else:
+        assert loaded is not None
+        state = fold(loaded.header, loaded.events)
+    controller = Controller(log, task, brief(task), agent, evaluator,
+                            ControllerSettings.from_config(config), state=state,
+                            chip=chip.key)
+    link = LiveLink(controller, agent_label=agent.label, chip=chip.label,
+                    on_close=pool.close)
+    await controller.start()
+    return link, chip

@@ -1,0 +1,129 @@
+"""From session events to what the panes show; shared by live work and replay.
+
+``render(view)`` refreshes every pane from the folded state (idempotent, cheap when
+nothing changed); ``chat_entry(event)`` adds the conversation line one persisted
+event deserves; ``live(event)`` handles the live-only notifications (streamed text,
+tool progress, worker state). Neither touches the controller.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tui.view import SessionView
+from tui.widgets.chat import ChatPane
+from tui.widgets.history import HistoryPane
+from tui.widgets.panes import PaneGrid
+from tui.widgets.problems import ProblemsPane
+from tui.widgets.profile import ProfilePane
+from tui.widgets.source import SourcePane
+
+PAST = {"approve": "approved", "reject": "rejected", "edit": "edited"}
+
+
+def _speed(value: Any) -> str:
+    return f"{value:.2f}x" if isinstance(value, int | float) else "—"
+
+
+def describe_result(event: dict[str, Any]) -> tuple[str, str]:
+    """(toast text, severity) for a run.result event."""
+    v = event.get("version")
+    if event.get("cancelled"):
+        return f"run {event.get('run')} on v{v} cancelled", "warning"
+    status = event.get("status", "?")
+    if event.get("correct"):
+        ms = event.get("median_ms")
+        timing = f", {ms:.3f} ms" if isinstance(ms, int | float) else ""
+        return f"v{v} correct · {_speed(event.get('speedup'))}{timing}", "information"
+    return f"v{v} {status.replace('_', ' ')}", "error"
+
+
+class Presenter:
+    def __init__(self, grid: PaneGrid) -> None:
+        self.grid = grid
+        self.agent_label = "agent"
+        self.viewing: int | None = None  # a version picked in History (None: current)
+
+    @property
+    def source(self) -> SourcePane:
+        return self.grid.query_one(SourcePane)
+
+    @property
+    def chat(self) -> ChatPane:
+        return self.grid.query_one(ChatPane)
+
+    # -- whole-state refresh ----------------------------------------------------------
+    def render(self, view: SessionView) -> None:
+        state = view.state
+        source = self.source
+        shown = self.viewing if self.viewing in state.versions else state.current
+        if self.viewing is not None and shown != self.viewing:
+            self.viewing = None
+        source.show_version(shown, view.version_source(shown) or "" if shown else "")
+        pending = view.pending()
+        if pending and pending["kind"] in ("kernel", "tuning") and pending["source"]:
+            source.show_proposal(pending["id"], pending["source"])
+        elif not pending or pending["kind"] == "plan":
+            source.clear_proposal()
+        self.grid.query_one(HistoryPane).show(view.history())
+        self.grid.query_one(ProblemsPane).show(view.problems())
+        profile_pane = self.grid.query_one(ProfilePane)
+        number, profile = view.profile(state.current)
+        if profile is not profile_pane.profile:
+            profile_pane.show(profile, number)
+
+    # -- one persisted event ----------------------------------------------------------
+    def chat_entry(self, event: dict[str, Any]) -> None:
+        chat, kind = self.chat, event.get("type")
+        if kind == "user.message":
+            chat.add_user(event.get("text", ""))
+        elif kind == "agent.message":
+            if event.get("text"):
+                chat.add_agent(event["text"], self._label(event))
+            else:
+                chat.end_stream()
+        elif kind == "agent.proposal":
+            pid = event.get("proposal", "?")
+            body = {k: event.get(k) for k in ("summary", "rationale", "plan", "tuning",
+                                               "base_version", "role") if event.get(k)}
+            chat.tool_call(f"proposal:{pid}", f"propose_{event.get('kind', 'kernel')}", body,
+                           f"{pid}: {event.get('summary', '')}"[:70])
+        elif kind == "user.decision":
+            note = f" — {event['note']}" if event.get("note") else ""
+            by = " (auto)" if event.get("by") == "auto" else ""
+            word = PAST.get(event.get("decision", ""), str(event.get("decision")))
+            chat.add_notice(f"{word} {event.get('proposal')}{by}{note}")
+        elif kind == "kernel.version":
+            chat.add_notice(f"→ v{event.get('version')} ({event.get('origin')}): "
+                            f"{event.get('summary', '')}")
+        elif kind == "kernel.checkout":
+            chat.add_notice(f"→ reverted to v{event.get('version')}")
+        elif kind == "run.result":
+            text, severity = describe_result(event)
+            chat.add_notice(text, "error" if severity == "error" else "info")
+        elif kind == "profile.result":
+            chat.add_notice(f"profiled v{event.get('version')}")
+        elif kind == "mode.change":
+            chat.add_notice(f"mode: {str(event.get('mode', '')).upper()} "
+                            f"(by {event.get('by', 'user')})")
+        elif kind == "auto.stop":
+            chat.add_notice(f"autonomous mode stopped: {event.get('reason')}", "warning")
+        elif kind == "error":
+            chat.add_notice(f"error ({event.get('where', '?')}): {event.get('message')}",
+                            "error")
+
+    def _label(self, event: dict[str, Any]) -> str:
+        role = event.get("role")
+        return f"{self.agent_label}" + (f" · {role}" if role else "")
+
+    # -- live-only notifications ------------------------------------------------------
+    def live(self, event: dict[str, Any]) -> None:
+        kind = str(event.get("type", ""))
+        if kind.endswith("delta") and "text" in event:
+            self.chat.stream_delta(event["text"], self._label(event))
+        elif kind.endswith("tool_call") or kind.endswith("tool"):
+            key = str(event.get("id") or event.get("name"))
+            self.chat.tool_call(key, str(event.get("name", "tool")),
+                                event.get("input") or {}, str(event.get("status", "")))
+        elif kind.endswith("notice"):
+            self.chat.add_notice(str(event.get("text", "")), str(event.get("level", "info")))

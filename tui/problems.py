@@ -1,0 +1,80 @@
+"""Turn evaluation and profile results into the rows of the Problems pane.
+
+Pure functions over the documented JSON (``tilewright.eval/1`` and
+``tilewright.profile/1``), so the pane and its tests share one reading of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+ICONS = {"error": "✗", "warning": "!", "flag": "⚑", "info": "·"}
+
+
+@dataclass(frozen=True)
+class Problem:
+    severity: str  # error | warning | flag | info
+    kind: str  # lowering | compile | runtime | correctness | integrity | analysis | session
+    message: str
+    line: int | None = None
+    version: int | None = None
+    hint: str | None = None
+
+    @property
+    def icon(self) -> str:
+        return ICONS.get(self.severity, "·")
+
+
+def _first_line(text: str | None, limit: int = 300) -> str:
+    text = (text or "").strip()
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()[:limit]
+    return ""
+
+
+def from_eval(result: dict[str, Any], version: int | None = None) -> list[Problem]:
+    """Problems one evaluation reports: errors, lowering, correctness, integrity flags."""
+    out: list[Problem] = []
+    status = result.get("status", "")
+    error = result.get("error") or None
+    if error:
+        kind = error.get("kind") or status
+        kind = {"syntax": "compile", "import": "compile", "missing_entry": "compile"}.get(
+            kind, kind)
+        message = _first_line(error.get("message")) or status
+        out.append(Problem("error", kind, message, error.get("line"), version,
+                           error.get("hint")))
+    lowering = result.get("lowering") or {}
+    if lowering.get("tpu") == "error" and not (error and error.get("kind") == "lowering"):
+        out.append(Problem("error", "lowering", _first_line(lowering.get("message"))
+                           or "TPU lowering failed", lowering.get("line"), version))
+    correctness = result.get("correctness") or {}
+    if status == "incorrect" and not error:
+        detail = correctness.get("reason") or (
+            f"max abs diff {correctness.get('max_abs_diff')} "
+            f"(atol {correctness.get('atol')}, rtol {correctness.get('rtol')})")
+        out.append(Problem("error", "correctness", _first_line(detail), None, version))
+    if status in ("timeout", "crashed") and not error:
+        out.append(Problem("error", status, f"the candidate {status.replace('_', ' ')}",
+                           None, version))
+    for flag in (result.get("integrity") or {}).get("flags", []):
+        name = flag if isinstance(flag, str) else flag.get("name", str(flag))
+        detail = "" if isinstance(flag, str) else flag.get("detail", "")
+        if name == "suspicious_speedup" and result.get("timing"):
+            detail = detail or f"{(result['timing'] or {}).get('speedup', 0):.1f}x"
+        out.append(Problem("flag", "integrity", f"{name} {detail}".strip(), None, version))
+    return out
+
+
+def from_profile(profile: dict[str, Any], version: int | None = None) -> list[Problem]:
+    """Static-analysis warnings of every pallas_call in a profile."""
+    out: list[Problem] = []
+    for kernel in (profile.get("analysis") or {}).get("kernels", []) or []:
+        for warning in kernel.get("warnings", []) or []:
+            text = warning if isinstance(warning, str) else warning.get("message", str(warning))
+            line = None if isinstance(warning, str) else warning.get("line")
+            out.append(Problem("warning", "analysis", _first_line(text),
+                               line or kernel.get("line"), version))
+    return out

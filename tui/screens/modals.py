@@ -1,0 +1,67 @@
+"""Small modal screens: the rejection note, an error with its next step, and F1 help."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Input, Static
+
+
+class NotePrompt(ModalScreen[str | None]):
+    """Ask for a note; Enter returns it (may be empty), Escape returns None."""
+
+    CSS_PATH = "modals.tcss"
+    BINDINGS = [Binding("escape", "dismiss(None)", "Back", id="modal.back")]
+
+    def __init__(self, title: str, placeholder: str = "") -> None:
+        super().__init__()
+        self.title_text, self.placeholder = title, placeholder
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Static(self.title_text, classes="dialog-title", markup=False)
+            yield Input(placeholder=self.placeholder, id="note")
+            yield Static("Enter confirms · Esc goes back", classes="dialog-hint")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.dismiss(event.value.strip())
+
+
+class ErrorModal(ModalScreen[None]):
+    CSS_PATH = "modals.tcss"
+    BINDINGS = [Binding("escape,enter,space", "dismiss(None)", "Close", id="modal.close")]
+
+    def __init__(self, title: str, message: str, next_step: str = "") -> None:
+        super().__init__()
+        self.title_text, self.message, self.next_step = title, message, next_step
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog -error"):
+            yield Static(self.title_text, classes="dialog-title", markup=False)
+            with VerticalScroll(classes="dialog-body"):
+                yield Static(self.message, markup=False)
+            if self.next_step:
+                yield Static(self.next_step, classes="dialog-next", markup=False)
+            yield Static("Enter or Esc closes", classes="dialog-hint")
+
+
+class HelpScreen(ModalScreen[None]):
+    CSS_PATH = "modals.tcss"
+    BINDINGS = [Binding("escape,f1,q", "dismiss(None)", "Close", id="modal.close_help")]
+
+    def __init__(self, rows: list[tuple[str, str, str]], extra: str = "") -> None:
+        super().__init__()
+        self.rows, self.extra = rows, extra
+
+    def compose(self) -> ComposeResult:
+        lines = [f"{keys:<16} {label:<10} {text}" for keys, label, text in self.rows]
+        with Vertical(classes="dialog -wide"):
+            yield Static("tilewright — keys", classes="dialog-title")
+            with VerticalScroll(classes="dialog-body"):
+                yield Static("\n".join(lines) + ("\n\n" + self.extra if self.extra else ""),
+                             markup=False)
+            yield Static("Esc or F1 closes · ctrl+p opens the command palette",
+                         classes="dialog-hint")

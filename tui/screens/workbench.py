@@ -1,0 +1,332 @@
+"""The live workbench: the five panes, the decision bar, long-work progress, status.
+
+The screen turns keys into controller commands (through ``LiveLink``) and controller
+events into pane updates (through ``Presenter``). Controller callbacks only post a
+message; all drawing happens in the message handler, on the UI's own schedule.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Footer
+from textual.worker import Worker, WorkerState
+
+from tui import keymap
+from tui.link import ControllerError, LiveLink
+from tui.presenter import Presenter, describe_result
+from tui.screens.diff import DiffScreen
+from tui.screens.modals import ErrorModal, NotePrompt
+from tui.view import BlobCache, SessionView
+from tui.widgets.chat import ChatPane
+from tui.widgets.history import HistoryPane
+from tui.widgets.panes import PaneGrid
+from tui.widgets.problems import ProblemsPane
+from tui.widgets.profile import ProfilePane
+from tui.widgets.source import SourcePane
+from tui.widgets.status import ActivityLine, ApprovalBar, StatusBar
+
+CANCEL_WINDOW_S = 1.5
+
+
+class SessionEvent(Message):
+    def __init__(self, event: dict[str, Any]) -> None:
+        super().__init__()
+        self.event = event
+
+
+class WorkbenchScreen(Screen):
+    CSS_PATH = "workbench.tcss"
+    BINDINGS = keymap.global_bindings()
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic,
+                 chip_label: str | None = None, vmem_capacity: float | None = None) -> None:
+        super().__init__()
+        self.clock = clock
+        self.link: LiveLink | None = None
+        self.presenter: Presenter | None = None
+        self.blobs: BlobCache | None = None
+        self.chip_label, self.vmem_capacity = chip_label, vmem_capacity
+        self.worker_state = "starting"
+        self._cancel_armed_at: float | None = None
+        self._draw_scheduled = False
+        self._unsubscribe: Callable[[], None] | None = None
+
+    def compose(self) -> ComposeResult:
+        yield PaneGrid(id="grid")
+        yield ApprovalBar(self.clock, id="approval")
+        yield ActivityLine(self.clock, id="activity")
+        yield StatusBar(id="status")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.presenter = Presenter(self.query_one(PaneGrid))
+        self.query_one(ProfilePane).set_chip(self.chip_label or "no chip chosen",
+                                             self.vmem_capacity)
+        if self.link is None:
+            self.query_one(ActivityLine).start("opening the session (starting the JAX worker)")
+
+    # -- attaching a live session -----------------------------------------------------
+    def attach(self, link: LiveLink) -> None:
+        self.link = link
+        self.blobs = BlobCache(link.read_blob)
+        assert self.presenter is not None
+        self.presenter.agent_label = link.agent_label
+        self.query_one(ChatPane).set_agent_label(link.agent_label)
+        self.worker_state = link.worker_state
+        self.query_one(ActivityLine).stop()
+        # Anything already in the log (a resumed session) first, then live events.
+        from sessions.log import load
+
+        try:
+            for event in load(link.path).events:
+                self.presenter.chat_entry(event)
+        except Exception as exc:  # the log is readable by the controller; say what broke
+            self.notify(f"could not show the session's history: {exc}", severity="warning")
+        self._unsubscribe = link.subscribe(lambda e: self.post_message(SessionEvent(e)))
+        self._schedule_draw()
+
+    def view(self) -> SessionView | None:
+        if self.link is None or self.blobs is None:
+            return None
+        return SessionView(self.link.state, self.blobs)
+
+    # -- events from the controller ---------------------------------------------------
+    @on(SessionEvent)
+    def _session_event(self, message: SessionEvent) -> None:
+        event, presenter = message.event, self.presenter
+        assert presenter is not None
+        kind = event.get("type", "")
+        activity = self.query_one(ActivityLine)
+        if event.get("live"):
+            presenter.live(event)
+            if kind == "worker.state":
+                self.worker_state = str(event.get("state"))
+                self._draw_status()
+            elif kind == "agent.start":
+                activity.start(f"{event.get('agent', 'agent')} is replying "
+                               f"({event.get('role', '')})")
+            elif kind == "controller.idle":
+                activity.stop()
+            elif kind == "agent.usage":
+                pass
+            return
+        presenter.chat_entry(event)
+        if kind == "run.start":
+            what = "profiling" if event.get("kind") == "profile" else "evaluating"
+            activity.start(f"{what} v{event.get('version')}")
+        elif kind == "run.result":
+            text, severity = describe_result(event)
+            self.notify(text, severity=severity, timeout=5)  # type: ignore[arg-type]
+        elif kind == "profile.result":
+            if event.get("error"):
+                self.notify(f"profile failed: {event['error']}", severity="error")
+            else:
+                self.notify(f"profiled v{event.get('version')}", timeout=4)
+        elif kind == "agent.proposal" and self.link and self.link.state.mode == "step":
+            self.app.bell()  # a decision is awaited
+        elif kind == "auto.stop":
+            self.notify(f"autonomous mode stopped: {event.get('reason')}",
+                        severity="warning", timeout=8)
+        elif kind == "error":
+            self.notify(str(event.get("message")), title=f"error ({event.get('where')})",
+                        severity="error", timeout=10)
+        self._schedule_draw()
+
+    def _schedule_draw(self) -> None:
+        # Bursts of events draw once: the render runs after the current batch.
+        if not self._draw_scheduled:
+            self._draw_scheduled = True
+            self.call_after_refresh(self._draw)
+
+    def _draw(self) -> None:
+        self._draw_scheduled = False
+        view = self.view()
+        if view is None or self.presenter is None:
+            return
+        with self.app.batch_update():
+            self.presenter.render(view)
+            self._draw_status()
+            self._draw_approval(view)
+
+    def _draw_status(self) -> None:
+        view = self.view()
+        if view is not None:
+            self.query_one(StatusBar).info = view.status(self.worker_state, self.chip_label)
+
+    def _draw_approval(self, view: SessionView) -> None:
+        bar = self.query_one(ApprovalBar)
+        pending = view.pending()
+        if pending is None or view.state.mode == "auto":
+            bar.clear()
+            return
+        keys = self._keys("approve", "reject", "edit", "toggle_diff")
+        what = {"plan": "plan", "tuning": "tuning", "kernel": "kernel"}.get(pending["kind"], "")
+        bar.ask(pending["id"], f"{what} proposal {pending['id']}: {pending['summary']}", keys)
+
+    def _keys(self, *ids: str) -> str:
+        current = self.app._keymap if hasattr(self.app, "_keymap") else {}
+        parts = []
+        for bid in ids:
+            keys, _, label, _ = keymap.ACTIONS[bid]
+            key = current.get(bid, keys).split(",")[0]
+            parts.append(f"{key} {label.lower()}")
+        return "  ".join(parts)
+
+    # -- actions (routed here by the bindings) ----------------------------------------
+    @property
+    def source(self) -> SourcePane:
+        return self.query_one(SourcePane)
+
+    def _pending_id(self) -> str | None:
+        return self.link.state.pending if self.link else None
+
+    def _decision_allowed(self) -> bool:
+        if self._pending_id() is None:
+            self.notify("no proposal is waiting for a decision", timeout=3)
+            return False
+        # Type-ahead guard: keys right after the prompt appears are ignored.
+        return self.query_one(ApprovalBar).accepts_keys()
+
+    def action_approve(self) -> None:
+        source = self.source
+        if source.editing and (source.proposal is not None or source.is_modified()):
+            self._submit_edit()
+            return
+        if self._decision_allowed():
+            self._command("approve")
+
+    def action_reject(self) -> None:
+        if not self._decision_allowed():
+            return
+
+        def done(note: str | None) -> None:
+            if note is not None:
+                self._command("reject", note)
+
+        self.app.push_screen(NotePrompt("Reject the proposal — a note for the agent "
+                                        "(optional):", "e.g. keep BLOCK_COLS at 128"), done)
+
+    def action_edit(self) -> None:
+        source = self.source
+        if source.editing:
+            self._submit_edit()
+        elif source.proposal is not None:
+            if self._decision_allowed():
+                source.begin_edit()
+                self.notify("editing the proposal: F2 or ctrl+y submits it, it then runs",
+                            timeout=5)
+        elif self.link is not None and source.is_modified():
+            self._submit_edit()
+        else:
+            source.begin_edit()
+
+    def _submit_edit(self) -> None:
+        text = self.source.edited_source()
+        self._command("edit", text)
+
+    def action_toggle_diff(self) -> None:
+        self.source.toggle_view()
+
+    def action_run(self) -> None:
+        self._command("run")
+
+    def action_profile(self) -> None:
+        self._command("profile")
+
+    def action_toggle_auto(self) -> None:
+        if self.link is not None:
+            mode = "step" if self.link.state.mode == "auto" else "auto"
+            self._command("set_mode", mode)
+
+    def action_cancel(self) -> None:
+        busy = self.link.busy if self.link else None
+        if busy is None:
+            self.notify("nothing to cancel", timeout=2)
+            return
+        now = self.clock()
+        if self._cancel_armed_at is not None and now - self._cancel_armed_at <= CANCEL_WINDOW_S:
+            self._cancel_armed_at = None
+            self._command("cancel")
+            return
+        self._cancel_armed_at = now
+        self.notify(f"press {self._keys('cancel').split()[0]} again to cancel the {busy}",
+                    timeout=CANCEL_WINDOW_S)
+
+    def action_cycle_pane(self, step: int) -> None:
+        self.query_one(PaneGrid).cycle(step)
+
+    def action_focus_chat(self) -> None:
+        self.query_one(PaneGrid).show("chat")
+
+    def action_maximize(self) -> None:
+        grid = self.query_one(PaneGrid)
+        if self.maximized is not None:
+            self.minimize()
+            return
+        name = grid.focused_pane() or grid.active
+        self.maximize(grid.pane(name), container=False)
+
+    def action_help(self) -> None:
+        self.app.action_help()  # type: ignore[attr-defined]
+
+    # -- messages from panes ----------------------------------------------------------
+    @on(ChatPane.Submitted)
+    def _chat(self, message: ChatPane.Submitted) -> None:
+        self._command("user_message", message.text)
+
+    @on(ProblemsPane.Jump)
+    def _jump(self, message: ProblemsPane.Jump) -> None:
+        self.query_one(PaneGrid).show("source", focus=False)
+        self.source.goto_line(message.line)
+
+    @on(HistoryPane.Picked)
+    def _history(self, message: HistoryPane.Picked) -> None:
+        view = self.view()
+        if view is None or self.presenter is None:
+            return
+        if message.what == "revert":
+            self._command("revert", message.version)
+        elif message.what == "view":
+            self.presenter.viewing = None if message.version == view.state.current \
+                else message.version
+            self._schedule_draw()
+            self.query_one(PaneGrid).show("source", focus=False)
+            self.notify(f"showing v{message.version} (History: enter on the current "
+                        "version returns)", timeout=4)
+        elif message.what == "diff":
+            old = view.version_source(message.version) or ""
+            self.app.push_screen(DiffScreen(f"v{message.version} → current "
+                                            f"v{view.state.current}", old,
+                                            view.current_source()))
+
+    # -- commands ---------------------------------------------------------------------
+    def _command(self, name: str, *args: Any) -> None:
+        if self.link is None:
+            self.notify("the session is still opening", severity="warning", timeout=3)
+            return
+        self._run_command(name, *args)
+
+    @work(exclusive=False, exit_on_error=False, group="commands")
+    async def _run_command(self, name: str, *args: Any) -> None:
+        assert self.link is not None
+        try:
+            await self.link.command(name, *args)
+        except ControllerError as exc:  # the user asked for something not possible now
+            self.notify(str(exc), severity="warning", timeout=6)
+
+    @on(Worker.StateChanged)
+    def _worker_failed(self, event: Worker.StateChanged) -> None:
+        if event.state == WorkerState.ERROR:
+            error = event.worker.error
+            self.app.push_screen(ErrorModal(
+                "Something went wrong", f"{type(error).__name__}: {error}",
+                "The session log keeps everything so far; you can keep working, or quit "
+                "(ctrl+q) and resume it with --resume."))
+

@@ -1,0 +1,135 @@
+"""What the panes show, read from a folded ``sessions.state.SessionState``.
+
+The screen hands every pane plain data derived here, so live work, resume and replay
+render through one path: fold the events, then ``SessionView(state, blobs)``. Blob
+reads (sources, eval and profile JSON) are cached by sha: they never change.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from sessions.state import SessionState
+from tui import problems as problem_rows
+from tui.problems import Problem
+from tui.widgets.history import VersionRow
+from tui.widgets.status import StatusInfo
+
+BlobReader = Callable[[str], bytes]
+
+
+class BlobCache:
+    """sha -> bytes, remembered; a missing blob reads as None (shown, never raised)."""
+
+    def __init__(self, read: BlobReader) -> None:
+        self._read = read
+        self._cache: dict[str, bytes | None] = {}
+
+    def raw(self, sha: str | None) -> bytes | None:
+        if not sha:
+            return None
+        if sha not in self._cache:
+            try:
+                self._cache[sha] = self._read(sha)
+            except Exception:  # a missing or unreadable blob: the pane says so
+                self._cache[sha] = None
+        return self._cache[sha]
+
+    def text(self, sha: str | None) -> str | None:
+        raw = self.raw(sha)
+        return raw.decode(errors="replace") if raw is not None else None
+
+    def json(self, sha: str | None) -> Any:
+        raw = self.raw(sha)
+        if raw is None:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return None
+
+
+class SessionView:
+    def __init__(self, state: SessionState, blobs: BlobCache) -> None:
+        self.state = state
+        self.blobs = blobs
+
+    # -- status bar -------------------------------------------------------------------
+    def status(self, worker: str, chip: str | None) -> StatusInfo:
+        s = self.state
+        header = s.header or {}
+        backend = header.get("backend") or {}
+        label = backend.get("label") or _backend_label(backend)
+        best = s.best
+        return StatusInfo(
+            task=(header.get("task") or {}).get("name", "task"), backend=label, chip=chip,
+            mode=s.mode, iteration=s.spent.iterations, best_speedup=s.best_speedup,
+            best_version=best, tokens=s.spent.tokens, cost_usd=s.spent.cost_usd,
+            worker=worker)
+
+    # -- sources ----------------------------------------------------------------------
+    def current_source(self) -> str:
+        s = self.state
+        if s.current is None:
+            return ""
+        return self.version_source(s.current) or ""
+
+    def version_source(self, number: int) -> str | None:
+        version = self.state.versions.get(number)
+        return self.blobs.text(version.source_blob) if version else None
+
+    def pending(self) -> dict[str, Any] | None:
+        """The proposal awaiting a decision, with its source when it is a kernel."""
+        prop = self.state.pending_proposal
+        if prop is None:
+            return None
+        return {"id": prop.id, "kind": prop.kind, "summary": prop.summary,
+                "rationale": prop.rationale, "plan": prop.plan, "tuning": prop.tuning,
+                "source": self.blobs.text(prop.source_blob), "role": prop.role}
+
+    # -- history, problems, profile ---------------------------------------------------
+    def history(self) -> list[VersionRow]:
+        s = self.state
+        best = s.best
+        return [VersionRow(v.number, v.origin, v.summary, v.status, v.speedup,
+                           current=v.number == s.current, best=v.number == best)
+                for v in s.versions.values()]
+
+    def eval_result(self, number: int | None) -> dict[str, Any] | None:
+        version = self.state.versions.get(number) if number is not None else None
+        return self.blobs.json(version.result_blob) if version else None
+
+    def profile(self, number: int | None) -> tuple[int | None, dict[str, Any] | None]:
+        """The profile of a version, else of the newest profiled version."""
+        s = self.state
+        candidates = [s.versions[number]] if number in s.versions else []
+        candidates += sorted(s.versions.values(), key=lambda v: -v.number)
+        for version in candidates:
+            if version.profile_blob:
+                return version.number, self.blobs.json(version.profile_blob)
+        return None, None
+
+    def problems(self) -> list[Problem]:
+        s = self.state
+        out: list[Problem] = []
+        result = self.eval_result(s.current)
+        if result:
+            out += problem_rows.from_eval(result, s.current)
+        number, profile = self.profile(s.current)
+        if profile and number == s.current:
+            out += problem_rows.from_profile(profile, number)
+        for err in s.errors[-5:]:
+            out.append(Problem("error", err.get("where") or "session",
+                               str(err.get("message") or "error")))
+        return out
+
+
+def _backend_label(backend: dict[str, Any]) -> str:
+    if not backend:
+        return "backend?"
+    platform = str(backend.get("platform", "?")).upper()
+    if backend.get("mode") == "tpu-interpret":
+        return f"{platform} (TPU interpret)"
+    return f"{platform} {backend.get('device_kind', '')}".strip()

@@ -1,0 +1,152 @@
+"""The Chat pane: the conversation with the agent.
+
+Agent replies stream in as Markdown. Text deltas arrive far faster than Markdown can
+re-render, so they are buffered and flushed on a short timer (one ``append`` per tick
+whatever the token rate). Tool calls are collapsible entries updated in place; the
+input line at the bottom sends a message to the agent.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from textual import on
+from textual.app import ComposeResult
+from textual.containers import Vertical, VerticalScroll
+from textual.message import Message
+from textual.widgets import Collapsible, Input, Markdown, Static
+
+FLUSH_INTERVAL_S = 0.08
+MAX_ENTRIES = 300
+
+
+class ChatPane(Vertical):
+    DEFAULT_CSS = """
+    ChatPane #log { height: 1fr; scrollbar-size-vertical: 1; }
+    ChatPane .user { color: $text; background: $boost; padding: 0 1; margin: 1 0 0 0; }
+    ChatPane .agent-label { color: $accent; text-style: bold; margin: 1 0 0 0; }
+    ChatPane Markdown { margin: 0; padding: 0 1; }
+    ChatPane .notice { color: $text-muted; padding: 0 1; }
+    ChatPane .notice.-warning { color: $warning; }
+    ChatPane .notice.-error { color: $error; }
+    ChatPane Collapsible { margin: 0; padding: 0; border: none; background: transparent; }
+    ChatPane Collapsible Static { padding: 0 2; color: $text-muted; }
+    ChatPane Input { dock: bottom; }
+    """
+
+    class Submitted(Message):
+        def __init__(self, text: str) -> None:
+            super().__init__()
+            self.text = text
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.border_title = "Chat"
+        self._stream: Markdown | None = None
+        self._buffer: list[str] = []
+        self._flushing = False
+        self._tools: dict[str, Collapsible] = {}
+        self._tool_count = 0
+
+    def compose(self) -> ComposeResult:
+        yield VerticalScroll(id="log")
+        yield Input(placeholder="message the agent (Enter sends)", id="chat-input")
+
+    def on_mount(self) -> None:
+        self.set_interval(FLUSH_INTERVAL_S, self._flush)
+
+    @property
+    def entries(self) -> VerticalScroll:
+        return self.query_one("#log", VerticalScroll)
+
+    def set_agent_label(self, label: str) -> None:
+        self.border_title = f"Chat · {label}"
+
+    # -- entries ----------------------------------------------------------------------
+    def add_user(self, text: str) -> None:
+        self._mount(Static(f"you: {text}", classes="user", markup=False))
+
+    def add_notice(self, text: str, level: str = "info") -> None:
+        self._mount(Static(text, classes=f"notice -{level}", markup=False))
+
+    def add_agent(self, text: str, label: str = "agent") -> None:
+        """A complete agent message (from the log); closes any open stream with it."""
+        if self._stream is not None:
+            stream, self._stream = self._stream, None
+            self._buffer.clear()
+            stream.update(text)
+            self._scroll()
+            return
+        self._mount(Static(label, classes="agent-label", markup=False))
+        self._mount(Markdown(text))
+
+    def stream_delta(self, text: str, label: str = "agent") -> None:
+        if self._stream is None:
+            self._mount(Static(label, classes="agent-label", markup=False))
+            self._stream = Markdown("")
+            self._mount(self._stream)
+        self._buffer.append(text)
+
+    def end_stream(self) -> None:
+        """A reply ended without a final message (cancelled, failed): keep what came."""
+        self._flush_now()
+        self._stream = None
+
+    def tool_call(self, key: str, name: str, detail: dict[str, Any] | str,
+                  status: str = "") -> None:
+        body = detail if isinstance(detail, str) else json.dumps(detail, indent=2)[:4000]
+        title = f"▸ tool: {name}" + (f" ({status})" if status else "")
+        if key in self._tools:
+            entry = self._tools[key]
+            entry.title = title
+            entry.query_one(Static).update(body)
+            return
+        self._tool_count += 1
+        entry = Collapsible(Static(body, markup=False), title=title, collapsed=True)
+        self._tools[key] = entry
+        self._mount(entry)
+
+    def clear(self) -> None:
+        self._stream = None
+        self._buffer.clear()
+        self._tools.clear()
+        self.entries.remove_children()
+
+    # -- internals --------------------------------------------------------------------
+    def _mount(self, widget) -> None:
+        log = self.entries
+        log.mount(widget)
+        extra = len(log.children) - MAX_ENTRIES
+        if extra > 0:
+            for old in list(log.children)[:extra]:
+                old.remove()
+        self._scroll()
+
+    def _scroll(self) -> None:
+        self.entries.scroll_end(animate=False, immediate=False)
+
+    async def _flush(self) -> None:
+        if not self._buffer or self._stream is None or self._flushing:
+            return
+        self._flushing = True
+        try:
+            text = "".join(self._buffer)
+            self._buffer.clear()
+            await self._stream.append(text)
+            self._scroll()
+        finally:
+            self._flushing = False
+
+    def _flush_now(self) -> None:
+        if self._buffer and self._stream is not None:
+            self._stream.append("".join(self._buffer))
+            self._buffer.clear()
+
+    @on(Input.Submitted, "#chat-input")
+    def _submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        text = event.value.strip()
+        if text:
+            event.input.value = ""
+            self.post_message(self.Submitted(text))

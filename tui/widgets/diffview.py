@@ -1,0 +1,81 @@
+"""A read-only, syntax-highlighted unified view of a proposal against the current source.
+
+Removed lines are tinted red, added lines green, both keep Python highlighting, so a
+kernel author reads the change as code rather than as a patch file.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+from rich.style import Style
+from rich.syntax import Syntax
+from rich.text import Text
+from textual.containers import VerticalScroll
+from textual.widgets import Static
+
+ADDED = Style(bgcolor="#123d1f")
+REMOVED = Style(bgcolor="#4a1518")
+GUTTER = Style(color="#6c7086")
+
+
+def diff_lines(old: str, new: str, context: int = 3) -> list[tuple[str, int | None, str]]:
+    """(tag, new-line-number, text) rows; tag is ' ', '+', '-' or '~' (a skipped gap)."""
+    a, b = old.splitlines(), new.splitlines()
+    rows: list[tuple[str, int | None, str]] = []
+    matcher = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
+    for group in matcher.get_grouped_opcodes(context):
+        if rows:
+            rows.append(("~", None, "…"))
+        for op, i1, i2, j1, j2 in group:
+            if op == "equal":
+                rows.extend((" ", j1 + k + 1, a[i1 + k]) for k in range(i2 - i1))
+                continue
+            if op in ("replace", "delete"):
+                rows.extend(("-", None, a[i]) for i in range(i1, i2))
+            if op in ("replace", "insert"):
+                rows.extend(("+", j + 1, b[j]) for j in range(j1, j2))
+    return rows
+
+
+def render_diff(old: str, new: str, theme: str = "monokai") -> Text:
+    rows = diff_lines(old, new)
+    if not rows:
+        return Text("no change against the current version", style="italic")
+    syntax = Syntax("", "python", theme=theme)
+    out = Text(no_wrap=True, overflow="ellipsis")
+    width = len(str(max((n or 0 for _, n, _ in rows), default=1)))
+    for tag, number, text in rows:
+        line = syntax.highlight(text).rstrip("\n") if tag != "~" else Text(text, style=GUTTER)
+        gutter = Text(f"{number if number else '':>{width}} {tag} ", style=GUTTER)
+        row = Text.assemble(gutter, line)
+        if tag == "+":
+            row.stylize(ADDED)
+        elif tag == "-":
+            row.stylize(REMOVED)
+        out.append_text(row)
+        out.append("\n")
+    out.rstrip()
+    return out
+
+
+class DiffView(VerticalScroll, can_focus=True):
+    """Scrollable diff; keyboard scrolling comes from VerticalScroll."""
+
+    DEFAULT_CSS = """
+    DiffView { height: 1fr; }
+    DiffView > Static { width: auto; min-width: 100%; }
+    """
+
+    def compose(self):  # type: ignore[override]
+        yield Static(id="diff-body")
+
+    def show(self, old: str, new: str) -> None:
+        self.query_one("#diff-body", Static).update(render_diff(old, new))
+        self.scroll_home(animate=False)
+
+    def first_change_line(self, old: str, new: str) -> int | None:
+        for tag, number, _ in diff_lines(old, new):
+            if tag == "+" and number:
+                return number
+        return None

@@ -1,0 +1,96 @@
+"""The History pane: every kernel version with its status and speedup.
+
+Enter views a version, ``d`` diffs it against the current one, ``r`` reverts to it
+(the table holds no text input, so letter keys are safe here).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.message import Message
+from textual.widgets import DataTable
+
+STATUS_MARK = {"correct": "✓", "incorrect": "✗", "compile_error": "✗", "runtime_error": "✗",
+               "timeout": "⏱", "crashed": "✗", "rejected": "⊘", None: "·"}
+
+
+@dataclass(frozen=True)
+class VersionRow:
+    version: int
+    origin: str
+    summary: str
+    status: str | None = None  # latest evaluation status, None when never run
+    speedup: float | None = None
+    current: bool = False
+    best: bool = False
+
+
+class HistoryTable(DataTable):
+    BINDINGS = [
+        Binding("d", "diff", "Diff vs current", id="history.diff"),
+        Binding("r", "revert", "Revert to", id="history.revert"),
+    ]
+
+    def action_diff(self) -> None:
+        self.parent.request("diff")  # type: ignore[union-attr]
+
+    def action_revert(self) -> None:
+        self.parent.request("revert")  # type: ignore[union-attr]
+
+
+class HistoryPane(Vertical):
+    DEFAULT_CSS = "HistoryPane DataTable { height: 1fr; }"
+
+    class Picked(Message):
+        """``what`` is view, diff or revert."""
+
+        def __init__(self, what: str, version: int) -> None:
+            super().__init__()
+            self.what = what
+            self.version = version
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.rows: list[VersionRow] = []
+        self.border_title = "History"
+
+    def compose(self) -> ComposeResult:
+        table = HistoryTable(id="history-table", cursor_type="row")
+        table.add_columns("ver", "origin", "status", "speedup", "summary")
+        yield table
+
+    def show(self, rows: list[VersionRow]) -> None:
+        if rows == self.rows:
+            return
+        self.rows = list(rows)
+        table = self.query_one(DataTable)
+        cursor = table.cursor_row
+        table.clear()
+        for row in reversed(self.rows):  # newest first
+            mark = ("▶" if row.current else " ") + ("★" if row.best else " ")
+            status = f"{STATUS_MARK.get(row.status, '?')} {row.status or 'not run'}"
+            speed = f"{row.speedup:.2f}x" if row.speedup is not None else "—"
+            table.add_row(f"{mark}v{row.version}", row.origin, status, speed, row.summary,
+                          key=str(row.version))
+        if self.rows:
+            table.move_cursor(row=min(cursor, len(self.rows) - 1))
+        self.border_title = f"History · {len(self.rows)} version(s)"
+
+    def selected_version(self) -> int | None:
+        table = self.query_one(DataTable)
+        if not self.rows:
+            return None
+        return list(reversed(self.rows))[table.cursor_row].version
+
+    def request(self, what: str) -> None:
+        version = self.selected_version()
+        if version is not None:
+            self.post_message(self.Picked(what, version))
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        self.request("view")

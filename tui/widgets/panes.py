@@ -1,0 +1,128 @@
+"""The five panes laid out for the terminal at hand.
+
+Wide terminals (>= ``WIDE_COLUMNS``) get a grid: Source and Chat on top, Problems and
+History under Source, Profile under Chat. Narrow ones get one pane at a time behind a
+tab bar. The same widget instances serve both layouts (switching only changes CSS
+classes), so an edit in progress or a streaming reply survives a resize.
+"""
+
+from __future__ import annotations
+
+from textual import on
+from textual.app import ComposeResult
+from textual.containers import Container, Vertical
+from textual.widget import Widget
+from textual.widgets import Tab, Tabs
+
+from tui.widgets.chat import ChatPane
+from tui.widgets.history import HistoryPane
+from tui.widgets.problems import ProblemsPane
+from tui.widgets.profile import ProfilePane
+from tui.widgets.source import SourcePane
+
+WIDE_COLUMNS = 120
+ORDER = ("source", "chat", "problems", "profile", "history")
+TITLES = {"source": "Source", "chat": "Chat", "problems": "Problems", "profile": "Profile",
+          "history": "History"}
+
+
+class PaneGrid(Vertical):
+    DEFAULT_CSS = """
+    PaneGrid { height: 1fr; }
+    PaneGrid #pane-tabs { display: none; }
+    PaneGrid.-narrow #pane-tabs { display: block; }
+    PaneGrid #panes { height: 1fr; }
+    PaneGrid .pane { border: round $primary 40%; border-title-color: $text-muted;
+                     height: 1fr; padding: 0; }
+    PaneGrid .pane:focus-within { border: round $accent; border-title-color: $text;
+                                   border-title-style: bold; }
+    PaneGrid.-wide #panes { layout: grid; grid-size: 2 4; grid-columns: 3fr 2fr;
+                            grid-rows: 1fr 1fr 1fr 1fr; }
+    PaneGrid.-wide #source { row-span: 2; }
+    PaneGrid.-wide #chat { row-span: 2; }
+    PaneGrid.-wide #profile { row-span: 2; }
+    PaneGrid.-narrow #panes { layout: vertical; }
+    PaneGrid.-narrow .pane { display: none; }
+    PaneGrid.-narrow .pane.-active { display: block; }
+    """
+
+    def __init__(self, filename: str = "kernel.py", **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.filename = filename
+        self.active = "source"
+        self.narrow: bool | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Tabs(*(Tab(TITLES[name], id=f"tab-{name}") for name in ORDER), id="pane-tabs")
+        with Container(id="panes"):
+            # grid placement follows this order (see DEFAULT_CSS)
+            yield SourcePane(self.filename, id="source", classes="pane -active")
+            yield ChatPane(id="chat", classes="pane")
+            yield ProblemsPane(self.filename, id="problems", classes="pane")
+            yield ProfilePane(id="profile", classes="pane")
+            yield HistoryPane(id="history", classes="pane")
+
+    def on_mount(self) -> None:
+        self.set_width(self.app.size.width)
+
+    def on_resize(self) -> None:
+        self.set_width(self.app.size.width)
+
+    def set_width(self, columns: int) -> None:
+        narrow = columns < WIDE_COLUMNS
+        if narrow == self.narrow:
+            return
+        self.narrow = narrow
+        self.set_class(narrow, "-narrow")
+        self.set_class(not narrow, "-wide")
+
+    # -- which pane -------------------------------------------------------------------
+    def pane(self, name: str) -> Widget:
+        return self.query_one(f"#{name}")
+
+    def show(self, name: str, focus: bool = True) -> None:
+        """Bring a pane forward (narrow: its tab) and optionally focus it."""
+        self.active = name
+        for other in ORDER:
+            self.pane(other).set_class(other == name, "-active")
+        tabs = self.query_one(Tabs)
+        if tabs.active != f"tab-{name}":
+            tabs.active = f"tab-{name}"
+        if focus:
+            self._focus_inside(self.pane(name))
+
+    def cycle(self, step: int = 1) -> str:
+        current = self.focused_pane() or self.active
+        name = ORDER[(ORDER.index(current) + step) % len(ORDER)]
+        self.show(name)
+        return name
+
+    def focused_pane(self) -> str | None:
+        focused = self.screen.focused
+        while focused is not None:
+            if focused.id in ORDER and "pane" in focused.classes:
+                return focused.id
+            focused = focused.parent  # type: ignore[assignment]
+        return None
+
+    def _focus_inside(self, pane: Widget) -> None:
+        targets = {"source": "#editor", "chat": "#chat-input", "problems": "DataTable",
+                   "profile": "Timeline", "history": "DataTable"}
+        try:
+            widget = pane.query(targets[pane.id or ""]).first()
+        except Exception:
+            return
+        if widget.display and widget.focusable:
+            widget.focus()
+        else:  # the diff view stands in for the editor while a proposal is shown
+            for child in pane.query("*"):
+                if child.focusable and child.display:
+                    child.focus()
+                    return
+
+    @on(Tabs.TabActivated, "#pane-tabs")
+    def _tab(self, event: Tabs.TabActivated) -> None:
+        event.stop()
+        name = (event.tab.id or "tab-source").removeprefix("tab-")
+        if name != self.active:
+            self.show(name, focus=self.narrow is True)

@@ -1,0 +1,126 @@
+"""The Source pane: the current kernel version in a code editor, or a pending proposal.
+
+While a proposal is pending the editor is read-only and the pane shows the proposal as
+a highlighted diff against the current version (``toggle_view`` shows the full
+proposed source instead). ``begin_edit`` loads the proposal into the editor so the
+person can change it before it runs.
+"""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import ContentSwitcher, TextArea
+
+from tui.widgets.diffview import DiffView
+
+
+class SourcePane(Vertical):
+    DEFAULT_CSS = """
+    SourcePane ContentSwitcher { height: 1fr; }
+    SourcePane TextArea { height: 1fr; border: none; padding: 0; }
+    """
+
+    def __init__(self, filename: str = "kernel.py", **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.filename = filename
+        self.version: int | None = None
+        self.current_source = ""
+        self.proposal: str | None = None  # id of the pending kernel proposal
+        self.proposed_source: str | None = None
+        self.editing = False
+        self.shown = "editor"
+
+    def compose(self) -> ComposeResult:
+        with ContentSwitcher(initial="editor"):
+            yield TextArea.code_editor("", language="python", id="editor",
+                                       soft_wrap=False, theme="monokai")
+            yield DiffView(id="diff")
+
+    def on_mount(self) -> None:
+        self._retitle()
+
+    @property
+    def editor(self) -> TextArea:
+        return self.query_one("#editor", TextArea)
+
+    # -- what the screen calls -------------------------------------------------------
+    def show_version(self, version: int | None, source: str) -> None:
+        """Show a kernel version; keeps an in-progress user edit of the same version."""
+        if self.editing and self.proposal is None and version == self.version:
+            return
+        self.version, self.current_source = version, source
+        if self.proposal is None:
+            self.editing = False
+            self._load_editor(source, read_only=False)
+            self._switch("editor")
+        self._retitle()
+
+    def show_proposal(self, proposal: str, source: str) -> None:
+        if self.proposal == proposal:
+            return
+        self.proposal, self.proposed_source, self.editing = proposal, source, False
+        self.query_one(DiffView).show(self.current_source, source)
+        self._load_editor(source, read_only=True)
+        self._switch("diff")
+        self._retitle()
+
+    def clear_proposal(self) -> None:
+        if self.proposal is None:
+            return
+        self.proposal = self.proposed_source = None
+        self.editing = False
+        self._load_editor(self.current_source, read_only=False)
+        self._switch("editor")
+        self._retitle()
+
+    def toggle_view(self) -> None:
+        """Between the diff and the full proposed source (only with a proposal)."""
+        if self.proposal is not None and not self.editing:
+            self._switch("editor" if self.shown == "diff" else "diff")
+            self._retitle()
+
+    def begin_edit(self) -> None:
+        """Make the proposal (or the current version) editable in place."""
+        self.editing = True
+        self.editor.read_only = False
+        self._switch("editor")
+        self.editor.focus()
+        self._retitle()
+
+    def edited_source(self) -> str:
+        return self.editor.text
+
+    def is_modified(self) -> bool:
+        base = self.proposed_source if self.proposal is not None else self.current_source
+        return self.editor.text != base
+
+    def goto_line(self, line: int) -> None:
+        self._switch("editor")
+        row = max(0, min(line - 1, self.editor.document.line_count - 1))
+        self.editor.move_cursor((row, 0), center=True)
+        self.editor.focus()
+        self._retitle()
+
+    # -- internals --------------------------------------------------------------------
+    def _load_editor(self, source: str, read_only: bool) -> None:
+        editor = self.editor
+        editor.load_text(source)
+        editor.read_only = read_only
+
+    def _switch(self, view: str) -> None:
+        self.shown = view
+        self.query_one(ContentSwitcher).current = view
+
+    def _retitle(self) -> None:
+        version = f"v{self.version}" if self.version is not None else "no version yet"
+        title = f"Source · {self.filename} ({version}"
+        if self.proposal is not None:
+            if self.editing:
+                title += f", editing proposal {self.proposal}"
+            else:
+                shown = "diff" if self.shown == "diff" else "full source"
+                title += f", proposal {self.proposal} pending: {shown}"
+        elif self.editing:
+            title += ", edited"
+        self.border_title = title + ")"

@@ -1,0 +1,138 @@
+"""The status bar, the activity line (long work with elapsed time and a cancel hint)
+and the approval bar (a pending decision, guarded against type-ahead)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widgets import Static
+
+
+@dataclass(frozen=True)
+class StatusInfo:
+    task: str = "no task"
+    backend: str = "backend?"
+    chip: str | None = None
+    mode: str = "step"
+    iteration: int = 0
+    best_speedup: float | None = None
+    best_version: int | None = None
+    tokens: int = 0
+    cost_usd: float = 0.0
+    worker: str = "starting"
+
+
+def _tokens(n: int) -> str:
+    return f"{n / 1000:.1f}k" if n >= 1000 else str(n)
+
+
+class StatusBar(Static):
+    DEFAULT_CSS = """
+    StatusBar { dock: bottom; height: 1; background: $panel; color: $text; padding: 0 1; }
+    """
+
+    info: reactive[StatusInfo] = reactive(StatusInfo)
+
+    def render(self) -> Text:
+        i = self.info
+        text = Text(no_wrap=True, overflow="ellipsis")
+        text.append(i.task, style="bold")
+        backend = i.backend + (f" → {i.chip}" if i.chip else "")
+        text.append(f" · {backend} · ")
+        if i.mode == "auto":
+            text.append(" AUTO ", style="bold reverse yellow")
+        else:
+            text.append(" STEP ", style="bold reverse cyan")
+        text.append(f" · iter {i.iteration}")
+        if i.best_speedup is not None:
+            text.append(f" · best {i.best_speedup:.2f}x (v{i.best_version})", style="green")
+        else:
+            text.append(" · best —")
+        text.append(f" · {_tokens(i.tokens)} tok ${i.cost_usd:.2f}")
+        worker_style = {"idle": "green", "busy": "yellow", "restarting": "red",
+                        "stopped": "red"}.get(i.worker, "")
+        text.append(" · worker ")
+        text.append(i.worker, style=worker_style)
+        return text
+
+
+class ActivityLine(Static):
+    """'⠙ evaluating v3 · 4.2s · F8 F8 cancels' while something long runs."""
+
+    DEFAULT_CSS = """
+    ActivityLine { dock: bottom; height: 1; padding: 0 1; color: $text-muted; display: none; }
+    ActivityLine.-busy { display: block; }
+    """
+    SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, **kwargs) -> None:
+        super().__init__("", **kwargs)
+        self.clock = clock
+        self.show_elapsed = True
+        self.cancel_hint = "F8 twice cancels"
+        self._label: str | None = None
+        self._since = 0.0
+        self._tick = 0
+
+    def on_mount(self) -> None:
+        self.set_interval(0.25, self._redraw)
+
+    def start(self, label: str) -> None:
+        self._label, self._since = label, self.clock()
+        self.add_class("-busy")
+        self._redraw()
+
+    def stop(self) -> None:
+        self._label = None
+        self.remove_class("-busy")
+
+    @property
+    def busy(self) -> str | None:
+        return self._label
+
+    def _redraw(self) -> None:
+        if self._label is None:
+            return
+        self._tick += 1
+        spin = self.SPINNER[self._tick % len(self.SPINNER)] if self.show_elapsed else "…"
+        elapsed = f" · {self.clock() - self._since:.1f}s" if self.show_elapsed else ""
+        self.update(f"{spin} {self._label}{elapsed} · {self.cancel_hint}")
+
+
+class ApprovalBar(Static):
+    """The pending decision. Keys are ignored for ``GUARD_S`` after it appears so that
+    type-ahead meant for something else cannot approve a proposal by accident."""
+
+    GUARD_S = 0.5
+    DEFAULT_CSS = """
+    ApprovalBar { dock: bottom; height: auto; max-height: 3; padding: 0 1;
+                  background: $warning 30%; color: $text; display: none; }
+    ApprovalBar.-pending { display: block; }
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, **kwargs) -> None:
+        super().__init__("", **kwargs)
+        self.clock = clock
+        self.proposal: str | None = None
+        self._shown_at = 0.0
+
+    def ask(self, proposal: str, text: str, keys: str) -> bool:
+        """Show a decision; True when it is new (the caller rings the bell)."""
+        new = proposal != self.proposal
+        if new:
+            self._shown_at = self.clock()
+        self.proposal = proposal
+        self.update(Text.assemble(("decide ", "bold"), (text, ""), ("  ·  " + keys, "dim")))
+        self.add_class("-pending")
+        return new
+
+    def clear(self) -> None:
+        self.proposal = None
+        self.remove_class("-pending")
+
+    def accepts_keys(self) -> bool:
+        return self.proposal is not None and self.clock() - self._shown_at >= self.GUARD_S

@@ -1,0 +1,184 @@
+"""A profile timeline drawn with block characters: tracks of events over time.
+
+Keyboard only: ``left``/``right`` pan, ``+``/``-`` zoom around the selection, ``[``/``]``
+select the previous/next event, ``0`` fits everything. Times are microseconds, as in
+the profile JSON's timeline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.style import Style
+from rich.text import Text
+from textual.binding import Binding
+from textual.message import Message
+from textual.reactive import reactive
+from textual.widget import Widget
+
+PALETTE = ("#5f87d7", "#d7875f", "#87af5f", "#af87d7", "#d7af5f", "#5fafaf", "#d75f87",
+           "#87afd7")
+LABEL_W = 14
+PARTIAL = " ▏▎▍▌▋▊▉█"
+
+
+@dataclass(frozen=True)
+class Span:
+    track: int
+    name: str
+    start_us: float
+    dur_us: float
+    detail: str = ""
+
+
+def spans_from_profile(profile: dict) -> tuple[list[str], list[Span]]:
+    """Track names and spans from a ``tilewright.profile/1`` timeline section."""
+    timeline = profile.get("timeline") or {}
+    tracks = timeline.get("tracks", []) if isinstance(timeline, dict) else timeline
+    names: list[str] = []
+    spans: list[Span] = []
+    for i, track in enumerate(tracks or []):
+        names.append(str(track.get("name", f"track {i}")))
+        for ev in track.get("events", []) or []:
+            start = float(ev.get("ts", ev.get("start_us", 0.0)))
+            dur = float(ev.get("dur", ev.get("dur_us", 0.0)))
+            detail = ", ".join(f"{k}={v}" for k, v in (ev.get("args") or {}).items())
+            spans.append(Span(i, str(ev.get("name", "?")), start, dur, detail))
+    spans.sort(key=lambda s: (s.start_us, s.track))
+    return names, spans
+
+
+def _colour(name: str) -> str:
+    return PALETTE[sum(map(ord, name)) % len(PALETTE)]
+
+
+def _fmt_us(us: float) -> str:
+    if us >= 1e6:
+        return f"{us / 1e6:.2f}s"
+    if us >= 1e3:
+        return f"{us / 1e3:.2f}ms"
+    return f"{us:.1f}µs"
+
+
+class Timeline(Widget, can_focus=True):
+    DEFAULT_CSS = "Timeline { height: auto; min-height: 3; }"
+
+    BINDINGS = [
+        Binding("left,h", "pan(-1)", "Pan", show=False, id="timeline.pan_left"),
+        Binding("right,l", "pan(1)", "Pan", show=False, id="timeline.pan_right"),
+        Binding("plus,equals_sign", "zoom(0.5)", "Zoom in", id="timeline.zoom_in"),
+        Binding("minus", "zoom(2.0)", "Zoom out", id="timeline.zoom_out"),
+        Binding("right_square_bracket", "select(1)", "Next event", id="timeline.next"),
+        Binding("left_square_bracket", "select(-1)", "Prev event", id="timeline.prev"),
+        Binding("0", "fit", "Fit", id="timeline.fit"),
+    ]
+
+    window: reactive[tuple[float, float]] = reactive((0.0, 1.0))
+    selected: reactive[int | None] = reactive(None)
+
+    class Selected(Message):
+        def __init__(self, span: Span) -> None:
+            super().__init__()
+            self.span = span
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.tracks: list[str] = []
+        self.spans: list[Span] = []
+        self.extent = (0.0, 1.0)
+
+    def load(self, tracks: list[str], spans: list[Span]) -> None:
+        self.tracks, self.spans = tracks, spans
+        if spans:
+            lo = min(s.start_us for s in spans)
+            hi = max(s.start_us + s.dur_us for s in spans)
+            self.extent = (lo, hi if hi > lo else lo + 1.0)
+        else:
+            self.extent = (0.0, 1.0)
+        self.window = self.extent
+        self.selected = 0 if spans else None
+        self.refresh(layout=True)
+
+    def get_content_height(self, container, viewport, width) -> int:  # type: ignore[override]
+        return max(1, len(self.tracks)) + 2
+
+    # -- actions ----------------------------------------------------------------------
+    def action_pan(self, direction: int) -> None:
+        lo, hi = self.window
+        step = (hi - lo) * 0.2 * direction
+        self.window = (lo + step, hi + step)
+
+    def action_zoom(self, factor: float) -> None:
+        lo, hi = self.window
+        if self.selected is not None and self.spans:
+            span = self.spans[self.selected]
+            centre = span.start_us + span.dur_us / 2
+        else:
+            centre = (lo + hi) / 2
+        half = max((hi - lo) * factor / 2, 0.01)
+        self.window = (centre - half, centre + half)
+
+    def action_fit(self) -> None:
+        self.window = self.extent
+
+    def action_select(self, step: int) -> None:
+        if not self.spans:
+            return
+        index = 0 if self.selected is None else (self.selected + step) % len(self.spans)
+        self.selected = index
+        span = self.spans[index]
+        lo, hi = self.window
+        if span.start_us < lo or span.start_us + span.dur_us > hi:  # keep it in view
+            width = hi - lo
+            self.window = (span.start_us - width * 0.1, span.start_us - width * 0.1 + width)
+        self.post_message(self.Selected(span))
+
+    # -- drawing ----------------------------------------------------------------------
+    def render(self) -> Text:
+        width = max(10, self.size.width - LABEL_W)
+        if not self.spans:
+            return Text("no timeline: run a profile (ctrl+t)", style="italic dim")
+        lo, hi = self.window
+        per_cell = (hi - lo) / width
+        out = Text(no_wrap=True, overflow="crop")
+        chosen = self.spans[self.selected] if self.selected is not None else None
+        for t, name in enumerate(self.tracks):
+            cover = [0.0] * width  # fraction of each cell covered
+            owner: list[Span | None] = [None] * width
+            for span in self.spans:
+                if span.track != t or span.start_us + span.dur_us < lo or span.start_us > hi:
+                    continue
+                a = (span.start_us - lo) / per_cell
+                b = (span.start_us + span.dur_us - lo) / per_cell
+                for cell in range(max(0, int(a)), min(width, int(b) + 1)):
+                    part = min(b, cell + 1) - max(a, cell)
+                    if part > 0:
+                        cover[cell] = min(1.0, cover[cell] + part)
+                        if owner[cell] is None or span is chosen:
+                            owner[cell] = span
+            out.append(f"{name[:LABEL_W - 2]:<{LABEL_W - 1}}│", style="dim")
+            for cell in range(width):
+                span = owner[cell]
+                if span is None or cover[cell] <= 0:
+                    out.append(" ")
+                    continue
+                glyph = PARTIAL[max(1, round(cover[cell] * 8))]
+                style = Style(color=_colour(span.name))
+                if span is chosen:
+                    style = Style(color="#ffffff", bgcolor="#875f00", bold=True)
+                out.append(glyph, style=style)
+            out.append("\n")
+        axis_l, axis_r = _fmt_us(lo - self.extent[0]), _fmt_us(hi - self.extent[0])
+        gap = max(1, width - len(axis_l) - len(axis_r))
+        out.append(" " * LABEL_W + axis_l + " " * gap + axis_r + "\n", style="dim")
+        if chosen is not None:
+            out.append(f"▸ {chosen.name}  {_fmt_us(chosen.dur_us)} at "
+                       f"{_fmt_us(chosen.start_us - self.extent[0])}"
+                       + (f"  {chosen.detail}" if chosen.detail else ""), style="bold")
+        return out
+
+    def watch_window(self) -> None:
+        self.refresh()
+
+    def watch_selected(self) -> None:
+        self.refresh()
