@@ -171,7 +171,8 @@ class Controller:
         prop = self._pending()
         self._emit("user.decision", proposal=prop.id, decision="approve", by="user",
                    note=None, source_blob=None)
-        self._kick()
+        if self._job is None:
+            self._spawn(("apply", prop.id))
 
     def reject(self, note: str | None = None) -> None:
         """Reject the pending proposal; with a note the agent is asked again (and sees it)."""

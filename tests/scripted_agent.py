@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Union
 
 from agents.base import (
     AgentEvent,
@@ -29,7 +28,7 @@ from agents.base import (
     UsageReport,
 )
 
-Step = Union[Proposal, Failure, Callable[[AgentRequest], Union[Proposal, Failure]]]
+Step = Proposal | Failure | Callable[[AgentRequest], Proposal | Failure]
 
 
 class ScriptedAgent:
