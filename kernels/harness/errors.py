@@ -14,6 +14,11 @@ from typing import Any
 TRACEBACK_LIMIT = 12_000
 
 HINTS: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"divisible by 8 and 128|\(8, ?128\)"),
+     "On TPU the last two dimensions of a block must be divisible by 8 and 128 (float32; "
+     "16 and 128 for bfloat16) or equal the full array dimensions. Interpret mode on a CPU "
+     "accepts other shapes, real TPUs do not. Pick block sizes like (8, 128), (128, 128), "
+     "(256, 512), or use the whole dimension."),
     (re.compile(r"<lambda>\(\) (takes \d+ positional arguments? but \d+ (were|was) given"
                 r"|missing \d+ required positional argument)"),
      "An index_map receives one integer per grid dimension (plus any scalar-prefetch "
@@ -27,11 +32,6 @@ HINTS: list[tuple[re.Pattern[str], str]] = [
                 r"dimensions)", re.IGNORECASE),
      "block_shape needs one entry per dimension of the array it tiles; the index_map must "
      "return as many indices as block_shape has entries."),
-    (re.compile(r"divisible by 8 and 128|\(8, ?128\)"),
-     "On TPU the last two dimensions of a block must be divisible by 8 and 128 (float32; "
-     "16 and 128 for bfloat16) or equal the full array dimensions. Interpret mode on a CPU "
-     "accepts other shapes, real TPUs do not. Pick block sizes like (8, 128), (128, 128), "
-     "(256, 512), or use the whole dimension."),
     (re.compile(r"Out-of-bounds block index|out of bounds", re.IGNORECASE),
      "A BlockSpec's index_map pointed past the end of the array. Block indices count "
      "blocks, not elements: for a dimension of size N and block size b the index must stay "

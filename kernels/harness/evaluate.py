@@ -6,8 +6,10 @@ The order is part of the contract (DESIGN.md, "Rules the harness never bends"):
    configurations meant for this host (small ones on CPU, all on hardware).
 2. Compute the reference outputs for every configuration and trial, with fresh random
    keys, *before* the candidate's code is loaded: it cannot influence them.
-3. Load the candidate (syntax error, import failure or missing entry point ->
-   compile_error / runtime_error), snapshot the guarded modules.
+3. Snapshot the guarded modules, then load the candidate (syntax error, import
+   failure or missing entry point -> compile_error / runtime_error). After every
+   piece of candidate code runs, and before its output is compared, the guarded
+   modules are checked (``harness_tampering`` -> rejected, worker recycled).
 4. Per configuration: trace (``no_pallas_call`` from the jaxpr -> rejected when the
    task requires Pallas) and lower for TPU (``lowering_platforms=("tpu",)``, lowered,
    not compiled) -> compile_error on failure, even where interpret mode would run it.
@@ -37,6 +39,7 @@ from kernels.task import ShapeConfig, Task, TaskError
 
 _RUNTIMES: dict[str, Any] = {}  # task spec (+ file stamps) -> TaskRuntime, for warm workers
 _RUNTIME_CACHE_SIZE = 8
+_CROSS_PLATFORM_CALLBACK = "is different from the lowering platform"
 
 
 class _Stop(Exception):
@@ -116,6 +119,7 @@ class Evaluation:
         self.flags: list[str] = []
         self.phases: dict[str, float] = {}
         self.recycle = False
+        self.lowering_limited = False  # a shape could not be lowered for host reasons
         self.result = EvalResult(status="correct", backend=None)
         self.shape_details: list[dict[str, Any]] = []
 
@@ -190,8 +194,9 @@ class Evaluation:
 
         # 3. the candidate
         t = time.perf_counter()
+        self.snapshot = integrity.ModuleSnapshot()
         entry = self._load_candidate(runtime)
-        snapshot = integrity.ModuleSnapshot()
+        self._check_tampering()
         self._phase("load_s", t)
 
         # 4 + 5. trace, lower, run, compare: configuration by configuration
@@ -212,7 +217,9 @@ class Evaluation:
             "atol": details[0]["atol"], "rtol": details[0]["rtol"],
             "reason": f"{failed[0]['name']}: {failed[0]['reason']}" if failed else None,
         }
-        self._check_tampering(snapshot)
+        if self.snapshot.new_threads():
+            self.flags.append("background_threads")
+            self.recycle = True  # they would run on during the next candidate's timing
         if not all_correct:
             self.result.status = "incorrect"
             return
@@ -287,6 +294,7 @@ class Evaluation:
             traced = fn.trace(*dyn, *static)
         except BaseException as exc:
             self._fail("compile_error", "exit" if isinstance(exc, SystemExit) else "trace", exc)
+        self._check_tampering()
         if not integrity.contains_pallas_call(traced.jaxpr):
             self.flags.append("no_pallas_call")
             if self.task.require_pallas:
@@ -298,10 +306,21 @@ class Evaluation:
             try:
                 traced.lower(lowering_platforms=("tpu",))
             except Exception as exc:
-                self.result.lowering = {"tpu": "error", "message": errors.short_message(exc),
-                                        "shape": config.name}
-                self._fail("compile_error", "lowering", exc)
-            self.result.lowering = {"tpu": "ok", "message": None}
+                message = errors.short_message(exc)
+                if _CROSS_PLATFORM_CALLBACK in message and self.interpret:
+                    # Host callbacks (pure_callback, debug.print) need a live TPU backend
+                    # to lower for TPU: a limit of this host, not the candidate's fault.
+                    self.result.lowering = {"tpu": "skipped", "message": "host callbacks "
+                                            "cannot be lowered for TPU without a TPU: "
+                                            + message}
+                else:
+                    self.result.lowering = {"tpu": "error", "message": message,
+                                            "shape": config.name}
+                    self._fail("compile_error", "lowering", exc)
+                    self.lowering_limited = True
+            else:
+                if not self.lowering_limited:
+                    self.result.lowering = {"tpu": "ok", "message": None}
         self._phase("trace_lower_s", t)
 
         t = time.perf_counter()
@@ -339,20 +358,17 @@ class Evaluation:
         try:
             with _execution_mode(self.interpret):
                 out = jax.block_until_ready(fn(*dyn, *static))
-            return to_host(out)
         except BaseException as exc:
             if self.interpret:
                 _reset_interpret_state()
             kind = "exit" if isinstance(exc, SystemExit) else "runtime"
             self._fail("runtime_error", kind, exc)
-        raise AssertionError("unreachable")
+        self._check_tampering()
+        return to_host(out)
 
-    def _check_tampering(self, snapshot: integrity.ModuleSnapshot) -> None:
-        threads = snapshot.new_threads()
-        if threads:
-            self.flags.append("background_threads")
-            self.recycle = True
-        changed = snapshot.changed()
+    def _check_tampering(self) -> None:
+        """After every piece of candidate code ran: before its outputs are compared."""
+        changed = self.snapshot.changed()
         if changed:
             self.flags.append("harness_tampering")
             self.recycle = True
@@ -381,6 +397,7 @@ class Evaluation:
             if self.interpret:
                 _reset_interpret_state()
             self._fail("runtime_error", "runtime", exc)
+        self._check_tampering()  # a patched clock would fake the speedup
         speedup = baseline["median_ms"] / kernel["median_ms"] if kernel["median_ms"] else None
         if speedup is not None and speedup > integrity.SUSPICIOUS_SPEEDUP:
             self.flags.append("suspicious_speedup")

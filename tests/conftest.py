@@ -1,0 +1,28 @@
+"""Shared pytest fixtures: one warm JAX worker pool per test module.
+
+Tests run on the CPU (TPU interpret mode) unless the caller chose a platform, as
+``./dev test`` does. A module that uses ``worker_pool`` marks its tests with
+``pytestmark = pytest.mark.asyncio(loop_scope="module")``: the pool lives on the
+module's event loop and its workers import JAX once for the whole module.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest_asyncio
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def worker_pool() -> AsyncIterator[object]:
+    """A started ``kernels.workers.WorkerPool`` (size 1), shared by one test module."""
+    from kernels.workers import WorkerPool
+
+    async with WorkerPool(size=1) as pool:
+        yield pool
