@@ -53,11 +53,11 @@ def load(root: Path, overrides: dict[str, Any] | None = None) -> Task:
                 raise TaskError(path, f"--set dtype={value}: unsupported dtype",
                                 expected="one of " + ", ".join(DTYPES))
             if not create_inputs.accepts_keyword("dtype"):
-                raise TaskError(path, "--set dtype: create_inputs takes no dtype parameter",
+                raise TaskError(path, f"--set dtype={value}: create_inputs takes no dtype parameter",
                                 line=create_inputs.line, expected="def create_inputs(dtype=...)")
         elif key not in config and key not in constants:
             known = sorted([*config, *constants, "dtype"])
-            raise TaskError(path, f"--set {key}: not a CONFIG key nor a module-level constant",
+            raise TaskError(path, f"--set {key}={raw}: not a CONFIG key nor a module-level constant",
                             expected="one of " + ", ".join(known))
         params[key] = value
     size_keys = [k for k in params if k != "dtype"]

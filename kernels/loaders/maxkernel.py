@@ -160,7 +160,7 @@ def _overrides(gen: PySource, overrides: dict[str, Any] | None, path: Path) -> d
     params: dict[str, Any] = {}
     for key, raw in (overrides or {}).items():
         if key not in constants:
-            raise TaskError(path, f"--set {key}: not a module-level constant of input_gen_code",
+            raise TaskError(path, f"--set {key}={raw}: not a module-level constant of input_gen_code",
                             expected="one of " + ", ".join(sorted(constants))
                             if constants else "input_gen_code has no literal constants to set")
         params[key] = parse_literal(raw) if isinstance(raw, str) else raw

@@ -1,0 +1,333 @@
+"""Task loaders (native, JAXBench, MaxKernel), ``--set`` overrides, the worker-side
+runtime adapter, and ``tilewright tasks``.
+
+Good tasks are the fixtures in tests/fixtures/tasks/ and the bundled tasks; malformed
+ones are written here next to the assertion about their error. Runtime checks use
+real JAX on the CPU (they stand in for the worker process).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kernels.loaders import (
+    bundled_tasks,
+    detect_layout,
+    find_tasks,
+    load_task,
+    parse_overrides,
+)
+from kernels.task import Task, TaskError
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "tasks"
+
+
+def write(root: Path, files: dict[str, str]) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (root / name).write_text(textwrap.dedent(text).lstrip("\n"))
+    return root
+
+
+NATIVE_REF = """
+    import jax
+
+    def make_inputs(key, rows=8, cols=128):
+        return (jax.random.normal(key, (rows, cols)),)
+
+    def reference(x):
+        return x * 2
+"""
+NATIVE_TOML = """
+    name = "double"
+    [shapes.a]
+    rows = 8
+    cols = 128
+    [shapes.b]
+    rows = 16
+    cols = 128
+    held_out = true
+"""
+
+
+def native(tmp_path: Path, toml: str = NATIVE_TOML, ref: str = NATIVE_REF, **extra: str) -> Path:
+    return write(tmp_path / "task", {"task.toml": toml, "reference.py": ref, **extra})
+
+
+# -- native ---------------------------------------------------------------------------
+
+def test_native_fixture_loads_with_shapes_tolerances_and_kernel() -> None:
+    task = load_task(FIXTURES / "native_axpy")
+    assert (task.name, task.layout, task.family, task.entry) == ("axpy", "native", "elementwise",
+                                                                 "kernel")
+    assert [s.name for s in task.shapes] == ["small", "other", "secret", "big"]
+    assert [s.name for s in task.visible_shapes()] == ["small", "other", "big"]
+    assert [s.name for s in task.shapes_for("cpu")] == ["small", "other", "secret"]
+    assert task.shapes[3].size == "large" and task.shapes[3].rtol == 1e-5
+    assert task.meta["tolerances"] == {"bfloat16": {"atol": 1e-2, "rtol": 1e-2}}
+    assert task.kernel_path == FIXTURES / "native_axpy" / "kernel.py"
+    assert Task.from_spec(json.loads(json.dumps(task.to_spec()))) == task
+
+
+def test_bundled_task_by_name_or_file_path() -> None:
+    names = [t.name for t in bundled_tasks()]
+    assert names == sorted(names) and "softmax" in names
+    by_name = load_task("softmax")
+    assert by_name.layout == "native" and by_name.root.name == "softmax"
+    assert load_task(by_name.root / "task.toml") == by_name
+
+
+def test_without_shapes_a_native_task_has_one_small_default(tmp_path: Path) -> None:
+    task = load_task(native(tmp_path, toml='name = "x"\n'))
+    assert [(s.name, s.params, s.size) for s in task.shapes] == [("default", {}, "small")]
+
+
+@pytest.mark.parametrize(("toml", "line", "words"), [
+    ('name = "x"\n[shapes.a\nrows = 8\n', 2, "TOML syntax error"),
+    ('name = "x"\nrequire_palas = true\n', 2, "unknown key 'require_palas'"),
+    ('name = "x"\n[shapes.a]\nrows = 8\nsize = "huge"\n', 2, "size is 'huge'"),
+    ('[shapes.a]\nrows = 8\nheld_out = true\n[shapes.b]\nrows = 8\nheld_out = true\n'
+     '[shapes.c]\nrows = 8\n', 4, "2 shapes are held out"),
+    ('[shapes.a]\nrows = 8\nwidth = 3\n', 1, "sets 'width', which make_inputs"),
+    ('atol = "tight"\n', 1, "atol must be a non-negative number"),
+])
+def test_malformed_task_toml_names_file_line_and_expectation(tmp_path: Path, toml: str,
+                                                             line: int, words: str) -> None:
+    root = native(tmp_path, toml=toml)
+    with pytest.raises(TaskError) as info:
+        load_task(root)
+    err = info.value
+    assert err.path == str(root / "task.toml") and err.line == line
+    assert words in str(err) and err.expected
+
+
+def test_reference_without_required_function_or_with_a_syntax_error(tmp_path: Path) -> None:
+    root = native(tmp_path, ref="import jax\n\ndef make_inputs(key):\n    return ()\n")
+    with pytest.raises(TaskError, match=r"reference\.py: no top-level function `reference`"
+                       r".*expected: def reference\(\*inputs\)"):
+        load_task(root)
+    (root / "reference.py").write_text("def make_inputs(key):\n    return (\n\ndef reference(x)\n")
+    with pytest.raises(TaskError) as info:
+        load_task(root)
+    assert info.value.path.endswith("reference.py") and info.value.line == 2
+    assert "syntax error" in str(info.value)
+    (root / "reference.py").unlink()
+    with pytest.raises(TaskError, match=r"reference\.py is missing"):
+        load_task(root)
+
+
+def test_unknown_layout_and_missing_directory_are_clear(tmp_path: Path) -> None:
+    write(tmp_path / "notes", {"README.md": "just notes\n"})
+    assert detect_layout(tmp_path / "notes") is None
+    with pytest.raises(TaskError, match=r"not a task directory.*task\.toml \(native\), "
+                       r"kernel_task\.yaml \(MaxKernel\) or baseline\.py \(JAXBench\)"):
+        load_task(tmp_path / "notes")
+    with pytest.raises(TaskError, match=r"no such task directory.*bundled task name.*softmax"):
+        load_task("no_such_task_anywhere")
+
+
+# -- --set overrides ------------------------------------------------------------------
+
+def test_parse_overrides() -> None:
+    assert parse_overrides(["rows=128", "dtype = bfloat16", "name.k=1"]) == {
+        "rows": "128", "dtype": "bfloat16", "name.k": "1"}
+    for bad in ("rows", "=3", "rows="):
+        with pytest.raises(ValueError, match="expected KEY=VALUE"):
+            parse_overrides([bad])
+
+
+def test_native_overrides_apply_everywhere_or_to_one_shape(tmp_path: Path) -> None:
+    root = native(tmp_path)
+    task = load_task(root, {"cols": "256"})
+    assert [s.params for s in task.shapes] == [{"rows": 8, "cols": 256}, {"rows": 16, "cols": 256}]
+    assert task.meta["overrides"] == {"cols": "256"}
+    task = load_task(root, {"a.rows": "32"})
+    assert [s.params["rows"] for s in task.shapes] == [32, 16]
+    assert [s.name for s in task.visible_shapes()] == ["a"]  # still never the held-out one
+    with pytest.raises(TaskError, match=r"--set depth=2: no shape parameter 'depth'.*cols, rows"):
+        load_task(root, {"depth": "2"})
+    with pytest.raises(TaskError, match=r"no shape named 'c'"):
+        load_task(root, {"c.rows": "2"})
+
+
+def test_jaxbench_overrides_config_keys_constants_and_dtype() -> None:
+    task = load_task(FIXTURES / "jaxbench_scaled_tanh", {"rows": "16", "cols": "256",
+                                                         "dtype": "bfloat16"})
+    assert task.shapes[0].params == {"rows": 16, "cols": 256, "dtype": "bfloat16"}
+    assert task.meta["config"]["rows"] == 16 and task.meta["dtype"] == "bfloat16"
+    with pytest.raises(TaskError, match=r"--set depth=2: not a CONFIG key.*cols.*rows"):
+        load_task(FIXTURES / "jaxbench_scaled_tanh", {"depth": "2"})
+    with pytest.raises(TaskError, match=r"dtype=int4: unsupported dtype"):
+        load_task(FIXTURES / "jaxbench_scaled_tanh", {"dtype": "int4"})
+    task = load_task(FIXTURES / "jaxbench_kernelbench_style", {"batch_size": "8", "dim": "128"})
+    assert task.shapes[0].params == {"batch_size": 8, "dim": 128}
+
+
+def test_maxkernel_overrides_input_gen_constants() -> None:
+    task = load_task(FIXTURES / "maxkernel_row_scale", {"ROWS": "16"})
+    assert [s.params for s in task.shapes] == [{"index": 0, "ROWS": 16}, {"index": 1, "ROWS": 16}]
+    with pytest.raises(TaskError, match=r"--set COLS=16: not a module-level constant.*ROWS"):
+        load_task(FIXTURES / "maxkernel_row_scale", {"COLS": "16"})
+
+
+# -- JAXBench -------------------------------------------------------------------------
+
+def test_jaxbench_fixture_loads() -> None:
+    task = load_task(FIXTURES / "jaxbench_scaled_tanh")
+    assert (task.layout, task.entry, task.atol, task.rtol) == ("jaxbench", "workload", 1e-5, 1e-5)
+    assert [(s.name, s.size) for s in task.shapes] == [("default", "small")]
+    assert task.description.startswith("Scaled tanh")
+    assert task.kernel_path.name == "optimized.py" and task.meta["has_flops"]
+    assert task.meta["config"]["dtype_name"] == "jnp.bfloat16"  # non-literal kept as text
+    plain = load_task(FIXTURES / "jaxbench_kernelbench_style")
+    assert (plain.atol, plain.rtol) == (1e-2, 1e-2)  # JAXBench's own default
+
+
+@pytest.mark.parametrize(("source", "line", "words"), [
+    ("CONFIG = [1, 2]\ndef create_inputs(dtype=None):\n    return ()\ndef workload(x):\n"
+     "    return x\n", 1, "CONFIG is not a dict literal"),
+    ("CONFIG = {'m': 1}\ndef create_inputs(dtype=None):\n    return ()\n", None,
+     "no top-level function `workload`"),
+    ("def workload(x):\n    return x\n", None, "no top-level function `create_inputs`"),
+    ("CONFIG = {'m': 1\ndef workload(x):\n", 1, "syntax error"),
+])
+def test_malformed_jaxbench_baseline(tmp_path: Path, source: str, line: int | None,
+                                     words: str) -> None:
+    root = write(tmp_path / "wl", {"baseline.py": source})
+    with pytest.raises(TaskError) as info:
+        load_task(root)
+    assert info.value.path == str(root / "baseline.py") and info.value.line == line
+    assert words in str(info.value) and info.value.expected
+
+
+def test_jaxbench_warns_when_create_inputs_ignores_config(tmp_path: Path) -> None:
+    root = write(tmp_path / "wl", {"baseline.py": """
+        import jax
+        CONFIG = {'m': 4096}
+        def create_inputs(dtype=None):
+            return (jax.numpy.ones((4096, 4096)),)
+        def workload(x):
+            return x
+    """})
+    task = load_task(root, {"m": "8"})
+    assert "never reads CONFIG" in task.meta["warnings"][0]
+
+
+# -- MaxKernel ------------------------------------------------------------------------
+
+def test_maxkernel_fixture_loads_per_configuration_tolerances() -> None:
+    task = load_task(FIXTURES / "maxkernel_row_scale")
+    assert (task.name, task.layout, task.entry) == ("row_scale", "maxkernel", "computation")
+    assert [(s.name, s.params, s.atol) for s in task.shapes] == [
+        ("config_0", {"index": 0}, 1e-6), ("config_1", {"index": 1}, 1e-5)]
+    assert task.rtol == 1e-6 and task.input_gen_path.name == "kernel_task.yaml"
+    assert task.meta["input_gen_line_offset"] == 7
+
+
+REF_COMPUTATION = "def computation(x, scale):\n    return x * scale\n"
+
+
+@pytest.mark.parametrize(("yaml_text", "line", "words"), [
+    ("task_id: t\ndescription: [unclosed\ninput_gen_code: x\n", 3, "YAML syntax error"),
+    ("task_id: t\n  bad: indent\n", 2, "YAML syntax error"),
+    ("- just\n- a list\n", None, "not a mapping"),
+    ("task_id: t\n", None, "input_gen_code is missing"),
+    ("task_id: t\ninput_gen_code: |\n  def make():\n      return 1\n", None,
+     "no top-level function `get_inputs`"),
+    ("task_id: t\ninput_gen_code: |\n  def get_inputs():\n      return (\n", 4, "syntax error"),
+    ("task_id: t\natol: [0.1, 0.2]\ninput_gen_code: |\n  def get_inputs():\n"
+     "      return [((1,), ()), ((2,), ()), ((3,), ())]\n", 2, "disagree"),
+    ("task_id: t\natol: fine\ninput_gen_code: |\n  def get_inputs():\n      return [], []\n",
+     2, "atol has 'fine'"),
+])
+def test_malformed_maxkernel_yaml(tmp_path: Path, yaml_text: str, line: int | None,
+                                  words: str) -> None:
+    root = write(tmp_path / "mk", {"kernel_task.yaml": yaml_text,
+                                   "reference.py": REF_COMPUTATION})
+    with pytest.raises(TaskError) as info:
+        load_task(root)
+    assert info.value.path == str(root / "kernel_task.yaml")
+    assert info.value.line == line and words in str(info.value)
+
+
+def test_maxkernel_reference_needs_computation(tmp_path: Path) -> None:
+    root = write(tmp_path / "mk", {
+        "kernel_task.yaml": "task_id: t\ninput_gen_code: |\n  def get_inputs():\n"
+                            "      return [], []\n",
+        "reference.py": "def compute(x):\n    return x\n"})
+    with pytest.raises(TaskError, match=r"reference\.py: no top-level function `computation`"):
+        load_task(root)
+
+
+# -- finding tasks --------------------------------------------------------------------
+
+def mixed_dir(tmp_path: Path) -> Path:
+    root = tmp_path / "tasks"
+    shutil.copytree(FIXTURES, root)
+    write(root / "nested" / "deeper" / "broken_toml", {"task.toml": "[shapes.a\n",
+                                                       "reference.py": NATIVE_REF})
+    write(root / "broken_yaml", {"kernel_task.yaml": "task_id: [\n", "reference.py": ""})
+    write(root / "not_a_task", {"notes.txt": "hello\n"})
+    return root
+
+
+def test_find_tasks_lists_all_layouts_and_broken_ones(tmp_path: Path) -> None:
+    found = find_tasks(mixed_dir(tmp_path))
+    tasks = [f for f in found if isinstance(f, Task)]
+    errors = [f for f in found if isinstance(f, TaskError)]
+    assert sorted((t.name, t.layout) for t in tasks) == [
+        ("axpy", "native"), ("jaxbench_kernelbench_style", "jaxbench"),
+        ("jaxbench_scaled_tanh", "jaxbench"), ("row_scale", "maxkernel")]
+    assert sorted(Path(e.path).parent.name for e in errors) == ["broken_toml", "broken_yaml"]
+    with pytest.raises(TaskError, match="no such directory"):
+        find_tasks(tmp_path / "missing")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    code = ("import sys, json\nfrom tui.cli import main\nrc = main(sys.argv[1:])\n"
+            "sys.stdout.flush()\n"
+            "print('JAX-LOADED' if any(m == 'jax' for m in sys.modules) else 'NO-JAX', "
+            "file=sys.stderr)\nsys.exit(rc)\n")
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True,
+                          text=True, env={"PATH": "/usr/bin:/bin", "COLUMNS": "200",
+                                          "HOME": str(ROOT)}, timeout=60)
+
+
+def test_tilewright_tasks_json_on_a_mixed_directory(tmp_path: Path) -> None:
+    proc = _cli("tasks", str(mixed_dir(tmp_path)), "--json")
+    assert proc.returncode == 1, proc.stderr  # some tasks are broken
+    assert "NO-JAX" in proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["schema"] == "tilewright.tasks/1"
+    rows = {(r["origin"], r["name"]): r for r in data["tasks"] if not r["error"]}
+    assert {n for o, n in rows if o == "bundled"} == {
+        "gelu", "softmax", "rmsnorm", "matmul_bias_gelu", "causal_attention"}
+    assert {(n, rows["found", n]["layout"]) for o, n in rows if o == "found"} == {
+        ("axpy", "native"), ("jaxbench_kernelbench_style", "jaxbench"),
+        ("jaxbench_scaled_tanh", "jaxbench"), ("row_scale", "maxkernel")}
+    axpy = rows["found", "axpy"]
+    assert {k: axpy["shapes"][k] for k in ("small", "large", "held_out")} == {
+        "small": 2, "large": 1, "held_out": 1}
+    assert "secret" not in json.dumps(axpy)  # held-out shapes are counted, never shown
+    broken = [r for r in data["tasks"] if r["error"]]
+    assert len(broken) == 2 and any("TOML syntax error" in r["error"] for r in broken)
+
+
+def test_tilewright_tasks_table(tmp_path: Path) -> None:
+    proc = _cli("tasks", str(mixed_dir(tmp_path)))
+    assert proc.returncode == 1
+    for text in ("causal_attention", "row_scale", "maxkernel", "jaxbench", "1 held-out",
+                 "YAML syntax error", "broken_toml"):
+        assert text in proc.stdout, text
+    proc = _cli("tasks")
+    assert proc.returncode == 0 and "matmul_bias_gelu" in proc.stdout
+    proc = _cli("tasks", str(tmp_path / "missing"))
+    assert proc.returncode == 2 and "no such directory" in proc.stderr
