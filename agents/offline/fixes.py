@@ -1,0 +1,214 @@
+"""Rule-based fixes for the failures everyone hits, as source transforms.
+
+Each rule reads the last evaluation (``EvalResult.to_json()``) and the current source and
+returns a ``Fix`` (a tuning change or a whole new source, with its reason) or None:
+
+- TPU misalignment (a block whose last two dims are not multiples of (8, 128)): the
+  offending tunable moves to the nearest legal choice.
+- VMEM overflow: the largest block tunable steps down to the next smaller legal choice.
+- Missing accumulator initialisation (NaN / wrong output, and a scratch ref that is
+  ``+=``-accumulated but never zeroed under ``pl.when(program_id(k) == 0)``): the init is
+  inserted at the top of the kernel body, in the reduction axis the kernel declares.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from kernels import tunables
+
+_ALIGN_MSG = re.compile(r"divisible by 8 and 128|\(8, ?128\)")
+_BLOCK_SHAPE = re.compile(r"block shape \(([^)]*(?:\([^)]*\)[^)]*)*)\), array shape \(([^)]*)\)")
+_VMEM_MSG = re.compile(r"vmem|scoped memory|resource.?exhausted|exceeds.*memory", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Fix:
+    rule: str  # misalignment | vmem | accumulator_init
+    summary: str
+    rationale: str
+    tuning: dict[str, Any] | None = None
+    source: str | None = None
+
+
+def _error_text(result: dict[str, Any]) -> str:
+    error = result.get("error") or {}
+    lowering = result.get("lowering") or {}
+    corr = result.get("correctness") or {}
+    return "\n".join(str(x) for x in (error.get("message"), lowering.get("message"),
+                                       corr.get("reason")) if x)
+
+
+def suggest_fix(source: str, result: dict[str, Any]) -> Fix | None:
+    """The first rule that recognises the failure, or None."""
+    for rule in (fix_misalignment, fix_vmem, fix_accumulator_init):
+        fix = rule(source, result)
+        if fix is not None:
+            return fix
+    return None
+
+
+def _parse_block_error(text: str) -> list[tuple[int, int, int]]:
+    """(block, array_dim, alignment) for each offending dim of the first bad BlockSpec."""
+    match = _BLOCK_SHAPE.search(text)
+    if not match:
+        return []
+    blocks = [int(n) for n in re.findall(r"block_size=(\d+)", match.group(1))] or \
+        [int(n) for n in re.findall(r"\d+", match.group(1))]
+    dims = [int(n) for n in re.findall(r"\d+", match.group(2))]
+    if len(blocks) < 2 or len(blocks) != len(dims):
+        return []
+    bad = []
+    for block, dim, align in ((blocks[-2], dims[-2], tunables.SUBLANE),
+                              (blocks[-1], dims[-1], tunables.LANE)):
+        if block != dim and block % align:
+            bad.append((block, dim, align))
+    return bad
+
+
+def fix_misalignment(source: str, result: dict[str, Any]) -> Fix | None:
+    text = _error_text(result)
+    if not _ALIGN_MSG.search(text):
+        return None
+    declared = _declared(source)
+    if not declared:
+        return None
+    changes, reasons = {}, []
+    for block, dim, align in _parse_block_error(text):
+        for name, (current, choices) in declared.items():
+            if name in changes or not isinstance(current, int):
+                continue
+            if current == block or min(current, dim) == block:
+                new = tunables.nearest_legal(name, block, choices, align, (dim,))
+                if new is not None and new != current:
+                    changes[name] = new
+                    reasons.append(f"{name}={current} gives a block dim of {block} against an "
+                                   f"array dim of {dim}, which is neither a multiple of {align} "
+                                   f"nor the whole dim; {new} is the nearest legal choice")
+                break
+    if not changes:
+        # The message did not say which block: fix every declared value that is misaligned.
+        aligns = tunables.alignment(source)
+        for name, (current, choices) in declared.items():
+            align = aligns[name]
+            if isinstance(current, int) and align > 1 and current % align:
+                new = tunables.nearest_legal(name, current, choices, align)
+                if new is not None:
+                    changes[name] = new
+                    reasons.append(f"{name}={current} is not a multiple of {align}; "
+                                   f"{new} is the nearest legal choice")
+    if not changes:
+        return None
+    return Fix("misalignment", "fix TPU alignment: " + ", ".join(
+        f"{k}={v}" for k, v in changes.items()),
+        "TPU lowering rejected a block: the last two dims of every block must be multiples of "
+        "(8, 128) or equal the array's dims. " + "; ".join(reasons) + ".", tuning=changes)
+
+
+def fix_vmem(source: str, result: dict[str, Any]) -> Fix | None:
+    text = _error_text(result)
+    if result.get("status") == "correct" or not _VMEM_MSG.search(text):
+        return None
+    declared = {k: v for k, v in _declared(source).items() if isinstance(v[0], int)}
+    if not declared:
+        return None
+    aligns = tunables.alignment(source)
+    # Halve the biggest block first: it dominates the footprint.
+    for name, (current, choices) in sorted(declared.items(), key=lambda kv: -kv[1][0]):
+        smaller = [c for c in choices if isinstance(c, int) and c < current
+                   and tunables.is_legal(name, c, aligns[name])]
+        if smaller:
+            new = max(smaller)
+            return Fix("vmem", f"shrink {name} {current} -> {new} to fit VMEM",
+                       f"The kernel ran out of VMEM ({_first_line(text)}). Blocks are double-"
+                       f"buffered, so the footprint is about 2 x the sum of the in/out blocks "
+                       f"plus scratch; {name} is the largest block dimension, and {new} roughly "
+                       "halves the footprint while staying (8, 128)-aligned.",
+                       tuning={name: new})
+    return None
+
+
+def fix_accumulator_init(source: str, result: dict[str, Any]) -> Fix | None:
+    if result.get("status") != "incorrect":
+        return None
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    axis = _reduction_axis(tree)
+    for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef)):
+        refs = _accumulated_refs(fn) - _initialised_refs(fn)
+        if not refs:
+            continue
+        ref = sorted(refs)[0]
+        first = fn.body[0]
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and len(fn.body) > 1:
+            first = fn.body[1]  # keep the docstring first
+        indent = " " * first.col_offset
+        init = (f"{indent}@pl.when(pl.program_id({axis}) == 0)\n"
+                f"{indent}def _init_{ref}():\n"
+                f"{indent}    {ref}[...] = jnp.zeros_like({ref})\n\n")
+        lines = source.splitlines(keepends=True)
+        at = (first.decorator_list[0].lineno if getattr(first, "decorator_list", None)
+              else first.lineno) - 1
+        new_source = "".join(lines[:at]) + init + "".join(lines[at:])
+        return Fix("accumulator_init", f"zero {ref} at the first step of grid axis {axis}",
+                   f"`{fn.name}` accumulates into `{ref}` with `+=` but never initialises it, so "
+                   f"the first reduction step adds to whatever the scratch buffer held (NaN in "
+                   f"interpret mode, garbage on a TPU). Zeroing it under "
+                   f"`pl.when(pl.program_id({axis}) == 0)` (the reduction axis) fixes that.",
+                   source=new_source)
+    return None
+
+
+def _accumulated_refs(fn: ast.FunctionDef) -> set[str]:
+    params = {a.arg for a in fn.args.args} | ({fn.args.vararg.arg} if fn.args.vararg else set())
+    found = set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Subscript):
+            base = node.target.value
+            if isinstance(base, ast.Name) and (base.id in params or base.id.endswith("_ref")):
+                found.add(base.id)
+    return found
+
+
+def _initialised_refs(fn: ast.FunctionDef) -> set[str]:
+    """Refs assigned (plain ``=``) anywhere in the body, e.g. inside a pl.when init."""
+    found = set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
+                    found.add(target.value.id)
+    return found
+
+
+def _reduction_axis(tree: ast.Module) -> int:
+    """The grid axis marked "arbitrary" (the last one), else the highest program_id used."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg == "dimension_semantics":
+            try:
+                sem = ast.literal_eval(node.value)
+            except ValueError:
+                continue
+            arbitrary = [i for i, s in enumerate(sem) if str(s).lower() == "arbitrary"]
+            if arbitrary:
+                return arbitrary[-1]
+    ids = [n.args[0].value for n in ast.walk(tree)
+           if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "program_id"
+           and n.args and isinstance(n.args[0], ast.Constant)]
+    return max(ids) if ids else 0
+
+
+def _declared(source: str) -> dict[str, tuple[Any, list[Any]]]:
+    try:
+        return tunables.read(source)
+    except tunables.TunablesError:
+        return {}
+
+
+def _first_line(text: str) -> str:
+    return (text.strip().splitlines() or [""])[0][:200]
