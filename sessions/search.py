@@ -99,12 +99,15 @@ class Search:
 
     @classmethod
     def create(cls, sessions_dir: Path | str, task: Task, brief: TaskBrief, agent: Agent,
-               executor: Any, config: SearchConfig, eval_options: Any = None) -> Search:
+               executor: Any, config: SearchConfig, eval_options: Any = None,
+               meta: dict[str, Any] | None = None) -> Search:
+        """A new session for a new search; ``meta`` goes into the header's ``search``
+        field (what the suite command matches sessions by when it resumes)."""
         log = SessionLog.create(
             sessions_dir, task={"name": task.name, "root": str(task.root),
                                 "layout": task.layout},
             backend=None, agent=getattr(agent, "label", agent.name), app_version=_version(),
-            extra={"search": True})
+            extra={"search": dict(meta or {})})
         state = fold_search(log.header, [])
         search = cls(log, state, task, brief, agent, executor, eval_options)
         root = None

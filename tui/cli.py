@@ -14,7 +14,8 @@ from collections.abc import Sequence
 
 from tui import settings
 
-SUBCOMMAND_MODULES = ("kernels.cli", "agents.cli", "sessions.cli", "tui.commands")
+SUBCOMMAND_MODULES = ("kernels.cli", "agents.cli", "sessions.cli", "sessions.cli_search",
+                      "tui.commands")
 
 
 def build_parser() -> argparse.ArgumentParser:

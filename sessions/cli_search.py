@@ -1,0 +1,296 @@
+"""``tilewright search``: graph search over every task of a suite directory.
+
+Each task gets its own session (under ``--session-dir``); a task whose search session
+there is unfinished is resumed, a finished one is reported as it stands, so rerunning
+the same command after an interruption continues where it stopped. Results: a table
+(best status and speedup, evaluations, tokens per task), ``--json`` (schema
+``tilewright.search/1``, a ``tasks`` list) and ``--md FILE``. Exit 0 when every task
+ended with a correct kernel, 1 when one did not (or could not be loaded), 2 for bad
+usage. Heavy imports (agents, workers, ray) happen inside the handler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "tilewright.search/1"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "search", help="graph search (beam or parallel runs) over every task in a suite",
+        description="Search over kernel versions for every task under --suite (native, "
+                    "JAXBench and MaxKernel layouts), evaluating on local worker processes "
+                    "or a Ray cluster. Rerun the same command to resume.")
+    p.add_argument("--suite", required=True, metavar="DIR", help="folder of task directories")
+    p.add_argument("--agent", choices=("offline", "anthropic", "auto"), default="offline")
+    p.add_argument("--budget", type=int, default=8, metavar="N",
+                   help="kernel versions the search may create per task (default 8)")
+    p.add_argument("--tokens", type=int, default=None, help="token budget per task")
+    p.add_argument("--cost", type=float, default=None, help="USD budget per task")
+    p.add_argument("--wall", type=float, default=None, metavar="S",
+                   help="wall-clock budget per task, seconds")
+    p.add_argument("--mode", choices=("beam", "runs"), default="beam",
+                   help="one beam, or several independent greedy runs")
+    p.add_argument("--beam-width", type=int, default=2)
+    p.add_argument("--branching", type=int, default=2, help="children per beam node")
+    p.add_argument("--runs", type=int, default=2, help="independent runs (--mode runs)")
+    p.add_argument("--rounds", type=int, default=3, help="maximum rounds (tree depth)")
+    p.add_argument("--executor", choices=("local", "ray"), default="local")
+    p.add_argument("--address", default=None, help="Ray cluster address (--executor ray)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="evaluations at once (default: cores, and chips on a TPU host)")
+    p.add_argument("--set", dest="overrides", action="append", default=[],
+                   metavar="[TASK:]KEY=VALUE",
+                   help="shape override for every task that has KEY (or only TASK)")
+    p.add_argument("--trials", type=int, default=3, help="correctness trials per shape")
+    p.add_argument("--time-budget", type=float, default=3.0, metavar="S",
+                   help="timing budget per evaluation, seconds")
+    p.add_argument("--session-dir", default=None, metavar="DIR",
+                   help="where the per-task sessions live (default: the user data dir)")
+    p.add_argument("--fresh", action="store_true",
+                   help="start new searches even where a session for the task exists")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--md", default=None, metavar="FILE", help="also write a Markdown report")
+    p.set_defaults(handler=_handler)
+
+
+def _handler(args: argparse.Namespace) -> int:
+    from kernels.executors import ExecutorError
+
+    try:
+        overrides = _parse_overrides(args.overrides)
+        _check_args(args)
+    except ValueError as exc:
+        print(f"tilewright search: {exc}", file=sys.stderr)
+        return 2
+    try:
+        report = asyncio.run(_search_suite(args, overrides))
+    except ExecutorError as exc:
+        print(f"tilewright search: {exc}", file=sys.stderr)
+        return 2
+    except _UsageError as exc:
+        print(f"tilewright search: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: every finished step is saved; rerun the same command to "
+              "continue", file=sys.stderr)
+        return 130
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        _print_table(report)
+    if args.md:
+        Path(args.md).write_text(markdown(report))
+    ok = report["tasks"] and all(t["best_status"] == "correct" for t in report["tasks"])
+    return 0 if ok and not report["errors"] else 1
+
+
+class _UsageError(Exception):
+    pass
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    for name in ("budget", "beam_width", "branching", "runs", "rounds", "trials"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.address and args.executor != "ray":
+        raise ValueError("--address needs --executor ray")
+    if not Path(args.suite).is_dir():
+        raise ValueError(f"--suite {args.suite}: no such directory")
+
+
+def _parse_overrides(items: list[str]) -> dict[str | None, dict[str, str]]:
+    """``[TASK:]KEY=VALUE`` pairs, grouped by task (None: every task)."""
+    out: dict[str | None, dict[str, str]] = {}
+    for item in items:
+        head, sep, value = item.partition("=")
+        if not sep or not head:
+            raise ValueError(f"--set {item!r}: expected [TASK:]KEY=VALUE")
+        task, _, key = head.rpartition(":")
+        out.setdefault(task or None, {})[key] = value
+    return out
+
+
+def _load(root: Path, overrides: dict[str | None, dict[str, str]]) -> tuple[Any, list[str]]:
+    """The task with the overrides that apply to it (a shared key it lacks is skipped)."""
+    from kernels.loaders import load_task
+    from kernels.task import TaskError
+
+    task = load_task(root)
+    mine = dict(overrides.get(task.name, {}))
+    skipped = []
+    chosen: dict[str, str] = {}
+    for key, value in overrides.get(None, {}).items():
+        try:
+            load_task(root, {**chosen, key: value})
+        except TaskError:
+            skipped.append(key)
+            continue
+        chosen[key] = value
+    chosen.update(mine)
+    return (load_task(root, chosen) if chosen else task), skipped
+
+
+def _find_session(base: Path, task: Any) -> Path | None:
+    """The latest search session in ``base`` for this task (same root and overrides)."""
+    from sessions.log import list_session_dirs
+
+    found = None
+    for path in list_session_dirs(base):
+        try:
+            with open(path / "events.jsonl") as fh:
+                header = json.loads(fh.readline())
+        except (OSError, json.JSONDecodeError):
+            continue
+        info = header.get("search") or {}
+        if not isinstance(info, dict):
+            continue
+        if (header.get("task", {}).get("root") == str(task.root)
+                and info.get("overrides") == task.meta.get("overrides", {})):
+            found = path
+    return found
+
+
+async def _search_suite(args: argparse.Namespace,
+                        overrides: dict[str | None, dict[str, str]]) -> dict[str, Any]:
+    from agents import brief, make_agent
+    from agents.errors import NoApiKey
+    from kernels.executors import make_executor
+    from kernels.loaders import find_tasks
+    from kernels.task import TaskError
+    from kernels.workers import EvalOptions
+    from sessions.log import default_sessions_dir
+    from sessions.search import Search
+    from sessions.search_graph import Budget, SearchConfig
+
+    try:
+        agent = make_agent(args.agent, getattr(args, "config", None) or {})
+    except NoApiKey as exc:
+        raise _UsageError(f"{exc}\n(use --agent offline to search without a key)") from exc
+    base = Path(args.session_dir) if args.session_dir else default_sessions_dir()
+    base.mkdir(parents=True, exist_ok=True)
+    config = SearchConfig(
+        mode=args.mode, beam_width=args.beam_width, branching=args.branching, runs=args.runs,
+        max_rounds=args.rounds,
+        budget=Budget(nodes=args.budget, tokens=args.tokens, cost_usd=args.cost,
+                      wall_s=args.wall))
+    options = EvalOptions(trials=args.trials, time_budget_s=args.time_budget)
+    report: dict[str, Any] = {"schema": SCHEMA, "suite": str(Path(args.suite).resolve()),
+                              "executor": args.executor, "agent": agent.name,
+                              "session_dir": str(base), "tasks": [], "errors": []}
+    found = find_tasks(args.suite)
+    if not found:
+        raise _UsageError(f"--suite {args.suite}: no task directories found (looked for "
+                          "task.toml, baseline.py and kernel_task.yaml)")
+    tasks = []
+    for item in found:
+        if isinstance(item, TaskError):
+            report["errors"].append({"path": item.path, "message": str(item)})
+            _say(f"skipped {item.path}: {item}")
+            continue
+        try:
+            task, skipped = _load(item.root, overrides)
+            if skipped:
+                _say(f"{task.name}: --set {', '.join(skipped)} does not apply; left out")
+        except TaskError as exc:
+            report["errors"].append({"path": str(item.root), "message": str(exc)})
+            _say(f"skipped {item.root}: {exc}")
+            continue
+        tasks.append(task)
+    executor = make_executor(args.executor, workers=args.workers, address=args.address)
+    async with executor:
+        _say(f"{len(tasks)} task(s), {executor.describe()}, agent {agent.label}")
+        for task in tasks:
+            existing = None if args.fresh else _find_session(base, task)
+            if existing is not None:
+                search = Search.open(existing, task, brief(task), agent, executor,
+                                     eval_options=options)
+                if search.state.ended is None:
+                    _say(f"{task.name}: resuming {existing.name}")
+            else:
+                search = Search.create(base, task, brief(task), agent, executor, config,
+                                       eval_options=options,
+                                       meta={"overrides": task.meta.get("overrides", {})})
+                _say(f"{task.name}: new search {search.log.path.name}")
+            search.subscribe(lambda e, name=task.name: _progress(name, e))
+            try:
+                summary = await search.run()
+            finally:
+                search.close()
+            entry = summary.to_json()
+            entry["layout"] = task.layout
+            report["tasks"].append(entry)
+    return report
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _progress(task: str, event: dict[str, Any]) -> None:
+    kind = event.get("type")
+    if kind == "run.result" and not event.get("cancelled"):
+        speed = event.get("speedup")
+        tail = f" {speed:.3g}x" if isinstance(speed, int | float) else ""
+        _say(f"{task}: v{event['version']} {event['status']}{tail}")
+    elif kind == "search.round":
+        beam = ", ".join(f"v{v}" for v in event.get("beam") or []) or "(empty)"
+        _say(f"{task}: round {event['round']} beam {beam}")
+    elif kind == "search.end":
+        _say(f"{task}: done ({event.get('reason')})")
+
+
+def _fmt_speed(value: Any) -> str:
+    return f"{value:.3g}x" if isinstance(value, int | float) else "-"
+
+
+def _fmt_version(value: Any) -> str:
+    return f"v{value}" if value else "-"
+
+
+def _print_table(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"search · {report['suite']} · {report['executor']} · {report['agent']}")
+    for col in ("task", "layout", "best status", "best speedup", "version", "evaluations",
+                "tokens", "ended"):
+        table.add_column(col, justify="right" if col in ("best speedup", "version",
+                                                          "evaluations", "tokens") else "left")
+    for t in report["tasks"]:
+        status = t["best_status"] or "-"
+        style = "green" if status == "correct" else "red"
+        table.add_row(t["task"], t["layout"], f"[{style}]{status}[/]",
+                      _fmt_speed(t["best_speedup"]),
+                      _fmt_version(t["best_version"]),
+                      str(t["evaluations"]), str(t["tokens"]), t["reason"])
+    console = Console()
+    console.print(table)
+    for err in report["errors"]:
+        console.print(f"[red]not loaded[/] {err['message']}", markup=True, highlight=False)
+    console.print(f"sessions in {report['session_dir']}; speedups measured in TPU "
+                  "interpret mode on a CPU host are not TPU performance", style="dim")
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [f"# Search results: {report['suite']}", "",
+             f"Executor `{report['executor']}`, agent `{report['agent']}`.", "",
+             "| task | layout | best status | best speedup | version | evaluations | tokens "
+             "| ended | session |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | --- | --- |"]
+    for t in report["tasks"]:
+        lines.append(
+            f"| {t['task']} | {t['layout']} | {t['best_status'] or '-'} | "
+            f"{_fmt_speed(t['best_speedup'])} | "
+            f"{_fmt_version(t['best_version'])} | "
+            f"{t['evaluations']} | {t['tokens']} | {t['reason']} | `{t['session']}` |")
+    if report["errors"]:
+        lines += ["", "## Not loaded", ""]
+        lines += [f"- `{e['path']}`: {e['message']}" for e in report["errors"]]
+    return "\n".join(lines) + "\n"

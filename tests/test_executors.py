@@ -1,0 +1,131 @@
+"""Executors: local worker processes and Ray tasks, with real JAX workers on the CPU.
+
+The Ray tests share one local Ray instance (2 CPUs, no dashboard) started once for the
+module and shut down at its end; they cover a correct and a broken candidate, a task
+directory shipped to a node that lacks it, cancellation, and a search that evaluates
+through Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kernels.executors import (
+    ExecutorError,
+    LocalExecutor,
+    RayExecutor,
+    _pack_task,
+    _unpack_task,
+    local_worker_count,
+    make_executor,
+    usable_cores,
+)
+from kernels.loaders import load_task
+from kernels.workers import EvalOptions
+
+SUITE = Path(__file__).parent / "fixtures" / "suite"
+FAST = EvalOptions(trials=1, time_budget_s=0.2, timeout_s=60.0)
+BROKEN = "def kernel(x):\n    return x +\n"  # a syntax error on line 2
+SLOW = "import time\n\ndef kernel(x):\n    time.sleep(600)\n    return x\n"
+
+
+@pytest.fixture(scope="module")
+def task():
+    return load_task(SUITE / "native_scale_shift")
+
+
+def test_worker_count_is_bounded_by_cores() -> None:
+    assert local_worker_count(1) == 1
+    assert local_worker_count(10_000) == usable_cores()
+    with pytest.raises(ExecutorError, match="at least 1"):
+        local_worker_count(0)
+
+
+def test_make_executor_rejects_bad_usage() -> None:
+    with pytest.raises(ExecutorError, match="unknown executor 'gpu'"):
+        make_executor("gpu")
+    with pytest.raises(ExecutorError, match="--address only applies"):
+        make_executor("local", address="10.0.0.1:6379")
+    assert isinstance(make_executor("ray", workers=1), RayExecutor)
+
+
+async def test_local_executor_runs_evaluations_side_by_side(task) -> None:
+    async with LocalExecutor(workers=2) as executor:
+        assert executor.capacity == min(2, usable_cores())
+        good, bad = await asyncio.gather(
+            executor.submit(task, task.starting_source(), FAST),
+            executor.submit(task, BROKEN, FAST))
+        assert good.status == "correct", good.error
+        assert good.backend is not None and good.backend.mode == "tpu-interpret"
+        assert bad.status == "compile_error"
+        assert bad.error is not None and bad.error.line == 2
+        # A cancelled evaluation kills its worker; the executor keeps serving.
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(executor.submit(task, SLOW, FAST), timeout=5.0)
+        again = await executor.submit(task, task.starting_source(), FAST)
+        assert again.status == "correct"
+
+
+def test_task_files_travel_to_a_node_without_them(task, tmp_path) -> None:
+    copy = tmp_path / "scale_shift"
+    shutil.copytree(task.root, copy)
+    packed = _pack_task(load_task(copy))
+    assert set(packed["files"]) == {"task.toml", "reference.py", "kernel.py"}
+    shutil.rmtree(copy)  # the "remote" node has no such directory
+    rebuilt = _unpack_task(packed)
+    assert rebuilt.root != copy and rebuilt.root.is_dir()
+    assert rebuilt.reference_path.read_text() == (task.root / "reference.py").read_text()
+    assert rebuilt.kernel_path is not None and rebuilt.kernel_path.parent == rebuilt.root
+    assert [s.name for s in rebuilt.shapes] == [s.name for s in task.shapes]
+
+
+# -- Ray ------------------------------------------------------------------------------
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def ray_loop():
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="module")
+def ray_executor(ray_loop):
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    executor = RayExecutor(workers=2, num_cpus=2)
+    ray_loop.run_until_complete(executor.start())
+    yield executor
+    ray_loop.run_until_complete(executor.close())
+    assert not ray.is_initialized()
+
+
+def test_ray_executor_evaluates_in_a_worker_process(ray_executor, ray_loop, task) -> None:
+    assert ray_executor.capacity == 2
+    assert ray_executor.resources == {"CPU": 1.0}
+
+    async def both():
+        return await asyncio.gather(
+            ray_executor.submit(task, task.starting_source(), FAST),
+            ray_executor.submit(task, BROKEN, FAST))
+
+    good, bad = ray_loop.run_until_complete(both())
+    assert good.status == "correct", good.error
+    assert good.extra["executor"]["name"] == "ray"
+    assert good.backend is not None and good.backend.mode == "tpu-interpret"
+    assert bad.status == "compile_error" and bad.error.line == 2
+
+
+def test_ray_cancellation_frees_the_slot(ray_executor, ray_loop, task) -> None:
+    async def cancel_then_run():
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(ray_executor.submit(task, SLOW, FAST), timeout=8.0)
+        return await ray_executor.submit(task, task.starting_source(), FAST)
+
+    assert ray_loop.run_until_complete(cancel_then_run()).status == "correct"
