@@ -1,0 +1,164 @@
+"""Lessons remembered across sessions: what helped or failed, per task family and chip.
+
+One plain JSON-lines file the user may read and edit: ``lessons.jsonl`` in the user data
+dir (``platformdirs.user_data_dir("tilewright")``, or ``$TILEWRIGHT_DATA_DIR``). Each line
+is ``{"text", "family", "chip", "task", "outcome", "created", "source"}``; ``family``,
+``chip`` and ``task`` may be null, meaning "applies everywhere". ``relevant`` picks the
+lessons a new session is offered (its ``AgentRequest.lessons``): the most specific and
+most recent first. A line that does not parse is kept as it is and skipped with a
+warning, so a hand edit never loses the other lessons.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+FILENAME = "lessons.jsonl"
+
+
+@dataclass(frozen=True)
+class Lesson:
+    text: str
+    family: str | None = None
+    chip: str | None = None
+    task: str | None = None
+    outcome: str = "note"  # helped | failed | note
+    created: str = ""
+    source: str = "user"  # user | agent | session
+
+    def scope(self) -> str:
+        bits = [x for x in (self.task, self.family, self.chip) if x]
+        return "/".join(bits) if bits else "all"
+
+
+def data_dir() -> Path:
+    env = os.environ.get("TILEWRIGHT_DATA_DIR")
+    if env:
+        return Path(env).expanduser()
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir("tilewright"))
+
+
+def lessons_path() -> Path:
+    return data_dir() / FILENAME
+
+
+def _read_lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+
+
+def _parse(line: str, number: int, path: Path) -> Lesson | None:
+    if not line.strip():
+        return None
+    try:
+        data = json.loads(line)
+        known = {k: data[k] for k in Lesson.__dataclass_fields__ if k in data}
+        return Lesson(**known)
+    except (json.JSONDecodeError, TypeError) as exc:
+        warnings.warn(f"{path}:{number}: skipped a lesson that does not parse ({exc})",
+                      stacklevel=3)
+        return None
+
+
+def list_lessons(path: Path | None = None) -> list[Lesson]:
+    """Every lesson in file order (numbered from 1 by ``remove_lesson``)."""
+    path = path or lessons_path()
+    out = []
+    for number, line in enumerate(_read_lines(path), 1):
+        lesson = _parse(line, number, path)
+        if lesson is not None:
+            out.append(lesson)
+    return out
+
+
+def add_lesson(text: str, *, family: str | None = None, chip: str | None = None,
+               task: str | None = None, outcome: str = "note", source: str = "user",
+               path: Path | None = None) -> Lesson:
+    text = " ".join(text.split())
+    if not text:
+        raise ValueError("a lesson needs some text")
+    if outcome not in ("helped", "failed", "note"):
+        raise ValueError(f"outcome must be helped, failed or note, not {outcome!r}")
+    path = path or lessons_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lesson = Lesson(text, family, chip, task, outcome,
+                    time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), source)
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(asdict(lesson), sort_keys=True) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    return lesson
+
+
+def remove_lesson(number: int, path: Path | None = None) -> Lesson:
+    """Remove the ``number``-th lesson (1-based, as ``list_lessons`` orders them)."""
+    path = path or lessons_path()
+    lines = _read_lines(path)
+    seen = 0
+    for index, line in enumerate(lines):
+        lesson = _parse(line, index + 1, path)
+        if lesson is None:
+            continue
+        seen += 1
+        if seen == number:
+            del lines[index]
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+            tmp.replace(path)
+            return lesson
+    raise IndexError(f"no lesson number {number} (there are {seen})")
+
+
+def relevant(*, family: str | None, chip: str | None, task: str | None = None,
+             limit: int = 8, path: Path | None = None) -> tuple[str, ...]:
+    """Lesson texts that apply to this task/family/chip, most specific and newest first."""
+    scored: list[tuple[int, int, Lesson]] = []
+    for order, lesson in enumerate(list_lessons(path)):
+        score = 0
+        for mine, theirs, weight in ((lesson.task, task, 4), (lesson.family, family, 2),
+                                     (lesson.chip, chip, 1)):
+            if mine is None:
+                continue
+            if mine != theirs:
+                break
+            score += weight
+        else:
+            scored.append((score, order, lesson))
+    scored.sort(key=lambda item: (-item[0], -item[1]))
+    return tuple(_render(lesson) for _s, _o, lesson in scored[:limit])
+
+
+def _render(lesson: Lesson) -> str:
+    tag = {"helped": "helped", "failed": "did not help"}.get(lesson.outcome)
+    where = lesson.scope()
+    return f"[{where}{', ' + tag if tag else ''}] {lesson.text}"
+
+
+def lesson_from_history(history: tuple[dict[str, Any], ...] | list[dict[str, Any]], *,
+                        task: str, family: str | None, chip: str | None) -> Lesson | None:
+    """A session's takeaway, for the controller to store at the end: the best configuration
+    and what it gained over the first correct version. None when nothing was learned."""
+    correct = [h for h in history if h.get("status") == "correct" and h.get("speedup")]
+    if len(correct) < 2:
+        return None
+    first, best = correct[0], max(correct, key=lambda h: h["speedup"])
+    if best is first or best["speedup"] <= first["speedup"] * 1.02:
+        return Lesson(f"{task}: {len(correct)} correct versions, none beat v{first.get('version')} "
+                      f"({first['speedup']:.3g}x)", family, chip, task, "failed", source="session")
+    config = best.get("tunables") or {}
+    what = " ".join(f"{k}={v}" for k, v in config.items()) or best.get("summary", "")
+    return Lesson(f"{task}: best v{best.get('version')} {what} at {best['speedup']:.3g}x vs "
+                  f"{first['speedup']:.3g}x for v{first.get('version')}",
+                  family, chip, task, "helped", source="session")
+
+
+def remember(lesson: Lesson, path: Path | None = None) -> Lesson:
+    return add_lesson(lesson.text, family=lesson.family, chip=lesson.chip, task=lesson.task,
+                      outcome=lesson.outcome, source=lesson.source, path=path)
