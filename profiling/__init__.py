@@ -6,3 +6,5 @@ xprof trace data into our ``Timeline`` model and op summaries, static analysis o
 roofline. JAX is imported lazily and only by code that runs inside a worker. The
 lowest layer: imports nothing from ``kernels``, ``agents``, ``sessions`` or ``tui``.
 """
+
+SCHEMA = "tilewright.profile/1"  # the profile JSON's schema tag (``tilewright profile --json``)

@@ -92,10 +92,15 @@ def analyze_pallas_call(eqn: Any, *, chip: Chip, task_flops: float | None = None
 
     operands = []
     notes: list[str] = []
+    # The kernel's own parameter names (x_ref, o_ref, ...) after the scalar-prefetch ones.
+    arg_names = list(getattr(kernel_jaxpr.debug_info, "arg_names", None) or [])
     for i, bm in enumerate(gm.block_mappings):
         is_input = i < gm.num_inputs
-        operands.append(_operand(bm, is_input, i if is_input else i - gm.num_inputs, grid, steps,
-                                 gm.num_index_operands, notes))
+        operand = _operand(bm, is_input, i if is_input else i - gm.num_inputs, grid, steps,
+                           gm.num_index_operands, notes)
+        j = gm.num_index_operands + i
+        operand["name"] = arg_names[j] if j < len(arg_names) and arg_names[j] else operand["origin"]
+        operands.append(operand)
     for in_idx, out_idx in aliases.items():
         if out_idx + gm.num_inputs < len(operands):
             operands[out_idx + gm.num_inputs]["aliases_input"] = int(in_idx)

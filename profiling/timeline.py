@@ -208,9 +208,8 @@ class Timeline:
 
 
 def op_family(name: str) -> str:
-    """``copy.4`` -> ``copy``; ``cond.7.clone`` -> ``cond``; ``end: x`` kept as is."""
-    name = re.sub(r"(\.clone)+$", "", name)
-    return re.sub(r"(\.\d+)+$", "", name)
+    """``copy.4`` -> ``copy``; ``cond.7.clone.3`` -> ``cond``."""
+    return re.sub(r"(\.(\d+|clone))+$", "", name)
 
 
 def _self_times(events: list[Event]) -> list[tuple[Event, float]]:

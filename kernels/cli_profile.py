@@ -1,0 +1,129 @@
+"""``tilewright profile``: where a candidate's time goes, and why, in a worker process.
+
+``tilewright profile --task DIR|NAME --kernel FILE [--json] [--chip NAME] [--set K=V]
+[--shape NAME] [--iters N] [--logdir DIR]`` runs the worker op ``profile``: static
+analysis of every pallas_call for the target chip, a profiler trace of the timed
+iterations (the raw logdir is kept, openable with ``xprof --logdir``), the op table,
+the timeline summary and the roofline. ``--json`` prints the ``tilewright.profile/1``
+object; without it, ``profiling.report`` renders a kernel author's report. Exit 0 when
+the profile was taken, 1 when the candidate failed, 2 for bad usage. No JAX here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from profiling.chips import CHIPS
+
+    parser = sub.add_parser(
+        "profile", help="profile a kernel: trace, op table, static pallas_call analysis, roofline",
+        description="Profile a candidate kernel in an isolated worker: analyze every "
+                    "pallas_call (grid, blocks, VMEM, alignment, flops, warnings with fixes) "
+                    "for the target chip, trace its timed iterations with the JAX profiler "
+                    "and summarize the trace.")
+    parser.add_argument("--task", required=True, metavar="DIR|NAME",
+                        help="task directory or a bundled task name")
+    parser.add_argument("--kernel", metavar="FILE",
+                        help="candidate source file (default: the task's kernel.py)")
+    parser.add_argument("--json", action="store_true", help="print the profile JSON")
+    parser.add_argument("--chip", choices=sorted(CHIPS), default=None,
+                        help="chip to analyze for (default: the device's own chip; v5e on a "
+                             "CPU host)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE", help="override a shape parameter (repeatable)")
+    parser.add_argument("--shape", default=None, metavar="NAME",
+                        help="shape configuration to profile (default: the first small one)")
+    parser.add_argument("--iters", type=int, default=None,
+                        help="traced iterations (default 3 in interpret mode, 20 native)")
+    parser.add_argument("--logdir", default=None, metavar="DIR",
+                        help="where the raw profile goes (default: a new temporary directory)")
+    parser.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+                        help="kill the profile after this long (default 300)")
+    parser.set_defaults(handler=run)
+
+
+def _usage_error(message: str) -> int:
+    print(f"tilewright profile: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def run(args: argparse.Namespace) -> int:
+    from kernels.loaders import load_task, parse_overrides
+    from kernels.task import TaskError
+
+    try:
+        task = load_task(args.task, parse_overrides(args.overrides))
+    except (TaskError, ValueError) as exc:
+        return _usage_error(str(exc))
+    if args.kernel:
+        path = Path(args.kernel).expanduser()
+    elif task.kernel_path is not None:
+        path = task.kernel_path
+    else:
+        return _usage_error(f"task {task.name} has no kernel.py; pass --kernel FILE")
+    try:
+        source = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        return _usage_error(f"cannot read kernel {path}: {getattr(exc, 'strerror', None) or exc}")
+    if args.shape and args.shape not in {s.name for s in task.shapes}:
+        return _usage_error(f"unknown --shape {args.shape!r}; task {task.name} has "
+                            + ", ".join(s.name for s in task.shapes))
+    if args.iters is not None and args.iters < 1:
+        return _usage_error("--iters must be at least 1")
+    logdir = str(Path(args.logdir).expanduser().resolve()) if args.logdir else None
+    options = {"chip": args.chip, "iters": args.iters, "shape": args.shape, "logdir": logdir}
+
+    from kernels.workers import WorkerFailure, WorkerOpError, WorkerStartError
+
+    try:
+        result = asyncio.run(profile(task, source, str(path.resolve()), options, args.timeout))
+    except WorkerStartError as exc:
+        print(f"tilewright profile: could not start a JAX worker: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except WorkerFailure as exc:
+        result = _failure("worker", f"the worker died while profiling: {exc}")
+    except WorkerOpError as exc:
+        error = getattr(exc, "error", {}) or {}
+        result = _failure(error.get("kind", "internal"), error.get("message", str(exc)))
+        result["error"]["traceback"] = error.get("traceback")
+    result["task"] = task.name
+    result["kernel"] = str(path)
+    result["stderr"] = result.pop("_stderr", "")  # the worker's captured stderr (XLA, xprof)
+    result.pop("_handler_s", None)
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        from profiling.report import print_report
+
+        print_report(result)
+    return EXIT_OK if result.get("status") == "ok" else EXIT_FAILED
+
+
+async def profile(task: Any, source: str, filename: str, options: dict[str, Any],
+                  timeout: float = 300.0, pool: Any = None) -> dict[str, Any]:
+    """Run the worker op ``profile`` (in ``pool``, or in a one-off pool)."""
+    from kernels.workers import WorkerPool
+
+    payload = {"task": task.to_spec(), "source": source, "filename": filename,
+               "options": options}
+    if pool is not None:
+        return await pool.request("profile", payload, timeout)
+    async with WorkerPool(size=1) as own:
+        return await own.request("profile", payload, timeout)
+
+
+def _failure(kind: str, message: str) -> dict[str, Any]:
+    from profiling import SCHEMA
+
+    return {"schema": SCHEMA, "status": "error", "backend": None,
+            "error": {"kind": kind, "message": message, "line": None, "traceback": None,
+                      "hint": None}}
