@@ -331,3 +331,185 @@ def test_tilewright_tasks_table(tmp_path: Path) -> None:
     assert proc.returncode == 0 and "matmul_bias_gelu" in proc.stdout
     proc = _cli("tasks", str(tmp_path / "missing"))
     assert proc.returncode == 2 and "no such directory" in proc.stderr
+
+
+# -- worker-side runtime (real JAX on the CPU, as inside a worker) ---------------------
+
+def _runtime(task: Task):
+    pytest.importorskip("jax")
+    from kernels.harness.runtime import load_runtime
+
+    return load_runtime(json.loads(json.dumps(task.to_spec())))
+
+
+def _key(seed: int):
+    import jax
+
+    return jax.random.PRNGKey(seed)
+
+
+def test_native_runtime_inputs_reference_flops_and_tolerances() -> None:
+    import jax
+    import numpy as np
+
+    rt = _runtime(load_task(FIXTURES / "native_axpy"))
+    assert [c.name for c in rt.configs_for("cpu")] == ["small", "other", "secret"]
+    small = rt.configs()[0]
+    (x, y), static = rt.make_inputs(small, _key(1))
+    assert static == () and x.shape == (16, 128) and x.dtype == np.float32
+    again, _ = rt.make_inputs(small, _key(1))
+    other, _ = rt.make_inputs(small, _key(2))
+    assert np.array_equal(again[0], x) and not np.array_equal(other[0], x)
+    assert np.allclose(rt.reference(x, y), 2 * x + y)
+    assert rt.flops(small, (x, y)) == 2 * x.size == rt.flops(small, ((x, y), ()))
+    assert rt.tolerance(small, np.float32) == (1e-6, 1e-6)
+    assert rt.tolerance(small, jax.numpy.bfloat16) == (1e-2, 1e-2)
+    assert rt.tolerance(rt.configs()[3], np.float32) == (1e-6, 1e-5)
+
+
+def test_native_make_inputs_returning_a_bare_array_is_a_task_error(tmp_path: Path) -> None:
+    ref = NATIVE_REF.replace("return (jax.random.normal(key, (rows, cols)),)",
+                             "return jax.random.normal(key, (rows, cols))")
+    rt = _runtime(load_task(native(tmp_path, ref=ref)))
+    with pytest.raises(TaskError) as info:
+        rt.make_inputs(rt.configs()[0], _key(0))
+    err = info.value
+    assert err.path.endswith("reference.py") and err.line == 3
+    assert "make_inputs returned an array of shape (8, 128) (return (x,) for a single input)" in str(err)
+    assert err.expected == "a tuple of arrays"
+
+
+def test_reference_that_fails_to_import_names_its_line(tmp_path: Path) -> None:
+    ref = NATIVE_REF + "\n    BROKEN = 1 / 0\n"
+    with pytest.raises(TaskError) as info:
+        _runtime(load_task(native(tmp_path, ref=ref)))
+    assert info.value.line == 9 and "ZeroDivisionError" in str(info.value)
+
+
+def test_candidates_keep_their_filename_and_line_numbers(tmp_path: Path) -> None:
+    import traceback
+
+    from kernels.harness.runtime import MissingEntryPoint
+
+    rt = _runtime(load_task(native(tmp_path)))
+    with pytest.raises(SyntaxError) as info:
+        rt.load_candidate("import jax\n\ndef kernel(x):\n    return x +\n", "cand_v3.py")
+    assert (info.value.filename, info.value.lineno) == ("cand_v3.py", 4)
+    fn = rt.load_candidate("STATE = []\n\ndef kernel(x):\n    STATE.append(1)\n"
+                           "    raise ValueError(len(STATE))\n", "cand_v4.py")
+    with pytest.raises(ValueError) as err:
+        fn(1)
+    frame = traceback.extract_tb(err.value.__traceback__)[-1]
+    assert (frame.filename, frame.lineno, frame.line) == ("cand_v4.py", 5,
+                                                          "raise ValueError(len(STATE))")
+    fresh = rt.load_candidate("STATE = []\n\ndef kernel(x):\n    STATE.append(1)\n"
+                              "    raise ValueError(len(STATE))\n", "cand_v4.py")
+    with pytest.raises(ValueError, match=r"^1$"):  # a fresh module: no state carried over
+        fresh(1)
+    with pytest.raises(MissingEntryPoint, match=r"cand_v5\.py defines no function `kernel` "
+                       r"\(it defines: helper\)"):
+        rt.load_candidate("def helper(x):\n    return x\n", "cand_v5.py")
+
+
+def test_jaxbench_runtime_overrides_reach_baseline_and_candidate() -> None:
+    import jax
+    import numpy as np
+    from jax.experimental.pallas import tpu as pltpu
+
+    task = load_task(FIXTURES / "jaxbench_scaled_tanh", {"rows": "16", "cols": "256"})
+    rt = _runtime(task)
+    original_key, original_prng_key = jax.random.key, jax.random.PRNGKey
+    config = rt.configs()[0]
+    (x, w), static = rt.make_inputs(config, _key(1))
+    assert (x.shape, w.shape, x.dtype, static) == ((16, 256), (1, 256), np.float32, ())
+    # create_inputs seeds itself with key(42): the trial key still yields fresh inputs.
+    x2, _ = rt.make_inputs(config, _key(2))[0]
+    x1, _ = rt.make_inputs(config, _key(1))[0]
+    assert np.array_equal(x1, x) and not np.array_equal(x2, x)
+    assert (jax.random.key, jax.random.PRNGKey) == (original_key, original_prng_key)  # restored
+    assert rt.flops(config, (x, w)) == 2 * 16 * 256
+    candidate = rt.load_candidate(task.starting_source(), str(task.kernel_path))
+    with pltpu.force_tpu_interpret_mode():
+        out = candidate(x, w)  # asserts inside that CONFIG was overridden for it too
+    assert np.allclose(out, rt.reference(x, w), atol=1e-5)
+    bf16 = _runtime(load_task(FIXTURES / "jaxbench_scaled_tanh",
+                              {"rows": "8", "cols": "128", "dtype": "bfloat16"}))
+    assert bf16.make_inputs(bf16.configs()[0], _key(0))[0][0].dtype == jax.numpy.bfloat16
+
+
+def test_jaxbench_module_constants_and_wrong_return_type(tmp_path: Path) -> None:
+    rt = _runtime(load_task(FIXTURES / "jaxbench_kernelbench_style",
+                            {"batch_size": "8", "dim": "128"}))
+    (x,), _ = rt.make_inputs(rt.configs()[0], _key(0))
+    assert x.shape == (8, 128) and rt.flops(rt.configs()[0], (x,)) is None
+    root = write(tmp_path / "wl", {"baseline.py": """
+        import jax.numpy as jnp
+        CONFIG = {'n': 8}
+        def create_inputs(dtype=jnp.float32):
+            return {'x': jnp.ones((CONFIG['n'],), dtype)}
+        def workload(x):
+            return x
+    """})
+    rt = _runtime(load_task(root))
+    with pytest.raises(TaskError) as info:
+        rt.make_inputs(rt.configs()[0], _key(0))
+    assert info.value.path.endswith("baseline.py") and info.value.line == 3
+    assert "create_inputs returned a dict" in str(info.value)
+
+
+def test_maxkernel_runtime_pairs_static_args_and_fresh_inputs() -> None:
+    import numpy as np
+
+    rt = _runtime(load_task(FIXTURES / "maxkernel_row_scale", {"ROWS": "8"}))
+    c0, c1 = rt.configs()
+    (x, s), static = rt.make_inputs(c0, _key(1))
+    assert (x.shape, s.shape, static) == ((8, 128), (8, 1), (1.0,))
+    (x1, _), static1 = rt.make_inputs(c1, _key(1))
+    assert x1.shape == (8, 256) and static1 == (-0.5,)
+    assert not np.array_equal(rt.make_inputs(c0, _key(2))[0][0], x)
+    assert np.allclose(rt.reference(x, s, *static), x * s + 1.0)
+    assert rt.tolerance(c0) == (1e-6, 1e-6) and rt.tolerance(c1) == (1e-5, 1e-6)
+
+
+def test_maxkernel_runtime_counts_configs_and_reports_bad_get_inputs(tmp_path: Path) -> None:
+    root = write(tmp_path / "mk", {
+        "kernel_task.yaml": """
+            task_id: counted_at_runtime
+            input_gen_code: |
+              import jax.numpy as jnp
+              SIZES = (8, 16, 32)
+
+              def get_inputs():
+                  out = [((jnp.ones((n, 128)),), (2.0,)) for n in SIZES]
+                  return out
+            """,
+        "reference.py": REF_COMPUTATION})
+    task = load_task(root)
+    assert len(task.shapes) == 1 and not task.meta["configs_counted"]
+    rt = _runtime(task)
+    assert [c.name for c in rt.configs()] == ["config_0", "config_1", "config_2"]
+    assert rt.make_inputs(rt.configs()[2], _key(0))[0][0].shape == (32, 128)
+
+    for body, words in [("return {'x': 1}", "get_inputs() returned a dict"),
+                        ("return [((1.0,), ())]", "element 0 is float, not an array")]:
+        (root / "kernel_task.yaml").write_text(
+            f"task_id: bad\ninput_gen_code: |\n  def get_inputs():\n      {body}\n")
+        rt = _runtime(load_task(root))
+        with pytest.raises(TaskError) as info:
+            rt.make_inputs(rt.configs()[0], _key(0))
+        assert info.value.path.endswith("kernel_task.yaml") and info.value.line == 3
+        assert words in str(info.value)
+
+
+def test_maxkernel_errors_inside_get_inputs_point_at_the_yaml_line(tmp_path: Path) -> None:
+    import traceback
+
+    root = write(tmp_path / "mk", {
+        "kernel_task.yaml": "task_id: t\nrtol: 0.1\ninput_gen_code: |\n  def get_inputs():\n"
+                            "      return undefined_name\n",
+        "reference.py": REF_COMPUTATION})
+    rt = _runtime(load_task(root))
+    with pytest.raises(NameError) as info:
+        rt.make_inputs(rt.configs()[0], _key(0))
+    frame = traceback.extract_tb(info.value.__traceback__)[-1]
+    assert frame.filename.endswith("kernel_task.yaml") and frame.lineno == 5

@@ -268,6 +268,8 @@ def _line_in(exc: BaseException, path: Path) -> int | None:
 
 
 def _describe(value: Any) -> str:
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"an array of shape {tuple(value.shape)}"
     if isinstance(value, tuple | list):
         inner = ", ".join(type(v).__name__ for v in value[:4])
         return f"a {type(value).__name__} of ({inner}{', ...' if len(value) > 4 else ''})"
