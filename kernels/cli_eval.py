@@ -158,7 +158,7 @@ def print_summary(result: Any, task_name: str, kernel: str) -> None:
             f"{timing['median_ms']:.3f} ms median (p10 {timing['p10_ms']:.3f}, p90 "
             f"{timing['p90_ms']:.3f}; {timing['iters']} iters on {timing.get('shape')}) · "
             f"XLA reference {timing['baseline_median_ms']:.3f} ms · speedup "
-            f"{'n/a' if speedup is None else f'{speedup:.2f}x'}"))
+            f"{'n/a' if speedup is None else f'{speedup:.3g}x'}"))
         table.add_row("", f"[yellow]{escape(label)}[/]")
     error = result.error
     if error:

@@ -2,7 +2,7 @@
 
 Tests run on the CPU (TPU interpret mode) unless the caller chose a platform, as
 ``./dev test`` does. A module that uses ``worker_pool`` marks its tests with
-``pytestmark = pytest.mark.asyncio(loop_scope="module")``: the pool lives on the
+``@pytest.mark.asyncio(loop_scope="module")`` (or sets it as ``pytestmark``): the pool lives on the
 module's event loop and its workers import JAX once for the whole module.
 """
 

@@ -7,6 +7,7 @@ TPU interpret mode on the CPU, against the bundled gelu task at a small shape.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -16,9 +17,7 @@ from kernels.workers import EvalOptions, WorkerPool
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-from conftest import FIXTURES  # noqa: E402
-
-CANDIDATES = FIXTURES / "candidates"
+CANDIDATES = Path(__file__).resolve().parent / "fixtures" / "candidates"
 # One small configuration, no timing: correctness only, about a second per candidate.
 OPTIONS = EvalOptions(trials=3, timeout_s=60.0, timing=False, shapes=["small"])
 

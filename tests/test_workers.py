@@ -1,0 +1,165 @@
+"""The worker processes: start-up, backend, containment, cancellation, no orphans,
+no secrets, no stray output on the app's terminal. Real subprocesses throughout."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from kernels.loaders import load_task
+from kernels.worker_env import is_secret, worker_environment
+from kernels.workers import EvalOptions, WorkerOpError, WorkerPool
+
+# Async tests share the module-scoped pool, so they run on the module's event loop.
+ON_MODULE_LOOP = pytest.mark.asyncio(loop_scope="module")
+
+ROOT = Path(__file__).resolve().parent.parent
+CANDIDATES = ROOT / "tests" / "fixtures" / "candidates"
+QUICK = EvalOptions(trials=3, timeout_s=60.0, timing=False, shapes=["small"])
+
+
+@pytest.fixture(scope="module")
+def gelu():
+    return load_task("gelu", {"rows": "64", "cols": "256"})
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for a reaper counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+
+
+def _wait_gone(pid: int, timeout_s: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_secrets_are_stripped_from_the_worker_environment() -> None:
+    base = {"ANTHROPIC_API_KEY": "a", "ANTHROPIC_BASE_URL": "b", "OPENAI_API_KEY": "c",
+            "GITHUB_TOKEN": "d", "aws_secret_access_key": "e", "DB_PASSWORD": "f",
+            "GOOGLE_APPLICATION_CREDENTIALS": "g", "HOME": "/home/x", "JAX_PLATFORMS": "tpu",
+            "PATH": "/usr/bin"}
+    env = worker_environment(base, overrides={"XLA_FLAGS": "--xla_dump_to=/tmp/x",
+                                              "SNEAKY_TOKEN": "h"})
+    assert {"HOME", "PATH", "XLA_FLAGS"} <= set(env)
+    assert not [k for k in env if is_secret(k)]
+    assert "SNEAKY_TOKEN" not in env and "ANTHROPIC_BASE_URL" not in env
+    assert env["JAX_PLATFORMS"] == "tpu"  # the user's platform choice is kept
+    assert env["TF_CPP_MIN_LOG_LEVEL"] == "3"
+
+
+@ON_MODULE_LOOP
+async def test_worker_reports_its_backend(worker_pool) -> None:
+    backend = await worker_pool.backend()
+    assert backend.platform == "cpu" and backend.mode == "tpu-interpret"
+    assert backend.label() == "CPU (TPU interpret)"
+    assert backend.jax_version
+    hello = await worker_pool.request("hello", {})
+    assert hello["pid"] in worker_pool.pids
+    assert {"hello", "eval"} <= set(hello["ops"])
+
+
+@ON_MODULE_LOOP
+async def test_unknown_op_is_an_error_and_the_worker_stays(worker_pool) -> None:
+    pids = list(worker_pool.pids)
+    with pytest.raises(WorkerOpError, match="unknown op"):
+        await worker_pool.request("no-such-op", {})
+    assert worker_pool.pids == pids
+    assert worker_pool.state == "idle"
+
+
+@ON_MODULE_LOOP
+async def test_worker_output_is_captured_not_printed(worker_pool, gelu, capfd) -> None:
+    result = await worker_pool.evaluate(gelu, (CANDIDATES / "noisy.py").read_text(), QUICK,
+                                        filename=str(CANDIDATES / "noisy.py"))
+    assert result.status == "correct", result.error
+    for marker in ("NOISY-STDOUT", "NOISY-STDERR", "NOISY-FD2"):
+        assert marker in result.stderr
+    out, err = capfd.readouterr()
+    assert "NOISY" not in out + err
+
+
+@ON_MODULE_LOOP
+async def test_cancelling_an_evaluation_kills_and_replaces_the_worker(worker_pool, gelu) -> None:
+    states: list[str] = []
+    worker_pool.on_state_change = states.append
+    try:
+        old = list(worker_pool.pids)
+        source = (CANDIDATES / "infinite_loop.py").read_text()
+        task = asyncio.ensure_future(worker_pool.evaluate(gelu, source, QUICK))
+        while worker_pool.state != "busy":
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not _alive(old[0]) or _wait_gone(old[0], 5.0)
+        good = (CANDIDATES / "good_gelu.py").read_text()
+        assert (await worker_pool.evaluate(gelu, good, QUICK)).status == "correct"
+        assert worker_pool.pids and worker_pool.pids != old
+        assert "restarting" in states and states[-1] == "idle"
+    finally:
+        worker_pool.on_state_change = None
+
+
+@ON_MODULE_LOOP
+async def test_state_goes_through_starting_idle_busy_stopped(gelu) -> None:
+    states: list[str] = []
+    async with WorkerPool(on_state_change=states.append) as pool:
+        assert pool.state == "idle"
+        await pool.request("hello", {})
+    assert states == ["starting", "idle", "busy", "idle", "stopped"]
+    assert pool.state == "stopped"
+
+
+@ON_MODULE_LOOP
+async def test_two_workers_evaluate_concurrently(gelu) -> None:
+    good = (CANDIDATES / "good_gelu.py").read_text()
+    async with WorkerPool(size=2) as pool:
+        assert len(set(pool.pids)) == 2
+        results = await asyncio.gather(*(pool.evaluate(gelu, good, QUICK) for _ in range(2)))
+    assert [r.status for r in results] == ["correct", "correct"]
+
+
+def test_no_orphan_worker_after_kill_9_of_the_app(tmp_path) -> None:
+    script = tmp_path / "app.py"
+    script.write_text(textwrap.dedent("""
+        import asyncio, sys
+        from kernels.workers import WorkerPool
+
+        async def main():
+            async with WorkerPool(size=2) as pool:
+                print(" ".join(map(str, pool.pids)), flush=True)
+                await asyncio.sleep(3600)
+
+        asyncio.run(main())
+    """))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    app = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, env=env,
+                           text=True)
+    try:
+        line = app.stdout.readline()
+        pids = [int(p) for p in line.split()]
+        assert len(pids) == 2 and all(_alive(p) for p in pids)
+        os.kill(app.pid, signal.SIGKILL)
+        app.wait()
+        assert all(_wait_gone(p) for p in pids), "worker outlived its parent"
+    finally:
+        if app.poll() is None:
+            app.kill()
