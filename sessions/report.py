@@ -1,0 +1,216 @@
+"""Session reports in Markdown and HTML.
+
+What a reader wants after a session: the task and where it ran, every decision in
+order, the best speedup after each evaluation (the compounding-gains curve: a table in
+Markdown, an inline SVG chart in HTML), the final kernel, and the diffs between the
+kept versions (each version that became the new best, from the first one on).
+"""
+
+from __future__ import annotations
+
+import difflib
+import html
+import itertools
+from typing import Any
+
+from sessions.log import LoadedSession, read_text_blob
+from sessions.state import SessionState
+
+
+def _fmt(x: float | None) -> str:
+    return f"{x:.3f}x" if x is not None else "-"
+
+
+def kept_versions(state: SessionState) -> list[int]:
+    """The starting version and every version that raised the best speedup."""
+    kept: list[int] = []
+    first = min(state.versions, default=None)
+    if first is not None:
+        kept.append(first)
+    for point in state.best_history:
+        best = point.get("best")
+        if best is not None and best not in kept:
+            kept.append(best)
+    return kept
+
+
+def _source(loaded: LoadedSession, state: SessionState, number: int) -> str:
+    return read_text_blob(loaded.path, state.versions[number].source_blob)
+
+
+def _diffs(loaded: LoadedSession, state: SessionState) -> list[tuple[int, int, str]]:
+    kept = kept_versions(state)
+    out = []
+    for a, b in itertools.pairwise(kept):
+        diff = difflib.unified_diff(
+            _source(loaded, state, a).splitlines(keepends=True),
+            _source(loaded, state, b).splitlines(keepends=True),
+            fromfile=f"v{a}/kernel.py", tofile=f"v{b}/kernel.py")
+        out.append((a, b, "".join(diff)))
+    return out
+
+
+def _decision_rows(state: SessionState) -> list[tuple[str, ...]]:
+    rows = []
+    for d in state.decisions:
+        prop = state.proposals.get(d.proposal or "")
+        rows.append((f"{d.t:.1f}s", d.proposal or "-", prop.kind if prop else "edit",
+                     (prop.summary if prop else "user edit"), d.decision, d.by, d.note or ""))
+    return rows
+
+
+def _final(state: SessionState) -> int | None:
+    return state.best if state.best is not None else state.current
+
+
+def _header(loaded: LoadedSession, state: SessionState) -> dict[str, Any]:
+    h = loaded.header
+    backend = h.get("backend") or {}
+    return {"id": h.get("id"), "task": (h.get("task") or {}).get("name"),
+            "backend": backend.get("label") or backend.get("platform") or "unknown",
+            "interpret": backend.get("mode") == "tpu-interpret", "agent": h.get("agent"),
+            "created": h.get("created"), "versions": len(state.versions),
+            "evals": state.spent.runs, "tokens": state.spent.tokens,
+            "cost": state.spent.cost_usd}
+
+
+def markdown(loaded: LoadedSession, state: SessionState) -> str:
+    h = _header(loaded, state)
+    lines = [f"# tilewright session {h['id']}", "",
+             f"- Task: **{h['task']}**", f"- Backend: {h['backend']}",
+             f"- Agent: {h['agent']}", f"- Started: {h['created']}",
+             f"- {h['versions']} versions, {h['evals']} evaluations, {h['tokens']} tokens, "
+             f"${h['cost']:.4f}"]
+    if h["interpret"]:
+        lines.append("- Timings are TPU interpret mode on the CPU: simulated, "
+                     "not TPU performance.")
+    final = _final(state)
+    if state.best is not None:
+        lines.append(f"- Best: **v{state.best}**, {_fmt(state.best_speedup)}")
+    lines += ["", "## Decisions", ""]
+    rows = _decision_rows(state)
+    if rows:
+        lines += ["| t | proposal | kind | summary | decision | by | note |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+    else:
+        lines.append("No decisions were made.")
+    lines += ["", "## Best speedup per evaluation", ""]
+    if state.best_history:
+        lines += ["| # | version | status | speedup | best so far |", "|---|---|---|---|---|"]
+        for i, p in enumerate(state.best_history, 1):
+            best = f"{_fmt(p['best_speedup'])} (v{p['best']})" if p["best"] else "-"
+            lines.append(f"| {i} | v{p['version']} | {p['status']} | {_fmt(p['speedup'])} "
+                         f"| {best} |")
+    else:
+        lines.append("Nothing was evaluated.")
+    if final is not None:
+        lines += ["", f"## Final kernel (v{final})", "", "```python",
+                  _source(loaded, state, final).rstrip("\n"), "```"]
+    diffs = _diffs(loaded, state)
+    if diffs:
+        lines += ["", "## Changes between kept versions", ""]
+        for a, b, diff in diffs:
+            lines += [f"### v{a} → v{b}", "", "```diff", diff.rstrip("\n") or "(identical)",
+                      "```", ""]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def svg_chart(state: SessionState, width: int = 640, height: int = 240) -> str:
+    """Best speedup after each evaluation (a step line) and each evaluation's own (dots)."""
+    points = state.best_history
+    if not points:
+        return "<p>Nothing was evaluated.</p>"
+    pad = 40
+    values = [p["speedup"] for p in points if p["speedup"] is not None] + \
+             [p["best_speedup"] for p in points if p["best_speedup"] is not None]
+    top = max([*values, 1.0]) * 1.1
+    n = len(points)
+
+    def x(i: int) -> float:
+        return pad + (width - 2 * pad) * (i / max(n - 1, 1))
+
+    def y(v: float) -> float:
+        return height - pad - (height - 2 * pad) * (v / top)
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}" role="img" '
+             f'aria-label="best speedup per evaluation">',
+             f'<rect width="{width}" height="{height}" fill="#fff"/>',
+             f'<line x1="{pad}" y1="{y(0)}" x2="{width - pad}" y2="{y(0)}" stroke="#999"/>',
+             f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{y(0)}" stroke="#999"/>',
+             f'<line x1="{pad}" y1="{y(1.0):.1f}" x2="{width - pad}" y2="{y(1.0):.1f}" '
+             f'stroke="#ccc" stroke-dasharray="4 3"/>',
+             f'<text x="{pad - 4}" y="{y(1.0) + 4:.1f}" font-size="10" text-anchor="end">1x</text>',
+             f'<text x="{pad - 4}" y="{pad + 4}" font-size="10" text-anchor="end">'
+             f'{top:.2f}x</text>']
+    path, last = [], None
+    for i, p in enumerate(points):
+        if p["best_speedup"] is None:
+            continue
+        if last is not None:
+            path.append(f"L{x(i):.1f},{y(last):.1f}")
+        path.append(f"{'M' if not path else 'L'}{x(i):.1f},{y(p['best_speedup']):.1f}")
+        last = p["best_speedup"]
+    if path:
+        parts.append(f'<path d="{" ".join(path)}" fill="none" stroke="#1f6feb" '
+                     f'stroke-width="2"/>')
+    for i, p in enumerate(points):
+        if p["speedup"] is not None:
+            colour = "#2da44e" if p["status"] == "correct" else "#cf222e"
+            parts.append(f'<circle cx="{x(i):.1f}" cy="{y(p["speedup"]):.1f}" r="3" '
+                         f'fill="{colour}"><title>v{p["version"]} {p["status"]} '
+                         f'{_fmt(p["speedup"])}</title></circle>')
+    parts.append(f'<text x="{width / 2}" y="{height - 8}" font-size="11" '
+                 f'text-anchor="middle">evaluation</text>')
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def html_report(loaded: LoadedSession, state: SessionState) -> str:
+    h = _header(loaded, state)
+    e = html.escape
+    rows = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>"
+                   for row in _decision_rows(state))
+    final = _final(state)
+    body = [f"<h1>tilewright session {e(str(h['id']))}</h1>",
+            "<ul>", f"<li>Task: <b>{e(str(h['task']))}</b></li>",
+            f"<li>Backend: {e(str(h['backend']))}</li>", f"<li>Agent: {e(str(h['agent']))}</li>",
+            f"<li>Started: {e(str(h['created']))}</li>",
+            f"<li>{h['versions']} versions, {h['evals']} evaluations, {h['tokens']} tokens, "
+            f"${h['cost']:.4f}</li>"]
+    if h["interpret"]:
+        body.append("<li>Timings are TPU interpret mode on the CPU: simulated, "
+                    "not TPU performance.</li>")
+    if state.best is not None:
+        body.append(f"<li>Best: <b>v{state.best}</b>, {_fmt(state.best_speedup)}</li>")
+    body += ["</ul>", "<h2>Decisions</h2>",
+             "<table><tr><th>t</th><th>proposal</th><th>kind</th><th>summary</th>"
+             "<th>decision</th><th>by</th><th>note</th></tr>" + rows + "</table>"
+             if rows else "<p>No decisions were made.</p>",
+             "<h2>Best speedup per evaluation</h2>", svg_chart(state)]
+    if final is not None:
+        body += [f"<h2>Final kernel (v{final})</h2>",
+                 f"<pre><code>{e(_source(loaded, state, final))}</code></pre>"]
+    diffs = _diffs(loaded, state)
+    if diffs:
+        body.append("<h2>Changes between kept versions</h2>")
+        for a, b, diff in diffs:
+            body += [f"<h3>v{a} → v{b}</h3>", f"<pre class=diff>{_html_diff(diff)}</pre>"]
+    style = ("body{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto;"
+             "padding:0 1em}table{border-collapse:collapse}td,th{border:1px solid #ddd;"
+             "padding:2px 6px;text-align:left}pre{background:#f6f8fa;padding:8px;"
+             "overflow-x:auto}.add{color:#116329}.del{color:#82071e}")
+    return (f"<!doctype html>\n<html><head><meta charset='utf-8'><title>tilewright "
+            f"{e(str(h['task']))}</title><style>{style}</style></head><body>\n"
+            + "\n".join(body) + "\n</body></html>\n")
+
+
+def _html_diff(diff: str) -> str:
+    out = []
+    for line in diff.splitlines():
+        cls = "add" if line.startswith("+") and not line.startswith("+++") else \
+              "del" if line.startswith("-") and not line.startswith("---") else None
+        text = html.escape(line)
+        out.append(f"<span class={cls}>{text}</span>" if cls else text)
+    return "\n".join(out) or "(identical)"

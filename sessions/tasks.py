@@ -1,0 +1,49 @@
+"""Which task a session is about: what the header records, and how it is found again.
+
+The header stores the task's name, directory, layout and the ``--set`` overrides it
+was loaded with, so resume and ``replay --verify`` rebuild the same shapes. When the
+directory has moved (a session copied to another machine), a bundled task of the
+same name is used instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kernels.task import Task, TaskError
+
+
+def task_header(task: Task, overrides: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"name": task.name, "root": str(task.root), "layout": task.layout,
+            "overrides": dict(overrides or {})}
+
+
+def task_for_header(header: dict[str, Any]) -> Task:
+    """Load the task a session header names; a ``TaskError`` says why it cannot be."""
+    from kernels.loaders import load_task
+
+    info = header.get("task") or {}
+    overrides = info.get("overrides") or None
+    root = info.get("root")
+    if root and Path(root).is_dir():
+        return load_task(root, overrides)
+    name = info.get("name")
+    if not name:
+        raise TaskError(str(root), "the session header names no task")
+    try:
+        return load_task(name, overrides)
+    except TaskError as exc:
+        raise TaskError(str(root or name), f"the session's task is not available here "
+                        f"({exc}); pass the task directory") from None
+
+
+def parse_overrides(pairs: list[str] | None) -> dict[str, str]:
+    """``--set KEY=VALUE`` pairs to a dict; values stay strings (the loaders parse them)."""
+    out: dict[str, str] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set {pair!r}: expected KEY=VALUE")
+        out[key.strip()] = value.strip()
+    return out
