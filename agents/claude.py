@@ -13,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import warnings
 from collections.abc import AsyncIterator
 from typing import Any
 
 from agents.base import Failure, Notice, TextDelta, ToolCall, Usage
 from agents.errors import NoApiKey
-from agents.prices import cost_usd, price_for
+from agents.prices import PRICES_AS_OF, assumed_price, cost_usd, price_for
 from agents.provider import FinalMessage, MalformedToolCall, ProviderEvent
 
 DEFAULT_MODEL = "claude-sonnet-4-5"
@@ -47,7 +48,20 @@ class AnthropicProvider:
         self.retry_max_s = float(agent_cfg.get("retry_max_s", 60.0))
         self.timeout_s = float(agent_cfg.get("timeout_s", 600.0))
         self.price = price_for(self.model, agent_cfg.get("prices"))
+        self.notices: list[str] = []  # said once, before the first reply
+        if self.price is None:
+            assumed = assumed_price(self.model)
+            if assumed:
+                family, self.price = assumed
+                self.notices.append(
+                    f"no published price for {self.model} in tilewright's table (as of "
+                    f"{PRICES_AS_OF}); assuming the latest {family} price (${self.price['input']:g} "
+                    f"in / ${self.price['output']:g} out per MTok). Set [agent.prices] to correct it.")
+            else:
+                self.notices.append(f"no price known for {self.model}: cost shows as $0. Set "
+                                    "[agent.prices] in the config file to count it.")
         self._client: Any = None
+        self._warned: set[str] = set()
 
     def _sdk_client(self) -> Any:
         if self._client is None:
@@ -63,6 +77,8 @@ class AnthropicProvider:
         import anthropic
 
         client = self._sdk_client()
+        while self.notices:
+            yield Notice(self.notices.pop(0), level="warning")
         for attempt in range(1, self.attempts + 1):
             try:
                 async for event in self._one_attempt(client, system, messages, tools):
@@ -96,7 +112,14 @@ class AnthropicProvider:
         json_bufs: dict[int, str] = {}
         usage = {"input": 0, "output": 0, "cache_read": 0, "cache_write": 0}
         stop_reason = None
-        stream = await client.messages.create(**kwargs)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            stream = await client.messages.create(**kwargs)
+        for warning in caught:  # e.g. a deprecated model: shown in the chat, not on stderr
+            text = str(warning.message).splitlines()[0]
+            if text not in self._warned:
+                self._warned.add(text)
+                yield Notice(text, level="warning")
         async with stream:
             async for event in stream:
                 etype = event.type

@@ -72,13 +72,25 @@ def turn_text(request: AgentRequest) -> str:
         parts.append("## Profile summary\n" + _compact(request.profile_summary, _MAX_PROFILE_CHARS))
     if request.history:
         parts.append(history_text(request.history))
-    if request.lessons:
-        parts.append("## Lessons from earlier sessions\n" + "\n".join(f"- {x}" for x in request.lessons))
+    lessons = request.lessons or stored_lessons(request)
+    if lessons:
+        parts.append("## Lessons from earlier sessions\n" + "\n".join(f"- {x}" for x in lessons))
     if request.notes:
         parts.append("## Notes since your last proposal\n" + "\n".join(f"- {x}" for x in request.notes))
     if request.user_message:
         parts.append(f"## Message from the user\n{request.user_message}")
     return "\n\n".join(parts)
+
+
+def stored_lessons(request: AgentRequest) -> tuple[str, ...]:
+    """Lessons from ``agents.memory`` when the caller passed none; a broken file gives none."""
+    from agents import memory
+
+    try:
+        return memory.relevant(family=request.task.family, chip=request.chip,
+                               task=request.task.name)
+    except OSError:
+        return ()
 
 
 def eval_text(result: dict[str, Any], source: str | None = None) -> str:

@@ -26,6 +26,10 @@ DEFAULT_PRICES: dict[str, dict[str, float]] = {
     "claude-3-haiku": {"input": 0.25, "output": 1.25, "cache_read": 0.03, "cache_write": 0.30},
 }
 
+# Models newer than the table: assume the family's latest published price, and say so.
+FAMILY_FALLBACK = {"claude-opus": "claude-opus-4-5", "claude-sonnet": "claude-sonnet-4",
+                   "claude-haiku": "claude-haiku-4-5"}
+
 
 def price_for(model: str, overrides: dict[str, Any] | None = None) -> dict[str, float] | None:
     """The price row for a model: config overrides first, then the built-in table."""
@@ -35,6 +39,14 @@ def price_for(model: str, overrides: dict[str, Any] | None = None) -> dict[str, 
         keys = sorted((k for k in table if model.startswith(k)), key=len, reverse=True)
         if keys:
             return dict(table[keys[0]])
+    return None
+
+
+def assumed_price(model: str) -> tuple[str, dict[str, float]] | None:
+    """For a model the table does not know: (family, the family's latest published price)."""
+    for family, known in FAMILY_FALLBACK.items():
+        if model.startswith(family):
+            return family, dict(DEFAULT_PRICES[known])
     return None
 
 
