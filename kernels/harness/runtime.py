@@ -40,6 +40,7 @@ import numpy as np
 from kernels.task import ShapeConfig, Task, TaskError
 
 _module_ids = itertools.count(1)
+SIGNATURES = {"computation": "computation(*dynamic_args, *static_args)"}
 
 
 class MissingEntryPoint(Exception):
@@ -49,8 +50,9 @@ class MissingEntryPoint(Exception):
         self.filename = filename
         self.entry = entry
         hint = f" (it defines: {', '.join(found)})" if found else ""
+        signature = SIGNATURES.get(entry, f"{entry}(*inputs)")
         super().__init__(f"{filename} defines no function `{entry}`{hint}; a candidate for "
-                         f"this task must define `def {entry}(*inputs)`")
+                         f"this task must define `def {signature}`")
 
 
 def load_runtime(task_spec: dict[str, Any]) -> TaskRuntime:
