@@ -1,0 +1,98 @@
+"""The TUNABLES convention: reading, rewriting byte for byte, and TPU legality."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernels import tunables
+from kernels.loaders import load_task
+
+SOURCE = '''"""A kernel."""
+import jax
+
+BLOCK_ROWS = 64  # rows per step — tuned
+BLOCK_COLS = (
+    256
+)
+MODE: str = "fast"
+TUNABLES = {"BLOCK_ROWS": [8, 12, 16, 64, 256], "BLOCK_COLS": [100, 128, 256, 512],
+            "MODE": ["fast", "safe"]}
+
+
+def kernel(x):
+    return x * BLOCK_ROWS  # BLOCK_ROWS = 64 in a comment stays
+'''
+
+
+def test_read_returns_current_values_and_choices() -> None:
+    declared = tunables.read(SOURCE)
+    assert declared == {"BLOCK_ROWS": (64, [8, 12, 16, 64, 256]),
+                        "BLOCK_COLS": (256, [100, 128, 256, 512]),
+                        "MODE": ("fast", ["fast", "safe"])}
+    assert tunables.config_of(SOURCE) == {"BLOCK_ROWS": 64, "BLOCK_COLS": 256, "MODE": "fast"}
+
+
+def test_apply_rewrites_only_the_assignments() -> None:
+    new = tunables.apply(SOURCE, {"BLOCK_ROWS": 256, "BLOCK_COLS": 512, "MODE": "safe"})
+    assert "BLOCK_ROWS = 256  # rows per step — tuned\n" in new
+    # only the value node changes: the parentheses around it are kept
+    assert "BLOCK_COLS = (\n    512\n)\n" in new and "MODE: str = 'safe'\n" in new
+    assert "# BLOCK_ROWS = 64 in a comment stays" in new
+    assert tunables.config_of(new) == {"BLOCK_ROWS": 256, "BLOCK_COLS": 512, "MODE": "safe"}
+    # every line that does not assign a tunable is untouched
+    untouched = [line for line in SOURCE.splitlines() if not line.startswith(("BLOCK_", "MODE",
+                                                                               "    256", ")"))]
+    assert all(line in new.splitlines() for line in untouched)
+    assert tunables.apply(new, {"BLOCK_ROWS": 64, "BLOCK_COLS": 256, "MODE": "fast"}).count("\n") \
+        == new.count("\n")
+
+
+def test_apply_refuses_undeclared_names_and_says_what_is_declared() -> None:
+    with pytest.raises(tunables.TunablesError, match=r"BLOCK_R.*declared: BLOCK_ROWS"):
+        tunables.apply(SOURCE, {"BLOCK_R": 8})
+
+
+def test_broken_declarations_are_clear_errors() -> None:
+    with pytest.raises(tunables.TunablesError, match="never assigns"):
+        tunables.read('TUNABLES = {"B": [1, 2]}\n')
+    with pytest.raises(tunables.TunablesError, match="assigned 2 times") as info:
+        tunables.read('B = 1\nB = 2\nTUNABLES = {"B": [1, 2]}\n')
+    assert info.value.line == 2
+    with pytest.raises(tunables.TunablesError, match="literal"):
+        tunables.read('B = 1\nTUNABLES = {"B": list(range(3))}\n')
+    with pytest.raises(tunables.TunablesError, match="line 1: syntax"):
+        tunables.read("B = = 1\n")
+    assert tunables.read("x = 1\n") == {}
+
+
+def test_legal_choices_follow_tpu_alignment() -> None:
+    legal = tunables.legal_choices(SOURCE)
+    assert legal["BLOCK_ROWS"] == [8, 16, 64, 256]  # 12 is not a multiple of 8
+    assert legal["BLOCK_COLS"] == [128, 256, 512]  # 100 is not a multiple of 128
+    assert legal["MODE"] == ["fast", "safe"]
+    explicit = SOURCE.replace("TUNABLES =", 'TUNABLE_ALIGN = {"BLOCK_ROWS": 16}\nTUNABLES =')
+    assert tunables.legal_choices(explicit)["BLOCK_ROWS"] == [16, 64, 256]
+
+
+def test_legality_against_array_dims() -> None:
+    assert tunables.is_legal("BLOCK_ROWS", 512, 8, (256,))  # clamps to the whole dim
+    assert tunables.is_legal("BLOCK_ROWS", 12, 8, (12,))  # equals the whole dim
+    assert not tunables.is_legal("BLOCK_COLS", 384, 128, (512,))  # does not tile 512
+    assert not tunables.is_legal("BLOCK_ROWS", 0, 8)
+    assert tunables.nearest_legal("BLOCK_ROWS", 12, [8, 12, 16, 32], 8) == 8
+    assert tunables.nearest_legal("BLOCK_COLS", 200, [128, 200, 256], 128) == 256
+    assert tunables.infer_alignment("BLOCK_K") == 128
+    assert tunables.infer_alignment("BLOCK_KV") == 8
+    assert tunables.infer_alignment("BLOCK_Q") == 8
+    assert tunables.infer_alignment("NUM_STAGES") == 1
+
+
+@pytest.mark.parametrize("name", ["gelu", "softmax", "rmsnorm", "matmul_bias_gelu",
+                                  "causal_attention"])
+def test_bundled_kernels_declare_legal_tunables(name: str) -> None:
+    source = load_task(name).starting_source()
+    declared = tunables.read(source)
+    assert declared, f"{name}/kernel.py declares no TUNABLES"
+    legal = tunables.legal_choices(source)
+    for key, (current, choices) in declared.items():
+        assert current in choices and legal[key] == choices, key
