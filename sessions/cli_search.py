@@ -258,24 +258,30 @@ def _print_table(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"search · {report['suite']} · {report['executor']} · {report['agent']}")
-    for col in ("task", "layout", "best status", "best speedup", "version", "evaluations",
-                "tokens", "ended"):
-        table.add_column(col, justify="right" if col in ("best speedup", "version",
-                                                          "evaluations", "tokens") else "left")
+    console = Console()
+    console.print(f"search · {report['suite']} · executor {report['executor']} · "
+                  f"agent {report['agent']}", highlight=False)
+    table = Table(show_edge=False, pad_edge=False)
+    for col, right in (("task", False), ("layout", False), ("best", False),
+                       ("speedup", True), ("ver", True), ("evals", True), ("tokens", True),
+                       ("ended", False)):
+        table.add_column(col, justify="right" if right else "left", no_wrap=col != "ended",
+                         overflow="fold")
     for t in report["tasks"]:
         status = t["best_status"] or "-"
         style = "green" if status == "correct" else "red"
         table.add_row(t["task"], t["layout"], f"[{style}]{status}[/]",
-                      _fmt_speed(t["best_speedup"]),
-                      _fmt_version(t["best_version"]),
+                      _fmt_speed(t["best_speedup"]), _fmt_version(t["best_version"]),
                       str(t["evaluations"]), str(t["tokens"]), t["reason"])
-    console = Console()
     console.print(table)
+    for t in report["tasks"]:
+        if t.get("note"):
+            console.print(f"[yellow]{t['task']}[/]: {t['note']}", highlight=False)
     for err in report["errors"]:
         console.print(f"[red]not loaded[/] {err['message']}", markup=True, highlight=False)
-    console.print(f"sessions in {report['session_dir']}; speedups measured in TPU "
-                  "interpret mode on a CPU host are not TPU performance", style="dim")
+    console.print(f"sessions in {report['session_dir']} (rerun the same command to resume); "
+                  "speedups measured in TPU interpret mode on a CPU host are not TPU "
+                  "performance", style="dim", highlight=False)
 
 
 def markdown(report: dict[str, Any]) -> str:

@@ -56,6 +56,7 @@ class SearchSummary:
     nodes: int
     tokens: int
     cost_usd: float
+    note: str | None = None  # why nothing correct came out, when it did not
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -75,7 +76,9 @@ def summarize(state: SearchState, session: Path | str, task: str) -> SearchSumma
         best_version=best, best_status=best_status,
         best_speedup=versions[best].speedup if best is not None else None,
         evaluations=state.evaluations(), nodes=len(state.nodes),
-        tokens=state.session.spent.tokens, cost_usd=round(state.session.spent.cost_usd, 6))
+        tokens=state.session.spent.tokens, cost_usd=round(state.session.spent.cost_usd, 6),
+        note=None if best is not None or not state.session.errors
+        else str(state.session.errors[-1]["message"]))
 
 
 class Search:
@@ -379,17 +382,32 @@ class Search:
                "from this version.")
         if message:
             ask += "\n" + message
-        history = []
-        cursor = parent
-        while cursor is not None and cursor in s.versions:  # the path from the root
-            v = s.versions[cursor]
-            history.insert(0, {"version": v.number, "status": v.status, "speedup": v.speedup,
-                               "summary": v.summary, "median_ms": v.median_ms})
-            cursor = v.parent
         return AgentRequest(role=role, task=self.brief, current_source=source,  # type: ignore[arg-type]
                             current_version=parent, last_eval=last_eval, user_message=ask,
                             notes=tuple(f"already tried: {t}" for t in tried),
-                            history=tuple(history))
+                            history=self._history(parent))
+
+    def _history(self, parent: int | None) -> tuple[dict[str, Any], ...]:
+        """Every version measured so far (with its tunables, so a tuner never proposes a
+        configuration twice), the path from the root to ``parent`` first."""
+        s = self.state.session
+        path: list[int] = []
+        cursor = parent
+        while cursor is not None and cursor in s.versions:
+            path.insert(0, cursor)
+            cursor = s.versions[cursor].parent
+        order = path + [n for n in s.versions if n not in path]
+        out = []
+        for number in order:
+            v = s.versions[number]
+            entry: dict[str, Any] = {"version": number, "status": v.status,
+                                     "speedup": v.speedup, "summary": v.summary,
+                                     "median_ms": v.median_ms, "parent": v.parent,
+                                     "on_path": number in path}
+            with contextlib.suppress(Exception):  # a broken source has no tunables
+                entry["tunables"] = tunables.config_of(self._source(number))
+            out.append(entry)
+        return tuple(out)
 
     async def _ask_agent(self, action: Action, parent: int | None,
                          message: str | None = None, role: str | None = None) -> str | None:

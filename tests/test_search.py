@@ -1,0 +1,220 @@
+"""Graph search: the planner over folded events, beam search and parallel runs on real
+workers with the offline agent, the suite command in three layouts, and resume after a
+kill -9 of a real ``tilewright search``.
+
+Shapes are tiny and evaluations short (one trial, a 0.2 s timing budget): these tests
+check what the search decides and records, not how fast kernels are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agents import brief, make_agent
+from kernels.executors import LocalExecutor
+from kernels.loaders import load_task
+from kernels.workers import EvalOptions
+from sessions.log import load
+from sessions.search import Search
+from sessions.search_graph import Budget, SearchConfig, fold_search, plan, select_beam
+
+SUITE = Path(__file__).parent / "fixtures" / "suite"
+FAST = EvalOptions(trials=1, time_budget_s=0.2, timeout_s=60.0)
+CLI_FAST = ["--trials", "1", "--time-budget", "0.2"]
+
+
+def _events(path: Path) -> list[dict]:
+    return load(path).events
+
+
+def _check_recorded_search(path: Path) -> None:
+    """What every search session must show, whatever it found."""
+    loaded = load(path)
+    events = loaded.events
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    decisions = {e["seq"]: e for e in events if e["type"] == "user.decision"}
+    proposals = {e["proposal"]: e for e in events if e["type"] == "agent.proposal"}
+    versions = {}
+    for e in events:
+        if e["type"] == "kernel.version":
+            versions[e["version"]] = e
+            if e["origin"] == "initial":
+                continue
+            # approval in code: every search-made version cites an approving decision
+            decision = decisions[e["decision"]]
+            assert decision["decision"] == "approve" and decision["by"] == "auto"
+            assert decision["proposal"] == e["proposal"]
+            assert proposals[e["proposal"]]["base_version"] == e["parent"]
+            assert e["parent"] is None or e["parent"] in versions  # parents come first
+        if e["type"] == "run.start":
+            assert e["version"] in versions
+    state = fold_search(loaded.header, events)
+    for rounds in state.rounds.values():
+        for info in rounds:  # only correct nodes enter a beam, best first
+            assert all(state.is_correct(v) for v in info.beam)
+            speeds = [state.speedup(v) for v in info.beam]
+            assert speeds == sorted(speeds, reverse=True)
+    assert events[-2]["type"] == "search.end" and events[-1]["type"] == "session.end"
+
+
+async def test_beam_search_on_a_bundled_task(tmp_path) -> None:
+    task = load_task("gelu", {"rows": 16, "cols": 256})
+    config = SearchConfig(beam_width=2, branching=2, max_rounds=2, budget=Budget(nodes=4))
+    seen: list[str] = []
+    async with LocalExecutor(workers=2) as executor:
+        search = Search.create(tmp_path, task, brief(task), make_agent("offline"), executor,
+                               config, eval_options=FAST)
+        search.subscribe(lambda e: seen.append(e["type"]))
+        summary = await search.run()
+        search.close()
+    assert summary.reason == "budget:nodes"
+    assert summary.nodes == 5  # the starting kernel and the 4 the budget allows
+    assert summary.evaluations == 5
+    assert summary.best_status == "correct"
+    state = search.state
+    root = state.session.versions[1]
+    assert summary.best_speedup >= root.speedup
+    # the children of round 1: one from the agent (tuner), one a tuning step of the search
+    first = [n for n in state.nodes.values() if n.round == 1]
+    assert {n.proposer for n in first} == {"agent", "tuning"}
+    assert all(n.parent == 1 for n in first)
+    # live state == the state folded back from disk (no second store)
+    again = fold_search(load(search.log.path).header, _events(search.log.path))
+    assert again.nodes == state.nodes and again.rounds == state.rounds
+    assert "search.round" in seen and seen[-1] == "session.end"
+    _check_recorded_search(search.log.path)
+
+
+async def test_parallel_runs_are_independent_lineages(tmp_path) -> None:
+    task = load_task(SUITE / "native_scale_shift")
+    config = SearchConfig(mode="runs", runs=2, branching=1, max_rounds=1, tuning_children=0,
+                          budget=Budget(nodes=4))
+    async with LocalExecutor(workers=2) as executor:
+        search = Search.create(tmp_path, task, brief(task), make_agent("offline"), executor,
+                               config, eval_options=FAST)
+        summary = await search.run()
+        search.close()
+    state = search.state
+    assert summary.reason == "complete"
+    assert sorted(state.rounds) == [0, 1]
+    kids = {n.lineage: n for n in state.nodes.values() if n.round == 1}
+    assert sorted(kids) == [0, 1] and all(n.parent == 1 for n in kids.values())
+    # the second run's tuner knew the first's child: two different configurations
+    sources = {state.session.versions[n.version].source_blob for n in kids.values()}
+    assert len(sources) == 2
+    _check_recorded_search(search.log.path)
+
+
+def test_planner_resumes_from_what_the_log_shows() -> None:
+    """An interrupted log: a run.start without result, an approved proposal without its
+    version, an undecided one. The planner re-runs, applies and decides them."""
+    cfg = SearchConfig(beam_width=2, branching=2, budget=Budget(nodes=10)).to_json()
+    blob = "0" * 64
+    events = [
+        {"seq": 1, "t": 0, "type": "kernel.version", "version": 1, "parent": None,
+         "origin": "initial", "proposal": None, "source_blob": blob, "summary": "start"},
+        {"seq": 2, "t": 0, "type": "search.start", "config": cfg, "root": 1},
+        {"seq": 3, "t": 1, "type": "run.start", "run": "r1", "version": 1, "kind": "eval"},
+        {"seq": 4, "t": 2, "type": "run.result", "run": "r1", "version": 1,
+         "status": "correct", "correct": True, "speedup": 1.0},
+        {"seq": 5, "t": 2, "type": "search.round", "lineage": 0, "round": 0, "beam": [1],
+         "repair": [], "best_version": 1, "best_speedup": 1.0},
+        {"seq": 6, "t": 3, "type": "agent.proposal", "proposal": "p1", "kind": "kernel",
+         "base_version": 1, "source_blob": "1" * 64, "role": "tune", "lineage": 0,
+         "round": 1, "slot": 0},
+        {"seq": 7, "t": 3, "type": "user.decision", "proposal": "p1", "decision": "approve",
+         "by": "auto"},
+        {"seq": 8, "t": 3, "type": "kernel.version", "version": 2, "parent": 1,
+         "origin": "agent", "proposal": "p1", "source_blob": "1" * 64, "summary": "a",
+         "decision": 7},
+        {"seq": 9, "t": 4, "type": "run.start", "run": "r2", "version": 2, "kind": "eval"},
+        {"seq": 10, "t": 4, "type": "agent.proposal", "proposal": "p2", "kind": "kernel",
+         "base_version": 1, "source_blob": "2" * 64, "role": "tune", "lineage": 0,
+         "round": 1, "slot": 1},
+        {"seq": 11, "t": 4, "type": "user.decision", "proposal": "p2", "decision": "approve",
+         "by": "auto"},
+    ]
+    state = fold_search({"schema": "tilewright.session/1"}, events)
+    keys = {a.key for a in plan(state)}
+    assert keys == {"evaluate:2", "apply:p2"}  # nothing new before those finish
+    # once p2 is applied and both children are measured, the round closes
+    state.apply({"seq": 12, "t": 5, "type": "kernel.version", "version": 3, "parent": 1,
+                 "origin": "agent", "proposal": "p2", "source_blob": "2" * 64,
+                 "summary": "b", "decision": 11})
+    for seq, (run, version, ok, speed) in enumerate(
+            [("r3", 2, False, None), ("r4", 3, True, 2.0)], start=13):
+        state.apply({"seq": seq, "t": 6, "type": "run.result", "run": run, "version": version,
+                     "status": "correct" if ok else "incorrect", "correct": ok,
+                     "speedup": speed})
+    assert [a.key for a in plan(state)] == ["select:0:1"]
+    info = select_beam(state, 0, 1)
+    assert info.beam == [3, 1]  # v2 was incorrect: it never enters the beam
+    assert info.best_version == 3
+    # a node budget already spent: no new expansions
+    state.config.budget.nodes = 2
+    state.apply({"seq": 15, "t": 7, "type": "search.round", **info.__dict__})
+    assert plan(state) == []
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "tui.cli", "search", *args]
+
+
+def test_suite_resumes_after_kill_9(tmp_path) -> None:
+    """Kill a real `tilewright search` mid-run, rerun the same command: it continues."""
+    suite = tmp_path / "suite"
+    shutil.copytree(SUITE, suite)
+    sessions = tmp_path / "sessions"
+    command = _cli("--suite", str(suite), "--budget", "3", "--session-dir", str(sessions),
+                   "--json", *CLI_FAST)
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, start_new_session=True)
+    lines = []
+    try:
+        for line in proc.stderr:  # wait for a child evaluated in the first task
+            lines.append(line)
+            if ": v2 " in line:
+                break
+        else:
+            pytest.fail("search ended before its first child was evaluated:\n" + "".join(lines))
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    first = sorted(sessions.iterdir())
+    assert len(first) == 1
+    before = _events(first[0])
+    assert not any(e["type"] == "search.end" for e in before)
+
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode in (0, 1), done.stderr
+    assert "resuming" in done.stderr
+    report = json.loads(done.stdout)
+    assert report["schema"] == "tilewright.search/1"
+    by_layout = {t["layout"]: t for t in report["tasks"]}
+    assert set(by_layout) == {"native", "jaxbench", "maxkernel"}
+    for layout in ("native", "jaxbench"):
+        entry = by_layout[layout]
+        assert entry["best_status"] == "correct", entry
+        assert entry["evaluations"] >= 2 and Path(entry["session"]).is_dir()
+    maxkernel = by_layout["maxkernel"]  # no starting kernel: the agent must write one
+    assert maxkernel["best_status"] == "correct" or maxkernel["note"], maxkernel
+    # the interrupted session was continued, not replaced
+    resumed = [t for t in report["tasks"] if Path(t["session"]) == first[0]]
+    assert len(resumed) == 1
+    after = _events(first[0])
+    assert after[:len(before)] == before
+    assert any(e["type"] == "search.resume" for e in after[len(before):])
+    _check_recorded_search(first[0])
+    assert resumed[0]["nodes"] <= 4  # the starting kernel and the budget of 3
+    # rerunning a finished suite reports it without evaluating anything again
+    again = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert json.loads(again.stdout)["tasks"] == report["tasks"]
