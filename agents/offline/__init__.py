@@ -37,10 +37,7 @@ class OfflineAgent:
         if request.user_message:
             yield Notice("The offline agent does not read chat messages; it follows its rules "
                          "(template, fixes, tuning). Set ANTHROPIC_API_KEY to talk to Claude.")
-        try:
-            outcome = decide(request)
-        except (templates.TemplateError, tunables.TunablesError, SyntaxError) as exc:
-            outcome = Failure(f"offline agent: {exc}")
+        outcome = decide(request)
         if isinstance(outcome, Failure):
             yield outcome
             return
@@ -53,6 +50,13 @@ class OfflineAgent:
 
 def decide(request: AgentRequest) -> Proposal | Failure:
     """The offline agent's whole policy, as a pure function of the request."""
+    try:
+        return _decide(request)
+    except (templates.TemplateError, tunables.TunablesError, SyntaxError) as exc:
+        return Failure(f"offline agent: {exc}")
+
+
+def _decide(request: AgentRequest) -> Proposal | Failure:
     if request.role in ("plan", "analyze"):
         return _plan(request)
     if request.current_source is None:
