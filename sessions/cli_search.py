@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -159,15 +161,15 @@ def _find_session(base: Path, task: Any) -> Path | None:
 
 async def _search_suite(args: argparse.Namespace,
                         overrides: dict[str | None, dict[str, str]]) -> dict[str, Any]:
-    from agents import brief, make_agent
+    from agents import make_agent
     from agents.errors import NoApiKey
     from kernels.executors import make_executor
     from kernels.loaders import find_tasks
     from kernels.task import TaskError
     from kernels.workers import EvalOptions
-    from sessions.log import default_sessions_dir
-    from sessions.search import Search
-    from sessions.search_graph import Budget, SearchConfig
+    from sessions.log import default_sessions_dir, load
+    from sessions.search import summarize
+    from sessions.search_graph import Budget, SearchConfig, fold_search
 
     try:
         agent = make_agent(args.agent, getattr(args, "config", None) or {})
@@ -203,30 +205,74 @@ async def _search_suite(args: argparse.Namespace,
             _say(f"skipped {item.root}: {exc}")
             continue
         tasks.append(task)
+    plans = []
+    for task in tasks:
+        existing = None if args.fresh else _find_session(base, task)
+        if existing is not None:
+            loaded = load(existing)
+            state = fold_search(loaded.header, loaded.events)
+            if state.ended is not None and not _budget_grew(state, config):
+                # finished earlier: report it, run nothing
+                plans.append((task, existing, summarize(state, existing, task.name)))
+                continue
+        plans.append((task, existing, None))
     executor = make_executor(args.executor, workers=args.workers, address=args.address)
-    async with executor:
-        _say(f"{len(tasks)} task(s), {executor.describe()}, agent {agent.label}")
-        for task in tasks:
-            existing = None if args.fresh else _find_session(base, task)
-            if existing is not None:
-                search = Search.open(existing, task, brief(task), agent, executor,
-                                     eval_options=options)
-                if search.state.ended is None:
-                    _say(f"{task.name}: resuming {existing.name}")
+    async with contextlib.AsyncExitStack() as stack:
+        if any(summary is None for _t, _e, summary in plans):
+            await stack.enter_async_context(executor)  # workers only when there is work
+            _say(f"{len(tasks)} task(s), {executor.describe()}, agent {agent.label}")
+        for task, existing, summary in plans:
+            if summary is None:
+                summary = await _run_one(task, existing, base, agent, executor, config,
+                                         options)
             else:
-                search = Search.create(base, task, brief(task), agent, executor, config,
-                                       eval_options=options,
-                                       meta={"overrides": task.meta.get("overrides", {})})
-                _say(f"{task.name}: new search {search.log.path.name}")
-            search.subscribe(lambda e, name=task.name: _progress(name, e))
-            try:
-                summary = await search.run()
-            finally:
-                search.close()
+                _say(f"{task.name}: finished earlier ({summary.reason}), {existing}")
             entry = summary.to_json()
             entry["layout"] = task.layout
             report["tasks"].append(entry)
     return report
+
+
+async def _run_one(task: Any, existing: Path | None, base: Path, agent: Any, executor: Any,
+                   config: Any, options: Any) -> Any:
+    from agents import brief
+    from sessions.log import load
+    from sessions.search import Search
+    from sessions.search_graph import fold_search
+
+    if existing is not None:
+        loaded = load(existing)
+        state = fold_search(loaded.header, loaded.events)
+        assert state.config is not None
+        # the recorded search shape, with this command's budget
+        resumed = replace(state.config, budget=config.budget)
+        search = Search.open(existing, task, brief(task), agent, executor, config=resumed,
+                             eval_options=options, reopen=state.ended is not None)
+        _say(f"{task.name}: resuming {existing.name}")
+    else:
+        search = Search.create(base, task, brief(task), agent, executor, config,
+                               eval_options=options,
+                               meta={"overrides": task.meta.get("overrides", {})})
+        _say(f"{task.name}: new search {search.log.path.name}")
+    search.subscribe(lambda e: _progress(task.name, e))
+    try:
+        return await search.run()
+    finally:
+        search.close()
+
+
+def _budget_grew(state: Any, config: Any) -> bool:
+    """A search that stopped on a budget continues when this command allows more."""
+    from sessions.search_graph import budget_reason
+
+    if not (state.ended or "").startswith("budget:") or state.config is None:
+        return False
+    recorded = state.config
+    state.config = replace(recorded, budget=config.budget)
+    try:
+        return budget_reason(state) is None
+    finally:
+        state.config = recorded
 
 
 def _say(text: str) -> None:

@@ -130,13 +130,14 @@ class Search:
     @classmethod
     def open(cls, path: Path | str, task: Task, brief: TaskBrief, agent: Agent,
              executor: Any, config: SearchConfig | None = None,
-             eval_options: Any = None) -> Search:
+             eval_options: Any = None, reopen: bool = False) -> Search:
         """Reopen an interrupted search; ``config`` (when given) replaces the recorded
-        one from now on (a bigger budget, say)."""
+        one from now on (a bigger budget, say). ``reopen`` continues a search that had
+        ended (on a budget that ``config`` raises)."""
         log, loaded = SessionLog.open(path)
         state = fold_search(loaded.header, loaded.events)
         search = cls(log, state, task, brief, agent, executor, eval_options)
-        if state.ended is None:
+        if state.ended is None or reopen:
             if state.config is None:
                 raise ValueError(f"{path}: not a search session (no search.start event)")
             new = config or state.config
@@ -178,10 +179,17 @@ class Search:
     def prune(self, version: int, reason: str = "pruned by the user", by: str = "user") -> None:
         if version not in self.state.nodes:
             raise ValueError(f"v{version} is not a node of this search")
-        self._emit("search.prune", version=version, reason=reason, by=by)
+        branch = [version]
+        for number in sorted(self.state.nodes):  # parents come before their children
+            if self.state.nodes[number].parent in branch:
+                branch.append(number)
+        for number in branch:
+            if not self.state.nodes[number].pruned:
+                self._emit("search.prune", version=number, by=by,
+                           reason=reason if number == version else f"branch v{version} pruned")
         for pid, future in self._decisions.items():  # its pending children go with it
             prop = self.state.session.proposals.get(pid)
-            if prop and prop.base_version == version and not future.done():
+            if prop and prop.base_version in branch and not future.done():
                 future.set_result(("reject", f"branch v{version} pruned"))
 
     # -- the loop -----------------------------------------------------------------------
