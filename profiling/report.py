@@ -63,6 +63,10 @@ def _kernel(console: Console, k: dict[str, Any], ridge: float | None) -> None:
                   f"{k['steps'] if k['steps'] is not None else '?'} steps"
                   + (f" · {escape(', '.join(sem))}" if sem else " · no dimension_semantics")
                   + calls + f"  [dim]{escape(k.get('source', ''))}[/]")
+    if k.get("analysis_error"):
+        console.print(f"  [yellow]static analysis could not read this call:[/] "
+                      f"{escape(k['analysis_error'])}")
+        return
     table = Table(box=None, pad_edge=False, header_style="dim")
     for col in ("operand", "array", "block", "space", "fetches", "HBM", "VMEM", "(8,128)"):
         table.add_column(col, overflow="fold",
@@ -89,9 +93,13 @@ def _kernel(console: Console, k: dict[str, Any], ridge: float | None) -> None:
                   f"{'n/a' if intensity is None else f'{intensity:.2f}'} FLOP/B"
                   + (f" (ridge {ridge:.0f})" if ridge else ""))
     for d in k.get("dots", []):
-        mark = "[green]MXU-shaped[/]" if d["mxu_ok"] else "[yellow]" + escape("; ".join(d["problems"])) + "[/]"
-        console.print(f"  dot ({d['m']}, {d['k']}) x ({d['k']}, {d['n']}) {d['lhs_dtype']} -> "
-                      f"{d['out_dtype']}: {mark}")
+        shaped = not [x for x in d["problems"] if not x.startswith("f32")]
+        mark = (f"[green]fills the {d['mxu_width']}-wide MXU[/]" if shaped
+                else f"[yellow]leaves the {d['mxu_width']}-wide MXU part-empty[/]")
+        if d["lhs_dtype"] == "float32" or d["rhs_dtype"] == "float32":
+            mark += " · f32 operands (multi-pass)"
+        console.print(f"  dot ({d['m']}, {d['k']}) x ({d['k']}, {d['n']}) {_dtype(d['lhs_dtype'])}"
+                      f" -> {_dtype(d['out_dtype'])}: {mark}")
     for note in k.get("notes", []):
         console.print(f"  [dim]note: {escape(note)}[/]")
     for w in k.get("warnings", []):

@@ -27,7 +27,11 @@ LANES, SUBLANES = 128, 8
 
 def analyze_callable(fn: Callable[..., Any], dynamic: tuple, static: tuple = (), *,
                      chip: Chip, task_flops: float | None = None) -> dict[str, Any]:
-    """Trace ``fn(*dynamic, *static)`` to a jaxpr and analyze each ``pallas_call`` in it."""
+    """Trace ``fn(*dynamic, *static)`` to a jaxpr and analyze each ``pallas_call`` in it.
+
+    Tracing errors (the candidate's) propagate; ``dynamic`` may hold
+    ``jax.ShapeDtypeStruct``s, so nothing is allocated or run.
+    """
     import jax
 
     closed = jax.make_jaxpr(lambda *d: fn(*d, *static))(*dynamic)
@@ -35,12 +39,16 @@ def analyze_callable(fn: Callable[..., Any], dynamic: tuple, static: tuple = (),
 
 
 def analyze_jaxpr(closed: Any, *, chip: Chip, task_flops: float | None = None) -> dict[str, Any]:
+    """Analyze every pallas_call; one that this analysis cannot read gets ``analysis_error``."""
     calls = list(find_pallas_calls(closed.jaxpr))
     kernels = []
     for index, (eqn, times, where) in enumerate(calls):
         flops = task_flops if (task_flops and len(calls) == 1) else None
-        kernels.append(analyze_pallas_call(eqn, chip=chip, task_flops=flops, index=index,
-                                           times=times, where=where))
+        try:
+            kernels.append(analyze_pallas_call(eqn, chip=chip, task_flops=flops, index=index,
+                                               times=times, where=where))
+        except Exception as exc:  # a JAX internal we do not know yet: say so, keep the rest
+            kernels.append(_unreadable(eqn, index, times, where, exc))
     totals = {
         "kernels": len(kernels),
         "bytes_total": sum(k["bytes_total"] * k["calls"] for k in kernels),
@@ -157,6 +165,20 @@ def analyze_pallas_call(eqn: Any, *, chip: Chip, task_flops: float | None = None
     return kernel
 
 
+def _unreadable(eqn: Any, index: int, times: int, where: str, exc: Exception) -> dict[str, Any]:
+    gm = eqn.params.get("grid_mapping")
+    grid = [g if isinstance(g, int) else None for g in getattr(gm, "grid", ())]
+    return {"index": index, "name": str(eqn.params.get("name") or f"pallas_call_{index}"),
+            "source": "", "calls": times, "where": where or "top", "grid": grid,
+            "steps": math.prod(grid) if grid and None not in grid else None,
+            "dimension_semantics": None, "operands": [], "scratch": [], "vmem_bytes": 0,
+            "vmem_blocks_bytes": 0, "vmem_scratch_bytes": 0, "vmem_limit_bytes": None,
+            "vmem_budget_bytes": 0, "vmem_physical_bytes": 0, "bytes_total": 0,
+            "bytes_per_step": None, "flops": None, "flops_source": None, "dot_flops": 0,
+            "transcendentals": 0, "intensity": None, "dots": [], "notes": [],
+            "warnings": [], "analysis_error": f"{type(exc).__name__}: {exc}"}
+
+
 def _dimension_semantics(compiler: Any, rank: int) -> list[str] | None:
     sem = getattr(compiler, "dimension_semantics", None) if compiler is not None else None
     if sem is None:
@@ -212,9 +234,10 @@ def _operand(bm: Any, is_input: bool, idx: int, grid: list[int | None], steps: i
     role = "input" if is_input else "output"
     origin = str(bm.origin)
     if not exact:
-        notes.append(f"{origin}: bytes are an upper bound" + (
-            " (manual DMA from HBM/ANY memory: whole array counted once)"
-            if memory_space == "hbm" else " (index map reads scalar-prefetch values)"))
+        notes.append(
+            f"{origin}: manual DMA from HBM/ANY memory: bytes estimated as the whole array once"
+            if memory_space == "hbm" else
+            f"{origin}: bytes are an upper bound (the index map reads scalar-prefetch values)")
     return {
         "role": role,
         "index": idx,
