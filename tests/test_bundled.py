@@ -2,9 +2,9 @@
 
 Checked directly with JAX (not through the worker harness): each small shape
 configuration, the held-out one included, runs in TPU interpret mode against the
-reference with two fresh keys, compared in float32 at the task's tolerances; each
-also lowers for TPU (Mosaic), which catches (8, 128) alignment mistakes that interpret
-mode accepts. The largest tunable choices are checked too, so the kernels' clamping to
+reference with two fresh keys, compared in float32 at the task's tolerances. Each
+of them, and each TPU-sized configuration (from shapes alone), also lowers for TPU
+(Mosaic), which catches (8, 128) alignment mistakes that interpret mode accepts. The largest tunable choices are checked too, so the kernels' clamping to
 small arrays is exercised.
 """
 
@@ -91,7 +91,7 @@ def test_starting_kernel_matches_reference_in_tpu_interpret_mode(task_name: str,
     for seed in (11, 12):  # fresh keys: a kernel cannot pass by caching one answer
         inputs = ref_mod.make_inputs(jax.random.key(seed), **shape.params)
         assert all(x.dtype == jnp.float32 for x in inputs)
-        expected = ref_mod.reference(*inputs)
+        expected = jax.jit(ref_mod.reference)(*inputs)
         # A reference that is ~0 everywhere would let a zero-returning kernel pass.
         assert float(jnp.max(jnp.abs(expected))) > 10 * task.atol
         _check_close(task, shape, _run_interpret(kernel, inputs), expected)
@@ -106,6 +106,21 @@ def test_starting_kernel_lowers_for_tpu_on_every_small_shape(task_name: str) -> 
         inputs = ref_mod.make_inputs(jax.random.key(0), **shape.params)
         lowered = jax.jit(kernel).trace(*inputs).lower(lowering_platforms=("tpu",))
         assert "tpu_custom_call" in lowered.as_text(), "no Mosaic kernel in the lowering"
+
+
+@pytest.mark.parametrize("task_name", sorted(EXPECTED))
+def test_starting_kernel_lowers_for_tpu_on_the_large_shapes(task_name: str) -> None:
+    # Shapes only (eval_shape): TPU-sized inputs are never allocated on this host.
+    task = TASKS[task_name]
+    ref_mod = _module(task.reference_path)
+    kernel = _module(task.kernel_path).kernel
+    large = [s for s in task.shapes if s.size == "large"]
+    assert large
+    for shape in large:
+        specs = jax.eval_shape(lambda key, p=shape.params: ref_mod.make_inputs(key, **p),
+                               jax.random.key(0))
+        lowered = jax.jit(kernel).trace(*specs).lower(lowering_platforms=("tpu",))
+        assert "tpu_custom_call" in lowered.as_text()
 
 
 @pytest.mark.parametrize("task_name", sorted(EXPECTED))
