@@ -108,7 +108,7 @@ def _resolve(path: str | Path) -> Path:
         return candidate.parent
     if candidate.is_dir():
         return candidate
-    name = str(path)
+    name = str(path).rstrip("/")
     if name in bundled_names():
         return BUNDLED_DIR / name
     bundled = ", ".join(bundled_names()) or "none installed"
