@@ -116,6 +116,11 @@ class Controller:
                 self._emit("run.result", run=active.id, version=active.version,
                            status="cancelled", correct=False, speedup=None, median_ms=None,
                            result_blob=None, cancelled=True, interrupted=True)
+            if s.mode == "auto":
+                # The app died in autonomous mode: a reopened session waits for the user
+                # to switch autonomy on again (with a fresh allowance).
+                self._emit("auto.stop", reason="interrupted")
+                self._emit("mode.change", mode="step", by="resume")
         if not s.versions and s.pending is None:
             source = self.task.starting_source()
             if source is not None:

@@ -1,0 +1,231 @@
+"""The sessions CLI as a user runs it: real ``tilewright`` subprocesses, the offline
+agent, real workers on the bundled gelu task (one trial, short timing).
+
+Covers ``auto`` (progress lines, --json summary, Ctrl-C), ``sessions``, ``report``
+(Markdown and HTML), ``replay --headless`` and ``--verify`` (including a tampered
+session that must fail), and a kill -9 of ``tilewright auto`` in the middle of a run
+followed by ``--resume``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sessions.log import load
+from sessions.state import fold
+
+ROOT = Path(__file__).resolve().parent.parent
+FAST = ["--trials", "1", "--time-budget", "0.2"]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", TILEWRIGHT_CONFIG="/nonexistent/config.toml")
+    env.pop("ANTHROPIC_API_KEY", None)
+    return env
+
+
+def tw(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tui.cli", *args], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def start(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "tui.cli", *args], cwd=ROOT, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def events(session: Path) -> list[dict]:
+    return load(session).events if (session / "events.jsonl").exists() else []
+
+
+def wait_for(predicate, timeout: float = 240.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError("timed out waiting")
+
+
+def only_session(base: Path) -> Path:
+    dirs = [p for p in base.iterdir() if (p / "events.jsonl").exists()] if base.exists() else []
+    return dirs[0] if len(dirs) == 1 else Path("/nonexistent")
+
+
+def worker_pids(parent: int) -> list[int]:
+    """Worker processes started for ``parent`` (they are told its pid)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"kernels.harness.worker" in cmd and b"--parent" in cmd \
+                and cmd[cmd.index(b"--parent") + 1] == str(parent).encode():
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One headless autonomous run (budget 2) shared by the read-only tests."""
+    base = tmp_path_factory.mktemp("sessions")
+    proc = tw("auto", "--task", "gelu", "--agent", "offline", "--budget", "2",
+              "--session-dir", str(base), "--json", *FAST)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    session = Path(summary["session"])
+    assert summary["schema"] == "tilewright.auto/1" and session.parent == base
+    assert summary["iterations"] == 2 and summary["stop_reason"] == "budget:iterations"
+    assert summary["best_status"] == "correct" and summary["best_speedup"] > 0
+    assert summary["best_version"] in (1, 2, 3)
+    # one progress line per evaluation (baseline + 2), on stderr with --json
+    steps = [line for line in proc.stderr.splitlines() if line.startswith("[")]
+    assert len(steps) == 3 and "v3" in steps[-1] and "correct" in steps[-1]
+    return session
+
+
+def test_auto_writes_a_complete_session(finished: Path) -> None:
+    loaded = load(finished)
+    assert loaded.header["task"]["name"] == "gelu" and loaded.header["task"]["overrides"] == {}
+    assert loaded.header["backend"]["mode"] == "tpu-interpret"
+    state = fold(loaded.header, loaded.events)
+    assert state.ended == "completed"
+    assert [d.by for d in state.decisions] == ["auto", "auto"]
+    kinds = [e["type"] for e in loaded.events]
+    assert kinds[-3:] == ["auto.stop", "mode.change", "session.end"]
+
+
+def test_sessions_lists_it(finished: Path) -> None:
+    proc = tw("sessions", "--session-dir", str(finished.parent))
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.startswith(finished.name))
+    assert "gelu" in line and "completed" in line and "x v" in line
+    as_json = json.loads(tw("sessions", "--session-dir", str(finished.parent),
+                            "--json").stdout)
+    assert as_json[0]["id"] == finished.name and as_json[0]["steps"] == 2
+
+
+def test_report_markdown_and_html(finished: Path, tmp_path: Path) -> None:
+    md = tmp_path / "r.md"
+    assert tw("report", str(finished), "-o", str(md)).returncode == 0
+    text = md.read_text()
+    assert "## Decisions" in text and "| approve | auto |" in text
+    assert "## Best speedup per evaluation" in text and "| 3 | v3 |" in text
+    assert "## Final kernel" in text and "TPU interpret mode" in text
+    html = tmp_path / "r.html"
+    assert tw("report", finished.name, "--session-dir", str(finished.parent),
+              "-o", str(html)).returncode == 0
+    page = html.read_text()
+    assert "<svg" in page and page.count("<circle") == 3 and "<path d=\"M" in page
+    bad = tw("report", str(finished), "-o", str(tmp_path / "r.pdf"))
+    assert bad.returncode == 2 and "unknown format" in bad.stderr
+
+
+def test_replay_headless_prints_the_fold(finished: Path) -> None:
+    proc = tw("replay", finished.name, "--session-dir", str(finished.parent), "--headless")
+    assert proc.returncode == 0, proc.stderr
+    assert "kernel.version" in proc.stdout and "3 versions, 3 evaluations" in proc.stdout
+    missing = tw("replay", "no-such-session", "--session-dir", str(finished.parent),
+                 "--headless")
+    assert missing.returncode == 2 and "no session 'no-such-session'" in missing.stderr
+
+
+def test_replay_verify_reproduces_and_catches_a_tampered_session(finished: Path,
+                                                                 tmp_path: Path) -> None:
+    proc = tw("replay", str(finished), "--headless", "--verify")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "verify: 3/3 versions agree" in proc.stdout
+
+    tampered = tmp_path / finished.name
+    shutil.copytree(finished, tampered)
+    path = tampered / "events.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if '"type":"run.result"' in line and '"version":1,' in line:
+            lines[i] = line.replace('"status":"correct","correct":true',
+                                    '"status":"incorrect","correct":false')
+    path.write_text("".join(lines))
+    proc = tw("replay", str(tampered), "--headless", "--verify", "--json")
+    assert proc.returncode == 1
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [c["ok"] for c in report["checks"]] == [False, True, True]
+    assert report["checks"][0]["recorded_status"] == "incorrect"
+
+
+def test_auto_bad_input_is_a_clear_error(tmp_path: Path) -> None:
+    proc = tw("auto", "--task", str(tmp_path), "--session-dir", str(tmp_path))
+    assert proc.returncode == 2 and "not a task directory" in proc.stderr
+    proc = tw("auto", "--session-dir", str(tmp_path))
+    assert proc.returncode == 2 and "--task" in proc.stderr
+    proc = tw("auto", "--task", "gelu", "--set", "rows", "--session-dir", str(tmp_path))
+    assert proc.returncode == 2 and "KEY=VALUE" in proc.stderr
+
+
+def test_ctrl_c_stops_cleanly_with_the_session_saved(tmp_path: Path) -> None:
+    proc = start("auto", "--task", "gelu", "--agent", "offline", "--budget", "50",
+                 "--session-dir", str(tmp_path), *FAST)
+    try:
+        wait_for(lambda: any(e["type"] == "run.result"
+                             for e in events(only_session(tmp_path))))
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted" in out and "session:" in out
+    state = fold(*(lambda s: (s.header, s.events))(load(only_session(tmp_path))))
+    assert state.ended == "interrupted" and state.active_run is None
+    assert state.auto_stops[-1]["reason"] == "user" and state.mode == "step"
+
+
+def test_kill_9_mid_run_then_resume(tmp_path: Path) -> None:
+    proc = start("auto", "--task", "gelu", "--agent", "offline", "--budget", "50",
+                 "--session-dir", str(tmp_path), *FAST)
+    try:
+        # Kill while the second version is being evaluated.
+        wait_for(lambda: any(e["type"] == "run.start" and e["version"] == 2
+                             for e in events(only_session(tmp_path))))
+        workers = worker_pids(proc.pid)
+        assert workers
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+        proc.communicate()
+    # Workers do not outlive the app.
+    wait_for(lambda: not any(Path(f"/proc/{pid}").exists() and
+                             b"worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+                             for pid in workers), timeout=30)
+    session = only_session(tmp_path)
+    loaded = load(session)
+    assert not loaded.warnings or loaded.torn_tail
+    before = fold(loaded.header, loaded.events)
+    assert before.ended is None and before.active_run is not None
+    assert before.active_run.version == 2
+
+    resumed = tw("auto", "--resume", session.name, "--session-dir", str(tmp_path),
+                 "--budget", "1", "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    after_loaded = load(session)
+    assert not after_loaded.warnings
+    after = fold(after_loaded.header, after_loaded.events)
+    new = after_loaded.events[len(loaded.events):]
+    assert new[0]["type"] == "marker" and new[0]["label"] == "resumed"
+    assert new[1]["type"] == "run.result" and new[1]["interrupted"] and new[1]["version"] == 2
+    # The interrupted version is measured again, then one more iteration (budget 1).
+    assert after.versions[2].status == "correct"
+    assert max(after.versions) == 3 and after.ended == "completed"
+    assert [e["seq"] for e in after_loaded.events] == \
+        list(range(1, len(after_loaded.events) + 1))
