@@ -86,7 +86,9 @@ def _kernel(console: Console, k: dict[str, Any], ridge: float | None) -> None:
         table.add_row("scratch", f"{_dtype(s['dtype'])}{_shape(s['shape'])}", "", s["memory_space"], "",
                       "", _bytes(s["bytes"]), "")
     console.print(table)
-    console.print("  VMEM " + _bar(k["vmem_bytes"], k["vmem_budget_bytes"], k["vmem_physical_bytes"]))
+    console.print("  VMEM " + _bar(k["vmem_bytes"], k["vmem_budget_bytes"], k["vmem_physical_bytes"])
+                  + (f" · {_bytes(k['vmem_padded_bytes'])} padded to tiles"
+                     if k.get("vmem_padded_bytes", 0) > k["vmem_bytes"] else ""))
     intensity = k.get("intensity")
     console.print(f"  HBM traffic {_bytes(k['bytes_total'])} ({_bytes(k['bytes_per_step'] or 0)}/step)"
                   f" · {_num(k['flops'])} FLOP ({k['flops_source']}) · intensity "

@@ -114,9 +114,13 @@ def analyze_pallas_call(eqn: Any, *, chip: Chip, task_flops: float | None = None
             operands[out_idx + gm.num_inputs]["aliases_input"] = int(in_idx)
 
     scratch = [_scratch(aval) for aval in gm.scratch_avals]
+    # Footprint as kernel authors count it (buffers x block bytes + scratch), and as
+    # Mosaic allocates it (each block padded to whole (8·packing, 128) tiles).
     vmem_blocks = sum(o["vmem_bytes"] for o in operands)
     vmem_scratch = sum(s["bytes"] for s in scratch if s["memory_space"] == "vmem")
     vmem_bytes = vmem_blocks + vmem_scratch
+    vmem_padded = (sum(o["vmem_padded_bytes"] for o in operands)
+                   + sum(s["padded_bytes"] for s in scratch if s["memory_space"] == "vmem"))
     bytes_total = sum(o["bytes_total"] or 0 for o in operands)
 
     work = count_kernel_work(kernel_jaxpr)
@@ -146,6 +150,7 @@ def analyze_pallas_call(eqn: Any, *, chip: Chip, task_flops: float | None = None
         "operands": operands,
         "scratch": scratch,
         "vmem_bytes": vmem_bytes,
+        "vmem_padded_bytes": vmem_padded,
         "vmem_blocks_bytes": vmem_blocks,
         "vmem_scratch_bytes": vmem_scratch,
         "vmem_limit_bytes": vmem_limit,
@@ -172,6 +177,7 @@ def _unreadable(eqn: Any, index: int, times: int, where: str, exc: Exception) ->
             "source": "", "calls": times, "where": where or "top", "grid": grid,
             "steps": math.prod(grid) if grid and None not in grid else None,
             "dimension_semantics": None, "operands": [], "scratch": [], "vmem_bytes": 0,
+            "vmem_padded_bytes": 0,
             "vmem_blocks_bytes": 0, "vmem_scratch_bytes": 0, "vmem_limit_bytes": None,
             "vmem_budget_bytes": 0, "vmem_physical_bytes": 0, "bytes_total": 0,
             "bytes_per_step": None, "flops": None, "flops_source": None, "dot_flops": 0,
@@ -224,13 +230,15 @@ def _operand(bm: Any, is_input: bool, idx: int, grid: list[int | None], steps: i
         # The kernel copies by hand (make_async_copy); we cannot see how much.
         bytes_total: float | None = float(math.prod(array_shape) * itemsize)
         exact = False
-        vmem = 0
+        vmem = padded = 0
         buffers = 0
     else:
         if steps is not None:
             fetches, exact = _count_fetches(bm, grid, steps, num_prefetch)
         bytes_total = float(fetches * block_bytes) if fetches is not None else None
-        vmem = buffers * _padded_bytes(ref_shape, dtype) if memory_space == "vmem" else 0
+        in_vmem = memory_space == "vmem"
+        vmem = buffers * block_bytes if in_vmem else 0
+        padded = buffers * _padded_bytes(ref_shape, dtype) if in_vmem else 0
     role = "input" if is_input else "output"
     origin = str(bm.origin)
     if not exact:
@@ -250,6 +258,7 @@ def _operand(bm: Any, is_input: bool, idx: int, grid: list[int | None], steps: i
         "buffers": buffers,
         "block_bytes": block_bytes,
         "vmem_bytes": vmem,
+        "vmem_padded_bytes": padded,
         "fetches": fetches,
         "bytes_total": bytes_total,
         "bytes_exact": exact,
@@ -309,8 +318,9 @@ def _alignment(block: list[int | None], shape: list[int], dtype: Any, memory_spa
     if memory_space != "vmem" or not block:
         return out
     dims = [(b if b is not None else 1) for b in block]
-    checks = [(len(dims) - 2, SUBLANES), (len(dims) - 1, LANES)] if len(dims) >= 2 else [(0, LANES)]
-    for axis, unit in checks:
+    if len(dims) == 1:
+        return _alignment_rank1(dims[0], shape[0], dtype, out)
+    for axis, unit in ((len(dims) - 2, SUBLANES), (len(dims) - 1, LANES)):
         b, full = dims[axis], shape[axis]
         if b != full and b % unit:
             out["ok"] = False
@@ -325,6 +335,22 @@ def _alignment(block: list[int | None], shape: list[int], dtype: Any, memory_spa
     rows = _tile_rows(dtype)
     if len(dims) >= 2 and rows > SUBLANES and dims[-2] != shape[-2] and dims[-2] % rows:
         out["packing"] = f"{dtype.name} packs {rows} rows per tile; {dims[-2]} rows leave tiles part-filled"
+    return out
+
+
+def _alignment_rank1(b: int, full: int, dtype: Any, out: dict[str, Any]) -> dict[str, Any]:
+    """Rank-1 blocks (the lowering's rule): the full dim, a multiple of 8x128, or a power
+    of two of at least 128 x packing."""
+    min_tiling = LANES * max(1, 4 // max(1, dtype.itemsize))
+    chunk = SUBLANES * LANES
+    if b == full or b % chunk == 0 or (b >= min_tiling and b & (b - 1) == 0):
+        return out
+    out["ok"] = False
+    out["problems"].append({"axis": 0, "block": b, "array": full, "unit": chunk,
+                            "rule": f"rank-1: full dim, multiple of {chunk}, or a power of 2 "
+                                    f">= {min_tiling}"})
+    up = max(min_tiling, 1 << (b - 1).bit_length())
+    out["suggest"] = [full if up >= full else up]
     return out
 
 
@@ -354,6 +380,8 @@ def _scratch(aval: Any) -> dict[str, Any]:
         dtype = np.dtype(aval.dtype)
     except TypeError:  # semaphore and other non-numeric scratch
         return {"shape": shape, "dtype": str(getattr(aval, "dtype", "?")),
-                "memory_space": "semaphore", "bytes": 0}
-    size = _padded_bytes(shape, dtype) if memory_space == "vmem" else math.prod(shape) * dtype.itemsize
-    return {"shape": shape, "dtype": dtype.name, "memory_space": memory_space, "bytes": size}
+                "memory_space": "semaphore", "bytes": 0, "padded_bytes": 0}
+    size = math.prod(shape) * dtype.itemsize
+    padded = _padded_bytes(shape, dtype) if memory_space == "vmem" else size
+    return {"shape": shape, "dtype": dtype.name, "memory_space": memory_space, "bytes": size,
+            "padded_bytes": padded}

@@ -44,11 +44,14 @@ def _alignment(k: dict[str, Any]) -> list[dict[str, Any]]:
         al = op["alignment"]
         for p in al["problems"]:
             which = "last" if p["unit"] == 128 else "second-to-last"
+            rule = p.get("rule") or (f"{which} dim {p['block']} is neither a multiple of "
+                                     f"{p['unit']} nor the full {p['array']}")
+            if p.get("rule"):
+                rule = f"block dim {p['block']} breaks the {rule} rule"
             out.append(_w(
                 "misaligned_block", "error",
                 f"{op['origin']}: block {_fmt_shape(op['block'])} of {op['dtype']}"
-                f"{_fmt_shape(op['shape'])}: {which} dim {p['block']} is neither a multiple of "
-                f"{p['unit']} nor the full {p['array']}; TPU lowering rejects it",
+                f"{_fmt_shape(op['shape'])}: {rule}; TPU lowering rejects it",
                 f"use block {_fmt_shape(al['suggest'])} (multiples of (8, 128), or the full "
                 f"array dim) and adjust the grid to match", op["origin"]))
         if al.get("packing"):
@@ -59,12 +62,13 @@ def _alignment(k: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _vmem(k: dict[str, Any], chip: Chip) -> list[dict[str, Any]]:
-    used, budget, physical = k["vmem_bytes"], k["vmem_budget_bytes"], chip.vmem_bytes
+    # Judge the padded footprint: that is what Mosaic must fit.
+    used, budget, physical = k["vmem_padded_bytes"], k["vmem_budget_bytes"], chip.vmem_bytes
     if chip.kind != "tpu" or used <= budget:
         return []
-    biggest = max(k["operands"], key=lambda o: o["vmem_bytes"], default=None)
+    biggest = max(k["operands"], key=lambda o: o["vmem_padded_bytes"], default=None)
     shrink = ""
-    if biggest and biggest["vmem_bytes"]:
+    if biggest and biggest["vmem_padded_bytes"]:
         factor = 2 ** math.ceil(math.log2(max(used / budget, 1.0001)))
         block = [b for b in biggest["block"]]
         axis = max((i for i, b in enumerate(block) if b), key=lambda i: block[i], default=None)
@@ -72,8 +76,9 @@ def _vmem(k: dict[str, Any], chip: Chip) -> list[dict[str, Any]]:
             block[axis] = block[axis] // factor
             shrink = (f"shrink {biggest['origin']} block {_fmt_shape(biggest['block'])} to "
                       f"{_fmt_shape(block)} (and the blocks that share that axis)")
-    detail = (f"VMEM footprint {used / MiB:.1f} MiB ({k['vmem_blocks_bytes'] / MiB:.1f} MiB "
-              f"pipelined blocks x buffers + {k['vmem_scratch_bytes'] / MiB:.1f} MiB scratch)")
+    detail = (f"VMEM footprint {used / MiB:.1f} MiB padded to tiles "
+              f"({k['vmem_blocks_bytes'] / MiB:.1f} MiB pipelined blocks x buffers + "
+              f"{k['vmem_scratch_bytes'] / MiB:.1f} MiB scratch before padding)")
     if used > physical:
         return [_w("vmem_over_physical", "error",
                    f"{detail} exceeds the {physical / MiB:.0f} MiB VMEM of a {chip.label} core",
