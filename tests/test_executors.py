@@ -36,7 +36,7 @@ SLOW = "import time\n\ndef kernel(x):\n    time.sleep(600)\n    return x\n"
 
 @pytest.fixture(scope="module")
 def task():
-    return load_task(SUITE / "native_scale_shift")
+    return load_task(SUITE / "native_scale_shift", {"rows": 16})
 
 
 def test_worker_count_is_bounded_by_cores() -> None:
@@ -64,10 +64,8 @@ async def test_local_executor_runs_evaluations_side_by_side(task) -> None:
         assert good.backend is not None and good.backend.mode == "tpu-interpret"
         assert bad.status == "compile_error"
         assert bad.error is not None and bad.error.line == 2
-        # A cancelled evaluation kills its worker; the executor keeps serving.
-        with pytest.raises(TimeoutError):
-            await asyncio.wait_for(executor.submit(task, SLOW, FAST), timeout=5.0)
-        again = await executor.submit(task, task.starting_source(), FAST)
+        # both slots are free again: a third evaluation does not wait forever
+        again = await asyncio.wait_for(executor.submit(task, task.starting_source(), FAST), 120)
         assert again.status == "correct"
 
 
@@ -125,7 +123,38 @@ def test_ray_executor_evaluates_in_a_worker_process(ray_executor, ray_loop, task
 def test_ray_cancellation_frees_the_slot(ray_executor, ray_loop, task) -> None:
     async def cancel_then_run():
         with pytest.raises(TimeoutError):
-            await asyncio.wait_for(ray_executor.submit(task, SLOW, FAST), timeout=8.0)
+            await asyncio.wait_for(ray_executor.submit(task, SLOW, FAST), timeout=5.0)
         return await ray_executor.submit(task, task.starting_source(), FAST)
 
     assert ray_loop.run_until_complete(cancel_then_run()).status == "correct"
+
+
+def test_search_evaluates_through_ray(ray_executor, ray_loop, tmp_path) -> None:
+    """The controller side (agent, decisions, session log) stays in this process; only
+    the evaluations go to Ray."""
+    from agents import brief, make_agent
+    from sessions.log import load
+    from sessions.search import Search
+    from sessions.search_graph import Budget, SearchConfig
+
+    task = load_task(SUITE / "jaxbench_silu")
+    config = SearchConfig(beam_width=2, branching=2, max_rounds=1, budget=Budget(nodes=2))
+
+    async def search():
+        s = Search.create(tmp_path, task, brief(task), make_agent("offline"), ray_executor,
+                          config, eval_options=FAST)
+        try:
+            return s, await s.run()
+        finally:
+            s.close()
+
+    s, summary = ray_loop.run_until_complete(search())
+    assert summary.reason == "budget:nodes" and summary.evaluations == 3
+    assert summary.best_status == "correct"
+    events = load(s.log.path).events
+    blobs = [e["result_blob"] for e in events if e["type"] == "run.result"]
+    import json
+
+    for blob in blobs:  # every evaluation ran on a Ray worker
+        data = json.loads((s.log.path / "blobs" / blob).read_text())
+        assert data["extra"]["executor"]["name"] == "ray"

@@ -87,7 +87,7 @@ async def test_recorded_search_shows_the_tree_and_details(tmp_path) -> None:
 
 
 async def test_human_in_the_loop_approve_reject_prune(tmp_path) -> None:
-    task = load_task(SUITE / "native_scale_shift")
+    task = load_task(SUITE / "native_scale_shift", {"rows": 16})
     config = SearchConfig(beam_width=1, branching=2, max_rounds=1, max_attempts=1,
                           approval="user", budget=Budget(nodes=4))
     async with LocalExecutor(workers=1) as executor:

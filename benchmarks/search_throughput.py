@@ -1,0 +1,117 @@
+"""Evaluations per minute with 1 and 2 local workers, and Ray's overhead per evaluation.
+
+What a search can afford depends on how many candidates its executor evaluates per
+minute. This script submits the same batch of candidates (tuning variants of a task's
+starting kernel, all distinct sources) to:
+
+- ``LocalExecutor(workers=1)`` and ``LocalExecutor(workers=2)``: throughput and the
+  speed-up of the second worker;
+- ``RayExecutor(workers=2)`` on a local Ray instance: throughput against local with
+  the same number of workers, and the overhead per evaluation measured on one-at-a-time
+  evaluations (Ray latency minus local latency, both on warm workers).
+
+Start-up (JAX import in the workers, Ray's own start) is reported apart from the timed
+batch. On a CPU host the kernels run in TPU interpret mode: the figures describe the
+evaluation pipeline on this machine, not TPU performance.
+
+    JAX_PLATFORMS=cpu python benchmarks/search_throughput.py [--task gelu] [--evals 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import time
+
+from kernels import tunables
+from kernels.executors import LocalExecutor, RayExecutor, usable_cores
+from kernels.loaders import load_task
+from kernels.workers import EvalOptions
+
+
+def candidates(source: str, count: int) -> list[str]:
+    """Distinct legal tuning variants of the starting kernel (cycled if too few)."""
+    legal = tunables.legal_choices(source)
+    variants = [source]
+    for name, values in legal.items():
+        for value in values:
+            new = tunables.apply(source, {name: value})
+            if new not in variants:
+                variants.append(new)
+    return [variants[i % len(variants)] for i in range(count)]
+
+
+async def batch(executor, task, sources, options) -> tuple[float, list[str]]:
+    started = time.perf_counter()
+    results = await asyncio.gather(*(executor.submit(task, s, options) for s in sources))
+    return time.perf_counter() - started, [r.status for r in results]
+
+
+async def sequential(executor, task, sources, options) -> list[float]:
+    out = []
+    for source in sources:
+        started = time.perf_counter()
+        await executor.submit(task, source, options)
+        out.append(time.perf_counter() - started)
+    return out
+
+
+async def measure(name: str, executor, task, sources, options, seq: list[str]) -> dict:
+    started = time.perf_counter()
+    await executor.start()
+    startup = time.perf_counter() - started
+    try:
+        await executor.submit(task, sources[0], options)  # warm every code path once
+        wall, statuses = await batch(executor, task, sources, options)
+        latencies = await sequential(executor, task, seq, options) if seq else []
+    finally:
+        await executor.close()
+    bad = [s for s in statuses if s != "correct"]
+    row = {"name": name, "capacity": executor.capacity, "startup_s": startup, "wall_s": wall,
+           "evals": len(sources), "per_min": 60.0 * len(sources) / wall,
+           "latency_s": statistics.median(latencies) if latencies else None, "failed": bad}
+    print(f"{name:<10} capacity {executor.capacity}  start-up {startup:6.1f} s  "
+          f"{len(sources)} evals in {wall:6.1f} s = {row['per_min']:6.1f} evals/min"
+          + (f"  one-at-a-time median {row['latency_s']:.2f} s" if latencies else "")
+          + (f"  NOT CORRECT: {bad}" if bad else ""), flush=True)
+    return row
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", default="gelu")
+    parser.add_argument("--set", dest="overrides", action="append",
+                        default=["rows=64", "cols=256"], metavar="KEY=VALUE")
+    parser.add_argument("--evals", type=int, default=8, help="evaluations per batch")
+    parser.add_argument("--sequential", type=int, default=4,
+                        help="one-at-a-time evaluations for the latency comparison")
+    parser.add_argument("--no-ray", action="store_true")
+    args = parser.parse_args()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    overrides = dict(item.split("=", 1) for item in args.overrides)
+    task = load_task(args.task, overrides)
+    sources = candidates(task.starting_source() or "", args.evals)
+    seq = sources[: args.sequential]
+    options = EvalOptions(trials=1, time_budget_s=0.3)
+    print(f"task {task.name} {overrides}, {args.evals} evaluations per batch "
+          f"({len(set(sources))} distinct sources), {usable_cores()} usable cores, "
+          f"load average {os.getloadavg()[0]:.1f}", flush=True)
+    one = await measure("local x1", LocalExecutor(1), task, sources, options, seq)
+    two = await measure("local x2", LocalExecutor(2), task, sources, options, [])
+    print(f"second local worker: {two['per_min'] / one['per_min']:.2f}x the evaluations "
+          "per minute of one")
+    if args.no_ray:
+        return
+    ray = await measure("ray x2", RayExecutor(workers=2, num_cpus=2), task, sources, options,
+                        seq)
+    print(f"ray x2 vs local x2 throughput: {ray['per_min'] / two['per_min']:.2f}x")
+    overhead = ray["latency_s"] - one["latency_s"]
+    print(f"ray overhead per evaluation (one at a time, warm workers): {overhead * 1000:+.0f} ms "
+          f"({ray['latency_s']:.2f} s vs {one['latency_s']:.2f} s local, "
+          f"{overhead / one['latency_s'] * 100:+.0f}%)")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
