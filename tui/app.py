@@ -53,8 +53,8 @@ class TilewrightApp(App):
         except keymap.KeymapError as exc:  # a typo in the config must not stop the app
             self._keymap_error = str(exc)
 
-    def on_mount(self) -> None:
-        self.push_screen(WorkbenchScreen(self.clock))
+    async def on_mount(self) -> None:
+        await self.push_screen(WorkbenchScreen(self.clock))  # mounted before a session lands
         if self._keymap_error:
             self.notify(self._keymap_error, title="config", severity="error", timeout=15)
         if self.opener is not None:

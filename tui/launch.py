@@ -86,13 +86,9 @@ def _agent(kind: str, config: dict[str, Any]):
 async def open_live(options: LaunchOptions, config: dict[str, Any],
                     app_version: str = "0") -> tuple[LiveLink, ChipChoice]:
     """Start (or resume) a session; the caller owns the returned link and closes it."""
-    from agents import brief
     from kernels.workers import WorkerPool
-    from sessions.autonomy import ControllerSettings
-    from sessions.controller import Controller
     from sessions.evaluator import PoolEvaluator
     from sessions.log import SessionError, SessionLog, default_sessions_dir, resolve
-    from sessions.state import fold
 
     sessions_dir = Path(options.session_dir).expanduser() if options.session_dir \
         else default_sessions_dir()
@@ -117,20 +113,34 @@ async def open_live(options: LaunchOptions, config: dict[str, Any],
                           "own error output") from exc
     chip = choose_chip(config, backend.platform, backend.device_kind)
     backend_json = {**asdict(backend), "label": backend.label()}
+    link = await start_session(task, agent, evaluator, config, sessions_dir=sessions_dir,
+                               backend=backend_json, chip=chip, log=log, loaded=loaded,
+                               app_version=app_version, on_close=pool.close)
+    return link, chip
+
+
+async def start_session(task: Any, agent: Any, evaluator: Any, config: dict[str, Any], *,
+                        sessions_dir: Path, backend: dict[str, Any] | None, chip: ChipChoice,
+                        log: Any = None, loaded: Any = None, app_version: str = "0",
+                        on_close: Any = None) -> LiveLink:
+    """A controller over a new (or reopened) session log, started; wrapped in a link."""
+    from agents import brief
+    from sessions.autonomy import ControllerSettings
+    from sessions.controller import Controller
+    from sessions.log import SessionLog
+    from sessions.state import fold
+
     if log is None:
         sessions_dir.mkdir(parents=True, exist_ok=True)
         log = SessionLog.create(sessions_dir, task={"name": task.name, "root": str(task.root),
                                                     "layout": task.layout},
-                                backend=backend_json, agent=agent.label,
-                                app_version=app_version)
+                                backend=backend, agent=agent.label, app_version=app_version)
         state = None
     else:
-        assert loaded is not None
         state = fold(loaded.header, loaded.events)
     controller = Controller(log, task, brief(task), agent, evaluator,
                             ControllerSettings.from_config(config), state=state,
                             chip=chip.key)
-    link = LiveLink(controller, agent_label=agent.label, chip=chip.label,
-                    on_close=pool.close)
+    link = LiveLink(controller, agent_label=agent.label, chip=chip.label, on_close=on_close)
     await controller.start()
-    return link, chip
+    return link

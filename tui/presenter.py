@@ -8,6 +8,7 @@ tool progress, worker state). Neither touches the controller.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from tui.view import SessionView
@@ -43,6 +44,7 @@ class Presenter:
         self.grid = grid
         self.agent_label = "agent"
         self.viewing: int | None = None  # a version picked in History (None: current)
+        self.base_dir: Path | None = None  # the session directory (relative trace paths)
 
     @property
     def source(self) -> SourcePane:
@@ -70,7 +72,7 @@ class Presenter:
         profile_pane = self.grid.query_one(ProfilePane)
         number, profile = view.profile(state.current)
         if profile is not profile_pane.profile:
-            profile_pane.show(profile, number)
+            profile_pane.show(profile, number, self.base_dir)
 
     # -- one persisted event ----------------------------------------------------------
     def chat_entry(self, event: dict[str, Any]) -> None:

@@ -6,6 +6,7 @@ Pure functions over the documented JSON (``tilewright.eval/1`` and
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,12 +70,23 @@ def from_eval(result: dict[str, Any], version: int | None = None) -> list[Proble
 
 
 def from_profile(profile: dict[str, Any], version: int | None = None) -> list[Problem]:
-    """Static-analysis warnings of every pallas_call in a profile."""
+    """Static-analysis warnings of every pallas_call in a profile, at the kernel's line."""
     out: list[Problem] = []
     for kernel in (profile.get("analysis") or {}).get("kernels", []) or []:
+        line = _line_of(kernel.get("source"))
         for warning in kernel.get("warnings", []) or []:
-            text = warning if isinstance(warning, str) else warning.get("message", str(warning))
-            line = None if isinstance(warning, str) else warning.get("line")
-            out.append(Problem("warning", "analysis", _first_line(text),
-                               line or kernel.get("line"), version))
+            if isinstance(warning, str):
+                out.append(Problem("warning", "analysis", _first_line(warning), line, version))
+                continue
+            severity = "error" if warning.get("severity") == "error" else "warning"
+            code = warning.get("code")
+            text = _first_line(warning.get("message")) or str(code)
+            out.append(Problem(severity, "analysis", f"{code}: {text}" if code else text,
+                               warning.get("line") or line, version, warning.get("fix")))
     return out
+
+
+def _line_of(where: Any) -> int | None:
+    """'gelu_kernel at kernel.py:22' -> 22."""
+    match = re.search(r":(\d+)\s*$", str(where or ""))
+    return int(match.group(1)) if match else None

@@ -26,6 +26,7 @@ class BlobCache:
     def __init__(self, read: BlobReader) -> None:
         self._read = read
         self._cache: dict[str, bytes | None] = {}
+        self._parsed: dict[str, Any] = {}
 
     def raw(self, sha: str | None) -> bytes | None:
         if not sha:
@@ -42,13 +43,16 @@ class BlobCache:
         return raw.decode(errors="replace") if raw is not None else None
 
     def json(self, sha: str | None) -> Any:
-        raw = self.raw(sha)
-        if raw is None:
+        """Parsed once per sha: the same object every time (panes compare identity)."""
+        if not sha:
             return None
-        try:
-            return json.loads(raw)
-        except ValueError:
-            return None
+        if sha not in self._parsed:
+            raw = self.raw(sha)
+            try:
+                self._parsed[sha] = json.loads(raw) if raw is not None else None
+            except ValueError:
+                self._parsed[sha] = None
+        return self._parsed[sha]
 
 
 class SessionView:

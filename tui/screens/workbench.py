@@ -78,6 +78,7 @@ class WorkbenchScreen(Screen):
         self.blobs = BlobCache(link.read_blob)
         assert self.presenter is not None
         self.presenter.agent_label = link.agent_label
+        self.presenter.base_dir = link.path
         self.query_one(ChatPane).set_agent_label(link.agent_label)
         self.worker_state = link.worker_state
         self.query_one(ActivityLine).stop()
@@ -150,10 +151,21 @@ class WorkbenchScreen(Screen):
         view = self.view()
         if view is None or self.presenter is None:
             return
-        with self.app.batch_update():
-            self.presenter.render(view)
-            self._draw_status()
-            self._draw_approval(view)
+        try:
+            with self.app.batch_update():
+                self.presenter.render(view)
+                self._draw_status()
+                self._draw_approval(view)
+        except Exception as exc:  # a drawing bug must not take the session down
+            self._show_error("Could not draw the session", exc)
+
+    def _show_error(self, title: str, error: BaseException) -> None:
+        if isinstance(self.app.screen, ErrorModal):
+            return  # one modal at a time; the next event draws again
+        self.app.push_screen(ErrorModal(
+            title, f"{type(error).__name__}: {error}",
+            "The session log keeps everything so far; you can keep working, or quit "
+            "(ctrl+q) and resume it with --resume."))
 
     def _draw_status(self) -> None:
         view = self.view()
@@ -323,10 +335,6 @@ class WorkbenchScreen(Screen):
 
     @on(Worker.StateChanged)
     def _worker_failed(self, event: Worker.StateChanged) -> None:
-        if event.state == WorkerState.ERROR:
-            error = event.worker.error
-            self.app.push_screen(ErrorModal(
-                "Something went wrong", f"{type(error).__name__}: {error}",
-                "The session log keeps everything so far; you can keep working, or quit "
-                "(ctrl+q) and resume it with --resume."))
+        if event.state == WorkerState.ERROR and event.worker.error is not None:
+            self._show_error("Something went wrong", event.worker.error)
 

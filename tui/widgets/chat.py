@@ -9,6 +9,7 @@ input line at the bottom sends a message to the agent.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
 from textual import on
@@ -19,6 +20,13 @@ from textual.widgets import Collapsible, Input, Markdown, Static
 
 FLUSH_INTERVAL_S = 0.08
 MAX_ENTRIES = 300
+
+
+@dataclass
+class _Reply:
+    markdown: Markdown
+    pending: list[str] = field(default_factory=list)
+    final: str | None = None
 
 
 class ChatPane(Vertical):
@@ -43,8 +51,8 @@ class ChatPane(Vertical):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.border_title = "Chat"
-        self._stream: Markdown | None = None
-        self._buffer: list[str] = []
+        self._stream: _Reply | None = None  # the reply being streamed now
+        self._replies: list[_Reply] = []  # replies with text not yet drawn
         self._flushing = False
         self._tools: dict[str, Collapsible] = {}
         self._tool_count = 0
@@ -54,7 +62,7 @@ class ChatPane(Vertical):
         yield Input(placeholder="message the agent (Enter sends)", id="chat-input")
 
     def on_mount(self) -> None:
-        self.set_interval(FLUSH_INTERVAL_S, self._flush)
+        self.set_interval(FLUSH_INTERVAL_S, self.flush)
 
     @property
     def entries(self) -> VerticalScroll:
@@ -71,12 +79,10 @@ class ChatPane(Vertical):
         self._mount(Static(text, classes=f"notice -{level}", markup=False))
 
     def add_agent(self, text: str, label: str = "agent") -> None:
-        """A complete agent message (from the log); closes any open stream with it."""
+        """A complete agent message (from the log); it replaces the streamed text."""
         if self._stream is not None:
-            stream, self._stream = self._stream, None
-            self._buffer.clear()
-            stream.update(text)
-            self._scroll()
+            self._stream.final = text
+            self._stream = None
             return
         self._mount(Static(label, classes="agent-label", markup=False))
         self._mount(Markdown(text))
@@ -84,13 +90,13 @@ class ChatPane(Vertical):
     def stream_delta(self, text: str, label: str = "agent") -> None:
         if self._stream is None:
             self._mount(Static(label, classes="agent-label", markup=False))
-            self._stream = Markdown("")
-            self._mount(self._stream)
-        self._buffer.append(text)
+            self._stream = _Reply(Markdown())
+            self._replies.append(self._stream)
+            self._mount(self._stream.markdown)
+        self._stream.pending.append(text)
 
     def end_stream(self) -> None:
         """A reply ended without a final message (cancelled, failed): keep what came."""
-        self._flush_now()
         self._stream = None
 
     def tool_call(self, key: str, name: str, detail: dict[str, Any] | str,
@@ -109,7 +115,7 @@ class ChatPane(Vertical):
 
     def clear(self) -> None:
         self._stream = None
-        self._buffer.clear()
+        self._replies.clear()
         self._tools.clear()
         self.entries.remove_children()
 
@@ -126,22 +132,28 @@ class ChatPane(Vertical):
     def _scroll(self) -> None:
         self.entries.scroll_end(animate=False, immediate=False)
 
-    async def _flush(self) -> None:
-        if not self._buffer or self._stream is None or self._flushing:
+    async def flush(self) -> None:
+        """Draw what streamed since the last tick: one Markdown call per reply."""
+        if self._flushing:
             return
         self._flushing = True
         try:
-            text = "".join(self._buffer)
-            self._buffer.clear()
-            await self._stream.append(text)
-            self._scroll()
+            for reply in list(self._replies):
+                # Markdown resets itself when it mounts: write only once it has.
+                if not reply.markdown.is_mounted:
+                    continue
+                if reply.final is not None:
+                    await reply.markdown.update(reply.final)
+                    self._replies.remove(reply)
+                elif reply.pending:
+                    text = "".join(reply.pending)
+                    reply.pending.clear()
+                    await reply.markdown.append(text)
+                elif reply is not self._stream:
+                    self._replies.remove(reply)
+                self._scroll()
         finally:
             self._flushing = False
-
-    def _flush_now(self) -> None:
-        if self._buffer and self._stream is not None:
-            self._stream.append("".join(self._buffer))
-            self._buffer.clear()
 
     @on(Input.Submitted, "#chat-input")
     def _submitted(self, event: Input.Submitted) -> None:

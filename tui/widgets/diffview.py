@@ -46,7 +46,11 @@ def render_diff(old: str, new: str, theme: str = "monokai") -> Text:
     out = Text(no_wrap=True, overflow="ellipsis")
     width = len(str(max((n or 0 for _, n, _ in rows), default=1)))
     for tag, number, text in rows:
-        line = syntax.highlight(text).rstrip("\n") if tag != "~" else Text(text, style=GUTTER)
+        if tag == "~":
+            line = Text(text, style=GUTTER)
+        else:
+            line = syntax.highlight(text)
+            line.rstrip()  # in place: drop the newline highlight() adds
         gutter = Text(f"{number if number else '':>{width}} {tag} ", style=GUTTER)
         row = Text.assemble(gutter, line)
         if tag == "+":

@@ -6,6 +6,7 @@ session keeps it as a blob). Interpret-mode numbers are labelled as such.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rich.text import Text
@@ -32,29 +33,39 @@ def gauge(label: str, fraction: float | None, detail: str) -> Text:
     return text
 
 
+def _ms(value: Any) -> str:
+    return f"{value:,.3f}" if isinstance(value, int | float) else ""
+
+
 def _mib(n: float) -> str:
     return f"{n / 2**20:.1f}"
 
 
 def vmem_gauge(profile: dict[str, Any], vmem_capacity: float | None) -> Text:
+    """The largest VMEM footprint of any pallas_call against its budget (the scoped
+    limit it runs under), else against the chip's."""
     kernels = (profile.get("analysis") or {}).get("kernels") or []
-    used = max((k.get("vmem_bytes") or 0 for k in kernels), default=0)
     if not kernels:
         return gauge("VMEM", None, "no pallas_call analysed")
-    if not vmem_capacity:
-        return gauge("VMEM", None, f"{_mib(used)} MiB (chip capacity unknown)")
-    return gauge("VMEM", used / vmem_capacity,
-                 f"{_mib(used)}/{_mib(vmem_capacity)} MiB")
+    worst = max(kernels, key=lambda k: k.get("vmem_bytes") or 0)
+    used = float(worst.get("vmem_bytes") or 0)
+    budget = worst.get("vmem_budget_bytes") or worst.get("vmem_limit_bytes") or vmem_capacity
+    if not budget:
+        return gauge("VMEM", None, f"{_mib(used)} MiB (capacity unknown)")
+    return gauge("VMEM", used / float(budget), f"{_mib(used)}/{_mib(float(budget))} MiB")
 
 
 def roofline_gauge(profile: dict[str, Any]) -> Text:
     roof = profile.get("roofline") or {}
-    fraction = roof.get("fraction_of_roofline", roof.get("fraction"))
+    bound = roof.get("bound_by") or roof.get("bound") or ""
+    fraction = roof.get("fraction")
     if fraction is None:
-        bound = roof.get("bound")
-        return gauge("roofline", None, f"{bound}-bound" if bound else "not available")
-    bound = roof.get("bound", "")
-    return gauge("roofline", float(fraction), f"{float(fraction) * 100:.0f}% {bound}".strip())
+        bound_ms = roof.get("bound_ms")
+        detail = f"{bound}-bound" if bound else "not available"
+        if isinstance(bound_ms, int | float):
+            detail += f", ≥{bound_ms * 1000:.2f} µs on {roof.get('chip', 'chip')}"
+        return gauge("roofline", None, detail)
+    return gauge("roofline", float(fraction), f"{float(fraction) * 100:.0f}% ({bound})")
 
 
 class ProfilePane(Vertical):
@@ -71,12 +82,14 @@ class ProfilePane(Vertical):
         self.profile: dict[str, Any] | None = None
         self.chip_label = "chip?"
         self.vmem_capacity: float | None = None
+        self.version: int | None = None
+        self.base_dir: Path | None = None
 
     def compose(self) -> ComposeResult:
         yield Timeline(id="timeline")
         yield Static("", id="gauges")
         table: DataTable = DataTable(id="top-ops", cursor_type="row")
-        table.add_columns("op", "count", "total", "%")
+        table.add_columns("op", "count", "total ms", "self ms", "share")
         yield table
         yield Static("", id="profile-note", markup=False)
 
@@ -86,8 +99,10 @@ class ProfilePane(Vertical):
             self._render_gauges()
         self._retitle()
 
-    def show(self, profile: dict[str, Any] | None, version: int | None = None) -> None:
+    def show(self, profile: dict[str, Any] | None, version: int | None = None,
+             base_dir: Path | None = None) -> None:
         self.profile = profile
+        self.base_dir = base_dir
         self.version = version
         table = self.query_one(DataTable)
         table.clear()
@@ -98,17 +113,18 @@ class ProfilePane(Vertical):
             self.query_one("#profile-note", Static).update("")
             self._retitle()
             return
-        timeline.load(*spans_from_profile(profile))
+        timeline.load(*spans_from_profile(profile, self.base_dir))
         for op in (profile.get("top_ops") or [])[:30]:
-            total = op.get("total_us", op.get("self_us", 0.0)) or 0.0
-            pct = op.get("percent", op.get("fraction", 0.0) * 100 if "fraction" in op else 0.0)
-            table.add_row(str(op.get("name", "?"))[:48], str(op.get("count", "")),
-                          f"{total:,.1f}µs", f"{pct:.1f}")
+            share = op.get("share")
+            table.add_row(str(op.get("name", "?"))[:40], str(op.get("count", "")),
+                          _ms(op.get("total_ms")), _ms(op.get("self_ms")),
+                          f"{share * 100:.1f}%" if isinstance(share, int | float) else "")
         self._render_gauges()
-        notes = [n for n in (profile.get("notes") or []) if isinstance(n, str)]
+        notes = [str((profile.get("roofline") or {}).get("note") or "")]
+        notes = [n for n in notes if n]
         backend = profile.get("backend") or {}
-        if backend.get("mode") == "tpu-interpret":
-            notes.insert(0, "CPU TPU-interpret timings: not TPU performance")
+        if backend.get("mode") == "tpu-interpret" and not notes:
+            notes.insert(0, "TPU interpret mode on the CPU: timings are not TPU performance")
         self.query_one("#profile-note", Static).update("\n".join(notes[:2]))
         self._retitle()
 

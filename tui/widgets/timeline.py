@@ -7,7 +7,9 @@ the profile JSON's timeline.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from rich.style import Style
 from rich.text import Text
@@ -31,21 +33,67 @@ class Span:
     detail: str = ""
 
 
-def spans_from_profile(profile: dict) -> tuple[list[str], list[Span]]:
-    """Track names and spans from a ``tilewright.profile/1`` timeline section."""
+MAX_SPANS = 20000  # enough for the measured iterations of a small kernel
+
+
+def spans_from_profile(profile: dict, base: Path | None = None) -> tuple[list[str], list[Span]]:
+    """Track names and spans of a ``tilewright.profile/1`` profile.
+
+    The profile JSON keeps per-track counts (and maybe a ``sample``); the events
+    themselves are in the Chrome trace file it names (``timeline.chrome_trace``), read
+    here, relative to ``base`` when the path is relative. A missing file gives no spans.
+    """
     timeline = profile.get("timeline") or {}
     tracks = timeline.get("tracks", []) if isinstance(timeline, dict) else timeline
+    trace_path = timeline.get("chrome_trace") if isinstance(timeline, dict) else None
+    if trace_path:
+        path = Path(trace_path)
+        if not path.is_absolute() and base is not None:
+            path = base / path
+        loaded = _spans_from_chrome_trace(path)
+        if loaded[1]:
+            return loaded
     names: list[str] = []
     spans: list[Span] = []
     for i, track in enumerate(tracks or []):
         names.append(str(track.get("name", f"track {i}")))
-        for ev in track.get("events", []) or []:
-            start = float(ev.get("ts", ev.get("start_us", 0.0)))
-            dur = float(ev.get("dur", ev.get("dur_us", 0.0)))
-            detail = ", ".join(f"{k}={v}" for k, v in (ev.get("args") or {}).items())
-            spans.append(Span(i, str(ev.get("name", "?")), start, dur, detail))
+        rows = track.get("events") if isinstance(track.get("events"), list) \
+            else track.get("sample") or []
+        for ev in rows:
+            if isinstance(ev, list | tuple):
+                spans.append(Span(i, str(ev[0]), float(ev[1]), float(ev[2])))
+            else:
+                detail = ", ".join(f"{k}={v}" for k, v in (ev.get("args") or {}).items())
+                spans.append(Span(i, str(ev.get("name", "?")),
+                                  float(ev.get("ts", ev.get("start_us", 0.0))),
+                                  float(ev.get("dur", ev.get("dur_us", 0.0))), detail))
     spans.sort(key=lambda s: (s.start_us, s.track))
-    return names, spans
+    return names, spans[:MAX_SPANS]
+
+
+def _spans_from_chrome_trace(path: Path) -> tuple[list[str], list[Span]]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return [], []
+    names: dict[tuple[int, int], str] = {}
+    order: list[tuple[int, int]] = []
+    spans_raw: list[tuple[tuple[int, int], dict]] = []
+    for ev in data.get("traceEvents", []):
+        key = (ev.get("pid", 0), ev.get("tid", 0))
+        if ev.get("ph") == "M" and ev.get("name") == "thread_name":
+            names[key] = str((ev.get("args") or {}).get("name", key))
+        elif ev.get("ph") == "X":
+            if key not in order:
+                order.append(key)
+            spans_raw.append((key, ev))
+    index = {key: i for i, key in enumerate(order)}
+    spans = [Span(index[key], str(ev.get("name", "?")), float(ev.get("ts", 0.0)),
+                  float(ev.get("dur", 0.0)),
+                  ", ".join(f"{k}={v}" for k, v in (ev.get("args") or {}).items())[:120])
+             for key, ev in spans_raw]
+    spans.sort(key=lambda s: (s.start_us, s.track))
+    return [names.get(key, f"track {key[1]}") for key in order], spans[:MAX_SPANS]
 
 
 def _colour(name: str) -> str:

@@ -1,0 +1,260 @@
+"""The workbench driven with Pilot against the real controller.
+
+Every test runs the real ``TilewrightApp`` with a real ``sessions`` controller over a
+session log in ``tmp_path``, the bundled ``gelu`` task evaluated by one real
+``WorkerPool`` shared by the module (TPU interpret mode on the CPU, one trial, short
+timing), and the scripted agent (determinism: the test knows which proposal comes).
+The app's clock is a ``FakeClock`` so the approval prompt's half-second guard is
+tested without sleeping.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from scripted_agent import ScriptedAgent, kernel, tuning
+
+from kernels.loaders import load_task
+from kernels.workers import EvalOptions, WorkerPool
+from sessions.evaluator import PoolEvaluator
+from sessions.log import load
+from tui.app import TilewrightApp
+from tui.launch import ChipChoice, start_session
+from tui.screens.modals import ErrorModal
+from tui.widgets.chat import ChatPane
+from tui.widgets.history import HistoryPane
+from tui.widgets.problems import ProblemsPane
+from tui.widgets.source import SourcePane
+from tui.widgets.status import ApprovalBar, StatusBar
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+CHIP = ChipChoice("v5e", "TPU v5e", 16 * 2**20)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def pool():
+    async with WorkerPool() as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def gelu():
+    return load_task("gelu")
+
+
+def faster(source: str, rows: int = 128) -> str:
+    return source.replace("BLOCK_ROWS = 64", f"BLOCK_ROWS = {rows}")
+
+
+def make_app(tmp_path: Path, task, agent, pool, clock: FakeClock | None = None,
+             config: dict | None = None) -> TilewrightApp:
+    evaluator = PoolEvaluator(pool, EvalOptions(trials=1, time_budget_s=0.05, timeout_s=120))
+    config = config or {}
+
+    async def opener():
+        link = await start_session(task, agent, evaluator, config, sessions_dir=tmp_path,
+                                   backend={"platform": "cpu", "mode": "tpu-interpret",
+                                            "label": "CPU (TPU interpret)"}, chip=CHIP)
+        return link, CHIP
+
+    return TilewrightApp(config, opener, clock=clock or FakeClock())
+
+
+async def settle(app: TilewrightApp, pilot) -> None:
+    """Wait for the session to open, the controller to go idle, and the UI to catch up."""
+    await app.workers.wait_for_complete()
+    while app.link is None:  # the opener worker has not attached yet
+        await pilot.pause(0.02)
+    await app.link.controller.wait_idle()
+    for _ in range(3):  # events posted by the last step, then the draw they schedule
+        await pilot.pause()
+    modal = app.screen
+    assert not isinstance(modal, ErrorModal), f"{modal.title_text}: {modal.message}"
+
+
+def persisted(app: TilewrightApp) -> list[dict]:
+    return load(app.link.path).events
+
+
+def kinds(app: TilewrightApp) -> list[str]:
+    return [e["type"] for e in persisted(app)]
+
+
+async def test_run_then_approve_respects_the_half_second_guard(tmp_path, gelu, pool):
+    agent = ScriptedAgent([kernel(faster(gelu.starting_source()), "taller row blocks")],
+                          text="Taller blocks halve the grid steps.")
+    clock = FakeClock()
+    app = make_app(tmp_path, gelu, agent, pool, clock)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await settle(app, pilot)
+        screen = app.workbench
+        assert screen.query_one(SourcePane).version == 1
+        await pilot.press("ctrl+r")  # run v1; the agent is then asked for a proposal
+        await settle(app, pilot)
+        assert app.link.state.pending == "p1"
+        bar = screen.query_one(ApprovalBar)
+        assert bar.has_class("-pending") and "taller row blocks" in str(bar.render())
+        source = screen.query_one(SourcePane)
+        assert source.proposal == "p1" and source.shown == "diff" and source.editor.read_only
+        # Type-ahead right after the prompt appears is ignored ...
+        await pilot.press("ctrl+y")
+        await settle(app, pilot)
+        assert "user.decision" not in kinds(app)
+        # ... and honoured half a second later.
+        clock.now += 0.6
+        await pilot.press("ctrl+y")
+        await settle(app, pilot)
+        decisions = [e for e in persisted(app) if e["type"] == "user.decision"]
+        assert decisions[0]["decision"] == "approve" and decisions[0]["by"] == "user"
+        assert app.link.state.versions[2].status == "correct"
+        history = screen.query_one(HistoryPane)
+        assert [r.version for r in history.rows] == [1, 2]
+        assert history.rows[-1].current and history.rows[-1].status == "correct"
+        status = screen.query_one(StatusBar).info
+        assert status.iteration == 1 and status.best_version in (1, 2)
+        assert status.tokens == 300  # two scripted replies of 100 in + 50 out
+        chat = screen.query_one(ChatPane)
+        await chat.flush()
+        assert "Taller blocks" in " ".join(m.source for m in chat.query("Markdown"))
+        await app.action_quit()
+
+
+async def test_reject_with_a_note_reaches_the_agent(tmp_path, gelu, pool):
+    start = gelu.starting_source()
+    agent = ScriptedAgent([kernel(faster(start), "first try"), kernel(faster(start, 256),
+                                                                      "second try")])
+    clock = FakeClock()
+    app = make_app(tmp_path, gelu, agent, pool, clock)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("ctrl+r")
+        await settle(app, pilot)
+        clock.now += 1
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        await pilot.press(*"keep rows at 64", "enter")
+        await settle(app, pilot)
+        decision = next(e for e in persisted(app) if e["type"] == "user.decision")
+        assert decision["decision"] == "reject" and decision["note"] == "keep rows at 64"
+        assert any("keep rows at 64" in n for n in agent.requests[-1].notes)
+        assert app.link.state.pending == "p2"
+        await app.action_quit()
+
+
+async def test_edit_the_proposal_before_it_runs(tmp_path, gelu, pool):
+    start = gelu.starting_source()
+    agent = ScriptedAgent([kernel(faster(start), "taller blocks")])
+    clock = FakeClock()
+    app = make_app(tmp_path, gelu, agent, pool, clock)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("ctrl+r")
+        await settle(app, pilot)
+        clock.now += 1
+        await pilot.press("f2")  # the proposal becomes editable
+        await pilot.pause()
+        source = app.workbench.query_one(SourcePane)
+        assert source.editing and not source.editor.read_only
+        edited = faster(start, 32)
+        source.editor.load_text(edited)
+        await pilot.press("f2")  # submit: an edit decision, then the edited source runs
+        await settle(app, pilot)
+        decision = next(e for e in persisted(app) if e["type"] == "user.decision")
+        assert decision["decision"] == "edit"
+        version = app.link.state.versions[2]
+        assert version.origin == "user-edit" and version.status == "correct"
+        assert "BLOCK_ROWS = 32" in app.link.read_blob(version.source_blob).decode()
+        await app.action_quit()
+
+
+async def test_problems_pane_shows_a_compile_error_and_jumps_to_its_line(tmp_path, gelu,
+                                                                         pool):
+    broken = gelu.starting_source().replace("def gelu_kernel(x_ref, o_ref):",
+                                            "def gelu_kernel(x_ref, o_ref)")
+    agent = ScriptedAgent([kernel(broken, "broken on purpose")])
+    clock = FakeClock()
+    app = make_app(tmp_path, gelu, agent, pool, clock,
+                   config={"controller": {"auto_fix_attempts": 0}})
+    async with app.run_test(size=(140, 40)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("ctrl+r")
+        await settle(app, pilot)
+        clock.now += 1
+        await pilot.press("ctrl+y")
+        await settle(app, pilot)
+        screen = app.workbench
+        problems = screen.query_one(ProblemsPane).problems
+        assert problems and problems[0].severity == "error" and problems[0].line
+        line = problems[0].line
+        table = screen.query_one("#problems-table")
+        table.focus()
+        await pilot.press("enter")
+        await pilot.pause()
+        editor = screen.query_one(SourcePane).editor
+        assert editor.cursor_location[0] == line - 1 and editor.has_focus
+        await app.action_quit()
+
+
+async def test_profile_then_autonomous_on_and_off(tmp_path, gelu, pool):
+    agent = ScriptedAgent([tuning("rows 128", BLOCK_ROWS=128), tuning("rows 256", BLOCK_ROWS=256),
+                           tuning("cols 512", BLOCK_COLS=512)])
+    app = make_app(tmp_path, gelu, agent, pool, config={
+        "budgets": {"iterations": 2}, "controller": {"propose_after_run": False}})
+    async with app.run_test(size=(140, 40)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("ctrl+t")  # profile v1
+        await settle(app, pilot)
+        assert "profile.result" in kinds(app)
+        await pilot.press("ctrl+g")  # autonomous: runs v1, then two tuned versions
+        await settle(app, pilot)
+        events = persisted(app)
+        auto = [e for e in events if e["type"] == "user.decision" and e["by"] == "auto"]
+        assert len(auto) == 2
+        assert any(e["type"] == "auto.stop" and e["reason"] == "budget:iterations"
+                   for e in events)
+        assert app.link.state.mode == "step"
+        assert app.workbench.query_one(StatusBar).info.mode == "step"
+        await pilot.press("ctrl+g")  # on again ...
+        await pilot.pause()
+        assert app.link.state.mode == "auto"
+        await pilot.press("ctrl+g")  # ... and off
+        await settle(app, pilot)
+        assert app.link.state.mode == "step"
+        await app.action_quit()
+
+
+async def test_cancel_needs_two_presses(tmp_path, gelu, pool):
+    import asyncio
+
+    hold = asyncio.Event()
+    agent = ScriptedAgent([kernel(gelu.starting_source())], hold=hold)
+    clock = FakeClock()
+    app = make_app(tmp_path, gelu, agent, pool, clock)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await settle(app, pilot)
+        app.workbench.query_one("#chat-input").focus()
+        await pilot.press(*"make it faster", "enter")
+        await agent.started.wait()
+        await pilot.pause()
+        assert app.link.busy == "agent"
+        await pilot.press("f8")
+        await pilot.pause()
+        assert app.link.busy == "agent"  # one press only arms the cancel
+        clock.now += 0.5
+        await pilot.press("f8")
+        await settle(app, pilot)
+        assert app.link.busy is None and agent.closed == 1
+        assert any(e["type"] == "agent.message" and e.get("cancelled")
+                   for e in persisted(app))
+        await app.action_quit()

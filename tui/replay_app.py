@@ -1,0 +1,88 @@
+"""``tilewright replay SESSION``: the replay screen in its own small app.
+
+Continuing live (``c``) writes a branch session and hands over to the workbench app,
+resuming that branch, once the replay app has closed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from textual.app import App
+from textual.binding import Binding
+
+from sessions.log import SessionError, load
+from tui import keymap
+from tui.screens.modals import ErrorModal, HelpScreen
+from tui.screens.replay import ReplayScreen
+
+REPLAY_HELP = [
+    ("space", "Play", "Play or pause at the recorded pace times the speed"),
+    ("→ / .", "Step", "One event forward"),
+    ("← / ,", "Back", "One event back"),
+    ("n / p", "Decision", "Next / previous proposal or decision"),
+    ("+ / -", "Speed", "Faster / slower"),
+    ("home / end", "Seek", "Start / end of the session"),
+    ("c", "Continue", "Continue live from here as a new session branch"),
+    ("f6 / f7", "Panes", "Next pane / maximize"),
+    ("ctrl+q", "Quit", "Leave the replay"),
+]
+
+
+class ReplayApp(App):
+    TITLE = "tilewright replay"
+    BINDINGS = [Binding("ctrl+q", "quit", "Quit", id="quit", priority=True),
+                Binding("f1", "help", "Help", id="help", priority=True)]
+
+    def __init__(self, path: Path, config: dict[str, Any] | None = None,
+                 sessions_dir: Path | None = None) -> None:
+        super().__init__()
+        self.path = path
+        self.config = config or {}
+        self.sessions_dir = sessions_dir
+        self.theme = str((self.config.get("ui") or {}).get("theme", "textual-dark"))
+        try:
+            self.set_keymap(keymap.keymap_from_config(self.config))
+        except keymap.KeymapError:
+            pass  # the workbench reports keymap errors; replay keys are fixed
+
+    def on_mount(self) -> None:
+        try:
+            loaded = load(self.path)
+        except SessionError as exc:
+            self.push_screen(ErrorModal("Cannot replay this session", str(exc),
+                                        "`tilewright sessions` lists what can be replayed"),
+                             lambda _: self.exit())
+            return
+        self.push_screen(ReplayScreen(loaded))
+
+    def action_help(self) -> None:
+        if isinstance(self.screen, HelpScreen):
+            self.pop_screen()
+        else:
+            self.push_screen(HelpScreen(REPLAY_HELP))
+
+    def branch_from(self, path: Path, seq: int) -> None:
+        from tui.branch import branch_session
+        from tui.cli import _version
+
+        try:
+            branch = branch_session(path, seq, self.sessions_dir, app_version=_version())
+        except (SessionError, OSError) as exc:
+            self.push_screen(ErrorModal("Could not create the branch", str(exc)))
+            return
+        self.exit(result=branch)
+
+
+def run_replay(path: Path, config: dict[str, Any], session_dir: str | None = None) -> int:
+    sessions_dir = Path(session_dir).expanduser() if session_dir else None
+    branch = ReplayApp(path, config, sessions_dir).run()
+    if not branch:
+        return 0
+    from tui.app import run_app
+    from tui.launch import LaunchOptions
+
+    print(f"continuing live in the branch {branch}")
+    return run_app(LaunchOptions(resume=str(branch), session_dir=str(Path(branch).parent)),
+                   config)
