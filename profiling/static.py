@@ -263,8 +263,20 @@ def _operand(bm: Any, is_input: bool, idx: int, grid: list[int | None], steps: i
         "bytes_total": bytes_total,
         "bytes_exact": exact,
         "index_map": str(bm.index_map_jaxpr.jaxpr).replace("\n", " "),
+        "index_map_source": _src(bm.index_map_jaxpr.jaxpr),
+        "line": _line(_src(bm.index_map_jaxpr.jaxpr)),
         "alignment": _alignment(block, array_shape, dtype, memory_space),
     }
+
+
+def _src(jaxpr: Any) -> str:
+    return getattr(getattr(jaxpr, "debug_info", None), "func_src_info", "") or ""
+
+
+def _line(src: str) -> int | None:
+    """'<lambda> at kernel.py:17' -> 17 (where the BlockSpec's index map is written)."""
+    tail = src.rsplit(":", 1)[-1] if ":" in src else ""
+    return int(tail) if tail.isdigit() else None
 
 
 def _block_dim(b: Any) -> int | None:

@@ -29,9 +29,11 @@ def kernel_warnings(k: dict[str, Any], chip: Chip) -> list[dict[str, Any]]:
     return out
 
 
-def _w(code: str, severity: str, message: str, fix: str, operand: str | None = None
-       ) -> dict[str, Any]:
-    return {"code": code, "severity": severity, "operand": operand, "message": message, "fix": fix}
+def _w(code: str, severity: str, message: str, fix: str, operand: str | None = None,
+       line: int | None = None) -> dict[str, Any]:
+    """One warning; ``line`` is the candidate line it points at (a BlockSpec), if known."""
+    return {"code": code, "severity": severity, "operand": operand, "message": message,
+            "fix": fix, "line": line}
 
 
 def _fmt_shape(dims: list[Any]) -> str:
@@ -53,11 +55,11 @@ def _alignment(k: dict[str, Any]) -> list[dict[str, Any]]:
                 f"{op['origin']}: block {_fmt_shape(op['block'])} of {op['dtype']}"
                 f"{_fmt_shape(op['shape'])}: {rule}; TPU lowering rejects it",
                 f"use block {_fmt_shape(al['suggest'])} (multiples of (8, 128), or the full "
-                f"array dim) and adjust the grid to match", op["origin"]))
+                f"array dim) and adjust the grid to match", op["origin"], op.get("line")))
         if al.get("packing"):
             out.append(_w("packed_rows", "info", f"{op['origin']}: {al['packing']}",
                           "make the second-to-last block dim a multiple of the packed tile rows",
-                          op["origin"]))
+                          op["origin"], op.get("line")))
     return out
 
 

@@ -257,6 +257,12 @@ def test_misaligned_block_is_an_error_the_lowering_agrees_with() -> None:
     assert {w["operand"] for w in errors} == {"args[0]", "args[1]", "outputs"}
     assert "(8, 128)" in errors[0]["fix"]
     assert k["operands"][0]["alignment"]["suggest"] == [8, 128]
+    # Each points at the line of its BlockSpec in the kernel source.
+    import inspect
+
+    lines, first = inspect.getsourcelines(_elementwise)
+    spec_line = first + next(i for i, text in enumerate(lines) if "in_specs=" in text)
+    assert next(w for w in errors if w["operand"] == "args[0]")["line"] == spec_line
     # Ground truth: the TPU lowering rejects the same kernel.
     with pytest.raises(ValueError, match="divisible by 8 and 128"):
         jax.jit(fn).trace(x, b).lower(lowering_platforms=("tpu",))
@@ -325,12 +331,13 @@ def test_tiny_blocks_warn_about_step_overhead() -> None:
 @pytest.mark.slow
 @pytest.mark.asyncio(loop_scope="module")
 async def test_profile_op_captures_a_real_cpu_trace(worker_pool, tmp_path: Path) -> None:
-    from kernels.cli_profile import profile
     from kernels.loaders import load_task
 
     task = load_task("rmsnorm")
-    result = await profile(task, task.starting_source(), "kernel.py",
-                           {"logdir": str(tmp_path / "prof"), "iters": 2}, pool=worker_pool)
+    # As the session controller sends it: logdir at the payload's top level.
+    payload = {"task": task.to_spec(), "source": task.starting_source(),
+               "filename": "kernel.py", "logdir": str(tmp_path / "prof"), "options": {"iters": 2}}
+    result = await worker_pool.request("profile", payload, 300)
     assert result["status"] == "ok", result.get("error")
     assert result["schema"] == SCHEMA and result["chip"]["name"] == "v5e"
     run_dir = Path(result["run_dir"])

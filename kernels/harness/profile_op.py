@@ -1,7 +1,7 @@
 """The worker op ``profile``: static analysis, a captured trace and its conversion.
 
 Payload: ``{task: Task.to_spec(), source, filename, options: {chip, iters, shape,
-logdir, python_tracer}}``. Steps: load the task runtime and the candidate, build
+logdir, python_tracer}}`` (options may also be given at the payload's top level). Steps: load the task runtime and the candidate, build
 inputs for the first small visible configuration (or ``shape``), analyze every
 ``pallas_call`` statically for the target chip, trace ``iters`` timed calls
 (``profiling.capture``; TPU interpret mode on a CPU host), convert the xplane with
@@ -27,8 +27,12 @@ DEFAULT_TARGET = "v5e"  # what a CPU host analyzes for when no --chip is given
 
 @op("profile")
 def profile(payload: dict[str, Any]) -> dict[str, Any]:
+    # Options may also sit at the top level of the payload (``{"logdir": ...}``).
+    options = {k: payload[k] for k in ("chip", "iters", "shape", "logdir", "python_tracer")
+               if payload.get(k) is not None}
+    options.update({k: v for k, v in (payload.get("options") or {}).items() if v is not None})
     return run_profile(payload["task"], payload["source"], payload.get("filename") or "kernel.py",
-                       payload.get("options") or {})
+                       options)
 
 
 def run_profile(spec: dict[str, Any], source: str, filename: str,
