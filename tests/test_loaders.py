@@ -174,7 +174,8 @@ def test_jaxbench_overrides_config_keys_constants_and_dtype() -> None:
 def test_maxkernel_overrides_input_gen_constants() -> None:
     task = load_task(FIXTURES / "maxkernel_row_scale", {"ROWS": "16"})
     assert [s.params for s in task.shapes] == [{"index": 0, "ROWS": 16}, {"index": 1, "ROWS": 16}]
-    with pytest.raises(TaskError, match=r"--set COLS=16: not a module-level constant.*ROWS"):
+    with pytest.raises(TaskError, match=r"--set COLS=16: input_gen_code sets no literal "
+                       r"named 'COLS'.*ROWS"):
         load_task(FIXTURES / "maxkernel_row_scale", {"COLS": "16"})
 
 
@@ -284,7 +285,7 @@ def test_find_tasks_lists_all_layouts_and_broken_ones(tmp_path: Path) -> None:
     tasks = [f for f in found if isinstance(f, Task)]
     errors = [f for f in found if isinstance(f, TaskError)]
     assert sorted((t.name, t.layout) for t in tasks) == [
-        ("axpy", "native"), ("jaxbench_kernelbench_style", "jaxbench"),
+        ("axpy", "native"), ("gemm_relu", "maxkernel"), ("jaxbench_kernelbench_style", "jaxbench"),
         ("jaxbench_scaled_tanh", "jaxbench"), ("row_scale", "maxkernel")]
     assert sorted(Path(e.path).parent.name for e in errors) == ["broken_toml", "broken_yaml"]
     with pytest.raises(TaskError, match="no such directory"):
@@ -312,7 +313,8 @@ def test_tilewright_tasks_json_on_a_mixed_directory(tmp_path: Path) -> None:
         "gelu", "softmax", "rmsnorm", "matmul_bias_gelu", "causal_attention"}
     assert {(n, rows["found", n]["layout"]) for o, n in rows if o == "found"} == {
         ("axpy", "native"), ("jaxbench_kernelbench_style", "jaxbench"),
-        ("jaxbench_scaled_tanh", "jaxbench"), ("row_scale", "maxkernel")}
+        ("jaxbench_scaled_tanh", "jaxbench"), ("row_scale", "maxkernel"),
+        ("gemm_relu", "maxkernel")}
     axpy = rows["found", "axpy"]
     assert {k: axpy["shapes"][k] for k in ("small", "large", "held_out")} == {
         "small": 2, "large": 1, "held_out": 1}
@@ -499,6 +501,27 @@ def test_maxkernel_runtime_counts_configs_and_reports_bad_get_inputs(tmp_path: P
             rt.make_inputs(rt.configs()[0], _key(0))
         assert info.value.path.endswith("kernel_task.yaml") and info.value.line == 3
         assert words in str(info.value)
+
+
+def test_maxkernel_set_reaches_sizes_inside_get_inputs() -> None:
+    import traceback
+
+    import numpy as np
+
+    task = load_task(FIXTURES / "maxkernel_gemm_relu",
+                     {"batch_size": "16", "in_features": "128", "out_features": "256"})
+    assert len(task.shapes) == 1 and task.meta["configs_counted"]  # `return d, s`: one pair
+    rt = _runtime(task)
+    (x, w, b), static = rt.make_inputs(rt.configs()[0], _key(0))
+    assert (x.shape, w.shape, b.shape, static) == ((16, 128), (128, 256), (256,), ())
+    assert np.all(rt.reference(x, w, b) >= 0)
+    # The rewritten code keeps the YAML's line numbers.
+    rt = _runtime(load_task(FIXTURES / "maxkernel_gemm_relu", {"in_features": "'wide'"}))
+    with pytest.raises(TypeError) as info:
+        rt.make_inputs(rt.configs()[0], _key(1))
+    frames = [f for f in traceback.extract_tb(info.value.__traceback__)
+              if f.filename.endswith("kernel_task.yaml")]
+    assert frames[-1].lineno == 15 and "config['in_features']" in frames[-1].line
 
 
 def test_maxkernel_errors_inside_get_inputs_point_at_the_yaml_line(tmp_path: Path) -> None:

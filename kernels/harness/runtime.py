@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kernels.loaders.pysource import replace_literals
 from kernels.task import ShapeConfig, Task, TaskError
 
 _module_ids = itertools.count(1)
@@ -184,6 +185,9 @@ class MaxKernelRuntime(TaskRuntime):
         import yaml  # worker side only; the loader has validated the file already
 
         code = yaml.safe_load(yaml_text)["input_gen_code"]
+        overrides = {k: v for k, v in task.shapes[0].params.items() if k != "index"}
+        if overrides:  # same line numbers: tracebacks still match the YAML file
+            code = replace_literals(code, overrides)
         offset = int(task.meta.get("input_gen_line_offset", 0))
         # Pad with blank lines so tracebacks point at the YAML file's own line numbers.
         self.gen_module = _exec_source("\n" * offset + code, str(task.input_gen_path),
@@ -217,9 +221,6 @@ class MaxKernelRuntime(TaskRuntime):
         stamp = np.asarray(jax.random.key_data(key)).tobytes()
         if self._cache and self._cache[0] == stamp:
             return self._cache[1]
-        for k, v in self.task.shapes[0].params.items():
-            if k != "index":
-                setattr(self.gen_module, k, v)
         fn = self.gen_module.get_inputs
         with _seeded_by(key):
             out = fn()

@@ -15,9 +15,11 @@ How tilewright reads it:
   ``get_inputs``, so it counts configurations from a per-configuration ``atol``/``rtol``
   list or from a literal list in ``get_inputs``'s return statement; when neither tells,
   the worker's runtime finds the real count (``TaskRuntime.configs()``).
-- ``--set KEY=VALUE`` sets a module-level constant of ``input_gen_code`` (one assigned a
-  literal) before ``get_inputs()`` runs; the overrides appear in every configuration's
-  params.
+- ``--set KEY=VALUE`` replaces every literal named KEY in ``input_gen_code``: a
+  ``KEY = <literal>`` assignment (module level or inside ``get_inputs``) or a
+  ``'KEY': <literal>`` entry of a dict display (``config = {'batch_size': 4096}``), which
+  is where MaxKernel tasks keep their sizes. The overrides appear in every
+  configuration's params.
 - Fresh inputs per trial: ``get_inputs()`` seeds itself, so the worker folds the
   trial's key into every key it creates (and re-seeds numpy's generators).
 - Default tolerances, when the YAML gives none: 1e-2, like MaxKernel's evaluator.
@@ -31,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from kernels.loaders.pysource import PySource, parse_literal
+from kernels.loaders.pysource import PySource, literal_sites, parse_literal
 from kernels.task import ShapeConfig, Task, TaskError
 
 DEFAULT_TOL = 1e-2
@@ -156,12 +158,13 @@ def _literal_list_length(gen: PySource, function: str) -> int | None:
 
 
 def _overrides(gen: PySource, overrides: dict[str, Any] | None, path: Path) -> dict[str, Any]:
-    constants = gen.literal_constants()
+    """Validate ``--set`` keys against the literals ``input_gen_code`` sets (see literal_sites)."""
+    sites = literal_sites(gen.tree)
     params: dict[str, Any] = {}
     for key, raw in (overrides or {}).items():
-        if key not in constants:
-            raise TaskError(path, f"--set {key}={raw}: not a module-level constant of input_gen_code",
-                            expected="one of " + ", ".join(sorted(constants))
-                            if constants else "input_gen_code has no literal constants to set")
+        if key not in sites or key == "index":
+            raise TaskError(path, f"--set {key}={raw}: input_gen_code sets no literal named {key!r}",
+                            expected="one of " + ", ".join(sorted(sites))
+                            if sites else "input_gen_code has no named literals to set")
         params[key] = parse_literal(raw) if isinstance(raw, str) else raw
     return params

@@ -114,3 +114,58 @@ def parse_literal(text: str) -> Any:
         return ast.literal_eval(text)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return text
+
+
+def _is_literal(node: ast.AST) -> bool:
+    try:
+        ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+    return True
+
+
+def literal_sites(tree: ast.Module) -> dict[str, list[ast.expr]]:
+    """Every place a named literal is set, anywhere in the code (functions included).
+
+    ``NAME = <literal>`` assignments and ``'NAME': <literal>`` entries of dict displays
+    (``config = {'batch_size': 4096, ...}`` inside ``get_inputs``): the values that
+    ``--set NAME=VALUE`` can replace in MaxKernel input code.
+    """
+    sites: dict[str, list[ast.expr]] = {}
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name) and _is_literal(node.value)):
+            sites.setdefault(node.targets[0].id, []).append(node.value)
+        elif isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values, strict=True):
+                if (isinstance(key, ast.Constant) and isinstance(key.value, str)
+                        and _is_literal(value)):
+                    sites.setdefault(key.value, []).append(value)
+    return sites
+
+
+def replace_literals(source: str, values: dict[str, Any]) -> str:
+    """``source`` with every literal site of each name set to ``repr(value)``.
+
+    Line numbers are kept (a multi-line literal becomes a parenthesized value padded
+    with newlines), so tracebacks still point at the original lines. Raises KeyError
+    for a name with no literal site.
+    """
+    sites = literal_sites(ast.parse(source))
+    data = source.encode()
+    starts = [0]
+    for line in data.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    edits = []
+    for name, value in values.items():
+        if name not in sites:
+            raise KeyError(name)
+        for node in sites[name]:
+            span = node.end_lineno - node.lineno  # type: ignore[operator]
+            text = repr(value) if not span else "(" + repr(value) + "\n" * span + ")"
+            edits.append((starts[node.lineno - 1] + node.col_offset,
+                          starts[node.end_lineno - 1] + node.end_col_offset,  # type: ignore[index]
+                          text.encode()))
+    for begin, end, text in sorted(edits, reverse=True):
+        data = data[:begin] + text + data[end:]
+    return data.decode()
