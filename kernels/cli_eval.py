@@ -33,8 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print the eval JSON contract")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="override a shape parameter (repeatable)")
-    parser.add_argument("--trials", type=_positive_int, default=3,
-                        help="correctness trials per shape configuration (default 3)")
+    parser.add_argument("--trials", type=_at_least_3, default=3,
+                        help="correctness trials per shape configuration, each with fresh "
+                             "inputs (default and minimum 3)")
     parser.add_argument("--iters", type=_positive_int, default=None,
                         help="timing iterations (default: adaptive within a time budget)")
     parser.add_argument("--timeout", type=_positive_float, default=120.0, metavar="SECONDS",
@@ -49,6 +50,14 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _at_least_3(text: str) -> int:
+    value = int(text)
+    if value < 3:
+        raise argparse.ArgumentTypeError("at least 3 (fewer trials cannot expose a kernel "
+                                         "that caches or ignores its inputs)")
     return value
 
 

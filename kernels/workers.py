@@ -37,7 +37,9 @@ MEMORY_POLL_S = 0.2
 
 @dataclass
 class EvalOptions:
-    """How thoroughly to evaluate. ``shapes`` restricts to named configurations."""
+    """How thoroughly to evaluate. ``trials`` below 3 count as 3 (the harness's floor);
+    ``shapes`` restricts to named configurations; ``time_budget_s`` bounds the timing
+    of candidate + reference together when ``iters`` is None."""
 
     trials: int = 3
     iters: int | None = None  # None: adaptive, bounded by time_budget_s

@@ -132,7 +132,7 @@ async def test_implausible_speedup_is_flagged(worker_pool, tmp_path) -> None:
     task = load_task(root)
     (tmp_path / "k.py").write_text(IDENTITY_KERNEL)
     result = await run(worker_pool, task, tmp_path / "k.py",
-                       EvalOptions(trials=1, iters=3, timeout_s=60.0))
+                       EvalOptions(trials=3, iters=3, timeout_s=60.0))
     assert result.status == "correct"
     assert result.timing["speedup"] > 10
     assert "suspicious_speedup" in result.integrity["flags"]
@@ -202,6 +202,7 @@ def test_cli_summary_for_an_incorrect_kernel_exits_1() -> None:
     (("--task", "no_such_task", "--kernel", "x.py"), "no such task directory"),
     (("--task", "gelu", "--set", "rows"), "expected KEY=VALUE"),
     (("--task", "gelu", "--shape", "nope"), "unknown --shape"),
+    (("--task", "gelu", "--trials", "1"), "at least 3"),
 ])
 def test_cli_bad_usage_exits_2_with_a_clear_message(args, message) -> None:
     proc = tilewright(*args)

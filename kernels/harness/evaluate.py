@@ -39,6 +39,7 @@ from kernels.task import ShapeConfig, Task, TaskError
 
 _RUNTIMES: dict[str, Any] = {}  # task spec (+ file stamps) -> TaskRuntime, for warm workers
 _RUNTIME_CACHE_SIZE = 8
+MIN_TRIALS = 3
 _CROSS_PLATFORM_CALLBACK = "is different from the lowering platform"
 
 
@@ -108,7 +109,8 @@ class Evaluation:
         self.task = Task.from_spec(spec)
         self.source = source
         self.filename = filename
-        self.trials = max(int(options.get("trials") or 3), 1)
+        # Never fewer than MIN_TRIALS: one trial cannot tell a stale cache from a kernel.
+        self.trials = max(int(options.get("trials") or MIN_TRIALS), MIN_TRIALS)
         self.iters = options.get("iters")
         self.time_budget_s = float(options.get("time_budget_s") or 3.0)
         self.lowering = bool(options.get("lowering", True))
