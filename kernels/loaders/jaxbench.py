@@ -25,6 +25,7 @@ How tilewright reads it:
 from __future__ import annotations
 
 import ast
+import json
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +102,8 @@ def _config(src: PySource) -> dict[str, Any]:
                             line=src.line_of(key or value), expected="CONFIG = {'M': 1024, ...}")
         try:
             config[key.value] = ast.literal_eval(value)
-        except (ValueError, TypeError, SyntaxError):
+            json.dumps(config[key.value])  # it travels to the worker in the task's spec
+        except (ValueError, TypeError, SyntaxError, RecursionError):
             config[key.value] = ast.unparse(value)
     return config
 

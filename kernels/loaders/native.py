@@ -43,6 +43,7 @@ configuration NAME only.
 
 from __future__ import annotations
 
+import datetime
 import re
 import tomllib
 from pathlib import Path
@@ -192,6 +193,10 @@ def _shapes(table: Any, path: Path, text: str) -> tuple[ShapeConfig, ...]:
         tol = {k: _number(entry, k, 0.0, path, text, f"shapes.{name}.")
                for k in ("atol", "rtol") if k in entry}
         params = {k: v for k, v in entry.items() if k not in SHAPE_RESERVED}
+        for key, value in params.items():
+            if isinstance(value, datetime.date | datetime.time):  # TOML dates: not a shape
+                raise TaskError(path, f"shapes.{name}.{key} is a date/time", line=line,
+                                expected="numbers, strings, booleans or lists of them")
         shapes.append(ShapeConfig(name, params, size, held_out, tol.get("atol"), tol.get("rtol")))
     held = [s.name for s in shapes if s.held_out]
     if len(held) > 1:

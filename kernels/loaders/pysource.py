@@ -9,6 +9,7 @@ Every failure is a ``TaskError`` naming the file and the line.
 from __future__ import annotations
 
 import ast
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,11 +110,17 @@ class PySource:
 
 
 def parse_literal(text: str) -> Any:
-    """A ``--set`` value: a Python literal when it parses as one, else the plain string."""
+    """A ``--set`` value: a Python literal when it parses as one, else the plain string.
+
+    Only JSON-representable literals count (numbers, strings, booleans, None, lists,
+    tuples, dicts): the value travels to the worker inside the task's JSON spec.
+    """
     try:
-        return ast.literal_eval(text)
+        value = ast.literal_eval(text)
+        json.dumps(value)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return text
+    return value
 
 
 def _is_literal(node: ast.AST) -> bool:
