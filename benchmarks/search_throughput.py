@@ -63,7 +63,9 @@ async def measure(name: str, executor, task, sources, options, seq: list[str]) -
     await executor.start()
     startup = time.perf_counter() - started
     try:
-        await executor.submit(task, sources[0], options)  # warm every code path once
+        # warm every worker (Ray starts its worker processes on first use)
+        await asyncio.gather(*(executor.submit(task, sources[0], options)
+                               for _ in range(executor.capacity)))
         wall, statuses = await batch(executor, task, sources, options)
         latencies = await sequential(executor, task, seq, options) if seq else []
     finally:

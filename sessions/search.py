@@ -108,7 +108,8 @@ class Search:
         field (what the suite command matches sessions by when it resumes)."""
         log = SessionLog.create(
             sessions_dir, task={"name": task.name, "root": str(task.root),
-                                "layout": task.layout},
+                                "layout": task.layout,
+                                "overrides": task.meta.get("overrides", {})},
             backend=None, agent=getattr(agent, "label", agent.name), app_version=_version(),
             extra={"search": dict(meta or {})})
         state = fold_search(log.header, [])
