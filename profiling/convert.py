@@ -9,8 +9,10 @@ Chrome-trace JSON it returns along two paths:
 - device planes (``/device:TPU:N``, ``/device:GPU:N``): the ``XLA Ops`` line holds
   one event per HLO op executed on the chip, a Pallas kernel being the Mosaic custom
   call (``custom_call_target="tpu_custom_call"``, named ``pallas_call.N``); the
-  ``XLA Modules`` line holds whole programs. Device time inside Pallas kernels over
-  device op time is the Pallas share.
+  ``XLA Modules`` line holds whole programs. A GPU plane may only have its CUDA
+  streams (``Stream #N(...)``), whose kernel events carry ``hlo_op``: they stand in for
+  ``XLA Ops`` there. Device time inside Pallas kernels over device op time is the
+  Pallas share.
 - host threads (``/host:CPU``): on a CPU backend the ops run on host threads (events
   carrying ``hlo_op``/``hlo_module``). A TPU kernel in interpret mode is simulated by
   many host ops, so no share can honestly be attributed to "the kernel" there.
@@ -113,7 +115,7 @@ def timeline_from_trace(trace: dict[str, Any]) -> Timeline:
         for ev in t.events:
             ev.start_us -= origin
         t.sort()
-    device = any(t.kind == "device_ops" and t.events for t in ordered)
+    device = any(t.kind in ("device_ops", "device_stream") and t.events for t in ordered)
     timeline = Timeline(tracks=ordered, source="device" if device else "host",
                         meta={"origin_us": origin})
     timeline.measured = _measured_region(ordered)
@@ -124,14 +126,18 @@ def timeline_from_trace(trace: dict[str, Any]) -> Timeline:
 
 def _track_kind(process: str, thread: str) -> str | None:
     if process.startswith("/device:"):
-        return _DEVICE_LINES.get(thread.strip().lower(), "device_other")
+        line = thread.strip().lower()
+        if line.startswith("stream"):
+            return "device_stream"
+        return _DEVICE_LINES.get(line, "device_other")
     if process.startswith("/host:CPU"):
         return "host_thread"
     return None  # metadata planes, task environment
 
 
 def _track_order(t: Track) -> tuple[int, str, str]:
-    rank = {"device_ops": 0, "device_modules": 1, "steps": 2, "device_other": 3, "host_thread": 4}
+    rank = {"device_ops": 0, "device_stream": 1, "device_modules": 2, "steps": 3,
+            "device_other": 4, "host_thread": 5}
     return (rank.get(t.kind, 9), t.process, t.name)
 
 
@@ -145,15 +151,27 @@ def _measured_region(tracks: Iterable[Track]) -> tuple[float, float] | None:
 
 # -- what the tables and the integrity check read --------------------------------------
 
+def op_kinds(timeline: Timeline) -> tuple[str, ...]:
+    """The tracks holding device ops: ``XLA Ops`` lines, else (GPU) the CUDA streams."""
+    if any(t.events for t in timeline.tracks_of("device_ops")):
+        return ("device_ops",)
+    return ("device_stream",)
+
+
 def is_pallas_event(event: Event, kernel_names: Iterable[str] = ()) -> bool:
     """A device op event that is a Pallas kernel (Mosaic TPU, Mosaic GPU or Triton call)."""
     long_name = str(event.args.get("long_name", ""))
+    hlo_op = str(event.args.get("hlo_op", ""))
     name = event.name
     lowered = (name + " " + long_name).lower()
     if "tpu_custom_call" in lowered or "mosaic" in lowered or "triton" in lowered:
         return True
-    base = re.sub(r"(\.\d+)+$", "", name)
-    return base == "pallas_call" or base in set(kernel_names)
+    names = set(kernel_names)
+    for candidate in (name, hlo_op):
+        base = re.sub(r"(\.\d+)+$", "", candidate)
+        if base == "pallas_call" or (base and base in names):
+            return True
+    return False
 
 
 def pallas_share(timeline: Timeline, kernel_names: Iterable[str] = ()) -> dict[str, Any]:
@@ -164,11 +182,12 @@ def pallas_share(timeline: Timeline, kernel_names: Iterable[str] = ()) -> dict[s
                 "basis": None,
                 "reason": "no device plane: on a CPU host the TPU kernel runs in interpret "
                           "mode as many host ops, so no device time can be attributed to it"}
-    device_us = timeline.busy_us(("device_ops",))
-    pallas_us = timeline.busy_us(("device_ops",), lambda e: is_pallas_event(e, names))
+    kinds = op_kinds(timeline)
+    device_us = timeline.busy_us(kinds)
+    pallas_us = timeline.busy_us(kinds, lambda e: is_pallas_event(e, names))
     per_kernel: dict[str, float] = {}
     region = timeline.region or (0.0, 0.0)
-    for t in timeline.tracks_of("device_ops"):
+    for t in timeline.tracks_of(*kinds):
         for e in t.events:
             if e.end_us > region[0] and e.start_us < region[1] and is_pallas_event(e, names):
                 per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.dur_us / 1e3
@@ -177,7 +196,8 @@ def pallas_share(timeline: Timeline, kernel_names: Iterable[str] = ()) -> dict[s
         "pallas_ms": pallas_us / 1e3,
         "device_ms": device_us / 1e3,
         "kernels": per_kernel,
-        "basis": "device XLA Ops time in the measured region",
+        "basis": ("device XLA Ops time" if kinds == ("device_ops",) else
+                  "device stream (kernel) time") + " in the measured region",
         "reason": None if device_us else "no device ops inside the measured region",
     }
 
@@ -185,7 +205,7 @@ def pallas_share(timeline: Timeline, kernel_names: Iterable[str] = ()) -> dict[s
 def top_ops(timeline: Timeline, limit: int = 15) -> list[dict[str, Any]]:
     """The op table: device ops by name, or on a CPU host XLA ops folded by family."""
     if timeline.source == "device":
-        rows = timeline.op_summary(("device_ops",), group="name", limit=limit)
+        rows = timeline.op_summary(op_kinds(timeline), group="name", limit=limit)
     else:
         rows = timeline.op_summary(("host_thread",), is_op=lambda e: "hlo_op" in e.args,
                                    group="family", limit=limit)

@@ -27,7 +27,9 @@ def print_report(profile: dict[str, Any], console: Console | None = None) -> Non
                       f"{escape(str(err.get('message')))}")
         if err.get("hint"):
             console.print(f"[dim]hint:[/] {escape(err['hint'])}")
-        return
+        if not (profile.get("analysis") or {}).get("kernels"):
+            return
+        console.print("[dim]static analysis (taken before the run failed):[/]")
     chip = profile.get("chip") or {}
     ridge = (profile.get("roofline") or {}).get("ridge_intensity")
     for kernel in (profile.get("analysis") or {}).get("kernels", []):
@@ -35,6 +37,8 @@ def print_report(profile: dict[str, Any], console: Console | None = None) -> Non
     if not (profile.get("analysis") or {}).get("kernels"):
         console.print("[yellow]no pallas_call found in this candidate[/] (nothing to analyze "
                       "statically; the trace below is all XLA)")
+    if profile.get("status") != "ok":
+        return
     _roofline(console, profile.get("roofline") or {}, chip)
     _ops(console, profile)
     _timeline(console, profile)

@@ -16,7 +16,8 @@ from typing import Any
 
 # Track kinds: device op lines hold the kernels; module lines hold whole programs;
 # host threads hold dispatch (and, on a CPU backend, the ops themselves).
-TRACK_KINDS = ("device_ops", "device_modules", "device_other", "host_thread", "steps")
+TRACK_KINDS = ("device_ops", "device_stream", "device_modules", "device_other", "host_thread",
+               "steps")
 
 
 @dataclass
@@ -120,19 +121,22 @@ class Timeline:
         return rows[:limit] if limit else rows
 
     def busy_us(self, kinds: tuple[str, ...], match: Any = None) -> float:
-        """Time inside the measured region covered by top-level events (nesting counted once)."""
+        """Time inside the measured region covered by events, nesting counted once per
+        track and tracks (one per device) added up."""
         region = self.region
         if region is None:
             return 0.0
-        intervals = []
+        total = 0.0
         for track in self.tracks_of(*kinds):
+            intervals = []
             for e in track.events:
                 if match is not None and not match(e):
                     continue
                 lo, hi = max(e.start_us, region[0]), min(e.end_us, region[1])
                 if hi > lo:
                     intervals.append((lo, hi))
-        return _union_length(intervals)
+            total += _union_length(intervals)
+        return total
 
     # -- exports ---------------------------------------------------------------
     def to_json(self, max_events: int = 0) -> dict[str, Any]:
@@ -195,9 +199,11 @@ class Timeline:
                  f"measured {_ms(region[1] - region[0])}"]
         for t in self.tracks:
             lines.append(f"  {t.kind:<14} {t.name}: {len(t.events):,} events")
-        kinds = ("device_ops",) if self.tracks_of("device_ops") else ("host_thread",)
-        is_op = None if kinds == ("device_ops",) else (lambda e: "hlo_op" in e.args)
-        group = "name" if kinds == ("device_ops",) else "family"
+        if self.source == "device":
+            has_ops = any(t.events for t in self.tracks_of("device_ops"))
+            kinds, is_op, group = ("device_ops",) if has_ops else ("device_stream",), None, "name"
+        else:
+            kinds, is_op, group = ("host_thread",), (lambda e: "hlo_op" in e.args), "family"
         ops = self.op_summary(kinds, is_op=is_op, group=group, limit=top)
         if ops:
             lines.append("  top ops by self time:")

@@ -112,6 +112,16 @@ def test_constructed_tpu_trace_device_path() -> None:
     assert module_times(tl)["median_ms"] == pytest.approx(0.07)
 
 
+def test_constructed_gpu_trace_uses_the_stream_line() -> None:
+    trace = json.loads((PROFILES / "constructed_gpu_h100.trace.json").read_text())
+    tl = timeline_from_trace(trace)
+    assert tl.source == "device"
+    assert {t.name: t.kind for t in tl.tracks}["Stream #7(Compute)"] == "device_stream"
+    share = pallas_share(tl, ["matmul_kernel"])
+    assert share["value"] == pytest.approx(40 / 45) and "stream" in share["basis"]
+    assert [o["name"] for o in top_ops(tl)] == ["matmul_kernel", "input_transpose_fusion"]
+
+
 def test_xprof_converts_the_constructed_xplane_quietly(capfd: pytest.CaptureFixture[str]) -> None:
     from profiling.convert import trace_events
 
