@@ -20,7 +20,7 @@ from agents.base import AgentRequest, TaskBrief
 from agents.roles import SYSTEM_TEXT, pallas_guide, role_spec
 
 CACHE = {"type": "ephemeral"}
-_MAX_PROFILE_CHARS = 4000
+_MAX_PROFILE_CHARS = 6000
 _MAX_TRACEBACK_LINES = 20
 
 
@@ -69,7 +69,7 @@ def turn_text(request: AgentRequest) -> str:
     if request.last_eval:
         parts.append(eval_text(request.last_eval, request.current_source))
     if request.profile_summary:
-        parts.append("## Profile summary\n" + _compact(request.profile_summary, _MAX_PROFILE_CHARS))
+        parts.append(profile_text(request.profile_summary))
     if request.history:
         parts.append(history_text(request.history))
     lessons = request.lessons or stored_lessons(request)
@@ -163,41 +163,77 @@ def _tunables_text(source: str) -> str:
 
 def chip_text(chip: str) -> str:
     """The target chip's figures, from ``profiling.chips`` when that module is present."""
-    figures = chip_figures(chip)
     if chip in ("cpu", "", None):
+        target = chip_figures("v5e")
         head = ("## Chip\nRunning on a CPU host in TPU interpret mode: correctness and TPU "
-                "lowering are real, timings measure the interpreter. Optimize for a real TPU.")
-    else:
-        head = f"## Chip: {chip}"
-    if figures:
-        head += "\n" + ", ".join(f"{k}={v}" for k, v in figures.items())
-    return head
+                "lowering are real, timings measure the interpreter. Optimize for a real TPU")
+        return head + (f"; for reference, {_describe_chip(target)}" if target else ".")
+    figures = chip_figures(chip)
+    return f"## Chip: {chip}\n{_describe_chip(figures)}" if figures else f"## Chip: {chip}"
+
+
+def _describe_chip(f: dict[str, Any]) -> str:
+    """One readable line from a profiling.chips.Chip (unknown layouts: key=value)."""
+    try:
+        est = " (estimated)" if f.get("f32_estimated") else ""
+        text = (f"{f['label']}: {f['bf16_flops'] / 1e12:.0f} TFLOP/s bf16, "
+                f"{f['f32_flops'] / 1e12:.0f} TFLOP/s f32{est}; HBM {f['hbm_bytes_per_s'] / 1e9:.0f} "
+                f"GB/s, {f['hbm_bytes'] / 2**30:.0f} GiB; VMEM {f['vmem_bytes'] / 2**20:.0f} MiB "
+                f"per core ({f['scoped_vmem_bytes'] / 2**20:.0f} MiB scoped by default); "
+                f"{f['cores']} core(s){', megacore' if f.get('megacore') else ''}; ridge "
+                f"{f['bf16_flops'] / f['hbm_bytes_per_s']:.0f} FLOP/byte.")
+    except (KeyError, TypeError, ZeroDivisionError):
+        text = ", ".join(f"{k}={v}" for k, v in f.items())
+    return text + (f" {f['note']}" if f.get("note") else "")
 
 
 def chip_figures(chip: str) -> dict[str, Any]:
     try:
-        from profiling import chips  # written by the profiling layer; optional here
+        from profiling import chips  # the profiling layer's table; optional here
     except ImportError:
         return {}
     spec: Any = None
-    for attr in ("get_chip", "chip_spec", "lookup", "get", "spec_for"):
+    for attr in ("get_chip", "chip_spec", "lookup"):
         fn = getattr(chips, attr, None)
         if callable(fn):
             try:
                 spec = fn(chip)
-            except Exception:  # an unknown chip name is not a reason to fail a prompt
+            except (KeyError, ValueError):  # an unknown chip is no reason to fail a prompt
                 spec = None
-            if spec is not None:
-                break
-    if spec is None:
-        table = getattr(chips, "CHIPS", None)
-        spec = table.get(chip) if isinstance(table, dict) else None
+            break
     if spec is None:
         return {}
     if is_dataclass(spec):
         spec = asdict(spec)
-    return {k: v for k, v in dict(spec).items() if isinstance(v, int | float | str)} \
-        if isinstance(spec, dict) else {}
+    return {k: v for k, v in dict(spec).items() if isinstance(v, int | float | str | bool)}
+
+
+_PROFILE_FIRST = ("status", "error", "analysis", "roofline", "top_ops", "per_iteration",
+                  "pallas_share", "timeline")
+_PROFILE_DROP = {"events", "traceEvents", "trace", "tracks", "logdir", "raw", "chip"}
+
+
+def profile_text(profile: dict[str, Any]) -> str:
+    """The profile JSON (``tilewright.profile/1``) pruned for a prompt: the static analysis
+    (grid, blocks, VMEM, warnings), roofline placement and top ops first; raw trace
+    events, long lists and long strings cut."""
+    ordered = {k: profile[k] for k in _PROFILE_FIRST if k in profile}
+    ordered.update({k: v for k, v in profile.items() if k not in ordered})
+    return "## Profile summary\n" + _compact(_prune(ordered), _MAX_PROFILE_CHARS)
+
+
+def _prune(value: Any, depth: int = 0) -> Any:
+    if isinstance(value, dict):
+        return {k: _prune(v, depth + 1) for k, v in value.items()
+                if k not in _PROFILE_DROP and depth < 6}
+    if isinstance(value, list):
+        head = [_prune(v, depth + 1) for v in value[:10]]
+        return head + ([f"... {len(value) - 10} more"] if len(value) > 10 else [])
+    if isinstance(value, str) and len(value) > 300:
+        return value[:300] + "…"
+    if isinstance(value, float):
+        return float(f"{value:.4g}")
+    return value
 
 
 def _compact(value: Any, limit: int) -> str:
