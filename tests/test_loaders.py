@@ -124,6 +124,15 @@ def test_reference_without_required_function_or_with_a_syntax_error(tmp_path: Pa
         load_task(root)
 
 
+def test_a_broken_starting_kernel_is_a_warning_not_a_task_error(tmp_path: Path) -> None:
+    root = native(tmp_path, **{"kernel.py": "def kernal(x):\n    return x\n"})
+    task = load_task(root)
+    assert task.kernel_path == root / "kernel.py"
+    assert "defines no `kernel`" in task.meta["warnings"][0]
+    (root / "kernel.py").write_text("def kernel(x):\n    return x +\n")
+    assert "kernel.py:2: Python syntax error" in load_task(root).meta["warnings"][0]
+
+
 def test_unknown_layout_and_missing_directory_are_clear(tmp_path: Path) -> None:
     write(tmp_path / "notes", {"README.md": "just notes\n"})
     assert detect_layout(tmp_path / "notes") is None
