@@ -335,3 +335,24 @@ def test_turn_context_quotes_the_error_line_and_prunes_the_profile() -> None:
     assert "TPU v5e" in text and "HBM 819 GB/s" in text
     assert "rejected: keep BLOCK_ROWS small" in text and "v3: compile_error" in text
     assert "Declared tunables: BLOCK_ROWS=32" in text
+
+
+def test_the_sdk_is_imported_only_when_a_reply_is_requested() -> None:
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, agents\n"
+            "agents.make_agent('anthropic', {}); agents.make_agent('offline', {})\n"
+            "print(sorted(m for m in ('anthropic', 'jax', 'textual') if m in sys.modules))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "ANTHROPIC_API_KEY": "sk-x"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_unknown_agent_kind_is_a_clear_error() -> None:
+    from agents.errors import AgentError
+
+    with pytest.raises(AgentError, match="use offline, anthropic or auto"):
+        agents.make_agent("gpt", {})  # type: ignore[arg-type]
