@@ -118,6 +118,10 @@ def _cores(k: dict[str, Any], chip: Chip) -> list[dict[str, Any]]:
     else:
         fix = "make the parallel step count even (or >= 8) so the two cores get equal work"
         msg = f"{steps} parallel steps split unevenly over {chip.label}'s 2 TensorCores"
+    if chip.name == "v7x":
+        # JAX's tpu_info: 7x does not fuse its TensorCores into one megacore device.
+        fix += ("; on v7x JAX may expose each TensorCore as its own device, in which case "
+                "shard the work over both devices (shard_map) instead")
     return [_w("cores_idle", "warning", msg, fix)]
 
 
