@@ -31,15 +31,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kernels.loaders import bundled_tasks, find_tasks
+    from kernels.loaders import BUNDLED_DIR, find_tasks
     from kernels.task import Task, TaskError
 
     entries: list[tuple[str, Task | TaskError]] = []
-    if not args.no_bundled:
-        try:
-            entries += [("bundled", t) for t in bundled_tasks()]
-        except TaskError as exc:  # a broken installation still lists what it can
-            entries.append(("bundled", exc))
+    if not args.no_bundled and BUNDLED_DIR.is_dir():
+        # find_tasks, not bundled_tasks: one broken bundled task must not hide the others
+        entries += [("bundled", t) for t in find_tasks(BUNDLED_DIR)]
     if args.directory:
         try:
             entries += [("found", t) for t in find_tasks(args.directory)]
