@@ -1,7 +1,7 @@
 """``tilewright profile``: where a candidate's time goes, and why, in a worker process.
 
 ``tilewright profile --task DIR|NAME --kernel FILE [--json] [--chip NAME] [--set K=V]
-[--shape NAME] [--iters N] [--logdir DIR]`` runs the worker op ``profile``: static
+[--shape NAME] [--iters N] [--logdir DIR] [--trace-out FILE]`` runs the worker op ``profile``: static
 analysis of every pallas_call for the target chip, a profiler trace of the timed
 iterations (the raw logdir is kept, openable with ``xprof --logdir``), the op table,
 the timeline summary and the roofline. ``--json`` prints the ``tilewright.profile/1``
@@ -46,6 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="traced iterations (default 3 in interpret mode, 20 native)")
     parser.add_argument("--logdir", default=None, metavar="DIR",
                         help="where the raw profile goes (default: a new temporary directory)")
+    parser.add_argument("--trace-out", default=None, metavar="FILE",
+                        help="also write the timeline as Chrome/Perfetto trace JSON to FILE")
     parser.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
                         help="kill the profile after this long (default 300)")
     parser.set_defaults(handler=run)
@@ -99,6 +101,15 @@ def run(args: argparse.Namespace) -> int:
     result["kernel"] = str(path)
     result["stderr"] = result.pop("_stderr", "")  # the worker's captured stderr (XLA, xprof)
     result.pop("_handler_s", None)
+    if args.trace_out and (result.get("timeline") or {}).get("chrome_trace"):
+        import shutil
+
+        try:
+            shutil.copyfile(result["timeline"]["chrome_trace"], args.trace_out)
+        except OSError as exc:
+            print(f"tilewright profile: cannot write {args.trace_out}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return EXIT_USAGE
     if args.json:
         print(json.dumps(result, indent=2, default=str))
     else:

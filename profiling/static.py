@@ -69,10 +69,9 @@ def find_pallas_calls(jaxpr: Any, times: int = 1, where: str = "") -> Iterator[t
         inner_times = times
         if eqn.primitive.name == "scan":
             inner_times = times * int(eqn.params.get("length", 1))
-        for key, value in eqn.params.items():
+        for value in eqn.params.values():
             for sub in _sub_jaxprs(value, jcore):
                 yield from find_pallas_calls(sub, inner_times, f"{where}/{eqn.primitive.name}")
-            del key
 
 
 def _sub_jaxprs(value: Any, jcore: Any) -> Iterator[Any]:

@@ -367,6 +367,7 @@ async def test_profile_op_captures_a_real_cpu_trace(worker_pool, tmp_path: Path)
     exported = json.loads(Path(tl["chrome_trace"]).read_text())
     assert any(e["ph"] == "X" for e in exported["traceEvents"])
     assert result["wall"]["iters"] == 2
+    assert "kernel rmsnorm_kernel: grid (8,)" in result["digest"]
     # The kernel author's report renders it: kernel, VMEM bar, roofline, ops, raw trace.
     from rich.console import Console
 
@@ -387,7 +388,8 @@ def test_cli_profile_json_and_quiet_stderr(tmp_path: Path) -> None:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "0",
            "GLOG_minloglevel": "0", "ABSL_MIN_LOG_LEVEL": "0"}
     cmd = [sys.executable, "-m", "tui.cli", "profile", "--task", "gelu", "--json",
-           "--iters", "2", "--logdir", str(tmp_path / "p")]
+           "--iters", "2", "--logdir", str(tmp_path / "p"), "--trace-out",
+           str(tmp_path / "timeline.json")]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
@@ -399,6 +401,9 @@ def test_cli_profile_json_and_quiet_stderr(tmp_path: Path) -> None:
     assert {"grid", "operands", "vmem_bytes", "bytes_total", "flops", "intensity",
             "warnings"} <= set(k)
     assert {"tracks", "span_us"} <= set(data["timeline"]) and data["top_ops"]
+    exported = json.loads((tmp_path / "timeline.json").read_text())  # --trace-out
+    assert sum(e["ph"] == "X" for e in exported["traceEvents"]) == sum(
+        t["events"] for t in data["timeline"]["tracks"])
     # xprof logged C++ lines in the worker (we kept them), and none reached our stderr.
     noisy = ("profiler_session.cc", "UnifiedProfileProcessor", "xplane_to_tools_data")
     assert any(any(n in line for n in noisy) for line in data["xprof_log"])
