@@ -30,6 +30,10 @@ def api_key_from_env() -> str | None:
     return key or None
 
 
+class IncompleteReply(Exception):
+    """The event stream closed before ``message_stop``; retried like a connection error."""
+
+
 class AnthropicProvider:
     """One model behind ``AsyncAnthropic``; ``stream`` yields ``ProviderEvent``s."""
 
@@ -84,7 +88,8 @@ class AnthropicProvider:
                 async for event in self._one_attempt(client, system, messages, tools):
                     yield event
                 return
-            except (anthropic.APIConnectionError, anthropic.APIStatusError) as exc:
+            except (anthropic.APIConnectionError, anthropic.APIStatusError,
+                    *_transport_errors()) as exc:
                 kind = _retry_kind(exc)
                 if kind is None:
                     yield Failure(_describe(exc), retryable=False)
@@ -100,6 +105,9 @@ class AnthropicProvider:
             except anthropic.AnthropicError as exc:
                 yield Failure(f"Anthropic SDK error: {exc}")
                 return
+            except Exception as exc:  # never let a surprise from the SDK end the session
+                yield Failure(f"unexpected error from the Anthropic SDK: {type(exc).__name__}: {exc}")
+                return
 
     async def _one_attempt(self, client: Any, system: list[dict[str, Any]],
                            messages: list[dict[str, Any]],
@@ -111,7 +119,7 @@ class AnthropicProvider:
         blocks: dict[int, dict[str, Any]] = {}
         json_bufs: dict[int, str] = {}
         usage = {"input": 0, "output": 0, "cache_read": 0, "cache_write": 0}
-        stop_reason = None
+        stop_reason, finished = None, False
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             stream = await client.messages.create(**kwargs)
@@ -147,6 +155,10 @@ class AnthropicProvider:
                 elif etype == "message_delta":
                     stop_reason = event.delta.stop_reason or stop_reason
                     _read_usage(usage, event.usage)
+                elif etype == "message_stop":
+                    finished = True
+        if not finished:  # the stream ended early: a cut connection, not a reply
+            raise IncompleteReply("the reply stream ended before message_stop")
         yield self._final(blocks, stop_reason, usage)
 
     def _final(self, blocks: dict[int, dict[str, Any]], stop_reason: str | None,
@@ -214,10 +226,21 @@ def _error_type(exc: Exception) -> str:
     return ""
 
 
+def _transport_errors() -> tuple[type[Exception], ...]:
+    """The HTTP library's transport errors (a stream cut mid-way surfaces as these)."""
+    try:
+        import httpx2
+    except ImportError:
+        return (IncompleteReply,)
+    return (httpx2.TransportError, IncompleteReply)
+
+
 def _retry_kind(exc: Exception) -> str | None:
     """What to tell the user before retrying, or None when retrying cannot help."""
     import anthropic
 
+    if isinstance(exc, _transport_errors()):
+        return "connection lost mid-reply (the partial reply is discarded)"
     if isinstance(exc, anthropic.APIConnectionError):
         return "connection error" if not isinstance(exc, anthropic.APITimeoutError) else "timed out"
     status = getattr(exc, "status_code", None)

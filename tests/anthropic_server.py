@@ -10,7 +10,8 @@ answers with ``default`` (a plain text reply unless set). Use it as a context ma
         config = {"agent": {"base_url": server.url, ...}}
 
 Helpers build the SSE event lists: ``text_reply``, ``tool_reply``, ``error_status``.
-A ``Hang`` step stops mid-stream until the client disconnects (cancellation tests).
+``Stream(..., hang_after=N)`` stops mid-stream until the client disconnects
+(cancellation tests); ``Stream(..., cut_after=N)`` closes the connection mid-stream.
 Keys are accepted from ``x-api-key`` or ``Authorization: Bearer``.
 """
 
@@ -27,6 +28,7 @@ from typing import Any
 class Stream:
     events: list[tuple[str, dict[str, Any]]]
     hang_after: int | None = None  # stop after this many events and wait for a disconnect
+    cut_after: int | None = None  # close the connection after this many events
 
 
 @dataclass
@@ -196,6 +198,8 @@ class MessagesServer:
                 self.end_headers()
                 try:
                     for n, (name, data) in enumerate(step.events):
+                        if step.cut_after is not None and n == step.cut_after:
+                            break
                         if step.hang_after is not None and n == step.hang_after:
                             # Hold the stream open, probing with SSE comments: a write
                             # fails once the client has closed the connection.

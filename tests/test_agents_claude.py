@@ -185,6 +185,15 @@ async def test_overloaded_then_success(server: MessagesServer) -> None:
     assert _final(events).proposal.kind == "kernel"
 
 
+async def test_a_stream_cut_mid_reply_is_retried(server: MessagesServer) -> None:
+    cut = text_reply("This reply is cut off halfway through.", chunks=6)
+    server.script(Stream(cut.events, cut_after=4), text_reply(f"```python\n{KERNEL}```"))
+    events = await _collect(agents.make_agent("anthropic", _config(server)), _request())
+    assert any(isinstance(e, Notice) and e.text.startswith("connection lost mid-reply")
+               for e in events)
+    assert _final(events).proposal.kind == "kernel" and len(server.requests) == 2
+
+
 async def test_bad_request_fails_without_retry(server: MessagesServer) -> None:
     server.script(error_status(400, "invalid_request_error", "max_tokens too large"))
     events = await _collect(agents.make_agent("anthropic", _config(server)), _request())
