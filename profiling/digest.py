@@ -43,7 +43,7 @@ def digest(profile: dict[str, Any], top: int = 5) -> str:
             lines.append(f"  {w['severity']}{where}: {w['message']} -> fix: {w['fix']}")
     roof = profile.get("roofline") or {}
     if roof:
-        placed = (f"; measured at {roof['fraction']:.0%} of it" if roof.get("fraction") is not None
+        placed = (f"; measured at {roof['fraction']:.1%} of it" if roof.get("fraction") is not None
                   else f"; {roof['note']}" if roof.get("note") else "")
         lines.append(f"roofline: >= {roof['bound_ms'] * 1e3:.2f} us ({roof['bound_by']}-bound)"
                      + placed)

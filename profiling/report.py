@@ -46,9 +46,12 @@ def print_report(profile: dict[str, Any], console: Console | None = None) -> Non
 
 def _header(console: Console, p: dict[str, Any]) -> None:
     backend = p.get("backend") or {}
-    label = (f"{backend.get('platform', '?').upper()} (TPU interpret)"
-             if backend.get("mode") == "tpu-interpret"
-             else f"{backend.get('platform', '?').upper()} {backend.get('device_kind', '')}")
+    platform = str(backend.get("platform", "?")).upper()
+    kind = str(backend.get("device_kind", ""))
+    if backend.get("mode") == "tpu-interpret":
+        label = f"{platform} (TPU interpret)"
+    else:
+        label = kind if kind.upper().startswith(platform) else f"{platform} {kind}".strip()
     chip = (p.get("chip") or {}).get("label", "?")
     shape = p.get("shape") or {}
     status = "[bold green]PROFILE[/]" if p.get("status") == "ok" else "[bold red]PROFILE FAILED[/]"
@@ -128,7 +131,10 @@ def _roofline(console: Console, r: dict[str, Any], chip: dict[str, Any]) -> None
         console.print(f"  this kernel's blocking moves {_bytes(r['kernel_bytes'])}: "
                       f"at best {_ms(r['kernel_bound_ms'])}")
     if r.get("fraction") is not None:
-        console.print(f"  measured {_ms(r['measured_ms'])}: [bold]{r['fraction']:.0%}[/] of roofline")
+        frac = r["fraction"]
+        shown = f"{frac:.1%}" if frac < 0.1 else f"{frac:.0%}"
+        console.print(f"  measured {_ms(r['measured_ms'])}: [bold]{shown}[/] of roofline "
+                      "(bound / measured)")
     elif r.get("note"):
         console.print(f"  [yellow]{escape(r['note'])}[/]")
 
@@ -173,8 +179,11 @@ def _timeline(console: Console, p: dict[str, Any]) -> None:
     elif share.get("reason"):
         console.print(f"  Pallas share: n/a — {escape(share['reason'])}")
     if p.get("logdir"):
-        console.print(f"  raw trace: {escape(p['logdir'])}  [dim](xprof --logdir "
-                      f"{escape(p['logdir'])}; perfetto: {escape(str(p.get('perfetto')))})[/]")
+        perfetto = f"; ui.perfetto.dev: {escape(p['perfetto'])}" if p.get("perfetto") else ""
+        console.print(f"  raw trace: {escape(p['logdir'])}  [dim](open with: xprof --logdir "
+                      f"{escape(p['logdir'])}{perfetto})[/]")
+        if tl.get("chrome_trace"):
+            console.print(f"  timeline export: [dim]{escape(tl['chrome_trace'])}[/]")
 
 
 def _dtype(name: str) -> str:
