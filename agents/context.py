@@ -13,6 +13,7 @@ harness keeps private leaks into a prompt.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, is_dataclass
 from typing import Any
 
@@ -67,7 +68,8 @@ def turn_text(request: AgentRequest) -> str:
     else:
         parts.append("## Current kernel\nNone yet: this is the first version.")
     if request.last_eval:
-        parts.append(eval_text(request.last_eval, request.current_source))
+        visible = {shape["name"] for shape in request.task.shapes}
+        parts.append(eval_text(request.last_eval, request.current_source, visible))
     if request.profile_summary:
         parts.append(profile_text(request.profile_summary))
     if request.history:
@@ -93,8 +95,13 @@ def stored_lessons(request: AgentRequest) -> tuple[str, ...]:
         return ()
 
 
-def eval_text(result: dict[str, Any], source: str | None = None) -> str:
-    """The last evaluation, field by field: status, error with its line, numbers."""
+def eval_text(result: dict[str, Any], source: str | None = None,
+              visible: set[str] | None = None) -> str:
+    """The last evaluation, field by field: status, error with its line, numbers.
+
+    A correctness reason about a configuration the agent may not see is reworded so that
+    neither its name nor array indices (which would hint at its shape) reach the prompt.
+    """
     lines = [f"## Last evaluation: {result.get('status', '?')}"]
     backend = result.get("backend") or {}
     if backend:
@@ -117,7 +124,11 @@ def eval_text(result: dict[str, Any], source: str | None = None) -> str:
         tb = (error.get("traceback") or "").strip().splitlines()
         if tb:
             lines.append("Traceback (last lines):\n" + "\n".join(tb[-_MAX_TRACEBACK_LINES:]))
-    corr = result.get("correctness")
+    corr = dict(result.get("correctness") or {})
+    reason = str(corr.get("reason") or "")
+    if visible is not None and ":" in reason and reason.split(":", 1)[0] not in visible:
+        detail = re.sub(r"\(\d+(, ?\d+)*\)", "(…)", reason.split(":", 1)[1]).strip()
+        corr["reason"] = f"a shape configuration you cannot see failed: {detail}"
     if corr:
         lines.append("Correctness: " + ", ".join(
             f"{k}={corr[k]}" for k in ("correct", "trials", "max_abs_diff", "max_rel_diff",

@@ -287,7 +287,9 @@ async def test_request_caches_the_stable_prefix_and_hides_the_held_out_shape(
     task = load_task("gelu")
     held = next(s for s in task.shapes if s.held_out)
     server.script(text_reply(f"```python\n{KERNEL}```"))
-    last_eval = {"status": "incorrect", "correctness": {"correct": False, "reason": "small: off"},
+    last_eval = {"status": "incorrect", "correctness": {
+                     "correct": False, "reason": f"{held.name}: trial 1: 12 of 131072 values "
+                                                 "differ, first at index (100, 1000)"},
                  "extra": {"shapes": [{"name": held.name, "params": held.params}]}}
     request = AgentRequest("fix", agents.brief(task), KERNEL, 1, last_eval=last_eval)
     await _collect(agents.make_agent("anthropic", _config(server)), request)
@@ -304,7 +306,8 @@ async def test_request_caches_the_stable_prefix_and_hides_the_held_out_shape(
                                                   "propose_tuning"}
     text = json.dumps(body)
     params = ", ".join(f"{k}={v}" for k, v in held.params.items())
-    assert held.name not in text and params not in text
+    assert held.name not in text and params not in text and "(100, 1000)" not in text
+    assert "a shape configuration you cannot see failed: trial 1: 12 of 131072" in text
     assert "rows=256, cols=512" in text  # visible shapes are shown
 
 
