@@ -24,7 +24,8 @@ from sessions.log import load
 from sessions.state import fold
 
 ROOT = Path(__file__).resolve().parent.parent
-FAST = ["--trials", "1", "--time-budget", "0.2"]
+# One trial, short timing, every shape shrunk to 64x256 (recorded in the header).
+FAST = ["--trials", "1", "--time-budget", "0.2", "--set", "rows=64", "--set", "cols=256"]
 
 
 def _env() -> dict[str, str]:
@@ -98,7 +99,7 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_auto_writes_a_complete_session(finished: Path) -> None:
     loaded = load(finished)
-    assert loaded.header["task"]["name"] == "gelu" and loaded.header["task"]["overrides"] == {}
+    assert loaded.header["task"]["name"] == "gelu" and loaded.header["task"]["overrides"] == {"rows": "64", "cols": "256"}
     assert loaded.header["backend"]["mode"] == "tpu-interpret"
     state = fold(loaded.header, loaded.events)
     assert state.ended == "completed"
