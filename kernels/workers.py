@@ -296,7 +296,8 @@ class WorkerPool:
         worker = _Worker()
         try:
             await worker.start(self.env, self.startup_timeout_s)
-        except BaseException as exc:
+        except BaseException as exc:  # failed, or cancelled by close(): leave nothing behind
+            worker.kill_now()
             worker.close_channel()
             if restarting and self._idle is not None:
                 self._idle.put_nowait(exc)  # wake a waiter with the reason

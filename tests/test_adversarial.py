@@ -104,12 +104,14 @@ async def test_os_exit_is_reported_as_an_exit(worker_pool, gelu) -> None:
 
 
 async def test_sys_exit_is_a_runtime_error_and_worker_survives(worker_pool, gelu) -> None:
+    pids = list(worker_pool.pids)
     result = await evaluate(worker_pool, gelu, "sys_exit.py")
     assert result.status in ("runtime_error", "compile_error")
     assert result.error.kind == "exit"
     assert "sys.exit(3)" in result.error.message
     assert result.error.line == 6
     assert (await evaluate(worker_pool, gelu, "good_gelu.py")).status == "correct"
+    assert worker_pool.pids == pids  # SystemExit is an exception: no restart needed
 
 
 async def test_syntax_error_is_a_compile_error_with_its_line(worker_pool, gelu) -> None:
@@ -178,8 +180,9 @@ async def test_api_keys_in_the_app_never_reach_the_candidate(gelu, monkeypatch) 
 
 
 async def test_memory_hog_is_killed(gelu) -> None:
-    async with WorkerPool(memory_limit_mb=1500) as pool:
+    # A worker idles at about 270 MB resident; the candidate grabs 100 MB at a time.
+    async with WorkerPool(memory_limit_mb=800) as pool:
         result = await evaluate(pool, gelu, "memory_hog.py")
         assert result.status == "crashed"
         assert result.error.kind == "memory"
-        assert (await evaluate(pool, gelu, "good_gelu.py")).status == "correct"
+        assert "memory limit" in result.error.message

@@ -163,3 +163,21 @@ def test_no_orphan_worker_after_kill_9_of_the_app(tmp_path) -> None:
     finally:
         if app.poll() is None:
             app.kill()
+
+
+def _children() -> set[int]:
+    path = f"/proc/{os.getpid()}/task/{os.getpid()}/children"
+    with open(path) as f:
+        return {int(p) for p in f.read().split()}
+
+
+@ON_MODULE_LOOP
+async def test_closing_during_a_restart_leaves_no_process_behind(gelu) -> None:
+    before = _children()
+    pool = WorkerPool()
+    await pool.start()
+    crash = await pool.evaluate(gelu, (CANDIDATES / "os_abort.py").read_text(), QUICK)
+    assert crash.status == "crashed" and pool.state == "restarting"
+    await pool.close()  # the replacement is still importing JAX
+    assert pool.state == "stopped"
+    assert all(_wait_gone(pid, 5.0) for pid in _children() - before)

@@ -159,8 +159,6 @@ class Evaluation:
 
         self.result.status = status
         self.result.error = EvalError(**error)
-        if isinstance(exc, SystemExit):
-            self.recycle = True
         raise _Stop
 
     def _run(self) -> None:
