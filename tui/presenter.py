@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tui.format import format_speedup
 from tui.view import SessionView
 from tui.widgets.chat import ChatPane
 from tui.widgets.history import HistoryPane
@@ -23,7 +24,7 @@ PAST = {"approve": "approved", "reject": "rejected", "edit": "edited"}
 
 
 def _speed(value: Any) -> str:
-    return f"{value:.2f}x" if isinstance(value, int | float) else "—"
+    return format_speedup(value)
 
 
 def describe_result(event: dict[str, Any]) -> tuple[str, str]:

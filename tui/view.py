@@ -89,9 +89,12 @@ class SessionView:
         prop = self.state.pending_proposal
         if prop is None:
             return None
+        source = self.blobs.text(prop.source_blob)
+        if prop.kind == "tuning" and source is None and prop.tuning:
+            source = _tuned(self.current_source(), prop.tuning)
         return {"id": prop.id, "kind": prop.kind, "summary": prop.summary,
                 "rationale": prop.rationale, "plan": prop.plan, "tuning": prop.tuning,
-                "source": self.blobs.text(prop.source_blob), "role": prop.role}
+                "source": source, "role": prop.role}
 
     # -- history, problems, profile ---------------------------------------------------
     def history(self) -> list[VersionRow]:
@@ -137,3 +140,14 @@ def _backend_label(backend: dict[str, Any]) -> str:
     if backend.get("mode") == "tpu-interpret":
         return f"{platform} (TPU interpret)"
     return f"{platform} {backend.get('device_kind', '')}".strip()
+
+
+def _tuned(source: str, tuning: dict[str, Any]) -> str | None:
+    """What a tuning proposal would make of the current source (None if it cannot
+    apply: the controller reports why when it is approved)."""
+    from kernels import tunables
+
+    try:
+        return tunables.apply(source, tuning)
+    except Exception:
+        return None

@@ -30,6 +30,7 @@ class _Reply:
 
 
 class ChatPane(Vertical):
+    ALLOW_MAXIMIZE = True  # F7 zooms a whole pane
     DEFAULT_CSS = """
     ChatPane #log { height: 1fr; scrollbar-size-vertical: 1; }
     ChatPane .user { color: $text; background: $boost; padding: 0 1; margin: 1 0 0 0; }
@@ -102,7 +103,7 @@ class ChatPane(Vertical):
     def tool_call(self, key: str, name: str, detail: dict[str, Any] | str,
                   status: str = "") -> None:
         body = detail if isinstance(detail, str) else json.dumps(detail, indent=2)[:4000]
-        title = f"▸ tool: {name}" + (f" ({status})" if status else "")
+        title = f"tool: {name}" + (f" ({status})" if status else "")
         if key in self._tools:
             entry = self._tools[key]
             entry.title = title

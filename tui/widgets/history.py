@@ -14,6 +14,8 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import DataTable
 
+from tui.format import format_speedup
+
 STATUS_MARK = {"correct": "✓", "incorrect": "✗", "compile_error": "✗", "runtime_error": "✗",
                "timeout": "⏱", "crashed": "✗", "rejected": "⊘", None: "·"}
 
@@ -43,6 +45,7 @@ class HistoryTable(DataTable):
 
 
 class HistoryPane(Vertical):
+    ALLOW_MAXIMIZE = True  # F7 zooms a whole pane
     DEFAULT_CSS = "HistoryPane DataTable { height: 1fr; }"
 
     class Picked(Message):
@@ -73,7 +76,7 @@ class HistoryPane(Vertical):
         for row in reversed(self.rows):  # newest first
             mark = ("▶" if row.current else " ") + ("★" if row.best else " ")
             status = f"{STATUS_MARK.get(row.status, '?')} {row.status or 'not run'}"
-            speed = f"{row.speedup:.2f}x" if row.speedup is not None else "—"
+            speed = format_speedup(row.speedup)
             table.add_row(f"{mark}v{row.version}", row.origin, status, speed, row.summary,
                           key=str(row.version))
         if self.rows:

@@ -16,6 +16,7 @@ from tui.problems import Problem
 
 
 class ProblemsPane(Vertical):
+    ALLOW_MAXIMIZE = True  # F7 zooms a whole pane
     DEFAULT_CSS = """
     ProblemsPane DataTable { height: 1fr; }
     ProblemsPane #problems-hint { color: $text-muted; height: auto; max-height: 3; }

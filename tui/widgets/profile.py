@@ -69,6 +69,7 @@ def roofline_gauge(profile: dict[str, Any]) -> Text:
 
 
 class ProfilePane(Vertical):
+    ALLOW_MAXIMIZE = True  # F7 zooms a whole pane
     DEFAULT_CSS = """
     ProfilePane Timeline { margin: 0 0 1 0; }
     ProfilePane #gauges { height: auto; }
@@ -131,7 +132,7 @@ class ProfilePane(Vertical):
     def _render_gauges(self) -> None:
         assert self.profile is not None
         text = vmem_gauge(self.profile, self.vmem_capacity)
-        text.append("   ")
+        text.append("\n")
         text.append_text(roofline_gauge(self.profile))
         self.query_one("#gauges", Static).update(text)
 

@@ -16,6 +16,7 @@ from tui.widgets.diffview import DiffView
 
 
 class SourcePane(Vertical):
+    ALLOW_MAXIMIZE = True  # F7 zooms a whole pane
     DEFAULT_CSS = """
     SourcePane ContentSwitcher { height: 1fr; }
     SourcePane TextArea { height: 1fr; border: none; padding: 0; }

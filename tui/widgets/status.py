@@ -11,6 +11,8 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
+from tui.format import format_speedup
+
 
 @dataclass(frozen=True)
 class StatusInfo:
@@ -32,30 +34,35 @@ def _tokens(n: int) -> str:
 
 class StatusBar(Static):
     DEFAULT_CSS = """
-    StatusBar { dock: bottom; height: 1; background: $panel; color: $text; padding: 0 1; }
+    StatusBar { height: 1; background: $panel; color: $text; padding: 0 1; }
     """
 
     info: reactive[StatusInfo] = reactive(StatusInfo)
 
     def render(self) -> Text:
         i = self.info
+        narrow = self.size.width and self.size.width < 110  # 80-column terminals
         text = Text(no_wrap=True, overflow="ellipsis")
         text.append(i.task, style="bold")
-        backend = i.backend + (f" → {i.chip}" if i.chip else "")
+        backend = i.backend.replace(" (TPU interpret)", " interp") if narrow else i.backend
+        if i.chip:
+            backend += f"→{i.chip.removeprefix('TPU ')}" if narrow else f" → {i.chip}"
         text.append(f" · {backend} · ")
         if i.mode == "auto":
             text.append(" AUTO ", style="bold reverse yellow")
         else:
             text.append(" STEP ", style="bold reverse cyan")
-        text.append(f" · iter {i.iteration}")
+        text.append(f" · {'it' if narrow else 'iter'} {i.iteration}")
         if i.best_speedup is not None:
-            text.append(f" · best {i.best_speedup:.2f}x (v{i.best_version})", style="green")
+            best = f"{format_speedup(i.best_speedup)} v{i.best_version}" if narrow \
+                else f"{format_speedup(i.best_speedup)} (v{i.best_version})"
+            text.append(f" · best {best}", style="green")
         else:
             text.append(" · best —")
         text.append(f" · {_tokens(i.tokens)} tok ${i.cost_usd:.2f}")
         worker_style = {"idle": "green", "busy": "yellow", "restarting": "red",
                         "stopped": "red"}.get(i.worker, "")
-        text.append(" · worker ")
+        text.append(" · " if narrow else " · worker ")
         text.append(i.worker, style=worker_style)
         return text
 
@@ -64,7 +71,7 @@ class ActivityLine(Static):
     """'⠙ evaluating v3 · 4.2s · F8 F8 cancels' while something long runs."""
 
     DEFAULT_CSS = """
-    ActivityLine { dock: bottom; height: 1; padding: 0 1; color: $text-muted; display: none; }
+    ActivityLine { height: 1; padding: 0 1; color: $text-muted; display: none; }
     ActivityLine.-busy { display: block; }
     """
     SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
@@ -109,7 +116,7 @@ class ApprovalBar(Static):
 
     GUARD_S = 0.5
     DEFAULT_CSS = """
-    ApprovalBar { dock: bottom; height: auto; max-height: 3; padding: 0 1;
+    ApprovalBar { height: auto; max-height: 3; padding: 0 1;
                   background: $warning 30%; color: $text; display: none; }
     ApprovalBar.-pending { display: block; }
     """
