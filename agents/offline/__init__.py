@@ -98,9 +98,9 @@ def _tune(request: AgentRequest) -> Proposal | Failure:
     if isinstance(step, Failure):
         return step
     if step is None:
-        return Failure("offline agent: tuning converged: every neighbour of the best "
-                       "configuration has been measured. Try a structural change (edit, or "
-                       "Claude) to go further.")
+        return Failure(f"offline agent: tuning converged{_best_text(request)}: every neighbour "
+                       "of the best configuration has been measured. Try a structural change "
+                       "(edit, or Claude) to go further.")
     return Proposal("tuning", step.summary, rationale=step.rationale, tuning=step.changes,
                     meta={"via": "tuner", "config": step.config})
 
@@ -115,6 +115,21 @@ def _tuner_step(request: AgentRequest) -> tuner.Step | Failure | None:
     obs = tuner.observations_from(request.history, source, request.last_eval, set(declared),
                                   request.current_version)
     return tuner.next_step(source, obs)
+
+
+def _best_text(request: AgentRequest) -> str:
+    source = request.current_source or ""
+    names = set(tunables.read(source))
+    obs = tuner.observations_from(request.history, source, request.last_eval, names,
+                                  request.current_version)
+    best = obs.best()
+    if best is None:
+        return ""
+    config = " ".join(f"{k}={v}" for k, v in best[0])
+    version = obs.version.get(best[0])
+    speed = obs.speedup.get(best[0])
+    return (f" at {config}{f' (v{version}' if version else ' ('}"
+            f"{f', {speed:.3g}x' if speed else ''}) after {len(obs.cost)} measured configurations")
 
 
 def _has_correct(request: AgentRequest) -> bool:
