@@ -336,6 +336,77 @@ def test_tiny_blocks_warn_about_step_overhead() -> None:
     assert "per_step_overhead" not in [w["code"] for w in big["kernels"][0]["warnings"]]
 
 
+
+def test_prefetch_hbm_scan_and_buffering_are_read() -> None:
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    from profiling.static import analyze_callable
+
+    v5e = chips.get_chip("v5e")
+
+    def copy(idx_ref, x_ref, o_ref):
+        o_ref[...] = x_ref[...]
+
+    def gather(idx, x):  # rows picked by a scalar-prefetch index: known only at run time
+        return pl.pallas_call(copy, grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(4,),
+            in_specs=[pl.BlockSpec((8, 128), lambda i, idx: (idx[i], 0))],
+            out_specs=pl.BlockSpec((8, 128), lambda i, idx: (i, 0))),
+            out_shape=jax.ShapeDtypeStruct((32, 128), x.dtype))(idx, x)
+
+    (k,) = analyze_callable(gather, (jax.ShapeDtypeStruct((4,), jnp.int32),
+                                     jax.ShapeDtypeStruct((64, 128), jnp.float32)),
+                            chip=v5e)["kernels"]
+    x_op, o_op = k["operands"]
+    assert (x_op["fetches"], x_op["bytes_exact"]) == (4, False)  # upper bound, said so
+    assert (o_op["fetches"], o_op["bytes_exact"]) == (4, True)
+    assert any("scalar-prefetch" in n for n in k["notes"])
+
+    def manual(x_hbm, o_ref, buf, sem):
+        dma = pltpu.make_async_copy(x_hbm.at[pl.ds(0, 8)], buf, sem)
+        dma.start()
+        dma.wait()
+        o_ref[...] = buf[...]
+
+    def from_hbm(x):
+        return pl.pallas_call(manual, grid=(1,), in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                              out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)),
+                              out_shape=jax.ShapeDtypeStruct((8, 128), x.dtype),
+                              scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32),
+                                              pltpu.SemaphoreType.DMA(())])(x)
+
+    (k,) = analyze_callable(from_hbm, (jax.ShapeDtypeStruct((64, 128), jnp.float32),),
+                            chip=v5e)["kernels"]
+    hbm, out = k["operands"]
+    assert out["fetches"] == 1 and out["bytes_total"] == 4 * KiB
+    assert hbm["memory_space"] == "hbm" and hbm["vmem_bytes"] == 0
+    # VMEM: the output block twice (2 x 4 KiB) + the 4 KiB scratch buffer; no semaphore bytes.
+    assert k["vmem_bytes"] == 3 * 4 * KiB
+
+    def twice(x_ref, o_ref):
+        o_ref[...] = jax.lax.fori_loop(0, 4, lambda i, acc: acc + x_ref[...] * 2.0,
+                                       jnp.zeros_like(o_ref))
+
+    def repeated(x):
+        def step(carry, _):
+            y = pl.pallas_call(twice, grid=(2,), in_specs=[pl.BlockSpec(
+                (8, 128), lambda i: (i, 0), pipeline_mode=pl.Buffered(3))],
+                out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+                out_shape=jax.ShapeDtypeStruct(carry.shape, carry.dtype))(carry)
+            return y, None
+        return jax.lax.scan(step, x, None, length=5)[0]
+
+    result = analyze_callable(repeated, (jax.ShapeDtypeStruct((16, 128), jnp.float32),), chip=v5e)
+    (k,) = result["kernels"]
+    assert k["calls"] == 5 and k["where"] == "/scan"
+    assert [o["buffers"] for o in k["operands"]] == [3, 2]
+    # Per grid step: 4 loop iterations x (mul + add) over 8x128; 2 steps.
+    assert k["flops"] == 4 * 2 * 8 * 128 * 2
+    assert result["totals"]["flops"] == 5 * k["flops"]
+
 # -- real traces captured on the CPU, in a worker ---------------------------------------
 
 @pytest.mark.slow
