@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import hashlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,9 @@ from sessions.search_graph import (
 
 Subscriber = Callable[[dict[str, Any]], None]
 AGENT_TIMEOUT_S = 600.0
+# Kernel families the offline agent has templates for, tried in turn as first kernels
+# of a task that names none.
+FAMILY_HINTS = ("elementwise", "rowwise", "matmul")
 
 
 @dataclass
@@ -111,11 +114,17 @@ class Search:
                                 "layout": task.layout,
                                 "overrides": task.meta.get("overrides", {})},
             backend=None, agent=getattr(agent, "label", agent.name), app_version=_version(),
-            extra={"search": dict(meta or {})})
+            extra={"search": dict(meta or {}),
+                   "eval_options": asdict(eval_options) if eval_options else None})
         state = fold_search(log.header, [])
         search = cls(log, state, task, brief, agent, executor, eval_options)
         root = None
         source = task.starting_source()
+        if source is None and brief.family is None and agent.name == "offline":
+            # The offline agent writes first kernels from per-family templates; a task
+            # that names no family (JAXBench, MaxKernel) gets one candidate per family.
+            config = replace(config, root_candidates=max(config.root_candidates,
+                                                         len(FAMILY_HINTS)))
         if source is not None:
             root = 1
             search._emit("kernel.version", version=1, parent=None, origin="initial",
@@ -137,6 +146,10 @@ class Search:
         ended (on a budget that ``config`` raises)."""
         log, loaded = SessionLog.open(path)
         state = fold_search(loaded.header, loaded.events)
+        if eval_options is None and loaded.header.get("eval_options"):
+            from kernels.workers import EvalOptions
+
+            eval_options = EvalOptions(**loaded.header["eval_options"])
         search = cls(log, state, task, brief, agent, executor, eval_options)
         if state.ended is None or reopen:
             if state.config is None:
@@ -377,10 +390,15 @@ class Search:
                  message: str | None) -> AgentRequest:
         s = self.state.session
         source = self._source(parent) if parent is not None else None
+        brief = self.brief
+        _lineage, rnd, _p, slot = action.slot  # type: ignore[misc]
+        hint = None
+        if parent is None and brief.family is None and self.agent.name == "offline":
+            hint = FAMILY_HINTS[slot % len(FAMILY_HINTS)]
+            brief = replace(brief, family=hint)
         version = s.versions.get(parent) if parent is not None else None
         last_eval = (read_json_blob(self.log.path, version.result_blob)
                      if version is not None and version.result_blob else None)
-        _lineage, rnd, _p, slot = action.slot  # type: ignore[misc]
         siblings = [n for n in self.state.nodes.values()
                     if n.parent == parent and n.proposer != "root"]
         tried = [_tried(n.version, n.strategy, s.versions[n.version]) for n in siblings]
@@ -389,9 +407,11 @@ class Search:
                "Name the optimization strategy you apply in the first words of your "
                "summary, and pick one that differs from the strategies already tried "
                "from this version.")
+        if hint:
+            ask += f"\nThe task names no family: write it as a {hint} kernel."
         if message:
             ask += "\n" + message
-        return AgentRequest(role=role, task=self.brief, current_source=source,  # type: ignore[arg-type]
+        return AgentRequest(role=role, task=brief, current_source=source,  # type: ignore[arg-type]
                             current_version=parent, last_eval=last_eval, user_message=ask,
                             notes=tuple(f"already tried: {t}" for t in tried),
                             history=self._history(parent))

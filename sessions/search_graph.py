@@ -49,6 +49,7 @@ class SearchConfig:
     tuning_children: int = 1  # trailing slots filled by the search's own tuning steps
     max_attempts: int = 2  # proposals per slot before it is given up
     fix_rounds: int = 2  # consecutive repair rounds before a lineage gives up
+    root_candidates: int = 1  # first kernels to write when the task brings none
     approval: Literal["auto", "user"] = "auto"
     budget: Budget = field(default_factory=Budget)
 
@@ -106,7 +107,8 @@ class SearchState:
 
     session: SessionState
     config: SearchConfig | None = None
-    root: int | None = None
+    root: int | None = None  # the first root; ``roots`` has every round-0 kernel
+    roots: list[int] = field(default_factory=list)
     nodes: dict[int, NodeInfo] = field(default_factory=dict)
     rounds: dict[int, list[RoundInfo]] = field(default_factory=dict)  # per lineage
     slots: dict[SlotKey, SlotInfo] = field(default_factory=dict)
@@ -172,10 +174,12 @@ class SearchState:
                 strategy=self.strategies.get(str(pid)),
                 proposer=self.proposers.get(str(pid), "agent"))
             self.slots[key].version = number
-            if parent is None and self.root is None:
-                self.root = number
+            if parent is None:
+                self.roots.append(number)
+                self.root = self.root if self.root is not None else number
         elif self.root is None and number == _first_version(self.session):
             self.root = number
+            self.roots.append(number)
         if number == self.root and number not in self.nodes:
             self.nodes[number] = NodeInfo(version=number, lineage=0, round=0, parent=None,
                                           slot=0, strategy="starting kernel", proposer="root")
@@ -201,6 +205,12 @@ class SearchState:
         """Versions the search made (the task's own starting kernel is not one)."""
         return sum(1 for n in self.nodes.values()
                    if n.proposer != "root" or self.session.versions[n.version].origin != "initial")
+
+    def initial_root(self) -> int | None:
+        """The task's own starting kernel, when it brought one."""
+        if self.root is not None and self.session.versions[self.root].origin == "initial":
+            return self.root
+        return None
 
     def wall_spent(self, live_extra: float = 0.0) -> float:
         return sum(end - start for start, end in self.segments) + live_extra
@@ -316,7 +326,7 @@ def select_beam(s: SearchState, lineage: int, rnd: int) -> RoundInfo:
     width = cfg.width()
     prev = s.rounds.get(lineage, [])
     if rnd == 0:
-        pool = [s.root] if s.root is not None else []
+        pool = list(s.roots)
         failed = pool
     else:
         children = [n.version for n in s.nodes.values()
@@ -333,7 +343,7 @@ def select_beam(s: SearchState, lineage: int, rnd: int) -> RoundInfo:
                   and not s.is_correct(v)]
         repair = broken[:width]
     everything = [v for v in s.search_versions() if s.nodes[v].lineage == lineage
-                  or v == s.root]
+                  or v in s.roots]
     ok = [v for v in everything if s.is_correct(v) and not s.nodes[v].pruned]
     best = max(ok, key=lambda v: (s.speedup(v), -v)) if ok else None
     return RoundInfo(lineage=lineage, round=rnd, beam=beam, repair=repair, best_version=best,
@@ -398,15 +408,26 @@ def plan(s: SearchState, inflight: frozenset[str] | set[str] = frozenset(),
             actions.append(Action("decide", f"decide:{pid}", proposal=pid, slot=key))
         else:
             actions.append(Action("apply", f"apply:{pid}", proposal=pid, slot=key))
-    if s.root is None:
-        key: SlotKey = (0, 0, None, 0)
-        if not _slot_closed(s, key) and _slot_open_proposal(s, key) is None and stop is None:
-            actions.append(Action("expand", f"expand:{key}", slot=key, role="implement"))
-        return _fresh(actions, inflight)
+    # Round 0: the task's kernel, or first kernels the agent writes, one after the other.
+    writing = False
+    if s.initial_root() is None and not s.rounds:
+        for slot in range(cfg.root_candidates):
+            key: SlotKey = (0, 0, None, slot)
+            if _slot_closed(s, key):
+                continue
+            writing = True
+            busy = _slot_open_proposal(s, key) is not None or f"expand:{key}" in inflight
+            if not busy and stop is None:
+                actions.append(Action("expand", f"expand:{key}", slot=key, role="implement"))
+            break
+        if writing and stop is not None and not any(k.startswith("expand:") for k in inflight):
+            writing = False  # out of budget: what was written is round 0
+    roots_done = not writing and bool(s.roots) and not any(
+        s.pending_eval(v) and not s.nodes[v].pruned for v in s.roots)
     for lineage in range(cfg.lineages()):
         rounds = s.rounds.get(lineage, [])
         if not rounds:
-            if not s.pending_eval(s.root):
+            if roots_done:
                 actions.append(Action("select", f"select:{lineage}:0", slot=(lineage, 0, None, 0)))
             continue
         if lineage_done(s, lineage):

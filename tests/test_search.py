@@ -201,12 +201,12 @@ def test_suite_resumes_after_kill_9(tmp_path) -> None:
     assert report["schema"] == "tilewright.search/1"
     by_layout = {t["layout"]: t for t in report["tasks"]}
     assert set(by_layout) == {"native", "jaxbench", "maxkernel"}
-    for layout in ("native", "jaxbench"):
+    # MaxKernel brings no starting kernel: the offline agent writes first kernels (one
+    # per template family, since the task names none) and the search keeps the correct
+    for layout in ("native", "jaxbench", "maxkernel"):
         entry = by_layout[layout]
         assert entry["best_status"] == "correct", entry
         assert entry["evaluations"] >= 2 and Path(entry["session"]).is_dir()
-    maxkernel = by_layout["maxkernel"]  # no starting kernel: the agent must write one
-    assert maxkernel["best_status"] == "correct" or maxkernel["note"], maxkernel
     # the interrupted session was continued, not replaced
     resumed = [t for t in report["tasks"] if Path(t["session"]) == first[0]]
     assert len(resumed) == 1
