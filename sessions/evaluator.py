@@ -29,10 +29,11 @@ class PoolEvaluator:
     """``Evaluator`` over a started ``WorkerPool`` (the pool's lifetime is the caller's)."""
 
     def __init__(self, pool: WorkerPool, options: EvalOptions | None = None,
-                 profile_timeout_s: float = 300.0) -> None:
+                 profile_timeout_s: float = 300.0, chip: str | None = None) -> None:
         self.pool = pool
         self.options = options or EvalOptions()
         self.profile_timeout_s = profile_timeout_s
+        self.chip = chip  # the chip profiles are analysed for (None: the worker's own)
 
     async def evaluate(self, task: Task, source: str) -> EvalResult:
         return await self.pool.evaluate(task, source, self.options)
@@ -40,6 +41,8 @@ class PoolEvaluator:
     async def profile(self, task: Task, source: str, logdir: Path) -> dict[str, Any]:
         payload = {"task": task.to_spec(), "source": source, "filename": "kernel.py",
                    "logdir": str(logdir)}
+        if self.chip:
+            payload["chip"] = self.chip
         result = await self.pool.request("profile", payload, self.profile_timeout_s)
         result.pop("_stderr", None)
         return result

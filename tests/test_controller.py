@@ -14,6 +14,7 @@ the state replayed from disk.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -539,4 +540,25 @@ async def test_subscribers_see_live_notifications_and_persisted_events(
     assert all("seq" not in e for e in live)
     persisted = [e for e in seen if not e.get("live")]
     assert persisted == load(c.log.path).events
+    await c.close()
+
+
+async def test_profile_is_recorded_and_reaches_the_agent(tmp_path: Path, gelu: Task,
+                                                         pool: WorkerPool) -> None:
+    agent = ScriptedAgent([tuning(BLOCK_ROWS=8)])
+    c, seen = make(tmp_path, gelu, agent, pool_evaluator(pool),
+                   ControllerSettings(propose_after_run=False))
+    await c.start()
+    c.profile()
+    await c.wait_idle()
+    result = [e for e in seen if e["type"] == "profile.result"][-1]
+    assert result["error"] is None and result["logdir"] == "profiles/r1"
+    data = json.loads(c.log.get_blob(result["profile_blob"]))
+    assert data["schema"] == "tilewright.profile/1" and data["status"] == "ok"
+    assert (c.log.path / "profiles" / "r1").is_dir()
+    assert c.state.versions[1].profile_blob == result["profile_blob"]
+    c.request_proposal()
+    await c.wait_idle()
+    assert agent.requests[-1].profile_summary["status"] == "ok"
+    assert_replay_matches(c)
     await c.close()
