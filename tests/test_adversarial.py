@@ -88,11 +88,13 @@ async def test_infinite_loop_times_out_and_worker_is_replaced(worker_pool, gelu)
     assert worker_pool.pids and worker_pool.pids != before
 
 
-async def test_os_abort_crashes_contained(worker_pool, gelu) -> None:
-    result = await evaluate(worker_pool, gelu, "os_abort.py")
+@pytest.mark.parametrize("name, signal_name", [("os_abort.py", "SIGABRT"),
+                                               ("segfault.py", "SIGSEGV")])
+async def test_native_crash_is_contained(worker_pool, gelu, name, signal_name) -> None:
+    result = await evaluate(worker_pool, gelu, name)
     assert result.status == "crashed"
     assert result.error.kind == "crashed"
-    assert "SIGABRT" in result.error.message
+    assert signal_name in result.error.message
     assert (await evaluate(worker_pool, gelu, "good_gelu.py")).status == "correct"
 
 
