@@ -157,6 +157,13 @@ class Search:
             new = config or state.config
             search._emit("search.resume", config=new.to_json(),
                          executor=getattr(executor, "name", "?"))
+            # Settle the runs a crash left open (they are evaluated again from here).
+            for run in list(state.session.runs.values()):
+                if run.status is None:
+                    search._emit("run.result", run=run.id, version=run.version,
+                                 status="cancelled", correct=False, speedup=None,
+                                 median_ms=None, result_blob=None, cancelled=True,
+                                 interrupted=True)
         return search
 
     # -- observing and commands ---------------------------------------------------------

@@ -218,3 +218,33 @@ def test_suite_resumes_after_kill_9(tmp_path) -> None:
     # rerunning a finished suite reports it without evaluating anything again
     again = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
     assert json.loads(again.stdout)["tasks"] == report["tasks"]
+
+
+def test_budgets_for_tokens_cost_and_wall_time() -> None:
+    """Each budget stops new expansions; wall time counts only while a search ran."""
+    from sessions.search_graph import budget_reason
+
+    def state_with(budget: Budget, events: list[dict]):
+        cfg = SearchConfig(budget=budget).to_json()
+        head = [{"seq": 1, "t": 0.0, "type": "search.start", "config": cfg, "root": None}]
+        return fold_search({"schema": "tilewright.session/1"}, head + events)
+
+    usage = {"input_tokens": 900, "output_tokens": 200, "cost_usd": 0.02}
+    spoke = [{"seq": 2, "t": 1.0, "type": "agent.message", "text": "", "role": "implement",
+              "proposal": None, "usage": usage}]
+    assert budget_reason(state_with(Budget(tokens=1000), spoke)) == "budget:tokens"
+    assert budget_reason(state_with(Budget(tokens=2000), spoke)) is None
+    assert budget_reason(state_with(Budget(cost_usd=0.01), spoke)) == "budget:cost"
+    # 5 s of work, a long pause (the process was dead), 5 s more after the resume
+    cfg = SearchConfig(budget=Budget(wall_s=12.0)).to_json()
+    timeline = [{"seq": 2, "t": 5.0, "type": "marker", "label": "work"},
+                {"seq": 3, "t": 500.0, "type": "search.resume", "config": cfg},
+                {"seq": 4, "t": 505.0, "type": "marker", "label": "work"}]
+    state = state_with(Budget(wall_s=12.0), timeline)
+    assert state.wall_spent() == 10.0
+    assert budget_reason(state) is None
+    assert budget_reason(state, live_wall=2.5) == "budget:wall"
+    assert plan(state, live_wall=2.5) == []
+    # with nothing to expand any more, no expansion: the budget stops the root writing
+    assert [a.kind for a in plan(state_with(Budget(tokens=1000), spoke))] == []
+    assert [a.kind for a in plan(state_with(Budget(tokens=2000), spoke))] == ["expand"]
