@@ -74,9 +74,9 @@ class Engine:
                 callback(event)
             except Exception as exc:  # a broken observer must not stop the loop
                 self._subscribers.remove(callback)
-                with contextlib.suppress(Exception):
-                    self.log.append("error", message=f"subscriber removed: {exc!r}",
-                                    where="subscriber")
+                # The broken one is gone, so this cannot recurse into it.
+                self._emit("error", message=f"subscriber removed: {exc!r}",
+                           where="subscriber")
 
     def _emit(self, type_: str, **fields: Any) -> dict[str, Any]:
         """Persist one event, fold it, tell the subscribers: the only way state changes."""
@@ -196,6 +196,8 @@ class Engine:
 
     async def _ask(self, role: str, message: str | None) -> Action | None:
         request = build_request(self.state, self.log, self.brief, role, message, self.chip)
+        # Notes that arrive while the agent answers are kept for its next request.
+        notes_seen = len(self.state.notes)
         turn = AgentTurn()
         self._live("agent.start", role=role, agent=self.agent.label)
         try:
@@ -219,7 +221,8 @@ class Engine:
                    summary=proposal.summary, rationale=proposal.rationale,
                    base_version=self.state.current,
                    source_blob=self.log.put_blob(proposal.source) if proposal.source else None,
-                   plan=proposal.plan, tuning=proposal.tuning, role=role)
+                   plan=proposal.plan, tuning=proposal.tuning, role=role,
+                   notes_seen=notes_seen)
         return ("auto_decide", pid) if self.state.mode == "auto" else None
 
     def _auto_decide(self, pid: str) -> Action | None:

@@ -234,7 +234,8 @@ def _proposal(s: SessionState, e: dict[str, Any]) -> None:
         base_version=e.get("base_version"), source_blob=e.get("source_blob"),
         plan=e.get("plan"), tuning=e.get("tuning"), seq=e.get("seq", 0))
     s.pending = pid
-    s.notes = []
+    seen = e.get("notes_seen")
+    s.notes = s.notes[seen:] if isinstance(seen, int) else []
     s.agent_failures = 0
     if e.get("role") == "fix":
         s.fix_streak += 1

@@ -562,3 +562,26 @@ async def test_profile_is_recorded_and_reaches_the_agent(tmp_path: Path, gelu: T
     assert agent.requests[-1].profile_summary["status"] == "ok"
     assert_replay_matches(c)
     await c.close()
+
+
+async def test_a_message_sent_while_the_agent_answers_reaches_its_next_request(
+        tmp_path: Path, gelu: Task) -> None:
+    hold = asyncio.Event()
+    agent = ScriptedAgent([kernel(src(tag="a")), kernel(src(tag="b"))], hold=hold)
+    c, seen = make(tmp_path, gelu, agent, MarkedEvaluator(),
+                   ControllerSettings(propose_after_run=False))
+    await c.start()
+    c.user_message("first")
+    await agent.started.wait()
+    c.user_message("also: keep it simple")  # the agent is busy: queued for next time
+    assert any(e["type"] == "notice" for e in seen)
+    hold.set()
+    await c.wait_idle()
+    assert c.state.notes == ["user: also: keep it simple"]
+    c.reject()
+    c.request_proposal()
+    await c.wait_idle()
+    assert "user: also: keep it simple" in agent.requests[-1].notes
+    assert c.state.notes == []
+    assert_replay_matches(c)
+    await c.close()
