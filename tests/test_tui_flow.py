@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from anthropic_server import MessagesServer, tool_reply
 from scripted_agent import ScriptedAgent, kernel, tuning
 
+import agents
 from kernels.loaders import load_task
 from kernels.workers import EvalOptions, WorkerPool
 from sessions.evaluator import PoolEvaluator
@@ -258,3 +260,38 @@ async def test_cancel_needs_two_presses(tmp_path, gelu, pool):
         assert any(e["type"] == "agent.message" and e.get("cancelled")
                    for e in persisted(app))
         await app.action_quit()
+
+
+async def test_claude_through_the_real_sdk_against_a_local_server(tmp_path, gelu, pool,
+                                                                  monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test-local")
+    monkeypatch.setenv("TILEWRIGHT_DATA_DIR", str(tmp_path / "data"))
+    source = faster(gelu.starting_source())
+    with MessagesServer() as server:
+        server.script(tool_reply("propose_kernel", {"summary": "taller blocks",
+                                                    "rationale": "fewer grid steps",
+                                                    "source": source},
+                                 text="Fewer, taller blocks."))
+        config = {"agent": {"base_url": server.url, "retry_base_s": 0.01, "max_retries": 1,
+                            "model": "claude-sonnet-4-5"}}
+        agent = agents.make_agent("anthropic", config)
+        clock = FakeClock()
+        app = make_app(tmp_path, gelu, agent, pool, clock, config=config)
+        async with app.run_test(size=(140, 40)) as pilot:
+            await settle(app, pilot)
+            await pilot.press("ctrl+r")
+            await settle(app, pilot)
+            screen = app.workbench
+            assert app.link.state.pending == "p1"
+            assert screen.query_one(SourcePane).proposal == "p1"
+            chat = screen.query_one(ChatPane)
+            await chat.flush()
+            assert "propose_kernel" in " ".join(str(c.title) for c in chat.query("Collapsible"))
+            assert "Claude" in str(chat.border_title)
+            clock.now += 1
+            await pilot.press("ctrl+y")
+            await settle(app, pilot)
+            assert app.link.state.versions[2].status == "correct"
+            assert screen.query_one(StatusBar).info.tokens > 0
+            assert server.requests and server.requests[0].key == "sk-test-local"
+            await app.action_quit()

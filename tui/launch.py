@@ -83,6 +83,21 @@ def _agent(kind: str, config: dict[str, Any]):
                                     "ANTHROPIC_API_KEY") from None
 
 
+def eval_options(config: dict[str, Any]):
+    """EvalOptions from an optional ``[eval]`` table (trials, time_budget_s, timeout_s...)."""
+    from dataclasses import fields
+
+    from kernels.workers import EvalOptions
+
+    table = config.get("eval") or {}
+    known = {f.name for f in fields(EvalOptions)}
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise LaunchError(f"[eval] in the config has unknown key(s) {unknown}; "
+                          f"known: {sorted(known)}", "fix the config file")
+    return EvalOptions(**table)
+
+
 async def open_live(options: LaunchOptions, config: dict[str, Any],
                     app_version: str = "0") -> tuple[LiveLink, ChipChoice]:
     """Start (or resume) a session; the caller owns the returned link and closes it."""
@@ -104,7 +119,7 @@ async def open_live(options: LaunchOptions, config: dict[str, Any],
     pool = WorkerPool(1)
     try:
         await pool.start()
-        evaluator = PoolEvaluator(pool)
+        evaluator = PoolEvaluator(pool, eval_options(config))
         backend = await evaluator.backend()
     except Exception as exc:
         await pool.close()
