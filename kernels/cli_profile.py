@@ -1,7 +1,7 @@
 """``tilewright profile``: where a candidate's time goes, and why, in a worker process.
 
 ``tilewright profile --task DIR|NAME --kernel FILE [--json] [--chip NAME] [--set K=V]
-[--shape NAME] [--iters N] [--logdir DIR] [--trace-out FILE]`` runs the worker op ``profile``: static
+[--shape NAME] [--iters N] [--logdir DIR] [--trace-out FILE] [--static-only]`` runs the worker op ``profile``: static
 analysis of every pallas_call for the target chip, a profiler trace of the timed
 iterations (the raw logdir is kept, openable with ``xprof --logdir``), the op table,
 the timeline summary and the roofline. ``--json`` prints the ``tilewright.profile/1``
@@ -46,6 +46,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="traced iterations (default 3 in interpret mode, 20 native)")
     parser.add_argument("--logdir", default=None, metavar="DIR",
                         help="where the raw profile goes (default: a new temporary directory)")
+    parser.add_argument("--static-only", action="store_true",
+                        help="only the static pallas_call analysis and the roofline bound: "
+                             "nothing runs (fast; for big kernels in interpret mode)")
+    parser.add_argument("--python-tracer", action="store_true",
+                        help="also record every Python call (large traces; off by default)")
     parser.add_argument("--trace-out", default=None, metavar="FILE",
                         help="also write the timeline as Chrome/Perfetto trace JSON to FILE")
     parser.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
@@ -82,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     if args.iters is not None and args.iters < 1:
         return _usage_error("--iters must be at least 1")
     logdir = str(Path(args.logdir).expanduser().resolve()) if args.logdir else None
-    options = {"chip": args.chip, "iters": args.iters, "shape": args.shape, "logdir": logdir}
+    options = {"chip": args.chip, "iters": args.iters, "shape": args.shape, "logdir": logdir,
+               "python_tracer": args.python_tracer, "static_only": args.static_only}
 
     from kernels.workers import WorkerFailure, WorkerOpError, WorkerStartError
 

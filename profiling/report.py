@@ -159,7 +159,9 @@ def _timeline(console: Console, p: dict[str, Any]) -> None:
     tl = p.get("timeline")
     console.print()
     if not tl:
-        console.print("[yellow]no timeline[/]: the profiler wrote no trace")
+        reason = ("static analysis only: nothing was run" if p.get("wall") is None
+                  else "the profiler wrote no trace")
+        console.print(f"[yellow]no timeline[/]: {reason}")
         return
     span = tl.get("span_us") or [0, 0]
     measured = tl.get("measured_us") or span

@@ -453,6 +453,25 @@ async def test_profile_op_captures_a_real_cpu_trace(worker_pool, tmp_path: Path)
 
 
 @pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="module")
+async def test_static_only_profile_runs_nothing(worker_pool) -> None:
+    from kernels.cli_profile import profile
+    from kernels.loaders import load_task
+
+    task = load_task("causal_attention")
+    result = await profile(task, task.starting_source(), "kernel.py",
+                           {"static_only": True, "chip": "v5p"}, pool=worker_pool)
+    assert result["status"] == "ok" and result["chip"]["name"] == "v5p"
+    assert result["timeline"] is None and result["logdir"] is None and result["top_ops"] == []
+    (k,) = result["analysis"]["kernels"]
+    # q/out blocks (128x128 f32, 64 KiB) change with the query block: 4 of 8 steps;
+    # k/v blocks change every step.
+    assert [o["fetches"] for o in k["operands"]] == [4, 8, 8, 4]
+    assert result["roofline"]["note"] == "static analysis only: nothing was run"
+    assert "phases" in result and "capture_s" not in result["phases"]
+
+
+@pytest.mark.slow
 def test_cli_profile_json_and_quiet_stderr(tmp_path: Path) -> None:
     # Turn XLA/xprof logging fully on (the worker keeps user values): the C++ lines are
     # written, and still none may reach the CLI process's stderr.

@@ -1,7 +1,7 @@
 """The worker op ``profile``: static analysis, a captured trace and its conversion.
 
 Payload: ``{task: Task.to_spec(), source, filename, options: {chip, iters, shape,
-logdir, python_tracer}}`` (options may also be given at the payload's top level). Steps: load the task runtime and the candidate, build
+logdir, python_tracer, static_only}}`` (options may also be given at the payload's top level). Steps: load the task runtime and the candidate, build
 inputs for the first small visible configuration (or ``shape``), analyze every
 ``pallas_call`` statically for the target chip, trace ``iters`` timed calls
 (``profiling.capture``; TPU interpret mode on a CPU host), convert the xplane with
@@ -28,7 +28,8 @@ DEFAULT_TARGET = "v5e"  # what a CPU host analyzes for when no --chip is given
 @op("profile")
 def profile(payload: dict[str, Any]) -> dict[str, Any]:
     # Options may also sit at the top level of the payload (``{"logdir": ...}``).
-    options = {k: payload[k] for k in ("chip", "iters", "shape", "logdir", "python_tracer")
+    options = {k: payload[k] for k in ("chip", "iters", "shape", "logdir", "python_tracer",
+                                       "static_only")
                if payload.get(k) is not None}
     options.update({k: v for k, v in (payload.get("options") or {}).items() if v is not None})
     return run_profile(payload["task"], payload["source"], payload.get("filename") or "kernel.py",
@@ -96,6 +97,13 @@ def run_profile(spec: dict[str, Any], source: str, filename: str,
     outputs = jax.tree_util.tree_leaves(jax.eval_shape(lambda *d: entry(*d, *static), *dyn))
     phases["static_s"] = time.perf_counter() - t0
 
+    if options.get("static_only"):
+        out.update(logdir=None, run_dir=None, perfetto=None, wall=None, timeline=None,
+                   top_ops=[], per_iteration=None,
+                   pallas_share={"value": None, "reason": "static analysis only (no run)"})
+        return _finish(out, analysis, dyn, outputs, target, measured_chip, task_flops,
+                       interpret, phases, started)
+
     t0 = time.perf_counter()
     logdir = Path(options.get("logdir") or tempfile.mkdtemp(prefix="tilewright-profile-"))
     iters = int(options.get("iters") or (3 if interpret else 20))
@@ -121,13 +129,19 @@ def run_profile(spec: dict[str, Any], source: str, filename: str,
     t0 = time.perf_counter()
     _convert(out, cap, analysis)
     phases["convert_s"] = time.perf_counter() - t0
+    return _finish(out, analysis, dyn, outputs, target, measured_chip, task_flops, interpret,
+                   phases, started)
+
+
+def _finish(out: dict[str, Any], analysis: dict[str, Any], dyn: Any, outputs: list[Any],
+            target: Any, measured_chip: Any, task_flops: float | None, interpret: bool,
+            phases: dict[str, float], started: float) -> dict[str, Any]:
+    from profiling.digest import digest
 
     out["roofline"] = _roofline(out, analysis, dyn, outputs, target, measured_chip, task_flops,
                                 interpret)
     out["phases"] = phases
     out["duration_s"] = time.perf_counter() - started
-    from profiling.digest import digest
-
     out["digest"] = digest(out)  # the few lines an agent reads
     return out
 
@@ -173,11 +187,12 @@ def _roofline(out: dict[str, Any], analysis: dict[str, Any], dyn: Any, outputs: 
     roof["kernel_bound_ms"] = chips.bound(flops, kernel_bytes, target, dtype)["bound_ms"] \
         if kernel_bytes else None
     measured = None
-    if measured_chip is not None and measured_chip.name == target.name:
+    if out.get("wall") and measured_chip is not None and measured_chip.name == target.name:
         per = out.get("per_iteration") or {}
         measured = per.get("median_ms") or out["wall"]["median_ms"]
     placed = chips.placement(roof, measured)
     placed["note"] = (None if measured is not None else
+                      "static analysis only: nothing was run" if not out.get("wall") else
                       ("measured in TPU interpret mode on the CPU: a simulator, not comparable "
                        f"with {target.label}'s bound") if interpret else
                       f"measured on another chip than {target.label}")
