@@ -11,7 +11,9 @@ candidates to keep in flight. Two implementations:
   evaluation still runs in a worker process of its own (``kernels.workers``), so JAX is
   never imported by the Ray driver (the app) nor by the Ray worker itself. The
   controller and the session log stay on the driver. ``ray`` is imported lazily: it is
-  an optional extra (``pip install tilewright[ray]``).
+  an optional extra (``pip install tilewright[ray]``). Every node of a cluster needs
+  tilewright installed; a task directory the node lacks travels with the request
+  (small trees only, else put the suite on a shared filesystem).
 
 App-side module: no JAX here.
 """
@@ -332,7 +334,6 @@ class RayExecutor:
                 kwargs["object_store_memory"] = 80 * 1024 * 1024
             # Ray's own loggers go to stderr before logging_level applies; quiet them.
             logging.getLogger("ray").setLevel(logging.ERROR)
-            os.environ.setdefault("RAY_DEDUP_LOGS", "0")
             try:
                 await asyncio.to_thread(ray.init, **kwargs)
             except ConnectionError as exc:
