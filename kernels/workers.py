@@ -98,6 +98,7 @@ class _Worker:
         self.backend: dict[str, Any] | None = None
         self.ops: list[str] = []
         self.killed_for: str | None = None  # why we killed it, if we did
+        self.startup_log = ""
         self._request_ids = itertools.count(1)
 
     @property
@@ -127,7 +128,8 @@ class _Worker:
                 f"worker process did not start (exit {code}):\n{self.read_capture()[-4000:]}")
         self.backend = ready["backend"]
         self.ops = ready.get("ops", [])
-        self.read_capture()  # drop start-up chatter (libtpu warnings and the like)
+        # Start-up chatter (libtpu warnings and the like): kept apart, not in any result.
+        self.startup_log = self.read_capture()
 
     def read_capture(self) -> str:
         """What the worker printed since the last call; empties the capture file."""
