@@ -37,6 +37,7 @@ class AgentTurn:
     usage: Usage = field(default_factory=Usage)
     proposal: Proposal | None = None
     failure: str | None = None
+    retryable: bool = True  # False when the agent said asking again will not help
 
     def text(self) -> str:
         return self.final_text if self.final_text else "".join(self.parts)
@@ -99,6 +100,7 @@ async def stream_turn(agent: Agent, request: AgentRequest, turn: AgentTurn,
                 break  # exactly one proposal ends a turn
             elif isinstance(event, Failure):
                 turn.failure = event.message
+                turn.retryable = event.retryable
                 break
     except Exception as exc:  # an agent bug is a failed turn, not a dead controller
         turn.failure = f"the agent raised {type(exc).__name__}: {exc}"

@@ -159,8 +159,10 @@ class Engine:
         """Autonomous mode between steps: stop on a budget or rule, else ask the agent."""
         s = self.state
         reason = autonomy.budget_exhausted(s, self.settings, self.log.now())
-        if reason is None and s.agent_failures >= self.settings.max_agent_failures:
-            reason = "agent_failed"
+        if reason is None and s.agent_failures and (
+                s.agent_failures >= self.settings.max_agent_failures
+                or not s.agent_failure_retryable):
+            reason = "agent_failed"  # asking again would get the same answer
         if reason is not None:
             self._stop_auto(reason)
             return None
@@ -210,7 +212,8 @@ class Engine:
         if problem is not None:
             self._emit("agent.message", text=turn.text(), role=role, proposal=None,
                        usage=turn.usage_json())
-            self._emit("error", message=problem, where="agent")
+            self._emit("error", message=problem, where="agent",
+                       retryable=turn.failure is None or turn.retryable)
             return None
         proposal = turn.proposal
         assert proposal is not None

@@ -118,6 +118,7 @@ class SessionState:
     best_history: list[dict[str, Any]] = field(default_factory=list)  # per eval run
     errors: list[dict[str, Any]] = field(default_factory=list)
     agent_failures: int = 0  # consecutive agent turns without a proposal
+    agent_failure_retryable: bool = True  # whether the latest one may succeed if re-asked
     best_version: int | None = None  # kept up to date by the fold (see ``best``)
     unknown_types: dict[str, int] = field(default_factory=dict)
     last_seq: int = 0
@@ -347,6 +348,7 @@ def _mode(s: SessionState, e: dict[str, Any]) -> None:
         s.auto_spent = Spent()
         s.auto_since_t = float(e.get("t", 0.0))
         s.evals_without_improvement = 0
+        s.agent_failures = 0  # a fresh start: the agent gets its chances again
     if mode != "auto":
         s.auto_since_t = None
     s.mode = mode
@@ -360,6 +362,7 @@ def _error(s: SessionState, e: dict[str, Any]) -> None:
     s.errors.append({"message": e.get("message"), "where": e.get("where"), "seq": e.get("seq")})
     if e.get("where") == "agent":
         s.agent_failures += 1
+        s.agent_failure_retryable = bool(e.get("retryable", True))
     prop = s.proposals.get(e.get("proposal") or "")
     if prop is not None:  # an approved proposal that could not be applied
         prop.apply_failed = True

@@ -440,11 +440,20 @@ async def test_auto_stops_at_the_target_speedup(tmp_path: Path, gelu: Task) -> N
 
 
 async def test_auto_stops_when_the_agent_keeps_failing(tmp_path: Path, gelu: Task) -> None:
-    agent = ScriptedAgent([Failure("overloaded"), Failure("overloaded"), Failure("nope")])
+    agent = ScriptedAgent([Failure("overloaded", retryable=True)] * 3)
     settings = ControllerSettings(budgets=NO_LIMITS, max_agent_failures=3)
     c, seen = await _auto(tmp_path, gelu, agent, settings)
     assert _stops(seen) == ["agent_failed"]
     assert [e["where"] for e in seen if e["type"] == "error"] == ["agent"] * 3
+    await c.close()
+
+
+async def test_auto_stops_at_once_when_the_agent_says_retrying_is_futile(
+        tmp_path: Path, gelu: Task) -> None:
+    agent = ScriptedAgent([Failure("no template for this family", retryable=False),
+                           kernel(src())])
+    c, seen = await _auto(tmp_path, gelu, agent, ControllerSettings(budgets=NO_LIMITS))
+    assert _stops(seen) == ["agent_failed"] and len(agent.requests) == 1
     await c.close()
 
 
