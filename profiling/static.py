@@ -112,7 +112,11 @@ def analyze_pallas_call(eqn: Any, *, chip: Chip, task_flops: float | None = None
         if out_idx + gm.num_inputs < len(operands):
             operands[out_idx + gm.num_inputs]["aliases_input"] = int(in_idx)
 
+    work = count_kernel_work(kernel_jaxpr)
     scratch = [_scratch(aval) for aval in gm.scratch_avals]
+    # Buffers the body allocates itself (pl.run_scoped, emit_pipeline): counted as if
+    # they were all live at once, an upper bound when scopes follow one another.
+    scratch += [{**_scratch(aval), "scoped": True} for aval in work["scoped_avals"]]
     # Footprint as kernel authors count it (buffers x block bytes + scratch), and as
     # Mosaic allocates it (each block padded to whole (8·packing, 128) tiles).
     vmem_blocks = sum(o["vmem_bytes"] for o in operands)
@@ -122,7 +126,6 @@ def analyze_pallas_call(eqn: Any, *, chip: Chip, task_flops: float | None = None
                    + sum(s["padded_bytes"] for s in scratch if s["memory_space"] == "vmem"))
     bytes_total = sum(o["bytes_total"] or 0 for o in operands)
 
-    work = count_kernel_work(kernel_jaxpr)
     grid_steps = steps or 1
     dot_flops = work["dot_flops"] * grid_steps
     if task_flops:

@@ -117,7 +117,7 @@ def _eval_jax(closed: Any, grid_indices: list[Any]) -> list[Any]:
 def count_kernel_work(jaxpr: Any) -> dict[str, Any]:
     """Dots (with M, K, N), dot flops, elementwise flops and transcendentals of one grid step."""
     acc: dict[str, Any] = {"dot_flops": 0.0, "elementwise_flops": 0.0, "transcendentals": 0.0,
-                           "dots": [], "notes": []}
+                           "dots": [], "notes": [], "scoped_avals": []}
     _walk_work(jaxpr, 1.0, acc)
     return acc
 
@@ -141,7 +141,7 @@ def _walk_work(jaxpr: Any, times: float, acc: dict[str, Any]) -> None:
             best = None
             for branch in eqn.params["branches"]:
                 sub = {"dot_flops": 0.0, "elementwise_flops": 0.0, "transcendentals": 0.0,
-                       "dots": [], "notes": []}
+                       "dots": [], "notes": [], "scoped_avals": []}
                 _walk_work(branch.jaxpr, times, sub)
                 if best is None or (sub["dot_flops"], sub["elementwise_flops"]) > (
                         best["dot_flops"], best["elementwise_flops"]):
@@ -151,8 +151,14 @@ def _walk_work(jaxpr: Any, times: float, acc: dict[str, Any]) -> None:
                     acc[key] += best[key]
                 acc["dots"].extend(best["dots"])
                 acc["notes"].extend(best["notes"])
+                acc["scoped_avals"].extend(best["scoped_avals"])
         elif name == "scan":
             _walk_work(eqn.params["jaxpr"].jaxpr, times * int(eqn.params["length"]), acc)
+        elif name == "run_scoped":
+            # pl.run_scoped (and emit_pipeline's buffers): the body's inputs are allocations.
+            sub = eqn.params["jaxpr"]
+            acc.setdefault("scoped_avals", []).extend(v.aval for v in sub.invars)
+            _walk_work(sub, times, acc)
         elif name == "while":
             note = "a while loop with a run-time trip count was counted once per grid step"
             if note not in acc["notes"]:

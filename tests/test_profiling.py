@@ -399,6 +399,23 @@ def test_prefetch_hbm_scan_and_buffering_are_read() -> None:
             return y, None
         return jax.lax.scan(step, x, None, length=5)[0]
 
+    def scoped(x_ref, o_ref):
+        def body(buf, spare):
+            buf[...] = x_ref[...] * 2.0
+            o_ref[...] = buf[...]
+        pl.run_scoped(body, pltpu.VMEM((8, 128), jnp.float32), pltpu.VMEM((16, 128), jnp.bfloat16))
+
+    def with_scope(x):
+        return pl.pallas_call(scoped, grid=(2,), in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                              out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+                              out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    (k,) = analyze_callable(with_scope, (jax.ShapeDtypeStruct((16, 128), jnp.float32),),
+                            chip=v5e)["kernels"]
+    # 2 x 4 KiB in + 2 x 4 KiB out + the run_scoped buffers: 4 KiB f32 and 16x128 bf16 (4 KiB).
+    assert k["vmem_bytes"] == 6 * 4 * KiB
+    assert [s.get("scoped") for s in k["scratch"]] == [True, True]
+
     result = analyze_callable(repeated, (jax.ShapeDtypeStruct((16, 128), jnp.float32),), chip=v5e)
     (k,) = result["kernels"]
     assert k["calls"] == 5 and k["where"] == "/scan"
