@@ -140,6 +140,7 @@ async def test_out_of_bounds_index_map_is_a_runtime_error(worker_pool, gelu) -> 
     result = await evaluate(worker_pool, gelu, "oob_index_map.py")
     assert result.status == "runtime_error"
     assert "Out-of-bounds block index" in result.error.message
+    assert result.error.line == 20  # the pallas_call that launched the kernel
     assert "index_map" in result.error.hint
     # the interpreter's state was reset: the next kernel runs fine
     assert (await evaluate(worker_pool, gelu, "good_gelu.py")).status == "correct"

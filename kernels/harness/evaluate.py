@@ -121,7 +121,8 @@ class Evaluation:
         self.flags: list[str] = []
         self.phases: dict[str, float] = {}
         self.recycle = False
-        self.lowering_limited = False  # a shape could not be lowered for host reasons
+        self.lowering_limited = False
+        self.pallas_lines: list[int] = []  # where the candidate calls pallas_call  # a shape could not be lowered for host reasons
         self.result = EvalResult(status="correct", backend=None)
         self.shape_details: list[dict[str, Any]] = []
 
@@ -153,6 +154,10 @@ class Evaluation:
                        "traceback": None, "hint": hint})
         if message:
             error["message"] = message
+        if error["line"] is None and kind == "runtime" and len(self.pallas_lines) == 1:
+            # A failure inside an interpreted kernel has no Python frame of the candidate:
+            # point at the pallas_call that launched it.
+            error["line"] = self.pallas_lines[0]
         if hint:
             error["hint"] = hint
         from kernels.result import EvalError
@@ -295,6 +300,7 @@ class Evaluation:
         except BaseException as exc:
             self._fail("compile_error", "exit" if isinstance(exc, SystemExit) else "trace", exc)
         self._check_tampering()
+        self.pallas_lines = integrity.pallas_call_lines(traced.jaxpr, self.filename)
         if not integrity.contains_pallas_call(traced.jaxpr):
             self.flags.append("no_pallas_call")
             if self.task.require_pallas:

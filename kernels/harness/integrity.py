@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -46,8 +47,8 @@ def _sub_jaxprs(value: Any) -> list[Any]:
     return found
 
 
-def contains_pallas_call(jaxpr: Any) -> bool:
-    """True when ``jaxpr`` (a Jaxpr or ClosedJaxpr) or any nested jaxpr calls Pallas."""
+def _pallas_eqns(jaxpr: Any) -> Iterator[Any]:
+    """Every pallas_call (or core_map) equation in ``jaxpr`` and its nested jaxprs."""
     stack = [getattr(jaxpr, "jaxpr", jaxpr)]
     seen: set[int] = set()
     while stack:
@@ -57,10 +58,27 @@ def contains_pallas_call(jaxpr: Any) -> bool:
         seen.add(id(current))
         for eqn in current.eqns:
             if eqn.primitive.name in ("pallas_call", "core_map"):
-                return True
+                yield eqn
+                continue
             for param in eqn.params.values():
                 stack.extend(_sub_jaxprs(param))
-    return False
+
+
+def contains_pallas_call(jaxpr: Any) -> bool:
+    """True when ``jaxpr`` (a Jaxpr or ClosedJaxpr) or any nested jaxpr calls Pallas."""
+    return next(_pallas_eqns(jaxpr), None) is not None
+
+
+def pallas_call_lines(jaxpr: Any, filename: str) -> list[int]:
+    """Lines of ``filename`` where the jaxpr's pallas_calls were made (innermost frame):
+    where to point when an interpreted kernel fails at run time without a traceback."""
+    lines = []
+    for eqn in _pallas_eqns(jaxpr):
+        traceback = getattr(eqn.source_info, "traceback", None)
+        frames = [f for f in getattr(traceback, "frames", []) if f.file_name == filename]
+        if frames:
+            lines.append(frames[0].line_num)
+    return sorted(set(lines))
 
 
 class ModuleSnapshot:
