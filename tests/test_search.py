@@ -248,3 +248,40 @@ def test_budgets_for_tokens_cost_and_wall_time() -> None:
     # with nothing to expand any more, no expansion: the budget stops the root writing
     assert [a.kind for a in plan(state_with(Budget(tokens=1000), spoke))] == []
     assert [a.kind for a in plan(state_with(Budget(tokens=2000), spoke))] == ["expand"]
+
+
+async def test_claude_is_asked_for_a_different_strategy_per_child(tmp_path, monkeypatch) -> None:
+    """The real Anthropic SDK against a local Messages API: each child's request names
+    the strategies its siblings already tried; tokens are counted per task."""
+    from tests.anthropic_server import MessagesServer, tool_reply
+
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test-local")
+    monkeypatch.setenv("TILEWRIGHT_DATA_DIR", str(tmp_path / "data"))
+    task = load_task(SUITE / "native_scale_shift", {"rows": 16})
+    start = task.starting_source()
+    wide = start.replace("BLOCK_COLS = 128", "BLOCK_COLS = 256")
+    tall = start.replace("BLOCK_ROWS = 8", "BLOCK_ROWS = 16")
+    config = SearchConfig(beam_width=2, branching=2, max_rounds=1, tuning_children=0,
+                          budget=Budget(nodes=2))
+    with MessagesServer() as server:
+        server.script(
+            tool_reply("propose_kernel", {"summary": "wider lane tiles: BLOCK_COLS 256",
+                                          "source": wide}),
+            tool_reply("propose_kernel", {"summary": "taller tiles: BLOCK_ROWS 16",
+                                          "source": tall}))
+        agent = make_agent("anthropic", {"agent": {"base_url": server.url,
+                                                   "retry_base_s": 0.01, "max_retries": 1}})
+        async with LocalExecutor(workers=2) as executor:
+            search = Search.create(tmp_path, task, brief(task), agent, executor, config,
+                                   eval_options=FAST)
+            summary = await search.run()
+            search.close()
+        asked = [json.dumps(r.body) for r in server.requests]
+    assert len(asked) == 2
+    assert "Graph search, round 1, child 1 of v1" in asked[0]
+    assert "child 2 of v1" in asked[1]
+    assert "already tried: v2: wider lane tiles: BLOCK_COLS 256" in asked[1]
+    assert summary.tokens > 0 and summary.evaluations == 3
+    strategies = {n.strategy for n in search.state.nodes.values() if n.round == 1}
+    assert strategies == {"wider lane tiles: BLOCK_COLS 256", "taller tiles: BLOCK_ROWS 16"}
+    _check_recorded_search(search.log.path)
