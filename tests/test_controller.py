@@ -163,6 +163,9 @@ async def test_compile_error_goes_to_the_fixer_then_revert(
     c.reject()  # no note: the agent is not asked again
     await c.wait_idle()
     assert len(agent.requests) == 1 and c.state.pending is None
+    c.request_proposal()  # the user sends the failure back to the fixer
+    await c.wait_idle()
+    assert agent.requests[-1].role == "fix"
     c.revert(1)
     assert c.state.current == 1
     assert types(seen)[-1] == "kernel.checkout"
