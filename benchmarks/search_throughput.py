@@ -46,7 +46,9 @@ def candidates(source: str, count: int) -> list[str]:
 async def batch(executor, task, sources, options) -> tuple[float, list[str]]:
     started = time.perf_counter()
     results = await asyncio.gather(*(executor.submit(task, s, options) for s in sources))
-    return time.perf_counter() - started, [r.status for r in results]
+    wall = time.perf_counter() - started
+    return wall, [r.status if r.correct else f"{r.status}: {r.error and r.error.message}"
+                  for r in results]
 
 
 async def sequential(executor, task, sources, options) -> list[float]:
@@ -70,7 +72,7 @@ async def measure(name: str, executor, task, sources, options, seq: list[str]) -
         latencies = await sequential(executor, task, seq, options) if seq else []
     finally:
         await executor.close()
-    bad = [s for s in statuses if s != "correct"]
+    bad = sorted({s for s in statuses if s != "correct"})
     row = {"name": name, "capacity": executor.capacity, "startup_s": startup, "wall_s": wall,
            "evals": len(sources), "per_min": 60.0 * len(sources) / wall,
            "latency_s": statistics.median(latencies) if latencies else None, "failed": bad}
