@@ -13,6 +13,7 @@ The JAX internals read here (``GridMapping``, ``BlockMapping``) are those of jax
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -25,17 +26,42 @@ MAX_STEPS = 1 << 20  # grids longer than this are sampled, and the total extrapo
 LANES, SUBLANES = 128, 8
 
 
+# JAX device kinds (and TensorCores per device) of the TPU chips, for tracing off-TPU.
+DEVICE_KINDS = {"v4": ("TPU v4", 2), "v5e": ("TPU v5 lite", 1), "v5p": ("TPU v5", 2),
+                "v6e": ("TPU v6 lite", 1), "v7x": ("TPU7x", 1)}
+
+
 def analyze_callable(fn: Callable[..., Any], dynamic: tuple, static: tuple = (), *,
                      chip: Chip, task_flops: float | None = None) -> dict[str, Any]:
     """Trace ``fn(*dynamic, *static)`` to a jaxpr and analyze each ``pallas_call`` in it.
 
     Tracing errors (the candidate's) propagate; ``dynamic`` may hold
-    ``jax.ShapeDtypeStruct``s, so nothing is allocated or run.
+    ``jax.ShapeDtypeStruct``s, so nothing is allocated or run. Off a TPU, tracing runs
+    under an abstract mesh whose device is ``chip``, so kernels that ask for the TPU's
+    tiling (``pltpu.emit_pipeline``) trace as they would on that chip.
     """
     import jax
 
-    closed = jax.make_jaxpr(lambda *d: fn(*d, *static))(*dynamic)
+    with _as_tpu(chip):
+        closed = jax.make_jaxpr(lambda *d: fn(*d, *static))(*dynamic)
     return analyze_jaxpr(closed, chip=chip, task_flops=task_flops)
+
+
+@contextlib.contextmanager
+def _as_tpu(chip: Chip) -> Iterator[None]:
+    import jax
+
+    if chip.name not in DEVICE_KINDS or jax.default_backend() == "tpu":
+        yield
+        return
+    from jax._src.mesh import AbstractDevice
+    from jax.sharding import AbstractMesh, use_abstract_mesh
+
+    kind, cores = DEVICE_KINDS[chip.name]
+    mesh = AbstractMesh((1,), ("tilewright",), abstract_device=AbstractDevice(
+        device_kind=kind, num_cores=cores, platform="tpu"))
+    with use_abstract_mesh(mesh):
+        yield
 
 
 def analyze_jaxpr(closed: Any, *, chip: Chip, task_flops: float | None = None) -> dict[str, Any]:

@@ -386,6 +386,22 @@ def test_prefetch_hbm_scan_and_buffering_are_read() -> None:
     # VMEM: the output block twice (2 x 4 KiB) + the 4 KiB scratch buffer; no semaphore bytes.
     assert k["vmem_bytes"] == 3 * 4 * KiB
 
+    def pipelined(x_hbm, o_hbm):  # emit_pipeline needs a TPU context: traced as a v5e
+        def inner(x_ref, o_ref):
+            o_ref[...] = x_ref[...] * 2.0
+        spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+        pltpu.emit_pipeline(inner, grid=(4,), in_specs=[spec], out_specs=[spec])(x_hbm, o_hbm)
+
+    def with_pipeline(x):
+        return pl.pallas_call(pipelined, in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                              out_specs=pl.BlockSpec(memory_space=pl.ANY),
+                              out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    (k,) = analyze_callable(with_pipeline, (jax.ShapeDtypeStruct((32, 128), jnp.float32),),
+                            chip=v5e)["kernels"]
+    # The inner pipeline double-buffers one (8, 128) f32 block per operand: 2 x 2 x 4 KiB.
+    assert k["vmem_bytes"] == 16 * KiB
+
     def twice(x_ref, o_ref):
         o_ref[...] = jax.lax.fori_loop(0, 4, lambda i, acc: acc + x_ref[...] * 2.0,
                                        jnp.zeros_like(o_ref))
