@@ -29,7 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Search over kernel versions for every task under --suite (native, "
                     "JAXBench and MaxKernel layouts), evaluating on local worker processes "
                     "or a Ray cluster. Rerun the same command to resume.")
-    p.add_argument("--suite", required=True, metavar="DIR", help="folder of task directories")
+    p.add_argument("--suite", required=True, metavar="DIR",
+                   help="folder of task directories (any layout), or `bundled`")
     p.add_argument("--agent", choices=("offline", "anthropic", "auto"), default="offline")
     p.add_argument("--budget", type=int, default=8, metavar="N",
                    help="kernel versions the search may create per task (default 8)")
@@ -103,8 +104,13 @@ def _check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     if args.address and args.executor != "ray":
         raise ValueError("--address needs --executor ray")
+    if args.suite == "bundled" and not Path(args.suite).is_dir():
+        from kernels.loaders import BUNDLED_DIR
+
+        args.suite = str(BUNDLED_DIR)
     if not Path(args.suite).is_dir():
-        raise ValueError(f"--suite {args.suite}: no such directory")
+        raise ValueError(f"--suite {args.suite}: no such directory "
+                         "(`--suite bundled` searches the bundled tasks)")
 
 
 def _parse_overrides(items: list[str]) -> dict[str | None, dict[str, str]]:
