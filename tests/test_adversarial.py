@@ -189,3 +189,11 @@ async def test_memory_hog_is_killed(gelu) -> None:
         assert result.status == "crashed"
         assert result.error.kind == "memory"
         assert "memory limit" in result.error.message
+
+
+async def test_global_jax_config_changes_are_undone(worker_pool, gelu) -> None:
+    result = await evaluate(worker_pool, gelu, "enables_x64.py")
+    assert "jax_config_changed" in result.integrity["flags"]
+    assert result.extra["jax_config_changed"] == ["jax_enable_x64"]
+    after = await evaluate(worker_pool, gelu, "good_gelu.py")
+    assert after.status == "correct" and after.integrity["flags"] == []

@@ -122,7 +122,8 @@ class Evaluation:
         self.phases: dict[str, float] = {}
         self.recycle = False
         self.lowering_limited = False
-        self.pallas_lines: list[int] = []  # where the candidate calls pallas_call  # a shape could not be lowered for host reasons
+        self.pallas_lines: list[int] = []  # where the candidate calls pallas_call
+        self.snapshot: integrity.ModuleSnapshot | None = None  # a shape could not be lowered for host reasons
         self.result = EvalResult(status="correct", backend=None)
         self.shape_details: list[dict[str, Any]] = []
 
@@ -137,12 +138,25 @@ class Evaluation:
             self._run()
         except _Stop:
             pass
+        finally:
+            self._restore()
         result = self.result
         result.integrity = {"flags": sorted(set(self.flags))}
         result.extra.update(shapes=self.shape_details, phases=self.phases,
                             interpret=self.interpret)
         result.duration_s = time.perf_counter() - started
         return result
+
+    def _restore(self) -> None:
+        """Undo what a candidate may have changed in this process's JAX configuration."""
+        if self.snapshot is None:
+            return
+        changed, restored = self.snapshot.restore_config()
+        if changed:
+            self.flags.append("jax_config_changed")
+            self.result.extra["jax_config_changed"] = changed
+            if not restored:
+                self.recycle = True
 
     def _phase(self, name: str, since: float) -> None:
         self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - since
@@ -191,8 +205,12 @@ class Evaluation:
                 for seed in seeds[config.name]:
                     dyn, static = runtime.make_inputs(config, jax.random.PRNGKey(seed))
                     fn = _jitted_reference(runtime, len(dyn), len(static))
-                    references[config.name].append(to_host(fn(*dyn, *static)))
+                    # same mode as the candidate: a reference may itself use Pallas
+                    with _execution_mode(self.interpret):
+                        references[config.name].append(to_host(fn(*dyn, *static)))
         except Exception as exc:
+            if self.interpret:
+                _reset_interpret_state()
             self._fail("runtime_error", "task", exc,
                        message=str(exc) if isinstance(exc, TaskError) else None)
         self._phase("reference_s", t)
@@ -222,7 +240,7 @@ class Evaluation:
             "atol": details[0]["atol"], "rtol": details[0]["rtol"],
             "reason": f"{failed[0]['name']}: {failed[0]['reason']}" if failed else None,
         }
-        if self.snapshot.new_threads():
+        if self.snapshot is not None and self.snapshot.new_threads():
             self.flags.append("background_threads")
             self.recycle = True  # they would run on during the next candidate's timing
         if not all_correct:
@@ -232,7 +250,7 @@ class Evaluation:
         # 6. timing
         if self.timing:
             t = time.perf_counter()
-            self._time(runtime, entry, configs)
+            self._time(runtime, entry, configs, seeds)
             self._phase("timing_s", t)
 
     # -- steps -----------------------------------------------------------------------
@@ -374,6 +392,7 @@ class Evaluation:
 
     def _check_tampering(self) -> None:
         """After every piece of candidate code ran: before its outputs are compared."""
+        assert self.snapshot is not None
         changed = self.snapshot.changed()
         if changed:
             self.flags.append("harness_tampering")
@@ -382,14 +401,15 @@ class Evaluation:
             self._fail("rejected", "harness_tampering", message="the candidate replaced "
                        f"attributes of modules the harness relies on: {shown}")
 
-    def _time(self, runtime: Any, entry: Any, configs: list[ShapeConfig]) -> None:
+    def _time(self, runtime: Any, entry: Any, configs: list[ShapeConfig],
+              seeds: dict[str, list[int]]) -> None:
         import jax
 
         visible = [c for c in configs if not c.held_out] or configs
         # The biggest visible configuration: the one where the kernel's work dominates.
         sized = []
         for config in visible:
-            dyn, static = runtime.make_inputs(config, jax.random.PRNGKey(0))
+            dyn, static = runtime.make_inputs(config, jax.random.PRNGKey(seeds[config.name][0]))
             sized.append((sum(int(np.prod(a.shape)) for a in dyn), config, dyn, static))
         _, config, dyn, static = max(sized, key=lambda item: item[0])
         kernel_fn = self._jit(entry, dyn, static)

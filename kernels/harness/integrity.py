@@ -10,8 +10,12 @@
 - ``is_degenerate``: a reference output within atol of zero everywhere makes a kernel
   that returns zeros pass; flagged ``degenerate_reference``.
 
+- ``ModuleSnapshot.restore_config``: jax.config options a candidate changed are put back
+  (flag ``jax_config_changed``) so they cannot leak into the next candidate.
+
 Flags (strings in ``integrity.flags``): no_pallas_call, nondeterministic,
-suspicious_speedup, degenerate_reference, harness_tampering, background_threads.
+suspicious_speedup, degenerate_reference, harness_tampering, background_threads,
+jax_config_changed.
 """
 
 from __future__ import annotations
@@ -91,6 +95,23 @@ class ModuleSnapshot:
             if module is not None:
                 self.ids[name] = {k: id(v) for k, v in vars(module).items()}
         self.threads = {t.ident for t in threading.enumerate()}
+        self.config = _jax_config_values()
+
+    def restore_config(self) -> tuple[list[str], bool]:
+        """Put back any jax.config option the candidate changed (x64, matmul precision,
+        ...), so it cannot leak into the next candidate. Returns (changed names, whether
+        every one could be restored)."""
+        import jax
+
+        now = _jax_config_values()
+        changed = sorted(k for k in self.config if now.get(k, self.config[k]) != self.config[k])
+        restored = True
+        for name in changed:
+            try:
+                jax.config.update(name, self.config[name])
+            except Exception:
+                restored = False
+        return changed, restored
 
     def changed(self) -> list[str]:
         """``module.attr`` names that were replaced or deleted since the snapshot.
@@ -109,6 +130,12 @@ class ModuleSnapshot:
     def new_threads(self) -> list[str]:
         return [t.name for t in threading.enumerate()
                 if t.ident not in self.threads and t.is_alive()]
+
+
+def _jax_config_values() -> dict[str, Any]:
+    config = getattr(sys.modules.get("jax"), "config", None)
+    values = getattr(config, "values", None)
+    return dict(values) if isinstance(values, dict) else {}
 
 
 def outputs_identical(first: list[np.ndarray], second: list[np.ndarray]) -> bool:
