@@ -173,8 +173,9 @@ class SessionState:
             return True
         if version.decision_seq is None:
             return False
+        # The decision must exist, approve (or edit), and be about this very proposal.
         return any(d.seq == version.decision_seq and d.decision in ("approve", "edit")
-                   for d in self.decisions)
+                   and d.proposal == version.proposal for d in self.decisions)
 
     def history(self) -> tuple[dict[str, Any], ...]:
         return tuple({"version": v.number, "status": v.status, "speedup": v.speedup,

@@ -234,6 +234,15 @@ async def test_a_run_cannot_start_without_a_decision(tmp_path: Path, gelu: Task)
                plan=None, tuning=None, role="implement")
     log.append("kernel.version", version=1, parent=None, origin="agent", proposal="p1",
                source_blob=log.put_blob(src()), summary="sneaky", decision=None)
+    # A decision about another proposal does not authorise this one either.
+    log.append("agent.proposal", proposal="p2", kind="kernel", summary="fine",
+               rationale="", base_version=1, source_blob=log.put_blob(src(tag="2")),
+               plan=None, tuning=None, role="tune")
+    approval = log.append("user.decision", proposal="p2", decision="approve", by="user",
+                          note=None, source_blob=None)
+    log.append("kernel.version", version=2, parent=1, origin="agent", proposal="p1",
+               source_blob=log.put_blob(src(tag="3")), summary="borrowed approval",
+               decision=approval["seq"])
     log.close()
     log, loaded = SessionLog.open(log.path)
     evaluator = MarkedEvaluator()
@@ -241,6 +250,8 @@ async def test_a_run_cannot_start_without_a_decision(tmp_path: Path, gelu: Task)
                    state=fold(loaded.header, loaded.events))
     with pytest.raises(ApprovalRequired, match="never approved"):
         c.run(1)
+    with pytest.raises(ApprovalRequired, match="v2 was never approved"):
+        c.run(2)
     with pytest.raises(ApprovalRequired):
         await c._run_eval(1, "user")
     with pytest.raises(ApprovalRequired):
