@@ -82,6 +82,9 @@ class Controller(Engine):
         self._emit("session.end", reason=reason)
         self._closed = True
         self.log.close()
+        listener = getattr(self.evaluator, "set_state_listener", None)
+        if listener is not None:  # the pool may outlive this controller
+            listener(None)
 
     # -- commands ---------------------------------------------------------------------
 
