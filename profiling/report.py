@@ -66,8 +66,9 @@ def _kernel(console: Console, k: dict[str, Any], ridge: float | None) -> None:
     sem = k.get("dimension_semantics")
     calls = f" · runs {k['calls']}x per call" if k.get("calls", 1) > 1 else ""
     console.print()
+    steps = k["steps"]
     console.print(f"[bold]kernel {escape(k['name'])}[/]  grid {tuple(k['grid'])} = "
-                  f"{k['steps'] if k['steps'] is not None else '?'} steps"
+                  f"{steps if steps is not None else '?'} step{'' if steps == 1 else 's'}"
                   + (f" · {escape(', '.join(sem))}" if sem else " · no dimension_semantics")
                   + calls + f"  [dim]{escape(k.get('source', ''))}[/]")
     if k.get("analysis_error"):
@@ -82,7 +83,9 @@ def _kernel(console: Console, k: dict[str, Any], ridge: float | None) -> None:
         al = o["alignment"]
         mark = "[green]✓[/]" if al["ok"] else f"[red]✗ → {_shape(al['suggest'])}[/]"
         bytes_total = "?" if o["bytes_total"] is None else _bytes(o["bytes_total"])
-        if not o.get("bytes_exact", True):
+        if o.get("bytes_kind") == "estimate":
+            bytes_total = "~" + bytes_total
+        elif not o.get("bytes_exact", True):
             bytes_total = "≤" + bytes_total
         role = "in" if o["role"] == "input" else "out"
         table.add_row(escape(f"{role} {o.get('name', o['origin'])}"),

@@ -42,13 +42,14 @@ def analyze_callable(fn: Callable[..., Any], dynamic: tuple, static: tuple = (),
     """
     import jax
 
-    with _as_tpu(chip):
+    with tpu_context(chip):
         closed = jax.make_jaxpr(lambda *d: fn(*d, *static))(*dynamic)
     return analyze_jaxpr(closed, chip=chip, task_flops=task_flops)
 
 
 @contextlib.contextmanager
-def _as_tpu(chip: Chip) -> Iterator[None]:
+def tpu_context(chip: Chip) -> Iterator[None]:
+    """Off a TPU: an abstract mesh whose device is ``chip`` (what TPU-only APIs consult)."""
     import jax
 
     if chip.name not in DEVICE_KINDS or jax.default_backend() == "tpu":
@@ -290,6 +291,8 @@ def _operand(bm: Any, is_input: bool, idx: int, grid: list[int | None], steps: i
         "fetches": fetches,
         "bytes_total": bytes_total,
         "bytes_exact": exact,
+        "bytes_kind": "exact" if exact else ("estimate" if memory_space == "hbm"
+                                             else "upper_bound"),
         "index_map": str(bm.index_map_jaxpr.jaxpr).replace("\n", " "),
         "index_map_source": _src(bm.index_map_jaxpr.jaxpr),
         "line": _line(_src(bm.index_map_jaxpr.jaxpr)),

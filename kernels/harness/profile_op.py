@@ -86,15 +86,17 @@ def run_profile(spec: dict[str, Any], source: str, filename: str,
     phases["load_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    from profiling.static import analyze_callable
+    from profiling.static import analyze_callable, tpu_context
 
     try:
         analysis = analyze_callable(entry, tuple(dyn), tuple(static), chip=target,
                                     task_flops=task_flops)
+        with tpu_context(target):
+            outputs = jax.tree_util.tree_leaves(
+                jax.eval_shape(lambda *d: entry(*d, *static), *dyn))
     except Exception as exc:
         return fail("trace", exc)
     out["analysis"] = analysis
-    outputs = jax.tree_util.tree_leaves(jax.eval_shape(lambda *d: entry(*d, *static), *dyn))
     phases["static_s"] = time.perf_counter() - t0
 
     if options.get("static_only"):
@@ -112,7 +114,10 @@ def run_profile(spec: dict[str, Any], source: str, filename: str,
     from profiling.capture import capture
 
     try:
-        with _execution_mode(interpret):
+        # Off a TPU the kernel runs in interpret mode as if on the target chip, so APIs
+        # that ask for the TPU's tiling (emit_pipeline) work there too.
+        with _execution_mode(interpret), tpu_context(target) if interpret else \
+                contextlib.nullcontext():
             cap = capture(fn, (*dyn, *static), logdir, iters=iters,
                           python_tracer=bool(options.get("python_tracer")))
     except Exception as exc:
