@@ -504,6 +504,42 @@ async def test_static_only_profile_runs_nothing(worker_pool) -> None:
     assert "phases" in result and "capture_s" not in result["phases"]
 
 
+PIPELINED_GELU = """
+import jax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+
+def _outer(x_hbm, o_hbm):
+    def inner(x_ref, o_ref):
+        o_ref[...] = jax.nn.gelu(x_ref[...])
+    spec = pl.BlockSpec((64, 256), lambda i, j: (i, j))
+    pltpu.emit_pipeline(inner, grid=(4, 2), in_specs=[spec], out_specs=[spec])(x_hbm, o_hbm)
+
+
+def kernel(x):
+    return pl.pallas_call(_outer, in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                          out_specs=pl.BlockSpec(memory_space=pl.ANY),
+                          out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="module")
+async def test_emit_pipeline_kernel_profiles_on_a_cpu_host(worker_pool) -> None:
+    from kernels.cli_profile import profile
+    from kernels.loaders import load_task
+
+    result = await profile(load_task("gelu"), PIPELINED_GELU, "pipelined.py", {"iters": 1},
+                           pool=worker_pool)
+    assert result["status"] == "ok", result.get("error")
+    (k,) = result["analysis"]["kernels"]
+    # Its buffers come from emit_pipeline: 2 x (64, 256) f32 per operand = 2 x 128 KiB.
+    assert k["vmem_bytes"] == 256 * KiB
+    assert {o["bytes_kind"] for o in k["operands"]} == {"estimate"}
+    assert result["top_ops"]
+
+
 @pytest.mark.slow
 def test_cli_profile_json_and_quiet_stderr(tmp_path: Path) -> None:
     # Turn XLA/xprof logging fully on (the worker keeps user values): the C++ lines are
