@@ -163,8 +163,10 @@ def _timeline(console: Console, p: dict[str, Any]) -> None:
     console.print()
     if not tl:
         reason = ("static analysis only: nothing was run" if p.get("wall") is None
-                  else "the profiler wrote no trace")
-        console.print(f"[yellow]no timeline[/]: {reason}")
+                  else p.get("convert_error") or "the profiler wrote no trace")
+        console.print(f"[yellow]no timeline[/]: {escape(str(reason))}")
+        if p.get("logdir"):
+            console.print(f"  raw trace kept: {escape(p['logdir'])}")
         return
     span = tl.get("span_us") or [0, 0]
     measured = tl.get("measured_us") or span

@@ -132,7 +132,13 @@ def run_profile(spec: dict[str, Any], source: str, filename: str,
                    "median_ms": sorted(cap["iter_ms"])[len(cap["iter_ms"]) // 2]}
 
     t0 = time.perf_counter()
-    _convert(out, cap, analysis)
+    try:
+        _convert(out, cap, analysis)
+    except Exception as exc:  # the raw trace is kept; say why there is no timeline
+        out.update(timeline=None, top_ops=[], per_iteration=None,
+                   pallas_share={"value": None,
+                                 "reason": f"xprof could not convert the trace: {exc}"})
+        out["convert_error"] = f"{type(exc).__name__}: {exc}"
     phases["convert_s"] = time.perf_counter() - t0
     return _finish(out, analysis, dyn, outputs, target, measured_chip, task_flops, interpret,
                    phases, started)
