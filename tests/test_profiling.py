@@ -635,3 +635,23 @@ def test_alignment_rule_matches_the_tpu_lowering(shape: tuple, block: tuple) -> 
         assert "block shape" in str(exc)  # rejected for its blocks, not something else
         lowered = False
     assert ours == lowered
+
+
+def test_mxu_width_and_bf16_packing_by_chip() -> None:
+    import jax
+
+    from profiling.static import analyze_callable
+
+    fn, dt = _matmul(8, 128, 128)  # bf16 (8, 128) x (128, 128) blocks
+    x = jax.ShapeDtypeStruct((64, 256), dt)
+    y = jax.ShapeDtypeStruct((256, 256), dt)
+    (v5e,) = analyze_callable(fn, (x, y), chip=chips.get_chip("v5e"))["kernels"]
+    assert v5e["dots"][0]["mxu_ok"]  # 128-wide MXU: K = N = 128 fills it
+    (v6e,) = analyze_callable(fn, (x, y), chip=chips.get_chip("v6e"))["kernels"]
+    (dot,) = v6e["dots"]
+    assert not dot["mxu_ok"] and dot["mxu_width"] == 256  # v6e's MXU is 256 wide
+    assert any(w["code"] == "mxu_shape" for w in v6e["warnings"])
+    # bf16 packs 16 rows per (16, 128) tile: 8-row blocks leave tiles half empty.
+    packed = [w for w in v6e["warnings"] if w["code"] == "packed_rows"]
+    assert packed and packed[0]["severity"] == "info"
+    assert v6e["vmem_padded_bytes"] > v6e["vmem_bytes"]
