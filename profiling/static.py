@@ -255,6 +255,7 @@ def _operand(bm: Any, is_input: bool, idx: int, grid: list[int | None], steps: i
 
     fetches: int | None = None
     exact = True
+    oob: list[dict[str, Any]] = []
     if memory_space == "hbm":
         # The kernel copies by hand (make_async_copy); we cannot see how much.
         bytes_total: float | None = float(math.prod(array_shape) * itemsize)
@@ -263,7 +264,7 @@ def _operand(bm: Any, is_input: bool, idx: int, grid: list[int | None], steps: i
         buffers = 0
     else:
         if steps is not None:
-            fetches, exact = _count_fetches(bm, grid, steps, num_prefetch)
+            fetches, exact = _count_fetches(bm, grid, steps, num_prefetch, oob)
         bytes_total = float(fetches * block_bytes) if fetches is not None else None
         in_vmem = memory_space == "vmem"
         vmem = buffers * block_bytes if in_vmem else 0
@@ -293,6 +294,7 @@ def _operand(bm: Any, is_input: bool, idx: int, grid: list[int | None], steps: i
         "bytes_exact": exact,
         "bytes_kind": "exact" if exact else ("estimate" if memory_space == "hbm"
                                              else "upper_bound"),
+        "out_of_bounds": oob,
         "index_map": str(bm.index_map_jaxpr.jaxpr).replace("\n", " "),
         "index_map_source": _src(bm.index_map_jaxpr.jaxpr),
         "line": _line(_src(bm.index_map_jaxpr.jaxpr)),
@@ -318,9 +320,13 @@ def _block_dim(b: Any) -> int | None:
     return int(size) if size is not None else None
 
 
-def _count_fetches(bm: Any, grid: list[int | None], steps: int, num_prefetch: int
-                   ) -> tuple[int, bool]:
-    """How many times the block index changes along the grid (first step included)."""
+def _count_fetches(bm: Any, grid: list[int | None], steps: int, num_prefetch: int,
+                   oob: list[dict[str, Any]]) -> tuple[int, bool]:
+    """How many times the block index changes along the grid (first step included).
+
+    Blocks that start outside the array (a whole block out of bounds, not the padded
+    tail of a partial last block) are appended to ``oob``.
+    """
     import numpy as np
 
     sample = min(steps, MAX_STEPS)
@@ -331,10 +337,28 @@ def _count_fetches(bm: Any, grid: list[int | None], steps: int, num_prefetch: in
         return steps, False
     stacked = np.stack([np.broadcast_to(np.asarray(b), (sample,)) for b in blocks], axis=1) \
         if blocks else np.zeros((sample, 0), np.int32)
+    _out_of_bounds(bm, stacked, grid_indices, oob)
     changed = 1 + int(np.any(stacked[1:] != stacked[:-1], axis=1).sum()) if sample else 0
     if sample < steps:  # extrapolate from the sampled prefix
         return round(changed * steps / sample), False
     return changed, True
+
+
+def _out_of_bounds(bm: Any, stacked: Any, grid_indices: list[Any],
+                   oob: list[dict[str, Any]]) -> None:
+    import numpy as np
+
+    for axis, (b, dim) in enumerate(zip(bm.block_shape, bm.array_aval.shape, strict=False)):
+        if type(b).__name__ not in ("Blocked", "Squeezed") or axis >= stacked.shape[1]:
+            continue  # Element / BoundedSlice index maps give element offsets
+        size = _block_dim(b) or 1
+        start = stacked[:, axis].astype(np.int64) * size
+        bad = np.nonzero((start < 0) | (start >= int(dim)))[0]
+        if bad.size:
+            step = int(bad[0])
+            oob.append({"axis": axis, "block_index": int(stacked[step, axis]),
+                        "block": size, "array": int(dim), "steps": int(bad.size),
+                        "first_step": [int(g[step]) for g in grid_indices]})
 
 
 def _tile_rows(dtype: Any) -> int:

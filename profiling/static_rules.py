@@ -21,6 +21,7 @@ STEP_OVERHEAD_S = 0.35e-6
 
 def kernel_warnings(k: dict[str, Any], chip: Chip) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
+    out += _bounds(k)
     out += _alignment(k)
     out += _vmem(k, chip)
     out += _cores(k, chip)
@@ -38,6 +39,23 @@ def _w(code: str, severity: str, message: str, fix: str, operand: str | None = N
 
 def _fmt_shape(dims: list[Any]) -> str:
     return "(" + ", ".join("None" if d is None else str(d) for d in dims) + ")"
+
+
+def _bounds(k: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for op in k["operands"]:
+        for b in op.get("out_of_bounds") or []:
+            start = b["block_index"] * b["block"]
+            out.append(_w(
+                "block_out_of_bounds", "error",
+                f"{op['origin']}: at grid step {tuple(b['first_step'])} the index map asks for "
+                f"block {b['block_index']} along axis {b['axis']}, which starts at {start}, "
+                f"past the end of that axis (size {b['array']}; {b['steps']} step"
+                f"{'s' if b['steps'] != 1 else ''} in all); a TPU reads or writes memory "
+                "that is not this array's",
+                f"keep the index map's axis-{b['axis']} result in 0..{-(-b['array'] // b['block']) - 1}"
+                " (check for an off-by-one, e.g. `i + 1`)", op["origin"], op.get("line")))
+    return out
 
 
 def _alignment(k: dict[str, Any]) -> list[dict[str, Any]]:

@@ -655,3 +655,30 @@ def test_mxu_width_and_bf16_packing_by_chip() -> None:
     packed = [w for w in v6e["warnings"] if w["code"] == "packed_rows"]
     assert packed and packed[0]["severity"] == "info"
     assert v6e["vmem_padded_bytes"] > v6e["vmem_bytes"]
+
+
+def test_out_of_bounds_block_index_is_an_error() -> None:
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    from profiling.static import analyze_callable
+
+    def copy(x_ref, o_ref):
+        o_ref[...] = x_ref[...]
+
+    def shifted(x):  # one block too far along rows: grid step i reads block i + 1
+        return pl.pallas_call(copy, grid=(8, 4),
+                              in_specs=[pl.BlockSpec((32, 128), lambda i, j: (i + 1, j))],
+                              out_specs=pl.BlockSpec((32, 128), lambda i, j: (i, j)),
+                              out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    x = jax.ShapeDtypeStruct((256, 512), jnp.float32)
+    (k,) = analyze_callable(shifted, (x,), chip=chips.get_chip("v5e"))["kernels"]
+    (w,) = [w for w in k["warnings"] if w["code"] == "block_out_of_bounds"]
+    # Row block 8 starts at 8 * 32 = 256 = the array's size; first at step (7, 0), and
+    # for all 4 column steps of that row.
+    assert w["severity"] == "error" and w["operand"] == "args[0]"
+    assert "block 8 along axis 0" in w["message"] and "(7, 0)" in w["message"]
+    assert "4 steps" in w["message"] and "0..7" in w["fix"]
+    assert k["operands"][1]["out_of_bounds"] == []
