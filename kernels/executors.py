@@ -26,6 +26,7 @@ import glob
 import hashlib
 import logging
 import os
+import socket
 import tempfile
 import threading
 from dataclasses import asdict
@@ -328,12 +329,15 @@ class RayExecutor:
                 "configure_logging": True,
             }
             if self.address:
+                _check_reachable(self.address)
                 kwargs["address"] = self.address
             else:
                 kwargs["num_cpus"] = self.num_cpus or self.requested or local_worker_count()
                 kwargs["object_store_memory"] = 80 * 1024 * 1024
-            # Ray's own loggers go to stderr before logging_level applies; quiet them.
+            # Ray's own loggers go to stderr before logging_level applies; quiet them,
+            # and its C++ core's warnings too (they would land on the user's terminal).
             logging.getLogger("ray").setLevel(logging.ERROR)
+            os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
             try:
                 await asyncio.to_thread(ray.init, **kwargs)
             except ConnectionError as exc:
@@ -393,6 +397,24 @@ class RayExecutor:
     def describe(self) -> str:
         where = self.address or "local Ray instance"
         return f"ray: {self.capacity} concurrent evaluation(s) on {where}, each {self.resources}"
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast on a cluster address nobody answers at (ray.init would retry for
+    minutes, printing warnings). ``auto`` and addresses without a port are left to Ray."""
+    if address == "auto":
+        return
+    hostport = address.split("://", 1)[-1]
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ExecutorError(
+            f"cannot reach a Ray cluster at {address}: {exc.strerror or exc} (start one with "
+            "`ray start --head` and pass the address it prints, or drop --address to use "
+            "a local Ray instance)") from None
 
 
 def make_executor(kind: str, workers: int | None = None, address: str | None = None,

@@ -84,6 +84,12 @@ def test_task_files_travel_to_a_node_without_them(task, tmp_path) -> None:
 
 # -- Ray ------------------------------------------------------------------------------
 
+async def test_unreachable_ray_cluster_fails_fast() -> None:
+    pytest.importorskip("ray")
+    with pytest.raises(ExecutorError, match="cannot reach a Ray cluster at 127.0.0.1:1"):
+        await RayExecutor(address="127.0.0.1:1").start()
+
+
 ray = pytest.importorskip("ray")
 
 
