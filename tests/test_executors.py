@@ -86,7 +86,7 @@ def test_task_files_travel_to_a_node_without_them(task, tmp_path) -> None:
 
 async def test_unreachable_ray_cluster_fails_fast() -> None:
     pytest.importorskip("ray")
-    with pytest.raises(ExecutorError, match="cannot reach a Ray cluster at 127.0.0.1:1"):
+    with pytest.raises(ExecutorError, match=r"cannot reach a Ray cluster at 127\.0\.0\.1:1"):
         await RayExecutor(address="127.0.0.1:1").start()
 
 
