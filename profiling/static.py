@@ -256,6 +256,7 @@ def _operand(bm: Any, is_input: bool, idx: int, grid: list[int | None], steps: i
     fetches: int | None = None
     exact = True
     oob: list[dict[str, Any]] = []
+    coverage: dict[str, Any] = {}
     if memory_space == "hbm":
         # The kernel copies by hand (make_async_copy); we cannot see how much.
         bytes_total: float | None = float(math.prod(array_shape) * itemsize)
@@ -264,7 +265,7 @@ def _operand(bm: Any, is_input: bool, idx: int, grid: list[int | None], steps: i
         buffers = 0
     else:
         if steps is not None:
-            fetches, exact = _count_fetches(bm, grid, steps, num_prefetch, oob)
+            fetches, exact = _count_fetches(bm, grid, steps, num_prefetch, oob, coverage)
         bytes_total = float(fetches * block_bytes) if fetches is not None else None
         in_vmem = memory_space == "vmem"
         vmem = buffers * block_bytes if in_vmem else 0
@@ -295,6 +296,7 @@ def _operand(bm: Any, is_input: bool, idx: int, grid: list[int | None], steps: i
         "bytes_kind": "exact" if exact else ("estimate" if memory_space == "hbm"
                                              else "upper_bound"),
         "out_of_bounds": oob,
+        "coverage": coverage or None,
         "index_map": str(bm.index_map_jaxpr.jaxpr).replace("\n", " "),
         "index_map_source": _src(bm.index_map_jaxpr.jaxpr),
         "line": _line(_src(bm.index_map_jaxpr.jaxpr)),
@@ -321,7 +323,7 @@ def _block_dim(b: Any) -> int | None:
 
 
 def _count_fetches(bm: Any, grid: list[int | None], steps: int, num_prefetch: int,
-                   oob: list[dict[str, Any]]) -> tuple[int, bool]:
+                   oob: list[dict[str, Any]], coverage: dict[str, Any]) -> tuple[int, bool]:
     """How many times the block index changes along the grid (first step included).
 
     Blocks that start outside the array (a whole block out of bounds, not the padded
@@ -338,6 +340,12 @@ def _count_fetches(bm: Any, grid: list[int | None], steps: int, num_prefetch: in
     stacked = np.stack([np.broadcast_to(np.asarray(b), (sample,)) for b in blocks], axis=1) \
         if blocks else np.zeros((sample, 0), np.int32)
     _out_of_bounds(bm, stacked, grid_indices, oob)
+    if sample == steps and all(type(b).__name__ in ("Blocked", "Squeezed") for b in bm.block_shape):
+        # Distinct blocks visited against the blocks that tile the array.
+        sizes = [(_block_dim(b) or 1) for b in bm.block_shape]
+        coverage["total"] = math.prod(-(-int(d) // s) for d, s in zip(bm.array_aval.shape, sizes,
+                                                                       strict=False))
+        coverage["visited"] = len(np.unique(stacked, axis=0)) if stacked.size else 1
     changed = 1 + int(np.any(stacked[1:] != stacked[:-1], axis=1).sum()) if sample else 0
     if sample < steps:  # extrapolate from the sampled prefix
         return round(changed * steps / sample), False

@@ -22,6 +22,7 @@ STEP_OVERHEAD_S = 0.35e-6
 def kernel_warnings(k: dict[str, Any], chip: Chip) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     out += _bounds(k)
+    out += _coverage(k)
     out += _alignment(k)
     out += _vmem(k, chip)
     out += _cores(k, chip)
@@ -55,6 +56,24 @@ def _bounds(k: dict[str, Any]) -> list[dict[str, Any]]:
                 "that is not this array's",
                 f"keep the index map's axis-{b['axis']} result in 0..{-(-b['array'] // b['block']) - 1}"
                 " (check for an off-by-one, e.g. `i + 1`)", op["origin"], op.get("line")))
+    return out
+
+
+def _coverage(k: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for op in k["operands"]:
+        cov = op.get("coverage")
+        if op["role"] != "output" or not cov or cov["visited"] >= cov["total"]:
+            continue
+        if op.get("aliases_input") is not None:
+            continue  # an in-place update keeps the aliased input's other blocks
+        out.append(_w(
+            "output_not_covered", "error",
+            f"{op['origin']}: the grid visits {cov['visited']} of the {cov['total']} blocks that "
+            "tile this output; the rest is never written (garbage on a TPU, NaN in interpret "
+            "mode)",
+            "make the grid and the out_specs index map cover every output block (one grid "
+            "step per block along each output axis)", op["origin"], op.get("line")))
     return out
 
 

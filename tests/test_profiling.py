@@ -682,3 +682,14 @@ def test_out_of_bounds_block_index_is_an_error() -> None:
     assert "block 8 along axis 0" in w["message"] and "(7, 0)" in w["message"]
     assert "4 steps" in w["message"] and "0..7" in w["fix"]
     assert k["operands"][1]["out_of_bounds"] == []
+    assert k["operands"][1]["coverage"] == {"visited": 32, "total": 32}
+
+    def half(x):  # a grid that covers only the first half of the output's rows
+        return pl.pallas_call(copy, grid=(4, 4),
+                              in_specs=[pl.BlockSpec((32, 128), lambda i, j: (i, j))],
+                              out_specs=pl.BlockSpec((32, 128), lambda i, j: (i, j)),
+                              out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    (k,) = analyze_callable(half, (x,), chip=chips.get_chip("v5e"))["kernels"]
+    (w,) = [w for w in k["warnings"] if w["code"] == "output_not_covered"]
+    assert "visits 16 of the 32 blocks" in w["message"]
