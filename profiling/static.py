@@ -346,6 +346,18 @@ def _count_fetches(bm: Any, grid: list[int | None], steps: int, num_prefetch: in
         coverage["total"] = math.prod(-(-int(d) // s) for d, s in zip(bm.array_aval.shape, sizes,
                                                                        strict=False))
         coverage["visited"] = len(np.unique(stacked, axis=0)) if stacked.size else 1
+        # For each grid axis: does the block index change when only that axis moves?
+        dims = [g or 1 for g in grid]
+        strides = [math.prod(dims[a + 1:]) for a in range(len(dims))]
+        coverage["depends_on_axes"] = []
+        for a, stride in enumerate(strides):
+            if dims[a] < 2:
+                coverage["depends_on_axes"].append(False)
+                continue
+            movable = np.nonzero(grid_indices[a] < dims[a] - 1)[0]
+            varies = bool(np.any(stacked[movable] != stacked[movable + stride])) \
+                if stacked.size else False
+            coverage["depends_on_axes"].append(varies)
     changed = 1 + int(np.any(stacked[1:] != stacked[:-1], axis=1).sum()) if sample else 0
     if sample < steps:  # extrapolate from the sampled prefix
         return round(changed * steps / sample), False

@@ -23,6 +23,7 @@ def kernel_warnings(k: dict[str, Any], chip: Chip) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     out += _bounds(k)
     out += _coverage(k)
+    out += _parallel_reduction(k, chip)
     out += _alignment(k)
     out += _vmem(k, chip)
     out += _cores(k, chip)
@@ -74,6 +75,29 @@ def _coverage(k: dict[str, Any]) -> list[dict[str, Any]]:
             "mode)",
             "make the grid and the out_specs index map cover every output block (one grid "
             "step per block along each output axis)", op["origin"], op.get("line")))
+    return out
+
+
+def _parallel_reduction(k: dict[str, Any], chip: Chip) -> list[dict[str, Any]]:
+    """A grid axis marked parallel along which an output block stays put is a reduction:
+    on two TensorCores both would write that block."""
+    out = []
+    sem = k.get("dimension_semantics") or []
+    for op in k["operands"]:
+        deps = (op.get("coverage") or {}).get("depends_on_axes")
+        if op["role"] != "output" or deps is None:
+            continue
+        for axis, s in enumerate(sem):
+            if "parallel" not in s or axis >= len(deps) or deps[axis] or (k["grid"][axis] or 1) < 2:
+                continue
+            fixed = tuple("arbitrary" if i == axis else x for i, x in enumerate(sem))
+            out.append(_w(
+                "parallel_reduction", "error" if chip.megacore else "warning",
+                f"grid axis {axis} is marked '{s}' but {op['origin']}'s block does not move "
+                f"along it: the {k['grid'][axis]} steps accumulate into the same output block"
+                + (f", which {chip.label}'s two TensorCores would race on" if chip.megacore
+                   else " (harmless on one core, wrong on a two-core chip)"),
+                f"mark it 'arbitrary': dimension_semantics={fixed}", op["origin"]))
     return out
 
 

@@ -682,7 +682,8 @@ def test_out_of_bounds_block_index_is_an_error() -> None:
     assert "block 8 along axis 0" in w["message"] and "(7, 0)" in w["message"]
     assert "4 steps" in w["message"] and "0..7" in w["fix"]
     assert k["operands"][1]["out_of_bounds"] == []
-    assert k["operands"][1]["coverage"] == {"visited": 32, "total": 32}
+    cov = k["operands"][1]["coverage"]
+    assert (cov["visited"], cov["total"], cov["depends_on_axes"]) == (32, 32, [True, True])
 
     def half(x):  # a grid that covers only the first half of the output's rows
         return pl.pallas_call(copy, grid=(4, 4),
@@ -693,3 +694,38 @@ def test_out_of_bounds_block_index_is_an_error() -> None:
     (k,) = analyze_callable(half, (x,), chip=chips.get_chip("v5e"))["kernels"]
     (w,) = [w for w in k["warnings"] if w["code"] == "output_not_covered"]
     assert "visits 16 of the 32 blocks" in w["message"]
+
+
+def test_reduction_axis_marked_parallel() -> None:
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    from profiling.static import analyze_callable
+
+    def row_sum(x_ref, o_ref):
+        @pl.when(pl.program_id(1) == 0)
+        def _init():
+            o_ref[...] = jnp.zeros_like(o_ref)
+
+        o_ref[...] += jnp.sum(x_ref[...], axis=1, keepdims=True) * jnp.ones((1, 128))
+
+    def summed(x, semantics):  # axis 1 walks the columns into one output block per row block
+        return pl.pallas_call(row_sum, grid=(2, 4),
+                              in_specs=[pl.BlockSpec((64, 128), lambda i, j: (i, j))],
+                              out_specs=pl.BlockSpec((64, 128), lambda i, j: (i, 0)),
+                              out_shape=jax.ShapeDtypeStruct((128, 128), x.dtype),
+                              compiler_params=pltpu.CompilerParams(
+                                  dimension_semantics=semantics))(x)
+
+    x = jax.ShapeDtypeStruct((128, 512), jnp.float32)
+    wrong = analyze_callable(lambda a: summed(a, ("parallel", "parallel")), (x,),
+                             chip=chips.get_chip("v5p"))["kernels"][0]
+    (w,) = [w for w in wrong["warnings"] if w["code"] == "parallel_reduction"]
+    assert w["severity"] == "error" and "grid axis 1" in w["message"]
+    assert "('parallel', 'arbitrary')" in w["fix"]
+    assert wrong["operands"][1]["coverage"]["depends_on_axes"] == [True, False]
+    right = analyze_callable(lambda a: summed(a, ("parallel", "arbitrary")), (x,),
+                             chip=chips.get_chip("v5p"))["kernels"][0]
+    assert "parallel_reduction" not in [w["code"] for w in right["warnings"]]
