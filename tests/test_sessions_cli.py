@@ -172,6 +172,9 @@ def test_auto_bad_input_is_a_clear_error(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "--task" in proc.stderr
     proc = tw("auto", "--task", "gelu", "--set", "rows", "--session-dir", str(tmp_path))
     assert proc.returncode == 2 and "KEY=VALUE" in proc.stderr
+    proc = tw("auto", "--task", "gelu", "--agent", "anthropic", "--session-dir", str(tmp_path))
+    assert proc.returncode == 2 and "ANTHROPIC_API_KEY" in proc.stderr
+    assert "--agent offline" in proc.stderr and not list(tmp_path.iterdir())
 
 
 def test_ctrl_c_stops_cleanly_with_the_session_saved(tmp_path: Path) -> None:
