@@ -608,3 +608,33 @@ async def test_a_message_sent_while_the_agent_answers_reaches_its_next_request(
     assert c.state.notes == []
     assert_replay_matches(c)
     await c.close()
+
+
+async def test_switch_modes_while_the_agent_streams(tmp_path: Path, gelu: Task) -> None:
+    hold = asyncio.Event()
+    agent = ScriptedAgent([kernel(src(speedup=1.5, tag="a")), kernel(src(tag="b"))],
+                          hold=hold)
+    settings = ControllerSettings(budgets=Budgets(iterations=1, tokens=None, cost_usd=None,
+                                                  wall_s=None))
+    c, seen = make(tmp_path, gelu, agent, MarkedEvaluator(), settings)
+    await c.start()
+    c.user_message("go")
+    await agent.started.wait()
+    c.set_mode("auto")  # mid-stream: this proposal will be decided by the auto-approver
+    hold.set()
+    await c.wait_idle()
+    decisions = [(e["proposal"], e["by"]) for e in seen if e["type"] == "user.decision"]
+    assert decisions == [("p1", "auto")] and c.state.versions[2].speedup == 1.5
+    assert _stops(seen) == ["budget:iterations"]
+
+    hold.clear()
+    agent.started.clear()
+    c.set_mode("auto")  # a fresh allowance; the next answer streams ...
+    await agent.started.wait()
+    c.set_mode("step")  # ... and is now left for the user
+    hold.set()
+    await c.wait_idle()
+    assert c.state.pending == "p2" and c.state.mode == "step"
+    assert [e["by"] for e in seen if e["type"] == "user.decision"] == ["auto"]
+    assert_replay_matches(c)
+    await c.close()
