@@ -15,7 +15,8 @@ from kernels.task import Task, TaskError
 
 
 def task_header(task: Task, overrides: dict[str, str] | None = None) -> dict[str, Any]:
-    return {"name": task.name, "root": str(task.root), "layout": task.layout,
+    # Absolute, so resume and replay work from any working directory.
+    return {"name": task.name, "root": str(Path(task.root).resolve()), "layout": task.layout,
             "overrides": dict(overrides or {})}
 
 
