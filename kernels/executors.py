@@ -334,10 +334,8 @@ class RayExecutor:
             else:
                 kwargs["num_cpus"] = self.num_cpus or self.requested or local_worker_count()
                 kwargs["object_store_memory"] = 80 * 1024 * 1024
-            # Ray's own loggers go to stderr before logging_level applies; quiet them,
-            # and its C++ core's warnings too (they would land on the user's terminal).
+            # Ray's own loggers go to stderr before logging_level applies; quiet them.
             logging.getLogger("ray").setLevel(logging.ERROR)
-            os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
             try:
                 await asyncio.to_thread(ray.init, **kwargs)
             except ConnectionError as exc:

@@ -269,7 +269,7 @@ async def _run_one(task: Any, existing: Path | None, base: Path, agent: Any, exe
 
 def _budget_grew(state: Any, config: Any) -> bool:
     """A search that stopped on a budget continues when this command allows more."""
-    from sessions.search_graph import budget_reason
+    from sessions.search_plan import budget_reason
 
     if not (state.ended or "").startswith("budget:") or state.config is None:
         return False

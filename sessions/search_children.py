@@ -1,0 +1,195 @@
+"""How a search gets children: the agent's proposals and the search's own tuning steps.
+
+``ChildMaker`` is mixed into ``sessions.search.Search``. For each slot of the tree it
+either takes one untried neighbouring value of a tunable (a tuning step, no agent
+needed) or asks the agent with a request that says which child this is and which
+strategies its siblings already tried, so each child can be a different, named
+strategy; the whole measured history goes along (with tunables, so a tuner never
+proposes a configuration twice). Every outcome is an event: ``agent.message``,
+``agent.proposal`` with the slot's fields, or ``error`` with them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from dataclasses import replace
+from typing import Any
+
+from agents.base import AgentRequest
+from kernels import tunables
+from sessions.agent_turn import AgentTurn, stream_turn
+from sessions.log import read_json_blob
+from sessions.search_plan import Action
+
+AGENT_TIMEOUT_S = 600.0
+# Kernel families the offline agent has templates for, tried in turn as first kernels
+# of a task that names none.
+FAMILY_HINTS = ("elementwise", "rowwise", "matmul")
+
+
+class ChildMaker:
+    """Proposing children; expects ``state``, ``log``, ``brief``, ``agent``, ``_emit``
+    and ``_source`` from the class it is mixed into."""
+
+    state: Any
+    log: Any
+    brief: Any
+    agent: Any
+
+    def _emit(self, type_: str, **fields: Any) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _source(self, version: int) -> str:
+        raise NotImplementedError
+
+    def _slot_fields(self, action: Action) -> dict[str, Any]:
+        lineage, rnd, _parent, slot = action.slot  # type: ignore[misc]
+        return {"lineage": lineage, "round": rnd, "slot": slot}
+
+    def _next_pid(self) -> str:
+        return f"p{len(self.state.session.proposals) + 1}"
+
+    async def _expand(self, action: Action) -> str | None:
+        parent = action.slot[2]  # type: ignore[index]
+        if action.proposer == "tuning":
+            pid = self._tuning_step(action)
+            if pid is not None:
+                return pid
+        return await self._ask_agent(action, parent)
+
+    def _tuning_step(self, action: Action) -> str | None:
+        """The search's own child: one untried neighbouring value of one tunable."""
+        parent = action.slot[2]  # type: ignore[index]
+        source = self._source(parent)
+        try:
+            legal = tunables.legal_choices(source)
+            current = tunables.config_of(source)
+        except tunables.TunablesError:
+            return None
+        known = {v.source_blob for v in self.state.session.versions.values()}
+        names = sorted(legal)
+        start = action.slot[3] % max(1, len(names))  # type: ignore[index]
+        for name in names[start:] + names[:start]:
+            choices = legal[name]
+            if current[name] not in choices:
+                continue
+            at = choices.index(current[name])
+            for step in (1, -1):
+                if not 0 <= at + step < len(choices):
+                    continue
+                value = choices[at + step]
+                new = tunables.apply(source, {name: value})
+                if hashlib.sha256(new.encode()).hexdigest() in known:
+                    continue
+                pid = self._next_pid()
+                self._emit("agent.proposal", proposal=pid, kind="tuning",
+                           summary=f"tuning step: {name} {current[name]} -> {value}",
+                           rationale="a neighbouring value of one tunable, not yet measured "
+                                     "in this search", base_version=parent,
+                           source_blob=self.log.put_blob(new), plan=None,
+                           tuning={name: value}, role="tune", proposer="tuning",
+                           strategy=f"tune {name}", **self._slot_fields(action))
+                return pid
+        return None
+
+    def _request(self, action: Action, parent: int | None, role: str,
+                 message: str | None) -> AgentRequest:
+        s = self.state.session
+        source = self._source(parent) if parent is not None else None
+        brief = self.brief
+        _lineage, rnd, _p, slot = action.slot  # type: ignore[misc]
+        hint = None
+        if parent is None and brief.family is None and self.agent.name == "offline":
+            hint = FAMILY_HINTS[slot % len(FAMILY_HINTS)]
+            brief = replace(brief, family=hint)
+        version = s.versions.get(parent) if parent is not None else None
+        last_eval = (read_json_blob(self.log.path, version.result_blob)
+                     if version is not None and version.result_blob else None)
+        siblings = [n for n in self.state.nodes.values()
+                    if n.parent == parent and n.proposer != "root"]
+        tried = [_tried(n.version, n.strategy, s.versions[n.version]) for n in siblings]
+        ask = (f"Graph search, round {rnd}, child {slot + 1} of "
+               f"{'the starting point' if parent is None else f'v{parent}'}. "
+               "Name the optimization strategy you apply in the first words of your "
+               "summary, and pick one that differs from the strategies already tried "
+               "from this version.")
+        if hint:
+            ask += f"\nThe task names no family: write it as a {hint} kernel."
+        if message:
+            ask += "\n" + message
+        return AgentRequest(role=role, task=brief, current_source=source,  # type: ignore[arg-type]
+                            current_version=parent, last_eval=last_eval, user_message=ask,
+                            notes=tuple(f"already tried: {t}" for t in tried),
+                            history=self._history(parent))
+
+    def _history(self, parent: int | None) -> tuple[dict[str, Any], ...]:
+        """Every version measured so far (with its tunables, so a tuner never proposes a
+        configuration twice), the path from the root to ``parent`` first."""
+        s = self.state.session
+        path: list[int] = []
+        cursor = parent
+        while cursor is not None and cursor in s.versions:
+            path.insert(0, cursor)
+            cursor = s.versions[cursor].parent
+        order = path + [n for n in s.versions if n not in path]
+        out = []
+        for number in order:
+            v = s.versions[number]
+            entry: dict[str, Any] = {"version": number, "status": v.status,
+                                     "speedup": v.speedup, "summary": v.summary,
+                                     "median_ms": v.median_ms, "parent": v.parent,
+                                     "on_path": number in path}
+            with contextlib.suppress(Exception):  # a broken source has no tunables
+                entry["tunables"] = tunables.config_of(self._source(number))
+            out.append(entry)
+        return tuple(out)
+
+    async def _ask_agent(self, action: Action, parent: int | None,
+                         message: str | None = None, role: str | None = None) -> str | None:
+        role = role or action.role
+        request = self._request(action, parent, role, message)
+        turn = AgentTurn()
+        try:
+            await asyncio.wait_for(stream_turn(self.agent, request, turn, lambda *a, **k: None),
+                                   AGENT_TIMEOUT_S)
+        except TimeoutError:
+            turn.failure = f"the agent gave no proposal within {AGENT_TIMEOUT_S:g} s"
+        problem = turn.problem()
+        pid = None if problem else self._next_pid()
+        self._emit("agent.message", text=turn.text(), role=role, proposal=pid,
+                   usage=turn.usage_json())
+        fields = self._slot_fields(action)
+        if problem is not None:
+            self._emit("error", message=problem, where="search", parent=parent, **fields)
+            return None
+        p = turn.proposal
+        assert p is not None
+        strategy = str(p.meta.get("strategy") or p.summary)
+        source = p.source
+        if p.kind == "tuning" and parent is not None:
+            try:
+                source = tunables.apply(self._source(parent), p.tuning or {})
+            except Exception as exc:
+                self._emit("error", message=f"could not apply the tuning: {exc}",
+                           where="search", parent=parent, **fields)
+                return None
+        self._emit("agent.proposal", proposal=pid, kind=p.kind, summary=p.summary,
+                   rationale=p.rationale, base_version=parent,
+                   source_blob=self.log.put_blob(source) if source else None, plan=p.plan,
+                   tuning=p.tuning, role=role, proposer="agent", strategy=strategy, **fields)
+        if p.kind == "plan":  # a plan is no node: approve it and ask for its kernel once
+            self._emit("user.decision", proposal=pid, decision="approve", by="auto",
+                       note="search: implement the plan", source_blob=None)
+            if message is not None:
+                return None
+            return await self._ask_agent(action, parent, f"Implement this plan:\n{p.plan}",
+                                         role="implement")
+        return pid
+
+
+
+def _tried(number: int, strategy: str | None, version: Any) -> str:
+    speed = "" if version.speedup is None else f", {version.speedup:.2f}x"
+    return f"v{number}: {strategy or version.summary} ({version.status or 'not run'}{speed})"
