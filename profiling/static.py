@@ -332,8 +332,11 @@ def _count_fetches(bm: Any, grid: list[int | None], steps: int, num_prefetch: in
     import numpy as np
 
     sample = min(steps, MAX_STEPS)
-    idx = np.unravel_index(np.arange(sample, dtype=np.int64), [g or 1 for g in grid])
-    grid_indices = [np.asarray(a, dtype=np.int32) for a in idx]
+    if grid:
+        idx = np.unravel_index(np.arange(sample, dtype=np.int64), [g or 1 for g in grid])
+        grid_indices = [np.asarray(a, dtype=np.int32) for a in idx]
+    else:  # no grid: one step, index maps take no arguments
+        grid_indices = []
     blocks = evaluate_index_map(bm.index_map_jaxpr, grid_indices, num_prefetch)
     if blocks is None:  # depends on runtime values: assume a new block every step
         return steps, False

@@ -729,3 +729,23 @@ def test_reduction_axis_marked_parallel() -> None:
     right = analyze_callable(lambda a: summed(a, ("parallel", "arbitrary")), (x,),
                              chip=chips.get_chip("v5p"))["kernels"][0]
     assert "parallel_reduction" not in [w["code"] for w in right["warnings"]]
+
+
+def test_no_grid_is_one_step() -> None:
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    from profiling.static import analyze_callable
+
+    def axpy(x_ref, y_ref, o_ref):
+        o_ref[...] = 2.0 * x_ref[...] + y_ref[...]
+
+    def fn(x, y):  # no grid, no BlockSpecs: whole arrays, one step
+        return pl.pallas_call(axpy, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x, y)
+
+    x = jax.ShapeDtypeStruct((16, 128), jnp.float32)
+    (k,) = analyze_callable(fn, (x, x), chip=chips.get_chip("v5e"))["kernels"]
+    assert k["name"] == "axpy" and k["grid"] == [] and k["steps"] == 1
+    assert [o["fetches"] for o in k["operands"]] == [1, 1, 1]
+    assert k["bytes_total"] == 3 * 16 * 128 * 4 and "analysis_error" not in k
