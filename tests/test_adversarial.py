@@ -79,6 +79,7 @@ async def test_stateful_cache_is_caught_by_fresh_inputs(worker_pool, gelu) -> No
 
 
 async def test_infinite_loop_times_out_and_worker_is_replaced(worker_pool, gelu) -> None:
+    await worker_pool.request("hello", {})
     before = list(worker_pool.pids)
     result = await evaluate(worker_pool, gelu, "infinite_loop.py", timeout_s=3.0)
     assert result.status == "timeout"
@@ -106,6 +107,7 @@ async def test_os_exit_is_reported_as_an_exit(worker_pool, gelu) -> None:
 
 
 async def test_sys_exit_is_a_runtime_error_and_worker_survives(worker_pool, gelu) -> None:
+    await worker_pool.request("hello", {})  # a worker is up (an earlier test may crash one)
     pids = list(worker_pool.pids)
     result = await evaluate(worker_pool, gelu, "sys_exit.py")
     assert result.status in ("runtime_error", "compile_error")
@@ -162,6 +164,7 @@ async def test_missing_entry_point(worker_pool, gelu) -> None:
 
 
 async def test_monkeypatching_the_harness_is_rejected(worker_pool, gelu) -> None:
+    await worker_pool.request("hello", {})
     before = list(worker_pool.pids)
     result = await evaluate(worker_pool, gelu, "patches_numpy.py")
     assert result.status == "rejected"

@@ -40,6 +40,7 @@ from kernels.task import ShapeConfig, Task, TaskError
 _RUNTIMES: dict[str, Any] = {}  # task spec (+ file stamps) -> TaskRuntime, for warm workers
 _RUNTIME_CACHE_SIZE = 8
 MIN_TRIALS = 3
+KEEP_INPUT_BYTES = 256 << 20  # trial inputs kept between the reference and candidate passes
 _CROSS_PLATFORM_CALLBACK = "is different from the lowering platform"
 
 
@@ -123,7 +124,9 @@ class Evaluation:
         self.recycle = False
         self.lowering_limited = False
         self.pallas_lines: list[int] = []  # where the candidate calls pallas_call
-        self.snapshot: integrity.ModuleSnapshot | None = None  # a shape could not be lowered for host reasons
+        self.snapshot: integrity.ModuleSnapshot | None = None
+        self._kept_inputs: dict[tuple[str, int], tuple[tuple, tuple]] = {}
+        self._kept_bytes = 0  # a shape could not be lowered for host reasons
         self.result = EvalResult(status="correct", backend=None)
         self.shape_details: list[dict[str, Any]] = []
 
@@ -181,7 +184,6 @@ class Evaluation:
         raise _Stop
 
     def _run(self) -> None:
-        import jax
 
         t = time.perf_counter()
         try:
@@ -203,7 +205,7 @@ class Evaluation:
             for config in configs:
                 references[config.name] = []
                 for seed in seeds[config.name]:
-                    dyn, static = runtime.make_inputs(config, jax.random.PRNGKey(seed))
+                    dyn, static = self._inputs(runtime, config, seed)
                     fn = _jitted_reference(runtime, len(dyn), len(static))
                     # same mode as the candidate: a reference may itself use Pallas
                     with _execution_mode(self.interpret):
@@ -299,7 +301,6 @@ class Evaluation:
 
     def _check_config(self, runtime: Any, entry: Any, config: ShapeConfig,
                       seeds: list[int], references: list[Host]) -> dict[str, Any]:
-        import jax
 
         atol, rtol = runtime.tolerance(config, references[0].dtype)
         detail: dict[str, Any] = {
@@ -309,7 +310,7 @@ class Evaluation:
         }
         if not config.held_out:
             detail["params"] = config.params
-        dyn, static = runtime.make_inputs(config, jax.random.PRNGKey(seeds[0]))
+        dyn, static = self._inputs(runtime, config, seeds[0])
         fn = self._jit(entry, dyn, static)
 
         t = time.perf_counter()
@@ -351,7 +352,7 @@ class Evaluation:
         worst_abs, worst_rel = 0.0, 0.0
         for trial, (seed, expected) in enumerate(zip(seeds, references, strict=True)):
             if trial:
-                dyn, static = runtime.make_inputs(config, jax.random.PRNGKey(seed))
+                dyn, static = self._inputs(runtime, config, seed)
             out = self._execute(fn, dyn, static)
             if trial == 0:
                 again = self._execute(fn, dyn, static)
@@ -376,12 +377,30 @@ class Evaluation:
         self._phase("trials_s", t)
         return detail
 
+    def _inputs(self, runtime: Any, config: ShapeConfig, seed: int) -> tuple[tuple, tuple]:
+        """Inputs for one trial. Kept from the reference pass while they are small (the
+        candidate never saw them: it was loaded later); rebuilt from the same key when
+        keeping them all would cost too much memory (TPU-sized configurations)."""
+        import jax
+
+        key = (config.name, seed)
+        if key in self._kept_inputs:
+            return self._kept_inputs[key]
+        inputs = runtime.make_inputs(config, jax.random.PRNGKey(seed))
+        size = sum(int(getattr(a, "nbytes", 0)) for a in inputs[0])
+        if self._kept_bytes + size <= KEEP_INPUT_BYTES:
+            self._kept_inputs[key] = inputs
+            self._kept_bytes += size
+        return inputs
+
     def _execute(self, fn: Any, dyn: tuple, static: tuple) -> Host:
         import jax
 
+        t = time.perf_counter()
         try:
             with _execution_mode(self.interpret):
                 out = jax.block_until_ready(fn(*dyn, *static))
+            self._phase("kernel_run_s", t)  # compile (first call) + run of the candidate
         except BaseException as exc:
             if self.interpret:
                 _reset_interpret_state()
@@ -403,13 +422,12 @@ class Evaluation:
 
     def _time(self, runtime: Any, entry: Any, configs: list[ShapeConfig],
               seeds: dict[str, list[int]]) -> None:
-        import jax
 
         visible = [c for c in configs if not c.held_out] or configs
         # The biggest visible configuration: the one where the kernel's work dominates.
         sized = []
         for config in visible:
-            dyn, static = runtime.make_inputs(config, jax.random.PRNGKey(seeds[config.name][0]))
+            dyn, static = self._inputs(runtime, config, seeds[config.name][0])
             sized.append((sum(int(np.prod(a.shape)) for a in dyn), config, dyn, static))
         _, config, dyn, static = max(sized, key=lambda item: item[0])
         kernel_fn = self._jit(entry, dyn, static)
@@ -417,7 +435,9 @@ class Evaluation:
         budget = self.time_budget_s / 2
         try:
             with _execution_mode(self.interpret):
+                t = time.perf_counter()
                 kernel = timing.measure(kernel_fn, (*dyn, *static), budget, self.iters)
+                self._phase("kernel_timing_s", t)
                 baseline = timing.measure(ref_fn, (*dyn, *static), budget, self.iters)
         except Exception as exc:
             if self.interpret:
