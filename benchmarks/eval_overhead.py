@@ -12,9 +12,12 @@ Both paths do identical work (same options: trials, fixed timing iterations, one
 configuration). Printed per task: the wall time per candidate for each path (median of
 --reps; the warm path's first evaluation, which also compiles the reference, is shown
 apart), their ratio, and the warm path's overhead beyond the kernel's own compile +
-run. The latter is measured inside the worker as the sum of the evaluation's JAX
-phases (input generation and reference, candidate load, trace + TPU lowering,
-trials, timing); the overhead is the rest: IPC, JSON, scheduling, bookkeeping.
+run. The kernel's own compile + run is measured inside the worker: tracing and TPU
+lowering of the candidate, its trial calls (the first one compiles) and its timed
+calls. Everything else in the warm wall time is overhead, shown in two parts: the
+harness's own work in the worker (inputs, reference outputs, comparisons, timing the
+XLA reference, integrity checks) and transport (socket, JSON, scheduling, stderr
+capture) = wall time minus the worker's handler time.
 
     python benchmarks/eval_overhead.py [--tasks gelu softmax] [--set rows=64 --set cols=256]
                                        [--reps 3] [--iters 10]
@@ -42,7 +45,7 @@ from kernels.loaders import load_task  # noqa: E402
 from kernels.worker_env import worker_environment  # noqa: E402
 from kernels.workers import EvalOptions, WorkerPool  # noqa: E402
 
-WORK_PHASES = ("reference_s", "load_s", "trace_lower_s", "trials_s", "timing_s")
+KERNEL_PHASES = ("trace_lower_s", "kernel_run_s", "kernel_timing_s")
 
 FRESH_SCRIPT = (
     "import json, sys\n"
@@ -51,15 +54,18 @@ FRESH_SCRIPT = (
 )
 
 
-def kernel_work_s(result_json: dict) -> float:
+def split(result_json: dict, wall: float) -> dict:
     phases = result_json["extra"]["phases"]
-    return sum(phases.get(name, 0.0) for name in WORK_PHASES)
+    kernel = sum(phases.get(name, 0.0) for name in KERNEL_PHASES)
+    handler = phases["worker_s"]
+    return {"wall": wall, "kernel": kernel, "harness": handler - kernel,
+            "transport": wall - handler}
 
 
 async def warm_path(task, source: str, options: EvalOptions, reps: int) -> dict:
     async with WorkerPool(size=1) as pool:
         first = None
-        walls, works = [], []
+        runs = []
         for rep in range(reps + 1):
             start = time.perf_counter()
             result = await pool.evaluate(task, source, options, filename=str(task.kernel_path))
@@ -68,12 +74,9 @@ async def warm_path(task, source: str, options: EvalOptions, reps: int) -> dict:
             if rep == 0:
                 first = wall
                 continue
-            walls.append(wall)
-            works.append(kernel_work_s(result.to_json()))
-    wall = statistics.median(walls)
-    work = statistics.median(works)
-    return {"first_s": first, "wall_s": wall, "work_s": work,
-            "overhead_s": wall - work, "overhead_pct": 100 * (wall - work) / wall}
+            runs.append(split(result.to_json(), wall))
+    median = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+    return {"first_s": first, **median}
 
 
 def fresh_path(task, source: str, options: EvalOptions, reps: int) -> dict:
@@ -110,8 +113,8 @@ def main() -> int:
     print(f"eval overhead: trials={args.trials}, timing iters={args.iters}, shape "
           f"{args.shape!r} with {overrides}, median of {args.reps}, JAX_PLATFORMS={os.environ['JAX_PLATFORMS']}, "
           f"{os.cpu_count()} CPUs")
-    header = (f"{'task':<12} {'warm s':>8} {'(first)':>8} {'fresh s':>8} {'fresh/warm':>10} "
-              f"{'kernel work s':>13} {'overhead s':>10} {'overhead':>9}")
+    header = (f"{'task':<10} {'warm s':>7} {'(first)':>8} {'fresh s':>8} {'fresh/warm':>10} "
+              f"{'kernel s':>9} {'overhead':>9} {'harness s':>10} {'transport s':>12}")
     print(header)
     print("-" * len(header))
     for name in args.tasks:
@@ -122,14 +125,17 @@ def main() -> int:
             continue
         warm = asyncio.run(warm_path(task, source, options, args.reps))
         fresh = fresh_path(task, source, options, args.reps)
-        ratio = fresh["wall_s"] / warm["wall_s"]
-        print(f"{name:<12} {warm['wall_s']:>8.3f} {warm['first_s']:>8.3f} "
-              f"{fresh['wall_s']:>8.3f} {ratio:>9.1f}x {warm['work_s']:>13.3f} "
-              f"{warm['overhead_s']:>10.3f} {warm['overhead_pct']:>8.1f}%")
-    print("warm: per candidate through a started WorkerPool (first: its first evaluation, "
-          "which also compiles the reference); fresh: a new python process per candidate; "
-          "kernel work: the evaluation's JAX phases measured inside the worker; overhead: "
-          "warm wall minus kernel work.")
+        ratio = fresh["wall_s"] / warm["wall"]
+        overhead = 100 * (warm["wall"] - warm["kernel"]) / warm["wall"]
+        print(f"{name:<10} {warm['wall']:>7.3f} {warm['first_s']:>8.3f} "
+              f"{fresh['wall_s']:>8.3f} {ratio:>9.1f}x {warm['kernel']:>9.3f} "
+              f"{overhead:>8.1f}% {warm['harness']:>10.3f} {warm['transport']:>12.4f}")
+    print("warm: wall time per candidate through a started WorkerPool ((first): its first "
+          "evaluation, which also compiles the task's reference); fresh: a new python process "
+          "per candidate; kernel: the candidate's own trace + lowering + compile + runs, "
+          "measured in the worker; overhead: share of the warm wall time that is not kernel "
+          "(harness: inputs, reference, comparisons, reference timing, checks; transport: "
+          "socket, JSON, scheduling).")
     return 0
 
 
