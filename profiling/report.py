@@ -46,20 +46,24 @@ def print_report(profile: dict[str, Any], console: Console | None = None) -> Non
 
 def _header(console: Console, p: dict[str, Any]) -> None:
     backend = p.get("backend") or {}
-    platform = str(backend.get("platform", "?")).upper()
-    kind = str(backend.get("device_kind", ""))
-    if backend.get("mode") == "tpu-interpret":
-        label = f"{platform} (TPU interpret)"
-    else:
-        label = kind if kind.upper().startswith(platform) else f"{platform} {kind}".strip()
-    chip = (p.get("chip") or {}).get("label", "?")
+    parts = [escape(str(p.get("task", ""))), escape(str(p.get("kernel", "")))]
+    if backend:
+        platform = str(backend.get("platform", "?")).upper()
+        kind = str(backend.get("device_kind", ""))
+        if backend.get("mode") == "tpu-interpret":
+            label = f"{platform} (TPU interpret)"
+        else:
+            label = kind if kind.upper().startswith(platform) else f"{platform} {kind}".strip()
+        parts.append(f"run on [bold]{escape(label)}[/]")
+    if p.get("chip"):
+        parts.append(f"analyzed for [bold]{escape(p['chip'].get('label', '?'))}[/]")
     shape = p.get("shape") or {}
+    if shape:
+        parts.append(f"shape {escape(shape.get('name', ''))} {escape(_params(shape.get('params')))}")
+    if p.get("duration_s"):
+        parts.append(f"{p['duration_s']:.1f} s")
     status = "[bold green]PROFILE[/]" if p.get("status") == "ok" else "[bold red]PROFILE FAILED[/]"
-    console.print(f"{status}  {escape(str(p.get('task', '')))} · {escape(str(p.get('kernel', '')))}"
-                  f" · run on [bold]{escape(label)}[/] · analyzed for [bold]{escape(chip)}[/]"
-                  + (f" · shape {escape(shape.get('name', ''))} {escape(_params(shape.get('params')))}"
-                     if shape else "")
-                  + (f" · {p['duration_s']:.1f} s" if p.get("duration_s") else ""))
+    console.print(f"{status}  " + " · ".join(x for x in parts if x))
 
 
 def _kernel(console: Console, k: dict[str, Any], ridge: float | None) -> None:
