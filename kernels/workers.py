@@ -33,6 +33,7 @@ from kernels.worker_env import worker_environment
 STATES = ("starting", "idle", "busy", "restarting", "stopped")
 STDERR_LIMIT = 64 * 1024  # keep the tail of what a request printed
 MEMORY_POLL_S = 0.2
+RECYCLE_FRACTION = 0.5  # a worker above this share of its memory limit is replaced when idle
 
 
 @dataclass
@@ -199,20 +200,26 @@ class _Worker:
         except TimeoutError:  # closed its socket but lingers: finish it
             return await self.kill()
 
+    def rss_mb(self) -> float | None:
+        """Resident memory of the worker (Linux /proc; None where unavailable)."""
+        try:
+            with open(f"/proc/{self.pid}/statm") as f:
+                pages = int(f.read().split()[1])
+            return pages * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+        except (OSError, ValueError, IndexError, AttributeError):
+            return None
+
     async def _watch_memory(self, limit_mb: int) -> None:
-        """RSS watchdog (RLIMIT_AS would break XLA, which reserves huge address space)."""
-        page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-        path = f"/proc/{self.pid}/statm"
-        if not os.path.exists(path):
+        """RSS watchdog (RLIMIT_AS would break XLA, which reserves huge address space).
+        Linux only: elsewhere there is no /proc to read and no limit is enforced."""
+        if self.rss_mb() is None:
             return
         while True:
             await asyncio.sleep(MEMORY_POLL_S)
-            try:
-                with open(path) as f:
-                    rss = int(f.read().split()[1]) * page
-            except (OSError, ValueError, IndexError):
+            rss = self.rss_mb()
+            if rss is None:
                 return
-            if rss > limit_mb << 20:
+            if rss > limit_mb:
                 self.killed_for = "memory"
                 self.kill_now()
                 return
@@ -450,6 +457,8 @@ class WorkerPool:
         result = reply.get("result")
         if isinstance(result, dict) and result.pop("_recycle", False):
             self._replace(worker)  # the candidate left it untrustworthy (patched, threads)
+        elif (worker.rss_mb() or 0.0) > RECYCLE_FRACTION * self.memory_limit_mb:
+            self._replace(worker)  # caches of many candidates add up: start afresh
         else:
             self._release(worker)
         return reply, stderr
