@@ -45,8 +45,10 @@ def digest(profile: dict[str, Any], top: int = 5) -> str:
     if roof:
         placed = (f"; measured at {roof['fraction']:.1%} of it" if roof.get("fraction") is not None
                   else f"; {roof['note']}" if roof.get("note") else "")
+        estimate = (f"; static estimate ~{roof['estimate_ms'] * 1e3:.2f} us with per-step cost"
+                    if roof.get("estimate_ms") else "")
         lines.append(f"roofline: >= {roof['bound_ms'] * 1e3:.2f} us ({roof['bound_by']}-bound)"
-                     + placed)
+                     + estimate + placed)
     ops = profile.get("top_ops") or []
     if ops:
         lines.append("top ops: " + ", ".join(

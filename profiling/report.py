@@ -137,6 +137,10 @@ def _roofline(console: Console, r: dict[str, Any], chip: dict[str, Any]) -> None
     if r.get("kernel_bound_ms") and r.get("kernel_bytes") and r["kernel_bytes"] > (r["bytes"] or 0) * 1.01:
         console.print(f"  this kernel's blocking moves {_bytes(r['kernel_bytes'])}: "
                       f"at best {_ms(r['kernel_bound_ms'])}")
+    if r.get("estimate_ms"):
+        console.print(f"  static estimate: ≈{_ms(r['estimate_ms'])} (the blocking's bound + "
+                      f"{_ms(r['step_overhead_ms'])} of ~0.35 us per grid step; an estimate, "
+                      "not a measurement)")
     if r.get("fraction") is not None:
         frac = r["fraction"]
         shown = f"{frac:.1%}" if frac < 0.1 else f"{frac:.0%}"

@@ -500,7 +500,11 @@ async def test_static_only_profile_runs_nothing(worker_pool) -> None:
     # q/out blocks (128x128 f32, 64 KiB) change with the query block: 4 of 8 steps;
     # k/v blocks change every step.
     assert [o["fetches"] for o in k["operands"]] == [4, 8, 8, 4]
-    assert result["roofline"]["note"] == "static analysis only: nothing was run"
+    roof = result["roofline"]
+    assert roof["note"] == "static analysis only: nothing was run" and roof["fraction"] is None
+    # Estimate: the blocking's bound + 8 grid steps x 0.35 us.
+    assert roof["step_overhead_ms"] == pytest.approx(8 * 0.35e-3)
+    assert roof["estimate_ms"] == pytest.approx(roof["kernel_bound_ms"] + 8 * 0.35e-3)
     assert "phases" in result and "capture_s" not in result["phases"]
 
 

@@ -197,6 +197,16 @@ def _roofline(out: dict[str, Any], analysis: dict[str, Any], dyn: Any, outputs: 
     roof["kernel_bytes"] = kernel_bytes
     roof["kernel_bound_ms"] = chips.bound(flops, kernel_bytes, target, dtype)["bound_ms"] \
         if kernel_bytes else None
+    if target.kind == "tpu" and analysis["kernels"]:
+        # A static estimate for the target chip: the blocking's bound plus the fixed
+        # per-grid-step cost (STEP_OVERHEAD_S). Labeled as an estimate everywhere.
+        from profiling.static_rules import STEP_OVERHEAD_S
+
+        steps = sum((k["steps"] or 1) * k["calls"] for k in analysis["kernels"])
+        roof["step_overhead_ms"] = steps * STEP_OVERHEAD_S * 1e3
+        roof["estimate_ms"] = (roof["kernel_bound_ms"] or roof["bound_ms"]) + roof["step_overhead_ms"]
+    else:
+        roof["step_overhead_ms"] = roof["estimate_ms"] = None
     measured = None
     if out.get("wall") and measured_chip is not None and measured_chip.name == target.name:
         per = out.get("per_iteration") or {}
