@@ -11,10 +11,12 @@ Sources (public, as of 2025; figures are per chip unless noted):
   (cloud.google.com/tpu/docs/v4, /v5e, /v5p, /v6e, /tpu7x). VMEM capacities and
   TensorCore counts are not on those pages; they come from JAX's own table in
   ``jax/_src/pallas/mosaic/tpu_info.py`` (jax 0.10.2), which the Pallas lowering uses.
-- Default scoped VMEM limit: the Pallas TPU docs ("Pipelining", "Matmul") state
-  16 MiB on v4/v5e/v5p and 32 MiB on v6e; for v7x we assume 32 MiB (XLA's
-  ``--xla_tpu_scoped_vmem_limit_kib`` default; not stated on a Google docs page,
-  so treat it as uncertain). ``CompilerParams(vmem_limit_bytes=...)`` raises it.
+- Default scoped VMEM limit: 16 MiB on v4/v5e/v5p and 32 MiB on v6e, as the Pallas TPU
+  docs' pipelining guide gives them (quoted from that page, which cannot be re-read
+  offline here: treat them as the usual defaults, not guarantees); for v7x we assume
+  32 MiB (XLA's ``--xla_tpu_scoped_vmem_limit_kib`` default, not on a docs page: the
+  least certain figure in this table). ``CompilerParams(vmem_limit_bytes=...)`` raises
+  the limit for one kernel up to the physical VMEM.
 - f32 on TPU: no public figure. The MXU multiplies bf16; f32 dots run as several
   bf16 passes (3 for precision HIGH, 6 for HIGHEST). We list bf16/3 as an estimate
   and mark it ``f32_estimated``.
