@@ -181,3 +181,13 @@ async def test_closing_during_a_restart_leaves_no_process_behind(gelu) -> None:
     await pool.close()  # the replacement is still importing JAX
     assert pool.state == "stopped"
     assert all(_wait_gone(pid, 5.0) for pid in _children() - before)
+
+
+@ON_MODULE_LOOP
+async def test_a_worker_grown_past_half_its_memory_limit_is_replaced(gelu) -> None:
+    # An idle worker holds about 270 MB: with a 400 MB limit every request crosses half.
+    async with WorkerPool(memory_limit_mb=400) as pool:
+        first = (await pool.request("hello", {}))["pid"]
+        second = (await pool.request("hello", {}))["pid"]  # waits for the replacement
+        assert second != first
+        assert _wait_gone(first, 5.0)
