@@ -753,3 +753,23 @@ def test_no_grid_is_one_step() -> None:
     assert k["name"] == "axpy" and k["grid"] == [] and k["steps"] == 1
     assert [o["fetches"] for o in k["operands"]] == [1, 1, 1]
     assert k["bytes_total"] == 3 * 16 * 128 * 4 and "analysis_error" not in k
+
+
+def test_a_tampering_candidate_gets_its_worker_recycled() -> None:
+    import numpy as np
+
+    from kernels.harness.profile_op import profile
+    from kernels.loaders import load_task
+
+    task = load_task("gelu")
+    source = (Path(__file__).parent / "fixtures" / "candidates" / "patches_numpy.py").read_text()
+    saved = (np.abs, np.allclose)
+    try:
+        result = profile({"task": task.to_spec(), "source": source, "filename": "patch.py",
+                          "options": {"static_only": True}})
+    finally:
+        np.abs, np.allclose = saved  # this test runs the handler in-process
+    assert result.get("_recycle") is True
+    clean = profile({"task": task.to_spec(), "source": task.starting_source(),
+                     "filename": "kernel.py", "options": {"static_only": True}})
+    assert clean["status"] == "ok" and "_recycle" not in clean

@@ -32,8 +32,17 @@ def profile(payload: dict[str, Any]) -> dict[str, Any]:
                                        "static_only")
                if payload.get(k) is not None}
     options.update({k: v for k, v in (payload.get("options") or {}).items() if v is not None})
-    return run_profile(payload["task"], payload["source"], payload.get("filename") or "kernel.py",
-                       options)
+    from kernels.harness import integrity
+
+    # Candidate code runs in this warm worker: if it patched a module the harness relies
+    # on, changed jax.config or left threads running, the pool replaces the worker.
+    snapshot = integrity.ModuleSnapshot()
+    result = run_profile(payload["task"], payload["source"],
+                         payload.get("filename") or "kernel.py", options)
+    _changed_config, restored = snapshot.restore_config()
+    if snapshot.changed() or snapshot.new_threads() or not restored:
+        result["_recycle"] = True
+    return result
 
 
 def run_profile(spec: dict[str, Any], source: str, filename: str,
