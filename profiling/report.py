@@ -164,6 +164,9 @@ def _ops(console: Console, p: dict[str, Any]) -> None:
         table.add_row(escape(op["name"]), f"{op['self_ms']:.3f}", f"{op['total_ms']:.3f}",
                       str(op["count"]), f"{op['share']:.1%}")
     console.print(table)
+    if source != "device" and (p.get("backend") or {}).get("mode") == "tpu-interpret":
+        console.print("  [dim]interpret mode: io_callback and cond ops are the TPU simulator "
+                      "(DMA, VMEM, semaphores), not the kernel's own compute[/]")
 
 
 def _timeline(console: Console, p: dict[str, Any]) -> None:
