@@ -174,7 +174,7 @@ def test_suite_resumes_after_kill_9(tmp_path) -> None:
     suite = tmp_path / "suite"
     shutil.copytree(SUITE, suite)
     sessions = tmp_path / "sessions"
-    command = _cli("--suite", str(suite), "--budget", "2", "--rounds", "1",
+    command = _cli("--suite", str(suite), "--budget", "1", "--rounds", "1",
                    "--session-dir", str(sessions), "--json", *CLI_FAST)
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -207,7 +207,7 @@ def test_suite_resumes_after_kill_9(tmp_path) -> None:
     for layout in ("native", "jaxbench", "maxkernel"):
         entry = by_layout[layout]
         assert entry["best_status"] == "correct", entry
-        assert entry["evaluations"] >= 2 and Path(entry["session"]).is_dir()
+        assert entry["evaluations"] >= 1 and Path(entry["session"]).is_dir()
     # the interrupted session was continued, not replaced
     resumed = [t for t in report["tasks"] if Path(t["session"]) == first[0]]
     assert len(resumed) == 1
@@ -215,7 +215,8 @@ def test_suite_resumes_after_kill_9(tmp_path) -> None:
     assert after[:len(before)] == before
     assert any(e["type"] == "search.resume" for e in after[len(before):])
     _check_recorded_search(first[0])
-    assert resumed[0]["nodes"] <= 3  # the starting kernel and the budget of 2
+    assert resumed[0]["nodes"] == 2  # the starting kernel and the budget of 1
+    assert resumed[0]["evaluations"] == 2
     # rerunning a finished suite reports it without evaluating anything again
     again = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
     assert json.loads(again.stdout)["tasks"] == report["tasks"]
