@@ -165,7 +165,7 @@ def _ops(console: Console, p: dict[str, Any]) -> None:
                       str(op["count"]), f"{op['share']:.1%}")
     console.print(table)
     if source != "device" and (p.get("backend") or {}).get("mode") == "tpu-interpret":
-        console.print("  [dim]interpret mode: io_callback and cond ops are the TPU simulator "
+        console.print("  [dim]interpret mode: io_callback ops are the TPU simulator "
                       "(DMA, VMEM, semaphores), not the kernel's own compute[/]")
 
 
