@@ -180,7 +180,7 @@ async def _search_suite(args: argparse.Namespace,
     try:
         agent = make_agent(args.agent, getattr(args, "config", None) or {})
     except NoApiKey as exc:
-        raise _UsageError(f"{exc}\n(use --agent offline to search without a key)") from exc
+        raise _UsageError(str(exc)) from exc
     base = Path(args.session_dir) if args.session_dir else default_sessions_dir()
     base.mkdir(parents=True, exist_ok=True)
     config = SearchConfig(

@@ -76,8 +76,12 @@ class Search(ChildMaker):
     """One search over one task's session. ``await search.run()`` until it ends."""
 
     def __init__(self, log: SessionLog, state: SearchState, task: Task, brief: TaskBrief,
-                 agent: Agent, executor: Any, eval_options: Any = None) -> None:
+                 agent: Agent, executor: Any, eval_options: Any = None,
+                 agent_concurrency: int = 4) -> None:
         self.log = log
+        # agent replies (and human decisions) in flight at once: a big cluster's capacity
+        # must not turn into dozens of simultaneous API calls
+        self.agent_concurrency = max(1, agent_concurrency)
         self.state = state
         self.task = task
         self.brief = brief
@@ -224,8 +228,7 @@ class Search(ChildMaker):
                             continue
                         evaluating += 1
                     elif action.kind in ("expand", "decide", "apply"):
-                        # the agent and the person are asked at most `capacity` at once
-                        if asking >= capacity:
+                        if asking >= min(capacity, self.agent_concurrency):
                             continue
                         asking += 1
                     inflight[action.key] = asyncio.ensure_future(self._perform(action))
