@@ -773,3 +773,31 @@ def test_a_tampering_candidate_gets_its_worker_recycled() -> None:
     clean = profile({"task": task.to_spec(), "source": task.starting_source(),
                      "filename": "kernel.py", "options": {"static_only": True}})
     assert clean["status"] == "ok" and "_recycle" not in clean
+
+
+def test_report_and_digest_of_a_device_profile() -> None:
+    from rich.console import Console
+
+    from profiling.digest import digest
+    from profiling.report import print_report
+
+    trace = json.loads((PROFILES / "constructed_tpu_v5e.trace.json").read_text())
+    tl = timeline_from_trace(trace)
+    v5e = chips.get_chip("v5e")
+    per = module_times(tl)
+    roof = chips.placement(chips.bound(2 * 256 * 512 * 384, 832 * KiB, v5e), per["median_ms"])
+    profile = {"schema": SCHEMA, "status": "ok", "task": "constructed", "kernel": "k.py",
+               "backend": {"platform": "tpu", "mode": "native", "device_kind": "TPU v5 lite"},
+               "chip": v5e.to_json(), "analysis": {"kernels": []}, "roofline": roof,
+               "timeline": tl.to_json(), "top_ops": top_ops(tl), "pallas_share": pallas_share(tl),
+               "per_iteration": per, "logdir": "/tmp/run"}
+    console = Console(record=True, width=120)
+    print_report(profile, console)
+    text = console.export_text()
+    assert "run on TPU v5 lite" in text and "top device ops" in text
+    assert "Pallas share: 80.6%" in text and "70.00 us median over 3" in text
+    # 832 KiB / 819 GB/s = 1.04 us against 70 us measured: 1.5% of the roofline.
+    assert "1.5% of roofline" in text
+    lines = digest(profile).splitlines()
+    assert lines[0] == "analyzed for TPU v5e; ran on tpu (native)"
+    assert any(line.startswith("Pallas share: 81%") for line in lines)
