@@ -23,6 +23,7 @@ def kernel_warnings(k: dict[str, Any], chip: Chip) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     out += _bounds(k)
     out += _coverage(k)
+    out += _revisits(k)
     out += _parallel_reduction(k, chip)
     out += _alignment(k)
     out += _vmem(k, chip)
@@ -75,6 +76,28 @@ def _coverage(k: dict[str, Any]) -> list[dict[str, Any]]:
             "mode)",
             "make the grid and the out_specs index map cover every output block (one grid "
             "step per block along each output axis)", op["origin"], op.get("line")))
+    return out
+
+
+def _revisits(k: dict[str, Any]) -> list[dict[str, Any]]:
+    """An output block that comes back after other blocks were visited in between: it
+    was written back meanwhile and is not read back, so accumulating into it loses work."""
+    out = []
+    for op in k["operands"]:
+        cov = op.get("coverage")
+        if op["role"] != "output" or not cov or not op.get("bytes_exact") or not op["fetches"]:
+            continue
+        if op["fetches"] <= cov["visited"]:
+            continue
+        out.append(_w(
+            "output_revisited", "warning",
+            f"{op['origin']}: {cov['visited']} output blocks are written back "
+            f"{op['fetches']} times: the grid leaves a block and comes back to it later. "
+            "Pallas writes a block back when its index changes and does not read it back, so "
+            "accumulating across those visits loses work (and each visit costs a writeback)",
+            "put the axis the output block does not depend on (the reduction) last in the grid "
+            "so each block's steps are consecutive, and mark it 'arbitrary'", op["origin"],
+            op.get("line")))
     return out
 
 

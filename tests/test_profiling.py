@@ -733,6 +733,18 @@ def test_reduction_axis_marked_parallel() -> None:
     right = analyze_callable(lambda a: summed(a, ("parallel", "arbitrary")), (x,),
                              chip=chips.get_chip("v5p"))["kernels"][0]
     assert "parallel_reduction" not in [w["code"] for w in right["warnings"]]
+    assert "output_revisited" not in [w["code"] for w in right["warnings"]]
+
+    def reduction_first(x):  # the reduction axis outermost: each output block comes back
+        return pl.pallas_call(row_sum, grid=(4, 2),
+                              in_specs=[pl.BlockSpec((64, 128), lambda j, i: (i, j))],
+                              out_specs=pl.BlockSpec((64, 128), lambda j, i: (i, 0)),
+                              out_shape=jax.ShapeDtypeStruct((128, 128), x.dtype))(x)
+
+    (k,) = analyze_callable(reduction_first, (x,), chip=chips.get_chip("v5e"))["kernels"]
+    (w,) = [w for w in k["warnings"] if w["code"] == "output_revisited"]
+    # 2 output blocks, written back at every one of the 8 steps (the index alternates).
+    assert "2 output blocks are written back 8 times" in w["message"]
 
 
 def test_no_grid_is_one_step() -> None:
