@@ -46,6 +46,12 @@ from kernels.loaders import load_task
 DEFAULT_CACHE = Path(__file__).with_name("autotune_grid.json")
 TASKS = ("gelu", "softmax", "rmsnorm", "matmul_bias_gelu", "causal_attention")
 WITHIN = 0.05
+# Which shape parameter each bundled kernel clamps a tunable to (`min(BLOCK, dim)`): used
+# only to count the configurations that are really different kernels at the timed shape.
+CLAMPS = {"gelu": {"BLOCK_ROWS": "rows", "BLOCK_COLS": "cols"},
+          "softmax": {"BLOCK_ROWS": "rows"}, "rmsnorm": {"BLOCK_ROWS": "rows"},
+          "matmul_bias_gelu": {"BLOCK_M": "m", "BLOCK_N": "n", "BLOCK_K": "k"},
+          "causal_attention": {"BLOCK_Q": "seq", "BLOCK_KV": "seq"}}
 
 
 def _hash(source: str) -> str:
@@ -148,12 +154,16 @@ def replay(name: str, slot: dict[str, Any]) -> dict[str, Any]:
         measured = grid[_key(tunables.config_of(current))]
         if proposals > len(grid):
             break
-    return {"task": name, "grid": len(grid), "start": start,
+    params = next((c.params for c in task.shapes if c.name == slot.get("shape")), {})
+    clamps = CLAMPS.get(name, {})
+    distinct = {tuple(sorted((k, min(v, params[clamps[k]]) if k in clamps and clamps[k] in params
+                              else v) for k, v in json.loads(key).items())) for key in grid}
+    return {"task": name, "grid": len(grid), "distinct": len(distinct), "start": start,
             "start_ms": _cost(grid[_key(start)]), "best_ms": best,
             "best": json.loads(best_key), "path": [h["tunables"] for h in history],
             "proposals": reached, "tried": proposals,
             "fraction": None if reached is None else reached / len(grid),
-            "fraction_with_start": None if reached is None else (reached + 1) / len(grid)}
+            "fraction_distinct": None if reached is None else reached / len(distinct)}
 
 
 def _save(cache: dict[str, Any]) -> None:
@@ -185,20 +195,26 @@ def main(argv: list[str] | None = None) -> int:
     rows = [replay(n, cache["tasks"][n]) for n in names if cache["tasks"].get(n, {}).get("grid")]
     print(f"\nbackend: {cache.get('backend')}  host: {cache.get('host')}  "
           f"measured: {cache.get('measured')}  cache: {args.cache}")
-    print(f"{'task':18} {'grid':>4} {'start ms':>9} {'best ms':>8} {'evals':>5} {'fraction':>9}"
-          "  best config  (tuner path)")
+    print("grid: declared legal configurations; distinct: of those, the ones that are different "
+          "kernels at the timed shape (blocks clamp to the array)")
+    print(f"{'task':18} {'grid':>4} {'dist':>4} {'start ms':>9} {'best ms':>8} {'evals':>5} "
+          f"{'/grid':>6} {'/dist':>6}  best config  (tuner path)")
     for r in rows:
-        frac = "not reached" if r["fraction"] is None else f"{r['fraction']:.0%}"
+        def pct(x: float | None) -> str:
+            return "-" if x is None else f"{x:.0%}"
         evals = f"-({r['tried']})" if r["proposals"] is None else str(r["proposals"])
         path = " -> ".join("/".join(str(v) for v in c.values()) for c in r["path"])
-        print(f"{r['task']:18} {r['grid']:4d} {r['start_ms']:9.2f} {r['best_ms']:8.2f} "
-              f"{evals:>5} {frac:>9}  {r['best']}  ({path})")
+        print(f"{r['task']:18} {r['grid']:4d} {r['distinct']:4d} {r['start_ms']:9.2f} "
+              f"{r['best_ms']:8.2f} {evals:>5} {pct(r['fraction']):>6} "
+              f"{pct(r['fraction_distinct']):>6}  {r['best']}  ({path})")
     total_grid = sum(r["grid"] for r in rows)
+    total_distinct = sum(r["distinct"] for r in rows)
     total = sum(r["proposals"] for r in rows if r["proposals"] is not None)
     if rows:
         print(f"\nall tasks: {total} tuner evaluations for {total_grid} grid points "
-              f"({total / total_grid:.0%}; target <= 25%), "
-              f"{sum(r['proposals'] is None for r in rows)} task(s) not within 5%")
+              f"({total / total_grid:.0%}; target <= 25%), {total_distinct} distinct "
+              f"({total / total_distinct:.0%}); {sum(r['proposals'] is None for r in rows)} "
+              "task(s) not within 5%")
     return 0
 
 
