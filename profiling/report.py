@@ -87,6 +87,9 @@ def _kernel(console: Console, k: dict[str, Any], ridge: float | None) -> None:
         al = o["alignment"]
         mark = "[green]✓[/]" if al["ok"] else f"[red]✗ → {_shape(al['suggest'])}[/]"
         bytes_total = "?" if o["bytes_total"] is None else _bytes(o["bytes_total"])
+        factor = o.get("traffic_factor")
+        if factor and abs(factor - 1) > 0.01 and o.get("bytes_kind") == "exact":
+            bytes_total += f" ({factor:.2g}x)"  # the array moved more (or less) than once
         if o.get("bytes_kind") == "estimate":
             bytes_total = "~" + bytes_total
         elif not o.get("bytes_exact", True):

@@ -293,6 +293,8 @@ def _operand(bm: Any, is_input: bool, idx: int, grid: list[int | None], steps: i
         "fetches": fetches,
         "bytes_total": bytes_total,
         "bytes_exact": exact,
+        "traffic_factor": (bytes_total / (math.prod(array_shape) * itemsize)
+                           if bytes_total and math.prod(array_shape) else None),
         "bytes_kind": "exact" if exact else ("estimate" if memory_space == "hbm"
                                              else "upper_bound"),
         "out_of_bounds": oob,

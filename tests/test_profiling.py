@@ -191,6 +191,8 @@ def test_static_matmul_by_hand() -> None:
     # out block (i, j) changes every 2 steps: 6 writebacks x 128*128*2 B (32 KiB).
     assert o_op["fetches"] == 6 and o_op["bytes_total"] == 6 * 32 * KiB
     assert k["bytes_total"] == (768 + 768 + 192) * KiB
+    # x (256 KiB) is read 3 times (once per N block), y (384 KiB) twice, out written once.
+    assert [o["traffic_factor"] for o in k["operands"]] == [3.0, 2.0, 1.0]
     # VMEM: 2 buffers each of x (64 KiB), y (64 KiB), out (32 KiB) + f32 acc 128*128*4 (64 KiB).
     assert k["vmem_bytes"] == 2 * 64 * KiB + 2 * 64 * KiB + 2 * 32 * KiB + 64 * KiB == 384 * KiB
     assert k["vmem_padded_bytes"] == k["vmem_bytes"]  # aligned blocks need no padding
