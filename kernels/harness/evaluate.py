@@ -22,10 +22,8 @@ The order is part of the contract (DESIGN.md, "Rules the harness never bends"):
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -34,11 +32,15 @@ import numpy as np
 from kernels.harness import errors, integrity, timing
 from kernels.harness.backend import backend_info
 from kernels.harness.compare import Host, compare, finite_or_none, to_host
+from kernels.harness.execution import (
+    execution_mode,
+    jitted_reference,
+    reset_interpret_state,
+    task_runtime,
+)
 from kernels.result import EvalResult
 from kernels.task import ShapeConfig, Task, TaskError
 
-_RUNTIMES: dict[str, Any] = {}  # task spec (+ file stamps) -> TaskRuntime, for warm workers
-_RUNTIME_CACHE_SIZE = 8
 MIN_TRIALS = 3
 KEEP_INPUT_BYTES = 256 << 20  # trial inputs kept between the reference and candidate passes
 _CROSS_PLATFORM_CALLBACK = "is different from the lowering platform"
@@ -57,50 +59,6 @@ def evaluate_request(payload: dict[str, Any]) -> dict[str, Any]:
     if evaluation.recycle:
         data["_recycle"] = True  # the worker process is no longer trustworthy
     return data
-
-
-def _runtime(spec: dict[str, Any]) -> Any:
-    from kernels.harness.runtime import load_runtime
-
-    stamps = []
-    for key in ("reference_path", "input_gen_path"):
-        if spec.get(key):
-            with contextlib.suppress(OSError):
-                stamps.append(os.stat(spec[key]).st_mtime_ns)
-    cache_key = json.dumps(spec, sort_keys=True, default=str) + repr(stamps)
-    if cache_key not in _RUNTIMES:
-        if len(_RUNTIMES) >= _RUNTIME_CACHE_SIZE:
-            _RUNTIMES.pop(next(iter(_RUNTIMES)))
-        _RUNTIMES[cache_key] = load_runtime(spec)
-    return _RUNTIMES[cache_key]
-
-
-def _jitted_reference(runtime: Any, n_dynamic: int, n_static: int) -> Any:
-    """One jitted reference per runtime and signature: a warm worker reuses its compile."""
-    import jax
-
-    cache = runtime.__dict__.setdefault("_tilewright_jitted", {})
-    if (n_dynamic, n_static) not in cache:
-        static_argnums = tuple(range(n_dynamic, n_dynamic + n_static)) or None
-        cache[n_dynamic, n_static] = jax.jit(runtime.reference, static_argnums=static_argnums)
-    return cache[n_dynamic, n_static]
-
-
-@contextlib.contextmanager
-def _execution_mode(interpret: bool) -> Iterator[None]:
-    if not interpret:
-        yield
-        return
-    from jax.experimental.pallas import tpu as pltpu
-
-    with pltpu.force_tpu_interpret_mode():
-        yield
-
-
-def _reset_interpret_state() -> None:
-    from jax.experimental.pallas import tpu as pltpu
-
-    pltpu.reset_tpu_interpret_mode_state()
 
 
 class Evaluation:
@@ -187,7 +145,7 @@ class Evaluation:
 
         t = time.perf_counter()
         try:
-            runtime = _runtime(self.spec)
+            runtime = task_runtime(self.spec)
             configs = self._configs(runtime)
         except _Stop:
             raise
@@ -206,13 +164,13 @@ class Evaluation:
                 references[config.name] = []
                 for seed in seeds[config.name]:
                     dyn, static = self._inputs(runtime, config, seed)
-                    fn = _jitted_reference(runtime, len(dyn), len(static))
+                    fn = jitted_reference(runtime, len(dyn), len(static))
                     # same mode as the candidate: a reference may itself use Pallas
-                    with _execution_mode(self.interpret):
+                    with execution_mode(self.interpret):
                         references[config.name].append(to_host(fn(*dyn, *static)))
         except Exception as exc:
             if self.interpret:
-                _reset_interpret_state()
+                reset_interpret_state()
             self._fail("runtime_error", "task", exc,
                        message=str(exc) if isinstance(exc, TaskError) else None)
         self._phase("reference_s", t)
@@ -398,12 +356,12 @@ class Evaluation:
 
         t = time.perf_counter()
         try:
-            with _execution_mode(self.interpret):
+            with execution_mode(self.interpret):
                 out = jax.block_until_ready(fn(*dyn, *static))
             self._phase("kernel_run_s", t)  # compile (first call) + run of the candidate
         except BaseException as exc:
             if self.interpret:
-                _reset_interpret_state()
+                reset_interpret_state()
             kind = "exit" if isinstance(exc, SystemExit) else "runtime"
             self._fail("runtime_error", kind, exc)
         self._check_tampering()
@@ -431,38 +389,23 @@ class Evaluation:
             sized.append((sum(int(np.prod(a.shape)) for a in dyn), config, dyn, static))
         _, config, dyn, static = max(sized, key=lambda item: item[0])
         kernel_fn = self._jit(entry, dyn, static)
-        ref_fn = _jitted_reference(runtime, len(dyn), len(static))
+        ref_fn = jitted_reference(runtime, len(dyn), len(static))
         budget = self.time_budget_s / 2
         try:
-            with _execution_mode(self.interpret):
+            with execution_mode(self.interpret):
                 t = time.perf_counter()
                 kernel = timing.measure(kernel_fn, (*dyn, *static), budget, self.iters)
                 self._phase("kernel_timing_s", t)
                 baseline = timing.measure(ref_fn, (*dyn, *static), budget, self.iters)
         except Exception as exc:
             if self.interpret:
-                _reset_interpret_state()
+                reset_interpret_state()
             self._fail("runtime_error", "runtime", exc)
         self._check_tampering()  # a patched clock would fake the speedup
-        speedup = baseline["median_ms"] / kernel["median_ms"] if kernel["median_ms"] else None
-        if speedup is not None and speedup > integrity.SUSPICIOUS_SPEEDUP:
-            self.flags.append("suspicious_speedup")
         flops = None
         with contextlib.suppress(Exception):
             flops = runtime.flops(config, dyn)
-        self.result.timing = {
-            "method": "wall_clock",
-            "mode": self.backend["mode"],
-            "note": ("TPU interpret mode on the CPU: simulated, not TPU performance"
-                     if self.interpret else "native execution"),
-            "shape": config.name,
-            "warmup": kernel["warmup"], "iters": kernel["iters"],
-            "median_ms": kernel["median_ms"], "p10_ms": kernel["p10_ms"],
-            "p90_ms": kernel["p90_ms"], "min_ms": kernel["min_ms"],
-            "baseline_median_ms": baseline["median_ms"], "baseline_p10_ms": baseline["p10_ms"],
-            "baseline_p90_ms": baseline["p90_ms"], "baseline_iters": baseline["iters"],
-            "speedup": speedup,
-            "flops": flops,
-            "gflops_per_s": (flops / (kernel["median_ms"] * 1e6)
-                             if flops and kernel["median_ms"] else None),
-        }
+        self.result.timing = timing.record(kernel, baseline, self.backend["mode"], config.name,
+                                           flops)
+        if (self.result.timing["speedup"] or 0.0) > integrity.SUSPICIOUS_SPEEDUP:
+            self.flags.append("suspicious_speedup")

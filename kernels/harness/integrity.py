@@ -34,7 +34,8 @@ GUARDED_MODULES = (
     "builtins", "numpy", "numpy.random", "jax", "jax.numpy", "jax.lax", "jax.random",
     "jax.experimental.pallas", "jax.experimental.pallas.tpu", "time", "math",
     "kernels.harness.evaluate", "kernels.harness.integrity", "kernels.harness.timing",
-    "kernels.harness.compare", "kernels.harness.runtime", "kernels.result",
+    "kernels.harness.compare", "kernels.harness.runtime", "kernels.harness.execution",
+    "kernels.result",
 )
 
 

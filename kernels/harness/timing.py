@@ -54,3 +54,26 @@ def measure(fn: Callable[..., Any], args: tuple[Any, ...], budget_s: float,
         "min_ms": float(ms.min()),
         "total_s": float(sum(samples) + sum(warm)),
     }
+
+
+def record(kernel: dict[str, Any], baseline: dict[str, Any], mode: str, shape: str,
+           flops: float | None) -> dict[str, Any]:
+    """The contract's ``timing`` object from two ``measure`` results."""
+    speedup = baseline["median_ms"] / kernel["median_ms"] if kernel["median_ms"] else None
+    interpret = mode == "tpu-interpret"
+    return {
+        "method": "wall_clock",
+        "mode": mode,
+        "note": ("TPU interpret mode on the CPU: simulated, not TPU performance"
+                 if interpret else "native execution"),
+        "shape": shape,
+        "warmup": kernel["warmup"], "iters": kernel["iters"],
+        "median_ms": kernel["median_ms"], "p10_ms": kernel["p10_ms"],
+        "p90_ms": kernel["p90_ms"], "min_ms": kernel["min_ms"],
+        "baseline_median_ms": baseline["median_ms"], "baseline_p10_ms": baseline["p10_ms"],
+        "baseline_p90_ms": baseline["p90_ms"], "baseline_iters": baseline["iters"],
+        "speedup": speedup,
+        "flops": flops,
+        "gflops_per_s": (flops / (kernel["median_ms"] * 1e6)
+                         if flops and kernel["median_ms"] else None),
+    }

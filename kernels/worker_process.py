@@ -1,0 +1,214 @@
+"""One worker process and its private channel, seen from the app: ``WorkerProcess``.
+
+Starts ``python -m kernels.harness.worker`` in its own process group with a socketpair
+for requests (``kernels.harness.protocol``) and a capture file as its stdout/stderr,
+sends one request at a time, and kills the process (group) when a request times out,
+is cancelled or the process grows past its memory limit; a process that dies on its
+own is classified (crashed by a signal, exited). ``kernels.workers.WorkerPool`` owns
+these. App side: no JAX here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import signal
+import socket
+import sys
+import tempfile
+from typing import Any
+
+from kernels.harness import protocol
+
+STDERR_LIMIT = 64 * 1024  # keep the tail of what a request printed
+MEMORY_POLL_S = 0.2
+
+
+class WorkerFailure(Exception):
+    """A request whose worker had to be killed: ``kind`` is timeout, crashed, exited,
+    memory or cancelled; ``stderr`` is what the worker printed during the request."""
+
+    def __init__(self, kind: str, message: str, stderr: str = "") -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.stderr = stderr
+
+
+class WorkerOpError(Exception):
+    """The worker ran the op and the op raised (the worker is fine)."""
+
+    def __init__(self, error: dict[str, Any], stderr: str = "") -> None:
+        super().__init__(f"{error.get('type')}: {error.get('message')}")
+        self.error = error
+        self.stderr = stderr
+
+
+class WorkerStartError(Exception):
+    """A worker could not start (JAX missing or broken, bad environment)."""
+
+
+
+class WorkerProcess:
+    """One worker process and its channel."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self) -> None:
+        self.name = f"w{next(self._ids)}"
+        self.proc: asyncio.subprocess.Process | None = None
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        # Closed in close_channel(); lives as long as the worker.
+        self.capture = tempfile.TemporaryFile(prefix="tilewright-worker-", mode="w+b")  # noqa: SIM115
+        self.backend: dict[str, Any] | None = None
+        self.ops: list[str] = []
+        self.killed_for: str | None = None  # why we killed it, if we did
+        self.startup_log = ""
+        self._request_ids = itertools.count(1)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    async def start(self, env: dict[str, str], timeout_s: float) -> None:
+        parent_sock, child_sock = socket.socketpair()
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "kernels.harness.worker",
+                "--fd", str(child_sock.fileno()), "--parent", str(os.getpid()),
+                pass_fds=(child_sock.fileno(),), stdin=asyncio.subprocess.DEVNULL,
+                stdout=self.capture, stderr=self.capture, env=env,
+                start_new_session=True,  # own process group: killpg takes grandchildren too
+            )
+        finally:
+            child_sock.close()
+        self.reader, self.writer = await asyncio.open_unix_connection(sock=parent_sock)
+        try:
+            ready = await asyncio.wait_for(protocol.recv(self.reader), timeout_s)
+        except TimeoutError:
+            ready = None
+        if not ready or ready.get("type") != "ready":
+            code = await self.kill()
+            raise WorkerStartError(
+                f"worker process did not start (exit {code}):\n{self.read_capture()[-4000:]}")
+        self.backend = ready["backend"]
+        self.ops = ready.get("ops", [])
+        # Start-up chatter (libtpu warnings and the like): kept apart, not in any result.
+        self.startup_log = self.read_capture()
+
+    def read_capture(self) -> str:
+        """What the worker printed since the last call; empties the capture file."""
+        self.capture.flush()
+        self.capture.seek(0)
+        data = self.capture.read()
+        self.capture.seek(0)
+        self.capture.truncate()
+        text = data.decode(errors="replace")
+        if len(text) > STDERR_LIMIT:
+            text = f"[... {len(text) - STDERR_LIMIT} characters cut ...]\n" + text[-STDERR_LIMIT:]
+        return text
+
+    async def call(self, op: str, payload: dict[str, Any], timeout_s: float,
+                   memory_limit_mb: int) -> dict[str, Any]:
+        """Send one request and wait for its reply; raises WorkerFailure when the worker
+        had to be killed (it is then dead and must be replaced)."""
+        assert self.writer is not None and self.reader is not None
+        self.read_capture()
+        request_id = next(self._request_ids)
+        self.writer.write(protocol.encode({"id": request_id, "op": op, "payload": payload}))
+        watch = asyncio.ensure_future(self._watch_memory(memory_limit_mb))
+        try:
+            await self.writer.drain()
+            reply = await asyncio.wait_for(protocol.recv(self.reader), timeout_s)
+        except TimeoutError:
+            self.killed_for = "timeout"
+            await self.kill()
+            raise WorkerFailure(
+                "timeout", f"no answer within {timeout_s:g} s (an infinite loop or a very "
+                "slow kernel); the worker was killed and replaced", self.read_capture()) from None
+        except asyncio.CancelledError:
+            self.killed_for = "cancelled"
+            self.kill_now()
+            raise
+        except (ConnectionError, protocol.ProtocolError):
+            reply = None
+        finally:
+            watch.cancel()
+        if reply is None:
+            code = await self._wait_exit()
+            raise self._death(code)
+        return reply
+
+    def _death(self, code: int | None) -> WorkerFailure:
+        stderr = self.read_capture()
+        if self.killed_for == "memory":
+            return WorkerFailure("memory", "the worker exceeded its memory limit and was "
+                                 "killed (a huge allocation or a leak)", stderr)
+        if code is not None and code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            why = {"SIGABRT": "aborted (os.abort, a failed assertion in native code)",
+                   "SIGSEGV": "segmentation fault", "SIGBUS": "bus error",
+                   "SIGKILL": "killed (possibly by the system's out-of-memory killer)",
+                   "SIGFPE": "floating-point exception"}.get(name, "killed by a signal")
+            return WorkerFailure("crashed", f"the worker process crashed: {name}, {why}", stderr)
+        return WorkerFailure("exited", f"the worker process exited with code {code} during "
+                             "the request (os._exit or sys.exit outside the harness)", stderr)
+
+    async def _wait_exit(self) -> int | None:
+        assert self.proc is not None
+        try:
+            return await asyncio.wait_for(self.proc.wait(), 5.0)
+        except TimeoutError:  # closed its socket but lingers: finish it
+            return await self.kill()
+
+    def rss_mb(self) -> float | None:
+        """Resident memory of the worker (Linux /proc; None where unavailable)."""
+        try:
+            with open(f"/proc/{self.pid}/statm") as f:
+                pages = int(f.read().split()[1])
+            return pages * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+        except (OSError, ValueError, IndexError, AttributeError):
+            return None
+
+    async def _watch_memory(self, limit_mb: int) -> None:
+        """RSS watchdog (RLIMIT_AS would break XLA, which reserves huge address space).
+        Linux only: elsewhere there is no /proc to read and no limit is enforced."""
+        if self.rss_mb() is None:
+            return
+        while True:
+            await asyncio.sleep(MEMORY_POLL_S)
+            rss = self.rss_mb()
+            if rss is None:
+                return
+            if rss > limit_mb:
+                self.killed_for = "memory"
+                self.kill_now()
+                return
+
+    def kill_now(self) -> None:
+        """SIGKILL the worker's process group without waiting."""
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+
+    async def kill(self) -> int | None:
+        self.kill_now()
+        if self.proc is None:
+            return None
+        return await self.proc.wait()
+
+    def close_channel(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        with contextlib.suppress(OSError):
+            self.capture.close()
