@@ -339,13 +339,13 @@ def _print_table(report: dict[str, Any]) -> None:
 def markdown(report: dict[str, Any]) -> str:
     lines = [f"# Search results: {report['suite']}", "",
              f"Executor `{report['executor']}`, agent `{report['agent']}`.", "",
-             "| task | layout | best status | best speedup | version | evaluations | tokens "
-             "| ended | session |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | --- | --- |"]
+             "| task | layout | best status | best speedup | start speedup | version | "
+             "evaluations | tokens | ended | session |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
     for t in report["tasks"]:
         lines.append(
             f"| {t['task']} | {t['layout']} | {t['best_status'] or '-'} | "
-            f"{_fmt_speed(t['best_speedup'])} | "
+            f"{_fmt_speed(t['best_speedup'])} | {_fmt_speed(t.get('start_speedup'))} | "
             f"{_fmt_version(t['best_version'])} | "
             f"{t['evaluations']} | {t['tokens']} | {t['reason']} | `{t['session']}` |")
     if report["errors"]:

@@ -48,6 +48,7 @@ class SearchSummary:
     tokens: int
     cost_usd: float
     note: str | None = None  # why nothing correct came out, when it did not
+    start_speedup: float | None = None  # of the first kernel (the task's, or the first written)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,7 +70,9 @@ def summarize(state: SearchState, session: Path | str, task: str) -> SearchSumma
         evaluations=state.evaluations(), nodes=len(state.nodes),
         tokens=state.session.spent.tokens, cost_usd=round(state.session.spent.cost_usd, 6),
         note=None if best is not None or not state.session.errors
-        else str(state.session.errors[-1]["message"]))
+        else str(state.session.errors[-1]["message"]),
+        start_speedup=versions[state.root].speedup
+        if state.root in versions and versions[state.root].correct else None)
 
 
 class Search(ChildMaker):
