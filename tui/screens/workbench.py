@@ -67,8 +67,7 @@ class WorkbenchScreen(Screen):
 
     def on_mount(self) -> None:
         self.presenter = Presenter(self.query_one(PaneGrid))
-        self.query_one(ProfilePane).set_chip(self.chip_label or "no chip chosen",
-                                             self.vmem_capacity)
+        self.query_one(ProfilePane).set_chip(self.chip_label, self.vmem_capacity)
         if self.link is None:
             self.query_one(ActivityLine).start("opening the session (starting the JAX worker)")
 
@@ -204,7 +203,10 @@ class WorkbenchScreen(Screen):
             self.notify("no proposal is waiting for a decision", timeout=3)
             return False
         # Type-ahead guard: keys right after the prompt appears are ignored.
-        return self.query_one(ApprovalBar).accepts_keys()
+        if not self.query_one(ApprovalBar).accepts_keys():
+            self.notify("the proposal just appeared: read it, then press again", timeout=2)
+            return False
+        return True
 
     def action_approve(self) -> None:
         source = self.source

@@ -42,9 +42,11 @@ def render_diff(old: str, new: str, theme: str = "monokai") -> Text:
     rows = diff_lines(old, new)
     if not rows:
         return Text("no change against the current version", style="italic")
-    syntax = Syntax("", "python", theme=theme)
+    syntax = Syntax("", "python", theme=theme, background_color="default")
     out = Text(no_wrap=True, overflow="ellipsis")
     width = len(str(max((n or 0 for _, n, _ in rows), default=1)))
+    # Changed lines are tinted across the whole row, not just their characters.
+    row_width = max(100, max(len(text) for _, _, text in rows) + width + 4)
     for tag, number, text in rows:
         if tag == "~":
             line = Text(text, style=GUTTER)
@@ -53,6 +55,7 @@ def render_diff(old: str, new: str, theme: str = "monokai") -> Text:
             line.rstrip()  # in place: drop the newline highlight() adds
         gutter = Text(f"{number if number else '':>{width}} {tag} ", style=GUTTER)
         row = Text.assemble(gutter, line)
+        row.pad_right(row_width - len(row))
         if tag == "+":
             row.stylize(ADDED)
         elif tag == "-":

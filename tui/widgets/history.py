@@ -77,7 +77,8 @@ class HistoryPane(Vertical):
             mark = ("▶" if row.current else " ") + ("★" if row.best else " ")
             status = f"{STATUS_MARK.get(row.status, '?')} {row.status or 'not run'}"
             speed = format_speedup(row.speedup)
-            table.add_row(f"{mark}v{row.version}", row.origin, status, speed, row.summary,
+            summary = row.summary if len(row.summary) <= 48 else row.summary[:47] + "…"
+            table.add_row(f"{mark}v{row.version}", row.origin, status, speed, summary,
                           key=str(row.version))
         if self.rows:
             table.move_cursor(row=min(cursor, len(self.rows) - 1))

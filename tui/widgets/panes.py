@@ -41,6 +41,7 @@ class PaneGrid(Vertical):
     PaneGrid.-wide #source { row-span: 2; }
     PaneGrid.-wide #chat { row-span: 2; }
     PaneGrid.-wide #profile { row-span: 2; }
+    PaneGrid DataTable { overflow-x: hidden; }
     PaneGrid.-narrow #panes { layout: vertical; }
     PaneGrid.-narrow .pane { display: none; }
     PaneGrid.-narrow .pane.-active { display: block; }

@@ -63,7 +63,7 @@ def roofline_gauge(profile: dict[str, Any]) -> Text:
         bound_ms = roof.get("bound_ms")
         detail = f"{bound}-bound" if bound else "not available"
         if isinstance(bound_ms, int | float):
-            detail += f", ≥{bound_ms * 1000:.2f} µs on {roof.get('chip', 'chip')}"
+            detail += f", ≥{bound_ms * 1000:.2f}µs"
         return gauge("roofline", None, detail)
     return gauge("roofline", float(fraction), f"{float(fraction) * 100:.0f}% ({bound})")
 
@@ -74,14 +74,15 @@ class ProfilePane(Vertical):
     ProfilePane Timeline { margin: 0 0 1 0; }
     ProfilePane #gauges { height: auto; }
     ProfilePane DataTable { height: 1fr; }
-    ProfilePane #profile-note { color: $text-muted; height: auto; }
+    ProfilePane #profile-note { color: $text-muted; height: 1; text-wrap: nowrap;
+                                text-overflow: ellipsis; }
     """
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.border_title = "Profile"
         self.profile: dict[str, Any] | None = None
-        self.chip_label = "chip?"
+        self.chip_label: str | None = None  # None: the chip the profile names
         self.vmem_capacity: float | None = None
         self.version: int | None = None
         self.base_dir: Path | None = None
@@ -94,7 +95,7 @@ class ProfilePane(Vertical):
         yield table
         yield Static("", id="profile-note", markup=False)
 
-    def set_chip(self, label: str, vmem_capacity: float | None) -> None:
+    def set_chip(self, label: str | None, vmem_capacity: float | None) -> None:
         self.chip_label, self.vmem_capacity = label, vmem_capacity
         if self.profile is not None:
             self._render_gauges()
@@ -117,7 +118,7 @@ class ProfilePane(Vertical):
         timeline.load(*spans_from_profile(profile, self.base_dir))
         for op in (profile.get("top_ops") or [])[:30]:
             share = op.get("share")
-            table.add_row(str(op.get("name", "?"))[:40], str(op.get("count", "")),
+            table.add_row(str(op.get("name", "?"))[:28], str(op.get("count", "")),
                           _ms(op.get("total_ms")), _ms(op.get("self_ms")),
                           f"{share * 100:.1f}%" if isinstance(share, int | float) else "")
         self._render_gauges()
@@ -138,4 +139,6 @@ class ProfilePane(Vertical):
 
     def _retitle(self) -> None:
         version = f" · v{self.version}" if self.profile and self.version else ""
-        self.border_title = f"Profile{version} · {self.chip_label}"
+        chip = self.chip_label or ((self.profile or {}).get("chip") or {}).get("label") \
+            or "no chip chosen"
+        self.border_title = f"Profile{version} · {chip}"

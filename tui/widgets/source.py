@@ -34,8 +34,7 @@ class SourcePane(Vertical):
 
     def compose(self) -> ComposeResult:
         with ContentSwitcher(initial="editor"):
-            yield TextArea.code_editor("", language="python", id="editor",
-                                       soft_wrap=False, theme="monokai")
+            yield TextArea.code_editor("", language="python", id="editor", soft_wrap=False)
             yield DiffView(id="diff")
 
     def on_mount(self) -> None:

@@ -33,6 +33,7 @@ class Span:
     detail: str = ""
 
 
+MAX_TRACKS = 5
 MAX_SPANS = 20000  # enough for the measured iterations of a small kernel
 
 
@@ -136,6 +137,15 @@ class Timeline(Widget, can_focus=True):
         self.extent = (0.0, 1.0)
 
     def load(self, tracks: list[str], spans: list[Span]) -> None:
+        if len(tracks) > MAX_TRACKS:  # keep the busiest tracks; a pane has few rows
+            counts = [0] * len(tracks)
+            for span in spans:
+                counts[span.track] += 1
+            keep = sorted(sorted(range(len(tracks)), key=lambda t: -counts[t])[:MAX_TRACKS])
+            renumber = {old: new for new, old in enumerate(keep)}
+            tracks = [tracks[t] for t in keep]
+            spans = [Span(renumber[s.track], s.name, s.start_us, s.dur_us, s.detail)
+                     for s in spans if s.track in renumber]
         self.tracks, self.spans = tracks, spans
         if spans:
             lo = min(s.start_us for s in spans)
@@ -144,7 +154,11 @@ class Timeline(Widget, can_focus=True):
         else:
             self.extent = (0.0, 1.0)
         self.window = self.extent
-        self.selected = 0 if spans else None
+        # Start on the longest event that is not a whole-capture marker.
+        total = self.extent[1] - self.extent[0]
+        inner = [i for i, s in enumerate(spans) if s.dur_us < 0.9 * total]
+        pick = max(inner, key=lambda i: spans[i].dur_us) if inner else 0
+        self.selected = pick if spans else None
         self.refresh(layout=True)
 
     def get_content_height(self, container, viewport, width) -> int:  # type: ignore[override]
