@@ -20,7 +20,7 @@ from typing import Any
 
 from profiling.chips import Chip
 from profiling.static_rules import kernel_warnings
-from profiling.static_walk import count_kernel_work, evaluate_index_map
+from profiling.static_walk import count_kernel_work, evaluate_index_map, prefetch_values
 
 MAX_STEPS = 1 << 20  # grids longer than this are sampled, and the total extrapolated
 LANES, SUBLANES = 128, 8
@@ -44,7 +44,9 @@ def analyze_callable(fn: Callable[..., Any], dynamic: tuple, static: tuple = (),
 
     with tpu_context(chip):
         closed = jax.make_jaxpr(lambda *d: fn(*d, *static))(*dynamic)
-    return analyze_jaxpr(closed, chip=chip, task_flops=task_flops)
+    concrete = all(isinstance(d, jax.Array) for d in dynamic)
+    return analyze_jaxpr(closed, chip=chip, task_flops=task_flops,
+                         args=list(dynamic) if concrete else None)
 
 
 @contextlib.contextmanager
@@ -65,15 +67,27 @@ def tpu_context(chip: Chip) -> Iterator[None]:
         yield
 
 
-def analyze_jaxpr(closed: Any, *, chip: Chip, task_flops: float | None = None) -> dict[str, Any]:
-    """Analyze every pallas_call; one that this analysis cannot read gets ``analysis_error``."""
+def analyze_jaxpr(closed: Any, *, chip: Chip, task_flops: float | None = None,
+                  args: list[Any] | None = None) -> dict[str, Any]:
+    """Analyze every pallas_call; one that this analysis cannot read gets ``analysis_error``.
+
+    With concrete ``args`` (the program's inputs), scalar-prefetch operands are computed
+    so index maps that read them are evaluated exactly.
+    """
     calls = list(find_pallas_calls(closed.jaxpr))
+    prefetch: dict[int, list[Any]] = {}
+    if args is not None and any(e.params["grid_mapping"].num_index_operands for e, _, _ in calls):
+        try:
+            prefetch = prefetch_values(closed, args)
+        except Exception:  # anything unusual around the kernel: fall back to upper bounds
+            prefetch = {}
     kernels = []
     for index, (eqn, times, where) in enumerate(calls):
         flops = task_flops if (task_flops and len(calls) == 1) else None
         try:
             kernels.append(analyze_pallas_call(eqn, chip=chip, task_flops=flops, index=index,
-                                               times=times, where=where))
+                                               times=times, where=where,
+                                               prefetch=prefetch.get(id(eqn))))
         except Exception as exc:  # a JAX internal we do not know yet: say so, keep the rest
             kernels.append(_unreadable(eqn, index, times, where, exc))
     totals = {
@@ -112,7 +126,8 @@ def _sub_jaxprs(value: Any, jcore: Any) -> Iterator[Any]:
 
 
 def analyze_pallas_call(eqn: Any, *, chip: Chip, task_flops: float | None = None, index: int = 0,
-                        times: int = 1, where: str = "") -> dict[str, Any]:
+                        times: int = 1, where: str = "",
+                        prefetch: list[Any] | None = None) -> dict[str, Any]:
     params = eqn.params
     gm = params["grid_mapping"]
     kernel_jaxpr = params["jaxpr"]
@@ -131,7 +146,7 @@ def analyze_pallas_call(eqn: Any, *, chip: Chip, task_flops: float | None = None
     for i, bm in enumerate(gm.block_mappings):
         is_input = i < gm.num_inputs
         operand = _operand(bm, is_input, i if is_input else i - gm.num_inputs, grid, steps,
-                           gm.num_index_operands, notes)
+                           gm.num_index_operands, notes, prefetch)
         j = gm.num_index_operands + i
         operand["name"] = arg_names[j] if j < len(arg_names) and arg_names[j] else operand["origin"]
         operands.append(operand)
@@ -237,7 +252,8 @@ def _memory_space(ms: Any) -> str:
 
 
 def _operand(bm: Any, is_input: bool, idx: int, grid: list[int | None], steps: int | None,
-             num_prefetch: int, notes: list[str]) -> dict[str, Any]:
+             num_prefetch: int, notes: list[str], prefetch: list[Any] | None = None
+             ) -> dict[str, Any]:
     import numpy as np
 
     array_shape = [int(d) for d in bm.array_aval.shape]
@@ -265,7 +281,8 @@ def _operand(bm: Any, is_input: bool, idx: int, grid: list[int | None], steps: i
         buffers = 0
     else:
         if steps is not None:
-            fetches, exact = _count_fetches(bm, grid, steps, num_prefetch, oob, coverage)
+            fetches, exact = _count_fetches(bm, grid, steps, num_prefetch, oob, coverage,
+                                            prefetch)
         bytes_total = float(fetches * block_bytes) if fetches is not None else None
         in_vmem = memory_space == "vmem"
         vmem = buffers * block_bytes if in_vmem else 0
@@ -325,7 +342,8 @@ def _block_dim(b: Any) -> int | None:
 
 
 def _count_fetches(bm: Any, grid: list[int | None], steps: int, num_prefetch: int,
-                   oob: list[dict[str, Any]], coverage: dict[str, Any]) -> tuple[int, bool]:
+                   oob: list[dict[str, Any]], coverage: dict[str, Any],
+                   prefetch: list[Any] | None = None) -> tuple[int, bool]:
     """How many times the block index changes along the grid (first step included).
 
     Blocks that start outside the array (a whole block out of bounds, not the padded
@@ -339,7 +357,7 @@ def _count_fetches(bm: Any, grid: list[int | None], steps: int, num_prefetch: in
         grid_indices = [np.asarray(a, dtype=np.int32) for a in idx]
     else:  # no grid: one step, index maps take no arguments
         grid_indices = []
-    blocks = evaluate_index_map(bm.index_map_jaxpr, grid_indices, num_prefetch)
+    blocks = evaluate_index_map(bm.index_map_jaxpr, grid_indices, num_prefetch, prefetch)
     if blocks is None:  # depends on runtime values: assume a new block every step
         return steps, False
     stacked = np.stack([np.broadcast_to(np.asarray(b), (sample,)) for b in blocks], axis=1) \

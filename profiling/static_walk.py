@@ -51,18 +51,96 @@ def _np_table() -> dict[str, Callable[..., Any]]:
     }
 
 
-def evaluate_index_map(closed: Any, grid_indices: list[Any], num_prefetch: int) -> list[Any] | None:
+def evaluate_index_map(closed: Any, grid_indices: list[Any], num_prefetch: int,
+                       prefetch: list[Any] | None = None) -> list[Any] | None:
     """Block indices for every grid step (arrays aligned with ``grid_indices``), or None.
 
-    None means the map reads scalar-prefetch values (known only at run time).
+    None means the map reads scalar-prefetch values that are not known here (``prefetch``
+    holds them when the analysis was given concrete inputs).
     """
     try:
         return _eval_numpy(closed.jaxpr, closed.consts, grid_indices)
     except _Unknown:
         pass
     if num_prefetch:
-        return None
+        if prefetch is None:
+            return None
+        return _eval_with_prefetch(closed, grid_indices, prefetch)
     return _eval_jax(closed, grid_indices)
+
+
+def _eval_with_prefetch(closed: Any, grid_indices: list[Any], prefetch: list[Any]) -> list[Any]:
+    """vmap the index map over the grid with the scalar-prefetch refs bound to values."""
+    import jax
+    import numpy as np
+    from jax._src import core as jcore
+    from jax._src.state import discharge as state_discharge
+
+    pure = state_discharge.discharge_state(closed)  # refs in, values (and refs) out
+    n_out = len(closed.jaxpr.outvars)
+    fn = jax.vmap(lambda *a: jcore.jaxpr_as_fun(pure)(*a)[:n_out],
+                  in_axes=(0,) * len(grid_indices) + (None,) * len(prefetch))
+    with jax.default_device(jax.devices("cpu")[0]):
+        outs = jax.jit(fn)(*[np.asarray(g) for g in grid_indices],
+                           *[np.asarray(p) for p in prefetch])
+    return [np.asarray(o) for o in outs]
+
+
+def prefetch_values(closed: Any, args: list[Any]) -> dict[int, list[Any]]:
+    """Concrete scalar-prefetch operands of the pallas_calls in ``closed``, by ``id(eqn)``.
+
+    Evaluates the program around the kernels with these inputs (kernels themselves are not
+    run: their outputs are zeros, and values derived from them are not trusted).
+    """
+    found: dict[int, list[Any]] = {}
+    _eval_prefetch(closed.jaxpr, list(closed.consts), list(args), [False] * len(args), found)
+    return found
+
+
+def _eval_prefetch(jaxpr: Any, consts: list[Any], args: list[Any], tainted: list[bool],
+                   found: dict[int, list[Any]]) -> tuple[list[Any], list[bool]]:
+    import numpy as np
+    from jax._src import core as jcore
+
+    env: dict[Any, Any] = {}
+    dirty: set[Any] = set()
+    for var, val in zip(jaxpr.constvars, consts, strict=False):
+        env[var] = val
+    for var, val, bad in zip(jaxpr.invars, args, tainted, strict=False):
+        env[var] = val
+        if bad:
+            dirty.add(var)
+
+    def read(atom: Any) -> Any:
+        return atom.val if isinstance(atom, jcore.Literal) else env[atom]
+
+    def is_dirty(atom: Any) -> bool:
+        return not isinstance(atom, jcore.Literal) and atom in dirty
+
+    for eqn in jaxpr.eqns:
+        ins = [read(v) for v in eqn.invars]
+        bad_in = [is_dirty(v) for v in eqn.invars]
+        name = eqn.primitive.name
+        if name == "pallas_call":
+            n = eqn.params["grid_mapping"].num_index_operands
+            if n and not any(bad_in[:n]):
+                found[id(eqn)] = [np.asarray(x) for x in ins[:n]]
+            outs = [np.zeros(a.shape, a.dtype) for a in eqn.params["out_avals"]]
+            bad_out = [True] * len(outs)
+        elif name in ("pjit", "jit", "closed_call", "core_call"):
+            sub = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+            outs, bad_out = _eval_prefetch(sub.jaxpr, list(sub.consts), ins, bad_in, found)
+        else:
+            with eqn.ctx.manager:  # as jax.core.eval_jaxpr binds an equation
+                outs = eqn.primitive.bind(*ins, **eqn.primitive.get_bind_params(eqn.params))
+            if not eqn.primitive.multiple_results:
+                outs = [outs]
+            bad_out = [any(bad_in)] * len(outs)
+        for var, val, bad in zip(eqn.outvars, outs, bad_out, strict=False):
+            env[var] = val
+            if bad:
+                dirty.add(var)
+    return [read(v) for v in jaxpr.outvars], [is_dirty(v) for v in jaxpr.outvars]
 
 
 def _eval_numpy(jaxpr: Any, consts: list[Any], args: list[Any]) -> list[Any]:

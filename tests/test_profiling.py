@@ -366,6 +366,14 @@ def test_prefetch_hbm_scan_and_buffering_are_read() -> None:
     assert (x_op["fetches"], x_op["bytes_exact"]) == (4, False)  # upper bound, said so
     assert (o_op["fetches"], o_op["bytes_exact"]) == (4, True)
     assert any("scalar-prefetch" in n for n in k["notes"])
+    # With concrete inputs (as in a profile) the prefetched rows are known: [0, 0, 1, 1]
+    # picks block 0 twice, then block 1 twice: 2 fetches, exactly.
+    (k,) = analyze_callable(gather, (jnp.array([0, 0, 1, 1], jnp.int32), jnp.ones((64, 128))),
+                            chip=v5e)["kernels"]
+    assert (k["operands"][0]["fetches"], k["operands"][0]["bytes_kind"]) == (2, "exact")
+    (k,) = analyze_callable(gather, (jnp.array([0, 9, 1, 1], jnp.int32), jnp.ones((64, 128))),
+                            chip=v5e)["kernels"]
+    assert "block_out_of_bounds" in [w["code"] for w in k["warnings"]]  # row block 9 of 8
 
     def manual(x_hbm, o_ref, buf, sem):
         dma = pltpu.make_async_copy(x_hbm.at[pl.ds(0, 8)], buf, sem)
