@@ -307,17 +307,19 @@ def _fmt_version(value: Any) -> str:
 
 
 def _print_table(report: dict[str, Any]) -> None:
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
     console.print(f"search · {report['suite']} · executor {report['executor']} · "
                   f"agent {report['agent']}", highlight=False)
-    table = Table(show_edge=False, pad_edge=False)
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1),
+                  collapse_padding=True)
     for col, right in (("task", False), ("layout", False), ("best", False),
                        ("speedup", True), ("ver", True), ("evals", True), ("tokens", True),
                        ("ended", False)):
-        table.add_column(col, justify="right" if right else "left", no_wrap=col != "ended",
+        table.add_column(col, justify="right" if right else "left", no_wrap=col != "task",
                          overflow="fold")
     for t in report["tasks"]:
         status = t["best_status"] or "-"
