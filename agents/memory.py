@@ -2,7 +2,8 @@
 
 One plain JSON-lines file the user may read and edit: ``lessons.jsonl`` in the user data
 dir (``platformdirs.user_data_dir("tilewright")``, or ``$TILEWRIGHT_DATA_DIR``). Each line
-is ``{"text", "family", "chip", "task", "outcome", "created", "source"}``; ``family``,
+is ``{"text", "family", "chip", "task", "outcome", "created", "source", "config"}``
+(``config``: tunables that worked, which the offline tuner tries first); ``family``,
 ``chip`` and ``task`` may be null, meaning "applies everywhere". ``relevant`` picks the
 lessons a new session is offered (its ``AgentRequest.lessons``): the most specific and
 most recent first. A line that does not parse is kept as it is and skipped with a
@@ -31,6 +32,7 @@ class Lesson:
     outcome: str = "note"  # helped | failed | note
     created: str = ""
     source: str = "user"  # user | agent | session
+    config: dict[str, Any] | None = None  # tunables that worked, when the lesson is a tuning
 
     def scope(self) -> str:
         bits = [x for x in (self.task, self.family, self.chip) if x]
@@ -80,7 +82,7 @@ def list_lessons(path: Path | None = None) -> list[Lesson]:
 
 def add_lesson(text: str, *, family: str | None = None, chip: str | None = None,
                task: str | None = None, outcome: str = "note", source: str = "user",
-               path: Path | None = None) -> Lesson:
+               path: Path | None = None, config: dict[str, Any] | None = None) -> Lesson:
     text = " ".join(text.split())
     if not text:
         raise ValueError("a lesson needs some text")
@@ -89,7 +91,7 @@ def add_lesson(text: str, *, family: str | None = None, chip: str | None = None,
     path = path or lessons_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     lesson = Lesson(text, family, chip, task, outcome,
-                    time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), source)
+                    time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), source, config)
     with path.open("a", encoding="utf-8") as fh:
         fh.write(json.dumps(asdict(lesson), sort_keys=True) + "\n")
         fh.flush()
@@ -119,6 +121,13 @@ def remove_lesson(number: int, path: Path | None = None) -> Lesson:
 def relevant(*, family: str | None, chip: str | None, task: str | None = None,
              limit: int = 8, path: Path | None = None) -> tuple[str, ...]:
     """Lesson texts that apply to this task/family/chip, most specific and newest first."""
+    return tuple(_render(lesson) for lesson in
+                 matching(family=family, chip=chip, task=task, path=path)[:limit])
+
+
+def matching(*, family: str | None, chip: str | None, task: str | None = None,
+             path: Path | None = None) -> list[Lesson]:
+    """The lessons that apply (a lesson's unset scope fields match anything), best first."""
     scored: list[tuple[int, int, Lesson]] = []
     for order, lesson in enumerate(list_lessons(path)):
         score = 0
@@ -132,7 +141,7 @@ def relevant(*, family: str | None, chip: str | None, task: str | None = None,
         else:
             scored.append((score, order, lesson))
     scored.sort(key=lambda item: (-item[0], -item[1]))
-    return tuple(_render(lesson) for _s, _o, lesson in scored[:limit])
+    return [lesson for _s, _o, lesson in scored]
 
 
 def _render(lesson: Lesson) -> str:
@@ -156,9 +165,15 @@ def lesson_from_history(history: tuple[dict[str, Any], ...] | list[dict[str, Any
     what = " ".join(f"{k}={v}" for k, v in config.items()) or best.get("summary", "")
     return Lesson(f"{task}: best v{best.get('version')} {what} at {best['speedup']:.3g}x vs "
                   f"{first['speedup']:.3g}x for v{first.get('version')}",
-                  family, chip, task, "helped", source="session")
+                  family, chip, task, "helped", source="session", config=config or None)
 
 
-def remember(lesson: Lesson, path: Path | None = None) -> Lesson:
+def remember(lesson: Lesson, path: Path | None = None) -> Lesson | None:
+    """Store a lesson unless the same one (text and scope) is already there."""
+    for old in list_lessons(path):
+        if (old.text, old.family, old.chip, old.task) == (lesson.text, lesson.family,
+                                                          lesson.chip, lesson.task):
+            return None
     return add_lesson(lesson.text, family=lesson.family, chip=lesson.chip, task=lesson.task,
-                      outcome=lesson.outcome, source=lesson.source, path=path)
+                      outcome=lesson.outcome, source=lesson.source, path=path,
+                      config=lesson.config)

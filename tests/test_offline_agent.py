@@ -25,8 +25,15 @@ from kernels.workers import EvalOptions
 QUICK = EvalOptions(trials=1, timing=False)
 
 
+@pytest.fixture(autouse=True)
+def _own_lessons(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """Lessons are read and written by the offline agent: never the user's own file."""
+    monkeypatch.setenv("TILEWRIGHT_DATA_DIR", str(tmp_path / "data"))
+
+
 async def _propose(request: AgentRequest) -> tuple[Proposal | Failure, list[Any]]:
     events = [e async for e in OfflineAgent({}).propose(request)]
+    assert sum(isinstance(e, ProposalReady | Failure) for e in events) == 1
     final = events[-1]
     return (final.proposal if isinstance(final, ProposalReady) else final), events
 
@@ -111,6 +118,39 @@ def test_vmem_overflow_shrinks_the_largest_block() -> None:
     proposal = decide(request)
     assert proposal.kind == "tuning" and proposal.tuning == {"BLOCK_M": 512}
     assert "VMEM" in proposal.rationale
+
+
+async def test_convergence_is_remembered_and_seeds_the_next_session() -> None:
+    from agents import memory
+
+    task = load_task("softmax")
+    source = tunables.apply(task.starting_source(), {"BLOCK_ROWS": 256})
+    measured = [(32, 0.3), (512, 0.5), (128, 0.4), (256, 0.6)]
+    history = tuple({"version": n, "status": "correct", "speedup": s,
+                     "tunables": {"BLOCK_ROWS": b}} for n, (b, s) in enumerate(measured, 1))
+    done = AgentRequest("tune", agents.brief(task), source, 4, history=history, chip="v5e",
+                        last_eval={"status": "correct", "timing": {"speedup": 0.6}})
+    outcome, events = await _propose(done)
+    assert isinstance(outcome, Failure) and "converged at BLOCK_ROWS=256 (v4, 0.6x)" in outcome.message
+    assert any(getattr(e, "text", "").startswith("remembered for later sessions") for e in events)
+    [lesson] = memory.list_lessons()
+    assert lesson.config == {"BLOCK_ROWS": 256} and lesson.family == "rowwise"
+    await _propose(done)  # converging again stores nothing new
+    assert len(memory.list_lessons()) == 1
+
+    # A later session on another row-wise task starts from what was learned.
+    rms = load_task("rmsnorm")
+    fresh = AgentRequest("tune", agents.brief(rms), rms.starting_source(), 1, chip="v5e",
+                         last_eval={"status": "correct", "timing": {"speedup": 0.2}})
+    proposal, _ = await _propose(fresh)
+    assert proposal.kind == "tuning" and proposal.tuning == {"BLOCK_ROWS": 256}
+    assert "lesson from an earlier session" in proposal.rationale
+    # ... but not on another chip, and not when lessons are switched off.
+    other_chip = AgentRequest("tune", agents.brief(rms), rms.starting_source(), 1, chip="v6e",
+                              last_eval={"status": "correct", "timing": {"speedup": 0.2}})
+    assert (await _propose(other_chip))[0].tuning == {"BLOCK_ROWS": 512}
+    off = [e async for e in OfflineAgent({"agent": {"remember_lessons": False}}).propose(fresh)]
+    assert off[-1].proposal.tuning == {"BLOCK_ROWS": 512}
 
 
 # -- through the real harness ----------------------------------------------------------

@@ -13,6 +13,7 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any
 
+from agents import memory
 from agents.base import (
     AgentEvent,
     AgentRequest,
@@ -22,8 +23,11 @@ from agents.base import (
     ProposalReady,
     TextDelta,
 )
+from agents.memory import Lesson
 from agents.offline import fixes, templates, tuner
 from kernels import tunables
+
+CONVERGED = "tuning converged"
 
 
 class OfflineAgent:
@@ -32,13 +36,20 @@ class OfflineAgent:
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         self.config = config or {}
+        # Lessons: read to seed the tuner, written when tuning converges (agents.memory).
+        self.remember = bool(self.config.get("agent", {}).get("remember_lessons", True))
 
     async def propose(self, request: AgentRequest) -> AsyncIterator[AgentEvent]:
         if request.user_message:
             yield Notice("The offline agent does not read chat messages; it follows its rules "
                          "(template, fixes, tuning). Set ANTHROPIC_API_KEY to talk to Claude.")
-        outcome = decide(request)
+        lessons = _lessons(request) if self.remember else []
+        outcome = decide(request, lessons)
         if isinstance(outcome, Failure):
+            if self.remember and CONVERGED in outcome.message:
+                stored = _remember_convergence(request)
+                if stored is not None:
+                    yield Notice(f"remembered for later sessions: {stored.text}")
             yield outcome
             return
         text = outcome.rationale or outcome.plan or outcome.summary
@@ -48,15 +59,15 @@ class OfflineAgent:
         yield ProposalReady(outcome, text=text)
 
 
-def decide(request: AgentRequest) -> Proposal | Failure:
-    """The offline agent's whole policy, as a pure function of the request."""
+def decide(request: AgentRequest, lessons: list[Lesson] | None = None) -> Proposal | Failure:
+    """The offline agent's whole policy, as a pure function of the request (and lessons)."""
     try:
-        return _decide(request)
+        return _decide(request, lessons or [])
     except (templates.TemplateError, tunables.TunablesError, SyntaxError) as exc:
         return Failure(f"offline agent: {exc}")
 
 
-def _decide(request: AgentRequest) -> Proposal | Failure:
+def _decide(request: AgentRequest, lessons: list[Lesson]) -> Proposal | Failure:
     if request.role in ("plan", "analyze"):
         return _plan(request)
     if request.current_source is None:
@@ -66,7 +77,7 @@ def _decide(request: AgentRequest) -> Proposal | Failure:
     failed = bool(request.last_eval) and request.last_eval.get("status") != "correct"
     if request.role == "fix" or failed:
         return _fix(request)
-    return _tune(request)
+    return _tune(request, lessons)
 
 
 def _fix(request: AgentRequest) -> Proposal | Failure:
@@ -93,19 +104,20 @@ def _fix(request: AgentRequest) -> Proposal | Failure:
                    "ANTHROPIC_API_KEY).")
 
 
-def _tune(request: AgentRequest) -> Proposal | Failure:
-    step = _tuner_step(request)
+def _tune(request: AgentRequest, lessons: list[Lesson]) -> Proposal | Failure:
+    step = _tuner_step(request, lessons)
     if isinstance(step, Failure):
         return step
     if step is None:
-        return Failure(f"offline agent: tuning converged{_best_text(request)}: every neighbour "
+        return Failure(f"offline agent: {CONVERGED}{_best_text(request)}: every neighbour "
                        "of the best configuration has been measured. Try a structural change "
                        "(edit, or Claude) to go further.")
     return Proposal("tuning", step.summary, rationale=step.rationale, tuning=step.changes,
                     meta={"via": "tuner", "config": step.config})
 
 
-def _tuner_step(request: AgentRequest) -> tuner.Step | Failure | None:
+def _tuner_step(request: AgentRequest, lessons: list[Lesson] | None = None
+                ) -> tuner.Step | Failure | None:
     source = request.current_source or ""
     declared = tunables.read(source)
     if not declared:
@@ -114,7 +126,58 @@ def _tuner_step(request: AgentRequest) -> tuner.Step | Failure | None:
                        "`TUNABLES = {\"NAME\": [choices]}` (see kernels/tunables.py).")
     obs = tuner.observations_from(request.history, source, request.last_eval, set(declared),
                                   request.current_version)
-    return tuner.next_step(source, obs)
+    return _seed(source, obs, lessons or []) or tuner.next_step(source, obs)
+
+
+def _seed(source: str, obs: tuner.Observations, lessons: list[Lesson]) -> tuner.Step | None:
+    """A configuration an earlier session found best, tried once before searching."""
+    space = tuner.search_space(source)
+    current = tunables.config_of(source)
+    for lesson in lessons:
+        config = lesson.config or {}
+        if set(config) != set(space) or any(config[k] not in space[k] for k in config):
+            continue
+        config = {k: config[k] for k in space}
+        changes = {k: v for k, v in config.items() if current.get(k) != v}
+        if not changes or tuner.config_key(config) in obs.cost:
+            continue
+        full = " ".join(f"{k}={v}" for k, v in config.items())
+        return tuner.Step(changes, config, f"tune to a remembered configuration ({full})",
+                          f"A lesson from an earlier session [{lesson.scope()}] says: "
+                          f"{lesson.text}. Trying that configuration before searching; if it is "
+                          "not the best here, the search continues from whichever is.")
+    return None
+
+
+def _lessons(request: AgentRequest) -> list[Lesson]:
+    try:
+        return memory.matching(family=request.task.family, chip=request.chip,
+                               task=request.task.name)
+    except OSError:
+        return []
+
+
+def _remember_convergence(request: AgentRequest) -> Lesson | None:
+    source = request.current_source or ""
+    obs = tuner.observations_from(request.history, source, request.last_eval,
+                                  set(tunables.read(source)), request.current_version)
+    best = obs.best()
+    if best is None or len(obs.cost) < 2:
+        return None
+    config = dict(best[0])
+    speed = obs.speedup.get(best[0])
+    text = (f"{request.task.name}: tuning converged at "
+            f"{' '.join(f'{k}={v}' for k, v in config.items())}"
+            f"{f' ({speed:.3g}x)' if speed else ''} after {len(obs.cost)} configurations on "
+            f"{request.chip}")
+    # Scoped to the family and chip (not the task): the same block sizes are the first
+    # guess for the family's other tasks, as lessons are meant to be.
+    lesson = Lesson(text, request.task.family, request.chip, None, "helped",
+                    source="agent", config=config)
+    try:
+        return memory.remember(lesson)
+    except OSError:
+        return None
 
 
 def _best_text(request: AgentRequest) -> str:

@@ -37,7 +37,7 @@ class Step:
     rationale: str
 
 
-def _key(config: dict[str, Any]) -> Config:
+def config_key(config: dict[str, Any]) -> Config:
     return tuple(sorted(config.items()))
 
 
@@ -55,7 +55,7 @@ class Observations:
 
     def add(self, config: dict[str, Any], status: str | None, speedup: float | None,
             median_ms: float | None, version: int | None = None) -> None:
-        key = _key(config)
+        key = config_key(config)
         if status != "correct":
             cost = math.inf
         elif isinstance(speedup, int | float) and speedup > 0:
@@ -126,7 +126,7 @@ def _probe(space: dict[str, list[Any]], obs: Observations, base: dict[str, Any],
     if base[name] not in values or len(values) < 2:
         return None
     b = values.index(base[name])
-    measured = {i for i, v in enumerate(values) if _key({**base, name: v}) in obs.cost}
+    measured = {i for i, v in enumerate(values) if config_key({**base, name: v}) in obs.cost}
     measured.add(b)
     if up:
         above = [i for i in measured if i > b]
