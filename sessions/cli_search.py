@@ -287,7 +287,9 @@ def _say(text: str) -> None:
 
 def _progress(task: str, event: dict[str, Any]) -> None:
     kind = event.get("type")
-    if kind == "run.result" and not event.get("cancelled"):
+    if kind == "run.start":
+        _say(f"{task}: v{event['version']} evaluating ({event['run']})")
+    elif kind == "run.result" and not event.get("cancelled"):
         speed = event.get("speedup")
         tail = f" {speed:.3g}x" if isinstance(speed, int | float) else ""
         _say(f"{task}: v{event['version']} {event['status']}{tail}")

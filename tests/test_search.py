@@ -181,9 +181,9 @@ def test_suite_resumes_after_kill_9(tmp_path) -> None:
                             text=True, env=env, start_new_session=True)
     lines = []
     try:
-        for line in proc.stderr:  # wait for a child evaluated in the first task
+        for line in proc.stderr:  # wait until the first task's child is being evaluated
             lines.append(line)
-            if ": v2 " in line:
+            if ": v2 evaluating" in line:
                 break
         else:
             pytest.fail("search ended before its first child was evaluated:\n" + "".join(lines))
@@ -214,6 +214,14 @@ def test_suite_resumes_after_kill_9(tmp_path) -> None:
     after = _events(first[0])
     assert after[:len(before)] == before
     assert any(e["type"] == "search.resume" for e in after[len(before):])
+    # v2's run was cut by the kill: settled as interrupted on resume, then run again
+    cut = [e for e in before if e["type"] == "run.start" and e["version"] == 2]
+    assert len(cut) == 1 and not any(e["type"] == "run.result" and e["run"] == cut[0]["run"]
+                                     for e in before)
+    later = [e for e in after[len(before):] if e.get("version") == 2
+             and e["type"] in ("run.start", "run.result")]
+    assert later[0]["run"] == cut[0]["run"] and later[0]["interrupted"]
+    assert later[-1]["type"] == "run.result" and later[-1]["status"] == "correct"
     _check_recorded_search(first[0])
     assert resumed[0]["nodes"] == 2  # the starting kernel and the budget of 1
     assert resumed[0]["evaluations"] == 2
