@@ -171,7 +171,7 @@ def print_summary(result: Any, task_name: str, kernel: str) -> None:
         table.add_row("", f"[yellow]{escape(label)}[/]")
     error = result.error
     if error:
-        where = f" (kernel line {error.line})" if error.line else ""
+        where = f" at {Path(kernel).name}:{error.line}" if error.line else ""
         table.add_row("error", escape(f"{error.kind}{where}: {error.message}"))
         if error.hint:
             table.add_row("hint", escape(error.hint))
