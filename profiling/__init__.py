@@ -10,7 +10,7 @@ Modules: ``chips`` (chip table, roofline), ``timeline`` (the model, op summary,
 Chrome-trace export), ``convert`` (xprof -> Timeline, Pallas share), ``report`` (rich
 rendering) and ``digest`` (plain text) of the ``tilewright.profile/1`` JSON; worker-side,
 importing JAX lazily: ``capture`` (jax.profiler around the timed iterations) and
-``static`` with its helpers ``static_walk`` and ``static_rules``.
+``static`` with its helpers ``static_blocks``, ``static_walk`` and ``static_rules``.
 """
 
 SCHEMA = "tilewright.profile/1"  # the profile JSON's schema tag (``tilewright profile --json``)
