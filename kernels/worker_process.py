@@ -133,7 +133,13 @@ class WorkerProcess:
             self.killed_for = "cancelled"
             self.kill_now()
             raise
-        except (ConnectionError, protocol.ProtocolError):
+        except protocol.ProtocolError as exc:
+            self.killed_for = "protocol"
+            await self.kill()
+            raise WorkerFailure("crashed", f"the worker's reply was unreadable ({exc}): "
+                                "something wrote into the harness's channel; the worker was "
+                                "replaced", self.read_capture()) from None
+        except ConnectionError:
             reply = None
         finally:
             watch.cancel()
