@@ -61,6 +61,8 @@ class Executor(Protocol):
 
     def describe(self) -> str: ...
 
+    async def backend(self) -> dict[str, Any] | None: ...
+
 
 def usable_cores() -> int:
     """CPU cores this process may run on (the affinity mask, not the machine's total)."""
@@ -187,6 +189,12 @@ class LocalExecutor:
         finally:
             self._free.put_nowait(pool)
 
+    async def backend(self) -> dict[str, Any] | None:
+        """Where evaluations run (platform, mode, device kind, JAX version)."""
+        if not self._pools:
+            return None
+        return asdict(await self._pools[0].backend())
+
     def describe(self) -> str:
         where = f"{self._chips} TPU chips" if self._chips else f"{usable_cores()} cores"
         return f"local: {self.capacity} worker process(es) ({where})"
@@ -277,6 +285,22 @@ class _EvalHost:
         future = asyncio.run_coroutine_threadsafe(self._evaluate(task, source, options),
                                                   self.loop)
         return future.result()
+
+
+def ray_backend() -> dict[str, Any]:
+    """Body of a Ray task that reports the backend of this node's evaluation worker."""
+    host = _EvalHost.get()
+
+    async def backend() -> dict[str, Any]:
+        from kernels.workers import WorkerPool
+
+        if host.pool is None:
+            pool = WorkerPool(size=1)
+            await pool.__aenter__()
+            host.pool = pool
+        return asdict(await host.pool.backend())
+
+    return asyncio.run_coroutine_threadsafe(backend(), host.loop).result()
 
 
 def ray_evaluate(packed: dict[str, Any], source: str, options: dict[str, Any] | None,
@@ -391,6 +415,19 @@ class RayExecutor:
                 return EvalResult(status="crashed", backend=None, error=EvalError(
                     kind="crashed", message=f"Ray task failed: {type(exc).__name__}: {exc}"))
         return EvalResult.from_json(data)
+
+    async def backend(self) -> dict[str, Any] | None:
+        """The backend of one evaluation node (the first to answer)."""
+        if self._ray is None or self.resources is None:
+            return None
+        cpus = self.resources.get("CPU", 0.0)
+        custom = {k: v for k, v in self.resources.items() if k != "CPU"}
+        remote = self._ray.remote(ray_backend).options(num_cpus=cpus, resources=custom or None,
+                                                       max_retries=0)
+        try:
+            return await remote.remote()
+        except self._ray.exceptions.RayError:
+            return None
 
     def describe(self) -> str:
         where = self.address or "local Ray instance"

@@ -203,7 +203,7 @@ async def _search_suite(args: argparse.Namespace,
             _say(f"skipped {item.path}: {item}")
             continue
         try:
-            task, skipped = _load(item.root, overrides)
+            task, skipped = _load(Path(item.root).resolve(), overrides)
             if skipped:
                 _say(f"{task.name}: --set {', '.join(skipped)} does not apply; left out")
         except TaskError as exc:
@@ -224,13 +224,16 @@ async def _search_suite(args: argparse.Namespace,
         plans.append((task, existing, None))
     executor = make_executor(args.executor, workers=args.workers, address=args.address)
     async with contextlib.AsyncExitStack() as stack:
+        backend = None
         if any(summary is None for _t, _e, summary in plans):
             await stack.enter_async_context(executor)  # workers only when there is work
-            _say(f"{len(tasks)} task(s), {executor.describe()}, agent {agent.label}")
+            backend = await executor.backend()
+            where = f" · {_backend_label(backend)}" if backend else ""
+            _say(f"{len(tasks)} task(s), {executor.describe()}{where}, agent {agent.label}")
         for task, existing, summary in plans:
             if summary is None:
                 summary = await _run_one(task, existing, base, agent, executor, config,
-                                         options)
+                                         options, backend)
             else:
                 _say(f"{task.name}: finished earlier ({summary.reason}), {existing}")
             entry = summary.to_json()
@@ -240,7 +243,7 @@ async def _search_suite(args: argparse.Namespace,
 
 
 async def _run_one(task: Any, existing: Path | None, base: Path, agent: Any, executor: Any,
-                   config: Any, options: Any) -> Any:
+                   config: Any, options: Any, backend: dict[str, Any] | None) -> Any:
     from agents import brief
     from sessions.log import load
     from sessions.search import Search
@@ -258,13 +261,23 @@ async def _run_one(task: Any, existing: Path | None, base: Path, agent: Any, exe
     else:
         search = Search.create(base, task, brief(task), agent, executor, config,
                                eval_options=options,
-                               meta={"overrides": task.meta.get("overrides", {})})
+                               meta={"overrides": task.meta.get("overrides", {})},
+                               backend=backend)
         _say(f"{task.name}: new search {search.log.path.name}")
     search.subscribe(lambda e: _progress(task.name, e))
     try:
         return await search.run()
     finally:
         search.close()
+
+
+def _backend_label(backend: dict[str, Any]) -> str:
+    from kernels.result import Backend
+
+    try:
+        return Backend(**backend).label()
+    except TypeError:
+        return str(backend)
 
 
 def _budget_grew(state: Any, config: Any) -> bool:

@@ -101,14 +101,15 @@ class Search(ChildMaker):
     @classmethod
     def create(cls, sessions_dir: Path | str, task: Task, brief: TaskBrief, agent: Agent,
                executor: Any, config: SearchConfig, eval_options: Any = None,
-               meta: dict[str, Any] | None = None) -> Search:
+               meta: dict[str, Any] | None = None,
+               backend: dict[str, Any] | None = None) -> Search:
         """A new session for a new search; ``meta`` goes into the header's ``search``
         field (what the suite command matches sessions by when it resumes)."""
         log = SessionLog.create(
             sessions_dir, task={"name": task.name, "root": str(task.root),
                                 "layout": task.layout,
                                 "overrides": task.meta.get("overrides", {})},
-            backend=None, agent=getattr(agent, "label", agent.name), app_version=_version(),
+            backend=backend, agent=getattr(agent, "label", agent.name), app_version=_version(),
             extra={"search": dict(meta or {}),
                    "eval_options": asdict(eval_options) if eval_options else None})
         state = fold_search(log.header, [])

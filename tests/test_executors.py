@@ -62,6 +62,7 @@ async def test_local_executor_runs_evaluations_side_by_side(task) -> None:
             executor.submit(task, BROKEN, FAST))
         assert good.status == "correct", good.error
         assert good.backend is not None and good.backend.mode == "tpu-interpret"
+        assert (await executor.backend())["mode"] == "tpu-interpret"
         assert bad.status == "compile_error"
         assert bad.error is not None and bad.error.line == 2
         # both slots are free again: a third evaluation does not wait forever
@@ -122,6 +123,7 @@ def test_ray_executor_evaluates_in_a_worker_process(ray_executor, ray_loop, task
     good, bad = ray_loop.run_until_complete(both())
     assert good.status == "correct", good.error
     assert good.extra["executor"]["name"] == "ray"
+    assert ray_loop.run_until_complete(ray_executor.backend())["mode"] == "tpu-interpret"
     assert good.backend is not None and good.backend.mode == "tpu-interpret"
     assert bad.status == "compile_error" and bad.error.line == 2
 
