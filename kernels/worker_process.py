@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -118,7 +119,11 @@ class WorkerProcess:
         assert self.writer is not None and self.reader is not None
         self.read_capture()
         request_id = next(self._request_ids)
-        self.writer.write(protocol.encode({"id": request_id, "op": op, "payload": payload}))
+        # A reply must echo this: a frame forged by candidate code (which runs in the
+        # worker and can find the socket) without it is refused.
+        nonce = secrets.token_hex(16)
+        self.writer.write(protocol.encode({"id": request_id, "nonce": nonce, "op": op,
+                                           "payload": payload}))
         watch = asyncio.ensure_future(self._watch_memory(memory_limit_mb))
         try:
             await self.writer.drain()
@@ -146,6 +151,12 @@ class WorkerProcess:
         if reply is None:
             code = await self._wait_exit()
             raise self._death(code)
+        if reply.get("id") != request_id or reply.get("nonce") != nonce:
+            self.killed_for = "protocol"
+            await self.kill()
+            raise WorkerFailure("crashed", "the worker sent a reply that does not answer this "
+                                "request (forged by the candidate?); the worker was replaced",
+                                self.read_capture())
         return reply
 
     def _death(self, code: int | None) -> WorkerFailure:

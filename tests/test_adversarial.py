@@ -200,3 +200,10 @@ async def test_global_jax_config_changes_are_undone(worker_pool, gelu) -> None:
     assert result.extra["jax_config_changed"] == ["jax_enable_x64"]
     after = await evaluate(worker_pool, gelu, "good_gelu.py")
     assert after.status == "correct" and after.integrity["flags"] == []
+
+
+async def test_a_forged_reply_on_the_harness_channel_is_refused(worker_pool, gelu) -> None:
+    result = await evaluate(worker_pool, gelu, "forged_reply.py", timeout_s=20.0)
+    assert result.status == "crashed"
+    assert "does not answer this request" in result.error.message
+    assert (await evaluate(worker_pool, gelu, "good_gelu.py")).status == "correct"

@@ -74,7 +74,7 @@ def serve(sock: socket.socket) -> None:
             request = None
         if request is None:
             return
-        reply: dict[str, Any] = {"id": request.get("id")}
+        reply: dict[str, Any] = {"id": request.pop("id", None), "nonce": request.pop("nonce", None)}
         handler = ops.OPS.get(str(request.get("op")))
         started = time.perf_counter()
         if handler is None:
