@@ -6,6 +6,12 @@ exponential backoff, so that each retry reaches the user as a ``Notice`` while i
 Streaming reads the raw server-sent events and assembles the reply here, so a tool call
 with malformed JSON input becomes a ``MalformedToolCall`` (answered with a follow-up)
 instead of an exception. Any other API error ends the reply with a ``Failure``.
+
+Configuration (``[agent]`` in the config file; environment wins where named):
+``model`` (TILEWRIGHT_MODEL), ``base_url`` (else ANTHROPIC_BASE_URL), ``max_tokens``,
+``max_retries`` (total attempts per reply, default 4), ``retry_base_s`` (first backoff,
+doubling, default 2.0), ``retry_max_s``, ``timeout_s``, ``prices`` (see ``agents.prices``).
+The key comes only from ANTHROPIC_API_KEY.
 """
 
 from __future__ import annotations
@@ -99,7 +105,8 @@ class AnthropicProvider:
                                   retryable=True)
                     return
                 wait = _wait_s(exc, self.retry_base_s * 2 ** (attempt - 1), self.retry_max_s)
-                yield Notice(f"{kind}, retrying in {wait:.{1 if wait >= 1 else 2}f} s (attempt {attempt + 1}/"
+                shown = f"{wait:.1f}" if wait >= 1 else f"{wait:.2f}"
+                yield Notice(f"{kind}, retrying in {shown} s (attempt {attempt + 1}/"
                              f"{self.attempts})", level="warning")
                 await asyncio.sleep(wait)
             except anthropic.AnthropicError as exc:
