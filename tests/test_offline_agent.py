@@ -153,6 +153,22 @@ async def test_convergence_is_remembered_and_seeds_the_next_session() -> None:
     assert off[-1].proposal.tuning == {"BLOCK_ROWS": 512}
 
 
+def test_a_fix_that_would_repeat_a_measured_configuration_searches_on() -> None:
+    task = load_task("matmul_bias_gelu")
+    source = tunables.apply(task.starting_source(), {"BLOCK_M": 1024})
+    vmem = {"status": "compile_error", "error": {"kind": "compile", "message":
+            "RESOURCE_EXHAUSTED: exceeded scoped vmem limit"}}
+    history = ({"version": 1, "status": "correct", "speedup": 0.5,
+                "tunables": {"BLOCK_M": 512, "BLOCK_N": 128, "BLOCK_K": 128}},
+               {"version": 2, "status": "compile_error", "speedup": None,
+                "tunables": {"BLOCK_M": 1024, "BLOCK_N": 128, "BLOCK_K": 128}})
+    request = AgentRequest("fix", agents.brief(task), source, 2, last_eval=vmem, history=history)
+    proposal = decide(request)
+    # Shrinking BLOCK_M back to 512 would only repeat v1: move on from v1 instead.
+    assert proposal.kind == "tuning" and proposal.meta["via"] == "tuner"
+    assert proposal.tuning["BLOCK_M"] == 512 and len(proposal.tuning) == 2
+
+
 # -- through the real harness ----------------------------------------------------------
 
 @pytest.mark.slow

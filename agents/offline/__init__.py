@@ -84,6 +84,8 @@ def _fix(request: AgentRequest) -> Proposal | Failure:
     source = request.current_source or ""
     result = request.last_eval or {}
     fix = fixes.suggest_fix(source, result)
+    if fix is not None and fix.tuning is not None and _measured(request, fix.tuning):
+        fix = None  # that configuration was measured already: search on instead of repeating it
     if fix is not None:
         if fix.tuning is not None:
             return Proposal("tuning", fix.summary, rationale=fix.rationale, tuning=fix.tuning,
@@ -193,6 +195,15 @@ def _best_text(request: AgentRequest) -> str:
     speed = obs.speedup.get(best[0])
     return (f" at {config}{f' (v{version}' if version else ' ('}"
             f"{f', {speed:.3g}x' if speed else ''}) after {len(obs.cost)} measured configurations")
+
+
+def _measured(request: AgentRequest, changes: dict[str, Any]) -> bool:
+    source = request.current_source or ""
+    try:
+        target = tunables.config_of(tunables.apply(source, changes))
+    except tunables.TunablesError:
+        return False
+    return any(h.get("tunables") == target for h in request.history)
 
 
 def _has_correct(request: AgentRequest) -> bool:
