@@ -99,7 +99,8 @@ def _fix(request: AgentRequest) -> Proposal | Failure:
     if isinstance(step, tuner.Step) and _has_correct(request):
         return Proposal("tuning", step.summary,
                         rationale=f"The current version failed ({_clip(what)}), and no repair "
-                                  f"rule matches; its configuration is now excluded. {step.rationale}",
+                                  f"rule yields a configuration not yet measured; the failed one "
+                                  f"is now excluded. {step.rationale}",
                         tuning=step.changes, meta={"via": "tuner", "config": step.config})
     return Failure(f"offline agent: no rule-based fix for this failure ({_clip(what)}). Revert to "
                    "an earlier version, edit the kernel yourself, or use Claude (set "
