@@ -342,10 +342,9 @@ class Search(ChildMaker):
         s = self.state.session
         prop = s.proposals[pid]
         if prop.decision is None:
-            decision, note = await self._decision(pid)
-            self._emit("user.decision", proposal=pid, decision=decision,
-                       by="auto" if self.state.config and self.state.config.approval == "auto"
-                       else "user", note=note, source_blob=None)
+            decision, note, by = await self._decision(pid)
+            self._emit("user.decision", proposal=pid, decision=decision, by=by, note=note,
+                       source_blob=None)
             if decision != "approve":
                 return
         prop = s.proposals[pid]
@@ -360,28 +359,31 @@ class Search(ChildMaker):
                    proposal=pid, source_blob=prop.source_blob, summary=prop.summary,
                    decision=prop.decision_seq)
 
-    async def _decision(self, pid: str) -> tuple[str, str | None]:
+    async def _decision(self, pid: str) -> tuple[str, str | None, str]:
+        """(decision, note, by): the rules reject by themselves (``by: auto``); the rest
+        is approved automatically, or waits for the person in human-in-the-loop mode."""
         s = self.state.session
         prop = s.proposals[pid]
         base = prop.base_version
         if base is not None and base in self.state.nodes and self.state.nodes[base].pruned:
-            return "reject", f"branch v{base} was pruned"
+            return "reject", f"branch v{base} was pruned", "auto"
         same = duplicate_of(s, prop.source_blob)
         if same is not None:
-            return "reject", f"identical to v{same}; propose something different"
+            return "reject", f"identical to v{same}; propose something different", "auto"
         if not prop.source_blob:
-            return "reject", "the proposal carries no kernel source"
+            return "reject", "the proposal carries no kernel source", "auto"
         cfg = self.state.config
         if cfg is None or cfg.approval == "auto":
-            return "approve", None
+            return "approve", None, "auto"
         future: asyncio.Future[tuple[str, str | None]] = \
             asyncio.get_running_loop().create_future()
         self._decisions[pid] = future
         self._wake.set()  # observers see the request through the proposal event
         try:
-            return await future
+            decision, note = await future
         finally:
             self._decisions.pop(pid, None)
+        return decision, note, "user"
 
 
 def _version() -> str:

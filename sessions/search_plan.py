@@ -236,6 +236,5 @@ def finish_reason(s: SearchState, live_wall: float = 0.0) -> str:
         return "no_starting_kernel"
     reasons = {lineage_done(s, i) for i in range(cfg.lineages())} if cfg else set()
     reasons.discard(None)
-    if reasons == {"max_rounds"}:
-        return "complete"
+    reasons.discard("max_rounds")  # every round it was allowed: the search is complete
     return ",".join(sorted(r for r in reasons if r)) or "complete"
