@@ -31,27 +31,37 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "or a Ray cluster. Rerun the same command to resume.")
     p.add_argument("--suite", required=True, metavar="DIR",
                    help="folder of task directories (any layout), or `bundled`")
-    p.add_argument("--agent", choices=("offline", "anthropic", "auto"), default="offline")
+    p.add_argument("--agent", choices=("offline", "anthropic", "auto"), default="offline",
+                   help="who proposes children (default offline: templates, fixes, tuner)")
     p.add_argument("--budget", type=int, default=8, metavar="N",
                    help="kernel versions the search may create per task (default 8)")
-    p.add_argument("--tokens", type=int, default=None, help="token budget per task")
-    p.add_argument("--cost", type=float, default=None, help="USD budget per task")
+    p.add_argument("--tokens", type=int, default=None, metavar="N",
+                   help="token budget per task")
+    p.add_argument("--cost", type=float, default=None, metavar="USD",
+                   help="cost budget per task")
     p.add_argument("--wall", type=float, default=None, metavar="S",
                    help="wall-clock budget per task, seconds")
     p.add_argument("--mode", choices=("beam", "runs"), default="beam",
                    help="one beam, or several independent greedy runs")
-    p.add_argument("--beam-width", type=int, default=2)
-    p.add_argument("--branching", type=int, default=2, help="children per beam node")
-    p.add_argument("--runs", type=int, default=2, help="independent runs (--mode runs)")
-    p.add_argument("--rounds", type=int, default=3, help="maximum rounds (tree depth)")
-    p.add_argument("--executor", choices=("local", "ray"), default="local")
-    p.add_argument("--address", default=None, help="Ray cluster address (--executor ray)")
-    p.add_argument("--workers", type=int, default=None,
+    p.add_argument("--beam-width", type=int, default=2, metavar="N",
+                   help="correct versions kept per round (default 2)")
+    p.add_argument("--branching", type=int, default=2, metavar="N",
+                   help="children per beam node (default 2)")
+    p.add_argument("--runs", type=int, default=2, metavar="N",
+                   help="independent runs (--mode runs)")
+    p.add_argument("--rounds", type=int, default=3, metavar="N",
+                   help="maximum rounds (tree depth, default 3)")
+    p.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="local worker processes, or Ray tasks (local instance or --address)")
+    p.add_argument("--address", default=None, metavar="ADDR",
+                   help="Ray cluster address, e.g. 10.0.0.2:6379 (--executor ray)")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="evaluations at once (default: cores, and chips on a TPU host)")
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    metavar="[TASK:]KEY=VALUE",
                    help="shape override for every task that has KEY (or only TASK)")
-    p.add_argument("--trials", type=int, default=3, help="correctness trials per shape")
+    p.add_argument("--trials", type=int, default=3, metavar="N",
+                   help="correctness trials per shape (default 3)")
     p.add_argument("--time-budget", type=float, default=3.0, metavar="S",
                    help="timing budget per evaluation, seconds")
     p.add_argument("--session-dir", default=None, metavar="DIR",
