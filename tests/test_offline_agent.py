@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -31,8 +32,10 @@ def _own_lessons(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     monkeypatch.setenv("TILEWRIGHT_DATA_DIR", str(tmp_path / "data"))
 
 
-async def _propose(request: AgentRequest) -> tuple[Proposal | Failure, list[Any]]:
-    events = [e async for e in OfflineAgent({}).propose(request)]
+async def _propose(request: AgentRequest, remember: bool = False
+                   ) -> tuple[Proposal | Failure, list[Any]]:
+    agent = OfflineAgent({"agent": {"remember_lessons": remember}})
+    events = [e async for e in agent.propose(request)]
     assert sum(isinstance(e, ProposalReady | Failure) for e in events) == 1
     final = events[-1]
     return (final.proposal if isinstance(final, ProposalReady) else final), events
@@ -130,27 +133,29 @@ async def test_convergence_is_remembered_and_seeds_the_next_session() -> None:
                      "tunables": {"BLOCK_ROWS": b}} for n, (b, s) in enumerate(measured, 1))
     done = AgentRequest("tune", agents.brief(task), source, 4, history=history, chip="v5e",
                         last_eval={"status": "correct", "timing": {"speedup": 0.6}})
-    outcome, events = await _propose(done)
+    await _propose(done)  # by default nothing is remembered
+    assert memory.list_lessons() == []
+    outcome, events = await _propose(done, remember=True)
     assert isinstance(outcome, Failure) and "converged at BLOCK_ROWS=256 (v4, 0.6x)" in outcome.message
     assert any(getattr(e, "text", "").startswith("remembered for later sessions") for e in events)
     [lesson] = memory.list_lessons()
     assert lesson.config == {"BLOCK_ROWS": 256} and lesson.family == "rowwise"
-    await _propose(done)  # converging again stores nothing new
+    longer = (*history, {"version": 5, "status": "correct", "speedup": 0.1,
+                         "tunables": {"BLOCK_ROWS": 8}})
+    await _propose(replace(done, history=longer), remember=True)  # same best: not stored twice
     assert len(memory.list_lessons()) == 1
 
     # A later session on another row-wise task starts from what was learned.
     rms = load_task("rmsnorm")
     fresh = AgentRequest("tune", agents.brief(rms), rms.starting_source(), 1, chip="v5e",
                          last_eval={"status": "correct", "timing": {"speedup": 0.2}})
-    proposal, _ = await _propose(fresh)
+    proposal, _ = await _propose(fresh, remember=True)
     assert proposal.kind == "tuning" and proposal.tuning == {"BLOCK_ROWS": 256}
     assert "lesson from an earlier session" in proposal.rationale
-    # ... but not on another chip, and not when lessons are switched off.
-    other_chip = AgentRequest("tune", agents.brief(rms), rms.starting_source(), 1, chip="v6e",
-                              last_eval={"status": "correct", "timing": {"speedup": 0.2}})
-    assert (await _propose(other_chip))[0].tuning == {"BLOCK_ROWS": 512}
-    off = [e async for e in OfflineAgent({"agent": {"remember_lessons": False}}).propose(fresh)]
-    assert off[-1].proposal.tuning == {"BLOCK_ROWS": 512}
+    # ... but not on another chip, and not when lessons are off.
+    other_chip = replace(fresh, chip="v6e")
+    assert (await _propose(other_chip, remember=True))[0].tuning == {"BLOCK_ROWS": 512}
+    assert (await _propose(fresh))[0].tuning == {"BLOCK_ROWS": 512}
 
 
 def test_a_fix_that_would_repeat_a_measured_configuration_searches_on() -> None:

@@ -37,7 +37,9 @@ class OfflineAgent:
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         self.config = config or {}
         # Lessons: read to seed the tuner, written when tuning converges (agents.memory).
-        self.remember = bool(self.config.get("agent", {}).get("remember_lessons", True))
+        # Opt-in ([agent] remember_lessons = true): an agent built without configuration
+        # (tests, scripts) must not read or write the user's lessons file behind their back.
+        self.remember = bool(self.config.get("agent", {}).get("remember_lessons", False))
 
     async def propose(self, request: AgentRequest) -> AsyncIterator[AgentEvent]:
         if request.user_message:
@@ -167,8 +169,15 @@ def _remember_convergence(request: AgentRequest) -> Lesson | None:
     best = obs.best()
     if best is None or len(obs.cost) < 2:
         return None
-    config = dict(best[0])
+    order = list(tunables.read(source))
+    config = {k: dict(best[0])[k] for k in order if k in dict(best[0])}
     speed = obs.speedup.get(best[0])
+    try:
+        known = memory.matching(family=request.task.family, chip=request.chip)
+    except OSError:
+        known = []
+    if any(old.config == config for old in known):
+        return None  # already remembered for this family and chip
     text = (f"{request.task.name}: tuning converged at "
             f"{' '.join(f'{k}={v}' for k, v in config.items())}"
             f"{f' ({speed:.3g}x)' if speed else ''} after {len(obs.cost)} configurations on "
