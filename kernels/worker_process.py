@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import re
 import secrets
 import signal
 import socket
@@ -92,9 +93,14 @@ class WorkerProcess:
         except TimeoutError:
             ready = None
         if not ready or ready.get("type") != "ready":
-            code = await self.kill()
+            await self.kill()
+            log = self.read_capture()
+            errors = [ln for ln in log.splitlines() if re.match(r"^\w+(Error|Exception): ", ln)]
+            summary = errors[-1] if errors else "it said nothing"
             raise WorkerStartError(
-                f"worker process did not start (exit {code}):\n{self.read_capture()[-4000:]}")
+                f"the JAX worker process did not start: {summary}\n"
+                f"(JAX_PLATFORMS={env.get('JAX_PLATFORMS', '<unset>')}; the worker's output "
+                f"follows)\n{log[-4000:]}")
         self.backend = ready["backend"]
         self.ops = ready.get("ops", [])
         # Start-up chatter (libtpu warnings and the like): kept apart, not in any result.

@@ -16,7 +16,7 @@ import pytest
 
 from kernels.loaders import load_task
 from kernels.worker_env import is_secret, worker_environment
-from kernels.workers import EvalOptions, WorkerOpError, WorkerPool
+from kernels.workers import EvalOptions, WorkerOpError, WorkerPool, WorkerStartError
 
 # Async tests share the module-scoped pool, so they run on the module's event loop.
 ON_MODULE_LOOP = pytest.mark.asyncio(loop_scope="module")
@@ -191,3 +191,11 @@ async def test_a_worker_grown_past_half_its_memory_limit_is_replaced(gelu) -> No
         second = (await pool.request("hello", {}))["pid"]  # waits for the replacement
         assert second != first
         assert _wait_gone(first, 5.0)
+
+
+@ON_MODULE_LOOP
+async def test_a_worker_that_cannot_start_says_why() -> None:
+    pool = WorkerPool(env_overrides={"JAX_PLATFORMS": "no-such-platform"})
+    with pytest.raises(WorkerStartError, match="Unable to initialize backend"):
+        await pool.start()
+    assert pool.state == "stopped" and pool.pids == []
