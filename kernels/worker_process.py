@@ -108,6 +108,8 @@ class WorkerProcess:
 
     def read_capture(self) -> str:
         """What the worker printed since the last call; empties the capture file."""
+        if self.capture.closed:  # the pool was closed under a pending request
+            return ""
         self.capture.flush()
         self.capture.seek(0)
         data = self.capture.read()
@@ -167,6 +169,9 @@ class WorkerProcess:
 
     def _death(self, code: int | None) -> WorkerFailure:
         stderr = self.read_capture()
+        if self.killed_for == "closed":
+            return WorkerFailure("cancelled", "the worker pool was closed during the request",
+                                 stderr)
         if self.killed_for == "memory":
             return WorkerFailure("memory", "the worker exceeded its memory limit and was "
                                  "killed (a huge allocation or a leak)", stderr)

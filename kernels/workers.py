@@ -32,6 +32,7 @@ from kernels.worker_process import (
 __all__ = ["EvalOptions", "WorkerFailure", "WorkerOpError", "WorkerPool", "WorkerStartError"]
 
 STATES = ("starting", "idle", "busy", "restarting", "stopped")
+_CLOSED = WorkerStartError("the worker pool was closed")  # queue sentinel for waiters
 RECYCLE_FRACTION = 0.5  # a worker above this share of its memory limit is replaced when idle
 
 
@@ -146,11 +147,14 @@ class WorkerPool:
         for task in list(self._tasks):
             task.cancel()
         for worker in list(self._workers.values()):
+            worker.killed_for = worker.killed_for or "closed"
             await worker.kill()
             worker.close_channel()
         self._workers.clear()
         self._busy.clear()
         self._started = False
+        if self._idle is not None:
+            self._idle.put_nowait(_CLOSED)  # requests waiting for a worker give up
         self._update_state()
 
     @property
@@ -189,8 +193,12 @@ class WorkerPool:
 
     async def _acquire(self) -> WorkerProcess:
         await self.start()
-        assert self._idle is not None
+        queue = self._idle
+        assert queue is not None
         while True:
+            if self._closed or queue is not self._idle:
+                queue.put_nowait(_CLOSED)  # wake the next waiter too
+                raise WorkerFailure("cancelled", "the worker pool was closed")
             if (not self._workers and not self._starting and not self._restarting
                     and self._idle.empty() and not self._closed):
                 self._restarting += 1  # every worker died and its replacement failed: retry
@@ -198,7 +206,9 @@ class WorkerPool:
                 task = asyncio.ensure_future(self._spawn(restarting=True))
                 self._tasks.add(task)
                 task.add_done_callback(self._spawn_done)
-            item = await self._idle.get()
+            item = await queue.get()
+            if item is _CLOSED:
+                continue  # re-checked at the top of the loop
             if isinstance(item, BaseException):
                 if not self._workers and not self._restarting:
                     raise WorkerStartError(f"no worker could be started: {item}") from item

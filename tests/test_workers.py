@@ -199,3 +199,18 @@ async def test_a_worker_that_cannot_start_says_why() -> None:
     with pytest.raises(WorkerStartError, match="Unable to initialize backend"):
         await pool.start()
     assert pool.state == "stopped" and pool.pids == []
+
+
+@ON_MODULE_LOOP
+async def test_closing_the_pool_mid_request_says_so(gelu) -> None:
+    pool = WorkerPool()
+    await pool.start()
+    source = (CANDIDATES / "infinite_loop.py").read_text()
+    running = asyncio.ensure_future(pool.evaluate(gelu, source, QUICK))
+    waiting = asyncio.ensure_future(pool.evaluate(gelu, source, QUICK))  # no free worker
+    while pool.state != "busy":
+        await asyncio.sleep(0.01)
+    await pool.close()
+    for result in await asyncio.gather(running, waiting):
+        assert result.status == "crashed" and result.error.kind == "cancelled"
+        assert "closed" in result.error.message
