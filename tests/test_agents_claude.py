@@ -368,3 +368,37 @@ def test_unknown_agent_kind_is_a_clear_error() -> None:
 
     with pytest.raises(AgentError, match="use offline, anthropic or auto"):
         agents.make_agent("gpt", {})  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_tilewright_auto_with_claude_evaluates_and_records_the_proposal(
+        server: MessagesServer, tmp_path) -> None:
+    """The issue's acceptance path: `tilewright auto --agent anthropic` against the stand-in."""
+    import os
+    import subprocess
+    import sys
+
+    task = load_task("softmax")
+    proposed = task.starting_source().replace("BLOCK_ROWS = 32", "BLOCK_ROWS = 64")
+    server.script(tool_reply("propose_kernel", {"summary": "64-row blocks", "source": proposed,
+                                                "rationale": "half the grid steps"}))
+    env = {**os.environ, "ANTHROPIC_API_KEY": "sk-test-local", "ANTHROPIC_BASE_URL": server.url,
+           "JAX_PLATFORMS": "cpu", "TILEWRIGHT_CONFIG": str(tmp_path / "none.toml"),
+           "TILEWRIGHT_DATA_DIR": str(tmp_path / "data")}
+    proc = subprocess.run([sys.executable, "-m", "tui.cli", "auto", "--task", "softmax",
+                           "--agent", "anthropic", "--budget", "1", "--trials", "1",
+                           "--session-dir", str(tmp_path / "sessions"), "--json"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    v2 = summary["versions"][1]
+    assert (v2["origin"], v2["status"], v2["summary"]) == ("agent", "correct", "64-row blocks")
+    body = server.requests[0].body
+    assert body["system"][-1]["cache_control"] == {"type": "ephemeral"}
+    assert task.reference_source().strip() in body["messages"][0]["content"][0]["text"]
+    events = [json.loads(line) for line in
+              (tmp_path / "sessions" / summary["session_id"] / "events.jsonl").read_text().splitlines()]
+    kinds = [e.get("type") for e in events]
+    assert "agent.proposal" in kinds and "run.result" in kinds
+    usage = next(e["usage"] for e in events if e.get("type") == "agent.message")
+    assert usage["input_tokens"] == 1200 and usage["cost_usd"] > 0
