@@ -255,12 +255,24 @@ class Search(ChildMaker):
             await self._cancel(inflight)
             raise
         reason = finish_reason(self.state, self._live_wall())
+        self._close_rounds()
         best = self.state.best()
         self._emit("search.end", reason=reason, best_version=best,
                    best_speedup=self.state.speedup(best) if best is not None else None,
                    evaluations=self.state.evaluations())
         self._emit("session.end", reason=f"search: {reason}")
         return self.summary()
+
+    def _close_rounds(self) -> None:
+        """A round a budget cut short still gets its beam (marked partial), so the
+        recorded tree ends with the beam the search finished on."""
+        for lineage, rounds in self.state.rounds.items():
+            rnd = rounds[-1].round + 1
+            measured = [n for n in self.state.nodes.values() if n.lineage == lineage
+                        and n.round == rnd and not self.state.pending_eval(n.version)]
+            if measured:
+                info = select_beam(self.state, lineage, rnd)
+                self._emit("search.round", **asdict(info), partial=True)
 
     def _wall_left(self) -> float | None:
         cfg = self.state.config

@@ -90,7 +90,8 @@ class ChildMaker:
                                      "in this search", base_version=parent,
                            source_blob=self.log.put_blob(new), plan=None,
                            tuning={name: value}, role="tune", proposer="tuning",
-                           strategy=f"tune {name}", **self._slot_fields(action))
+                           strategy=f"tune {name} {current[name]} -> {value}",
+                           **self._slot_fields(action))
                 return pid
         return None
 
