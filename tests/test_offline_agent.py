@@ -92,6 +92,20 @@ def test_tuner_reads_what_was_tried_from_the_history() -> None:
     assert "bisect" in proposal.rationale
 
 
+def test_tuner_only_proposes_blocks_that_divide_the_dims_they_tile() -> None:
+    task = load_task("matmul_bias_gelu", {"k": "384"})  # 256 would leave a ragged K block
+    top = {"BLOCK_M": 1024, "BLOCK_N": 1024}
+    source = tunables.apply(task.starting_source(), {**top, "BLOCK_K": 1024})
+    history = ({"version": 1, "status": "correct", "speedup": 0.5,
+                "tunables": {**top, "BLOCK_K": 128}},
+               {"version": 2, "status": "correct", "speedup": 0.4,
+                "tunables": {**top, "BLOCK_K": 1024}})
+    request = AgentRequest("tune", agents.brief(task), source, 2, history=history,
+                           last_eval={"status": "correct", "timing": {"speedup": 0.4}})
+    proposal = decide(request)
+    assert proposal.kind == "tuning" and proposal.tuning["BLOCK_K"] == 512
+
+
 def test_no_template_for_attention_is_a_clear_failure() -> None:
     request = AgentRequest("implement", agents.brief(load_task("causal_attention")), None)
     outcome = decide(request)
@@ -188,6 +202,18 @@ async def test_template_writes_a_correct_first_kernel(worker_pool: Any, name: st
     result = await worker_pool.evaluate(task, proposal.source, QUICK)
     assert result.status == "correct", (result.error, result.correctness)
     assert result.lowering["tpu"] == "ok"
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="module")
+async def test_matmul_template_is_correct_when_k_is_not_a_multiple_of_the_block(
+        worker_pool: Any) -> None:
+    task = load_task("matmul_bias_gelu", {"m": "128", "k": "384", "n": "256"})
+    proposal, _ = await _propose(AgentRequest("implement", agents.brief(task), None))
+    source = tunables.apply(proposal.source, {"BLOCK_K": 256})  # 384 = 256 + a ragged 128
+    result = await worker_pool.evaluate(task, source, EvalOptions(trials=1, timing=False,
+                                                                  shapes=["small"]))
+    assert result.status == "correct", result.correctness
 
 
 @pytest.mark.slow

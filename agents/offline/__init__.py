@@ -131,12 +131,14 @@ def _tuner_step(request: AgentRequest, lessons: list[Lesson] | None = None
                        "`TUNABLES = {\"NAME\": [choices]}` (see kernels/tunables.py).")
     obs = tuner.observations_from(request.history, source, request.last_eval, set(declared),
                                   request.current_version)
-    return _seed(source, obs, lessons or []) or tuner.next_step(source, obs)
+    dims = tuner.tiled_dims(list(declared), request.task.shapes)
+    return _seed(source, obs, lessons or [], dims) or tuner.next_step(source, obs, dims)
 
 
-def _seed(source: str, obs: tuner.Observations, lessons: list[Lesson]) -> tuner.Step | None:
+def _seed(source: str, obs: tuner.Observations, lessons: list[Lesson],
+          dims: dict[str, tuple[int, ...]]) -> tuner.Step | None:
     """A configuration an earlier session found best, tried once before searching."""
-    space = tuner.search_space(source)
+    space = tuner.search_space(source, dims)
     current = tunables.config_of(source)
     for lesson in lessons:
         config = lesson.config or {}

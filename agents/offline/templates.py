@@ -273,6 +273,14 @@ def _body(x_ref, w_ref, *refs):
         o_ref[...] = _epilogue(acc_ref[...], *(r[...] for r in extra_refs)).astype(o_ref.dtype)
 
 
+def _k_block(k, want):
+    """A K block that divides k: a ragged last K block would add padding into the sum."""
+    bk = min(want, k)
+    while k % bk and bk > 128:
+        bk //= 2
+    return bk if k % bk == 0 and (bk % 128 == 0 or bk == k) else k
+
+
 def _tile_spec(a, m, n, bm, bn):
     """Epilogue operands: (m, n) tiles, (1, n) row vectors, (m, 1) column vectors."""
     a = a.reshape(1, n) if a.ndim == 1 and a.shape[0] == n else a
@@ -291,7 +299,7 @@ def {brief.entry}({order}):{unpack}
     n = w.shape[1]
     out = jax.eval_shape(_epilogue, jax.ShapeDtypeStruct((m, n), jnp.float32),
                          *{rest_tuple})
-    bm, bn, bk = min(BLOCK_M, m), min(BLOCK_N, n), min(BLOCK_K, k)
+    bm, bn, bk = min(BLOCK_M, m), min(BLOCK_N, n), _k_block(k, BLOCK_K)
     extras = [_tile_spec(a, m, n, bm, bn) for a in {rest_tuple}]
     return pl.pallas_call(
         _body,

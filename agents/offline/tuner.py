@@ -1,7 +1,8 @@
 """The offline autotuner: one tunable change per proposal, remembered through the history.
 
 The search space is the kernel's declared ``TUNABLES`` filtered for TPU legality
-(``kernels.tunables``). What was measured comes from the request: every history entry
+(``kernels.tunables``): aligned to (8, 128), and dividing the array dims a tunable tiles
+(matched by name against the visible shapes' parameters) unless it covers them whole. What was measured comes from the request: every history entry
 with ``tunables`` (and ``speedup`` or ``median_ms``) plus the current version's last
 evaluation, so a resumed session continues where it stopped. Failed configurations
 count as infinitely slow, so the search never proposes them again.
@@ -91,14 +92,38 @@ def observations_from(request_history: tuple[dict[str, Any], ...], current_sourc
     return obs
 
 
-def search_space(source: str) -> dict[str, list[Any]]:
-    legal = tunables.legal_choices(source)
+def tiled_dims(names: list[str], shapes: tuple[dict[str, Any], ...]) -> dict[str, tuple[int, ...]]:
+    """The array dims each tunable tiles, over every visible shape, matched by name:
+    ``BLOCK_K`` tiles shape parameter ``k``, ``BLOCK_ROWS`` tiles ``rows``, ``BLOCK_Q``
+    tiles ``q`` (or ``seq``, for attention). Unmatched tunables get no dims."""
+    out: dict[str, tuple[int, ...]] = {}
+    for name in names:
+        stem = name.upper().removeprefix("BLOCK_").removeprefix("TILE_").lower()
+        keys = [stem, stem.rstrip("s"), stem + "s"]
+        if stem in ("q", "kv"):
+            keys.append("seq")
+        dims = []
+        for shape in shapes:
+            params = shape.get("params", {})
+            key = next((k for k in keys if isinstance(params.get(k), int)), None)
+            if key is not None:
+                dims.append(int(params[key]))
+        if dims:
+            out[name] = tuple(sorted(set(dims)))
+    return out
+
+
+def search_space(source: str, dims: dict[str, tuple[int, ...]] | None = None
+                 ) -> dict[str, list[Any]]:
+    """Legal values per tunable: TPU-aligned, and dividing (or covering) the dims it tiles."""
+    legal = tunables.legal_choices(source, dims)
     return {name: sorted(set(values), key=_sort_key) for name, values in legal.items() if values}
 
 
-def next_step(source: str, obs: Observations) -> Step | None:
+def next_step(source: str, obs: Observations,
+              dims: dict[str, tuple[int, ...]] | None = None) -> Step | None:
     """The next configuration to try, or None when every neighbour of the best is measured."""
-    space = search_space(source)
+    space = search_space(source, dims)
     if not space:
         return None
     current = tunables.config_of(source)
