@@ -127,8 +127,8 @@ async def test_run_then_approve_respects_the_half_second_guard(tmp_path, gelu, p
         assert status.iteration == 1 and status.best_version in (1, 2)
         assert status.tokens == 300  # two scripted replies of 100 in + 50 out
         chat = screen.query_one(ChatPane)
-        await chat.flush()
-        assert "Taller blocks" in " ".join(m.source for m in chat.query("Markdown"))
+        chat.flush()
+        assert "Taller blocks" in chat.transcript()
         await app.action_quit()
 
 
@@ -285,7 +285,7 @@ async def test_claude_through_the_real_sdk_against_a_local_server(tmp_path, gelu
             assert app.link.state.pending == "p1"
             assert screen.query_one(SourcePane).proposal == "p1"
             chat = screen.query_one(ChatPane)
-            await chat.flush()
+            chat.flush()
             assert "propose_kernel" in " ".join(str(c.title) for c in chat.query("Collapsible"))
             assert "Claude" in str(chat.border_title)
             clock.now += 1

@@ -68,7 +68,7 @@ async def opened(pilot) -> None:
     await pilot.pause()
     await pilot.pause()
     chat = app.workbench.query_one("ChatPane")
-    await chat.flush()
+    chat.flush()
     app.workbench.query_one("#editor").cursor_blink = False
     await pilot.pause()
 
@@ -97,7 +97,7 @@ def test_replay_at_the_rejected_tuning(snap_compare, tmp_path, size) -> None:
         while not (screen.cursor and screen.events[screen.cursor - 1].get("decision")
                    == "reject"):
             await pilot.press("n")
-        await pilot.app.screen.query_one("ChatPane").flush()
+        pilot.app.screen.query_one("ChatPane").flush()
         pilot.app.screen.query_one("#editor").cursor_blink = False
         await pilot.pause()
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual import work
 from textual.app import App
@@ -18,13 +18,15 @@ from textual.binding import Binding
 from textual.worker import Worker, WorkerState
 
 from tui import keymap
-from tui.launch import ChipChoice, LaunchError, LaunchOptions
-from tui.link import LiveLink
 from tui.palette import WorkbenchCommands
 from tui.screens.modals import ErrorModal, HelpScreen
 from tui.screens.workbench import WorkbenchScreen
 
-Opener = Callable[[], Awaitable[tuple[LiveLink, ChipChoice]]]
+if TYPE_CHECKING:  # sessions and kernels load after the first paint, in the opener
+    from tui.launch import ChipChoice, LaunchOptions
+    from tui.link import LiveLink
+
+Opener = Callable[[], Awaitable[tuple["LiveLink", "ChipChoice"]]]
 
 HELP_EXTRA = """Panes: Source (editor; a pending proposal shows as a diff, F3 toggles the full
 source), Chat (Enter sends), Problems (Enter jumps to the line), Profile (timeline:
@@ -82,6 +84,8 @@ class TilewrightApp(App):
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.state != WorkerState.ERROR or event.worker.group != "open":
             return
+        from tui.launch import LaunchError
+
         error = event.worker.error
         next_step = getattr(error, "next_step", "") or "quit with ctrl+q and try again"
         title = "Could not open the session" if isinstance(error, LaunchError) \

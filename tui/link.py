@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sessions.controller import Controller, ControllerError
-from sessions.state import SessionState
+if TYPE_CHECKING:  # the controller module is imported once a session opens, not at start
+    from sessions.controller import Controller
+    from sessions.state import SessionState
 
-__all__ = ["ControllerError", "LiveLink"]
+__all__ = ["LiveLink"]
 
 
 class LiveLink:

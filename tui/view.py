@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sessions.state import SessionState
 from tui import problems as problem_rows
 from tui.problems import Problem
 from tui.widgets.history import VersionRow
 from tui.widgets.status import StatusInfo
+
+if TYPE_CHECKING:
+    from sessions.state import SessionState
 
 BlobReader = Callable[[str], bytes]
 

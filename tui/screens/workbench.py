@@ -19,7 +19,7 @@ from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
 
 from tui import keymap
-from tui.link import ControllerError, LiveLink
+from tui.link import LiveLink
 from tui.presenter import Presenter, describe_result
 from tui.screens.diff import DiffScreen
 from tui.screens.modals import ErrorModal, NotePrompt
@@ -330,6 +330,8 @@ class WorkbenchScreen(Screen):
     @work(exclusive=False, exit_on_error=False, group="commands")
     async def _run_command(self, name: str, *args: Any) -> None:
         assert self.link is not None
+        from sessions.controller import ControllerError
+
         try:
             await self.link.command(name, *args)
         except ControllerError as exc:  # the user asked for something not possible now

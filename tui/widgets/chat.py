@@ -1,32 +1,62 @@
 """The Chat pane: the conversation with the agent.
 
-Agent replies stream in as Markdown. Text deltas arrive far faster than Markdown can
-re-render, so they are buffered and flushed on a short timer (one ``append`` per tick
-whatever the token rate). Tool calls are collapsible entries updated in place; the
-input line at the bottom sends a message to the agent.
+Agent replies stream in as Markdown. Text deltas arrive far faster than a screen can
+redraw, so they are buffered and flushed on a short timer (one redraw per tick whatever
+the token rate). Each reply is one widget holding a Rich Markdown renderable: a
+textual ``Markdown`` widget mounts a child widget per block, and at 100+ tokens/s that
+stream of mounts (CSS, layout) starves the keyboard. Tool calls are collapsible entries
+updated in place; the input line at the bottom sends a message to the agent.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from typing import Any
 
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
-from textual.widgets import Collapsible, Input, Markdown, Static
+from textual.widgets import Collapsible, Input, Static
 
-FLUSH_INTERVAL_S = 0.08
+FLUSH_INTERVAL_S = 0.1
 MAX_ENTRIES = 300
 
 
-@dataclass
-class _Reply:
-    markdown: Markdown
-    pending: list[str] = field(default_factory=list)
-    final: str | None = None
+STREAM_TAIL_CHARS = 3000  # while streaming, redraw only the tail of a very long reply
+
+
+def RichMarkdown(text: str):
+    from rich.markdown import Markdown
+
+    return Markdown(text)
+
+
+class Reply(Static):
+    """One agent reply: Markdown text drawn by Rich, appended to while it streams."""
+
+    def __init__(self, text: str = "") -> None:
+        super().__init__("", classes="reply")
+        self.text = text
+        self.pending: list[str] = []
+        self.final: str | None = None
+        if text:
+            self.update(RichMarkdown(text))
+
+    def draw(self) -> bool:
+        """Apply what streamed (or the final text); False when nothing changed."""
+        if self.final is not None:
+            self.text, self.final, self.pending = self.final, None, []
+            self.update(RichMarkdown(self.text))
+            return True
+        if not self.pending:
+            return False
+        self.text += "".join(self.pending)
+        self.pending.clear()
+        shown = self.text if len(self.text) <= STREAM_TAIL_CHARS \
+            else "…" + self.text[-STREAM_TAIL_CHARS:]
+        self.update(RichMarkdown(shown))
+        return True
 
 
 class ChatPane(Vertical):
@@ -35,7 +65,7 @@ class ChatPane(Vertical):
     ChatPane #log { height: 1fr; scrollbar-size-vertical: 1; }
     ChatPane .user { color: $text; background: $boost; padding: 0 1; margin: 1 0 0 0; }
     ChatPane .agent-label { color: $accent; text-style: bold; margin: 1 0 0 0; }
-    ChatPane Markdown { margin: 0; padding: 0 1; }
+    ChatPane .reply { margin: 0; padding: 0 1; }
     ChatPane .notice { color: $text-muted; padding: 0 1; }
     ChatPane .notice.-warning { color: $warning; }
     ChatPane .notice.-error { color: $error; }
@@ -52,9 +82,8 @@ class ChatPane(Vertical):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.border_title = "Chat"
-        self._stream: _Reply | None = None  # the reply being streamed now
-        self._replies: list[_Reply] = []  # replies with text not yet drawn
-        self._flushing = False
+        self._stream: Reply | None = None  # the reply being streamed now
+        self._replies: list[Reply] = []  # replies with text not yet drawn
         self._tools: dict[str, Collapsible] = {}
         self._tool_count = 0
 
@@ -86,19 +115,23 @@ class ChatPane(Vertical):
             self._stream = None
             return
         self._mount(Static(label, classes="agent-label", markup=False))
-        self._mount(Markdown(text))
+        self._mount(Reply(text))
 
     def stream_delta(self, text: str, label: str = "agent") -> None:
         if self._stream is None:
             self._mount(Static(label, classes="agent-label", markup=False))
-            self._stream = _Reply(Markdown())
+            self._stream = Reply()
             self._replies.append(self._stream)
-            self._mount(self._stream.markdown)
+            self._mount(self._stream)
         self._stream.pending.append(text)
 
     def end_stream(self) -> None:
         """A reply ended without a final message (cancelled, failed): keep what came."""
         self._stream = None
+
+    def transcript(self) -> str:
+        """The text of every reply so far (what a reader sees, for tests and copying)."""
+        return "\n\n".join(r.text + "".join(r.pending) for r in self.query(Reply))
 
     def tool_call(self, key: str, name: str, detail: dict[str, Any] | str,
                   status: str = "") -> None:
@@ -133,28 +166,15 @@ class ChatPane(Vertical):
     def _scroll(self) -> None:
         self.entries.scroll_end(animate=False, immediate=False)
 
-    async def flush(self) -> None:
-        """Draw what streamed since the last tick: one Markdown call per reply."""
-        if self._flushing:
-            return
-        self._flushing = True
-        try:
-            for reply in list(self._replies):
-                # Markdown resets itself when it mounts: write only once it has.
-                if not reply.markdown.is_mounted:
-                    continue
-                if reply.final is not None:
-                    await reply.markdown.update(reply.final)
-                    self._replies.remove(reply)
-                elif reply.pending:
-                    text = "".join(reply.pending)
-                    reply.pending.clear()
-                    await reply.markdown.append(text)
-                elif reply is not self._stream:
-                    self._replies.remove(reply)
-                self._scroll()
-        finally:
-            self._flushing = False
+    def flush(self) -> None:
+        """Draw what streamed since the last tick: one update per reply."""
+        changed = False
+        for reply in list(self._replies):
+            changed |= reply.draw()
+            if reply is not self._stream and reply.final is None and not reply.pending:
+                self._replies.remove(reply)
+        if changed:
+            self._scroll()
 
     @on(Input.Submitted, "#chat-input")
     def _submitted(self, event: Input.Submitted) -> None:

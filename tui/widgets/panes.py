@@ -93,10 +93,14 @@ class PaneGrid(Vertical):
             self._focus_inside(self.pane(name))
 
     def cycle(self, step: int = 1) -> str:
-        current = self.focused_pane() or self.active
-        name = ORDER[(ORDER.index(current) + step) % len(ORDER)]
+        name = self.cycle_target(step)
         self.show(name)
         return name
+
+    def cycle_target(self, step: int = 1) -> str:
+        """The pane ``cycle(step)`` would focus."""
+        current = self.focused_pane() or self.active
+        return ORDER[(ORDER.index(current) + step) % len(ORDER)]
 
     def focused_pane(self) -> str | None:
         focused = self.screen.focused
