@@ -146,6 +146,7 @@ class Timeline(Widget, can_focus=True):
             tracks = [tracks[t] for t in keep]
             spans = [Span(renumber[s.track], s.name, s.start_us, s.dur_us, s.detail)
                      for s in spans if s.track in renumber]
+        spans = sorted(spans, key=lambda s: (s.start_us, -s.dur_us))  # [ and ] walk in time
         self.tracks, self.spans = tracks, spans
         if spans:
             lo = min(s.start_us for s in spans)

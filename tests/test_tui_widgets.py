@@ -1,0 +1,131 @@
+"""Pieces of the TUI on their own: the timeline's zoom, pan and selection, the diff
+rows, problems read from eval and profile JSON, the keymap from the config file (a
+remapped key really drives the action), ``tilewright config``, and the narrow layout
+switch. Each runs the real widget in a small Textual app or the real command."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from textual.app import App, ComposeResult
+
+from tui import keymap
+from tui.app import TilewrightApp
+from tui.problems import from_eval, from_profile
+from tui.screens.modals import HelpScreen
+from tui.widgets.diffview import diff_lines
+from tui.widgets.panes import PaneGrid
+from tui.widgets.timeline import Span, Timeline
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class TimelineApp(App):
+    def compose(self) -> ComposeResult:
+        yield Timeline()
+
+
+async def test_timeline_zoom_pan_and_select() -> None:
+    app = TimelineApp()
+    async with app.run_test(size=(80, 10)) as pilot:
+        timeline = app.query_one(Timeline)
+        timeline.load(["ops", "host"], [Span(0, "fusion", 0, 400), Span(0, "copy", 500, 100),
+                                        Span(1, "dispatch", 100, 50),
+                                        Span(0, "all", 0, 1000)])
+        timeline.focus()
+        await pilot.pause()
+        assert timeline.spans[timeline.selected].name == "fusion"  # not the whole-run span
+        assert timeline.window == (0, 1000)
+        await pilot.press("plus")
+        lo, hi = timeline.window
+        assert hi - lo == pytest.approx(500) and lo <= 200 <= hi  # around the selection
+        await pilot.press("right")
+        assert timeline.window[0] == pytest.approx(lo + 100)
+        await pilot.press("0")
+        assert timeline.window == (0, 1000)
+        await pilot.press("right_square_bracket")
+        assert timeline.spans[timeline.selected].name == "dispatch"
+        text = str(timeline.render())
+        assert "▸ dispatch" in text and "ops" in text and "█" in text
+
+
+def test_diff_rows_number_the_new_lines() -> None:
+    old = "a = 1\nb = 2\nc = 3\n"
+    new = "a = 1\nb = 20\nc = 3\nd = 4\n"
+    rows = diff_lines(old, new)
+    assert ("-", None, "b = 2") in rows and ("+", 2, "b = 20") in rows
+    assert ("+", 4, "d = 4") in rows and (" ", 1, "a = 1") in rows
+
+
+def test_problems_from_eval_and_profile() -> None:
+    result = {"status": "compile_error", "lowering": {"tpu": "skipped"},
+              "error": {"kind": "syntax", "message": "SyntaxError: expected ':'\nmore",
+                        "line": 22, "hint": "add the colon"},
+              "integrity": {"flags": ["no_pallas_call"]}}
+    problems = from_eval(result, version=3)
+    assert problems[0].kind == "compile" and problems[0].line == 22
+    assert problems[0].message == "SyntaxError: expected ':'" and problems[0].hint
+    assert problems[1].severity == "flag" and "no_pallas_call" in problems[1].message
+    lowering = from_eval({"status": "compile_error", "error": None,
+                          "lowering": {"tpu": "error", "message": "block (8, 64) not (8, 128)"}})
+    assert lowering[0].kind == "lowering" and "(8, 128)" in lowering[0].message
+    profile = {"analysis": {"kernels": [{"source": "k at kernel.py:31", "warnings": [
+        {"code": "per_step_overhead", "message": "8 steps", "fix": "bigger blocks",
+         "severity": "warning"}]}]}}
+    warning = from_profile(profile, 2)[0]
+    assert warning.line == 31 and warning.hint == "bigger blocks"
+    assert warning.message.startswith("per_step_overhead")
+
+
+async def test_a_remapped_key_drives_its_action() -> None:
+    app = TilewrightApp({"keys": {"help": "f9"}})
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("f1")  # no longer help
+        assert not isinstance(app.screen, HelpScreen)
+        await pilot.press("f9")
+        assert isinstance(app.screen, HelpScreen)
+        help_text = str(app.screen.query("Static")[1].render())
+        assert "f9" in help_text
+
+
+async def test_an_unknown_key_id_is_reported_not_fatal() -> None:
+    app = TilewrightApp({"keys": {"aprove": "ctrl+y"}})
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        messages = [n.message for n in app._notifications]
+        assert any("aprove" in m and "approve" in m for m in messages)
+    with pytest.raises(keymap.KeymapError):
+        keymap.keymap_from_config({"keys": {"approve": ""}})
+
+
+@pytest.mark.parametrize(("width", "narrow"), [(80, True), (119, True), (120, False)])
+async def test_tabs_below_120_columns(width: int, narrow: bool) -> None:
+    app = TilewrightApp({})
+    async with app.run_test(size=(width, 30)) as pilot:
+        await pilot.pause()
+        grid = app.workbench.query_one(PaneGrid)
+        assert grid.narrow is narrow
+        await pilot.press("f6")
+        assert grid.focused_pane() == "chat"
+        if narrow:
+            assert app.workbench.query_one("#chat").display
+            assert not app.workbench.query_one("#source").display
+
+
+def test_config_command_prints_path_and_values(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text('[keys]\napprove = "f9"\n[ui]\ntheme = "nord"\n')
+    env = {"TILEWRIGHT_CONFIG": str(config), "PATH": "/usr/bin:/bin",
+           "HOME": str(tmp_path), "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-m", "tui.cli", "config"], capture_output=True,
+                         text=True, env=env, cwd=ROOT, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert str(config) in out.stdout
+    assert 'approve = "f9"' in out.stdout and 'theme = "nord"' in out.stdout
+    assert 'reject = "ctrl+n"' in out.stdout  # defaults shown too
+    import tomllib
+
+    tomllib.loads(out.stdout)  # what it prints is a valid config file
