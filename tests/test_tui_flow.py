@@ -29,7 +29,7 @@ from tui.widgets.chat import ChatPane
 from tui.widgets.history import HistoryPane
 from tui.widgets.problems import ProblemsPane
 from tui.widgets.source import SourcePane
-from tui.widgets.status import ApprovalBar, StatusBar
+from tui.widgets.status import ActivityLine, ApprovalBar, StatusBar
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -98,13 +98,15 @@ async def test_run_then_approve_respects_the_half_second_guard(tmp_path, gelu, p
                           text="Taller blocks halve the grid steps.")
     clock = FakeClock()
     app = make_app(tmp_path, gelu, agent, pool, clock)
+    rings: list[int] = []
+    app.bell = lambda: rings.append(1)  # the terminal bell: a decision is awaited
     async with app.run_test(size=(140, 40)) as pilot:
         await settle(app, pilot)
         screen = app.workbench
-        assert screen.query_one(SourcePane).version == 1
+        assert screen.query_one(SourcePane).version == 1 and not rings
         await pilot.press("ctrl+r")  # run v1; the agent is then asked for a proposal
         await settle(app, pilot)
-        assert app.link.state.pending == "p1"
+        assert app.link.state.pending == "p1" and rings == [1]
         bar = screen.query_one(ApprovalBar)
         assert bar.has_class("-pending") and "taller row blocks" in str(bar.render())
         source = screen.query_one(SourcePane)
@@ -250,6 +252,9 @@ async def test_cancel_needs_two_presses(tmp_path, gelu, pool):
         await agent.started.wait()
         await pilot.pause()
         assert app.link.busy == "agent"
+        activity = app.workbench.query_one(ActivityLine)
+        assert activity.display and "is replying" in str(activity.render())
+        assert "F8 twice cancels" in str(activity.render())
         await pilot.press("f8")
         await pilot.pause()
         assert app.link.busy == "agent"  # one press only arms the cancel

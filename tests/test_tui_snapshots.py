@@ -20,9 +20,10 @@ import pytest
 from scripted_agent import ScriptedAgent
 
 from kernels.loaders import load_task
-from sessions.log import SessionLog
+from sessions.log import SessionLog, load
 from tui.app import TilewrightApp
 from tui.launch import ChipChoice, start_session
+from tui.palette import WorkbenchCommands
 from tui.replay_app import ReplayApp
 from tui.screens.replay import ReplayScreen
 
@@ -134,3 +135,48 @@ def test_the_app_process_never_imports_jax(tmp_path) -> None:
                          timeout=120, cwd=root)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+async def test_palette_offers_what_the_session_allows(tmp_path) -> None:
+    app = workbench(tmp_path)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await opened(pilot)
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        await pilot.press(*"approve")
+        await pilot.pause(0.3)  # the palette searches in a worker
+        options = app.screen.query_one("CommandList")
+        names = [str(options.get_option_at_index(i).prompt)
+                 for i in range(options.option_count)]
+        assert any("Approve p4" in n for n in names)
+        await pilot.press("escape")
+        await pilot.pause()
+        provider_names = [c[0] for c in WorkbenchCommands(app.screen)._commands()]
+        assert "Switch to autonomous mode" in provider_names
+        assert "Revert to v2" in provider_names and "Revert to v3" not in provider_names
+        assert not any(n.startswith("Cancel") for n in provider_names)
+
+
+async def test_diff_toggle_history_diff_and_revert(tmp_path) -> None:
+    app = workbench(tmp_path)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await opened(pilot)
+        source = app.workbench.query_one("SourcePane")
+        assert source.shown == "diff"
+        await pilot.press("f3")
+        assert source.shown == "editor" and source.editor.text.count("BLOCK_ROWS = 256") == 1
+        await pilot.press("f3")
+        assert source.shown == "diff"
+        table = app.workbench.query_one("#history-table")
+        table.focus()
+        await pilot.press("down")  # v2 (newest first)
+        await pilot.press("d")
+        await pilot.pause()
+        assert type(app.screen).__name__ == "DiffScreen"
+        await pilot.press("escape")
+        await pilot.press("r")  # revert to v2
+        await app.link.controller.wait_idle()
+        await pilot.pause()
+        assert app.link.state.current == 2
+        events = [e["type"] for e in load(app.link.path).events]
+        assert events[-1] == "kernel.checkout"
