@@ -47,9 +47,10 @@ class MissingBlobError(SessionError):
 
 
 def default_sessions_dir() -> Path:
-    from platformdirs import user_data_dir
+    """``<user data dir>/sessions``; the data dir honours ``TILEWRIGHT_DATA_DIR`` like lessons do."""
+    from agents.memory import data_dir
 
-    return Path(user_data_dir("tilewright")) / "sessions"
+    return data_dir() / "sessions"
 
 
 def new_session_id(task_name: str, now: float | None = None) -> str:

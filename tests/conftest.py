@@ -9,12 +9,19 @@ module's event loop and its workers import JAX once for the whole module.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest_asyncio
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# Tests never read the user's config nor write sessions or lessons into the user's data
+# dir; subprocesses (the real `tilewright` in a pty, workers) inherit these too.
+_ISOLATED = tempfile.mkdtemp(prefix="tilewright-tests-")
+os.environ["TILEWRIGHT_DATA_DIR"] = os.path.join(_ISOLATED, "data")
+os.environ["TILEWRIGHT_CONFIG"] = os.path.join(_ISOLATED, "config.toml")
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
