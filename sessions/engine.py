@@ -242,6 +242,10 @@ class Engine:
             self._emit("user.decision", proposal=pid, decision="reject", by="auto",
                        note=f"identical to v{same}, which was already measured; "
                             "propose something different", source_blob=None)
+            # An agent that keeps repeating itself would otherwise burn the whole
+            # token budget on rejected proposals.
+            if self.state.auto_rejections >= self.settings.max_agent_failures:
+                self._stop_auto("agent_repeating")
             return None  # _idle_action asks again (or stops on a budget)
         self._emit("user.decision", proposal=pid, decision="approve", by="auto",
                    note=None, source_blob=None)

@@ -118,6 +118,7 @@ class SessionState:
     best_history: list[dict[str, Any]] = field(default_factory=list)  # per eval run
     errors: list[dict[str, Any]] = field(default_factory=list)
     agent_failures: int = 0  # consecutive agent turns without a proposal
+    auto_rejections: int = 0  # consecutive proposals the auto-approver turned down
     agent_failure_retryable: bool = True  # whether the latest one may succeed if re-asked
     best_version: int | None = None  # kept up to date by the fold (see ``best``)
     unknown_types: dict[str, int] = field(default_factory=dict)
@@ -259,6 +260,10 @@ def _decision(s: SessionState, e: dict[str, Any]) -> None:
             s.plan_to_implement = prop.id
     if info.decision == "reject" and info.note:
         s.notes.append(f"rejected {info.proposal}: {info.note}")
+    if info.decision == "reject" and info.by == "auto":
+        s.auto_rejections += 1
+    elif info.decision in ("approve", "edit"):
+        s.auto_rejections = 0
 
 
 def _version(s: SessionState, e: dict[str, Any]) -> None:

@@ -483,6 +483,20 @@ async def test_auto_rejects_duplicates_and_moves_on(tmp_path: Path, gelu: Task) 
     await c.close()
 
 
+async def test_auto_stops_when_the_agent_keeps_repeating_itself(tmp_path: Path,
+                                                                  gelu: Task) -> None:
+    """Without this rule an agent stuck on one kernel burns the token budget on
+    proposals the auto-approver can only reject."""
+    same = src(speedup=1.5, tag="dup")
+    agent = ScriptedAgent([kernel(same)] * 10)
+    settings = ControllerSettings(budgets=NO_LIMITS, max_agent_failures=3)
+    c, seen = await _auto(tmp_path, gelu, agent, settings)
+    rejected = [e for e in seen if e["type"] == "user.decision" and e["decision"] == "reject"]
+    assert _stops(seen) == ["agent_repeating"]
+    assert len(rejected) == 3 and len(agent.requests) == 4  # one applied, three repeats
+    await c.close()
+
+
 async def test_auto_fix_streak_returns_to_the_best_version(tmp_path: Path,
                                                           gelu: Task) -> None:
     agent = ScriptedAgent([kernel(src(speedup=2.0, tag="good")),
