@@ -41,12 +41,26 @@ def matmul_bias_gelu_kernel(x_ref, w_ref, b_ref, o_ref, acc_ref):
         o_ref[...] = y.astype(o_ref.dtype)
 
 
+def _divisor_block(block, dim, align=128):
+    """The largest multiple of ``align`` <= ``block`` that divides ``dim`` (else ``dim``).
+
+    The reduction axis must not be ragged: a partial k block would read padding into
+    the accumulator. Ragged m/n blocks are harmless (their rows/columns are dropped).
+    """
+    if dim <= block:
+        return dim
+    for b in range(block - block % align, 0, -align):
+        if dim % b == 0:
+            return b
+    return dim
+
+
 @jax.jit
 def kernel(x, w, b):
     m, k = x.shape
     n = w.shape[1]
     # Clamp to the array so small problems still get legal (full-dimension) blocks.
-    bm, bn, bk = min(BLOCK_M, m), min(BLOCK_N, n), min(BLOCK_K, k)
+    bm, bn, bk = min(BLOCK_M, m), min(BLOCK_N, n), _divisor_block(BLOCK_K, k)
     return pl.pallas_call(
         matmul_bias_gelu_kernel,
         out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
