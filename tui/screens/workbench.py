@@ -68,6 +68,7 @@ class WorkbenchScreen(Screen):
     def on_mount(self) -> None:
         self.presenter = Presenter(self.query_one(PaneGrid))
         self.query_one(ProfilePane).set_chip(self.chip_label, self.vmem_capacity)
+        self.query_one(PaneGrid).show("source")  # the keyboard starts in the editor
         if self.link is None:
             self.query_one(ActivityLine).start("opening the session (starting the JAX worker)")
 

@@ -34,8 +34,6 @@ class PaneGrid(Vertical):
     PaneGrid #panes { height: 1fr; }
     PaneGrid .pane { border: round $primary 40%; border-title-color: $text-muted;
                      height: 1fr; padding: 0; }
-    PaneGrid .pane:focus-within { border: round $accent; border-title-color: $text;
-                                   border-title-style: bold; }
     PaneGrid.-wide #panes { layout: grid; grid-size: 2 4; grid-columns: 3fr 2fr;
                             grid-rows: 1fr 1fr 1fr 1fr; }
     PaneGrid.-wide #source { row-span: 2; }
@@ -65,6 +63,32 @@ class PaneGrid(Vertical):
 
     def on_mount(self) -> None:
         self.set_width(self.app.size.width)
+        self._lit: str | None = None
+
+    def on_descendant_focus(self) -> None:
+        # The focused pane's border lights up. Inline styles on the pane alone: a
+        # :focus-within rule would re-match CSS for the pane's whole subtree on every
+        # focus move, which doubled keypress latency with a long chat.
+        name = self.focused_pane()
+        if name == self._lit:
+            return
+        if self._lit is not None:
+            self._light(self.pane(self._lit), False)
+        if name is not None:
+            self._light(self.pane(name), True)
+        self._lit = name
+
+    def _light(self, pane: Widget, on: bool) -> None:
+        colours = self.app.theme_variables
+        if on:
+            pane.styles.border = ("round", colours.get("accent", "orange"))
+            pane.styles.border_title_color = colours.get("foreground", "#e0e0e0")
+            pane.styles.border_title_style = "bold"
+        else:
+            pane.styles.clear_rule("border_top")
+            for rule in ("border_right", "border_bottom", "border_left",
+                         "border_title_color", "border_title_style"):
+                pane.styles.clear_rule(rule)
 
     def on_resize(self) -> None:
         self.set_width(self.app.size.width)
@@ -76,6 +100,8 @@ class PaneGrid(Vertical):
         self.narrow = narrow
         self.set_class(narrow, "-narrow")
         self.set_class(not narrow, "-wide")
+        if narrow:
+            self._show_tab(self.active)
 
     # -- which pane -------------------------------------------------------------------
     def pane(self, name: str) -> Widget:
@@ -84,13 +110,17 @@ class PaneGrid(Vertical):
     def show(self, name: str, focus: bool = True) -> None:
         """Bring a pane forward (narrow: its tab) and optionally focus it."""
         self.active = name
+        if self.narrow:  # wide layouts show every pane: no classes to restyle, no tabs
+            self._show_tab(name)
+        if focus:
+            self._focus_inside(self.pane(name))
+
+    def _show_tab(self, name: str) -> None:
         for other in ORDER:
             self.pane(other).set_class(other == name, "-active")
         tabs = self.query_one(Tabs)
         if tabs.active != f"tab-{name}":
             tabs.active = f"tab-{name}"
-        if focus:
-            self._focus_inside(self.pane(name))
 
     def cycle(self, step: int = 1) -> str:
         name = self.cycle_target(step)
