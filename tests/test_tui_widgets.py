@@ -129,3 +129,14 @@ def test_config_command_prints_path_and_values(tmp_path: Path) -> None:
     import tomllib
 
     tomllib.loads(out.stdout)  # what it prints is a valid config file
+
+
+async def test_theme_from_config_and_an_unknown_one_reported() -> None:
+    app = TilewrightApp({"ui": {"theme": "nord"}})
+    async with app.run_test(size=(100, 30)):
+        assert app.theme == "nord"
+    app = TilewrightApp({"ui": {"theme": "no-such-theme"}})
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        assert app.theme == "textual-dark"
+        assert any("no-such-theme" in n.message for n in app._notifications)

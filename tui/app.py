@@ -48,7 +48,7 @@ class TilewrightApp(App):
         self.opener = opener
         self.clock = clock
         self.link: LiveLink | None = None
-        self.theme = str((self.config.get("ui") or {}).get("theme", "textual-dark"))
+        self._theme_error = apply_theme(self, self.config)
         self._keymap_error: str | None = None
         try:
             self.set_keymap(keymap.keymap_from_config(self.config))
@@ -57,8 +57,9 @@ class TilewrightApp(App):
 
     async def on_mount(self) -> None:
         await self.push_screen(WorkbenchScreen(self.clock))  # mounted before a session lands
-        if self._keymap_error:
-            self.notify(self._keymap_error, title="config", severity="error", timeout=15)
+        for error in (self._keymap_error, self._theme_error):
+            if error:
+                self.notify(error, title="config", severity="error", timeout=15)
         if self.opener is not None:
             self._open_session()
 
@@ -108,6 +109,16 @@ class TilewrightApp(App):
             except Exception as exc:  # quitting must always work; say what was lost
                 self.log.error(f"closing the session failed: {exc!r}")
         self.exit()
+
+
+def apply_theme(app: App, config: dict[str, Any]) -> str | None:
+    """The config's ``[ui] theme``; an unknown name keeps the default and says so."""
+    name = str((config.get("ui") or {}).get("theme", "textual-dark"))
+    if name in app.available_themes:
+        app.theme = name
+        return None
+    return (f"[ui] theme {name!r} is not a known theme; using {app.theme!r}. "
+            f"Known: {', '.join(sorted(app.available_themes))}")
 
 
 def run_app(options: LaunchOptions, config: dict[str, Any]) -> int:

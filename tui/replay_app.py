@@ -14,6 +14,7 @@ from textual.binding import Binding
 
 from sessions.log import SessionError, load
 from tui import keymap
+from tui.app import apply_theme
 from tui.screens.modals import ErrorModal, HelpScreen
 from tui.screens.replay import ReplayScreen
 
@@ -41,7 +42,7 @@ class ReplayApp(App):
         self.path = path
         self.config = config or {}
         self.sessions_dir = sessions_dir
-        self.theme = str((self.config.get("ui") or {}).get("theme", "textual-dark"))
+        self._theme_error = apply_theme(self, self.config)
         try:
             self.set_keymap(keymap.keymap_from_config(self.config))
         except keymap.KeymapError:

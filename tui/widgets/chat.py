@@ -23,7 +23,7 @@ FLUSH_INTERVAL_S = 0.1
 MAX_ENTRIES = 300
 
 
-STREAM_TAIL_CHARS = 3000  # while streaming, redraw only the tail of a very long reply
+STREAM_TAIL_CHARS = 1500  # while streaming, redraw only the tail (a pane shows less)
 
 
 def RichMarkdown(text: str):
