@@ -19,7 +19,7 @@ REMOVED = Style(bgcolor="#4a1518")
 GUTTER = Style(color="#6c7086")
 
 
-def diff_lines(old: str, new: str, context: int = 3) -> list[tuple[str, int | None, str]]:
+def diff_lines(old: str, new: str, context: int = 5) -> list[tuple[str, int | None, str]]:
     """(tag, new-line-number, text) rows; tag is ' ', '+', '-' or '~' (a skipped gap)."""
     a, b = old.splitlines(), new.splitlines()
     rows: list[tuple[str, int | None, str]] = []

@@ -19,7 +19,7 @@ class SourcePane(Vertical):
     ALLOW_MAXIMIZE = True  # F7 zooms a whole pane
     DEFAULT_CSS = """
     SourcePane ContentSwitcher { height: 1fr; }
-    SourcePane TextArea { height: 1fr; border: none; padding: 0; }
+    SourcePane TextArea, SourcePane TextArea:focus { height: 1fr; border: none; padding: 0; }
     """
 
     def __init__(self, filename: str = "kernel.py", **kwargs) -> None:
@@ -85,6 +85,11 @@ class SourcePane(Vertical):
         self.editing = True
         self.editor.read_only = False
         self._switch("editor")
+        if self.proposal is not None and self.proposed_source is not None:
+            first = self.query_one(DiffView).first_change_line(self.current_source,
+                                                               self.proposed_source)
+            if first:  # start where the proposal changes the code
+                self.editor.move_cursor((first - 1, 0), center=True)
         self.editor.focus()
         self._retitle()
 
