@@ -300,3 +300,30 @@ async def test_claude_through_the_real_sdk_against_a_local_server(tmp_path, gelu
             assert screen.query_one(StatusBar).info.tokens > 0
             assert server.requests and server.requests[0].key == "sk-test-local"
             await app.action_quit()
+
+
+async def test_a_plan_is_shown_in_full_and_approving_it_asks_the_implementer(tmp_path, gelu,
+                                                                             pool):
+    from scripted_agent import plan
+
+    agent = ScriptedAgent([plan("1. tile rows by 128\n2. fuse the tanh", "two steps"),
+                           kernel(faster(gelu.starting_source()), "rows 128")])
+    clock = FakeClock()
+    app = make_app(tmp_path, gelu, agent, pool, clock,
+                   config={"controller": {"propose_after_run": False}})
+    async with app.run_test(size=(140, 40)) as pilot:
+        await settle(app, pilot)
+        app.workbench.query_one("#chat-input").focus()
+        await pilot.press(*"plan first", "enter")
+        await settle(app, pilot)
+        chat = app.workbench.query_one(ChatPane)
+        chat.flush()
+        assert "fuse the tanh" in chat.transcript()
+        assert app.workbench.query_one(SourcePane).proposal is None  # nothing to diff
+        clock.now += 1
+        await pilot.press("ctrl+y")
+        await settle(app, pilot)
+        assert agent.requests[-1].role == "implement"
+        assert any("tile rows by 128" in n for n in agent.requests[-1].notes)
+        assert app.link.state.pending == "p2"
+        await app.action_quit()

@@ -91,6 +91,10 @@ class Presenter:
                                                "base_version", "role") if event.get(k)}
             chat.tool_call(f"proposal:{pid}", f"propose_{event.get('kind', 'kernel')}", body,
                            f"{pid}: {event.get('summary', '')}"[:70])
+            if event.get("kind") == "plan" and event.get("plan"):
+                # A plan is read before it is approved: show it, not just a tool entry.
+                chat.add_agent(f"**Plan {pid}: {event.get('summary', '')}**\n\n{event['plan']}",
+                               self._label(event))
         elif kind == "user.decision":
             note = f" — {event['note']}" if event.get("note") else ""
             by = " (auto)" if event.get("by") == "auto" else ""

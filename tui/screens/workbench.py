@@ -70,7 +70,8 @@ class WorkbenchScreen(Screen):
         self.query_one(ProfilePane).set_chip(self.chip_label, self.vmem_capacity)
         self.query_one(PaneGrid).show("source")  # the keyboard starts in the editor
         if self.link is None:
-            self.query_one(ActivityLine).start("opening the session (starting the JAX worker)")
+            self.query_one(ActivityLine).start("opening the session (starting the JAX worker)",
+                                               cancellable=False)
 
     # -- attaching a live session -----------------------------------------------------
     def attach(self, link: LiveLink) -> None:

@@ -82,14 +82,16 @@ class ActivityLine(Static):
         self.show_elapsed = True
         self.cancel_hint = "F8 twice cancels"
         self._label: str | None = None
+        self._cancellable = True
         self._since = 0.0
         self._tick = 0
 
     def on_mount(self) -> None:
         self.set_interval(0.25, self._redraw)
 
-    def start(self, label: str) -> None:
+    def start(self, label: str, cancellable: bool = True) -> None:
         self._label, self._since = label, self.clock()
+        self._cancellable = cancellable
         self.add_class("-busy")
         self._redraw()
 
@@ -107,7 +109,8 @@ class ActivityLine(Static):
         self._tick += 1
         spin = self.SPINNER[self._tick % len(self.SPINNER)] if self.show_elapsed else "…"
         elapsed = f" · {self.clock() - self._since:.1f}s" if self.show_elapsed else ""
-        self.update(f"{spin} {self._label}{elapsed} · {self.cancel_hint}")
+        hint = f" · {self.cancel_hint}" if self._cancellable else ""
+        self.update(f"{spin} {self._label}{elapsed}{hint}")
 
 
 class ApprovalBar(Static):
