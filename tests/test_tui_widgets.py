@@ -113,6 +113,10 @@ async def test_tabs_below_120_columns(width: int, narrow: bool) -> None:
         if narrow:
             assert app.workbench.query_one("#chat").display
             assert not app.workbench.query_one("#source").display
+        await pilot.press("f7")  # maximize the focused pane, then restore
+        assert app.workbench.maximized is app.workbench.query_one("#chat")
+        await pilot.press("f7")
+        assert app.workbench.maximized is None
 
 
 def test_config_command_prints_path_and_values(tmp_path: Path) -> None:
@@ -140,3 +144,25 @@ async def test_theme_from_config_and_an_unknown_one_reported() -> None:
         await pilot.pause()
         assert app.theme == "textual-dark"
         assert any("no-such-theme" in n.message for n in app._notifications)
+
+
+@pytest.mark.parametrize(("options", "expected"), [
+    ({"agent": "anthropic"}, "ANTHROPIC_API_KEY"),
+    ({"task": "/no/such/task", "agent": "offline"}, "/no/such/task"),
+])
+async def test_launch_failures_are_a_modal_with_a_next_step(tmp_path, monkeypatch, options,
+                                                            expected) -> None:
+    from tui.launch import LaunchOptions, open_live
+    from tui.screens.modals import ErrorModal
+
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.delenv("ANTHROPIC_AUTH_TOKEN", raising=False)
+    launch = LaunchOptions(session_dir=str(tmp_path), **options)
+    app = TilewrightApp({}, lambda: open_live(launch, {}))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert isinstance(app.screen, ErrorModal)
+        assert expected in app.screen.message and app.screen.next_step
+        await pilot.press("escape")
+        assert not isinstance(app.screen, ErrorModal)  # the app is still there
