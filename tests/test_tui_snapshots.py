@@ -174,6 +174,11 @@ async def test_diff_toggle_history_diff_and_revert(tmp_path) -> None:
         await pilot.pause()
         assert type(app.screen).__name__ == "DiffScreen"
         await pilot.press("escape")
+        await pilot.press("enter")  # view v2, read-only
+        await pilot.pause()
+        assert type(app.screen).__name__ == "SourceScreen"
+        assert "BLOCK_ROWS = 128" in app.screen.query_one("TextArea").text
+        await pilot.press("escape")
         await pilot.press("r")  # revert to v2
         await app.link.controller.wait_idle()
         await pilot.pause()

@@ -44,7 +44,6 @@ class Presenter:
     def __init__(self, grid: PaneGrid) -> None:
         self.grid = grid
         self.agent_label = "agent"
-        self.viewing: int | None = None  # a version picked in History (None: current)
         self.base_dir: Path | None = None  # the session directory (relative trace paths)
 
     @property
@@ -59,10 +58,8 @@ class Presenter:
     def render(self, view: SessionView) -> None:
         state = view.state
         source = self.source
-        shown = self.viewing if self.viewing in state.versions else state.current
-        if self.viewing is not None and shown != self.viewing:
-            self.viewing = None
-        source.show_version(shown, view.version_source(shown) or "" if shown else "")
+        current = state.current
+        source.show_version(current, view.version_source(current) or "" if current else "")
         pending = view.pending()
         if pending and pending["kind"] in ("kernel", "tuning") and pending["source"]:
             source.show_proposal(pending["id"], pending["source"])

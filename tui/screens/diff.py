@@ -1,11 +1,12 @@
-"""A full-screen diff of two versions (History: ``d``)."""
+"""Full-screen views from History: a diff of two versions (``d``) and one version's
+source, read-only (Enter)."""
 
 from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import ModalScreen
-from textual.widgets import Static
+from textual.widgets import Static, TextArea
 
 from tui.widgets.diffview import DiffView
 
@@ -26,3 +27,21 @@ class DiffScreen(ModalScreen[None]):
         view = self.query_one(DiffView)
         view.show(self.old, self.new)
         view.focus()
+
+
+class SourceScreen(ModalScreen[None]):
+    CSS_PATH = "diff.tcss"
+    BINDINGS = [Binding("escape", "dismiss(None)", "Close", id="source.close")]
+
+    def __init__(self, title: str, source: str) -> None:
+        super().__init__()
+        self.title_text, self.source = title, source
+
+    def compose(self) -> ComposeResult:
+        yield Static(f"{self.title_text}   (read-only · Esc closes)", id="diff-title",
+                     markup=False)
+        yield TextArea.code_editor(self.source, language="python", read_only=True,
+                                   id="diff-full")
+
+    def on_mount(self) -> None:
+        self.query_one(TextArea).focus()

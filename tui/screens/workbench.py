@@ -21,7 +21,7 @@ from textual.worker import Worker, WorkerState
 from tui import keymap
 from tui.link import LiveLink
 from tui.presenter import Presenter, describe_result
-from tui.screens.diff import DiffScreen
+from tui.screens.diff import DiffScreen, SourceScreen
 from tui.screens.modals import ErrorModal, NotePrompt
 from tui.view import BlobCache, SessionView
 from tui.widgets.chat import ChatPane
@@ -310,12 +310,10 @@ class WorkbenchScreen(Screen):
         if message.what == "revert":
             self._command("revert", message.version)
         elif message.what == "view":
-            self.presenter.viewing = None if message.version == view.state.current \
-                else message.version
-            self._schedule_draw()
-            self.query_one(PaneGrid).show("source", focus=False)
-            self.notify(f"showing v{message.version} (History: enter on the current "
-                        "version returns)", timeout=4)
+            version = view.state.versions[message.version]
+            self.app.push_screen(SourceScreen(
+                f"v{message.version} ({version.origin}): {version.summary}",
+                view.version_source(message.version) or ""))
         elif message.what == "diff":
             old = view.version_source(message.version) or ""
             self.app.push_screen(DiffScreen(f"v{message.version} → current "
