@@ -117,6 +117,6 @@ AgentEvent = TextDelta | ToolCall | Notice | UsageReport | ProposalReady | Failu
 @runtime_checkable
 class Agent(Protocol):
     name: str  # "offline" | "anthropic" | "scripted"
-    label: str  # shown in the UI, e.g. "offline agent" or "Claude (claude-sonnet-4-5)"
+    label: str  # shown in the UI, e.g. "offline agent" or "Claude (claude-sonnet-4-6)"
 
     def propose(self, request: AgentRequest) -> AsyncIterator[AgentEvent]: ...

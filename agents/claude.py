@@ -28,7 +28,7 @@ from agents.errors import NoApiKey
 from agents.prices import PRICES_AS_OF, assumed_price, cost_usd, price_for
 from agents.provider import FinalMessage, MalformedToolCall, ProviderEvent
 
-DEFAULT_MODEL = "claude-sonnet-4-5"
+DEFAULT_MODEL = "claude-sonnet-4-6"
 
 
 def api_key_from_env() -> str | None:

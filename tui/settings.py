@@ -17,7 +17,7 @@ from typing import Any
 DEFAULTS: dict[str, Any] = {
     "agent": {
         "kind": "auto",  # auto: anthropic when ANTHROPIC_API_KEY is set, else offline
-        "model": "claude-sonnet-4-5",
+        "model": "claude-sonnet-4-6",  # claude-sonnet-4-5 reaches end-of-life 2026-11-30
         "max_tokens": 8192,
         "max_retries": 4,
         "prices": {},  # model -> {input, output, cache_read, cache_write} USD per MTok
