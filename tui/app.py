@@ -8,6 +8,7 @@ closes it on quit.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -74,6 +75,11 @@ class TilewrightApp(App):
 
         screen.query_one(ProfilePane).set_chip(chip.label, chip.vmem_bytes)
         screen.attach(link)
+        # Everything built so far lives as long as the app: move it out of the garbage
+        # collector's sight, so later collections stay short (they were the long tail
+        # of keypress latency: 150-250 ms pauses, see benchmarks/tui_latency.py).
+        gc.collect()
+        gc.freeze()
 
     @property
     def workbench(self) -> WorkbenchScreen:
