@@ -129,3 +129,26 @@ async def test_human_in_the_loop_approve_reject_prune(tmp_path) -> None:
     last_round = [e for e in events if e["type"] == "search.round"][-1]
     assert last_round["beam"] == [1]  # the pruned branch never enters the beam
     assert summary.reason == "complete" and summary.nodes == 2
+
+
+async def test_review_app_hosts_a_recorded_search_and_escape_quits(tmp_path) -> None:
+    from tui.review import ReviewApp
+
+    path = _recorded_session(tmp_path)
+    app = ReviewApp(SearchScreen(session=path))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        assert isinstance(app.screen, SearchScreen)
+        assert len(app.screen.tree_nodes) == 3
+        await pilot.press("escape")
+        await pilot.pause()
+    assert app.return_code == 0  # the app exited with its screen
+
+
+def test_review_needs_a_session_or_a_task() -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "tui.cli", "review"], capture_output=True,
+                          text=True)
+    assert proc.returncode == 2 and "either a SESSION" in proc.stderr

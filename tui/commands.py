@@ -1,4 +1,4 @@
-"""The TUI's subcommands: ``open`` (the default), ``replay`` and ``config``.
+"""The TUI's subcommands: ``open`` (the default), ``replay``, ``review`` and ``config``.
 
 ``tilewright [--task DIR|NAME] [--resume SESSION] [--session-dir DIR] [--agent KIND]``
 opens the workbench; ``tilewright replay SESSION`` opens a recorded session in the
@@ -32,9 +32,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _headless_arguments(replay)
     replay.set_defaults(handler=_replay)
 
+    _review_arguments(subparsers)
+
     config = subparsers.add_parser("config", help="print the config file path and values")
     config.add_argument("--json", action="store_true", help="print the values as JSON")
     config.set_defaults(handler=_config)
+
+
+def _review_arguments(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "review", help="human-in-the-loop graph search (or a recorded search's tree)")
+    p.add_argument("session", nargs="?", metavar="SESSION",
+                   help="a recorded session (id, prefix or directory) to view read-only")
+    p.add_argument("--task", help="task directory or bundled name: start a reviewed search")
+    p.add_argument("--agent", choices=("offline", "anthropic", "auto"), default="auto")
+    p.add_argument("--budget", type=int, default=8, metavar="N", help="nodes to evaluate")
+    p.add_argument("--beam-width", type=int, default=2, metavar="N")
+    p.add_argument("--branching", type=int, default=2, metavar="N")
+    p.add_argument("--rounds", type=int, default=3, metavar="N")
+    p.add_argument("--set", dest="overrides", action="append", default=[],
+                   metavar="KEY=VALUE", help="shape override (repeatable)")
+    p.add_argument("--session-dir", metavar="DIR", help="where sessions are kept")
+    p.set_defaults(handler=_review)
+
+
+def _review(args: argparse.Namespace) -> int:
+    from tui.review import run
+
+    return run(args)
 
 
 def _headless_arguments(parser: argparse.ArgumentParser) -> None:

@@ -52,12 +52,19 @@ class WorkbenchCommands(Provider):
         out += [("Maximize or restore the focused pane", key("maximize"),
                  partial(run, "maximize")),
                 ("Next pane", key("next_pane"), partial(run, "cycle_pane(1)"))]
+        out.append(("Show the version tree", "every version with its score, as a search "
+                    "would see it", partial(self._version_tree, link.path)))
         for number in sorted(state.versions, reverse=True):
             version = state.versions[number]
             if number != state.current:
                 out.append((f"Revert to v{number}", version.summary,
                             partial(screen._command, "revert", number)))  # type: ignore[attr-defined]
         return out
+
+    def _version_tree(self, session: object) -> None:
+        from tui.search_view import SearchScreen
+
+        self.app.push_screen(SearchScreen(session=session))
 
     async def discover(self) -> Hits:
         for name, help_text, callback in self._commands():

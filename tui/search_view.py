@@ -144,7 +144,7 @@ class SearchScreen(Screen):
     def summary_text(self, state: SearchState) -> str:
         cfg = state.config
         shape = (f"{cfg.mode} · width {cfg.width()} · {cfg.branching} children"
-                 if cfg else "no search.start")
+                 if cfg else "step-by-step session")
         best = state.best()
         best_text = (f"best v{best} {state.speedup(best):.3g}x" if best is not None
                      else "no correct kernel yet")
@@ -260,3 +260,5 @@ class SearchScreen(Screen):
     def action_close(self) -> None:
         if len(self.app.screen_stack) > 1:
             self.app.pop_screen()
+        else:  # the app's only screen (``tilewright review``): back means quit
+            self.app.exit()
