@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+from pathlib import Path
+from typing import Any
 
 MODULES = ("kernels.cli_tasks", "kernels.cli_eval", "kernels.cli_profile")
 
@@ -21,3 +23,31 @@ def register(sub: argparse._SubParsersAction) -> None:
                 raise
             continue
         module.register(sub)
+
+
+def task_and_candidate(task_spec: str, overrides: list[str] | None,
+                       kernel: str | None) -> tuple[Any, Path, str]:
+    """The task (with ``--set`` overrides) and the candidate's path and source.
+
+    Without ``--kernel`` the task's own ``kernel.py`` is the candidate. Raises
+    ``ValueError`` with a message fit for the user (bad task, unreadable kernel).
+    """
+    from kernels.loaders import load_task, parse_overrides
+    from kernels.task import TaskError
+
+    try:
+        task = load_task(task_spec, parse_overrides(overrides))
+    except TaskError as exc:
+        raise ValueError(str(exc)) from exc
+    if kernel:
+        path = Path(kernel).expanduser()
+    elif task.kernel_path is not None:
+        path = task.kernel_path
+    else:
+        raise ValueError(f"task {task.name} has no kernel.py; pass --kernel FILE")
+    try:
+        source = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read kernel {path}: "
+                         f"{getattr(exc, 'strerror', None) or exc}") from exc
+    return task, path, source

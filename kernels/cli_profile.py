@@ -64,23 +64,12 @@ def _usage_error(message: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kernels.loaders import load_task, parse_overrides
-    from kernels.task import TaskError
+    from kernels.cli import task_and_candidate
 
     try:
-        task = load_task(args.task, parse_overrides(args.overrides))
-    except (TaskError, ValueError) as exc:
+        task, path, source = task_and_candidate(args.task, args.overrides, args.kernel)
+    except ValueError as exc:
         return _usage_error(str(exc))
-    if args.kernel:
-        path = Path(args.kernel).expanduser()
-    elif task.kernel_path is not None:
-        path = task.kernel_path
-    else:
-        return _usage_error(f"task {task.name} has no kernel.py; pass --kernel FILE")
-    try:
-        source = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        return _usage_error(f"cannot read kernel {path}: {getattr(exc, 'strerror', None) or exc}")
     if args.shape and args.shape not in {s.name for s in task.shapes}:
         return _usage_error(f"unknown --shape {args.shape!r}; task {task.name} has "
                             + ", ".join(s.name for s in task.shapes))
