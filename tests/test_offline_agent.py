@@ -280,3 +280,43 @@ async def test_tuning_makes_the_kernel_faster(worker_pool: Any) -> None:
     best = max((h for h in history[1:] if h["status"] == "correct"), key=lambda h: h["speedup"])
     assert best["speedup"] > start.speedup, (history, start.timing)
     assert best["median_ms"] < start.timing["median_ms"]
+
+
+# -- tasks that declare no family (JAXBench, MaxKernel) ---------------------------------
+
+FIXTURE_TASKS = __import__("pathlib").Path(__file__).parent / "fixtures" / "tasks"
+
+
+@pytest.mark.parametrize(("task_dir", "family"), [
+    ("maxkernel_row_scale", "elementwise"),   # x * s + offset
+    ("maxkernel_gemm_relu", "matmul"),        # relu(x @ w + b)
+])
+def test_a_family_is_inferred_from_the_reference(task_dir: str, family: str) -> None:
+    from agents.offline.templates import infer_families
+
+    brief = agents.brief(load_task(FIXTURE_TASKS / task_dir))
+    assert brief.family is None
+    order = infer_families(brief)
+    assert order[0] == family and sorted(order) == ["elementwise", "matmul", "rowwise"]
+
+
+def test_a_failed_guess_moves_on_to_the_next_family() -> None:
+    brief = agents.brief(load_task(FIXTURE_TASKS / "maxkernel_row_scale"))
+    failed = {"status": "compile_error", "error": {"kind": "trace", "message": "boom"}}
+    history = ({"version": 1, "status": "compile_error", "speedup": None,
+                "summary": "elementwise template from the reference"},)
+    proposal = decide(AgentRequest("fix", brief, "def computation(x): ...", 1, failed,
+                                   history=history))
+    assert isinstance(proposal, Proposal) and proposal.summary.startswith("rowwise template")
+    assert "earlier guesses failed: elementwise" in proposal.rationale
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_template_handles_static_scalar_arguments(worker_pool: Any) -> None:
+    """MaxKernel static args (here a Python float offset) stay out of the pallas_call."""
+    task = load_task(FIXTURE_TASKS / "maxkernel_row_scale")
+    proposal, _ = await _propose(AgentRequest("implement", agents.brief(task), None))
+    assert isinstance(proposal, Proposal), proposal
+    result = await worker_pool.evaluate(task, proposal.source, QUICK)
+    assert result.status == "correct", (result.error, result.correctness)
+    assert result.lowering["tpu"] == "ok"

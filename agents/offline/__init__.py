@@ -73,13 +73,38 @@ def _decide(request: AgentRequest, lessons: list[Lesson]) -> Proposal | Failure:
     if request.role in ("plan", "analyze"):
         return _plan(request)
     if request.current_source is None:
-        source, why = templates.write_template(request.task)
-        return Proposal("kernel", f"{request.task.family} template from the reference",
-                        rationale=why, source=source, meta={"via": "template"})
+        return _template(request)
     failed = bool(request.last_eval) and request.last_eval.get("status") != "correct"
+    if failed and request.task.family is None and not _has_correct(request):
+        # A guessed family whose template failed: try the next family's template.
+        retry = _template(request)
+        if isinstance(retry, Proposal):
+            return retry
     if request.role == "fix" or failed:
         return _fix(request)
     return _tune(request, lessons)
+
+
+def _template(request: AgentRequest) -> Proposal | Failure:
+    """A first kernel from the family's template. For a task that names no family the
+    family is inferred from the reference, and each failed guess moves to the next."""
+    tried = {str(h.get("summary", "")).split(" template", 1)[0]
+             for h in request.history if " template from the reference" in
+             str(h.get("summary", ""))}
+    families = templates.infer_families(request.task)
+    for family in families:
+        if family in tried and request.task.family is None:
+            continue
+        source, why = templates.write_template(request.task, family)
+        if request.task.family is None:
+            why = (f"The task declares no family; its reference reads like a {family} "
+                   f"computation{' (earlier guesses failed: ' + ', '.join(sorted(tried)) + ')' if tried else ''}. "
+                   + why)
+        return Proposal("kernel", f"{family} template from the reference",
+                        rationale=why, source=source, meta={"via": "template"})
+    return Failure("offline agent: every template family failed for this task "
+                   f"({', '.join(families)}); write a first kernel.py, or use Claude "
+                   "(set ANTHROPIC_API_KEY)")
 
 
 def _fix(request: AgentRequest) -> Proposal | Failure:

@@ -64,13 +64,45 @@ def _preamble(brief: TaskBrief, title: str) -> str:
             '"""\n\n')
 
 
-_IMPORTS = ("import jax\nimport jax.numpy as jnp\nfrom jax.experimental import pallas as pl\n"
+_IMPORTS = ("import functools\n\nimport jax\nimport jax.numpy as jnp\nfrom jax.experimental import pallas as pl\n"
             "from jax.experimental.pallas import tpu as pltpu\n")
 
 
-def write_template(brief: TaskBrief) -> tuple[str, str]:
-    """(kernel source, rationale) for the task's family; ``TemplateError`` if none fits."""
-    family = (brief.family or "").lower()
+_MATMUL_CALLS = {"dot", "matmul", "einsum", "tensordot", "dot_general", "inner"}
+_ROW_CALLS = {"sum", "max", "min", "mean", "var", "std", "logsumexp", "softmax",
+              "log_softmax", "norm", "argmax", "argmin", "prod", "cumsum", "rsqrt_mean"}
+
+
+def infer_families(brief: TaskBrief) -> tuple[str, ...]:
+    """Template families to try, most likely first, for a task that declares none.
+
+    Read from the reference function's AST: a matrix product (``@``, ``jnp.dot``,
+    ``einsum``...) suggests matmul; a reduction or an ``axis=`` argument suggests a
+    row-wise kernel; otherwise elementwise. The others follow as fallbacks.
+    """
+    if brief.family:
+        return (brief.family.lower(),)
+    try:
+        tree = ast.parse(brief.reference_source)
+    except SyntaxError:
+        return FAMILIES
+    matmul = rows = False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+            matmul = True
+        elif isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else \
+                getattr(node.func, "id", "")
+            matmul |= name in _MATMUL_CALLS
+            rows |= name in _ROW_CALLS or any(k.arg in ("axis", "axes") for k in node.keywords)
+    first = "matmul" if matmul else "rowwise" if rows else "elementwise"
+    return (first, *(f for f in FAMILIES if f != first))
+
+
+def write_template(brief: TaskBrief, family: str | None = None) -> tuple[str, str]:
+    """(kernel source, rationale) for the task's family (or ``family`` when given, for a
+    task that declares none); ``TemplateError`` if none fits."""
+    family = (family or brief.family or "").lower()
     if family == "elementwise":
         return _elementwise(brief)
     if family in ("rowwise", "row-wise", "normalization", "reduction"):
@@ -90,10 +122,26 @@ def _reference_block(brief: TaskBrief) -> str:
 
 
 _OPERAND_SPECS = '''
+def _split_static(inputs):
+    """Python scalars (static arguments) stay out of the pallas_call; arrays go in."""
+    static = tuple((i, a) for i, a in enumerate(inputs) if not hasattr(a, "shape"))
+    return static, [a for a in inputs if hasattr(a, "shape")]
+
+
+def _merge(static, arrays):
+    """The reference's argument list again: static values back in their places."""
+    args, it = [], iter(arrays)
+    fixed = dict(static)
+    for i in range(len(static) + len(arrays)):
+        args.append(fixed[i] if i in fixed else next(it))
+    return args
+
+
 def _as_2d(a, rows, cols):
-    """Each operand as 2-D: full tiles, a broadcast row (1, cols), or a column (rows, 1)."""
+    """Each operand as 2-D: full tiles, a broadcast row (1, cols), a column (rows, 1),
+    or a 0-d value as a (1, 1) block."""
     if a.ndim == 0:
-        raise ValueError("scalar operands are not supported by this template")
+        return a.reshape(1, 1)
     if a.size == rows * cols:
         return a.reshape(rows, cols)
     if a.size == cols:
@@ -116,17 +164,23 @@ TUNABLES = {"BLOCK_ROWS": [8, 16, 32, 64, 128, 256, 512],
 
 ''' + _OPERAND_SPECS + f'''
 
-def _body(*refs):
+def _body(static, *refs):
     *in_refs, o_ref = refs
-    o_ref[...] = _reference_math(*(r[...] for r in in_refs)).astype(o_ref.dtype)
+    args = _merge(static, [r[...] for r in in_refs])
+    o_ref[...] = _reference_math(*args).astype(o_ref.dtype)
 
 
-@jax.jit
 def {brief.entry}(*inputs):
-    out = jax.eval_shape(_reference_math, *inputs)
+    static, arrays = _split_static(inputs)
+    return _tiled(static, *arrays)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _tiled(static, *arrays):
+    out = jax.eval_shape(lambda *a: _reference_math(*_merge(static, a)), *arrays)
     cols = out.shape[-1] if out.shape else 1
     rows = out.size // cols
-    operands = [_as_2d(a, rows, cols) for a in inputs]
+    operands = [_as_2d(a, rows, cols) for a in arrays]
     br, bc = min(BLOCK_ROWS, rows), min(BLOCK_COLS, cols)
 
     def spec(a):
@@ -135,7 +189,7 @@ def {brief.entry}(*inputs):
         return pl.BlockSpec((r, c), lambda i, j: (i if r == br else 0, j if c == bc else 0))
 
     result = pl.pallas_call(
-        _body,
+        functools.partial(_body, static),
         out_shape=jax.ShapeDtypeStruct((rows, cols), out.dtype),
         grid=(pl.cdiv(rows, br), pl.cdiv(cols, bc)),
         in_specs=[spec(a) for a in operands],
@@ -161,17 +215,23 @@ TUNABLES = {"BLOCK_ROWS": [8, 16, 32, 64, 128, 256, 512]}
 
 ''' + _OPERAND_SPECS + f'''
 
-def _body(*refs):
+def _body(static, *refs):
     *in_refs, o_ref = refs
-    o_ref[...] = _reference_math(*(r[...] for r in in_refs)).astype(o_ref.dtype)
+    args = _merge(static, [r[...] for r in in_refs])
+    o_ref[...] = _reference_math(*args).astype(o_ref.dtype)
 
 
-@jax.jit
 def {brief.entry}(*inputs):
-    out = jax.eval_shape(_reference_math, *inputs)
+    static, arrays = _split_static(inputs)
+    return _row_blocks(static, *arrays)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _row_blocks(static, *arrays):
+    out = jax.eval_shape(lambda *a: _reference_math(*_merge(static, a)), *arrays)
     cols = out.shape[-1]
     rows = out.size // cols
-    operands = [_as_2d(a, rows, cols) for a in inputs]
+    operands = [_as_2d(a, rows, cols) for a in arrays]
     br = min(BLOCK_ROWS, rows)
 
     def spec(a):
@@ -180,7 +240,7 @@ def {brief.entry}(*inputs):
         return pl.BlockSpec((r, a.shape[1]), lambda i: (i if r == br else 0, 0))
 
     result = pl.pallas_call(
-        _body,
+        functools.partial(_body, static),
         out_shape=jax.ShapeDtypeStruct((rows, cols), out.dtype),
         grid=(pl.cdiv(rows, br),),
         in_specs=[spec(a) for a in operands],
