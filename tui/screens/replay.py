@@ -18,13 +18,14 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import Footer, Input, Static
+from textual.widgets import Input, Static
 
 from sessions.log import LoadedSession, read_blob
 from sessions.state import fold
 from tui.presenter import Presenter
 from tui.view import BlobCache, SessionView
 from tui.widgets.chat import ChatPane
+from tui.widgets.footer import SteadyFooter
 from tui.widgets.panes import PaneGrid
 from tui.widgets.source import SourcePane
 from tui.widgets.status import StatusBar
@@ -66,7 +67,7 @@ class ReplayScreen(Screen):
         yield PaneGrid(id="grid")
         yield Static("", id="transport")
         yield StatusBar(id="status")
-        yield Footer()
+        yield SteadyFooter()
 
     def on_mount(self) -> None:
         grid = self.query_one(PaneGrid)

@@ -15,7 +15,6 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
 
 from tui import keymap
@@ -25,6 +24,7 @@ from tui.screens.diff import DiffScreen, SourceScreen
 from tui.screens.modals import ErrorModal, NotePrompt
 from tui.view import BlobCache, SessionView
 from tui.widgets.chat import ChatPane
+from tui.widgets.footer import SteadyFooter
 from tui.widgets.history import HistoryPane
 from tui.widgets.panes import PaneGrid
 from tui.widgets.problems import ProblemsPane
@@ -63,7 +63,7 @@ class WorkbenchScreen(Screen):
         yield ApprovalBar(self.clock, id="approval")
         yield ActivityLine(self.clock, id="activity")
         yield StatusBar(id="status")
-        yield Footer()
+        yield SteadyFooter()
 
     def on_mount(self) -> None:
         self.presenter = Presenter(self.query_one(PaneGrid))

@@ -13,6 +13,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.measure import Measurement
+from rich.segment import Segment
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
@@ -32,6 +35,32 @@ def RichMarkdown(text: str):
     return Markdown(text)
 
 
+class RenderedMarkdown:
+    """Rich Markdown that is rendered once per width and then replayed.
+
+    Textual renders a widget's content twice per change (once to measure its height
+    for layout, once to paint); Markdown parsing and wrapping is the costly part, so
+    the segments of the last width are kept.
+    """
+
+    def __init__(self, text: str) -> None:
+        self.markdown = RichMarkdown(text)
+        self._width: int | None = None
+        self._segments: list[Segment] = []
+
+    def segments(self, console: Console, options: ConsoleOptions) -> list[Segment]:
+        if options.max_width != self._width:
+            self._segments = list(console.render(self.markdown, options))
+            self._width = options.max_width
+        return self._segments
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        return self.segments(console, options)
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement.get(console, options, self.markdown)
+
+
 class Reply(Static):
     """One agent reply: Markdown text drawn by Rich, appended to while it streams."""
 
@@ -40,6 +69,7 @@ class Reply(Static):
         self.text = text
         self.pending: list[str] = []
         self.final: str | None = None
+        self._lines: int | None = None  # height of what is shown, when known
         if text:
             self.update(RichMarkdown(text))
 
@@ -47,7 +77,7 @@ class Reply(Static):
         """Apply what streamed (or the final text); False when nothing changed."""
         if self.final is not None:
             self.text, self.final, self.pending = self.final, None, []
-            self.update(RichMarkdown(self.text))
+            self._show(self.text)
             return True
         if not self.pending:
             return False
@@ -55,8 +85,22 @@ class Reply(Static):
         self.pending.clear()
         shown = self.text if len(self.text) <= STREAM_TAIL_CHARS \
             else "…" + self.text[-STREAM_TAIL_CHARS:]
-        self.update(RichMarkdown(shown))
+        self._show(shown)
         return True
+
+    def _show(self, text: str) -> None:
+        # A relayout reflows the whole screen (tens of ms); a streamed delta often
+        # fills the last line without adding one, and then a repaint is enough.
+        rendered = RenderedMarkdown(text)
+        width = self.content_size.width
+        layout = True
+        if width > 0:
+            app = self.app
+            options = app.console_options.update_width(width).update(highlight=False)
+            lines = sum(seg.text.count("\n") for seg in rendered.segments(app.console, options))
+            layout = lines != self._lines
+            self._lines = lines
+        self.update(rendered, layout=layout)
 
 
 class ChatPane(Vertical):

@@ -110,7 +110,9 @@ class ActivityLine(Static):
         spin = self.SPINNER[self._tick % len(self.SPINNER)] if self.show_elapsed else "…"
         elapsed = f" · {self.clock() - self._since:.1f}s" if self.show_elapsed else ""
         hint = f" · {self.cancel_hint}" if self._cancellable else ""
-        self.update(f"{spin} {self._label}{elapsed}{hint}")
+        # One fixed-height line: a repaint, not a relayout of the whole screen (a
+        # layout pass costs tens of ms and this ticks four times a second).
+        self.update(f"{spin} {self._label}{elapsed}{hint}", layout=False)
 
 
 class ApprovalBar(Static):
