@@ -137,6 +137,10 @@ class ChatPane(Vertical):
 
     def on_mount(self) -> None:
         self.set_interval(FLUSH_INTERVAL_S, self.flush)
+        # Anchored: layout itself keeps the newest entry in view. A deferred scroll_end
+        # alone raced with replies whose height is only known at the next layout, so the
+        # last entry was sometimes left below the fold.
+        self.entries.anchor()
 
     @property
     def entries(self) -> VerticalScroll:

@@ -1,26 +1,55 @@
-"""A key footer that rebuilds only when the keys it shows change.
+"""A key footer that switches between ready-made rows instead of rebuilding one.
 
-Textual's ``Footer`` recomposes (unmounts and mounts a widget per key, restyles them,
+Textual's ``Footer`` recomposes (unmounts and mounts a widget per key, restyles each,
 relayouts the whole screen) on every bindings signal, and every focus move sends one.
 The profile of F6 through the panes showed every layout pass of an idle workbench
-coming from that rebuild; most moves (Source, Chat, Problems) keep the same keys on
-screen, so here the rebuild is skipped when the footer would come out the same.
+coming from that rebuild. ``SteadyFooter`` keeps one composed ``Footer`` per set of
+shown keys (the panes have a handful) and shows the one that matches: a focus move
+that keeps the keys costs nothing, one that changes them flips ``display`` on two
+rows (one layout pass, no mounting or restyling of a dozen new widgets).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
+from textual.app import ComposeResult
 from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import Footer
 
+MAX_ROWS = 8  # distinct key sets kept composed (panes x approval states)
 
-class SteadyFooter(Footer):
-    """``Footer`` that skips the rebuild when the shown keys are unchanged."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+class _FrozenFooter(Footer):
+    """A ``Footer`` composed once, for the bindings active when it mounts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.set_reactive(Footer._bindings_ready, True)
+
+    def bindings_changed(self, screen: Screen) -> None:
+        pass  # SteadyFooter picks the row that matches
+
+
+class SteadyFooter(Widget):
+    """The workbench footer: one ready ``Footer`` row per distinct set of keys."""
+
+    DEFAULT_CSS = """
+    SteadyFooter { dock: bottom; height: 1; }
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._rows: dict[tuple, _FrozenFooter] = {}  # least recently shown first
         self._shown: tuple | None = None
+
+    def compose(self) -> ComposeResult:
+        return []
+
+    def on_mount(self) -> None:
+        self.screen.bindings_updated_signal.subscribe(self, self._bindings_changed)
+
+    def on_unmount(self) -> None:
+        self.screen.bindings_updated_signal.unsubscribe(self)
 
     def _signature(self) -> tuple:
         """Everything ``Footer.compose`` reads, in a comparable form."""
@@ -35,21 +64,28 @@ class SteadyFooter(Footer):
         palette_key = None if palette is None else \
             (palette[1].key, app.get_key_display(palette[1]), palette[1].description,
              palette[2], palette[1].tooltip)
-        return (keys, palette_key, self.show_command_palette, app.ENABLE_COMMAND_PALETTE,
-                self.compact)
+        return (keys, palette_key, app.ENABLE_COMMAND_PALETTE)
 
-    def bindings_changed(self, screen: Screen) -> None:
-        self._bindings_ready = True
+    def _bindings_changed(self, screen: Screen) -> None:
         if not screen.app.app_focus:
             return
         if self.is_attached and screen is self.screen:
-            self.call_after_refresh(self._recompose_if_changed)
+            self.call_after_refresh(self._update)
 
-    async def _recompose_if_changed(self) -> None:
+    async def _update(self) -> None:
         if not self.is_attached:
             return
         signature = self._signature()
         if signature == self._shown:
             return
+        row = self._rows.pop(signature, None)
+        if row is None:
+            row = _FrozenFooter()
+            await self.mount(row)
+        self._rows[signature] = row  # now the most recently shown
+        for other in self._rows.values():
+            other.display = other is row
         self._shown = signature
-        await self.recompose()
+        while len(self._rows) > MAX_ROWS:
+            oldest = next(iter(self._rows))
+            await self._rows.pop(oldest).remove()
