@@ -64,10 +64,10 @@ def _fail(command: str, message: str, hint: str | None = None, code: int = 2) ->
 
 
 def _auto(args: argparse.Namespace) -> int:
+    from kernels.loaders import parse_overrides
     from kernels.task import TaskError
     from sessions.headless import run_auto
     from sessions.log import SessionError
-    from sessions.tasks import parse_overrides
 
     if bool(args.task) == bool(args.resume):
         return _fail("auto", "give --task DIR|NAME (a new session) or --resume SESSION")

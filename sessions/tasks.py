@@ -38,13 +38,3 @@ def task_for_header(header: dict[str, Any]) -> Task:
         raise TaskError(str(root or name), f"the session's task is not available here "
                         f"({exc}); pass the task directory") from None
 
-
-def parse_overrides(pairs: list[str] | None) -> dict[str, str]:
-    """``--set KEY=VALUE`` pairs to a dict; values stay strings (the loaders parse them)."""
-    out: dict[str, str] = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--set {pair!r}: expected KEY=VALUE")
-        out[key.strip()] = value.strip()
-    return out

@@ -1,6 +1,6 @@
 """The one place the TUI meets the session engine.
 
-A ``SessionLink`` gives screens the folded state, blob reads, a subscription to events
+A ``LiveLink`` gives screens the folded state, blob reads, a subscription to events
 and the controller's commands. ``LiveLink`` wraps a running ``sessions`` controller;
 the replay screen folds recorded events itself and needs no link.
 """
