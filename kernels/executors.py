@@ -401,7 +401,9 @@ class RayExecutor:
         if self._remote is None or self._slots is None:
             raise ExecutorError("RayExecutor.submit before start(): use `async with`")
         async with self._slots:
-            ref = self._remote.remote(_pack_task(task), source, _options_dict(options))
+            # Packing reads the task's files: off the event loop the UI shares.
+            packed = await asyncio.to_thread(_pack_task, task)
+            ref = self._remote.remote(packed, source, _options_dict(options))
             try:
                 data = await ref
             except asyncio.CancelledError:

@@ -54,7 +54,7 @@ def _literal_dict(assigns: dict[str, list], name: str) -> dict[str, Any] | None:
     node = nodes[-1]
     try:
         value = ast.literal_eval(node.value)
-    except ValueError as exc:
+    except (ValueError, TypeError, SyntaxError, RecursionError) as exc:
         raise TunablesError(f"{name} must be a literal dict", node.lineno) from exc
     if not isinstance(value, dict):
         raise TunablesError(f"{name} must be a dict, got {type(value).__name__}", node.lineno)
@@ -85,7 +85,7 @@ def read(source: str) -> dict[str, tuple[Any, list[Any]]]:
                                 nodes[1].lineno)
         try:
             current = ast.literal_eval(nodes[0].value)
-        except ValueError as exc:
+        except (ValueError, TypeError, SyntaxError, RecursionError) as exc:
             raise TunablesError(f"{name} must be assigned a literal", nodes[0].lineno) from exc
         if not isinstance(choices, list | tuple) or not choices:
             raise TunablesError(f"TUNABLES[{name!r}] must be a non-empty list of values")

@@ -125,13 +125,15 @@ def _check_args(args: argparse.Namespace) -> None:
 
 def _parse_overrides(items: list[str]) -> dict[str | None, dict[str, str]]:
     """``[TASK:]KEY=VALUE`` pairs, grouped by task (None: every task)."""
+    from kernels.loaders import parse_overrides
+
     out: dict[str | None, dict[str, str]] = {}
     for item in items:
         head, sep, value = item.partition("=")
         if not sep or not head:
             raise ValueError(f"--set {item!r}: expected [TASK:]KEY=VALUE")
         task, _, key = head.rpartition(":")
-        out.setdefault(task or None, {})[key] = value
+        out.setdefault(task or None, {}).update(parse_overrides([f"{key}={value}"]))
     return out
 
 

@@ -185,10 +185,6 @@ class SearchState:
 
     # -- derived ------------------------------------------------------------------------
 
-    def node_status(self, version: int) -> str | None:
-        v = self.session.versions.get(version)
-        return v.status if v else None
-
     def speedup(self, version: int) -> float:
         v = self.session.versions.get(version)
         return float(v.speedup or 0.0) if v and v.correct else -1.0

@@ -96,3 +96,9 @@ def test_bundled_kernels_declare_legal_tunables(name: str) -> None:
     legal = tunables.legal_choices(source)
     for key, (current, choices) in declared.items():
         assert current in choices and legal[key] == choices, key
+
+
+def test_an_unhashable_key_is_a_tunables_error_not_a_crash() -> None:
+    # ast.literal_eval raises TypeError here, not ValueError.
+    with pytest.raises(tunables.TunablesError, match="literal dict"):
+        tunables.read("A = 1\nTUNABLES = {[1]: [1, 2]}\n")

@@ -24,6 +24,3 @@ def backend_info() -> dict[str, Any]:
         "jax_version": jax.__version__,
     }
 
-
-def is_interpret(info: dict[str, Any]) -> bool:
-    return info["mode"] == "tpu-interpret"
