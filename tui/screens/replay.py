@@ -25,7 +25,7 @@ from sessions.state import fold
 from tui.presenter import Presenter
 from tui.view import BlobCache, SessionView
 from tui.widgets.chat import ChatPane
-from tui.widgets.footer import SteadyFooter
+from tui.widgets.footer import KeyFooter
 from tui.widgets.panes import PaneGrid
 from tui.widgets.source import SourcePane
 from tui.widgets.status import StatusBar
@@ -67,7 +67,7 @@ class ReplayScreen(Screen):
         yield PaneGrid(id="grid")
         yield Static("", id="transport")
         yield StatusBar(id="status")
-        yield SteadyFooter()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         grid = self.query_one(PaneGrid)

@@ -1,91 +1,186 @@
-"""A key footer that switches between ready-made rows instead of rebuilding one.
+"""A key footer drawn as one line of text and repainted in place.
 
 Textual's ``Footer`` recomposes (unmounts and mounts a widget per key, restyles each,
 relayouts the whole screen) on every bindings signal, and every focus move sends one.
-The profile of F6 through the panes showed every layout pass of an idle workbench
-coming from that rebuild. ``SteadyFooter`` keeps one composed ``Footer`` per set of
-shown keys (the panes have a handful) and shows the one that matches: a focus move
-that keeps the keys costs nothing, one that changes them flips ``display`` on two
-rows (one layout pass, no mounting or restyling of a dozen new widgets).
+Profiles of F6 through the panes showed every layout pass of an idle workbench coming
+from the footer: first from that rebuild, then, with a composed row kept per key set,
+from flipping ``display`` between rows. ``KeyFooter`` is one widget of fixed size that
+renders the active keys itself: a focus move that keeps the keys costs nothing, one
+that changes them repaints one line, and neither relayouts the screen.
+
+It looks like Textual's footer (the same theme variables: bold key, description,
+command palette key on the right, disabled keys dimmed), shortens itself to fit
+narrow terminals (first the padding, then the descriptions of the rightmost keys),
+and a click on a key presses it.
 """
 
 from __future__ import annotations
 
-from textual.app import ComposeResult
+from typing import NamedTuple
+
+from rich.cells import cell_len
+from rich.style import Style
+from rich.text import Text
+from textual import events
 from textual.screen import Screen
 from textual.widget import Widget
-from textual.widgets import Footer
-
-MAX_ROWS = 8  # distinct key sets kept composed (panes x approval states)
 
 
-class _FrozenFooter(Footer):
-    """A ``Footer`` composed once, for the bindings active when it mounts."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.set_reactive(Footer._bindings_ready, True)
-
-    def bindings_changed(self, screen: Screen) -> None:
-        pass  # SteadyFooter picks the row that matches
+class FooterItem(NamedTuple):
+    key: str  # the binding's key, pressed when the item is clicked
+    display: str  # how the key is shown ("^q", "F6")
+    description: str
+    enabled: bool
+    palette: bool = False  # the command palette key, drawn at the right edge
 
 
-class SteadyFooter(Widget):
-    """The workbench footer: one ready ``Footer`` row per distinct set of keys."""
+class KeyFooter(Widget):
+    """The workbench footer: the keys of the focused context on one line."""
 
+    ALLOW_SELECT = False
+    COMPONENT_CLASSES = {"key-footer--key", "key-footer--description"}
     DEFAULT_CSS = """
-    SteadyFooter { dock: bottom; height: 1; }
+    KeyFooter {
+        dock: bottom;
+        height: 1;
+        width: 1fr;
+        color: $footer-foreground;
+        background: $footer-background;
+        .key-footer--key {
+            color: $footer-key-foreground;
+            background: $footer-key-background;
+            text-style: bold;
+        }
+        .key-footer--description {
+            color: $footer-description-foreground;
+            background: $footer-description-background;
+        }
+    }
     """
 
     def __init__(self) -> None:
         super().__init__()
-        self._rows: dict[tuple, _FrozenFooter] = {}  # least recently shown first
-        self._shown: tuple | None = None
+        self._items: tuple[FooterItem, ...] = ()
+        self._spans: list[tuple[int, int, FooterItem]] = []  # x ranges drawn last
 
-    def compose(self) -> ComposeResult:
-        return []
+    @property
+    def items(self) -> tuple[FooterItem, ...]:
+        return self._items
 
     def on_mount(self) -> None:
         self.screen.bindings_updated_signal.subscribe(self, self._bindings_changed)
+        self._bindings_changed(self.screen)
 
     def on_unmount(self) -> None:
         self.screen.bindings_updated_signal.unsubscribe(self)
 
-    def _signature(self) -> tuple:
-        """Everything ``Footer.compose`` reads, in a comparable form."""
+    def _bindings_changed(self, screen: Screen) -> None:
+        if not self.is_attached or screen is not self.screen:
+            return
+        items = self._collect()
+        if items != self._items:
+            self._items = items
+            self.refresh()  # same size: a repaint of this line, no layout
+
+    def _collect(self) -> tuple[FooterItem, ...]:
         app = self.app
         active = self.screen.active_bindings
-        keys = tuple(
-            (binding.key, app.get_key_display(binding), binding.description,
-             binding.action, enabled, tooltip, binding.tooltip,
-             (binding.group.description, binding.group.compact) if binding.group else None)
-            for (_, binding, enabled, tooltip) in active.values() if binding.show)
-        palette = active.get(app.COMMAND_PALETTE_BINDING)
-        palette_key = None if palette is None else \
-            (palette[1].key, app.get_key_display(palette[1]), palette[1].description,
-             palette[2], palette[1].tooltip)
-        return (keys, palette_key, app.ENABLE_COMMAND_PALETTE)
+        items: list[FooterItem] = []
+        seen_actions: set[str] = set()
+        for _node, binding, enabled, _tooltip in active.values():
+            if not binding.show or binding.action in seen_actions:
+                continue  # one entry per action, as Textual's footer shows it
+            seen_actions.add(binding.action)
+            items.append(FooterItem(binding.key, app.get_key_display(binding),
+                                    binding.description, bool(enabled)))
+        palette = active.get(app.COMMAND_PALETTE_BINDING) if app.ENABLE_COMMAND_PALETTE \
+            else None
+        if palette is not None:
+            _node, binding, enabled, _tooltip = palette
+            items = [i for i in items if i.key != binding.key]
+            items.append(FooterItem(binding.key, app.get_key_display(binding),
+                                    binding.description, bool(enabled), palette=True))
+        return tuple(items)
 
-    def _bindings_changed(self, screen: Screen) -> None:
-        if not screen.app.app_focus:
-            return
-        if self.is_attached and screen is self.screen:
-            self.call_after_refresh(self._update)
+    def render(self) -> Text:
+        width = self.size.width
+        styles = {
+            True: self.get_component_rich_style("key-footer--key"),
+            False: self.get_component_rich_style("key-footer--description"),
+        }
+        dim = Style(dim=True)
+        keys = [i for i in self._items if not i.palette]
+        palette = next((i for i in self._items if i.palette), None)
+        palette_parts = [("▏", False), *_item_cells(palette, padded=True)] if palette else []
+        room = width - _cells_width(palette_parts)
+        line = Text(no_wrap=True, overflow="crop", end="")
+        self._spans = []
+        x = 0
 
-    async def _update(self) -> None:
-        if not self.is_attached:
-            return
-        signature = self._signature()
-        if signature == self._shown:
-            return
-        row = self._rows.pop(signature, None)
-        if row is None:
-            row = _FrozenFooter()
-            await self.mount(row)
-        self._rows[signature] = row  # now the most recently shown
-        for other in self._rows.values():
-            other.display = other is row
-        self._shown = signature
-        while len(self._rows) > MAX_ROWS:
-            oldest = next(iter(self._rows))
-            await self._rows.pop(oldest).remove()
+        def draw(item: FooterItem, parts: list[tuple[str, bool]], first: int = 0) -> None:
+            nonlocal x
+            start = x
+            for index, (part, is_key) in enumerate(parts):
+                style = styles[is_key]
+                if not item.enabled or index < first:  # disabled key, or the separator
+                    style += dim
+                line.append(part, style)
+                x += cell_len(part)
+            self._spans.append((start, x, item))
+
+        for item, parts in _fit(keys, room):
+            draw(item, parts)
+        if palette is not None and room >= 0:
+            line.append(" " * (room - x))
+            x = room
+            draw(palette, palette_parts, first=1)
+        return line
+
+    def on_mouse_down(self, event: events.MouseDown) -> None:
+        for start, end, item in self._spans:
+            if start <= event.x < end:
+                if item.enabled:
+                    self.app.simulate_key(item.key)
+                else:
+                    self.app.bell()
+                return
+
+
+def _item_cells(item: FooterItem, padded: bool) -> list[tuple[str, bool]]:
+    """The pieces of one key: ``[(text, is_key), ...]``."""
+    if padded:
+        parts = [(f" {item.display} ", True)]
+        if item.description:
+            parts.append((f"{item.description} ", False))
+        return parts
+    parts = [(item.display, True)]
+    if item.description:
+        parts.append((f" {item.description}", False))
+    parts.append((" ", False))
+    return parts
+
+
+def _cells_width(parts: list[tuple[str, bool]]) -> int:
+    return sum(cell_len(text) for text, _ in parts)
+
+
+def _fit(items: list[FooterItem], room: int) -> list[tuple[FooterItem, list]]:
+    """Lay the keys out in ``room`` cells: padded if they fit, else compact, then
+    without the descriptions of the rightmost keys, then as many keys as fit."""
+    for padded in (True, False):
+        laid = [(item, _item_cells(item, padded)) for item in items]
+        if sum(_cells_width(p) for _, p in laid) <= room:
+            return laid
+    laid = [(item, _item_cells(item, False)) for item in items]
+    for index in range(len(laid) - 1, -1, -1):
+        if sum(_cells_width(p) for _, p in laid) <= room:
+            return laid
+        item = laid[index][0]
+        laid[index] = (item, [(item.display, True), (" ", False)])
+    fitted, used = [], 0
+    for item, parts in laid:
+        used += _cells_width(parts)
+        if used > room:
+            break
+        fitted.append((item, parts))
+    return fitted

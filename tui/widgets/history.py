@@ -34,7 +34,7 @@ class VersionRow:
 class HistoryTable(DataTable):
     BINDINGS = [
         Binding("d", "diff", "Diff vs current", id="history.diff"),
-        Binding("r", "revert", "Revert to", id="history.revert"),
+        Binding("r", "revert", "Revert", id="history.revert"),
     ]
 
     def action_diff(self) -> None:
