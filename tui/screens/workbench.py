@@ -14,7 +14,9 @@ from typing import Any
 from textual import on, work
 from textual.app import ComposeResult
 from textual.message import Message
+from textual.reactive import Reactive
 from textual.screen import Screen
+from textual.widget import Widget
 from textual.worker import Worker, WorkerState
 
 from tui import keymap
@@ -24,7 +26,7 @@ from tui.screens.diff import DiffScreen, SourceScreen
 from tui.screens.modals import ErrorModal, NotePrompt
 from tui.view import BlobCache, SessionView
 from tui.widgets.chat import ChatPane
-from tui.widgets.footer import SteadyFooter
+from tui.widgets.footer import KeyFooter
 from tui.widgets.history import HistoryPane
 from tui.widgets.panes import PaneGrid
 from tui.widgets.problems import ProblemsPane
@@ -44,6 +46,10 @@ class SessionEvent(Message):
 class WorkbenchScreen(Screen):
     CSS_PATH = "workbench.tcss"
     BINDINGS = keymap.global_bindings()
+    # Textual repaints the whole screen when focus moves (``Screen.focused`` repaints);
+    # the widgets whose look depends on focus restyle and repaint themselves anyway, so
+    # a focus move here repaints those alone (about half the work of F6 on 2 cores).
+    focused: Reactive[Widget | None] = Reactive(None, repaint=False)
 
     def __init__(self, clock: Callable[[], float] = time.monotonic,
                  chip_label: str | None = None, vmem_capacity: float | None = None) -> None:
@@ -63,7 +69,7 @@ class WorkbenchScreen(Screen):
         yield ApprovalBar(self.clock, id="approval")
         yield ActivityLine(self.clock, id="activity")
         yield StatusBar(id="status")
-        yield SteadyFooter()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.presenter = Presenter(self.query_one(PaneGrid))

@@ -8,8 +8,10 @@ classes), so an edit in progress or a streaming reply survives a resize.
 
 from __future__ import annotations
 
+from rich.style import Style
 from textual import on
 from textual.app import ComposeResult
+from textual.color import Color
 from textual.containers import Container, Vertical
 from textual.widget import Widget
 from textual.widgets import Tab, Tabs
@@ -79,16 +81,22 @@ class PaneGrid(Vertical):
         self._lit = name
 
     def _light(self, pane: Widget, on: bool) -> None:
-        colours = self.app.theme_variables
+        # The title's colour and weight are set as rules, not through the style
+        # properties: those repaint every descendant (they are shared with ``color``,
+        # which children inherit), and a pane's title is drawn by the pane alone. A
+        # long chat or source then costs nothing to re-light.
+        inline = pane.styles.inline
         if on:
+            colours = self.app.theme_variables
             pane.styles.border = ("round", colours.get("accent", "orange"))
-            pane.styles.border_title_color = colours.get("foreground", "#e0e0e0")
-            pane.styles.border_title_style = "bold"
+            inline.set_rule("border_title_color",
+                            Color.parse(colours.get("foreground", "#e0e0e0")))
+            inline.set_rule("border_title_style", Style(bold=True))
         else:
-            pane.styles.clear_rule("border_top")
-            for rule in ("border_right", "border_bottom", "border_left",
-                         "border_title_color", "border_title_style"):
-                pane.styles.clear_rule(rule)
+            pane.styles.border = None  # back to the stylesheet's border
+            inline.clear_rule("border_title_color")
+            inline.clear_rule("border_title_style")
+        pane.refresh()
 
     def on_resize(self) -> None:
         self.set_width(self.app.size.width)
