@@ -2,105 +2,163 @@
 
 Agent replies stream in as Markdown. Text deltas arrive far faster than a screen can
 redraw, so they are buffered and flushed on a short timer (one redraw per tick whatever
-the token rate). Each reply is one widget holding a Rich Markdown renderable: a
-textual ``Markdown`` widget mounts a child widget per block, and at 100+ tokens/s that
-stream of mounts (CSS, layout) starves the keyboard. Tool calls are collapsible entries
-updated in place; the input line at the bottom sends a message to the agent.
+the token rate). A reply is a few Rich Markdown pieces of whole blocks plus the open
+block being written (``Reply``): a flush re-renders only that open block. (Textual's
+``Markdown`` widget mounts a child widget per block, and at 100+ tokens/s that stream
+of mounts starved the keyboard.) Tool calls are collapsible entries updated in place;
+the input line at the bottom sends a message to the agent.
 """
 
 from __future__ import annotations
 
 import json
+import time
+from dataclasses import dataclass
 from typing import Any
 
-from rich.console import Console, ConsoleOptions, RenderResult
-from rich.measure import Measurement
-from rich.segment import Segment
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
+from textual.geometry import Size
 from textual.message import Message
+from textual.reactive import Reactive
 from textual.widgets import Collapsible, Input, Static
 
+from tui.markdown_stream import MarkdownPiece, above, block_starts
+
 FLUSH_INTERVAL_S = 0.1
+KEY_QUIET_S = 0.05  # a flush waits this long after a key event (the key's frame first)
+MAX_WAIT_S = 0.3  # but never holds streamed text back longer than this
 MAX_ENTRIES = 300
+PIECE_CHARS = 2000  # a reply is drawn in pieces of about this many characters
 
 
-STREAM_TAIL_CHARS = 1500  # while streaming, redraw only the tail (a pane shows less)
+class _Text(Static):
+    """A piece of a reply. Its size comes from the layout pass that placed it, so a
+    change of its virtual size needs no second layout pass (Textual's default)."""
+
+    virtual_size = Reactive(Size(0, 0), layout=False)
 
 
-def RichMarkdown(text: str):
-    from rich.markdown import Markdown
+class ChatLog(VerticalScroll):
+    """The scrolling list of entries. The vertical scrollbar is always shown, so a
+    change of the content's height never changes the width, and needs no second
+    layout pass after the one that measured it."""
 
-    return Markdown(text)
+    DEFAULT_CSS = "ChatLog { overflow-y: scroll; }"
+    virtual_size = Reactive(Size(0, 0), layout=False)
 
 
-class RenderedMarkdown:
-    """Rich Markdown that is rendered once per width and then replayed.
+@dataclass
+class _Piece:
+    widget: _Text
+    text: str  # whole blocks; never re-rendered once the piece is full
+    above: str  # what is drawn above it (see MarkdownPiece)
 
-    Textual renders a widget's content twice per change (once to measure its height
-    for layout, once to paint); Markdown parsing and wrapping is the costly part, so
-    the segments of the last width are kept.
+
+class Reply(Vertical):
+    """One agent reply, drawn as Markdown pieces (see ``tui.markdown_stream``).
+
+    Complete blocks go into pieces that are parsed and wrapped once; while the reply
+    streams, only its open last block (``live``) is re-rendered on each flush, so a
+    flush costs the same at the end of a long reply as at its start, and the whole
+    reply stays on screen as it grows.
     """
 
-    def __init__(self, text: str) -> None:
-        self.markdown = RichMarkdown(text)
-        self._width: int | None = None
-        self._segments: list[Segment] = []
-
-    def segments(self, console: Console, options: ConsoleOptions) -> list[Segment]:
-        if options.max_width != self._width:
-            self._segments = list(console.render(self.markdown, options))
-            self._width = options.max_width
-        return self._segments
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        return self.segments(console, options)
-
-    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        return Measurement.get(console, options, self.markdown)
-
-
-class Reply(Static):
-    """One agent reply: Markdown text drawn by Rich, appended to while it streams."""
+    DEFAULT_CSS = """
+    Reply { height: auto; }
+    Reply > _Text { height: auto; }
+    """
+    virtual_size = Reactive(Size(0, 0), layout=False)  # as for _Text
 
     def __init__(self, text: str = "") -> None:
-        super().__init__("", classes="reply")
-        self.text = text
-        self.pending: list[str] = []
-        self.final: str | None = None
-        self._lines: int | None = None  # height of what is shown, when known
+        super().__init__(classes="reply")
+        self.text = ""  # what is drawn
+        self.pending: list[str] = []  # streamed, not drawn yet
+        self.final: str | None = None  # the complete reply, once it is known
+        self._pieces: list[_Piece] = []
+        self._settled = 0  # characters of ``text`` in pieces
+        self._live = _Text("", classes="live")
+        self._live_height: int | None = None
+        self._ready = False  # mounted: pieces can be mounted beside the live block
         if text:
-            self.update(RichMarkdown(text))
+            self.final = text
+
+    def compose(self) -> ComposeResult:
+        yield self._live
+
+    def on_mount(self) -> None:
+        self._ready = True
+        self.draw()
 
     def draw(self) -> bool:
         """Apply what streamed (or the final text); False when nothing changed."""
+        if not self._ready:
+            return False  # drawn once mounted
         if self.final is not None:
-            self.text, self.final, self.pending = self.final, None, []
-            self._show(self.text)
+            final, self.final, self.pending = self.final, None, []
+            if not final.startswith(self.text):
+                self._reset()
+            self.text = final
+            self._settle(len(final))
+            self._show_live("")
             return True
         if not self.pending:
             return False
         self.text += "".join(self.pending)
         self.pending.clear()
-        shown = self.text if len(self.text) <= STREAM_TAIL_CHARS \
-            else "…" + self.text[-STREAM_TAIL_CHARS:]
-        self._show(shown)
+        starts = block_starts(self.text, self._settled)
+        if starts:
+            self._settle(starts[-1])
+        self._show_live(self.text[self._settled:])
         return True
 
-    def _show(self, text: str) -> None:
-        # A relayout reflows the whole screen (tens of ms); a streamed delta often
-        # fills the last line without adding one, and then a repaint is enough.
-        rendered = RenderedMarkdown(text)
+    def _reset(self) -> None:
+        for piece in self._pieces:
+            piece.widget.remove()
+        self._pieces.clear()
+        self._settled = 0
+        self.text = ""
+
+    def _settle(self, end: int) -> None:
+        """Put ``text[settled:end]`` (whole blocks) into pieces."""
+        cuts = [*block_starts(self.text[:end], self._settled), end]
+        begin = self._settled
+        while begin < end:
+            last = self._pieces[-1] if self._pieces else None
+            if last is not None and len(last.text) < PIECE_CHARS:
+                piece = last  # room left in the last piece: it takes more blocks
+            else:
+                piece = _Piece(_Text(), "", above(self.text, begin))
+                self._pieces.append(piece)
+                self.mount(piece.widget, before=self._live)
+            stop = next((c for c in cuts
+                         if c > begin and len(piece.text) + c - begin >= PIECE_CHARS), end)
+            piece.text += self.text[begin:stop]
+            piece.widget.update(MarkdownPiece(piece.text, piece.above))
+            begin = stop
+        self._settled = max(self._settled, end)
+
+    def _show_live(self, text: str) -> None:
+        # A relayout reflows the screen; a streamed delta often fills the last line
+        # without adding one, and then a repaint of the live block is enough.
+        if not text.strip():
+            if self._live_height != 0:
+                self._live.update("")
+                self._live.display = False
+                self._live_height = 0
+            return
+        rendered = MarkdownPiece(text, above(self.text, self._settled))
         width = self.content_size.width
-        layout = True
+        height = None
         if width > 0:
             app = self.app
             options = app.console_options.update_width(width).update(highlight=False)
-            lines = sum(seg.text.count("\n") for seg in rendered.segments(app.console, options))
-            layout = lines != self._lines
-            self._lines = lines
-        self.update(rendered, layout=layout)
+            height = rendered.height(app.console, options)
+        layout = height is None or height != self._live_height
+        self._live_height = height
+        self._live.display = True
+        self._live.update(rendered, layout=layout)
 
 
 class ChatPane(Vertical):
@@ -130,9 +188,10 @@ class ChatPane(Vertical):
         self._replies: list[Reply] = []  # replies with text not yet drawn
         self._tools: dict[str, Collapsible] = {}
         self._tool_count = 0
+        self._flushed_at = float("-inf")
 
     def compose(self) -> ComposeResult:
-        yield VerticalScroll(id="log")
+        yield ChatLog(id="log")
         yield Input(placeholder="message the agent (Enter sends)", id="chat-input")
 
     def on_mount(self) -> None:
@@ -143,8 +202,8 @@ class ChatPane(Vertical):
         self.entries.anchor()
 
     @property
-    def entries(self) -> VerticalScroll:
-        return self.query_one("#log", VerticalScroll)
+    def entries(self) -> ChatLog:
+        return self.query_one("#log", ChatLog)
 
     def set_agent_label(self, label: str) -> None:
         self.border_title = f"Chat · {label}"
@@ -179,7 +238,8 @@ class ChatPane(Vertical):
 
     def transcript(self) -> str:
         """The text of every reply so far (what a reader sees, for tests and copying)."""
-        return "\n\n".join(r.text + "".join(r.pending) for r in self.query(Reply))
+        return "\n\n".join(r.final if r.final is not None else r.text + "".join(r.pending)
+                             for r in self.query(Reply))
 
     def tool_call(self, key: str, name: str, detail: dict[str, Any] | str,
                   status: str = "") -> None:
@@ -215,7 +275,17 @@ class ChatPane(Vertical):
         self.entries.scroll_end(animate=False, immediate=False)
 
     def flush(self) -> None:
-        """Draw what streamed since the last tick: one update per reply."""
+        """Draw what streamed since the last tick: one update per reply.
+
+        Keys come first: a tick within ``KEY_QUIET_S`` of a key event passes (the
+        text is drawn at the next tick), so the frame that answers the key does not
+        also carry a relayout of the growing reply.
+        """
+        now = time.monotonic()
+        last_key = getattr(self.app, "last_key_at", float("-inf"))
+        if now - last_key < KEY_QUIET_S and now - self._flushed_at < MAX_WAIT_S:
+            return
+        self._flushed_at = now
         changed = False
         for reply in list(self._replies):
             changed |= reply.draw()
