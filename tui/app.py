@@ -13,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from textual import work
+from textual import events, work
 from textual.app import App
 from textual.binding import Binding
 from textual.worker import Worker, WorkerState
@@ -49,6 +49,7 @@ class TilewrightApp(App):
         self.opener = opener
         self.clock = clock
         self.link: LiveLink | None = None
+        self.last_key_at = float("-inf")  # time.monotonic() of the newest key event
         self._theme_error = apply_theme(self, self.config)
         self._keymap_error: str | None = None
         try:
@@ -63,6 +64,11 @@ class TilewrightApp(App):
                 self.notify(error, title="config", severity="error", timeout=15)
         if self.opener is not None:
             self._open_session()
+
+    async def on_event(self, event: events.Event) -> None:
+        if isinstance(event, events.Key):
+            self.last_key_at = time.monotonic()  # streamed redraws yield to the keyboard
+        await super().on_event(event)
 
     @work(exclusive=True, exit_on_error=False, group="open")
     async def _open_session(self) -> None:
