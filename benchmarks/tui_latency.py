@@ -6,8 +6,8 @@
    ``WorkerPool`` evaluates softmax back to back (a JAX worker competing for the same
    CPUs). F6 is pressed 100 times at 40-120 ms intervals; latency is the time from the
    key event entering the app to the first composed frame that shows the new focused
-   pane (``App._display`` is wrapped to timestamp frames; headless, so the terminal
-   write itself is not included).
+   pane: the keyboard focus inside it and its border lit (``App._display`` is wrapped to
+   timestamp frames; headless, so the terminal write itself is not included).
 2. First paint. The real ``tilewright`` command in a pseudo-terminal (pexpect): time
    from spawn to the first output that contains the Source pane's title. Five runs.
 
@@ -105,7 +105,8 @@ async def latency() -> dict[str, float]:
             original = app._display
 
             def display(screen, renderable):  # timestamp every composed frame
-                frames.append((time.perf_counter(), grid.focused_pane()))
+                shown = grid.focused_pane()
+                frames.append((time.perf_counter(), shown if grid.lit_pane == shown else None))
                 return original(screen, renderable)
 
             app._display = display  # type: ignore[method-assign]

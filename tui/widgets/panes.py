@@ -13,6 +13,7 @@ from textual import on
 from textual.app import ComposeResult
 from textual.color import Color
 from textual.containers import Container, Vertical
+from textual.geometry import Region
 from textual.widget import Widget
 from textual.widgets import Tab, Tabs
 
@@ -52,6 +53,7 @@ class PaneGrid(Vertical):
         self.filename = filename
         self.active = "source"
         self.narrow: bool | None = None
+        self._lit: str | None = None
 
     def compose(self) -> ComposeResult:
         yield Tabs(*(Tab(TITLES[name], id=f"tab-{name}") for name in ORDER), id="pane-tabs")
@@ -65,13 +67,20 @@ class PaneGrid(Vertical):
 
     def on_mount(self) -> None:
         self.set_width(self.app.size.width)
-        self._lit: str | None = None
+
+    @property
+    def lit_pane(self) -> str | None:
+        """The pane whose border shows it has the keyboard."""
+        return self._lit
 
     def on_descendant_focus(self) -> None:
-        # The focused pane's border lights up. Inline styles on the pane alone: a
-        # :focus-within rule would re-match CSS for the pane's whole subtree on every
-        # focus move, which doubled keypress latency with a long chat.
-        name = self.focused_pane()
+        # Focus can also move by Tab or a click; the pane that holds it lights up.
+        self._set_lit(self.focused_pane())
+
+    def _set_lit(self, name: str | None) -> None:
+        # Inline styles on the pane alone: a :focus-within rule would re-match CSS for
+        # the pane's whole subtree on every focus move, which doubled keypress latency
+        # with a long chat.
         if name == self._lit:
             return
         if self._lit is not None:
@@ -81,22 +90,24 @@ class PaneGrid(Vertical):
         self._lit = name
 
     def _light(self, pane: Widget, on: bool) -> None:
-        # The title's colour and weight are set as rules, not through the style
-        # properties: those repaint every descendant (they are shared with ``color``,
-        # which children inherit), and a pane's title is drawn by the pane alone. A
-        # long chat or source then costs nothing to re-light.
+        # The focused pane's top edge and title light up. Set as rules and repainted
+        # as one row: the style properties would repaint the pane and every
+        # descendant (they are shared with ``color``, which children inherit), and a
+        # whole-border change would repaint the pane's every row: a frame of
+        # ~20 ms per F6 on 2 cores instead of ~10 (benchmarks/tui_latency.py).
         inline = pane.styles.inline
         if on:
             colours = self.app.theme_variables
-            pane.styles.border = ("round", colours.get("accent", "orange"))
+            edge = pane.styles.border_top[0] or "round"
+            inline.set_rule("border_top", (edge, Color.parse(colours.get("accent", "orange"))))
             inline.set_rule("border_title_color",
                             Color.parse(colours.get("foreground", "#e0e0e0")))
             inline.set_rule("border_title_style", Style(bold=True))
         else:
-            pane.styles.border = None  # back to the stylesheet's border
-            inline.clear_rule("border_title_color")
-            inline.clear_rule("border_title_style")
-        pane.refresh()
+            for rule in ("border_top", "border_title_color", "border_title_style"):
+                inline.clear_rule(rule)
+        offset = pane.content_offset  # a region is given relative to the content
+        pane.refresh(Region(-offset.x, -offset.y, pane.outer_size.width, 1))
 
     def on_resize(self) -> None:
         self.set_width(self.app.size.width)
@@ -121,7 +132,11 @@ class PaneGrid(Vertical):
         if self.narrow:  # wide layouts show every pane: no classes to restyle, no tabs
             self._show_tab(name)
         if focus:
-            self._focus_inside(self.pane(name))
+            # Lit now, with the focus request: the frame that answers the key shows
+            # both (the focus event that would light it arrives a frame later).
+            self._set_lit(name)
+            if not self._focus_inside(self.pane(name)):
+                self._set_lit(self.focused_pane())
 
     def _show_tab(self, name: str) -> None:
         for other in ORDER:
@@ -148,20 +163,20 @@ class PaneGrid(Vertical):
             focused = focused.parent  # type: ignore[assignment]
         return None
 
-    def _focus_inside(self, pane: Widget) -> None:
+    def _focus_inside(self, pane: Widget) -> bool:
+        """Ask for focus on the pane's main widget; False when it has none to take it."""
         targets = {"source": "#editor", "chat": "#chat-input", "problems": "DataTable",
                    "profile": "Timeline", "history": "DataTable"}
-        try:
-            widget = pane.query(targets[pane.id or ""]).first()
-        except Exception:
-            return
-        if widget.display and widget.focusable:
+        matches = pane.query(targets.get(pane.id or "", "*"))
+        widget = matches.first() if matches else None
+        if widget is not None and widget.display and widget.focusable:
             widget.focus()
-        else:  # the diff view stands in for the editor while a proposal is shown
-            for child in pane.query("*"):
-                if child.focusable and child.display:
-                    child.focus()
-                    return
+            return True
+        for child in pane.query("*"):  # the diff view stands in for the editor
+            if child.focusable and child.display:
+                child.focus()
+                return True
+        return False
 
     @on(Tabs.TabActivated, "#pane-tabs")
     def _tab(self, event: Tabs.TabActivated) -> None:
