@@ -181,6 +181,7 @@ def screen_lines(app: App, widget) -> list[str]:
 async def test_a_streamed_reply_ends_as_the_whole_text_draws_and_flushes_stay_small(
         monkeypatch):
     monkeypatch.setattr(chat, "PIECE_CHARS", 120)  # several pieces for a short reply
+    monkeypatch.setattr(chat, "GROW_INTERVAL_S", 0.0)  # every flush may relayout
     text = REPLIES[0] + "\n" + REPLIES[2]
     app = ReplyApp()
     async with app.run_test(size=(WIDTH + 2, 120)) as pilot:
@@ -233,3 +234,34 @@ async def test_a_final_text_that_differs_from_the_stream_replaces_it():
         assert reply.text == "a different answer"
         assert [piece.text for piece in reply._pieces] == ["a different answer"]
         assert not reply._live.display
+
+
+async def test_a_growing_block_relayouts_at_most_once_per_interval(monkeypatch):
+    app = ReplyApp()
+    async with app.run_test(size=(WIDTH + 2, 40)) as pilot:
+        reply = Reply()
+        await app.query_one("#log").mount(reply)
+        asked: list[bool] = []
+        update = reply._live.update
+
+        def record(content, *, layout=True):
+            asked.append(layout)
+            return update(content, layout=layout)
+
+        monkeypatch.setattr(reply._live, "update", record)
+        await pilot.pause()  # laid out: the reply's width is known
+        reply.pending.append("word " * 20)  # two lines
+        reply.draw()
+        await pilot.pause()
+        monkeypatch.setattr(chat, "GROW_INTERVAL_S", 3600.0)
+        reply.pending.append("word " * 40)  # more lines: drawn within the old edge
+        reply.draw()
+        reply.pending.append("word")  # no new line: a repaint
+        reply.draw()
+        monkeypatch.setattr(chat, "GROW_INTERVAL_S", 0.0)
+        reply.pending.append(" more")  # the interval is over: it grows now
+        reply.draw()
+        await pilot.pause()
+        assert asked == [True, False, False, True]
+        assert reply._live.size.height == reply._live_height > 2
+        assert screen_lines(app, reply._live)[-1].endswith("word more")

@@ -29,6 +29,7 @@ from tui.markdown_stream import MarkdownPiece, above, block_starts
 FLUSH_INTERVAL_S = 0.1
 KEY_QUIET_S = 0.05  # a flush waits this long after a key event (the key's frame first)
 MAX_WAIT_S = 0.3  # but never holds streamed text back longer than this
+GROW_INTERVAL_S = 0.25  # a streaming reply gains lines (a relayout) at most this often
 MAX_ENTRIES = 300
 PIECE_CHARS = 2000  # a reply is drawn in pieces of about this many characters
 
@@ -79,7 +80,8 @@ class Reply(Vertical):
         self._pieces: list[_Piece] = []
         self._settled = 0  # characters of ``text`` in pieces
         self._live = _Text("", classes="live")
-        self._live_height: int | None = None
+        self._live_height: int | None = None  # as laid out
+        self._grown_at = float("-inf")  # when the live block last grew (a relayout)
         self._ready = False  # mounted: pieces can be mounted beside the live block
         if text:
             self.final = text
@@ -140,8 +142,10 @@ class Reply(Vertical):
         self._settled = max(self._settled, end)
 
     def _show_live(self, text: str) -> None:
-        # A relayout reflows the screen; a streamed delta often fills the last line
-        # without adding one, and then a repaint of the live block is enough.
+        # A relayout reflows the screen (~10 ms here, and a keypress that lands
+        # behind it waits). A delta that fills the last line is a repaint of the live
+        # block; one that adds lines relayouts at most every GROW_INTERVAL_S, and
+        # until then the new lines wait below the block's current edge.
         if not text.strip():
             if self._live_height != 0:
                 self._live.update("")
@@ -155,8 +159,14 @@ class Reply(Vertical):
             app = self.app
             options = app.console_options.update_width(width).update(highlight=False)
             height = rendered.height(app.console, options)
+        now = time.monotonic()
         layout = height is None or height != self._live_height
-        self._live_height = height
+        if layout and self._live_height and now - self._grown_at < GROW_INTERVAL_S:
+            layout = False  # grows at the next flush after the interval
+        else:
+            self._live_height = height
+        if layout:
+            self._grown_at = now
         self._live.display = True
         self._live.update(rendered, layout=layout)
 
