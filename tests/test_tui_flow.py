@@ -327,3 +327,40 @@ async def test_a_plan_is_shown_in_full_and_approving_it_asks_the_implementer(tmp
         assert any("tile rows by 128" in n for n in agent.requests[-1].notes)
         assert app.link.state.pending == "p2"
         await app.action_quit()
+
+
+async def test_full_collections_wait_for_a_quiet_keyboard(tmp_path, gelu, pool, monkeypatch):
+    import gc
+    import time
+
+    from tui import app as app_module
+
+    before = gc.get_threshold()
+    full: list[int] = []
+
+    def count_full(phase: str, info: dict) -> None:
+        if phase == "start" and info["generation"] == 2:
+            full.append(1)
+
+    monkeypatch.setattr(app_module, "FULL_GC_AFTER_YOUNG", 0)  # due whenever quiet
+    app = make_app(tmp_path, gelu, ScriptedAgent([]), pool)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await settle(app, pilot)
+        assert gc.get_threshold()[2] == app_module.FULL_GC_NEVER  # none on its own
+        gc.callbacks.append(count_full)
+        try:
+            await pilot.press("f6")
+            app._collect_when_quiet()
+            assert full == []  # a key a moment ago: not now
+            app.last_key_at = time.monotonic() - app_module.FULL_GC_QUIET_S
+            app._collect_when_quiet()
+            assert full == [1]
+            full.clear()
+            app.last_key_at = time.monotonic()  # typing, but overdue: collect anyway
+            app._full_gc_at -= app_module.FULL_GC_MAX_WAIT_S
+            app._collect_when_quiet()
+            assert full == [1]
+        finally:
+            gc.callbacks.remove(count_full)
+        await app.action_quit()
+    assert gc.get_threshold() == before

@@ -29,6 +29,12 @@ if TYPE_CHECKING:  # sessions and kernels load after the first paint, in the ope
 
 Opener = Callable[[], Awaitable[tuple["LiveLink", "ChipChoice"]]]
 
+FULL_GC_NEVER = 10**9  # generation-2 threshold: no automatic full collections
+FULL_GC_CHECK_S = 1.0
+FULL_GC_QUIET_S = 1.0  # a full collection waits for this long without a key
+FULL_GC_AFTER_YOUNG = 10  # ...and for as many generation-1 collections as CPython's own
+FULL_GC_MAX_WAIT_S = 30.0  # but never longer than this
+
 HELP_EXTRA = """Panes: Source (editor; a pending proposal shows as a diff, F3 toggles the full
 source), Chat (Enter sends), Problems (Enter jumps to the line), Profile (timeline:
 ←/→ pan, +/- zoom, [ ] select an event, 0 fits), History (Enter views, d diffs
@@ -50,6 +56,8 @@ class TilewrightApp(App):
         self.clock = clock
         self.link: LiveLink | None = None
         self.last_key_at = float("-inf")  # time.monotonic() of the newest key event
+        self._full_gc_at = time.monotonic()
+        self._gc_threshold: tuple[int, ...] | None = None  # CPython's, while ours is set
         self._theme_error = apply_theme(self, self.config)
         self._keymap_error: str | None = None
         try:
@@ -86,6 +94,25 @@ class TilewrightApp(App):
         # of keypress latency: 150-250 ms pauses, see benchmarks/tui_latency.py).
         gc.collect()
         gc.freeze()
+        # Full collections still paused the app for 10-60 ms every couple of seconds
+        # while an agent streamed (measured with gc.callbacks under load); they now run
+        # when the keyboard has been quiet, and the young generations as before.
+        self._gc_threshold = gc.get_threshold()
+        gc.set_threshold(*self._gc_threshold[:2], FULL_GC_NEVER)
+        self.set_interval(FULL_GC_CHECK_S, self._collect_when_quiet)
+
+    def on_unmount(self) -> None:
+        if self._gc_threshold is not None:  # the process may live on (tests, replay)
+            gc.set_threshold(*self._gc_threshold)
+            self._gc_threshold = None
+
+    def _collect_when_quiet(self) -> None:
+        now = time.monotonic()
+        quiet = now - self.last_key_at >= FULL_GC_QUIET_S
+        if (quiet and gc.get_count()[2] >= FULL_GC_AFTER_YOUNG) \
+                or now - self._full_gc_at >= FULL_GC_MAX_WAIT_S:
+            gc.collect()
+            self._full_gc_at = now
 
     @property
     def workbench(self) -> WorkbenchScreen:
