@@ -111,7 +111,15 @@ class Failure:
     retryable: bool = False
 
 
-AgentEvent = TextDelta | ToolCall | Notice | UsageReport | ProposalReady | Failure
+@dataclass(frozen=True)
+class Finished:
+    """The agent has nothing more to propose: its own search is complete. Not an error
+    (the offline tuner, once every neighbour of its best configuration is measured)."""
+
+    message: str
+
+
+AgentEvent = TextDelta | ToolCall | Notice | UsageReport | ProposalReady | Failure | Finished
 
 
 @runtime_checkable

@@ -18,6 +18,7 @@ from agents.base import (
     Agent,
     AgentRequest,
     Failure,
+    Finished,
     Notice,
     Proposal,
     ProposalReady,
@@ -38,6 +39,7 @@ class AgentTurn:
     proposal: Proposal | None = None
     failure: str | None = None
     retryable: bool = True  # False when the agent said asking again will not help
+    finished: str | None = None  # the agent has nothing more to try (not an error)
 
     def text(self) -> str:
         return self.final_text if self.final_text else "".join(self.parts)
@@ -58,6 +60,8 @@ class AgentTurn:
         """Why this turn yields nothing to decide on, or None when it does."""
         if self.failure is not None:
             return self.failure
+        if self.finished is not None:
+            return self.finished
         p = self.proposal
         if p is None:
             return "the agent ended its reply without a proposal"
@@ -101,6 +105,9 @@ async def stream_turn(agent: Agent, request: AgentRequest, turn: AgentTurn,
             elif isinstance(event, Failure):
                 turn.failure = event.message
                 turn.retryable = event.retryable
+                break
+            elif isinstance(event, Finished):
+                turn.finished = event.message
                 break
     except Exception as exc:  # an agent bug is a failed turn, not a dead controller
         turn.failure = f"the agent raised {type(exc).__name__}: {exc}"

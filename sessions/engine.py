@@ -159,6 +159,8 @@ class Engine:
         """Autonomous mode between steps: stop on a budget or rule, else ask the agent."""
         s = self.state
         reason = autonomy.budget_exhausted(s, self.settings, self.log.now())
+        if reason is None and s.agent_finished:
+            reason = "agent_finished"  # its search is complete: asking again repeats it
         if reason is None and s.agent_failures and (
                 s.agent_failures >= self.settings.max_agent_failures
                 or not s.agent_failure_retryable):
@@ -209,6 +211,11 @@ class Engine:
                        usage=turn.usage_json(), cancelled=True)
             raise
         problem = turn.problem()
+        if turn.finished is not None and turn.failure is None:
+            self._emit("agent.message", text=turn.text(), role=role, proposal=None,
+                       usage=turn.usage_json())
+            self._emit("agent.finished", message=turn.finished, role=role)
+            return None  # in autonomous mode the loop then stops: agent_finished
         if problem is not None:
             self._emit("agent.message", text=turn.text(), role=role, proposal=None,
                        usage=turn.usage_json())

@@ -52,6 +52,8 @@ class Progress:
         elif kind == "error":
             print(f"error ({event.get('where')}): {event.get('message')}", file=self.out,
                   flush=True)
+        elif kind == "agent.finished":
+            print(f"agent finished: {event.get('message')}", file=self.out, flush=True)
 
     def _step(self, event: dict[str, Any]) -> None:
         s = self.state

@@ -66,6 +66,8 @@ def describe(event: dict[str, Any]) -> str:
         detail = f"{f.get('reason')}"
     elif kind == "error":
         detail = f"{f.get('where')}: {f.get('message')}"
+    elif kind == "agent.finished":
+        detail = str(f.get("message"))
     elif kind == "marker":
         detail = str(f.get("label"))
     else:

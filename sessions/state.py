@@ -120,6 +120,7 @@ class SessionState:
     agent_failures: int = 0  # consecutive agent turns without a proposal
     auto_rejections: int = 0  # consecutive proposals the auto-approver turned down
     agent_failure_retryable: bool = True  # whether the latest one may succeed if re-asked
+    agent_finished: str | None = None  # the agent said it has nothing more to try
     best_version: int | None = None  # kept up to date by the fold (see ``best``)
     unknown_types: dict[str, int] = field(default_factory=dict)
     last_seq: int = 0
@@ -240,6 +241,7 @@ def _proposal(s: SessionState, e: dict[str, Any]) -> None:
     seen = e.get("notes_seen")
     s.notes = s.notes[seen:] if isinstance(seen, int) else []
     s.agent_failures = 0
+    s.agent_finished = None
     if e.get("role") == "fix":
         s.fix_streak += 1
 
@@ -355,6 +357,7 @@ def _mode(s: SessionState, e: dict[str, Any]) -> None:
         s.auto_since_t = float(e.get("t", 0.0))
         s.evals_without_improvement = 0
         s.agent_failures = 0  # a fresh start: the agent gets its chances again
+        s.agent_finished = None
     if mode != "auto":
         s.auto_since_t = None
     s.mode = mode
@@ -373,6 +376,10 @@ def _error(s: SessionState, e: dict[str, Any]) -> None:
     if prop is not None:  # an approved proposal that could not be applied
         prop.apply_failed = True
         s.notes.append(f"{prop.id} could not be applied: {e.get('message')}")
+
+
+def _agent_finished(s: SessionState, e: dict[str, Any]) -> None:
+    s.agent_finished = str(e.get("message") or "the agent has nothing more to try")
 
 
 def _session_end(s: SessionState, e: dict[str, Any]) -> None:
@@ -403,6 +410,7 @@ _HANDLERS = {
     "mode.change": _mode,
     "auto.stop": _auto_stop,
     "error": _error,
+    "agent.finished": _agent_finished,
     "marker": _ignore,
     "session.end": _session_end,
 }

@@ -21,6 +21,7 @@ from agents.base import (
     AgentEvent,
     AgentRequest,
     Failure,
+    Finished,
     Proposal,
     ProposalReady,
     TextDelta,
@@ -28,7 +29,7 @@ from agents.base import (
     UsageReport,
 )
 
-Step = Proposal | Failure | Callable[[AgentRequest], Proposal | Failure]
+Step = Proposal | Failure | Finished | Callable[[AgentRequest], Proposal | Failure]
 
 
 class ScriptedAgent:
@@ -64,7 +65,7 @@ class ScriptedAgent:
                 return
             step = self.script.pop(0)
             reply = step(request) if callable(step) else step
-            if isinstance(reply, Failure):
+            if isinstance(reply, Failure | Finished):
                 yield reply
             else:
                 yield ProposalReady(reply, text=self.text)

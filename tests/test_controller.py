@@ -24,7 +24,7 @@ import pytest_asyncio
 from scripted_agent import ScriptedAgent, kernel, plan, tuning
 
 from agents import brief
-from agents.base import Failure, Usage
+from agents.base import Failure, Finished, Usage
 from kernels.loaders import load_task
 from kernels.result import Backend, EvalResult
 from kernels.task import Task
@@ -468,6 +468,18 @@ async def test_auto_stops_at_once_when_the_agent_says_retrying_is_futile(
                            kernel(src())])
     c, seen = await _auto(tmp_path, gelu, agent, ControllerSettings(budgets=NO_LIMITS))
     assert _stops(seen) == ["agent_failed"] and len(agent.requests) == 1
+    await c.close()
+
+
+async def test_an_agent_with_nothing_left_to_try_ends_autonomous_mode_calmly(
+        tmp_path: Path, gelu: Task) -> None:
+    agent = ScriptedAgent([Finished("tuning converged at BLOCK_ROWS=128"), kernel(src())])
+    c, seen = await _auto(tmp_path, gelu, agent, ControllerSettings(budgets=NO_LIMITS))
+    assert _stops(seen) == ["agent_finished"] and len(agent.requests) == 1
+    assert [e["message"] for e in seen if e["type"] == "agent.finished"] == [
+        "tuning converged at BLOCK_ROWS=128"]
+    assert not [e for e in seen if e["type"] == "error"]  # not an error
+    assert c.state.agent_finished and c.state.agent_failures == 0
     await c.close()
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import agents
-from agents.base import AgentRequest, Failure, Proposal, ProposalReady, TextDelta
+from agents.base import AgentRequest, Failure, Finished, Proposal, ProposalReady, TextDelta
 from agents.offline import OfflineAgent, decide, tuner
 from kernels import tunables
 from kernels.loaders import load_task
@@ -33,10 +33,10 @@ def _own_lessons(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
 
 
 async def _propose(request: AgentRequest, remember: bool = False
-                   ) -> tuple[Proposal | Failure, list[Any]]:
+                   ) -> tuple[Proposal | Failure | Finished, list[Any]]:
     agent = OfflineAgent({"agent": {"remember_lessons": remember}})
     events = [e async for e in agent.propose(request)]
-    assert sum(isinstance(e, ProposalReady | Failure) for e in events) == 1
+    assert sum(isinstance(e, ProposalReady | Failure | Finished) for e in events) == 1
     final = events[-1]
     return (final.proposal if isinstance(final, ProposalReady) else final), events
 
@@ -150,7 +150,8 @@ async def test_convergence_is_remembered_and_seeds_the_next_session() -> None:
     await _propose(done)  # by default nothing is remembered
     assert memory.list_lessons() == []
     outcome, events = await _propose(done, remember=True)
-    assert isinstance(outcome, Failure) and "converged at BLOCK_ROWS=256 (v4, 0.6x)" in outcome.message
+    # Converged is the end of the tuner's search, not an error.
+    assert isinstance(outcome, Finished) and "converged at BLOCK_ROWS=256 (v4, 0.6x)" in outcome.message
     assert any(getattr(e, "text", "").startswith("remembered for later sessions") for e in events)
     [lesson] = memory.list_lessons()
     assert lesson.config == {"BLOCK_ROWS": 256} and lesson.family == "rowwise"
@@ -270,7 +271,7 @@ async def test_tuning_makes_the_kernel_faster(worker_pool: Any) -> None:
         request = AgentRequest("tune", agents.brief(task), source, version,
                                last_eval=result.to_json(), history=tuple(history))
         proposal, _ = await _propose(request)
-        if isinstance(proposal, Failure):
+        if isinstance(proposal, Failure | Finished):
             break
         assert proposal.kind == "tuning" and len(proposal.rationale) > 40
         source, version = _apply(source, proposal), version + 1

@@ -21,10 +21,29 @@ from tui.widgets.profile import ProfilePane
 from tui.widgets.source import SourcePane
 
 PAST = {"approve": "approved", "reject": "rejected", "edit": "edited"}
+STOP_REASONS = {  # auto.stop reasons in words (keyed by the part before any ':')
+    "budget": "a budget is used up",
+    "no_improvement": "no better kernel for a while",
+    "target_reached": "the target speedup is reached",
+    "agent_finished": "the agent has nothing more to try",
+    "agent_failed": "the agent could not propose anything",
+    "agent_repeating": "the agent kept proposing kernels already measured",
+    "interrupted": "the app stopped while it ran",
+    "user": "switched off",
+}
 
 
 def _speed(value: Any) -> str:
     return format_speedup(value)
+
+
+def describe_stop(event: dict[str, Any]) -> tuple[str, str]:
+    """(text, severity) for an auto.stop event: a finished search is not a warning."""
+    reason = str(event.get("reason"))
+    words = STOP_REASONS.get(reason.split(":")[0])
+    text = f"autonomous mode stopped: {reason}" + (f" ({words})" if words else "")
+    calm = reason in ("agent_finished", "target_reached", "user")
+    return text, "information" if calm else "warning"
 
 
 def describe_result(event: dict[str, Any]) -> tuple[str, str]:
@@ -110,8 +129,11 @@ class Presenter:
         elif kind == "mode.change":
             chat.add_notice(f"mode: {str(event.get('mode', '')).upper()} "
                             f"(by {event.get('by', 'user')})")
+        elif kind == "agent.finished":
+            chat.add_notice(str(event.get("message") or "the agent has nothing more to try"))
         elif kind == "auto.stop":
-            chat.add_notice(f"autonomous mode stopped: {event.get('reason')}", "warning")
+            text, severity = describe_stop(event)
+            chat.add_notice(text, "info" if severity == "information" else severity)
         elif kind == "error":
             chat.add_notice(f"error ({event.get('where', '?')}): {event.get('message')}",
                             "error")

@@ -18,6 +18,7 @@ from agents.base import (
     AgentEvent,
     AgentRequest,
     Failure,
+    Finished,
     Notice,
     Proposal,
     ProposalReady,
@@ -47,8 +48,8 @@ class OfflineAgent:
                          "(template, fixes, tuning). Set ANTHROPIC_API_KEY to talk to Claude.")
         lessons = _lessons(request) if self.remember else []
         outcome = decide(request, lessons)
-        if isinstance(outcome, Failure):
-            if self.remember and CONVERGED in outcome.message:
+        if isinstance(outcome, Failure | Finished):
+            if self.remember and isinstance(outcome, Finished):
                 stored = _remember_convergence(request)
                 if stored is not None:
                     yield Notice(f"remembered for later sessions: {stored.text}")
@@ -61,7 +62,8 @@ class OfflineAgent:
         yield ProposalReady(outcome, text=text)
 
 
-def decide(request: AgentRequest, lessons: list[Lesson] | None = None) -> Proposal | Failure:
+def decide(request: AgentRequest, lessons: list[Lesson] | None = None
+           ) -> Proposal | Failure | Finished:
     """The offline agent's whole policy, as a pure function of the request (and lessons)."""
     try:
         return _decide(request, lessons or [])
@@ -69,7 +71,7 @@ def decide(request: AgentRequest, lessons: list[Lesson] | None = None) -> Propos
         return Failure(f"offline agent: {exc}")
 
 
-def _decide(request: AgentRequest, lessons: list[Lesson]) -> Proposal | Failure:
+def _decide(request: AgentRequest, lessons: list[Lesson]) -> Proposal | Failure | Finished:
     if request.role in ("plan", "analyze"):
         return _plan(request)
     if request.current_source is None:
@@ -97,9 +99,10 @@ def _template(request: AgentRequest) -> Proposal | Failure:
             continue
         source, why = templates.write_template(request.task, family)
         if request.task.family is None:
-            why = (f"The task declares no family; its reference reads like a {family} "
-                   f"computation{' (earlier guesses failed: ' + ', '.join(sorted(tried)) + ')' if tried else ''}. "
-                   + why)
+            article = "an" if family[:1] in "aeiou" else "a"
+            earlier = f" (earlier guesses failed: {', '.join(sorted(tried))})" if tried else ""
+            why = (f"The task declares no family; its reference reads like {article} "
+                   f"{family} computation{earlier}. " + why)
         return Proposal("kernel", f"{family} template from the reference",
                         rationale=why, source=source, meta={"via": "template"})
     return Failure("offline agent: every template family failed for this task "
@@ -134,14 +137,14 @@ def _fix(request: AgentRequest) -> Proposal | Failure:
                    "ANTHROPIC_API_KEY).")
 
 
-def _tune(request: AgentRequest, lessons: list[Lesson]) -> Proposal | Failure:
+def _tune(request: AgentRequest, lessons: list[Lesson]) -> Proposal | Failure | Finished:
     step = _tuner_step(request, lessons)
     if isinstance(step, Failure):
         return step
     if step is None:
-        return Failure(f"offline agent: {CONVERGED}{_best_text(request)}: every neighbour "
-                       "of the best configuration has been measured. Try a structural change "
-                       "(edit, or Claude) to go further.")
+        return Finished(f"offline agent: {CONVERGED}{_best_text(request)}: every neighbour "
+                        "of the best configuration has been measured. Try a structural change "
+                        "(edit, or Claude) to go further.")
     return Proposal("tuning", step.summary, rationale=step.rationale, tuning=step.changes,
                     meta={"via": "tuner", "config": step.config})
 

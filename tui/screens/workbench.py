@@ -21,7 +21,7 @@ from textual.worker import Worker, WorkerState
 
 from tui import keymap
 from tui.link import LiveLink
-from tui.presenter import Presenter, describe_result
+from tui.presenter import Presenter, describe_result, describe_stop
 from tui.screens.diff import DiffScreen, SourceScreen
 from tui.screens.modals import ErrorModal, NotePrompt
 from tui.view import BlobCache, SessionView
@@ -140,8 +140,8 @@ class WorkbenchScreen(Screen):
         elif kind == "agent.proposal" and self.link and self.link.state.mode == "step":
             self.app.bell()  # a decision is awaited
         elif kind == "auto.stop":
-            self.notify(f"autonomous mode stopped: {event.get('reason')}",
-                        severity="warning", timeout=8)
+            text, severity = describe_stop(event)
+            self.notify(text, severity=severity, timeout=8)  # type: ignore[arg-type]
         elif kind == "error":
             self.notify(str(event.get("message")), title=f"error ({event.get('where')})",
                         severity="error", timeout=10)
