@@ -364,3 +364,34 @@ async def test_full_collections_wait_for_a_quiet_keyboard(tmp_path, gelu, pool, 
             gc.callbacks.remove(count_full)
         await app.action_quit()
     assert gc.get_threshold() == before
+
+
+async def test_a_missing_key_offers_to_open_with_the_offline_agent(tmp_path, gelu, pool):
+    from tui.launch import LaunchError
+
+    evaluator = PoolEvaluator(pool, EvalOptions(trials=1, time_budget_s=0.05, timeout_s=120))
+    asked: list[str | None] = []
+
+    async def opener(agent: str | None = None):
+        asked.append(agent)
+        if agent != "offline":  # what open_live says for --agent anthropic without a key
+            raise LaunchError("No Anthropic API key: set ANTHROPIC_API_KEY",
+                              "run with --agent offline", offline_fallback=True)
+        link = await start_session(gelu, agents.make_agent("offline", {}), evaluator, {},
+                                   sessions_dir=tmp_path, backend=None, chip=CHIP)
+        return link, CHIP
+
+    app = TilewrightApp({}, opener, clock=FakeClock())
+    async with app.run_test(size=(140, 40)) as pilot:
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        modal = app.screen
+        assert isinstance(modal, ErrorModal) and modal.choices == {
+            "o": "open it with the offline agent"}
+        assert app.workbench.query_one(ActivityLine).busy is None  # no spinner behind it
+        await pilot.press("o")
+        await settle(app, pilot)
+        assert asked == [None, "offline"]
+        assert app.link.agent_label == "offline agent"
+        assert app.link.state.header["agent"] == "offline agent"  # the session it opened
+        await app.action_quit()

@@ -22,12 +22,14 @@ from tui import keymap
 from tui.palette import WorkbenchCommands
 from tui.screens.modals import ErrorModal, HelpScreen
 from tui.screens.workbench import WorkbenchScreen
+from tui.widgets.status import ActivityLine
 
 if TYPE_CHECKING:  # sessions and kernels load after the first paint, in the opener
     from tui.launch import ChipChoice, LaunchOptions
     from tui.link import LiveLink
 
-Opener = Callable[[], Awaitable[tuple["LiveLink", "ChipChoice"]]]
+# Called with no argument, or with an agent kind ("offline") to open with another agent.
+Opener = Callable[..., Awaitable[tuple["LiveLink", "ChipChoice"]]]
 
 FULL_GC_NEVER = 10**9  # generation-2 threshold: no automatic full collections
 FULL_GC_CHECK_S = 1.0
@@ -79,9 +81,12 @@ class TilewrightApp(App):
         await super().on_event(event)
 
     @work(exclusive=True, exit_on_error=False, group="open")
-    async def _open_session(self) -> None:
+    async def _open_session(self, agent: str | None = None) -> None:
         assert self.opener is not None
-        link, chip = await self.opener()
+        if agent is not None:
+            self.workbench.query_one(ActivityLine).start(
+                f"opening the session with the {agent} agent", cancellable=False)
+        link, chip = await (self.opener(agent) if agent else self.opener())
         self.link = link
         screen = self.workbench
         screen.chip_label, screen.vmem_capacity = chip.label, chip.vmem_bytes
@@ -127,12 +132,20 @@ class TilewrightApp(App):
         from tui.launch import LaunchError
 
         error = event.worker.error
+        self.workbench.query_one(ActivityLine).stop()
         next_step = getattr(error, "next_step", "") or "quit with ctrl+q and try again"
         title = "Could not open the session" if isinstance(error, LaunchError) \
             else "Could not open the session (unexpected error)"
         message = str(error) if isinstance(error, LaunchError) \
             else f"{type(error).__name__}: {error}"
-        self.push_screen(ErrorModal(title, message, next_step))
+        choices = {"o": "open it with the offline agent"} \
+            if getattr(error, "offline_fallback", False) else {}
+
+        def chosen(choice: str | None) -> None:
+            if choice == "o":
+                self._open_session(agent="offline")
+
+        self.push_screen(ErrorModal(title, message, next_step, choices), chosen)
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):
@@ -163,10 +176,13 @@ def apply_theme(app: App, config: dict[str, Any]) -> str | None:
 def run_app(options: LaunchOptions, config: dict[str, Any]) -> int:
     from tui.launch import open_live
 
-    async def opener() -> tuple[LiveLink, ChipChoice]:
+    async def opener(agent: str | None = None) -> tuple[LiveLink, ChipChoice]:
+        from dataclasses import replace
+
         from tui.cli import _version
 
-        return await open_live(options, config, app_version=_version())
+        chosen = replace(options, agent=agent) if agent else options
+        return await open_live(chosen, config, app_version=_version())
 
     app = TilewrightApp(config, opener)
     app.run()

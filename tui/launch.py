@@ -18,9 +18,11 @@ CPU_TARGET_CHIP = "v5e"  # what interpret mode on a CPU host is judged against
 
 
 class LaunchError(Exception):
-    def __init__(self, message: str, next_step: str = "") -> None:
+    def __init__(self, message: str, next_step: str = "", offline_fallback: bool = False
+                 ) -> None:
         super().__init__(message)
         self.next_step = next_step
+        self.offline_fallback = offline_fallback  # the offline agent would open it
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,7 @@ def _agent(kind: str, config: dict[str, Any]):
         return make_agent(kind, config)  # type: ignore[arg-type]
     except AgentError as exc:
         raise LaunchError(str(exc), "run with --agent offline, or export "
-                                    "ANTHROPIC_API_KEY") from None
+                                    "ANTHROPIC_API_KEY", offline_fallback=True) from None
 
 
 def eval_options(config: dict[str, Any]):

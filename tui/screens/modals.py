@@ -30,13 +30,20 @@ class NotePrompt(ModalScreen[str | None]):
         self.dismiss(event.value.strip())
 
 
-class ErrorModal(ModalScreen[None]):
+class ErrorModal(ModalScreen[str | None]):
+    """An error and its next step. ``choices`` are extra keys, each returning its name
+    (e.g. ``{"o": "continue with the offline agent"}`` dismisses with ``"o"``)."""
+
     CSS_PATH = "modals.tcss"
     BINDINGS = [Binding("escape,enter,space", "dismiss(None)", "Close", id="modal.close")]
 
-    def __init__(self, title: str, message: str, next_step: str = "") -> None:
+    def __init__(self, title: str, message: str, next_step: str = "",
+                 choices: dict[str, str] | None = None) -> None:
         super().__init__()
         self.title_text, self.message, self.next_step = title, message, next_step
+        self.choices = choices or {}
+        for key in self.choices:
+            self._bindings.bind(key, f"dismiss({key!r})", show=False)
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog -error"):
@@ -45,7 +52,9 @@ class ErrorModal(ModalScreen[None]):
                 yield Static(self.message, markup=False)
             if self.next_step:
                 yield Static(self.next_step, classes="dialog-next", markup=False)
-            yield Static("Enter or Esc closes", classes="dialog-hint")
+            hints = [f"{key}: {what}" for key, what in self.choices.items()]
+            yield Static(" · ".join([*hints, "Enter or Esc closes"]), classes="dialog-hint",
+                         markup=False)
 
 
 class HelpScreen(ModalScreen[None]):
