@@ -291,7 +291,10 @@ async def test_claude_through_the_real_sdk_against_a_local_server(tmp_path, gelu
             assert screen.query_one(SourcePane).proposal == "p1"
             chat = screen.query_one(ChatPane)
             chat.flush()
-            assert "propose_kernel" in " ".join(str(c.title) for c in chat.query("Collapsible"))
+            # One entry for the tool call: seen live, then filled in by the proposal.
+            titles = [str(c.title) for c in chat.query("Collapsible")]
+            assert len(titles) == 1 and "propose_kernel" in titles[0] \
+                and "p1: taller blocks" in titles[0], titles
             assert "Claude" in str(chat.border_title)
             clock.now += 1
             await pilot.press("ctrl+y")

@@ -64,6 +64,9 @@ class Presenter:
         self.grid = grid
         self.agent_label = "agent"
         self.base_dir: Path | None = None  # the session directory (relative trace paths)
+        # The chat entry of a proposing tool call seen live in this reply: the persisted
+        # proposal then fills that entry in instead of adding a second one.
+        self._live_proposal: str | None = None
 
     @property
     def source(self) -> SourcePane:
@@ -97,6 +100,8 @@ class Presenter:
         if kind == "user.message":
             chat.add_user(event.get("text", ""))
         elif kind == "agent.message":
+            if not event.get("proposal"):
+                self._live_proposal = None  # the reply ended without one
             if event.get("text"):
                 chat.add_agent(event["text"], self._label(event))
             else:
@@ -105,7 +110,8 @@ class Presenter:
             pid = event.get("proposal", "?")
             body = {k: event.get(k) for k in ("summary", "rationale", "plan", "tuning",
                                                "base_version", "role") if event.get(k)}
-            chat.tool_call(f"proposal:{pid}", f"propose_{event.get('kind', 'kernel')}", body,
+            key, self._live_proposal = self._live_proposal or f"proposal:{pid}", None
+            chat.tool_call(key, f"propose_{event.get('kind', 'kernel')}", body,
                            f"{pid}: {event.get('summary', '')}"[:70])
             if event.get("kind") == "plan" and event.get("plan"):
                 # A plan is read before it is approved: show it, not just a tool entry.
@@ -149,6 +155,8 @@ class Presenter:
             self.chat.stream_delta(event["text"], self._label(event))
         elif kind.endswith("tool_call") or kind.endswith("tool"):
             key = str(event.get("id") or event.get("name"))
+            if str(event.get("name", "")).startswith("propose_"):
+                self._live_proposal = key
             self.chat.tool_call(key, str(event.get("name", "tool")),
                                 event.get("input") or {}, str(event.get("status", "")))
         elif kind.endswith("notice"):
