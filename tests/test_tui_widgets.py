@@ -166,3 +166,40 @@ async def test_launch_failures_are_a_modal_with_a_next_step(tmp_path, monkeypatc
         assert expected in app.screen.message and app.screen.next_step
         await pilot.press("escape")
         assert not isinstance(app.screen, ErrorModal)  # the app is still there
+
+
+async def test_the_editor_keeps_its_highlighted_lines_when_focus_moves(monkeypatch):
+    from textual.widgets import Input
+
+    from tui.widgets.source import Editor
+
+    source = "".join(f"def f{i}(x):\n    return x * {i}\n" for i in range(12))
+
+    class EditorApp(App):
+        def compose(self) -> ComposeResult:
+            yield Editor.code_editor(source, language="python", soft_wrap=False)
+            yield Input()
+
+    app = EditorApp()
+    async with app.run_test(size=(60, 30)) as pilot:
+        editor = app.query_one(Editor)
+        editor.focus()
+        await pilot.pause()
+        rendered: list[int] = []
+        render_line = editor._render_line
+
+        def counted(y: int):
+            rendered.append(y)
+            return render_line(y)
+
+        monkeypatch.setattr(editor, "_render_line", counted)
+        app.query_one(Input).focus()
+        await pilot.pause()
+        editor.focus()
+        await pilot.pause()
+        visible = editor.size.height
+        assert 0 < len(rendered) <= 4  # the cursor's line, as it hides and shows
+        rendered.clear()
+        editor.theme = "dracula"  # a real style change still redraws every line
+        await pilot.pause()
+        assert len(rendered) >= visible

@@ -15,6 +15,29 @@ from textual.widgets import ContentSwitcher, TextArea
 from tui.widgets.diffview import DiffView
 
 
+class Editor(TextArea):
+    """The code editor. A focus change restyles a ``TextArea``, and ``TextArea`` then
+    drops every rendered line; moving focus to or from the Source pane re-highlighted
+    the whole visible source (the slowest F6 on the workbench). Here the rendered lines
+    are kept when the styles they are drawn with did not change: what focus changes
+    on its own is the cursor, which ``TextArea``'s line cache already keys on."""
+
+    _drawn_with: tuple | None = None
+
+    def notify_style_update(self) -> None:
+        try:
+            drawn_with: tuple | None = (self.rich_style, self.theme, *(
+                self.get_component_rich_style(name, partial=True)
+                for name in sorted(self.COMPONENT_CLASSES)))
+        except KeyError:  # component styles not resolved yet (while mounting)
+            drawn_with = None
+        if drawn_with is None or drawn_with != self._drawn_with:
+            self._drawn_with = drawn_with
+            super().notify_style_update()  # TextArea's: clears its rendered lines
+        else:
+            super(TextArea, self).notify_style_update()  # the rest, lines kept
+
+
 class SourcePane(Vertical):
     ALLOW_MAXIMIZE = True  # F7 zooms a whole pane
     DEFAULT_CSS = """
@@ -34,7 +57,7 @@ class SourcePane(Vertical):
 
     def compose(self) -> ComposeResult:
         with ContentSwitcher(initial="editor"):
-            yield TextArea.code_editor("", language="python", id="editor", soft_wrap=False)
+            yield Editor.code_editor("", language="python", id="editor", soft_wrap=False)
             yield DiffView(id="diff")
 
     def on_mount(self) -> None:
