@@ -18,6 +18,7 @@ from sessions.log import SessionLog, load
 from sessions.search import Search
 from sessions.search_graph import Budget, SearchConfig
 from tui.search_view import SearchScreen
+from tui.widgets.footer import KeyFooter
 
 SUITE = Path(__file__).parent / "fixtures" / "suite"
 
@@ -107,6 +108,8 @@ async def test_human_in_the_loop_approve_reject_prune(tmp_path) -> None:
             await until(lambda: search.awaiting() == ["p1"])
             await pilot.pause()
             assert "p1 from v1" in str(screen.query_one("#search-pending", Static).render())
+            footer = [item.description for item in screen.query_one(KeyFooter).items]
+            assert {"Approve", "Reject", "Prune branch", "Next pending"} <= set(footer)
             await pilot.press("a")  # approve the agent's child
             await until(lambda: 2 in search.state.session.versions
                         and search.state.session.versions[2].status is not None)

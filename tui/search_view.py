@@ -23,11 +23,12 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Static, Tree
+from textual.widgets import Header, Static, Tree
 from textual.widgets.tree import TreeNode
 
 from sessions.log import load, read_blob
 from sessions.search_graph import SearchState, fold_search
+from tui.widgets.footer import KeyFooter
 
 _ICONS = {"correct": "✓", "incorrect": "✗", "compile_error": "✗", "runtime_error": "✗",
           "timeout": "⏱", "crashed": "☠", "rejected": "⚑", None: "…"}
@@ -71,7 +72,7 @@ class SearchScreen(Screen):
             with VerticalScroll(id="search-right"):
                 yield Static(id="search-detail")
                 yield Static(id="search-source")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         tree = self.query_one("#search-tree", Tree)
