@@ -87,7 +87,11 @@ class Reply(Vertical):
             self.final = text
 
     def compose(self) -> ComposeResult:
-        yield self._live
+        if self.final is not None:  # a whole reply (from the log): its pieces, once
+            self.text, self.final = self.final, None
+            yield from self._settle(len(self.text))
+        else:  # a reply that will stream in
+            yield self._live
 
     def on_mount(self) -> None:
         self._ready = True
@@ -102,7 +106,7 @@ class Reply(Vertical):
             if not final.startswith(self.text):
                 self._reset()
             self.text = final
-            self._settle(len(final))
+            self._mount_pieces(self._settle(len(final)))
             self._show_live("")
             return True
         if not self.pending:
@@ -111,7 +115,7 @@ class Reply(Vertical):
         self.pending.clear()
         starts = block_starts(self.text, self._settled)
         if starts:
-            self._settle(starts[-1])
+            self._mount_pieces(self._settle(starts[-1]))
         self._show_live(self.text[self._settled:])
         return True
 
@@ -122,8 +126,14 @@ class Reply(Vertical):
         self._settled = 0
         self.text = ""
 
-    def _settle(self, end: int) -> None:
-        """Put ``text[settled:end]`` (whole blocks) into pieces."""
+    def _mount_pieces(self, widgets: list[_Text]) -> None:
+        if widgets:
+            self.mount(*widgets, before=self._live)
+
+    def _settle(self, end: int) -> list[_Text]:
+        """Put ``text[settled:end]`` (whole blocks) into pieces; returns the widgets of
+        new pieces, for the caller to mount."""
+        new: list[_Text] = []
         cuts = [*block_starts(self.text[:end], self._settled), end]
         begin = self._settled
         while begin < end:
@@ -133,13 +143,14 @@ class Reply(Vertical):
             else:
                 piece = _Piece(_Text(), "", above(self.text, begin))
                 self._pieces.append(piece)
-                self.mount(piece.widget, before=self._live)
+                new.append(piece.widget)
             stop = next((c for c in cuts
                          if c > begin and len(piece.text) + c - begin >= PIECE_CHARS), end)
             piece.text += self.text[begin:stop]
             piece.widget.update(MarkdownPiece(piece.text, piece.above))
             begin = stop
         self._settled = max(self._settled, end)
+        return new
 
     def _show_live(self, text: str) -> None:
         # A relayout reflows the screen (~10 ms here, and a keypress that lands
