@@ -398,3 +398,33 @@ async def test_a_missing_key_offers_to_open_with_the_offline_agent(tmp_path, gel
         assert app.link.agent_label == "offline agent"
         assert app.link.state.header["agent"] == "offline agent"  # the session it opened
         await app.action_quit()
+
+
+async def test_streamed_text_is_coalesced_into_fewer_messages_in_order(tmp_path, gelu, pool):
+    words = " ".join(f"w{i}" for i in range(300))
+    agent = ScriptedAgent([kernel(faster(gelu.starting_source()))], text=words)
+    app = make_app(tmp_path, gelu, agent, pool)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await settle(app, pilot)
+        published: list[str] = []
+        app.link.subscribe(lambda e: published.append(e["text"])
+                           if e.get("type") == "agent.delta" else None)
+        presenter = app.workbench.presenter
+        delivered: list[str] = []
+        live = presenter.live
+
+        def counted(event):
+            if event.get("type") == "agent.delta":
+                delivered.append(event["text"])
+            live(event)
+
+        presenter.live = counted
+        app.link.controller.user_message("go")
+        await settle(app, pilot)
+        assert "".join(published) == words
+        assert "".join(delivered) == words  # nothing lost, nothing reordered
+        assert len(delivered) < len(published)
+        chat = app.workbench.query_one(ChatPane)
+        chat.flush()
+        assert words in chat.transcript()
+        await app.action_quit()

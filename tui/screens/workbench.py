@@ -63,6 +63,7 @@ class WorkbenchScreen(Screen):
         self._cancel_armed_at: float | None = None
         self._draw_scheduled = False
         self._unsubscribe: Callable[[], None] | None = None
+        self._waiting_delta: dict[str, Any] | None = None  # queued, still open to more text
 
     def compose(self) -> ComposeResult:
         yield PaneGrid(id="grid")
@@ -97,8 +98,22 @@ class WorkbenchScreen(Screen):
                 self.presenter.chat_entry(event)
         except Exception as exc:  # the log is readable by the controller; say what broke
             self.notify(f"could not show the session's history: {exc}", severity="warning")
-        self._unsubscribe = link.subscribe(lambda e: self.post_message(SessionEvent(e)))
+        self._unsubscribe = link.subscribe(self._deliver)
         self._schedule_draw()
+
+    def _deliver(self, event: dict[str, Any]) -> None:
+        """Controller event -> message. Streamed text joins the delta still waiting in
+        the queue (an agent sends ~150 a second; one message per screen turn is
+        enough), and any other event ends that batch, so the order is kept."""
+        if event.get("live") and event.get("type") == "agent.delta":
+            waiting = self._waiting_delta
+            if waiting is not None:
+                waiting["text"] = waiting.get("text", "") + str(event.get("text", ""))
+                return
+            event = self._waiting_delta = dict(event)
+        else:
+            self._waiting_delta = None
+        self.post_message(SessionEvent(event))
 
     def view(self) -> SessionView | None:
         if self.link is None or self.blobs is None:
@@ -109,6 +124,8 @@ class WorkbenchScreen(Screen):
     @on(SessionEvent)
     def _session_event(self, message: SessionEvent) -> None:
         event, presenter = message.event, self.presenter
+        if event is self._waiting_delta:
+            self._waiting_delta = None  # handled: later text starts a new message
         assert presenter is not None
         kind = event.get("type", "")
         activity = self.query_one(ActivityLine)
