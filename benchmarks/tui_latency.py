@@ -18,6 +18,7 @@ Run: ``JAX_PLATFORMS=cpu python benchmarks/tui_latency.py``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import statistics
@@ -150,6 +151,8 @@ async def latency() -> dict[str, float]:
             rate = (agent.tokens - start_tokens) / elapsed
             busy = pool.state
             load.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await load  # its evaluation is cancelled before the pools close
             await app.link.controller.cancel()
             await app.action_quit()
     return {"p50_ms": statistics.median(samples), "p95_ms": percentile(samples, 95),
