@@ -11,12 +11,12 @@ applied, the approved plan) and the history of every version with its tunables.
 
 from __future__ import annotations
 
-import contextlib
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agents.base import AgentRequest, TaskBrief
 from sessions.log import SessionLog, read_json_blob
-from sessions.state import FAILED_STATUSES, SessionState
+from sessions.state import FAILED_STATUSES, SessionState, Version
 
 
 def next_role(state: SessionState) -> str:
@@ -27,18 +27,50 @@ def next_role(state: SessionState) -> str:
     return "tune"
 
 
-def history(state: SessionState, log: SessionLog) -> tuple[dict[str, Any], ...]:
-    from kernels import tunables
+_TUNABLES: dict[str, dict[str, Any] | None] = {}  # by source blob: sources never change
+_TUNABLES_KEPT = 4096
 
+
+def history(versions: Mapping[int, Version], source_of: Callable[[int], str],
+            path: Sequence[int] | None = None) -> tuple[dict[str, Any], ...]:
+    """Every version so far with its measurements and tunables (so a tuner never
+    proposes a measured configuration twice). With ``path`` (a graph search: the root
+    to the version asked about) those versions come first and every entry says its
+    parent and whether it is on the path. Tunables are parsed once per source."""
+    on_path = set(path or ())
+    order = [*(path or ()), *(n for n in versions if n not in on_path)]
     out = []
-    for v in state.versions.values():
-        entry: dict[str, Any] = {"version": v.number, "status": v.status,
+    for number in order:
+        v = versions[number]
+        entry: dict[str, Any] = {"version": number, "status": v.status,
                                  "speedup": v.speedup, "summary": v.summary,
                                  "median_ms": v.median_ms}
-        with contextlib.suppress(Exception):  # a broken source simply has no tunables
-            entry["tunables"] = tunables.config_of(log.get_blob(v.source_blob).decode())
+        if path is not None:
+            entry.update(parent=v.parent, on_path=number in on_path)
+        config = _tunables_of(v.source_blob, lambda n=number: source_of(n))
+        if config is not None:
+            entry["tunables"] = config
         out.append(entry)
     return tuple(out)
+
+
+def _tunables_of(blob: str, read: Callable[[], str]) -> dict[str, Any] | None:
+    if blob not in _TUNABLES:
+        from kernels import tunables
+
+        try:
+            source = read()
+        except Exception:  # unreadable now (a missing blob): not remembered
+            return None
+        try:
+            config: dict[str, Any] | None = tunables.config_of(source)
+        except Exception:  # a broken source simply has no tunables
+            config = None
+        if len(_TUNABLES) >= _TUNABLES_KEPT:
+            _TUNABLES.pop(next(iter(_TUNABLES)))
+        _TUNABLES[blob] = config
+    config = _TUNABLES[blob]
+    return None if config is None else dict(config)  # each request its own copy
 
 
 def build_request(state: SessionState, log: SessionLog, brief: TaskBrief, role: str,
@@ -55,4 +87,6 @@ def build_request(state: SessionState, log: SessionLog, brief: TaskBrief, role: 
         role=role, task=brief, current_source=source,  # type: ignore[arg-type]
         current_version=current.number if current else None, last_eval=last_eval,
         profile_summary=profile, user_message=message, notes=notes,
-        history=history(state, log), chip=chip)
+        history=history(state.versions,
+                        lambda n: log.get_blob(state.versions[n].source_blob).decode()),
+        chip=chip)

@@ -12,7 +12,6 @@ proposes a configuration twice). Every outcome is an event: ``agent.message``,
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 from dataclasses import replace
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 from agents.base import AgentRequest
 from kernels import tunables
 from sessions.agent_turn import AgentTurn, stream_turn
+from sessions.context import history
 from sessions.log import read_json_blob
 from sessions.search_plan import Action
 
@@ -126,26 +126,14 @@ class ChildMaker:
                             history=self._history(parent))
 
     def _history(self, parent: int | None) -> tuple[dict[str, Any], ...]:
-        """Every version measured so far (with its tunables, so a tuner never proposes a
-        configuration twice), the path from the root to ``parent`` first."""
-        s = self.state.session
+        """Every version so far, the path from the root to ``parent`` first."""
+        versions = self.state.session.versions
         path: list[int] = []
         cursor = parent
-        while cursor is not None and cursor in s.versions:
+        while cursor is not None and cursor in versions:
             path.insert(0, cursor)
-            cursor = s.versions[cursor].parent
-        order = path + [n for n in s.versions if n not in path]
-        out = []
-        for number in order:
-            v = s.versions[number]
-            entry: dict[str, Any] = {"version": number, "status": v.status,
-                                     "speedup": v.speedup, "summary": v.summary,
-                                     "median_ms": v.median_ms, "parent": v.parent,
-                                     "on_path": number in path}
-            with contextlib.suppress(Exception):  # a broken source has no tunables
-                entry["tunables"] = tunables.config_of(self._source(number))
-            out.append(entry)
-        return tuple(out)
+            cursor = versions[cursor].parent
+        return history(versions, self._source, path)
 
     async def _ask_agent(self, action: Action, parent: int | None,
                          message: str | None = None, role: str | None = None) -> str | None:
