@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -37,12 +38,8 @@ class ChildMaker:
     log: Any
     brief: Any
     agent: Any
-
-    def _emit(self, type_: str, **fields: Any) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def _source(self, version: int) -> str:
-        raise NotImplementedError
+    _emit: Callable[..., dict[str, Any]]  # (type, **fields) -> the appended event
+    _source: Callable[[int], str]  # version number -> its source
 
     def _slot_fields(self, action: Action) -> dict[str, Any]:
         lineage, rnd, _parent, slot = action.slot  # type: ignore[misc]
