@@ -39,15 +39,6 @@ ITERATION = "tilewright.iter"
 _DEVICE_LINES = {"xla ops": "device_ops", "xla modules": "device_modules", "steps": "steps"}
 
 
-def xplane_files(logdir: str | Path) -> list[Path]:
-    """The ``*.xplane.pb`` files of the newest run under a profiler logdir."""
-    root = Path(logdir)
-    runs = sorted((root / "plugins" / "profile").glob("*"), key=lambda p: p.name)
-    if not runs:
-        return sorted(root.rglob("*.xplane.pb"))
-    return sorted(runs[-1].glob("*.xplane.pb"))
-
-
 @contextlib.contextmanager
 def captured_stderr() -> Iterator[list[str]]:
     """Send file descriptor 2 (C++ logging included) to a temporary file for the block."""

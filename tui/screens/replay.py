@@ -10,7 +10,6 @@ session branch (the app then opens it).
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 from rich.text import Text
@@ -196,9 +195,3 @@ def _describe(event: dict[str, Any]) -> str:
     if kind == "mode.change":
         return f"mode {event.get('mode')}"
     return kind
-
-
-def load_replay(path: Path) -> LoadedSession:
-    from sessions.log import load
-
-    return load(path)
