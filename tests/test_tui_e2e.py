@@ -88,6 +88,16 @@ def _has(sessions: Path, **fields) -> Callable[[], bool]:
                        for e in _events(sessions))
 
 
+def _approve(term: Terminal, sessions: Path, pid: str) -> None:
+    """Wait for proposal ``pid`` on screen, past the half-second guard, and approve it."""
+    term.wait(f"proposal {pid}", _has(sessions, type="agent.proposal", proposal=pid))
+    term.wait("the decision bar", lambda: f"proposal {pid}:".encode() in term.output)
+    term.drain(GUARD_S)
+    term.send("y")
+    term.wait(f"{pid} approved", _has(sessions, type="user.decision", proposal=pid,
+                                      decision="approve", by="user"))
+
+
 @pytest.mark.slow
 def test_approve_twice_go_autonomous_quit_and_replay(tmp_path: Path) -> None:
     sessions = tmp_path / "sessions"
@@ -96,18 +106,8 @@ def test_approve_twice_go_autonomous_quit_and_replay(tmp_path: Path) -> None:
     term.wait("the starting kernel", _has(sessions, type="kernel.version", version=1))
     term.drain(1.0)  # the screen attaches to the session
     term.send("r")
-    term.wait("the first proposal", _has(sessions, type="agent.proposal", proposal="p1"))
-    term.wait("the decision bar", lambda: b"proposal p1:" in term.output)
-    term.drain(GUARD_S)
-    term.send("y")
-    term.wait("p1 approved", _has(sessions, type="user.decision", proposal="p1",
-                                  decision="approve", by="user"))
-    term.wait("the second proposal", _has(sessions, type="agent.proposal", proposal="p2"))
-    term.wait("the decision bar", lambda: b"proposal p2:" in term.output)
-    term.drain(GUARD_S)
-    term.send("y")
-    term.wait("p2 approved", _has(sessions, type="user.decision", proposal="p2",
-                                  decision="approve", by="user"))
+    _approve(term, sessions, "p1")
+    _approve(term, sessions, "p2")
     term.wait("v3 evaluated", _has(sessions, type="run.result", version=3))
     term.send("g")
     term.wait("autonomous mode", _has(sessions, type="mode.change", mode="auto"))
