@@ -26,7 +26,10 @@ from typing import Any
 from agents.base import Failure, Notice, TextDelta, ToolCall, Usage
 from agents.errors import NoApiKey
 from agents.prices import PRICES_AS_OF, assumed_price, cost_usd, price_for
-from agents.provider import FinalMessage, MalformedToolCall, ProviderEvent
+from agents.provider import FinalMessage, MalformedToolCall, ProviderEvent, parse_tool_input
+from agents.retry import gave_up, retry_notice
+from agents.retry import short as _short
+from agents.retry import wait_s as _wait_s
 
 DEFAULT_MODEL = "claude-sonnet-4-6"
 
@@ -101,13 +104,10 @@ class AnthropicProvider:
                     yield Failure(_describe(exc), retryable=False)
                     return
                 if attempt == self.attempts:
-                    yield Failure(f"{kind}; gave up after {attempt} attempts: {_short(exc)}",
-                                  retryable=True)
+                    yield gave_up(kind, attempt, _short(exc))
                     return
                 wait = _wait_s(exc, self.retry_base_s * 2 ** (attempt - 1), self.retry_max_s)
-                shown = f"{wait:.1f}" if wait >= 1 else f"{wait:.2f}"
-                yield Notice(f"{kind}, retrying in {shown} s (attempt {attempt + 1}/"
-                             f"{self.attempts})", level="warning")
+                yield retry_notice(kind, wait, attempt, self.attempts)
                 await asyncio.sleep(wait)
             except anthropic.AnthropicError as exc:
                 yield Failure(f"Anthropic SDK error: {exc}")
@@ -198,15 +198,10 @@ class AnthropicProvider:
 def _finish_tool(block: dict[str, Any], raw: str | None) -> ToolCall | None:
     """Parse the streamed JSON of a tool call; a malformed one is marked, not raised."""
     if raw is None or not raw.strip():
-        value: Any = block.get("input") or {}
-    else:
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            block["_malformed"] = (raw, f"invalid JSON at character {exc.pos}: {exc.msg}")
-            return None
-    if not isinstance(value, dict):
-        block["_malformed"] = (raw or "", f"expected a JSON object, got {type(value).__name__}")
+        raw = json.dumps(block.get("input") or {})
+    value, error = parse_tool_input(raw)
+    if value is None:
+        block["_malformed"] = (raw, error)
         return None
     block["input"] = value
     return ToolCall(block["name"], value, block.get("id", ""))
@@ -259,21 +254,6 @@ def _retry_kind(exc: Exception) -> str | None:
     if status in (500, 502, 503, 504) or etype == "api_error":
         return f"server error ({status})"
     return None
-
-
-def _wait_s(exc: Exception, backoff: float, cap: float) -> float:
-    response = getattr(exc, "response", None)
-    header = response.headers.get("retry-after") if response is not None else None
-    try:
-        hinted = float(header) if header else None
-    except ValueError:
-        hinted = None
-    return min(cap, hinted if hinted is not None and hinted > backoff else backoff)
-
-
-def _short(exc: Exception) -> str:
-    message = getattr(exc, "message", None) or str(exc)
-    return message.splitlines()[0][:300] if message else type(exc).__name__
 
 
 def _describe(exc: Exception) -> str:

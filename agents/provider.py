@@ -9,6 +9,7 @@ top of this and know nothing about the SDK.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -46,6 +47,17 @@ class Provider(Protocol):
 
     def stream(self, system: list[dict[str, Any]], messages: list[dict[str, Any]],
                tools: list[dict[str, Any]]) -> AsyncIterator[ProviderEvent]: ...
+
+
+def parse_tool_input(raw: str) -> tuple[dict[str, Any] | None, str]:
+    """A tool call's streamed JSON arguments as a dict, or (None, what is wrong with them)."""
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        return None, f"invalid JSON at character {exc.pos}: {exc.msg}"
+    if not isinstance(value, dict):
+        return None, f"expected a JSON object, got {type(value).__name__}"
+    return value, ""
 
 
 def add_usage(a: Usage, b: Usage) -> Usage:
