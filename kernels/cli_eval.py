@@ -3,7 +3,8 @@
 ``tilewright eval --task DIR|NAME --kernel FILE [--json] [--set K=V ...] [--trials N]
 [--iters N] [--timeout SECONDS]`` prints the eval JSON contract (``--json``) or a
 readable summary. Exit status: 0 only for ``correct``, 1 for any other status, 2 for
-bad usage (missing file, malformed task). App side: no JAX here; the worker runs it.
+bad usage (missing file, malformed task, or a task whose own input builder or reference
+fails when it runs: error kind ``task``, with the task's file and line). App side: no JAX here; the worker runs it.
 """
 
 from __future__ import annotations
@@ -99,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_json(), indent=2))
     else:
         print_summary(result, task.name, str(path))
+    if result.error is not None and result.error.kind == "task":
+        return EXIT_USAGE  # the task is broken (inputs or reference), not the candidate
     return EXIT_CORRECT if result.correct else EXIT_OTHER
 
 
@@ -159,7 +162,7 @@ def print_summary(result: Any, task_name: str, kernel: str) -> None:
         table.add_row("", f"[yellow]{escape(label)}[/]")
     error = result.error
     if error:
-        where = f" at {Path(kernel).name}:{error.line}" if error.line else ""
+        where = f" at {Path(error.file or kernel).name}:{error.line}" if error.line else ""
         table.add_row("error", escape(f"{error.kind}{where}: {error.message}"))
         if error.hint:
             table.add_row("hint", escape(error.hint))

@@ -1,14 +1,19 @@
-"""``tilewright tasks [DIR]``: list the bundled tasks and every task found under DIR.
+"""``tilewright tasks [DIR] [--set K=V ...]``: list the bundled tasks and every task under DIR.
 
 DIR is searched recursively for all three layouts (native ``task.toml``, JAXBench
-``baseline.py``, MaxKernel ``kernel_task.yaml``). A task that fails to load is listed
-with its error instead of stopping the listing; the exit status is then 1. Held-out
-shapes are counted but their parameters are never printed. App side: no JAX here.
+``baseline.py``, MaxKernel ``kernel_task.yaml``). Each task's input generation is then
+tried in a worker at its effective shapes (``--set`` applies to every task that knows
+the key): the inputs' shapes are listed, and a task whose inputs cannot be generated is
+listed as broken with the task file's line. ``--no-check`` skips the worker. A task
+that fails to load or to generate inputs is listed with its error instead of stopping
+the listing; the exit status is then 1. Held-out shapes are counted but their
+parameters and inputs are never printed. App side: no JAX here.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 from pathlib import Path
@@ -27,24 +32,45 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="folder to search for tasks (default: bundled tasks only)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--no-bundled", action="store_true", help="leave out the bundled tasks")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE",
+                        help="shape override applied to every task that has KEY (repeatable)")
+    parser.add_argument("--no-check", action="store_true",
+                        help="do not try each task's input generation in a worker")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from kernels.loaders import BUNDLED_DIR, find_tasks
+    from kernels.loaders import BUNDLED_DIR, find_tasks, parse_overrides
     from kernels.task import Task, TaskError
 
+    try:
+        overrides = parse_overrides(args.overrides)
+    except ValueError as exc:
+        _error(str(exc), args.json)
+        return 2
     entries: list[tuple[str, Task | TaskError]] = []
     if not args.no_bundled and BUNDLED_DIR.is_dir():
         # find_tasks, not bundled_tasks: one broken bundled task must not hide the others
-        entries += [("bundled", t) for t in find_tasks(BUNDLED_DIR)]
+        entries += [("bundled", t) for t in find_tasks(BUNDLED_DIR, overrides)]
     if args.directory:
         try:
-            entries += [("found", t) for t in find_tasks(args.directory)]
+            entries += [("found", t) for t in find_tasks(args.directory, overrides)]
         except TaskError as exc:
             _error(str(exc), args.json)
             return 2
     rows = [_row(origin, item) for origin, item in entries]
+    if not args.no_check:
+        tasks = [(row, item) for row, (_, item) in zip(rows, entries, strict=True)
+                 if isinstance(item, Task)]
+        try:
+            checks = asyncio.run(_check_inputs([t for _, t in tasks]))
+        except Exception as exc:  # no worker: list what the loaders know, say why
+            _error(f"could not start a JAX worker to try input generation ({exc}); "
+                   "listing without the check (--no-check skips it)", args.json)
+            checks = [None] * len(tasks)
+        for (row, _), check in zip(tasks, checks, strict=True):
+            _merge_check(row, check)
     try:
         if args.json:
             print(json.dumps({"schema": SCHEMA, "tasks": rows}, indent=2), flush=True)
@@ -79,6 +105,38 @@ def _row(origin: str, item: Any) -> dict[str, Any]:
     }
 
 
+async def _check_inputs(tasks: list[Any]) -> list[dict[str, Any] | None]:
+    """Ask one worker for every task's input signature (``kernels.harness.inputs_op``)."""
+    from kernels.workers import WorkerFailure, WorkerOpError, WorkerPool
+
+    results: list[dict[str, Any] | None] = []
+    async with WorkerPool(size=1) as pool:
+        for task in tasks:
+            try:
+                results.append(await pool.request("inputs", {"task": task.to_spec()},
+                                                  timeout=120.0))
+            except (WorkerFailure, WorkerOpError) as exc:
+                results.append({"error": {"message": f"input generation failed: {exc}",
+                                          "file": None, "line": None}})
+    return results
+
+
+def _merge_check(row: dict[str, Any], check: dict[str, Any] | None) -> None:
+    """Fold a worker's answer into a listing row: input shapes, or the task's error."""
+    if check is None:
+        row["inputs_checked"] = False
+        return
+    row["inputs_checked"] = True
+    error = check.get("error")
+    if error:
+        row["error"] = error["message"]
+        row["line"] = error.get("line")
+        return
+    shown = {s["name"] for s in row["shapes"]["visible"]}
+    row["inputs"] = {c["name"]: {"inputs": c["inputs"], "static": c["static"], "how": c["how"]}
+                     for c in check.get("configs", []) if c["name"] in shown}
+
+
 def _display(path: Path) -> str:
     try:
         rel = os.path.relpath(path)
@@ -93,18 +151,20 @@ def _table(rows: list[dict[str, Any]], directory: str | None) -> None:
 
     console = Console()
     table = Table(title="tilewright tasks", title_justify="left", expand=False)
-    for column in ("name", "layout", "family", "shapes", "kernel", "path"):
+    for column in ("name", "layout", "family", "shapes", "inputs", "kernel", "path"):
         table.add_column(column, overflow="fold")
     for row in rows:
         if row["error"]:
-            table.add_row("[red]✗ broken[/]", "—", "—", "—", "—", row["path"])
+            table.add_row(f"[red]✗ {row['name'] or 'broken'}[/]", row["layout"] or "—", "—",
+                          "—", "—", "—", row["path"])
             continue
         s = row["shapes"]
-        shapes = f"{s['small']} small · {s['large']} large"
-        if s["held_out"]:
-            shapes += f" · {s['held_out']} held-out"
+        shapes = " · ".join(f"{n} {label}" for n, label in (
+            (s["small"], "small"), (s["large"], "large"), (s["held_out"], "held-out")) if n)
+        inputs = _inputs_text(row.get("inputs")) or ("—" if row.get("inputs_checked") is None
+                                                     else "")
         table.add_row(f"[bold]{row['name']}[/]", row["layout"], row["family"] or "—", shapes,
-                      "✓" if row["starting_kernel"] else "—", row["path"])
+                      inputs, "✓" if row["starting_kernel"] else "—", row["path"])
     if rows:
         console.print(table)
     elif not directory:
@@ -117,6 +177,22 @@ def _table(rows: list[dict[str, Any]], directory: str | None) -> None:
     if directory and not any(r["origin"] == "found" for r in rows):
         console.print(f"no task directories under {directory} (looked for task.toml, "
                       "baseline.py, kernel_task.yaml)")
+
+
+def _inputs_text(inputs: dict[str, Any] | None) -> str:
+    """``config_0: bf16[2,64,256] bf16[256]`` lines: the effective input shapes."""
+    if not inputs:
+        return ""
+    lines = []
+    for name, info in inputs.items():
+        arrays = " ".join(f"{_short_dtype(d)}[{','.join(map(str, s))}]" for s, d in info["inputs"])
+        lines.append(f"{name}: {arrays}" if len(inputs) > 1 else arrays)
+    return "\n".join(lines)
+
+
+def _short_dtype(dtype: str) -> str:
+    return {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int32": "i32",
+            "int8": "i8", "bool": "bool", "int64": "i64", "float64": "f64"}.get(dtype, dtype)
 
 
 def _error(message: str, as_json: bool) -> None:

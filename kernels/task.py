@@ -38,6 +38,13 @@ class TaskError(Exception):
         super().__init__(text)
 
 
+class UnknownOverride(TaskError):
+    """A ``--set KEY`` the task has no use for (no such parameter, CONFIG key or literal).
+
+    Suite-wide overrides skip such keys for the tasks that lack them; any other
+    ``TaskError`` from an override (a size that cannot be attributed) is a real error."""
+
+
 @dataclass(frozen=True)
 class ShapeConfig:
     """One named shape configuration of a task.
@@ -92,7 +99,15 @@ class Task:
         return self.shapes
 
     def reference_source(self) -> str:
-        return self.reference_path.read_text()
+        """The reference as it runs: for a JAXBench task whose ``--set`` overrides
+        rewrote hard-coded sizes, the rewritten text (same lines)."""
+        text = self.reference_path.read_text()
+        rewrites = self.meta.get("literal_rewrites")
+        if rewrites:
+            from kernels.loaders.pysource import rewrite_numbers
+
+            text = rewrite_numbers(text, rewrites)
+        return text
 
     def starting_source(self) -> str | None:
         return self.kernel_path.read_text() if self.kernel_path else None

@@ -139,22 +139,10 @@ def _parse_overrides(items: list[str]) -> dict[str | None, dict[str, str]]:
 
 def _load(root: Path, overrides: dict[str | None, dict[str, str]]) -> tuple[Any, list[str]]:
     """The task with the overrides that apply to it (a shared key it lacks is skipped)."""
-    from kernels.loaders import load_task
-    from kernels.task import TaskError
+    from kernels.loaders import load_task, load_with_shared
 
-    task = load_task(root)
-    mine = dict(overrides.get(task.name, {}))
-    skipped = []
-    chosen: dict[str, str] = {}
-    for key, value in overrides.get(None, {}).items():
-        try:
-            load_task(root, {**chosen, key: value})
-        except TaskError:
-            skipped.append(key)
-            continue
-        chosen[key] = value
-    chosen.update(mine)
-    return (load_task(root, chosen) if chosen else task), skipped
+    name = load_task(root).name
+    return load_with_shared(root, overrides.get(None), overrides.get(name))
 
 
 def _find_session(base: Path, task: Any) -> Path | None:

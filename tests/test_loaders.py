@@ -18,13 +18,14 @@ from pathlib import Path
 import pytest
 
 from kernels.loaders import (
+    load_with_shared,
     bundled_tasks,
     detect_layout,
     find_tasks,
     load_task,
     parse_overrides,
 )
-from kernels.task import Task, TaskError
+from kernels.task import Task, TaskError, UnknownOverride
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "tasks"
@@ -218,17 +219,56 @@ def test_malformed_jaxbench_baseline(tmp_path: Path, source: str, line: int | No
     assert words in str(info.value) and info.value.expected
 
 
-def test_jaxbench_warns_when_create_inputs_ignores_config(tmp_path: Path) -> None:
-    root = write(tmp_path / "wl", {"baseline.py": """
-        import jax
-        CONFIG = {'m': 4096}
-        def create_inputs(dtype=None):
-            return (jax.numpy.ones((4096, 4096)),)
-        def workload(x):
-            return x
-    """})
-    task = load_task(root, {"m": "8"})
-    assert "never reads CONFIG" in task.meta["warnings"][0]
+KERNELBENCH_STYLE = """
+    import jax
+    CONFIG = {'batch_size': 4096, 'in_features': 8192, 'out_features': 8192, 'scale': 2.0}
+    def create_inputs(dtype=None):
+        key = jax.random.key(0)
+        k1, k2 = jax.random.split(key, 2)
+        x = jax.random.uniform(k1, (4096, 8192))
+        w = jax.random.normal(k2, (8192, 8192)) * 0.02
+        return x, w
+    def workload(x, w):
+        return (x @ w) * 2.0
+"""
+
+
+def test_jaxbench_set_rewrites_hard_coded_sizes(tmp_path: Path) -> None:
+    root = write(tmp_path / "kb", {"baseline.py": KERNELBENCH_STYLE})
+    task = load_task(root, {"batch_size": "8", "in_features": "128", "out_features": "128"})
+    assert sorted(task.meta["literal_rewrites"]) == [[4096, 8], [8192, 128]]
+    source = task.reference_source()
+    # same lines, sizes replaced; the split count (2) and the scale literal untouched
+    assert len(source.splitlines()) == len((root / "baseline.py").read_text().splitlines())
+    assert "(8, 128)" in source and "(128, 128)" in source
+    assert "split(key, 2)" in source and "* 2.0" in source
+    assert task.meta["config"]["in_features"] == 128
+
+
+def test_jaxbench_set_refuses_a_size_two_keys_share(tmp_path: Path) -> None:
+    root = write(tmp_path / "kb", {"baseline.py": KERNELBENCH_STYLE})
+    with pytest.raises(TaskError) as info:
+        load_task(root, {"in_features": "128"})
+    message = str(info.value)
+    assert "8192" in message and "out_features" in message and info.value.line == 6
+    with pytest.raises(TaskError):  # both set, to different values: still ambiguous
+        load_task(root, {"in_features": "128", "out_features": "256"})
+
+
+def test_jaxbench_set_refuses_a_key_that_reaches_nothing(tmp_path: Path) -> None:
+    root = write(tmp_path / "kb", {"baseline.py": KERNELBENCH_STYLE.replace(
+        "'scale': 2.0", "'heads': 16")})
+    with pytest.raises(UnknownOverride) as info:
+        load_task(root, {"heads": "4"})
+    assert "cannot reach the inputs" in str(info.value)
+
+
+def test_shared_overrides_apply_together_and_skip_unknown_keys(tmp_path: Path) -> None:
+    root = write(tmp_path / "kb", {"baseline.py": KERNELBENCH_STYLE})
+    task, skipped = load_with_shared(root, {"in_features": "64", "out_features": "64",
+                                            "seq_len": "32"})
+    assert skipped == ["seq_len"]
+    assert task.meta["literal_rewrites"] == [[8192, 64]]
 
 
 # -- MaxKernel ------------------------------------------------------------------------
@@ -526,9 +566,10 @@ def test_maxkernel_set_reaches_sizes_inside_get_inputs() -> None:
     assert np.all(rt.reference(x, w, b) >= 0)
     # The rewritten code keeps the YAML's line numbers.
     rt = _runtime(load_task(FIXTURES / "maxkernel_gemm_relu", {"in_features": "'wide'"}))
-    with pytest.raises(TypeError) as info:
+    with pytest.raises(TaskError) as info:
         rt.make_inputs(rt.configs()[0], _key(1))
-    frames = [f for f in traceback.extract_tb(info.value.__traceback__)
+    assert info.value.line == 15 and "TypeError" in str(info.value)
+    frames = [f for f in traceback.extract_tb(info.value.__cause__.__traceback__)
               if f.filename.endswith("kernel_task.yaml")]
     assert frames[-1].lineno == 15 and "config['in_features']" in frames[-1].line
 
@@ -541,7 +582,25 @@ def test_maxkernel_errors_inside_get_inputs_point_at_the_yaml_line(tmp_path: Pat
                             "      return undefined_name\n",
         "reference.py": REF_COMPUTATION})
     rt = _runtime(load_task(root))
-    with pytest.raises(NameError) as info:
+    with pytest.raises(TaskError) as info:
         rt.make_inputs(rt.configs()[0], _key(0))
-    frame = traceback.extract_tb(info.value.__traceback__)[-1]
+    assert info.value.path.endswith("kernel_task.yaml") and info.value.line == 5
+    assert "NameError" in str(info.value)
+    frame = traceback.extract_tb(info.value.__cause__.__traceback__)[-1]
     assert frame.filename.endswith("kernel_task.yaml") and frame.lineno == 5
+
+
+def test_maxkernel_input_code_sees_jax_and_jnp_like_maxkernels_harness(tmp_path: Path) -> None:
+    """33 of MaxKernel's public tasks write `def get_inputs(dtype=jnp.bfloat16):` without
+    importing jnp: MaxKernel's harness execs the code where jax and jnp are imported."""
+    root = write(tmp_path / "mk", {
+        "kernel_task.yaml": "task_id: t\nrtol: 0.1\ninput_gen_code: |\n"
+                            "  def get_inputs(dtype=jnp.bfloat16):\n"
+                            "      x = jax.random.normal(jax.random.key(0), (8, 128), dtype)\n"
+                            "      return [x, x], []\n",
+        "reference.py": REF_COMPUTATION})
+    rt = _runtime(load_task(root))
+    (x, _), static = rt.make_inputs(rt.configs()[0], _key(0))
+    assert x.shape == (8, 128) and str(x.dtype) == "bfloat16" and static == ()
+    dyn, static, how = rt.input_signature(rt.configs()[0])
+    assert how == "abstract" and [tuple(a.shape) for a in dyn] == [(8, 128), (8, 128)]

@@ -18,7 +18,8 @@ Handler = Callable[[dict[str, Any]], dict[str, Any]]
 OPS: dict[str, Handler] = {}
 
 # Worker-side modules that register more ops; a missing one is skipped.
-PLUGIN_MODULES = ("kernels.harness.profile_op",)
+PLUGIN_MODULES = ("kernels.harness.profile_op", "kernels.harness.inputs_op",
+                  "kernels.harness.lookup_op")
 
 
 def op(name: str) -> Callable[[Handler], Handler]:
@@ -35,7 +36,9 @@ def op(name: str) -> Callable[[Handler], Handler]:
 def hello(payload: dict[str, Any]) -> dict[str, Any]:
     from kernels.harness.backend import backend_info
 
-    return {"backend": backend_info(), "pid": os.getpid(), "ops": sorted(OPS)}
+    # The pid as the app sees it (getpid() is 1 inside the worker's PID namespace).
+    pid = int(os.readlink("/proc/self")) if os.path.exists("/proc/self") else os.getpid()
+    return {"backend": backend_info(), "pid": pid, "ops": sorted(OPS)}
 
 
 @op("eval")

@@ -25,8 +25,11 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import linecache
+import os
 import sys
+import time
 import traceback
 import types
 from collections.abc import Callable, Iterator
@@ -72,7 +75,11 @@ class TaskRuntime:
         root = str(task.root)
         if root not in sys.path:  # a reference may import helpers next to it
             sys.path.append(root)
-        self.ref_module = _import_task_file(task.reference_path)
+        try:
+            source = task.reference_source()
+        except OSError as exc:
+            raise TaskError(task.reference_path, f"cannot read: {exc.strerror or exc}") from exc
+        self.ref_module = _import_task_file(task.reference_path, source)
         self._candidate_name: str | None = None
 
     # -- shapes --------------------------------------------------------------------
@@ -97,6 +104,31 @@ class TaskRuntime:
 
     def reference(self, *args: Any) -> Any:
         return self._reference_fn()(*args)
+
+    def input_signature(self, config: ShapeConfig) -> tuple[list[Any], list[Any], str]:
+        """The inputs' shapes and dtypes without building them: the input builder runs
+        under ``jax.eval_shape`` (TPU-sized tasks cost nothing), or for real when it
+        needs concrete values (Python control flow on arrays). Returns (dynamic
+        ShapeDtypeStructs, static args, how: ``abstract`` or ``concrete``).
+        Raises ``TaskError`` when the builder fails."""
+        statics: list[tuple] = []
+
+        def build() -> tuple:
+            dyn, static = self.make_inputs(config, None)
+            statics.append(static)  # static args are Python values: kept out of the trace
+            return dyn
+
+        try:
+            dyn = jax.eval_shape(build)
+            static = statics[-1]
+            how = "abstract"
+        except TaskError as exc:
+            if not isinstance(exc.__cause__, jax.errors.JAXTypeError | TypeError):
+                raise
+            dyn, static = self.make_inputs(config, jax.random.PRNGKey(0))
+            dyn = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in dyn)
+            how = "concrete"
+        return list(dyn), list(static), how
 
     def flops(self, config: ShapeConfig, inputs: tuple) -> float | None:
         return None
@@ -128,7 +160,8 @@ class TaskRuntime:
 class NativeRuntime(TaskRuntime):
     def make_inputs(self, config: ShapeConfig, key: jax.Array) -> tuple[tuple, tuple]:
         fn = self.ref_module.make_inputs
-        out = fn(key, **config.params)
+        key = jax.random.PRNGKey(0) if key is None else key
+        out = _task_call(fn, self.task.reference_path, key, **config.params)
         return _arrays(out, self.task.reference_path, fn, "make_inputs", "a tuple of arrays"), ()
 
     def _reference_fn(self) -> Callable[..., Any]:
@@ -165,9 +198,16 @@ class JaxBenchRuntime(TaskRuntime):
         if _accepts(fn, "dtype"):
             kwargs["dtype"] = jnp.dtype(config.params.get("dtype", "float32"))
         with _seeded_by(key):
-            out = fn(**kwargs)
+            out = _task_call(fn, self.task.reference_path, **kwargs)
+        # Trailing Python scalars (a group count, a flag) are static arguments of workload.
+        static: tuple = ()
+        if isinstance(out, tuple | list):
+            split = len(out)
+            while split and isinstance(out[split - 1], int | float | bool | str | None):
+                split -= 1
+            out, static = tuple(out[:split]), tuple(out[split:])
         return _arrays(out, self.task.reference_path, fn, "create_inputs",
-                       "a tuple of arrays (workload(*inputs) is called with them)"), ()
+                       "a tuple of arrays (workload(*inputs) is called with them)"), static
 
     def flops(self, config: ShapeConfig, inputs: tuple) -> float | None:
         fn = getattr(self.ref_module, "get_flops", None)
@@ -190,8 +230,20 @@ class MaxKernelRuntime(TaskRuntime):
             code = replace_literals(code, overrides)
         offset = int(task.meta.get("input_gen_line_offset", 0))
         # Pad with blank lines so tracebacks point at the YAML file's own line numbers.
-        self.gen_module = _exec_source("\n" * offset + code, str(task.input_gen_path),
-                                       f"tilewright_input_gen_{next(_module_ids)}", task_file=True)
+        # MaxKernel's harness execs input_gen_code in a module that has already imported
+        # these: 33 of its 50 public tasks write `def get_inputs(dtype=jnp.bfloat16)`.
+        preset = {"jax": jax, "jnp": jnp, "np": np, "os": os, "time": time, "json": json}
+        try:
+            self.gen_module = _exec_source("\n" * offset + code, str(task.input_gen_path),
+                                           f"tilewright_input_gen_{next(_module_ids)}",
+                                           task_file=True, preset=preset)
+        except SyntaxError as exc:
+            raise TaskError(task.input_gen_path, f"input_gen_code: syntax error: {exc.msg}",
+                            line=exc.lineno) from exc
+        except Exception as exc:
+            raise TaskError(task.input_gen_path, f"running input_gen_code failed: "
+                            f"{type(exc).__name__}: {exc}",
+                            line=_line_in(exc, task.input_gen_path)) from exc
         self._cache: tuple[bytes, list] | None = None
         self._configs: list[ShapeConfig] | None = None
 
@@ -218,12 +270,12 @@ class MaxKernelRuntime(TaskRuntime):
         return pairs[index]
 
     def _pairs(self, key: jax.Array) -> list[tuple[tuple, tuple]]:
-        stamp = np.asarray(jax.random.key_data(key)).tobytes()
-        if self._cache and self._cache[0] == stamp:
+        stamp = b"" if key is None else np.asarray(jax.random.key_data(key)).tobytes()
+        if key is not None and self._cache and self._cache[0] == stamp:
             return self._cache[1]
         fn = self.gen_module.get_inputs
         with _seeded_by(key):
-            out = fn()
+            out = _task_call(fn, self.task.input_gen_path)
         pairs = _input_pairs(out, self.task.input_gen_path, fn)
         self._cache = (stamp, pairs)
         return pairs
@@ -231,14 +283,15 @@ class MaxKernelRuntime(TaskRuntime):
 
 # -- helpers ---------------------------------------------------------------------------
 
-def _exec_source(source: str, filename: str, name: str,
-                 task_file: bool = False) -> types.ModuleType:
+def _exec_source(source: str, filename: str, name: str, task_file: bool = False,
+                 preset: dict[str, Any] | None = None) -> types.ModuleType:
     code = compile(source, filename, "exec", dont_inherit=True)
     # Tracebacks and inspect.getsource read lines through linecache: keep the text there
     # even when the file exists only in the app (a proposed candidate).
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     module = types.ModuleType(name)
     module.__file__ = filename
+    module.__dict__.update(preset or {})
     sys.modules[name] = module  # dataclasses and pickling look modules up by name
     try:
         exec(code, module.__dict__)
@@ -249,12 +302,14 @@ def _exec_source(source: str, filename: str, name: str,
     return module
 
 
-def _import_task_file(path: Path) -> types.ModuleType:
-    """Import a task's own Python file; its failures are the task's, reported as TaskError."""
-    try:
-        source = path.read_text()
-    except OSError as exc:
-        raise TaskError(path, f"cannot read: {exc.strerror or exc}") from exc
+def _import_task_file(path: Path, source: str | None = None) -> types.ModuleType:
+    """Import a task's own Python file (or ``source``, its effective text: sizes rewritten
+    by ``--set``); its failures are the task's, reported as TaskError."""
+    if source is None:
+        try:
+            source = path.read_text()
+        except OSError as exc:
+            raise TaskError(path, f"cannot read: {exc.strerror or exc}") from exc
     name = f"tilewright_task_{path.stem}_{next(_module_ids)}"
     try:
         return _exec_source(source, str(path), name, task_file=True)
@@ -263,6 +318,21 @@ def _import_task_file(path: Path) -> types.ModuleType:
     except Exception as exc:
         raise TaskError(path, f"importing it failed: {type(exc).__name__}: {exc}",
                         line=_line_in(exc, path)) from exc
+
+
+def _task_call(fn: Callable[..., Any], path: Path | None, *args: Any, **kwargs: Any) -> Any:
+    """Call the task's own input builder: its exceptions are the task's fault, reported
+    as a ``TaskError`` naming the task file and the line that failed."""
+    try:
+        return fn(*args, **kwargs)
+    except TaskError:
+        raise
+    except Exception as exc:
+        name = getattr(fn, "__name__", "the input builder")
+        where = Path(path) if path else Path("?")
+        raise TaskError(where, f"{name}() failed: {type(exc).__name__}: {exc}",
+                        line=_line_in(exc, where),
+                        expected="an input builder that runs on its own") from exc
 
 
 def _line_in(exc: BaseException, path: Path) -> int | None:
@@ -355,10 +425,16 @@ def _accepts_positional(fn: Any) -> bool:
                and p.default is p.empty for p in params)
 
 
+def salt_of(key: jax.Array | None) -> int:
+    """The integer folded into a task's own seeds for a trial key (0 for None: the
+    abstract pass of ``input_signature``, which only needs shapes)."""
+    return 0 if key is None else int(jax.random.randint(key, (), 0, 2**31 - 1))
+
+
 @contextlib.contextmanager
-def _seeded_by(key: jax.Array) -> Iterator[None]:
+def _seeded_by(key: jax.Array | None) -> Iterator[None]:
     """Fold ``key`` into every PRNG key and numpy seed created inside the block."""
-    salt = int(jax.random.randint(key, (), 0, 2**31 - 1))
+    salt = salt_of(key)
     random = jax.random
     saved = (random.key, random.PRNGKey, np.random.seed, np.random.default_rng)
     orig_key, orig_prng, orig_seed, orig_rng = saved

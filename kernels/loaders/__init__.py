@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kernels.loaders import jaxbench, maxkernel, native
-from kernels.task import Task, TaskError
+from kernels.task import Task, TaskError, UnknownOverride
 
 BUNDLED_DIR = Path(__file__).resolve().parent.parent / "bundled"
 
@@ -54,10 +54,34 @@ def load_task(path: str | Path, overrides: dict[str, Any] | None = None) -> Task
                              "baseline.py (JAXBench)")
 
 
-def find_tasks(directory: str | Path) -> list[Task | TaskError]:
+def load_with_shared(path: str | Path, shared: dict[str, Any] | None,
+                     own: dict[str, Any] | None = None) -> tuple[Task, list[str]]:
+    """Load a task with suite-wide overrides: the ``shared`` keys the task has no use
+    for are skipped (and returned), ``own`` ones must all apply. The applicable keys are
+    applied together, so a size shared by two keys (``in_features`` and
+    ``out_features`` both 8192) can be rewritten when both are set; a combination the
+    task refuses raises its ``TaskError``. Returns (task, skipped keys)."""
+    skipped = []
+    chosen: dict[str, Any] = {}
+    for key, value in (shared or {}).items():
+        try:
+            load_task(path, {key: value})
+        except UnknownOverride:
+            skipped.append(key)
+            continue
+        except TaskError:
+            pass  # a known key that needs a partner (checked together below)
+        chosen[key] = value
+    chosen.update(own or {})
+    return load_task(path, chosen or None), skipped
+
+
+def find_tasks(directory: str | Path,
+               overrides: dict[str, Any] | None = None) -> list[Task | TaskError]:
     """Every task under ``directory`` (recursively, all layouts), broken ones as errors.
 
     A task directory is not searched further: its subfolders belong to the task.
+    ``overrides`` apply to every task that has the key (``load_with_shared``).
     """
     root = Path(directory).expanduser()
     if not root.is_dir():
@@ -70,7 +94,8 @@ def find_tasks(directory: str | Path) -> list[Task | TaskError]:
             continue
         dirs[:] = []
         try:
-            found.append(load_task(here))
+            found.append(load_with_shared(here, overrides)[0] if overrides
+                         else load_task(here))
         except TaskError as exc:
             found.append(exc)
     return found

@@ -29,8 +29,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kernels.loaders.pysource import PySource, parse_literal
-from kernels.task import ShapeConfig, Task, TaskError
+from kernels.loaders.pysource import PySource, number_sites, parse_literal
+from kernels.task import ShapeConfig, Task, TaskError, UnknownOverride
 
 DEFAULT_TOL = 1e-2  # JAXBench's harness: np.allclose(atol=rtol=1e-2)
 DTYPES = ("float32", "bfloat16", "float16")
@@ -45,37 +45,20 @@ def load(root: Path, overrides: dict[str, Any] | None = None) -> Task:
     constants = {k: v for k, v in src.literal_constants().items()
                  if k != "CONFIG" and not k.startswith("_")}
 
-    params: dict[str, Any] = {}
-    warnings: list[str] = []
-    for key, raw in (overrides or {}).items():
-        value = parse_literal(raw) if isinstance(raw, str) else raw
-        if key == "dtype":
-            if value not in DTYPES:
-                raise TaskError(path, f"--set dtype={value}: unsupported dtype",
-                                expected="one of " + ", ".join(DTYPES))
-            if not create_inputs.accepts_keyword("dtype"):
-                raise TaskError(path, f"--set dtype={value}: create_inputs takes no dtype parameter",
-                                line=create_inputs.line, expected="def create_inputs(dtype=...)")
-        elif key not in config and key not in constants:
-            known = sorted([*config, *constants, "dtype"])
-            raise TaskError(path, f"--set {key}={raw}: not a CONFIG key nor a module-level constant",
-                            expected="one of " + ", ".join(known))
-        params[key] = value
-    size_keys = [k for k in params if k != "dtype"]
-    if size_keys and not any(src.reads_name("create_inputs", name)
-                             for name in ["CONFIG", *size_keys]):
-        warnings.append(f"{path}:{create_inputs.line}: create_inputs never reads CONFIG, so "
-                        f"--set {', '.join(size_keys)} may not change the input sizes")
+    params, rewrites = _apply_overrides(src, config, constants, overrides, path,
+                                        create_inputs.accepts_keyword("dtype"),
+                                        create_inputs.line)
 
     meta: dict[str, Any] = {
         "config": {**config, **{k: v for k, v in params.items() if k in config}},
         "dtype": params.get("dtype", "float32"),
         "has_flops": "get_flops" in src.functions(),
     }
+    if rewrites:
+        # [[old, new], ...]: hard-coded sizes replaced in baseline.py (see _apply_overrides)
+        meta["literal_rewrites"] = [[old, new] for old, new in rewrites.items()]
     if overrides:
         meta["overrides"] = dict(overrides)
-    if warnings:
-        meta["warnings"] = warnings
     optimized = root / "optimized.py"
     return Task(
         name=root.name, root=root, layout="jaxbench",
@@ -85,6 +68,88 @@ def load(root: Path, overrides: dict[str, Any] | None = None) -> Task:
         require_pallas=True, family=None,
         kernel_path=optimized if optimized.is_file() else None, meta=meta,
     )
+
+
+def _apply_overrides(src: PySource, config: dict[str, Any], constants: dict[str, Any],
+                     overrides: dict[str, Any] | None, path: Path, takes_dtype: bool,
+                     inputs_line: int) -> tuple[dict[str, Any], dict[Any, Any]]:
+    """Validate ``--set`` pairs and decide how each one reaches the inputs.
+
+    A key reaches them in one of three ways, or it is refused (never silently ignored):
+
+    - the baseline reads ``CONFIG['key']`` somewhere: the value is written into CONFIG;
+    - a module-level constant of that name: the module global is set;
+    - the KernelBench-derived workloads copy CONFIG's numbers into literals
+      (``jax.random.uniform(key, (4096, 8192))``): every literal equal to the old value
+      is rewritten, provided that value identifies the key. When two keys share the
+      value (``in_features`` = ``out_features`` = 8192) both must be set, to the same
+      new value, or the literal cannot be attributed and the override is refused with
+      the line that hard-codes it.
+
+    Returns the params and the ``{old: new}`` literal rewrites.
+    """
+    params: dict[str, Any] = {}
+    for key, raw in (overrides or {}).items():
+        value = parse_literal(raw) if isinstance(raw, str) else raw
+        if key == "dtype":
+            if value not in DTYPES:
+                raise TaskError(path, f"--set dtype={value}: unsupported dtype",
+                                expected="one of " + ", ".join(DTYPES))
+            if not takes_dtype:
+                raise TaskError(path, f"--set dtype={value}: create_inputs takes no dtype parameter",
+                                line=inputs_line, expected="def create_inputs(dtype=...)")
+        elif key not in config and key not in constants:
+            known = sorted([*config, *constants, "dtype"])
+            raise UnknownOverride(path, f"--set {key}={raw}: not a CONFIG key nor a module-level constant",
+                            expected="one of " + ", ".join(known))
+        params[key] = value
+
+    read_keys = _config_keys_read(src)
+    literal_keys = [k for k in params if k in config and k not in read_keys and k != "dtype"]
+    rewrites: dict[Any, Any] = {}
+    if not literal_keys:
+        return params, rewrites
+    sites = number_sites(src.tree)
+    for key in literal_keys:
+        old, new = config[key], params[key]
+        if type(old) not in (int, float) or type(new) not in (int, float):
+            raise TaskError(path, f"--set {key}={new!r}: baseline.py never reads CONFIG[{key!r}] "
+                            f"and its value {old!r} is not a number that could be hard-coded",
+                            expected="a CONFIG key that the baseline reads")
+        where = [s for s in sites if type(s.value) is type(old) and s.value == old]
+        if not where:
+            raise UnknownOverride(path, f"--set {key}={new}: baseline.py never reads CONFIG[{key!r}] "
+                            f"and no literal {old!r} appears in its functions, so the override "
+                            "cannot reach the inputs", line=inputs_line,
+                            expected="a key create_inputs uses; its sizes are hard-coded")
+        sharing = sorted(k for k, v in config.items()
+                         if k != key and type(v) is type(old) and v == old and k not in read_keys)
+        clash = [k for k in sharing if params.get(k, old) != new]
+        if clash:
+            first = where[0]
+            raise TaskError(path, f"--set {key}={new}: the size {old!r} is hard-coded "
+                            f"({first.function}, line {first.line}) and also equals "
+                            f"CONFIG[{clash[0]!r}], so the literal cannot be attributed to "
+                            f"{key!r}", line=first.line,
+                            expected=f"set {', '.join(clash)} to {new!r} as well (the same "
+                                     "value), or edit baseline.py to read CONFIG")
+        if old in rewrites and rewrites[old] != new:
+            raise TaskError(path, f"--set {key}={new}: conflicting values for the literal {old!r}",
+                            line=where[0].line)
+        if old != new:
+            rewrites[old] = new
+    return params, rewrites
+
+
+def _config_keys_read(src: PySource) -> set[str]:
+    """CONFIG keys the baseline reads by name: the key's string appears somewhere other
+    than CONFIG's own display (``CONFIG['M']``, ``C = CONFIG; C['M']``, ``.get('M')``)."""
+    own: set[int] = set()
+    node = src.assignments().get("CONFIG")
+    if node is not None and isinstance(node.value, ast.Dict):
+        own = {id(k) for k in node.value.keys if k is not None}
+    return {n.value for n in ast.walk(src.tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in own}
 
 
 def _config(src: PySource) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from typing import Any
 import yaml
 
 from kernels.loaders.pysource import PySource, literal_sites, parse_literal
-from kernels.task import ShapeConfig, Task, TaskError
+from kernels.task import ShapeConfig, Task, TaskError, UnknownOverride
 
 DEFAULT_TOL = 1e-2
 
@@ -163,7 +163,7 @@ def _overrides(gen: PySource, overrides: dict[str, Any] | None, path: Path) -> d
     params: dict[str, Any] = {}
     for key, raw in (overrides or {}).items():
         if key not in sites or key == "index":
-            raise TaskError(path, f"--set {key}={raw}: input_gen_code sets no literal named {key!r}",
+            raise UnknownOverride(path, f"--set {key}={raw}: input_gen_code sets no literal named {key!r}",
                             expected="one of " + ", ".join(sorted(sites))
                             if sites else "input_gen_code has no named literals to set")
         params[key] = parse_literal(raw) if isinstance(raw, str) else raw

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from kernels.loaders.pysource import PySource, parse_literal
-from kernels.task import ShapeConfig, Task, TaskError
+from kernels.task import ShapeConfig, Task, TaskError, UnknownOverride
 
 TOP_LEVEL_KEYS = {"name", "description", "family", "require_pallas", "atol", "rtol",
                   "tolerance", "shapes"}
@@ -217,7 +217,7 @@ def _apply_overrides(shapes: tuple[ShapeConfig, ...], overrides: dict[str, Any],
         value = parse_literal(raw_value) if isinstance(raw_value, str) else raw_value
         target, _, key = raw_key.rpartition(".")
         if target and target not in names:
-            raise TaskError(path, f"--set {raw_key}={raw_value}: no shape named {target!r}",
+            raise UnknownOverride(path, f"--set {raw_key}={raw_value}: no shape named {target!r}",
                             expected="one of " + ", ".join(sorted(names)))
         hit = False
         for shape, p in zip(shapes, params, strict=True):
@@ -228,7 +228,7 @@ def _apply_overrides(shapes: tuple[ShapeConfig, ...], overrides: dict[str, Any],
                 hit = True
         if not hit:
             known = sorted({k for p in params for k in p} | set(make_inputs.params[1:]))
-            raise TaskError(path, f"--set {raw_key}={raw_value}: no shape parameter {key!r}",
+            raise UnknownOverride(path, f"--set {raw_key}={raw_value}: no shape parameter {key!r}",
                             expected="one of " + ", ".join(known) if known else
                             "make_inputs takes no shape parameters")
     return tuple(ShapeConfig(s.name, p, s.size, s.held_out, s.atol, s.rtol)

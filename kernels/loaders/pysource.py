@@ -176,3 +176,67 @@ def replace_literals(source: str, values: dict[str, Any]) -> str:
     for begin, end, text in sorted(edits, reverse=True):
         data = data[:begin] + text + data[end:]
     return data.decode()
+
+
+# Calls whose numeric arguments are counts or seeds, never sizes: a literal there is
+# left alone even when it equals a size being changed (``jax.random.split(key, 2)``).
+_NOT_SIZES = {"split", "range", "key", "PRNGKey", "fold_in", "seed", "default_rng",
+              "RandomState", "enumerate"}
+# Functions whose literals never matter for inputs or the reference.
+_SKIPPED_FUNCTIONS = {"benchmark", "main"}
+
+
+@dataclass(frozen=True)
+class NumberSite:
+    """A numeric literal inside a function of a task file: where a size is hard-coded."""
+
+    value: int | float
+    function: str
+    line: int
+    col: int
+    end_col: int
+
+
+def number_sites(tree: ast.Module) -> list[NumberSite]:
+    """Numeric literals inside the module's top-level functions (not ``benchmark``),
+    except arguments of count/seed calls (``split``, ``range``, ``key``, ...) and
+    literals of a single line. Sorted by position."""
+    excluded: set[int] = set()
+    sites: list[NumberSite] = []
+    for fn in tree.body:
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        if fn.name in _SKIPPED_FUNCTIONS:
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Call):
+                callee = node.func
+                name = callee.attr if isinstance(callee, ast.Attribute) else \
+                    getattr(callee, "id", None)
+                if name in _NOT_SIZES:
+                    for arg in [*node.args, *(k.value for k in node.keywords)]:
+                        excluded.update(id(n) for n in ast.walk(arg))
+        for node in ast.walk(fn):
+            if (isinstance(node, ast.Constant) and type(node.value) in (int, float)
+                    and id(node) not in excluded and node.lineno == node.end_lineno):
+                sites.append(NumberSite(node.value, fn.name, node.lineno, node.col_offset,
+                                        node.end_col_offset))  # type: ignore[arg-type]
+    return sorted(sites, key=lambda s: (s.line, s.col))
+
+
+def rewrite_numbers(source: str, values: dict[int | float, int | float] | list) -> str:
+    """``source`` with every ``number_sites`` literal equal to a key of ``values`` (same
+    type: 2 is not 2.0) replaced by its new value. Line numbers are kept.
+
+    ``values`` may be a list of ``[old, new]`` pairs (how it travels in JSON)."""
+    pairs = values.items() if isinstance(values, dict) else [tuple(p) for p in values]
+    table = {(type(old), old): new for old, new in pairs}
+    lines = source.splitlines(keepends=True)
+    for site in reversed(number_sites(ast.parse(source))):
+        new = table.get((type(site.value), site.value))
+        if new is None:
+            continue
+        line = lines[site.line - 1].encode()
+        line = line[:site.col] + repr(new).encode() + line[site.end_col:]
+        lines[site.line - 1] = line.decode()
+    return "".join(lines)
