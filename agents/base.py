@@ -2,7 +2,8 @@
 
 The offline agent, the Claude agent and the scripted test agent all plug into the
 controller the same way: ``agent.propose(request)`` is an async iterator of
-``AgentEvent``s that ends with exactly one ``ProposalReady`` (or a ``Failure``).
+``AgentEvent``s that ends with exactly one ``ProposalReady``, ``Answer`` (a text-only
+reply to a question) or ``Failure`` (or ``Finished``).
 The controller cancels a reply by cancelling the task that iterates it.
 """
 
@@ -48,6 +49,11 @@ class AgentRequest:
     history: tuple[dict[str, Any], ...] = ()
     chip: str = "cpu"
     lessons: tuple[str, ...] = ()  # remembered across sessions (agents.memory)
+    # The latest diagnosis of a profile (sessions.engine's ``diagnosis`` event):
+    # {"version", "kind", "summary", "evidence": {...}, "findings": [...], "advice"}.
+    diagnosis: dict[str, Any] | None = None
+    # Read-only tools the agent may call mid-reply (agents.tools.Toolbox); None: none.
+    tools: Any = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,8 @@ class Usage:
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
     cost_usd: float = 0.0
+    # False when the model's price is unknown: cost_usd then counts nothing for it.
+    cost_known: bool = True
 
 
 # -- events streamed by an agent -------------------------------------------------------
@@ -104,6 +112,24 @@ class ProposalReady:
 
 
 @dataclass(frozen=True)
+class Answer:
+    """A reply that is an answer, not a proposal: a question asked in the chat, an
+    explanation (``/explain``). It ends the turn like a proposal does; nothing runs."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What a read-only tool (``agents.tools``) returned to the agent; shown in the chat."""
+
+    id: str
+    name: str
+    output: str
+    is_error: bool = False
+
+
+@dataclass(frozen=True)
 class Failure:
     """The agent could not produce a proposal (API error, no key, gave up)."""
 
@@ -119,7 +145,8 @@ class Finished:
     message: str
 
 
-AgentEvent = TextDelta | ToolCall | Notice | UsageReport | ProposalReady | Failure | Finished
+AgentEvent = (TextDelta | ToolCall | ToolResult | Notice | UsageReport | ProposalReady | Answer
+              | Failure | Finished)
 
 
 @runtime_checkable

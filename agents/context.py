@@ -4,7 +4,7 @@ The prompt has two parts. The stable prefix (system text, our Pallas guide, and 
 task with its reference source) is identical across every turn of a session and carries
 ``cache_control`` so Anthropic's prompt cache serves it after the first request. The
 per-turn part holds the role's instructions, the current kernel, the last evaluation,
-the profile, the chip's figures, history, notes and lessons. Everything comes from the
+the profile and its diagnosis, the chip's figures, history, notes and lessons. Everything comes from the
 ``AgentRequest``, whose ``TaskBrief`` never holds the held-out shape; evaluation
 details are copied field by field (never the per-shape ``extra``), so nothing the
 harness keeps private leaks into a prompt.
@@ -72,6 +72,8 @@ def turn_text(request: AgentRequest) -> str:
         parts.append(eval_text(request.last_eval, request.current_source, visible))
     if request.profile_summary:
         parts.append(profile_text(request.profile_summary))
+    if request.diagnosis:
+        parts.append(diagnosis_text(request.diagnosis))
     if request.history:
         parts.append(history_text(request.history))
     lessons = request.lessons or stored_lessons(request)
@@ -82,6 +84,19 @@ def turn_text(request: AgentRequest) -> str:
     if request.user_message:
         parts.append(f"## Message from the user\n{request.user_message}")
     return "\n\n".join(parts)
+
+
+def diagnosis_text(diagnosis: dict[str, Any]) -> str:
+    """The latest diagnosis (profiling.diagnose) with the numbers it rests on."""
+    lines = [f"## Diagnosis (from the profile of v{diagnosis.get('version')})",
+             str(diagnosis.get("summary", ""))]
+    for finding in diagnosis.get("findings") or []:
+        lines.append(f"- {finding.get('kind')}: {finding.get('reason')}")
+    evidence = {k: v for k, v in (diagnosis.get("evidence") or {}).items()
+                if v is not None and k != "warnings"}
+    if evidence:
+        lines.append("Evidence: " + _compact(_prune(evidence), 1500))
+    return "\n".join(lines)
 
 
 def stored_lessons(request: AgentRequest) -> tuple[str, ...]:

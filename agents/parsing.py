@@ -1,7 +1,9 @@
 """Turning a model's reply into a ``Proposal``, or into a precise follow-up question.
 
 A reply may carry a tool call (propose_plan / propose_kernel / propose_tuning) or,
-failing that, the complete kernel in one fenced python block. A reply that has no code,
+failing that, the complete kernel in one fenced python block. A text-only reply to a
+question (the request carries the person's message) or from a role that expects no
+proposal (the analyst) is an answer, not a failure. A reply that has no code,
 a syntax error, no entry point, or a tuning of names the kernel does not declare is
 answered with a follow-up that says exactly what is wrong (with line numbers), so the
 model can correct itself; the caller gives up after a limit.
@@ -17,17 +19,20 @@ from typing import Any
 from agents.base import AgentRequest, Proposal, ToolCall
 from agents.provider import FinalMessage
 from agents.roles import TOOL_KIND, role_spec
+from agents.tools import READ_TOOL_NAMES
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
 
 @dataclass(frozen=True)
 class Parsed:
-    """Either a proposal, or the follow-up to send (with the tool call it answers, if any)."""
+    """A proposal, an answer (a text-only reply to a question or an explanation), or the
+    follow-up to send (with the tool call it answers, if any)."""
 
     proposal: Proposal | None = None
     followup: str | None = None
     tool_use_id: str | None = None
+    answer: str | None = None
 
 
 def fenced_python(text: str) -> list[str]:
@@ -74,7 +79,7 @@ def parse_reply(reply: FinalMessage, request: AgentRequest) -> Parsed:
     calls = [c for c in reply.tool_calls if c.name in TOOL_KIND]
     if calls:
         return _from_tool(calls[0], reply.text, request)
-    unknown = reply.tool_calls[0] if reply.tool_calls else None
+    unknown = next((c for c in reply.tool_calls if c.name not in READ_TOOL_NAMES), None)
     if unknown is not None:
         return Parsed(followup=f"There is no tool named {unknown.name!r}; use propose_plan, "
                       "propose_kernel or propose_tuning.", tool_use_id=unknown.id)
@@ -87,6 +92,9 @@ def parse_reply(reply: FinalMessage, request: AgentRequest) -> Parsed:
         return _kernel(blocks[0], _first_line(reply.text), reply.text, request, "fenced")
     if "plan" in spec.expects and reply.text.strip():
         return Parsed(Proposal(kind="plan", summary=_first_line(reply.text), plan=reply.text.strip()))
+    if reply.text.strip() and (request.user_message or not spec.expects):
+        # A question from the person, or an explanation asked for: prose is the answer.
+        return Parsed(answer=reply.text.strip())
     if reply.stop_reason == "max_tokens":
         return Parsed(followup=("Your reply was cut off at the output token limit before any "
                                 "proposal. Send only the proposal, without long explanations."))
@@ -150,7 +158,7 @@ def _tuning(call: ToolCall, text: str, request: AgentRequest) -> Parsed:
 
 def _expected_tools(kinds: tuple[str, ...]) -> str:
     names = {v: k for k, v in TOOL_KIND.items()}
-    return " or ".join(names[k] for k in kinds)
+    return " or ".join(names[k] for k in kinds) or "a text answer"
 
 
 def _first_line(text: str) -> str:

@@ -12,6 +12,8 @@ from functools import cache
 from importlib.resources import files
 from typing import Any
 
+from agents.tools import READ_TOOLS
+
 SYSTEM_TEXT = """\
 You are a kernel engineer working inside tilewright, a workbench where a person and an \
 agent design and optimize JAX/Pallas kernels for TPUs together. You propose; the person \
@@ -26,9 +28,14 @@ with the reference's signature. It must use `jax.experimental.pallas` (`pl.palla
 and should declare its tunable block sizes as module constants plus a literal \
 `TUNABLES = {"NAME": [choices...]}` dict, clamping to the array with `min(BLOCK, n)`.
 - Do not hard-code shapes: read them from the inputs. Never pass `interpret=`.
-- Answer with exactly one tool call (propose_plan, propose_kernel or propose_tuning), \
-after a short explanation. If you cannot use tools, put the complete kernel in a single \
-```python fenced block.
+- To propose, answer with exactly one tool call (propose_plan, propose_kernel or \
+propose_tuning), after a short explanation. If you cannot use tools, put the complete \
+kernel in a single ```python fenced block.
+- When the person asks a question, or you are asked to explain, answer in plain text \
+without a proposing tool call: a text-only reply is shown as your answer.
+- Read-only tools (lookup_api, get_version, diff_versions, chip_info) need no approval: \
+call them whenever a fact would help, e.g. lookup_api("pl.BlockSpec") before relying on \
+a Pallas API, since the API changes between JAX releases.
 - Be concrete and brief: say what you change and why it should be faster or correct.
 """
 
@@ -74,6 +81,8 @@ TOOLS: list[dict[str, Any]] = [
     },
 ]
 
+TOOLS += READ_TOOLS  # read-only: answered mid-reply, no approval (agents.tools)
+
 TOOL_KIND = {"propose_plan": "plan", "propose_kernel": "kernel", "propose_tuning": "tuning"}
 
 
@@ -88,9 +97,11 @@ class RoleSpec:
 ROLES: dict[str, RoleSpec] = {
     "plan": RoleSpec(
         "plan", "planner",
-        "Study the reference and the current state. Propose a plan (propose_plan): the "
-        "kernel structure (grid, blocks, what stays in VMEM), the first version to write, "
-        "and what to tune after it is correct.",
+        "Study the reference and the current state. Propose a plan (propose_plan) as a "
+        "numbered list, one line per step (`1. ...`), each step one kernel change that can "
+        "be evaluated on its own: the kernel structure (grid, blocks, what stays in VMEM), "
+        "the first version to write, and what to tune after it is correct. The person "
+        "approves it and the implementer then carries it out one approved step at a time.",
         ("plan",)),
     "implement": RoleSpec(
         "implement", "implementer",
@@ -111,9 +122,10 @@ ROLES: dict[str, RoleSpec] = {
         ("tuning", "kernel")),
     "analyze": RoleSpec(
         "analyze", "analyst",
-        "Explain the latest evaluation and profile: where the time goes, how far from the "
-        "roofline, what limits it. Then propose the next step as a plan (propose_plan).",
-        ("plan",)),
+        "Explain the version in question, its evaluation, profile and diagnosis, or its "
+        "error: where the time goes, how far from the roofline, what limits it, and what "
+        "the next change should be. Answer in text (no proposing tool call).",
+        ()),
 }
 
 

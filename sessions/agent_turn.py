@@ -1,5 +1,6 @@
 """One agent turn: iterate ``agent.propose(request)``, pass live events on, and collect
-the reply text, the summed usage and the proposal (or the reason there is none).
+the reply text, the summed usage and the proposal, the answer (a text-only reply to a question) or the reason there is none,
+and the read-only tool calls answered on the way.
 
 ``UsageReport``s are increments (one per model reply) and are summed. A proposal that
 does not carry what its kind needs (a kernel without source, a tuning without
@@ -17,6 +18,7 @@ from typing import Any
 from agents.base import (
     Agent,
     AgentRequest,
+    Answer,
     Failure,
     Finished,
     Notice,
@@ -24,6 +26,7 @@ from agents.base import (
     ProposalReady,
     TextDelta,
     ToolCall,
+    ToolResult,
     Usage,
     UsageReport,
 )
@@ -40,6 +43,10 @@ class AgentTurn:
     failure: str | None = None
     retryable: bool = True  # False when the agent said asking again will not help
     finished: str | None = None  # the agent has nothing more to try (not an error)
+    answer: str | None = None  # a text-only reply to a question: an answer, not a failure
+    # Read-only tool calls answered during the turn: {"id", "name", "input", "output",
+    # "is_error"}; recorded with the agent.message so replay shows them too.
+    tools: list[dict[str, Any]] = field(default_factory=list)
 
     def text(self) -> str:
         return self.final_text if self.final_text else "".join(self.parts)
@@ -62,6 +69,8 @@ class AgentTurn:
             return self.failure
         if self.finished is not None:
             return self.finished
+        if self.answer is not None and self.proposal is None:
+            return None
         p = self.proposal
         if p is None:
             return "the agent ended its reply without a proposal"
@@ -92,7 +101,15 @@ async def stream_turn(agent: Agent, request: AgentRequest, turn: AgentTurn,
                 turn.parts.append(event.text)
                 live("agent.delta", text=event.text)
             elif isinstance(event, ToolCall):
+                turn.tools.append({"id": event.id, "name": event.name, "input": event.input,
+                                   "output": None, "is_error": False})
                 live("agent.tool", name=event.name, input=event.input, id=event.id)
+            elif isinstance(event, ToolResult):
+                for call in turn.tools:
+                    if call["id"] == event.id:
+                        call.update(output=event.output, is_error=event.is_error)
+                live("agent.tool_result", name=event.name, id=event.id, output=event.output,
+                     is_error=event.is_error)
             elif isinstance(event, Notice):
                 live("agent.notice", text=event.text, level=event.level)
             elif isinstance(event, UsageReport):
@@ -102,6 +119,10 @@ async def stream_turn(agent: Agent, request: AgentRequest, turn: AgentTurn,
                 turn.proposal = event.proposal
                 turn.final_text = event.text or None
                 break  # exactly one proposal ends a turn
+            elif isinstance(event, Answer):
+                turn.answer = event.text
+                turn.final_text = event.text or None
+                break  # an answer ends a turn as a proposal does
             elif isinstance(event, Failure):
                 turn.failure = event.message
                 turn.retryable = event.retryable

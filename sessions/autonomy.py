@@ -5,6 +5,8 @@ starts a fresh allowance): iterations (new kernel versions), tokens (input, cach
 output), cost in USD, and wall time. Stop rules: no improvement of the best speedup in
 K consecutive evaluations, and a target speedup reached. Each check is a pure function
 of the folded state, so a resumed session stops for the same reasons a live one would.
+``should_profile`` says when autonomous mode profiles a version (each new best, and at
+most every N evaluations otherwise) so that a diagnosis reaches the next request.
 """
 
 from __future__ import annotations
@@ -31,6 +33,13 @@ class ControllerSettings:
     target_speedup: float | None = None
     propose_after_run: bool = True  # step mode: ask for the next proposal after a run
     max_agent_failures: int = 3  # auto mode: consecutive agent failures before stopping
+    # Auto mode profiles each new best version, and any correct one once this many
+    # evaluations passed without a profile (None: only new bests); each profile gives a
+    # diagnosis that goes into the next request.
+    profile_best: bool = True
+    profile_every: int | None = 5
+    open_with_plan: bool = False  # step mode: a new session opens by asking for a plan
+    record_lessons: bool = True  # write a lesson (agents.memory) when the session ends
 
     @classmethod
     def from_config(cls, config: dict[str, Any] | None) -> ControllerSettings:
@@ -51,7 +60,11 @@ class ControllerSettings:
                 c.get("stop_after_no_improvement", defaults.stop_after_no_improvement)),
             target_speedup=_opt_float(c.get("target_speedup", defaults.target_speedup)),
             propose_after_run=bool(c.get("propose_after_run", defaults.propose_after_run)),
-            max_agent_failures=int(c.get("max_agent_failures", defaults.max_agent_failures)))
+            max_agent_failures=int(c.get("max_agent_failures", defaults.max_agent_failures)),
+            profile_best=bool(c.get("profile_best", defaults.profile_best)),
+            profile_every=_opt_int(c.get("profile_every", defaults.profile_every)),
+            open_with_plan=bool(c.get("open_with_plan", defaults.open_with_plan)),
+            record_lessons=bool(c.get("record_lessons", defaults.record_lessons)))
 
 
 def _opt_int(value: Any) -> int | None:
@@ -99,3 +112,24 @@ def duplicate_of(state: SessionState, source_blob: str | None) -> int | None:
         if version.source_blob == source_blob:
             return version.number
     return None
+
+
+def should_profile(state: SessionState, number: int, settings: ControllerSettings) -> bool:
+    """Whether autonomous mode profiles ``number`` after its evaluation: a correct version
+    not yet profiled that is the new best, or the first after ``profile_every``
+    evaluations without a profile."""
+    version = state.versions.get(number)
+    if version is None or not version.correct or version.profile_blob:
+        return False
+    if settings.profile_best and state.best == number:
+        return True
+    every = settings.profile_every
+    if not every or every <= 0:
+        return False
+    evals = 0
+    for run in reversed(list(state.runs.values())):
+        if run.kind == "profile":
+            break
+        if run.kind == "eval" and not run.cancelled:
+            evals += 1
+    return evals >= every

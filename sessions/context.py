@@ -4,9 +4,10 @@ it is asked to play next.
 Roles follow the state: no kernel yet, or an approved plan waiting, -> ``implement``;
 the current version failed (compile error, runtime error, incorrect, timeout, crash,
 integrity rejection) -> ``fix``; otherwise -> ``tune``. The request carries the current
-source and its last evaluation, the profile summary when one was taken, the notes
-since the last proposal (rejection notes, user messages, proposals that could not be
-applied, the approved plan) and the history of every version with its tunables.
+source and its last evaluation, the profile summary and the latest diagnosis when one
+was made, the notes since the last proposal (rejection notes, user messages, proposals
+that could not be applied, the approved plan with the one step to carry out now) and
+the history of every version with its tunables.
 """
 
 from __future__ import annotations
@@ -74,19 +75,44 @@ def _tunables_of(blob: str, read: Callable[[], str]) -> dict[str, Any] | None:
 
 
 def build_request(state: SessionState, log: SessionLog, brief: TaskBrief, role: str,
-                  message: str | None, chip: str) -> AgentRequest:
-    current = state.versions.get(state.current) if state.current is not None else None
+                  message: str | None, chip: str, *, version: int | None = None,
+                  tools: Any = None, lessons: tuple[str, ...] = ()) -> AgentRequest:
+    """The request for ``role``; ``version`` (``/explain v3``) puts that version in the
+    place of the current one."""
+    number = version if version is not None else state.current
+    current = state.versions.get(number) if number is not None else None
     source = log.get_blob(current.source_blob).decode() if current else None
     last_eval = read_json_blob(log.path, current.result_blob) \
         if current is not None and current.result_blob else None
     profile = read_json_blob(log.path, current.profile_blob) \
         if current is not None and current.profile_blob else None
-    plan = state.proposals[state.plan_to_implement].plan if state.plan_to_implement else None
-    notes = tuple(state.notes) + ((f"approved plan:\n{plan}",) if plan else ())
+    notes = tuple(state.notes) + plan_notes(state)
     return AgentRequest(
         role=role, task=brief, current_source=source,  # type: ignore[arg-type]
         current_version=current.number if current else None, last_eval=last_eval,
         profile_summary=profile, user_message=message, notes=notes,
         history=history(state.versions,
                         lambda n: log.get_blob(state.versions[n].source_blob).decode()),
-        chip=chip)
+        chip=chip, diagnosis=latest_diagnosis(state, number), tools=tools, lessons=lessons)
+
+
+def plan_notes(state: SessionState) -> tuple[str, ...]:
+    """The approved plan and the one step to carry out now (one approved step at a time)."""
+    if not state.plan_to_implement:
+        return ()
+    plan = state.proposals[state.plan_to_implement].plan or ""
+    steps = state.plan_steps or [plan]
+    k = min(state.plan_step, len(steps) - 1)
+    done = "".join(f"\n  done: {i + 1}. {steps[i]}" for i in range(k))
+    return (f"approved plan:\n{plan}",
+            f"carry out step {k + 1} of {len(steps)} of the approved plan now, and only that "
+            f"step: {steps[k]}{done}")
+
+
+def latest_diagnosis(state: SessionState, number: int | None) -> dict[str, Any] | None:
+    """The diagnosis of this version, else the latest one of the session (the best
+    version's profile still says what limits its descendants)."""
+    version = state.versions.get(number) if number is not None else None
+    if version is not None and version.diagnosis:
+        return version.diagnosis
+    return state.diagnoses[-1] if state.diagnoses else None

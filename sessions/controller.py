@@ -37,6 +37,7 @@ class Controller(Engine):
         """Begin or resume: settle what a crash left open, add the starting kernel, and
         carry on where the folded state says the loop stands."""
         s = self.state
+        fresh = not s.last_seq
         if s.last_seq:
             self._emit("marker", label="resumed")
             active = s.active_run
@@ -59,6 +60,8 @@ class Controller(Engine):
         action = self._idle_action()
         if action is None and not s.versions and s.pending is None:
             action = ("ask", "implement", None)
+        if action is None and self.settings.open_with_plan and fresh and s.mode == "step":
+            action = ("ask", "plan", None)  # a new session opens with a plan to approve
         if action is not None:
             self._spawn(action)
 
@@ -79,6 +82,7 @@ class Controller(Engine):
         if self.state.mode == "auto":
             self._emit("auto.stop", reason="user")
             self._emit("mode.change", mode="step", by="user")
+        self.record_lesson()
         self._emit("session.end", reason=reason)
         self._closed = True
         self.log.close()
@@ -98,6 +102,34 @@ class Controller(Engine):
             self._live("notice", text="the agent will see this with its next request",
                        level="info")
 
+    def request_plan(self, text: str | None = None) -> None:
+        """``/plan``: ask the planner for a numbered plan (with the person's wishes)."""
+        self._check_idle("ask for a plan")
+        self._emit("user.message", text=f"/plan {text}" if text else "/plan")
+        self._spawn(("ask", "plan", text or None))
+
+    def explain(self, version: int | None = None, question: str | None = None) -> None:
+        """``/explain [vN]``: ask the analyst about a version, its profile or its error;
+        the reply is an answer (nothing to approve)."""
+        self._check_idle("ask for an explanation")
+        number = self._version_arg(version)
+        self._emit("user.message", text=f"/explain v{number}" + (f" {question}" if question
+                                                                  else ""))
+        self._spawn(("ask", "analyze", question or f"Explain v{number}: what limits it, "
+                     "or why it failed, and what to change next.", number))
+
+    def edit_plan(self, plan: str) -> None:
+        """Approve the pending plan with the person's own wording of its steps."""
+        prop = self._pending()
+        if prop.kind != "plan":
+            raise ControllerError("the pending proposal is not a plan; edit its source instead")
+        if not plan.strip():
+            raise ControllerError("an edited plan needs at least one step")
+        self._emit("user.decision", proposal=prop.id, decision="approve", by="user",
+                   note="plan edited by the user", source_blob=None, plan=plan.strip())
+        if self._job is None:
+            self._spawn(("apply", prop.id))
+
     def request_proposal(self, role: str | None = None) -> None:
         """Ask the agent now (e.g. send a failing version back to the fixer)."""
         self._check_idle("ask the agent")
@@ -116,7 +148,8 @@ class Controller(Engine):
         self._emit("user.decision", proposal=prop.id, decision="reject", by="user",
                    note=note or None, source_blob=None)
         if note and self._job is None:
-            self._spawn(("ask", next_role(self.state), None))
+            # Changes asked for a plan go back to the planner, with the note.
+            self._spawn(("ask", "plan" if prop.kind == "plan" else next_role(self.state), None))
         else:
             self._kick()
 
@@ -178,6 +211,30 @@ class Controller(Engine):
         if self.state.mode == "auto" and not self._closed:
             self.set_mode("step")
         return was_busy
+
+    def record_lesson(self) -> Any:
+        """At the end of a session (quit, budget, stop rule): what worked or did not, as a
+        lesson for this family and chip (``agents.memory``), unless switched off."""
+        if not self.settings.record_lessons:
+            return None
+        from agents import memory
+        from sessions.context import history
+
+        state, log = self.state, self.log
+        rows = history(state.versions, lambda n: log.get_blob(state.versions[n].source_blob)
+                       .decode())
+        lesson = memory.lesson_from_history(rows, task=self.brief.name,
+                                            family=self.brief.family, chip=self.chip)
+        if lesson is None:
+            return None
+        try:
+            stored = memory.remember(lesson)
+        except OSError as exc:
+            self._live("notice", text=f"could not record a lesson: {exc}", level="warning")
+            return None
+        if stored is not None:  # None: the same lesson is already remembered
+            self._emit("marker", label="lesson", text=stored.text, outcome=stored.outcome)
+        return stored
 
     # -- command helpers --------------------------------------------------------------
 

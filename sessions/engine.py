@@ -22,7 +22,7 @@ from sessions.agent_turn import AgentTurn, stream_turn
 from sessions.autonomy import ControllerSettings
 from sessions.context import build_request, next_role
 from sessions.evaluator import Evaluator
-from sessions.log import SessionLog
+from sessions.log import SessionLog, read_json_blob
 from sessions.state import FAILED_STATUSES, SessionState, fold
 
 Subscriber = Callable[[dict[str, Any]], None]
@@ -53,6 +53,9 @@ class Engine:
         self.settings = settings or ControllerSettings()
         self.state = state if state is not None else fold(log.header, [])
         self.chip = chip
+        from sessions.tools import SessionTools
+
+        self.tools = SessionTools(self)  # read-only tools the agent may call mid-reply
         self._subscribers: list[Subscriber] = []
         self._job: asyncio.Task[None] | None = None
         self._job_kind: str | None = None
@@ -179,11 +182,15 @@ class Engine:
     def _stop_auto(self, reason: str) -> None:
         self._emit("auto.stop", reason=reason)
         self._emit("mode.change", mode="step", by="auto")
+        if reason != "interrupted":  # a budget or a stop rule ended the autonomous run
+            record = getattr(self, "record_lesson", None)
+            if record is not None:
+                record()
 
     async def _perform(self, action: Action) -> Action | None:
         kind = action[0]
         if kind == "ask":
-            return await self._ask(action[1], action[2])
+            return await self._ask(*action[1:])
         if kind == "auto_decide":
             return self._auto_decide(action[1])
         if kind == "apply":
@@ -192,14 +199,19 @@ class Engine:
             await self._run_eval(action[1], action[2])
             return self._after_eval(action[1])
         if kind == "profile":
-            await self._run_profile(action[1])
+            by = action[2] if len(action) > 2 else "user"
+            await self._run_profile(action[1], by)
+            if by == "auto" and self.state.mode == "auto":
+                return self._auto_continue()  # the diagnosis goes into the next request
             return None
         raise ControllerError(f"unknown action {kind!r}")
 
     # -- asking the agent -------------------------------------------------------------
 
-    async def _ask(self, role: str, message: str | None) -> Action | None:
-        request = build_request(self.state, self.log, self.brief, role, message, self.chip)
+    async def _ask(self, role: str, message: str | None,
+                   version: int | None = None) -> Action | None:
+        request = build_request(self.state, self.log, self.brief, role, message, self.chip,
+                                version=version, tools=self.tools)
         # Notes that arrive while the agent answers are kept for its next request.
         notes_seen = len(self.state.notes)
         turn = AgentTurn()
@@ -208,17 +220,23 @@ class Engine:
             await stream_turn(self.agent, request, turn, self._live)
         except asyncio.CancelledError:
             self._emit("agent.message", text=turn.text(), role=role, proposal=None,
-                       usage=turn.usage_json(), cancelled=True)
+                       usage=turn.usage_json(), cancelled=True, **_tools_field(turn))
             raise
         problem = turn.problem()
         if turn.finished is not None and turn.failure is None:
             self._emit("agent.message", text=turn.text(), role=role, proposal=None,
-                       usage=turn.usage_json())
+                       usage=turn.usage_json(), **_tools_field(turn))
             self._emit("agent.finished", message=turn.finished, role=role)
             return None  # in autonomous mode the loop then stops: agent_finished
+        if turn.answer is not None and problem is None and turn.proposal is None:
+            # A text-only reply to a question or an explanation: an answer, not a failure.
+            self._emit("agent.message", text=turn.text(), role=role, proposal=None,
+                       usage=turn.usage_json(), answer=True, notes_seen=notes_seen,
+                       about=request.current_version, **_tools_field(turn))
+            return None
         if problem is not None:
             self._emit("agent.message", text=turn.text(), role=role, proposal=None,
-                       usage=turn.usage_json())
+                       usage=turn.usage_json(), **_tools_field(turn))
             self._emit("error", message=problem, where="agent",
                        retryable=turn.failure is None or turn.retryable)
             return None
@@ -226,7 +244,7 @@ class Engine:
         assert proposal is not None
         pid = f"p{len(self.state.proposals) + 1}"
         self._emit("agent.message", text=turn.text(), role=role, proposal=pid,
-                   usage=turn.usage_json())
+                   usage=turn.usage_json(), **_tools_field(turn))
         self._emit("agent.proposal", proposal=pid, kind=proposal.kind,
                    summary=proposal.summary, rationale=proposal.rationale,
                    base_version=self.state.current,
@@ -350,6 +368,8 @@ class Engine:
             if reason is not None:
                 self._stop_auto(reason)
                 return None
+            if autonomy.should_profile(s, number, self.settings):
+                return ("profile", number, "auto")
             return self._auto_continue()
         if s.pending is not None or number != s.current:
             return None
@@ -359,9 +379,9 @@ class Engine:
             return None  # the user decides: request_proposal("fix"), an edit, a revert
         return ("ask", next_role(self.state), None) if self.settings.propose_after_run else None
 
-    async def _run_profile(self, number: int) -> None:
+    async def _run_profile(self, number: int, by: str = "user") -> None:
         rid = f"r{len(self.state.runs) + 1}"
-        self._emit("run.start", run=rid, version=number, kind="profile", by="user")
+        self._emit("run.start", run=rid, version=number, kind="profile", by=by)
         logdir = self.log.profile_dir(rid)
         try:
             data = await self.evaluator.profile(self.task, self._source_of(number), logdir)
@@ -376,3 +396,27 @@ class Engine:
         self._emit("profile.result", run=rid, version=number,
                    profile_blob=self.log.put_json_blob(data),
                    logdir=str(logdir.relative_to(self.log.path)), error=None)
+        self._diagnose(number, rid, data)
+
+    def _diagnose(self, number: int, rid: str, profile: dict[str, Any]) -> None:
+        """The profile, the static analysis and the compiler's figures -> one diagnosis
+        event (what limits this version, with the numbers), read by the next request."""
+        from profiling.diagnose import diagnose
+
+        version = self.state.versions[number]
+        result = read_json_blob(self.log.path, version.result_blob) \
+            if version.result_blob else None
+        try:
+            found = diagnose(profile, result)
+        except Exception as exc:  # a diagnosis bug must not stop the loop
+            self._emit("error", message=f"could not diagnose v{number}: {exc}",
+                       where="diagnosis")
+            return
+        if found is not None:
+            self._emit("diagnosis", version=number, run=rid, **found)
+
+
+def _tools_field(turn: AgentTurn) -> dict[str, Any]:
+    """The read-only tool calls of a turn, for its agent.message (absent when none)."""
+    calls = [c for c in turn.tools if c.get("output") is not None]
+    return {"tools": calls} if calls else {}

@@ -47,6 +47,11 @@ class PoolEvaluator:
         result.pop("_stderr", None)
         return result
 
+    async def lookup_api(self, name: str) -> dict[str, Any]:
+        """The installed JAX's signature and docstring for ``name`` (worker op ``lookup_api``)."""
+        result = await self.pool.request("lookup_api", {"name": name}, 60.0)
+        return {k: v for k, v in result.items() if not k.startswith("_")}
+
     async def backend(self) -> Backend:
         return await self.pool.backend()
 

@@ -35,6 +35,7 @@ class Version:
     result_blob: str | None = None
     run: str | None = None
     profile_blob: str | None = None
+    diagnosis: dict[str, Any] | None = None  # the latest ``diagnosis`` event's fields
 
 
 @dataclass
@@ -112,6 +113,10 @@ class SessionState:
     notes: list[str] = field(default_factory=list)
     approved_plans: list[str] = field(default_factory=list)  # proposal ids
     plan_to_implement: str | None = None
+    plan_steps: list[str] = field(default_factory=list)  # of the plan being implemented
+    plan_step: int = 0  # index of the step the implementer works on next
+    answers: int = 0  # text-only replies (questions answered, explanations)
+    diagnoses: list[dict[str, Any]] = field(default_factory=list)  # ``diagnosis`` events
     fix_streak: int = 0  # fix proposals since the last passing or user-made version
     # Evals in autonomous mode since the best speedup last improved.
     evals_without_improvement: int = 0
@@ -216,6 +221,8 @@ def fold(header: dict[str, Any], events: list[dict[str, Any]]) -> SessionState:
 # -- handlers, one per event type -----------------------------------------------------
 
 def _agent_message(s: SessionState, e: dict[str, Any]) -> None:
+    if e.get("answer"):
+        _agent_answer(s, e)
     usage = e.get("usage") or {}
     for spent in _spent_targets(s):
         spent.input_tokens += int(usage.get("input_tokens", 0) or 0) \
@@ -223,6 +230,29 @@ def _agent_message(s: SessionState, e: dict[str, Any]) -> None:
             + int(usage.get("cache_write_tokens", 0) or 0)
         spent.output_tokens += int(usage.get("output_tokens", 0) or 0)
         spent.cost_usd += float(usage.get("cost_usd", 0.0) or 0.0)
+
+
+def _agent_answer(s: SessionState, e: dict[str, Any]) -> None:
+    """A text-only reply that answered the person: what it answered is no longer news."""
+    s.answers += 1
+    seen = e.get("notes_seen")
+    s.notes = s.notes[seen:] if isinstance(seen, int) else []
+    s.agent_failures = 0
+
+
+def plan_steps(plan: str) -> list[str]:
+    """The numbered steps of a plan (``1. ...`` or ``1) ...``, continuation lines joined);
+    a plan without numbered lines is one step."""
+    import re
+
+    steps: list[str] = []
+    for line in plan.splitlines():
+        match = re.match(r"\s*(?:[-*]\s*)?(?:step\s*)?\d+[.):]\s+(.*)", line, re.IGNORECASE)
+        if match:
+            steps.append(match.group(1).strip())
+        elif steps and line.strip() and line.startswith((" ", "\t")):
+            steps[-1] += " " + line.strip()
+    return steps or [plan.strip()]
 
 
 def _user_message(s: SessionState, e: dict[str, Any]) -> None:
@@ -258,8 +288,12 @@ def _decision(s: SessionState, e: dict[str, Any]) -> None:
         if s.pending == prop.id:
             s.pending = None
         if info.decision == "approve" and prop.kind == "plan":
+            if e.get("plan"):  # the person edited the plan before approving it
+                prop.plan = str(e["plan"])
             s.approved_plans.append(prop.id)
             s.plan_to_implement = prop.id
+            s.plan_steps = plan_steps(prop.plan or "")
+            s.plan_step = 0
     if info.decision == "reject" and info.note:
         s.notes.append(f"rejected {info.proposal}: {info.note}")
     if info.decision == "reject" and info.by == "auto":
@@ -280,7 +314,9 @@ def _version(s: SessionState, e: dict[str, Any]) -> None:
     if prop is not None:
         prop.applied_version = number
         if s.plan_to_implement and prop.role == "implement":
-            s.plan_to_implement = None
+            s.plan_step += 1  # one approved step done; the next request asks for the next
+            if s.plan_step >= len(s.plan_steps):
+                s.plan_to_implement = None
     if origin != "initial":
         for spent in _spent_targets(s):
             spent.iterations += 1
@@ -350,6 +386,14 @@ def _profile_result(s: SessionState, e: dict[str, Any]) -> None:
         version.profile_blob = e["profile_blob"]
 
 
+def _diagnosis(s: SessionState, e: dict[str, Any]) -> None:
+    entry = {k: v for k, v in e.items() if k not in ("type", "seq", "t")}
+    s.diagnoses.append(entry)
+    version = s.versions.get(int(e.get("version", -1)))
+    if version is not None:
+        version.diagnosis = entry
+
+
 def _mode(s: SessionState, e: dict[str, Any]) -> None:
     mode = e.get("mode", "step")
     if mode == "auto" and s.mode != "auto":
@@ -407,6 +451,7 @@ _HANDLERS = {
     "run.start": _run_start,
     "run.result": _run_result,
     "profile.result": _profile_result,
+    "diagnosis": _diagnosis,
     "mode.change": _mode,
     "auto.stop": _auto_stop,
     "error": _error,

@@ -303,7 +303,8 @@ async def test_request_caches_the_stable_prefix_and_hides_the_held_out_shape(
     assert task_block["cache_control"] == {"type": "ephemeral"}
     assert task.reference_source().strip() in task_block["text"]
     assert {t["name"] for t in body["tools"]} == {"propose_plan", "propose_kernel",
-                                                  "propose_tuning"}
+                                                  "propose_tuning", "lookup_api",
+                                                  "get_version", "diff_versions", "chip_info"}
     text = json.dumps(body)
     params = ", ".join(f"{k}={v}" for k, v in held.params.items())
     assert held.name not in text and params not in text and "(100, 1000)" not in text

@@ -327,7 +327,9 @@ async def test_plan_approval_asks_the_implementer_with_the_plan(tmp_path: Path,
     assert c.state.pending == "p2"
     c.approve()
     await c.wait_idle()
-    assert c.state.plan_to_implement is None and c.state.versions[2].speedup == 1.2
+    # One approved step done; step 2 ("fuse") is what the implementer is asked for next.
+    assert c.state.plan_to_implement == "p1" and c.state.plan_step == 1
+    assert c.state.versions[2].speedup == 1.2
     assert_replay_matches(c)
     await c.close()
 

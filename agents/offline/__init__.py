@@ -17,6 +17,7 @@ from agents import memory
 from agents.base import (
     AgentEvent,
     AgentRequest,
+    Answer,
     Failure,
     Finished,
     Notice,
@@ -43,11 +44,17 @@ class OfflineAgent:
         self.remember = bool(self.config.get("agent", {}).get("remember_lessons", False))
 
     async def propose(self, request: AgentRequest) -> AsyncIterator[AgentEvent]:
-        if request.user_message:
+        if request.user_message and request.role != "analyze":
             yield Notice("The offline agent does not read chat messages; it follows its rules "
                          "(template, fixes, tuning). Set ANTHROPIC_API_KEY to talk to Claude.")
         lessons = _lessons(request) if self.remember else []
         outcome = decide(request, lessons)
+        if isinstance(outcome, Answer):
+            for piece in re.split(r"(?<=\n)", outcome.text):
+                if piece:
+                    yield TextDelta(piece)
+            yield outcome
+            return
         if isinstance(outcome, Failure | Finished):
             if self.remember and isinstance(outcome, Finished):
                 stored = _remember_convergence(request)
@@ -63,7 +70,7 @@ class OfflineAgent:
 
 
 def decide(request: AgentRequest, lessons: list[Lesson] | None = None
-           ) -> Proposal | Failure | Finished:
+           ) -> Proposal | Answer | Failure | Finished:
     """The offline agent's whole policy, as a pure function of the request (and lessons)."""
     try:
         return _decide(request, lessons or [])
@@ -71,8 +78,11 @@ def decide(request: AgentRequest, lessons: list[Lesson] | None = None
         return Failure(f"offline agent: {exc}")
 
 
-def _decide(request: AgentRequest, lessons: list[Lesson]) -> Proposal | Failure | Finished:
-    if request.role in ("plan", "analyze"):
+def _decide(request: AgentRequest, lessons: list[Lesson]
+            ) -> Proposal | Answer | Failure | Finished:
+    if request.role == "analyze":
+        return Answer(explain(request))
+    if request.role == "plan":
         return _plan(request)
     if request.current_source is None:
         return _template(request)
@@ -160,7 +170,9 @@ def _tuner_step(request: AgentRequest, lessons: list[Lesson] | None = None
     obs = tuner.observations_from(request.history, source, request.last_eval, set(declared),
                                   request.current_version)
     dims = tuner.tiled_dims(list(declared), request.task.shapes)
-    return _seed(source, obs, lessons or [], dims) or tuner.next_step(source, obs, dims)
+    return (_seed(source, obs, lessons or [], dims)
+            or tuner.diagnosed_step(source, obs, dims, request.diagnosis)
+            or tuner.next_step(source, obs, dims))
 
 
 def _seed(source: str, obs: tuner.Observations, lessons: list[Lesson],
@@ -269,6 +281,34 @@ def _plan(request: AgentRequest) -> Proposal:
     plan = "\n".join(steps)
     return Proposal("plan", "offline plan: template, rule-based fixes, tuning", plan=plan,
                     rationale=plan, meta={"via": "offline"})
+
+
+def explain(request: AgentRequest) -> str:
+    """The analyst's answer without a model: the version's evaluation, its diagnosis with
+    the numbers, and what the rules would try next."""
+    label = f"v{request.current_version}" if request.current_version else "the kernel"
+    result = request.last_eval or {}
+    lines = [f"**{label}**: {result.get('status', 'not evaluated yet')}"]
+    error = result.get("error") or {}
+    if error:
+        where = f" at line {error['line']}" if error.get("line") else ""
+        lines.append(f"- error ({error.get('kind')}){where}: {_clip(error.get('message', ''))}")
+        fix = fixes.suggest_fix(request.current_source or "", result)
+        lines.append(f"- rule-based fix: {fix.summary}" if fix else
+                     "- no repair rule matches this error")
+    timing = result.get("timing") or {}
+    if timing.get("speedup"):
+        lines.append(f"- speedup {timing['speedup']:.3g}x ({timing.get('method')}, median "
+                     f"{timing.get('median_ms', 0):.4g} ms)")
+    diagnosis = request.diagnosis
+    if diagnosis:
+        lines.append(f"- diagnosis (profile of v{diagnosis.get('version')}): "
+                     f"{diagnosis.get('summary')}")
+        for finding in diagnosis.get("findings") or []:
+            lines.append(f"  - {finding.get('kind')}: {finding.get('reason')}")
+    elif not error:
+        lines.append("- no profile yet: profile it (ctrl+t) for a diagnosis")
+    return "\n".join(lines)
 
 
 def _clip(text: str, limit: int = 240) -> str:

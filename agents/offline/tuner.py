@@ -203,3 +203,44 @@ def _rationale(name: str, base: dict[str, Any], value: Any, why: str,
     tried = sum(1 for c in obs.cost.values())
     parts.append(f"{tried} configuration(s) measured so far; the others stay as they are.")
     return " ".join(parts)
+
+
+# What a diagnosis (profiling.diagnose) asks of the block sizes: grow them all, or shrink.
+_DIAGNOSED_MOVES = {"per_step_overhead": "grow", "memory_bound": "grow",
+                    "vmem_pressure": "shrink"}
+
+
+def diagnosed_step(source: str, obs: Observations, dims: dict[str, tuple[int, ...]] | None,
+                   diagnosis: dict[str, Any] | None) -> Step | None:
+    """The move a diagnosis of the best version calls for, made on every tunable at once
+    (one evaluation instead of one per tunable): per-step overhead or memory-bound ->
+    the largest legal blocks; VMEM pressure -> one notch smaller each. None when there
+    is no such diagnosis, it is about another version, or that configuration was tried."""
+    if not diagnosis:
+        return None
+    move = _DIAGNOSED_MOVES.get(str(diagnosis.get("kind")))
+    best = obs.best()
+    if move is None or best is None:
+        return None
+    if diagnosis.get("version") is not None and obs.version.get(best[0]) not in (
+            None, diagnosis.get("version")):
+        return None  # the diagnosis describes a version that is no longer the best
+    space = search_space(source, dims)
+    base = dict(best[0])
+    if not space or set(base) != set(space):
+        return None
+    config = {}
+    for name, values in space.items():
+        i = values.index(base[name]) if base[name] in values else 0
+        config[name] = values[-1] if move == "grow" else values[max(0, i - 1)]
+    if config == base or config_key(config) in obs.cost:
+        return None
+    current = tunables.config_of(source)
+    changes = {k: v for k, v in config.items() if current.get(k) != v}
+    full = " ".join(f"{k}={v}" for k, v in config.items())
+    verb = "largest legal blocks" if move == "grow" else "one notch smaller blocks"
+    return Step(changes, config, f"tune to the {verb} ({full}), from the diagnosis",
+                f"The profile of v{diagnosis.get('version')} says {diagnosis.get('summary')} "
+                f"So every tunable moves at once to its {verb} from the best configuration "
+                "measured so far; if that is not better, the coordinate search continues "
+                "from the best one.")

@@ -1,0 +1,161 @@
+"""What limits a kernel, with the numbers that say so: one diagnosis per profile.
+
+``diagnose(profile, eval_result)`` reads the profile JSON (``tilewright.profile/1``: the
+static ``pallas_call`` analysis for the target chip, the roofline placement, the trace's
+top ops) and, where the evaluation has them, the TPU compiler's figures (the eval JSON's
+``tpu`` section: VMEM bytes, estimated cycles/seconds, estimated speedup), and names
+the main limit:
+
+- ``vmem_pressure``: the padded VMEM footprint is at least 75% of the scoped budget
+  (or the compiler's own VMEM figure is): larger blocks would not fit;
+- ``per_step_overhead``: the fixed ~0.35 us per grid step is at least 25% of the time
+  the blocking needs (few bytes per step): larger blocks, fewer steps;
+- ``mxu_shape``: a dot leaves the MXU part-empty (K or N not a multiple of its width);
+- ``memory_bound`` / ``compute_bound``: otherwise, arithmetic intensity against the
+  chip's ridge point.
+
+Every finding that holds is listed with its evidence; the first in that order is the
+diagnosis. Pure data in, data out: no JAX, any layer may call it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from profiling.static_rules import STEP_OVERHEAD_S
+
+VMEM_PRESSURE = 0.75
+OVERHEAD_SHARE = 0.25
+
+ADVICE = {
+    "vmem_pressure": "use smaller blocks (or fewer buffers / less scratch); larger ones "
+                     "will not fit VMEM",
+    "per_step_overhead": "use larger blocks so the grid has fewer steps, each moving more "
+                         "bytes",
+    "mxu_shape": "pick block sizes whose K and N are multiples of the MXU width (and M of 8)",
+    "memory_bound": "cut HBM traffic: fuse, avoid re-reading operands (larger reused "
+                    "blocks), keep data in VMEM across steps",
+    "compute_bound": "cut or cheapen the arithmetic: bf16 MXU inputs with f32 "
+                     "accumulation, fewer transcendentals, skip masked work",
+}
+
+
+def diagnose(profile: dict[str, Any], eval_result: dict[str, Any] | None = None
+             ) -> dict[str, Any] | None:
+    """The diagnosis dict (``kind``, ``summary``, ``evidence``, ``findings``, ``advice``),
+    or None when the profile has nothing to judge (no analyzed kernel, no roofline)."""
+    kernels = [k for k in (profile.get("analysis") or {}).get("kernels") or []
+               if not k.get("analysis_error")]
+    roof = profile.get("roofline") or {}
+    chip = profile.get("chip") or {}
+    tpu = (eval_result or {}).get("tpu") or {}
+    if not kernels and not roof:
+        return None
+    evidence: dict[str, Any] = {"chip": chip.get("name") or roof.get("chip")}
+    findings: list[dict[str, Any]] = []
+    main = max(kernels, key=lambda k: (k.get("bytes_total") or 0) * (k.get("calls") or 1),
+               default=None)
+    if main is not None:
+        evidence.update(_kernel_evidence(main, chip))
+    _compiler_evidence(evidence, tpu)
+    _roofline_evidence(evidence, roof)
+
+    budget = evidence.get("vmem_budget_bytes")
+    vmem_fraction = max(evidence.get("vmem_fraction") or 0.0,
+                        (tpu.get("vmem_bytes") or 0) / budget if budget else 0.0)
+    codes = {w.get("code") for k in kernels for w in k.get("warnings") or []}
+    if vmem_fraction >= VMEM_PRESSURE or codes & {"vmem_over_scoped", "vmem_over_physical"}:
+        findings.append(_finding("vmem_pressure",
+                                 f"VMEM {vmem_fraction:.0%} of the "
+                                 f"{(budget or 0) / 2**20:.0f} MiB scoped budget"))
+    share = evidence.get("step_overhead_share")
+    if ((share is not None and share >= OVERHEAD_SHARE and (evidence.get("steps") or 0) >= 2)
+            or "per_step_overhead" in codes):
+        findings.append(_finding(
+            "per_step_overhead",
+            f"{evidence.get('steps')} grid steps of "
+            f"{(evidence.get('bytes_per_step') or 0) / 1024:.1f} KiB: fixed step cost is "
+            f"~{(share or 0):.0%} of the kernel's time"))
+    mxu = [w for k in kernels for w in k.get("warnings") or [] if w.get("code") == "mxu_shape"]
+    if mxu:
+        findings.append(_finding("mxu_shape", mxu[0].get("message", "a dot misses the MXU")))
+    intensity, ridge = evidence.get("intensity"), evidence.get("ridge_intensity")
+    bound = evidence.get("bound_by") or (
+        None if intensity is None or ridge is None else
+        "compute" if intensity >= ridge else "memory")
+    if bound in ("memory", "compute"):
+        findings.append(_finding(
+            f"{bound}_bound",
+            f"intensity {_num(intensity)} FLOP/B vs ridge {_num(ridge)} FLOP/B"
+            + (f"; roofline bound {roof['bound_ms'] * 1e3:.2f} us" if roof.get("bound_ms")
+               else "")))
+    if not findings:
+        return None
+    first = findings[0]
+    return {"kind": first["kind"],
+            "summary": f"{first['kind'].replace('_', ' ')}: {first['reason']}; "
+                       f"next: {ADVICE[first['kind']]}",
+            "evidence": evidence, "findings": findings, "advice": ADVICE[first["kind"]],
+            "sources": [s for s, present in (("static", main is not None),
+                                             ("roofline", bool(roof)),
+                                             ("trace", bool(profile.get("top_ops"))),
+                                             ("tpu_compiler", bool(tpu))) if present]}
+
+
+def _finding(kind: str, reason: str) -> dict[str, Any]:
+    return {"kind": kind, "reason": reason}
+
+
+def _num(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
+
+
+def _kernel_evidence(k: dict[str, Any], chip: dict[str, Any]) -> dict[str, Any]:
+    steps = k.get("steps") or 0
+    total = k.get("bytes_total") or 0
+    flops = k.get("flops") or 0.0
+    hbm = chip.get("hbm_bytes_per_s") or 0
+    peak = chip.get("bf16_flops") or 0
+    work_s = max(total / hbm if hbm else 0.0, flops / peak if peak else 0.0)
+    overhead_s = steps * STEP_OVERHEAD_S
+    budget = k.get("vmem_budget_bytes")
+    padded = k.get("vmem_padded_bytes")
+    return {
+        "kernel": k.get("name"), "grid": k.get("grid"), "steps": steps,
+        "blocks": {o.get("name", o.get("origin")): o.get("block") for o in k.get("operands") or []},
+        "bytes_total": total, "bytes_per_step": k.get("bytes_per_step"),
+        "flops": flops, "intensity": k.get("intensity"),
+        "vmem_padded_bytes": padded, "vmem_budget_bytes": budget,
+        "vmem_fraction": (padded / budget) if padded and budget else None,
+        "work_us": work_s * 1e6, "step_overhead_us": overhead_s * 1e6,
+        "step_overhead_share": (overhead_s / (overhead_s + work_s)) if steps and work_s else None,
+        "warnings": [w.get("code") for w in k.get("warnings") or []],
+    }
+
+
+def _compiler_evidence(evidence: dict[str, Any], tpu: dict[str, Any]) -> None:
+    if not tpu:
+        return
+    estimate = tpu.get("estimate") or {}
+    evidence.update({k: v for k, v in {
+        "compiler_vmem_bytes": tpu.get("vmem_bytes"),
+        "compiler_estimate_s": estimate.get("seconds"),
+        "compiler_estimate_cycles": estimate.get("cycles"),
+        "compiler_estimated_speedup": tpu.get("estimated_speedup"),
+    }.items() if v is not None})
+
+
+def _roofline_evidence(evidence: dict[str, Any], roof: dict[str, Any]) -> None:
+    if not roof:
+        return
+    evidence.setdefault("intensity", roof.get("intensity"))
+    if evidence.get("intensity") is None:
+        evidence["intensity"] = roof.get("intensity")
+    evidence.update({"ridge_intensity": roof.get("ridge_intensity"),
+                     "bound_by": roof.get("bound_by"), "bound_us": _us(roof.get("bound_ms")),
+                     "estimate_us": _us(roof.get("estimate_ms")),
+                     "roofline_fraction": roof.get("fraction")})
+
+
+def _us(ms: float | None) -> float | None:
+    return None if ms is None else ms * 1e3

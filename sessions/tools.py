@@ -1,0 +1,104 @@
+"""The session's answers to the agent's read-only tools (``agents.tools``).
+
+``SessionTools`` reads the engine's folded state and its log (versions, evaluations,
+profile digests, diffs), the chip table, and asks the evaluator's worker for
+``lookup_api`` (the worker imports the JAX that runs the kernels; the app process never
+imports JAX). Nothing here changes the session, so no decision is needed. A tool that
+cannot answer says why in its output, for the model to read.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from typing import TYPE_CHECKING, Any
+
+from sessions.log import read_json_blob
+
+if TYPE_CHECKING:
+    from sessions.engine import Engine
+
+
+class SessionTools:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
+        handler = getattr(self, f"_{name}", None)
+        if handler is None or name.startswith("_"):
+            return f"there is no read-only tool {name!r}", True
+        try:
+            return await handler(**arguments)
+        except TypeError as exc:  # wrong or missing arguments: the model can correct that
+            return f"{name}: bad arguments ({exc})", True
+
+    # -- the tools --------------------------------------------------------------------
+
+    async def _lookup_api(self, name: str) -> tuple[str, bool]:
+        lookup = getattr(self.engine.evaluator, "lookup_api", None)
+        if lookup is None:
+            return ("lookup_api needs a JAX worker, and this session's evaluator has none; "
+                    "rely on the guide in the prompt"), True
+        try:
+            found = await lookup(str(name))
+        except Exception as exc:
+            return f"lookup_api({name!r}) failed in the worker: {exc}", True
+        return format_api(found), bool(found.get("error"))
+
+    async def _get_version(self, version: int) -> tuple[str, bool]:
+        state, log = self.engine.state, self.engine.log
+        v = state.versions.get(int(version))
+        if v is None:
+            return self._no_version(version), True
+        parts = [f"v{v.number} ({v.origin}, parent {f'v{v.parent}' if v.parent else '-'}): "
+                 f"{v.summary}", f"status: {v.status or 'not evaluated'}"
+                 + (f", speedup {v.speedup:.4g}x" if v.speedup else ""),
+                 "```python\n" + log.get_blob(v.source_blob).decode().rstrip() + "\n```"]
+        if v.result_blob:
+            from agents.context import eval_text
+
+            result = read_json_blob(log.path, v.result_blob)
+            visible = {shape["name"] for shape in self.engine.brief.shapes}
+            parts.append(eval_text(result, None, visible))
+        if v.profile_blob:
+            from profiling.digest import digest
+
+            parts.append("## Profile digest\n" + digest(read_json_blob(log.path, v.profile_blob)))
+        if v.diagnosis:
+            parts.append(f"## Diagnosis\n{v.diagnosis.get('summary')}")
+        return "\n\n".join(parts), False
+
+    async def _diff_versions(self, old: int, new: int) -> tuple[str, bool]:
+        state, log = self.engine.state, self.engine.log
+        for n in (old, new):
+            if int(n) not in state.versions:
+                return self._no_version(n), True
+        a, b = (log.get_blob(state.versions[int(n)].source_blob).decode() for n in (old, new))
+        diff = "".join(difflib.unified_diff(a.splitlines(keepends=True),
+                                            b.splitlines(keepends=True),
+                                            fromfile=f"v{old}/kernel.py",
+                                            tofile=f"v{new}/kernel.py"))
+        return diff or f"v{old} and v{new} have the same source", False
+
+    async def _chip_info(self, chip: str | None = None) -> tuple[str, bool]:
+        from agents.context import chip_text
+
+        return chip_text(chip or self.engine.chip), False
+
+    def _no_version(self, number: Any) -> str:
+        known = ", ".join(f"v{n}" for n in self.engine.state.versions) or "none yet"
+        return f"there is no version {number} (versions: {known})"
+
+
+def format_api(found: dict[str, Any]) -> str:
+    """The worker's ``lookup_api`` answer as text for the model."""
+    if found.get("error"):
+        near = found.get("suggestions") or []
+        return found["error"] + (f"; did you mean: {', '.join(near)}" if near else "")
+    head = f"{found['resolved']} ({found['kind']}) in JAX {found.get('jax_version')}"
+    sig = found.get("signature")
+    lines = [head, f"signature: {found['resolved'].rsplit('.', 1)[-1]}{sig}" if sig else ""]
+    if found.get("fields"):
+        lines.append("fields: " + json.dumps(found["fields"]))
+    lines.append(found.get("doc") or "(no docstring)")
+    return "\n".join(x for x in lines if x)
