@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from kernels.loaders import (
-    load_with_shared,
     bundled_tasks,
     detect_layout,
     find_tasks,
     load_task,
+    load_with_shared,
     parse_overrides,
 )
 from kernels.task import Task, TaskError, UnknownOverride
