@@ -54,6 +54,9 @@ class EvalResult:
     duration_s: float = 0.0
     stderr: str = ""  # captured worker stderr for this request (XLA logs, prints)
     extra: dict[str, Any] = field(default_factory=dict)  # per-shape details etc.
+    # What confined the candidate's worker and why a stronger layer was not used
+    # (``kernels.confinement``); None where no worker ran.
+    confinement: dict[str, Any] | None = None
     schema: str = SCHEMA
 
     @property

@@ -6,6 +6,12 @@ sends one request at a time, and kills the process (group) when a request times 
 is cancelled or the process grows past its memory limit; a process that dies on its
 own is classified (crashed by a signal, exited). ``kernels.workers.WorkerPool`` owns
 these. App side: no JAX here.
+
+Each worker gets a private scratch directory (its only writable place under
+``kernels.confinement``) and reports the confinement it achieved when it is ready.
+Everything that comes back (replies, captured output) passes ``clean`` first: the
+app's secret values are redacted and long strings cut, so nothing downstream (results,
+session blobs, the screen, requests to a model) sees what a candidate tried to leak.
 """
 
 from __future__ import annotations
@@ -16,16 +22,35 @@ import itertools
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import sys
 import tempfile
 from typing import Any
 
+from kernels import confinement
 from kernels.harness import protocol
+from kernels.worker_env import redact, secret_values
 
 STDERR_LIMIT = 64 * 1024  # keep the tail of what a request printed
+STRING_LIMIT = 64 * 1024  # any one string in a reply (an error message, a traceback)
 MEMORY_POLL_S = 0.2
+
+
+def clean(value: Any, secrets_: list[str], limit: int = STRING_LIMIT) -> Any:
+    """``value`` (a reply, or text) with secrets redacted and every string at most
+    ``limit`` characters (the tail is kept: a traceback ends with the error)."""
+    if isinstance(value, str):
+        if len(value) > limit:
+            value = f"[... {len(value) - limit} characters cut ...]" + value[-limit:]
+        return redact(value, secrets_)
+    if isinstance(value, dict):
+        return {clean(k, secrets_, limit) if isinstance(k, str) else k: clean(v, secrets_, limit)
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [clean(v, secrets_, limit) for v in value]
+    return value
 
 
 class WorkerFailure(Exception):
@@ -70,9 +95,18 @@ class WorkerProcess:
         self.killed_for: str | None = None  # why we killed it, if we did
         self.startup_log = ""
         self._request_ids = itertools.count(1)
+        self.scratch = tempfile.mkdtemp(prefix="tilewright-scratch-")
+        self.confinement: dict[str, Any] | None = None
+        self.serving_pid: int | None = None  # differs from proc.pid inside a PID namespace
+        # Read once: the values a candidate's output must never carry back.
+        self.secrets = secret_values()
 
     @property
     def pid(self) -> int | None:
+        """The process that serves requests (the app started its parent when the worker
+        runs in a PID namespace)."""
+        if self.serving_pid is not None:
+            return self.serving_pid
         return self.proc.pid if self.proc else None
 
     async def start(self, env: dict[str, str], timeout_s: float) -> None:
@@ -81,8 +115,9 @@ class WorkerProcess:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "kernels.harness.worker",
                 "--fd", str(child_sock.fileno()), "--parent", str(os.getpid()),
+                "--scratch", self.scratch,
                 pass_fds=(child_sock.fileno(),), stdin=asyncio.subprocess.DEVNULL,
-                stdout=self.capture, stderr=self.capture, env=env,
+                stdout=self.capture, stderr=self.capture, env={**env, "TMPDIR": self.scratch},
                 start_new_session=True,  # own process group: killpg takes grandchildren too
             )
         finally:
@@ -103,6 +138,9 @@ class WorkerProcess:
                 f"follows)\n{log[-4000:]}")
         self.backend = ready["backend"]
         self.ops = ready.get("ops", [])
+        self.confinement = ready.get("confinement")
+        if isinstance(ready.get("serving_pid"), int):
+            self.serving_pid = ready["serving_pid"]
         # Start-up chatter (libtpu warnings and the like): kept apart, not in any result.
         self.startup_log = self.read_capture()
 
@@ -118,7 +156,7 @@ class WorkerProcess:
         text = data.decode(errors="replace")
         if len(text) > STDERR_LIMIT:
             text = f"[... {len(text) - STDERR_LIMIT} characters cut ...]\n" + text[-STDERR_LIMIT:]
-        return text
+        return redact(text, self.secrets)
 
     async def call(self, op: str, payload: dict[str, Any], timeout_s: float,
                    memory_limit_mb: int) -> dict[str, Any]:
@@ -165,7 +203,7 @@ class WorkerProcess:
             raise WorkerFailure("crashed", "the worker sent a reply that does not answer this "
                                 "request (forged by the candidate?); the worker was replaced",
                                 self.read_capture())
-        return reply
+        return clean(reply, self.secrets)
 
     def _death(self, code: int | None) -> WorkerFailure:
         stderr = self.read_capture()
@@ -196,7 +234,7 @@ class WorkerProcess:
             return await self.kill()
 
     def rss_mb(self) -> float | None:
-        """Resident memory of the worker (Linux /proc; None where unavailable)."""
+        """Resident memory of the serving process (Linux /proc; None where unavailable)."""
         try:
             with open(f"/proc/{self.pid}/statm") as f:
                 pages = int(f.read().split()[1])
@@ -220,9 +258,12 @@ class WorkerProcess:
                 return
 
     def kill_now(self) -> None:
-        """SIGKILL the worker's process group without waiting."""
+        """SIGKILL the worker, its process group and every process below it (a child
+        that left the group with setsid included) without waiting."""
         if self.proc is None or self.proc.returncode is not None:
             return
+        with contextlib.suppress(OSError):
+            confinement.kill_tree(self.proc.pid)
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -240,3 +281,4 @@ class WorkerProcess:
             self.writer.close()
         with contextlib.suppress(OSError):
             self.capture.close()
+        shutil.rmtree(self.scratch, ignore_errors=True)

@@ -8,17 +8,24 @@ worker (its whole process group) and a fresh one is started in the background; t
 result says what happened. Workers get an environment without secrets, their
 stdout/stderr go to a per-worker capture file that is read back per request (into
 ``EvalResult.stderr``), and they die with the app (see ``kernels.harness.worker``).
+
+Workers confine themselves (``kernels.confinement``); every result carries the report
+as ``confinement``. A worker that has to be killed for time or memory during ``eval``
+is followed by a probe that runs only the task's reference under the same limits: when
+the reference alone does not fit, the result blames the task, not the kernel.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from kernels import confinement as _confinement
 from kernels.result import Backend, EvalError, EvalResult
 from kernels.task import Task
 from kernels.worker_env import worker_environment
@@ -74,7 +81,10 @@ class WorkerPool:
         if size < 1:
             raise ValueError("a WorkerPool needs at least one worker")
         self.size = size
+        # A candidate must not read the app's environment or memory through /proc.
+        self.app_protection = _confinement.protect_app()
         self.env = worker_environment(overrides=env_overrides)
+        self.confinement: dict[str, Any] | None = None  # the latest worker's report
         self.memory_limit_mb = memory_limit_mb or _default_memory_limit_mb()
         self.startup_timeout_s = startup_timeout_s
         self.on_state_change = on_state_change
@@ -134,6 +144,8 @@ class WorkerPool:
             worker.close_channel()
             return worker
         self._workers[worker.name] = worker
+        if worker.confinement is not None:
+            self.confinement = {**worker.confinement, "app": self.app_protection}
         if self._backend is None:
             self._backend = Backend(**worker.backend)  # type: ignore[arg-type]
         assert self._idle is not None
@@ -256,10 +268,17 @@ class WorkerPool:
         WorkerOpError (the op raised; the worker is fine). The request's captured
         stderr is in the result under ``"_stderr"``.
         """
+        moved = None
+        if op == "profile" and payload.get("logdir"):
+            # The worker writes only to its scratch dir: the trace is moved afterwards.
+            moved = str(payload["logdir"])
+            payload = {**payload, "logdir": None}
         reply, stderr = await self._round_trip(op, payload, timeout)
         if not reply.get("ok"):
             raise WorkerOpError(reply.get("error") or {}, stderr)
         result = dict(reply.get("result") or {})
+        if moved and isinstance(result.get("logdir"), str):
+            result = await asyncio.to_thread(_move_tree, result, result["logdir"], moved)
         result["_stderr"] = stderr
         result["_handler_s"] = reply.get("handler_s")
         return result
@@ -296,11 +315,24 @@ class WorkerPool:
             reply, stderr = await self._round_trip("eval", payload, options.timeout_s)
         except WorkerFailure as failure:
             status = "timeout" if failure.kind == "timeout" else "crashed"
+            error = EvalError(kind=failure.kind, message=failure.message,
+                              hint=_FAILURE_HINTS.get(failure.kind))
+            extra: dict[str, Any] = {}
+            if failure.kind in ("timeout", "memory") and not self._closed:
+                fits = await self._reference_fits(task, options)
+                extra["reference_probe"] = {True: "fits", False: "exceeds", None: "unknown"}[fits]
+                if fits is False:
+                    what = ("ran out of time" if failure.kind == "timeout"
+                            else "exceeded the memory limit")
+                    error = EvalError(
+                        kind="task", message=f"the task's reference alone {what} under the "
+                        f"same limits: a task problem, not the kernel's ({failure.message})",
+                        hint="Use smaller shapes (--set KEY=VALUE), or raise --timeout / the "
+                             "memory limit; the kernel was not judged.")
             return EvalResult(
-                status=status, backend=self._backend,
-                error=EvalError(kind=failure.kind, message=failure.message,
-                                hint=_FAILURE_HINTS.get(failure.kind)),
-                duration_s=time.perf_counter() - started, stderr=failure.stderr)
+                status=status, backend=self._backend, error=error,
+                duration_s=time.perf_counter() - started, stderr=failure.stderr,
+                extra=extra, confinement=self.confinement)
         if not reply.get("ok"):  # the harness itself raised: say so, never blame the kernel
             error = reply.get("error") or {}
             return EvalResult(
@@ -312,7 +344,55 @@ class WorkerPool:
         result.stderr = stderr
         result.duration_s = time.perf_counter() - started
         result.extra.setdefault("phases", {})["worker_s"] = reply.get("handler_s")
+        result.confinement = self.confinement
+        leftovers = reply.get("leftover_processes")
+        if leftovers:
+            result.extra["leftover_processes"] = leftovers
+            if "spawned_processes" not in result.integrity.setdefault("flags", []):
+                result.integrity["flags"].append("spawned_processes")
         return result
+
+    async def _reference_fits(self, task: Task, options: EvalOptions) -> bool | None:
+        """Run the task's reference alone (as the candidate too, so twice) with twice the
+        time and the same memory: False when even that is killed (the task is at fault),
+        True when it finishes, None when the probe could not say."""
+        try:
+            source = task.reference_source()
+        except OSError:
+            return None
+        if task.layout == "native":
+            source += "\n\nkernel = reference\n"
+        probe = EvalOptions(trials=options.trials, iters=1, timeout_s=2 * options.timeout_s,
+                            time_budget_s=0.0, lowering=False, timing=False,
+                            shapes=options.shapes)
+        payload = {"task": task.to_spec(), "source": source, "filename": "reference-probe.py",
+                   "options": asdict(probe)}
+        try:
+            await self._round_trip("eval", payload, probe.timeout_s)
+        except WorkerFailure as failure:
+            return False if failure.kind in ("timeout", "memory") else None
+        except (WorkerStartError, WorkerOpError):
+            return None
+        return True
+
+
+def _move_tree(result: dict[str, Any], src: str, dest: str) -> dict[str, Any]:
+    """Move a profile's files from the worker's scratch dir to ``dest`` and rewrite the
+    paths in ``result`` to their new place."""
+    os.makedirs(dest, exist_ok=True)
+    shutil.copytree(src, dest, dirs_exist_ok=True)
+    shutil.rmtree(src, ignore_errors=True)
+
+    def fix(value: Any) -> Any:
+        if isinstance(value, str) and value.startswith(src):
+            return dest + value[len(src):]
+        if isinstance(value, dict):
+            return {k: fix(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [fix(v) for v in value]
+        return value
+
+    return fix(result)
 
 
 _FAILURE_HINTS = {

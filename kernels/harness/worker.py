@@ -6,6 +6,11 @@ stdout and stderr are a capture file owned by the app, which reads it per reques
 nothing a candidate or XLA prints reaches the user's terminal. The worker dies with
 its parent: PR_SET_PDEATHSIG on Linux, and a watchdog thread that notices a changed
 parent pid (covers other platforms and a parent that died before prctl ran).
+
+Before anything else (single-threaded, before JAX) it confines itself
+(``kernels.confinement.confine``: namespaces, Landlock, rlimits; the report travels
+with the "ready" message), and after every request it kills whatever processes the
+candidate left behind.
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ import time
 import traceback
 from typing import Any
 
+from kernels import confinement
 from kernels.harness import protocol
-from kernels.worker_env import scrub_current_process
+from kernels.worker_env import prepare_libtpu, scrub_current_process
 
 PR_SET_PDEATHSIG = 1
 WATCHDOG_PERIOD_S = 0.5
@@ -37,6 +43,12 @@ def die_with_parent(parent_pid: int) -> None:
             pass  # the watchdog below still covers it
     if os.getppid() != parent_pid:
         os._exit(0)  # the parent died before we could ask to follow it
+
+
+def watch_parent() -> None:
+    """A thread that exits when the parent changes (started after ``confine``, which
+    may have forked us into a namespace whose parent shows as pid 0)."""
+    parent_pid = os.getppid()
 
     def watch() -> None:
         while True:
@@ -62,11 +74,15 @@ def _flush_stdio() -> None:
             pass
 
 
-def serve(sock: socket.socket) -> None:
+def serve(sock: socket.socket, confined: dict[str, Any] | None = None) -> None:
     from kernels.harness import ops
 
     ops.load_plugins()
-    _send(sock, {"type": "ready", **ops.hello({})})
+    # The serving process's pid as the app sees it (inside a PID namespace getpid() is 1):
+    # the app watches this one's memory.
+    host_pid = int(os.readlink("/proc/self")) if os.path.exists("/proc/self") else os.getpid()
+    _send(sock, {"type": "ready", **ops.hello({}), "confinement": confined,
+                 "serving_pid": host_pid})
     while True:
         try:
             request = protocol.recv_blocking(sock)
@@ -89,6 +105,12 @@ def serve(sock: socket.socket) -> None:
                     "traceback": "".join(traceback.format_exception(exc)),
                 })
         reply["handler_s"] = time.perf_counter() - started
+        # Whatever the candidate forked (setsid, double fork, a listener) ends with the
+        # request that started it.
+        try:
+            reply["leftover_processes"] = confinement.kill_descendants()
+        except OSError:
+            reply["leftover_processes"] = None
         _flush_stdio()
         _send(sock, reply)
 
@@ -124,9 +146,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.harness.worker")
     parser.add_argument("--fd", type=int, required=True, help="inherited socket for requests")
     parser.add_argument("--parent", type=int, required=True, help="pid of the app process")
+    parser.add_argument("--scratch", default=None, help="the only writable directory")
     args = parser.parse_args(argv)
     die_with_parent(args.parent)
     scrub_current_process()
+    prepare_libtpu()  # before JAX loads libtpu: the TPU compiler's estimate flag
+    scratch = args.scratch or os.environ.get("TMPDIR") or "/tmp"
+    confined = confinement.confine(scratch)  # may fork: we continue as PID 1 of a namespace
+    watch_parent()
     # Ctrl-C in the user's terminal is the app's business, not ours.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = socket.socket(fileno=args.fd)
@@ -134,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     import jax  # noqa: F401  -- once, up front: this is what makes the worker warm
 
     warm_up()
-    serve(sock)
+    serve(sock, confined)
     return 0
 
 
