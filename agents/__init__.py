@@ -1,6 +1,7 @@
 """Who proposes.
 
-LLM providers (Anthropic's Claude through the official SDK), the offline agent
+LLM providers (Anthropic's Claude, and any OpenAI-compatible endpoint, each through
+its official SDK), the offline agent
 (templates, rule-based fixes, autotuner), the roles (planner, implementer, fixer,
 tuner, analyst) and the context they are given, and the lessons remembered across
 sessions. Agents only propose: the controller in ``sessions`` decides what runs.
@@ -15,21 +16,23 @@ if TYPE_CHECKING:
     from agents.base import Agent, TaskBrief
     from kernels.task import Task
 
-AgentKind = Literal["offline", "anthropic", "auto"]
+AgentKind = Literal["offline", "anthropic", "openai", "auto"]
+AGENT_KINDS = ("offline", "anthropic", "openai", "auto")  # the --agent choices
+PROVIDERS = ("anthropic", "openai")  # what [agent] provider may name
 
 
 def make_agent(kind: AgentKind, config: dict[str, Any] | None = None) -> Agent:
     """The agent a session talks to.
 
     ``anthropic`` raises ``agents.errors.NoApiKey`` (naming ANTHROPIC_API_KEY and offering
-    ``--agent offline``) when no key is set; ``auto`` picks Claude when a key is set and
-    the offline agent otherwise.
+    ``--agent offline``) when no key is set; ``openai`` raises an ``AgentError`` naming
+    OPENAI_API_KEY for a hosted endpoint without a key, or OPENAI_BASE_URL when nothing
+    listens at a key-less (local) one. ``auto`` picks ``[agent] provider`` (anthropic
+    unless set) when it is usable (a key, or a key-less endpoint), else the offline agent.
     """
     config = config or {}
     if kind == "auto":
-        from agents.claude import api_key_from_env
-
-        kind = "anthropic" if api_key_from_env() else "offline"
+        kind = resolve_auto(config)
     if kind == "offline":
         from agents.offline import OfflineAgent
 
@@ -40,9 +43,71 @@ def make_agent(kind: AgentKind, config: dict[str, Any] | None = None) -> Agent:
 
         followups = int(config.get("agent", {}).get("followups", 2))
         return LLMAgent(AnthropicProvider(config), followups=followups)
+    if kind == "openai":
+        from agents.llm_agent import LLMAgent
+        from agents.openai_chat import OpenAIProvider
+
+        followups = int(config.get("agent", {}).get("followups", 2))
+        provider = OpenAIProvider(config)
+        agent = LLMAgent(provider, followups=followups)
+        agent.label = provider.label  # "gpt-4.1", or "qwen3 at 127.0.0.1" for a local server
+        return agent
     from agents.errors import AgentError
 
-    raise AgentError(f"unknown agent kind {kind!r}: use offline, anthropic or auto")
+    raise AgentError(f"unknown agent kind {kind!r}: use {', '.join(AGENT_KINDS[:-1])} or "
+                     f"{AGENT_KINDS[-1]}")
+
+
+def configured_provider(config: dict[str, Any] | None) -> str:
+    """``[agent] provider`` (anthropic unless set); an unknown name is a clear error."""
+    provider = str(((config or {}).get("agent") or {}).get("provider") or "anthropic")
+    if provider not in PROVIDERS:
+        from agents.errors import AgentError
+
+        raise AgentError(f"[agent] provider = {provider!r} is not one tilewright knows: "
+                         f"use {' or '.join(PROVIDERS)}")
+    return provider
+
+
+def resolve_auto(config: dict[str, Any] | None) -> str:
+    """What ``auto`` means here: the configured provider when usable, else offline."""
+    provider = configured_provider(config)
+    if provider == "openai":
+        from agents.openai_chat import usable
+
+        return "openai" if usable(config) else "offline"
+    from agents.claude import api_key_from_env
+
+    return "anthropic" if api_key_from_env() else "offline"
+
+
+def describe_agent(kind: str | None, config: dict[str, Any] | None) -> dict[str, Any]:
+    """The agent a session would get, for ``tilewright config``: provider, model,
+    endpoint and where the key comes from. Never the key itself; no network."""
+    config = config or {}
+    agent_cfg = config.get("agent") or {}
+    kind = kind or str(agent_cfg.get("kind") or "auto")
+    chosen = resolve_auto(config) if kind == "auto" else kind
+    info: dict[str, Any] = {"kind": kind, "provider": chosen}
+    if chosen == "openai":
+        from agents.openai_chat import endpoint
+
+        ep = endpoint(config)
+        info.update(model=ep.model, endpoint=ep.base_url,
+                    key=ep.key_source or ("missing: set OPENAI_API_KEY" if ep.key_required
+                                          else "none (key-less local server)"))
+    elif chosen == "anthropic":
+        import os
+
+        from agents.claude import DEFAULT_MODEL, api_key_from_env
+
+        info.update(model=os.environ.get("TILEWRIGHT_MODEL") or agent_cfg.get("model")
+                    or DEFAULT_MODEL,
+                    endpoint=agent_cfg.get("base_url") or os.environ.get("ANTHROPIC_BASE_URL")
+                    or "https://api.anthropic.com",
+                    key="ANTHROPIC_API_KEY" if api_key_from_env()
+                    else "missing: set ANTHROPIC_API_KEY")
+    return info
 
 
 def brief(task: Task) -> TaskBrief:

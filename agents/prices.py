@@ -1,8 +1,11 @@
 """Token prices and what a reply cost.
 
-Built-in prices are USD per million tokens per model family, as published by Anthropic
-on its pricing page in November 2025 (prompts up to 200k tokens, 5-minute cache writes).
-They change: override them in the config file, ``[agent.prices."<model or family>"]``
+Built-in prices are USD per million tokens per model family, as published on the
+vendors' pricing pages in November 2025: Anthropic (prompts up to 200k tokens, 5-minute
+cache writes), OpenAI (standard tier; ``cache_read`` is the cached-input price) and
+Google's Gemini API (paid tier, prompts up to 200k tokens; its cache price is left out,
+so cached tokens count as input, an upper bound). A model found in none of them has an
+unknown cost (``Usage.cost_known`` False), never a silent $0. They change: override them in the config file, ``[agent.prices."<model or family>"]``
 with ``input``, ``output``, ``cache_read`` and ``cache_write``. The most specific key
 that is a prefix of (or equal to) the model name wins.
 """
@@ -24,6 +27,27 @@ DEFAULT_PRICES: dict[str, dict[str, float]] = {
     "claude-haiku-4-5": {"input": 1.0, "output": 5.0, "cache_read": 0.10, "cache_write": 1.25},
     "claude-3-5-haiku": {"input": 0.80, "output": 4.0, "cache_read": 0.08, "cache_write": 1.0},
     "claude-3-haiku": {"input": 0.25, "output": 1.25, "cache_read": 0.03, "cache_write": 0.30},
+    # OpenAI. Keys are prefixes too: variants priced differently have their own key.
+    "gpt-5": {"input": 1.25, "output": 10.0, "cache_read": 0.125},
+    "gpt-5-mini": {"input": 0.25, "output": 2.0, "cache_read": 0.025},
+    "gpt-5-nano": {"input": 0.05, "output": 0.40, "cache_read": 0.005},
+    "gpt-5-pro": {"input": 15.0, "output": 120.0},
+    "gpt-4.1": {"input": 2.0, "output": 8.0, "cache_read": 0.50},
+    "gpt-4.1-mini": {"input": 0.40, "output": 1.60, "cache_read": 0.10},
+    "gpt-4.1-nano": {"input": 0.10, "output": 0.40, "cache_read": 0.025},
+    "gpt-4o": {"input": 2.50, "output": 10.0, "cache_read": 1.25},
+    "gpt-4o-2024-05-13": {"input": 5.0, "output": 15.0},
+    "gpt-4o-mini": {"input": 0.15, "output": 0.60, "cache_read": 0.075},
+    "o3": {"input": 2.0, "output": 8.0, "cache_read": 0.50},
+    "o3-mini": {"input": 1.10, "output": 4.40, "cache_read": 0.55},
+    "o3-pro": {"input": 20.0, "output": 80.0},
+    "o4-mini": {"input": 1.10, "output": 4.40, "cache_read": 0.275},
+    # Google Gemini API, through its OpenAI-compatible endpoint.
+    "gemini-2.5-pro": {"input": 1.25, "output": 10.0},
+    "gemini-2.5-flash": {"input": 0.30, "output": 2.50},
+    "gemini-2.5-flash-lite": {"input": 0.10, "output": 0.40},
+    "gemini-2.0-flash": {"input": 0.10, "output": 0.40},
+    "gemini-2.0-flash-lite": {"input": 0.075, "output": 0.30},
 }
 
 # Models newer than the table: assume the family's latest published price, and say so.

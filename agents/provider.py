@@ -67,4 +67,5 @@ def add_usage(a: Usage, b: Usage) -> Usage:
         cache_read_tokens=a.cache_read_tokens + b.cache_read_tokens,
         cache_write_tokens=a.cache_write_tokens + b.cache_write_tokens,
         cost_usd=a.cost_usd + b.cost_usd,
+        cost_known=a.cost_known and b.cost_known,
     )

@@ -24,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "it. Ctrl-C stops cleanly; the session is saved and --resume continues it.")
     auto.add_argument("--task", metavar="DIR|NAME", help="task directory or bundled task name")
     auto.add_argument("--resume", metavar="SESSION", help="continue a saved session instead")
-    auto.add_argument("--agent", choices=("offline", "anthropic", "auto"), default=None,
+    auto.add_argument("--agent", choices=("offline", "anthropic", "openai", "auto"),
+                      default=None,
                       help="who proposes (default: the config's agent.kind)")
     auto.add_argument("--budget", type=int, metavar="N", help="iterations (new kernel versions)")
     auto.add_argument("--target", type=float, metavar="X", help="stop at this speedup")
@@ -83,7 +84,8 @@ def _auto(args: argparse.Namespace) -> int:
         from agents.errors import AgentError
 
         if isinstance(exc, AgentError):
-            return _fail("auto", str(exc), "use --agent offline to run without an API key")
+            return _fail("auto", str(exc), getattr(exc, "next_step", None)
+                         or "use --agent offline to run without an API key")
         raise
 
 

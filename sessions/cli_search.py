@@ -31,7 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "or a Ray cluster. Rerun the same command to resume.")
     p.add_argument("--suite", required=True, metavar="DIR",
                    help="folder of task directories (any layout), or `bundled`")
-    p.add_argument("--agent", choices=("offline", "anthropic", "auto"), default="offline",
+    p.add_argument("--agent", choices=("offline", "anthropic", "openai", "auto"),
+                   default="offline",
                    help="who proposes children (default offline: templates, fixes, tuner)")
     p.add_argument("--budget", type=int, default=8, metavar="N",
                    help="kernel versions the search may create per task (default 8)")

@@ -367,7 +367,7 @@ def test_the_sdk_is_imported_only_when_a_reply_is_requested() -> None:
 def test_unknown_agent_kind_is_a_clear_error() -> None:
     from agents.errors import AgentError
 
-    with pytest.raises(AgentError, match="use offline, anthropic or auto"):
+    with pytest.raises(AgentError, match="use offline, anthropic, openai or auto"):
         agents.make_agent("gpt", {})  # type: ignore[arg-type]
 
 

@@ -20,8 +20,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     open_.add_argument("--task", help="task directory or bundled task name (default: softmax)")
     open_.add_argument("--resume", metavar="SESSION", help="resume a session (id or path)")
     open_.add_argument("--session-dir", metavar="DIR", help="where sessions are kept")
-    open_.add_argument("--agent", choices=("offline", "anthropic", "auto"),
-                       help="who proposes (default: the config's agent.kind, auto)")
+    open_.add_argument("--agent", choices=("offline", "anthropic", "openai", "auto"),
+                       help="who proposes (default: the config's agent.kind, auto); openai: "
+                            "any OpenAI-compatible endpoint ([agent] base_url)")
     open_.set_defaults(handler=_open)
 
     replay = subparsers.add_parser("replay", help="replay a recorded session")
@@ -45,7 +46,8 @@ def _review_arguments(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("session", nargs="?", metavar="SESSION",
                    help="a recorded session (id, prefix or directory) to view read-only")
     p.add_argument("--task", help="task directory or bundled name: start a reviewed search")
-    p.add_argument("--agent", choices=("offline", "anthropic", "auto"), default="auto")
+    p.add_argument("--agent", choices=("offline", "anthropic", "openai", "auto"),
+                   default="auto")
     p.add_argument("--budget", type=int, default=8, metavar="N", help="nodes to evaluate")
     p.add_argument("--beam-width", type=int, default=2, metavar="N")
     p.add_argument("--branching", type=int, default=2, metavar="N")
@@ -112,14 +114,36 @@ def _config(args: argparse.Namespace) -> int:
     keys = {bid: keys for bid, (keys, *_rest) in keymap.ACTIONS.items()}
     keys.update(config.get("keys") or {})
     config["keys"] = keys
+    agent = _agent_in_effect(config)
     if args.json:
-        print(json.dumps({"path": path, "config": config}, indent=2, default=str))
+        print(json.dumps({"path": path, "config": config, "agent": agent}, indent=2,
+                         default=str))
         return 0
     exists = "exists" if config_path().exists() else "not created yet; defaults in effect"
     print(f"# config file: {path} ({exists})")
+    if "error" in agent:
+        print(f"# agent: {agent['error']}")
+    elif agent.get("provider") == "offline":
+        print(f"# agent in effect: offline (kind {agent['kind']}; no model, no key)")
+    else:
+        print(f"# agent in effect: {agent['provider']}, model {agent['model']}, "
+              f"endpoint {agent['endpoint']}")
+        key = agent["key"]
+        print(f"# key: {'from ' + key if key.isupper() else key}")
     print("# effective values (defaults merged with the file):")
     print(_toml(config))
     return 0
+
+
+def _agent_in_effect(config: dict[str, Any]) -> dict[str, Any]:
+    """Provider, model, endpoint and where the key comes from (never the key)."""
+    from agents import describe_agent
+    from agents.errors import AgentError
+
+    try:
+        return describe_agent(None, config)
+    except AgentError as exc:
+        return {"error": str(exc)}
 
 
 def _toml(data: dict[str, Any], prefix: str = "") -> str:

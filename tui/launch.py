@@ -30,7 +30,7 @@ class LaunchOptions:
     task: str | None = None
     resume: str | None = None
     session_dir: str | None = None
-    agent: str | None = None  # offline | anthropic | auto (None: the config's)
+    agent: str | None = None  # offline | anthropic | openai | auto (None: the config's)
 
 
 @dataclass(frozen=True)
@@ -81,8 +81,9 @@ def _agent(kind: str, config: dict[str, Any]):
     try:
         return make_agent(kind, config)  # type: ignore[arg-type]
     except AgentError as exc:
-        raise LaunchError(str(exc), "run with --agent offline, or export "
-                                    "ANTHROPIC_API_KEY", offline_fallback=True) from None
+        raise LaunchError(str(exc), getattr(exc, "next_step", None)
+                          or "run with --agent offline, or export ANTHROPIC_API_KEY",
+                          offline_fallback=True) from None
 
 
 def eval_options(config: dict[str, Any]):

@@ -1,7 +1,7 @@
 """The user's configuration file: where it lives, its defaults, and how it is merged.
 
 One TOML file in the user config dir (``platformdirs``), or ``TILEWRIGHT_CONFIG``.
-Sections: ``[agent]`` (kind, model, price table, limits), ``[budgets]``,
+Sections: ``[agent]`` (kind, provider, model, base_url, price table, limits), ``[budgets]``,
 ``[backend]`` (chip), ``[keys]`` (keymap), ``[ui]`` (theme). Values are plain dicts
 handed down to the lower layers, which never read the file themselves.
 """
@@ -16,8 +16,9 @@ from typing import Any
 
 DEFAULTS: dict[str, Any] = {
     "agent": {
-        "kind": "auto",  # auto: anthropic when ANTHROPIC_API_KEY is set, else offline
-        "model": "claude-sonnet-4-6",  # claude-sonnet-4-5 reaches end-of-life 2026-11-30
+        "kind": "auto",  # auto: the provider when it is usable (a key, or a local server), else offline
+        "provider": "anthropic",  # or openai: any OpenAI-compatible endpoint (base_url)
+        "model": None,  # None: the provider's default (claude-sonnet-4-6, gpt-4.1)
         "max_tokens": 8192,
         "max_retries": 4,
         "prices": {},  # model -> {input, output, cache_read, cache_write} USD per MTok

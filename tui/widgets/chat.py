@@ -208,6 +208,9 @@ class ChatPane(Vertical):
         self._stream: Reply | None = None  # the reply being streamed now
         self._replies: list[Reply] = []  # replies with text not yet drawn
         self._tools: dict[str, Collapsible] = {}
+        # Each entry's body, held here: a proposal can fill in a call before the
+        # Collapsible has composed its children (query_one would find nothing yet).
+        self._tool_bodies: dict[str, Static] = {}
         self._tool_count = 0
         self._flushed_at = float("-inf")
 
@@ -269,17 +272,20 @@ class ChatPane(Vertical):
         if key in self._tools:
             entry = self._tools[key]
             entry.title = title
-            entry.query_one(Static).update(body)
+            self._tool_bodies[key].update(body)
             return
         self._tool_count += 1
-        entry = Collapsible(Static(body, markup=False), title=title, collapsed=True)
+        static = Static(body, markup=False)
+        entry = Collapsible(static, title=title, collapsed=True)
         self._tools[key] = entry
+        self._tool_bodies[key] = static
         self._mount(entry)
 
     def clear(self) -> None:
         self._stream = None
         self._replies.clear()
         self._tools.clear()
+        self._tool_bodies.clear()
         self.entries.remove_children()
 
     # -- internals --------------------------------------------------------------------
