@@ -61,7 +61,8 @@ class AgentTurn:
             output_tokens=u.output_tokens + more.output_tokens,
             cache_read_tokens=u.cache_read_tokens + more.cache_read_tokens,
             cache_write_tokens=u.cache_write_tokens + more.cache_write_tokens,
-            cost_usd=u.cost_usd + more.cost_usd)
+            cost_usd=u.cost_usd + more.cost_usd,
+            cost_known=u.cost_known and more.cost_known)
 
     def problem(self) -> str | None:
         """Why this turn yields nothing to decide on, or None when it does."""

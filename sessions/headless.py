@@ -5,6 +5,11 @@ or stop rule ends it. SIGINT/SIGTERM (Ctrl-C) cancel whatever runs, write ``auto
 (``user``) and ``session.end``, close the workers and still print the summary: the
 session is saved and can be resumed with ``--resume``. A kill -9 loses at most the
 event being written; ``--resume`` folds the session and carries on appending.
+
+Exit codes: 0 when a correct version was found; 1 when none was, when the agent failed
+(``agent_failed``) or when the session could not be written (a full disk, a read-only
+directory: the error is printed and, where the disk still allows, recorded); 130 when
+interrupted. A session another process is writing is refused (``SessionLockedError``).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from sessions.autonomy import ControllerSettings
-from sessions.log import SessionLog, default_sessions_dir, resolve
+from sessions.log import SessionLog, SessionWriteError, default_sessions_dir, resolve
 from sessions.state import SessionState, fold
 from sessions.tasks import task_for_header, task_header
 
@@ -80,6 +85,7 @@ def summary(log_path: Path, state: SessionState, interrupted: bool) -> dict[str,
         "stop_reason": state.auto_stops[-1]["reason"] if state.auto_stops else None,
         "interrupted": interrupted,
         "tokens": state.spent.tokens, "cost_usd": round(state.spent.cost_usd, 6),
+        "cost_known": not state.spent.cost_unknown, "cost": state.spent.cost_text(),
         "versions": [{"version": v.number, "origin": v.origin, "status": v.status,
                       "speedup": v.speedup, "summary": v.summary}
                      for v in state.versions.values()],
@@ -92,7 +98,7 @@ def print_summary(data: dict[str, Any], out: TextIO) -> None:
     print(f"\n{data['task']}: {data['iterations']} iterations, {data['evaluations']} "
           f"evaluations; best {best} ({data['best_status'] or '-'}, {speed})", file=out)
     print(f"stopped: {data['stop_reason'] or '-'}{' (interrupted)' if data['interrupted'] else ''}"
-          f"; tokens {data['tokens']}, cost ${data['cost_usd']:.4f}", file=out)
+          f"; tokens {data['tokens']}, cost {data['cost']}", file=out)
     backend = data.get("backend") or {}
     if backend.get("mode") == "tpu-interpret":
         print("timings: TPU interpret mode on the CPU (simulated, not TPU performance)",
@@ -156,14 +162,30 @@ async def run_auto(args: Any, config: dict[str, Any]) -> int:
         stopper.cancel()
         if interrupted:
             print("interrupted: stopping cleanly (the session is saved)", file=out, flush=True)
-        await controller.close("interrupted" if interrupted else "completed")
+        try:
+            await controller.close("interrupted" if interrupted else "completed")
+        except SessionWriteError:
+            pass  # already in log.write_error; reported below
+        finally:
+            log.close()
         waiter.cancel()
+        if not waiter.cancelled() and waiter.done() and waiter.exception() is not None \
+                and log.write_error is None:
+            raise waiter.exception()  # type: ignore[misc]
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.remove_signal_handler(sig)
     data = summary(log.path, controller.state, interrupted)
+    if log.write_error is not None:
+        data["stop_reason"] = "write_error"
+        data["error"] = str(log.write_error)
     if args.json:
         print(json.dumps(data, indent=2))
     print_summary(data, out)
+    if log.write_error is not None:
+        print(f"tilewright auto: {log.write_error}", file=sys.stderr)
+        return 1
     if interrupted:
         return 130
+    if data["stop_reason"] == "agent_failed":
+        return 1
     return 0 if data["best_version"] else 1

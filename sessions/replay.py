@@ -91,7 +91,7 @@ def print_session(loaded: LoadedSession, state: SessionState, out: TextIO) -> No
 def print_state(state: SessionState, out: TextIO) -> None:
     print(f"{len(state.versions)} versions, {state.spent.runs} evaluations, "
           f"{len(state.decisions)} decisions, {state.spent.tokens} tokens, "
-          f"${state.spent.cost_usd:.4f}; mode {state.mode}; "
+          f"{state.spent.cost_text()}; mode {state.mode}; "
           f"ended: {state.ended or 'no (resumable)'}", file=out)
     for v in state.versions.values():
         mark = "*" if v.number == state.best else " "

@@ -71,7 +71,7 @@ def _header(loaded: LoadedSession, state: SessionState) -> dict[str, Any]:
             "interpret": backend.get("mode") == "tpu-interpret", "agent": h.get("agent"),
             "created": h.get("created"), "versions": len(state.versions),
             "evals": state.spent.runs, "tokens": state.spent.tokens,
-            "cost": state.spent.cost_usd}
+            "cost": state.spent.cost_text()}
 
 
 def markdown(loaded: LoadedSession, state: SessionState) -> str:
@@ -80,7 +80,7 @@ def markdown(loaded: LoadedSession, state: SessionState) -> str:
              f"- Task: **{h['task']}**", f"- Backend: {h['backend']}",
              f"- Agent: {h['agent']}", f"- Started: {h['created']}",
              f"- {h['versions']} versions, {h['evals']} evaluations, {h['tokens']} tokens, "
-             f"${h['cost']:.4f}"]
+             f"cost {h['cost']}"]
     if h["interpret"]:
         lines.append("- Timings are TPU interpret mode on the CPU: simulated, "
                      "not TPU performance.")
@@ -97,11 +97,14 @@ def markdown(loaded: LoadedSession, state: SessionState) -> str:
         lines.append("No decisions were made.")
     lines += ["", "## Best speedup per evaluation", ""]
     if state.best_history:
-        lines += ["| # | version | status | speedup | best so far |", "|---|---|---|---|---|"]
+        lines += ["| # | version | status | speedup | best so far | flags | error |",
+                  "|---|---|---|---|---|---|---|"]
         for i, p in enumerate(state.best_history, 1):
             best = f"{_fmt(p['best_speedup'])} (v{p['best']})" if p["best"] else "-"
+            flags = ", ".join(p.get("flags") or []) or "-"
+            error = (p.get("error") or "-").replace("|", "\\|").replace("\n", " ")
             lines.append(f"| {i} | v{p['version']} | {p['status']} | {_fmt(p['speedup'])} "
-                         f"| {best} |")
+                         f"| {best} | {flags} | {error} |")
     else:
         lines.append("Nothing was evaluated.")
     if final is not None:
@@ -178,7 +181,7 @@ def html_report(loaded: LoadedSession, state: SessionState) -> str:
             f"<li>Backend: {e(str(h['backend']))}</li>", f"<li>Agent: {e(str(h['agent']))}</li>",
             f"<li>Started: {e(str(h['created']))}</li>",
             f"<li>{h['versions']} versions, {h['evals']} evaluations, {h['tokens']} tokens, "
-            f"${h['cost']:.4f}</li>"]
+            f"cost {e(h['cost'])}</li>"]
     if h["interpret"]:
         body.append("<li>Timings are TPU interpret mode on the CPU: simulated, "
                     "not TPU performance.</li>")

@@ -65,10 +65,18 @@ class Spent:
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float = 0.0
+    cost_unknown: bool = False  # a reply from a model without a known price (not $0)
 
     @property
     def tokens(self) -> int:
         return self.input_tokens + self.output_tokens
+
+    def cost_text(self, digits: int = 4) -> str:
+        """"$0.0123", or "unknown" / "$0.0123 + unknown" when a model had no price."""
+        known = f"${self.cost_usd:.{digits}f}"
+        if not self.cost_unknown:
+            return known
+        return "unknown" if self.cost_usd == 0 else f"{known} + unknown"
 
 
 @dataclass
@@ -230,6 +238,8 @@ def _agent_message(s: SessionState, e: dict[str, Any]) -> None:
             + int(usage.get("cache_write_tokens", 0) or 0)
         spent.output_tokens += int(usage.get("output_tokens", 0) or 0)
         spent.cost_usd += float(usage.get("cost_usd", 0.0) or 0.0)
+        if usage.get("cost_known") is False:
+            spent.cost_unknown = True
 
 
 def _agent_answer(s: SessionState, e: dict[str, Any]) -> None:

@@ -412,3 +412,41 @@ def test_tilewright_auto_with_agent_openai_evaluates_records_and_replays(
                             capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
     assert replay.returncode == 0, replay.stderr
     assert "128-row blocks" in replay.stdout
+
+
+def test_a_session_with_an_unpriced_model_shows_its_cost_as_unknown() -> None:
+    from dataclasses import asdict
+
+    from agents.base import Usage
+    from agents.provider import add_usage
+    from sessions.state import fold
+
+    priced = Usage(input_tokens=10, cost_usd=0.25)
+    unpriced = Usage(input_tokens=10, cost_known=False)
+    assert add_usage(priced, unpriced).cost_known is False
+
+    def message(seq: int, usage: Usage) -> dict[str, Any]:
+        return {"seq": seq, "t": float(seq), "type": "agent.message", "text": "",
+                "usage": asdict(usage)}
+
+    assert fold({}, [message(1, priced)]).spent.cost_text() == "$0.2500"
+    assert fold({}, [message(1, unpriced)]).spent.cost_text() == "unknown"
+    both = fold({}, [message(1, priced), message(2, unpriced)]).spent
+    assert both.cost_text(2) == "$0.25 + unknown" and both.tokens == 20
+
+
+def test_auto_without_a_server_or_key_says_what_to_set_and_offers_offline(tmp_path) -> None:
+    with ChatServer() as srv:
+        url = srv.url  # nothing listens there once closed
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "GEMINI_"))}
+    for extra, names in (({"OPENAI_BASE_URL": url}, (url, "OPENAI_BASE_URL")),
+                         ({}, ("OPENAI_API_KEY",))):
+        proc = subprocess.run(
+            [sys.executable, "-m", "tui.cli", "auto", "--task", "gelu", "--agent", "openai",
+             "--session-dir", str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
+            env={**base, **extra, "TILEWRIGHT_CONFIG": str(tmp_path / "none.toml")},
+            timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        first = proc.stderr.splitlines()[0]
+        assert all(n in first for n in names) and "--agent offline" in first, proc.stderr
+    assert not list(tmp_path.iterdir())  # no session was started

@@ -73,6 +73,7 @@ class SessionView:
             task=(header.get("task") or {}).get("name", "task"), backend=label, chip=chip,
             mode=s.mode, iteration=s.spent.iterations, best_speedup=s.best_speedup,
             best_version=best, tokens=s.spent.tokens, cost_usd=s.spent.cost_usd,
+            cost_known=not s.spent.cost_unknown,
             worker=worker)
 
     # -- sources ----------------------------------------------------------------------

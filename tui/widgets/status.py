@@ -25,6 +25,7 @@ class StatusInfo:
     best_version: int | None = None
     tokens: int = 0
     cost_usd: float = 0.0
+    cost_known: bool = True  # False: a model without a price answered ("$?", not $0)
     worker: str = "starting"
 
 
@@ -59,7 +60,9 @@ class StatusBar(Static):
             text.append(f" · best {best}", style="green")
         else:
             text.append(" · best —")
-        text.append(f" · {_tokens(i.tokens)} tok ${i.cost_usd:.2f}")
+        cost = f"${i.cost_usd:.2f}" if i.cost_known else \
+            ("$?" if i.cost_usd == 0 else f"${i.cost_usd:.2f}+?")
+        text.append(f" · {_tokens(i.tokens)} tok {cost}")
         worker_style = {"idle": "green", "busy": "yellow", "restarting": "red",
                         "stopped": "red"}.get(i.worker, "")
         text.append(" · " if narrow else " · worker ")
