@@ -23,6 +23,18 @@ from agents.roles import SYSTEM_TEXT, pallas_guide, role_spec
 CACHE = {"type": "ephemeral"}
 _MAX_PROFILE_CHARS = 6000
 _MAX_TRACEBACK_LINES = 20
+# Requests stay bounded whatever a candidate or a task file holds (a 50 MB kernel would
+# otherwise become a 50 MB request): each piece is cut, then the whole turn.
+MAX_SOURCE_CHARS = 64_000
+MAX_ERROR_CHARS = 4_000
+MAX_TURN_CHARS = 160_000
+
+
+def bounded(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n…({len(text) - limit} characters cut)"
 
 
 def system_blocks() -> list[dict[str, Any]]:
@@ -40,7 +52,7 @@ def task_text(task: TaskBrief) -> str:
         f"Pallas required: {'yes' if task.require_pallas else 'no'}\n"
         f"Shape configurations you may see (more are checked, unseen):\n{shapes}\n\n"
         f"## Reference ({'reference.py' if task.layout == 'native' else 'reference'})\n"
-        f"```python\n{task.reference_source.rstrip()}\n```\n"
+        f"```python\n{bounded(task.reference_source.rstrip(), MAX_SOURCE_CHARS)}\n```\n"
     )
 
 
@@ -61,7 +73,8 @@ def turn_text(request: AgentRequest) -> str:
     parts.append(chip_text(request.chip))
     if request.current_source is not None:
         label = f"v{request.current_version}" if request.current_version else "current"
-        parts.append(f"## Current kernel ({label})\n```python\n{request.current_source.rstrip()}\n```")
+        source = bounded(request.current_source.rstrip(), MAX_SOURCE_CHARS)
+        parts.append(f"## Current kernel ({label})\n```python\n{source}\n```")
         tunables = _tunables_text(request.current_source)
         if tunables:
             parts.append(tunables)
@@ -83,7 +96,7 @@ def turn_text(request: AgentRequest) -> str:
         parts.append("## Notes since your last proposal\n" + "\n".join(f"- {x}" for x in request.notes))
     if request.user_message:
         parts.append(f"## Message from the user\n{request.user_message}")
-    return "\n\n".join(parts)
+    return bounded("\n\n".join(parts), MAX_TURN_CHARS)
 
 
 def diagnosis_text(diagnosis: dict[str, Any]) -> str:
@@ -131,14 +144,16 @@ def eval_text(result: dict[str, Any], source: str | None = None,
     error = result.get("error")
     if error:
         where = f" at line {error['line']}" if error.get("line") else ""
-        lines.append(f"Error ({error.get('kind')}){where}: {error.get('message')}")
+        lines.append(f"Error ({error.get('kind')}){where}: "
+                     f"{bounded(str(error.get('message')), MAX_ERROR_CHARS)}")
         if error.get("line") and source:
             lines.append(_source_excerpt(source, int(error["line"])))
         if error.get("hint"):
             lines.append(f"Hint: {error['hint']}")
         tb = (error.get("traceback") or "").strip().splitlines()
         if tb:
-            lines.append("Traceback (last lines):\n" + "\n".join(tb[-_MAX_TRACEBACK_LINES:]))
+            lines.append("Traceback (last lines):\n" + bounded(
+                "\n".join(tb[-_MAX_TRACEBACK_LINES:]), MAX_ERROR_CHARS))
     corr = dict(result.get("correctness") or {})
     reason = str(corr.get("reason") or "")
     if visible is not None and ":" in reason and reason.split(":", 1)[0] not in visible:

@@ -45,9 +45,10 @@ def task_and_candidate(task_spec: str, overrides: list[str] | None,
         path = task.kernel_path
     else:
         raise ValueError(f"task {task.name} has no kernel.py; pass --kernel FILE")
-    try:
-        source = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"cannot read kernel {path}: "
-                         f"{getattr(exc, 'strerror', None) or exc}") from exc
+    from kernels.source_files import read_kernel_file
+
+    # The task's own kernel.py must stay inside the task (a symlink out is refused); a
+    # --kernel FILE may link within its own directory. Both are size-limited.
+    roots = (task.root,) if not kernel else ()
+    source = read_kernel_file(path, roots)  # KernelFileError is a ValueError
     return task, path, source

@@ -12,11 +12,11 @@ Worker side: ``confine(scratch)`` runs first thing in ``kernels.harness.worker``
 the process is still single-threaded, and applies what the kernel allows, strongest
 first, recording what is active and, for each thing that is not, why:
 
-1. user + PID (+ network) namespaces, via ``unshare(2)``: the worker forks and serves as
-   PID 1 of a fresh PID namespace (when it dies the kernel kills everything inside, so
-   nothing a candidate forks outlives it); in the new network namespace only a private
-   loopback exists (no route out, listeners unreachable from outside). The parent of
-   that fork stays behind as a tiny shim the app sees as the worker.
+1. user + PID (+ network) namespaces, via ``unshare(2)``: the process the app started
+   stays behind as a tiny shim; inside, a small init is PID 1 and the worker is its
+   child (when either ends, the kernel kills everything in the namespace, so nothing a
+   candidate forks outlives it). In the new network namespace only a private loopback
+   exists (no route out, listeners unreachable from outside).
 2. Landlock (``landlock_create_ruleset(2)``): the filesystem is read-only except the
    worker's scratch directory and devices; TCP bind (and connect, when there is no
    network namespace and no TPU) is denied; signals and abstract UNIX sockets cannot
@@ -290,30 +290,67 @@ def _enter_namespaces(want_net: bool) -> tuple[dict[str, Any], int | None]:
     if want_net:
         _loopback_up()
     report = {"active": True, "kinds": ["user", "pid"] + (["net"] if want_net else [])}
-    child = os.fork()
-    if child == 0:
-        _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))  # the shim dies: PID 1 dies: all die
-        return report, 0
-    _shim(child)
+    # PID 1 of a namespace ignores signals it has no handler for (abort() in it would
+    # turn into SIGSEGV, kill -9 from inside would do nothing): a tiny init is PID 1 and
+    # the worker is its child. A pipe carries the worker's wait status out to the shim.
+    read_end, write_end = os.pipe()
+    init = os.fork()
+    if init == 0:
+        os.close(read_end)
+        _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))  # the shim dies: init dies: all die
+        worker = os.fork()
+        if worker == 0:
+            os.close(write_end)
+            _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+            return report, 0
+        _init(worker, write_end)
+    os.close(write_end)
+    _shim(init, read_end)
     raise AssertionError("unreachable")
 
 
-def _shim(child: int) -> None:
-    """The process the app started: wait for PID 1 of the namespace and exit as it did,
-    so the app's classification (signal, exit code) stays right."""
-    for fd in range(3, 1024):  # the serving child owns the channel now
-        with contextlib.suppress(OSError):
-            os.close(fd)
+def _close_fds(keep: int) -> None:
+    for fd in range(3, 1024):  # the worker owns the channel: EOF must follow its death
+        if fd != keep:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _init(worker: int, status_fd: int) -> None:
+    """PID 1 of the namespace: reap orphans until the worker ends, pass its status on,
+    and exit (the kernel then kills whatever is left in the namespace)."""
+    _close_fds(status_fd)
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            os._exit(1)
+        if pid == worker:
+            with contextlib.suppress(OSError):
+                os.write(status_fd, struct.pack("=i", status))
+            os._exit(0)
+
+
+def _shim(init: int, status_fd: int) -> None:
+    """The process the app started: wait for the namespace's init and exit as the worker
+    did, so the app's classification (signal, exit code) stays right."""
+    _close_fds(status_fd)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     while True:
         try:
-            _, status = os.waitpid(child, 0)
+            _, status = os.waitpid(init, 0)
             break
         except InterruptedError:
             continue
         except ChildProcessError:
             os._exit(1)
+    with contextlib.suppress(OSError, struct.error):
+        data = os.read(status_fd, 4)
+        if len(data) == 4:
+            status = struct.unpack("=i", data)[0]
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         signal.signal(sig, signal.SIG_DFL)
@@ -404,7 +441,7 @@ def _rlimits() -> dict[str, Any]:
     report: dict[str, Any] = {}
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     report["core"] = 0
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     limit = FILE_SIZE_LIMIT if hard == resource.RLIM_INFINITY else min(FILE_SIZE_LIMIT, hard)
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
     report["file_size_bytes"] = limit

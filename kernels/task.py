@@ -110,7 +110,11 @@ class Task:
         return text
 
     def starting_source(self) -> str | None:
-        return self.kernel_path.read_text() if self.kernel_path else None
+        """The task's kernel.py; a symlink out of the task or an oversized file raises
+        ``KernelFileError`` (a ValueError) with the reason."""
+        from kernels.source_files import read_kernel_file
+
+        return read_kernel_file(self.kernel_path, (self.root,)) if self.kernel_path else None
 
     def to_spec(self) -> dict[str, Any]:
         """Plain-JSON description sent to a worker process."""

@@ -184,6 +184,11 @@ def run_headless_replay(args: argparse.Namespace) -> int:
             print(json.dumps({"session": str(loaded.path), "state": state.snapshot()},
                              default=str))
         return 0
+    from sessions.replay import audit
+
+    problems = audit(loaded, state)
+    for problem in problems:
+        print(f"tampered: {problem}", file=out)
     try:
         checks = asyncio.run(_verify(loaded, state, out))
     except Exception as exc:
@@ -192,13 +197,13 @@ def run_headless_replay(args: argparse.Namespace) -> int:
         if isinstance(exc, TaskError | SessionError):
             return _fail("replay", str(exc))
         raise
-    ok = bool(checks) and all(c.ok for c in checks)
+    ok = bool(checks) and all(c.ok for c in checks) and not problems
     verdict = ("reproduced" if ok else "nothing to verify (no evaluated versions)"
-               if not checks else "did NOT reproduce")
-    print(f"verify: {sum(c.ok for c in checks)}/{len(checks)} versions agree; "
-          f"session {verdict}", file=out)
+               if not checks and not problems else "did NOT reproduce")
+    print(f"verify: {sum(c.ok for c in checks)}/{len(checks)} versions agree, "
+          f"{len(problems)} log problem(s); session {verdict}", file=out)
     if as_json:
-        print(json.dumps({"session": str(loaded.path), "ok": ok,
+        print(json.dumps({"session": str(loaded.path), "ok": ok, "problems": problems,
                           "checks": [c.to_json() for c in checks]}, default=str))
     return 0 if ok else 1
 

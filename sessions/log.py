@@ -9,16 +9,27 @@ Loading is forgiving where it can be and loud where it must be: a torn last line
 skipped with a warning (nothing before it is lost) and cut off when the session is
 reopened for appending, so the next event never glues onto the fragment; unknown event
 types are kept as they are; a header from a newer schema is refused with a message
-naming both versions; a missing blob is reported by its name.
+naming both versions; a missing blob is reported by its name; a binary or foreign line
+(not UTF-8 JSON, not an event) is reported with its line number and skipped.
+
+One writer at a time: ``SessionLog`` holds an exclusive ``flock`` on ``<dir>/.lock``
+(which names the holder: pid and command) for as long as it is open, so a second
+``auto --resume`` or a TUI on the same session is refused by name. A write that fails
+(a full disk, a read-only directory) raises ``SessionWriteError``, which names the
+cause; the log then refuses further events rather than leave a gap in ``seq``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import hashlib
 import json
 import os
 import re
 import secrets
+import sys
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -37,6 +48,27 @@ class SessionError(Exception):
 
 class NewerSchemaError(SessionError):
     pass
+
+
+class SessionLockedError(SessionError):
+    """Another process has the session open for writing."""
+
+
+class SessionWriteError(SessionError):
+    """The session could not be written (disk full, read-only, I/O error)."""
+
+
+LOCK_FILE = ".lock"
+
+
+def _write_failure(path: Path, exc: OSError, doing: str) -> SessionWriteError:
+    why = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exhausted",
+           errno.EROFS: "the file system is read-only",
+           errno.EACCES: "permission denied", errno.EPERM: "permission denied",
+           errno.EIO: "an I/O error"}.get(exc.errno or 0, exc.strerror or str(exc))
+    return SessionWriteError(f"{path}: cannot {doing}: {why} ({exc.strerror or exc}). "
+                             "Free space or choose a writable --session-dir; events "
+                             "written so far are intact and the session can be resumed.")
 
 
 class MissingBlobError(SessionError):
@@ -106,7 +138,7 @@ def load(path: Path | str) -> LoadedSession:
         raise SessionError(f"{path}: empty session file (no header)")
     try:
         header = json.loads(lines[0])
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
         raise SessionError(f"{path}:1: the header is not valid JSON ({exc})") from exc
     header = _check_header(path.parent, header)
     events: list[dict[str, Any]] = []
@@ -115,11 +147,17 @@ def load(path: Path | str) -> LoadedSession:
             continue
         try:
             event = json.loads(raw)
-        except json.JSONDecodeError as exc:
+        except UnicodeDecodeError:
+            warnings.append(f"{path}:{number}: skipped a binary line ({len(raw)} bytes, "
+                            "not UTF-8): not written by tilewright")
+            continue
+        except ValueError as exc:
             warnings.append(f"{path}:{number}: skipped an unreadable line ({exc})")
             continue
-        if not isinstance(event, dict) or "type" not in event:
-            warnings.append(f"{path}:{number}: skipped a line that is not an event")
+        if not isinstance(event, dict) or not isinstance(event.get("type"), str) \
+                or not isinstance(event.get("seq"), int):
+            warnings.append(f"{path}:{number}: skipped a line that is not an event "
+                            "(no integer seq and string type): not written by tilewright")
             continue
         events.append(event)
     valid = len(data) - len(tail)
@@ -130,12 +168,19 @@ class SessionLog:
     """An open session directory that appends events and stores blobs."""
 
     def __init__(self, path: Path, header: dict[str, Any], next_seq: int,
-                 created_epoch: float) -> None:
+                 created_epoch: float, lock_fd: int | None = None) -> None:
         self.path = path
         self.header = header
         self._next_seq = next_seq
         self._created = created_epoch
-        self._fd: int | None = os.open(path / EVENTS_FILE, os.O_WRONLY | os.O_APPEND)
+        self.write_error: SessionWriteError | None = None  # the first failed write
+        self._lock_fd: int | None = lock(path) if lock_fd is None else lock_fd
+        try:
+            self._fd: int | None = os.open(path / EVENTS_FILE, os.O_WRONLY | os.O_APPEND)
+        except OSError as exc:
+            unlock(self._lock_fd)
+            self._lock_fd = None
+            raise _write_failure(path, exc, "open the event log for appending") from None
 
     # -- opening ----------------------------------------------------------------------
 
@@ -148,8 +193,11 @@ class SessionLog:
         now = time.time()
         session_id = new_session_id(task.get("name", "task"), now)
         path = sessions_dir / session_id
-        (path / "blobs").mkdir(parents=True)
-        (path / "profiles").mkdir()
+        try:
+            (path / "blobs").mkdir(parents=True)
+            (path / "profiles").mkdir()
+        except OSError as exc:
+            raise _write_failure(sessions_dir, exc, "create a session directory") from None
         header = {
             "schema": SCHEMA, "id": session_id,
             "created": datetime.fromtimestamp(now, UTC).isoformat(timespec="milliseconds"),
@@ -157,13 +205,16 @@ class SessionLog:
             "parent": parent, **(extra or {}),
         }
         line = (json.dumps(header, sort_keys=False) + "\n").encode()
-        fd = os.open(path / EVENTS_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            os.write(fd, line)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        _fsync_dir(path)
+            fd = os.open(path / EVENTS_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                os.write(fd, line)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            _fsync_dir(path)
+        except OSError as exc:
+            raise _write_failure(path, exc, "write the session header") from None
         return cls(path, header, 1, now)
 
     @classmethod
@@ -172,17 +223,24 @@ class SessionLog:
         event starts on a fresh line; the skipped bytes were never a whole event."""
         loaded = load(path)
         events_path = loaded.path / EVENTS_FILE
-        if loaded.torn_tail:
-            with open(events_path, "r+b") as fh:
-                fh.truncate(loaded.valid_bytes)
-                fh.flush()
-                os.fsync(fh.fileno())
-        (loaded.path / "blobs").mkdir(exist_ok=True)
-        (loaded.path / "profiles").mkdir(exist_ok=True)
+        # Lock before touching anything: a second writer must not truncate the first's tail.
+        lock_fd = lock(loaded.path)
+        try:
+            loaded = load(path)  # re-read under the lock
+            if loaded.torn_tail:
+                with open(events_path, "r+b") as fh:
+                    fh.truncate(loaded.valid_bytes)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            (loaded.path / "blobs").mkdir(exist_ok=True)
+            (loaded.path / "profiles").mkdir(exist_ok=True)
+        except OSError as exc:
+            unlock(lock_fd)
+            raise _write_failure(loaded.path, exc, "reopen the session for writing") from None
         last_seq = max((e.get("seq", 0) for e in loaded.events
                         if isinstance(e.get("seq"), int)), default=0)
         created = _parse_created(loaded.header.get("created"))
-        return cls(loaded.path, loaded.header, last_seq + 1, created), loaded
+        return cls(loaded.path, loaded.header, last_seq + 1, created, lock_fd), loaded
 
     # -- writing ----------------------------------------------------------------------
 
@@ -197,12 +255,18 @@ class SessionLog:
         """Write one event (one line, one write, fsynced) and return it."""
         if self._fd is None:
             raise SessionError(f"{self.path}: the session log is closed")
+        if self.write_error is not None:
+            raise self.write_error
         event = {"seq": self._next_seq, "t": self.now(), "type": type_, **fields}
         line = (json.dumps(event, separators=(",", ":")) + "\n").encode()
-        written = os.write(self._fd, line)
-        if written != len(line):  # a short write on a full disk: say so, keep the seq
-            raise SessionError(f"{self.path}: short write ({written}/{len(line)} bytes)")
-        os.fsync(self._fd)
+        try:
+            written = os.write(self._fd, line)
+            if written != len(line):  # a short write on a full disk
+                raise OSError(errno.ENOSPC, f"short write ({written}/{len(line)} bytes)")
+            os.fsync(self._fd)
+        except OSError as exc:
+            self.write_error = _write_failure(self.path, exc, f"append a {type_} event")
+            raise self.write_error from None
         self._next_seq += 1
         return event
 
@@ -213,11 +277,18 @@ class SessionLog:
         target = self.path / "blobs" / sha
         if not target.exists():
             tmp = target.with_suffix(f".tmp{os.getpid()}")
-            with open(tmp, "wb") as fh:
-                fh.write(raw)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, target)  # atomic: a blob is whole or absent
+            try:
+                with open(tmp, "wb") as fh:
+                    fh.write(raw)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.replace(tmp, target)  # atomic: a blob is whole or absent
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+                self.write_error = self.write_error or _write_failure(
+                    self.path, exc, "store a blob")
+                raise self.write_error from None
         return sha
 
     def put_json_blob(self, obj: Any) -> str:
@@ -235,12 +306,47 @@ class SessionLog:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        if self._lock_fd is not None:
+            unlock(self._lock_fd)
+            self._lock_fd = None
 
     def __enter__(self) -> SessionLog:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def lock(path: Path) -> int:
+    """Take the session's writer lock or raise ``SessionLockedError`` naming the holder."""
+    lock_path = path / LOCK_FILE
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise _write_failure(path, exc, "take the session's writer lock") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        try:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
+        finally:
+            os.close(fd)
+        raise SessionLockedError(
+            f"{path}: the session is open for writing in another process ({holder}); "
+            "close that one first, or open this session read-only with `tilewright "
+            "replay`") from None
+    owner = f"pid {os.getpid()}: {' '.join(os.path.basename(a) for a in sys.argv[:3])}"
+    with contextlib.suppress(OSError):
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, owner.encode(), 0)
+    return fd
+
+
+def unlock(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.ftruncate(fd, 0)
+    with contextlib.suppress(OSError):
+        os.close(fd)  # closing releases the flock
 
 
 def read_blob(session: Path | str, sha: str) -> bytes:

@@ -18,14 +18,26 @@ A version whose timing falls outside the band is measured once more (a busy mach
 or a cold worker makes single outliers; measured here: 5-7x on a shared 2-core host)
 and the closer measurement counts. A version whose status or correctness differs, or
 whose timing is still outside the band, makes the verification fail (exit 1).
+
+Before anything is re-run, ``audit`` checks that the log is what tilewright wrote:
+every blob's name is the sha256 of its content and no referenced blob is missing;
+every number in a ``run.result`` event (status, correctness, speedup, median) equals
+the eval JSON it points to; ``seq`` runs 1, 2, ... without gaps or repeats; no line
+was skipped as binary or foreign; and the approval chain holds (every kernel version
+but the task's own has an approving ``user.decision`` about its proposal, written
+before it, and every run is of such a version). Re-measurement is compared with the
+event's numbers too, so an edited speedup fails one way or the other.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from sessions.log import LoadedSession, read_json_blob
+from sessions.log import LoadedSession, SessionError, read_blob
 from sessions.state import SessionState
 
 INTERPRET_FACTOR = 3.0
@@ -125,6 +137,17 @@ class Check:
         return {**self.__dict__, "ok": self.ok}
 
 
+def _logged_band(recorded: dict[str, Any], v: Any) -> tuple[str, float, float] | None:
+    """The band around the numbers in the log's events (``v.speedup``, ``v.median_ms``),
+    built like ``timing_band``."""
+    timing = dict(recorded.get("timing") or {})
+    if v.speedup is not None:
+        timing["speedup"] = v.speedup
+    if v.median_ms is not None:
+        timing["median_ms"] = timing["p10_ms"] = timing["p90_ms"] = v.median_ms
+    return timing_band({**recorded, "timing": timing}) if timing else None
+
+
 def timing_band(recorded: dict[str, Any] | None) -> tuple[str, float, float] | None:
     """What is compared and the range the re-measured value may fall in:
     ``("speedup", lo, hi)`` in interpret mode, ``("median_ms", lo, hi)`` natively."""
@@ -143,6 +166,104 @@ def timing_band(recorded: dict[str, Any] | None) -> tuple[str, float, float] | N
     return ("median_ms", p10 / NATIVE_WIDEN, p90 * NATIVE_WIDEN)
 
 
+def _blob(loaded: LoadedSession, sha: str, problems: list[str], what: str) -> bytes | None:
+    """A blob's bytes after checking its name against its content; None (with the
+    problem noted) when it is missing or altered."""
+    try:
+        data = read_blob(loaded.path, sha)
+    except SessionError as exc:
+        problems.append(f"{what}: {exc}")
+        return None
+    if hashlib.sha256(data).hexdigest() != sha:
+        problems.append(f"{what}: blob {sha[:12]}… was altered (its content no longer "
+                        "hashes to its name)")
+        return None
+    return data
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        try:
+            return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
+        except (TypeError, ValueError):
+            return False
+    return a == b
+
+
+def audit(loaded: LoadedSession, state: SessionState) -> list[str]:
+    """Everything in the log that tilewright would not have written; empty when sound."""
+    problems = [w for w in loaded.warnings if "torn last line" not in w]
+    seqs = [e.get("seq") for e in loaded.events]
+    expected = list(range(1, len(seqs) + 1))
+    if seqs != expected:
+        dupes = sorted({s for s in seqs if seqs.count(s) > 1})
+        problems.append("event sequence numbers are not 1, 2, ...: "
+                        + (f"repeated {dupes[:5]}" if dupes else "gaps or reordering")
+                        + " (two writers, or lines added or removed)")
+    decisions = {e["seq"]: e for e in loaded.events if e["type"] == "user.decision"}
+    versions: dict[Any, dict[str, Any]] = {}
+    starts: dict[Any, dict[str, Any]] = {}
+    initial = 0
+    for e in loaded.events:
+        kind = e["type"]
+        if kind == "kernel.version":
+            n = e.get("version")
+            versions[n] = e
+            if e.get("source_blob"):
+                _blob(loaded, e["source_blob"], problems, f"v{n} source")
+            if e.get("origin") == "initial":
+                initial += 1
+                if initial > 1:
+                    problems.append(f"v{n}: a second 'initial' version (only the task's own "
+                                    "kernel runs without a decision)")
+                continue
+            d = decisions.get(e.get("decision"))
+            if d is None or d["seq"] > e["seq"]:
+                problems.append(f"v{n}: no user.decision approved it (its decision "
+                                f"{e.get('decision')!r} is missing or comes later)")
+            elif d.get("decision") not in ("approve", "edit") \
+                    or d.get("proposal") != e.get("proposal"):
+                problems.append(f"v{n}: its user.decision (seq {d['seq']}) is "
+                                f"{d.get('decision')!r} for {d.get('proposal')!r}, not an "
+                                f"approval of {e.get('proposal')!r}")
+        elif kind == "run.start":
+            starts[e.get("run")] = e
+            if e.get("version") not in versions:
+                problems.append(f"{e.get('run')}: runs v{e.get('version')}, which no earlier "
+                                "kernel.version created")
+        elif kind == "run.result":
+            run = e.get("run")
+            if run not in starts:
+                problems.append(f"{run}: a result without a run.start")
+            elif starts[run].get("version") != e.get("version"):
+                problems.append(f"{run}: result for v{e.get('version')} but it started "
+                                f"v{starts[run].get('version')}")
+            if e.get("result_blob"):
+                data = _blob(loaded, e["result_blob"], problems, f"{run} result")
+                if data is not None:
+                    _compare_result(run, e, data, problems)
+    for v in state.versions.values():
+        if not state.authorized(v.number) and v.status is not None:
+            problems.append(f"v{v.number} was evaluated without an approving decision")
+    return list(dict.fromkeys(problems))
+
+
+def _compare_result(run: Any, event: dict[str, Any], data: bytes,
+                    problems: list[str]) -> None:
+    try:
+        recorded = json.loads(data)
+    except ValueError:
+        problems.append(f"{run}: its eval JSON blob is not JSON")
+        return
+    timing = recorded.get("timing") or {}
+    derived = {"status": recorded.get("status"), "correct": recorded.get("status") == "correct",
+               "speedup": timing.get("speedup"), "median_ms": timing.get("median_ms")}
+    for key, value in derived.items():
+        if key in event and not _same(event[key], value):
+            problems.append(f"{run}: the log says {key}={event[key]!r} but its eval JSON "
+                            f"says {value!r} (edited)")
+
+
 async def verify(loaded: LoadedSession, state: SessionState, evaluate: Any,
                  out: TextIO) -> list[Check]:
     """Re-evaluate each measured version with ``evaluate(source) -> EvalResult``."""
@@ -150,14 +271,32 @@ async def verify(loaded: LoadedSession, state: SessionState, evaluate: Any,
     for v in state.versions.values():
         if v.status is None or not v.result_blob:
             continue
-        recorded = read_json_blob(loaded.path, v.result_blob)
-        source = (loaded.path / "blobs" / v.source_blob).read_text()
+        problems: list[str] = []
+        result_data = _blob(loaded, v.result_blob, problems, f"v{v.number} result")
+        source_data = _blob(loaded, v.source_blob, problems, f"v{v.number} source") \
+            if v.source_blob else None
+        if result_data is None or source_data is None:
+            for problem in problems or [f"v{v.number}: no source recorded"]:
+                print(f"v{v.number:<3} cannot be re-run: {problem}  MISMATCH", file=out,
+                      flush=True)
+            checks.append(Check(version=v.number, recorded_status=v.status, status="missing",
+                                recorded_correct=v.correct, correct=False,
+                                recorded_ms=v.median_ms, median_ms=None, band=None,
+                                timing_ok=False))
+            continue
+        recorded = json.loads(result_data)
+        source = source_data.decode(errors="replace")
         band = timing_band(recorded)
+        logged = _logged_band(recorded, v)
         for attempt in range(ATTEMPTS):
             result = await evaluate(source)
             median = (result.timing or {}).get("median_ms")
             value = (result.timing or {}).get(band[0]) if band else None
             timing_ok = band is None or (value is not None and band[1] <= value <= band[2])
+            # The number the log shows (and the fold ranks by) must agree as well.
+            if logged is not None and timing_ok:
+                new = (result.timing or {}).get(logged[0])
+                timing_ok = new is not None and logged[1] <= new <= logged[2]
             if timing_ok or result.status != v.status or attempt == ATTEMPTS - 1:
                 break
             print(f"v{v.number:<3} {band[0] if band else 'timing'} {value} outside the band; "
