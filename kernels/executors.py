@@ -15,6 +15,12 @@ candidates to keep in flight. Two implementations:
   tilewright installed; a task directory the node lacks travels with the request
   (small trees only, else put the suite on a shared filesystem).
 
+A local Ray instance (no ``--address``) listens on loopback only (GCS, raylet, object
+store, dashboard agent): Ray has no authentication, and its own security guidance is
+to never expose its ports to an untrusted network. A remote cluster is the user's
+explicit choice (``--address``); keep it on a private network or behind a firewall, as
+docs/SECURITY.md says.
+
 App-side module: no JAX here.
 """
 
@@ -37,6 +43,7 @@ from kernels.result import EvalResult
 from kernels.task import Task
 
 EXECUTORS = ("local", "ray")
+LOOPBACK = "127.0.0.1"
 
 # A task directory is shipped along with a Ray task when the remote node does not have
 # it (another host of a cluster); bigger trees must be on a shared filesystem.
@@ -358,6 +365,9 @@ class RayExecutor:
             else:
                 kwargs["num_cpus"] = self.num_cpus or self.requested or local_worker_count()
                 kwargs["object_store_memory"] = 80 * 1024 * 1024
+                # Loopback only: Ray's services have no authentication.
+                kwargs["_node_ip_address"] = LOOPBACK
+                kwargs["dashboard_host"] = LOOPBACK
             # Ray's own loggers go to stderr before logging_level applies; quiet them.
             logging.getLogger("ray").setLevel(logging.ERROR)
             try:

@@ -166,3 +166,10 @@ def test_search_evaluates_through_ray(ray_executor, ray_loop, tmp_path) -> None:
     for blob in blobs:  # every evaluation ran on a Ray worker
         data = json.loads((s.log.path / "blobs" / blob).read_text())
         assert data["extra"]["executor"]["name"] == "ray"
+
+
+def test_a_local_ray_instance_listens_on_loopback_only(ray_executor) -> None:
+    # Ray's services have no authentication: without --address nothing may face the network.
+    gcs = ray.get_runtime_context().gcs_address
+    assert gcs.startswith("127.0.0.1:"), gcs
+    assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
