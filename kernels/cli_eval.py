@@ -44,6 +44,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--shape", dest="shapes", action="append", default=None,
                         metavar="NAME", help="only this shape configuration (repeatable)")
     parser.add_argument("--no-timing", action="store_true", help="skip timing")
+    parser.add_argument("--chip", default=None, metavar="CHIP",
+                        help="TPU generation to compile for with the real TPU compiler, "
+                             "whose static estimate ranks kernels off-TPU: v5e (default "
+                             "off-TPU), v5p, v6e, v4, v7x; on a TPU host, its own chip")
+    parser.add_argument("--chips", default=None, metavar="LIST",
+                        help="comma-separated generations (e.g. v5e,v6e,v5p): evaluate "
+                             "once per chip and show which ones accept the kernel")
     parser.set_defaults(handler=run)
 
 
@@ -89,13 +96,24 @@ def run(args: argparse.Namespace) -> int:
 
     from kernels.workers import EvalOptions, WorkerStartError
 
-    options = EvalOptions(trials=args.trials, iters=args.iters, timeout_s=args.timeout,
-                          timing=not args.no_timing, shapes=args.shapes)
     try:
-        result = asyncio.run(_evaluate(task, source, options, str(path.resolve())))
+        chips = _chips(args.chips) if args.chips else (_chips(args.chip) if args.chip
+                                                        else [None])
+    except ValueError as exc:
+        return _usage_error(str(exc))
+    if args.chip and args.chips:
+        return _usage_error("give --chip or --chips, not both")
+    options = [EvalOptions(trials=args.trials, iters=args.iters, timeout_s=args.timeout,
+                           timing=not args.no_timing, shapes=args.shapes, chip=chip)
+               for chip in chips]
+    try:
+        results = asyncio.run(_evaluate_all(task, source, options, str(path.resolve())))
     except WorkerStartError as exc:
         print(f"tilewright eval: could not start a JAX worker: {exc}", file=sys.stderr)
         return EXIT_OTHER
+    if args.chips:
+        return _print_chips(results, chips, args.json)
+    result = results[0]
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:
@@ -106,10 +124,69 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _evaluate(task: Any, source: str, options: Any, filename: str) -> Any:
+    return (await _evaluate_all(task, source, [options], filename))[0]
+
+
+async def _evaluate_all(task: Any, source: str, options: list[Any], filename: str) -> list[Any]:
+    """One worker, one evaluation per options (per chip): a warm worker compiles each
+    reference once."""
     from kernels.workers import WorkerPool
 
     async with WorkerPool(size=1) as pool:
-        return await pool.evaluate(task, source, options, filename=filename)
+        return [await pool.evaluate(task, source, o, filename=filename) for o in options]
+
+
+def _chips(text: str) -> list[str]:
+    from profiling.chips import get_chip
+
+    names = [c.strip() for c in text.split(",") if c.strip()]
+    if not names:
+        raise ValueError("--chips needs at least one chip, e.g. --chips v5e,v6e,v5p")
+    out = []
+    for name in names:
+        try:
+            chip = get_chip(name)
+        except KeyError as exc:
+            raise ValueError(str(exc.args[0])) from None
+        if chip.kind != "tpu":
+            raise ValueError(f"--chips takes TPU generations; {name!r} is a {chip.kind}")
+        out.append(chip.name)
+    return out
+
+
+def _print_chips(results: list[Any], chips: list[str], as_json: bool) -> int:
+    """Which generations accept the kernel: one line (or JSON object) per chip. Exit 0
+    only when the kernel is correct on every chip asked for."""
+    if as_json:
+        print(json.dumps({"chips": {c: r.to_json() for c, r in zip(chips, results, strict=True)}},
+                         indent=2))
+    else:
+        from rich.console import Console
+        from rich.markup import escape
+
+        console = Console(highlight=False)
+        for chip, result in zip(chips, results, strict=True):
+            tpu = result.tpu or {}
+            accepted = {"ok": "[green]accepted[/]", "error": "[red]refused[/]"}.get(
+                tpu.get("compile"), f"[yellow]{escape(str(tpu.get('compile')))}[/]")
+            line = f"{chip:>4}  {accepted}  {result.status}"
+            if tpu.get("vmem_bytes"):
+                line += f" · VMEM {_mib(tpu['vmem_bytes'])} of {_mib(tpu.get('vmem_limit_bytes'))}"
+            rank = result.rank
+            if rank.source in ("tpu_estimate", "device_time"):
+                line += f" · {escape(rank.label)}"
+            elif tpu.get("estimate_unavailable"):
+                line += f" · no estimate: {escape(tpu['estimate_unavailable'])}"
+            console.print(line)
+            if tpu.get("compile") != "ok" and tpu.get("message"):
+                console.print(f"      [dim]{escape(tpu['message'].splitlines()[0][:160])}[/]")
+    if any(r.error is not None and r.error.kind == "task" for r in results):
+        return EXIT_USAGE
+    return EXIT_CORRECT if all(r.correct for r in results) else EXIT_OTHER
+
+
+def _mib(value: Any) -> str:
+    return "?" if not value else f"{value / (1 << 20):.1f} MiB"
 
 
 STATUS_STYLE = {"correct": "bold green", "incorrect": "bold red", "rejected": "bold magenta"}
@@ -147,18 +224,38 @@ def print_summary(result: Any, task_name: str, kernel: str) -> None:
             mark = "✓" if shape["correct"] else "✗"
             label = "held-out" if shape.get("held_out") else _params(shape.get("params"))
             table.add_row("", escape(f"{mark} {shape['name']} {label}"))
+    tpu = result.tpu
+    if tpu:
+        verdict = {"ok": "compiles", "error": "REFUSED", "unavailable": "unavailable"}.get(
+            tpu.get("compile"), str(tpu.get("compile")))
+        vmem = (f" · VMEM {_mib(tpu['vmem_bytes'])} of {_mib(tpu.get('vmem_limit_bytes'))}"
+                if tpu.get("vmem_bytes") else "")
+        table.add_row("TPU compile", escape(f"{tpu.get('chip')}: {verdict}{vmem}"))
+        if tpu.get("compile") != "ok" and tpu.get("message"):
+            table.add_row("", escape(tpu["message"].splitlines()[0][:200]))
+        est = tpu.get("estimate")
+        ref = tpu.get("reference_estimate")
+        if est and ref and tpu.get("estimated_speedup"):
+            table.add_row("estimate", escape(
+                f"est. {tpu['estimated_speedup']:.2f}x on {tpu['chip']} (TPU compiler's "
+                f"static estimate: {est['cycles']:,} cycles vs XLA reference "
+                f"{ref['cycles']:,}; not a measurement)"))
+        elif tpu.get("estimate_unavailable"):
+            table.add_row("estimate", escape(f"unavailable: {tpu['estimate_unavailable']}"))
     flags = (result.integrity or {}).get("flags") or []
     table.add_row("integrity", escape(", ".join(flags) if flags else "no flags"))
     timing = result.timing
     if timing:
-        label = "interpret-mode wall clock (not TPU performance)" \
-            if timing.get("mode") == "tpu-interpret" else f"{timing['method']}"
+        interpret = timing.get("mode") == "tpu-interpret"
+        label = "host simulation time: the CPU interpreting the kernel (not TPU " \
+            "performance; never a speedup)" if interpret else f"{timing['method']}"
         speedup = timing.get("speedup")
-        table.add_row("timing", escape(
+        ratio = ("" if interpret else " · speedup "
+                 f"{'n/a' if speedup is None else f'{speedup:.3g}x'}")
+        table.add_row("host sim." if interpret else "timing", escape(
             f"{timing['median_ms']:.3f} ms median (p10 {timing['p10_ms']:.3f}, p90 "
             f"{timing['p90_ms']:.3f}; {timing['iters']} iters on {timing.get('shape')}) · "
-            f"XLA reference {timing['baseline_median_ms']:.3f} ms · speedup "
-            f"{'n/a' if speedup is None else f'{speedup:.3g}x'}"))
+            f"XLA reference {timing['baseline_median_ms']:.3f} ms{ratio}"))
         table.add_row("", f"[yellow]{escape(label)}[/]")
     error = result.error
     if error:

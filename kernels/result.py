@@ -50,6 +50,10 @@ class EvalResult:
     correctness: dict[str, Any] | None = None
     integrity: dict[str, Any] = field(default_factory=lambda: {"flags": []})
     timing: dict[str, Any] | None = None
+    # The real TPU compiler's verdict for the session's chip and its static estimate:
+    # {chip, compile: ok|error|unavailable, message, vmem_bytes, estimate, reference_estimate,
+    # estimated_speedup, ...}; None when no TPU compile ran (lowering turned off).
+    tpu: dict[str, Any] | None = None
     error: EvalError | None = None
     duration_s: float = 0.0
     stderr: str = ""  # captured worker stderr for this request (XLA logs, prints)
@@ -65,7 +69,13 @@ class EvalResult:
 
     @property
     def speedup(self) -> float | None:
-        return (self.timing or {}).get("speedup")
+        """The number that ranks this result (``ranking``): off-TPU the TPU compiler's
+        estimated speedup, on a TPU the measured one."""
+        return ranking(self.to_json()).value
+
+    @property
+    def rank(self) -> Rank:
+        return ranking(self.to_json())
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -85,3 +95,61 @@ class EvalResult:
         if extra:
             data.setdefault("extra", {}).update(extra)
         return cls(**data)
+
+
+# -- ranking ---------------------------------------------------------------------------
+
+RANK_SOURCES = ("device_time", "tpu_estimate", "host_simulation", "none")
+
+@dataclass(frozen=True)
+class Rank:
+    """The number that ranks an evaluation, where it comes from, and how to say it.
+
+    ``source``: ``device_time`` (measured on a TPU), ``tpu_estimate`` (the TPU
+    compiler's static estimate for ``chip``, against the XLA reference compiled for the
+    same chip), ``host_simulation`` (only when no estimate exists: the interpreter's
+    time ratio on this CPU, which predicts nothing about a TPU) or ``none``.
+    """
+
+    value: float | None
+    source: str
+    chip: str | None
+    label: str  # e.g. "est. 1.80x on v5e (TPU compiler)": never reads as a measurement
+    estimate: float | None = None  # the estimate, also recorded beside a measurement
+    measured: float | None = None  # measured on a TPU
+
+    @property
+    def is_estimate(self) -> bool:
+        return self.source == "tpu_estimate"
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and value > 0 else None
+
+
+def ranking(result: dict[str, Any]) -> Rank:
+    """The ranking number of an eval result (its JSON): measured speedup on a TPU,
+    the TPU compiler's estimated speedup elsewhere; never interpret-mode time while an
+    estimate exists. Pure data: the app, tuner, search and reports all call this."""
+    tpu = result.get("tpu") or {}
+    timing = result.get("timing") or {}
+    backend = result.get("backend") or {}
+    chip = tpu.get("chip")
+    estimate = _num(tpu.get("estimated_speedup"))
+    if result.get("status") != "correct":
+        return Rank(None, "none", chip, str(result.get("status") or "not evaluated"), estimate)
+    native = backend.get("platform") == "tpu" and backend.get("mode") == "native"
+    measured = _num(timing.get("speedup")) if native else None
+    if measured is not None:
+        beside = f", est. {estimate:.2f}x" if estimate is not None else ""
+        kind = backend.get("device_kind") or "TPU"
+        return Rank(measured, "device_time", chip,
+                    f"{measured:.2f}x measured on {kind}{beside}", estimate, measured)
+    if estimate is not None:
+        return Rank(estimate, "tpu_estimate", chip,
+                    f"est. {estimate:.2f}x on {chip} (TPU compiler)", estimate)
+    host = _num(timing.get("speedup"))
+    if host is not None:
+        return Rank(host, "host_simulation", chip,
+                    f"host sim. ratio {host:.3g} (CPU interpreter, not TPU performance)")
+    return Rank(None, "none", chip, "no estimate")

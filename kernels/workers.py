@@ -56,6 +56,9 @@ class EvalOptions:
     lowering: bool = True
     timing: bool = True
     shapes: list[str] | None = None
+    # The TPU generation every candidate is compiled for by the real TPU compiler (and
+    # whose static estimate ranks kernels off-TPU); None: the TPU host's own, else v5e.
+    chip: str | None = None
 
 
 def _default_memory_limit_mb() -> int:

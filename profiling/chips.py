@@ -51,6 +51,12 @@ class Chip:
     megacore: bool  # two TensorCores per chip that a short "parallel" grid leaves half idle
     f32_estimated: bool = False
     note: str = ""
+    # TensorCore clock, to turn the TPU compiler's cycle estimates into seconds. Not on
+    # the product pages: derived as bf16_flops / (cores x MXUs x 128 x 128 x 2) from the
+    # MXU counts in JAX's tpu_info table, given only where that derivation is
+    # consistent (v4 gives 1.05 GHz, the figure of the TPU v4 paper). None: unknown;
+    # cycle ratios (estimated speedups) do not need it.
+    clock_hz: float | None = None
 
     @property
     def ridge_intensity(self) -> float:
@@ -68,15 +74,15 @@ CHIPS: dict[str, Chip] = {
     # TPU v4: 275 TFLOP/s bf16, 32 GiB HBM2 at 1,200 GB/s (cloud.google.com/tpu/docs/v4).
     # 2 TensorCores in megacore mode; 16 MiB VMEM per core (jax tpu_info).
     "v4": Chip("v4", "TPU v4", "tpu", 275e12, 275e12 / 3, 1200e9, 32 * GiB,
-               16 * MiB, 16 * MiB, 2, True, f32_estimated=True),
+               16 * MiB, 16 * MiB, 2, True, f32_estimated=True, clock_hz=1.05e9),
     # TPU v5e: 197 TFLOP/s bf16, 16 GiB HBM2 at 819 GB/s (cloud.google.com/tpu/docs/v5e).
     # 1 TensorCore; 128 MiB VMEM (jax tpu_info).
     "v5e": Chip("v5e", "TPU v5e", "tpu", 197e12, 197e12 / 3, 819e9, 16 * GiB,
-                128 * MiB, 16 * MiB, 1, False, f32_estimated=True),
+                128 * MiB, 16 * MiB, 1, False, f32_estimated=True, clock_hz=1.5e9),
     # TPU v5p: 459 TFLOP/s bf16, 95 GiB HBM2e at 2,765 GB/s (cloud.google.com/tpu/docs/v5p).
     # 2 TensorCores in megacore mode; 64 MiB VMEM per core (jax tpu_info).
     "v5p": Chip("v5p", "TPU v5p", "tpu", 459e12, 459e12 / 3, 2765e9, 95 * GiB,
-                64 * MiB, 16 * MiB, 2, True, f32_estimated=True),
+                64 * MiB, 16 * MiB, 2, True, f32_estimated=True, clock_hz=1.75e9),
     # TPU v6e (Trillium): 918 TFLOP/s bf16, 32 GiB HBM at 1,640 GB/s
     # (cloud.google.com/tpu/docs/v6e). 1 TensorCore; 128 MiB VMEM (jax tpu_info).
     "v6e": Chip("v6e", "TPU v6e", "tpu", 918e12, 918e12 / 3, 1640e9, 32 * GiB,

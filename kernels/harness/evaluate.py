@@ -22,6 +22,7 @@ The order is part of the contract (DESIGN.md, "Rules the harness never bends"):
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 from dataclasses import replace
@@ -29,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels.harness import errors, integrity, timing
+from kernels.harness import errors, integrity, timing, tpu_compile
 from kernels.harness.backend import backend_info
 from kernels.harness.compare import Host, compare, finite_or_none, to_host
 from kernels.harness.execution import (
@@ -42,6 +43,8 @@ from kernels.result import EvalResult
 from kernels.task import ShapeConfig, Task, TaskError
 
 MIN_TRIALS = 3
+HOST_SIM_ITERS = 3  # interpret-mode timing: host simulation time, not TPU performance
+DEFAULT_CHIP = "v5e"  # the chip a CPU host compiles for when none is chosen
 KEEP_INPUT_BYTES = 256 << 20  # trial inputs kept between the reference and candidate passes
 _CROSS_PLATFORM_CALLBACK = "is different from the lowering platform"
 
@@ -82,10 +85,15 @@ class Evaluation:
         self.recycle = False
         self.lowering_limited = False
         self.pallas_lines: list[int] = []  # where the candidate calls pallas_call
+        self.outside_compute: list[str] = []  # work found outside every pallas_call
         self.snapshot: integrity.ModuleSnapshot | None = None
         self._kept_inputs: dict[tuple[str, int], tuple[tuple, tuple]] = {}
         self._kept_bytes = 0  # a shape could not be lowered for host reasons
         self.result = EvalResult(status="correct", backend=None)
+        self.chip = str(options.get("chip") or _own_chip(self.backend) or DEFAULT_CHIP)
+        self.tpu_jobs: list[tuple[ShapeConfig, tuple, tuple, Any]] = []  # config, inputs, job
+        if self.lowering:
+            tpu_compile.start()  # its thread predates the candidate's: not "background_threads"
         self.shape_details: list[dict[str, Any]] = []
 
     # -- driver ----------------------------------------------------------------------
@@ -101,8 +109,13 @@ class Evaluation:
             pass
         finally:
             self._restore()
+        if self.result.tpu is None and self.tpu_jobs:
+            with contextlib.suppress(_Stop):
+                self._tpu_verdict(None, apply=False)  # stopped early: still say what it compiled to
         result = self.result
         result.integrity = {"flags": sorted(set(self.flags))}
+        if self.outside_compute:
+            result.integrity["outside_compute"] = self.outside_compute[:20]
         result.extra.update(shapes=self.shape_details, phases=self.phases,
                             interpret=self.interpret)
         result.duration_s = time.perf_counter() - started
@@ -191,6 +204,9 @@ class Evaluation:
         abs_diffs = [d["max_abs_diff"] for d in details if d["max_abs_diff"] is not None]
         rel_diffs = [d["max_rel_diff"] for d in details if d["max_rel_diff"] is not None]
         all_correct = not failed
+        t = time.perf_counter()
+        self._tpu_verdict(runtime)  # joins the background compiles; a refusal stops here
+        self._phase("tpu_wait_s", t)
         self.result.correctness = {
             "correct": all_correct, "trials": self.trials,
             # null when a failing shape has no number to give (NaN output, wrong shape)
@@ -285,9 +301,15 @@ class Evaluation:
                            "pallas_call, and this task requires a Pallas kernel",
                            hint="Write the computation as a pl.pallas_call kernel; a plain "
                                 "jax.numpy rewrite is not accepted for this task.")
+        else:
+            outside = integrity.outside_compute(traced.jaxpr, self.filename)
+            if outside:  # the work is done by XLA around the kernel, not by the kernel
+                self.flags.append("compute_outside_kernel")
+                self.outside_compute = sorted({*self.outside_compute, *outside})
         if self.lowering:
             try:
-                traced.lower(lowering_platforms=("tpu",))
+                with tpu_compile.abstract_device(self.chip):  # a TPU, not the host, answers
+                    traced.lower(lowering_platforms=("tpu",))
             except Exception as exc:
                 message = errors.short_message(exc)
                 if _CROSS_PLATFORM_CALLBACK in message and self.interpret:
@@ -304,6 +326,7 @@ class Evaluation:
             else:
                 if not self.lowering_limited:
                     self.result.lowering = {"tpu": "ok", "message": None}
+                self._submit_tpu_compile(fn, config, dyn, static)
         self._phase("trace_lower_s", t)
 
         t = time.perf_counter()
@@ -316,8 +339,8 @@ class Evaluation:
                 again = self._execute(fn, dyn, static)
                 if not integrity.outputs_identical(out.leaves, again.leaves):
                     self.flags.append("nondeterministic")
-                if integrity.is_degenerate(expected.leaves, atol):
-                    self.flags.append("degenerate_reference")
+            if integrity.is_degenerate(expected.leaves):  # every trial: the same flags each run
+                self.flags.append("degenerate_reference")
             verdict = compare(out, expected, atol, rtol)
             detail["trials"] = trial + 1
             if verdict.max_abs_diff is not None:
@@ -391,12 +414,14 @@ class Evaluation:
         kernel_fn = self._jit(entry, dyn, static)
         ref_fn = jitted_reference(runtime, len(dyn), len(static))
         budget = self.time_budget_s / 2
+        # Off-TPU the interpreter's time is a host simulation time: a few calls, no more.
+        iters = self.iters or (HOST_SIM_ITERS if self.interpret else None)
         try:
             with execution_mode(self.interpret):
                 t = time.perf_counter()
-                kernel = timing.measure(kernel_fn, (*dyn, *static), budget, self.iters)
+                kernel = timing.measure(kernel_fn, (*dyn, *static), budget, iters)
                 self._phase("kernel_timing_s", t)
-                baseline = timing.measure(ref_fn, (*dyn, *static), budget, self.iters)
+                baseline = timing.measure(ref_fn, (*dyn, *static), budget, iters)
         except Exception as exc:
             if self.interpret:
                 reset_interpret_state()
@@ -407,5 +432,123 @@ class Evaluation:
             flops = runtime.flops(config, dyn)
         self.result.timing = timing.record(kernel, baseline, self.backend["mode"], config.name,
                                            flops)
+        if self.interpret:
+            self.result.timing["label"] = "host simulation time"
         if (self.result.timing["speedup"] or 0.0) > integrity.SUSPICIOUS_SPEEDUP:
             self.flags.append("suspicious_speedup")
+
+    # -- the TPU compiler (kernels.harness.tpu_compile) --------------------------------
+
+    def _submit_tpu_compile(self, fn: Any, config: ShapeConfig, dyn: tuple,
+                            static: tuple) -> None:
+        """Lower for the session's chip now (tracing runs candidate code: checked for
+        tampering right after) and compile in the background, overlapped with the
+        trials. On a TPU host the compile is the device's own, done at once."""
+        where, why = tpu_compile.target(self.chip)
+        if where is None:
+            self.tpu_jobs.append((config, dyn, static, why))
+            return
+        try:
+            lowered = tpu_compile.lower(fn, dyn, static, where)
+        except Exception as exc:
+            self._check_tampering()
+            self.tpu_jobs.append((config, dyn, static, exc))
+            return
+        self._check_tampering()
+        job = tpu_compile.submit(lowered, where)
+        if where.native:
+            job.result()  # the dump directory must not see the trials' own compiles
+        self.tpu_jobs.append((config, dyn, static, job))
+
+    def _tpu_verdict(self, runtime: Any, apply: bool = True) -> None:
+        """The ``tpu`` section from the compiles; with ``apply``, a refusal by the TPU
+        compiler makes the evaluation a compile_error naming the compiler's message."""
+        if not self.tpu_jobs:
+            return
+        verdicts = []
+        for config, dyn, static, job in self.tpu_jobs:
+            if isinstance(job, str):
+                found = {"compile": "unavailable", "message": job}
+            elif isinstance(job, BaseException):
+                message = errors.short_message(job)
+                unavailable = _CROSS_PLATFORM_CALLBACK in message or "callback" in message
+                found = {"compile": "unavailable" if unavailable else "error",
+                         "kind": "lowering", "message": message}
+            else:
+                found = job.result()
+            verdicts.append((config, dyn, static, found))
+        refused = [v for v in verdicts if v[3]["compile"] == "error"]
+        sized = [v for v in verdicts if not v[0].held_out] or verdicts
+        config, dyn, static, found = (refused or [max(
+            sized, key=lambda v: sum(int(np.prod(a.shape)) for a in v[1]))])[0]
+        section: dict[str, Any] = {
+            "chip": self.chip, "compile": found["compile"],
+            "message": tpu_compile.short(found["message"]) if found.get("message") else None,
+            "vmem_bytes": found.get("vmem_bytes"), "vmem_limit_bytes": found.get(
+                "vmem_limit_bytes") or _scoped_limit(self.chip),
+            "estimate": found.get("estimate"), "reference_estimate": None,
+            "estimated_speedup": None, "shape": config.name if not config.held_out else None,
+            "estimate_unavailable": found.get("estimate_unavailable"),
+            "compile_s": sum(v[3].get("compile_s") or 0.0 for v in verdicts),
+            "compiled_shapes": len(verdicts),
+        }
+        where, _ = tpu_compile.target(self.chip)
+        if found["compile"] == "ok" and found.get("estimate") and runtime is not None \
+                and where is not None:
+            key = "|".join((json.dumps(self.spec, sort_keys=True, default=str), config.name,
+                            json.dumps(config.params, sort_keys=True, default=str), self.chip))
+            ref = tpu_compile.reference_estimate(
+                key, jitted_reference(runtime, len(dyn), len(static)), dyn, static, where)
+            section["reference_estimate"] = ref
+            if ref and found["estimate"]["cycles"]:
+                section["estimated_speedup"] = ref["cycles"] / found["estimate"]["cycles"]
+            elif not ref:
+                section["estimate_unavailable"] = ("no estimate for the XLA reference on "
+                                                   f"{self.chip}")
+        self.result.tpu = section
+        if apply and found["compile"] == "error":
+            from kernels.result import EvalError
+
+            kind = found.get("kind") or "tpu_compile"
+            what = {"vmem": "exceeds the scoped VMEM", "mosaic": "is refused by Mosaic",
+                    "lowering": "cannot be lowered"}.get(kind, "is refused by the TPU compiler")
+            hint = None
+            if kind == "vmem":
+                used, limit = section["vmem_bytes"], section["vmem_limit_bytes"]
+                hint = (f"The kernel's blocks need {_mib(used)} of VMEM; {self.chip} gives a "
+                        f"kernel {_mib(limit)} by default. Use smaller blocks, fewer "
+                        "double-buffered operands, or raise the limit with "
+                        "pltpu.CompilerParams(vmem_limit_bytes=...).")
+            self.result.status = "compile_error"
+            self.result.error = EvalError(
+                kind="tpu_compile" if kind != "lowering" else "lowering",
+                message=f"on {self.chip} the kernel {what} (shape {config.name}): "
+                        f"{section['message']}",
+                line=self.pallas_lines[0] if len(self.pallas_lines) == 1 else None,
+                traceback=None, hint=hint)
+            raise _Stop
+
+
+def _own_chip(backend: dict[str, Any]) -> str | None:
+    """On a TPU host: the device's own chip (its device time ranks kernels)."""
+    if backend.get("platform") != "tpu":
+        return None
+    from profiling.chips import chip_for_device
+
+    try:
+        return chip_for_device("tpu", backend.get("device_kind") or "").name
+    except KeyError:
+        return None
+
+
+def _scoped_limit(chip: str) -> int | None:
+    from profiling.chips import get_chip
+
+    try:
+        return get_chip(chip).scoped_vmem_bytes
+    except KeyError:
+        return None
+
+
+def _mib(value: int | None) -> str:
+    return "?" if value is None else f"{value / (1 << 20):.1f} MiB"

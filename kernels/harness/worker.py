@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     die_with_parent(args.parent)
     scrub_current_process()
-    prepare_libtpu()  # before JAX loads libtpu: the TPU compiler's estimate flag
+    prepare_libtpu(args.scratch)  # before JAX loads libtpu: the compiler's estimate flag
     scratch = args.scratch or os.environ.get("TMPDIR") or "/tmp"
     confined = confinement.confine(scratch)  # may fork: we continue as PID 1 of a namespace
     watch_parent()
