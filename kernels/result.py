@@ -40,6 +40,9 @@ class EvalError:
     line: int | None = None  # candidate line, when it is the candidate's fault
     traceback: str | None = None
     hint: str | None = None  # friendlier explanation of a common Pallas mistake
+    # The file ``line`` belongs to when it is not the candidate's: a task error (kind
+    # "task": a broken input builder or reference) names the task's own file.
+    file: str | None = None
 
 
 @dataclass
@@ -99,7 +102,22 @@ class EvalResult:
 
 # -- ranking ---------------------------------------------------------------------------
 
-RANK_SOURCES = ("device_time", "tpu_estimate", "host_simulation", "none")
+RANK_SOURCES = ("device_time", "tpu_estimate", "host_simulation", "disqualified", "none")
+
+# Integrity flags that keep a correct kernel from being ranked at all ("best", the
+# tuner's choice, search's beam): the work may not be the kernel's, or the number may
+# not be real. degenerate_reference is the task's problem, shown but not disqualifying.
+DISQUALIFYING_FLAGS = frozenset({
+    "compute_outside_kernel", "nondeterministic", "suspicious_speedup", "no_pallas_call",
+    "harness_tampering", "background_threads", "jax_config_changed",
+})
+
+
+def disqualifying_flags(result: dict[str, Any]) -> list[str]:
+    """The result's integrity flags that forbid ranking it, sorted."""
+    flags = (result.get("integrity") or {}).get("flags") or []
+    return sorted(set(flags) & DISQUALIFYING_FLAGS)
+
 
 @dataclass(frozen=True)
 class Rank:
@@ -138,6 +156,9 @@ def ranking(result: dict[str, Any]) -> Rank:
     estimate = _num(tpu.get("estimated_speedup"))
     if result.get("status") != "correct":
         return Rank(None, "none", chip, str(result.get("status") or "not evaluated"), estimate)
+    flags = disqualifying_flags(result)
+    if flags:  # correct, but not to be crowned: search, auto and reports skip it
+        return Rank(None, "disqualified", chip, "not ranked: " + ", ".join(flags), estimate)
     native = backend.get("platform") == "tpu" and backend.get("mode") == "native"
     measured = _num(timing.get("speedup")) if native else None
     if measured is not None:

@@ -103,8 +103,10 @@ def _sessions(args: argparse.Namespace) -> int:
             continue
         state = fold(loaded.header, loaded.events)
         rows.append({"id": path.name, "task": (loaded.header.get("task") or {}).get("name"),
-                     "started": loaded.header.get("created"), "steps": state.spent.iterations,
-                     "evaluations": state.spent.runs, "best_version": state.best,
+                     "started": loaded.header.get("created"),
+                     # a step: a decision on a proposal or an evaluation (user or agent)
+                     "steps": len(state.decisions) + state.spent.runs,
+                     "versions": len(state.versions), "evaluations": state.spent.runs, "best_version": state.best,
                      "best_speedup": state.best_speedup, "ended": state.ended,
                      "path": str(path)})
     if args.json:
@@ -113,7 +115,8 @@ def _sessions(args: argparse.Namespace) -> int:
     if not rows:
         print(f"no sessions in {base}")
         return 0
-    print(f"{'SESSION':<36} {'TASK':<18} {'STARTED':<20} {'STEPS':>5} {'BEST':>12}  STATE")
+    print(f"{'SESSION':<36} {'TASK':<18} {'STARTED':<20} {'STEPS':>5} {'EVALS':>5} "
+          f"{'BEST':>12}  STATE")
     for r in rows:
         if "error" in r:
             print(f"{r['id']:<36} unreadable: {r['error']}")
@@ -122,7 +125,7 @@ def _sessions(args: argparse.Namespace) -> int:
             if r["best_speedup"] is not None else "-"
         started = (r["started"] or "")[:19].replace("T", " ")
         print(f"{r['id']:<36} {(r['task'] or '?')[:18]:<18} {started:<20} {r['steps']:>5} "
-              f"{best:>12}  {r['ended'] or 'resumable'}")
+              f"{r['evaluations']:>5} {best:>12}  {r['ended'] or 'resumable'}")
     return 0
 
 

@@ -24,6 +24,7 @@ from sessions.context import build_request, next_role
 from sessions.evaluator import Evaluator
 from sessions.log import SessionLog, read_json_blob
 from sessions.state import FAILED_STATUSES, SessionState, fold
+from sessions.state import error_line as _error_line
 
 Subscriber = Callable[[dict[str, Any]], None]
 Action = tuple[Any, ...]
@@ -355,7 +356,9 @@ class Engine:
         timing = result.timing or {}
         self._emit("run.result", run=rid, version=number, status=result.status,
                    correct=result.correct, speedup=result.speedup,
-                   median_ms=timing.get("median_ms"), result_blob=blob, cancelled=False)
+                   median_ms=timing.get("median_ms"), result_blob=blob, cancelled=False,
+                   flags=list((result.integrity or {}).get("flags") or []),
+                   error=_error_line(result))
 
     def _after_eval(self, number: int) -> Action | None:
         s = self.state

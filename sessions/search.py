@@ -31,6 +31,7 @@ from sessions.log import SessionLog
 from sessions.search_children import FAMILY_HINTS, ChildMaker
 from sessions.search_graph import SearchConfig, SearchState, fold_search
 from sessions.search_plan import Action, finish_reason, plan, select_beam
+from sessions.state import error_line as _error_line
 
 Subscriber = Callable[[dict[str, Any]], None]
 
@@ -346,7 +347,9 @@ class Search(ChildMaker):
         self._emit("run.result", run=rid, version=number, status=result.status,
                    correct=result.correct, speedup=result.speedup,
                    median_ms=(result.timing or {}).get("median_ms"),
-                   result_blob=self.log.put_json_blob(result.to_json()), cancelled=False)
+                   result_blob=self.log.put_json_blob(result.to_json()), cancelled=False,
+                   flags=list((result.integrity or {}).get("flags") or []),
+                   error=_error_line(result))
 
     # -- deciding and applying ----------------------------------------------------------
 

@@ -187,11 +187,13 @@ class SearchState:
 
     def speedup(self, version: int) -> float:
         v = self.session.versions.get(version)
-        return float(v.speedup or 0.0) if v and v.correct else -1.0
+        return float(v.speedup or 0.0) if v and v.crownable else -1.0
 
     def is_correct(self, version: int) -> bool:
+        """Correct and not disqualified by an integrity flag: only such nodes enter the
+        beam or become "best" (a flagged one is repaired like a failed one)."""
         v = self.session.versions.get(version)
-        return bool(v and v.correct)
+        return bool(v and v.crownable)
 
     def search_versions(self) -> list[int]:
         return sorted(self.nodes)

@@ -12,6 +12,19 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kernels.result import DISQUALIFYING_FLAGS, EvalResult
+
+
+def error_line(result: EvalResult) -> str | None:
+    """One line saying why an evaluation failed (kind, place, message), for the log,
+    reports and tables; None when it did not fail."""
+    error = result.error
+    if error is None:
+        return (result.correctness or {}).get("reason") if not result.correct else None
+    where = f" line {error.line}" if error.line else ""
+    first = (error.message or error.kind).strip().splitlines()[0] if error.message else error.kind
+    return f"{error.kind}{where}: {first[:300]}"
+
 # Statuses that mean the candidate needs fixing rather than tuning.
 FAILED_STATUSES = frozenset(
     {"incorrect", "compile_error", "runtime_error", "timeout", "crashed", "rejected"})
@@ -34,6 +47,13 @@ class Version:
     median_ms: float | None = None
     result_blob: str | None = None
     run: str | None = None
+    flags: tuple[str, ...] = ()  # integrity flags of the latest finished eval run
+
+    @property
+    def crownable(self) -> bool:
+        """Correct and free of the flags that forbid ranking it (compute outside the
+        kernel, nondeterminism, ...): only such a version can be "best"."""
+        return self.correct and not (set(self.flags) & DISQUALIFYING_FLAGS)
     profile_blob: str | None = None
     diagnosis: dict[str, Any] | None = None  # the latest ``diagnosis`` event's fields
 
@@ -150,7 +170,7 @@ class SessionState:
     def _recompute_best(self) -> None:
         best: Version | None = None
         for v in self.versions.values():
-            if v.correct and (best is None or (v.speedup or 0.0) > (best.speedup or 0.0)):
+            if v.crownable and (best is None or (v.speedup or 0.0) > (best.speedup or 0.0)):
                 best = v
         self.best_version = best.number if best else None
 
@@ -367,10 +387,11 @@ def _run_result(s: SessionState, e: dict[str, Any]) -> None:
     version.median_ms = e.get("median_ms")
     version.result_blob = e.get("result_blob")
     version.run = rid
+    version.flags = tuple(e.get("flags") or ())
     current_best = s.versions.get(s.best_version) if s.best_version is not None else None
     if current_best is None or current_best.number == version.number:
         s._recompute_best()  # the best itself was re-measured: look at every version
-    elif version.correct and (version.speedup or 0.0) > (current_best.speedup or 0.0):
+    elif version.crownable and (version.speedup or 0.0) > (current_best.speedup or 0.0):
         s.best_version = version.number
     for spent in _spent_targets(s):
         spent.runs += 1
@@ -382,7 +403,8 @@ def _run_result(s: SessionState, e: dict[str, Any]) -> None:
         s.evals_without_improvement = 0 if improved else s.evals_without_improvement + 1
     s.best_history.append({"run": rid, "version": version.number, "status": version.status,
                            "speedup": version.speedup, "best": s.best,
-                           "best_speedup": after, "t": float(e.get("t", 0.0))})
+                           "best_speedup": after, "t": float(e.get("t", 0.0)),
+                           "flags": list(version.flags), "error": e.get("error")})
 
 
 def _profile_result(s: SessionState, e: dict[str, Any]) -> None:

@@ -101,7 +101,10 @@ async def test_same_inputs_different_bits_is_flagged_nondeterministic(worker_poo
 
 
 @ON_MODULE_LOOP
-async def test_reference_near_zero_is_flagged_degenerate(worker_pool, tmp_path) -> None:
+async def test_near_zero_reference_is_judged_at_its_own_scale(worker_pool, tmp_path) -> None:
+    """Outputs of 1e-9 sit far inside atol=1e-5: the kernel that computes them passes, one
+    that returns zeros does not (the absolute tolerance is capped at 5% of the output's
+    scale), and a constant reference is flagged degenerate every time."""
     root = write_task(tmp_path / "tiny", """
         import jax, jax.numpy as jnp
         def make_inputs(key, rows=64, cols=256):
@@ -112,8 +115,23 @@ async def test_reference_near_zero_is_flagged_degenerate(worker_pool, tmp_path) 
     task = load_task(root)
     (tmp_path / "k.py").write_text(IDENTITY_KERNEL)
     result = await run(worker_pool, task, tmp_path / "k.py")
-    assert result.status == "correct"
-    assert "degenerate_reference" in result.integrity["flags"]
+    assert result.status == "correct" and not result.integrity["flags"]
+    (tmp_path / "zeros.py").write_text(IDENTITY_KERNEL.replace("* 1e-9", "* 0.0"))
+    zeros = await run(worker_pool, task, tmp_path / "zeros.py")
+    assert zeros.status == "incorrect" and "atol capped" in zeros.correctness["reason"]
+    assert zeros.correctness["max_rel_diff"] == 1.0  # off by 100%, not 0.0
+
+    constant = write_task(tmp_path / "constant", """
+        import jax, jax.numpy as jnp
+        def make_inputs(key, rows=64, cols=256):
+            return (jax.random.normal(key, (rows, cols), jnp.float32),)
+        def reference(x):
+            return x * 0.0
+    """)
+    for _ in range(2):
+        flagged = await run(worker_pool, load_task(constant), tmp_path / "zeros.py")
+        assert flagged.status == "correct"
+        assert "degenerate_reference" in flagged.integrity["flags"]
 
 
 @ON_MODULE_LOOP

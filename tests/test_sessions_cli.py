@@ -115,7 +115,9 @@ def test_sessions_lists_it(finished: Path) -> None:
     assert "gelu" in line and "completed" in line and "x v" in line
     as_json = json.loads(tw("sessions", "--session-dir", str(finished.parent),
                             "--json").stdout)
-    assert as_json[0]["id"] == finished.name and as_json[0]["steps"] == 2
+    # two approved proposals and three evaluations (the starting kernel and both versions)
+    assert as_json[0]["id"] == finished.name and as_json[0]["steps"] == 5
+    assert as_json[0]["evaluations"] == 3 and as_json[0]["versions"] == 3
 
 
 def test_report_markdown_and_html(finished: Path, tmp_path: Path) -> None:

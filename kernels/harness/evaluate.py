@@ -49,6 +49,19 @@ KEEP_INPUT_BYTES = 256 << 20  # trial inputs kept between the reference and cand
 _CROSS_PLATFORM_CALLBACK = "is different from the lowering platform"
 
 
+def _task_error(exc: BaseException, path: Any, what: str) -> TaskError:
+    """``exc`` raised by the task's own code, as a TaskError at the task file's line."""
+    line = None
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == str(path):
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    error = TaskError(path, f"{what}: {errors.short_message(exc)}", line=line)
+    error.__cause__ = exc
+    return error
+
+
 class _Stop(Exception):
     """Ends an evaluation early with ``result`` already filled in."""
 
@@ -148,6 +161,9 @@ class Evaluation:
             error["line"] = self.pallas_lines[0]
         if hint:
             error["hint"] = hint
+        if kind == "task":  # the task's fault: point at the task's file, not the candidate
+            error["line"] = exc.line if isinstance(exc, TaskError) else None
+            error["file"] = exc.path if isinstance(exc, TaskError) else None
         from kernels.result import EvalError
 
         self.result.status = status
@@ -163,8 +179,9 @@ class Evaluation:
         except _Stop:
             raise
         except Exception as exc:  # the task's fault, not the candidate's
-            message = str(exc) if isinstance(exc, TaskError) else None
-            self._fail("runtime_error", "task", exc, message=message)
+            if not isinstance(exc, TaskError):
+                exc = _task_error(exc, self.task.reference_path, "loading the task failed")
+            self._fail("runtime_error", "task", exc, message=str(exc))
         self._phase("runtime_s", t)
 
         # 2. references first, with fresh keys the candidate cannot predict
@@ -184,8 +201,9 @@ class Evaluation:
         except Exception as exc:
             if self.interpret:
                 reset_interpret_state()
-            self._fail("runtime_error", "task", exc,
-                       message=str(exc) if isinstance(exc, TaskError) else None)
+            if not isinstance(exc, TaskError):  # the reference itself failed
+                exc = _task_error(exc, self.task.reference_path, "the reference failed")
+            self._fail("runtime_error", "task", exc, message=str(exc))
         self._phase("reference_s", t)
 
         # 3. the candidate

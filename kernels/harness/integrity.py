@@ -7,15 +7,20 @@
   (``numpy``, ``jax.numpy``, ...); a tampering candidate is rejected and the worker
   recycled.
 - ``outputs_identical``: same inputs twice must give the same bits (``nondeterministic``).
-- ``is_degenerate``: a reference output within atol of zero everywhere makes a kernel
-  that returns zeros pass; flagged ``degenerate_reference``.
+- ``is_degenerate``: a reference output that is constant (zeros included) cannot tell a
+  kernel that ignores its inputs from one that computes; flagged
+  ``degenerate_reference`` (a property of the task and its inputs, the same every time).
+- ``outside_compute``: non-trivial operations on full-size operands outside every
+  ``pallas_call`` in the traced program: the XLA-computes-then-Pallas-copies trick;
+  flagged ``compute_outside_kernel``.
 
 - ``ModuleSnapshot.restore_config``: jax.config options a candidate changed are put back
   (flag ``jax_config_changed``) so they cannot leak into the next candidate.
 
 Flags (strings in ``integrity.flags``): no_pallas_call, nondeterministic,
-suspicious_speedup, degenerate_reference, harness_tampering, background_threads,
-jax_config_changed.
+suspicious_speedup, degenerate_reference, compute_outside_kernel, harness_tampering,
+background_threads, jax_config_changed. ``kernels.result.DISQUALIFYING_FLAGS`` lists the
+ones that keep a correct kernel from being ranked "best".
 """
 
 from __future__ import annotations
@@ -146,6 +151,77 @@ def outputs_identical(first: list[np.ndarray], second: list[np.ndarray]) -> bool
                for a, b in zip(first, second, strict=True))
 
 
-def is_degenerate(reference: list[np.ndarray], atol: float) -> bool:
-    """Every reference value within atol of zero (or no values at all)."""
-    return all(r.size == 0 or float(np.nanmax(np.abs(r))) <= atol for r in reference)
+def is_degenerate(reference: list[np.ndarray], atol: float | None = None) -> bool:
+    """Every reference leaf constant (all zeros included), or empty: a kernel that
+    returns that constant passes whatever the inputs. (``atol`` is accepted for old
+    callers; the loose-tolerance case is handled by the comparison's scale rules.)"""
+    for r in reference:
+        finite = r[np.isfinite(r)]
+        if finite.size and float(finite.max()) != float(finite.min()):
+            return False
+    return True
+
+
+# Primitives that only move, reshape or convert data: free to appear outside a kernel.
+MOVEMENT = {
+    "reshape", "broadcast_in_dim", "transpose", "squeeze", "expand_dims", "slice",
+    "dynamic_slice", "dynamic_update_slice", "concatenate", "pad", "copy", "copy_p",
+    "iota", "rev", "gather", "convert_element_type", "bitcast_convert_type",
+    "reduce_precision", "stop_gradient", "split", "device_put", "select_n",
+    "optimization_barrier", "sharding_constraint", "mesh_cast", "pvary",
+}
+FULL_SIZE_SHARE = 0.25  # an operand this share of the largest input/output is "full size"
+
+
+def outside_compute(jaxpr: Any, filename: str) -> list[str]:
+    """Non-trivial equations on full-size operands outside every pallas_call.
+
+    "Full size": an operand or result with at least FULL_SIZE_SHARE of the elements of
+    the program's largest input or output. Data movement (reshape, transpose, pad,
+    casts, gathers) is allowed; arithmetic, reductions, dots and convolutions are not.
+    Returns a description per offending equation (primitive, shapes, candidate line).
+    """
+    closed = getattr(jaxpr, "jaxpr", jaxpr)
+    sizes = [_numel(v.aval) for v in (*closed.invars, *closed.outvars) if hasattr(v, "aval")]
+    threshold = FULL_SIZE_SHARE * max(sizes, default=0)
+    found: list[str] = []
+    stack = [closed]
+    seen: set[int] = set()
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        for eqn in current.eqns:
+            name = eqn.primitive.name
+            if name in ("pallas_call", "core_map"):
+                continue
+            nested = [j for p in eqn.params.values() for j in _sub_jaxprs(p)]
+            if nested:  # pjit, cond, scan, custom_jvp...: look inside, not at the wrapper
+                stack.extend(nested)
+                continue
+            if name in MOVEMENT:
+                continue
+            avals = [v.aval for v in (*eqn.invars, *eqn.outvars) if hasattr(v, "aval")]
+            biggest = max((_numel(a) for a in avals), default=0)
+            if threshold <= 0 or biggest < threshold:
+                continue
+            shapes = " ".join(_aval_text(v.aval) for v in eqn.invars if hasattr(v, "aval"))
+            found.append(f"{name}({shapes}){_line_of(eqn, filename)}")
+    return found
+
+
+def _numel(aval: Any) -> int:
+    shape = getattr(aval, "shape", ())
+    return int(np.prod(shape)) if shape else 1
+
+
+def _aval_text(aval: Any) -> str:
+    dtype = getattr(aval, "dtype", "")
+    return f"{dtype}{list(getattr(aval, 'shape', ()))}"
+
+
+def _line_of(eqn: Any, filename: str) -> str:
+    traceback = getattr(eqn.source_info, "traceback", None)
+    frames = [f for f in getattr(traceback, "frames", []) if f.file_name == filename]
+    return f" at line {frames[0].line_num}" if frames else ""

@@ -1,0 +1,141 @@
+"""Correctness that a loose tolerance cannot fool (JAXBench and MaxKernel use
+atol = rtol = 1e-2): on a row softmax whose outputs are about 0.004, a kernel that
+returns zeros, one that normalizes over 128-column tiles of 256-column rows, and one
+that lets XLA compute the answer and only copies it through a pallas_call. The first
+two are incorrect every time; the third is correct but flagged and never ranked."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kernels.loaders import load_task
+from kernels.result import ranking
+from kernels.workers import EvalOptions, WorkerPool
+
+ON_MODULE_LOOP = pytest.mark.asyncio(loop_scope="module")
+QUICK = EvalOptions(trials=3, timeout_s=60.0, timing=False)
+
+REFERENCE = """
+    import jax, jax.numpy as jnp
+    def make_inputs(key, rows=16, cols=256):
+        return (jax.random.normal(key, (rows, cols), jnp.float32),)
+    def reference(x):
+        return jax.nn.softmax(x, axis=-1)
+"""
+
+HEADER = """
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+"""
+
+ZEROS = HEADER + """
+    def _zeros(x_ref, o_ref):
+        o_ref[...] = jnp.zeros_like(x_ref)
+
+    def kernel(x):
+        return pl.pallas_call(_zeros, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+"""
+
+# Softmax over each 128-column tile on its own: every value is about twice too large.
+TILED = HEADER + """
+    def _softmax(x_ref, o_ref):
+        x = x_ref[...]
+        e = jnp.exp(x - x.max(axis=-1, keepdims=True))
+        o_ref[...] = e / e.sum(axis=-1, keepdims=True)
+
+    def kernel(x):
+        rows, cols = x.shape
+        spec = pl.BlockSpec((rows, 128), lambda j: (0, j))
+        return pl.pallas_call(_softmax, grid=(cols // 128,), in_specs=[spec], out_specs=spec,
+                              out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+"""
+
+XLA_THEN_COPY = HEADER + """
+    def _copy(y_ref, o_ref):
+        o_ref[...] = y_ref[...]
+
+    def kernel(x):
+        y = jax.nn.softmax(x, axis=-1)
+        return pl.pallas_call(_copy, out_shape=jax.ShapeDtypeStruct(y.shape, y.dtype))(y)
+"""
+
+HONEST = HEADER + """
+    def _softmax(x_ref, o_ref):
+        x = x_ref[...]
+        e = jnp.exp(x - x.max(axis=-1, keepdims=True))
+        o_ref[...] = e / e.sum(axis=-1, keepdims=True)
+
+    def kernel(x):
+        return pl.pallas_call(_softmax, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+"""
+
+
+@pytest.fixture(scope="module")
+def loose(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("loose") / "softmax"
+    root.mkdir()
+    (root / "task.toml").write_text('name = "loose_softmax"\natol = 1e-2\nrtol = 1e-2\n'
+                                    "[shapes.small]\nrows = 16\ncols = 256\n")
+    (root / "reference.py").write_text(textwrap.dedent(REFERENCE))
+    return load_task(root)
+
+
+async def evaluate(pool: WorkerPool, task, source: str, tmp: Path):
+    path = tmp / "candidate.py"
+    path.write_text(textwrap.dedent(source))
+    return await pool.evaluate(task, path.read_text(), QUICK, filename=str(path))
+
+
+@ON_MODULE_LOOP
+async def test_zeros_are_incorrect_every_time(worker_pool, loose, tmp_path) -> None:
+    for _ in range(3):
+        result = await evaluate(worker_pool, loose, ZEROS, tmp_path)
+        assert result.status == "incorrect", result.correctness
+        assert result.correctness["max_rel_diff"] == pytest.approx(1.0)
+
+
+@ON_MODULE_LOOP
+async def test_softmax_over_the_wrong_tiles_is_incorrect(worker_pool, loose, tmp_path) -> None:
+    result = await evaluate(worker_pool, loose, TILED, tmp_path)
+    assert result.status == "incorrect", result.correctness
+    assert result.correctness["max_rel_diff"] > 0.5  # about 2x off: never reported as 0.0
+
+
+@ON_MODULE_LOOP
+async def test_xla_compute_then_copy_is_flagged_and_never_ranked(worker_pool, loose,
+                                                                  tmp_path) -> None:
+    result = await evaluate(worker_pool, loose, XLA_THEN_COPY, tmp_path)
+    assert result.status == "correct"
+    assert "compute_outside_kernel" in result.integrity["flags"]
+    assert any("line" in item for item in result.integrity["outside_compute"])
+    rank = ranking(result.to_json())
+    assert rank.value is None and rank.source == "disqualified"
+    honest = await evaluate(worker_pool, loose, HONEST, tmp_path)
+    assert honest.status == "correct" and not honest.integrity["flags"]
+
+
+def test_a_flagged_version_is_never_best() -> None:
+    """The fold that every view, report and stop rule reads: a correct version with a
+    disqualifying flag is not crowned, however fast it looks."""
+    from sessions.state import fold
+
+    def version(n: int, seq: int) -> dict:
+        return {"type": "kernel.version", "seq": seq, "t": 0.0, "version": n,
+                "origin": "initial" if n == 1 else "user-edit", "source_blob": f"b{n}"}
+
+    def result(n: int, seq: int, speedup: float, flags: list[str]) -> dict:
+        return {"type": "run.result", "seq": seq, "t": 0.0, "run": f"r{n}", "version": n,
+                "status": "correct", "correct": True, "speedup": speedup, "flags": flags,
+                "cancelled": False}
+
+    events = [version(1, 1), result(1, 2, 1.2, []),
+              version(2, 3), result(2, 4, 9.0, ["compute_outside_kernel"]),
+              version(3, 5), result(3, 6, 1.5, ["degenerate_reference"])]
+    state = fold({"schema": "tilewright.session/1"}, events)
+    assert state.best == 3 and state.best_speedup == 1.5
+    assert state.best_history[1]["flags"] == ["compute_outside_kernel"]
+    assert state.best_history[1]["best"] == 1
