@@ -59,6 +59,14 @@ def describe_result(event: dict[str, Any]) -> tuple[str, str]:
     return f"v{v} {status.replace('_', ' ')}", "error"
 
 
+def _tool_body(call: dict[str, Any]) -> str:
+    """A read-only tool call's entry: what was asked, then what came back."""
+    import json
+
+    asked = json.dumps(call.get("input") or {}) if "input" in call else ""
+    return (f"{asked}\n\n" if asked else "") + str(call.get("output") or "")
+
+
 class Presenter:
     def __init__(self, grid: PaneGrid) -> None:
         self.grid = grid
@@ -102,8 +110,12 @@ class Presenter:
         elif kind == "agent.message":
             if not event.get("proposal"):
                 self._live_proposal = None  # the reply ended without one
+            for call in event.get("tools") or []:  # read-only tools: filled in, or replayed
+                chat.tool_call(str(call.get("id") or call.get("name")), str(call.get("name")),
+                               _tool_body(call), "error" if call.get("is_error") else "read-only")
+            label = self._label(event) + (" · answer" if event.get("answer") else "")
             if event.get("text"):
-                chat.add_agent(event["text"], self._label(event))
+                chat.add_agent(event["text"], label)
             else:
                 chat.end_stream()
         elif kind == "agent.proposal":
@@ -132,6 +144,8 @@ class Presenter:
             chat.add_notice(text, "error" if severity == "error" else "info")
         elif kind == "profile.result":
             chat.add_notice(f"profiled v{event.get('version')}")
+        elif kind == "diagnosis":
+            chat.add_notice(f"diagnosis of v{event.get('version')}: {event.get('summary')}")
         elif kind == "mode.change":
             chat.add_notice(f"mode: {str(event.get('mode', '')).upper()} "
                             f"(by {event.get('by', 'user')})")
@@ -153,6 +167,10 @@ class Presenter:
         kind = str(event.get("type", ""))
         if kind.endswith("delta") and "text" in event:
             self.chat.stream_delta(event["text"], self._label(event))
+        elif kind.endswith("tool_result"):
+            self.chat.tool_call(str(event.get("id") or event.get("name")),
+                                str(event.get("name", "tool")), _tool_body(event),
+                                "error" if event.get("is_error") else "read-only")
         elif kind.endswith("tool_call") or kind.endswith("tool"):
             key = str(event.get("id") or event.get("name"))
             if str(event.get("name", "")).startswith("propose_"):

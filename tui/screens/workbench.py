@@ -37,6 +37,24 @@ from tui.widgets.status import ActivityLine, ApprovalBar, StatusBar
 CANCEL_WINDOW_S = 1.5
 
 
+def slash_command(text: str) -> tuple[Any, ...] | None:
+    """``/plan [wishes]`` -> ask the planner; ``/explain [vN] [question]`` -> ask the
+    analyst; other text is a message (None); an unknown ``/word`` says what exists."""
+    if not text.startswith("/"):
+        return None
+    word, _, rest = text[1:].partition(" ")
+    rest = rest.strip()
+    if word == "plan":
+        return ("request_plan", rest or None)
+    if word == "explain":
+        head, _, question = rest.partition(" ")
+        version = head.lstrip("v") if head.lstrip("v").isdigit() else None
+        question = question if version is not None else rest
+        return ("explain", int(version) if version else None, question.strip() or None)
+    return ("unknown", f"unknown command /{word}: use /plan [what you want] or "
+                       "/explain [vN] [question]")
+
+
 class SessionEvent(Message):
     def __init__(self, event: dict[str, Any]) -> None:
         super().__init__()
@@ -318,7 +336,13 @@ class WorkbenchScreen(Screen):
     # -- messages from panes ----------------------------------------------------------
     @on(ChatPane.Submitted)
     def _chat(self, message: ChatPane.Submitted) -> None:
-        self._command("user_message", message.text)
+        command = slash_command(message.text)
+        if command is None:
+            self._command("user_message", message.text)
+        elif command[0] == "unknown":
+            self.notify(command[1], severity="warning", timeout=6)
+        else:
+            self._command(*command)
 
     @on(ProblemsPane.Jump)
     def _jump(self, message: ProblemsPane.Jump) -> None:

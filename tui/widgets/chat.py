@@ -206,6 +206,7 @@ class ChatPane(Vertical):
         super().__init__(**kwargs)
         self.border_title = "Chat"
         self._stream: Reply | None = None  # the reply being streamed now
+        self._stream_label: Static | None = None  # its label, updated when it ends
         self._replies: list[Reply] = []  # replies with text not yet drawn
         self._tools: dict[str, Collapsible] = {}
         # Each entry's body, held here: a proposal can fill in a call before the
@@ -244,13 +245,17 @@ class ChatPane(Vertical):
         if self._stream is not None:
             self._stream.final = text
             self._stream = None
+            if self._stream_label is not None:  # the reply's kind is known now (an answer)
+                self._stream_label.update(label)
+                self._stream_label = None
             return
         self._mount(Static(label, classes="agent-label", markup=False))
         self._mount(Reply(text))
 
     def stream_delta(self, text: str, label: str = "agent") -> None:
         if self._stream is None:
-            self._mount(Static(label, classes="agent-label", markup=False))
+            self._stream_label = Static(label, classes="agent-label", markup=False)
+            self._mount(self._stream_label)
             self._stream = Reply()
             self._replies.append(self._stream)
             self._mount(self._stream)
@@ -258,7 +263,7 @@ class ChatPane(Vertical):
 
     def end_stream(self) -> None:
         """A reply ended without a final message (cancelled, failed): keep what came."""
-        self._stream = None
+        self._stream = self._stream_label = None
 
     def transcript(self) -> str:
         """The text of every reply so far (what a reader sees, for tests and copying)."""
@@ -282,7 +287,7 @@ class ChatPane(Vertical):
         self._mount(entry)
 
     def clear(self) -> None:
-        self._stream = None
+        self._stream = self._stream_label = None
         self._replies.clear()
         self._tools.clear()
         self._tool_bodies.clear()
