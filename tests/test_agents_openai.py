@@ -450,3 +450,24 @@ def test_auto_without_a_server_or_key_says_what_to_set_and_offers_offline(tmp_pa
         first = proc.stderr.splitlines()[0]
         assert all(n in first for n in names) and "--agent offline" in first, proc.stderr
     assert not list(tmp_path.iterdir())  # no session was started
+
+
+async def test_the_tui_offers_the_offline_agent_when_no_server_listens(tmp_path,
+                                                                      monkeypatch) -> None:
+    from tui.app import TilewrightApp
+    from tui.launch import LaunchOptions, open_live
+    from tui.screens.modals import ErrorModal
+
+    with ChatServer() as srv:
+        url = srv.url
+    monkeypatch.setenv("OPENAI_BASE_URL", url)
+    options = LaunchOptions(task="gelu", session_dir=str(tmp_path), agent="openai")
+    app = TilewrightApp({}, lambda: open_live(options, {}))
+    async with app.run_test(size=(120, 30)) as pilot:
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        modal = app.screen
+        assert isinstance(modal, ErrorModal)
+        assert url in modal.message and "OPENAI_BASE_URL" in modal.message
+        assert modal.choices == {"o": "open it with the offline agent"}
+        assert "start the server" in modal.next_step
