@@ -2,8 +2,9 @@
 
 What a reader wants after a session: the task and where it ran, every decision in
 order, the best speedup after each evaluation (the compounding-gains curve: a table in
-Markdown, an inline SVG chart in HTML), the final kernel, and the diffs between the
-kept versions (each version that became the new best, from the first one on).
+Markdown, an inline SVG chart in HTML), the profile -> diagnose -> optimize chain
+(each change with the diagnosis that preceded it, its gain and the cumulative gain),
+the final kernel, and the diffs between the kept versions (each version that became the new best, from the first one on).
 """
 
 from __future__ import annotations
@@ -48,6 +49,51 @@ def _diffs(loaded: LoadedSession, state: SessionState) -> list[tuple[int, int, s
             fromfile=f"v{a}/kernel.py", tofile=f"v{b}/kernel.py")
         out.append((a, b, "".join(diff)))
     return out
+
+
+def chain_rows(state: SessionState) -> list[dict[str, Any]]:
+    """Profile -> diagnose -> optimize, iteration by iteration: for each evaluated version
+    after the first, the diagnosis in force when it was made, the change, its gain over
+    its parent and the cumulative gain over the first correct version (the compounding)."""
+    rows: list[dict[str, Any]] = []
+    first = next((p for p in state.best_history if p["speedup"] and p["status"] == "correct"),
+                 None)
+    seen: set[int] = set()
+    for point in state.best_history:
+        number = point["version"]
+        v = state.versions.get(number)
+        if v is None or number in seen or v.parent is None:
+            continue
+        seen.add(number)
+        before = [d for d in state.diagnoses if int(d.get("seq", 0)) < v.seq]
+        diagnosis = before[-1] if before else None
+        parent = state.versions.get(v.parent)
+        gain = (point["speedup"] / parent.speedup
+                if point["speedup"] and parent is not None and parent.speedup else None)
+        total = (point["best_speedup"] / first["speedup"]
+                 if first and point["best_speedup"] else None)
+        rows.append({"version": number, "parent": v.parent, "change": v.summary,
+                     "diagnosis": diagnosis, "status": point["status"],
+                     "speedup": point["speedup"], "gain": gain, "cumulative": total})
+    return rows
+
+
+def _chain_markdown(state: SessionState) -> list[str]:
+    rows = chain_rows(state)
+    if not rows:
+        return []
+    lines = ["", "## Profile → diagnose → optimize", "",
+             "| version | diagnosis before the change | change | result | gain vs parent "
+             "| cumulative (best vs first) |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        d = r["diagnosis"]
+        said = f"{d.get('kind')} (v{d.get('version')}): {d.get('summary')}" if d else "-"
+        gain = f"{r['gain']:.3f}x" if r["gain"] else "-"
+        total = f"{r['cumulative']:.3f}x" if r["cumulative"] else "-"
+        cells = [f"v{r['version']} (from v{r['parent']})", said, r["change"],
+                 f"{r['status']} {_fmt(r['speedup'])}", gain, total]
+        lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
+    return lines
 
 
 def _decision_rows(state: SessionState) -> list[tuple[str, ...]]:
@@ -107,6 +153,7 @@ def markdown(loaded: LoadedSession, state: SessionState) -> str:
                          f"| {best} | {flags} | {error} |")
     else:
         lines.append("Nothing was evaluated.")
+    lines += _chain_markdown(state)
     if final is not None:
         lines += ["", f"## Final kernel (v{final})", "", "```python",
                   _source(loaded, state, final).rstrip("\n"), "```"]
@@ -192,6 +239,10 @@ def html_report(loaded: LoadedSession, state: SessionState) -> str:
              "<th>decision</th><th>by</th><th>note</th></tr>" + rows + "</table>"
              if rows else "<p>No decisions were made.</p>",
              "<h2>Best speedup per evaluation</h2>", svg_chart(state)]
+    chain = _chain_markdown(state)
+    if chain:
+        body += ["<h2>Profile → diagnose → optimize</h2>",
+                 "<pre>" + e("\n".join(chain[3:])) + "</pre>"]
     if final is not None:
         body += [f"<h2>Final kernel (v{final})</h2>",
                  f"<pre><code>{e(_source(loaded, state, final))}</code></pre>"]

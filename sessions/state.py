@@ -419,7 +419,7 @@ def _profile_result(s: SessionState, e: dict[str, Any]) -> None:
 
 
 def _diagnosis(s: SessionState, e: dict[str, Any]) -> None:
-    entry = {k: v for k, v in e.items() if k not in ("type", "seq", "t")}
+    entry = {k: v for k, v in e.items() if k not in ("type", "t")}
     s.diagnoses.append(entry)
     version = s.versions.get(int(e.get("version", -1)))
     if version is not None:

@@ -32,6 +32,8 @@ from kernels.task import Task
 from kernels.workers import EvalOptions, WorkerPool
 from sessions.autonomy import Budgets, ControllerSettings
 from sessions.context import build_request
+from sessions.log import load
+from sessions.report import markdown
 from sessions.evaluator import PoolEvaluator
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -217,6 +219,13 @@ async def test_auto_profiles_new_bests_and_the_diagnosis_drives_the_offline_agen
     assert "from the diagnosis" in proposal["summary"] and "per step overhead" in \
         proposal["rationale"]
     assert types(seen).index("diagnosis") < types(seen).index("agent.proposal")
+    # The report shows the chain: diagnosis, change, gain, cumulative gain.
+    report = markdown(load(c.log.path), c.state)
+    chain = report.split("## Profile → diagnose → optimize", 1)[1].split("\n## ", 1)[0]
+    row = next(line for line in chain.splitlines() if line.startswith("| v2 (from v1)"))
+    assert "per_step_overhead (v1)" in row and "from the diagnosis" in row
+    v1, v2 = c.state.versions[1].speedup, c.state.versions[2].speedup
+    assert f"{v2 / v1:.3f}x" in row
     assert_replay_matches(c)
     await c.close()
 
