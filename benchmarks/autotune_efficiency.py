@@ -18,6 +18,13 @@ fastest timed iteration (``min_ms``), which a shared, loaded CPU disturbs least;
 tuner is shown that same number, so it and the grid are judged alike. Target: at most
 25% of the grid.
 
+The tuner is replayed a second time guided by diagnoses, as autonomous mode runs it:
+each configuration that becomes a new best is profiled (the real static ``pallas_call``
+analysis and roofline, in a worker, at the timed shape), ``profiling.diagnose`` names
+its limit, and the request carries that diagnosis, so the offline agent makes its
+diagnosed move (e.g. every block to its largest legal size for per-step overhead).
+Same grid, same cost; reported side by side (``--no-diagnosis`` skips it).
+
     python benchmarks/autotune_efficiency.py [--tasks gelu,softmax] [--remeasure]
 """
 
@@ -122,7 +129,51 @@ async def measure_grid(names: list[str], cache: dict[str, Any], remeasure: bool,
                     _save(cache)
 
 
-def replay(name: str, slot: dict[str, Any]) -> dict[str, Any]:
+class Diagnoser:
+    """Diagnoses (``profiling.diagnose``) of grid configurations from a real static profile
+    (the worker's ``profile`` op, ``static_only``, at the timed shape), made only for the
+    configurations that become a new best in a replay, as autonomous mode profiles them,
+    and cached beside the grid (``slot["diagnoses"]``)."""
+
+    def __init__(self, cache: dict[str, Any]) -> None:
+        self.cache = cache
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.pool: Any = None
+        self.profiles = 0
+
+    def __call__(self, name: str, slot: dict[str, Any], source: str, config: dict[str, Any]
+                 ) -> dict[str, Any] | None:
+        from profiling.diagnose import diagnose
+
+        known = slot.setdefault("diagnoses", {})
+        key = _key(config)
+        if key not in known or known[key].get("kernel_sha") != _hash(source):
+            profile = self._profile(load_task(name), tunables.apply(source, config),
+                                    slot["shape"])
+            known[key] = {"kernel_sha": _hash(source), "diagnosis": diagnose(profile)}
+            _save(self.cache)
+        return known[key]["diagnosis"]
+
+    def _profile(self, task: Any, source: str, shape: str) -> dict[str, Any]:
+        from kernels.workers import WorkerPool
+
+        if self.loop is None:
+            self.loop = asyncio.new_event_loop()
+            self.pool = WorkerPool(size=1)
+            self.loop.run_until_complete(self.pool.start())
+        payload = {"task": task.to_spec(), "source": source, "filename": "kernel.py",
+                   "static_only": True, "shape": shape}
+        self.profiles += 1
+        return self.loop.run_until_complete(self.pool.request("profile", payload, 300.0))
+
+    def close(self) -> None:
+        if self.loop is not None:
+            self.loop.run_until_complete(self.pool.close())
+            self.loop.close()
+
+
+def replay(name: str, slot: dict[str, Any], diagnoser: Diagnoser | None = None
+           ) -> dict[str, Any]:
     task = load_task(name)
     brief = agents.brief(task)
     source = task.starting_source() or ""
@@ -133,6 +184,8 @@ def replay(name: str, slot: dict[str, Any]) -> dict[str, Any]:
     version, history, proposals, reached = 1, [], 0, None
     current = source
     measured = grid[_key(start)]
+    diagnosis: dict[str, Any] | None = None
+    best_seen = float("inf")
     while True:
         # The tuner sees the same cost the grid's best is judged by (min_ms, no speedup).
         cost = _cost(measured)
@@ -143,9 +196,14 @@ def replay(name: str, slot: dict[str, Any]) -> dict[str, Any]:
         if cost <= best * (1 + WITHIN):
             reached = proposals
             break
+        if diagnoser is not None and cost < best_seen:
+            # A new best: autonomous mode profiles it, and the diagnosis rides along.
+            found = diagnoser(name, slot, source, tunables.config_of(current))
+            diagnosis = {**found, "version": version} if found else None
+        best_seen = min(best_seen, cost)
         request = AgentRequest("tune", brief, current, version,
                                last_eval={"status": status, "timing": {"median_ms": cost}},
-                               history=tuple(history))
+                               history=tuple(history), diagnosis=diagnosis)
         proposal = decide(request)
         if isinstance(proposal, Failure) or proposal.kind != "tuning":
             break
@@ -159,6 +217,7 @@ def replay(name: str, slot: dict[str, Any]) -> dict[str, Any]:
     distinct = {tuple(sorted((k, min(v, params[clamps[k]]) if k in clamps and clamps[k] in params
                               else v) for k, v in json.loads(key).items())) for key in grid}
     return {"task": name, "grid": len(grid), "distinct": len(distinct), "start": start,
+            "diagnoses": [d.get("kind") for d in [diagnosis] if d],
             "start_ms": _cost(grid[_key(start)]), "best_ms": best,
             "best": json.loads(best_key), "path": [h["tunables"] for h in history],
             "proposals": reached, "tried": proposals,
@@ -179,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--remeasure", action="store_true")
     parser.add_argument("--passes", type=int, default=2,
                         help="measurements per grid point (the fastest counts; default 2)")
+    parser.add_argument("--no-diagnosis", dest="diagnosis", action="store_false",
+                        help="skip the diagnosis-guided replay (it needs a JAX worker)")
     parser.add_argument("--replay-only", action="store_true",
                         help="do not measure; use only what the cache holds")
     args = parser.parse_args(argv)
@@ -192,7 +253,15 @@ def main(argv: list[str] | None = None) -> int:
         cache["host"] = f"{platform.node()} {platform.machine()} {os.cpu_count()} CPUs"
         cache["measured"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         asyncio.run(measure_grid(names, cache, args.remeasure, {}, args.passes))
-    rows = [replay(n, cache["tasks"][n]) for n in names if cache["tasks"].get(n, {}).get("grid")]
+    measured_names = [n for n in names if cache["tasks"].get(n, {}).get("grid")]
+    rows = [replay(n, cache["tasks"][n]) for n in measured_names]
+    guided: list[dict[str, Any]] = []
+    if args.diagnosis:
+        diagnoser = Diagnoser(cache)
+        try:
+            guided = [replay(n, cache["tasks"][n], diagnoser) for n in measured_names]
+        finally:
+            diagnoser.close()
     print(f"\nbackend: {cache.get('backend')}  host: {cache.get('host')}  "
           f"measured: {cache.get('measured')}  cache: {args.cache}")
     print("grid: declared legal configurations; distinct: of those, the ones that are different "
@@ -215,6 +284,22 @@ def main(argv: list[str] | None = None) -> int:
               f"({total / total_grid:.0%}; target <= 25%), {total_distinct} distinct "
               f"({total / total_distinct:.0%}); {sum(r['proposals'] is None for r in rows)} "
               "task(s) not within 5%")
+    if guided:
+        print("\nwith the diagnosis (profile of each new best -> profiling.diagnose -> the "
+              "offline tuner's diagnosed move), same grid, same cost (min_ms):")
+        print(f"{'task':18} {'grid':>4} {'plain':>5} {'diag':>5}  last diagnosis  (path)")
+        for plain, r in zip(rows, guided, strict=True):
+            def evals(x: dict[str, Any]) -> str:
+                return f"-({x['tried']})" if x["proposals"] is None else str(x["proposals"])
+            path = " -> ".join("/".join(str(v) for v in c.values()) for c in r["path"])
+            print(f"{r['task']:18} {r['grid']:4d} {evals(plain):>5} {evals(r):>5}  "
+                  f"{','.join(r['diagnoses']) or '-'}  ({path})")
+        done = [(p, g) for p, g in zip(rows, guided, strict=True)
+                if p["proposals"] is not None and g["proposals"] is not None]
+        print(f"\nall tasks within 5% in both: plain {sum(p['proposals'] for p, _ in done)} "
+              f"evaluations, with the diagnosis {sum(g['proposals'] for _, g in done)} "
+              f"({len(done)} of {len(rows)} tasks); "
+              f"{sum(g['proposals'] is None for g in guided)} task(s) not within 5% with it")
     return 0
 
 
