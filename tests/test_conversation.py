@@ -32,9 +32,9 @@ from kernels.task import Task
 from kernels.workers import EvalOptions, WorkerPool
 from sessions.autonomy import Budgets, ControllerSettings
 from sessions.context import build_request
+from sessions.evaluator import PoolEvaluator
 from sessions.log import load
 from sessions.report import markdown
-from sessions.evaluator import PoolEvaluator
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
