@@ -222,9 +222,6 @@ class Evaluation:
         abs_diffs = [d["max_abs_diff"] for d in details if d["max_abs_diff"] is not None]
         rel_diffs = [d["max_rel_diff"] for d in details if d["max_rel_diff"] is not None]
         all_correct = not failed
-        t = time.perf_counter()
-        self._tpu_verdict(runtime)  # joins the background compiles; a refusal stops here
-        self._phase("tpu_wait_s", t)
         self.result.correctness = {
             "correct": all_correct, "trials": self.trials,
             # null when a failing shape has no number to give (NaN output, wrong shape)
@@ -234,6 +231,9 @@ class Evaluation:
             "atol": details[0]["atol"], "rtol": details[0]["rtol"],
             "reason": f"{failed[0]['name']}: {failed[0]['reason']}" if failed else None,
         }
+        t = time.perf_counter()
+        self._tpu_verdict(runtime)  # joins the background compiles; a refusal stops here
+        self._phase("tpu_wait_s", t)
         if self.snapshot is not None and self.snapshot.new_threads():
             self.flags.append("background_threads")
             self.recycle = True  # they would run on during the next candidate's timing
@@ -307,7 +307,10 @@ class Evaluation:
 
         t = time.perf_counter()
         try:
-            traced = fn.trace(*dyn, *static)
+            # under the chip's abstract device: lowering asks the trace's context which
+            # TPU it is for (integer division, sign), and a CPU is not an answer
+            with tpu_compile.abstract_device(self.chip if self.lowering else None):
+                traced = fn.trace(*dyn, *static)
         except BaseException as exc:
             self._fail("compile_error", "exit" if isinstance(exc, SystemExit) else "trace", exc)
         self._check_tampering()

@@ -218,7 +218,7 @@ def abstract_device(chip: str | None) -> Iterator[None]:
     from jax.sharding import AbstractDevice, AbstractMesh
 
     kind, cores = DEVICE_KINDS.get(chip or "v5e", DEVICE_KINDS["v5e"])
-    if jax.devices()[0].platform == "tpu":
+    if chip is None or jax.devices()[0].platform == "tpu":
         yield
         return
     mesh = AbstractMesh((1,), ("_tilewright",),
