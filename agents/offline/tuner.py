@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kernels import tunables
+from kernels.result import ranking
 
 Config = tuple[tuple[str, Any], ...]
 
@@ -87,8 +88,10 @@ def observations_from(request_history: tuple[dict[str, Any], ...], current_sourc
                 entry.get("version"))
     if current_source is not None and last_eval:
         timing = last_eval.get("timing") or {}
+        # the ranking number (kernels.result.ranking): off-TPU the TPU compiler's
+        # estimated speedup, never the interpreter's time while an estimate exists
         obs.add(tunables.config_of(current_source), last_eval.get("status"),
-                timing.get("speedup"), timing.get("median_ms"), current_version)
+                ranking(last_eval).value, timing.get("median_ms"), current_version)
     return obs
 
 
