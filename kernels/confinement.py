@@ -201,11 +201,24 @@ def kill_descendants(rounds: int = 20) -> int:
             break
         for pid in found:
             with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+                os.kill(_local_pid(pid), signal.SIGKILL)
         killed += len(found)
         _reap()
     _reap()
     return killed
+
+
+def _local_pid(host_pid: int) -> int:
+    """The pid as this process names it: /proc shows the host's numbers, but inside a
+    PID namespace kill() takes the namespace's (the last field of NSpid)."""
+    try:
+        with open(f"/proc/{host_pid}/status") as fh:
+            for line in fh:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return host_pid
 
 
 def _reap() -> None:
