@@ -23,6 +23,16 @@ capture) = wall time minus the worker's handler time.
                                        [--reps 3] [--iters 10]
 
 Targets: warm >= 5x faster than fresh for small kernels; overhead < 10%.
+
+With ``--script-per-candidate`` it also runs (c), a harness built the way MaxKernel's
+local evaluator works: a fresh Python process per candidate that imports JAX, builds
+the inputs, runs the candidate with plain ``interpret=True`` (``pl.pallas_call`` forced
+to interpret), checks it once against the reference, then times 5 warm-ups + 20 timed
+runs of candidate and reference. Our warm evaluation for that comparison uses the
+default options (adaptive: a few host-simulation iterations off-TPU) and includes the
+TPU compile and the compiler's estimate for ``--chip``. Targets (issue 12): warm
+evaluation, TPU compile and estimate included, <= 0.8 s for a small task and >= 4x
+faster than the script-per-candidate harness in the same run.
 """
 
 from __future__ import annotations
@@ -52,6 +62,102 @@ FRESH_SCRIPT = (
     "from kernels.harness.evaluate import evaluate_request\n"
     "print(json.dumps(evaluate_request(json.load(sys.stdin))))\n"
 )
+
+
+SCRIPT_PER_CANDIDATE = """
+import json, sys, time
+import numpy as np
+spec = json.load(sys.stdin)
+import jax
+from jax.experimental import pallas as pl
+_original = pl.pallas_call
+def _interpret(*a, **k):
+    k["interpret"] = True  # plain interpret mode, as a MaxKernel candidate runs off-TPU
+    return _original(*a, **k)
+pl.pallas_call = _interpret
+from kernels.harness.runtime import load_runtime
+runtime = load_runtime(spec["task"])
+config = [c for c in runtime.configs() if c.name == spec["shape"]][0]
+dyn, static = runtime.make_inputs(config, jax.random.PRNGKey(0))
+entry = runtime.load_candidate(spec["source"], spec["filename"])
+kernel = jax.jit(entry, static_argnums=tuple(range(len(dyn), len(dyn) + len(static))) or None)
+ref = jax.jit(runtime.reference, static_argnums=tuple(range(len(dyn), len(dyn) + len(static))) or None)
+out = np.asarray(jax.block_until_ready(kernel(*dyn, *static)))
+expected = np.asarray(jax.block_until_ready(ref(*dyn, *static)))
+ok = bool(np.allclose(out, expected, atol=1e-2, rtol=1e-2))
+def bench(fn):
+    for _ in range(5):
+        jax.block_until_ready(fn(*dyn, *static))
+    times = []
+    for _ in range(20):
+        t = time.perf_counter(); jax.block_until_ready(fn(*dyn, *static))
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+print(json.dumps({"correct": ok, "kernel_s": bench(kernel), "reference_s": bench(ref)}))
+"""
+
+
+def script_path(task, source: str, shape: str, reps: int) -> dict:
+    """(c): a fresh process per candidate, plain interpret=True, 5 warm-ups + 20 runs."""
+    payload = json.dumps({"task": task.to_spec(), "source": source, "shape": shape,
+                          "filename": str(task.kernel_path)})
+    env = worker_environment()
+    walls = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-c", SCRIPT_PER_CANDIDATE], input=payload,
+                              env=env, capture_output=True, text=True, cwd=ROOT)
+        walls.append(time.perf_counter() - start)
+        if proc.returncode != 0:
+            raise SystemExit(f"script-per-candidate process failed:\n{proc.stderr[-3000:]}")
+        assert json.loads(proc.stdout.strip().splitlines()[-1])["correct"]
+    return {"wall_s": statistics.median(walls)}
+
+
+async def ours_path(task, source: str, options: EvalOptions, reps: int) -> dict:
+    """Our warm evaluation with default timing (host simulation: a few iterations) and
+    the TPU compile + estimate for options.chip."""
+    async with WorkerPool(size=1) as pool:
+        walls, first, tpu = [], None, None
+        for rep in range(reps + 1):
+            start = time.perf_counter()
+            result = await pool.evaluate(task, source, options, filename=str(task.kernel_path))
+            wall = time.perf_counter() - start
+            assert result.status == "correct", (result.status, result.error)
+            tpu = result.tpu
+            if rep == 0:
+                first = wall
+            else:
+                walls.append(wall)
+    return {"wall_s": statistics.median(walls), "first_s": first, "tpu": tpu}
+
+
+def compare_script(args: argparse.Namespace, overrides: dict) -> None:
+    options = EvalOptions(trials=args.trials, shapes=[args.shape], timeout_s=600.0,
+                          chip=args.chip)
+    print(f"\nours vs script-per-candidate (MaxKernel-style): chip {args.chip}, trials "
+          f"{args.trials}, median of {args.reps}")
+    header = (f"{'task':<10} {'ours s':>7} {'(first)':>8} {'script s':>9} {'script/ours':>11} "
+              f"{'TPU compile':>12} {'estimate':>22}")
+    print(header)
+    print("-" * len(header))
+    for name in args.tasks:
+        task = load_task(name, overrides)
+        source = task.starting_source()
+        if source is None:
+            continue
+        ours = asyncio.run(ours_path(task, source, options, args.reps))
+        script = script_path(task, source, args.shape, args.reps)
+        tpu = ours["tpu"] or {}
+        est = (f"est. {tpu['estimated_speedup']:.2f}x on {tpu['chip']}"
+               if tpu.get("estimated_speedup") else str(tpu.get("estimate_unavailable")))
+        print(f"{name:<10} {ours['wall_s']:>7.3f} {ours['first_s']:>8.3f} "
+              f"{script['wall_s']:>9.3f} {script['wall_s'] / ours['wall_s']:>10.1f}x "
+              f"{tpu.get('compile')!s:>12} {est:>22}")
+    print("ours: a warm WorkerPool evaluation (correctness trials on the shape, TPU compile "
+          "and the compiler's static estimate for the chip, host simulation timing); "
+          "script: a fresh python per candidate, plain interpret=True, one correctness "
+          "check, 5 warm-ups + 20 timed runs of candidate and reference.")
 
 
 def split(result_json: dict, wall: float) -> dict:
@@ -105,11 +211,19 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--iters", type=int, default=10, help="fixed timing iterations")
+    parser.add_argument("--script-per-candidate", action="store_true",
+                        help="also compare with a MaxKernel-style script-per-candidate harness")
+    parser.add_argument("--only-script", action="store_true",
+                        help="run only that comparison")
+    parser.add_argument("--chip", default="v5e", help="TPU chip our evaluation compiles for")
     args = parser.parse_args()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     options = EvalOptions(trials=args.trials, iters=args.iters, shapes=[args.shape],
                           timeout_s=600.0)
     overrides = dict(o.split("=", 1) for o in (args.overrides or ["rows=64", "cols=256"]))
+    if args.only_script:
+        compare_script(args, overrides)
+        return 0
     print(f"eval overhead: trials={args.trials}, timing iters={args.iters}, shape "
           f"{args.shape!r} with {overrides}, median of {args.reps}, JAX_PLATFORMS={os.environ['JAX_PLATFORMS']}, "
           f"{os.cpu_count()} CPUs")
@@ -136,6 +250,8 @@ def main() -> int:
           "measured in the worker; overhead: share of the warm wall time that is not kernel "
           "(harness: inputs, reference, comparisons, reference timing, checks; transport: "
           "socket, JSON, scheduling).")
+    if args.script_per_candidate:
+        compare_script(args, overrides)
     return 0
 
 
