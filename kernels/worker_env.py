@@ -142,16 +142,6 @@ def worker_environment(base: Mapping[str, str] | None = None,
     return env
 
 
-def prepare_libtpu() -> str:
-    """Worker side, before JAX is imported: start libtpu (when installed) with the TPU
-    compiler's static-estimate flag and a per-process dump directory, or record why
-    estimates are unavailable (``kernels.harness.tpu_compile.prepare_environment``).
-    ``TILEWRIGHT_TPU_ESTIMATE=0`` in the app's environment turns the flag off."""
-    from kernels.harness.tpu_compile import prepare_environment
-
-    return prepare_environment()
-
-
 def prepare_libtpu(scratch: str | None = None) -> str:
     """Worker side, before JAX is imported: start libtpu (when installed) with the TPU
     compiler's static-estimate flag and a per-process dump directory, or record why
