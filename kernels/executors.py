@@ -366,7 +366,7 @@ class RayExecutor:
                 kwargs["num_cpus"] = self.num_cpus or self.requested or local_worker_count()
                 kwargs["object_store_memory"] = 80 * 1024 * 1024
                 # Loopback only: Ray's services have no authentication.
-                kwargs["_node_ip_address"] = LOOPBACK
+                _ray_on_loopback(ray)
                 kwargs["dashboard_host"] = LOOPBACK
             # Ray's own loggers go to stderr before logging_level applies; quiet them.
             logging.getLogger("ray").setLevel(logging.ERROR)
@@ -444,6 +444,18 @@ class RayExecutor:
     def describe(self) -> str:
         where = self.address or "local Ray instance"
         return f"ray: {self.capacity} concurrent evaluation(s) on {where}, each {self.resources}"
+
+
+def _ray_on_loopback(ray: Any) -> None:
+    """Make a local Ray instance bind 127.0.0.1. Ray turns "127.0.0.1" given as the node
+    address into the host's outward IP, except where clusters are disabled (its macOS
+    and Windows default); that switch is an environment variable read at import, so it
+    is set for Ray's child processes and on the already imported constants module."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    with contextlib.suppress(ImportError, AttributeError):
+        from ray._private import ray_constants
+
+        ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
