@@ -181,12 +181,12 @@ class Engine:
         return ("ask", next_role(self.state), None)
 
     def _stop_auto(self, reason: str) -> None:
-        self._emit("auto.stop", reason=reason)
-        self._emit("mode.change", mode="step", by="auto")
-        if reason != "interrupted":  # a budget or a stop rule ended the autonomous run
+        if reason != "interrupted":  # a budget or a stop rule ends the autonomous run
             record = getattr(self, "record_lesson", None)
             if record is not None:
                 record()
+        self._emit("auto.stop", reason=reason)
+        self._emit("mode.change", mode="step", by="auto")
 
     async def _perform(self, action: Action) -> Action | None:
         kind = action[0]

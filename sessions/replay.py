@@ -82,6 +82,11 @@ def describe(event: dict[str, Any]) -> str:
         detail = str(f.get("message"))
     elif kind == "marker":
         detail = str(f.get("label"))
+    elif kind == "profile.result":
+        detail = f"{f.get('run')} v{f.get('version')}" + (f" error: {f['error']}"
+                                                         if f.get("error") else "")
+    elif kind == "diagnosis":
+        detail = f"v{f.get('version')} {f.get('kind')}: {str(f.get('summary'))[:70]!r}"
     else:
         detail = "(unknown event type, kept)"
     return f"{f.get('seq', '-'):>5} {float(f.get('t', 0)):>9.2f}s  {kind:<15} {detail}"
