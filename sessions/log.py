@@ -146,10 +146,13 @@ def load(path: Path | str) -> LoadedSession:
         if not raw.strip():
             continue
         try:
-            event = json.loads(raw)
+            text = raw.decode("utf-8")
+            if "\x00" in text:
+                raise UnicodeDecodeError("utf-8", raw, 0, 1, "NUL byte")
+            event = json.loads(text)
         except UnicodeDecodeError:
             warnings.append(f"{path}:{number}: skipped a binary line ({len(raw)} bytes, "
-                            "not UTF-8): not written by tilewright")
+                            "not UTF-8 text): not written by tilewright")
             continue
         except ValueError as exc:
             warnings.append(f"{path}:{number}: skipped an unreadable line ({exc})")
