@@ -28,10 +28,11 @@ from kernels import tunables
 from kernels.task import Task
 from sessions.autonomy import duplicate_of
 from sessions.log import SessionLog
-from sessions.search_children import FAMILY_HINTS, ChildMaker
+from sessions.search_children import ROOT_FAMILY_CANDIDATES, ChildMaker
 from sessions.search_graph import SearchConfig, SearchState, fold_search
 from sessions.search_plan import Action, finish_reason, plan, select_beam
 from sessions.state import error_line as _error_line
+from sessions.state import rank_fields as _rank_fields
 
 Subscriber = Callable[[dict[str, Any]], None]
 
@@ -121,7 +122,7 @@ class Search(ChildMaker):
             # The offline agent writes first kernels from per-family templates; a task
             # that names no family (JAXBench, MaxKernel) gets one candidate per family.
             config = replace(config, root_candidates=max(config.root_candidates,
-                                                         len(FAMILY_HINTS)))
+                                                         ROOT_FAMILY_CANDIDATES))
         if source is not None:
             root = 1
             search._emit("kernel.version", version=1, parent=None, origin="initial",
@@ -349,7 +350,7 @@ class Search(ChildMaker):
                    median_ms=(result.timing or {}).get("median_ms"),
                    result_blob=self.log.put_json_blob(result.to_json()), cancelled=False,
                    flags=list((result.integrity or {}).get("flags") or []),
-                   error=_error_line(result))
+                   error=_error_line(result), **_rank_fields(result))
 
     # -- deciding and applying ----------------------------------------------------------
 

@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from agents.base import AgentRequest
+from agents.offline.templates import infer_families
 from kernels import tunables
 from sessions.agent_turn import AgentTurn, stream_turn
 from sessions.context import history
@@ -25,9 +26,10 @@ from sessions.log import read_json_blob
 from sessions.search_plan import Action
 
 AGENT_TIMEOUT_S = 600.0
-# Kernel families the offline agent has templates for, tried in turn as first kernels
-# of a task that names none.
-FAMILY_HINTS = ("elementwise", "rowwise", "matmul")
+# First kernels of a task that names no family: one per template family, in the order
+# the offline agent infers from the reference (``agents.offline.templates``), for the
+# first this many slots; later rounds move through the rest of that order.
+ROOT_FAMILY_CANDIDATES = 3
 
 
 class ChildMaker:
@@ -100,7 +102,8 @@ class ChildMaker:
         _lineage, rnd, _p, slot = action.slot  # type: ignore[misc]
         hint = None
         if parent is None and brief.family is None and self.agent.name == "offline":
-            hint = FAMILY_HINTS[slot % len(FAMILY_HINTS)]
+            families = infer_families(brief)
+            hint = families[slot % len(families)]
             brief = replace(brief, family=hint)
         version = s.versions.get(parent) if parent is not None else None
         last_eval = (read_json_blob(self.log.path, version.result_blob)

@@ -105,7 +105,7 @@ def _template(request: AgentRequest) -> Proposal | Failure:
              str(h.get("summary", ""))}
     families = templates.infer_families(request.task)
     for family in families:
-        if family in tried and request.task.family is None:
+        if family in tried:
             continue
         source, why = templates.write_template(request.task, family)
         if request.task.family is None:

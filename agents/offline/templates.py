@@ -18,8 +18,10 @@ from agents.base import TaskBrief
 
 # The reference's function name per task layout.
 REFERENCE_NAMES = {"native": "reference", "jaxbench": "workload", "maxkernel": "computation"}
-FAMILIES = ("elementwise", "rowwise", "matmul")
-_SKIP_FUNCTIONS = {"make_inputs", "flops", "create_inputs", "get_flops", "get_inputs"}
+FAMILIES = ("elementwise", "rowwise", "matmul", "attention")
+FALLBACK = "whole"  # the universal fallback, tried after every family
+_SKIP_FUNCTIONS = {"make_inputs", "flops", "create_inputs", "get_flops", "get_inputs",
+                   "benchmark", "main"}
 
 
 class TemplateError(Exception):
@@ -27,26 +29,64 @@ class TemplateError(Exception):
 
 
 def reference_parts(brief: TaskBrief) -> tuple[str, ast.FunctionDef, list[str]]:
-    """(imports and constants, the reference function node, other helper sources)."""
+    """(imports and constants, the reference function node, other helper sources).
+
+    Only what the reference function needs comes along: helpers, constants and imports
+    whose names it uses (directly or through another kept helper). A baseline's
+    ``benchmark()``, input builders and unused constants stay behind.
+    """
     source = brief.reference_source
     tree = ast.parse(source)
     name = REFERENCE_NAMES.get(brief.layout, "reference")
-    head, helpers, fn = [], [], None
+    fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+    if fn is None:
+        raise TemplateError(f"the reference defines no `{name}` function to build a kernel from")
+    # What each top-level statement defines, and the names it reads.
+    items: list[tuple[ast.stmt, set[str], set[str]]] = []
     for node in tree.body:
+        if node is fn or _is_docstring(node):
+            continue
+        if isinstance(node, ast.FunctionDef) and node.name in _SKIP_FUNCTIONS:
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            defined = {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.FunctionDef | ast.ClassDef):
+            defined = {node.name}
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        else:
+            continue
+        items.append((node, defined, _names_read(node)))
+    needed = _names_read(fn)
+    kept: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for index, (_node, defined, reads) in enumerate(items):
+            if index not in kept and defined & needed:
+                kept.add(index)
+                needed |= reads
+                changed = True
+    head, helpers = [], []
+    for index, (node, _defined, _reads) in enumerate(items):
+        if index not in kept:
+            continue
         text = ast.get_source_segment(source, node) or ""
         if isinstance(node, ast.Import | ast.ImportFrom):
             if text not in _IMPORTS.splitlines():  # the template imports these already
                 head.append(text)
-        elif isinstance(node, ast.FunctionDef):
-            if node.name == name:
-                fn = node
-            elif node.name not in _SKIP_FUNCTIONS:
-                helpers.append(text)
-        elif isinstance(node, ast.Assign | ast.AnnAssign) and not _is_docstring(node):
+        elif isinstance(node, ast.FunctionDef | ast.ClassDef):
+            helpers.append(text)
+        else:
             head.append(text)
-    if fn is None:
-        raise TemplateError(f"the reference defines no `{name}` function to build a kernel from")
     return "\n".join(head), fn, helpers
+
+
+def _names_read(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | \
+        {n.value.id for n in ast.walk(node)
+         if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
 
 
 def _is_docstring(node: ast.AST) -> bool:
@@ -74,29 +114,42 @@ _ROW_CALLS = {"sum", "max", "min", "mean", "var", "std", "logsumexp", "softmax",
 
 
 def infer_families(brief: TaskBrief) -> tuple[str, ...]:
-    """Template families to try, most likely first, for a task that declares none.
+    """Template families to try, most likely first, then the universal fallback, then
+    the remaining families: every family is tried before the offline agent gives up.
 
-    Read from the reference function's AST: a matrix product (``@``, ``jnp.dot``,
-    ``einsum``...) suggests matmul; a reduction or an ``axis=`` argument suggests a
-    row-wise kernel; otherwise elementwise. The others follow as fallbacks.
+    A declared family comes first. Otherwise the reference function's AST is read: a
+    softmax between two matrix products suggests attention; a matrix product (``@``,
+    ``jnp.dot``, ``einsum``...) suggests matmul; a reduction or an ``axis=`` argument a
+    row-wise kernel; otherwise elementwise. Families that cannot fit (a row-wise
+    template for a reference that multiplies matrices) come after the fallback.
     """
-    if brief.family:
-        return (brief.family.lower(),)
     try:
         tree = ast.parse(brief.reference_source)
     except SyntaxError:
-        return FAMILIES
-    matmul = rows = False
+        return (*FAMILIES, FALLBACK)
+    matmuls = 0
+    rows = softmax = False
     for node in ast.walk(tree):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
-            matmul = True
+            matmuls += 1
         elif isinstance(node, ast.Call):
             name = node.func.attr if isinstance(node.func, ast.Attribute) else \
                 getattr(node.func, "id", "")
-            matmul |= name in _MATMUL_CALLS
+            matmuls += name in _MATMUL_CALLS
+            softmax |= name in ("softmax", "log_softmax", "logsumexp")
             rows |= name in _ROW_CALLS or any(k.arg in ("axis", "axes") for k in node.keywords)
-    first = "matmul" if matmul else "rowwise" if rows else "elementwise"
-    return (first, *(f for f in FAMILIES if f != first))
+    if matmuls >= 2 and softmax:
+        likely = ("attention", "matmul")
+    elif matmuls:
+        likely = ("matmul",)
+    elif rows:
+        likely = ("rowwise",)
+    else:
+        likely = ("elementwise", "rowwise")
+    if brief.family:
+        likely = (brief.family.lower(), *(f for f in likely if f != brief.family.lower()))
+    rest = tuple(f for f in FAMILIES if f not in likely)
+    return (*likely, FALLBACK, *rest)
 
 
 def write_template(brief: TaskBrief, family: str | None = None) -> tuple[str, str]:
@@ -109,6 +162,10 @@ def write_template(brief: TaskBrief, family: str | None = None) -> tuple[str, st
         return _rowwise(brief)
     if family == "matmul":
         return _matmul(brief)
+    if family == "attention":
+        return _attention(brief)
+    if family == FALLBACK:
+        return _whole(brief)
     raise TemplateError(
         f"no offline template for family {brief.family or '(none declared)'}; templates exist "
         f"for {', '.join(FAMILIES)} (declare `family` in task.toml), or start from a kernel.py")
@@ -380,4 +437,197 @@ def {brief.entry}({order}):{unpack}
            f"the reference ({', '.join(rest) or 'no extra operands'}) is applied to the finished "
            "tile before one write to HBM. 128-wide blocks are MXU- and (8,128)-aligned; the "
            "tuner grows them next.")
+    return src, why
+
+
+def _whole(brief: TaskBrief) -> tuple[str, str]:
+    """The universal fallback: the reference's math inside one pallas_call whose blocks
+    hold whole arrays (optionally split along a leading axis every operand shares).
+    Any output rank works: 0-d and 1-d arrays travel as (1, n) blocks."""
+    src = _preamble(brief, "whole-array kernel (universal fallback)") + _IMPORTS + "\n"
+    src += _reference_block(brief)
+    src += '''
+
+
+# Rows of the shared leading axis per grid step (0: the whole axis in one block). The
+# tuner shrinks it; a computation that mixes the leading axis then fails the checks.
+BLOCK_LEAD = 0
+TUNABLES = {"BLOCK_LEAD": [0, 1, 2, 4, 8, 16, 32, 64, 128, 256]}
+
+
+def _split_static(inputs):
+    """Python scalars (static arguments) stay out of the pallas_call; arrays go in."""
+    static = tuple((i, a) for i, a in enumerate(inputs) if not hasattr(a, "shape"))
+    return static, [a for a in inputs if hasattr(a, "shape")]
+
+
+def _merge(static, arrays):
+    args, it = [], iter(arrays)
+    fixed = dict(static)
+    for i in range(len(static) + len(arrays)):
+        args.append(fixed[i] if i in fixed else next(it))
+    return args
+
+
+def _as_block(shape):
+    """TPU blocks are at least 2-D: 0-d and 1-d arrays travel as (1, n)."""
+    size = 1
+    for n in shape:
+        size *= n
+    return tuple(shape) if len(shape) >= 2 else (1, size)
+
+
+def _body(static, shapes, out_tree, n_in, *refs):
+    in_refs, out_refs = refs[:n_in], refs[n_in:]
+    arrays = [r[...].reshape(s) if r.shape != s else r[...] for r, s in zip(in_refs, shapes)]
+    out = _reference_math(*_merge(static, arrays))
+    for ref, value in zip(out_refs, jax.tree.leaves(out)):
+        ref[...] = jnp.asarray(value).reshape(ref.shape).astype(ref.dtype)
+
+
+def {entry}(*inputs):
+    static, arrays = _split_static(inputs)
+    return _whole(static, *arrays)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _whole(static, *arrays):
+    out = jax.eval_shape(lambda *a: _reference_math(*_merge(static, a)), *arrays)
+    leaves, out_tree = jax.tree.flatten(out)
+    lead = arrays[0].shape[0] if arrays and arrays[0].ndim >= 3 else None
+    split = (BLOCK_LEAD and lead and lead % BLOCK_LEAD == 0 and BLOCK_LEAD < lead
+             and all(a.ndim >= 3 and a.shape[0] == lead for a in arrays)
+             and all(len(o.shape) >= 3 and o.shape[0] == lead for o in leaves))
+    b = BLOCK_LEAD if split else None
+    operands = [a.reshape(_as_block(a.shape)) for a in arrays]
+    # The shapes the reference sees inside one grid step.
+    shapes = [((b, *a.shape[1:]) if b else a.shape) for a in arrays]
+
+    def spec(shape):
+        if b:
+            return pl.BlockSpec((b, *shape[1:]), lambda i: (i,) + (0,) * (len(shape) - 1))
+        return pl.BlockSpec(shape, lambda *_: (0,) * len(shape))
+
+    out_shapes = [jax.ShapeDtypeStruct(_as_block(o.shape), o.dtype) for o in leaves]
+    results = pl.pallas_call(
+        functools.partial(_body, static, shapes, out_tree, len(operands)),
+        out_shape=out_shapes,
+        grid=(lead // b,) if b else (1,),
+        in_specs=[spec(a.shape) for a in operands],
+        out_specs=[spec(o.shape) for o in out_shapes],
+    )(*operands)
+    return jax.tree.unflatten(out_tree, [r.reshape(o.shape) for r, o in zip(results, leaves)])
+'''.replace("{entry}", brief.entry)
+    why = ("Universal fallback: the reference's own math inside one pallas_call whose blocks "
+           "hold the whole arrays (0-d and 1-d ones as (1, n) blocks), so any computation "
+           "whose operations Mosaic lowers is correct as long as the arrays fit VMEM. "
+           "BLOCK_LEAD lets the tuner split a leading axis that every operand shares "
+           "(batch, heads) into grid steps; the checks reject a split the math does not allow.")
+    return src, why
+
+
+def _attention(brief: TaskBrief) -> tuple[str, str]:
+    """Flash attention: ``softmax(q k^T * scale [causal]) v`` with an online softmax over
+    key blocks, for a reference whose first three arguments are q, k, v laid out as
+    (..., seq, head_dim) with the same leading dims. Causality is read from the
+    reference (``tril``, ``causal``); the scale is head_dim ** -0.5."""
+    _head, fn, _helpers = reference_parts(brief)
+    params = [a.arg for a in fn.args.args]
+    if len(params) < 3:
+        raise TemplateError("the attention template needs a reference taking q, k and v")
+    text = (ast.get_source_segment(brief.reference_source, fn) or "").lower()
+    causal = any(word in text for word in ("tril", "causal", "triu"))
+    q, k, v = params[:3]
+    extra = params[3:]
+    signature = ", ".join(params)
+    src = _preamble(brief, "flash attention (online softmax over key blocks)") + _IMPORTS
+    src += f'''
+
+CAUSAL = {causal}
+BLOCK_Q = 128
+BLOCK_K = 128
+TUNABLES = {{"BLOCK_Q": [64, 128, 256, 512], "BLOCK_K": [64, 128, 256, 512]}}
+_MASKED = -1e9  # what the reference writes where the mask hides a score
+
+
+def _block(size, want):
+    """The largest block <= want that divides size (the whole axis when none does)."""
+    b = min(want, size)
+    while b > 8 and size % b:
+        b //= 2
+    return b if size % b == 0 else size
+
+
+def _flash(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *, scale, bq, bk):
+    qi, ki = pl.program_id(1), pl.program_id(2)
+
+    @pl.when(ki == 0)
+    def _init():
+        m_ref[...] = jnp.full_like(m_ref, -jnp.inf)
+        l_ref[...] = jnp.zeros_like(l_ref)
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    def _step():
+        q = q_ref[0].astype(jnp.float32) * scale
+        s = jax.lax.dot_general(q, k_ref[0].astype(jnp.float32), (((1,), (1,)), ((), ())),
+                                preferred_element_type=jnp.float32)
+        if CAUSAL:
+            row = qi * bq + jax.lax.broadcasted_iota(jnp.int32, s.shape, 0)
+            col = ki * bk + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
+            s = jnp.where(col <= row, s, _MASKED)
+        m_prev = m_ref[...]
+        m_new = jnp.maximum(m_prev, s.max(axis=-1, keepdims=True))
+        p = jnp.exp(s - m_new)
+        alpha = jnp.exp(m_prev - m_new)
+        l_ref[...] = alpha * l_ref[...] + p.sum(axis=-1, keepdims=True)
+        acc_ref[...] = alpha * acc_ref[...] + jnp.dot(
+            p, v_ref[0].astype(jnp.float32), preferred_element_type=jnp.float32)
+        m_ref[...] = m_new
+
+    if CAUSAL:  # key blocks entirely above the diagonal contribute nothing
+        pl.when(ki * bk <= qi * bq + bq - 1)(_step)
+    else:
+        _step()
+
+    @pl.when(ki == pl.num_programs(2) - 1)
+    def _finish():
+        o_ref[0] = (acc_ref[...] / l_ref[...]).astype(o_ref.dtype)
+
+
+@jax.jit
+def {brief.entry}({signature}):
+    q, k, v = {q}, {k}, {v}
+    {"del " + ", ".join(extra) if extra else "pass"}
+    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2] and k.shape[-2] == v.shape[-2]
+            and q.shape[-1] == k.shape[-1]):
+        raise ValueError(f"q {{q.shape}}, k {{k.shape}}, v {{v.shape}}: the attention template "
+                         "needs matching leading dims (no grouped heads)")
+    lead, sq, d = q.shape[:-2], q.shape[-2], q.shape[-1]
+    sk, dv = k.shape[-2], v.shape[-1]
+    n = 1
+    for size in lead:
+        n *= size
+    q3, k3, v3 = q.reshape(n, sq, d), k.reshape(n, sk, d), v.reshape(n, sk, dv)
+    bq, bk = _block(sq, BLOCK_Q), _block(sk, BLOCK_K)
+    out = pl.pallas_call(
+        functools.partial(_flash, scale=d ** -0.5, bq=bq, bk=bk),
+        out_shape=jax.ShapeDtypeStruct((n, sq, dv), q.dtype),
+        grid=(n, sq // bq, sk // bk),
+        in_specs=[pl.BlockSpec((1, bq, d), lambda b, i, j: (b, i, 0)),
+                  pl.BlockSpec((1, bk, d), lambda b, i, j: (b, j, 0)),
+                  pl.BlockSpec((1, bk, dv), lambda b, i, j: (b, j, 0))],
+        out_specs=pl.BlockSpec((1, bq, dv), lambda b, i, j: (b, i, 0)),
+        scratch_shapes=[pltpu.VMEM((bq, 1), jnp.float32), pltpu.VMEM((bq, 1), jnp.float32),
+                        pltpu.VMEM((bq, dv), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary")),
+    )(q3, k3, v3)
+    return out.reshape(*lead, sq, dv)
+'''
+    why = ("Attention: the reference multiplies q by k^T, applies a softmax along the keys and "
+           "multiplies by v. The kernel never builds the (seq x seq) score matrix: for each "
+           "BLOCK_Q rows of queries it walks the key blocks (the innermost, 'arbitrary' grid "
+           "axis) keeping a running max, a running sum and a float32 accumulator in VMEM "
+           "(online softmax), and writes the normalized block once at the last key block"
+           + ("; key blocks above the causal diagonal are skipped." if causal else "."))
     return src, why
