@@ -74,7 +74,15 @@ class SessionView:
             mode=s.mode, iteration=s.spent.iterations, best_speedup=s.best_speedup,
             best_version=best, tokens=s.spent.tokens, cost_usd=s.spent.cost_usd,
             cost_known=not s.spent.cost_unknown,
-            worker=worker)
+            worker=worker, confinement=self._confinement())
+
+    def _confinement(self) -> str | None:
+        """The sandbox level of the latest evaluation (its eval JSON says why)."""
+        for v in reversed(list(self.state.versions.values())):
+            data = self.blobs.json(v.result_blob) if v.result_blob else None
+            if isinstance(data, dict) and isinstance(data.get("confinement"), dict):
+                return str(data["confinement"].get("level") or "") or None
+        return None
 
     # -- sources ----------------------------------------------------------------------
     def current_source(self) -> str:

@@ -27,6 +27,7 @@ class StatusInfo:
     cost_usd: float = 0.0
     cost_known: bool = True  # False: a model without a price answered ("$?", not $0)
     worker: str = "starting"
+    confinement: str | None = None  # level of the latest evaluation's sandbox
 
 
 def _tokens(n: int) -> str:
@@ -67,6 +68,9 @@ class StatusBar(Static):
                         "stopped": "red"}.get(i.worker, "")
         text.append(" · " if narrow else " · worker ")
         text.append(i.worker, style=worker_style)
+        if i.confinement and not narrow:
+            text.append(f" {i.confinement}", style="green" if i.confinement == "strong"
+                        else "red" if i.confinement == "minimal" else "yellow")
         return text
 
 
