@@ -184,3 +184,119 @@ def _char_offset(line: str, byte_offset: int) -> int:
 def config_of(source: str) -> dict[str, Any]:
     """The current value of each tunable: the point in the search space a source sits at."""
     return {name: current for name, (current, _choices) in read(source).items()}
+
+
+# -- kernels that declare no TUNABLES -------------------------------------------------
+
+_SPEC_CALLS = {"BlockSpec"}
+
+
+def infer(source: str) -> tuple[str, dict[str, list[int]]] | None:
+    """Make a kernel without a ``TUNABLES`` declaration tunable: its block sizes are read
+    from its ``BlockSpec`` shapes, which are built from module-level int constants
+    (``BM = 128``) or from int literals (``pl.BlockSpec((128, 512), ...)``).
+
+    Constants become tunables as they are; literals are hoisted into new constants
+    (``BLOCK_ROWS``, ``BLOCK_COLS``, ...; one constant per value and trailing position,
+    so blocks that must agree keep agreeing) and replaced where they appear in
+    BlockSpec shapes. Returns (the rewritten source with ``TUNABLES`` and
+    ``TUNABLE_ALIGN`` declared, the tunables' choices), or None when nothing is found.
+    """
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    if read(source):
+        return None  # declared already
+    assigns = _module_assigns(tree)
+    constants = {name: nodes[-1].value.value for name, nodes in assigns.items()
+                 if len(nodes) == 1 and isinstance(nodes[-1].value, ast.Constant)
+                 and type(nodes[-1].value.value) is int}
+    found_names: dict[str, int] = {}  # constant -> position from the end (1: lanes)
+    literals: dict[tuple[int, int], list[ast.Constant]] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        callee = node.func.attr if isinstance(node.func, ast.Attribute) else \
+            getattr(node.func, "id", "")
+        shape = None
+        if callee in _SPEC_CALLS:
+            shape = node.args[0] if node.args else next(
+                (k.value for k in node.keywords if k.arg == "block_shape"), None)
+        if not isinstance(shape, ast.Tuple | ast.List):
+            continue
+        for back, element in enumerate(reversed(shape.elts), start=1):
+            if back > 2:
+                break
+            for leaf in ast.walk(element):
+                if isinstance(leaf, ast.Name) and leaf.id in constants:
+                    found_names.setdefault(leaf.id, back)
+            if (isinstance(element, ast.Constant) and type(element.value) is int
+                    and element.value >= 8):
+                literals.setdefault((element.value, back), []).append(element)
+    if not found_names and not literals:
+        return None
+    choices: dict[str, list[int]] = {}
+    align: dict[str, int] = {}
+    for name, back in found_names.items():
+        choices[name] = _neighbours(constants[name], back)
+        align[name] = LANE if back == 1 else SUBLANE
+    new_names: dict[tuple[int, int], str] = {}
+    for value, back in sorted(literals, key=lambda k: (-k[1], k[0])):
+        base = "BLOCK_COLS" if back == 1 else "BLOCK_ROWS"
+        name, n = base, 2
+        while name in assigns or name in choices:
+            name, n = f"{base}_{n}", n + 1
+        new_names[(value, back)] = name
+        choices[name] = _neighbours(value, back)
+        align[name] = LANE if back == 1 else SUBLANE
+    # The grid divides by the same literals (``x.shape[1] // 512``): rewrite those too,
+    # where the value names one block size only.
+    by_value: dict[int, list[str]] = {}
+    for (value, _back), name in new_names.items():
+        by_value.setdefault(value, []).append(name)
+    grid_edits: list[tuple[ast.Constant, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            for keyword in node.keywords:
+                if keyword.arg != "grid":
+                    continue
+                for leaf in ast.walk(keyword.value):
+                    if (isinstance(leaf, ast.Constant) and type(leaf.value) is int
+                            and len(by_value.get(leaf.value, [])) == 1):
+                        grid_edits.append((leaf, by_value[leaf.value][0]))
+    lines = source.splitlines(keepends=True)
+    edits = [(node, new_names[key]) for key, nodes in literals.items() for node in nodes]
+    edits += grid_edits
+    for node, name in sorted(edits, key=lambda e: (e[0].lineno, e[0].col_offset), reverse=True):
+        row = lines[node.lineno - 1]
+        start = _char_offset(row, node.col_offset)
+        end = _char_offset(row, node.end_col_offset)
+        lines[node.lineno - 1] = row[:start] + name + row[end:]
+    declaration = "".join(f"{name} = {value}\n" for (value, _back), name in new_names.items())
+    declaration += f"TUNABLES = {choices!r}\nTUNABLE_ALIGN = {align!r}\n"
+    # After the imports, before the first statement that could use the constants.
+    insert_at = 0
+    for node in tree.body:
+        if isinstance(node, ast.Import | ast.ImportFrom) or _is_docstring(node):
+            insert_at = node.end_lineno or insert_at
+        else:
+            break
+    header = "\n# Block sizes found in the BlockSpecs, made tunable.\n" + declaration + "\n"
+    lines.insert(insert_at, header)
+    return "".join(lines), choices
+
+
+def _neighbours(value: int, back: int) -> list[int]:
+    """Power-of-two-ish choices around a block size, aligned for its position."""
+    unit = LANE if back == 1 else SUBLANE
+    out = {value}
+    for factor in (0.25, 0.5, 2, 4):
+        v = int(value * factor)
+        if v >= unit and v % unit == 0:
+            out.add(v)
+    return sorted(out)
+
+
+def _is_docstring(node: ast.AST) -> bool:
+    return isinstance(node, ast.Expr) and isinstance(getattr(node, "value", None), ast.Constant)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import pytest
 
 from kernels import tunables
@@ -102,3 +104,39 @@ def test_an_unhashable_key_is_a_tunables_error_not_a_crash() -> None:
     # ast.literal_eval raises TypeError here, not ValueError.
     with pytest.raises(tunables.TunablesError, match="literal dict"):
         tunables.read("A = 1\nTUNABLES = {[1]: [1, 2]}\n")
+
+
+def test_a_kernel_without_tunables_gets_them_from_its_blockspecs() -> None:
+    """A user's own kernel: constants and literals in BlockSpec shapes become tunables,
+    the grid's matching literal follows, and the offline agent proposes that first."""
+    import agents
+    from agents.base import AgentRequest, Proposal
+    from agents.offline import decide
+
+    source = textwrap.dedent('''
+        import jax
+        from jax.experimental import pallas as pl
+
+        BM = 64
+
+        def _copy(x_ref, o_ref):
+            o_ref[...] = x_ref[...] * 2.0
+
+        def kernel(x):
+            spec = pl.BlockSpec((BM, 512), lambda i, j: (i, j))
+            return pl.pallas_call(_copy, grid=(x.shape[0] // BM, x.shape[1] // 512),
+                                  in_specs=[spec], out_specs=spec,
+                                  out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+    ''')
+    new_source, choices = tunables.infer(source)
+    assert set(choices) == {"BM", "BLOCK_COLS"} and 512 in choices["BLOCK_COLS"]
+    assert "x.shape[1] // BLOCK_COLS" in new_source and "(BM, BLOCK_COLS)" in new_source
+    assert tunables.alignment(new_source) == {"BM": 8, "BLOCK_COLS": 128}
+    changed = tunables.apply(new_source, {"BLOCK_COLS": 256})
+    assert "BLOCK_COLS = 256" in changed
+    assert tunables.infer(new_source) is None  # declared now
+    brief = agents.brief(load_task("gelu"))
+    outcome = decide(AgentRequest("tune", brief, source, 1,
+                                  last_eval={"status": "correct", "timing": {"speedup": 1.0}}))
+    assert isinstance(outcome, Proposal) and outcome.kind == "kernel"
+    assert outcome.source == new_source

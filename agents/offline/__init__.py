@@ -148,6 +148,19 @@ def _fix(request: AgentRequest) -> Proposal | Failure:
 
 
 def _tune(request: AgentRequest, lessons: list[Lesson]) -> Proposal | Failure | Finished:
+    source = request.current_source or ""
+    if not tunables.read(source):
+        inferred = tunables.infer(source)
+        if inferred is not None:  # a user's own kernel: make its block sizes tunable first
+            new_source, choices = inferred
+            names = ", ".join(f"{k} (now {tunables.config_of(new_source)[k]})" for k in choices)
+            return Proposal(
+                "kernel", "declare the kernel's block sizes as TUNABLES",
+                rationale=("The kernel declares no TUNABLES, but its BlockSpecs fix block "
+                           f"sizes: {names}. This names them as module constants with "
+                           "aligned neighbouring choices (TUNABLES, TUNABLE_ALIGN) and "
+                           "changes nothing else, so the tuner can size them next."),
+                source=new_source, meta={"via": "tuner", "rule": "infer_tunables"})
     step = _tuner_step(request, lessons)
     if isinstance(step, Failure):
         return step
