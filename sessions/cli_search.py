@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -95,6 +96,7 @@ def _handler(args: argparse.Namespace) -> int:
         print("interrupted: every finished step is saved; rerun the same command to "
               "continue", file=sys.stderr)
         return 130
+    report["totals"] = suite_totals(report)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -314,6 +316,39 @@ def _progress(task: str, event: dict[str, Any]) -> None:
         _say(f"{task}: done ({event.get('reason')})")
 
 
+FAST_P = (1.0, 1.5)
+
+
+def suite_totals(report: dict[str, Any]) -> dict[str, Any]:
+    """The figures the field reports for a suite (KernelBench's fast_p, JAXBench's
+    geometric mean): tasks, correct ones and their share, the geometric mean speedup
+    over the correct tasks, and fast_p for p in FAST_P (the share of *all* tasks that
+    are correct and at least p times faster). A task counts as correct only with a
+    crowned version (correct and free of disqualifying integrity flags); tasks that did
+    not load count as failures. The speedup is the ranking number of each task's best
+    version: the TPU compiler's estimate off-TPU, the measured speedup on a TPU."""
+    tasks = report.get("tasks") or []
+    total = len(tasks) + len(report.get("errors") or [])
+    correct = [t for t in tasks if t.get("best_status") == "correct"
+               and t.get("best_version") is not None]
+    speeds = [float(t["best_speedup"]) for t in correct
+              if isinstance(t.get("best_speedup"), int | float) and t["best_speedup"] > 0]
+    geomean = math.exp(sum(math.log(x) for x in speeds) / len(speeds)) if speeds else None
+    fast = {f"fast_{p:g}": (sum(1 for x in speeds if x >= p) / total if total else 0.0)
+            for p in FAST_P}
+    return {"tasks": total, "correct": len(correct),
+            "correct_rate": len(correct) / total if total else 0.0,
+            "geomean_speedup": geomean, "speedups_counted": len(speeds), **fast}
+
+
+def _totals_line(totals: dict[str, Any]) -> str:
+    geo = totals["geomean_speedup"]
+    fast = " · ".join(f"fast_{p:g} {totals[f'fast_{p:g}']:.0%}" for p in FAST_P)
+    return (f"{totals['correct']}/{totals['tasks']} correct ({totals['correct_rate']:.0%}) · "
+            f"geomean speedup over correct tasks "
+            f"{'-' if geo is None else f'{geo:.3g}x'} · {fast}")
+
+
 def _fmt_speed(value: Any) -> str:
     return f"{value:.3g}x" if isinstance(value, int | float) else "-"
 
@@ -334,7 +369,7 @@ def _print_table(report: dict[str, Any]) -> None:
                   collapse_padding=True)
     for col, right in (("task", False), ("layout", False), ("best", False),
                        ("speedup", True), ("ver", True), ("evals", True), ("tokens", True),
-                       ("ended", False)):
+                       ("flags", False), ("ended", False)):
         table.add_column(col, justify="right" if right else "left", no_wrap=col != "task",
                          overflow="fold")
     for t in report["tasks"]:
@@ -342,8 +377,11 @@ def _print_table(report: dict[str, Any]) -> None:
         style = "green" if status == "correct" else "red"
         table.add_row(t["task"], t["layout"], f"[{style}]{status}[/]",
                       _fmt_speed(t["best_speedup"]), _fmt_version(t["best_version"]),
-                      str(t["evaluations"]), str(t["tokens"]), t["reason"])
+                      str(t["evaluations"]), str(t["tokens"]),
+                      ", ".join(t.get("flags") or []) or "-", t["reason"])
     console.print(table)
+    if report.get("totals"):
+        console.print(_totals_line(report["totals"]), highlight=False)
     for t in report["tasks"]:
         if t.get("note"):
             console.print(f"[yellow]{t['task']}[/]: {t['note']}", highlight=False)
@@ -358,14 +396,23 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [f"# Search results: {report['suite']}", "",
              f"Executor `{report['executor']}`, agent `{report['agent']}`.", "",
              "| task | layout | best status | best speedup | start speedup | version | "
-             "evaluations | tokens | ended | session |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+             "evaluations | tokens | flags | ended | session |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |"]
     for t in report["tasks"]:
         lines.append(
             f"| {t['task']} | {t['layout']} | {t['best_status'] or '-'} | "
             f"{_fmt_speed(t['best_speedup'])} | {_fmt_speed(t.get('start_speedup'))} | "
             f"{_fmt_version(t['best_version'])} | "
-            f"{t['evaluations']} | {t['tokens']} | {t['reason']} | `{t['session']}` |")
+            f"{t['evaluations']} | {t['tokens']} | {', '.join(t.get('flags') or []) or '-'} | "
+            f"{t['reason']} | `{t['session']}` |")
+    if report.get("totals"):
+        lines += ["", "**Totals:** " + _totals_line(report["totals"])]
+    notes = [t for t in report["tasks"] if t.get("note")]
+    if notes:
+        lines += ["", "## Why tasks failed", ""]
+        for t in notes:
+            lines.append(f"- **{t['task']}**")
+            lines += [f"  - {line}" for line in str(t["note"]).splitlines()]
     if report["errors"]:
         lines += ["", "## Not loaded", ""]
         lines += [f"- `{e['path']}`: {e['message']}" for e in report["errors"]]
