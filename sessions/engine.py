@@ -25,6 +25,7 @@ from sessions.evaluator import Evaluator
 from sessions.log import SessionLog, read_json_blob
 from sessions.state import FAILED_STATUSES, SessionState, fold
 from sessions.state import error_line as _error_line
+from sessions.state import rank_fields as _rank_fields
 
 Subscriber = Callable[[dict[str, Any]], None]
 Action = tuple[Any, ...]
@@ -358,7 +359,7 @@ class Engine:
                    correct=result.correct, speedup=result.speedup,
                    median_ms=timing.get("median_ms"), result_blob=blob, cancelled=False,
                    flags=list((result.integrity or {}).get("flags") or []),
-                   error=_error_line(result))
+                   error=_error_line(result), **_rank_fields(result))
 
     def _after_eval(self, number: int) -> Action | None:
         s = self.state

@@ -38,6 +38,17 @@ class PoolEvaluator:
     async def evaluate(self, task: Task, source: str) -> EvalResult:
         return await self.pool.evaluate(task, source, self.options)
 
+    async def evaluate_on_chips(self, task: Task, source: str,
+                                chips: list[str]) -> list[EvalResult]:
+        """One evaluation per TPU generation (``tilewright eval --chips``): which ones
+        the TPU compiler accepts the kernel for, with VMEM and estimate each. Untimed:
+        the verdicts and estimates are what is asked for."""
+        from dataclasses import replace
+
+        return [await self.pool.evaluate(task, source,
+                                         replace(self.options, chip=chip, timing=False))
+                for chip in chips]
+
     async def profile(self, task: Task, source: str, logdir: Path) -> dict[str, Any]:
         payload = {"task": task.to_spec(), "source": source, "filename": "kernel.py",
                    "logdir": str(logdir)}

@@ -25,6 +25,21 @@ def error_line(result: EvalResult) -> str | None:
     first = (error.message or error.kind).strip().splitlines()[0] if error.message else error.kind
     return f"{error.kind}{where}: {first[:300]}"
 
+
+def rank_fields(result: EvalResult) -> dict[str, Any]:
+    """What a ``run.result`` event records about the TPU compile and the ranking number,
+    so panes, reports and tables can say it without reading the eval JSON: where the
+    number comes from (``rank_source``), how to say it (``rank_label``, never reading
+    as a measurement when it is an estimate), the chip, the compiler's verdict and the
+    VMEM the compiler reports against the chip's scoped limit."""
+    rank = result.rank
+    tpu = result.tpu or {}
+    return {"rank_source": rank.source, "rank_label": rank.label,
+            "chip": tpu.get("chip") or rank.chip, "tpu_compile": tpu.get("compile"),
+            "vmem_bytes": tpu.get("vmem_bytes"),
+            "vmem_limit_bytes": tpu.get("vmem_limit_bytes"),
+            "estimated_speedup": rank.estimate, "measured_speedup": rank.measured}
+
 # Statuses that mean the candidate needs fixing rather than tuning.
 FAILED_STATUSES = frozenset(
     {"incorrect", "compile_error", "runtime_error", "timeout", "crashed", "rejected"})
@@ -48,6 +63,16 @@ class Version:
     result_blob: str | None = None
     run: str | None = None
     flags: tuple[str, ...] = ()  # integrity flags of the latest finished eval run
+    # Of the latest finished eval run (``rank_fields``); None in logs written before
+    # the TPU compile existed.
+    rank_source: str | None = None  # device_time | tpu_estimate | host_simulation | ...
+    rank_label: str | None = None  # "est. 1.80x on v5e (TPU compiler)"
+    chip: str | None = None  # the TPU generation the candidate was compiled for
+    tpu_compile: str | None = None  # ok | error | unavailable
+    vmem_bytes: int | None = None  # scoped VMEM the TPU compiler allocated (or refused)
+    vmem_limit_bytes: int | None = None  # the chip's scoped limit it was judged against
+    estimated_speedup: float | None = None
+    measured_speedup: float | None = None  # on a TPU: device time, beside the estimate
 
     @property
     def crownable(self) -> bool:
@@ -388,6 +413,8 @@ def _run_result(s: SessionState, e: dict[str, Any]) -> None:
     version.result_blob = e.get("result_blob")
     version.run = rid
     version.flags = tuple(e.get("flags") or ())
+    for name in _RANK_FIELDS:
+        setattr(version, name, e.get(name))
     current_best = s.versions.get(s.best_version) if s.best_version is not None else None
     if current_best is None or current_best.number == version.number:
         s._recompute_best()  # the best itself was re-measured: look at every version
@@ -404,7 +431,14 @@ def _run_result(s: SessionState, e: dict[str, Any]) -> None:
     s.best_history.append({"run": rid, "version": version.number, "status": version.status,
                            "speedup": version.speedup, "best": s.best,
                            "best_speedup": after, "t": float(e.get("t", 0.0)),
-                           "flags": list(version.flags), "error": e.get("error")})
+                           "flags": list(version.flags), "error": e.get("error"),
+                           "rank_source": version.rank_source,
+                           "rank_label": version.rank_label, "chip": version.chip,
+                           "measured_speedup": version.measured_speedup})
+
+
+_RANK_FIELDS = ("rank_source", "rank_label", "chip", "tpu_compile", "vmem_bytes",
+                "vmem_limit_bytes", "estimated_speedup", "measured_speedup")
 
 
 def _profile_result(s: SessionState, e: dict[str, Any]) -> None:
