@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from agents.base import Agent, TaskBrief
+    from agents.config import Config
     from kernels.task import Task
 
 AgentKind = Literal["offline", "anthropic", "openai", "auto"]
@@ -21,7 +22,7 @@ AGENT_KINDS = ("offline", "anthropic", "openai", "auto")  # the --agent choices
 PROVIDERS = ("anthropic", "openai")  # what [agent] provider may name
 
 
-def make_agent(kind: AgentKind, config: dict[str, Any] | None = None) -> Agent:
+def make_agent(kind: AgentKind, config: Config | dict[str, Any] | None = None) -> Agent:
     """The agent a session talks to.
 
     ``anthropic`` raises ``agents.errors.NoApiKey`` (naming ANTHROPIC_API_KEY and offering
@@ -30,7 +31,9 @@ def make_agent(kind: AgentKind, config: dict[str, Any] | None = None) -> Agent:
     listens at a key-less (local) one. ``auto`` picks ``[agent] provider`` (anthropic
     unless set) when it is usable (a key, or a key-less endpoint), else the offline agent.
     """
-    config = config or {}
+    from agents.config import coerce
+
+    config = coerce(config)  # a dict is validated like the file: unknown keys refused
     if kind == "auto":
         kind = resolve_auto(config)
     if kind == "offline":
@@ -41,15 +44,13 @@ def make_agent(kind: AgentKind, config: dict[str, Any] | None = None) -> Agent:
         from agents.claude import AnthropicProvider
         from agents.llm_agent import LLMAgent
 
-        followups = int(config.get("agent", {}).get("followups", 2))
-        return LLMAgent(AnthropicProvider(config), followups=followups)
+        return LLMAgent(AnthropicProvider(config), followups=config.agent.followups)
     if kind == "openai":
         from agents.llm_agent import LLMAgent
         from agents.openai_chat import OpenAIProvider
 
-        followups = int(config.get("agent", {}).get("followups", 2))
         provider = OpenAIProvider(config)
-        agent = LLMAgent(provider, followups=followups)
+        agent = LLMAgent(provider, followups=config.agent.followups)
         agent.label = provider.label  # "gpt-4.1", or "qwen3 at 127.0.0.1" for a local server
         return agent
     from agents.errors import AgentError
@@ -58,9 +59,11 @@ def make_agent(kind: AgentKind, config: dict[str, Any] | None = None) -> Agent:
                      f"{AGENT_KINDS[-1]}")
 
 
-def configured_provider(config: dict[str, Any] | None) -> str:
+def configured_provider(config: Config | dict[str, Any] | None) -> str:
     """``[agent] provider`` (anthropic unless set); an unknown name is a clear error."""
-    provider = str(((config or {}).get("agent") or {}).get("provider") or "anthropic")
+    from agents.config import coerce
+
+    provider = coerce(config).agent.provider or "anthropic"
     if provider not in PROVIDERS:
         from agents.errors import AgentError
 
@@ -69,7 +72,7 @@ def configured_provider(config: dict[str, Any] | None) -> str:
     return provider
 
 
-def resolve_auto(config: dict[str, Any] | None) -> str:
+def resolve_auto(config: Config | dict[str, Any] | None) -> str:
     """What ``auto`` means here: the configured provider when usable, else offline."""
     provider = configured_provider(config)
     if provider == "openai":
@@ -81,12 +84,13 @@ def resolve_auto(config: dict[str, Any] | None) -> str:
     return "anthropic" if api_key_from_env() else "offline"
 
 
-def describe_agent(kind: str | None, config: dict[str, Any] | None) -> dict[str, Any]:
+def describe_agent(kind: str | None, config: Config | dict[str, Any] | None) -> dict[str, Any]:
     """The agent a session would get, for ``tilewright config``: provider, model,
     endpoint and where the key comes from. Never the key itself; no network."""
-    config = config or {}
-    agent_cfg = config.get("agent") or {}
-    kind = kind or str(agent_cfg.get("kind") or "auto")
+    from agents.config import coerce
+
+    config = coerce(config)
+    kind = kind or config.agent.kind or "auto"
     chosen = resolve_auto(config) if kind == "auto" else kind
     info: dict[str, Any] = {"kind": kind, "provider": chosen}
     if chosen == "openai":
@@ -97,14 +101,10 @@ def describe_agent(kind: str | None, config: dict[str, Any] | None) -> dict[str,
                     key=ep.key_source or ("missing: set OPENAI_API_KEY" if ep.key_required
                                           else "none (key-less local server)"))
     elif chosen == "anthropic":
-        import os
-
         from agents.claude import DEFAULT_MODEL, api_key_from_env
 
-        info.update(model=os.environ.get("TILEWRIGHT_MODEL") or agent_cfg.get("model")
-                    or DEFAULT_MODEL,
-                    endpoint=agent_cfg.get("base_url") or os.environ.get("ANTHROPIC_BASE_URL")
-                    or "https://api.anthropic.com",
+        info.update(model=config.agent.model or DEFAULT_MODEL,
+                    endpoint=config.base_url("anthropic") or "https://api.anthropic.com",
                     key="ANTHROPIC_API_KEY" if api_key_from_env()
                     else "missing: set ANTHROPIC_API_KEY")
     return info

@@ -7,10 +7,9 @@ Streaming reads the raw server-sent events and assembles the reply here, so a to
 with malformed JSON input becomes a ``MalformedToolCall`` (answered with a follow-up)
 instead of an exception. Any other API error ends the reply with a ``Failure``.
 
-Configuration (``[agent]`` in the config file; environment wins where named):
-``model`` (TILEWRIGHT_MODEL), ``base_url`` (else ANTHROPIC_BASE_URL), ``max_tokens``,
-``max_retries`` (total attempts per reply, default 4), ``retry_base_s`` (first backoff,
-doubling, default 2.0), ``retry_max_s``, ``timeout_s``, ``prices`` (see ``agents.prices``).
+Configuration: ``[agent]`` in ``agents.config`` (``model``, else TILEWRIGHT_MODEL wins;
+``base_url``, else ANTHROPIC_BASE_URL; ``max_tokens``, ``max_retries``, ``retry_base_s``,
+``retry_max_s``, ``timeout_s``, ``prices``), where the defaults are.
 The key comes only from ANTHROPIC_API_KEY.
 """
 
@@ -24,6 +23,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from agents.base import Failure, Notice, TextDelta, ToolCall, Usage
+from agents.config import Config, coerce
 from agents.errors import NoApiKey
 from agents.prices import PRICES_AS_OF, assumed_price, cost_usd, price_for
 from agents.provider import FinalMessage, MalformedToolCall, ProviderEvent, parse_tool_input
@@ -48,19 +48,21 @@ class AnthropicProvider:
 
     name = "anthropic"
 
-    def __init__(self, config: dict[str, Any] | None = None, api_key: str | None = None) -> None:
-        agent_cfg = dict((config or {}).get("agent", {}))
+    def __init__(self, config: Config | dict[str, Any] | None = None,
+                 api_key: str | None = None) -> None:
+        cfg = coerce(config)
+        agent_cfg = cfg.agent
         self.api_key = api_key or api_key_from_env()
         if not self.api_key:
             raise NoApiKey()
-        self.model = os.environ.get("TILEWRIGHT_MODEL") or agent_cfg.get("model") or DEFAULT_MODEL
-        self.base_url = agent_cfg.get("base_url") or os.environ.get("ANTHROPIC_BASE_URL") or None
-        self.max_tokens = int(agent_cfg.get("max_tokens", 8192))
-        self.attempts = max(1, int(agent_cfg.get("max_retries", 4)))
-        self.retry_base_s = float(agent_cfg.get("retry_base_s", 2.0))
-        self.retry_max_s = float(agent_cfg.get("retry_max_s", 60.0))
-        self.timeout_s = float(agent_cfg.get("timeout_s", 600.0))
-        self.price = price_for(self.model, agent_cfg.get("prices"))
+        self.model = agent_cfg.model or DEFAULT_MODEL  # TILEWRIGHT_MODEL already applied
+        self.base_url = cfg.base_url("anthropic")
+        self.max_tokens = agent_cfg.max_tokens
+        self.attempts = max(1, agent_cfg.max_retries)
+        self.retry_base_s = agent_cfg.retry_base_s
+        self.retry_max_s = agent_cfg.retry_max_s
+        self.timeout_s = agent_cfg.timeout_s
+        self.price = price_for(self.model, agent_cfg.prices)
         self.notices: list[str] = []  # said once, before the first reply
         if self.price is None:
             assumed = assumed_price(self.model)

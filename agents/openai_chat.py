@@ -15,7 +15,8 @@ its end is retried. A server that refuses tools (a model without tool support) i
 again without them, and the model answers with a fenced block, which the shared parser
 accepts; ``tools = false`` skips that first refused request.
 
-Configuration (``[agent]``; environment where named): ``provider = "openai"``, ``model``
+Configuration (``[agent]`` in ``agents.config``, where the defaults are; environment where
+named): ``provider = "openai"``, ``model``
 (TILEWRIGHT_MODEL; default gpt-4.1), ``base_url`` (else OPENAI_BASE_URL; default
 OpenAI's API), ``tools`` (default true), ``max_tokens``, ``max_retries``, ``retry_base_s``,
 ``retry_max_s``, ``timeout_s``, ``prices``. The key comes from OPENAI_API_KEY (Gemini's
@@ -36,6 +37,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from agents.base import Failure, Notice, TextDelta, ToolCall, Usage
+from agents.config import Config, coerce
 from agents.errors import AgentError
 from agents.prices import PRICES_AS_OF, cost_usd, price_for
 from agents.provider import FinalMessage, MalformedToolCall, ProviderEvent, parse_tool_input
@@ -100,12 +102,11 @@ class Endpoint:
         return urlsplit(self.base_url).hostname or ""
 
 
-def endpoint(config: dict[str, Any] | None) -> Endpoint:
+def endpoint(config: Config | dict[str, Any] | None) -> Endpoint:
     """The effective model, endpoint and key source (no network, no key value)."""
-    agent_cfg = (config or {}).get("agent") or {}
-    model = os.environ.get("TILEWRIGHT_MODEL") or agent_cfg.get("model") or DEFAULT_MODEL
-    base = (agent_cfg.get("base_url") or os.environ.get("OPENAI_BASE_URL") or "").strip()
-    base_url = base or OPENAI_ENDPOINT
+    cfg = coerce(config)
+    model = cfg.agent.model or DEFAULT_MODEL  # TILEWRIGHT_MODEL already applied
+    base_url = (cfg.base_url("openai") or "").strip() or OPENAI_ENDPOINT
     host = urlsplit(base_url).hostname or ""
     required = any(host == h or host.endswith("." + h) for h in KEYED_HOSTS)
     source = None
@@ -117,7 +118,7 @@ def endpoint(config: dict[str, Any] | None) -> Endpoint:
     return Endpoint(str(model), base_url, source, required)
 
 
-def usable(config: dict[str, Any] | None) -> bool:
+def usable(config: Config | dict[str, Any] | None) -> bool:
     """Whether ``auto`` may pick this provider: a key, or a key-less endpoint configured."""
     ep = endpoint(config)
     return ep.key_source is not None or not ep.key_required
@@ -142,10 +143,11 @@ class OpenAIProvider:
 
     name = "openai"
 
-    def __init__(self, config: dict[str, Any] | None = None, *, check_server: bool = True
-                 ) -> None:
-        agent_cfg = dict((config or {}).get("agent") or {})
-        ep = endpoint(config)
+    def __init__(self, config: Config | dict[str, Any] | None = None, *,
+                 check_server: bool = True) -> None:
+        cfg = coerce(config)
+        agent_cfg = cfg.agent
+        ep = endpoint(cfg)
         if ep.key_required and ep.key_source is None:
             raise NoOpenAIKey(ep.base_url)
         if ep.key_source is None and check_server:
@@ -156,16 +158,16 @@ class OpenAIProvider:
         self.label = (self.model if ep.base_url == OPENAI_ENDPOINT
                       else f"{self.model} at {ep.host}")
         self._key = os.environ[ep.key_source].strip() if ep.key_source else KEYLESS
-        self.tools_enabled = bool(agent_cfg.get("tools", True))
-        self.max_tokens = int(agent_cfg.get("max_tokens", 8192))
-        self.attempts = max(1, int(agent_cfg.get("max_retries", 4)))
-        self.retry_base_s = float(agent_cfg.get("retry_base_s", 2.0))
-        self.retry_max_s = float(agent_cfg.get("retry_max_s", 60.0))
-        self.timeout_s = float(agent_cfg.get("timeout_s", 600.0))
+        self.tools_enabled = agent_cfg.tools
+        self.max_tokens = agent_cfg.max_tokens
+        self.attempts = max(1, agent_cfg.max_retries)
+        self.retry_base_s = agent_cfg.retry_base_s
+        self.retry_max_s = agent_cfg.retry_max_s
+        self.timeout_s = agent_cfg.timeout_s
         # Router and Gemini names may carry a vendor prefix ("openai/gpt-4.1",
         # "models/gemini-2.5-pro"); the table is keyed by the bare name.
-        self.price = (price_for(self.model, agent_cfg.get("prices"))
-                      or price_for(self.model.rsplit("/", 1)[-1], agent_cfg.get("prices")))
+        self.price = (price_for(self.model, agent_cfg.prices)
+                      or price_for(self.model.rsplit("/", 1)[-1], agent_cfg.prices))
         self.notices: list[str] = []
         if self.price is None:
             self.notices.append(

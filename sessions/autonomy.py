@@ -11,68 +11,29 @@ most every N evaluations otherwise) so that a diagnosis reaches the next request
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+from agents.config import Budgets, Config, ControllerConfig, coerce
 from sessions.state import SessionState
 
-
-@dataclass(frozen=True)
-class Budgets:
-    iterations: int | None = 20
-    tokens: int | None = 400_000
-    cost_usd: float | None = 5.0
-    wall_s: float | None = 3600.0
+__all__ = ["Budgets", "ControllerSettings", "budget_exhausted", "duplicate_of",
+           "should_profile", "stop_rule"]
 
 
 @dataclass(frozen=True)
-class ControllerSettings:
-    budgets: Budgets = Budgets()
-    auto_fix_attempts: int = 2  # step mode: failures sent back to the fixer unasked
-    stop_after_no_improvement: int | None = 5
-    target_speedup: float | None = None
-    propose_after_run: bool = True  # step mode: ask for the next proposal after a run
-    max_agent_failures: int = 3  # auto mode: consecutive agent failures before stopping
-    # Auto mode profiles each new best version, and any correct one once this many
-    # evaluations passed without a profile (None: only new bests); each profile gives a
-    # diagnosis that goes into the next request.
-    profile_best: bool = True
-    profile_every: int | None = 5
-    open_with_plan: bool = False  # step mode: a new session opens by asking for a plan
-    record_lessons: bool = True  # write a lesson (agents.memory) when the session ends
+class ControllerSettings(ControllerConfig):
+    """``[controller]`` with ``[budgets]``; every default is ``agents.config``'s."""
+
+    budgets: Budgets = field(default_factory=Budgets)
 
     @classmethod
-    def from_config(cls, config: dict[str, Any] | None) -> ControllerSettings:
-        """Build from tui.settings' dict (``[budgets]`` and ``[controller]`` sections)."""
-        config = config or {}
-        b = config.get("budgets") or {}
-        c = config.get("controller") or {}
-        defaults = cls()
-        budgets = Budgets(
-            iterations=_opt_int(b.get("iterations", defaults.budgets.iterations)),
-            tokens=_opt_int(b.get("tokens", defaults.budgets.tokens)),
-            cost_usd=_opt_float(b.get("cost_usd", defaults.budgets.cost_usd)),
-            wall_s=_opt_float(b.get("wall_s", defaults.budgets.wall_s)))
-        return cls(
-            budgets=budgets,
-            auto_fix_attempts=int(c.get("auto_fix_attempts", defaults.auto_fix_attempts)),
-            stop_after_no_improvement=_opt_int(
-                c.get("stop_after_no_improvement", defaults.stop_after_no_improvement)),
-            target_speedup=_opt_float(c.get("target_speedup", defaults.target_speedup)),
-            propose_after_run=bool(c.get("propose_after_run", defaults.propose_after_run)),
-            max_agent_failures=int(c.get("max_agent_failures", defaults.max_agent_failures)),
-            profile_best=bool(c.get("profile_best", defaults.profile_best)),
-            profile_every=_opt_int(c.get("profile_every", defaults.profile_every)),
-            open_with_plan=bool(c.get("open_with_plan", defaults.open_with_plan)),
-            record_lessons=bool(c.get("record_lessons", defaults.record_lessons)))
-
-
-def _opt_int(value: Any) -> int | None:
-    return None if value is None or value is False else int(value)
-
-
-def _opt_float(value: Any) -> float | None:
-    return None if value is None or value is False else float(value)
+    def from_config(cls, config: Config | Mapping[str, Any] | None) -> ControllerSettings:
+        """From the validated config (a plain dict is validated the same way)."""
+        c = coerce(config)
+        rules = {f.name: getattr(c.controller, f.name) for f in fields(ControllerConfig)}
+        return cls(budgets=c.budgets, **rules)
 
 
 def budget_exhausted(state: SessionState, settings: ControllerSettings,

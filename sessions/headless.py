@@ -22,6 +22,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, TextIO
 
+from agents.config import Config
 from sessions.autonomy import ControllerSettings
 from sessions.log import SessionLog, SessionWriteError, default_sessions_dir, resolve
 from sessions.state import SessionState, fold
@@ -106,8 +107,9 @@ def print_summary(data: dict[str, Any], out: TextIO) -> None:
     print(f"session: {data['session']}", file=out)
 
 
-async def run_auto(args: Any, config: dict[str, Any]) -> int:
+async def run_auto(args: Any, config: Config | dict[str, Any]) -> int:
     from agents import brief, make_agent
+    from agents.config import coerce
     from kernels.workers import EvalOptions, WorkerPool
     from sessions.controller import Controller
     from sessions.evaluator import PoolEvaluator
@@ -128,7 +130,8 @@ async def run_auto(args: Any, config: dict[str, Any]) -> int:
 
         task = load_task(args.task, args.overrides or None)
         options = EvalOptions(trials=args.trials, time_budget_s=args.time_budget)
-    agent = make_agent(args.agent or (config.get("agent") or {}).get("kind", "auto"), config)
+    config = coerce(config)
+    agent = make_agent(args.agent or config.agent.kind, config)  # type: ignore[arg-type]
     settings = ControllerSettings.from_config(config)
     if args.budget is not None:
         settings = replace(settings, budgets=replace(settings.budgets, iterations=args.budget))

@@ -25,6 +25,7 @@ from tui.screens.workbench import WorkbenchScreen
 from tui.widgets.status import ActivityLine
 
 if TYPE_CHECKING:  # sessions and kernels load after the first paint, in the opener
+    from agents.config import Config
     from tui.launch import ChipChoice, LaunchOptions
     from tui.link import LiveLink
 
@@ -50,7 +51,8 @@ class TilewrightApp(App):
     COMMANDS = App.COMMANDS | {WorkbenchCommands}
     BINDINGS = [Binding("ctrl+q", "quit", "Quit", id="quit", priority=True)]
 
-    def __init__(self, config: dict[str, Any] | None = None, opener: Opener | None = None,
+    def __init__(self, config: Config | dict[str, Any] | None = None,
+                 opener: Opener | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         self.config = config or {}
@@ -163,9 +165,11 @@ class TilewrightApp(App):
         self.exit()
 
 
-def apply_theme(app: App, config: dict[str, Any]) -> str | None:
+def apply_theme(app: App, config: Config | dict[str, Any]) -> str | None:
     """The config's ``[ui] theme``; an unknown name keeps the default and says so."""
-    name = str((config.get("ui") or {}).get("theme", "textual-dark"))
+    from agents.config import coerce
+
+    name = coerce(config).ui.theme
     if name in app.available_themes:
         app.theme = name
         return None
@@ -173,7 +177,7 @@ def apply_theme(app: App, config: dict[str, Any]) -> str | None:
             f"Known: {', '.join(sorted(app.available_themes))}")
 
 
-def run_app(options: LaunchOptions, config: dict[str, Any]) -> int:
+def run_app(options: LaunchOptions, config: Config | dict[str, Any]) -> int:
     from tui.launch import open_live
 
     async def opener(agent: str | None = None) -> tuple[LiveLink, ChipChoice]:

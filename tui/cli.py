@@ -12,7 +12,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from tui import settings
+from agents import config as settings
 
 SUBCOMMAND_MODULES = ("kernels.cli", "agents.cli", "sessions.cli", "sessions.cli_search",
                       "tui.commands")
@@ -57,7 +57,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "handler", None):
         parser.print_help()
         return 2
-    args.config = settings.load()
+    try:
+        args.config = settings.load()
+    except settings.ConfigError as exc:  # before any subcommand runs: a typo is not a default
+        print(f"tilewright: {exc}\n  next: {exc.next_step}", file=sys.stderr)
+        return 2
     try:
         return int(args.handler(args) or 0)
     except KeyboardInterrupt:

@@ -106,15 +106,17 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> int:
-    config: dict[str, Any] = dict(args.config)
-    path = config.pop("_path", "")
+    from agents.config import coerce, config_path
     from tui import keymap
-    from tui.settings import config_path
+
+    loaded = coerce(args.config)
+    path = loaded.path or str(config_path())
+    config = loaded.to_dict()
 
     keys = {bid: keys for bid, (keys, *_rest) in keymap.ACTIONS.items()}
     keys.update(config.get("keys") or {})
     config["keys"] = keys
-    agent = _agent_in_effect(config)
+    agent = _agent_in_effect(loaded)
     if args.json:
         print(json.dumps({"path": path, "config": config, "agent": agent}, indent=2,
                          default=str))
@@ -131,11 +133,13 @@ def _config(args: argparse.Namespace) -> int:
         key = agent["key"]
         print(f"# key: {'from ' + key if key.isupper() else key}")
     print("# effective values (defaults merged with the file):")
+    for section in ("budgets", "controller"):  # an unset limit is written as TOML's false
+        config[section] = {k: False if v is None else v for k, v in config[section].items()}
     print(_toml(config))
     return 0
 
 
-def _agent_in_effect(config: dict[str, Any]) -> dict[str, Any]:
+def _agent_in_effect(config: Any) -> dict[str, Any]:
     """Provider, model, endpoint and where the key comes from (never the key)."""
     from agents import describe_agent
     from agents.errors import AgentError

@@ -12,6 +12,8 @@ from typing import Any
 
 from textual.binding import Binding
 
+from agents.config import Config
+
 # id -> (default keys, action, footer label, description for help and the palette)
 ACTIONS: dict[str, tuple[str, str, str, str]] = {
     "approve": ("ctrl+y", "approve", "Approve", "Approve the pending proposal"),
@@ -46,9 +48,11 @@ class KeymapError(ValueError):
     pass
 
 
-def keymap_from_config(config: dict[str, Any]) -> dict[str, str]:
+def keymap_from_config(config: Config | dict[str, Any]) -> dict[str, str]:
     """The config's ``[keys]`` table, checked: unknown ids are an error naming them."""
-    keys = config.get("keys") or {}
+    from agents.config import coerce
+
+    keys = coerce(config).keys
     known = set(ACTIONS) | {"quit", "command_palette"} | _pane_binding_ids()
     unknown = sorted(k for k in keys if k not in known)
     if unknown:

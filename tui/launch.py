@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from agents.config import Config
 from tui.link import LiveLink
 
 DEFAULT_TASK = "softmax"
@@ -40,13 +41,14 @@ class ChipChoice:
     vmem_bytes: float | None
 
 
-def choose_chip(config: dict[str, Any], platform: str | None = None,
+def choose_chip(config: Config | dict[str, Any], platform: str | None = None,
                 device_kind: str | None = None) -> ChipChoice:
     """The chip the gauges and roofline use: the config's, else the device's, else (on a
     CPU host, where kernels run in TPU interpret mode) a TPU v5e target."""
+    from agents.config import coerce
     from profiling.chips import chip_for_device, get_chip
 
-    name = (config.get("backend") or {}).get("chip")
+    name = coerce(config).backend.chip
     try:
         if name:
             chip = get_chip(str(name))
@@ -86,22 +88,18 @@ def _agent(kind: str, config: dict[str, Any]):
                           offline_fallback=True) from None
 
 
-def eval_options(config: dict[str, Any]):
-    """EvalOptions from an optional ``[eval]`` table (trials, time_budget_s, timeout_s...)."""
-    from dataclasses import fields
-
+def eval_options(config: Config | dict[str, Any]):
+    """EvalOptions from the optional ``[eval]`` table (validated by ``agents.config``)."""
+    from agents.config import ConfigError, coerce
     from kernels.workers import EvalOptions
 
-    table = config.get("eval") or {}
-    known = {f.name for f in fields(EvalOptions)}
-    unknown = sorted(set(table) - known)
-    if unknown:
-        raise LaunchError(f"[eval] in the config has unknown key(s) {unknown}; "
-                          f"known: {sorted(known)}", "fix the config file")
-    return EvalOptions(**table)
+    try:
+        return EvalOptions(**coerce(config).eval)
+    except ConfigError as exc:
+        raise LaunchError(str(exc), ConfigError.next_step) from None
 
 
-async def open_live(options: LaunchOptions, config: dict[str, Any],
+async def open_live(options: LaunchOptions, config: Config | dict[str, Any],
                     app_version: str = "0") -> tuple[LiveLink, ChipChoice]:
     """Start (or resume) a session; the caller owns the returned link and closes it."""
     from kernels.workers import WorkerPool
@@ -117,7 +115,10 @@ async def open_live(options: LaunchOptions, config: dict[str, Any],
         except SessionError as exc:
             raise LaunchError(str(exc), "`tilewright sessions` lists the sessions") from None
     task = _task(options.task, loaded.header if loaded else None)
-    kind = options.agent or (config.get("agent") or {}).get("kind", "auto")
+    from agents.config import coerce
+
+    config = coerce(config)
+    kind = options.agent or config.agent.kind
     agent = _agent(kind, config)
     pool = WorkerPool(1)
     try:
@@ -137,7 +138,8 @@ async def open_live(options: LaunchOptions, config: dict[str, Any],
     return link, chip
 
 
-async def start_session(task: Any, agent: Any, evaluator: Any, config: dict[str, Any], *,
+async def start_session(task: Any, agent: Any, evaluator: Any,
+                        config: Config | dict[str, Any], *,
                         sessions_dir: Path, backend: dict[str, Any] | None, chip: ChipChoice,
                         log: Any = None, loaded: Any = None, app_version: str = "0",
                         on_close: Any = None) -> LiveLink:

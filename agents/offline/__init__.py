@@ -41,7 +41,9 @@ class OfflineAgent:
         # Lessons: read to seed the tuner, written when tuning converges (agents.memory).
         # Opt-in ([agent] remember_lessons = true): an agent built without configuration
         # (tests, scripts) must not read or write the user's lessons file behind their back.
-        self.remember = bool(self.config.get("agent", {}).get("remember_lessons", False))
+        from agents.config import coerce
+
+        self.remember = coerce(config).agent.remember_lessons
 
     async def propose(self, request: AgentRequest) -> AsyncIterator[AgentEvent]:
         if request.user_message and request.role != "analyze":
