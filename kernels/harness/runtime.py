@@ -255,7 +255,14 @@ class MaxKernelRuntime(TaskRuntime):
                 count = len(self._pairs(jax.random.key(0)))
                 base = self.task.shapes[0]
                 extra = {k: v for k, v in base.params.items() if k != "index"}
-                self._configs = [ShapeConfig(f"config_{i}", {"index": i, **extra}, "small")
+                atols = self.task.meta.get("atols") or []
+                rtols = self.task.meta.get("rtols") or []
+
+                def pick(values: list[float], i: int) -> float | None:
+                    return values[min(i, len(values) - 1)] if values else None  # reuse last
+
+                self._configs = [ShapeConfig(f"config_{i}", {"index": i, **extra}, "small",
+                                             atol=pick(atols, i), rtol=pick(rtols, i))
                                  for i in range(count)]
         return self._configs
 

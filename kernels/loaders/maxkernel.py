@@ -76,15 +76,17 @@ def load(root: Path, overrides: dict[str, Any] | None = None) -> Task:
 
     atol, atols = _tolerance(data, "atol", path, lines)
     rtol, rtols = _tolerance(data, "rtol", path, lines)
-    counts = {len(x) for x in (atols, rtols) if x is not None}
     literal_count = _literal_list_length(gen, get_inputs.name)
-    if literal_count is not None:
-        counts.add(literal_count)
-    if len(counts) > 1:
-        raise TaskError(path, f"atol/rtol lists and get_inputs() disagree on the number of "
-                        f"input configurations ({sorted(counts)})", line=_line(lines, "atol"),
-                        expected="one tolerance per configuration returned by get_inputs()")
-    count = counts.pop() if counts else 1
+    lists = [len(x) for x in (atols, rtols) if x is not None]
+    count = literal_count if literal_count is not None else max(lists, default=1)
+    warnings = []
+    if any(n != count for n in lists):
+        # MaxKernel's evaluator reuses a list's last entry for the configurations it lacks
+        warnings.append(f"{path}:{_line(lines, 'atol') or _line(lines, 'rtol')}: atol/rtol "
+                        f"list lengths {lists} differ from the {count} input configuration(s); "
+                        "the last entry is reused, as MaxKernel's evaluator does")
+    atols = _fit(atols, count)
+    rtols = _fit(rtols, count)
 
     params = _overrides(gen, overrides, path)
     shapes = tuple(
@@ -94,12 +96,16 @@ def load(root: Path, overrides: dict[str, Any] | None = None) -> Task:
     )
     meta: dict[str, Any] = {
         "task_id": data.get("task_id"),
+        # per-configuration tolerances, for configurations the worker counts itself
+        "atols": atols, "rtols": rtols,
         "configs_counted": bool(atols or rtols or literal_count is not None),
         "input_gen_line_offset": offset,
         "sort_outputs": bool(data.get("sort_outputs", False)),
     }
     if overrides:
         meta["overrides"] = dict(overrides)
+    if warnings:
+        meta["warnings"] = warnings
     task_id = data.get("task_id")
     return Task(
         name=task_id if isinstance(task_id, str) and task_id else root.name,
@@ -140,6 +146,13 @@ def _tolerance(data: dict[str, Any], key: str, path: Path,
                             expected="one number per input configuration")
         return float(max(value)), [float(v) for v in value]
     return float(value), None
+
+
+def _fit(values: list[float] | None, count: int) -> list[float] | None:
+    """A per-configuration list stretched (last entry reused) or cut to ``count``."""
+    if values is None:
+        return None
+    return (values + [values[-1]] * count)[:count]
 
 
 def _literal_list_length(gen: PySource, function: str) -> int | None:
