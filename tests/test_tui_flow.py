@@ -428,3 +428,44 @@ async def test_streamed_text_is_coalesced_into_fewer_messages_in_order(tmp_path,
         chat.flush()
         assert words in chat.transcript()
         await app.action_quit()
+
+
+async def test_status_and_history_word_the_estimate_and_the_palette_checks_chips(
+        tmp_path, gelu, pool):
+    """Off-TPU the ranking number is the TPU compiler's estimate for v5e: the status bar,
+    History and Problems say "est. ... on v5e (TPU compiler)", the compile verdict and
+    VMEM of v5e's limit; never "speedup". The chip check compiles v1 for two chips."""
+    app = make_app(tmp_path, gelu, ScriptedAgent([]), pool)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("ctrl+r")
+        await settle(app, pilot)
+        screen = app.workbench
+        run = [e for e in persisted(app) if e["type"] == "run.result"][-1]
+        assert run["rank_source"] == "tpu_estimate" and run["chip"] == "v5e"
+        assert run["tpu_compile"] == "ok" and run["vmem_limit_bytes"] == 16 * 2**20
+        assert run["rank_label"] == f"est. {run['speedup']:.2f}x on v5e (TPU compiler)"
+        bar = str(screen.query_one(StatusBar).render())
+        assert f"best v1: est. {run['speedup']:.2f}x on v5e (TPU compiler)" in bar
+        assert "TPU compile ok (v5e, VMEM " in bar and "/16.0 MiB)" in bar
+        assert "speedup" not in bar
+        history = screen.query_one(HistoryPane)
+        table = screen.query_one("#history-table")
+        cells = [str(c) for c in table.get_row_at(0)]
+        assert cells[3] == f"est. {run['speedup']:.2f}x" and cells[4].startswith("v5e ✓ ")
+        assert history.border_subtitle == f"v1: {run['rank_label']}"
+        problems = screen.query_one(ProblemsPane)
+        assert str(problems.border_subtitle).startswith("v5e: compiles · VMEM ")
+        assert str(problems.border_subtitle).endswith(run["rank_label"])
+
+        screen.check_chips(1, ["v5e", "v6e"])
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        chat = screen.query_one(ChatPane)
+        chat.flush()
+        text = "\n".join(str(n.render()) for n in chat.query(".notice"))
+        assert "v1 on TPU chips:" in text
+        assert "v5e accepted · VMEM " in text and "est. " in text and "on v6e (TPU compiler)" in text
+        # Nothing recorded: the check answers a question, it does not rank v1.
+        assert [e["type"] for e in persisted(app)].count("run.result") == 1
+        await app.action_quit()

@@ -56,6 +56,16 @@ class LiveLink:
             result = await result
         return result
 
+    async def check_chips(self, version: int, chips: list[str]) -> list[Any]:
+        """Evaluate ``version`` once per TPU generation (nothing is recorded in the
+        session: the verdicts answer a question, they do not rank the version)."""
+        evaluator = self.controller.evaluator
+        if not hasattr(evaluator, "evaluate_on_chips"):
+            raise RuntimeError("this session's evaluator cannot compile for other chips")
+        source = self.controller.log.get_blob(
+            self.state.versions[version].source_blob).decode()
+        return await evaluator.evaluate_on_chips(self.controller.task, source, chips)
+
     async def close(self) -> None:
         await self.controller.close("user quit")
         if self._on_close is not None:

@@ -14,6 +14,9 @@ from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 from tui import keymap
 
+# The generations the palette's chip check compiles for (abstract topologies off-TPU).
+CHECK_CHIPS = ("v5e", "v6e", "v5p")
+
 
 class WorkbenchCommands(Provider):
     def _commands(self) -> list[tuple[str, str, Callable[[], object]]]:
@@ -47,6 +50,13 @@ class WorkbenchCommands(Provider):
                      partial(run, "run")),
                     ("Profile the current version", f"timeline and top ops ({key('profile')})",
                      partial(run, "profile"))]
+            if state.current is not None:
+                chips = ",".join(CHECK_CHIPS)
+                out.append((f"Check v{state.current} on TPU chips {chips}",
+                            "which generations' TPU compiler accepts it (VMEM, estimate); "
+                            "like `tilewright eval --chips`",
+                            partial(screen.check_chips, state.current,  # type: ignore[attr-defined]
+                                    list(CHECK_CHIPS))))
         target = "step" if state.mode == "auto" else "autonomous"
         out.append((f"Switch to {target} mode", f"({key('auto')})", partial(run, "toggle_auto")))
         out += [("Maximize or restore the focused pane", key("maximize"),

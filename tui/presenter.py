@@ -52,11 +52,31 @@ def describe_result(event: dict[str, Any]) -> tuple[str, str]:
     if event.get("cancelled"):
         return f"run {event.get('run')} on v{v} cancelled", "warning"
     status = event.get("status", "?")
+    if event.get("correct") and event.get("rank_label"):
+        # The ranking number in words: an estimate says it is one, host simulation
+        # time is not called a speedup (and its milliseconds are the CPU's).
+        return f"v{v} correct · {event['rank_label']}", "information"
     if event.get("correct"):
         ms = event.get("median_ms")
         timing = f", {ms:.3f} ms" if isinstance(ms, int | float) else ""
         return f"v{v} correct · {_speed(event.get('speedup'))}{timing}", "information"
     return f"v{v} {status.replace('_', ' ')}", "error"
+
+
+def chip_line(chip: str, result: dict[str, Any]) -> str:
+    """One chip of a chip check: "v5e accepted · VMEM 0.2/16.0 MiB · est. 0.61x on v5e
+    (TPU compiler)", or "v5e refused: <the compiler's first line>"."""
+    from tui.problems import tpu_summary
+
+    tpu = result.get("tpu") or {}
+    verdict = {"ok": "accepted", "error": "refused", "unavailable": "not compiled"}.get(
+        tpu.get("compile"), f"not compiled ({result.get('status')})")
+    summary = tpu_summary(result).partition(" · ")[2]
+    line = f"{chip} {verdict}" + (f" · {summary}" if summary else "")
+    if tpu.get("compile") != "ok":
+        first = str(tpu.get("message") or (result.get("error") or {}).get("message") or "")
+        line += f": {first.strip().splitlines()[0][:160]}" if first.strip() else ""
+    return line
 
 
 def _tool_body(call: dict[str, Any]) -> str:
@@ -96,9 +116,13 @@ class Presenter:
         elif not pending or pending["kind"] == "plan":
             source.clear_proposal()
         self.grid.query_one(HistoryPane).show(view.history())
-        self.grid.query_one(ProblemsPane).show(view.problems())
+        self.grid.query_one(ProblemsPane).show(view.problems(), view.tpu_summary())
         profile_pane = self.grid.query_one(ProfilePane)
         number, profile = view.profile(state.current)
+        profiled = state.versions.get(number) if number is not None else None
+        profile_pane.set_compiler_vmem(
+            (profiled.chip, profiled.vmem_bytes, profiled.vmem_limit_bytes)
+            if profiled is not None and profiled.tpu_compile else None)
         if profile is not profile_pane.profile:
             profile_pane.show(profile, number, self.base_dir)
 

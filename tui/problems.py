@@ -60,6 +60,7 @@ def from_eval(result: dict[str, Any], version: int | None = None) -> list[Proble
     if status in ("timeout", "crashed") and not error:
         out.append(Problem("error", status, f"the candidate {status.replace('_', ' ')}",
                            None, version))
+    out += _from_tpu(result, version)
     for flag in (result.get("integrity") or {}).get("flags", []):
         name = flag if isinstance(flag, str) else flag.get("name", str(flag))
         detail = "" if isinstance(flag, str) else flag.get("detail", "")
@@ -67,6 +68,49 @@ def from_eval(result: dict[str, Any], version: int | None = None) -> list[Proble
             detail = detail or f"{(result['timing'] or {}).get('speedup', 0):.1f}x"
         out.append(Problem("flag", "integrity", f"{name} {detail}".strip(), None, version))
     return out
+
+
+def _from_tpu(result: dict[str, Any], version: int | None) -> list[Problem]:
+    """The TPU compiler's refusal (unless the error row already says it), or why no
+    compile or no estimate could be had on this host."""
+    tpu = result.get("tpu") or {}
+    error = result.get("error") or {}
+    chip = tpu.get("chip") or "the chip"
+    if tpu.get("compile") == "error" and error.get("kind") not in ("tpu_compile", "lowering"):
+        return [Problem("error", "tpu compile", f"refused on {chip}: "
+                        + _first_line(tpu.get("message")), None, version)]
+    if tpu.get("compile") == "unavailable":
+        return [Problem("info", "tpu compile", f"not compiled for {chip}: "
+                        + (_first_line(tpu.get("message")) or "no reason given"), None,
+                        version)]
+    if tpu.get("compile") == "ok" and tpu.get("estimate_unavailable") \
+            and result.get("status") == "correct":
+        return [Problem("info", "estimate", f"no TPU compiler estimate on {chip}: "
+                        + _first_line(tpu["estimate_unavailable"]), None, version)]
+    return []
+
+
+def tpu_summary(result: dict[str, Any] | None) -> str:
+    """One line for the Problems pane: "v5e: compiles · VMEM 2.0/16.0 MiB · est. 1.80x
+    on v5e (TPU compiler)"; empty when no TPU compile ran."""
+    from kernels.result import ranking
+
+    tpu = (result or {}).get("tpu") or {}
+    if not tpu.get("compile"):
+        return ""
+    verdict = {"ok": "compiles", "error": "refused by the TPU compiler",
+               "unavailable": "not compiled"}.get(tpu["compile"], str(tpu["compile"]))
+    parts = [f"{tpu.get('chip') or '?'}: {verdict}"]
+    used = tpu.get("vmem_bytes")
+    if isinstance(used, int | float):
+        limit = tpu.get("vmem_limit_bytes")
+        parts.append(f"VMEM {used / 2**20:.1f}"
+                     + (f"/{limit / 2**20:.1f} MiB" if isinstance(limit, int | float)
+                        else " MiB"))
+    rank = ranking(result or {})
+    if rank.source in ("tpu_estimate", "device_time", "host_simulation"):
+        parts.append(rank.label)
+    return " · ".join(parts)
 
 
 def from_profile(profile: dict[str, Any], version: int | None = None) -> list[Problem]:

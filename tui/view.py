@@ -74,7 +74,20 @@ class SessionView:
             mode=s.mode, iteration=s.spent.iterations, best_speedup=s.best_speedup,
             best_version=best, tokens=s.spent.tokens, cost_usd=s.spent.cost_usd,
             cost_known=not s.spent.cost_unknown,
-            worker=worker, confinement=self._confinement())
+            worker=worker, confinement=self._confinement(), **self._rank_status())
+
+    def _rank_status(self) -> dict[str, Any]:
+        """The best version's ranking words and the current version's TPU compile."""
+        s = self.state
+        best = s.versions.get(s.best) if s.best is not None else None
+        current = s.versions.get(s.current) if s.current is not None else None
+        out: dict[str, Any] = {"best_source": best.rank_source if best else None,
+                               "best_label": best.rank_label if best else None}
+        if current is not None and current.status is not None:
+            out.update(tpu_chip=current.chip, tpu_compile=current.tpu_compile,
+                       vmem_bytes=current.vmem_bytes,
+                       vmem_limit_bytes=current.vmem_limit_bytes)
+        return out
 
     def _confinement(self) -> str | None:
         """The sandbox level of the latest evaluation (its eval JSON says why)."""
@@ -112,7 +125,10 @@ class SessionView:
         s = self.state
         best = s.best
         return [VersionRow(v.number, v.origin, v.summary, v.status, v.speedup,
-                           current=v.number == s.current, best=v.number == best)
+                           current=v.number == s.current, best=v.number == best,
+                           rank_source=v.rank_source, rank_label=v.rank_label, chip=v.chip,
+                           tpu_compile=v.tpu_compile, vmem_bytes=v.vmem_bytes,
+                           vmem_limit_bytes=v.vmem_limit_bytes)
                 for v in s.versions.values()]
 
     def eval_result(self, number: int | None) -> dict[str, Any] | None:
@@ -128,6 +144,10 @@ class SessionView:
             if version.profile_blob:
                 return version.number, self.blobs.json(version.profile_blob)
         return None, None
+
+    def tpu_summary(self) -> str:
+        """The current version's TPU compile in one line (``tui.problems.tpu_summary``)."""
+        return problem_rows.tpu_summary(self.eval_result(self.state.current))
 
     def problems(self) -> list[Problem]:
         s = self.state

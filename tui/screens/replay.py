@@ -190,6 +190,8 @@ def _describe(event: dict[str, Any]) -> str:
         return f"v{event.get('version')} ({event.get('origin')})"
     if kind == "run.result":
         speed = event.get("speedup")
+        if event.get("rank_label") and event.get("status") == "correct":
+            return f"v{event.get('version')} correct · {event['rank_label']}"
         return f"v{event.get('version')} {event.get('status')}" + \
             (f" {speed:.2f}x" if isinstance(speed, int | float) else "")
     if kind == "mode.change":

@@ -21,7 +21,7 @@ from textual.worker import Worker, WorkerState
 
 from tui import keymap
 from tui.link import LiveLink
-from tui.presenter import Presenter, describe_result, describe_stop
+from tui.presenter import Presenter, chip_line, describe_result, describe_stop
 from tui.screens.diff import DiffScreen, SourceScreen
 from tui.screens.modals import ErrorModal, NotePrompt
 from tui.view import BlobCache, SessionView
@@ -383,6 +383,30 @@ class WorkbenchScreen(Screen):
             await self.link.command(name, *args)
         except ControllerError as exc:  # the user asked for something not possible now
             self.notify(str(exc), severity="warning", timeout=6)
+
+    @work(exclusive=True, exit_on_error=False, group="chips")
+    async def check_chips(self, version: int, chips: list[str]) -> None:
+        """Which TPU generations accept ``version``: one line per chip in the chat."""
+        if self.link is None:
+            self.notify("the session is still opening", severity="warning", timeout=3)
+            return
+        activity = self.query_one(ActivityLine)
+        activity.start(f"compiling v{version} for {', '.join(chips)}", cancellable=False)
+        try:
+            results = await self.link.check_chips(version, chips)
+        except Exception as exc:  # the worker failed, not the kernel: say so, carry on
+            self.notify(f"chip check failed: {exc}; try `tilewright eval --chips "
+                        f"{','.join(chips)}` to see the worker's output", severity="error")
+            return
+        finally:
+            activity.stop()
+        lines = [chip_line(chip, r.to_json()) for chip, r in zip(chips, results, strict=True)]
+        accepted = [c for c, r in zip(chips, results, strict=True)
+                    if (r.tpu or {}).get("compile") == "ok"]
+        self.query_one(ChatPane).add_notice(f"v{version} on TPU chips:\n" + "\n".join(lines))
+        self.notify(f"v{version}: accepted on {', '.join(accepted) or 'none'} of "
+                    f"{', '.join(chips)}", timeout=8,
+                    severity="information" if len(accepted) == len(chips) else "warning")
 
     @on(Worker.StateChanged)
     def _worker_failed(self, event: Worker.StateChanged) -> None:

@@ -14,7 +14,7 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import DataTable
 
-from tui.format import format_speedup
+from tui.format import format_rank, format_vmem
 
 STATUS_MARK = {"correct": "✓", "incorrect": "✗", "compile_error": "✗", "runtime_error": "✗",
                "timeout": "⏱", "crashed": "✗", "rejected": "⊘", None: "·"}
@@ -29,6 +29,22 @@ class VersionRow:
     speedup: float | None = None
     current: bool = False
     best: bool = False
+    rank_source: str | None = None  # where ``speedup`` comes from (kernels.result.ranking)
+    rank_label: str | None = None
+    chip: str | None = None
+    tpu_compile: str | None = None  # the TPU compiler's verdict: ok | error | unavailable
+    vmem_bytes: int | None = None
+    vmem_limit_bytes: int | None = None
+
+
+def tpu_cell(row: VersionRow) -> str:
+    """"v5e ✓ 2.0/16.0M": the chip, the compiler's verdict, VMEM of the scoped limit."""
+    if not row.tpu_compile:
+        return ""
+    mark = {"ok": "✓", "error": "✗ refused", "unavailable": "? n/a"}.get(
+        row.tpu_compile, row.tpu_compile)
+    vmem = format_vmem(row.vmem_bytes, row.vmem_limit_bytes).removeprefix("VMEM ")
+    return " ".join(x for x in (row.chip, mark, vmem.replace(" MiB", "M")) if x)
 
 
 class HistoryTable(DataTable):
@@ -63,7 +79,9 @@ class HistoryPane(Vertical):
 
     def compose(self) -> ComposeResult:
         table = HistoryTable(id="history-table", cursor_type="row")
-        table.add_columns("ver", "origin", "status", "speedup", "summary")
+        # "rank": the number that ranks versions, worded by where it comes from
+        # ("est. 1.80x": the TPU compiler's estimate; "host sim": never a speedup).
+        table.add_columns("ver", "origin", "status", "rank", "TPU", "summary")
         yield table
 
     def show(self, rows: list[VersionRow]) -> None:
@@ -76,13 +94,30 @@ class HistoryPane(Vertical):
         for row in reversed(self.rows):  # newest first
             mark = ("▶" if row.current else " ") + ("★" if row.best else " ")
             status = f"{STATUS_MARK.get(row.status, '?')} {row.status or 'not run'}"
-            speed = format_speedup(row.speedup)
+            speed = format_rank(row.rank_source, row.rank_label, row.speedup, short=True)
             summary = row.summary if len(row.summary) <= 48 else row.summary[:47] + "…"
-            table.add_row(f"{mark}v{row.version}", row.origin, status, speed, summary,
-                          key=str(row.version))
+            table.add_row(f"{mark}v{row.version}", row.origin, status, speed, tpu_cell(row),
+                          summary, key=str(row.version))
         if self.rows:
             table.move_cursor(row=min(cursor, len(self.rows) - 1))
         self.border_title = f"History · {len(self.rows)} version(s)"
+        self._subtitle()
+
+    def _subtitle(self) -> None:
+        """The highlighted version's ranking number in full words (the table shortens
+        it): "v2: est. 1.80x on v5e (TPU compiler)"."""
+        try:
+            version = self.selected_version()
+        except IndexError:  # the cursor left the table while it was refilled
+            version = None
+        row = next((r for r in self.rows if r.version == version), None)
+        self.border_subtitle = f"v{row.version}: {row.rank_label}" \
+            if row is not None and row.rank_label and row.rank_source not in (None, "none") \
+            else ""
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        event.stop()
+        self._subtitle()
 
     def selected_version(self) -> int | None:
         table = self.query_one(DataTable)

@@ -39,7 +39,11 @@ class ProblemsPane(Vertical):
         yield table
         yield Static("", id="problems-hint", markup=False)
 
-    def show(self, problems: list[Problem]) -> None:
+    def show(self, problems: list[Problem], tpu: str | None = None) -> None:
+        """``tpu``: the current version's TPU compile in one line (chip, verdict, VMEM of
+        the limit, ranking number in words), shown under the table's border."""
+        if tpu is not None:
+            self.border_subtitle = tpu
         if problems == self.problems:
             return
         self.problems = list(problems)

@@ -41,18 +41,31 @@ def _mib(n: float) -> str:
     return f"{n / 2**20:.1f}"
 
 
-def vmem_gauge(profile: dict[str, Any], vmem_capacity: float | None) -> Text:
+CompilerVmem = tuple[str | None, int | None, int | None]  # (chip, used, scoped limit)
+
+
+def vmem_gauge(profile: dict[str, Any], vmem_capacity: float | None,
+               compiler: CompilerVmem | None = None) -> Text:
     """The largest VMEM footprint of any pallas_call against its budget (the scoped
-    limit it runs under), else against the chip's."""
+    limit it runs under), else against the chip's; the static analysis' figure, with
+    the TPU compiler's own allocation beside it when the evaluation has one."""
     kernels = (profile.get("analysis") or {}).get("kernels") or []
+    beside = ""
+    if compiler is not None and isinstance(compiler[1], int | float):
+        chip, used_c, limit_c = compiler
+        beside = f" · compiler {_mib(float(used_c))}" + (
+            f"/{_mib(float(limit_c))}" if isinstance(limit_c, int | float) else "") \
+            + f" MiB{f' on {chip}' if chip else ''}"
     if not kernels:
-        return gauge("VMEM", None, "no pallas_call analysed")
+        return gauge("VMEM", None, "no pallas_call analysed" + beside)
     worst = max(kernels, key=lambda k: k.get("vmem_bytes") or 0)
     used = float(worst.get("vmem_bytes") or 0)
     budget = worst.get("vmem_budget_bytes") or worst.get("vmem_limit_bytes") or vmem_capacity
     if not budget:
-        return gauge("VMEM", None, f"{_mib(used)} MiB (capacity unknown)")
-    return gauge("VMEM", used / float(budget), f"{_mib(used)}/{_mib(float(budget))} MiB")
+        return gauge("VMEM", None, f"{_mib(used)} MiB (capacity unknown)" + beside)
+    static = "static " if beside else ""
+    return gauge("VMEM", used / float(budget),
+                 f"{static}{_mib(used)}/{_mib(float(budget))} MiB{beside}")
 
 
 def roofline_gauge(profile: dict[str, Any]) -> Text:
@@ -84,6 +97,8 @@ class ProfilePane(Vertical):
         self.profile: dict[str, Any] | None = None
         self.chip_label: str | None = None  # None: the chip the profile names
         self.vmem_capacity: float | None = None
+        # The TPU compiler's VMEM for the profiled version's evaluation, if it ran.
+        self.compiler_vmem: CompilerVmem | None = None
         self.version: int | None = None
         self.base_dir: Path | None = None
 
@@ -100,6 +115,13 @@ class ProfilePane(Vertical):
         if self.profile is not None:
             self._render_gauges()
         self._retitle()
+
+    def set_compiler_vmem(self, compiler: CompilerVmem | None) -> None:
+        if compiler == self.compiler_vmem:
+            return
+        self.compiler_vmem = compiler
+        if self.profile is not None:
+            self._render_gauges()
 
     def show(self, profile: dict[str, Any] | None, version: int | None = None,
              base_dir: Path | None = None) -> None:
@@ -132,7 +154,7 @@ class ProfilePane(Vertical):
 
     def _render_gauges(self) -> None:
         assert self.profile is not None
-        text = vmem_gauge(self.profile, self.vmem_capacity)
+        text = vmem_gauge(self.profile, self.vmem_capacity, self.compiler_vmem)
         text.append("\n")
         text.append_text(roofline_gauge(self.profile))
         self.query_one("#gauges", Static).update(text)

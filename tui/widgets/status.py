@@ -11,7 +11,12 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from tui.format import format_speedup
+from tui.format import format_rank, format_vmem
+
+# The TPU compiler's verdict in words: "refused" is the kernel's fault, "unavailable"
+# means this host could not ask the compiler (the reason is in Problems).
+COMPILE_WORDS = {"ok": ("ok", "green"), "error": ("refused", "bold red"),
+                 "unavailable": ("unavailable", "yellow")}
 
 
 @dataclass(frozen=True)
@@ -28,6 +33,15 @@ class StatusInfo:
     cost_known: bool = True  # False: a model without a price answered ("$?", not $0)
     worker: str = "starting"
     confinement: str | None = None  # level of the latest evaluation's sandbox
+    # How the best version's number reads (``tui.format.format_rank``): an estimate
+    # says so, host simulation time is never called a speedup.
+    best_source: str | None = None
+    best_label: str | None = None
+    # The TPU compiler's verdict on the current version's latest evaluation.
+    tpu_chip: str | None = None
+    tpu_compile: str | None = None  # ok | error | unavailable
+    vmem_bytes: int | None = None
+    vmem_limit_bytes: int | None = None
 
 
 def _tokens(n: int) -> str:
@@ -55,9 +69,17 @@ class StatusBar(Static):
         else:
             text.append(" STEP ", style="bold reverse cyan")
         text.append(f" · {'it' if narrow else 'iter'} {i.iteration}")
+        if i.tpu_compile:
+            verdict, style = COMPILE_WORDS.get(i.tpu_compile, (i.tpu_compile, "yellow"))
+            text.append(" · " if narrow else " · TPU compile ")
+            text.append(verdict if not narrow else f"{i.tpu_chip or ''} {verdict}".strip(),
+                        style=style)
+            vmem = format_vmem(i.vmem_bytes, i.vmem_limit_bytes)
+            if not narrow and (i.tpu_chip or vmem):
+                text.append(" (" + ", ".join(x for x in (i.tpu_chip, vmem) if x) + ")")
         if i.best_speedup is not None:
-            best = f"{format_speedup(i.best_speedup)} v{i.best_version}" if narrow \
-                else f"{format_speedup(i.best_speedup)} (v{i.best_version})"
+            what = format_rank(i.best_source, i.best_label, i.best_speedup, short=narrow)
+            best = f"v{i.best_version} {what}" if narrow else f"v{i.best_version}: {what}"
             text.append(f" · best {best}", style="green")
         else:
             text.append(" · best —")
