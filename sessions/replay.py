@@ -71,6 +71,8 @@ def describe(event: dict[str, Any]) -> str:
         detail = f"{f.get('run')} {f.get('kind')} v{f.get('version')} (by {f.get('by')})"
     elif kind == "run.result":
         speed = f" {f['speedup']:.3f}x" if f.get("speedup") is not None else ""
+        if f.get("rank_label") and f.get("rank_source") not in (None, "none"):
+            speed = f" · {f['rank_label']}"  # an estimate says so; host sim is no speedup
         detail = f"{f.get('run')} v{f.get('version')} {f.get('status')}{speed}"
     elif kind == "mode.change":
         detail = f"mode {f.get('mode')} (by {f.get('by')})"
@@ -113,10 +115,17 @@ def print_state(state: SessionState, out: TextIO) -> None:
     for v in state.versions.values():
         mark = "*" if v.number == state.best else " "
         speed = f"{v.speedup:.3f}x" if v.speedup is not None else "-"
-        print(f" {mark} v{v.number:<3} {v.origin:<9} {v.status or 'not run':<13} {speed:>9}  "
+        if v.rank_source == "tpu_estimate":
+            speed = f"est. {v.speedup:.3f}x"
+        elif v.rank_source == "host_simulation":
+            speed = f"host sim {v.speedup:.3g}"
+        print(f" {mark} v{v.number:<3} {v.origin:<9} {v.status or 'not run':<13} {speed:>12}  "
               f"{v.summary}", file=out)
     if state.best is not None:
-        print(f"best: v{state.best} ({state.best_speedup or 0:.3f}x)", file=out)
+        best = state.versions[state.best]
+        words = best.rank_label if best.rank_label and best.rank_source not in (
+            None, "none") else f"{state.best_speedup or 0:.3f}x"
+        print(f"best: v{state.best} ({words})", file=out)
     if state.pending:
         print(f"pending proposal: {state.pending}", file=out)
 
