@@ -388,8 +388,10 @@ def _print_table(report: dict[str, Any]) -> None:
     for err in report["errors"]:
         console.print(f"[red]not loaded[/] {err['message']}", markup=True, highlight=False)
     console.print(f"sessions in {report['session_dir']} (rerun the same command to resume); "
-                  "speedups measured in TPU interpret mode on a CPU host are not TPU "
-                  "performance", style="dim", highlight=False)
+                  "speedup: off a TPU, the TPU compiler's static estimate for the chip "
+                  "against the XLA reference compiled for it (a prediction, not a "
+                  "measurement); on a TPU, measured device time; interpret-mode time on a "
+                  "CPU host ranks nothing", style="dim", highlight=False)
 
 
 def markdown(report: dict[str, Any]) -> str:
