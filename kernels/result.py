@@ -1,6 +1,7 @@
 """``EvalResult``: the evaluation JSON contract (schema ``tilewright.eval/1``).
 
-Fields other tools rely on are fixed by DESIGN.md; more may be added, none renamed.
+Fields other tools rely on are fixed (docs/EVALUATION.md, ``eval_schema.json``); more may
+be added, none renamed.
 This module is imported by the app process: no JAX here.
 """
 

@@ -1,4 +1,4 @@
-"""The layering of DESIGN.md, checked: import-linter contracts, ruff, package docstrings,
+"""The layering of docs/ARCHITECTURE.md, checked: import-linter contracts, ruff, package docstrings,
 and no jax in the app process."""
 
 from __future__ import annotations

@@ -357,7 +357,8 @@ def test_alignment_rule_matches_the_tpu_lowering(shape: tuple, block: tuple) -> 
     from jax._src.mesh import AbstractDevice
     from jax.sharding import AbstractMesh, use_abstract_mesh
 
-    # The rank-1 rule asks for the TPU's tiling: lower as if on a v5e (PLATFORM_NOTES).
+    # The rank-1 rule asks for the TPU's tiling: lower as if on a v5e, whose abstract
+    # device gives the TPU layout on a CPU host.
     v5e = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice(
         device_kind="TPU v5 lite", num_cores=1, platform="tpu"))
     try:

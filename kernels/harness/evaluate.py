@@ -1,6 +1,6 @@
 """One evaluation of a candidate, inside a worker: the ``eval`` op.
 
-The order is part of the contract (DESIGN.md, "Rules the harness never bends"):
+The order is part of the contract (docs/EVALUATION.md, "The steps, in order"):
 
 1. Load the task runtime (cached per task in a warm worker) and pick the shape
    configurations meant for this host (small ones on CPU, all on hardware).
