@@ -19,6 +19,7 @@ from typing import Any
 
 from agents.base import AgentRequest, TaskBrief
 from agents.roles import SYSTEM_TEXT, pallas_guide, role_spec
+from kernels.result import is_interpret
 
 CACHE = {"type": "ephemeral"}
 _MAX_PROFILE_CHARS = 6000
@@ -135,7 +136,7 @@ def eval_text(result: dict[str, Any], source: str | None = None,
     if backend:
         lines.append(f"Backend: {backend.get('platform')} ({backend.get('mode')}); "
                      "interpret-mode timings are not TPU performance." if
-                     backend.get("mode") == "tpu-interpret" else
+                     is_interpret(backend) else
                      f"Backend: {backend.get('platform')} {backend.get('device_kind', '')}")
     lowering = result.get("lowering") or {}
     if lowering.get("tpu") not in (None, "skipped"):

@@ -20,6 +20,9 @@ STATUSES: tuple[str, ...] = (
 )
 
 
+TPU_INTERPRET = "tpu-interpret"  # Backend.mode on a host without a TPU (simulated kernels)
+
+
 @dataclass
 class Backend:
     platform: str  # cpu | tpu | gpu
@@ -27,9 +30,14 @@ class Backend:
     device_kind: str
     jax_version: str
 
+    @property
+    def is_interpret(self) -> bool:
+        """Kernels run in TPU interpret mode: timings are host simulation, not TPU time."""
+        return self.mode == TPU_INTERPRET
+
     def label(self) -> str:
         """Human label used everywhere the backend is shown, e.g. 'CPU (TPU interpret)'."""
-        if self.mode == "tpu-interpret":
+        if self.is_interpret:
             return f"{self.platform.upper()} (TPU interpret)"
         return f"{self.platform.upper()} {self.device_kind}".strip()
 
@@ -112,6 +120,13 @@ DISQUALIFYING_FLAGS = frozenset({
     "compute_outside_kernel", "nondeterministic", "suspicious_speedup", "no_pallas_call",
     "harness_tampering", "background_threads", "jax_config_changed",
 })
+
+
+def is_interpret(backend: Backend | dict[str, Any] | None) -> bool:
+    """``Backend.is_interpret`` for a backend as recorded (eval JSON, a session header)."""
+    if isinstance(backend, Backend):
+        return backend.is_interpret
+    return bool(backend) and backend.get("mode") == TPU_INTERPRET  # type: ignore[union-attr]
 
 
 def disqualifying_flags(result: dict[str, Any]) -> list[str]:

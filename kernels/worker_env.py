@@ -142,17 +142,6 @@ def worker_environment(base: Mapping[str, str] | None = None,
     return env
 
 
-def prepare_libtpu(scratch: str | None = None) -> str:
-    """Worker side, before JAX is imported: start libtpu (when installed) with the TPU
-    compiler's static-estimate flag and a per-process dump directory, or record why
-    estimates are unavailable (``kernels.harness.tpu_compile.prepare_environment``).
-    ``TILEWRIGHT_TPU_ESTIMATE=0`` in the app's environment turns the flag off. The dump
-    directory goes under ``scratch`` (the worker's writable directory) when given."""
-    from kernels.harness.tpu_compile import prepare_environment
-
-    return prepare_environment(dump_parent=scratch)
-
-
 def scrub_current_process() -> None:
     """Remove secrets from this process's own environment (worker side)."""
     for key in [k for k, v in os.environ.items() if is_secret(k) or looks_like_credential(v)]:

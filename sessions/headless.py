@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from agents.config import Config
+from kernels.result import is_interpret
 from sessions.autonomy import ControllerSettings
 from sessions.log import SessionLog, SessionWriteError, default_sessions_dir, resolve
 from sessions.state import SessionState, fold
@@ -101,7 +102,7 @@ def print_summary(data: dict[str, Any], out: TextIO) -> None:
     print(f"stopped: {data['stop_reason'] or '-'}{' (interrupted)' if data['interrupted'] else ''}"
           f"; tokens {data['tokens']}, cost {data['cost']}", file=out)
     backend = data.get("backend") or {}
-    if backend.get("mode") == "tpu-interpret":
+    if is_interpret(backend):
         print("timings: TPU interpret mode on the CPU (simulated, not TPU performance)",
               file=out)
     print(f"session: {data['session']}", file=out)

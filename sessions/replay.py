@@ -37,6 +37,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from kernels.result import is_interpret
 from sessions.log import LoadedSession, SessionError, read_blob
 from sessions.state import SessionState
 
@@ -175,7 +176,7 @@ def timing_band(recorded: dict[str, Any] | None) -> tuple[str, float, float] | N
     ``("speedup", lo, hi)`` in interpret mode, ``("median_ms", lo, hi)`` natively."""
     timing = (recorded or {}).get("timing") or {}
     backend = (recorded or {}).get("backend") or {}
-    if backend.get("mode") == "tpu-interpret" or backend.get("platform") == "cpu":
+    if is_interpret(backend) or backend.get("platform") == "cpu":
         speedup = timing.get("speedup")
         if not speedup:
             return None

@@ -14,6 +14,7 @@ import html
 import itertools
 from typing import Any
 
+from kernels.result import is_interpret
 from sessions.log import LoadedSession, read_text_blob
 from sessions.state import SessionState
 
@@ -114,7 +115,7 @@ def _header(loaded: LoadedSession, state: SessionState) -> dict[str, Any]:
     backend = h.get("backend") or {}
     return {"id": h.get("id"), "task": (h.get("task") or {}).get("name"),
             "backend": backend.get("label") or backend.get("platform") or "unknown",
-            "interpret": backend.get("mode") == "tpu-interpret", "agent": h.get("agent"),
+            "interpret": is_interpret(backend), "agent": h.get("agent"),
             "created": h.get("created"), "versions": len(state.versions),
             "evals": state.spent.runs, "tokens": state.spent.tokens,
             "cost": state.spent.cost_text()}

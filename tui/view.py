@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from kernels.result import is_interpret
 from tui import problems as problem_rows
 from tui.problems import Problem
 from tui.widgets.history import VersionRow
@@ -168,7 +169,7 @@ def _backend_label(backend: dict[str, Any]) -> str:
     if not backend:
         return "backend?"
     platform = str(backend.get("platform", "?")).upper()
-    if backend.get("mode") == "tpu-interpret":
+    if is_interpret(backend):
         return f"{platform} (TPU interpret)"
     return f"{platform} {backend.get('device_kind', '')}".strip()
 

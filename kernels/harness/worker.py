@@ -28,7 +28,8 @@ from typing import Any
 
 from kernels import confinement
 from kernels.harness import protocol
-from kernels.worker_env import prepare_libtpu, scrub_current_process
+from kernels.harness.tpu_compile import prepare_environment
+from kernels.worker_env import scrub_current_process
 
 PR_SET_PDEATHSIG = 1
 WATCHDOG_PERIOD_S = 0.5
@@ -150,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     die_with_parent(args.parent)
     scrub_current_process()
-    prepare_libtpu(args.scratch)  # before JAX loads libtpu: the compiler's estimate flag
+    # Before JAX loads libtpu: the TPU compiler's estimate flag and a per-process dump
+    # directory under the scratch dir (``TILEWRIGHT_TPU_ESTIMATE=0`` turns it off).
+    prepare_environment(dump_parent=args.scratch)
     scratch = args.scratch or os.environ.get("TMPDIR") or "/tmp"
     confined = confinement.confine(scratch)  # may fork: we continue as PID 1 of a namespace
     watch_parent()

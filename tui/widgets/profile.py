@@ -14,6 +14,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
+from kernels.result import is_interpret
 from tui.widgets.timeline import Timeline, spans_from_profile
 
 GAUGE_W = 16
@@ -147,7 +148,7 @@ class ProfilePane(Vertical):
         notes = [str((profile.get("roofline") or {}).get("note") or "")]
         notes = [n for n in notes if n]
         backend = profile.get("backend") or {}
-        if backend.get("mode") == "tpu-interpret" and not notes:
+        if is_interpret(backend) and not notes:
             notes.insert(0, "TPU interpret mode on the CPU: timings are not TPU performance")
         self.query_one("#profile-note", Static).update("\n".join(notes[:2]))
         self._retitle()
