@@ -349,6 +349,18 @@ def _totals_line(totals: dict[str, Any]) -> str:
             f"{'-' if geo is None else f'{geo:.3g}x'} · {fast}")
 
 
+def _speed_column(report: dict[str, Any]) -> str:
+    """The speedup column's title says what the number is: the TPU compiler's estimate
+    for a chip off-TPU, a measurement on a TPU."""
+    sources = {t.get("rank_source") for t in report["tasks"] if t.get("rank_source")}
+    chips = sorted({t.get("chip") for t in report["tasks"] if t.get("chip")})
+    if sources == {"tpu_estimate"}:
+        return f"est. speedup ({', '.join(chips) or 'TPU'}, compiler)"
+    if sources == {"device_time"}:
+        return "measured speedup"
+    return "speedup"
+
+
 def _fmt_speed(value: Any) -> str:
     return f"{value:.3g}x" if isinstance(value, int | float) else "-"
 
@@ -368,7 +380,7 @@ def _print_table(report: dict[str, Any]) -> None:
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1),
                   collapse_padding=True)
     for col, right in (("task", False), ("layout", False), ("best", False),
-                       ("speedup", True), ("ver", True), ("evals", True), ("tokens", True),
+                       (_speed_column(report), True), ("ver", True), ("evals", True), ("tokens", True),
                        ("flags", False), ("ended", False)):
         table.add_column(col, justify="right" if right else "left", no_wrap=col != "task",
                          overflow="fold")
@@ -397,7 +409,8 @@ def _print_table(report: dict[str, Any]) -> None:
 def markdown(report: dict[str, Any]) -> str:
     lines = [f"# Search results: {report['suite']}", "",
              f"Executor `{report['executor']}`, agent `{report['agent']}`.", "",
-             "| task | layout | best status | best speedup | start speedup | version | "
+             f"| task | layout | best status | best {_speed_column(report)} | start speedup | "
+             "version | "
              "evaluations | tokens | flags | ended | session |",
              "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |"]
     for t in report["tasks"]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,9 @@ class SearchSummary:
     cost_usd: float
     note: str | None = None  # why nothing correct came out, when it did not
     start_speedup: float | None = None  # of the first kernel (the task's, or the first written)
+    flags: list[str] = field(default_factory=list)  # integrity flags of the best version
+    rank_source: str | None = None  # what best_speedup is: tpu_estimate, device_time, ...
+    chip: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,10 +74,31 @@ def summarize(state: SearchState, session: Path | str, task: str) -> SearchSumma
         best_speedup=versions[best].speedup if best is not None else None,
         evaluations=state.evaluations(), nodes=len(state.nodes),
         tokens=state.session.spent.tokens, cost_usd=round(state.session.spent.cost_usd, 6),
-        note=None if best is not None or not state.session.errors
-        else str(state.session.errors[-1]["message"]),
+        note=None if best is not None else _failure_note(state),
+        flags=list(versions[best].flags) if best is not None else [],
+        rank_source=versions[best].rank_source if best is not None else None,
+        chip=versions[best].chip if best is not None else None,
         start_speedup=versions[state.root].speedup
         if state.root in versions and versions[state.root].correct else None)
+
+
+def _failure_note(state: SearchState) -> str | None:
+    """Why nothing correct came out: every version's failure (each template family the
+    offline agent tried, each fix) and every agent error, oldest first, once each."""
+    versions = state.session.versions
+    lines: list[str] = []
+    for point in state.session.best_history:
+        if point.get("status") == "correct" and not point.get("flags"):
+            continue
+        v = versions.get(point.get("version"))
+        what = f"v{point.get('version')} ({v.summary})" if v is not None else \
+            f"v{point.get('version')}"
+        why = point.get("error") or ", ".join(point.get("flags") or []) or point.get("status")
+        lines.append(f"{what}: {point.get('status')}: {why}")
+    for error in state.session.errors:
+        lines.append(str(error.get("message")))
+    unique = list(dict.fromkeys(line for line in lines if line))
+    return "\n".join(unique) or None
 
 
 class Search(ChildMaker):

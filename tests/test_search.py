@@ -295,3 +295,33 @@ async def test_claude_is_asked_for_a_different_strategy_per_child(tmp_path, monk
     strategies = {n.strategy for n in search.state.nodes.values() if n.round == 1}
     assert strategies == {"wider lane tiles: BLOCK_COLS 256", "taller tiles: BLOCK_ROWS 16"}
     _check_recorded_search(search.log.path)
+
+
+def test_suite_totals_are_the_figures_the_field_reports() -> None:
+    """Correct rate over every task (unloaded ones count as failures), the geometric mean
+    over correct tasks, fast_p over all tasks; the table and Markdown say what the
+    speedup is and why tasks failed."""
+    from sessions.cli_search import markdown, suite_totals
+
+    def task(name: str, status: str | None, speed: float | None, note: str | None = None):
+        return {"task": name, "layout": "jaxbench", "best_status": status,
+                "best_speedup": speed, "best_version": 2 if status == "correct" else None,
+                "start_speedup": None, "evaluations": 3, "tokens": 0, "reason": "done",
+                "session": "s", "note": note, "flags": [], "rank_source": "tpu_estimate",
+                "chip": "v5e"}
+
+    report = {"suite": "x", "executor": "local", "agent": "offline",
+              "tasks": [task("a", "correct", 2.0), task("b", "correct", 0.5),
+                        task("c", "correct", 1.6),
+                        task("d", "compile_error", None,
+                             "v1 (matmul template): compile_error: lowering: boom\n"
+                             "v2 (whole template): incorrect: 12 of 64 values")],
+              "errors": [{"path": "e", "message": "broken"}]}
+    totals = suite_totals(report)
+    assert totals["tasks"] == 5 and totals["correct"] == 3 and totals["correct_rate"] == 0.6
+    assert totals["geomean_speedup"] == pytest.approx((2.0 * 0.5 * 1.6) ** (1 / 3))
+    assert totals["fast_1"] == pytest.approx(2 / 5) and totals["fast_1.5"] == pytest.approx(2 / 5)
+    report["totals"] = totals
+    text = markdown(report)
+    assert "est. speedup (v5e, compiler)" in text and "3/5 correct (60%)" in text
+    assert "v1 (matmul template): compile_error" in text and "v2 (whole template)" in text
