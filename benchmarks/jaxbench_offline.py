@@ -116,15 +116,52 @@ def lowerable(session: str) -> bool:
     return False
 
 
+def per_task_sets(suite: Path, sets: list[str]) -> list[str]:
+    """``TASK:KEY=VALUE`` additions for tasks that refuse the preset because two keys
+    share a hard-coded size (``batch_size`` = ``out_channels`` = 128): the partner key
+    gets the same value, which is the only way the literal can be rewritten."""
+    import re
+
+    from kernels.loaders import find_tasks, load_with_shared
+    from kernels.task import TaskError
+
+    shared = dict(s.split("=", 1) for s in sets)
+    extra: list[str] = []
+    for item in find_tasks(suite):
+        if isinstance(item, TaskError):
+            continue
+        own: dict[str, str] = {}
+        for _ in range(4):
+            try:
+                load_with_shared(item.root, shared, own)
+                break
+            except TaskError as exc:
+                clash = re.search(r"--set (\w+)=(\S+): the size (\S+) is hard-coded .* "
+                                  r"also equals CONFIG\['(\w+)'\]", str(exc))
+                if not clash:
+                    break
+                key, value, _size, partner = clash.groups()
+                if partner in shared:  # both keys are in the preset: the smaller for both
+                    value = str(min(int(value), int(shared[partner])))
+                own[key] = own[partner] = value
+        extra += [f"{item.name}:{k}={v}" for k, v in own.items()]
+    return extra
+
+
 def run_suite(label: str, directory: Path, args: argparse.Namespace, scratch: Path) -> dict:
     suite = suite_dir(directory, args.only, scratch)
     started = time.perf_counter()
+    resolved = per_task_sets(suite, args.sets)
+    if resolved:
+        print(f"{label}: per-task overrides for shared sizes: {' '.join(resolved)}",
+              file=sys.stderr)
     listing = json.loads(tw("tasks", str(suite), "--no-bundled", "--json",
                             *sets_args(args.sets)).stdout)["tasks"]
     generates = {row["name"] or row["path"]: row["error"] is None for row in listing}
     search = tw("search", "--suite", str(suite), "--agent", "offline", "--budget",
                 str(args.budget), "--json", "--fresh", "--workers", "1",
-                "--session-dir", str(scratch / f"sessions-{label}"), *sets_args(args.sets))
+                "--session-dir", str(scratch / f"sessions-{label}"),
+                *sets_args(args.sets + resolved))
     try:
         report = json.loads(search.stdout)
     except json.JSONDecodeError:
