@@ -33,6 +33,7 @@ from sessions.search_graph import SearchConfig, SearchState, fold_search
 from sessions.search_plan import Action, finish_reason, plan, select_beam
 from sessions.state import error_line as _error_line
 from sessions.state import rank_fields as _rank_fields
+from sessions.tasks import task_header
 
 Subscriber = Callable[[dict[str, Any]], None]
 
@@ -132,9 +133,7 @@ class Search(ChildMaker):
         """A new session for a new search; ``meta`` goes into the header's ``search``
         field (what the suite command matches sessions by when it resumes)."""
         log = SessionLog.create(
-            sessions_dir, task={"name": task.name, "root": str(task.root),
-                                "layout": task.layout,
-                                "overrides": task.meta.get("overrides", {})},
+            sessions_dir, task=task_header(task, task.meta.get("overrides")),
             backend=backend, agent=getattr(agent, "label", agent.name), app_version=_version(),
             extra={"search": dict(meta or {}),
                    "eval_options": asdict(eval_options) if eval_options else None})

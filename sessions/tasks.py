@@ -15,9 +15,19 @@ from kernels.task import Task, TaskError
 
 
 def task_header(task: Task, overrides: dict[str, str] | None = None) -> dict[str, Any]:
-    # Absolute, so resume and replay work from any working directory.
-    return {"name": task.name, "root": str(Path(task.root).resolve()), "layout": task.layout,
-            "overrides": dict(overrides or {})}
+    """The header's ``task``: where it is (absolute, so resume and replay work from any
+    working directory), the ``--set`` overrides, and the effective shapes they gave
+    (visible configurations' parameters, and the hard-coded sizes rewritten in a
+    JAXBench baseline), so a reader of the log knows what ran."""
+    header: dict[str, Any] = {
+        "name": task.name, "root": str(Path(task.root).resolve()), "layout": task.layout,
+        "overrides": dict(overrides or {}),
+        "shapes": [{"name": s.name, "size": s.size, "params": s.params}
+                   for s in task.visible_shapes()],
+    }
+    if task.meta.get("literal_rewrites"):
+        header["literal_rewrites"] = task.meta["literal_rewrites"]
+    return header
 
 
 def task_for_header(header: dict[str, Any]) -> Task:

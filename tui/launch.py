@@ -152,8 +152,10 @@ async def start_session(task: Any, agent: Any, evaluator: Any,
 
     if log is None:
         sessions_dir.mkdir(parents=True, exist_ok=True)
-        log = SessionLog.create(sessions_dir, task={"name": task.name, "root": str(task.root),
-                                                    "layout": task.layout},
+        from sessions.tasks import task_header
+
+        log = SessionLog.create(sessions_dir,
+                                task=task_header(task, task.meta.get("overrides")),
                                 backend=backend, agent=agent.label, app_version=app_version)
         state = None
     else:
