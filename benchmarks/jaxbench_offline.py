@@ -77,7 +77,7 @@ def recheck(session: str, task_root: str, overrides: dict[str, str]) -> dict[str
     """Re-evaluate a search session's best version with fresh inputs and five trials."""
     from kernels.result import disqualifying_flags
     from sessions.log import load, read_text_blob
-    from sessions.search_graph import fold_search
+    from sessions.search.graph import fold_search
 
     loaded = load(Path(session))
     state = fold_search(loaded.header, loaded.events)

@@ -178,7 +178,7 @@ async def _search_suite(args: argparse.Namespace,
     from kernels.workers import EvalOptions
     from sessions.log import default_sessions_dir, load
     from sessions.search import summarize
-    from sessions.search_graph import Budget, SearchConfig, fold_search
+    from sessions.search.graph import Budget, SearchConfig, fold_search
 
     try:
         agent = make_agent(args.agent, getattr(args, "config", None) or {})
@@ -250,7 +250,7 @@ async def _run_one(task: Any, existing: Path | None, base: Path, agent: Any, exe
     from agents import brief
     from sessions.log import load
     from sessions.search import Search
-    from sessions.search_graph import fold_search
+    from sessions.search.graph import fold_search
 
     if existing is not None:
         loaded = load(existing)
@@ -285,7 +285,7 @@ def _backend_label(backend: dict[str, Any]) -> str:
 
 def _budget_grew(state: Any, config: Any) -> bool:
     """A search that stopped on a budget continues when this command allows more."""
-    from sessions.search_plan import budget_reason
+    from sessions.search.plan import budget_reason
 
     if not (state.ended or "").startswith("budget:") or state.config is None:
         return False

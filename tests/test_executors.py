@@ -143,7 +143,7 @@ def test_search_evaluates_through_ray(ray_executor, ray_loop, tmp_path) -> None:
     from agents import brief, make_agent
     from sessions.log import load
     from sessions.search import Search
-    from sessions.search_graph import Budget, SearchConfig
+    from sessions.search.graph import Budget, SearchConfig
 
     task = load_task("softmax", {"rows": 16, "cols": 256})  # a bundled task, shrunk
     config = SearchConfig(beam_width=2, branching=2, max_rounds=1, budget=Budget(nodes=2))

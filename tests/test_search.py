@@ -24,8 +24,8 @@ from kernels.loaders import load_task
 from kernels.workers import EvalOptions
 from sessions.log import load
 from sessions.search import Search
-from sessions.search_graph import Budget, SearchConfig, fold_search
-from sessions.search_plan import plan, select_beam
+from sessions.search.graph import Budget, SearchConfig, fold_search
+from sessions.search.plan import plan, select_beam
 
 SUITE = Path(__file__).parent / "fixtures" / "suite"
 FAST = EvalOptions(trials=1, time_budget_s=0.2, timeout_s=60.0)
@@ -232,7 +232,7 @@ def test_suite_resumes_after_kill_9(tmp_path) -> None:
 
 def test_budgets_for_tokens_cost_and_wall_time() -> None:
     """Each budget stops new expansions; wall time counts only while a search ran."""
-    from sessions.search_plan import budget_reason
+    from sessions.search.plan import budget_reason
 
     def state_with(budget: Budget, events: list[dict]):
         cfg = SearchConfig(budget=budget).to_json()

@@ -16,8 +16,8 @@ from kernels.loaders import load_task
 from kernels.workers import EvalOptions
 from sessions.log import SessionLog, load
 from sessions.search import Search
-from sessions.search_graph import Budget, SearchConfig
-from tui.search_view import SearchScreen
+from sessions.search.graph import Budget, SearchConfig
+from tui.screens.search_view import SearchScreen
 from tui.widgets.footer import KeyFooter
 
 SUITE = Path(__file__).parent / "fixtures" / "suite"

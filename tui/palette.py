@@ -72,7 +72,7 @@ class WorkbenchCommands(Provider):
         return out
 
     def _version_tree(self, session: object) -> None:
-        from tui.search_view import SearchScreen
+        from tui.screens.search_view import SearchScreen
 
         self.app.push_screen(SearchScreen(session=session))
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from textual.app import App
 
-from tui.search_view import SearchScreen
+from tui.screens.search_view import SearchScreen
 
 
 class ReviewApp(App):
@@ -79,7 +79,7 @@ async def _live(args: argparse.Namespace) -> int:
     from kernels.task import TaskError
     from sessions.log import default_sessions_dir
     from sessions.search import Search
-    from sessions.search_graph import Budget, SearchConfig
+    from sessions.search.graph import Budget, SearchConfig
 
     try:
         task = load_task(args.task, parse_overrides(args.overrides) or None)

@@ -27,7 +27,7 @@ from textual.widgets import Header, Static, Tree
 from textual.widgets.tree import TreeNode
 
 from sessions.log import load, read_blob
-from sessions.search_graph import SearchState, fold_search
+from sessions.search.graph import SearchState, fold_search
 from tui.widgets.footer import KeyFooter
 
 _ICONS = {"correct": "✓", "incorrect": "✗", "compile_error": "✗", "runtime_error": "✗",

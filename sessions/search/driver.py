@@ -1,6 +1,6 @@
 """Graph search over kernel versions: beam search and parallel independent runs.
 
-``Search`` drives ``sessions.search_graph.plan`` against one session: it asks the
+``Search`` drives ``sessions.search.plan.plan`` against one session: it asks the
 agent (or the search's own tuning steps) for children, decides, applies them as kernel
 versions and has an ``Executor`` evaluate them, several at once. Everything it does is
 an event in the session log, folded into the same ``SearchState`` it plans from, so
@@ -28,9 +28,9 @@ from kernels import tunables
 from kernels.task import Task
 from sessions.autonomy import duplicate_of
 from sessions.log import SessionLog
-from sessions.search_children import ROOT_FAMILY_CANDIDATES, ChildMaker
-from sessions.search_graph import SearchConfig, SearchState, fold_search
-from sessions.search_plan import Action, finish_reason, plan, select_beam
+from sessions.search.children import ROOT_FAMILY_CANDIDATES, ChildMaker
+from sessions.search.graph import SearchConfig, SearchState, fold_search
+from sessions.search.plan import Action, finish_reason, plan, select_beam
 from sessions.state import error_line as _error_line
 from sessions.state import rank_fields as _rank_fields
 from sessions.tasks import task_header

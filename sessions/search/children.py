@@ -23,7 +23,7 @@ from kernels import tunables
 from sessions.agent_turn import AgentTurn, stream_turn
 from sessions.context import history
 from sessions.log import read_json_blob
-from sessions.search_plan import Action
+from sessions.search.plan import Action
 
 AGENT_TIMEOUT_S = 600.0
 # First kernels of a task that names no family: one per template family, in the order

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from sessions.search_graph import RoundInfo, SearchState, SlotKey
+from sessions.search.graph import RoundInfo, SearchState, SlotKey
 
 
 @dataclass(frozen=True)
