@@ -436,7 +436,8 @@ async def test_status_and_history_word_the_estimate_and_the_palette_checks_chips
     History and Problems say "est. ... on v5e (TPU compiler)", the compile verdict and
     VMEM of v5e's limit; never "speedup". The chip check compiles v1 for two chips."""
     app = make_app(tmp_path, gelu, ScriptedAgent([]), pool)
-    async with app.run_test(size=(140, 40)) as pilot:
+    # Wide enough for the status bar's full wording (narrower ones shorten it).
+    async with app.run_test(size=(200, 40)) as pilot:
         await settle(app, pilot)
         await pilot.press("ctrl+r")
         await settle(app, pilot)

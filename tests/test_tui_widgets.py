@@ -18,6 +18,7 @@ from tui.problems import from_eval, from_profile
 from tui.screens.modals import HelpScreen
 from tui.widgets.diffview import diff_lines
 from tui.widgets.panes import PaneGrid
+from tui.widgets.status import StatusBar, StatusInfo
 from tui.widgets.timeline import Span, Timeline
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,6 +27,42 @@ ROOT = Path(__file__).resolve().parent.parent
 class TimelineApp(App):
     def compose(self) -> ComposeResult:
         yield Timeline()
+
+
+class StatusApp(App):
+    def compose(self) -> ComposeResult:
+        yield StatusBar()
+
+
+LONG_STATUS = StatusInfo(
+    task="matmul_bias_gelu", backend="CPU (TPU interpret)", chip="TPU v5e", iteration=12,
+    best_speedup=0.9, best_version=12, best_source="tpu_estimate",
+    best_label="est. 0.90x on v5e (TPU compiler)", tokens=12600, worker="idle",
+    confinement="strong", tpu_chip="v5e", tpu_compile="ok", vmem_bytes=2 * 2**20,
+    vmem_limit_bytes=16 * 2**20)
+
+
+@pytest.mark.parametrize("width,expect", [
+    (80, ["matmul_bias_gelu · v5e", "best v12 est. 0.90x"]),
+    (120, ["CPU interp→v5e", "compile ok", "best v12 est. 0.90x", "12.6k tok"]),
+    (160, ["compile ok (VMEM 2.0/16.0 MiB)", "est. 0.90x (TPU compiler)", "strong"]),
+    (210, ["TPU compile ok (v5e, VMEM 2.0/16.0 MiB)",
+           "best v12: est. 0.90x on v5e (TPU compiler)", "worker idle strong"]),
+])
+async def test_status_bar_shortens_to_keep_the_worker_state(width: int,
+                                                             expect: list[str]) -> None:
+    """The status bar drops detail, not its end: the worker state shows at every width,
+    and the estimate always says "est."."""
+    app = StatusApp()
+    async with app.run_test(size=(width, 3)) as pilot:
+        bar = app.query_one(StatusBar)
+        bar.info = LONG_STATUS
+        await pilot.pause()
+        line = bar.render()
+        assert line.cell_len <= width - 2, line.plain  # 1 cell of padding each side
+        assert line.plain.endswith(("idle", "idle strong")), line.plain
+        for part in expect:
+            assert part in line.plain, (part, line.plain)
 
 
 async def test_timeline_zoom_pan_and_select() -> None:

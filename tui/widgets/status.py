@@ -11,7 +11,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from tui.format import format_rank, format_vmem
+from tui.format import format_rank, format_speedup, format_vmem
 
 # The TPU compiler's verdict in words: "refused" is the kernel's fault, "unavailable"
 # means this host could not ask the compiler (the reason is in Problems).
@@ -48,6 +48,25 @@ def _tokens(n: int) -> str:
     return f"{n / 1000:.1f}k" if n >= 1000 else str(n)
 
 
+def _rank_medium(source: str | None, label: str | None, value: object) -> str:
+    """The ranking number without the chip the backend segment already names: still
+    worded by its source ("est. 0.90x (TPU compiler)", "1.20x measured")."""
+    if source == "tpu_estimate":
+        return f"est. {format_speedup(value)} (TPU compiler)"
+    if source == "device_time":
+        return f"{format_speedup(value)} measured"
+    return format_rank(source, label, value, short=True)
+
+
+# How much the status bar leaves out, least useful detail first, one step per level:
+# 1 the chip's repetitions (the backend segment names it), 2 shorter words, 3 the VMEM
+# figures and the sandbox level, 4 short numbers ("est. 0.90x"), 5 the word "compile",
+# 6 the backend but its chip, 7 the token count, 8 a compile verdict of "ok" (a refusal
+# stays), 9 the end of a long task name. The worker state, at the end, stays visible at
+# 80 columns.
+LEVELS = 10
+
+
 class StatusBar(Static):
     DEFAULT_CSS = """
     StatusBar { height: 1; background: $panel; color: $text; padding: 0 1; }
@@ -56,41 +75,64 @@ class StatusBar(Static):
     info: reactive[StatusInfo] = reactive(StatusInfo)
 
     def render(self) -> Text:
-        i = self.info
-        narrow = self.size.width and self.size.width < 110  # 80-column terminals
+        width = self.content_size.width
+        for level in range(LEVELS):
+            text = self.compose_line(self.info, level)
+            if not width or text.cell_len <= width:
+                return text
+        return text  # narrower than 80 columns: cut with an ellipsis
+
+    @staticmethod
+    def compose_line(i: StatusInfo, level: int = 0) -> Text:
+        """The status line at a level of detail (0: everything, ``LEVELS - 1``: least)."""
+        short_words = level >= 2  # "it", no "worker"/"TPU " words
         text = Text(no_wrap=True, overflow="ellipsis")
-        text.append(i.task, style="bold")
-        backend = i.backend.replace(" (TPU interpret)", " interp") if narrow else i.backend
-        if i.chip:
-            backend += f"→{i.chip.removeprefix('TPU ')}" if narrow else f" → {i.chip}"
-        text.append(f" · {backend} · ")
+        task = i.task if level < 9 or len(i.task) <= 12 else i.task[:11] + "…"
+        text.append(task, style="bold")
+        if level >= 6:
+            backend = (i.chip or "").removeprefix("TPU ")
+        elif short_words:
+            backend = i.backend.replace(" (TPU interpret)", " interp")
+            if i.chip:
+                backend += f"→{i.chip.removeprefix('TPU ')}"
+        else:
+            backend = i.backend + (f" → {i.chip}" if i.chip else "")
+        text.append(f" · {backend} · " if backend else " · ")
         if i.mode == "auto":
             text.append(" AUTO ", style="bold reverse yellow")
         else:
             text.append(" STEP ", style="bold reverse cyan")
-        text.append(f" · {'it' if narrow else 'iter'} {i.iteration}")
-        if i.tpu_compile:
+        text.append(f" · {'it' if short_words else 'iter'} {i.iteration}")
+        if i.tpu_compile and (level < 8 or i.tpu_compile != "ok"):
             verdict, style = COMPILE_WORDS.get(i.tpu_compile, (i.tpu_compile, "yellow"))
-            text.append(" · " if narrow else " · TPU compile ")
-            text.append(verdict if not narrow else f"{i.tpu_chip or ''} {verdict}".strip(),
-                        style=style)
-            vmem = format_vmem(i.vmem_bytes, i.vmem_limit_bytes)
-            if not narrow and (i.tpu_chip or vmem):
-                text.append(" (" + ", ".join(x for x in (i.tpu_chip, vmem) if x) + ")")
+            if level < 5:
+                text.append(" · compile " if short_words else " · TPU compile ")
+            else:
+                text.append(" · ")
+            text.append(verdict, style=style)
+            vmem = format_vmem(i.vmem_bytes, i.vmem_limit_bytes) if level < 3 else ""
+            detail = [x for x in ((i.tpu_chip if level == 0 else None), vmem) if x]
+            if detail:
+                text.append(" (" + ", ".join(detail) + ")")
         if i.best_speedup is not None:
-            what = format_rank(i.best_source, i.best_label, i.best_speedup, short=narrow)
-            best = f"v{i.best_version} {what}" if narrow else f"v{i.best_version}: {what}"
-            text.append(f" · best {best}", style="green")
+            if level == 0:
+                what = format_rank(i.best_source, i.best_label, i.best_speedup)
+            elif level < 4:
+                what = _rank_medium(i.best_source, i.best_label, i.best_speedup)
+            else:
+                what = format_rank(i.best_source, i.best_label, i.best_speedup, short=True)
+            text.append(f" · best v{i.best_version}{' ' if level >= 4 else ': '}{what}",
+                        style="green")
         else:
             text.append(" · best —")
         cost = f"${i.cost_usd:.2f}" if i.cost_known else \
             ("$?" if i.cost_usd == 0 else f"${i.cost_usd:.2f}+?")
-        text.append(f" · {_tokens(i.tokens)} tok {cost}")
+        text.append(f" · {cost}" if level >= 7 else f" · {_tokens(i.tokens)} tok {cost}")
         worker_style = {"idle": "green", "busy": "yellow", "restarting": "red",
                         "stopped": "red"}.get(i.worker, "")
-        text.append(" · " if narrow else " · worker ")
+        text.append(" · " if short_words else " · worker ")
         text.append(i.worker, style=worker_style)
-        if i.confinement and not narrow:
+        if i.confinement and level < 3:
             text.append(f" {i.confinement}", style="green" if i.confinement == "strong"
                         else "red" if i.confinement == "minimal" else "yellow")
         return text
