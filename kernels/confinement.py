@@ -189,14 +189,21 @@ def kill_tree(root: int, include_root: bool = True, rounds: int = 20) -> int:
 
 # -- worker side -------------------------------------------------------------------------
 
-def kill_descendants(rounds: int = 20) -> int:
+def kill_descendants(rounds: int = 20, keep: tuple[int, ...] | list[int] = ()) -> int:
     """Kill every process below this one and reap them (worker side, after each
     request). Works as PID 1 of a namespace and as a subreaper: either way every
-    orphan a candidate made is still below us."""
+    orphan a candidate made is still below us. ``keep``: children (pids of our own
+    namespace) spared with everything below them (the judge's warm candidate process,
+    which cleans up after itself)."""
     me = int(os.readlink("/proc/self")) if os.path.exists("/proc/self") else os.getpid()
     killed = 0
     for _ in range(rounds):
-        found = descendants(me)
+        table = _process_table()
+        spared = {p for p, parent in table.items()
+                  if parent == me and _local_pid(p) in keep}
+        for root in list(spared):  # everything below a spared child stays too
+            spared.update(descendants(root, table))
+        found = [p for p in descendants(me, table) if p not in spared]
         if not found:
             break
         for pid in found:

@@ -312,7 +312,7 @@ class WorkerPool:
         """Evaluate candidate ``source`` on ``task``; never raises for the candidate's faults."""
         options = options or EvalOptions()
         payload = {"task": task.to_spec(), "source": source, "filename": filename,
-                   "options": asdict(options)}
+                   "options": {**asdict(options), "memory_limit_mb": self.memory_limit_mb}}
         started = time.perf_counter()
         try:
             reply, stderr = await self._round_trip("eval", payload, options.timeout_s)

@@ -24,13 +24,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
+import re
 import time
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from kernels.harness import errors, integrity, timing, tpu_compile
+from kernels.harness import errors, integrity, judge, timing, tpu_compile, wire
 from kernels.harness.backend import backend_info
 from kernels.harness.compare import Host, compare, finite_or_none, to_host
 from kernels.harness.execution import (
@@ -47,6 +49,48 @@ HOST_SIM_ITERS = 3  # interpret-mode timing: host simulation time, not TPU perfo
 DEFAULT_CHIP = "v5e"  # the chip a CPU host compiles for when none is chosen
 KEEP_INPUT_BYTES = 256 << 20  # trial inputs kept between the reference and candidate passes
 _CROSS_PLATFORM_CALLBACK = "is different from the lowering platform"
+TIMED_SAMPLE = 8  # timed calls whose outputs are checked on hardware (all, off-TPU)
+TEXT_LIMIT = 64 * 1024  # any string the candidate process reports
+_PALLAS_CUSTOM_CALL = "tpu_custom_call"  # how a Pallas TPU kernel appears in StableHLO
+# What the candidate process may report as its failure (anything else: a violation).
+_CANDIDATE_STATUSES = {
+    "compile_error": {"syntax", "missing_entry", "trace", "lowering", "exit"},
+    "runtime_error": {"import", "exit", "runtime"},
+    "rejected": {"harness_tampering"},
+}
+_FAILURE_HINTS = {
+    "timeout": "Look for a loop that never ends, or raise --timeout for big shapes in "
+               "interpret mode (one interpreted call can take seconds on a CPU).",
+    "crashed": "The process died in native code; the captured stderr may say where.",
+    "exited": "Kernels must not call os._exit/sys.exit; return the output instead.",
+    "memory": "Check the sizes the kernel allocates (scratch shapes, intermediate arrays).",
+}
+# StableHLO operations that compute (not data movement), as the judge scans the TPU
+# lowering for work done outside the Pallas kernel (whose body is opaque to this scan).
+_HLO_COMPUTE = re.compile(
+    r"= stablehlo\.(add|subtract|multiply|divide|remainder|power|maximum|minimum|negate|"
+    r"abs|exponential|exponential_minus_one|log|log_plus_one|logistic|tanh|sine|cosine|"
+    r"sqrt|rsqrt|cbrt|erf|atan2|dot_general|dot|convolution|reduce|reduce_window|"
+    r"cumsum|sort)\b[^\n]*")
+_TENSOR = re.compile(r"tensor<((?:\d+x)+)[a-z]")
+
+
+def hlo_outside_compute(text: str, largest: int) -> list[str]:
+    """Compute operations in a lowered program (StableHLO text) on operands of at least
+    a quarter of ``largest`` elements: work outside every Pallas kernel."""
+    threshold = integrity.FULL_SIZE_SHARE * largest
+    found = []
+    for match in _HLO_COMPUTE.finditer(text):
+        sizes = [int(np.prod([int(d) for d in dims.rstrip("x").split("x")]))
+                 for dims in _TENSOR.findall(match.group(0))]
+        if threshold > 0 and sizes and max(sizes) >= threshold:
+            found.append(f"stablehlo.{match.group(1)} (TPU lowering)")
+    return sorted(set(found))
+
+
+def _text(value: Any, limit: int = TEXT_LIMIT) -> str | None:
+    """A string the candidate process reported, bounded; anything else is None."""
+    return value[-limit:] if isinstance(value, str) else None
 
 
 def _xla_flops(ref_fn: Any, dyn: tuple, static: tuple) -> float | None:
@@ -118,9 +162,20 @@ class Evaluation:
         self.result = EvalResult(status="correct", backend=None)
         self.chip = str(options.get("chip") or _own_chip(self.backend) or DEFAULT_CHIP)
         self.tpu_jobs: list[tuple[ShapeConfig, tuple, tuple, Any]] = []  # config, inputs, job
-        if self.lowering:
-            tpu_compile.start()  # its thread predates the candidate's: not "background_threads"
         self.shape_details: list[dict[str, Any]] = []
+        # The candidate runs in another process (kernels.harness.judge); this one judges.
+        timeout_s = float(options.get("timeout_s") or 120.0)
+        margin = min(max(0.15 * timeout_s, 0.3), 5.0)  # answer before the app kills us
+        self.deadline = time.monotonic() + timeout_s - margin
+        self.memory_limit_mb = int(options.get("memory_limit_mb") or judge.DEFAULT_MEMORY_MB)
+        self.recycle_candidate = False
+        self.candidate_info: dict[str, Any] = {"pid": None, "restarted": False,
+                                               "lowering_checked": False}
+        self.out_trees: dict[str, str] = {}
+        self.current_config = ""
+        self._leftovers = 0
+        self.timed_checked = 0
+        self.timed_failure: str | None = None
 
     # -- driver ----------------------------------------------------------------------
 
@@ -133,12 +188,18 @@ class Evaluation:
             self._run()
         except _Stop:
             pass
-        finally:
-            self._restore()
         if self.result.tpu is None and self.tpu_jobs:
+            saved = (self.result.status, self.result.error)
             with contextlib.suppress(_Stop):
                 self._tpu_verdict(None, apply=False)  # stopped early: still say what it compiled to
+            self.result.status, self.result.error = saved
+        self._finish_candidate()
         result = self.result
+        self.candidate_info["started"] = judge.process().started
+        result.extra["candidate_process"] = self.candidate_info
+        if self._leftovers:
+            result.extra["candidate_leftover_processes"] = self._leftovers
+            self.flags.append("spawned_processes")
         result.integrity = {"flags": sorted(set(self.flags))}
         if self.outside_compute:
             result.integrity["outside_compute"] = self.outside_compute[:20]
@@ -146,17 +207,6 @@ class Evaluation:
                             interpret=self.interpret)
         result.duration_s = time.perf_counter() - started
         return result
-
-    def _restore(self) -> None:
-        """Undo what a candidate may have changed in this process's JAX configuration."""
-        if self.snapshot is None:
-            return
-        changed, restored = self.snapshot.restore_config()
-        if changed:
-            self.flags.append("jax_config_changed")
-            self.result.extra["jax_config_changed"] = changed
-            if not restored:
-                self.recycle = True
 
     def _phase(self, name: str, since: float) -> None:
         self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - since
@@ -219,17 +269,15 @@ class Evaluation:
             self._fail("runtime_error", "task", exc, message=str(exc))
         self._phase("reference_s", t)
 
-        # 3. the candidate
+        # 3. the candidate, in its own process
         t = time.perf_counter()
-        self.snapshot = integrity.ModuleSnapshot()
-        entry = self._load_candidate(runtime)
-        self._check_tampering()
+        self._load_candidate(runtime)
         self._phase("load_s", t)
 
         # 4 + 5. trace, lower, run, compare: configuration by configuration
         for config in configs:
             self.shape_details.append(self._check_config(
-                runtime, entry, config, seeds[config.name], references[config.name]))
+                runtime, config, seeds[config.name], references[config.name]))
         details = self.shape_details
         failed = [d for d in details if not d["correct"]]
         abs_diffs = [d["max_abs_diff"] for d in details if d["max_abs_diff"] is not None]
@@ -247,9 +295,6 @@ class Evaluation:
         t = time.perf_counter()
         self._tpu_verdict(runtime)  # joins the background compiles; a refusal stops here
         self._phase("tpu_wait_s", t)
-        if self.snapshot is not None and self.snapshot.new_threads():
-            self.flags.append("background_threads")
-            self.recycle = True  # they would run on during the next candidate's timing
         if not all_correct:
             self.result.status = "incorrect"
             return
@@ -257,7 +302,7 @@ class Evaluation:
         # 6. timing
         if self.timing:
             t = time.perf_counter()
-            self._time(runtime, entry, configs, seeds)
+            self._time(runtime, configs, seeds, references)
             self._phase("timing_s", t)
 
     # -- steps -----------------------------------------------------------------------
@@ -281,30 +326,103 @@ class Evaluation:
                        "marked size='small' run (TPU interpret mode is slow).")
         return host
 
-    def _jit(self, fn: Any, dyn: tuple, static: tuple) -> Any:
-        import jax
+    # -- the candidate process (kernels.harness.candidate via kernels.harness.judge) --
 
-        static_argnums = tuple(range(len(dyn), len(dyn) + len(static))) or None
-        return jax.jit(fn, static_argnums=static_argnums)
-
-    def _load_candidate(self, runtime: Any) -> Any:
-        from kernels.harness.runtime import MissingEntryPoint
-
+    def _candidate(self, op: str, header: dict[str, Any], blob: bytes = b"",
+                   max_blob: int = 1 << 20) -> tuple[dict[str, Any], bytes]:
+        """One request to the candidate process. A killed process (timeout, crash, exit,
+        memory, a forged or malformed reply) ends the evaluation with that status; an
+        error the candidate's code raised ends it with the status the process names."""
+        proc = judge.process()
+        proc.memory_limit_mb = self.memory_limit_mb
+        self.candidate_info["pid"] = proc.pid
         try:
-            return runtime.load_candidate(self.source, self.filename)
-        except SyntaxError as exc:
-            self._fail("compile_error", "syntax", exc,
-                       message=f"SyntaxError: {exc.msg} (line {exc.lineno})")
-        except MissingEntryPoint as exc:
-            self._fail("compile_error", "missing_entry", exc, message=str(exc),
-                       hint=f"Define `def {self.task.entry}(*inputs)` at module level; it "
-                            "receives the task's inputs and returns the output.")
-        except BaseException as exc:  # import-time failure, sys.exit included
-            self._fail("runtime_error", "exit" if isinstance(exc, SystemExit) else "import",
-                       exc)
-        raise AssertionError("unreachable")
+            reply, data = proc.request(op, header, blob, self.deadline, max_blob)
+        except judge.CandidateFailure as failure:
+            self.candidate_info.update(killed=failure.kind, restarted=True)
+            proc.start()  # a fresh one warms up for the next evaluation
+            kind = "crashed" if failure.kind == "protocol" else failure.kind
+            self._fail("timeout" if kind == "timeout" else "crashed", kind,
+                       message=failure.message, hint=_FAILURE_HINTS.get(kind))
+        self.candidate_info["pid"] = proc.pid
+        self._leftovers += int(reply.get("leftover_processes") or 0)
+        if reply.get("ok") is True:
+            return reply, data
+        status = reply.get("status")
+        error = reply.get("error") if isinstance(reply.get("error"), dict) else {}
+        kind = error.get("kind")
+        if status not in _CANDIDATE_STATUSES or kind not in _CANDIDATE_STATUSES[status]:
+            self._protocol_violation(f"an unknown failure {status!r}/{kind!r}")
+        if kind == "harness_tampering":
+            self.flags.append("harness_tampering")
+            self.recycle_candidate = True
+        message = _text(error.get("message")) or kind
+        line = error.get("line") if isinstance(error.get("line"), int) else None
+        if line is None and kind == "runtime" and len(self.pallas_lines) == 1:
+            line = self.pallas_lines[0]  # a failure inside an interpreted kernel
+        from kernels.result import EvalError
 
-    def _check_config(self, runtime: Any, entry: Any, config: ShapeConfig,
+        self.result.status = status
+        self.result.error = EvalError(kind=kind, message=message, line=line,
+                                      traceback=_text(error.get("traceback")),
+                                      hint=_text(error.get("hint")))
+        raise _Stop
+
+    def _protocol_violation(self, what: str) -> None:
+        judge.process().kill()
+        judge.process().start()
+        self.candidate_info.update(killed="protocol", restarted=True)
+        self._fail("crashed", "crashed", message=f"the candidate process sent {what}; it was "
+                   "killed and replaced", hint=_FAILURE_HINTS["crashed"])
+
+    def _outputs(self, reply: dict[str, Any], data: bytes, expected: Host) -> Host:
+        """The candidate's outputs as untrusted data: allowlisted dtypes, exact sizes."""
+        try:
+            leaves = wire.unpack_arrays(reply.get("arrays"), data)
+        except wire.ProtocolError as exc:
+            self._protocol_violation(f"malformed outputs ({exc})")
+        tree = self.out_trees.get(self.current_config) or expected.tree
+        dtype = leaves[0].dtype if leaves else None
+        return Host([np.asarray(leaf).astype(np.float32) for leaf in leaves], tree, dtype)
+
+    def _max_blob(self, expected: Host) -> int:
+        """Outputs may be at most this large: twice the reference's, in float64, plus 1 MiB."""
+        return 2 * sum(int(leaf.size) * 8 for leaf in expected.leaves) + (1 << 20)
+
+    def _load_candidate(self, runtime: Any) -> None:
+        self._candidate("load", {"spec": self.spec, "filename": self.filename,
+                                 "interpret": self.interpret, "chip": self.chip,
+                                 "lowering": self.lowering}, self.source.encode())
+
+    def _finish_candidate(self) -> None:
+        """Put back what the candidate changed in its process; decide whether the process
+        stays warm for the next evaluation."""
+        proc = judge.process()
+        if proc.proc is None or not proc.ready:
+            return
+        try:
+            reply, _ = proc.request("finish", {}, b"", max(self.deadline,
+                                                            time.monotonic() + 5.0))
+        except judge.CandidateFailure:
+            proc.start()
+            return
+        changed = [c for c in reply.get("config_changed") or [] if isinstance(c, str)]
+        if changed:
+            self.flags.append("jax_config_changed")
+            self.result.extra["jax_config_changed"] = changed[:20]
+            if not reply.get("restored"):
+                self.recycle_candidate = True
+        if reply.get("threads"):
+            self.flags.append("background_threads")
+            self.recycle_candidate = True  # they would run on during the next timing
+        if reply.get("tampered") and "harness_tampering" not in self.flags:
+            self.recycle_candidate = True
+        if self.recycle_candidate:
+            proc.kill()
+            proc.start()
+            self.candidate_info["restarted"] = True
+
+    def _check_config(self, runtime: Any, config: ShapeConfig,
                       seeds: list[int], references: list[Host]) -> dict[str, Any]:
 
         atol, rtol = runtime.tolerance(config, references[0].dtype)
@@ -315,62 +433,29 @@ class Evaluation:
         }
         if not config.held_out:
             detail["params"] = config.params
+        self.current_config = config.name
         dyn, static = self._inputs(runtime, config, seeds[0])
-        fn = self._jit(entry, dyn, static)
 
         t = time.perf_counter()
-        try:
-            # under the chip's abstract device: lowering asks the trace's context which
-            # TPU it is for (integer division, sign), and a CPU is not an answer
-            with tpu_compile.abstract_device(self.chip if self.lowering else None):
-                traced = fn.trace(*dyn, *static)
-        except BaseException as exc:
-            self._fail("compile_error", "exit" if isinstance(exc, SystemExit) else "trace", exc)
-        self._check_tampering()
-        self.pallas_lines = integrity.pallas_call_lines(traced.jaxpr, self.filename)
-        if not integrity.contains_pallas_call(traced.jaxpr):
-            self.flags.append("no_pallas_call")
-            if self.task.require_pallas:
-                self._fail("rejected", "no_pallas_call", message="the candidate contains no "
-                           "pallas_call, and this task requires a Pallas kernel",
-                           hint="Write the computation as a pl.pallas_call kernel; a plain "
-                                "jax.numpy rewrite is not accepted for this task.")
-        else:
-            outside = integrity.outside_compute(traced.jaxpr, self.filename)
-            if outside:  # the work is done by XLA around the kernel, not by the kernel
-                self.flags.append("compute_outside_kernel")
-                self.outside_compute = sorted({*self.outside_compute, *outside})
-        if self.lowering:
-            try:
-                with tpu_compile.abstract_device(self.chip):  # a TPU, not the host, answers
-                    traced.lower(lowering_platforms=("tpu",))
-            except Exception as exc:
-                message = errors.short_message(exc)
-                if _CROSS_PLATFORM_CALLBACK in message and self.interpret:
-                    # Host callbacks (pure_callback, debug.print) need a live TPU backend
-                    # to lower for TPU: a limit of this host, not the candidate's fault.
-                    self.result.lowering = {"tpu": "skipped", "message": "host callbacks "
-                                            "cannot be lowered for TPU without a TPU: "
-                                            + message}
-                else:
-                    self.result.lowering = {"tpu": "error", "message": message,
-                                            "shape": config.name}
-                    self._fail("compile_error", "lowering", exc)
-                    self.lowering_limited = True
-            else:
-                if not self.lowering_limited:
-                    self.result.lowering = {"tpu": "ok", "message": None}
-                self._submit_tpu_compile(fn, config, dyn, static)
+        facts, _ = self._candidate("prepare", {"config": config.name},
+                                   judge.pickled(dyn, static))
+        self._judge_facts(config, facts, dyn, references[0])
         self._phase("trace_lower_s", t)
 
         t = time.perf_counter()
         worst_abs, worst_rel = 0.0, 0.0
+        max_blob = self._max_blob(references[0])
         for trial, (seed, expected) in enumerate(zip(seeds, references, strict=True)):
             if trial:
                 dyn, static = self._inputs(runtime, config, seed)
-            out = self._execute(fn, dyn, static)
+            blob = judge.pickled(dyn, static)
+            started = time.perf_counter()
+            out = self._outputs(*self._candidate("run", {"config": config.name}, blob,
+                                                 max_blob), expected)
+            self._phase("kernel_run_s", started)
             if trial == 0:
-                again = self._execute(fn, dyn, static)
+                again = self._outputs(*self._candidate("run", {"config": config.name}, blob,
+                                                       max_blob), expected)
                 if not integrity.outputs_identical(out.leaves, again.leaves):
                     self.flags.append("nondeterministic")
             if integrity.is_degenerate(expected.leaves):  # every trial: the same flags each run
@@ -392,6 +477,64 @@ class Evaluation:
         self._phase("trials_s", t)
         return detail
 
+    def _judge_facts(self, config: ShapeConfig, facts: dict[str, Any], dyn: tuple,
+                     expected: Host) -> None:
+        """Decide from what the candidate process reported, checking what can be checked:
+        the TPU lowering's StableHLO text is scanned here for the Pallas custom call and
+        for compute outside it; the jaxpr-derived facts are the candidate process's word
+        (docs/SECURITY.md says what remains trusted)."""
+        lines = facts.get("pallas_lines")
+        self.pallas_lines = [x for x in lines if isinstance(x, int)][:50] \
+            if isinstance(lines, list) else []
+        self.out_trees[config.name] = _text(facts.get("out_tree")) or ""
+        hlo = facts.get("hlo_text") if isinstance(facts.get("hlo_text"), str) else None
+        claims_pallas = facts.get("pallas_call") is True
+        has_pallas = claims_pallas if hlo is None else _PALLAS_CUSTOM_CALL in hlo
+        if hlo is not None:
+            self.candidate_info["lowering_checked"] = True
+        if hlo is not None and claims_pallas != has_pallas:
+            self.flags.append("harness_tampering")
+            self.recycle_candidate = True
+            self._fail("rejected", "harness_tampering", message="the candidate process's "
+                       "report contradicts its TPU lowering (pallas_call "
+                       f"{'claimed' if claims_pallas else 'denied'}, the lowered program "
+                       f"{'has' if has_pallas else 'has no'} Pallas kernel)")
+        if not has_pallas:
+            self.flags.append("no_pallas_call")
+            if self.task.require_pallas:
+                self._fail("rejected", "no_pallas_call", message="the candidate contains no "
+                           "pallas_call, and this task requires a Pallas kernel",
+                           hint="Write the computation as a pl.pallas_call kernel; a plain "
+                                "jax.numpy rewrite is not accepted for this task.")
+        else:
+            outside = [x for x in facts.get("outside_compute") or [] if isinstance(x, str)]
+            if hlo is not None:
+                sizes = [int(np.prod(getattr(a, "shape", ()))) for a in dyn]
+                sizes += [int(leaf.size) for leaf in expected.leaves]
+                outside += hlo_outside_compute(hlo, max(sizes, default=0))
+            if outside:  # the work is done by XLA around the kernel, not by the kernel
+                self.flags.append("compute_outside_kernel")
+                self.outside_compute = sorted({*self.outside_compute, *outside})
+        lowering = facts.get("lowering")
+        if isinstance(lowering, dict) and lowering.get("tpu") in ("ok", "skipped", "error"):
+            found = {"tpu": lowering["tpu"], "message": _text(lowering.get("message"))}
+            if found["tpu"] == "error":
+                self.result.lowering = {**found, "shape": config.name}
+                error = facts.get("lowering_error") or {}
+                from kernels.result import EvalError
+
+                self.lowering_limited = True
+                self.result.status = "compile_error"
+                self.result.error = EvalError(
+                    kind="lowering", message=_text(error.get("message")) or found["message"]
+                    or "lowering failed", line=error.get("line") if isinstance(
+                        error.get("line"), int) else None,
+                    traceback=_text(error.get("traceback")), hint=_text(error.get("hint")))
+                raise _Stop
+            if found["tpu"] == "skipped" or not self.lowering_limited:
+                self.result.lowering = found
+            self.tpu_jobs.append((config, dyn, (), None))
+
     def _inputs(self, runtime: Any, config: ShapeConfig, seed: int) -> tuple[tuple, tuple]:
         """Inputs for one trial. Kept from the reference pass while they are small (the
         candidate never saw them: it was loaded later); rebuilt from the same key when
@@ -408,35 +551,13 @@ class Evaluation:
             self._kept_bytes += size
         return inputs
 
-    def _execute(self, fn: Any, dyn: tuple, static: tuple) -> Host:
+    def _time(self, runtime: Any, configs: list[ShapeConfig],
+              seeds: dict[str, list[int]], references: dict[str, list[Host]]) -> None:
+        """Time the candidate's compiled program from here (the judge's clock, round trip
+        of a ``call`` on inputs staged just before), every timed call on fresh inputs;
+        the outputs of a random sample of them (all, off-TPU) are checked against
+        references computed here. Then stop the candidate process and time the baseline."""
         import jax
-
-        t = time.perf_counter()
-        try:
-            with execution_mode(self.interpret):
-                out = jax.block_until_ready(fn(*dyn, *static))
-            self._phase("kernel_run_s", t)  # compile (first call) + run of the candidate
-        except BaseException as exc:
-            if self.interpret:
-                reset_interpret_state()
-            kind = "exit" if isinstance(exc, SystemExit) else "runtime"
-            self._fail("runtime_error", kind, exc)
-        self._check_tampering()
-        return to_host(out)
-
-    def _check_tampering(self) -> None:
-        """After every piece of candidate code ran: before its outputs are compared."""
-        assert self.snapshot is not None
-        changed = self.snapshot.changed()
-        if changed:
-            self.flags.append("harness_tampering")
-            self.recycle = True
-            shown = ", ".join(changed[:5]) + (" ..." if len(changed) > 5 else "")
-            self._fail("rejected", "harness_tampering", message="the candidate replaced "
-                       f"attributes of modules the harness relies on: {shown}")
-
-    def _time(self, runtime: Any, entry: Any, configs: list[ShapeConfig],
-              seeds: dict[str, list[int]]) -> None:
 
         visible = [c for c in configs if not c.held_out] or configs
         # The biggest visible configuration: the one where the kernel's work dominates.
@@ -445,22 +566,66 @@ class Evaluation:
             dyn, static = self._inputs(runtime, config, seeds[config.name][0])
             sized.append((sum(int(np.prod(a.shape)) for a in dyn), config, dyn, static))
         _, config, dyn, static = max(sized, key=lambda item: item[0])
-        kernel_fn = self._jit(entry, dyn, static)
+        self.current_config = config.name
         ref_fn = jitted_reference(runtime, len(dyn), len(static))
         budget = self.time_budget_s / 2
         # Off-TPU the interpreter's time is a host simulation time: a few calls, no more.
         iters = self.iters or (HOST_SIM_ITERS if self.interpret else None)
+        expected = references[config.name][0]
+        max_blob = self._max_blob(expected)
+        atol, rtol = runtime.tolerance(config, expected.dtype)
+        rng = random.SystemRandom()
+
+        def one_call(check: bool) -> float:
+            seed = rng.getrandbits(32)
+            fresh = runtime.make_inputs(config, jax.random.PRNGKey(seed))
+            self._candidate("stage", {"config": config.name}, judge.pickled(*fresh))
+            started = time.perf_counter()
+            self._candidate("call", {})
+            elapsed = time.perf_counter() - started
+            if check:
+                with execution_mode(self.interpret):
+                    want = to_host(ref_fn(*fresh[0], *fresh[1]))
+                got = self._outputs(*self._candidate("fetch", {}, b"", max_blob), want)
+                verdict = compare(got, want, atol, rtol)
+                self.timed_checked += 1
+                if not verdict.close:
+                    self.timed_failure = verdict.reason
+            return elapsed
+
+        warm = one_call(check=True)
+        if iters is None:
+            target = min(max(int(budget / max(warm, 1e-6)), timing.MIN_ITERS), timing.MAX_ITERS)
+        else:
+            target = max(int(iters), 1)
+        # Which calls are checked is drawn here and never told: all of them off-TPU.
+        checked = set(range(target)) if self.interpret or target <= TIMED_SAMPLE else \
+            set(rng.sample(range(target), TIMED_SAMPLE))
+        samples: list[float] = []
+        deadline = time.perf_counter() + budget
+        for i in range(target):
+            samples.append(one_call(check=i in checked))
+            if self.timed_failure is not None:
+                break
+            if iters is None and len(samples) >= timing.MIN_ITERS \
+                    and time.perf_counter() > deadline:
+                break
+        if self.timed_failure is not None:
+            self.result.status = "incorrect"
+            self.result.correctness = {**(self.result.correctness or {}), "correct": False,
+                                       "reason": f"{config.name}: timed call: "
+                                                 f"{self.timed_failure}"}
+            return
+        kernel = timing.summarize(samples, warmup=1, extra_s=warm)
+        proc = judge.process()
         try:
-            with execution_mode(self.interpret):
-                t = time.perf_counter()
-                kernel = timing.measure(kernel_fn, (*dyn, *static), budget, iters)
-                self._phase("kernel_timing_s", t)
+            with proc.paused(), execution_mode(self.interpret):
                 baseline = timing.measure(ref_fn, (*dyn, *static), budget, iters)
         except Exception as exc:
             if self.interpret:
                 reset_interpret_state()
-            self._fail("runtime_error", "runtime", exc)
-        self._check_tampering()  # a patched clock would fake the speedup
+            self._fail("runtime_error", "task", exc, message=f"timing the reference "
+                       f"failed: {errors.short_message(exc)}")
         flops, flops_source = None, "task"
         with contextlib.suppress(Exception):
             flops = runtime.flops(config, dyn)
@@ -469,6 +634,8 @@ class Evaluation:
         self.result.timing = timing.record(kernel, baseline, self.backend["mode"], config.name,
                                            flops)
         self.result.timing["flops_source"] = flops_source if flops is not None else None
+        self.result.timing["clock"] = "judge (round trip to the candidate process)"
+        self.result.timing["checked_calls"] = self.timed_checked
         if self.interpret:
             self.result.timing["label"] = "host simulation time"
         if (self.result.timing["speedup"] or 0.0) > integrity.SUSPICIOUS_SPEEDUP:
@@ -476,44 +643,31 @@ class Evaluation:
 
     # -- the TPU compiler (kernels.harness.tpu_compile) --------------------------------
 
-    def _submit_tpu_compile(self, fn: Any, config: ShapeConfig, dyn: tuple,
-                            static: tuple) -> None:
-        """Lower for the session's chip now (tracing runs candidate code: checked for
-        tampering right after) and compile in the background, overlapped with the
-        trials. On a TPU host the compile is the device's own, done at once."""
-        where, why = tpu_compile.target(self.chip)
-        if where is None:
-            self.tpu_jobs.append((config, dyn, static, why))
-            return
-        try:
-            lowered = tpu_compile.lower(fn, dyn, static, where)
-        except Exception as exc:
-            self._check_tampering()
-            self.tpu_jobs.append((config, dyn, static, exc))
-            return
-        self._check_tampering()
-        job = tpu_compile.submit(lowered, where)
-        if where.native:
-            job.result()  # the dump directory must not see the trials' own compiles
-        self.tpu_jobs.append((config, dyn, static, job))
-
     def _tpu_verdict(self, runtime: Any, apply: bool = True) -> None:
         """The ``tpu`` section from the compiles; with ``apply``, a refusal by the TPU
         compiler makes the evaluation a compile_error naming the compiler's message."""
         if not self.tpu_jobs:
             return
+        proc = judge.process()
+        if not proc.ready:  # killed: nothing compiled to report
+            return
+        reply, _ = self._candidate("verdicts", {})
+        by_config = {v.get("config"): v for v in reply.get("verdicts") or []
+                     if isinstance(v, dict)}
         verdicts = []
-        for config, dyn, static, job in self.tpu_jobs:
-            if isinstance(job, str):
-                found = {"compile": "unavailable", "message": job}
-            elif isinstance(job, BaseException):
-                message = errors.short_message(job)
-                unavailable = _CROSS_PLATFORM_CALLBACK in message or "callback" in message
-                found = {"compile": "unavailable" if unavailable else "error",
-                         "kind": "lowering", "message": message}
-            else:
-                found = job.result()
+        for config, dyn, static, _job in self.tpu_jobs:
+            found = by_config.get(config.name)
+            if found is None:
+                continue
+            found = {k: found.get(k) for k in ("compile", "message", "kind", "vmem_bytes",
+                                                "vmem_limit_bytes", "estimate",
+                                                "estimate_unavailable", "compile_s")}
+            if found["compile"] not in ("ok", "error", "unavailable"):
+                self._protocol_violation("a TPU compile verdict that is not one")
+            found["message"] = _text(found["message"])
             verdicts.append((config, dyn, static, found))
+        if not verdicts:
+            return
         refused = [v for v in verdicts if v[3]["compile"] == "error"]
         sized = [v for v in verdicts if not v[0].held_out] or verdicts
         config, dyn, static, found = (refused or [max(

@@ -109,7 +109,9 @@ def serve(sock: socket.socket, confined: dict[str, Any] | None = None) -> None:
         # Whatever the candidate forked (setsid, double fork, a listener) ends with the
         # request that started it.
         try:
-            reply["leftover_processes"] = confinement.kill_descendants()
+            from kernels.harness.judge import kept_pids
+
+            reply["leftover_processes"] = confinement.kill_descendants(keep=kept_pids())
         except OSError:
             reply["leftover_processes"] = None
         _flush_stdio()
@@ -164,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     import jax  # noqa: F401  -- once, up front: this is what makes the worker warm
 
     warm_up()
+    from kernels.harness import judge
+
+    judge.process().start()  # the candidate process imports JAX while we wait for work
     serve(sock, confined)
     return 0
 

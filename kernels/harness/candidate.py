@@ -1,0 +1,378 @@
+"""The candidate process: ``python -m kernels.harness.candidate --fd N --scratch DIR``.
+
+Started by the judge (the worker, ``kernels.harness.judge``), confined the same way
+(``kernels.confinement.confine``: its own nested namespaces and Landlock domain, so it
+can reach neither the judge's memory nor the app's socket, which it never inherits).
+It is the only process that imports or runs candidate code. It never sees reference
+outputs or the seeds of other trials: it gets inputs and returns outputs.
+
+What is checked is what runs: per configuration the candidate's entry is traced ONCE
+(``jax.jit(entry).trace``); the TPU lowering (sent to the judge as StableHLO text), the
+TPU compile (verdict and estimate) and the executable used for every trial and timed
+call are all built from that one jaxpr (``jaxpr_as_fun``), so the candidate's Python
+(stack sniffing included) runs at trace time only. A ``pure_callback`` still runs
+Python at call time: its outputs are checked, timed calls included.
+
+Ops (judge -> candidate; one at a time, each answered once, ``id`` echoed):
+``load`` ``prepare`` ``run`` ``stage`` ``call`` ``fetch`` ``verdicts`` ``finish``
+``ping``. A failure is ``{ok: false, status, error}`` with the contract's error object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+from kernels import confinement
+from kernels.harness import wire
+
+HLO_TEXT_LIMIT = 8 << 20  # the TPU lowering's text sent to the judge
+_CROSS_PLATFORM_CALLBACK = "is different from the lowering platform"
+
+
+class _Failure(Exception):
+    def __init__(self, status: str, error: dict[str, Any]) -> None:
+        super().__init__(error.get("message"))
+        self.status = status
+        self.error = error
+
+
+class Server:
+    """State of one evaluation in this process (dropped by ``finish``)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.runtime: Any = None
+        self.entry: Any = None
+        self.snapshot: Any = None
+        self.filename = "kernel.py"
+        self.interpret = False
+        self.chip: str | None = None
+        self.lowering = True
+        self.programs: dict[str, dict[str, Any]] = {}
+        self.jobs: list[tuple[str, Any]] = []
+        self.staged: tuple[str, list[Any]] | None = None
+        self.last: Any = None
+
+    # -- helpers -----------------------------------------------------------------------
+    def _describe(self, exc: BaseException, kind: str) -> dict[str, Any]:
+        from kernels.harness import errors
+
+        return errors.describe(exc, kind, self.filename)
+
+    def _check_tampering(self) -> None:
+        changed = self.snapshot.changed() if self.snapshot is not None else []
+        if changed:
+            shown = ", ".join(changed[:5]) + (" ..." if len(changed) > 5 else "")
+            raise _Failure("rejected", {
+                "kind": "harness_tampering", "line": None, "traceback": None, "hint": None,
+                "message": "the candidate replaced attributes of modules the harness relies "
+                           f"on: {shown}", "changed": changed[:50]})
+
+    def _args(self, blob: bytes) -> tuple[list[Any], tuple]:
+        dyn, static = pickle.loads(blob)  # from the judge: trusted direction
+        import jax
+
+        return jax.tree.leaves(dyn), tuple(static)
+
+    # -- ops -----------------------------------------------------------------------------
+    def load(self, header: dict[str, Any], blob: bytes) -> dict[str, Any]:
+        from kernels.harness import integrity
+        from kernels.harness.execution import task_runtime
+        from kernels.harness.runtime import MissingEntryPoint
+
+        self.reset()
+        self.filename = header.get("filename") or "kernel.py"
+        self.interpret = bool(header.get("interpret"))
+        self.chip = header.get("chip")
+        self.lowering = bool(header.get("lowering", True))
+        self.runtime = task_runtime(header["spec"])  # the task's code: not the candidate's
+        if self.lowering:
+            from kernels.harness import tpu_compile
+
+            tpu_compile.start()  # before the snapshot: its thread is not the candidate's
+        self.snapshot = integrity.ModuleSnapshot()
+        source = blob.decode()
+        try:
+            self.entry = self.runtime.load_candidate(source, self.filename)
+        except SyntaxError as exc:
+            error = self._describe(exc, "syntax")
+            error["message"] = f"SyntaxError: {exc.msg} (line {exc.lineno})"
+            raise _Failure("compile_error", error) from None
+        except MissingEntryPoint as exc:
+            error = self._describe(exc, "missing_entry")
+            error["message"] = str(exc)
+            entry = self.runtime.task.entry
+            error["hint"] = (f"Define `def {entry}(*inputs)` at module level; it receives "
+                             "the task's inputs and returns the output.")
+            raise _Failure("compile_error", error) from None
+        except BaseException as exc:  # import-time failure, sys.exit included
+            kind = "exit" if isinstance(exc, SystemExit) else "import"
+            raise _Failure("runtime_error", self._describe(exc, kind)) from None
+        self._check_tampering()
+        return {}
+
+    def prepare(self, header: dict[str, Any], blob: bytes) -> dict[str, Any]:
+        """Trace once; facts from the jaxpr; the TPU lowering's text; the TPU compile
+        (in the background); the executable every trial and timed call will run."""
+        import jax
+        from jax.extend.core import jaxpr_as_fun
+
+        from kernels.harness import errors, integrity, tpu_compile
+        from kernels.harness.execution import execution_mode, reset_interpret_state
+
+        name = header["config"]
+        dyn, static = pickle.loads(blob)  # from the judge: trusted direction
+        flat = jax.tree.leaves(dyn)
+        static_argnums = tuple(range(len(dyn), len(dyn) + len(static))) or None
+        fn = jax.jit(self.entry, static_argnums=static_argnums)
+        try:
+            with tpu_compile.abstract_device(self.chip if self.lowering else None):
+                traced = fn.trace(*dyn, *static)
+        except BaseException as exc:
+            kind = "exit" if isinstance(exc, SystemExit) else "trace"
+            raise _Failure("compile_error", self._describe(exc, kind)) from None
+        self._check_tampering()
+        closed = traced.jaxpr
+        facts: dict[str, Any] = {
+            "pallas_call": integrity.contains_pallas_call(closed),
+            "pallas_lines": integrity.pallas_call_lines(closed, self.filename),
+            "outside_compute": integrity.outside_compute(closed, self.filename),
+            "out_tree": str(jax.tree.structure(traced.out_info)),
+            "lowering": None, "hlo_text": None,
+        }
+        # From here on no candidate Python runs: the jaxpr is re-bound, not re-traced.
+        program = jax.jit(jaxpr_as_fun(closed))
+        if self.lowering:
+            try:
+                with tpu_compile.abstract_device(self.chip):
+                    lowered = program.trace(*flat).lower(lowering_platforms=("tpu",))
+                facts["hlo_text"] = lowered.as_text()[:HLO_TEXT_LIMIT]
+                facts["lowering"] = {"tpu": "ok", "message": None}
+            except Exception as exc:
+                message = errors.short_message(exc)
+                if _CROSS_PLATFORM_CALLBACK in message and self.interpret:
+                    facts["lowering"] = {"tpu": "skipped", "message": "host callbacks cannot "
+                                         "be lowered for TPU without a TPU: " + message}
+                else:
+                    facts["lowering"] = {"tpu": "error", "message": message, "shape": name}
+                    facts["lowering_error"] = self._describe(exc, "lowering")
+                    return facts
+            else:
+                self._submit(name, program, flat)
+        if self.interpret:  # the same jaxpr, its pallas_calls switched to interpret mode
+            program = jax.jit(jaxpr_as_fun(with_interpret(closed)))
+        try:
+            with execution_mode(self.interpret):
+                compiled = program.lower(*flat).compile()
+        except BaseException as exc:
+            if self.interpret:
+                reset_interpret_state()
+            kind = "exit" if isinstance(exc, SystemExit) else "runtime"
+            raise _Failure("runtime_error", self._describe(exc, kind)) from None
+        self.programs[name] = {"compiled": compiled}
+        return facts
+
+    def _submit(self, name: str, program: Any, flat: list[Any]) -> None:
+        from kernels.harness import tpu_compile
+
+        where, why = tpu_compile.target(self.chip or "v5e")
+        if where is None:
+            self.jobs.append((name, why))
+            return
+        try:
+            lowered = tpu_compile.lower(program, tuple(flat), (), where)
+        except Exception as exc:
+            self.jobs.append((name, exc))
+            return
+        job = tpu_compile.submit(lowered, where)
+        if where.native:
+            job.result()  # the dump directory must not see the trials' own compiles
+        self.jobs.append((name, job))
+
+    def _execute(self, name: str, flat: list[Any]) -> list[Any]:
+        import jax
+
+        from kernels.harness.execution import execution_mode, reset_interpret_state
+
+        compiled = self.programs[name]["compiled"]
+        try:
+            with execution_mode(self.interpret):
+                out = jax.block_until_ready(compiled(*flat))
+        except BaseException as exc:
+            if self.interpret:
+                reset_interpret_state()
+            kind = "exit" if isinstance(exc, SystemExit) else "runtime"
+            raise _Failure("runtime_error", self._describe(exc, kind)) from None
+        self._check_tampering()
+        return list(out)
+
+    def run(self, header: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
+        flat, _ = self._args(blob)
+        meta, data = wire.pack_arrays(self._execute(header["config"], flat))
+        return {"arrays": meta}, data
+
+    def stage(self, header: dict[str, Any], blob: bytes) -> dict[str, Any]:
+        import jax
+
+        flat, _ = self._args(blob)
+        self.staged = (header["config"], [jax.block_until_ready(jax.device_put(a))
+                                          for a in flat])
+        self.last = None
+        return {}
+
+    def call(self, header: dict[str, Any], blob: bytes) -> dict[str, Any]:
+        if self.staged is None:
+            raise _Failure("runtime_error", {"kind": "runtime", "message": "nothing staged",
+                                             "line": None, "traceback": None, "hint": None})
+        name, flat = self.staged
+        self.staged = None  # every timed call gets inputs of its own
+        self.last = self._execute(name, flat)
+        return {}
+
+    def fetch(self, header: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
+        meta, data = wire.pack_arrays(self.last or [])
+        return {"arrays": meta}, data
+
+    def verdicts(self, header: dict[str, Any], blob: bytes) -> dict[str, Any]:
+        from kernels.harness import errors
+
+        found = []
+        for name, job in self.jobs:
+            if isinstance(job, str):
+                item = {"compile": "unavailable", "message": job}
+            elif isinstance(job, BaseException):
+                message = errors.short_message(job)
+                unavailable = _CROSS_PLATFORM_CALLBACK in message or "callback" in message
+                item = {"compile": "unavailable" if unavailable else "error",
+                        "kind": "lowering", "message": message}
+            else:
+                item = job.result()
+            found.append({"config": name, **item})
+        return {"verdicts": found}
+
+    def finish(self, header: dict[str, Any], blob: bytes) -> dict[str, Any]:
+        """Put back jax.config, report threads and tampering, drop the evaluation."""
+        report: dict[str, Any] = {"config_changed": [], "restored": True, "threads": [],
+                                  "tampered": []}
+        if self.snapshot is not None:
+            report["tampered"] = self.snapshot.changed()[:50]
+            report["threads"] = self.snapshot.new_threads()[:20]
+            report["config_changed"], report["restored"] = self.snapshot.restore_config()
+        self.reset()
+        return report
+
+    def ping(self, header: dict[str, Any], blob: bytes) -> dict[str, Any]:
+        return {}
+
+
+def with_interpret(closed: Any) -> Any:
+    """``closed`` with every ``pallas_call`` set to TPU interpret mode (Pallas fixes the
+    mode when the call is traced; off-TPU the traced program must run interpreted).
+    Nothing else changes: no candidate Python runs."""
+    from jax.experimental.pallas import tpu as pltpu
+    from jax.extend.core import ClosedJaxpr, Jaxpr
+
+    params = pltpu.InterpretParams()
+
+    def jaxpr(value: Any) -> Any:
+        eqns = []
+        for eqn in value.eqns:
+            if eqn.primitive.name == "pallas_call":
+                eqns.append(eqn.replace(params={**eqn.params, "interpret": params}))
+            else:
+                eqns.append(eqn.replace(params={k: rewrite(v) for k, v in eqn.params.items()}))
+        return value.replace(eqns=eqns)
+
+    def rewrite(value: Any) -> Any:
+        if isinstance(value, ClosedJaxpr):
+            return value.replace(jaxpr=jaxpr(value.jaxpr))
+        if isinstance(value, Jaxpr):
+            return jaxpr(value)
+        if isinstance(value, tuple | list) and any(isinstance(v, ClosedJaxpr | Jaxpr)
+                                                   for v in value):
+            return type(value)(rewrite(v) for v in value)
+        return value
+
+    return rewrite(closed)
+
+
+def serve(sock: socket.socket) -> None:
+    server = Server()
+    wire.send(sock, {"type": "ready", "pid": os.getpid()})
+    while True:
+        try:
+            header, blob = wire.recv(sock)
+        except (wire.ChannelClosed, OSError, wire.ProtocolError):
+            return
+        op = str(header.get("op"))
+        reply: dict[str, Any] = {"id": header.get("id"), "ok": True}
+        data = b""
+        started = time.perf_counter()
+        try:
+            handler = getattr(server, op) if op in OPS else None
+            if handler is None:
+                raise _Failure("crashed", {"kind": "crashed", "message": f"unknown op {op!r}",
+                                           "line": None, "traceback": None, "hint": None})
+            out = handler(header, blob)
+            if isinstance(out, tuple):
+                out, data = out
+            reply.update(out)
+        except _Failure as failure:
+            reply.update(ok=False, status=failure.status, error=failure.error)
+        except BaseException as exc:  # a harness bug: say so, keep serving
+            reply.update(ok=False, status="runtime_error",
+                         error=server._describe(exc, "runtime"))
+        reply["handler_s"] = time.perf_counter() - started
+        try:  # whatever the candidate forked ends with the request that started it
+            reply["leftover_processes"] = confinement.kill_descendants()
+        except OSError:
+            reply["leftover_processes"] = None
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        try:
+            wire.send(sock, reply, data)
+        except OSError:
+            os._exit(0)  # the judge is gone
+
+
+OPS = ("load", "prepare", "run", "stage", "call", "fetch", "verdicts", "finish", "ping")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from kernels.harness.tpu_compile import prepare_environment
+    from kernels.harness.worker import die_with_parent, warm_up, watch_parent
+
+    parser = argparse.ArgumentParser(prog="python -m kernels.harness.candidate")
+    parser.add_argument("--fd", type=int, required=True, help="inherited socket to the judge")
+    parser.add_argument("--parent", type=int, required=True, help="pid of the judge")
+    parser.add_argument("--scratch", required=True, help="the only writable directory")
+    args = parser.parse_args(argv)
+    die_with_parent(args.parent)
+    # Before JAX loads libtpu: the estimate flag, dumping under our own scratch dir.
+    prepare_environment(dump_parent=args.scratch)
+    confinement.confine(args.scratch)  # may fork: we continue inside new namespaces
+    watch_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sock = socket.socket(fileno=args.fd)
+    sock.setblocking(True)
+    import jax  # noqa: F401
+
+    warm_up()
+    serve(sock)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

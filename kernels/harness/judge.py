@@ -1,0 +1,294 @@
+"""The judge's side of the candidate process (``kernels.harness.candidate``).
+
+The worker process the app talks to is the judge: it keeps the inputs, reference
+outputs, comparisons, integrity decisions and the baseline's timing, and never imports
+candidate code. Candidate code runs in one child process per worker, started here,
+confined like the worker (nested namespaces, its own Landlock domain and scratch
+directory), connected by a socketpair framed by ``kernels.harness.wire``. The child
+inherits no other descriptor (not the app's socket) and never sees the reply nonce.
+
+A candidate process that crashes, exits, hangs past the evaluation's deadline, grows
+past the memory limit or breaks the protocol (a forged or oversized reply) is killed
+with every descendant and replaced; ``CandidateFailure.kind`` says which. While the
+judge times the XLA baseline the candidate process tree is stopped (SIGSTOP) and
+continued after (SIGCONT), so it cannot compete for the CPU or the interpreter lock.
+The process is kept warm between evaluations unless the last one left it untrustworthy
+(tampering, threads, a jax.config it could not put back).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from kernels import confinement
+from kernels.harness import wire
+from kernels.harness.protocol import ProtocolError
+
+STARTUP_TIMEOUT_S = 180.0
+DEFAULT_MEMORY_MB = 16 * 1024
+
+
+class CandidateFailure(Exception):
+    """The candidate process had to be killed: ``kind`` is timeout, crashed, exited,
+    memory or protocol (a reply that does not answer the request, or is malformed)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+def _host_pid(pid: int) -> int:
+    """The host's number for ``pid`` (a pid of this process's own PID namespace)."""
+    depth = _ns_depth("self")
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and _ns_pids(entry)[depth - 1:depth] == [pid]:
+            return int(entry)
+    return pid
+
+
+def _ns_pids(proc: str) -> list[int]:
+    try:
+        with open(f"/proc/{proc}/status") as fh:
+            for line in fh:
+                if line.startswith("NSpid:"):
+                    return [int(x) for x in line.split()[1:]]
+    except (OSError, ValueError):
+        pass
+    return []
+
+
+def _ns_depth(proc: str) -> int:
+    return max(len(_ns_pids(proc)), 1)
+
+
+def _local(host_pid: int, depth: int) -> int | None:
+    """``host_pid`` as this process names it (its NSpid entry at our namespace's depth)."""
+    pids = _ns_pids(str(host_pid))
+    return pids[depth - 1] if len(pids) >= depth else None
+
+
+class CandidateProcess:
+    """One candidate process: started on demand, replaced after a failure."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.sock: socket.socket | None = None
+        self.ready = False
+        self.ids = 0
+        self.started = 0  # how many processes this judge has started
+        self.memory_limit_mb = DEFAULT_MEMORY_MB
+        self.scratch_root = os.environ.get("TMPDIR") or tempfile.gettempdir()
+        self.depth = _ns_depth("self")
+
+    # -- life cycle ------------------------------------------------------------------
+    def start(self) -> None:
+        """Start a process now (it imports JAX in parallel with whatever we do next)."""
+        if self.proc is not None:
+            return
+        scratch = tempfile.mkdtemp(prefix="candidate-", dir=self.scratch_root)
+        mine, theirs = socket.socketpair()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "kernels.harness.candidate", "--fd",
+                 str(theirs.fileno()), "--parent", str(os.getpid()), "--scratch", scratch],
+                pass_fds=(theirs.fileno(),), close_fds=True, stdin=subprocess.DEVNULL,
+                env=_candidate_env(scratch))
+        finally:
+            theirs.close()
+        self.sock = mine
+        self.ready = False
+        self.started += 1
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def ensure(self, deadline: float) -> None:
+        self.start()
+        if self.ready:
+            return
+        try:
+            header, _ = self._recv(max(deadline, time.monotonic() + 1.0), 1 << 16)
+        except CandidateFailure as failure:
+            raise CandidateFailure(failure.kind, "the candidate process did not start: "
+                                   + failure.message) from None
+        if header.get("type") != "ready":
+            self.kill()
+            raise CandidateFailure("protocol", "the candidate process did not start (no "
+                                   "ready message)")
+        self.ready = True
+
+    def kill(self) -> None:
+        """Kill the process and every process below it; the next ``start`` is fresh."""
+        if self.proc is None:
+            return
+        pids = self._tree()
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            self.proc.wait(5.0)
+        if self.sock is not None:
+            self.sock.close()
+        self.proc, self.sock, self.ready = None, None, False
+
+    def _tree(self) -> list[int]:
+        """Our candidate process and its descendants, as pids of our namespace."""
+        if self.proc is None:
+            return []
+        root = _host_pid(self.proc.pid)
+        found = [self.proc.pid]
+        for host in confinement.descendants(root):
+            local = _local(host, self.depth)
+            if local is not None:
+                found.append(local)
+        return found
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """SIGSTOP the whole tree (it cannot run while the judge times the baseline)."""
+        stopped: list[int] = []
+        if self.proc is not None:
+            for _ in range(3):  # a fork between scan and stop: scan again
+                new = [p for p in self._tree() if p not in stopped]
+                if not new:
+                    break
+                for pid in new:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGSTOP)
+                    stopped.append(pid)
+        try:
+            yield
+        finally:
+            for pid in stopped:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGCONT)
+
+    def rss_mb(self) -> float:
+        total = 0
+        root = _host_pid(self.proc.pid) if self.proc is not None else None
+        if root is None:
+            return 0.0
+        for host in (root, *confinement.descendants(root)):
+            with contextlib.suppress(OSError, ValueError, IndexError), \
+                    open(f"/proc/{host}/statm") as fh:
+                total += int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        return total / (1 << 20)
+
+    # -- requests ----------------------------------------------------------------------
+    def request(self, op: str, header: dict[str, Any], blob: bytes, deadline: float,
+                max_blob: int = 1 << 20) -> tuple[dict[str, Any], bytes]:
+        """One round trip; raises CandidateFailure (the process was killed)."""
+        self.ensure(deadline)
+        assert self.sock is not None
+        self.ids += 1
+        try:
+            wire.send(self.sock, {**header, "op": op, "id": self.ids}, blob)
+        except OSError:
+            raise self._death() from None
+        reply, data = self._recv(deadline, max_blob)
+        if reply.get("id") != self.ids or "ok" not in reply:
+            self.kill()
+            raise CandidateFailure("protocol", "the candidate process sent a message that "
+                                   "does not answer this request (a forged reply?); it was "
+                                   "killed")
+        return reply, data
+
+    def _recv(self, deadline: float, max_blob: int) -> tuple[dict[str, Any], bytes]:
+        assert self.sock is not None
+
+        def watch() -> None:
+            if self.rss_mb() > self.memory_limit_mb:
+                raise CandidateFailure("memory", "")
+
+        try:
+            return wire.recv(self.sock, deadline, max_header=16 << 20, max_blob=max_blob,
+                             tick=watch)
+        except wire.ChannelTimeout:
+            self.kill()
+            raise CandidateFailure("timeout", "the candidate did not finish before the "
+                                   "evaluation's deadline; its process was killed") from None
+        except CandidateFailure as failure:
+            self.kill()
+            raise CandidateFailure("memory", f"the candidate process exceeded the memory "
+                                   f"limit of {self.memory_limit_mb} MB and was killed (a "
+                                   "huge allocation or a leak)") from failure
+        except ProtocolError as exc:
+            self.kill()
+            raise CandidateFailure("protocol", f"the candidate process sent a malformed "
+                                   f"reply ({exc}); it was killed") from None
+        except (wire.ChannelClosed, OSError):
+            raise self._death() from None
+
+    def _death(self) -> CandidateFailure:
+        code = None
+        if self.proc is not None:
+            try:
+                code = self.proc.wait(5.0)
+            except subprocess.TimeoutExpired:
+                code = None
+        self.kill()
+        if code is not None and code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            why = {"SIGABRT": "aborted (os.abort, a failed assertion in native code)",
+                   "SIGSEGV": "segmentation fault", "SIGBUS": "bus error",
+                   "SIGKILL": "killed (possibly by the system's out-of-memory killer)",
+                   "SIGFPE": "floating-point exception"}.get(name, "killed by a signal")
+            return CandidateFailure("crashed", f"the candidate process crashed: {name}, {why}")
+        return CandidateFailure("exited", f"the candidate process exited with code {code} "
+                                "during the request (os._exit or sys.exit outside the harness)")
+
+
+def _candidate_env(scratch: str) -> dict[str, str]:
+    """The judge's (already allowlisted) environment, with the candidate's own scratch
+    and without the judge's libtpu dump directory (the candidate cannot write there; it
+    prepares its own, ``kernels.harness.tpu_compile.prepare_environment``)."""
+    from kernels.harness import tpu_compile
+
+    env = {**os.environ, "TMPDIR": scratch}
+    dump = env.pop(tpu_compile.DUMP_ENV, None)
+    if dump:
+        flag = f"{tpu_compile.FLAG}={dump}"
+        env["LIBTPU_INIT_ARGS"] = env.get("LIBTPU_INIT_ARGS", "").replace(flag, "").strip()
+    env.pop(tpu_compile.STATE_ENV, None)
+    return env
+
+
+def pickled(dyn: tuple, static: tuple) -> bytes:
+    """Inputs for the candidate process: leaves as host numpy arrays (pickle protocol 5,
+    raw buffers; the candidate unpickles what the judge sends, never the reverse)."""
+    import jax
+    import numpy as np
+
+    host = jax.tree.map(lambda a: np.asarray(a) if isinstance(a, jax.Array) else a, tuple(dyn))
+    return pickle.dumps((host, tuple(static)), protocol=5)
+
+
+_PROCESS: CandidateProcess | None = None
+
+
+def process() -> CandidateProcess:
+    """This worker's candidate process (one per judge, reused while trustworthy)."""
+    global _PROCESS
+    if _PROCESS is None:
+        _PROCESS = CandidateProcess()
+    return _PROCESS
+
+
+def kept_pids() -> list[int]:
+    """Pids (of this namespace) that the worker's after-request cleanup must spare."""
+    return [_PROCESS.pid] if _PROCESS is not None and _PROCESS.pid is not None else []
