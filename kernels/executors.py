@@ -35,11 +35,12 @@ import os
 import socket
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from kernels.result import EvalResult
+from kernels.result import Backend, EvalResult
 from kernels.task import Task
 
 EXECUTORS = ("local", "ray")
@@ -53,6 +54,29 @@ _SHIP_TOTAL_LIMIT = 8 << 20
 
 class ExecutorError(Exception):
     """An executor that cannot start: says why and what to do about it."""
+
+
+StateListener = Callable[[str], None]
+
+
+@runtime_checkable
+class Evaluator(Protocol):
+    """What a session's controller needs from whatever judges its kernels (today
+    ``sessions.evaluator.PoolEvaluator`` over one ``WorkerPool``): evaluate and profile
+    one source, say where it runs, and report its workers' state (idle, busy,
+    restarting, ...) to one listener (None detaches it). A search takes an ``Executor``
+    instead: many evaluations at once, no profiles."""
+
+    @property
+    def state(self) -> str: ...
+
+    def set_state_listener(self, callback: StateListener | None) -> None: ...
+
+    async def backend(self) -> Backend | None: ...
+
+    async def evaluate(self, task: Task, source: str) -> EvalResult: ...
+
+    async def profile(self, task: Task, source: str, logdir: Path) -> dict[str, Any]: ...
 
 
 @runtime_checkable

@@ -18,19 +18,63 @@ worker state, busy/idle) that are never written down.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+from collections.abc import Callable
 from typing import Any
 
+from agents.base import Agent, TaskBrief
+from kernels.executors import Evaluator
+from kernels.task import Task
+from sessions import events as ev
+from sessions.actions import Action, ask
 from sessions.autonomy import ControllerSettings
 from sessions.context import next_role
 from sessions.engine import ApprovalRequired, ControllerBusy, ControllerError, Engine
+from sessions.log import SessionLog
+from sessions.state import ProposalInfo, SessionState, fold
 
 __all__ = ["ApprovalRequired", "Controller", "ControllerBusy", "ControllerError",
            "ControllerSettings"]
 
 
-class Controller(Engine):
+class Controller:
+    """One session's commands over its ``Engine`` (the job loop) and ``EventWriter``."""
+
+    def __init__(self, log: SessionLog, task: Task, brief: TaskBrief, agent: Agent,
+                 evaluator: Evaluator, settings: ControllerSettings | None = None,
+                 state: SessionState | None = None, chip: str = "cpu") -> None:
+        from sessions.tools import SessionTools
+
+        self.log = log
+        self.task = task
+        self.brief = brief
+        self.agent = agent
+        self.evaluator = evaluator
+        self.settings = settings or ControllerSettings()
+        self.state = state if state is not None else fold(log.header, [])
+        self.chip = chip
+        self.writer = ev.EventWriter(log, self.state)
+        self.tools = SessionTools(self)  # read-only tools the agent may call mid-reply
+        self.engine = Engine(self.writer, self.state, log, task, brief, agent, evaluator,
+                             self.settings, chip, self.tools, self.record_lesson)
+        evaluator.set_state_listener(lambda st: self._live("worker.state", state=st))
+
+    # -- observing --------------------------------------------------------------------
+
+    def subscribe(self, callback: ev.Subscriber) -> Callable[[], None]:
+        """Every persisted event and every live notification, as they happen."""
+        return self.writer.subscribe(callback)
+
+    @property
+    def busy(self) -> str | None:
+        """What the job is doing (``agent``, ``run``, ``profile``), None when idle."""
+        return self.engine.busy
+
+    def _emit(self, event: ev.Event) -> dict[str, Any]:
+        return self.writer.emit(event)
+
+    def _live(self, type_: ev.LiveType, **fields: Any) -> None:
+        self.writer.live(ev.live(type_, **fields))
+
     # -- lifecycle --------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -39,65 +83,61 @@ class Controller(Engine):
         s = self.state
         fresh = not s.last_seq
         if s.last_seq:
-            self._emit("marker", label="resumed")
+            self._emit(ev.Marker(type="marker", label="resumed"))
             active = s.active_run
             if active is not None:
-                self._emit("run.result", run=active.id, version=active.version,
-                           status="cancelled", correct=False, speedup=None, median_ms=None,
-                           result_blob=None, cancelled=True, interrupted=True)
+                self._emit(ev.RunResult(type="run.result", run=active.id, version=active.version,
+                                        status="cancelled", correct=False, speedup=None,
+                                        median_ms=None, result_blob=None, cancelled=True,
+                                        interrupted=True))
             if s.mode == "auto":
                 # The app died in autonomous mode: a reopened session waits for the user
                 # to switch autonomy on again (with a fresh allowance).
-                self._emit("auto.stop", reason="interrupted")
-                self._emit("mode.change", mode="step", by="resume")
+                self._emit(ev.AutoStop(type="auto.stop", reason="interrupted"))
+                self._emit(ev.ModeChange(type="mode.change", mode="step", by="resume"))
         if not s.versions and s.pending is None:
             source = self.task.starting_source()
             if source is not None:
-                self._emit("kernel.version", version=1, parent=None, origin="initial",
-                           proposal=None, source_blob=self.log.put_blob(source),
-                           summary=f"starting kernel ({self.task.kernel_path.name})"
-                           if self.task.kernel_path else "starting kernel", decision=None)
-        action = self._idle_action()
+                summary = f"starting kernel ({self.task.kernel_path.name})" \
+                    if self.task.kernel_path else "starting kernel"
+                self._emit(ev.KernelVersion(type="kernel.version", version=1, parent=None,
+                                            origin="initial", proposal=None,
+                                            source_blob=self.log.put_blob(source),
+                                            summary=summary, decision=None))
+        action: Action | None = self.engine.idle_action()
         if action is None and not s.versions and s.pending is None:
-            action = ("ask", "implement", None)
+            action = ask("implement")
         if action is None and self.settings.open_with_plan and fresh and s.mode == "step":
-            action = ("ask", "plan", None)  # a new session opens with a plan to approve
+            action = ask("plan")  # a new session opens with a plan to approve
         if action is not None:
-            self._spawn(action)
+            self.engine.spawn(action)
 
     async def wait_idle(self) -> None:
         """Return once no job runs (tests and the headless CLI wait on this)."""
-        while self._job is not None:
-            job = self._job
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(job)
-            if self._job is job:  # the job's finally has not run yet
-                await asyncio.sleep(0)
+        await self.engine.wait_idle()
 
     async def close(self, reason: str = "closed") -> None:
         """Stop any job and write ``session.end``; the session stays resumable."""
-        if self._closed:
+        if self.engine.closed:
             return
-        await self._cancel_job()
+        await self.engine.cancel_job()
         if self.state.mode == "auto":
-            self._emit("auto.stop", reason="user")
-            self._emit("mode.change", mode="step", by="user")
+            self._emit(ev.AutoStop(type="auto.stop", reason="user"))
+            self._emit(ev.ModeChange(type="mode.change", mode="step", by="user"))
         self.record_lesson()
-        self._emit("session.end", reason=reason)
-        self._closed = True
+        self._emit(ev.SessionEnd(type="session.end", reason=reason))
+        self.engine.closed = True
         self.log.close()
-        listener = getattr(self.evaluator, "set_state_listener", None)
-        if listener is not None:  # the pool may outlive this controller
-            listener(None)
+        self.evaluator.set_state_listener(None)  # the pool may outlive this controller
 
     # -- commands ---------------------------------------------------------------------
 
     def user_message(self, text: str) -> None:
         """Record a message; the agent answers it now, or with its next request if busy."""
         self._check_open()
-        self._emit("user.message", text=text)
-        if self._job is None:
-            self._spawn(("ask", next_role(self.state), text))
+        self._emit(ev.UserMessage(type="user.message", text=text))
+        if not self.engine.running:
+            self.engine.spawn(ask(next_role(self.state), text))
         else:
             self._live("notice", text="the agent will see this with its next request",
                        level="info")
@@ -105,18 +145,18 @@ class Controller(Engine):
     def request_plan(self, text: str | None = None) -> None:
         """``/plan``: ask the planner for a numbered plan (with the person's wishes)."""
         self._check_idle("ask for a plan")
-        self._emit("user.message", text=f"/plan {text}" if text else "/plan")
-        self._spawn(("ask", "plan", text or None))
+        self._emit(ev.UserMessage(type="user.message", text=f"/plan {text}" if text else "/plan"))
+        self.engine.spawn(ask("plan", text or None))
 
     def explain(self, version: int | None = None, question: str | None = None) -> None:
         """``/explain [vN]``: ask the analyst about a version, its profile or its error;
         the reply is an answer (nothing to approve)."""
         self._check_idle("ask for an explanation")
         number = self._version_arg(version)
-        self._emit("user.message", text=f"/explain v{number}" + (f" {question}" if question
-                                                                  else ""))
-        self._spawn(("ask", "analyze", question or f"Explain v{number}: what limits it, "
-                     "or why it failed, and what to change next.", number))
+        text = f"/explain v{number}" + (f" {question}" if question else "")
+        self._emit(ev.UserMessage(type="user.message", text=text))
+        self.engine.spawn(ask("analyze", question or f"Explain v{number}: what limits it, "
+                              "or why it failed, and what to change next.", number))
 
     def edit_plan(self, plan: str) -> None:
         """Approve the pending plan with the person's own wording of its steps."""
@@ -125,33 +165,34 @@ class Controller(Engine):
             raise ControllerError("the pending proposal is not a plan; edit its source instead")
         if not plan.strip():
             raise ControllerError("an edited plan needs at least one step")
-        self._emit("user.decision", proposal=prop.id, decision="approve", by="user",
-                   note="plan edited by the user", source_blob=None, plan=plan.strip())
-        if self._job is None:
-            self._spawn(("apply", prop.id))
+        self._emit(ev.UserDecision(type="user.decision", proposal=prop.id, decision="approve",
+                                   by="user", note="plan edited by the user", source_blob=None,
+                                   plan=plan.strip()))
+        if not self.engine.running:
+            self.engine.spawn(Action("apply", proposal=prop.id))
 
     def request_proposal(self, role: str | None = None) -> None:
         """Ask the agent now (e.g. send a failing version back to the fixer)."""
         self._check_idle("ask the agent")
-        self._spawn(("ask", role or next_role(self.state), None))
+        self.engine.spawn(ask(role or next_role(self.state)))
 
     def approve(self) -> None:
         prop = self._pending()
-        self._emit("user.decision", proposal=prop.id, decision="approve", by="user",
-                   note=None, source_blob=None)
-        if self._job is None:
-            self._spawn(("apply", prop.id))
+        self._emit(ev.UserDecision(type="user.decision", proposal=prop.id, decision="approve",
+                                   by="user", note=None, source_blob=None))
+        if not self.engine.running:
+            self.engine.spawn(Action("apply", proposal=prop.id))
 
     def reject(self, note: str | None = None) -> None:
         """Reject the pending proposal; with a note the agent is asked again (and sees it)."""
         prop = self._pending()
-        self._emit("user.decision", proposal=prop.id, decision="reject", by="user",
-                   note=note or None, source_blob=None)
-        if note and self._job is None:
+        self._emit(ev.UserDecision(type="user.decision", proposal=prop.id, decision="reject",
+                                   by="user", note=note or None, source_blob=None))
+        if note and not self.engine.running:
             # Changes asked for a plan go back to the planner, with the note.
-            self._spawn(("ask", "plan" if prop.kind == "plan" else next_role(self.state), None))
+            self.engine.spawn(ask("plan" if prop.kind == "plan" else next_role(self.state)))
         else:
-            self._kick()
+            self.engine.kick()
 
     def edit(self, source: str) -> None:
         """The user's own source: decides the pending proposal (``edit``) or, with none
@@ -160,14 +201,15 @@ class Controller(Engine):
         prop = self.state.pending_proposal
         if prop is None:
             self._check_idle("apply an edit")
-        self._emit("user.decision", proposal=prop.id if prop else None, decision="edit",
-                   by="user", note=None, source_blob=self.log.put_blob(source))
+        self._emit(ev.UserDecision(type="user.decision", proposal=prop.id if prop else None,
+                                   decision="edit", by="user", note=None,
+                                   source_blob=self.log.put_blob(source)))
         if prop is None:
-            version = self._new_version(source, origin="user-edit", proposal=None,
-                                        summary="edited by the user")
-            self._spawn(("run", version, "user"))
+            version = self.engine.new_version(source, origin="user-edit", proposal=None,
+                                              summary="edited by the user")
+            self.engine.spawn(Action("run", version=version, by="user"))
         else:
-            self._kick()
+            self.engine.kick()
 
     def run(self, version: int | None = None) -> None:
         """Evaluate a version (default: the current one) at the user's request."""
@@ -175,20 +217,20 @@ class Controller(Engine):
         number = self._version_arg(version)
         if not self.state.authorized(number):
             raise ApprovalRequired(f"v{number} was never approved; it cannot run")
-        self._spawn(("run", number, "user"))
+        self.engine.spawn(Action("run", version=number, by="user"))
 
     def profile(self, version: int | None = None) -> None:
         self._check_idle("start a profile")
         number = self._version_arg(version)
         if not self.state.authorized(number):
             raise ApprovalRequired(f"v{number} was never approved; it cannot run")
-        self._spawn(("profile", number))
+        self.engine.spawn(Action("profile", version=number, by="user"))
 
     def revert(self, version: int) -> None:
         """Make an earlier version current again (the next proposal builds on it)."""
         self._check_idle("revert")
         number = self._version_arg(version)
-        self._emit("kernel.checkout", version=number, by="user")
+        self._emit(ev.KernelCheckout(type="kernel.checkout", version=number, by="user"))
 
     def set_mode(self, mode: str, by: str = "user") -> None:
         """Switch between step and auto at any moment; a running job finishes its step
@@ -199,16 +241,16 @@ class Controller(Engine):
         if mode == self.state.mode:
             return
         if mode == "step":
-            self._emit("auto.stop", reason="user")
-        self._emit("mode.change", mode=mode, by=by)
+            self._emit(ev.AutoStop(type="auto.stop", reason="user"))
+        self._emit(ev.ModeChange(type="mode.change", mode=mode, by=by))
         if mode == "auto":
-            self._kick()
+            self.engine.kick()
 
     async def cancel(self) -> bool:
         """Stop the streaming answer or the run; autonomous mode stops too."""
-        was_busy = self._job is not None
-        await self._cancel_job()
-        if self.state.mode == "auto" and not self._closed:
+        was_busy = self.engine.running
+        await self.engine.cancel_job()
+        if self.state.mode == "auto" and not self.engine.closed:
             self.set_mode("step")
         return was_busy
 
@@ -233,22 +275,23 @@ class Controller(Engine):
             self._live("notice", text=f"could not record a lesson: {exc}", level="warning")
             return None
         if stored is not None:  # None: the same lesson is already remembered
-            self._emit("marker", label="lesson", text=stored.text, outcome=stored.outcome)
+            self._emit(ev.Marker(type="marker", label="lesson", text=stored.text,
+                                 outcome=stored.outcome))
         return stored
 
     # -- command helpers --------------------------------------------------------------
 
     def _check_open(self) -> None:
-        if self._closed:
+        if self.engine.closed:
             raise ControllerError("the session is closed")
 
     def _check_idle(self, what: str) -> None:
         self._check_open()
-        if self._job is not None:
-            raise ControllerBusy(f"cannot {what} while the {self._job_kind} is in progress; "
+        if self.engine.running:
+            raise ControllerBusy(f"cannot {what} while the {self.engine.busy} is in progress; "
                                  "cancel it first or wait for it to finish")
 
-    def _pending(self) -> Any:
+    def _pending(self) -> ProposalInfo:
         self._check_open()
         prop = self.state.pending_proposal
         if prop is None:

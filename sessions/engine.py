@@ -1,11 +1,11 @@
 """The controller's engine: one job at a time that asks the agent, decides in autonomous
 mode, applies decisions, runs and profiles, and chooses the next step.
 
-``sessions.controller.Controller`` adds the public commands on top. Every change goes
-through ``_emit``: append to the log, fold into ``state``, publish to subscribers.
-Approval is enforced here: ``_apply`` needs an approving ``user.decision`` in the
-folded state, and ``_run_eval`` refuses a version the state does not show as
-authorised (the task's own kernel, or one a decision made).
+``sessions.controller.Controller`` owns one ``Engine`` and adds the public commands.
+Every change goes through the shared ``sessions.events.EventWriter``: append to the log,
+fold into ``state``, publish to subscribers. Approval is enforced here: ``_apply`` needs
+an approving ``user.decision`` in the folded state, and ``_run_eval`` refuses a version
+the state does not show as authorised (the task's own kernel, or one a decision made).
 """
 
 from __future__ import annotations
@@ -13,22 +13,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agents.base import Agent, TaskBrief
+from kernels.executors import Evaluator
 from kernels.task import Task
 from sessions import autonomy
+from sessions import events as ev
+from sessions.actions import Action, ask
 from sessions.agent_turn import AgentTurn, stream_turn
 from sessions.autonomy import ControllerSettings
 from sessions.context import build_request, next_role
-from sessions.evaluator import Evaluator
 from sessions.log import SessionLog, read_json_blob
-from sessions.state import FAILED_STATUSES, SessionState, fold
+from sessions.state import FAILED_STATUSES, SessionState
 from sessions.state import error_line as _error_line
 from sessions.state import rank_fields as _rank_fields
 
-Subscriber = Callable[[dict[str, Any]], None]
-Action = tuple[Any, ...]
+if TYPE_CHECKING:
+    from sessions.tools import SessionTools
 
 
 class ControllerError(Exception):
@@ -44,72 +46,63 @@ class ApprovalRequired(ControllerError):
 
 
 class Engine:
-    def __init__(self, log: SessionLog, task: Task, brief: TaskBrief, agent: Agent,
-                 evaluator: Evaluator, settings: ControllerSettings | None = None,
-                 state: SessionState | None = None, chip: str = "cpu") -> None:
+    """The job loop of one controller (which owns it and shares its writer and state)."""
+
+    def __init__(self, writer: ev.EventWriter, state: SessionState, log: SessionLog,
+                 task: Task, brief: TaskBrief, agent: Agent, evaluator: Evaluator,
+                 settings: ControllerSettings, chip: str, tools: SessionTools,
+                 record_lesson: Callable[[], object]) -> None:
+        self.writer = writer
+        self.state = state
         self.log = log
         self.task = task
         self.brief = brief
         self.agent = agent
         self.evaluator = evaluator
-        self.settings = settings or ControllerSettings()
-        self.state = state if state is not None else fold(log.header, [])
+        self.settings = settings
         self.chip = chip
-        from sessions.tools import SessionTools
-
-        self.tools = SessionTools(self)  # read-only tools the agent may call mid-reply
-        self._subscribers: list[Subscriber] = []
+        self.tools = tools  # read-only tools the agent may call mid-reply
+        self._record_lesson = record_lesson
         self._job: asyncio.Task[None] | None = None
         self._job_kind: str | None = None
-        self._closed = False
-        listener = getattr(evaluator, "set_state_listener", None)
-        if listener is not None:
-            listener(lambda st: self._live("worker.state", state=st))
+        self.closed = False
 
-    # -- observing --------------------------------------------------------------------
+    def _emit(self, event: ev.Event) -> dict[str, Any]:
+        return self.writer.emit(event)
 
-    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
-        self._subscribers.append(callback)
-        return lambda: self._subscribers.remove(callback) \
-            if callback in self._subscribers else None
-
-    def _publish(self, event: dict[str, Any]) -> None:
-        for callback in list(self._subscribers):
-            try:
-                callback(event)
-            except Exception as exc:  # a broken observer must not stop the loop
-                self._subscribers.remove(callback)
-                # The broken one is gone, so this cannot recurse into it.
-                self._emit("error", message=f"subscriber removed: {exc!r}",
-                           where="subscriber")
-
-    def _emit(self, type_: str, **fields: Any) -> dict[str, Any]:
-        """Persist one event, fold it, tell the subscribers: the only way state changes."""
-        event = self.log.append(type_, **fields)
-        self.state.apply(event)
-        self._publish(event)
-        return event
-
-    def _live(self, type_: str, **fields: Any) -> None:
-        self._publish({"type": type_, "live": True, **fields})
+    def _live(self, type_: ev.LiveType, **fields: Any) -> None:
+        self.writer.live(ev.live(type_, **fields))
 
     @property
     def busy(self) -> str | None:
         """What the job is doing (``agent``, ``run``, ``profile``), None when idle."""
         return self._job_kind if self._job is not None else None
 
-    def _kick(self) -> None:
-        if self._job is None and not self._closed:
-            action = self._idle_action()
+    def kick(self) -> None:
+        """Start what the folded state says comes next, if nothing runs."""
+        if self._job is None and not self.closed:
+            action = self.idle_action()
             if action is not None:
-                self._spawn(action)
+                self.spawn(action)
 
-    def _spawn(self, action: Action) -> None:
-        self._job_kind = {"ask": "agent", "run": "run", "profile": "profile"}.get(
-            action[0], "step")
+    @property
+    def running(self) -> bool:
+        return self._job is not None
+
+    def spawn(self, action: Action) -> None:
+        """Start ``action`` as the one job (the caller checked nothing else runs)."""
+        self._job_kind = action.job
         self._job = asyncio.get_running_loop().create_task(self._drive(action))
 
-    async def _cancel_job(self) -> None:
+    async def wait_idle(self) -> None:
+        while self._job is not None:
+            job = self._job
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(job)
+            if self._job is job:  # the job's finally has not run yet
+                await asyncio.sleep(0)
+
+    async def cancel_job(self) -> None:
         job = self._job
         if job is None:
             return
@@ -123,37 +116,37 @@ class Engine:
         try:
             while True:
                 if action is None:
-                    action = self._idle_action()
+                    action = self.idle_action()
                 if action is None:
                     break
-                self._job_kind = {"ask": "agent", "run": "run", "profile": "profile"}.get(
-                    action[0], "step")
+                self._job_kind = action.job
                 self._live("controller.busy", what=self._job_kind)
                 action = await self._perform(action)
         except asyncio.CancelledError:
             self._live("notice", text="cancelled", level="info")
             raise
         except Exception as exc:  # a bug must be seen, recorded, and leave the app alive
-            self._emit("error", message=f"{type(exc).__name__}: {exc}", where="controller")
+            self._emit(ev.Error(type="error", message=f"{type(exc).__name__}: {exc}",
+                                where="controller"))
         finally:
             self._job = None
             self._job_kind = None
             self._live("controller.idle")
 
-    def _idle_action(self) -> Action | None:
+    def idle_action(self) -> Action | None:
         """What to do next when nothing is running, read from the folded state."""
         s = self.state
-        if self._closed:
+        if self.closed:
             return None
         prop = s.unapplied_approval()
         if prop is not None:
-            return ("apply", prop.id)
+            return Action("apply", proposal=prop.id)
         if s.mode != "auto":
             return None
         if s.pending is not None:
-            return ("auto_decide", s.pending)
+            return Action("auto_decide", proposal=s.pending)
         if s.current is not None and self._needs_eval(s.current):
-            return ("run", s.current, "auto")
+            return Action("run", version=s.current, by="auto")
         return self._auto_continue()
 
     def _needs_eval(self, number: int) -> bool:
@@ -178,35 +171,33 @@ class Engine:
                 and s.fix_streak >= max(1, self.settings.auto_fix_attempts) \
                 and s.best is not None and s.best != s.current:
             # Fixing is not converging: go back to the best kernel and improve that.
-            self._emit("kernel.checkout", version=s.best, by="auto")
-        return ("ask", next_role(self.state), None)
+            self._emit(ev.KernelCheckout(type="kernel.checkout", version=s.best, by="auto"))
+        return ask(next_role(self.state))
 
     def _stop_auto(self, reason: str) -> None:
         if reason != "interrupted":  # a budget or a stop rule ends the autonomous run
-            record = getattr(self, "record_lesson", None)
-            if record is not None:
-                record()
-        self._emit("auto.stop", reason=reason)
-        self._emit("mode.change", mode="step", by="auto")
+            self._record_lesson()
+        self._emit(ev.AutoStop(type="auto.stop", reason=reason))
+        self._emit(ev.ModeChange(type="mode.change", mode="step", by="auto"))
 
     async def _perform(self, action: Action) -> Action | None:
-        kind = action[0]
+        kind = action.kind
         if kind == "ask":
-            return await self._ask(*action[1:])
-        if kind == "auto_decide":
-            return self._auto_decide(action[1])
-        if kind == "apply":
-            return self._apply(action[1])
-        if kind == "run":
-            await self._run_eval(action[1], action[2])
-            return self._after_eval(action[1])
-        if kind == "profile":
-            by = action[2] if len(action) > 2 else "user"
-            await self._run_profile(action[1], by)
+            return await self._ask(action.role, action.message, action.version)
+        if kind == "auto_decide" and action.proposal is not None:
+            return self._auto_decide(action.proposal)
+        if kind == "apply" and action.proposal is not None:
+            return self._apply(action.proposal)
+        if kind == "run" and action.version is not None:
+            await self._run_eval(action.version, action.by)
+            return self._after_eval(action.version)
+        if kind == "profile" and action.version is not None:
+            by = action.by
+            await self._run_profile(action.version, by)
             if by == "auto" and self.state.mode == "auto":
                 return self._auto_continue()  # the diagnosis goes into the next request
             return None
-        raise ControllerError(f"unknown action {kind!r}")
+        raise ControllerError(f"cannot perform {action!r}")
 
     # -- asking the agent -------------------------------------------------------------
 
@@ -221,39 +212,44 @@ class Engine:
         try:
             await stream_turn(self.agent, request, turn, self._live)
         except asyncio.CancelledError:
-            self._emit("agent.message", text=turn.text(), role=role, proposal=None,
-                       usage=turn.usage_json(), cancelled=True, **_tools_field(turn))
+            self._emit(ev.AgentMessage(type="agent.message", text=turn.text(), role=role,
+                                       proposal=None, usage=turn.usage_json(), cancelled=True,
+                                       **_tools_field(turn)))
             raise
         problem = turn.problem()
         if turn.finished is not None and turn.failure is None:
-            self._emit("agent.message", text=turn.text(), role=role, proposal=None,
-                       usage=turn.usage_json(), **_tools_field(turn))
-            self._emit("agent.finished", message=turn.finished, role=role)
+            self._emit(ev.AgentMessage(type="agent.message", text=turn.text(), role=role,
+                                       proposal=None, usage=turn.usage_json(),
+                                       **_tools_field(turn)))
+            self._emit(ev.AgentFinished(type="agent.finished", message=turn.finished, role=role))
             return None  # in autonomous mode the loop then stops: agent_finished
         if turn.answer is not None and problem is None and turn.proposal is None:
             # A text-only reply to a question or an explanation: an answer, not a failure.
-            self._emit("agent.message", text=turn.text(), role=role, proposal=None,
-                       usage=turn.usage_json(), answer=True, notes_seen=notes_seen,
-                       about=request.current_version, **_tools_field(turn))
+            self._emit(ev.AgentMessage(type="agent.message", text=turn.text(), role=role,
+                                       proposal=None, usage=turn.usage_json(), answer=True,
+                                       notes_seen=notes_seen, about=request.current_version,
+                                       **_tools_field(turn)))
             return None
         if problem is not None:
-            self._emit("agent.message", text=turn.text(), role=role, proposal=None,
-                       usage=turn.usage_json(), **_tools_field(turn))
-            self._emit("error", message=problem, where="agent",
-                       retryable=turn.failure is None or turn.retryable)
+            self._emit(ev.AgentMessage(type="agent.message", text=turn.text(), role=role,
+                                       proposal=None, usage=turn.usage_json(),
+                                       **_tools_field(turn)))
+            self._emit(ev.Error(type="error", message=problem, where="agent",
+                                retryable=turn.failure is None or turn.retryable))
             return None
         proposal = turn.proposal
         assert proposal is not None
         pid = f"p{len(self.state.proposals) + 1}"
-        self._emit("agent.message", text=turn.text(), role=role, proposal=pid,
-                   usage=turn.usage_json(), **_tools_field(turn))
-        self._emit("agent.proposal", proposal=pid, kind=proposal.kind,
-                   summary=proposal.summary, rationale=proposal.rationale,
-                   base_version=self.state.current,
-                   source_blob=self.log.put_blob(proposal.source) if proposal.source else None,
-                   plan=proposal.plan, tuning=proposal.tuning, role=role,
-                   notes_seen=notes_seen)
-        return ("auto_decide", pid) if self.state.mode == "auto" else None
+        self._emit(ev.AgentMessage(type="agent.message", text=turn.text(), role=role, proposal=pid,
+                                   usage=turn.usage_json(), **_tools_field(turn)))
+        self._emit(ev.AgentProposal(type="agent.proposal", proposal=pid, kind=proposal.kind,
+                                    summary=proposal.summary, rationale=proposal.rationale,
+                                    base_version=self.state.current,
+                                    source_blob=self.log.put_blob(proposal.source)
+                                    if proposal.source else None,
+                                    plan=proposal.plan, tuning=proposal.tuning, role=role,
+                                    notes_seen=notes_seen))
+        return Action("auto_decide", proposal=pid) if self.state.mode == "auto" else None
 
     def _auto_decide(self, pid: str) -> Action | None:
         s = self.state
@@ -266,17 +262,19 @@ class Engine:
         prop = s.proposals[pid]
         same = autonomy.duplicate_of(s, prop.source_blob)
         if same is not None:
-            self._emit("user.decision", proposal=pid, decision="reject", by="auto",
-                       note=f"identical to v{same}, which was already measured; "
-                            "propose something different", source_blob=None)
+            self._emit(ev.UserDecision(type="user.decision", proposal=pid, decision="reject",
+                                       by="auto",
+                                       note=f"identical to v{same}, which was already "
+                                            "measured; propose something different",
+                                       source_blob=None))
             # An agent that keeps repeating itself would otherwise burn the whole
             # token budget on rejected proposals.
             if self.state.auto_rejections >= self.settings.max_agent_failures:
                 self._stop_auto("agent_repeating")
-            return None  # _idle_action asks again (or stops on a budget)
-        self._emit("user.decision", proposal=pid, decision="approve", by="auto",
-                   note=None, source_blob=None)
-        return ("apply", pid)
+            return None  # idle_action asks again (or stops on a budget)
+        self._emit(ev.UserDecision(type="user.decision", proposal=pid, decision="approve",
+                                   by="auto", note=None, source_blob=None))
+        return Action("apply", proposal=pid)
 
     # -- applying decisions -----------------------------------------------------------
 
@@ -287,7 +285,7 @@ class Engine:
             raise ApprovalRequired(f"{pid} has no approving decision")
         by = "auto" if prop.decided_by == "auto" else "user"
         if prop.kind == "plan" and prop.decision == "approve":
-            return ("ask", "implement", None)
+            return ask("implement")
         if prop.decision == "edit":
             source = self.log.get_blob(prop.edit_blob or "").decode()
             origin, summary = "user-edit", f"{prop.summary} (edited by the user)"
@@ -296,38 +294,40 @@ class Engine:
 
             base = s.versions[s.current] if s.current is not None else None
             if base is None:
-                self._emit("error", message="a tuning proposal needs a kernel to tune",
-                           where="apply", proposal=pid)
+                self._emit(ev.Error(type="error",
+                                    message="a tuning proposal needs a kernel to tune",
+                                    where="apply", proposal=pid))
                 return None
             try:
                 source = tunables.apply(self.log.get_blob(base.source_blob).decode(),
                                         prop.tuning or {})
             except Exception as exc:
-                self._emit("error", message=f"could not apply the tuning: {exc}",
-                           where="apply", proposal=pid)
-                return ("ask", next_role(self.state), None) if s.mode == "auto" else None
+                self._emit(ev.Error(type="error", message=f"could not apply the tuning: {exc}",
+                                    where="apply", proposal=pid))
+                return ask(next_role(self.state)) if s.mode == "auto" else None
             origin, summary = "tuning", prop.summary
         else:
             if not prop.source_blob:
-                self._emit("error", message="the proposal carries no kernel source",
-                           where="apply", proposal=pid)
+                self._emit(ev.Error(type="error", message="the proposal carries no kernel source",
+                                    where="apply", proposal=pid))
                 return None
             source = self.log.get_blob(prop.source_blob).decode()
             origin, summary = ("template" if prop.role == "implement" and
                                self.agent.name == "offline" else "agent"), prop.summary
-        version = self._new_version(source, origin=origin, proposal=pid, summary=summary,
-                                    decision=prop.decision_seq)
-        return ("run", version, by)
+        version = self.new_version(source, origin=origin, proposal=pid, summary=summary,
+                                   decision=prop.decision_seq)
+        return Action("run", version=version, by=by)
 
-    def _new_version(self, source: str, *, origin: str, proposal: str | None, summary: str,
-                     decision: int | None = None) -> int:
+    def new_version(self, source: str, *, origin: str, proposal: str | None, summary: str,
+                    decision: int | None = None) -> int:
         s = self.state
         if decision is None:
             decision = s.decisions[-1].seq if s.decisions else None
         number = max(s.versions, default=0) + 1
-        self._emit("kernel.version", version=number, parent=s.current, origin=origin,
-                   proposal=proposal, source_blob=self.log.put_blob(source),
-                   summary=summary, decision=decision)
+        self._emit(ev.KernelVersion(type="kernel.version", version=number, parent=s.current,
+                                    origin=origin, proposal=proposal,
+                                    source_blob=self.log.put_blob(source), summary=summary,
+                                    decision=decision))
         return number
 
     # -- runs -------------------------------------------------------------------------
@@ -339,27 +339,30 @@ class Engine:
         if not self.state.authorized(number):  # the gate: no decision, no run
             raise ApprovalRequired(f"v{number} has no approving decision; not running it")
         rid = f"r{len(self.state.runs) + 1}"
-        self._emit("run.start", run=rid, version=number, kind="eval", by=by)
+        self._emit(ev.RunStart(type="run.start", run=rid, version=number, kind="eval", by=by))
         source = self._source_of(number)
         try:
             result = await self.evaluator.evaluate(self.task, source)
         except asyncio.CancelledError:
-            self._emit("run.result", run=rid, version=number, status="cancelled",
-                       correct=False, speedup=None, median_ms=None, result_blob=None,
-                       cancelled=True)
+            self._emit(ev.RunResult(type="run.result", run=rid, version=number, status="cancelled",
+                                    correct=False, speedup=None, median_ms=None, result_blob=None,
+                                    cancelled=True))
             raise
         except Exception as exc:  # the evaluator itself failed: not the kernel's fault
-            self._emit("run.result", run=rid, version=number, status="error", correct=False,
-                       speedup=None, median_ms=None, result_blob=None, cancelled=True)
-            self._emit("error", message=f"evaluation failed: {exc}", where="evaluator")
+            self._emit(ev.RunResult(type="run.result", run=rid, version=number, status="error",
+                                    correct=False, speedup=None, median_ms=None, result_blob=None,
+                                    cancelled=False))
+            self._emit(ev.Error(type="error", message=f"evaluation failed: {exc}",
+                                where="evaluator"))
             return
         blob = self.log.put_json_blob(result.to_json())
         timing = result.timing or {}
-        self._emit("run.result", run=rid, version=number, status=result.status,
-                   correct=result.correct, speedup=result.speedup,
-                   median_ms=timing.get("median_ms"), result_blob=blob, cancelled=False,
-                   flags=list((result.integrity or {}).get("flags") or []),
-                   error=_error_line(result), **_rank_fields(result))
+        self._emit(ev.RunResult(type="run.result", run=rid, version=number, status=result.status,
+                                correct=result.correct, speedup=result.speedup,
+                                median_ms=timing.get("median_ms"), result_blob=blob,
+                                cancelled=False,
+                                flags=list((result.integrity or {}).get("flags") or []),
+                                error=_error_line(result), **_rank_fields(result)))
 
     def _after_eval(self, number: int) -> Action | None:
         s = self.state
@@ -373,33 +376,33 @@ class Engine:
                 self._stop_auto(reason)
                 return None
             if autonomy.should_profile(s, number, self.settings):
-                return ("profile", number, "auto")
+                return Action("profile", version=number, by="auto")
             return self._auto_continue()
         if s.pending is not None or number != s.current:
             return None
         if version.status in FAILED_STATUSES:
             if s.fix_streak < self.settings.auto_fix_attempts:
-                return ("ask", "fix", None)
+                return ask("fix")
             return None  # the user decides: request_proposal("fix"), an edit, a revert
-        return ("ask", next_role(self.state), None) if self.settings.propose_after_run else None
+        return ask(next_role(self.state)) if self.settings.propose_after_run else None
 
     async def _run_profile(self, number: int, by: str = "user") -> None:
         rid = f"r{len(self.state.runs) + 1}"
-        self._emit("run.start", run=rid, version=number, kind="profile", by=by)
+        self._emit(ev.RunStart(type="run.start", run=rid, version=number, kind="profile", by=by))
         logdir = self.log.profile_dir(rid)
         try:
             data = await self.evaluator.profile(self.task, self._source_of(number), logdir)
         except asyncio.CancelledError:
-            self._emit("profile.result", run=rid, version=number, profile_blob=None,
-                       logdir=None, error="cancelled")
+            self._emit(ev.ProfileResult(type="profile.result", run=rid, version=number,
+                                        profile_blob=None, logdir=None, error="cancelled"))
             raise
         except Exception as exc:
-            self._emit("profile.result", run=rid, version=number, profile_blob=None,
-                       logdir=None, error=str(exc))
+            self._emit(ev.ProfileResult(type="profile.result", run=rid, version=number,
+                                        profile_blob=None, logdir=None, error=str(exc)))
             return
-        self._emit("profile.result", run=rid, version=number,
-                   profile_blob=self.log.put_json_blob(data),
-                   logdir=str(logdir.relative_to(self.log.path)), error=None)
+        self._emit(ev.ProfileResult(type="profile.result", run=rid, version=number,
+                                    profile_blob=self.log.put_json_blob(data),
+                                    logdir=str(logdir.relative_to(self.log.path)), error=None))
         self._diagnose(number, rid, data)
 
     def _diagnose(self, number: int, rid: str, profile: dict[str, Any]) -> None:
@@ -413,11 +416,11 @@ class Engine:
         try:
             found = diagnose(profile, result)
         except Exception as exc:  # a diagnosis bug must not stop the loop
-            self._emit("error", message=f"could not diagnose v{number}: {exc}",
-                       where="diagnosis")
+            self._emit(ev.Error(type="error", message=f"could not diagnose v{number}: {exc}",
+                                where="diagnosis"))
             return
         if found is not None:
-            self._emit("diagnosis", version=number, run=rid, **found)
+            self._emit(ev.Diagnosis(type="diagnosis", version=number, run=rid, **found))
 
 
 def _tools_field(turn: AgentTurn) -> dict[str, Any]:

@@ -1,28 +1,23 @@
-"""How the controller has kernels judged: the ``Evaluator`` protocol and its adapter over
-``kernels.workers.WorkerPool``.
+"""How the controller has kernels judged: ``PoolEvaluator``, the ``Evaluator`` (protocol
+in ``kernels.executors``, re-exported here) over ``kernels.workers.WorkerPool``.
 
-The controller only needs two calls, ``evaluate`` and ``profile``; keeping them behind
-this seam lets tests of pure controller logic use an in-process evaluator while every
+The controller needs ``evaluate``, ``profile``, ``backend`` and the workers' state (with
+a listener for its changes); keeping them behind this seam lets tests of pure controller logic use an in-process evaluator while every
 real path (the CLI, the TUI, the flow tests) runs candidates in worker processes.
 Cancelling an ``evaluate`` await kills that worker and the pool starts a fresh one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
+from kernels.executors import Evaluator, StateListener
 from kernels.result import Backend, EvalResult
 from kernels.task import Task
 from kernels.workers import EvalOptions, WorkerPool
 
-
-@runtime_checkable
-class Evaluator(Protocol):
-    async def evaluate(self, task: Task, source: str) -> EvalResult: ...
-
-    async def profile(self, task: Task, source: str, logdir: Path) -> dict[str, Any]: ...
+__all__ = ["Evaluator", "PoolEvaluator"]
 
 
 class PoolEvaluator:
@@ -70,5 +65,5 @@ class PoolEvaluator:
     def state(self) -> str:
         return self.pool.state
 
-    def set_state_listener(self, callback: Callable[[str], None] | None) -> None:
+    def set_state_listener(self, callback: StateListener | None) -> None:
         self.pool.on_state_change = callback

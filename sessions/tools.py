@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 from sessions.log import read_json_blob
 
 if TYPE_CHECKING:
-    from sessions.engine import Engine
+    from sessions.controller import Controller
 
 
 class SessionTools:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Controller) -> None:
         self.engine = engine
 
     async def call(self, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:

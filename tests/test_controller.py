@@ -65,6 +65,15 @@ class MarkedEvaluator:
     async def profile(self, task: Task, source: str, logdir: Path) -> dict[str, Any]:
         return {"ops": [], "logdir": str(logdir)}
 
+    # The rest of kernels.executors.Evaluator: one in-process "worker", always idle.
+    state = "idle"
+
+    def set_state_listener(self, callback: Any) -> None:
+        pass
+
+    async def backend(self) -> Backend:
+        return CPU
+
 
 def src(status: str = "correct", speedup: float = 1.0, tag: str = "") -> str:
     return f"def kernel(x):\n    return x  # eval: {status} {speedup} {tag}\n"
@@ -253,9 +262,9 @@ async def test_a_run_cannot_start_without_a_decision(tmp_path: Path, gelu: Task)
     with pytest.raises(ApprovalRequired, match="v2 was never approved"):
         c.run(2)
     with pytest.raises(ApprovalRequired):
-        await c._run_eval(1, "user")
+        await c.engine._run_eval(1, "user")
     with pytest.raises(ApprovalRequired):
-        c._apply("p1")
+        c.engine._apply("p1")
     assert evaluator.sources == []
     assert not any(e["type"] == "run.start" for e in load(log.path).events)
     log.close()

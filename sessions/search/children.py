@@ -1,6 +1,6 @@
 """How a search gets children: the agent's proposals and the search's own tuning steps.
 
-``ChildMaker`` is mixed into ``sessions.search.Search``. For each slot of the tree it
+``ChildMaker`` is owned by ``sessions.search.Search``. For each slot of the tree it
 either takes one untried neighbouring value of a tunable (a tuning step, no agent
 needed) or asks the agent with a request that says which child this is and which
 strategies its siblings already tried, so each child can be a different, named
@@ -17,13 +17,15 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from agents.base import AgentRequest
+from agents.base import Agent, AgentRequest, TaskBrief
 from agents.offline.templates import infer_families
 from kernels import tunables
+from sessions import events as ev
+from sessions.actions import Action
 from sessions.agent_turn import AgentTurn, stream_turn
 from sessions.context import history
-from sessions.log import read_json_blob
-from sessions.search.plan import Action
+from sessions.log import SessionLog, read_json_blob
+from sessions.search.graph import SearchState
 
 AGENT_TIMEOUT_S = 600.0
 # First kernels of a task that names no family: one per template family, in the order
@@ -33,15 +35,20 @@ ROOT_FAMILY_CANDIDATES = 3
 
 
 class ChildMaker:
-    """Proposing children; expects ``state``, ``log``, ``brief``, ``agent``, ``_emit``
-    and ``_source`` from the class it is mixed into."""
+    """Proposing children for one search: it shares the search's state, log and writer;
+    ``source`` reads a version's source."""
 
-    state: Any
-    log: Any
-    brief: Any
-    agent: Any
-    _emit: Callable[..., dict[str, Any]]  # (type, **fields) -> the appended event
-    _source: Callable[[int], str]  # version number -> its source
+    def __init__(self, writer: ev.EventWriter, state: SearchState, log: SessionLog,
+                 brief: TaskBrief, agent: Agent, source: Callable[[int], str]) -> None:
+        self.writer = writer
+        self.state = state
+        self.log = log
+        self.brief = brief
+        self.agent = agent
+        self._source = source
+
+    def _emit(self, event: ev.Event) -> dict[str, Any]:
+        return self.writer.emit(event)
 
     def _slot_fields(self, action: Action) -> dict[str, Any]:
         lineage, rnd, _parent, slot = action.slot  # type: ignore[misc]
@@ -50,7 +57,8 @@ class ChildMaker:
     def _next_pid(self) -> str:
         return f"p{len(self.state.session.proposals) + 1}"
 
-    async def _expand(self, action: Action) -> str | None:
+    async def expand(self, action: Action) -> str | None:
+        """Fill the slot of an ``expand`` action; the new proposal's id, or None."""
         parent = action.slot[2]  # type: ignore[index]
         if action.proposer == "tuning":
             pid = self._tuning_step(action)
@@ -83,14 +91,15 @@ class ChildMaker:
                 if hashlib.sha256(new.encode()).hexdigest() in known:
                     continue
                 pid = self._next_pid()
-                self._emit("agent.proposal", proposal=pid, kind="tuning",
-                           summary=f"tuning step: {name} {current[name]} -> {value}",
-                           rationale="a neighbouring value of one tunable, not yet measured "
-                                     "in this search", base_version=parent,
-                           source_blob=self.log.put_blob(new), plan=None,
-                           tuning={name: value}, role="tune", proposer="tuning",
-                           strategy=f"tune {name} {current[name]} -> {value}",
-                           **self._slot_fields(action))
+                self._emit(ev.AgentProposal(
+                    type="agent.proposal", proposal=pid, kind="tuning",
+                    summary=f"tuning step: {name} {current[name]} -> {value}",
+                    rationale="a neighbouring value of one tunable, not yet measured "
+                              "in this search", base_version=parent,
+                    source_blob=self.log.put_blob(new), plan=None,
+                    tuning={name: value}, role="tune", proposer="tuning",
+                    strategy=f"tune {name} {current[name]} -> {value}",
+                    **self._slot_fields(action)))
                 return pid
         return None
 
@@ -147,11 +156,12 @@ class ChildMaker:
             turn.failure = f"the agent gave no proposal within {AGENT_TIMEOUT_S:g} s"
         problem = turn.problem()
         pid = None if problem else self._next_pid()
-        self._emit("agent.message", text=turn.text(), role=role, proposal=pid,
-                   usage=turn.usage_json())
+        self._emit(ev.AgentMessage(type="agent.message", text=turn.text(), role=role, proposal=pid,
+                                   usage=turn.usage_json()))
         fields = self._slot_fields(action)
         if problem is not None:
-            self._emit("error", message=problem, where="search", parent=parent, **fields)
+            self._emit(ev.Error(type="error", message=problem, where="search", parent=parent,
+                                **fields))
             return None
         p = turn.proposal
         assert p is not None
@@ -161,16 +171,18 @@ class ChildMaker:
             try:
                 source = tunables.apply(self._source(parent), p.tuning or {})
             except Exception as exc:
-                self._emit("error", message=f"could not apply the tuning: {exc}",
-                           where="search", parent=parent, **fields)
+                self._emit(ev.Error(type="error", message=f"could not apply the tuning: {exc}",
+                                    where="search", parent=parent, **fields))
                 return None
-        self._emit("agent.proposal", proposal=pid, kind=p.kind, summary=p.summary,
-                   rationale=p.rationale, base_version=parent,
-                   source_blob=self.log.put_blob(source) if source else None, plan=p.plan,
-                   tuning=p.tuning, role=role, proposer="agent", strategy=strategy, **fields)
+        self._emit(ev.AgentProposal(type="agent.proposal", proposal=pid, kind=p.kind,
+                                    summary=p.summary, rationale=p.rationale, base_version=parent,
+                                    source_blob=self.log.put_blob(source) if source else None,
+                                    plan=p.plan, tuning=p.tuning, role=role, proposer="agent",
+                                    strategy=strategy, **fields))
         if p.kind == "plan":  # a plan is no node: approve it and ask for its kernel once
-            self._emit("user.decision", proposal=pid, decision="approve", by="auto",
-                       note="search: implement the plan", source_blob=None)
+            self._emit(ev.UserDecision(type="user.decision", proposal=pid, decision="approve",
+                                       by="auto", note="search: implement the plan",
+                                       source_blob=None))
             if message is not None:
                 return None
             return await self._ask_agent(action, parent, f"Implement this plan:\n{p.plan}",

@@ -26,16 +26,16 @@ from typing import Any
 from agents.base import Agent, TaskBrief
 from kernels import tunables
 from kernels.task import Task
+from sessions import events as ev
+from sessions.actions import Action
 from sessions.autonomy import duplicate_of
 from sessions.log import SessionLog
 from sessions.search.children import ROOT_FAMILY_CANDIDATES, ChildMaker
 from sessions.search.graph import SearchConfig, SearchState, fold_search
-from sessions.search.plan import Action, finish_reason, plan, select_beam
+from sessions.search.plan import finish_reason, plan, select_beam
 from sessions.state import error_line as _error_line
 from sessions.state import rank_fields as _rank_fields
 from sessions.tasks import task_header
-
-Subscriber = Callable[[dict[str, Any]], None]
 
 
 @dataclass
@@ -102,7 +102,7 @@ def _failure_note(state: SearchState) -> str | None:
     return "\n".join(unique) or None
 
 
-class Search(ChildMaker):
+class Search:
     """One search over one task's session. ``await search.run()`` until it ends."""
 
     def __init__(self, log: SessionLog, state: SearchState, task: Task, brief: TaskBrief,
@@ -118,7 +118,11 @@ class Search(ChildMaker):
         self.agent = agent
         self.executor = executor
         self.eval_options = eval_options
-        self._subscribers: list[Subscriber] = []
+        self.writer = ev.EventWriter(log, state)
+        # Every event (the search's, a child's, an error about a broken subscriber)
+        # wakes the loop: the planner may have new work.
+        self.writer.subscribe(lambda _event: self._wake.set())
+        self.children = ChildMaker(self.writer, state, log, brief, agent, self._source)
         self._decisions: dict[str, asyncio.Future[tuple[str, str | None]]] = {}
         self._tunable_cache: dict[int, bool] = {}
         self._wake = asyncio.Event()
@@ -148,14 +152,16 @@ class Search(ChildMaker):
                                                          ROOT_FAMILY_CANDIDATES))
         if source is not None:
             root = 1
-            search._emit("kernel.version", version=1, parent=None, origin="initial",
-                         proposal=None, source_blob=log.put_blob(source),
-                         summary=f"starting kernel ({task.kernel_path.name})"
-                         if task.kernel_path else "starting kernel", decision=None)
+            summary = f"starting kernel ({task.kernel_path.name})" if task.kernel_path \
+                else "starting kernel"
+            search._emit(ev.KernelVersion(type="kernel.version", version=1, parent=None,
+                                          origin="initial", proposal=None,
+                                          source_blob=log.put_blob(source), summary=summary,
+                                          decision=None))
         if config.approval == "auto":
-            search._emit("mode.change", mode="auto", by="search")
-        search._emit("search.start", config=config.to_json(), root=root,
-                     executor=getattr(executor, "name", "?"), agent=agent.name)
+            search._emit(ev.ModeChange(type="mode.change", mode="auto", by="search"))
+        search._emit(ev.SearchStart(type="search.start", config=config.to_json(), root=root,
+                                    executor=getattr(executor, "name", "?"), agent=agent.name))
         return search
 
     @classmethod
@@ -176,31 +182,26 @@ class Search(ChildMaker):
             if state.config is None:
                 raise ValueError(f"{path}: not a search session (no search.start event)")
             new = config or state.config
-            search._emit("search.resume", config=new.to_json(),
-                         executor=getattr(executor, "name", "?"))
+            search._emit(ev.SearchResume(type="search.resume", config=new.to_json(),
+                                         executor=getattr(executor, "name", "?")))
             # Settle the runs a crash left open (they are evaluated again from here).
             for run in list(state.session.runs.values()):
                 if run.status is None:
-                    search._emit("run.result", run=run.id, version=run.version,
-                                 status="cancelled", correct=False, speedup=None,
-                                 median_ms=None, result_blob=None, cancelled=True,
-                                 interrupted=True)
+                    search._emit(ev.RunResult(type="run.result", run=run.id, version=run.version,
+                                              status="cancelled", correct=False, speedup=None,
+                                              median_ms=None, result_blob=None, cancelled=True,
+                                              interrupted=True))
         return search
 
     # -- observing and commands ---------------------------------------------------------
 
-    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
-        self._subscribers.append(callback)
-        return lambda: self._subscribers.remove(callback)
+    def subscribe(self, callback: ev.Subscriber) -> Callable[[], None]:
+        """Every event the search writes; a subscriber that raises is removed and an
+        ``error`` event (``where: subscriber``) records it."""
+        return self.writer.subscribe(callback)
 
-    def _emit(self, type_: str, **fields: Any) -> dict[str, Any]:
-        event = self.log.append(type_, **fields)
-        self.state.apply(event)
-        for callback in list(self._subscribers):
-            with contextlib.suppress(Exception):  # an observer bug must not stop a search
-                callback(event)
-        self._wake.set()
-        return event
+    def _emit(self, event: ev.Event) -> dict[str, Any]:
+        return self.writer.emit(event)
 
     def approve(self, proposal: str) -> None:
         self._resolve(proposal, "approve", None)
@@ -227,8 +228,9 @@ class Search(ChildMaker):
                 branch.append(number)
         for number in branch:
             if not self.state.nodes[number].pruned:
-                self._emit("search.prune", version=number, by=by,
-                           reason=reason if number == version else f"branch v{version} pruned")
+                why = reason if number == version else f"branch v{version} pruned"
+                self._emit(ev.SearchPrune(type="search.prune", version=number, by=by,
+                                          reason=why))
         for pid, future in self._decisions.items():  # its pending children go with it
             prop = self.state.session.proposals.get(pid)
             if prop and prop.base_version in branch and not future.done():
@@ -282,10 +284,10 @@ class Search(ChildMaker):
         reason = finish_reason(self.state, self._live_wall())
         self._close_rounds()
         best = self.state.best()
-        self._emit("search.end", reason=reason, best_version=best,
-                   best_speedup=self.state.speedup(best) if best is not None else None,
-                   evaluations=self.state.evaluations())
-        self._emit("session.end", reason=f"search: {reason}")
+        self._emit(ev.SearchEnd(type="search.end", reason=reason, best_version=best,
+                                best_speedup=self.state.speedup(best) if best is not None else None,
+                                evaluations=self.state.evaluations()))
+        self._emit(ev.SessionEnd(type="session.end", reason=f"search: {reason}"))
         return self.summary()
 
     def _close_rounds(self) -> None:
@@ -297,7 +299,7 @@ class Search(ChildMaker):
                         and n.round == rnd and not self.state.pending_eval(n.version)]
             if measured:
                 info = select_beam(self.state, lineage, rnd)
-                self._emit("search.round", **asdict(info), partial=True)
+                self._emit(ev.SearchRound(type="search.round", **asdict(info), partial=True))
 
     def _wall_left(self) -> float | None:
         cfg = self.state.config
@@ -337,9 +339,9 @@ class Search(ChildMaker):
         elif action.kind == "select":
             lineage, rnd = action.slot[0], action.slot[1]  # type: ignore[index]
             info = select_beam(self.state, lineage, rnd)
-            self._emit("search.round", **asdict(info))
+            self._emit(ev.SearchRound(type="search.round", **asdict(info)))
         elif action.kind == "expand":
-            pid = await self._expand(action)
+            pid = await self.children.expand(action)
             if pid is not None:
                 await self._decide_and_apply(pid)
         elif action.kind in ("decide", "apply"):
@@ -352,28 +354,31 @@ class Search(ChildMaker):
             raise RuntimeError(f"v{number} has no approving decision; not running it")
         runs = self.state.session.runs
         rid = f"r{max((int(r[1:]) for r in runs if r[1:].isdigit()), default=0) + 1}"
-        self._emit("run.start", run=rid, version=number, kind="eval", by="search")
+        self._emit(ev.RunStart(type="run.start", run=rid, version=number, kind="eval", by="search"))
         try:
             result = await self.executor.submit(self.task, self._source(number),
                                                 self.eval_options)
         except asyncio.CancelledError:
-            self._emit("run.result", run=rid, version=number, status="cancelled",
-                       correct=False, speedup=None, median_ms=None, result_blob=None,
-                       cancelled=True)
+            self._emit(ev.RunResult(type="run.result", run=rid, version=number, status="cancelled",
+                                    correct=False, speedup=None, median_ms=None, result_blob=None,
+                                    cancelled=True))
             raise
         except Exception as exc:  # the executor failed, not the kernel: take it out of play
-            self._emit("run.result", run=rid, version=number, status="error", correct=False,
-                       speedup=None, median_ms=None, result_blob=None, cancelled=True)
-            self._emit("error", message=f"evaluation failed: {exc}", where="executor")
-            self._emit("search.prune", version=number, reason=f"executor error: {exc}",
-                       by="auto")
+            self._emit(ev.RunResult(type="run.result", run=rid, version=number, status="error",
+                                    correct=False, speedup=None, median_ms=None, result_blob=None,
+                                    cancelled=False))
+            self._emit(ev.Error(type="error", message=f"evaluation failed: {exc}",
+                                where="executor"))
+            self._emit(ev.SearchPrune(type="search.prune", version=number,
+                                      reason=f"executor error: {exc}", by="auto"))
             return
-        self._emit("run.result", run=rid, version=number, status=result.status,
-                   correct=result.correct, speedup=result.speedup,
-                   median_ms=(result.timing or {}).get("median_ms"),
-                   result_blob=self.log.put_json_blob(result.to_json()), cancelled=False,
-                   flags=list((result.integrity or {}).get("flags") or []),
-                   error=_error_line(result), **_rank_fields(result))
+        self._emit(ev.RunResult(type="run.result", run=rid, version=number, status=result.status,
+                                correct=result.correct, speedup=result.speedup,
+                                median_ms=(result.timing or {}).get("median_ms"),
+                                result_blob=self.log.put_json_blob(result.to_json()),
+                                cancelled=False,
+                                flags=list((result.integrity or {}).get("flags") or []),
+                                error=_error_line(result), **_rank_fields(result)))
 
     # -- deciding and applying ----------------------------------------------------------
 
@@ -382,8 +387,8 @@ class Search(ChildMaker):
         prop = s.proposals[pid]
         if prop.decision is None:
             decision, note, by = await self._decision(pid)
-            self._emit("user.decision", proposal=pid, decision=decision, by=by, note=note,
-                       source_blob=None)
+            self._emit(ev.UserDecision(type="user.decision", proposal=pid, decision=decision, by=by,
+                                       note=note, source_blob=None))
             if decision != "approve":
                 return
         prop = s.proposals[pid]
@@ -394,9 +399,9 @@ class Search(ChildMaker):
         origin = "tuning" if prop.kind == "tuning" else (
             "template" if prop.role == "implement" and self.agent.name == "offline"
             else "agent")
-        self._emit("kernel.version", version=number, parent=key[2], origin=origin,
-                   proposal=pid, source_blob=prop.source_blob, summary=prop.summary,
-                   decision=prop.decision_seq)
+        self._emit(ev.KernelVersion(type="kernel.version", version=number, parent=key[2],
+                                    origin=origin, proposal=pid, source_blob=prop.source_blob,
+                                    summary=prop.summary, decision=prop.decision_seq))
 
     async def _decision(self, pid: str) -> tuple[str, str | None, str]:
         """(decision, note, by): the rules reject by themselves (``by: auto``); the rest

@@ -24,9 +24,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from sessions.actions import SlotKey
 from sessions.state import SessionState
-
-SlotKey = tuple[int, int, int | None, int]  # lineage, round, parent version, slot
 
 
 @dataclass

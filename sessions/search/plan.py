@@ -10,24 +10,8 @@ the same decisions from the same events.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
-from sessions.search.graph import RoundInfo, SearchState, SlotKey
-
-
-@dataclass(frozen=True)
-class Action:
-    """One step the driver may take now. ``key`` identifies it among those in flight."""
-
-    kind: Literal["evaluate", "decide", "apply", "expand", "select", "finish"]
-    key: str
-    version: int | None = None
-    proposal: str | None = None
-    slot: SlotKey | None = None
-    role: str = "tune"  # expand: implement (root), tune (improve), fix (repair)
-    proposer: str = "agent"  # expand: agent | tuning
-    reason: str | None = None  # finish
+from sessions.actions import Action, SlotKey
+from sessions.search.graph import RoundInfo, SearchState
 
 
 def budget_reason(s: SearchState, live_wall: float = 0.0, inflight_nodes: int = 0,

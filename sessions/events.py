@@ -1,0 +1,420 @@
+"""Every event a session holds, typed, and the one writer that records them.
+
+A persisted event is one line of ``events.jsonl``: ``seq``, ``t``, ``type`` and the
+fields below. Each type is a ``TypedDict`` whose ``type`` is a ``Literal``, so an
+emitter builds ``RunResult(type="run.result", run=..., ...)`` and a reader narrows on
+``event["type"]``. They are TypedDicts, not dataclasses, on purpose: the event *is* the
+JSON object, key order included, so what is written stays byte for byte what older
+versions wrote and every old session still loads. ``NotRequired`` marks a field older
+logs (or some emitters) leave out; readers use ``.get`` for those.
+
+Live-only notifications (``"live": true``, never written) are typed the same way.
+
+``EventWriter`` is the one append-fold-publish step the controller and search share:
+append the event to the log, fold it into the state, hand it to every subscriber. A
+subscriber that raises is removed and the failure is recorded as an ``error`` event
+(``where: subscriber``), so a broken observer is seen, never silently dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, Protocol, TypedDict, cast
+
+if TYPE_CHECKING:
+    from sessions.log import SessionLog
+
+# -- persisted events -----------------------------------------------------------------
+
+
+class UserMessage(TypedDict):
+    type: Literal["user.message"]
+    text: str
+    seq: NotRequired[int]
+    t: NotRequired[float]
+
+
+class AgentMessage(TypedDict):
+    type: Literal["agent.message"]
+    text: str
+    role: str
+    proposal: str | None
+    usage: dict[str, Any] | None
+    cancelled: NotRequired[bool]  # the user stopped the stream
+    answer: NotRequired[bool]  # a text-only reply to a question
+    notes_seen: NotRequired[int]
+    about: NotRequired[int | None]  # the version an answer is about
+    tools: NotRequired[list[dict[str, Any]]]  # read-only tool calls, when any
+    seq: NotRequired[int]
+    t: NotRequired[float]
+
+
+class AgentProposal(TypedDict):
+    type: Literal["agent.proposal"]
+    proposal: str
+    kind: str  # plan | kernel | tuning
+    summary: str
+    rationale: str | None
+    base_version: int | None
+    source_blob: str | None
+    plan: str | None
+    tuning: dict[str, Any] | None
+    role: str
+    notes_seen: NotRequired[int]
+    proposer: NotRequired[str]  # search: agent | tuning
+    strategy: NotRequired[str]  # search: what the proposer named
+    lineage: NotRequired[int]  # search: the slot in the tree
+    round: NotRequired[int]
+    slot: NotRequired[int]
+    seq: NotRequired[int]
+    t: NotRequired[float]
+
+
+class UserDecision(TypedDict):
+    type: Literal["user.decision"]
+    proposal: str | None
+    decision: Literal["approve", "reject", "edit"]
+    by: str  # user | auto
+    note: str | None
+    source_blob: str | None  # the edited source (decision edit)
+    plan: NotRequired[str]  # a plan the person reworded
+    seq: NotRequired[int]
+    t: NotRequired[float]
+
+
+class KernelVersion(TypedDict):
+    type: Literal["kernel.version"]
+    version: int
+    parent: int | None
+    origin: str  # initial | template | agent | tuning | user-edit
+    proposal: str | None
+    source_blob: str | None
+    summary: str
+    decision: int | None  # seq of the authorising user.decision (None: initial)
+    seq: NotRequired[int]
+    t: NotRequired[float]
+
+
+class KernelCheckout(TypedDict):
+    type: Literal["kernel.checkout"]
+    version: int
+    by: str
+    seq: NotRequired[int]
+    t: NotRequired[float]
+
+
+class RunStart(TypedDict):
+    type: Literal["run.start"]
+    run: str
+    version: int
+    kind: Literal["eval", "profile"]
+    by: str
+    seq: NotRequired[int]
+    t: NotRequired[float]
+
+
+class RunResult(TypedDict):
+    """One evaluation's outcome. ``status`` is the evaluation's status, ``cancelled``
+    (the user stopped it, or the app died mid-run: ``interrupted``) or ``error`` (the
+    evaluator failed, not the kernel; an ``error`` event says why)."""
+
+    type: Literal["run.result"]
+    run: str
+    version: int
+    status: str
+    correct: bool | None
+    speedup: float | None
+    median_ms: float | None
+    result_blob: str | None
+    cancelled: bool
+    interrupted: NotRequired[bool]
+    flags: NotRequired[list[str]]
+    error: NotRequired[str | None]
+    # the ranking fields of sessions.state.rank_fields
+    rank_source: NotRequired[str | None]
+    rank_label: NotRequired[str | None]
+    chip: NotRequired[str | None]
+    tpu_compile: NotRequired[str | None]
+    vmem_bytes: NotRequired[int | None]
+    vmem_limit_bytes: NotRequired[int | None]
+    estimate: NotRequired[Any]
+    measurement: NotRequired[Any]
+    seq: NotRequired[int]
+    t: NotRequired[float]
+
+
+class ProfileResult(TypedDict):
+    type: Literal["profile.result"]
+    run: str
+    version: int
+    profile_blob: str | None
+    logdir: str | None
+    error: str | None
+    seq: NotRequired[int]
+    t: NotRequired[float]
+
+
+class Diagnosis(TypedDict, total=False):
+    """``profiling.diagnose`` output; its keys are that module's (summary, limiter, ...)."""
+
+    type: Literal["diagnosis"]
+    version: int
+    run: str
+    summary: str
+    seq: int
+    t: float
+
+
+class ModeChange(TypedDict):
+    type: Literal["mode.change"]
+    mode: Literal["step", "auto"]
+    by: str  # user | auto | resume | search
+    seq: NotRequired[int]
+    t: NotRequired[float]
+
+
+class AutoStop(TypedDict):
+    type: Literal["auto.stop"]
+    reason: str
+    seq: NotRequired[int]
+    t: NotRequired[float]
+
+
+class AgentFinished(TypedDict):
+    type: Literal["agent.finished"]
+    message: str
+    role: str
+    seq: NotRequired[int]
+    t: NotRequired[float]
+
+
+class Error(TypedDict):
+    type: Literal["error"]
+    message: str
+    where: str  # agent | apply | evaluator | executor | controller | subscriber | search ...
+    retryable: NotRequired[bool]
+    proposal: NotRequired[str]
+    parent: NotRequired[int | None]  # search: the slot the agent failed to fill
+    lineage: NotRequired[int]
+    round: NotRequired[int]
+    slot: NotRequired[int]
+    seq: NotRequired[int]
+    t: NotRequired[float]
+
+
+class Marker(TypedDict):
+    type: Literal["marker"]
+    label: str  # resumed | lesson | ...
+    text: NotRequired[str]
+    outcome: NotRequired[str]
+    seq: NotRequired[int]
+    t: NotRequired[float]
+
+
+class SessionEnd(TypedDict):
+    type: Literal["session.end"]
+    reason: str
+    seq: NotRequired[int]
+    t: NotRequired[float]
+
+
+class SearchStart(TypedDict):
+    type: Literal["search.start"]
+    config: dict[str, Any]
+    root: int | None
+    executor: str
+    agent: str
+    seq: NotRequired[int]
+    t: NotRequired[float]
+
+
+class SearchResume(TypedDict):
+    type: Literal["search.resume"]
+    config: dict[str, Any]
+    executor: str
+    seq: NotRequired[int]
+    t: NotRequired[float]
+
+
+class SearchRound(TypedDict):
+    type: Literal["search.round"]
+    lineage: int
+    round: int
+    beam: list[int]
+    repair: list[int]
+    best_version: int | None
+    best_speedup: float | None
+    partial: NotRequired[bool]
+    seq: NotRequired[int]
+    t: NotRequired[float]
+
+
+class SearchPrune(TypedDict):
+    type: Literal["search.prune"]
+    version: int
+    reason: str
+    by: str
+    seq: NotRequired[int]
+    t: NotRequired[float]
+
+
+class SearchEnd(TypedDict):
+    type: Literal["search.end"]
+    reason: str
+    best_version: int | None
+    best_speedup: float | None
+    evaluations: int
+    seq: NotRequired[int]
+    t: NotRequired[float]
+
+
+Event = (UserMessage | AgentMessage | AgentProposal | UserDecision | KernelVersion
+         | KernelCheckout | RunStart | RunResult | ProfileResult | Diagnosis | ModeChange
+         | AutoStop | AgentFinished | Error | Marker | SessionEnd | SearchStart
+         | SearchResume | SearchRound | SearchPrune | SearchEnd)
+
+EventType = Literal[
+    "user.message", "agent.message", "agent.proposal", "user.decision", "kernel.version",
+    "kernel.checkout", "run.start", "run.result", "profile.result", "diagnosis",
+    "mode.change", "auto.stop", "agent.finished", "error", "marker", "session.end",
+    "search.start", "search.resume", "search.round", "search.prune", "search.end"]
+
+# -- live-only notifications ----------------------------------------------------------
+
+
+class AgentStart(TypedDict):
+    type: Literal["agent.start"]
+    live: Literal[True]
+    role: str
+    agent: str
+
+
+class AgentDelta(TypedDict):
+    """Streamed reply text; consecutive deltas may be joined by an observer."""
+
+    type: Literal["agent.delta"]
+    live: Literal[True]
+    text: str
+
+
+class AgentTool(TypedDict):
+    type: Literal["agent.tool"]
+    live: Literal[True]
+    name: str
+    input: dict[str, Any]
+    id: str | None
+
+
+class AgentToolResult(TypedDict):
+    type: Literal["agent.tool_result"]
+    live: Literal[True]
+    name: str
+    id: str | None
+    output: Any
+    is_error: bool
+
+
+class AgentNotice(TypedDict):
+    type: Literal["agent.notice"]
+    live: Literal[True]
+    text: str
+    level: str
+
+
+class AgentUsage(TypedDict):
+    type: Literal["agent.usage"]
+    live: Literal[True]
+    usage: dict[str, Any]
+
+
+class Notice(TypedDict):
+    type: Literal["notice"]
+    live: Literal[True]
+    text: str
+    level: str
+
+
+class WorkerState(TypedDict):
+    type: Literal["worker.state"]
+    live: Literal[True]
+    state: str
+
+
+class ControllerBusyEvent(TypedDict):
+    type: Literal["controller.busy"]
+    live: Literal[True]
+    what: str  # agent | run | profile | step
+
+
+class ControllerIdle(TypedDict):
+    type: Literal["controller.idle"]
+    live: Literal[True]
+
+
+LiveEvent = (AgentStart | AgentDelta | AgentTool | AgentToolResult | AgentNotice
+             | AgentUsage | Notice | WorkerState | ControllerBusyEvent | ControllerIdle)
+
+LiveType = Literal["agent.start", "agent.delta", "agent.tool", "agent.tool_result",
+                   "agent.notice", "agent.usage", "notice", "worker.state",
+                   "controller.busy", "controller.idle"]
+
+AnyEvent = Event | LiveEvent
+Subscriber = Callable[[dict[str, Any]], None]
+
+
+def live(type_: LiveType, **fields: Any) -> LiveEvent:
+    """A live-only notification: ``{"type": ..., "live": True, **fields}``."""
+    return cast("LiveEvent", {"type": type_, "live": True, **fields})
+
+
+# -- the writer -----------------------------------------------------------------------
+
+
+class Folds(Protocol):
+    """A state that events are folded into (``SessionState``, ``SearchState``)."""
+
+    def apply(self, event: dict[str, Any]) -> None: ...
+
+
+class EventWriter:
+    """Append, fold, publish: the only way a live session's state changes.
+
+    ``state`` is folded in place; ``subscribe`` returns an unsubscribe function."""
+
+    def __init__(self, log: SessionLog, state: Folds) -> None:
+        self.log = log
+        self.state = state
+        self._subscribers: list[Subscriber] = []
+
+    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
+        self._subscribers.append(callback)
+
+        def unsubscribe() -> None:
+            if callback in self._subscribers:
+                self._subscribers.remove(callback)
+
+        return unsubscribe
+
+    def emit(self, event: Event) -> dict[str, Any]:
+        """Persist one event, fold it, tell the subscribers; returns it as written."""
+        fields = dict(event)
+        kind = fields.pop("type")
+        stored = self.log.append(kind, **fields)
+        self.state.apply(stored)
+        self.publish(stored)
+        return stored
+
+    def live(self, event: LiveEvent) -> None:
+        """Tell the subscribers something not worth keeping (never written)."""
+        self.publish(cast("dict[str, Any]", event))
+
+    def publish(self, event: dict[str, Any]) -> None:
+        for callback in list(self._subscribers):
+            try:
+                callback(event)
+            except Exception as exc:  # a broken observer must not stop the loop
+                if callback in self._subscribers:
+                    self._subscribers.remove(callback)
+                # The broken one is gone, so this cannot recurse into it.
+                self.emit(Error(type="error", message=f"subscriber removed: {exc!r}",
+                                where="subscriber"))
