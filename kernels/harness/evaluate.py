@@ -636,6 +636,8 @@ class Evaluation:
         self.result.timing["flops_source"] = flops_source if flops is not None else None
         self.result.timing["clock"] = "judge (round trip to the candidate process)"
         self.result.timing["checked_calls"] = self.timed_checked
+        # the candidate process was stopped (SIGSTOP) while the baseline was timed
+        self.result.timing["candidate_paused"] = proc.proc is not None
         if self.interpret:
             self.result.timing["label"] = "host simulation time"
         if (self.result.timing["speedup"] or 0.0) > integrity.SUSPICIOUS_SPEEDUP:
