@@ -1,18 +1,21 @@
 """The chat as a conversation, in the real app (Pilot): a question typed into the chat is
 answered through the real ``anthropic`` SDK against the local Messages API server, with
 a read-only tool call shown as a collapsible entry; ``/plan`` and ``/explain`` parse
-into controller commands."""
+into controller commands; F2 edits a pending plan and the edit approves it."""
 
 from __future__ import annotations
 
 import pytest
 import pytest_asyncio
 from anthropic_server import MessagesServer, text_reply, tool_reply
+from scripted_agent import ScriptedAgent, kernel, plan
 from test_tui_flow import FakeClock, kinds, make_app, persisted, settle
+from textual.widgets import TextArea
 
 import agents
 from kernels.loaders import load_task
 from kernels.workers import WorkerPool
+from tui.screens.modals import PlanEditor
 from tui.screens.workbench import slash_command
 from tui.widgets.chat import ChatPane
 
@@ -64,3 +67,50 @@ async def test_slash_commands_parse_into_controller_commands() -> None:
     assert slash_command("/explain v3 why slower?") == ("explain", 3, "why slower?")
     assert slash_command("/explain why slower?") == ("explain", None, "why slower?")
     assert slash_command("/frobnicate")[0] == "unknown"
+
+
+async def test_f2_on_a_pending_plan_edits_it_and_the_edit_approves_it(tmp_path, pool):
+    """F2 on a plan opens an editor; submitting records the edited plan as the approving
+    decision, and the implementer is then asked for step 1 of the edited plan. Escape
+    leaves the plan pending."""
+    gelu = load_task("gelu")
+    agent = ScriptedAgent([plan("1. bigger tiles\n2. fuse the epilogue\n3. tune"),
+                           kernel(gelu.starting_source().replace("BLOCK_ROWS = 64",
+                                                                 "BLOCK_ROWS = 128"),
+                                  "bigger tiles")])
+    clock = FakeClock()
+    app = make_app(tmp_path, gelu, agent, pool, clock,
+                   config={"controller": {"record_lessons": False}})
+    async with app.run_test(size=(140, 40)) as pilot:
+        await settle(app, pilot)
+        chat = app.workbench.query_one(ChatPane)
+        chat.query_one("#chat-input").focus()
+        await pilot.press(*"/plan make it faster", "enter")
+        await settle(app, pilot)
+        assert agent.requests[-1].role == "plan"
+        assert app.link.state.pending == "p1"
+        clock.now += 0.6  # past the approval guard
+        await pilot.press("f2")
+        await pilot.pause()
+        editor = app.screen
+        assert isinstance(editor, PlanEditor)
+        assert editor.query_one(TextArea).text == "1. bigger tiles\n2. fuse the epilogue\n3. tune"
+        await pilot.press("escape")  # back: nothing decided
+        await pilot.pause()
+        assert not isinstance(app.screen, PlanEditor) and app.link.state.pending == "p1"
+        assert "user.decision" not in kinds(app)
+        await pilot.press("f2")
+        await pilot.pause()
+        area = app.screen.query_one(TextArea)
+        area.text = "1. bigger tiles only"
+        await pilot.press("ctrl+y")  # the approve key submits the edited plan
+        await settle(app, pilot)
+        decisions = [e for e in persisted(app) if e["type"] == "user.decision"]
+        assert len(decisions) == 1
+        assert decisions[0]["decision"] == "approve" and decisions[0]["by"] == "user"
+        assert decisions[0]["plan"] == "1. bigger tiles only"
+        implement = agent.requests[-1]
+        assert implement.role == "implement"
+        assert any("step 1 of 1" in n and "bigger tiles only" in n for n in implement.notes)
+        assert app.link.state.pending == "p2"
+        await app.action_quit()

@@ -18,7 +18,7 @@ from agents.config import Config
 ACTIONS: dict[str, tuple[str, str, str, str]] = {
     "approve": ("ctrl+y", "approve", "Approve", "Approve the pending proposal"),
     "reject": ("ctrl+n", "reject", "Reject", "Reject the pending proposal with a note"),
-    "edit": ("f2", "edit", "Edit", "Edit the proposal (or the current version); "
+    "edit": ("f2", "edit", "Edit", "Edit the proposal, a plan or the current version; "
              "press again to submit"),
     "toggle_diff": ("f3", "toggle_diff", "Diff", "Show the proposal as a diff or in full"),
     "run": ("ctrl+r", "run", "Run", "Evaluate the current version"),

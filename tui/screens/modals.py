@@ -1,4 +1,5 @@
-"""Small modal screens: the rejection note, an error with its next step, and F1 help."""
+"""Small modal screens: the rejection note, the plan editor, an error with its next step,
+and F1 help."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Input, Static
+from textual.widgets import Input, Static, TextArea
 
 
 class NotePrompt(ModalScreen[str | None]):
@@ -28,6 +29,42 @@ class NotePrompt(ModalScreen[str | None]):
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
         self.dismiss(event.value.strip())
+
+
+class PlanEditor(ModalScreen[str | None]):
+    """Edit a pending plan before approving it. The submit keys (the edit and approve
+    keys, as remapped) return the edited text, which the caller records as the
+    approving decision; Escape returns None and leaves the plan pending."""
+
+    CSS_PATH = "modals.tcss"
+    BINDINGS = [Binding("escape", "dismiss(None)", "Back", id="plan.back")]
+
+    def __init__(self, title: str, plan: str, submit_keys: str = "f2,ctrl+y") -> None:
+        super().__init__()
+        self.title_text, self.plan = title, plan
+        self.submit_keys = submit_keys
+        # Priority: the editor would otherwise take ctrl+y (redo) for itself.
+        self._bindings.bind(submit_keys, "submit", "Approve as edited", show=False,
+                            priority=True)
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog -wide"):
+            yield Static(self.title_text, classes="dialog-title", markup=False)
+            yield TextArea(self.plan, id="plan-text", soft_wrap=True, show_line_numbers=False)
+            keys = " or ".join(self.submit_keys.split(","))
+            yield Static(f"{keys} approves the plan as edited · Esc goes back (the plan "
+                         "stays pending)", classes="dialog-hint", markup=False)
+
+    def on_mount(self) -> None:
+        self.query_one(TextArea).focus()
+
+    def action_submit(self) -> None:
+        text = self.query_one(TextArea).text.strip()
+        if not text:
+            self.notify("an edited plan needs at least one step (Esc goes back)",
+                        severity="warning", timeout=4)
+            return
+        self.dismiss(text)
 
 
 class ErrorModal(ModalScreen[str | None]):

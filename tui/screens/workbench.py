@@ -23,7 +23,7 @@ from tui import keymap
 from tui.link import LiveLink
 from tui.presenter import Presenter, chip_line, describe_result, describe_stop
 from tui.screens.diff import DiffScreen, SourceScreen
-from tui.screens.modals import ErrorModal, NotePrompt
+from tui.screens.modals import ErrorModal, NotePrompt, PlanEditor
 from tui.view import BlobCache, SessionView
 from tui.widgets.chat import ChatPane
 from tui.widgets.footer import KeyFooter
@@ -274,6 +274,9 @@ class WorkbenchScreen(Screen):
         source = self.source
         if source.editing:
             self._submit_edit()
+        elif self._pending_plan() is not None:
+            if self._decision_allowed():
+                self._edit_plan()
         elif source.proposal is not None:
             if self._decision_allowed():
                 source.begin_edit()
@@ -283,6 +286,30 @@ class WorkbenchScreen(Screen):
             self._submit_edit()
         else:
             source.begin_edit()
+
+    def _pending_plan(self) -> dict[str, Any] | None:
+        view = self.view()
+        pending = view.pending() if view is not None else None
+        return pending if pending is not None and pending["kind"] == "plan" else None
+
+    def _edit_plan(self) -> None:
+        """A plan is words, not source: it is edited in a dialog, and the edited plan
+        is recorded as the approving decision (``Controller.edit_plan``)."""
+        pending = self._pending_plan()
+        assert pending is not None
+        keys = ",".join(self._key_list("edit") + self._key_list("approve"))
+
+        def done(text: str | None) -> None:
+            # The plan may have been decided meanwhile (autonomous mode, another key).
+            if text is not None and self._pending_id() == pending["id"]:
+                self._command("edit_plan", text)
+
+        self.app.push_screen(PlanEditor(f"Edit plan {pending['id']}: {pending['summary']}",
+                                        pending["plan"] or "", keys), done)
+
+    def _key_list(self, bid: str) -> list[str]:
+        current = self.app._keymap if hasattr(self.app, "_keymap") else {}
+        return current.get(bid, keymap.ACTIONS[bid][0]).split(",")
 
     def _submit_edit(self) -> None:
         text = self.source.edited_source()

@@ -90,7 +90,7 @@ class StatusBar(Static):
         task = i.task if level < 9 or len(i.task) <= 12 else i.task[:11] + "…"
         text.append(task, style="bold")
         if level >= 6:
-            backend = (i.chip or "").removeprefix("TPU ")
+            backend = (i.chip or i.tpu_chip or "").removeprefix("TPU ")
         elif short_words:
             backend = i.backend.replace(" (TPU interpret)", " interp")
             if i.chip:
