@@ -178,8 +178,11 @@ def run_suite(label: str, directory: Path, args: argparse.Namespace, scratch: Pa
         from sessions.log import load
 
         overrides = (load(Path(task["session"])).header.get("task") or {}).get("overrides") or {}
-        check = recheck(task["session"], root, overrides) if crowned and root else \
-            {"truly_correct": False}
+        try:
+            check = recheck(task["session"], root, overrides) if crowned and root else \
+                {"truly_correct": False}
+        except Exception as exc:  # a re-check that cannot run counts as not correct
+            check = {"truly_correct": False, "recheck": f"{type(exc).__name__}: {exc}"}
         rows.append({"task": task["task"], "generates": generates.get(task["task"], True),
                      "crowned": crowned, **check, "lowerable": lowerable(task["session"]),
                      "speedup": task["best_speedup"], "evaluations": task["evaluations"]})
@@ -227,6 +230,8 @@ def main() -> int:
     parser.add_argument("--set", dest="sets", action="append", default=None,
                         metavar="KEY=VALUE", help="scaling override (default: a preset)")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
+    parser.add_argument("--keep", type=Path, metavar="DIR",
+                        help="keep the search sessions here (default: a temporary folder)")
     args = parser.parse_args()
     args.sets = args.sets or DEFAULT_SETS
     if not args.jaxbench and not args.maxkernel:
@@ -234,6 +239,9 @@ def main() -> int:
                      "accelerator-agents repository)")
     results = []
     with tempfile.TemporaryDirectory(prefix="tw-jaxbench-") as scratch:
+        if args.keep:  # sessions (and copied tasks) kept for report/replay afterwards
+            scratch = str(args.keep)
+            args.keep.mkdir(parents=True, exist_ok=True)
         for label, directory in (("JAXBench", args.jaxbench), ("MaxKernel", args.maxkernel)):
             if directory:
                 results.append(run_suite(label, directory.expanduser(), args, Path(scratch)))
