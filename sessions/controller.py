@@ -28,7 +28,8 @@ from sessions import events as ev
 from sessions.actions import Action, ask
 from sessions.autonomy import ControllerSettings
 from sessions.context import next_role
-from sessions.engine import ApprovalRequired, ControllerBusy, ControllerError, Engine
+from sessions.engine import Engine
+from sessions.errors import ApprovalRequired, ControllerBusy, ControllerError
 from sessions.log import SessionLog
 from sessions.state import ProposalInfo, SessionState, fold
 

@@ -24,6 +24,7 @@ from sessions.actions import Action, ask
 from sessions.agent_turn import AgentTurn, stream_turn
 from sessions.autonomy import ControllerSettings
 from sessions.context import build_request, next_role
+from sessions.errors import ApprovalRequired, ControllerError
 from sessions.log import SessionLog, read_json_blob
 from sessions.state import FAILED_STATUSES, SessionState
 from sessions.state import error_line as _error_line
@@ -31,18 +32,6 @@ from sessions.state import rank_fields as _rank_fields
 
 if TYPE_CHECKING:
     from sessions.tools import SessionTools
-
-
-class ControllerError(Exception):
-    """A command that cannot be carried out now; the message says what to do instead."""
-
-
-class ControllerBusy(ControllerError):
-    pass
-
-
-class ApprovalRequired(ControllerError):
-    pass
 
 
 class Engine:

@@ -9,10 +9,12 @@ older tilewright can still fold a session that a newer one wrote within the sche
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kernels.result import DISQUALIFYING_FLAGS, EvalResult
+from sessions import events as ev
 
 
 def error_line(result: EvalResult) -> str | None:
@@ -273,7 +275,7 @@ def fold(header: dict[str, Any], events: list[dict[str, Any]]) -> SessionState:
 
 # -- handlers, one per event type -----------------------------------------------------
 
-def _agent_message(s: SessionState, e: dict[str, Any]) -> None:
+def _agent_message(s: SessionState, e: ev.AgentMessage) -> None:
     if e.get("answer"):
         _agent_answer(s, e)
     usage = e.get("usage") or {}
@@ -287,7 +289,7 @@ def _agent_message(s: SessionState, e: dict[str, Any]) -> None:
             spent.cost_unknown = True
 
 
-def _agent_answer(s: SessionState, e: dict[str, Any]) -> None:
+def _agent_answer(s: SessionState, e: ev.AgentMessage) -> None:
     """A text-only reply that answered the person: what it answered is no longer news."""
     s.answers += 1
     seen = e.get("notes_seen")
@@ -310,12 +312,12 @@ def plan_steps(plan: str) -> list[str]:
     return steps or [plan.strip()]
 
 
-def _user_message(s: SessionState, e: dict[str, Any]) -> None:
+def _user_message(s: SessionState, e: ev.UserMessage) -> None:
     if e.get("text"):
         s.notes.append(f"user: {e['text']}")
 
 
-def _proposal(s: SessionState, e: dict[str, Any]) -> None:
+def _proposal(s: SessionState, e: ev.AgentProposal) -> None:
     pid = str(e.get("proposal"))
     s.proposals[pid] = ProposalInfo(
         id=pid, kind=e.get("kind", "kernel"), summary=e.get("summary", ""),
@@ -331,7 +333,7 @@ def _proposal(s: SessionState, e: dict[str, Any]) -> None:
         s.fix_streak += 1
 
 
-def _decision(s: SessionState, e: dict[str, Any]) -> None:
+def _decision(s: SessionState, e: ev.UserDecision) -> None:
     info = DecisionInfo(seq=e.get("seq", 0), t=float(e.get("t", 0.0)),
                         proposal=e.get("proposal"), decision=e.get("decision", ""),
                         by=e.get("by", "user"), note=e.get("note"))
@@ -357,7 +359,7 @@ def _decision(s: SessionState, e: dict[str, Any]) -> None:
         s.auto_rejections = 0
 
 
-def _version(s: SessionState, e: dict[str, Any]) -> None:
+def _version(s: SessionState, e: ev.KernelVersion) -> None:
     number = int(e["version"])
     origin = e.get("origin", "agent")
     s.versions[number] = Version(
@@ -379,20 +381,20 @@ def _version(s: SessionState, e: dict[str, Any]) -> None:
         s.fix_streak = 0
 
 
-def _checkout(s: SessionState, e: dict[str, Any]) -> None:
+def _checkout(s: SessionState, e: ev.KernelCheckout) -> None:
     if int(e.get("version", -1)) in s.versions:
         s.current = int(e["version"])
         s.fix_streak = 0
 
 
-def _run_start(s: SessionState, e: dict[str, Any]) -> None:
+def _run_start(s: SessionState, e: ev.RunStart) -> None:
     rid = str(e.get("run"))
     s.runs[rid] = RunInfo(id=rid, version=int(e.get("version", 0)), kind=e.get("kind", "eval"),
                           by=e.get("by", "user"), seq=e.get("seq", 0),
                           t_start=float(e.get("t", 0.0)))
 
 
-def _run_result(s: SessionState, e: dict[str, Any]) -> None:
+def _run_result(s: SessionState, e: ev.RunResult) -> None:
     rid = str(e.get("run"))
     run = s.runs.get(rid)
     if run is not None:
@@ -400,8 +402,8 @@ def _run_result(s: SessionState, e: dict[str, Any]) -> None:
         run.t_end = float(e.get("t", 0.0))
         run.cancelled = bool(e.get("cancelled"))
         run.interrupted = bool(e.get("interrupted"))
-    if e.get("cancelled"):
-        return
+    if e.get("cancelled") or e.get("status") == "error":
+        return  # nothing was measured (an evaluator failure has its own error event)
     version = s.versions.get(int(e.get("version", -1)))
     if version is None:
         return
@@ -441,7 +443,7 @@ _RANK_FIELDS = ("rank_source", "rank_label", "chip", "tpu_compile", "vmem_bytes"
                 "vmem_limit_bytes", "estimated_speedup", "measured_speedup")
 
 
-def _profile_result(s: SessionState, e: dict[str, Any]) -> None:
+def _profile_result(s: SessionState, e: ev.ProfileResult) -> None:
     rid = str(e.get("run"))
     run = s.runs.get(rid)
     if run is not None:
@@ -452,7 +454,7 @@ def _profile_result(s: SessionState, e: dict[str, Any]) -> None:
         version.profile_blob = e["profile_blob"]
 
 
-def _diagnosis(s: SessionState, e: dict[str, Any]) -> None:
+def _diagnosis(s: SessionState, e: ev.Diagnosis) -> None:
     entry = {k: v for k, v in e.items() if k not in ("type", "t")}
     s.diagnoses.append(entry)
     version = s.versions.get(int(e.get("version", -1)))
@@ -460,7 +462,7 @@ def _diagnosis(s: SessionState, e: dict[str, Any]) -> None:
         version.diagnosis = entry
 
 
-def _mode(s: SessionState, e: dict[str, Any]) -> None:
+def _mode(s: SessionState, e: ev.ModeChange) -> None:
     mode = e.get("mode", "step")
     if mode == "auto" and s.mode != "auto":
         s.auto_spent = Spent()
@@ -473,11 +475,11 @@ def _mode(s: SessionState, e: dict[str, Any]) -> None:
     s.mode = mode
 
 
-def _auto_stop(s: SessionState, e: dict[str, Any]) -> None:
+def _auto_stop(s: SessionState, e: ev.AutoStop) -> None:
     s.auto_stops.append({"reason": e.get("reason"), "seq": e.get("seq"), "t": e.get("t")})
 
 
-def _error(s: SessionState, e: dict[str, Any]) -> None:
+def _error(s: SessionState, e: ev.Error) -> None:
     s.errors.append({"message": e.get("message"), "where": e.get("where"), "seq": e.get("seq")})
     if e.get("where") == "agent":
         s.agent_failures += 1
@@ -488,18 +490,18 @@ def _error(s: SessionState, e: dict[str, Any]) -> None:
         s.notes.append(f"{prop.id} could not be applied: {e.get('message')}")
 
 
-def _agent_finished(s: SessionState, e: dict[str, Any]) -> None:
+def _agent_finished(s: SessionState, e: ev.AgentFinished) -> None:
     s.agent_finished = str(e.get("message") or "the agent has nothing more to try")
 
 
-def _session_end(s: SessionState, e: dict[str, Any]) -> None:
+def _session_end(s: SessionState, e: ev.SessionEnd) -> None:
     s.ended = e.get("reason") or "end"
     active = s.active_run
     if active is not None:  # a run cannot outlive its session
         active.status, active.cancelled = "cancelled", True
 
 
-def _ignore(s: SessionState, e: dict[str, Any]) -> None:
+def _ignore(s: SessionState, e: ev.Event) -> None:
     pass
 
 
@@ -507,7 +509,8 @@ def _spent_targets(s: SessionState) -> list[Spent]:
     return [s.spent, s.auto_spent] if s.mode == "auto" else [s.spent]
 
 
-_HANDLERS = {
+# Events come off disk as plain dicts; the type names which TypedDict each one is.
+_HANDLERS: dict[str, Callable[[SessionState, Any], None]] = {
     "user.message": _user_message,
     "agent.message": _agent_message,
     "agent.proposal": _proposal,
@@ -525,3 +528,14 @@ _HANDLERS = {
     "marker": _ignore,
     "session.end": _session_end,
 }
+
+
+def tuned_source(source: str, tuning: dict[str, Any]) -> str | None:
+    """What a tuning proposal would make of ``source``, for showing it before it is
+    approved; None when it cannot apply (the controller says why on approval)."""
+    from kernels import tunables
+
+    try:
+        return tunables.apply(source, tuning)
+    except Exception:
+        return None

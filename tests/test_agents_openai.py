@@ -353,11 +353,11 @@ async def test_the_tui_opened_with_agent_openai_streams_applies_and_evaluates(
         while app.link is None:
             assert not isinstance(app.screen, ErrorModal), app.screen.message
             await pilot.pause(0.05)
-        await app.link.controller.wait_idle()
+        await app.link.wait_idle()
         assert app.link.agent_label == "gpt-4.1 at 127.0.0.1"
         await pilot.press("ctrl+r")
         await app.workers.wait_for_complete()
-        await app.link.controller.wait_idle()
+        await app.link.wait_idle()
         for _ in range(3):
             await pilot.pause()
         assert app.link.state.pending == "p1"
@@ -368,7 +368,7 @@ async def test_the_tui_opened_with_agent_openai_streams_applies_and_evaluates(
         now[0] += 1
         await pilot.press("ctrl+y")
         await app.workers.wait_for_complete()
-        await app.link.controller.wait_idle()
+        await app.link.wait_idle()
         for _ in range(3):
             await pilot.pause()
         assert app.link.state.versions[2].status == "correct"

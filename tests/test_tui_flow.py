@@ -78,7 +78,7 @@ async def settle(app: TilewrightApp, pilot) -> None:
     await app.workers.wait_for_complete()
     while app.link is None:  # the opener worker has not attached yet
         await pilot.pause(0.02)
-    await app.link.controller.wait_idle()
+    await app.link.wait_idle()
     for _ in range(3):  # events posted by the last step, then the draw they schedule
         await pilot.pause()
     modal = app.screen
@@ -419,7 +419,7 @@ async def test_streamed_text_is_coalesced_into_fewer_messages_in_order(tmp_path,
             live(event)
 
         presenter.live = counted
-        app.link.controller.user_message("go")
+        app.link.send_message("go")
         await settle(app, pilot)
         assert "".join(published) == words
         assert "".join(delivered) == words  # nothing lost, nothing reordered

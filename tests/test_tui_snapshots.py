@@ -42,6 +42,12 @@ class RefusingEvaluator:
     async def profile(self, task, source, logdir):
         raise AssertionError("a snapshot test must not profile")
 
+    def set_state_listener(self, callback) -> None:
+        pass  # its state never changes
+
+    async def backend(self):
+        return None
+
 
 def session_copy(tmp_path: Path) -> Path:
     target = tmp_path / FIXTURE.name
@@ -65,7 +71,7 @@ def workbench(tmp_path: Path) -> TilewrightApp:
 async def opened(pilot) -> None:
     app = pilot.app
     await app.workers.wait_for_complete()
-    await app.link.controller.wait_idle()
+    await app.link.wait_idle()
     await pilot.pause()
     await pilot.pause()
     chat = app.workbench.query_one("ChatPane")
@@ -180,7 +186,7 @@ async def test_diff_toggle_history_diff_and_revert(tmp_path) -> None:
         assert "BLOCK_ROWS = 128" in app.screen.query_one("TextArea").text
         await pilot.press("escape")
         await pilot.press("r")  # revert to v2
-        await app.link.controller.wait_idle()
+        await app.link.wait_idle()
         await pilot.pause()
         assert app.link.state.current == 2
         events = [e["type"] for e in load(app.link.path).events]

@@ -64,8 +64,10 @@ class TilewrightApp(App):
         self._gc_threshold: tuple[int, ...] | None = None  # CPython's, while ours is set
         self._theme_error = apply_theme(self, self.config)
         self._keymap_error: str | None = None
+        self.keymap_overrides: dict[str, str] = {}  # read by keymap.remapped
         try:
-            self.set_keymap(keymap.keymap_from_config(self.config))
+            self.keymap_overrides = keymap.keymap_from_config(self.config)
+            self.set_keymap(self.keymap_overrides)
         except keymap.KeymapError as exc:  # a typo in the config must not stop the app
             self._keymap_error = str(exc)
 
@@ -153,7 +155,7 @@ class TilewrightApp(App):
         if isinstance(self.screen, HelpScreen):
             self.pop_screen()
             return
-        self.push_screen(HelpScreen(keymap.describe(self._keymap), HELP_EXTRA))
+        self.push_screen(HelpScreen(keymap.describe(self.keymap_overrides), HELP_EXTRA))
 
     async def action_quit(self) -> None:
         link, self.link = self.link, None

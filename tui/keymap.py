@@ -72,6 +72,13 @@ def _pane_binding_ids() -> set[str]:
             if isinstance(b, Binding) and b.id}
 
 
+def remapped(app: object) -> dict[str, str]:
+    """The ``[keys]`` remaps an app applied (action id -> keys). Textual keeps its own
+    copy private, so the apps record what they passed to ``set_keymap``; an app that
+    set none (a test harness) has the defaults."""
+    return dict(getattr(app, "keymap_overrides", None) or {})
+
+
 def describe(keymap: dict[str, str]) -> list[tuple[str, str, str]]:
     """(keys, label, description) rows for the help screen, with remaps applied."""
     return [(keymap.get(bid, keys), label, description)

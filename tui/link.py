@@ -1,74 +1,132 @@
-"""The one place the TUI meets the session engine.
+"""The one place the TUI meets a live session.
 
-A ``LiveLink`` gives screens the folded state, blob reads, a subscription to events
-and the controller's commands. ``LiveLink`` wraps a running ``sessions`` controller;
-the replay screen folds recorded events itself and needs no link.
+A ``LiveLink`` gives screens the folded state, blob reads, the events recorded so far,
+a subscription to new ones, and one method per command (approve, reject, edit, run,
+...). Screens call these methods and nothing below them: the link is the UI's only way
+into a running ``sessions`` controller. A command that cannot run now raises
+``CommandRefused`` (the controller's ``ControllerError``) whose message the screen
+shows. The replay screen folds recorded events itself and needs no link.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sessions.errors import ControllerError as CommandRefused
+
 if TYPE_CHECKING:  # the controller module is imported once a session opens, not at start
+    from kernels.result import EvalResult
     from sessions.controller import Controller
     from sessions.state import SessionState
 
-__all__ = ["LiveLink"]
+__all__ = ["CommandRefused", "LiveLink"]
 
 
 class LiveLink:
     def __init__(self, controller: Controller, agent_label: str = "agent",
                  chip: str | None = None, on_close: Callable[[], Any] | None = None) -> None:
-        self.controller = controller
+        self._controller = controller
         self.agent_label = agent_label
         self.chip = chip
         self._on_close = on_close
 
-    @property
-    def state(self) -> SessionState:
-        return self.controller.state
+    # -- observing --------------------------------------------------------------------
 
     @property
-    def path(self):
-        return self.controller.log.path
+    def state(self) -> SessionState:
+        return self._controller.state
+
+    @property
+    def path(self) -> Path:
+        return self._controller.log.path
 
     @property
     def busy(self) -> str | None:
-        return self.controller.busy
+        return self._controller.busy
 
     @property
     def worker_state(self) -> str:
-        evaluator = self.controller.evaluator
-        return str(getattr(evaluator, "state", "idle"))
+        return self._controller.evaluator.state
 
     def read_blob(self, sha: str) -> bytes:
-        return self.controller.log.get_blob(sha)
+        return self._controller.log.get_blob(sha)
+
+    def recorded_events(self) -> list[dict[str, Any]]:
+        """The events on disk (a resumed session's history), read from the log file."""
+        from sessions.log import load
+
+        return load(self.path).events
 
     def subscribe(self, callback: Callable[[dict[str, Any]], None]) -> Callable[[], None]:
-        return self.controller.subscribe(callback)
+        return self._controller.subscribe(callback)
 
-    async def command(self, name: str, *args: Any) -> Any:
-        """Call a controller command; its ``ControllerError`` reaches the caller."""
-        result = getattr(self.controller, name)(*args)
-        if inspect.isawaitable(result):
-            result = await result
-        return result
+    # -- commands (each may raise CommandRefused) -------------------------------------
 
-    async def check_chips(self, version: int, chips: list[str]) -> list[Any]:
+    def approve(self) -> None:
+        self._controller.approve()
+
+    def reject(self, note: str | None = None) -> None:
+        self._controller.reject(note)
+
+    def edit(self, source: str) -> None:
+        self._controller.edit(source)
+
+    def edit_plan(self, plan: str) -> None:
+        self._controller.edit_plan(plan)
+
+    def run(self, version: int | None = None) -> None:
+        self._controller.run(version)
+
+    def profile(self, version: int | None = None) -> None:
+        self._controller.profile(version)
+
+    def revert(self, version: int) -> None:
+        self._controller.revert(version)
+
+    def set_mode(self, mode: str) -> None:
+        self._controller.set_mode(mode)
+
+    def toggle_auto(self) -> None:
+        """Step -> auto, auto -> step."""
+        self.set_mode("step" if self.state.mode == "auto" else "auto")
+
+    def send_message(self, text: str) -> None:
+        self._controller.user_message(text)
+
+    def request_plan(self, wishes: str | None = None) -> None:
+        self._controller.request_plan(wishes)
+
+    def explain(self, version: int | None = None, question: str | None = None) -> None:
+        self._controller.explain(version, question)
+
+    def request_proposal(self, role: str | None = None) -> None:
+        self._controller.request_proposal(role)
+
+    async def wait_idle(self) -> None:
+        """Until no job runs (tests and scripted flows wait on this)."""
+        await self._controller.wait_idle()
+
+    async def cancel(self) -> bool:
+        return await self._controller.cancel()
+
+    async def check_chips(self, version: int, chips: list[str]) -> list[EvalResult]:
         """Evaluate ``version`` once per TPU generation (nothing is recorded in the
         session: the verdicts answer a question, they do not rank the version)."""
-        evaluator = self.controller.evaluator
-        if not hasattr(evaluator, "evaluate_on_chips"):
+        evaluator = self._controller.evaluator
+        on_chips = getattr(evaluator, "evaluate_on_chips", None)  # PoolEvaluator has it
+        if on_chips is None:
             raise RuntimeError("this session's evaluator cannot compile for other chips")
-        source = self.controller.log.get_blob(
-            self.state.versions[version].source_blob).decode()
-        return await evaluator.evaluate_on_chips(self.controller.task, source, chips)
+        source = self.read_blob(self.state.versions[version].source_blob).decode()
+        results: list[EvalResult] = await on_chips(self._controller.task, source, chips)
+        return results
 
     async def close(self) -> None:
-        await self.controller.close("user quit")
+        await self._controller.close("user quit")
         if self._on_close is not None:
+            import inspect
+
             result = self._on_close()
             if inspect.isawaitable(result):
                 await result

@@ -25,7 +25,7 @@ class WorkbenchCommands(Provider):
         if link is None:
             return []
         state = link.state
-        keys = self.app._keymap if hasattr(self.app, "_keymap") else {}
+        keys = keymap.remapped(self.app)
 
         def key(bid: str) -> str:
             return keys.get(bid, keymap.ACTIONS[bid][0]).split(",")[0]

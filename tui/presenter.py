@@ -49,6 +49,8 @@ def describe_stop(event: dict[str, Any]) -> tuple[str, str]:
 def describe_result(event: dict[str, Any]) -> tuple[str, str]:
     """(toast text, severity) for a run.result event."""
     v = event.get("version")
+    if event.get("status") == "error":  # the evaluator failed, not the kernel
+        return f"evaluation of v{v} failed (see the error below)", "error"
     if event.get("cancelled"):
         return f"run {event.get('run')} on v{v} cancelled", "warning"
     status = event.get("status", "?")
@@ -189,17 +191,17 @@ class Presenter:
     # -- live-only notifications ------------------------------------------------------
     def live(self, event: dict[str, Any]) -> None:
         kind = str(event.get("type", ""))
-        if kind.endswith("delta") and "text" in event:
-            self.chat.stream_delta(event["text"], self._label(event))
-        elif kind.endswith("tool_result"):
+        if kind == "agent.delta":
+            self.chat.stream_delta(str(event.get("text", "")), self._label(event))
+        elif kind == "agent.tool_result":
             self.chat.tool_call(str(event.get("id") or event.get("name")),
                                 str(event.get("name", "tool")), _tool_body(event),
                                 "error" if event.get("is_error") else "read-only")
-        elif kind.endswith("tool_call") or kind.endswith("tool"):
+        elif kind == "agent.tool":
             key = str(event.get("id") or event.get("name"))
             if str(event.get("name", "")).startswith("propose_"):
                 self._live_proposal = key
             self.chat.tool_call(key, str(event.get("name", "tool")),
                                 event.get("input") or {}, str(event.get("status", "")))
-        elif kind.endswith("notice"):
+        elif kind in ("agent.notice", "notice"):
             self.chat.add_notice(str(event.get("text", "")), str(event.get("level", "info")))

@@ -43,8 +43,10 @@ class ReplayApp(App):
         self.config = config or {}
         self.sessions_dir = sessions_dir
         self._theme_error = apply_theme(self, self.config)
+        self.keymap_overrides: dict[str, str] = {}  # read by keymap.remapped
         try:
-            self.set_keymap(keymap.keymap_from_config(self.config))
+            self.keymap_overrides = keymap.keymap_from_config(self.config)
+            self.set_keymap(self.keymap_overrides)
         except keymap.KeymapError:
             pass  # the workbench reports keymap errors; replay keys are fixed
 

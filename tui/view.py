@@ -177,9 +177,6 @@ def _backend_label(backend: dict[str, Any]) -> str:
 def _tuned(source: str, tuning: dict[str, Any]) -> str | None:
     """What a tuning proposal would make of the current source (None if it cannot
     apply: the controller reports why when it is approved)."""
-    from kernels import tunables
+    from sessions.state import tuned_source
 
-    try:
-        return tunables.apply(source, tuning)
-    except Exception:
-        return None
+    return tuned_source(source, tuning)

@@ -222,7 +222,7 @@ class SearchState:
 
     def evaluations(self) -> int:
         return sum(1 for r in self.session.runs.values()
-                   if r.kind == "eval" and r.status is not None and not r.cancelled)
+                   if r.kind == "eval" and r.status not in (None, "error") and not r.cancelled)
 
     def children(self, parent: int | None, lineage: int | None = None) -> list[int]:
         return [n.version for n in self.nodes.values() if n.parent == parent

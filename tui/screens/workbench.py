@@ -7,6 +7,7 @@ message; all drawing happens in the message handler, on the UI's own schedule.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +21,7 @@ from textual.widget import Widget
 from textual.worker import Worker, WorkerState
 
 from tui import keymap
-from tui.link import LiveLink
+from tui.link import CommandRefused, LiveLink
 from tui.presenter import Presenter, chip_line, describe_result, describe_stop
 from tui.screens.diff import DiffScreen, SourceScreen
 from tui.screens.modals import ErrorModal, NotePrompt, PlanEditor
@@ -109,10 +110,8 @@ class WorkbenchScreen(Screen):
         self.worker_state = link.worker_state
         self.query_one(ActivityLine).stop()
         # Anything already in the log (a resumed session) first, then live events.
-        from sessions.log import load
-
         try:
-            for event in load(link.path).events:
+            for event in link.recorded_events():
                 self.presenter.chat_entry(event)
         except Exception as exc:  # the log is readable by the controller; say what broke
             self.notify(f"could not show the session's history: {exc}", severity="warning")
@@ -225,7 +224,7 @@ class WorkbenchScreen(Screen):
         bar.ask(pending["id"], f"{what} proposal {pending['id']}: {pending['summary']}", keys)
 
     def _keys(self, *ids: str) -> str:
-        current = self.app._keymap if hasattr(self.app, "_keymap") else {}
+        current = keymap.remapped(self.app)
         parts = []
         for bid in ids:
             keys, _, label, _ = keymap.ACTIONS[bid]
@@ -257,7 +256,7 @@ class WorkbenchScreen(Screen):
             self._submit_edit()
             return
         if self._decision_allowed():
-            self._command("approve")
+            self._command(lambda link: link.approve())
 
     def action_reject(self) -> None:
         if not self._decision_allowed():
@@ -265,7 +264,7 @@ class WorkbenchScreen(Screen):
 
         def done(note: str | None) -> None:
             if note is not None:
-                self._command("reject", note)
+                self._command(lambda link: link.reject(note))
 
         self.app.push_screen(NotePrompt("Reject the proposal — a note for the agent "
                                         "(optional):", "e.g. keep BLOCK_COLS at 128"), done)
@@ -302,32 +301,30 @@ class WorkbenchScreen(Screen):
         def done(text: str | None) -> None:
             # The plan may have been decided meanwhile (autonomous mode, another key).
             if text is not None and self._pending_id() == pending["id"]:
-                self._command("edit_plan", text)
+                self._command(lambda link: link.edit_plan(text))
 
         self.app.push_screen(PlanEditor(f"Edit plan {pending['id']}: {pending['summary']}",
                                         pending["plan"] or "", keys), done)
 
     def _key_list(self, bid: str) -> list[str]:
-        current = self.app._keymap if hasattr(self.app, "_keymap") else {}
+        current = keymap.remapped(self.app)
         return current.get(bid, keymap.ACTIONS[bid][0]).split(",")
 
     def _submit_edit(self) -> None:
         text = self.source.edited_source()
-        self._command("edit", text)
+        self._command(lambda link: link.edit(text))
 
     def action_toggle_diff(self) -> None:
         self.source.toggle_view()
 
     def action_run(self) -> None:
-        self._command("run")
+        self._command(lambda link: link.run())
 
     def action_profile(self) -> None:
-        self._command("profile")
+        self._command(lambda link: link.profile())
 
     def action_toggle_auto(self) -> None:
-        if self.link is not None:
-            mode = "step" if self.link.state.mode == "auto" else "auto"
-            self._command("set_mode", mode)
+        self._command(lambda link: link.toggle_auto())
 
     def action_cancel(self) -> None:
         busy = self.link.busy if self.link else None
@@ -337,7 +334,7 @@ class WorkbenchScreen(Screen):
         now = self.clock()
         if self._cancel_armed_at is not None and now - self._cancel_armed_at <= CANCEL_WINDOW_S:
             self._cancel_armed_at = None
-            self._command("cancel")
+            self._command(lambda link: link.cancel())
             return
         self._cancel_armed_at = now
         self.notify(f"press {self._keys('cancel').split()[0]} again to cancel the {busy}",
@@ -365,11 +362,13 @@ class WorkbenchScreen(Screen):
     def _chat(self, message: ChatPane.Submitted) -> None:
         command = slash_command(message.text)
         if command is None:
-            self._command("user_message", message.text)
+            self._command(lambda link: link.send_message(message.text))
         elif command[0] == "unknown":
             self.notify(command[1], severity="warning", timeout=6)
-        else:
-            self._command(*command)
+        elif command[0] == "request_plan":
+            self._command(lambda link: link.request_plan(command[1]))
+        else:  # explain
+            self._command(lambda link: link.explain(command[1], command[2]))
 
     @on(ProblemsPane.Jump)
     def _jump(self, message: ProblemsPane.Jump) -> None:
@@ -382,7 +381,7 @@ class WorkbenchScreen(Screen):
         if view is None or self.presenter is None:
             return
         if message.what == "revert":
-            self._command("revert", message.version)
+            self._command(lambda link: link.revert(message.version))
         elif message.what == "view":
             version = view.state.versions[message.version]
             self.app.push_screen(SourceScreen(
@@ -395,20 +394,21 @@ class WorkbenchScreen(Screen):
                                             view.current_source()))
 
     # -- commands ---------------------------------------------------------------------
-    def _command(self, name: str, *args: Any) -> None:
+    def _command(self, call: Callable[[LiveLink], Any]) -> None:
+        """Run one ``LiveLink`` command, e.g. ``lambda link: link.approve()``."""
         if self.link is None:
             self.notify("the session is still opening", severity="warning", timeout=3)
             return
-        self._run_command(name, *args)
+        self._run_command(call)
 
     @work(exclusive=False, exit_on_error=False, group="commands")
-    async def _run_command(self, name: str, *args: Any) -> None:
+    async def _run_command(self, call: Callable[[LiveLink], Any]) -> None:
         assert self.link is not None
-        from sessions.controller import ControllerError
-
         try:
-            await self.link.command(name, *args)
-        except ControllerError as exc:  # the user asked for something not possible now
+            result = call(self.link)
+            if inspect.isawaitable(result):
+                await result
+        except CommandRefused as exc:  # the user asked for something not possible now
             self.notify(str(exc), severity="warning", timeout=6)
 
     @work(exclusive=True, exit_on_error=False, group="chips")
