@@ -345,6 +345,20 @@ class WorkerPool:
                 duration_s=time.perf_counter() - started, stderr=stderr)
         result = EvalResult.from_json(reply["result"])
         result.stderr = stderr
+        killed = (result.extra.get("candidate_process") or {}).get("killed")
+        if killed in ("timeout", "memory") and result.error and not self._closed:
+            # the judge killed the candidate process: blame the task when its reference
+            # alone does not fit either (docs/SECURITY.md, "Errors blame the right party")
+            fits = await self._reference_fits(task, options)
+            result.extra["reference_probe"] = {True: "fits", False: "exceeds",
+                                               None: "unknown"}[fits]
+            if fits is False:
+                what = "ran out of time" if killed == "timeout" else "exceeded the memory limit"
+                result.error = EvalError(
+                    kind="task", message=f"the task's reference alone {what} under the "
+                    f"same limits: a task problem, not the kernel's ({result.error.message})",
+                    hint="Use smaller shapes (--set KEY=VALUE), or raise --timeout / the "
+                         "memory limit; the kernel was not judged.")
         result.duration_s = time.perf_counter() - started
         result.extra.setdefault("phases", {})["worker_s"] = reply.get("handler_s")
         result.confinement = self.confinement

@@ -177,7 +177,28 @@ def _worker_chain(worker) -> set[int]:
     for pid in descendants(worker.proc.pid):
         if worker.pid in descendants(pid) or pid == worker.pid:
             chain.add(pid)
+    # The judge's warm candidate process: its shim, the shim's init, the init's server
+    # (anything a candidate leaves is below the server, which reaps it after each request).
+    level = set(chain)
+    for _ in range(3):
+        level = {p for p, parent in _parents().items() if parent in level} - chain
+        chain |= {p for p in level if _is_candidate_process(p)}
+        level &= chain
     return chain
+
+
+def _parents() -> dict[int, int]:
+    from kernels.confinement import _process_table
+
+    return _process_table()
+
+
+def _is_candidate_process(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return b"kernels.harness.candidate" in fh.read()
+    except OSError:
+        return False
 
 
 @ON_MODULE_LOOP

@@ -168,8 +168,8 @@ class Server:
                     return facts
             else:
                 self._submit(name, program, flat)
-        if self.interpret:  # the same jaxpr, its pallas_calls switched to interpret mode
-            program = jax.jit(jaxpr_as_fun(with_interpret(closed)))
+        if self.interpret:  # the same jaxpr, its pallas_calls interpreted
+            program = jax.jit(interpreted(closed))
         try:
             with execution_mode(self.interpret):
                 compiled = program.lower(*flat).compile()
@@ -274,35 +274,44 @@ class Server:
         return {}
 
 
-def with_interpret(closed: Any) -> Any:
-    """``closed`` with every ``pallas_call`` set to TPU interpret mode (Pallas fixes the
-    mode when the call is traced; off-TPU the traced program must run interpreted).
-    Nothing else changes: no candidate Python runs."""
+def interpreted(closed: Any) -> Any:
+    """A function evaluating ``closed`` with every ``pallas_call`` in TPU interpret mode
+    (Pallas fixes the mode when the call is traced; off-TPU the traced program must run
+    interpreted). Nested ``jit``s are inlined so the interpreter's effects are traced
+    afresh. Nothing else changes and no candidate Python runs."""
     from jax.experimental.pallas import tpu as pltpu
-    from jax.extend.core import ClosedJaxpr, Jaxpr
+    from jax.extend.core import Literal
 
     params = pltpu.InterpretParams()
 
-    def jaxpr(value: Any) -> Any:
-        eqns = []
-        for eqn in value.eqns:
-            if eqn.primitive.name == "pallas_call":
-                eqns.append(eqn.replace(params={**eqn.params, "interpret": params}))
+    def evaluate(jaxpr: Any, consts: Any, *args: Any) -> list[Any]:
+        env: dict[Any, Any] = {}
+
+        def read(var: Any) -> Any:
+            return var.val if isinstance(var, Literal) else env[var]
+
+        env.update(zip(jaxpr.constvars, consts, strict=True))
+        env.update(zip(jaxpr.invars, args, strict=True))
+        for eqn in jaxpr.eqns:
+            invals = [read(v) for v in eqn.invars]
+            name = eqn.primitive.name
+            if name in ("pjit", "jit") and "jaxpr" in eqn.params:
+                inner = eqn.params["jaxpr"]
+                outs = evaluate(inner.jaxpr, inner.consts, *invals)
             else:
-                eqns.append(eqn.replace(params={k: rewrite(v) for k, v in eqn.params.items()}))
-        return value.replace(eqns=eqns)
+                bind = {**eqn.params, "interpret": params} if name == "pallas_call" \
+                    else eqn.params
+                with eqn.ctx.manager:
+                    outs = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(bind))
+                if not eqn.primitive.multiple_results:
+                    outs = [outs]
+            env.update(zip(eqn.outvars, outs, strict=True))
+        return [read(v) for v in jaxpr.outvars]
 
-    def rewrite(value: Any) -> Any:
-        if isinstance(value, ClosedJaxpr):
-            return value.replace(jaxpr=jaxpr(value.jaxpr))
-        if isinstance(value, Jaxpr):
-            return jaxpr(value)
-        if isinstance(value, tuple | list) and any(isinstance(v, ClosedJaxpr | Jaxpr)
-                                                   for v in value):
-            return type(value)(rewrite(v) for v in value)
-        return value
+    def run(*args: Any) -> list[Any]:
+        return evaluate(closed.jaxpr, closed.consts, *args)
 
-    return rewrite(closed)
+    return run
 
 
 def serve(sock: socket.socket) -> None:

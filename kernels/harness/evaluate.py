@@ -198,7 +198,7 @@ class Evaluation:
         self.candidate_info["started"] = judge.process().started
         result.extra["candidate_process"] = self.candidate_info
         if self._leftovers:
-            result.extra["candidate_leftover_processes"] = self._leftovers
+            result.extra["leftover_processes"] = self._leftovers
             self.flags.append("spawned_processes")
         result.integrity = {"flags": sorted(set(self.flags))}
         if self.outside_compute:

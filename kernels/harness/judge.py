@@ -176,6 +176,8 @@ class CandidateProcess:
                     os.kill(pid, signal.SIGCONT)
 
     def rss_mb(self) -> float:
+        """The largest resident size in the tree (forked children share their pages:
+        a sum would count a fork flood many times over)."""
         total = 0
         root = _host_pid(self.proc.pid) if self.proc is not None else None
         if root is None:
@@ -183,7 +185,7 @@ class CandidateProcess:
         for host in (root, *confinement.descendants(root)):
             with contextlib.suppress(OSError, ValueError, IndexError), \
                     open(f"/proc/{host}/statm") as fh:
-                total += int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+                total = max(total, int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
         return total / (1 << 20)
 
     # -- requests ----------------------------------------------------------------------
