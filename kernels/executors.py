@@ -220,6 +220,24 @@ class LocalExecutor:
         finally:
             self._free.put_nowait(pool)
 
+    async def profile(self, task: Task, source: str, logdir: Path, chip: str | None = None,
+                      timeout_s: float = 300.0) -> dict[str, Any]:
+        """Profile one candidate into ``logdir`` on a free worker (the worker's ``profile``
+        op: trace digest, static ``pallas_call`` analysis, roofline for ``chip``)."""
+        if self._free is None:
+            raise ExecutorError("LocalExecutor.profile before start(): use `async with`")
+        payload: dict[str, Any] = {"task": task.to_spec(), "source": source,
+                                   "filename": "kernel.py", "logdir": str(logdir)}
+        if chip:
+            payload["chip"] = chip
+        pool = await self._free.get()
+        try:
+            result = await pool.request("profile", payload, timeout_s)
+        finally:
+            self._free.put_nowait(pool)
+        result.pop("_stderr", None)
+        return result
+
     async def backend(self) -> dict[str, Any] | None:
         """Where evaluations run (platform, mode, device kind, JAX version)."""
         if not self._pools:

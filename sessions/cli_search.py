@@ -186,9 +186,13 @@ async def _search_suite(args: argparse.Namespace,
         raise _UsageError(str(exc)) from exc
     base = Path(args.session_dir) if args.session_dir else default_sessions_dir()
     base.mkdir(parents=True, exist_ok=True)
+    from agents.config import coerce
+
+    controller = coerce(getattr(args, "config", None)).controller
     config = SearchConfig(
         mode=args.mode, beam_width=args.beam_width, branching=args.branching, runs=args.runs,
-        max_rounds=args.rounds,
+        max_rounds=args.rounds, profile_best=controller.profile_best,
+        profile_every=controller.profile_every,
         budget=Budget(nodes=args.budget, tokens=args.tokens, cost_usd=args.cost,
                       wall_s=args.wall))
     options = EvalOptions(trials=args.trials, time_budget_s=args.time_budget)

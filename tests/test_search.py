@@ -117,7 +117,8 @@ async def test_parallel_runs_are_independent_lineages(tmp_path) -> None:
 def test_planner_resumes_from_what_the_log_shows() -> None:
     """An interrupted log: a run.start without result, an approved proposal without its
     version, an undecided one. The planner re-runs, applies and decides them."""
-    cfg = SearchConfig(beam_width=2, branching=2, budget=Budget(nodes=10)).to_json()
+    cfg = SearchConfig(beam_width=2, branching=2, budget=Budget(nodes=10),
+                       profile_best=False, profile_every=None).to_json()
     blob = "0" * 64
     events = [
         {"seq": 1, "t": 0, "type": "kernel.version", "version": 1, "parent": None,
@@ -163,6 +164,48 @@ def test_planner_resumes_from_what_the_log_shows() -> None:
     state.config.budget.nodes = 2
     state.apply({"seq": 15, "t": 7, "type": "search.round", **info.__dict__})
     assert plan(state) == []
+
+
+def test_planner_profiles_a_new_best_before_its_lineage_asks_again() -> None:
+    """Profiles as autonomous mode takes them: the first best is profiled before the
+    agent is asked for children (and while its profile runs); a failed profile is not
+    retried; ``profile_every`` profiles the latest correct version after N evaluations;
+    a log recorded before search profiled (no profile fields) does not start now."""
+    blob = "0" * 64
+
+    def log(**cfg) -> list[dict]:
+        config = SearchConfig(beam_width=1, branching=1, tuning_children=0, **cfg).to_json()
+        return [
+            {"seq": 1, "t": 0, "type": "kernel.version", "version": 1, "parent": None,
+             "origin": "initial", "proposal": None, "source_blob": blob, "summary": "start"},
+            {"seq": 2, "t": 0, "type": "search.start", "config": config, "root": 1},
+            {"seq": 3, "t": 1, "type": "run.start", "run": "r1", "version": 1, "kind": "eval"},
+            {"seq": 4, "t": 2, "type": "run.result", "run": "r1", "version": 1,
+             "status": "correct", "correct": True, "speedup": 1.0},
+            {"seq": 5, "t": 2, "type": "search.round", "lineage": 0, "round": 0, "beam": [1],
+             "repair": [], "best_version": 1, "best_speedup": 1.0}]
+
+    state = fold_search({"schema": "tilewright.session/1"}, log(profile_every=None))
+    assert [a.key for a in plan(state)] == ["profile:1"]  # no expansion yet
+    state.apply({"seq": 6, "t": 3, "type": "run.start", "run": "r2", "version": 1,
+                 "kind": "profile", "by": "search"})
+    assert plan(state, {"profile:1"}) == []  # still waiting for the diagnosis
+    state.apply({"seq": 7, "t": 4, "type": "profile.result", "run": "r2", "version": 1,
+                 "profile_blob": None, "logdir": None, "error": "worker died"})
+    assert [a.kind for a in plan(state)] == ["expand"]  # a failed profile is not retried
+    # profile_every without profile_best: due only after that many evaluations
+    state = fold_search({"schema": "tilewright.session/1"},
+                        log(profile_best=False, profile_every=1))
+    assert [a.key for a in plan(state)] == ["profile:1"]
+    state = fold_search({"schema": "tilewright.session/1"},
+                        log(profile_best=False, profile_every=2))
+    assert [a.kind for a in plan(state)] == ["expand"]
+    # an older log: its config has no profile fields
+    old = log()
+    for field_name in ("profile_best", "profile_every"):
+        old[1]["config"].pop(field_name)
+    state = fold_search({"schema": "tilewright.session/1"}, old)
+    assert [a.kind for a in plan(state)] == ["expand"]
 
 
 def _cli(*args: str) -> list[str]:
@@ -325,3 +368,53 @@ def test_suite_totals_are_the_figures_the_field_reports() -> None:
     text = markdown(report)
     assert "est. speedup (v5e, compiler)" in text and "3/5 correct (60%)" in text
     assert "v1 (matmul template): compile_error" in text and "v2 (whole template)" in text
+
+
+class _Recording:
+    """The real offline agent, with every request it was sent kept for the test."""
+
+    def __init__(self, agent) -> None:
+        self.agent, self.requests = agent, []
+        self.name, self.label = agent.name, agent.label
+
+    def propose(self, request):
+        self.requests.append(request)
+        return self.agent.propose(request)
+
+
+async def test_search_profiles_new_bests_and_the_next_request_carries_the_diagnosis(
+        tmp_path) -> None:
+    """Like autonomous mode: the starting kernel (the first best) is profiled and
+    diagnosed before the agent is asked for its children, and that request carries the
+    diagnosis; every profile is of a correct version that was its lineage's best."""
+    task = load_task("gelu", {"rows": 16, "cols": 256})
+    config = SearchConfig(beam_width=1, branching=1, max_rounds=2, tuning_children=0,
+                          profile_every=None, budget=Budget(nodes=2))
+    agent = _Recording(make_agent("offline"))
+    async with LocalExecutor(workers=1) as executor:
+        search = Search.create(tmp_path, task, brief(task), agent, executor, config,
+                               eval_options=FAST)
+        await search.run()
+        search.close()
+    events = _events(search.log.path)
+    profiles = [e for e in events if e["type"] == "run.start" and e["kind"] == "profile"]
+    assert profiles and profiles[0]["version"] == 1 and profiles[0]["by"] == "search"
+    results = [e for e in events if e["type"] == "profile.result"]
+    assert results[0]["error"] is None and results[0]["profile_blob"]
+    diagnosis = next(e for e in events if e["type"] == "diagnosis")
+    assert diagnosis["version"] == 1
+    first_ask = next(i for i, e in enumerate(events) if e["type"] == "agent.message")
+    assert events.index(diagnosis) < first_ask  # the diagnosis came first
+    assert agent.requests[0].diagnosis is not None
+    assert agent.requests[0].diagnosis["kind"] == diagnosis["kind"]
+    # the offline tuner moves on it: memory-bound -> every tunable to its largest block
+    assert diagnosis["kind"] in ("memory_bound", "per_step_overhead")
+    first = next(e for e in events if e["type"] == "agent.proposal")
+    assert first["summary"].startswith("tune to the largest legal blocks")
+    state = search.state
+    for start in profiles:  # only correct versions, never twice
+        assert state.is_correct(start["version"])
+    assert len({p["version"] for p in profiles}) == len(profiles)
+    # a version of the last round informs no one: it is not profiled
+    assert all(state.nodes[p["version"]].round < config.max_rounds for p in profiles)
+    _check_recorded_search(search.log.path)

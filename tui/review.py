@@ -87,9 +87,14 @@ async def _live(args: argparse.Namespace) -> int:
     except (TaskError, NoApiKey, ValueError) as exc:
         print(f"tilewright review: {exc}", file=sys.stderr)
         return 2
+    from agents.config import coerce
+
+    controller = coerce(args.config).controller
     config = SearchConfig(beam_width=args.beam_width, branching=args.branching,
                           max_rounds=args.rounds, approval="user",
-                          budget=Budget(nodes=args.budget))
+                          budget=Budget(nodes=args.budget),
+                          profile_best=controller.profile_best,
+                          profile_every=controller.profile_every)
     base = Path(args.session_dir) if args.session_dir else default_sessions_dir()
     executor = LocalExecutor(workers=1)
     await executor.start()

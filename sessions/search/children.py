@@ -132,7 +132,24 @@ class ChildMaker:
         return AgentRequest(role=role, task=brief, current_source=source,  # type: ignore[arg-type]
                             current_version=parent, last_eval=last_eval, user_message=ask,
                             notes=tuple(f"already tried: {t}" for t in tried),
-                            history=self._history(parent))
+                            history=self._history(parent),
+                            diagnosis=self._diagnosis(action.slot[0], parent))  # type: ignore[index]
+
+    def _diagnosis(self, lineage: int, parent: int | None) -> dict[str, Any] | None:
+        """What the lineage's profiles found: the parent's own diagnosis, else its nearest
+        diagnosed ancestor's, else the lineage's latest (never another lineage's)."""
+        versions = self.state.session.versions
+        cursor = parent
+        while cursor is not None and cursor in versions:
+            if versions[cursor].diagnosis:
+                return versions[cursor].diagnosis
+            cursor = versions[cursor].parent
+        nodes = self.state.nodes
+        for entry in reversed(self.state.session.diagnoses):
+            node = nodes.get(entry.get("version"))  # type: ignore[arg-type]
+            if node is not None and (node.lineage == lineage or node.version in self.state.roots):
+                return entry
+        return None
 
     def _history(self, parent: int | None) -> tuple[dict[str, Any], ...]:
         """Every version so far, the path from the root to ``parent`` first."""

@@ -29,7 +29,7 @@ from kernels.task import Task
 from sessions import events as ev
 from sessions.actions import Action
 from sessions.autonomy import duplicate_of
-from sessions.log import SessionLog
+from sessions.log import SessionLog, read_json_blob
 from sessions.search.children import ROOT_FAMILY_CANDIDATES, ChildMaker
 from sessions.search.graph import SearchConfig, SearchState, fold_search
 from sessions.search.plan import finish_reason, plan, select_beam
@@ -251,10 +251,11 @@ class Search:
         try:
             while True:
                 actions = plan(self.state, set(inflight), self._live_wall(), self._tunables())
-                evaluating = sum(1 for k in inflight if k.startswith("evaluate:"))
-                asking = sum(1 for k in inflight if not k.startswith("evaluate:"))
+                # A profile takes a worker as an evaluation does.
+                evaluating = sum(1 for k in inflight if k.startswith(("evaluate:", "profile:")))
+                asking = len(inflight) - evaluating
                 for action in actions:
-                    if action.kind == "evaluate":
+                    if action.kind in ("evaluate", "profile"):
                         if evaluating >= capacity:
                             continue
                         evaluating += 1
@@ -336,6 +337,8 @@ class Search:
     async def _perform(self, action: Action) -> None:
         if action.kind == "evaluate":
             await self._evaluate(action.version)  # type: ignore[arg-type]
+        elif action.kind == "profile":
+            await self._profile(action.version)  # type: ignore[arg-type]
         elif action.kind == "select":
             lineage, rnd = action.slot[0], action.slot[1]  # type: ignore[index]
             info = select_beam(self.state, lineage, rnd)
@@ -379,6 +382,51 @@ class Search:
                                 cancelled=False,
                                 flags=list((result.integrity or {}).get("flags") or []),
                                 error=_error_line(result), **_rank_fields(result)))
+
+    # -- profiling ----------------------------------------------------------------------
+
+    async def _profile(self, number: int) -> None:
+        """Profile a version the planner found due (``plan.profile_due``) and record the
+        diagnosis its lineage's next request carries, as autonomous mode does."""
+        runs = self.state.session.runs
+        rid = f"r{max((int(r[1:]) for r in runs if r[1:].isdigit()), default=0) + 1}"
+        self._emit(ev.RunStart(type="run.start", run=rid, version=number, kind="profile",
+                               by="search"))
+        profile = getattr(self.executor, "profile", None)
+        if profile is None:  # the run is recorded, so the planner does not ask again
+            self._emit(ev.ProfileResult(
+                type="profile.result", run=rid, version=number, profile_blob=None,
+                logdir=None, error=f"the {getattr(self.executor, 'name', '?')} executor "
+                                   "cannot profile; run the search with --executor local"))
+            return
+        logdir = self.log.profile_dir(rid)
+        chip = getattr(self.eval_options, "chip", None)
+        try:
+            data = await profile(self.task, self._source(number), logdir, chip=chip)
+        except asyncio.CancelledError:
+            self._emit(ev.ProfileResult(type="profile.result", run=rid, version=number,
+                                        profile_blob=None, logdir=None, error="cancelled"))
+            raise
+        except Exception as exc:  # a failed profile costs the lineage its diagnosis only
+            self._emit(ev.ProfileResult(type="profile.result", run=rid, version=number,
+                                        profile_blob=None, logdir=None, error=str(exc)))
+            return
+        self._emit(ev.ProfileResult(type="profile.result", run=rid, version=number,
+                                    profile_blob=self.log.put_json_blob(data),
+                                    logdir=str(logdir.relative_to(self.log.path)), error=None))
+        from profiling.diagnose import diagnose
+
+        version = self.state.session.versions[number]
+        result = read_json_blob(self.log.path, version.result_blob) \
+            if version.result_blob else None
+        try:
+            found = diagnose(data, result)
+        except Exception as exc:  # a diagnosis bug must not stop the search
+            self._emit(ev.Error(type="error", message=f"could not diagnose v{number}: {exc}",
+                                where="diagnosis"))
+            return
+        if found is not None:
+            self._emit(ev.Diagnosis(type="diagnosis", version=number, run=rid, **found))
 
     # -- deciding and applying ----------------------------------------------------------
 

@@ -50,6 +50,11 @@ class SearchConfig:
     root_candidates: int = 1  # first kernels to write when the task brings none
     approval: Literal["auto", "user"] = "auto"
     budget: Budget = field(default_factory=Budget)
+    # Profiles, as in autonomous mode ([controller] profile_best / profile_every): each
+    # new best of a lineage, and the latest correct version after this many evaluations
+    # without a profile (None or 0: never on a count).
+    profile_best: bool = True
+    profile_every: int | None = 5
 
     def lineages(self) -> int:
         return self.runs if self.mode == "runs" else 1
@@ -63,6 +68,9 @@ class SearchConfig:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SearchConfig:
         data = dict(data)
+        # A search recorded before searches profiled resumes without profiling.
+        data.setdefault("profile_best", False)
+        data.setdefault("profile_every", None)
         budget = Budget(**(data.pop("budget", None) or {}))
         known = set(cls.__dataclass_fields__)
         return cls(budget=budget, **{k: v for k, v in data.items() if k in known})

@@ -1,7 +1,8 @@
 """The search planner: a pure function from the folded search state to the next steps.
 
 ``plan(state, inflight)`` lists every action that may start now (evaluate a node,
-decide or apply a proposal left half-way, expand a slot, select a round's beam);
+profile a new best, decide or apply a proposal left half-way, expand a slot, select a
+round's beam);
 ``select_beam`` picks a round's beam; ``budget_reason`` and ``finish_reason`` say why a
 search stops. Nothing here has side effects: the driver (``sessions.search``) performs
 the actions and folds the events they append, so a resumed search and a live one take
@@ -92,6 +93,47 @@ def select_beam(s: SearchState, lineage: int, rnd: int) -> RoundInfo:
                      best_speedup=s.speedup(best) if best is not None else None)
 
 
+def _lineage_versions(s: SearchState, lineage: int) -> list[int]:
+    """A lineage's nodes; the round-0 kernels belong to every lineage."""
+    return [v for v in s.search_versions() if s.nodes[v].lineage == lineage or v in s.roots]
+
+
+def profile_due(s: SearchState, number: int) -> bool:
+    """Whether the search profiles ``number`` before its lineage asks the agent again,
+    the way autonomous mode does (``sessions.autonomy.should_profile``): a correct
+    version never profiled (a failed profile counts: it is not retried) that is its
+    lineage's best, or the latest correct evaluation after ``profile_every`` evaluations
+    without a profile. A node of the last round has no children to inform."""
+    cfg = s.config
+    node = s.nodes.get(number)
+    if cfg is None or node is None or node.pruned or not s.is_correct(number):
+        return False
+    if node.round >= cfg.max_rounds and number not in s.roots:
+        return False
+    runs = list(s.session.runs.values())
+    if any(r.kind == "profile" and r.version == number for r in runs):
+        return False
+    if cfg.profile_best:
+        lineages = range(cfg.lineages()) if number in s.roots else [node.lineage]
+        for lineage in lineages:
+            ok = [v for v in _lineage_versions(s, lineage) if s.is_correct(v)
+                  and not s.nodes[v].pruned]
+            if max(ok, key=lambda v: (s.speedup(v), -v)) == number:
+                return True
+    every = cfg.profile_every
+    if not every or every <= 0:
+        return False
+    evals, latest = 0, None
+    for run in reversed(runs):
+        if run.kind == "profile":
+            break
+        if run.kind == "eval" and run.status not in (None, "error") and not run.cancelled:
+            evals += 1
+            if latest is None and s.is_correct(run.version):
+                latest = run.version
+    return evals >= every and latest == number
+
+
 def _slot_closed(s: SearchState, key: SlotKey) -> bool:
     info = s.slots.get(key)
     if info is None:
@@ -140,6 +182,12 @@ def plan(s: SearchState, inflight: frozenset[str] | set[str] = frozenset(),
             continue
         if s.session.authorized(number):
             actions.append(Action("evaluate", f"evaluate:{number}", version=number))
+    # Profiles due (each new best of a lineage, every ``profile_every`` evaluations):
+    # that lineage asks the agent again only once the diagnosis is recorded.
+    due = [v for v in s.search_versions() if profile_due(s, v)]
+    if stop is None:
+        actions.extend(Action("profile", f"profile:{v}", version=v) for v in due)
+    profiling = set(due) | {int(k.split(":")[1]) for k in inflight if k.startswith("profile:")}
     # Proposals left half-way (an interruption between proposal and version).
     for key in list(s.slots):
         pid = _slot_open_proposal(s, key)
@@ -176,6 +224,8 @@ def plan(s: SearchState, inflight: frozenset[str] | set[str] = frozenset(),
             continue
         last = rounds[-1]
         rnd = last.round + 1
+        if profiling and any(v in profiling for v in _lineage_versions(s, lineage)):
+            continue  # its next request waits for the diagnosis
         parents = last.beam or last.repair
         role = "tune" if last.beam else "fix"
         complete = True
