@@ -272,10 +272,14 @@ class WorkerPool:
         stderr is in the result under ``"_stderr"``.
         """
         moved = None
-        if op == "profile" and payload.get("logdir"):
+        options = payload.get("options") if isinstance(payload.get("options"), dict) else {}
+        if op == "profile" and (payload.get("logdir") or options.get("logdir")):
             # The worker writes only to its scratch dir: the trace is moved afterwards.
-            moved = str(payload["logdir"])
+            # (``logdir`` may sit at the payload's top level or in its options.)
+            moved = str(payload.get("logdir") or options["logdir"])
             payload = {**payload, "logdir": None}
+            if options:
+                payload["options"] = {**options, "logdir": None}
         reply, stderr = await self._round_trip(op, payload, timeout)
         if not reply.get("ok"):
             raise WorkerOpError(reply.get("error") or {}, stderr)
