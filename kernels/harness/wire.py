@@ -91,9 +91,9 @@ def _read(sock: socket.socket, size: int, deadline: float | None, tick: Any) -> 
 def pack_arrays(arrays: list[Any]) -> tuple[list[dict[str, Any]], bytes]:
     meta, parts = [], []
     for array in arrays:
-        a = np.ascontiguousarray(np.asarray(array))
+        a = np.asarray(array)  # (not ascontiguousarray: it turns a 0-d array into 1-d)
         meta.append({"dtype": a.dtype.name, "shape": list(a.shape)})
-        parts.append(a.tobytes())
+        parts.append(a.tobytes(order="C"))
     return meta, b"".join(parts)
 
 
