@@ -93,6 +93,17 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
+class ToolCallDelta:
+    """A tool call while it streams: ``arguments`` is the next piece of its raw JSON
+    arguments (empty when the call just began). The whole ``ToolCall`` with the same
+    ``id`` follows once its arguments are complete; this is only for showing it live."""
+
+    id: str
+    name: str
+    arguments: str = ""
+
+
+@dataclass(frozen=True)
 class Notice:
     """Something the user should see: a retry with its wait, a fallback, a follow-up."""
 
@@ -145,8 +156,8 @@ class Finished:
     message: str
 
 
-AgentEvent = (TextDelta | ToolCall | ToolResult | Notice | UsageReport | ProposalReady | Answer
-              | Failure | Finished)
+AgentEvent = (TextDelta | ToolCallDelta | ToolCall | ToolResult | Notice | UsageReport
+              | ProposalReady | Answer | Failure | Finished)
 
 
 @runtime_checkable

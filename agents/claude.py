@@ -22,7 +22,7 @@ import warnings
 from collections.abc import AsyncIterator
 from typing import Any
 
-from agents.base import Failure, Notice, TextDelta, ToolCall, Usage
+from agents.base import Failure, Notice, TextDelta, ToolCall, ToolCallDelta, Usage
 from agents.config import Config, coerce
 from agents.errors import NoApiKey
 from agents.prices import PRICES_AS_OF, assumed_price, cost_usd, price_for
@@ -147,6 +147,8 @@ class AnthropicProvider:
                     blocks[event.index] = block
                     if block.get("type") == "text":
                         block["text"] = block.get("text", "")
+                    elif block.get("type") == "tool_use":  # shown live from here on
+                        yield ToolCallDelta(block.get("id", ""), block.get("name", ""))
                 elif etype == "content_block_delta":
                     delta = event.delta
                     block = blocks.setdefault(event.index, {"type": "text", "text": ""})
@@ -155,6 +157,9 @@ class AnthropicProvider:
                         yield TextDelta(delta.text)
                     elif delta.type == "input_json_delta":
                         json_bufs[event.index] = json_bufs.get(event.index, "") + delta.partial_json
+                        if block.get("type") == "tool_use" and delta.partial_json:
+                            yield ToolCallDelta(block.get("id", ""), block.get("name", ""),
+                                                delta.partial_json)
                 elif etype == "content_block_stop":
                     block = blocks.get(event.index, {})
                     if block.get("type") == "tool_use":

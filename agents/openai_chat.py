@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from agents.base import Failure, Notice, TextDelta, ToolCall, Usage
+from agents.base import Failure, Notice, TextDelta, ToolCall, ToolCallDelta, Usage
 from agents.config import Config, coerce
 from agents.errors import AgentError
 from agents.prices import PRICES_AS_OF, cost_usd, price_for
@@ -294,7 +294,7 @@ class _Assembly:
         self.done = False
         self.skipped = 0
 
-    def add(self, chunk: Any) -> list[TextDelta]:
+    def add(self, chunk: Any) -> list[TextDelta | ToolCallDelta]:
         if not isinstance(chunk, dict):
             self.skipped += 1
             return []
@@ -305,7 +305,7 @@ class _Assembly:
                                 code if isinstance(code, int) else None)
         if isinstance(chunk.get("usage"), dict):
             self.usage = chunk["usage"]
-        out: list[TextDelta] = []
+        out: list[TextDelta | ToolCallDelta] = []
         for choice in chunk.get("choices") or []:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
@@ -315,12 +315,16 @@ class _Assembly:
                 self.text.append(content)
                 out.append(TextDelta(content))
             for position, call in enumerate(delta.get("tool_calls") or []):
-                self._add_call(position, call)
+                if isinstance(call, dict):
+                    shown = self._add_call(position, call)
+                    if shown is not None:
+                        out.append(shown)
             if choice.get("finish_reason"):
                 self.finish = str(choice["finish_reason"])
         return out
 
-    def _add_call(self, position: int, call: dict[str, Any]) -> None:
+    def _add_call(self, position: int, call: dict[str, Any]) -> ToolCallDelta | None:
+        """Add one tool-call delta; what the chat shows of it live (once it has a name)."""
         index = call.get("index")
         if not isinstance(index, int):  # servers that leave out the index: match by id
             known = [i for i, c in self.calls.items() if call.get("id") and c["id"] == call["id"]]
@@ -332,8 +336,12 @@ class _Assembly:
         name = fn.get("name")
         if name and name != slot["name"]:  # a name sent whole each time, or in pieces
             slot["name"] += str(name)
-        if fn.get("arguments"):
-            slot["arguments"] += str(fn["arguments"])
+        piece = str(fn["arguments"]) if fn.get("arguments") else ""
+        slot["arguments"] += piece
+        if not slot["name"]:
+            return None
+        # The same id the whole ToolCall gets in ``final``: the chat fills in one entry.
+        return ToolCallDelta(slot["id"] or f"call_{index}", slot["name"], piece)
 
     def final(self, price: dict[str, float] | None) -> FinalMessage:
         text = "".join(self.text)

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agents.base import Failure, Notice, TextDelta, ToolCall, Usage
+from agents.base import Failure, Notice, TextDelta, ToolCall, ToolCallDelta, Usage
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class FinalMessage:
     content: tuple[dict[str, Any], ...] = ()
 
 
-ProviderEvent = TextDelta | ToolCall | Notice | FinalMessage | Failure
+ProviderEvent = TextDelta | ToolCallDelta | ToolCall | Notice | FinalMessage | Failure
 
 
 class Provider(Protocol):

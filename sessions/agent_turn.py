@@ -26,6 +26,7 @@ from agents.base import (
     ProposalReady,
     TextDelta,
     ToolCall,
+    ToolCallDelta,
     ToolResult,
     Usage,
     UsageReport,
@@ -101,6 +102,8 @@ async def stream_turn(agent: Agent, request: AgentRequest, turn: AgentTurn,
             if isinstance(event, TextDelta):
                 turn.parts.append(event.text)
                 live("agent.delta", text=event.text)
+            elif isinstance(event, ToolCallDelta):  # shown while it streams, not kept
+                live("agent.tool_delta", name=event.name, id=event.id, text=event.arguments)
             elif isinstance(event, ToolCall):
                 turn.tools.append({"id": event.id, "name": event.name, "input": event.input,
                                    "output": None, "is_error": False})

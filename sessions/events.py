@@ -305,6 +305,17 @@ class AgentTool(TypedDict):
     id: str | None
 
 
+class AgentToolDelta(TypedDict):
+    """A tool call while it streams: ``text`` is the next piece of its raw JSON
+    arguments; ``agent.tool`` with the same ``id`` follows with the whole call."""
+
+    type: Literal["agent.tool_delta"]
+    live: Literal[True]
+    name: str
+    id: str | None
+    text: str
+
+
 class AgentToolResult(TypedDict):
     type: Literal["agent.tool_result"]
     live: Literal[True]
@@ -351,10 +362,11 @@ class ControllerIdle(TypedDict):
     live: Literal[True]
 
 
-LiveEvent = (AgentStart | AgentDelta | AgentTool | AgentToolResult | AgentNotice
+LiveEvent = (AgentStart | AgentDelta | AgentToolDelta | AgentTool | AgentToolResult | AgentNotice
              | AgentUsage | Notice | WorkerState | ControllerBusyEvent | ControllerIdle)
 
-LiveType = Literal["agent.start", "agent.delta", "agent.tool", "agent.tool_result",
+LiveType = Literal["agent.start", "agent.delta", "agent.tool_delta", "agent.tool",
+                   "agent.tool_result",
                    "agent.notice", "agent.usage", "notice", "worker.state",
                    "controller.busy", "controller.idle"]
 

@@ -29,6 +29,7 @@ from agents.base import (
     ProposalReady,
     TextDelta,
     ToolCall,
+    ToolCallDelta,
     UsageReport,
 )
 from agents.errors import NoApiKey
@@ -122,6 +123,12 @@ async def test_tool_use_proposes_a_kernel(server: MessagesServer) -> None:
     events = await _collect(agents.make_agent("anthropic", _config(server)), _request())
     calls = [e for e in events if isinstance(e, ToolCall)]
     assert calls and calls[0].name == "propose_kernel"
+    # the call streams in before it is whole: announced, then its JSON piece by piece
+    deltas = [e for e in events if isinstance(e, ToolCallDelta)]
+    assert {(d.id, d.name) for d in deltas} == {(calls[0].id, "propose_kernel")}
+    assert deltas[0].arguments == "" and len(deltas) == 3
+    assert json.loads("".join(d.arguments for d in deltas)) == calls[0].input
+    assert events.index(deltas[-1]) < events.index(calls[0])
     final = _final(events)
     assert final.proposal.kind == "kernel" and final.proposal.summary == "double it"
     assert final.proposal.source.strip() == KERNEL.strip()

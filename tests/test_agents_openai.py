@@ -29,6 +29,7 @@ from agents.base import (
     ProposalReady,
     TextDelta,
     ToolCall,
+    ToolCallDelta,
     UsageReport,
 )
 from agents.errors import AgentError
@@ -128,6 +129,41 @@ async def test_tool_call_arguments_split_across_chunks_propose_a_kernel(
     final = _final(events)
     assert final.proposal.kind == "kernel" and final.proposal.summary == "double it"
     assert final.proposal.source.strip() == KERNEL.strip() and final.proposal.meta["via"] == "tool"
+
+
+async def test_a_tool_call_streams_in_before_the_reply_completes(server: ChatServer) -> None:
+    """The server stops after the call's argument chunks, before its last chunk: the
+    call has already arrived piece by piece (same id as the whole call that follows);
+    the whole call and the proposal come only once the reply ends."""
+    arguments = {"summary": "double it", "rationale": "simple", "source": KERNEL}
+    reply = tool_reply("propose_kernel", arguments, split=6)
+    last = next(n for n, c in enumerate(reply.chunks)
+                if isinstance(c, dict) and c["choices"] and c["choices"][0]["finish_reason"])
+    server.script(Stream(reply.chunks, hang_after=last))
+    agent = agents.make_agent("openai", _config(server))
+    seen: list[Any] = []
+
+    async def consume() -> None:
+        async for event in agent.propose(_request()):
+            seen.append(event)
+
+    task = asyncio.create_task(consume())
+    try:
+        for _ in range(2000):  # until every piece of the arguments is in
+            pieces = "".join(e.arguments for e in seen if isinstance(e, ToolCallDelta))
+            if pieces == json.dumps(arguments):
+                break
+            await asyncio.sleep(0.01)
+        deltas = [e for e in seen if isinstance(e, ToolCallDelta)]
+        assert {(d.id, d.name) for d in deltas} == {("call_01", "propose_kernel")}
+        assert len(deltas) == 6
+        assert not any(isinstance(e, ToolCall | ProposalReady) for e in seen)  # still streaming
+    finally:
+        server.release.set()
+    await asyncio.wait_for(task, timeout=30)
+    calls = [e for e in seen if isinstance(e, ToolCall)]
+    assert [(c.name, c.id) for c in calls] == [("propose_kernel", "call_01")]
+    assert _final(seen).proposal.summary == "double it"
 
 
 async def test_a_model_without_tools_is_asked_again_without_them_and_answers_fenced(
@@ -375,6 +411,61 @@ async def test_the_tui_opened_with_agent_openai_streams_applies_and_evaluates(
         assert app.link.state.spent.tokens > 0
         assert "tools" in server.requests[0].body and server.requests[0].body["stream"]
         await app.action_quit()
+
+
+async def test_the_chat_shows_a_tool_call_while_it_streams(tmp_path, monkeypatch,
+                                                          server: ChatServer) -> None:
+    """The TUI with ``--agent openai``: a message typed into the chat is answered with a
+    proposing tool call whose reply stops before its last chunk; the chat already shows
+    the call (its arguments so far) while the agent is still replying, and the proposal
+    then fills in that same entry."""
+    from tui.app import TilewrightApp
+    from tui.launch import LaunchOptions, open_live
+    from tui.screens.modals import ErrorModal
+    from tui.widgets.chat import ChatPane
+
+    monkeypatch.setenv("OPENAI_BASE_URL", server.url)
+    arguments = {"summary": "taller blocks", "rationale": "fewer grid steps",
+                 "source": _proposed()}
+    reply = tool_reply("propose_kernel", arguments, text="Fewer, taller blocks.", split=5)
+    last = next(n for n, c in enumerate(reply.chunks)
+                if isinstance(c, dict) and c["choices"] and c["choices"][0]["finish_reason"])
+    server.script(Stream(reply.chunks, hang_after=last))
+    config = {"agent": {"retry_base_s": 0.01, "max_retries": 2, "model": "gpt-4.1"},
+              "controller": {"record_lessons": False}}
+    options = LaunchOptions(task="gelu", session_dir=str(tmp_path), agent="openai")
+    app = TilewrightApp(config, lambda: open_live(options, config))
+    try:
+        async with app.run_test(size=(140, 40)) as pilot:
+            await app.workers.wait_for_complete()
+            while app.link is None:
+                assert not isinstance(app.screen, ErrorModal), app.screen.message
+                await pilot.pause(0.05)
+            await app.link.wait_idle()
+            chat = app.workbench.query_one(ChatPane)
+            chat.query_one("#chat-input").focus()
+            await pilot.press(*"make it faster", "enter")
+            full = len(json.dumps(arguments))
+            title = ""
+            for _ in range(400):
+                await pilot.pause(0.05)
+                chat.flush()
+                titles = [str(c.title) for c in chat.query("Collapsible")]
+                title = next((t for t in titles if "propose_kernel" in t), "")
+                if title == f"tool: propose_kernel (streaming · {full} chars)":
+                    break
+            assert title == f"tool: propose_kernel (streaming · {full} chars)"
+            assert app.link.busy == "agent" and app.link.state.pending is None
+            server.release.set()
+            await app.link.wait_idle()
+            for _ in range(3):
+                await pilot.pause()
+            assert app.link.state.pending == "p1"
+            titles = [str(c.title) for c in chat.query("Collapsible")]
+            assert titles == ["tool: propose_kernel (p1: taller blocks)"], titles
+            await app.action_quit()
+    finally:
+        server.release.set()
 
 
 @pytest.mark.slow

@@ -197,6 +197,11 @@ class Presenter:
             self.chat.tool_call(str(event.get("id") or event.get("name")),
                                 str(event.get("name", "tool")), _tool_body(event),
                                 "error" if event.get("is_error") else "read-only")
+        elif kind == "agent.tool_delta":  # a call still streaming in
+            key = str(event.get("id") or event.get("name"))
+            if str(event.get("name", "")).startswith("propose_"):
+                self._live_proposal = key
+            self.chat.tool_stream(key, str(event.get("name", "tool")), str(event.get("text", "")))
         elif kind == "agent.tool":
             key = str(event.get("id") or event.get("name"))
             if str(event.get("name", "")).startswith("propose_"):

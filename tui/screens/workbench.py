@@ -121,10 +121,13 @@ class WorkbenchScreen(Screen):
     def _deliver(self, event: dict[str, Any]) -> None:
         """Controller event -> message. Streamed text joins the delta still waiting in
         the queue (an agent sends ~150 a second; one message per screen turn is
-        enough), and any other event ends that batch, so the order is kept."""
-        if event.get("live") and event.get("type") == "agent.delta":
+        enough), and any other event ends that batch, so the order is kept. A tool
+        call's streamed arguments batch the same way, per call."""
+        kind = event.get("type")
+        if event.get("live") and kind in ("agent.delta", "agent.tool_delta"):
             waiting = self._waiting_delta
-            if waiting is not None:
+            if waiting is not None and waiting.get("type") == kind \
+                    and waiting.get("id") == event.get("id"):
                 waiting["text"] = waiting.get("text", "") + str(event.get("text", ""))
                 return
             event = self._waiting_delta = dict(event)

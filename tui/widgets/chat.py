@@ -212,6 +212,10 @@ class ChatPane(Vertical):
         # Each entry's body, held here: a proposal can fill in a call before the
         # Collapsible has composed its children (query_one would find nothing yet).
         self._tool_bodies: dict[str, Static] = {}
+        # Tool calls still streaming: their name and raw arguments so far, and which
+        # of them grew since the last tick (drawn by ``flush``, like reply text).
+        self._tool_streams: dict[str, tuple[str, list[str]]] = {}
+        self._tool_dirty: set[str] = set()
         self._tool_count = 0
         self._flushed_at = float("-inf")
 
@@ -274,6 +278,9 @@ class ChatPane(Vertical):
                   status: str = "") -> None:
         body = detail if isinstance(detail, str) else json.dumps(detail, indent=2)[:4000]
         title = f"tool: {name}" + (f" ({status})" if status else "")
+        if status != "streaming":  # the whole call (or its result): streaming is over
+            self._tool_streams.pop(key, None)
+            self._tool_dirty.discard(key)
         if key in self._tools:
             entry = self._tools[key]
             entry.title = title
@@ -286,7 +293,33 @@ class ChatPane(Vertical):
         self._tool_bodies[key] = static
         self._mount(entry)
 
+    def tool_stream(self, key: str, name: str, piece: str) -> None:
+        """A tool call as it streams in: its entry appears with the first piece and
+        shows the arguments so far; ``tool_call`` with the same key fills it in."""
+        if key not in self._tool_streams:
+            self._tool_streams[key] = (name, [])
+            if key not in self._tools:
+                self.tool_call(key, name, "", "streaming")
+        known, pieces = self._tool_streams[key]
+        if name and name != known:
+            self._tool_streams[key] = (name, pieces)
+        if piece:
+            pieces.append(piece)
+        self._tool_dirty.add(key)
+
+    def _draw_tool_streams(self) -> None:
+        for key in self._tool_dirty:
+            if key not in self._tool_streams or key not in self._tools:
+                continue
+            name, pieces = self._tool_streams[key]
+            raw = "".join(pieces)
+            self._tools[key].title = f"tool: {name} (streaming · {len(raw)} chars)"
+            self._tool_bodies[key].update(raw if len(raw) <= 4000 else raw[:4000] + " …")
+        self._tool_dirty.clear()
+
     def clear(self) -> None:
+        self._tool_streams.clear()
+        self._tool_dirty.clear()
         self._stream = self._stream_label = None
         self._replies.clear()
         self._tools.clear()
@@ -318,7 +351,8 @@ class ChatPane(Vertical):
         if now - last_key < KEY_QUIET_S and now - self._flushed_at < MAX_WAIT_S:
             return
         self._flushed_at = now
-        changed = False
+        changed = bool(self._tool_dirty)
+        self._draw_tool_streams()
         for reply in list(self._replies):
             changed |= reply.draw()
             if reply is not self._stream and reply.final is None and not reply.pending:
