@@ -602,7 +602,8 @@ class Evaluation:
         checked = set(range(target)) if self.interpret or target <= TIMED_SAMPLE else \
             set(rng.sample(range(target), TIMED_SAMPLE))
         samples: list[float] = []
-        deadline = time.perf_counter() + budget
+        t = time.perf_counter()
+        deadline = t + budget
         for i in range(target):
             samples.append(one_call(check=i in checked))
             if self.timed_failure is not None:
@@ -616,6 +617,7 @@ class Evaluation:
                                        "reason": f"{config.name}: timed call: "
                                                  f"{self.timed_failure}"}
             return
+        self._phase("kernel_timing_s", t)
         kernel = timing.summarize(samples, warmup=1, extra_s=warm)
         proc = judge.process()
         try:
