@@ -3,8 +3,8 @@
 The controller's job loop performs ``ask``, ``auto_decide``, ``apply``, ``run`` and
 ``profile``; the search driver performs what its planner (``sessions.search.plan``)
 lists: ``evaluate``, ``profile``, ``decide``, ``apply``, ``expand``, ``select``,
-``finish``. Both
-read the fields they need; ``key`` identifies a search action among those in flight.
+``finish``. Both read the fields they need; ``key`` identifies a search action among
+those in flight.
 """
 
 from __future__ import annotations
