@@ -3,9 +3,12 @@
 Printing goes through the same fold as live work. Verification re-evaluates every
 version that has a finished evaluation, with the evaluation options recorded in the
 header, and checks that the status and the correctness verdict reproduce and that
-the timing agrees within noise:
+the number that ranked the version agrees:
 
-- TPU interpret mode (or any CPU timing): the new speedup (candidate vs. reference,
+- The TPU compiler's estimate (off-TPU, whenever the log has one): the re-run's
+  estimated speedup is within 2% of the recorded one. The compiler's static estimate
+  is deterministic for the same kernel, shapes and chip, so any real change shows.
+- Otherwise, TPU interpret mode (or any CPU timing): the new speedup (candidate vs. reference,
   both timed in the same worker a moment apart, which cancels most of the machine's
   load) is within a factor of 3 of the recorded one. Raw interpret-mode medians on a
   shared 2-core CPU were measured to swing 4-6x between runs of the same kernel, so
@@ -162,20 +165,46 @@ def _ranked_speedup(recorded: dict[str, Any]) -> float | None:
     return ranking(recorded).value
 
 
+ESTIMATE_TOLERANCE = 0.02  # the compiler's static estimate is deterministic: 2% slack
+
+
+def _estimate(recorded: dict[str, Any] | None) -> float | None:
+    value = ((recorded or {}).get("tpu") or {}).get("estimated_speedup")
+    return float(value) if isinstance(value, int | float) and value > 0 else None
+
+
 def _logged_band(recorded: dict[str, Any], v: Any) -> tuple[str, float, float] | None:
     """The band the re-run's ranking speedup must fall in around the log's ``v.speedup``
-    (the number shown and ranked by): a factor of ``INTERPRET_FACTOR`` either way."""
-    del recorded
+    (the number shown and ranked by): the estimate's 2% when the log ranked by the TPU
+    compiler's estimate, else a factor of ``INTERPRET_FACTOR`` either way."""
     if not v.speedup:
         return None
+    if _estimate(recorded) is not None and getattr(v, "rank_source", None) in (
+            None, "tpu_estimate"):
+        return ("speedup", v.speedup * (1 - ESTIMATE_TOLERANCE),
+                v.speedup * (1 + ESTIMATE_TOLERANCE))
     return ("speedup", v.speedup / INTERPRET_FACTOR, v.speedup * INTERPRET_FACTOR)
 
 
+def band_value(result: Any, name: str) -> float | None:
+    """The re-run's value for a band: ``estimated_speedup`` from its ``tpu`` section, any
+    other name from its ``timing``."""
+    if name == "estimated_speedup":
+        return _estimate({"tpu": result.tpu} if hasattr(result, "tpu") else result)
+    return (result.timing or {}).get(name)
+
+
 def timing_band(recorded: dict[str, Any] | None) -> tuple[str, float, float] | None:
-    """What is compared and the range the re-measured value may fall in:
-    ``("speedup", lo, hi)`` in interpret mode, ``("median_ms", lo, hi)`` natively."""
+    """What is compared and the range the re-measured value may fall in: the TPU
+    compiler's estimated speedup (deterministic, 2%) when the log has one and no TPU ran
+    it; else ``("speedup", lo, hi)`` in interpret mode, ``("median_ms", lo, hi)``
+    natively."""
     timing = (recorded or {}).get("timing") or {}
     backend = (recorded or {}).get("backend") or {}
+    estimate = _estimate(recorded)
+    if estimate is not None and backend.get("platform") != "tpu":
+        return ("estimated_speedup", estimate * (1 - ESTIMATE_TOLERANCE),
+                estimate * (1 + ESTIMATE_TOLERANCE))
     if is_interpret(backend) or backend.get("platform") == "cpu":
         speedup = timing.get("speedup")
         if not speedup:
@@ -314,7 +343,7 @@ async def verify(loaded: LoadedSession, state: SessionState, evaluate: Any,
         for attempt in range(ATTEMPTS):
             result = await evaluate(source)
             median = (result.timing or {}).get("median_ms")
-            value = (result.timing or {}).get(band[0]) if band else None
+            value = band_value(result, band[0]) if band else None
             timing_ok = band is None or (value is not None and band[1] <= value <= band[2])
             # The number the log shows (and the fold ranks by) must agree as well.
             if logged is not None and timing_ok:
