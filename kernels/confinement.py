@@ -296,6 +296,14 @@ def _enter_namespaces(want_net: bool) -> tuple[dict[str, Any], int | None]:
     and serves); the parent waits as a shim and never returns. Returns the report and
     None, or the report and the errno text when namespaces are not available."""
     uid, gid = os.getuid(), os.getgid()
+    if _in_child_user_namespace():
+        # The candidate process of a confined worker: it already lives in the worker's
+        # user, pid and network namespaces. A nested user namespace cannot be mapped
+        # (Landlock denies the write to /proc/self/uid_map), and a half set-up one would
+        # leave this process unable to start threads: stay in the worker's.
+        return {"active": False, "reason": "inside the worker's namespaces already "
+                "(nested user namespaces cannot be mapped under Landlock)",
+                "inherited": True}, None
     flags = CLONE_NEWUSER | CLONE_NEWPID | (CLONE_NEWNET if want_net else 0)
     why = _unshare(flags)
     if why is not None:
@@ -327,6 +335,18 @@ def _enter_namespaces(want_net: bool) -> tuple[dict[str, Any], int | None]:
     os.close(write_end)
     _shim(init, read_end)
     raise AssertionError("unreachable")
+
+
+def _in_child_user_namespace() -> bool:
+    """Whether this process lives in a user namespace a confined worker made: its
+    uid_map is the one line ``uid uid 1`` that ``_enter_namespaces`` writes (a rootless
+    container's map, with its ranges, does not look like that)."""
+    try:
+        with open("/proc/self/uid_map") as handle:
+            fields = handle.read().split()
+    except OSError:
+        return False
+    return len(fields) == 3 and fields[0] == fields[1] and fields[2] == "1"
 
 
 def _close_fds(keep: int) -> None:
@@ -457,7 +477,7 @@ def _user_tasks(uid: int) -> int:
     return count
 
 
-def _rlimits() -> dict[str, Any]:
+def _rlimits(host_uid: int | None = None) -> dict[str, Any]:
     report: dict[str, Any] = {}
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     report["core"] = 0
@@ -465,7 +485,7 @@ def _rlimits() -> dict[str, Any]:
     limit = FILE_SIZE_LIMIT if hard == resource.RLIM_INFINITY else min(FILE_SIZE_LIMIT, hard)
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
     report["file_size_bytes"] = limit
-    uid = os.getuid()
+    uid = os.getuid() if host_uid is None else host_uid
     if uid == 0:
         report["nproc"] = None
         report["nproc_reason"] = ("running as uid 0: the kernel does not apply RLIMIT_NPROC "
@@ -491,6 +511,9 @@ def confine(scratch: str) -> dict[str, Any]:
     report: dict[str, Any] = {"level": "none", "namespaces": {"active": False},
                               "filesystem": {"active": False}, "network": {},
                               "processes": {}, "scratch": scratch}
+    # The uid before any namespace: inside one, root looks like an ordinary user, and
+    # the kernel would count every task of the real user against RLIMIT_NPROC.
+    host_uid = os.getuid()
     if not sys.platform.startswith("linux"):
         report["reason"] = f"no confinement on {sys.platform} (Linux mechanisms only)"
         report["summary"] = "unconfined (not Linux)"
@@ -538,7 +561,7 @@ def confine(scratch: str) -> dict[str, Any]:
                    if fs.get("active") else "none")
             report["network"] = {"isolated": False, "how": how,
                                  "reason": net_reason or ns.get("reason")}
-    report["processes"] = {**_rlimits(), "subreaper": _prctl(PR_SET_CHILD_SUBREAPER, 1) == 0,
+    report["processes"] = {**_rlimits(host_uid), "subreaper": _prctl(PR_SET_CHILD_SUBREAPER, 1) == 0,
                            "pid_namespace": "pid" in report["namespaces"].get("kinds", []),
                            "leftovers": "killed after every request"}
     fs_on = report["filesystem"].get("active")
