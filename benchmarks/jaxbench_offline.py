@@ -158,6 +158,19 @@ def run_suite(label: str, directory: Path, args: argparse.Namespace, scratch: Pa
     listing = json.loads(tw("tasks", str(suite), "--no-bundled", "--json",
                             *sets_args(args.sets)).stdout)["tasks"]
     generates = {row["name"] or row["path"]: row["error"] is None for row in listing}
+    # Tasks that refused the preset (a size two keys share) are listed again with the
+    # per-task values the search uses; a later --set wins over an earlier one.
+    own: dict[str, list[str]] = {}
+    for item in resolved:
+        name, _, pair = item.partition(":")
+        own.setdefault(name, []).append(pair)
+    for name, pairs in own.items():
+        if (suite / name).is_dir():
+            again = json.loads(tw("tasks", str(suite / name), "--no-bundled", "--json",
+                                  *sets_args(args.sets + pairs)).stdout)["tasks"]
+            generates = {k: v for k, v in generates.items() if name not in k}
+            generates.update({row["name"] or row["path"]: row["error"] is None
+                              for row in again})
     search = tw("search", "--suite", str(suite), "--agent", "offline", "--budget",
                 str(args.budget), "--json", "--fresh", "--workers", "1",
                 "--session-dir", str(scratch / f"sessions-{label}"),
