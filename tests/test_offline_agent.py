@@ -323,13 +323,16 @@ def test_a_failed_guess_moves_on_to_the_next_family() -> None:
 
 @pytest.mark.asyncio(loop_scope="module")
 async def test_template_handles_static_scalar_arguments(worker_pool: Any) -> None:
-    """MaxKernel static args (here a Python float offset) stay out of the pallas_call."""
+    """MaxKernel static args (here a Python float offset) stay out of the pallas_call,
+    and the XLA reference is compiled with them for the estimate (it once was not: every
+    MaxKernel task with static args ranked by host simulation time)."""
     task = load_task(FIXTURE_TASKS / "maxkernel_row_scale")
     proposal, _ = await _propose(AgentRequest("implement", agents.brief(task), None))
     assert isinstance(proposal, Proposal), proposal
     result = await worker_pool.evaluate(task, proposal.source, QUICK)
     assert result.status == "correct", (result.error, result.correctness)
     assert result.lowering["tpu"] == "ok"
+    assert result.tpu["estimated_speedup"] is not None, result.tpu
 
 
 WHOLE_TASK = """

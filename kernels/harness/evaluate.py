@@ -439,7 +439,7 @@ class Evaluation:
         t = time.perf_counter()
         facts, _ = self._candidate("prepare", {"config": config.name},
                                    judge.pickled(dyn, static))
-        self._judge_facts(config, facts, dyn, references[0])
+        self._judge_facts(config, facts, dyn, static, references[0])
         self._phase("trace_lower_s", t)
 
         t = time.perf_counter()
@@ -478,7 +478,7 @@ class Evaluation:
         return detail
 
     def _judge_facts(self, config: ShapeConfig, facts: dict[str, Any], dyn: tuple,
-                     expected: Host) -> None:
+                     static: tuple, expected: Host) -> None:
         """Decide from what the candidate process reported, checking what can be checked:
         the TPU lowering's StableHLO text is scanned here for the Pallas custom call and
         for compute outside it; the jaxpr-derived facts are the candidate process's word
@@ -533,7 +533,8 @@ class Evaluation:
                 raise _Stop
             if found["tpu"] == "skipped" or not self.lowering_limited:
                 self.result.lowering = found
-            self.tpu_jobs.append((config, dyn, (), None))
+            # static arguments too: the XLA reference is compiled with them for its estimate
+            self.tpu_jobs.append((config, dyn, tuple(static), None))
 
     def _inputs(self, runtime: Any, config: ShapeConfig, seed: int) -> tuple[tuple, tuple]:
         """Inputs for one trial. Kept from the reference pass while they are small (the
