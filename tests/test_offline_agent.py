@@ -375,3 +375,14 @@ async def test_universal_fallback_handles_a_scalar_output(worker_pool: Any,
     result = await worker_pool.evaluate(task, source, QUICK)
     assert result.status == "correct", (result.error, result.correctness)
     assert "compute_outside_kernel" not in result.integrity["flags"]
+
+
+def test_a_template_that_does_not_fit_moves_on_to_the_next_family() -> None:
+    """A reference without `x @ w` of two arguments cannot take the matmul template: the
+    agent writes the next family's kernel instead of failing the turn."""
+    brief = replace(agents.brief(load_task("matmul_bias_gelu")), family=None,
+                    reference_source="import jax.numpy as jnp\n\n"
+                                     "def reference(x, w):\n    return jnp.tanh(x @ w.T)\n")
+    outcome = decide(AgentRequest("implement", brief, None))
+    assert isinstance(outcome, Proposal), outcome
+    assert not outcome.summary.startswith("matmul")

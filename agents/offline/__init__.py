@@ -106,10 +106,15 @@ def _template(request: AgentRequest) -> Proposal | Failure:
              for h in request.history if " template from the reference" in
              str(h.get("summary", ""))}
     families = templates.infer_families(request.task)
+    unfit: list[str] = []
     for family in families:
         if family in tried:
             continue
-        source, why = templates.write_template(request.task, family)
+        try:
+            source, why = templates.write_template(request.task, family)
+        except templates.TemplateError as exc:  # this family does not fit: try the next
+            unfit.append(f"{family}: {exc}")
+            continue
         if request.task.family is None:
             article = "an" if family[:1] in "aeiou" else "a"
             earlier = f" (earlier guesses failed: {', '.join(sorted(tried))})" if tried else ""
@@ -117,9 +122,10 @@ def _template(request: AgentRequest) -> Proposal | Failure:
                    f"{family} computation{earlier}. " + why)
         return Proposal("kernel", f"{family} template from the reference",
                         rationale=why, source=source, meta={"via": "template"})
+    why_not = f"; templates that do not fit: {'; '.join(unfit)}" if unfit else ""
     return Failure("offline agent: every template family failed for this task "
-                   f"({', '.join(families)}); write a first kernel.py, or use Claude "
-                   "(set ANTHROPIC_API_KEY)")
+                   f"({', '.join(families)}){why_not}; write a first kernel.py, or use "
+                   "Claude (set ANTHROPIC_API_KEY)")
 
 
 def _fix(request: AgentRequest) -> Proposal | Failure:
