@@ -178,7 +178,7 @@ def _reference_block(brief: TaskBrief) -> str:
                                      *helpers, body) if x)
 
 
-_OPERAND_SPECS = '''
+_STATIC_ARGS = '''
 def _split_static(inputs):
     """Python scalars (static arguments) stay out of the pallas_call; arrays go in."""
     static = tuple((i, a) for i, a in enumerate(inputs) if not hasattr(a, "shape"))
@@ -192,7 +192,9 @@ def _merge(static, arrays):
     for i in range(len(static) + len(arrays)):
         args.append(fixed[i] if i in fixed else next(it))
     return args
+'''
 
+_OPERAND_SPECS = _STATIC_ARGS + '''
 
 def _as_2d(a, rows, cols):
     """Each operand as 2-D: full tiles, a broadcast row (1, cols), a column (rows, 1),
@@ -454,20 +456,7 @@ def _whole(brief: TaskBrief) -> tuple[str, str]:
 BLOCK_LEAD = 0
 TUNABLES = {"BLOCK_LEAD": [0, 1, 2, 4, 8, 16, 32, 64, 128, 256]}
 
-
-def _split_static(inputs):
-    """Python scalars (static arguments) stay out of the pallas_call; arrays go in."""
-    static = tuple((i, a) for i, a in enumerate(inputs) if not hasattr(a, "shape"))
-    return static, [a for a in inputs if hasattr(a, "shape")]
-
-
-def _merge(static, arrays):
-    args, it = [], iter(arrays)
-    fixed = dict(static)
-    for i in range(len(static) + len(arrays)):
-        args.append(fixed[i] if i in fixed else next(it))
-    return args
-
+''' + _STATIC_ARGS + '''
 
 def _as_block(shape):
     """TPU blocks are at least 2-D: 0-d and 1-d arrays travel as (1, n)."""
