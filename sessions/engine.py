@@ -24,8 +24,9 @@ from sessions.actions import Action, ask
 from sessions.agent_turn import AgentTurn, stream_turn
 from sessions.autonomy import ControllerSettings
 from sessions.context import build_request, next_role
+from sessions.diagnosis import diagnose_version
 from sessions.errors import ApprovalRequired, ControllerError
-from sessions.log import SessionLog, read_json_blob
+from sessions.log import SessionLog
 from sessions.state import FAILED_STATUSES, SessionState
 from sessions.state import error_line as _error_line
 from sessions.state import rank_fields as _rank_fields
@@ -392,24 +393,9 @@ class Engine:
         self._emit(ev.ProfileResult(type="profile.result", run=rid, version=number,
                                     profile_blob=self.log.put_json_blob(data),
                                     logdir=str(logdir.relative_to(self.log.path)), error=None))
-        self._diagnose(number, rid, data)
-
-    def _diagnose(self, number: int, rid: str, profile: dict[str, Any]) -> None:
-        """The profile, the static analysis and the compiler's figures -> one diagnosis
-        event (what limits this version, with the numbers), read by the next request."""
-        from profiling.diagnose import diagnose
-
-        version = self.state.versions[number]
-        result = read_json_blob(self.log.path, version.result_blob) \
-            if version.result_blob else None
-        try:
-            found = diagnose(profile, result)
-        except Exception as exc:  # a diagnosis bug must not stop the loop
-            self._emit(ev.Error(type="error", message=f"could not diagnose v{number}: {exc}",
-                                where="diagnosis"))
-            return
-        if found is not None:
-            self._emit(ev.Diagnosis(type="diagnosis", version=number, run=rid, **found))
+        # What limits this version, with the numbers: read by the next request.
+        diagnose_version(self.log.path, self.state.versions[number].result_blob, data,
+                         number, rid, self._emit)
 
 
 def _tools_field(turn: AgentTurn) -> dict[str, Any]:

@@ -154,15 +154,21 @@ class ProfileResult(TypedDict):
     t: NotRequired[float]
 
 
-class Diagnosis(TypedDict, total=False):
-    """``profiling.diagnose`` output; its keys are that module's (summary, limiter, ...)."""
+class Diagnosis(TypedDict):
+    """What limits a profiled version: ``profiling.diagnose``'s dict (its keys below)
+    with the version and the profile run it came from."""
 
     type: Literal["diagnosis"]
     version: int
     run: str
+    kind: str  # the first finding: memory_bound | vmem_pressure | per_step_overhead ...
     summary: str
-    seq: int
-    t: float
+    evidence: NotRequired[dict[str, Any]]
+    findings: NotRequired[list[dict[str, Any]]]
+    advice: NotRequired[str]
+    sources: NotRequired[list[str]]  # static | roofline | trace | tpu_compiler
+    seq: NotRequired[int]
+    t: NotRequired[float]
 
 
 class ModeChange(TypedDict):
@@ -370,8 +376,13 @@ LiveType = Literal["agent.start", "agent.delta", "agent.tool_delta", "agent.tool
                    "agent.notice", "agent.usage", "notice", "worker.state",
                    "controller.busy", "controller.idle"]
 
+# Live kinds whose consecutive events an observer may join into one (their ``text``
+# pieces concatenate; ``agent.tool_delta`` only within the same ``id``).
+DELTA_TYPES: frozenset[LiveType] = frozenset({"agent.delta", "agent.tool_delta"})
+
 AnyEvent = Event | LiveEvent
-Subscriber = Callable[[dict[str, Any]], None]
+# What subscribers receive: persisted events as written (with seq and t), live ones as sent.
+Subscriber = Callable[[AnyEvent], None]
 
 
 def live(type_: LiveType, **fields: Any) -> LiveEvent:
@@ -385,7 +396,7 @@ def live(type_: LiveType, **fields: Any) -> LiveEvent:
 class Folds(Protocol):
     """A state that events are folded into (``SessionState``, ``SearchState``)."""
 
-    def apply(self, event: dict[str, Any]) -> None: ...
+    def apply(self, event: Event) -> None: ...
 
 
 class EventWriter:
@@ -414,13 +425,13 @@ class EventWriter:
         stored = self.log.append(kind, **fields)
         self.state.apply(stored)
         self.publish(stored)
-        return stored
+        return cast("dict[str, Any]", stored)
 
     def live(self, event: LiveEvent) -> None:
         """Tell the subscribers something not worth keeping (never written)."""
-        self.publish(cast("dict[str, Any]", event))
+        self.publish(event)
 
-    def publish(self, event: dict[str, Any]) -> None:
+    def publish(self, event: AnyEvent) -> None:
         for callback in list(self._subscribers):
             try:
                 callback(event)

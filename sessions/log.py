@@ -34,7 +34,10 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from sessions import events as ev
 
 SCHEMA = "tilewright.session/1"
 SCHEMA_NAME, _, _SCHEMA_VERSION = SCHEMA.rpartition("/")
@@ -98,7 +101,9 @@ class LoadedSession:
 
     path: Path
     header: dict[str, Any]
-    events: list[dict[str, Any]]
+    # Typed by their ``type`` (sessions.events); a kind this version does not know is
+    # kept as it was written, and the readers pass over it.
+    events: list[ev.Event]
     warnings: list[str] = field(default_factory=list)
     torn_tail: bool = False  # the last line was incomplete (a kill during a write)
     valid_bytes: int = 0  # length of the file up to the end of the last complete line
@@ -141,7 +146,7 @@ def load(path: Path | str) -> LoadedSession:
     except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
         raise SessionError(f"{path}:1: the header is not valid JSON ({exc})") from exc
     header = _check_header(path.parent, header)
-    events: list[dict[str, Any]] = []
+    events: list[ev.Event] = []
     for number, raw in enumerate(lines[1:], start=2):
         if not raw.strip():
             continue
@@ -162,7 +167,7 @@ def load(path: Path | str) -> LoadedSession:
             warnings.append(f"{path}:{number}: skipped a line that is not an event "
                             "(no integer seq and string type): not written by tilewright")
             continue
-        events.append(event)
+        events.append(cast("ev.Event", event))
     valid = len(data) - len(tail)
     return LoadedSession(path.parent, header, events, warnings, torn, valid)
 
@@ -254,7 +259,7 @@ class SessionLog:
     def now(self) -> float:
         return round(time.time() - self._created, 3)
 
-    def append(self, type_: str, **fields: Any) -> dict[str, Any]:
+    def append(self, type_: ev.EventType, **fields: Any) -> ev.Event:
         """Write one event (one line, one write, fsynced) and return it."""
         if self._fd is None:
             raise SessionError(f"{self.path}: the session log is closed")
@@ -271,7 +276,7 @@ class SessionLog:
             self.write_error = _write_failure(self.path, exc, f"append a {type_} event")
             raise self.write_error from None
         self._next_seq += 1
-        return event
+        return cast("ev.Event", event)
 
     def put_blob(self, data: bytes | str) -> str:
         """Store content under its sha256; writing the same content twice is free."""

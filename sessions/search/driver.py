@@ -29,7 +29,8 @@ from kernels.task import Task
 from sessions import events as ev
 from sessions.actions import Action
 from sessions.autonomy import duplicate_of
-from sessions.log import SessionLog, read_json_blob
+from sessions.diagnosis import diagnose_version
+from sessions.log import SessionLog
 from sessions.search.children import ROOT_FAMILY_CANDIDATES, ChildMaker
 from sessions.search.graph import SearchConfig, SearchState, fold_search
 from sessions.search.plan import finish_reason, plan, select_beam
@@ -414,19 +415,8 @@ class Search:
         self._emit(ev.ProfileResult(type="profile.result", run=rid, version=number,
                                     profile_blob=self.log.put_json_blob(data),
                                     logdir=str(logdir.relative_to(self.log.path)), error=None))
-        from profiling.diagnose import diagnose
-
-        version = self.state.session.versions[number]
-        result = read_json_blob(self.log.path, version.result_blob) \
-            if version.result_blob else None
-        try:
-            found = diagnose(data, result)
-        except Exception as exc:  # a diagnosis bug must not stop the search
-            self._emit(ev.Error(type="error", message=f"could not diagnose v{number}: {exc}",
-                                where="diagnosis"))
-            return
-        if found is not None:
-            self._emit(ev.Diagnosis(type="diagnosis", version=number, run=rid, **found))
+        diagnose_version(self.log.path, self.state.session.versions[number].result_blob,
+                         data, number, rid, self._emit)
 
     # -- deciding and applying ----------------------------------------------------------
 
