@@ -15,6 +15,13 @@ candidates to keep in flight. Two implementations:
   tilewright installed; a task directory the node lacks travels with the request
   (small trees only, else put the suite on a shared filesystem).
 
+Both are ``Judge``s, as is the controller's ``Evaluator``: one protocol says what every
+judge exposes (its workers' ``state``, a listener for its changes, the ``Backend`` its
+evaluations run on), and ``Evaluator`` (one session, its options fixed) and ``Executor``
+(a search, many evaluations at once) extend it. The controller's evaluator is built on a
+``LocalExecutor`` too (``sessions.evaluator.PoolEvaluator``), so one class wraps
+``WorkerPool`` for both.
+
 A local Ray instance (no ``--address``) listens on loopback only (GCS, raylet, object
 store, dashboard agent): Ray has no authentication, and its own security guidance is
 to never expose its ports to an untrusted network. A remote cluster is the user's
@@ -35,13 +42,16 @@ import os
 import socket
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from kernels.result import Backend, EvalResult
 from kernels.task import Task
+
+if TYPE_CHECKING:
+    from kernels.workers import WorkerPool
 
 EXECUTORS = ("local", "ray")
 LOOPBACK = "127.0.0.1"
@@ -58,14 +68,23 @@ class ExecutorError(Exception):
 
 StateListener = Callable[[str], None]
 
+# What a judge's ``state`` says, from least to most pressing: several pools combine to
+# the most pressing of their states (busy when any worker is busy, restarting when any
+# is restarting).
+STATES = ("stopped", "idle", "busy", "starting", "restarting")
+
+
+def combined_state(states: Iterable[str]) -> str:
+    """One state for several pools: the most pressing of theirs ("stopped" for none)."""
+    rank = {name: i for i, name in enumerate(STATES)}
+    return max(states, key=lambda st: rank.get(st, 0), default="stopped")
+
 
 @runtime_checkable
-class Evaluator(Protocol):
-    """What a session's controller needs from whatever judges its kernels (today
-    ``sessions.evaluator.PoolEvaluator`` over one ``WorkerPool``): evaluate and profile
-    one source, say where it runs, and report its workers' state (idle, busy,
-    restarting, ...) to one listener (None detaches it). A search takes an ``Executor``
-    instead: many evaluations at once, no profiles."""
+class Judge(Protocol):
+    """What everything that judges kernels exposes, whichever side uses it: its workers'
+    state (one of ``STATES``), one listener for that state's changes (None detaches
+    it), and where evaluations run (None before there is anything to ask)."""
 
     @property
     def state(self) -> str: ...
@@ -74,13 +93,25 @@ class Evaluator(Protocol):
 
     async def backend(self) -> Backend | None: ...
 
+
+@runtime_checkable
+class Evaluator(Judge, Protocol):
+    """What a session's controller needs (``sessions.evaluator.PoolEvaluator`` over a
+    ``LocalExecutor``): evaluate and profile one source with the session's options, and
+    compile it for other TPU generations (``evaluate_on_chips``, untimed)."""
+
     async def evaluate(self, task: Task, source: str) -> EvalResult: ...
+
+    async def evaluate_on_chips(self, task: Task, source: str,
+                                chips: list[str]) -> list[EvalResult]: ...
 
     async def profile(self, task: Task, source: str, logdir: Path) -> dict[str, Any]: ...
 
 
 @runtime_checkable
-class Executor(Protocol):
+class Executor(Judge, Protocol):
+    """What a search needs: ``capacity`` evaluations at once, each with its options."""
+
     name: str  # "local" | "ray"
     capacity: int  # evaluations run at once
 
@@ -91,8 +122,6 @@ class Executor(Protocol):
     async def submit(self, task: Task, source: str, options: Any = None) -> EvalResult: ...
 
     def describe(self) -> str: ...
-
-    async def backend(self) -> dict[str, Any] | None: ...
 
 
 def usable_cores() -> int:
@@ -156,8 +185,13 @@ class LocalExecutor:
     """Evaluations on this machine's worker processes.
 
     On a CPU host one ``WorkerPool(size=N)``; on a TPU host with several chips one
-    single-worker pool per chip, each pinned to its chip. A free-slot queue hands each
-    submission a pool with an idle worker, so ``capacity`` evaluations run at once.
+    single-worker pool per chip, each pinned to its chip. With several pools a free-slot
+    queue hands each submission a pool with an idle worker, so ``capacity`` evaluations
+    run at once; a single pool queues its requests itself.
+
+    ``LocalExecutor.over(pool)`` wraps a ``WorkerPool`` its caller starts and closes (a
+    session's controller judges through one: ``sessions.evaluator.PoolEvaluator``); the
+    executor's ``close`` leaves that pool running.
     """
 
     name = "local"
@@ -166,14 +200,29 @@ class LocalExecutor:
                  ) -> None:
         self.capacity = local_worker_count(workers)
         self._env = dict(env_overrides or {})
-        self._pools: list[Any] = []
-        self._free: asyncio.Queue[Any] | None = None
+        self._pools: list[WorkerPool] = []
+        self._owned = True  # False: the pools are the caller's, close() leaves them
+        self._free: asyncio.Queue[WorkerPool] | None = None  # only with several pools
         self._chips = local_tpu_chips()
+        self._listener: StateListener | None = None
+        self._reported = "stopped"  # the state the listener was last told
+
+    @classmethod
+    def over(cls, pool: WorkerPool) -> LocalExecutor:
+        """An executor over ``pool``, whose lifetime stays the caller's (started or not:
+        its first request starts it)."""
+        executor = cls(workers=1)
+        executor.capacity = pool.size
+        executor._pools = [pool]
+        executor._owned = False
+        return executor
 
     async def start(self) -> None:
         from kernels.workers import WorkerPool
 
         if self._pools:
+            if not self._owned:
+                await self._pools[0].start()  # a no-op when the caller started it
             return
         if self._chips > 1 and self.capacity > 1:
             self._pools = [
@@ -182,7 +231,9 @@ class LocalExecutor:
             ]
         else:
             self._pools = [WorkerPool(size=self.capacity, env_overrides=self._env or None)]
-        started: list[Any] = []
+        for pool in self._pools:
+            self._hook(pool)  # a listener set before start() sees "starting"
+        started: list[WorkerPool] = []
         try:
             for pool in self._pools:
                 await pool.__aenter__()
@@ -192,14 +243,17 @@ class LocalExecutor:
                 await pool.__aexit__(None, None, None)
             self._pools = []
             raise
-        self._free = asyncio.Queue()
-        per_pool = self.capacity // len(self._pools)
-        for pool in self._pools:
-            for _ in range(per_pool):
-                self._free.put_nowait(pool)
+        if len(self._pools) > 1:
+            self._free = asyncio.Queue()
+            per_pool = self.capacity // len(self._pools)
+            for pool in self._pools:
+                for _ in range(per_pool):
+                    self._free.put_nowait(pool)
 
     async def close(self) -> None:
-        pools, self._pools = self._pools, []
+        if not self._owned:
+            return  # the caller's pool: it closes it
+        pools, self._pools, self._free = self._pools, [], None
         for pool in pools:
             await pool.__aexit__(None, None, None)
 
@@ -210,39 +264,74 @@ class LocalExecutor:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def submit(self, task: Task, source: str, options: Any = None) -> EvalResult:
-        """Evaluate one candidate; cancelling the caller kills and replaces that worker."""
+    @contextlib.asynccontextmanager
+    async def _slot(self, what: str) -> AsyncIterator[WorkerPool]:
+        """A pool with a worker for this request (held until the request is done)."""
+        if not self._pools:
+            raise ExecutorError(f"LocalExecutor.{what} before start(): use `async with`")
         if self._free is None:
-            raise ExecutorError("LocalExecutor.submit before start(): use `async with`")
+            yield self._pools[0]
+            return
         pool = await self._free.get()
         try:
-            return await pool.evaluate(task, source, options)
+            yield pool
         finally:
             self._free.put_nowait(pool)
+
+    async def submit(self, task: Task, source: str, options: Any = None) -> EvalResult:
+        """Evaluate one candidate; cancelling the caller kills and replaces that worker."""
+        async with self._slot("submit") as pool:
+            return await pool.evaluate(task, source, options)
+
+    async def request(self, op: str, payload: dict[str, Any],
+                      timeout: float = 120.0) -> dict[str, Any]:
+        """Run worker op ``op`` on a free worker: ``WorkerPool.request``'s result dict
+        (the request's captured stderr under ``"_stderr"``)."""
+        async with self._slot(op) as pool:
+            return await pool.request(op, payload, timeout)
 
     async def profile(self, task: Task, source: str, logdir: Path, chip: str | None = None,
                       timeout_s: float = 300.0) -> dict[str, Any]:
         """Profile one candidate into ``logdir`` on a free worker (the worker's ``profile``
         op: trace digest, static ``pallas_call`` analysis, roofline for ``chip``)."""
-        if self._free is None:
-            raise ExecutorError("LocalExecutor.profile before start(): use `async with`")
         payload: dict[str, Any] = {"task": task.to_spec(), "source": source,
                                    "filename": "kernel.py", "logdir": str(logdir)}
         if chip:
             payload["chip"] = chip
-        pool = await self._free.get()
-        try:
-            result = await pool.request("profile", payload, timeout_s)
-        finally:
-            self._free.put_nowait(pool)
+        result = await self.request("profile", payload, timeout_s)
         result.pop("_stderr", None)
         return result
 
-    async def backend(self) -> dict[str, Any] | None:
-        """Where evaluations run (platform, mode, device kind, JAX version)."""
+    async def backend(self) -> Backend | None:
+        """Where evaluations run (platform, mode, device kind, JAX version); None before
+        start()."""
         if not self._pools:
             return None
-        return asdict(await self._pools[0].backend())
+        return await self._pools[0].backend()
+
+    @property
+    def state(self) -> str:
+        """The workers' state: busy when any worker is, restarting when any is, ..."""
+        return combined_state(pool.state for pool in self._pools)
+
+    def set_state_listener(self, callback: StateListener | None) -> None:
+        self._listener = callback
+        self._reported = self.state
+        for pool in self._pools:
+            self._hook(pool)
+
+    def _hook(self, pool: WorkerPool) -> None:
+        if self._listener is not None:
+            pool.on_state_change = self._pool_changed
+        elif pool.on_state_change == self._pool_changed:
+            # Only our own hook: a pool the caller shares may have another listener now.
+            pool.on_state_change = None
+
+    def _pool_changed(self, _pool_state: str) -> None:
+        state = self.state
+        if state != self._reported and self._listener is not None:
+            self._reported = state
+            self._listener(state)
 
     def describe(self) -> str:
         where = f"{self._chips} TPU chips" if self._chips else f"{usable_cores()} cores"
@@ -337,7 +426,8 @@ class _EvalHost:
 
 
 def ray_backend() -> dict[str, Any]:
-    """Body of a Ray task that reports the backend of this node's evaluation worker."""
+    """Body of a Ray task that reports the backend of this node's evaluation worker (as
+    plain data: the driver rebuilds the ``Backend``)."""
     host = _EvalHost.get()
 
     async def backend() -> dict[str, Any]:
@@ -385,8 +475,20 @@ class RayExecutor:
         self._owns_ray = False
         self._remote: Any = None
         self._slots: asyncio.Semaphore | None = None
+        self._running = 0  # submissions holding a slot
+        self._state = "stopped"
+        self._listener: StateListener | None = None
 
     async def start(self) -> None:
+        self._set_state("starting")
+        try:
+            await self._start()
+        except BaseException:
+            self._set_state("stopped")
+            raise
+        self._set_state("busy" if self._running else "idle")
+
+    async def _start(self) -> None:
         try:
             import ray
         except ImportError as exc:
@@ -440,6 +542,7 @@ class RayExecutor:
             await asyncio.to_thread(self._ray.shutdown)
         self._owns_ray = False
         self._remote = None
+        self._set_state("stopped")
 
     async def __aenter__(self) -> RayExecutor:
         await self.start()
@@ -453,25 +556,55 @@ class RayExecutor:
         if self._remote is None or self._slots is None:
             raise ExecutorError("RayExecutor.submit before start(): use `async with`")
         async with self._slots:
-            # Packing reads the task's files: off the event loop the UI shares.
-            packed = await asyncio.to_thread(_pack_task, task)
-            ref = self._remote.remote(packed, source, _options_dict(options))
+            self._count_running(+1)
             try:
-                data = await ref
-            except asyncio.CancelledError:
-                # force=True kills the Ray worker; its JAX worker child dies with it.
-                with contextlib.suppress(Exception):
-                    self._ray.cancel(ref, force=True)
-                raise
-            except self._ray.exceptions.RayError as exc:
-                from kernels.result import EvalError
-
-                return EvalResult(status="crashed", backend=None, error=EvalError(
-                    kind="crashed", message=f"Ray task failed: {type(exc).__name__}: {exc}"))
+                data = await self._run(task, source, options)
+            finally:
+                self._count_running(-1)
+        if isinstance(data, EvalResult):
+            return data
         return EvalResult.from_json(data)
 
-    async def backend(self) -> dict[str, Any] | None:
-        """The backend of one evaluation node (the first to answer)."""
+    async def _run(self, task: Task, source: str, options: Any) -> dict[str, Any] | EvalResult:
+        # Packing reads the task's files: off the event loop the UI shares.
+        packed = await asyncio.to_thread(_pack_task, task)
+        ref = self._remote.remote(packed, source, _options_dict(options))
+        try:
+            data: dict[str, Any] = await ref
+        except asyncio.CancelledError:
+            # force=True kills the Ray worker; its JAX worker child dies with it.
+            with contextlib.suppress(Exception):
+                self._ray.cancel(ref, force=True)
+            raise
+        except self._ray.exceptions.RayError as exc:
+            from kernels.result import EvalError
+
+            return EvalResult(status="crashed", backend=None, error=EvalError(
+                kind="crashed", message=f"Ray task failed: {type(exc).__name__}: {exc}"))
+        return data
+
+    def _count_running(self, delta: int) -> None:
+        self._running += delta
+        if self._state in ("idle", "busy"):  # not once closed
+            self._set_state("busy" if self._running else "idle")
+
+    @property
+    def state(self) -> str:
+        """stopped, starting, then idle or busy (any submission running on the cluster)."""
+        return self._state
+
+    def set_state_listener(self, callback: StateListener | None) -> None:
+        self._listener = callback
+
+    def _set_state(self, state: str) -> None:
+        if state != self._state:
+            self._state = state
+            if self._listener is not None:
+                self._listener(state)
+
+    async def backend(self) -> Backend | None:
+        """The backend of one evaluation node (the first to answer); None before start()
+        or when no node answers."""
         if self._ray is None or self.resources is None:
             return None
         cpus = self.resources.get("CPU", 0.0)
@@ -479,9 +612,10 @@ class RayExecutor:
         remote = self._ray.remote(ray_backend).options(num_cpus=cpus, resources=custom or None,
                                                        max_retries=0)
         try:
-            return await remote.remote()
+            data = await remote.remote()
         except self._ray.exceptions.RayError:
             return None
+        return Backend(**data)
 
     def describe(self) -> str:
         where = self.address or "local Ray instance"

@@ -17,7 +17,7 @@ import contextlib
 import json
 import math
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -234,8 +234,10 @@ async def _search_suite(args: argparse.Namespace,
         backend = None
         if any(summary is None for _t, _e, summary in plans):
             await stack.enter_async_context(executor)  # workers only when there is work
-            backend = await executor.backend()
-            where = f" · {_backend_label(backend)}" if backend else ""
+            found = await executor.backend()
+            where = f" · {found.label()}" if found else ""
+            # The session header's form of a backend (as the controller's sessions have it).
+            backend = {**asdict(found), "label": found.label()} if found else None
             _say(f"{len(tasks)} task(s), {executor.describe()}{where}, agent {agent.label}")
         for task, existing, summary in plans:
             if summary is None:
@@ -276,15 +278,6 @@ async def _run_one(task: Any, existing: Path | None, base: Path, agent: Any, exe
         return await search.run()
     finally:
         search.close()
-
-
-def _backend_label(backend: dict[str, Any]) -> str:
-    from kernels.result import Backend
-
-    try:
-        return Backend(**backend).label()
-    except TypeError:
-        return str(backend)
 
 
 def _budget_grew(state: Any, config: Any) -> bool:

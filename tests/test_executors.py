@@ -9,6 +9,7 @@ through Ray.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import shutil
 from pathlib import Path
@@ -16,17 +17,21 @@ from pathlib import Path
 import pytest
 
 from kernels.executors import (
+    Evaluator,
+    Executor,
     ExecutorError,
     LocalExecutor,
     RayExecutor,
     _pack_task,
     _unpack_task,
+    combined_state,
     local_worker_count,
     make_executor,
     usable_cores,
 )
 from kernels.loaders import load_task
-from kernels.workers import EvalOptions
+from kernels.result import Backend
+from kernels.workers import EvalOptions, WorkerPool
 
 SUITE = Path(__file__).parent / "fixtures" / "suite"
 FAST = EvalOptions(trials=1, time_budget_s=0.2, timeout_s=60.0)
@@ -54,20 +59,73 @@ def test_make_executor_rejects_bad_usage() -> None:
     assert isinstance(make_executor("ray", workers=1), RayExecutor)
 
 
+def test_several_pools_report_their_most_pressing_state() -> None:
+    assert combined_state([]) == "stopped"
+    assert combined_state(["idle", "idle"]) == "idle"
+    assert combined_state(["idle", "busy"]) == "busy"
+    assert combined_state(["busy", "restarting", "idle"]) == "restarting"
+    assert combined_state(["stopped", "starting"]) == "starting"
+
+
+def test_every_judge_follows_its_protocol() -> None:
+    from sessions.evaluator import PoolEvaluator
+
+    assert isinstance(LocalExecutor(1), Executor)
+    assert isinstance(RayExecutor(workers=1), Executor)
+    assert isinstance(PoolEvaluator(LocalExecutor(1)), Evaluator)
+    assert RayExecutor(workers=1).state == "stopped"
+
+
 async def test_local_executor_runs_evaluations_side_by_side(task) -> None:
-    async with LocalExecutor(workers=2) as executor:
+    states: list[str] = []
+    executor = LocalExecutor(workers=2)
+    assert executor.state == "stopped"
+    assert await executor.backend() is None  # nothing to ask yet
+    executor.set_state_listener(states.append)
+    async with executor:
         assert executor.capacity == min(2, usable_cores())
+        assert executor.state == "idle" and states[-1] == "idle"
         good, bad = await asyncio.gather(
             executor.submit(task, task.starting_source(), FAST),
             executor.submit(task, BROKEN, FAST))
         assert good.status == "correct", good.error
         assert good.backend is not None and good.backend.mode == "tpu-interpret"
-        assert (await executor.backend())["mode"] == "tpu-interpret"
+        backend = await executor.backend()
+        assert isinstance(backend, Backend) and backend.is_interpret
         assert bad.status == "compile_error"
         assert bad.error is not None and bad.error.line == 2
+        assert "starting" in states and "busy" in states
+        assert states[-1] != "busy"  # both evaluations are done
         # both slots are free again: a third evaluation does not wait forever
         again = await asyncio.wait_for(executor.submit(task, task.starting_source(), FAST), 120)
         assert again.status == "correct"
+    assert executor.state == "stopped" and states[-1] == "stopped"
+    assert all(a != b for a, b in itertools.pairwise(states))  # changes only
+
+
+async def test_an_executor_over_a_pool_leaves_the_pool_to_its_owner(task) -> None:
+    from sessions.evaluator import PoolEvaluator
+
+    theirs: list[str] = []
+    async with WorkerPool() as pool:
+        evaluator = PoolEvaluator(pool, FAST)
+        assert evaluator.executor.capacity == 1 and evaluator.state == "idle"
+        ours: list[str] = []
+        evaluator.set_state_listener(ours.append)
+        result = await evaluator.evaluate(task, task.starting_source())
+        assert result.status == "correct", result.error
+        assert ours == ["busy", "idle"]
+        backend = await evaluator.backend()
+        assert backend is not None and backend.is_interpret
+        # Another listener took the pool over: detaching ours leaves it in place.
+        pool.on_state_change = theirs.append
+        evaluator.set_state_listener(None)
+        assert pool.on_state_change == theirs.append
+        await evaluator.executor.close()  # not the executor's pool: it keeps running
+        assert pool.state == "idle" and pool.pids
+        answer = await evaluator.lookup_api("pl.BlockSpec")
+        assert not any(key.startswith("_") for key in answer)
+    assert theirs[-1] == "stopped"
 
 
 def test_task_files_travel_to_a_node_without_them(task, tmp_path) -> None:
@@ -114,6 +172,9 @@ def ray_executor(ray_loop):
 def test_ray_executor_evaluates_in_a_worker_process(ray_executor, ray_loop, task) -> None:
     assert ray_executor.capacity == 2
     assert ray_executor.resources == {"CPU": 1.0}
+    assert ray_executor.state == "idle"
+    states: list[str] = []
+    ray_executor.set_state_listener(states.append)
 
     async def both():
         return await asyncio.gather(
@@ -121,9 +182,12 @@ def test_ray_executor_evaluates_in_a_worker_process(ray_executor, ray_loop, task
             ray_executor.submit(task, BROKEN, FAST))
 
     good, bad = ray_loop.run_until_complete(both())
+    ray_executor.set_state_listener(None)
+    assert states == ["busy", "idle"]  # busy while either ran
     assert good.status == "correct", good.error
     assert good.extra["executor"]["name"] == "ray"
-    assert ray_loop.run_until_complete(ray_executor.backend())["mode"] == "tpu-interpret"
+    backend = ray_loop.run_until_complete(ray_executor.backend())
+    assert isinstance(backend, Backend) and backend.is_interpret
     assert good.backend is not None and good.backend.mode == "tpu-interpret"
     assert bad.status == "compile_error" and bad.error.line == 2
 

@@ -114,13 +114,9 @@ class LiveLink:
     async def check_chips(self, version: int, chips: list[str]) -> list[EvalResult]:
         """Evaluate ``version`` once per TPU generation (nothing is recorded in the
         session: the verdicts answer a question, they do not rank the version)."""
-        evaluator = self._controller.evaluator
-        on_chips = getattr(evaluator, "evaluate_on_chips", None)  # PoolEvaluator has it
-        if on_chips is None:
-            raise RuntimeError("this session's evaluator cannot compile for other chips")
         source = self.read_blob(self.state.versions[version].source_blob).decode()
-        results: list[EvalResult] = await on_chips(self._controller.task, source, chips)
-        return results
+        return await self._controller.evaluator.evaluate_on_chips(
+            self._controller.task, source, chips)
 
     async def close(self) -> None:
         await self._controller.close("user quit")
