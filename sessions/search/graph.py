@@ -21,9 +21,11 @@ that leaves no correct node repairs the failed children instead (role ``fix``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from sessions import events as ev
 from sessions.actions import SlotKey
 from sessions.state import SessionState
 
@@ -127,68 +129,18 @@ class SearchState:
 
     # -- folding ------------------------------------------------------------------------
 
-    def apply(self, event: dict[str, Any]) -> None:
+    def apply(self, event: ev.Event) -> None:
         self.session.apply(event)
-        kind = event.get("type", "")
+        kind = event["type"]
         t = float(event.get("t", 0.0) or 0.0)
-        if self.segments and kind not in ("search.start", "search.resume"):
+        if kind in ("search.start", "search.resume"):
+            self.segments.append((t, t))  # a new active span opens
+        elif self.segments:
             start, _ = self.segments[-1]
             self.segments[-1] = (start, t)
-        if kind in ("search.start", "search.resume"):
-            self.config = SearchConfig.from_json(event.get("config") or {})
-            self.segments.append((t, t))
-            self.ended = None
-            if kind == "search.start":
-                self.root = event.get("root")
-                self.started_seq = event.get("seq")
-        elif kind == "agent.proposal" and "slot" in event:
-            self.strategies[str(event["proposal"])] = event.get("strategy")
-            self.proposers[str(event["proposal"])] = event.get("proposer", "agent")
-            key = _slot_key(event)
-            self.proposal_slots[str(event["proposal"])] = key
-            self.slots.setdefault(key, SlotInfo()).proposals.append(str(event["proposal"]))
-        elif kind == "user.decision":
-            key = self.proposal_slots.get(str(event.get("proposal")))
-            if key is not None and event.get("decision") == "reject":
-                self.slots[key].failures += 1
-        elif kind == "error" and "slot" in event:
-            self.slots.setdefault(_slot_key(event), SlotInfo()).failures += 1
-        elif kind == "kernel.version":
-            self._version(event)
-        elif kind == "search.round":
-            info = RoundInfo(lineage=int(event["lineage"]), round=int(event["round"]),
-                             beam=list(event.get("beam") or []),
-                             repair=list(event.get("repair") or []),
-                             best_version=event.get("best_version"),
-                             best_speedup=event.get("best_speedup"))
-            self.rounds.setdefault(info.lineage, []).append(info)
-        elif kind == "search.prune":
-            node = self.nodes.get(int(event.get("version", -1)))
-            if node is not None:
-                node.pruned = event.get("reason") or "pruned"
-        elif kind == "search.end":
-            self.ended = event.get("reason") or "end"
-
-    def _version(self, event: dict[str, Any]) -> None:
-        number = int(event["version"])
-        pid = event.get("proposal")
-        key = self.proposal_slots.get(str(pid)) if pid else None
-        if key is not None:
-            lineage, rnd, parent, slot = key
-            self.nodes[number] = NodeInfo(
-                version=number, lineage=lineage, round=rnd, parent=parent, slot=slot,
-                strategy=self.strategies.get(str(pid)),
-                proposer=self.proposers.get(str(pid), "agent"))
-            self.slots[key].version = number
-            if parent is None:
-                self.roots.append(number)
-                self.root = self.root if self.root is not None else number
-        elif self.root is None and number == _first_version(self.session):
-            self.root = number
-            self.roots.append(number)
-        if number == self.root and number not in self.nodes:
-            self.nodes[number] = NodeInfo(version=number, lineage=0, round=0, parent=None,
-                                          slot=0, strategy="starting kernel", proposer="root")
+        handler = _HANDLERS.get(kind)
+        if handler is not None:
+            handler(self, event)
 
     # -- derived ------------------------------------------------------------------------
 
@@ -243,8 +195,100 @@ class SearchState:
         return v is not None and v.status is None
 
 
-def _slot_key(event: dict[str, Any]) -> SlotKey:
-    parent = event.get("base_version") if "base_version" in event else event.get("parent")
+# -- handlers, one per event type the search adds to the session fold -----------------
+
+
+def _search_start(s: SearchState, e: ev.SearchStart) -> None:
+    _configure(s, e)
+    s.root = e.get("root")
+    s.started_seq = e.get("seq")
+
+
+def _configure(s: SearchState, e: ev.SearchStart | ev.SearchResume) -> None:
+    s.config = SearchConfig.from_json(e.get("config") or {})
+    s.ended = None
+
+
+def _proposal(s: SearchState, e: ev.AgentProposal) -> None:
+    if "slot" not in e:  # a proposal the search did not ask for (no slot in the tree)
+        return
+    pid = str(e["proposal"])
+    s.strategies[pid] = e.get("strategy")
+    s.proposers[pid] = e.get("proposer", "agent")
+    key = _slot_key(e)
+    s.proposal_slots[pid] = key
+    s.slots.setdefault(key, SlotInfo()).proposals.append(pid)
+
+
+def _decision(s: SearchState, e: ev.UserDecision) -> None:
+    key = s.proposal_slots.get(str(e.get("proposal")))
+    if key is not None and e.get("decision") == "reject":
+        s.slots[key].failures += 1
+
+
+def _error(s: SearchState, e: ev.Error) -> None:
+    if "slot" in e:  # the agent failed to fill a slot
+        s.slots.setdefault(_slot_key(e), SlotInfo()).failures += 1
+
+
+def _version(s: SearchState, e: ev.KernelVersion) -> None:
+    number = int(e["version"])
+    pid = e.get("proposal")
+    key = s.proposal_slots.get(str(pid)) if pid else None
+    if key is not None:
+        lineage, rnd, parent, slot = key
+        s.nodes[number] = NodeInfo(
+            version=number, lineage=lineage, round=rnd, parent=parent, slot=slot,
+            strategy=s.strategies.get(str(pid)), proposer=s.proposers.get(str(pid), "agent"))
+        s.slots[key].version = number
+        if parent is None:
+            s.roots.append(number)
+            s.root = s.root if s.root is not None else number
+    elif s.root is None and number == _first_version(s.session):
+        s.root = number
+        s.roots.append(number)
+    if number == s.root and number not in s.nodes:
+        s.nodes[number] = NodeInfo(version=number, lineage=0, round=0, parent=None,
+                                   slot=0, strategy="starting kernel", proposer="root")
+
+
+def _round(s: SearchState, e: ev.SearchRound) -> None:
+    info = RoundInfo(lineage=int(e["lineage"]), round=int(e["round"]),
+                     beam=list(e.get("beam") or []), repair=list(e.get("repair") or []),
+                     best_version=e.get("best_version"), best_speedup=e.get("best_speedup"))
+    s.rounds.setdefault(info.lineage, []).append(info)
+
+
+def _prune(s: SearchState, e: ev.SearchPrune) -> None:
+    node = s.nodes.get(int(e.get("version", -1)))
+    if node is not None:
+        node.pruned = e.get("reason") or "pruned"
+
+
+def _search_end(s: SearchState, e: ev.SearchEnd) -> None:
+    s.ended = e.get("reason") or "end"
+
+
+# Events come off disk as plain dicts; the type names which TypedDict each one is (a
+# test checks every handler's annotation against its key). Kinds not here change only
+# the session fold.
+_HANDLERS: dict[str, Callable[[SearchState, Any], None]] = {
+    "search.start": _search_start,
+    "search.resume": _configure,
+    "agent.proposal": _proposal,
+    "user.decision": _decision,
+    "error": _error,
+    "kernel.version": _version,
+    "search.round": _round,
+    "search.prune": _prune,
+    "search.end": _search_end,
+}
+
+
+def _slot_key(event: ev.AgentProposal | ev.Error) -> SlotKey:
+    # A proposal names its parent as the version it builds on; a failed slot as parent.
+    parent = event.get("base_version") if event["type"] == "agent.proposal" \
+        else event.get("parent")
     return (int(event.get("lineage", 0)), int(event.get("round", 0)),
             None if parent is None else int(parent), int(event.get("slot", 0)))
 
@@ -253,7 +297,7 @@ def _first_version(session: SessionState) -> int | None:
     return min(session.versions) if session.versions else None
 
 
-def fold_search(header: dict[str, Any], events: list[dict[str, Any]]) -> SearchState:
+def fold_search(header: dict[str, Any], events: list[ev.Event]) -> SearchState:
     state = SearchState(session=SessionState(header=header))
     for event in events:
         state.apply(event)
