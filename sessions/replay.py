@@ -37,10 +37,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 from kernels.result import is_interpret
+from sessions import events as ev
 from sessions.log import LoadedSession, SessionError, read_blob
 from sessions.state import SessionState
 
@@ -49,53 +51,103 @@ NATIVE_WIDEN = 1.5
 ATTEMPTS = 2  # a timing outlier is measured once more
 
 
-def describe(event: dict[str, Any]) -> str:
+def describe(event: ev.Event) -> str:
     """One line for an event in a printed timeline."""
     kind = event["type"]
-    f = event
-    if kind == "user.message":
-        detail = f"you: {f.get('text', '')}"
-    elif kind == "agent.message":
-        u = f.get("usage") or {}
-        detail = (f"agent ({f.get('role')}): {(f.get('text') or '').strip()[:70]!r} "
-                  f"[{u.get('input_tokens', 0)}+{u.get('output_tokens', 0)} tok]"
-                  + (" (cancelled)" if f.get("cancelled") else ""))
-    elif kind == "agent.proposal":
-        extra = f" {f.get('tuning')}" if f.get("tuning") else ""
-        detail = f"proposal {f.get('proposal')} [{f.get('kind')}] {f.get('summary')}{extra}"
-    elif kind == "user.decision":
-        note = f" — {f['note']}" if f.get("note") else ""
-        detail = f"{f.get('decision')} {f.get('proposal') or '(edit)'} by {f.get('by')}{note}"
-    elif kind == "kernel.version":
-        detail = f"v{f.get('version')} from v{f.get('parent')} ({f.get('origin')}): " \
-                 f"{f.get('summary')}"
-    elif kind == "kernel.checkout":
-        detail = f"back to v{f.get('version')} (by {f.get('by')})"
-    elif kind == "run.start":
-        detail = f"{f.get('run')} {f.get('kind')} v{f.get('version')} (by {f.get('by')})"
-    elif kind == "run.result":
-        speed = f" {f['speedup']:.3f}x" if f.get("speedup") is not None else ""
-        if f.get("rank_label") and f.get("rank_source") not in (None, "none"):
-            speed = f" · {f['rank_label']}"  # an estimate says so; host sim is no speedup
-        detail = f"{f.get('run')} v{f.get('version')} {f.get('status')}{speed}"
-    elif kind == "mode.change":
-        detail = f"mode {f.get('mode')} (by {f.get('by')})"
-    elif kind in ("auto.stop", "session.end"):
-        detail = f"{f.get('reason')}"
-    elif kind == "error":
-        detail = f"{f.get('where')}: {f.get('message')}"
-    elif kind == "agent.finished":
-        detail = str(f.get("message"))
-    elif kind == "marker":
-        detail = str(f.get("label"))
-    elif kind == "profile.result":
-        detail = f"{f.get('run')} v{f.get('version')}" + (f" error: {f['error']}"
-                                                         if f.get("error") else "")
-    elif kind == "diagnosis":
-        detail = f"v{f.get('version')} {f.get('kind')}: {str(f.get('summary'))[:70]!r}"
-    else:
-        detail = "(unknown event type, kept)"
-    return f"{f.get('seq', '-'):>5} {float(f.get('t', 0)):>9.2f}s  {kind:<15} {detail}"
+    line = _DESCRIBE.get(kind)
+    detail = line(event) if line is not None else "(unknown event type, kept)"
+    return f"{event.get('seq', '-'):>5} {float(event.get('t', 0)):>9.2f}s  {kind:<15} {detail}"
+
+
+def _user_message(e: ev.UserMessage) -> str:
+    return f"you: {e.get('text', '')}"
+
+
+def _agent_message(e: ev.AgentMessage) -> str:
+    u = e.get("usage") or {}
+    return (f"agent ({e.get('role')}): {(e.get('text') or '').strip()[:70]!r} "
+            f"[{u.get('input_tokens', 0)}+{u.get('output_tokens', 0)} tok]"
+            + (" (cancelled)" if e.get("cancelled") else ""))
+
+
+def _proposal(e: ev.AgentProposal) -> str:
+    extra = f" {e.get('tuning')}" if e.get("tuning") else ""
+    return f"proposal {e.get('proposal')} [{e.get('kind')}] {e.get('summary')}{extra}"
+
+
+def _decision(e: ev.UserDecision) -> str:
+    note = f" — {e['note']}" if e.get("note") else ""
+    return f"{e.get('decision')} {e.get('proposal') or '(edit)'} by {e.get('by')}{note}"
+
+
+def _version(e: ev.KernelVersion) -> str:
+    return f"v{e.get('version')} from v{e.get('parent')} ({e.get('origin')}): {e.get('summary')}"
+
+
+def _checkout(e: ev.KernelCheckout) -> str:
+    return f"back to v{e.get('version')} (by {e.get('by')})"
+
+
+def _run_start(e: ev.RunStart) -> str:
+    return f"{e.get('run')} {e.get('kind')} v{e.get('version')} (by {e.get('by')})"
+
+
+def _run_result(e: ev.RunResult) -> str:
+    speed = f" {e['speedup']:.3f}x" if e.get("speedup") is not None else ""
+    if e.get("rank_label") and e.get("rank_source") not in (None, "none"):
+        speed = f" · {e['rank_label']}"  # an estimate says so; host sim is no speedup
+    return f"{e.get('run')} v{e.get('version')} {e.get('status')}{speed}"
+
+
+def _mode(e: ev.ModeChange) -> str:
+    return f"mode {e.get('mode')} (by {e.get('by')})"
+
+
+def _reason(e: ev.AutoStop | ev.SessionEnd) -> str:
+    return f"{e.get('reason')}"
+
+
+def _error(e: ev.Error) -> str:
+    return f"{e.get('where')}: {e.get('message')}"
+
+
+def _agent_finished(e: ev.AgentFinished) -> str:
+    return str(e.get("message"))
+
+
+def _marker(e: ev.Marker) -> str:
+    return str(e.get("label"))
+
+
+def _profile_result(e: ev.ProfileResult) -> str:
+    return f"{e.get('run')} v{e.get('version')}" + (f" error: {e['error']}"
+                                                     if e.get("error") else "")
+
+
+def _diagnosis(e: ev.Diagnosis) -> str:
+    return f"v{e.get('version')} {e.get('kind')}: {str(e.get('summary'))[:70]!r}"
+
+
+# The kinds a timeline line describes; each function is annotated with the event it
+# reads (a test checks the annotation against the key). Others print as unknown.
+_DESCRIBE: dict[str, Callable[[Any], str]] = {
+    "user.message": _user_message,
+    "agent.message": _agent_message,
+    "agent.proposal": _proposal,
+    "user.decision": _decision,
+    "kernel.version": _version,
+    "kernel.checkout": _checkout,
+    "run.start": _run_start,
+    "run.result": _run_result,
+    "mode.change": _mode,
+    "auto.stop": _reason,
+    "session.end": _reason,
+    "error": _error,
+    "agent.finished": _agent_finished,
+    "marker": _marker,
+    "profile.result": _profile_result,
+    "diagnosis": _diagnosis,
+}
 
 
 def print_session(loaded: LoadedSession, state: SessionState, out: TextIO) -> None:
@@ -252,17 +304,20 @@ def audit(loaded: LoadedSession, state: SessionState) -> list[str]:
         problems.append("event sequence numbers are not 1, 2, ...: "
                         + (f"repeated {dupes[:5]}" if dupes else "gaps or reordering")
                         + " (two writers, or lines added or removed)")
-    decisions = {e["seq"]: e for e in loaded.events if e["type"] == "user.decision"}
-    versions: dict[Any, dict[str, Any]] = {}
-    starts: dict[Any, dict[str, Any]] = {}
+    decisions: dict[Any, ev.UserDecision] = {}
+    versions: dict[Any, ev.KernelVersion] = {}
+    starts: dict[Any, ev.RunStart] = {}
+    for e in loaded.events:
+        if e["type"] == "user.decision":
+            decisions[e.get("seq")] = e
     initial = 0
     for e in loaded.events:
-        kind = e["type"]
-        if kind == "kernel.version":
+        if e["type"] == "kernel.version":
             n = e.get("version")
             versions[n] = e
-            if e.get("source_blob"):
-                _blob(loaded, e["source_blob"], problems, f"v{n} source")
+            source_blob = e.get("source_blob")
+            if source_blob:
+                _blob(loaded, source_blob, problems, f"v{n} source")
             if e.get("origin") == "initial":
                 initial += 1
                 if initial > 1:
@@ -270,28 +325,29 @@ def audit(loaded: LoadedSession, state: SessionState) -> list[str]:
                                     "kernel runs without a decision)")
                 continue
             d = decisions.get(e.get("decision"))
-            if d is None or d["seq"] > e["seq"]:
+            if d is None or d.get("seq", 0) > e.get("seq", 0):
                 problems.append(f"v{n}: no user.decision approved it (its decision "
                                 f"{e.get('decision')!r} is missing or comes later)")
             elif d.get("decision") not in ("approve", "edit") \
                     or d.get("proposal") != e.get("proposal"):
-                problems.append(f"v{n}: its user.decision (seq {d['seq']}) is "
+                problems.append(f"v{n}: its user.decision (seq {d.get('seq')}) is "
                                 f"{d.get('decision')!r} for {d.get('proposal')!r}, not an "
                                 f"approval of {e.get('proposal')!r}")
-        elif kind == "run.start":
+        elif e["type"] == "run.start":
             starts[e.get("run")] = e
             if e.get("version") not in versions:
                 problems.append(f"{e.get('run')}: runs v{e.get('version')}, which no earlier "
                                 "kernel.version created")
-        elif kind == "run.result":
+        elif e["type"] == "run.result":
             run = e.get("run")
             if run not in starts:
                 problems.append(f"{run}: a result without a run.start")
             elif starts[run].get("version") != e.get("version"):
                 problems.append(f"{run}: result for v{e.get('version')} but it started "
                                 f"v{starts[run].get('version')}")
-            if e.get("result_blob"):
-                data = _blob(loaded, e["result_blob"], problems, f"{run} result")
+            result_blob = e.get("result_blob")
+            if result_blob:
+                data = _blob(loaded, result_blob, problems, f"{run} result")
                 if data is not None:
                     _compare_result(run, e, data, problems)
     for v in state.versions.values():
@@ -300,7 +356,7 @@ def audit(loaded: LoadedSession, state: SessionState) -> list[str]:
     return list(dict.fromkeys(problems))
 
 
-def _compare_result(run: Any, event: dict[str, Any], data: bytes,
+def _compare_result(run: Any, event: ev.RunResult, data: bytes,
                     problems: list[str]) -> None:
     try:
         recorded = json.loads(data)
@@ -310,9 +366,10 @@ def _compare_result(run: Any, event: dict[str, Any], data: bytes,
     timing = recorded.get("timing") or {}
     derived = {"status": recorded.get("status"), "correct": recorded.get("status") == "correct",
                "speedup": _ranked_speedup(recorded), "median_ms": timing.get("median_ms")}
+    logged: dict[str, Any] = dict(event)  # compared field by field, by name
     for key, value in derived.items():
-        if key in event and not _same(event[key], value):
-            problems.append(f"{run}: the log says {key}={event[key]!r} but its eval JSON "
+        if key in logged and not _same(logged[key], value):
+            problems.append(f"{run}: the log says {key}={logged[key]!r} but its eval JSON "
                             f"says {value!r} (edited)")
 
 
