@@ -4,7 +4,8 @@ The branch is a new session directory whose header names its parent
 (``{"session": id, "seq": n}``) and whose log starts with copies of the parent's first
 ``n`` events (new ``seq``/``t``, same fields), so folding it gives exactly the parent's
 state at that point. Blobs the copied events reference are copied too. Written through
-``sessions.log`` only; the parent is never touched.
+``sessions.log`` only (the header by ``sessions.opening.create_log``, as every session's
+is); the parent is never touched.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from sessions.log import SessionLog, load, read_blob
+from sessions.log import load, read_blob
+from sessions.opening import create_log
 from sessions.state import fold
 
 _SHA = re.compile(r"[0-9a-f]{64}")
@@ -24,8 +26,7 @@ def _blob_refs(event: dict[str, Any]) -> set[str]:
             if k.endswith("_blob") and isinstance(v, str) and _SHA.fullmatch(v)}
 
 
-def branch_session(parent: Path, seq: int, sessions_dir: Path | None = None,
-                   app_version: str = "0") -> Path:
+def branch_session(parent: Path, seq: int, sessions_dir: Path | None = None) -> Path:
     """Create the branch and return its directory (beside the parent by default)."""
     loaded = load(parent)
     header = loaded.header
@@ -33,9 +34,10 @@ def branch_session(parent: Path, seq: int, sessions_dir: Path | None = None,
     # A branch continues work: a recorded end or an auto run in flight is not carried on.
     events = [e for e in events if e.get("type") != "session.end"]
     target_dir = sessions_dir or loaded.path.parent
-    log = SessionLog.create(
+    # The parent's evaluation options go with it: the branch is judged as the parent was.
+    log = create_log(
         target_dir, task=header.get("task") or {}, backend=header.get("backend"),
-        agent=str(header.get("agent", "")), app_version=app_version,
+        agent=str(header.get("agent", "")), eval_options=header.get("eval_options"),
         parent={"session": header.get("id", loaded.path.name), "seq": seq})
     try:
         for event in events:

@@ -29,9 +29,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="who proposes (default: the config's agent.kind)")
     auto.add_argument("--budget", type=int, metavar="N", help="iterations (new kernel versions)")
     auto.add_argument("--target", type=float, metavar="X", help="stop at this speedup")
-    auto.add_argument("--trials", type=int, default=3, help="correctness trials per shape")
-    auto.add_argument("--time-budget", type=float, default=1.0, metavar="S",
-                      help="timing budget per evaluation, seconds (default 1)")
+    auto.add_argument("--trials", type=int, default=None,
+                      help="correctness trials per shape (default: [eval] trials, else 3)")
+    auto.add_argument("--time-budget", type=float, default=None, metavar="S",
+                      help="timing budget per evaluation, seconds (default: [eval] "
+                           "time_budget_s, else 1)")
     auto.add_argument("--set", dest="set", action="append", default=[], metavar="KEY=VALUE",
                       help="shape override, e.g. --set rows=128 (repeatable)")
     _session_dir(auto)
@@ -65,28 +67,19 @@ def _fail(command: str, message: str, hint: str | None = None, code: int = 2) ->
 
 
 def _auto(args: argparse.Namespace) -> int:
-    from kernels.loaders import parse_overrides
-    from kernels.task import TaskError
     from sessions.headless import run_auto
     from sessions.log import SessionError
+    from sessions.opening import OpenError, parse_set
 
     if bool(args.task) == bool(args.resume):
         return _fail("auto", "give --task DIR|NAME (a new session) or --resume SESSION")
     try:
-        args.overrides = parse_overrides(args.set)
-    except ValueError as exc:
-        return _fail("auto", str(exc))
-    try:
+        args.overrides = parse_set(args.set)
         return asyncio.run(run_auto(args, getattr(args, "config", None) or {}))
-    except (TaskError, SessionError) as exc:
-        return _fail("auto", str(exc), "`tilewright tasks` lists the bundled tasks")
-    except Exception as exc:
-        from agents.errors import AgentError
-
-        if isinstance(exc, AgentError):
-            return _fail("auto", str(exc), getattr(exc, "next_step", None)
-                         or "use --agent offline to run without an API key")
-        raise
+    except OpenError as exc:
+        return _fail("auto", str(exc), exc.next_step or None)
+    except SessionError as exc:  # the session directory cannot be written
+        return _fail("auto", str(exc))
 
 
 def _sessions(args: argparse.Namespace) -> int:

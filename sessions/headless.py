@@ -18,27 +18,19 @@ import asyncio
 import json
 import signal
 import sys
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
 from agents.config import Config
 from kernels.result import is_interpret
 from sessions.autonomy import ControllerSettings
-from sessions.log import SessionLog, SessionWriteError, default_sessions_dir, resolve
-from sessions.state import SessionState, fold
-from sessions.tasks import task_for_header, task_header
+from sessions.log import SessionWriteError
+from sessions.state import SessionState
 
 AUTO_SCHEMA = "tilewright.auto/1"
-
-
-def app_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("tilewright")
-    except PackageNotFoundError:
-        return "0+unknown"
+# A headless run times each version briefly (the config's [eval] and the flags override).
+AUTO_EVAL_DEFAULTS = {"time_budget_s": 1.0}
 
 
 class Progress:
@@ -109,55 +101,35 @@ def print_summary(data: dict[str, Any], out: TextIO) -> None:
 
 
 async def run_auto(args: Any, config: Config | dict[str, Any]) -> int:
-    from agents import brief, make_agent
     from agents.config import coerce
-    from kernels.workers import EvalOptions, WorkerPool
-    from sessions.controller import Controller
-    from sessions.evaluator import PoolEvaluator
+    from sessions.opening import SessionRequest, open_session
 
     out = sys.stderr if args.json else sys.stdout
-    sessions_dir = Path(args.session_dir).expanduser() if args.session_dir \
-        else default_sessions_dir()
-    log = state = None
-    if args.resume:
-        log, loaded = SessionLog.open(resolve(args.resume, sessions_dir))
-        for warning in loaded.warnings:
-            print(f"warning: {warning}", file=sys.stderr)
-        state = fold(loaded.header, loaded.events)
-        task = task_for_header(loaded.header)
-        options = EvalOptions(**(loaded.header.get("eval_options") or {}))
-    else:
-        from kernels.loaders import load_task
-
-        task = load_task(args.task, args.overrides or None)
-        options = EvalOptions(trials=args.trials, time_budget_s=args.time_budget)
     config = coerce(config)
-    agent = make_agent(args.agent or config.agent.kind, config)  # type: ignore[arg-type]
     settings = ControllerSettings.from_config(config)
     if args.budget is not None:
         settings = replace(settings, budgets=replace(settings.budgets, iterations=args.budget))
     if args.target is not None:
         settings = replace(settings, target_speedup=args.target)
+    flags = {"trials": args.trials, "time_budget_s": args.time_budget}
+    request = SessionRequest(task=args.task, overrides=args.overrides, resume=args.resume,
+                             sessions_dir=args.session_dir, agent=args.agent,
+                             eval={k: v for k, v in flags.items() if v is not None})
+    session = await open_session(request, config, settings=settings,
+                                 eval_defaults=AUTO_EVAL_DEFAULTS)
+    for warning in session.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    controller, log = session.controller, session.log
+    backend = session.backend.label() if session.backend else "?"
+    print(f"session {log.id} · {session.task.name} · {backend} · {session.agent.label}",
+          file=out, flush=True)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with WorkerPool() as pool:
-        evaluator = PoolEvaluator(pool, options)
-        backend = await evaluator.backend()
-        if log is None:
-            sessions_dir.mkdir(parents=True, exist_ok=True)
-            log = SessionLog.create(
-                sessions_dir, task=task_header(task, args.overrides),
-                backend={**asdict(backend), "label": backend.label()}, agent=agent.label,
-                app_version=app_version(), extra={"eval_options": asdict(options)})
-        print(f"session {log.id} · {task.name} · {backend.label()} · {agent.label}",
-              file=out, flush=True)
-        controller = Controller(log, task, brief(task), agent, evaluator, settings,
-                                state=state)
+    try:
         controller.subscribe(Progress(controller.state, out))
-        await controller.start()
         controller.set_mode("auto", by="user")
         waiter = asyncio.ensure_future(controller.wait_idle())
         stopper = asyncio.ensure_future(stop.wait())
@@ -167,17 +139,17 @@ async def run_auto(args: Any, config: Config | dict[str, Any]) -> int:
         if interrupted:
             print("interrupted: stopping cleanly (the session is saved)", file=out, flush=True)
         try:
-            await controller.close("interrupted" if interrupted else "completed")
+            await session.close("interrupted" if interrupted else "completed")
         except SessionWriteError:
             pass  # already in log.write_error; reported below
-        finally:
-            log.close()
         waiter.cancel()
         if not waiter.cancelled() and waiter.done() and waiter.exception() is not None \
                 and log.write_error is None:
             raise waiter.exception()  # type: ignore[misc]
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.remove_signal_handler(sig)
+    finally:
+        await session.release()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
     data = summary(log.path, controller.state, interrupted)
     if log.write_error is not None:
         data["stop_reason"] = "write_error"

@@ -7,9 +7,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from sessions.branch import branch_session
 from sessions.log import load
 from sessions.state import fold
-from tui.branch import branch_session
 from tui.replay_app import ReplayApp
 from tui.screens.replay import SPEEDS, ReplayScreen
 from tui.widgets.chat import ChatPane

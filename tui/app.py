@@ -185,10 +185,8 @@ def run_app(options: LaunchOptions, config: Config | dict[str, Any]) -> int:
     async def opener(agent: str | None = None) -> tuple[LiveLink, ChipChoice]:
         from dataclasses import replace
 
-        from tui.cli import _version
-
         chosen = replace(options, agent=agent) if agent else options
-        return await open_live(chosen, config, app_version=_version())
+        return await open_live(chosen, config)
 
     app = TilewrightApp(config, opener)
     app.run()

@@ -1,6 +1,7 @@
 """The TUI's subcommands: ``open`` (the default), ``replay``, ``review`` and ``config``.
 
-``tilewright [--task DIR|NAME] [--resume SESSION] [--session-dir DIR] [--agent KIND]``
+``tilewright [--task DIR|NAME] [--set KEY=VALUE] [--resume SESSION] [--session-dir DIR]
+[--agent KIND]``
 opens the workbench; ``tilewright replay SESSION`` opens a recorded session in the
 replay screen (``--headless`` re-runs it without a screen, through ``sessions.cli``);
 ``tilewright config`` prints where the config file is and what is in effect. textual
@@ -23,6 +24,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     open_.add_argument("--agent", choices=("offline", "anthropic", "openai", "auto"),
                        help="who proposes (default: the config's agent.kind, auto); openai: "
                             "any OpenAI-compatible endpoint ([agent] base_url)")
+    open_.add_argument("--set", dest="overrides", action="append", default=[],
+                       metavar="KEY=VALUE",
+                       help="shape override for a new session, e.g. --set rows=256 "
+                            "(repeatable; a resumed session keeps its own)")
     open_.set_defaults(handler=_open)
 
     replay = subparsers.add_parser("replay", help="replay a recorded session")
@@ -75,11 +80,22 @@ def _headless_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _open(args: argparse.Namespace) -> int:
+    from sessions.opening import OpenError, parse_set
     from tui.app import run_app
     from tui.launch import LaunchOptions
 
+    try:
+        overrides = parse_set(args.overrides)
+    except OpenError as exc:
+        print(f"tilewright: {exc}\n  next: {exc.next_step}", file=sys.stderr)
+        return 2
+    if overrides and args.resume:
+        print("tilewright: --set applies to a new session; a resumed session keeps the "
+              "shapes it was recorded with", file=sys.stderr)
+        return 2
     options = LaunchOptions(task=args.task, resume=args.resume,
-                            session_dir=args.session_dir, agent=args.agent)
+                            session_dir=args.session_dir, agent=args.agent,
+                            overrides=overrides)
     return run_app(options, args.config)
 
 

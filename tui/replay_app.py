@@ -67,11 +67,10 @@ class ReplayApp(App):
             self.push_screen(HelpScreen(REPLAY_HELP))
 
     def branch_from(self, path: Path, seq: int) -> None:
-        from tui.branch import branch_session
-        from tui.cli import _version
+        from sessions.branch import branch_session
 
         try:
-            branch = branch_session(path, seq, self.sessions_dir, app_version=_version())
+            branch = branch_session(path, seq, self.sessions_dir)
         except (SessionError, OSError) as exc:
             self.push_screen(ErrorModal("Could not create the branch", str(exc)))
             return

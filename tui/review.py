@@ -11,12 +11,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual.app import App
 
 from tui.screens.search_view import SearchScreen
+
+if TYPE_CHECKING:
+    from sessions.opening import SearchSession
 
 
 class ReviewApp(App):
@@ -24,12 +26,11 @@ class ReviewApp(App):
 
     TITLE = "tilewright review"
 
-    def __init__(self, screen: SearchScreen, search: Any = None,
-                 executor: Any = None) -> None:
+    def __init__(self, screen: SearchScreen, opened: SearchSession | None = None) -> None:
         super().__init__()
         self._screen = screen
-        self._search = search
-        self._executor = executor
+        self._opened = opened
+        self._search = opened.search if opened is not None else None
         self.summary: Any = None
 
     def get_default_screen(self) -> SearchScreen:
@@ -47,10 +48,8 @@ class ReviewApp(App):
             self.notify(f"search stopped: {exc}", severity="error", timeout=15)
 
     async def on_unmount(self) -> None:
-        if self._search is not None:
-            self._search.close()
-        if self._executor is not None:
-            await self._executor.close()
+        if self._opened is not None:
+            await self._opened.close()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,22 +71,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _live(args: argparse.Namespace) -> int:
-    from agents import brief, make_agent
-    from agents.errors import NoApiKey
-    from kernels.executors import LocalExecutor
-    from kernels.loaders import load_task, parse_overrides
-    from kernels.task import TaskError
-    from sessions.log import default_sessions_dir
-    from sessions.search import Search
-    from sessions.search.graph import Budget, SearchConfig
-
-    try:
-        task = load_task(args.task, parse_overrides(args.overrides) or None)
-        agent = make_agent(args.agent, args.config or {})
-    except (TaskError, NoApiKey, ValueError) as exc:
-        print(f"tilewright review: {exc}", file=sys.stderr)
-        return 2
     from agents.config import coerce
+    from sessions.opening import OpenError, SessionRequest, open_search, parse_set
+    from sessions.search.graph import Budget, SearchConfig
 
     controller = coerce(args.config).controller
     config = SearchConfig(beam_width=args.beam_width, branching=args.branching,
@@ -95,11 +81,16 @@ async def _live(args: argparse.Namespace) -> int:
                           budget=Budget(nodes=args.budget),
                           profile_best=controller.profile_best,
                           profile_every=controller.profile_every)
-    base = Path(args.session_dir) if args.session_dir else default_sessions_dir()
-    executor = LocalExecutor(workers=1)
-    await executor.start()
-    search = Search.create(base, task, brief(task), agent, executor, config)
-    app = ReviewApp(SearchScreen(search=search), search=search, executor=executor)
+    try:
+        request = SessionRequest(task=args.task, overrides=parse_set(args.overrides),
+                                 sessions_dir=args.session_dir, agent=args.agent)
+        opened = await open_search(request, args.config, config)
+    except OpenError as exc:
+        print(f"tilewright review: {exc}", file=sys.stderr)
+        if exc.next_step:
+            print(f"  next: {exc.next_step}", file=sys.stderr)
+        return 2
+    app = ReviewApp(SearchScreen(search=opened.search), opened=opened)
     await app.run_async()
-    print(f"session saved: {search.log.path}")
+    print(f"session saved: {opened.search.log.path}")
     return 0

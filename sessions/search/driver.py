@@ -25,6 +25,7 @@ from typing import Any
 
 from agents.base import Agent, TaskBrief
 from kernels import tunables
+from kernels.result import Backend
 from kernels.task import Task
 from sessions import events as ev
 from sessions.actions import Action
@@ -36,7 +37,6 @@ from sessions.search.graph import SearchConfig, SearchState, fold_search
 from sessions.search.plan import finish_reason, plan, select_beam
 from sessions.state import error_line as _error_line
 from sessions.state import rank_fields as _rank_fields
-from sessions.tasks import task_header
 
 
 @dataclass
@@ -134,14 +134,15 @@ class Search:
     def create(cls, sessions_dir: Path | str, task: Task, brief: TaskBrief, agent: Agent,
                executor: Any, config: SearchConfig, eval_options: Any = None,
                meta: dict[str, Any] | None = None,
-               backend: dict[str, Any] | None = None) -> Search:
-        """A new session for a new search; ``meta`` goes into the header's ``search``
-        field (what the suite command matches sessions by when it resumes)."""
-        log = SessionLog.create(
-            sessions_dir, task=task_header(task, task.meta.get("overrides")),
-            backend=backend, agent=getattr(agent, "label", agent.name), app_version=_version(),
-            extra={"search": dict(meta or {}),
-                   "eval_options": asdict(eval_options) if eval_options else None})
+               backend: Backend | dict[str, Any] | None = None) -> Search:
+        """A new session for a new search (header written by ``sessions.opening``);
+        ``meta`` goes into the header's ``search`` field (what the suite command matches
+        sessions by when it resumes)."""
+        from sessions.opening import create_log
+
+        log = create_log(sessions_dir, task=task, backend=backend,
+                         agent=getattr(agent, "label", agent.name), eval_options=eval_options,
+                         extra={"search": dict(meta or {})})
         state = fold_search(log.header, [])
         search = cls(log, state, task, brief, agent, executor, eval_options)
         root = None
@@ -172,12 +173,13 @@ class Search:
         """Reopen an interrupted search; ``config`` (when given) replaces the recorded
         one from now on (a bigger budget, say). ``reopen`` continues a search that had
         ended (on a budget that ``config`` raises)."""
-        log, loaded = SessionLog.open(path)
+        from sessions.opening import eval_options as recorded_options
+        from sessions.opening import reopen_log
+
+        log, loaded = reopen_log(path)
         state = fold_search(loaded.header, loaded.events)
         if eval_options is None and loaded.header.get("eval_options"):
-            from kernels.workers import EvalOptions
-
-            eval_options = EvalOptions(**loaded.header["eval_options"])
+            eval_options = recorded_options(None, loaded.header["eval_options"])
         search = cls(log, state, task, brief, agent, executor, eval_options)
         if state.ended is None or reopen:
             if state.config is None:
@@ -466,12 +468,3 @@ class Search:
         finally:
             self._decisions.pop(pid, None)
         return decision, note, "user"
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("tilewright")
-    except PackageNotFoundError:
-        return "0+unknown"

@@ -1,0 +1,372 @@
+"""Opening, resuming and closing sessions: the one place that builds a session's parts.
+
+Every front end comes here: the TUI (``tui.launch``), ``tilewright auto``
+(``sessions.headless``), the graph search (``sessions.search.Search.create`` / ``open``,
+``tilewright search`` and ``tilewright review``) and a branch of a recorded session
+(``sessions.branch``). So a session is opened one way whichever front end opened it:
+
+- the task: a new session loads ``--task`` with its ``--set`` overrides; a resumed one
+  rebuilds the task its header records (``sessions.tasks.task_for_header``: same
+  directory, same overrides, a bundled task of the same name when the directory moved);
+- the header: written by ``create_log`` only — the task as ``task_header`` describes it
+  (absolute root, overrides, effective shapes), the backend with its label, the agent,
+  the evaluation options the session is judged with, the app version;
+- the evaluation options: explicit ones (command-line flags) over a resumed session's
+  recorded ones over the config's ``[eval]`` table;
+- the chip the gauges and roofline use (``choose_chip``) and that the controller
+  diagnoses profiles for;
+- failures: an ``OpenError`` with the message and the next step (and whether the offline
+  agent would open it), for the front end to present.
+
+``open_session`` returns a ``Session`` that owns what it started (its worker pool) and
+releases it in ``close``; ``open_search`` does the same for a search and its executor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agents.config import Config, ConfigError, coerce
+from kernels.result import Backend
+from kernels.task import Task, TaskError
+from sessions.log import LoadedSession, SessionError, SessionLog, default_sessions_dir, resolve
+from sessions.tasks import task_for_header, task_header
+
+if TYPE_CHECKING:
+    from agents.base import Agent
+    from kernels.executors import Evaluator, Executor
+    from kernels.workers import EvalOptions
+    from sessions.autonomy import ControllerSettings
+    from sessions.controller import Controller
+    from sessions.search.driver import Search
+    from sessions.search.graph import SearchConfig
+
+DEFAULT_TASK = "softmax"
+CPU_TARGET_CHIP = "v5e"  # what interpret mode on a CPU host is judged against
+
+
+class OpenError(Exception):
+    """A session that cannot be opened: what went wrong and what to do next."""
+
+    def __init__(self, message: str, next_step: str = "", offline_fallback: bool = False
+                 ) -> None:
+        super().__init__(message)
+        self.next_step = next_step
+        self.offline_fallback = offline_fallback  # the offline agent would open it
+
+
+@dataclass(frozen=True)
+class SessionRequest:
+    """What a front end asks for. ``task`` or ``resume`` (neither: ``default_task``)."""
+
+    task: str | None = None  # directory or bundled name
+    overrides: Mapping[str, str] | None = None  # --set KEY=VALUE
+    resume: str | None = None  # session id, prefix or directory
+    sessions_dir: str | Path | None = None  # None: the user data dir's
+    agent: str | None = None  # offline | anthropic | openai | auto (None: the config's)
+    eval: Mapping[str, Any] = field(default_factory=dict)  # explicit EvalOptions fields
+    default_task: str | None = None
+
+
+@dataclass(frozen=True)
+class ChipChoice:
+    key: str
+    label: str
+    vmem_bytes: float | None
+
+
+def app_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tilewright")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def sessions_dir_for(value: str | Path | None) -> Path:
+    return Path(value).expanduser() if value else default_sessions_dir()
+
+
+def backend_json(backend: Backend | Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The header's ``backend``: the worker's platform, mode, device and its label."""
+    if backend is None:
+        return None
+    if isinstance(backend, Backend):
+        return {**asdict(backend), "label": backend.label()}
+    data = dict(backend)
+    if "label" not in data and data.get("platform") and data.get("mode"):
+        data["label"] = Backend(str(data["platform"]), str(data["mode"]),
+                                str(data.get("device_kind") or ""), "").label()
+    return data
+
+
+def choose_chip(config: Config | Mapping[str, Any] | None,
+                backend: Backend | None = None) -> ChipChoice:
+    """The chip the gauges and roofline use: the config's, else the device's, else (on a
+    CPU host, where kernels run in TPU interpret mode) a TPU v5e target."""
+    from profiling.chips import chip_for_device, get_chip
+
+    name = coerce(config).backend.chip
+    try:
+        if name:
+            chip = get_chip(str(name))
+        elif backend is not None and backend.platform != "cpu" and backend.device_kind:
+            chip = chip_for_device(backend.platform, backend.device_kind)
+        else:
+            chip = get_chip(CPU_TARGET_CHIP)
+    except KeyError as exc:
+        raise OpenError(str(exc), "set [backend] chip in the config file "
+                                  "(`tilewright config` shows where it is)") from None
+    return ChipChoice(chip.name, chip.label, float(chip.scoped_vmem_bytes or chip.vmem_bytes))
+
+
+def eval_options(config: Config | Mapping[str, Any] | None,
+                 recorded: Mapping[str, Any] | None = None,
+                 explicit: Mapping[str, Any] | None = None,
+                 defaults: Mapping[str, Any] | None = None) -> EvalOptions:
+    """``EvalOptions``: ``defaults`` (a front end's own), then the config's ``[eval]``,
+    then what a resumed session recorded, then ``explicit`` ones (flags)."""
+    from kernels.workers import EvalOptions
+
+    try:
+        table = coerce(config).eval
+    except ConfigError as exc:
+        raise OpenError(str(exc), ConfigError.next_step) from None
+    fields_ = {**(defaults or {}), **table, **(recorded or {}), **(explicit or {})}
+    try:
+        return EvalOptions(**fields_)
+    except TypeError as exc:  # a recorded option this version does not know
+        raise OpenError(f"evaluation options {sorted(fields_)}: {exc}",
+                        "start a new session with --task") from None
+
+
+def make_session_agent(kind: str | None, config: Config | Mapping[str, Any] | None
+                       ) -> Agent:
+    from agents import make_agent
+    from agents.errors import AgentError
+
+    config = coerce(config)
+    try:
+        return make_agent(kind or config.agent.kind, config)  # type: ignore[arg-type]
+    except AgentError as exc:
+        raise OpenError(str(exc), getattr(exc, "next_step", None)
+                        or "run with --agent offline, or export ANTHROPIC_API_KEY",
+                        offline_fallback=True) from None
+
+
+def parse_set(items: list[str] | None) -> dict[str, str]:
+    """``--set KEY=VALUE`` pairs; a malformed one is an ``OpenError``."""
+    from kernels.loaders import parse_overrides
+
+    try:
+        return parse_overrides(items)
+    except ValueError as exc:
+        raise OpenError(str(exc), "write each override as --set KEY=VALUE") from None
+
+
+def load_request_task(request: SessionRequest, header: Mapping[str, Any] | None = None
+                      ) -> Task:
+    """The task a new session names, or the one a resumed session's header records."""
+    from kernels.loaders import load_task
+
+    try:
+        if header is not None and request.task is None:
+            return task_for_header(dict(header))
+        spec = request.task or request.default_task
+        if spec is None:
+            raise OpenError("no task: give --task DIR|NAME or --resume SESSION",
+                            "`tilewright tasks` lists the bundled tasks")
+        return load_task(spec, dict(request.overrides or {}) or None)
+    except TaskError as exc:
+        raise OpenError(str(exc), "check the task directory, or pass --task with a "
+                                  "bundled task name (e.g. softmax)") from None
+
+
+def create_log(sessions_dir: str | Path, *, task: Task | Mapping[str, Any],
+               backend: Backend | Mapping[str, Any] | None, agent: str,
+               eval_options: EvalOptions | Mapping[str, Any] | None = None,
+               parent: Mapping[str, Any] | None = None,
+               extra: Mapping[str, Any] | None = None) -> SessionLog:
+    """A new session directory and its header (the only place headers are written)."""
+    header_task = task_header(task, task.meta.get("overrides")) if isinstance(task, Task) \
+        else dict(task)
+    options = None if eval_options is None else \
+        dict(eval_options) if isinstance(eval_options, Mapping) else asdict(eval_options)
+    path = Path(sessions_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    return SessionLog.create(path, task=header_task, backend=backend_json(backend),
+                             agent=agent, app_version=app_version(),
+                             parent=dict(parent) if parent else None,
+                             extra={**({"eval_options": options} if options else {}),
+                                    **(extra or {})})
+
+
+def reopen_log(ref: str | Path, sessions_dir: str | Path | None = None
+               ) -> tuple[SessionLog, LoadedSession]:
+    """Reopen a recorded session for appending (locked: one writer at a time)."""
+    try:
+        return SessionLog.open(resolve(str(ref), sessions_dir))
+    except SessionError as exc:
+        raise OpenError(str(exc), "`tilewright sessions` lists the sessions") from None
+
+
+# -- a live session (the controller) ------------------------------------------------------
+
+
+class Session:
+    """An open session: its controller and what was started for it. ``await close()``
+    ends the session (``session.end``) and releases the workers it started."""
+
+    def __init__(self, controller: Controller, backend: Backend | None, chip: ChipChoice,
+                 warnings: list[str], owned: Any = None) -> None:
+        self.controller = controller
+        self.backend = backend
+        self.chip = chip
+        self.warnings = warnings  # what loading a resumed log noticed (a torn tail, ...)
+        self._owned = owned  # a WorkerPool this session started, closed with it
+
+    @property
+    def log(self) -> SessionLog:
+        return self.controller.log
+
+    @property
+    def task(self) -> Task:
+        return self.controller.task
+
+    @property
+    def agent(self) -> Agent:
+        return self.controller.agent
+
+    async def close(self, reason: str = "closed") -> None:
+        """Write ``session.end`` (unless already closed), then stop the workers."""
+        try:
+            await self.controller.close(reason)
+        finally:
+            self.controller.log.close()
+            await self.release()
+
+    async def release(self) -> None:
+        """Stop the workers this session started (the session itself stays as it is)."""
+        owned, self._owned = self._owned, None
+        if owned is not None:
+            await owned.close()
+
+
+async def start_controller(task: Task, agent: Agent, evaluator: Evaluator,
+                           config: Config | Mapping[str, Any] | None, *,
+                           sessions_dir: str | Path,
+                           backend: Backend | Mapping[str, Any] | None, chip: ChipChoice, log: SessionLog | None = None,
+                           loaded: LoadedSession | None = None,
+                           options: EvalOptions | None = None,
+                           settings: ControllerSettings | None = None) -> Controller:
+    """A controller over a new (or reopened) session log, started."""
+    from agents import brief
+    from sessions.autonomy import ControllerSettings
+    from sessions.controller import Controller
+    from sessions.state import fold
+
+    if log is None:
+        log = create_log(sessions_dir, task=task, backend=backend, agent=agent.label,
+                         eval_options=options)
+        state = None
+    else:
+        assert loaded is not None, "a reopened log comes with what was loaded"
+        state = fold(loaded.header, loaded.events)
+    controller = Controller(log, task, brief(task), agent, evaluator,
+                            settings or ControllerSettings.from_config(config), state=state,
+                            chip=chip.key)
+    await controller.start()
+    return controller
+
+
+async def open_session(request: SessionRequest, config: Config | Mapping[str, Any] | None,
+                       *, settings: ControllerSettings | None = None,
+                       eval_defaults: Mapping[str, Any] | None = None) -> Session:
+    """Open (or resume) a session with one worker process; the caller closes it."""
+    from kernels.workers import WorkerPool
+    from sessions.evaluator import PoolEvaluator
+
+    config = coerce(config)
+    sessions_dir = sessions_dir_for(request.sessions_dir)
+    log = loaded = None
+    if request.resume:
+        log, loaded = reopen_log(request.resume, sessions_dir)
+    try:
+        task = load_request_task(request, loaded.header if loaded else None)
+        options = eval_options(config, (loaded.header.get("eval_options") if loaded else None),
+                               request.eval, eval_defaults)
+        agent = make_session_agent(request.agent, config)
+    except BaseException:
+        if log is not None:
+            log.close()
+        raise
+    pool = WorkerPool(1)
+    try:
+        await pool.start()
+        evaluator = PoolEvaluator(pool, options)
+        backend = await evaluator.backend()
+    except Exception as exc:
+        await pool.close()
+        if log is not None:
+            log.close()
+        raise OpenError(f"the JAX worker did not start: {exc}",
+                        "run `tilewright eval --task softmax` to see the worker's "
+                        "own error output") from exc
+    try:
+        chip = choose_chip(config, backend)
+        controller = await start_controller(
+            task, agent, evaluator, config, sessions_dir=sessions_dir, backend=backend,
+            chip=chip, log=log, loaded=loaded, options=options, settings=settings)
+    except BaseException:
+        await pool.close()
+        if log is not None:
+            log.close()
+        raise
+    return Session(controller, backend, chip, list(loaded.warnings) if loaded else [],
+                   owned=pool)
+
+
+# -- a search -------------------------------------------------------------------------------
+
+
+class SearchSession:
+    """An open search and the executor started for it; ``await close()`` releases both."""
+
+    def __init__(self, search: Search, executor: Executor) -> None:
+        self.search = search
+        self.executor = executor
+
+    async def close(self) -> None:
+        try:
+            self.search.close()
+        finally:
+            await self.executor.close()
+
+
+async def open_search(request: SessionRequest, config: Config | Mapping[str, Any] | None,
+                      search_config: SearchConfig, *, workers: int = 1) -> SearchSession:
+    """A new search over ``request.task`` on local worker processes (``tilewright
+    review``); ``tilewright search`` runs suites and opens each task's search with
+    ``Search.create`` / ``Search.open`` over its own executor."""
+    from agents import brief
+    from kernels.executors import LocalExecutor
+    from sessions.search.driver import Search
+
+    config = coerce(config)
+    task = load_request_task(request)
+    agent = make_session_agent(request.agent, config)
+    options = eval_options(config, None, request.eval)
+    executor = LocalExecutor(workers=workers)
+    try:
+        await executor.start()
+        search = Search.create(sessions_dir_for(request.sessions_dir), task, brief(task),
+                               agent, executor, search_config, eval_options=options,
+                               backend=await executor.backend())
+    except BaseException:
+        await executor.close()
+        raise
+    return SearchSession(search, executor)
