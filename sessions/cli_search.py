@@ -77,6 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _handler(args: argparse.Namespace) -> int:
     from kernels.executors import ExecutorError
+    from sessions.opening import OpenError
 
     try:
         overrides = _parse_overrides(args.overrides)
@@ -91,6 +92,9 @@ def _handler(args: argparse.Namespace) -> int:
         return 2
     except _UsageError as exc:
         print(f"tilewright search: {exc}", file=sys.stderr)
+        return 2
+    except OpenError as exc:  # a session it would resume is locked or unreadable
+        print(f"tilewright search: {exc}\n  next: {exc.next_step}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: every finished step is saved; rerun the same command to "
