@@ -238,10 +238,10 @@ async def _search_suite(args: argparse.Namespace,
         backend = None
         if any(summary is None for _t, _e, summary in plans):
             await stack.enter_async_context(executor)  # workers only when there is work
-            found = await executor.backend()
-            where = f" · {found.label()}" if found else ""
+            runs_on = await executor.backend()
+            where = f" · {runs_on.label()}" if runs_on else ""
             # The session header's form of a backend (as the controller's sessions have it).
-            backend = {**asdict(found), "label": found.label()} if found else None
+            backend = {**asdict(runs_on), "label": runs_on.label()} if runs_on else None
             _say(f"{len(tasks)} task(s), {executor.describe()}{where}, agent {agent.label}")
         for task, existing, summary in plans:
             if summary is None:
