@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from profiling.chips import TPU_INTERPRET
+
 EXIT_CORRECT, EXIT_OTHER, EXIT_USAGE = 0, 1, 2
 
 
@@ -246,7 +248,7 @@ def print_summary(result: Any, task_name: str, kernel: str) -> None:
     table.add_row("integrity", escape(", ".join(flags) if flags else "no flags"))
     timing = result.timing
     if timing:
-        interpret = timing.get("mode") == "tpu-interpret"
+        interpret = timing.get("mode") == TPU_INTERPRET
         label = "host simulation time: the CPU interpreting the kernel (not TPU " \
             "performance; never a speedup)" if interpret else f"{timing['method']}"
         speedup = timing.get("speedup")

@@ -10,6 +10,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from profiling.chips import TPU_INTERPRET, backend_is_interpret
+
+__all__ = ["TPU_INTERPRET"]  # re-exported: the app side reads the mode from here
+
 SCHEMA = "tilewright.eval/1"
 
 Status = Literal[
@@ -19,8 +23,6 @@ STATUSES: tuple[str, ...] = (
     "correct", "incorrect", "compile_error", "runtime_error", "timeout", "crashed", "rejected",
 )
 
-
-TPU_INTERPRET = "tpu-interpret"  # Backend.mode on a host without a TPU (simulated kernels)
 
 
 @dataclass
@@ -126,7 +128,7 @@ def is_interpret(backend: Backend | dict[str, Any] | None) -> bool:
     """``Backend.is_interpret`` for a backend as recorded (eval JSON, a session header)."""
     if isinstance(backend, Backend):
         return backend.is_interpret
-    return bool(backend) and backend.get("mode") == TPU_INTERPRET  # type: ignore[union-attr]
+    return backend_is_interpret(backend)
 
 
 def disqualifying_flags(result: dict[str, Any]) -> list[str]:

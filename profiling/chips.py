@@ -35,6 +35,16 @@ KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
 
+# A worker's mode on a host without a TPU: Pallas kernels run in TPU interpret mode
+# (simulated; timings are host time). Defined here, the lowest layer, so profile
+# reports and ``kernels.result.Backend`` test it the same way.
+TPU_INTERPRET = "tpu-interpret"
+
+
+def backend_is_interpret(backend: dict[str, Any] | None) -> bool:
+    """A recorded backend (profile JSON, eval JSON, a session header) ran interpreted."""
+    return bool(backend) and backend.get("mode") == TPU_INTERPRET  # type: ignore[union-attr]
+
 
 @dataclass(frozen=True)
 class Chip:

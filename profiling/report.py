@@ -14,6 +14,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from profiling.chips import backend_is_interpret
+
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
@@ -50,7 +52,7 @@ def _header(console: Console, p: dict[str, Any]) -> None:
     if backend:
         platform = str(backend.get("platform", "?")).upper()
         kind = str(backend.get("device_kind", ""))
-        if backend.get("mode") == "tpu-interpret":
+        if backend_is_interpret(backend):
             label = f"{platform} (TPU interpret)"
         else:
             label = kind if kind.upper().startswith(platform) else f"{platform} {kind}".strip()
@@ -167,7 +169,7 @@ def _ops(console: Console, p: dict[str, Any]) -> None:
         table.add_row(escape(op["name"]), f"{op['self_ms']:.3f}", f"{op['total_ms']:.3f}",
                       str(op["count"]), f"{op['share']:.1%}")
     console.print(table)
-    if source != "device" and (p.get("backend") or {}).get("mode") == "tpu-interpret":
+    if source != "device" and backend_is_interpret(p.get("backend")):
         console.print("  [dim]interpret mode: io_callback ops are the TPU simulator "
                       "(DMA, VMEM, semaphores), not the kernel's own compute[/]")
 

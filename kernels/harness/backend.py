@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from profiling.chips import TPU_INTERPRET
+
 
 def backend_info() -> dict[str, Any]:
     """``{platform, mode, device_kind, jax_version}`` of the default JAX device.
@@ -19,7 +21,7 @@ def backend_info() -> dict[str, Any]:
         platform = "gpu" if platform in ("gpu", "cuda", "rocm") else platform
     return {
         "platform": platform,
-        "mode": "native" if platform == "tpu" else "tpu-interpret",
+        "mode": "native" if platform == "tpu" else TPU_INTERPRET,
         "device_kind": str(device.device_kind),
         "jax_version": jax.__version__,
     }

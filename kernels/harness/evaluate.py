@@ -43,6 +43,7 @@ from kernels.harness.execution import (
 )
 from kernels.result import EvalResult
 from kernels.task import ShapeConfig, Task, TaskError
+from profiling.chips import backend_is_interpret
 
 MIN_TRIALS = 3
 HOST_SIM_ITERS = 3  # interpret-mode timing: host simulation time, not TPU performance
@@ -149,7 +150,7 @@ class Evaluation:
         self.timing = bool(options.get("timing", True))
         self.shape_names = options.get("shapes")
         self.backend = backend_info()
-        self.interpret = self.backend["mode"] == "tpu-interpret"
+        self.interpret = backend_is_interpret(self.backend)
         self.flags: list[str] = []
         self.phases: dict[str, float] = {}
         self.recycle = False

@@ -21,6 +21,7 @@ from typing import Any
 
 from kernels.harness.ops import op
 from profiling import SCHEMA
+from profiling.chips import backend_is_interpret
 
 DEFAULT_TARGET = "v5e"  # what a CPU host analyzes for when no --chip is given
 
@@ -57,7 +58,7 @@ def run_profile(spec: dict[str, Any], source: str, filename: str,
     started = time.perf_counter()
     phases: dict[str, float] = {}
     backend = backend_info()
-    interpret = backend["mode"] == "tpu-interpret"
+    interpret = backend_is_interpret(backend)
     out: dict[str, Any] = {"schema": SCHEMA, "status": "ok", "backend": backend, "error": None}
 
     try:

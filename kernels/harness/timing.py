@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from profiling.chips import TPU_INTERPRET
+
 MIN_ITERS = 3
 MAX_ITERS = 1000
 
@@ -72,7 +74,7 @@ def record(kernel: dict[str, Any], baseline: dict[str, Any], mode: str, shape: s
            flops: float | None) -> dict[str, Any]:
     """The contract's ``timing`` object from two ``measure`` results."""
     speedup = baseline["median_ms"] / kernel["median_ms"] if kernel["median_ms"] else None
-    interpret = mode == "tpu-interpret"
+    interpret = mode == TPU_INTERPRET
     return {
         "method": "wall_clock",
         "mode": mode,
