@@ -50,6 +50,14 @@ def _apply(source: str, proposal: Proposal) -> str:
 
 # -- the search on its own (no JAX) ----------------------------------------------------
 
+def test_blocks_that_clamp_to_the_whole_dim_are_one_choice() -> None:
+    source = 'BLOCK_ROWS = 8\nTUNABLES = {"BLOCK_ROWS": [8, 16, 32, 64, 128, 256, 512]}\n'
+    assert tuner.search_space(source, {"BLOCK_ROWS": (64,)})["BLOCK_ROWS"] == [8, 16, 32, 64]
+    # with a large shape beside the small one, the big blocks are different kernels
+    assert tuner.search_space(source, {"BLOCK_ROWS": (64, 1024)})["BLOCK_ROWS"] == \
+        [8, 16, 32, 64, 128, 256, 512]
+
+
 def test_tuner_never_repeats_and_beats_the_grid_on_a_unimodal_cost() -> None:
     source = ('A = 8\nB = 128\nTUNABLES = {"A": [8, 16, 32, 64, 128, 256, 512], '
               '"B": [128, 256, 512, 1024, 2048]}\n')

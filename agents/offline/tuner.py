@@ -120,7 +120,19 @@ def search_space(source: str, dims: dict[str, tuple[int, ...]] | None = None
                  ) -> dict[str, list[Any]]:
     """Legal values per tunable: TPU-aligned, and dividing (or covering) the dims it tiles."""
     legal = tunables.legal_choices(source, dims)
-    return {name: sorted(set(values), key=_sort_key) for name, values in legal.items() if values}
+    return {name: _one_clamped(sorted(set(values), key=_sort_key), (dims or {}).get(name, ()))
+            for name, values in legal.items() if values}
+
+
+def _one_clamped(values: list[Any], dims: tuple[int, ...]) -> list[Any]:
+    """Blocks at least as large as every dim they tile all clamp to the whole dim: the
+    same kernel. Keep the smallest of them, so a shape made small (``--set rows=64``)
+    does not spend evaluations on 128, 256 and 512 rows that all run as 64."""
+    if not dims:
+        return values
+    top = max(dims)
+    over = [v for v in values if isinstance(v, int) and not isinstance(v, bool) and v >= top]
+    return [v for v in values if v not in over or v == min(over)] if len(over) > 1 else values
 
 
 def next_step(source: str, obs: Observations,
