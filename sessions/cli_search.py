@@ -21,6 +21,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from sessions import events as ev
+
 SCHEMA = "tilewright.search/1"
 
 
@@ -302,18 +304,18 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def _progress(task: str, event: dict[str, Any]) -> None:
-    kind = event.get("type")
-    if kind == "run.start":
+def _progress(task: str, event: ev.AnyEvent) -> None:
+    """One line on stderr for the search's milestones in ``task``."""
+    if event["type"] == "run.start":
         _say(f"{task}: v{event['version']} evaluating ({event['run']})")
-    elif kind == "run.result" and not event.get("cancelled"):
+    elif event["type"] == "run.result" and not event.get("cancelled"):
         speed = event.get("speedup")
         tail = f" {speed:.3g}x" if isinstance(speed, int | float) else ""
         _say(f"{task}: v{event['version']} {event['status']}{tail}")
-    elif kind == "search.round":
+    elif event["type"] == "search.round":
         beam = ", ".join(f"v{v}" for v in event.get("beam") or []) or "(empty)"
         _say(f"{task}: round {event['round']} beam {beam}")
-    elif kind == "search.end":
+    elif event["type"] == "search.end":
         _say(f"{task}: done ({event.get('reason')})")
 
 

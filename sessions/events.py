@@ -19,7 +19,7 @@ subscriber that raises is removed and the failure is recorded as an ``error`` ev
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal, NotRequired, Protocol, TypedDict, cast
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, Protocol, TypedDict, cast, get_args
 
 if TYPE_CHECKING:
     from sessions.log import SessionLog
@@ -375,6 +375,8 @@ LiveType = Literal["agent.start", "agent.delta", "agent.tool_delta", "agent.tool
                    "agent.tool_result",
                    "agent.notice", "agent.usage", "notice", "worker.state",
                    "controller.busy", "controller.idle"]
+
+LIVE_TYPES: frozenset[LiveType] = frozenset(get_args(LiveType))
 
 # Live kinds whose consecutive events an observer may join into one (their ``text``
 # pieces concatenate; ``agent.tool_delta`` only within the same ``id``).

@@ -8,9 +8,11 @@ tool progress, worker state). Neither touches the controller.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sessions import events as ev
 from tui.format import format_speedup
 from tui.view import SessionView
 from tui.widgets.chat import ChatPane
@@ -37,7 +39,7 @@ def _speed(value: Any) -> str:
     return format_speedup(value)
 
 
-def describe_stop(event: dict[str, Any]) -> tuple[str, str]:
+def describe_stop(event: ev.AutoStop) -> tuple[str, str]:
     """(text, severity) for an auto.stop event: a finished search is not a warning."""
     reason = str(event.get("reason"))
     words = STOP_REASONS.get(reason.split(":")[0])
@@ -46,7 +48,7 @@ def describe_stop(event: dict[str, Any]) -> tuple[str, str]:
     return text, "information" if calm else "warning"
 
 
-def describe_result(event: dict[str, Any]) -> tuple[str, str]:
+def describe_result(event: ev.RunResult) -> tuple[str, str]:
     """(toast text, severity) for a run.result event."""
     v = event.get("version")
     if event.get("status") == "error":  # the evaluator failed, not the kernel
@@ -129,84 +131,138 @@ class Presenter:
             profile_pane.show(profile, number, self.base_dir)
 
     # -- one persisted event ----------------------------------------------------------
-    def chat_entry(self, event: dict[str, Any]) -> None:
-        chat, kind = self.chat, event.get("type")
-        if kind == "user.message":
-            chat.add_user(event.get("text", ""))
-        elif kind == "agent.message":
-            if not event.get("proposal"):
-                self._live_proposal = None  # the reply ended without one
-            for call in event.get("tools") or []:  # read-only tools: filled in, or replayed
-                chat.tool_call(str(call.get("id") or call.get("name")), str(call.get("name")),
-                               _tool_body(call), "error" if call.get("is_error") else "read-only")
-            label = self._label(event) + (" · answer" if event.get("answer") else "")
-            if event.get("text"):
-                chat.add_agent(event["text"], label)
-            else:
-                chat.end_stream()
-        elif kind == "agent.proposal":
-            pid = event.get("proposal", "?")
-            body = {k: event.get(k) for k in ("summary", "rationale", "plan", "tuning",
-                                               "base_version", "role") if event.get(k)}
-            key, self._live_proposal = self._live_proposal or f"proposal:{pid}", None
-            chat.tool_call(key, f"propose_{event.get('kind', 'kernel')}", body,
-                           f"{pid}: {event.get('summary', '')}"[:70])
-            if event.get("kind") == "plan" and event.get("plan"):
-                # A plan is read before it is approved: show it, not just a tool entry.
-                chat.add_agent(f"**Plan {pid}: {event.get('summary', '')}**\n\n{event['plan']}",
-                               self._label(event))
-        elif kind == "user.decision":
-            note = f" — {event['note']}" if event.get("note") else ""
-            by = " (auto)" if event.get("by") == "auto" else ""
-            word = PAST.get(event.get("decision", ""), str(event.get("decision")))
-            chat.add_notice(f"{word} {event.get('proposal')}{by}{note}")
-        elif kind == "kernel.version":
-            chat.add_notice(f"→ v{event.get('version')} ({event.get('origin')}): "
-                            f"{event.get('summary', '')}")
-        elif kind == "kernel.checkout":
-            chat.add_notice(f"→ reverted to v{event.get('version')}")
-        elif kind == "run.result":
-            text, severity = describe_result(event)
-            chat.add_notice(text, "error" if severity == "error" else "info")
-        elif kind == "profile.result":
-            chat.add_notice(f"profiled v{event.get('version')}")
-        elif kind == "diagnosis":
-            chat.add_notice(f"diagnosis of v{event.get('version')}: {event.get('summary')}")
-        elif kind == "mode.change":
-            chat.add_notice(f"mode: {str(event.get('mode', '')).upper()} "
-                            f"(by {event.get('by', 'user')})")
-        elif kind == "agent.finished":
-            chat.add_notice(str(event.get("message") or "the agent has nothing more to try"))
-        elif kind == "auto.stop":
-            text, severity = describe_stop(event)
-            chat.add_notice(text, "info" if severity == "information" else severity)
-        elif kind == "error":
-            chat.add_notice(f"error ({event.get('where', '?')}): {event.get('message')}",
-                            "error")
+    def chat_entry(self, event: ev.Event) -> None:
+        """The conversation line a persisted event deserves (none for some kinds)."""
+        entry = _CHAT.get(event["type"])
+        if entry is not None:
+            entry(self, event)
 
-    def _label(self, event: dict[str, Any]) -> str:
-        role = event.get("role")
+    def _user_message(self, e: ev.UserMessage) -> None:
+        self.chat.add_user(e.get("text", ""))
+
+    def _agent_message(self, e: ev.AgentMessage) -> None:
+        chat = self.chat
+        if not e.get("proposal"):
+            self._live_proposal = None  # the reply ended without one
+        for call in e.get("tools") or []:  # read-only tools: filled in, or replayed
+            chat.tool_call(str(call.get("id") or call.get("name")), str(call.get("name")),
+                           _tool_body(call), "error" if call.get("is_error") else "read-only")
+        label = self._label(e.get("role")) + (" · answer" if e.get("answer") else "")
+        text = e.get("text")
+        if text:
+            chat.add_agent(text, label)
+        else:
+            chat.end_stream()
+
+    def _proposal(self, e: ev.AgentProposal) -> None:
+        pid = e.get("proposal", "?")
+        fields: dict[str, Any] = dict(e)
+        body = {k: fields.get(k) for k in ("summary", "rationale", "plan", "tuning",
+                                           "base_version", "role") if fields.get(k)}
+        key, self._live_proposal = self._live_proposal or f"proposal:{pid}", None
+        self.chat.tool_call(key, f"propose_{e.get('kind', 'kernel')}", body,
+                            f"{pid}: {e.get('summary', '')}"[:70])
+        plan = e.get("plan")
+        if e.get("kind") == "plan" and plan:
+            # A plan is read before it is approved: show it, not just a tool entry.
+            self.chat.add_agent(f"**Plan {pid}: {e.get('summary', '')}**\n\n{plan}",
+                                self._label(e.get("role")))
+
+    def _decision(self, e: ev.UserDecision) -> None:
+        note = f" — {e['note']}" if e.get("note") else ""
+        by = " (auto)" if e.get("by") == "auto" else ""
+        word = PAST.get(e.get("decision", ""), str(e.get("decision")))
+        self.chat.add_notice(f"{word} {e.get('proposal')}{by}{note}")
+
+    def _version(self, e: ev.KernelVersion) -> None:
+        self.chat.add_notice(f"→ v{e.get('version')} ({e.get('origin')}): "
+                             f"{e.get('summary', '')}")
+
+    def _checkout(self, e: ev.KernelCheckout) -> None:
+        self.chat.add_notice(f"→ reverted to v{e.get('version')}")
+
+    def _run_result(self, e: ev.RunResult) -> None:
+        text, severity = describe_result(e)
+        self.chat.add_notice(text, "error" if severity == "error" else "info")
+
+    def _profile_result(self, e: ev.ProfileResult) -> None:
+        self.chat.add_notice(f"profiled v{e.get('version')}")
+
+    def _diagnosis(self, e: ev.Diagnosis) -> None:
+        self.chat.add_notice(f"diagnosis of v{e.get('version')}: {e.get('summary')}")
+
+    def _mode(self, e: ev.ModeChange) -> None:
+        self.chat.add_notice(f"mode: {str(e.get('mode', '')).upper()} "
+                             f"(by {e.get('by', 'user')})")
+
+    def _agent_finished(self, e: ev.AgentFinished) -> None:
+        self.chat.add_notice(str(e.get("message") or "the agent has nothing more to try"))
+
+    def _auto_stop(self, e: ev.AutoStop) -> None:
+        text, severity = describe_stop(e)
+        self.chat.add_notice(text, "info" if severity == "information" else severity)
+
+    def _error(self, e: ev.Error) -> None:
+        self.chat.add_notice(f"error ({e.get('where', '?')}): {e.get('message')}", "error")
+
+    def _label(self, role: str | None) -> str:
         return f"{self.agent_label}" + (f" · {role}" if role else "")
 
     # -- live-only notifications ------------------------------------------------------
-    def live(self, event: dict[str, Any]) -> None:
-        kind = str(event.get("type", ""))
-        if kind == "agent.delta":
-            self.chat.stream_delta(str(event.get("text", "")), self._label(event))
-        elif kind == "agent.tool_result":
-            self.chat.tool_call(str(event.get("id") or event.get("name")),
-                                str(event.get("name", "tool")), _tool_body(event),
-                                "error" if event.get("is_error") else "read-only")
-        elif kind == "agent.tool_delta":  # a call still streaming in
-            key = str(event.get("id") or event.get("name"))
-            if str(event.get("name", "")).startswith("propose_"):
-                self._live_proposal = key
-            self.chat.tool_stream(key, str(event.get("name", "tool")), str(event.get("text", "")))
-        elif kind == "agent.tool":
-            key = str(event.get("id") or event.get("name"))
-            if str(event.get("name", "")).startswith("propose_"):
-                self._live_proposal = key
-            self.chat.tool_call(key, str(event.get("name", "tool")),
-                                event.get("input") or {}, str(event.get("status", "")))
-        elif kind in ("agent.notice", "notice"):
-            self.chat.add_notice(str(event.get("text", "")), str(event.get("level", "info")))
+    def live(self, event: ev.LiveEvent) -> None:
+        """What a live-only notification changes in the conversation (if anything)."""
+        handler = _LIVE.get(event["type"])
+        if handler is not None:
+            handler(self, event)
+
+    def _delta(self, e: ev.AgentDelta) -> None:
+        self.chat.stream_delta(str(e.get("text", "")), self._label(None))
+
+    def _tool_result(self, e: ev.AgentToolResult) -> None:
+        self.chat.tool_call(str(e.get("id") or e.get("name")), str(e.get("name", "tool")),
+                            _tool_body(dict(e)), "error" if e.get("is_error") else "read-only")
+
+    def _tool_delta(self, e: ev.AgentToolDelta) -> None:  # a call still streaming in
+        key = str(e.get("id") or e.get("name"))
+        if str(e.get("name", "")).startswith("propose_"):
+            self._live_proposal = key
+        self.chat.tool_stream(key, str(e.get("name", "tool")), str(e.get("text", "")))
+
+    def _tool(self, e: ev.AgentTool) -> None:
+        key = str(e.get("id") or e.get("name"))
+        if str(e.get("name", "")).startswith("propose_"):
+            self._live_proposal = key
+        # The whole call, not yet run: no status (its result comes as agent.tool_result).
+        self.chat.tool_call(key, str(e.get("name", "tool")), e.get("input") or {}, "")
+
+    def _notice(self, e: ev.AgentNotice | ev.Notice) -> None:
+        self.chat.add_notice(str(e.get("text", "")), str(e.get("level", "info")))
+
+
+# Persisted and live events come as plain dicts; the type names which TypedDict each one
+# is (a test checks every entry's annotation against its key). A kind missing here adds
+# no conversation line: the panes show it from the folded state.
+_CHAT: dict[str, Callable[[Presenter, Any], None]] = {
+    "user.message": Presenter._user_message,
+    "agent.message": Presenter._agent_message,
+    "agent.proposal": Presenter._proposal,
+    "user.decision": Presenter._decision,
+    "kernel.version": Presenter._version,
+    "kernel.checkout": Presenter._checkout,
+    "run.result": Presenter._run_result,
+    "profile.result": Presenter._profile_result,
+    "diagnosis": Presenter._diagnosis,
+    "mode.change": Presenter._mode,
+    "agent.finished": Presenter._agent_finished,
+    "auto.stop": Presenter._auto_stop,
+    "error": Presenter._error,
+}
+
+_LIVE: dict[str, Callable[[Presenter, Any], None]] = {
+    "agent.delta": Presenter._delta,
+    "agent.tool_result": Presenter._tool_result,
+    "agent.tool_delta": Presenter._tool_delta,
+    "agent.tool": Presenter._tool,
+    "agent.notice": Presenter._notice,
+    "notice": Presenter._notice,
+}

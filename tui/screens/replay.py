@@ -10,7 +10,6 @@ session branch (the app then opens it).
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from rich.text import Text
 from textual import work
@@ -19,6 +18,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Input, Static
 
+from sessions import events as ev
 from sessions.log import LoadedSession, read_blob
 from sessions.state import fold
 from tui.presenter import Presenter
@@ -31,7 +31,7 @@ from tui.widgets.status import StatusBar
 
 SPEEDS = (0.5, 1.0, 2.0, 4.0, 8.0, 32.0)
 MAX_GAP_S = 1.5  # the longest pause between two events while playing (before speed)
-DECISIONS = ("user.decision", "agent.proposal")
+DECISIONS: tuple[ev.EventType, ...] = ("user.decision", "agent.proposal")
 
 
 class ReplayScreen(Screen):
@@ -55,7 +55,8 @@ class ReplayScreen(Screen):
     def __init__(self, loaded: LoadedSession) -> None:
         super().__init__()
         self.loaded = loaded
-        self.events = [e for e in loaded.events if isinstance(e.get("seq"), int)]
+        self.events: list[ev.Event] = [e for e in loaded.events
+                                       if isinstance(e.get("seq"), int)]
         self.cursor = 0
         self.playing = False
         self.speed_index = SPEEDS.index(4.0)
@@ -137,7 +138,7 @@ class ReplayScreen(Screen):
             if index < 0 or index >= len(self.events):
                 self.notify("no more decisions that way", timeout=2)
                 return
-            if self.events[index].get("type") in DECISIONS:
+            if self.events[index]["type"] in DECISIONS:
                 self.seek(index + 1)
                 return
 
@@ -179,21 +180,21 @@ class ReplayScreen(Screen):
         self.app.branch_from(self.loaded.path, self.state_seq)  # type: ignore[attr-defined]
 
 
-def _describe(event: dict[str, Any]) -> str:
-    kind = event.get("type", "?")
-    if kind == "agent.proposal":
+def _describe(event: ev.Event) -> str:
+    """The transport line's words for the event at the cursor."""
+    if event["type"] == "agent.proposal":
         return f"proposal {event.get('proposal')}: {event.get('summary', '')}"
-    if kind == "user.decision":
+    if event["type"] == "user.decision":
         by = " (auto)" if event.get("by") == "auto" else ""
         return f"{event.get('decision')} {event.get('proposal')}{by}"
-    if kind == "kernel.version":
+    if event["type"] == "kernel.version":
         return f"v{event.get('version')} ({event.get('origin')})"
-    if kind == "run.result":
+    if event["type"] == "run.result":
         speed = event.get("speedup")
         if event.get("rank_label") and event.get("status") == "correct":
-            return f"v{event.get('version')} correct · {event['rank_label']}"
+            return f"v{event.get('version')} correct · {event.get('rank_label')}"
         return f"v{event.get('version')} {event.get('status')}" + \
             (f" {speed:.2f}x" if isinstance(speed, int | float) else "")
-    if kind == "mode.change":
+    if event["type"] == "mode.change":
         return f"mode {event.get('mode')}"
-    return kind
+    return event["type"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -20,6 +20,7 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.worker import Worker, WorkerState
 
+from sessions import events as ev
 from tui import keymap
 from tui.link import CommandRefused, LiveLink
 from tui.presenter import Presenter, chip_line, describe_result, describe_stop
@@ -57,7 +58,7 @@ def slash_command(text: str) -> tuple[Any, ...] | None:
 
 
 class SessionEvent(Message):
-    def __init__(self, event: dict[str, Any]) -> None:
+    def __init__(self, event: ev.AnyEvent) -> None:
         super().__init__()
         self.event = event
 
@@ -82,7 +83,8 @@ class WorkbenchScreen(Screen):
         self._cancel_armed_at: float | None = None
         self._draw_scheduled = False
         self._unsubscribe: Callable[[], None] | None = None
-        self._waiting_delta: dict[str, Any] | None = None  # queued, still open to more text
+        # Queued, still open to more text (a copy: the batch grows in place).
+        self._waiting_delta: ev.AgentDelta | ev.AgentToolDelta | None = None
 
     def compose(self) -> ComposeResult:
         yield PaneGrid(id="grid")
@@ -118,19 +120,20 @@ class WorkbenchScreen(Screen):
         self._unsubscribe = link.subscribe(self._deliver)
         self._schedule_draw()
 
-    def _deliver(self, event: dict[str, Any]) -> None:
+    def _deliver(self, event: ev.AnyEvent) -> None:
         """Controller event -> message. Streamed text joins the delta still waiting in
         the queue (an agent sends ~150 a second; one message per screen turn is
         enough), and any other event ends that batch, so the order is kept. A tool
         call's streamed arguments batch the same way, per call."""
-        kind = event.get("type")
-        if event.get("live") and kind in ("agent.delta", "agent.tool_delta"):
+        if event["type"] in ev.DELTA_TYPES:
+            delta = cast("ev.AgentDelta | ev.AgentToolDelta", event)
             waiting = self._waiting_delta
-            if waiting is not None and waiting.get("type") == kind \
-                    and waiting.get("id") == event.get("id"):
-                waiting["text"] = waiting.get("text", "") + str(event.get("text", ""))
+            if waiting is not None and waiting["type"] == delta["type"] \
+                    and waiting.get("id") == delta.get("id"):
+                waiting["text"] = waiting.get("text", "") + str(delta.get("text", ""))
                 return
-            event = self._waiting_delta = dict(event)
+            event = self._waiting_delta = cast("ev.AgentDelta | ev.AgentToolDelta",
+                                               dict(delta))
         else:
             self._waiting_delta = None
         self.post_message(SessionEvent(event))
@@ -147,40 +150,39 @@ class WorkbenchScreen(Screen):
         if event is self._waiting_delta:
             self._waiting_delta = None  # handled: later text starts a new message
         assert presenter is not None
-        kind = event.get("type", "")
         activity = self.query_one(ActivityLine)
-        if event.get("live"):
-            presenter.live(event)
-            if kind == "worker.state":
-                self.worker_state = str(event.get("state"))
+        if event["type"] in ev.LIVE_TYPES:
+            live = cast("ev.LiveEvent", event)
+            presenter.live(live)
+            if live["type"] == "worker.state":
+                self.worker_state = str(live.get("state"))
                 self._draw_status()
-            elif kind == "agent.start":
-                activity.start(f"{event.get('agent', 'agent')} is replying "
-                               f"({event.get('role', '')})")
-            elif kind == "controller.idle":
+            elif live["type"] == "agent.start":
+                activity.start(f"{live.get('agent', 'agent')} is replying "
+                               f"({live.get('role', '')})")
+            elif live["type"] == "controller.idle":
                 activity.stop()
-            elif kind == "agent.usage":
-                pass
             return
-        presenter.chat_entry(event)
-        if kind == "run.start":
-            what = "profiling" if event.get("kind") == "profile" else "evaluating"
-            activity.start(f"{what} v{event.get('version')}")
-        elif kind == "run.result":
-            text, severity = describe_result(event)
+        e = cast("ev.Event", event)
+        presenter.chat_entry(e)
+        if e["type"] == "run.start":
+            what = "profiling" if e.get("kind") == "profile" else "evaluating"
+            activity.start(f"{what} v{e.get('version')}")
+        elif e["type"] == "run.result":
+            text, severity = describe_result(e)
             self.notify(text, severity=severity, timeout=5)  # type: ignore[arg-type]
-        elif kind == "profile.result":
-            if event.get("error"):
-                self.notify(f"profile failed: {event['error']}", severity="error")
+        elif e["type"] == "profile.result":
+            if e.get("error"):
+                self.notify(f"profile failed: {e['error']}", severity="error")
             else:
-                self.notify(f"profiled v{event.get('version')}", timeout=4)
-        elif kind == "agent.proposal" and self.link and self.link.state.mode == "step":
+                self.notify(f"profiled v{e.get('version')}", timeout=4)
+        elif e["type"] == "agent.proposal" and self.link and self.link.state.mode == "step":
             self.app.bell()  # a decision is awaited
-        elif kind == "auto.stop":
-            text, severity = describe_stop(event)
+        elif e["type"] == "auto.stop":
+            text, severity = describe_stop(e)
             self.notify(text, severity=severity, timeout=8)  # type: ignore[arg-type]
-        elif kind == "error":
-            self.notify(str(event.get("message")), title=f"error ({event.get('where')})",
+        elif e["type"] == "error":
+            self.notify(str(e.get("message")), title=f"error ({e.get('where')})",
                         severity="error", timeout=10)
         self._schedule_draw()
 
