@@ -42,6 +42,9 @@ class RefusingEvaluator:
     async def profile(self, task, source, logdir):
         raise AssertionError("a snapshot test must not profile")
 
+    async def evaluate_on_chips(self, task, source, chips):
+        raise AssertionError("a snapshot test must not compile for other chips")
+
     def set_state_listener(self, callback) -> None:
         pass  # its state never changes
 
