@@ -194,3 +194,24 @@ def test_a_timeline_line_for_every_session_kind() -> None:
     printed by name."""
     session_kinds = {k for k in PERSISTED if not k.startswith("search.")}
     assert set(replay._DESCRIBE) == session_kinds
+
+
+def test_search_progress_reads_the_typed_events(capsys: pytest.CaptureFixture[str]) -> None:
+    from sessions.cli_search import _progress
+
+    for event in (ev.RunStart(type="run.start", run="r1", version=2, kind="eval", by="search"),
+                  ev.RunResult(type="run.result", run="r1", version=2, status="correct",
+                               correct=True, speedup=1.234, median_ms=0.5, result_blob=None,
+                               cancelled=False),
+                  ev.RunResult(type="run.result", run="r2", version=3, status="timeout",
+                               correct=None, speedup=None, median_ms=None, result_blob=None,
+                               cancelled=True),
+                  ev.SearchRound(type="search.round", lineage=0, round=1, beam=[2, 4],
+                                 repair=[], best_version=2, best_speedup=1.234),
+                  ev.SearchEnd(type="search.end", reason="budget", best_version=2,
+                               best_speedup=1.234, evaluations=3),
+                  ev.live("agent.delta", text="ignored")):
+        _progress("gelu", event)
+    assert capsys.readouterr().err.splitlines() == [
+        "gelu: v2 evaluating (r1)", "gelu: v2 correct 1.23x", "gelu: round 1 beam v2, v4",
+        "gelu: done (budget)"]
