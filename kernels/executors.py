@@ -60,6 +60,9 @@ LOOPBACK = "127.0.0.1"
 # it (another host of a cluster); bigger trees must be on a shared filesystem.
 _SHIP_FILE_LIMIT = 1 << 20
 _SHIP_TOTAL_LIMIT = 8 << 20
+# A profile's logdir (xplane trace, Perfetto JSON) travels back from a Ray node up to
+# this size; a bigger one stays on the node and the result says where.
+_PROFILE_SHIP_LIMIT = 64 << 20
 
 
 class ExecutorError(Exception):
@@ -120,6 +123,9 @@ class Executor(Judge, Protocol):
     async def close(self) -> None: ...
 
     async def submit(self, task: Task, source: str, options: Any = None) -> EvalResult: ...
+
+    async def profile(self, task: Task, source: str, logdir: Path, chip: str | None = None,
+                      timeout_s: float = 300.0) -> dict[str, Any]: ...
 
     def describe(self) -> str: ...
 
@@ -410,14 +416,26 @@ class _EvalHost:
                 cls._instance = cls()
             return cls._instance
 
-    async def _evaluate(self, task: Task, source: str, options: Any) -> EvalResult:
+    async def _started(self) -> Any:
         from kernels.workers import WorkerPool
 
         if self.pool is None:
             pool = WorkerPool(size=1)
             await pool.__aenter__()
             self.pool = pool
-        return await self.pool.evaluate(task, source, options)
+        return self.pool
+
+    async def _evaluate(self, task: Task, source: str, options: Any) -> EvalResult:
+        return await (await self._started()).evaluate(task, source, options)
+
+    async def _request(self, op: str, payload: dict[str, Any], timeout: float
+                       ) -> dict[str, Any]:
+        return await (await self._started()).request(op, payload, timeout)
+
+    def request(self, op: str, payload: dict[str, Any], timeout: float) -> dict[str, Any]:
+        future = asyncio.run_coroutine_threadsafe(self._request(op, payload, timeout),
+                                                  self.loop)
+        return future.result()
 
     def evaluate(self, task: Task, source: str, options: Any) -> EvalResult:
         future = asyncio.run_coroutine_threadsafe(self._evaluate(task, source, options),
@@ -450,6 +468,50 @@ def ray_evaluate(packed: dict[str, Any], source: str, options: dict[str, Any] | 
     data = result.to_json()
     data.setdefault("extra", {})["executor"] = {"name": "ray", "node": os.uname().nodename}
     return data
+
+
+def ray_profile(packed: dict[str, Any], source: str, chip: str | None,
+                timeout_s: float) -> dict[str, Any]:
+    """Body of a profiling Ray task: profile in a worker process of this node into a
+    scratch logdir, and send back the result with the logdir's files (the trace, the
+    Perfetto JSON) when they fit ``_PROFILE_SHIP_LIMIT``; the driver writes them into
+    the session."""
+    import shutil
+
+    task = _unpack_task(packed)
+    logdir = Path(tempfile.mkdtemp(prefix="tilewright-ray-profile-"))
+    payload: dict[str, Any] = {"task": task.to_spec(), "source": source,
+                               "filename": "kernel.py", "logdir": str(logdir)}
+    if chip:
+        payload["chip"] = chip
+    try:
+        result = _EvalHost.get().request("profile", payload, timeout_s)
+        result.pop("_stderr", None)
+        files: dict[str, bytes] | None = {}
+        total = 0
+        for path in sorted(logdir.rglob("*")):
+            if not path.is_file():
+                continue
+            total += path.stat().st_size
+            if total > _PROFILE_SHIP_LIMIT:
+                files = None
+                break
+            files[str(path.relative_to(logdir))] = path.read_bytes()  # type: ignore[index]
+        return {"result": result, "logdir": str(logdir), "files": files,
+                "node": os.uname().nodename}
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)
+
+
+def _relocate(value: Any, old: str, new: str) -> Any:
+    """``value`` with every path under ``old`` (the node's scratch logdir) moved to ``new``."""
+    if isinstance(value, str):
+        return new + value[len(old):] if value == old or value.startswith(old + "/") else value
+    if isinstance(value, list):
+        return [_relocate(v, old, new) for v in value]
+    if isinstance(value, dict):
+        return {k: _relocate(v, old, new) for k, v in value.items()}
+    return value
 
 
 class RayExecutor:
@@ -582,6 +644,46 @@ class RayExecutor:
             return EvalResult(status="crashed", backend=None, error=EvalError(
                 kind="crashed", message=f"Ray task failed: {type(exc).__name__}: {exc}"))
         return data
+
+    async def profile(self, task: Task, source: str, logdir: Path, chip: str | None = None,
+                      timeout_s: float = 300.0) -> dict[str, Any]:
+        """Profile one candidate as a Ray task on an evaluation node (same resources as
+        an evaluation); its trace files are written into ``logdir`` here, the session's,
+        and the result's paths point at them."""
+        if self._ray is None or self._slots is None or self.resources is None:
+            raise ExecutorError("RayExecutor.profile before start(): use `async with`")
+        cpus = self.resources.get("CPU", 0.0)
+        custom = {k: v for k, v in self.resources.items() if k != "CPU"}
+        remote = self._ray.remote(ray_profile).options(
+            num_cpus=cpus, resources=custom or None, max_retries=0, name="tilewright.profile")
+        packed = await asyncio.to_thread(_pack_task, task)
+        async with self._slots:
+            self._count_running(+1)
+            try:
+                ref = remote.remote(packed, source, chip, timeout_s)
+                try:
+                    shipped: dict[str, Any] = await ref
+                except asyncio.CancelledError:
+                    with contextlib.suppress(Exception):
+                        self._ray.cancel(ref, force=True)
+                    raise
+            finally:
+                self._count_running(-1)
+        result: dict[str, Any] = shipped["result"]
+        files = shipped.get("files")
+        if files is None:
+            result["trace_note"] = (f"the trace stayed on Ray node {shipped.get('node')} "
+                                    f"(over {_PROFILE_SHIP_LIMIT >> 20} MiB)")
+            return result
+        logdir = Path(logdir)
+        for rel, data in files.items():
+            dest = logdir / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            await asyncio.to_thread(dest.write_bytes, data)
+        relocated: dict[str, Any] = _relocate(result, shipped["logdir"], str(logdir))
+        relocated.setdefault("extra", {})["executor"] = {"name": "ray",
+                                                         "node": shipped.get("node")}
+        return relocated
 
     def _count_running(self, delta: int) -> None:
         self._running += delta

@@ -230,6 +230,14 @@ def test_search_evaluates_through_ray(ray_executor, ray_loop, tmp_path) -> None:
     for blob in blobs:  # every evaluation ran on a Ray worker
         data = json.loads((s.log.path / "blobs" / blob).read_text())
         assert data["extra"]["executor"]["name"] == "ray"
+    # The new best was profiled on a Ray worker too, its trace written into the session.
+    profiles = [e for e in events if e["type"] == "profile.result"]
+    assert profiles and profiles[0]["error"] is None, profiles
+    data = json.loads((s.log.path / "blobs" / profiles[0]["profile_blob"]).read_text())
+    assert data["extra"]["executor"]["name"] == "ray"
+    local = s.log.path / profiles[0]["logdir"]
+    assert data["logdir"] == str(local) and any(local.rglob("*.xplane.pb"))
+    assert any(e["type"] == "diagnosis" for e in events)
 
 
 def test_a_local_ray_instance_listens_on_loopback_only(ray_executor) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 
 from agents.base import Agent, TaskBrief
 from kernels import tunables
+from kernels.executors import Executor
 from kernels.result import Backend
 from kernels.task import Task
 from sessions import events as ev
@@ -107,7 +108,7 @@ class Search:
     """One search over one task's session. ``await search.run()`` until it ends."""
 
     def __init__(self, log: SessionLog, state: SearchState, task: Task, brief: TaskBrief,
-                 agent: Agent, executor: Any, eval_options: Any = None,
+                 agent: Agent, executor: Executor, eval_options: Any = None,
                  agent_concurrency: int = 4) -> None:
         self.log = log
         # agent replies (and human decisions) in flight at once: a big cluster's capacity
@@ -132,7 +133,7 @@ class Search:
 
     @classmethod
     def create(cls, sessions_dir: Path | str, task: Task, brief: TaskBrief, agent: Agent,
-               executor: Any, config: SearchConfig, eval_options: Any = None,
+               executor: Executor, config: SearchConfig, eval_options: Any = None,
                meta: dict[str, Any] | None = None,
                backend: Backend | dict[str, Any] | None = None) -> Search:
         """A new session for a new search (header written by ``sessions.opening``);
@@ -163,12 +164,12 @@ class Search:
         if config.approval == "auto":
             search._emit(ev.ModeChange(type="mode.change", mode="auto", by="search"))
         search._emit(ev.SearchStart(type="search.start", config=config.to_json(), root=root,
-                                    executor=getattr(executor, "name", "?"), agent=agent.name))
+                                    executor=executor.name, agent=agent.name))
         return search
 
     @classmethod
     def open(cls, path: Path | str, task: Task, brief: TaskBrief, agent: Agent,
-             executor: Any, config: SearchConfig | None = None,
+             executor: Executor, config: SearchConfig | None = None,
              eval_options: Any = None, reopen: bool = False) -> Search:
         """Reopen an interrupted search; ``config`` (when given) replaces the recorded
         one from now on (a bigger budget, say). ``reopen`` continues a search that had
@@ -186,7 +187,7 @@ class Search:
                 raise ValueError(f"{path}: not a search session (no search.start event)")
             new = config or state.config
             search._emit(ev.SearchResume(type="search.resume", config=new.to_json(),
-                                         executor=getattr(executor, "name", "?")))
+                                         executor=executor.name))
             # Settle the runs a crash left open (they are evaluated again from here).
             for run in list(state.session.runs.values()):
                 if run.status is None:
@@ -250,7 +251,7 @@ class Search:
         if self.state.ended is not None:
             return self.summary()
         inflight: dict[str, asyncio.Task[None]] = {}
-        capacity = max(1, int(getattr(self.executor, "capacity", 1)))
+        capacity = max(1, int(self.executor.capacity))
         try:
             while True:
                 actions = plan(self.state, set(inflight), self._live_wall(), self._tunables())
@@ -395,17 +396,11 @@ class Search:
         rid = f"r{max((int(r[1:]) for r in runs if r[1:].isdigit()), default=0) + 1}"
         self._emit(ev.RunStart(type="run.start", run=rid, version=number, kind="profile",
                                by="search"))
-        profile = getattr(self.executor, "profile", None)
-        if profile is None:  # the run is recorded, so the planner does not ask again
-            self._emit(ev.ProfileResult(
-                type="profile.result", run=rid, version=number, profile_blob=None,
-                logdir=None, error=f"the {getattr(self.executor, 'name', '?')} executor "
-                                   "cannot profile; run the search with --executor local"))
-            return
         logdir = self.log.profile_dir(rid)
         chip = getattr(self.eval_options, "chip", None)
         try:
-            data = await profile(self.task, self._source(number), logdir, chip=chip)
+            data = await self.executor.profile(self.task, self._source(number), logdir,
+                                               chip=chip)
         except asyncio.CancelledError:
             self._emit(ev.ProfileResult(type="profile.result", run=rid, version=number,
                                         profile_blob=None, logdir=None, error="cancelled"))
