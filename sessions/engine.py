@@ -27,9 +27,7 @@ from sessions.context import build_request, next_role
 from sessions.diagnosis import diagnose_version
 from sessions.errors import ApprovalRequired, ControllerError
 from sessions.log import SessionLog
-from sessions.state import FAILED_STATUSES, SessionState
-from sessions.state import error_line as _error_line
-from sessions.state import rank_fields as _rank_fields
+from sessions.state import FAILED_STATUSES, SessionState, run_result
 
 if TYPE_CHECKING:
     from sessions.tools import SessionTools
@@ -57,7 +55,7 @@ class Engine:
         self._job_kind: str | None = None
         self.closed = False
 
-    def _emit(self, event: ev.Event) -> dict[str, Any]:
+    def _emit(self, event: ev.Event) -> ev.Event:
         return self.writer.emit(event)
 
     def _live(self, type_: ev.LiveType, **fields: Any) -> None:
@@ -345,19 +343,19 @@ class Engine:
             self._emit(ev.Error(type="error", message=f"evaluation failed: {exc}",
                                 where="evaluator"))
             return
-        blob = self.log.put_json_blob(result.to_json())
-        timing = result.timing or {}
-        self._emit(ev.RunResult(type="run.result", run=rid, version=number, status=result.status,
-                                correct=result.correct, speedup=result.speedup,
-                                median_ms=timing.get("median_ms"), result_blob=blob,
-                                cancelled=False,
-                                flags=list((result.integrity or {}).get("flags") or []),
-                                error=_error_line(result), **_rank_fields(result)))
+        self._emit(run_result(rid, number, result, self.log.put_json_blob(result.to_json())))
 
     def _after_eval(self, number: int) -> Action | None:
         s = self.state
         version = s.versions[number]
         if version.status in (None, "error", "cancelled"):
+            return None
+        if version.error_kind == "task":
+            # The task itself failed (its reference, its inputs, its size under the
+            # worker's limits): no kernel can be judged until the task changes, so
+            # neither the fixer nor another proposal is asked.
+            if s.mode == "auto":
+                self._stop_auto("task_error")
             return None
         if s.mode == "auto":
             reason = autonomy.stop_rule(s, self.settings) \

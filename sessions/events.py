@@ -130,6 +130,9 @@ class RunResult(TypedDict):
     interrupted: NotRequired[bool]
     flags: NotRequired[list[str]]
     error: NotRequired[str | None]
+    # EvalError.kind when the evaluation failed with one; "task" means the task itself
+    # failed (its input builder or reference, or its size under the worker's limits)
+    error_kind: NotRequired[str | None]
     # the ranking fields of sessions.state.rank_fields
     rank_source: NotRequired[str | None]
     rank_label: NotRequired[str | None]
@@ -137,8 +140,8 @@ class RunResult(TypedDict):
     tpu_compile: NotRequired[str | None]
     vmem_bytes: NotRequired[int | None]
     vmem_limit_bytes: NotRequired[int | None]
-    estimate: NotRequired[Any]
-    measurement: NotRequired[Any]
+    estimated_speedup: NotRequired[float | None]
+    measured_speedup: NotRequired[float | None]
     seq: NotRequired[int]
     t: NotRequired[float]
 
@@ -420,14 +423,15 @@ class EventWriter:
 
         return unsubscribe
 
-    def emit(self, event: Event) -> dict[str, Any]:
-        """Persist one event, fold it, tell the subscribers; returns it as written."""
+    def emit(self, event: Event) -> Event:
+        """Persist one event, fold it, tell the subscribers; returns it as written (with
+        its ``seq`` and ``t``)."""
         fields = dict(event)
         kind = fields.pop("type")
         stored = self.log.append(kind, **fields)
         self.state.apply(stored)
         self.publish(stored)
-        return cast("dict[str, Any]", stored)
+        return stored
 
     def live(self, event: LiveEvent) -> None:
         """Tell the subscribers something not worth keeping (never written)."""

@@ -8,8 +8,9 @@ event being written; ``--resume`` folds the session and carries on appending.
 
 Exit codes: 0 when a correct version was found; 1 when none was, when the agent failed
 (``agent_failed``) or when the session could not be written (a full disk, a read-only
-directory: the error is printed and, where the disk still allows, recorded); 130 when
-interrupted. A session another process is writing is refused (``SessionLockedError``).
+directory: the error is printed and, where the disk still allows, recorded); 2 when the
+task itself failed (``task_error``: its reference or inputs, or its size under the
+worker's limits; no kernel can be judged); 130 when interrupted. A session another process is writing is refused (``SessionLockedError``).
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from agents.config import Config
 from kernels.result import is_interpret
+from sessions import events as ev
 from sessions.autonomy import ControllerSettings
 from sessions.log import SessionWriteError
 from sessions.state import SessionState
@@ -40,21 +42,22 @@ class Progress:
         self.state = state
         self.out = out
 
-    def __call__(self, event: dict[str, Any]) -> None:
-        if event.get("live"):
+    def __call__(self, event: ev.AnyEvent) -> None:
+        if event["type"] in ev.LIVE_TYPES:
             return
-        kind = event["type"]
-        if kind == "run.result" and not event.get("cancelled"):
-            self._step(event)
-        elif kind == "auto.stop":
-            print(f"stop: {event['reason']}", file=self.out, flush=True)
-        elif kind == "error":
-            print(f"error ({event.get('where')}): {event.get('message')}", file=self.out,
+        persisted = cast(ev.Event, event)
+        if persisted["type"] == "run.result":
+            if not persisted.get("cancelled"):
+                self._step(persisted)
+        elif persisted["type"] == "auto.stop":
+            print(f"stop: {persisted['reason']}", file=self.out, flush=True)
+        elif persisted["type"] == "error":
+            print(f"error ({persisted.get('where')}): {persisted['message']}", file=self.out,
                   flush=True)
-        elif kind == "agent.finished":
-            print(f"agent finished: {event.get('message')}", file=self.out, flush=True)
+        elif persisted["type"] == "agent.finished":
+            print(f"agent finished: {persisted['message']}", file=self.out, flush=True)
 
-    def _step(self, event: dict[str, Any]) -> None:
+    def _step(self, event: ev.RunResult) -> None:
         s = self.state
         v = s.versions.get(event["version"])
         speed = f"{event['speedup']:.3f}x" if event.get("speedup") is not None else "-"
@@ -162,6 +165,13 @@ async def run_auto(args: Any, config: Config | dict[str, Any]) -> int:
         return 1
     if interrupted:
         return 130
+    if data["stop_reason"] == "task_error":  # a broken task, as `tilewright eval` says it
+        history = controller.state.best_history
+        print("tilewright auto: the task itself failed, not the kernel: "
+              f"{(history[-1].get('error') if history else None) or '(no message)'}\n"
+              "  next: fix the task, or make it smaller with --set KEY=VALUE "
+              "(`tilewright tasks DIR` shows its shapes)", file=sys.stderr)
+        return 2
     if data["stop_reason"] == "agent_failed":
         return 1
     return 0 if data["best_version"] else 1

@@ -42,6 +42,20 @@ def rank_fields(result: EvalResult) -> dict[str, Any]:
             "vmem_limit_bytes": tpu.get("vmem_limit_bytes"),
             "estimated_speedup": rank.estimate, "measured_speedup": rank.measured}
 
+def run_result(run: str, version: int, result: EvalResult, blob: str) -> ev.RunResult:
+    """The ``run.result`` event of a finished evaluation (the controller's and the
+    search's, built one way)."""
+    event = ev.RunResult(type="run.result", run=run, version=version, status=result.status,
+                         correct=result.correct, speedup=result.speedup,
+                         median_ms=(result.timing or {}).get("median_ms"), result_blob=blob,
+                         cancelled=False,
+                         flags=list((result.integrity or {}).get("flags") or []),
+                         error=error_line(result), **rank_fields(result))  # type: ignore[typeddict-item]
+    if result.error is not None:
+        event["error_kind"] = result.error.kind
+    return event
+
+
 # Statuses that mean the candidate needs fixing rather than tuning.
 FAILED_STATUSES = frozenset(
     {"incorrect", "compile_error", "runtime_error", "timeout", "crashed", "rejected"})
@@ -65,6 +79,7 @@ class Version:
     result_blob: str | None = None
     run: str | None = None
     flags: tuple[str, ...] = ()  # integrity flags of the latest finished eval run
+    error_kind: str | None = None  # of the latest finished eval run ("task": not the kernel's)
     # Of the latest finished eval run (``rank_fields``); None in logs written before
     # the TPU compile existed.
     rank_source: str | None = None  # device_time | tpu_estimate | host_simulation | ...
@@ -251,8 +266,10 @@ class SessionState:
 
     # -- the fold ---------------------------------------------------------------------
 
-    def apply(self, event: dict[str, Any]) -> None:
-        kind = event.get("type", "")
+    def apply(self, event: ev.Event) -> None:
+        """Fold one event: its kind's handler in ``_HANDLERS`` (an unknown kind, from a
+        newer version, is counted and otherwise skipped)."""
+        kind: str = event.get("type", "")
         handler = _HANDLERS.get(kind)
         if handler is None:
             self.unknown_types[kind] = self.unknown_types.get(kind, 0) + 1
@@ -266,7 +283,7 @@ class SessionState:
             self.ended = None
 
 
-def fold(header: dict[str, Any], events: list[dict[str, Any]]) -> SessionState:
+def fold(header: dict[str, Any], events: list[ev.Event]) -> SessionState:
     state = SessionState(header=header)
     for event in events:
         state.apply(event)
@@ -415,6 +432,7 @@ def _run_result(s: SessionState, e: ev.RunResult) -> None:
     version.result_blob = e.get("result_blob")
     version.run = rid
     version.flags = tuple(e.get("flags") or ())
+    version.error_kind = e.get("error_kind")
     for name in _RANK_FIELDS:
         setattr(version, name, e.get(name))
     current_best = s.versions.get(s.best_version) if s.best_version is not None else None

@@ -25,7 +25,7 @@ from kernels.workers import EvalOptions
 from sessions.log import load
 from sessions.search import Search
 from sessions.search.graph import Budget, SearchConfig, fold_search
-from sessions.search.plan import plan, select_beam
+from sessions.search.plan import finish_reason, plan, select_beam
 
 SUITE = Path(__file__).parent / "fixtures" / "suite"
 FAST = EvalOptions(trials=1, time_budget_s=0.2, timeout_s=60.0)
@@ -206,6 +206,29 @@ def test_planner_profiles_a_new_best_before_its_lineage_asks_again() -> None:
         old[1]["config"].pop(field_name)
     state = fold_search({"schema": "tilewright.session/1"}, old)
     assert [a.kind for a in plan(state)] == ["expand"]
+
+
+def test_a_task_error_ends_the_search() -> None:
+    """The task itself failed (its reference raised, or it does not fit the worker):
+    every candidate would fail alike, so nothing more is planned and the search says
+    why; a candidate's own failure does not end it."""
+    config = SearchConfig(beam_width=1, branching=1, tuning_children=0).to_json()
+    blob = "0" * 64
+    events = [
+        {"seq": 1, "t": 0, "type": "kernel.version", "version": 1, "parent": None,
+         "origin": "initial", "proposal": None, "source_blob": blob, "summary": "start"},
+        {"seq": 2, "t": 0, "type": "search.start", "config": config, "root": 1},
+        {"seq": 3, "t": 1, "type": "run.start", "run": "r1", "version": 1, "kind": "eval"},
+        {"seq": 4, "t": 2, "type": "run.result", "run": "r1", "version": 1,
+         "status": "crashed", "correct": False, "speedup": None, "error_kind": "crashed"}]
+    round0 = {"seq": 5, "t": 2, "type": "search.round", "lineage": 0, "round": 0,
+              "beam": [], "repair": [1], "best_version": None, "best_speedup": None}
+    state = fold_search({"schema": "tilewright.session/1"}, [*events, round0])
+    assert [a.kind for a in plan(state)] == ["expand"]  # the fixer gets its turn
+    assert finish_reason(state) != "task_error"
+    events[-1] = {**events[-1], "error_kind": "task"}
+    state = fold_search({"schema": "tilewright.session/1"}, [*events, round0])
+    assert plan(state) == [] and finish_reason(state) == "task_error"
 
 
 def _cli(*args: str) -> list[str]:

@@ -30,6 +30,8 @@ STOP_REASONS = {  # auto.stop reasons in words (keyed by the part before any ':'
     "agent_finished": "the agent has nothing more to try",
     "agent_failed": "the agent could not propose anything",
     "agent_repeating": "the agent kept proposing kernels already measured",
+    "task_error": "the task itself failed, not the kernel (see Problems): fix the task "
+                  "or make it smaller with --set",
     "interrupted": "the app stopped while it ran",
     "user": "switched off",
 }

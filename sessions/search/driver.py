@@ -36,8 +36,7 @@ from sessions.log import SessionLog
 from sessions.search.children import ROOT_FAMILY_CANDIDATES, ChildMaker
 from sessions.search.graph import SearchConfig, SearchState, fold_search
 from sessions.search.plan import finish_reason, plan, select_beam
-from sessions.state import error_line as _error_line
-from sessions.state import rank_fields as _rank_fields
+from sessions.state import run_result
 
 
 @dataclass
@@ -204,7 +203,7 @@ class Search:
         ``error`` event (``where: subscriber``) records it."""
         return self.writer.subscribe(callback)
 
-    def _emit(self, event: ev.Event) -> dict[str, Any]:
+    def _emit(self, event: ev.Event) -> ev.Event:
         return self.writer.emit(event)
 
     def approve(self, proposal: str) -> None:
@@ -379,13 +378,7 @@ class Search:
             self._emit(ev.SearchPrune(type="search.prune", version=number,
                                       reason=f"executor error: {exc}", by="auto"))
             return
-        self._emit(ev.RunResult(type="run.result", run=rid, version=number, status=result.status,
-                                correct=result.correct, speedup=result.speedup,
-                                median_ms=(result.timing or {}).get("median_ms"),
-                                result_blob=self.log.put_json_blob(result.to_json()),
-                                cancelled=False,
-                                flags=list((result.integrity or {}).get("flags") or []),
-                                error=_error_line(result), **_rank_fields(result)))
+        self._emit(run_result(rid, number, result, self.log.put_json_blob(result.to_json())))
 
     # -- profiling ----------------------------------------------------------------------
 

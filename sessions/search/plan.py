@@ -29,7 +29,19 @@ def budget_reason(s: SearchState, live_wall: float = 0.0, inflight_nodes: int = 
         return "budget:cost"
     if b.wall_s is not None and s.wall_spent(live_wall) >= b.wall_s:
         return "budget:wall"
+    if task_failed(s):
+        return "task_error"
     return None
+
+
+def task_failed(s: SearchState) -> bool:
+    """The latest evaluation failed because of the task itself (``error_kind`` "task":
+    its reference or inputs, or its size under the worker's limits): every other
+    candidate would fail the same way, so the search stops and says so."""
+    latest = max((r for r in s.session.runs.values() if r.kind == "eval" and r.status),
+                 key=lambda r: r.seq, default=None)
+    version = s.session.versions.get(latest.version) if latest is not None else None
+    return version is not None and version.run == latest.id and version.error_kind == "task"
 
 
 def lineage_done(s: SearchState, lineage: int) -> str | None:
