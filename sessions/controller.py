@@ -70,7 +70,7 @@ class Controller:
         """What the job is doing (``agent``, ``run``, ``profile``), None when idle."""
         return self.engine.busy
 
-    def _emit(self, event: ev.Event) -> dict[str, Any]:
+    def _emit(self, event: ev.Event) -> ev.Event:
         return self.writer.emit(event)
 
     def _live(self, type_: ev.LiveType, **fields: Any) -> None:

@@ -79,7 +79,7 @@ class MarkedEvaluator:
         return CPU
 
 
-def test_the_test_evaluator_is_an_evaluator() -> None:
+async def test_the_test_evaluator_is_an_evaluator() -> None:
     from kernels.executors import Evaluator
 
     assert isinstance(MarkedEvaluator(), Evaluator)  # the protocol the controller takes

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sessions import events as ev
 from sessions.errors import ControllerError as CommandRefused
 
 if TYPE_CHECKING:  # the controller module is imported once a session opens, not at start
@@ -53,13 +54,13 @@ class LiveLink:
     def read_blob(self, sha: str) -> bytes:
         return self._controller.log.get_blob(sha)
 
-    def recorded_events(self) -> list[dict[str, Any]]:
+    def recorded_events(self) -> list[ev.Event]:
         """The events on disk (a resumed session's history), read from the log file."""
         from sessions.log import load
 
         return load(self.path).events
 
-    def subscribe(self, callback: Callable[[dict[str, Any]], None]) -> Callable[[], None]:
+    def subscribe(self, callback: ev.Subscriber) -> Callable[[], None]:
         return self._controller.subscribe(callback)
 
     # -- commands (each may raise CommandRefused) -------------------------------------

@@ -47,7 +47,7 @@ class ChildMaker:
         self.agent = agent
         self._source = source
 
-    def _emit(self, event: ev.Event) -> dict[str, Any]:
+    def _emit(self, event: ev.Event) -> ev.Event:
         return self.writer.emit(event)
 
     def _slot_fields(self, action: Action) -> dict[str, Any]:
