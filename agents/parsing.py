@@ -41,6 +41,12 @@ def fenced_python(text: str) -> list[str]:
 
 def check_kernel_source(source: str, entry: str, require_pallas: bool) -> str | None:
     """What is wrong with a proposed kernel module, or None when it may be evaluated."""
+    from kernels.tunables import MAX_PARSE_CHARS
+
+    if len(source) > MAX_PARSE_CHARS:  # parsing it would stall the app for minutes
+        return (f"The kernel is {len(source):,} characters; a kernel module is at most "
+                f"{MAX_PARSE_CHARS:,}. Send the complete module itself, without generated "
+                "data.")
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:

@@ -61,7 +61,16 @@ def _literal_dict(assigns: dict[str, list], name: str) -> dict[str, Any] | None:
     return value
 
 
+# Parsing runs in the app process (the event loop the UI shares): a source bigger than
+# any real kernel (a hostile or runaway one: 30 MB took CPython's parser over a minute)
+# is not analysed. The harness still judges it; only the tunables view is skipped.
+MAX_PARSE_CHARS = 1_000_000
+
+
 def _parse(source: str) -> tuple[ast.Module, dict[str, list]]:
+    if len(source) > MAX_PARSE_CHARS:
+        raise TunablesError(f"source too large to analyse ({len(source):,} characters; "
+                            f"the limit is {MAX_PARSE_CHARS:,})", None)
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:

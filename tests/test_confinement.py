@@ -364,3 +364,12 @@ def test_requests_to_a_model_are_bounded() -> None:
     assert len(text) <= MAX_TURN_CHARS + 100
     assert "characters cut" in text
     assert len(bounded(huge, 1000)) < 1100
+    # Nothing in the app parses a source that size (CPython's parser took over a minute
+    # on it, on the event loop the UI shares): the tunables view and the reply check
+    # refuse it with the reason.
+    from agents.parsing import check_kernel_source
+    from kernels import tunables
+
+    with pytest.raises(tunables.TunablesError, match="too large"):
+        tunables.read(huge)
+    assert "at most" in (check_kernel_source(huge, "kernel", True) or "")
