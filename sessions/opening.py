@@ -168,6 +168,19 @@ def parse_set(items: list[str] | None) -> dict[str, str]:
         raise OpenError(str(exc), "write each override as --set KEY=VALUE") from None
 
 
+def agent_in_effect(config: Config | Mapping[str, Any] | None,
+                    kind: str | None = None) -> dict[str, Any]:
+    """The agent a session would open with: provider, model, endpoint and where its key
+    comes from (never the key), or ``{"error": ...}`` saying why it cannot be made."""
+    from agents import describe_agent
+    from agents.errors import AgentError
+
+    try:
+        return describe_agent(kind, coerce(config))
+    except AgentError as exc:
+        return {"error": str(exc)}
+
+
 def load_request_task(request: SessionRequest, header: Mapping[str, Any] | None = None
                       ) -> Task:
     """The task a new session names, or the one a resumed session's header records."""

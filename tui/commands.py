@@ -123,6 +123,7 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _config(args: argparse.Namespace) -> int:
     from agents.config import coerce, config_path
+    from sessions.opening import agent_in_effect
     from tui import keymap
 
     loaded = coerce(args.config)
@@ -132,7 +133,7 @@ def _config(args: argparse.Namespace) -> int:
     keys = {bid: keys for bid, (keys, *_rest) in keymap.ACTIONS.items()}
     keys.update(config.get("keys") or {})
     config["keys"] = keys
-    agent = _agent_in_effect(loaded)
+    agent = agent_in_effect(loaded)
     if args.json:
         print(json.dumps({"path": path, "config": config, "agent": agent}, indent=2,
                          default=str))
@@ -153,17 +154,6 @@ def _config(args: argparse.Namespace) -> int:
         config[section] = {k: False if v is None else v for k, v in config[section].items()}
     print(_toml(config))
     return 0
-
-
-def _agent_in_effect(config: Any) -> dict[str, Any]:
-    """Provider, model, endpoint and where the key comes from (never the key)."""
-    from agents import describe_agent
-    from agents.errors import AgentError
-
-    try:
-        return describe_agent(None, config)
-    except AgentError as exc:
-        return {"error": str(exc)}
 
 
 def _toml(data: dict[str, Any], prefix: str = "") -> str:
