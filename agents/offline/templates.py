@@ -192,6 +192,13 @@ def _merge(static, arrays):
     for i in range(len(static) + len(arrays)):
         args.append(fixed[i] if i in fixed else next(it))
     return args
+
+
+def _widen(block):
+    """16-bit float blocks are computed in float32 inside the kernel (the result is cast
+    back to the output's dtype): the TPU's vector unit computes in f32 anyway, and the
+    TPU compiler aborts on some packed bf16 broadcasts (a (1, n) bf16 row)."""
+    return block.astype(jnp.float32) if block.dtype in (jnp.bfloat16, jnp.float16) else block
 '''
 
 _OPERAND_SPECS = _STATIC_ARGS + '''
@@ -225,7 +232,7 @@ TUNABLES = {"BLOCK_ROWS": [8, 16, 32, 64, 128, 256, 512],
 
 def _body(static, *refs):
     *in_refs, o_ref = refs
-    args = _merge(static, [r[...] for r in in_refs])
+    args = _merge(static, [_widen(r[...]) for r in in_refs])
     o_ref[...] = _reference_math(*args).astype(o_ref.dtype)
 
 
@@ -276,7 +283,7 @@ TUNABLES = {"BLOCK_ROWS": [8, 16, 32, 64, 128, 256, 512]}
 
 def _body(static, *refs):
     *in_refs, o_ref = refs
-    args = _merge(static, [r[...] for r in in_refs])
+    args = _merge(static, [_widen(r[...]) for r in in_refs])
     o_ref[...] = _reference_math(*args).astype(o_ref.dtype)
 
 
@@ -468,7 +475,8 @@ def _as_block(shape):
 
 def _body(static, shapes, out_tree, n_in, *refs):
     in_refs, out_refs = refs[:n_in], refs[n_in:]
-    arrays = [r[...].reshape(s) if r.shape != s else r[...] for r, s in zip(in_refs, shapes)]
+    arrays = [_widen(r[...].reshape(s) if r.shape != s else r[...])
+              for r, s in zip(in_refs, shapes)]
     out = _reference_math(*_merge(static, arrays))
     for ref, value in zip(out_refs, jax.tree.leaves(out)):
         ref[...] = jnp.asarray(value).reshape(ref.shape).astype(ref.dtype)

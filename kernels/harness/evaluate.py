@@ -342,6 +342,8 @@ class Evaluation:
         except judge.CandidateFailure as failure:
             self.candidate_info.update(killed=failure.kind, restarted=True)
             proc.start()  # a fresh one warms up for the next evaluation
+            if failure.kind == "crashed" and failure.compiler:
+                self._compiler_crashed(failure.fatal or failure.message)
             kind = "crashed" if failure.kind == "protocol" else failure.kind
             self._fail("timeout" if kind == "timeout" else "crashed", kind,
                        message=failure.message, hint=_FAILURE_HINTS.get(kind))
@@ -367,6 +369,33 @@ class Evaluation:
         self.result.error = EvalError(kind=kind, message=message, line=line,
                                       traceback=_text(error.get("traceback")),
                                       hint=_text(error.get("hint")))
+        raise _Stop
+
+    def _compiler_crashed(self, fatal: str) -> None:
+        """The TPU compiler aborted the candidate process while compiling the kernel (a
+        failed internal check, not the kernel's own run): on a TPU the compile fails the
+        same way, so it is a compile error naming the compiler's check."""
+        from kernels.result import EvalError
+
+        message = tpu_compile.short(fatal)
+        self.result.tpu = {
+            "chip": self.chip, "compile": "error", "message": message, "vmem_bytes": None,
+            "vmem_limit_bytes": _scoped_limit(self.chip) if self.chip else None,
+            "estimate": None, "reference_estimate": None, "estimated_speedup": None,
+            "estimate_unavailable": "the TPU compiler aborted", "shape": None,
+        }
+        hint = ("The TPU compiler has trouble with 16-bit floats here: load the blocks and "
+                "compute in float32 inside the kernel (x.astype(jnp.float32)), then cast "
+                "the result to the output dtype.") if re.search(r"bf16|f16|packed", fatal) \
+            else "Simplify the kernel around the operation the check names, or change its "\
+                 "block shapes or dtypes."
+        self.result.status = "compile_error"
+        self.result.error = EvalError(
+            kind="tpu_compile", message=f"on {self.chip or 'the TPU'} the TPU compiler aborted on this "
+            f"kernel (an internal compiler check failed; the compile would fail on a TPU "
+            f"too): {message}",
+            line=self.pallas_lines[0] if len(self.pallas_lines) == 1 else None,
+            traceback=None, hint=hint)
         raise _Stop
 
     def _protocol_violation(self, what: str) -> None:

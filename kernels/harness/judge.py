@@ -21,11 +21,13 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import re
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -40,12 +42,72 @@ DEFAULT_MEMORY_MB = 16 * 1024
 
 class CandidateFailure(Exception):
     """The candidate process had to be killed: ``kind`` is timeout, crashed, exited,
-    memory or protocol (a reply that does not answer the request, or is malformed)."""
+    memory or protocol (a reply that does not answer the request, or is malformed).
+    ``fatal`` is the native library's last fatal log line when it aborted the process
+    (glog's ``F...] Check failed: ...``); ``compiler`` says that line came from the TPU
+    compiler (LLO, Mosaic): the kernel crashed the compiler, not the kernel's own run."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, fatal: str | None = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
+        self.fatal = fatal
+        self.compiler = bool(fatal and _COMPILER_SOURCE.search(fatal))
+
+
+# What the candidate process writes to stderr is forwarded to the judge's (the worker's
+# capture) up to this much per process; the last _TAIL_BYTES are kept to say why it died.
+_FORWARD_LIMIT = 8 << 20
+_TAIL_BYTES = 32 << 10
+# glog's fatal line: "F1201 05:37:27.880631      62 llo_module.cc:66] Check failed: ..."
+_FATAL_LINE = re.compile(r"^F\d{4} [\d:.]+\s+\d+ ([\w./-]+:\d+)\] (.+)$", re.MULTILINE)
+_COMPILER_SOURCE = re.compile(r"llo_|jellyfish|mosaic|tpu_compil|LLO_CHECK", re.IGNORECASE)
+
+
+def fatal_line(tail: bytes) -> str | None:
+    """The last glog fatal line in ``tail`` ("file:line] message"), if any."""
+    found = _FATAL_LINE.findall(tail.decode("utf-8", "replace"))
+    if not found:
+        return None
+    where, message = found[-1]
+    return f"{where}] {message.strip()}"[:2000]
+
+
+class _StderrPump:
+    """Forwards the candidate process's stderr to ours and keeps its tail: the fatal
+    line of a native abort (the TPU compiler's checks) is how a crash is explained."""
+
+    def __init__(self, pipe: Any) -> None:
+        self.tail = bytearray()
+        self.forwarded = 0
+        self._pipe = pipe
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name="tilewright-candidate-stderr")
+        self._thread.start()
+
+    def _run(self) -> None:
+        fd = self._pipe.fileno()
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            if self.forwarded < _FORWARD_LIMIT:
+                with contextlib.suppress(OSError):
+                    os.write(2, chunk[:_FORWARD_LIMIT - self.forwarded])
+                self.forwarded += len(chunk)
+            self.tail += chunk
+            del self.tail[:-_TAIL_BYTES]
+        with contextlib.suppress(OSError):
+            self._pipe.close()
+
+    def drained(self, timeout: float = 1.0) -> bytes:
+        """The tail once the pipe has closed (or ``timeout`` passed: a descendant may
+        still hold it open)."""
+        self._thread.join(timeout)
+        return bytes(self.tail)
 
 
 def _host_pid(pid: int) -> int:
@@ -83,6 +145,7 @@ class CandidateProcess:
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
+        self.stderr: _StderrPump | None = None
         self.sock: socket.socket | None = None
         self.ready = False
         self.ids = 0
@@ -103,9 +166,10 @@ class CandidateProcess:
                 [sys.executable, "-m", "kernels.harness.candidate", "--fd",
                  str(theirs.fileno()), "--parent", str(os.getpid()), "--scratch", scratch],
                 pass_fds=(theirs.fileno(),), close_fds=True, stdin=subprocess.DEVNULL,
-                env=_candidate_env(scratch))
+                stderr=subprocess.PIPE, env=_candidate_env(scratch))
         finally:
             theirs.close()
+        self.stderr = _StderrPump(self.proc.stderr)
         self.sock = mine
         self.ready = False
         self.started += 1
@@ -141,7 +205,7 @@ class CandidateProcess:
             self.proc.wait(5.0)
         if self.sock is not None:
             self.sock.close()
-        self.proc, self.sock, self.ready = None, None, False
+        self.proc, self.sock, self.ready, self.stderr = None, None, False, None
 
     def _tree(self) -> list[int]:
         """Our candidate process and its descendants, as pids of our namespace."""
@@ -240,7 +304,9 @@ class CandidateProcess:
                 code = self.proc.wait(5.0)
             except subprocess.TimeoutExpired:
                 code = None
+        pump = self.stderr
         self.kill()
+        fatal = fatal_line(pump.drained()) if pump is not None else None
         if code is not None and code < 0:
             try:
                 name = signal.Signals(-code).name
@@ -250,7 +316,9 @@ class CandidateProcess:
                    "SIGSEGV": "segmentation fault", "SIGBUS": "bus error",
                    "SIGKILL": "killed (possibly by the system's out-of-memory killer)",
                    "SIGFPE": "floating-point exception"}.get(name, "killed by a signal")
-            return CandidateFailure("crashed", f"the candidate process crashed: {name}, {why}")
+            said = f" ({fatal})" if fatal else ""
+            return CandidateFailure("crashed", f"the candidate process crashed: {name}, "
+                                    f"{why}{said}", fatal)
         return CandidateFailure("exited", f"the candidate process exited with code {code} "
                                 "during the request (os._exit or sys.exit outside the harness)")
 
