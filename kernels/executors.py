@@ -593,10 +593,7 @@ class RayExecutor:
                 f"the Ray cluster cannot hold one evaluation's request {self.resources} "
                 f"(it has {dict(total)})")
         self.capacity = min(self.requested, fits) if self.requested else fits
-        cpus = self.resources.get("CPU", 0.0)
-        custom = {k: v for k, v in self.resources.items() if k != "CPU"}
-        self._remote = ray.remote(ray_evaluate).options(
-            num_cpus=cpus, resources=custom or None, max_retries=0, name="tilewright.eval")
+        self._remote = self._on_a_node(ray_evaluate, "tilewright.eval")
         self._slots = asyncio.Semaphore(self.capacity)
 
     async def close(self) -> None:
@@ -630,14 +627,9 @@ class RayExecutor:
     async def _run(self, task: Task, source: str, options: Any) -> dict[str, Any] | EvalResult:
         # Packing reads the task's files: off the event loop the UI shares.
         packed = await asyncio.to_thread(_pack_task, task)
-        ref = self._remote.remote(packed, source, _options_dict(options))
         try:
-            data: dict[str, Any] = await ref
-        except asyncio.CancelledError:
-            # force=True kills the Ray worker; its JAX worker child dies with it.
-            with contextlib.suppress(Exception):
-                self._ray.cancel(ref, force=True)
-            raise
+            data: dict[str, Any] = await self._awaited(
+                self._remote.remote(packed, source, _options_dict(options)))
         except self._ray.exceptions.RayError as exc:
             from kernels.result import EvalError
 
@@ -652,21 +644,13 @@ class RayExecutor:
         and the result's paths point at them."""
         if self._ray is None or self._slots is None or self.resources is None:
             raise ExecutorError("RayExecutor.profile before start(): use `async with`")
-        cpus = self.resources.get("CPU", 0.0)
-        custom = {k: v for k, v in self.resources.items() if k != "CPU"}
-        remote = self._ray.remote(ray_profile).options(
-            num_cpus=cpus, resources=custom or None, max_retries=0, name="tilewright.profile")
+        remote = self._on_a_node(ray_profile, "tilewright.profile")
         packed = await asyncio.to_thread(_pack_task, task)
         async with self._slots:
             self._count_running(+1)
             try:
-                ref = remote.remote(packed, source, chip, timeout_s)
-                try:
-                    shipped: dict[str, Any] = await ref
-                except asyncio.CancelledError:
-                    with contextlib.suppress(Exception):
-                        self._ray.cancel(ref, force=True)
-                    raise
+                shipped: dict[str, Any] = await self._awaited(
+                    remote.remote(packed, source, chip, timeout_s))
             finally:
                 self._count_running(-1)
         result: dict[str, Any] = shipped["result"]
@@ -684,6 +668,24 @@ class RayExecutor:
         relocated.setdefault("extra", {})["executor"] = {"name": "ray",
                                                          "node": shipped.get("node")}
         return relocated
+
+    def _on_a_node(self, body: Callable[..., Any], name: str) -> Any:
+        """``body`` as a Ray remote function with one evaluation's resource request."""
+        assert self._ray is not None and self.resources is not None
+        cpus = self.resources.get("CPU", 0.0)
+        custom = {k: v for k, v in self.resources.items() if k != "CPU"}
+        return self._ray.remote(body).options(num_cpus=cpus, resources=custom or None,
+                                              max_retries=0, name=name)
+
+    async def _awaited(self, ref: Any) -> Any:
+        """A Ray task's result; cancelling the caller force-cancels the task (which kills
+        that Ray worker; its JAX worker child dies with it)."""
+        try:
+            return await ref
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                self._ray.cancel(ref, force=True)
+            raise
 
     def _count_running(self, delta: int) -> None:
         self._running += delta
@@ -709,10 +711,7 @@ class RayExecutor:
         or when no node answers."""
         if self._ray is None or self.resources is None:
             return None
-        cpus = self.resources.get("CPU", 0.0)
-        custom = {k: v for k, v in self.resources.items() if k != "CPU"}
-        remote = self._ray.remote(ray_backend).options(num_cpus=cpus, resources=custom or None,
-                                                       max_retries=0)
+        remote = self._on_a_node(ray_backend, "tilewright.backend")
         try:
             data = await remote.remote()
         except self._ray.exceptions.RayError:
