@@ -12,16 +12,27 @@ answers with ``default`` (a plain text reply unless set). Use it as a context ma
 Helpers build the SSE event lists: ``text_reply``, ``tool_reply``, ``error_status``.
 ``Stream(..., hang_after=N)`` stops mid-stream until the client disconnects
 (cancellation tests); ``Stream(..., cut_after=N)`` closes the connection mid-stream.
-Keys are accepted from ``x-api-key`` or ``Authorization: Bearer``.
+Keys are accepted from ``x-api-key`` or ``Authorization: Bearer``. The server plumbing
+(script, recording, SSE writing) lives in ``scripted_http``; this module holds the
+Messages API's event format, route, key check and error bodies.
 """
 
 from __future__ import annotations
 
 import json
-import threading
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 from typing import Any
+
+# Imported as ``tests.anthropic_server`` or, with tests/ on sys.path, as ``anthropic_server``.
+if __package__:
+    from .scripted_http import Handler, ScriptedServer, Status
+    from .scripted_http import Recorded as _Recorded
+else:
+    from scripted_http import Handler, ScriptedServer, Status
+    from scripted_http import Recorded as _Recorded
+
+__all__ = ["MessagesServer", "Recorded", "Status", "Stream", "error_status", "text_reply",
+           "tool_reply"]
 
 
 @dataclass
@@ -30,24 +41,18 @@ class Stream:
     hang_after: int | None = None  # stop after this many events and wait for a disconnect
     cut_after: int | None = None  # close the connection after this many events
 
+    def frames(self) -> list[bytes]:
+        return [f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+                for name, data in self.events]
 
-@dataclass
-class Status:
-    code: int
-    body: dict[str, Any]
-    headers: dict[str, str] = field(default_factory=dict)
+    def trailer(self) -> bytes:
+        return b""
 
 
-@dataclass
-class Recorded:
-    path: str
-    headers: dict[str, str]
-    body: dict[str, Any]
-
+class Recorded(_Recorded):
     @property
     def key(self) -> str | None:
-        auth = self.headers.get("authorization", "")
-        return self.headers.get("x-api-key") or (auth[7:] if auth.startswith("Bearer ") else None)
+        return self.headers.get("x-api-key") or self.bearer
 
 
 def _start(model: str, input_tokens: int, cache_read: int, cache_write: int) -> tuple[str, dict]:
@@ -116,102 +121,17 @@ def error_status(code: int, kind: str, message: str = "", retry_after: float | N
                   headers)
 
 
-class MessagesServer:
+class MessagesServer(ScriptedServer[Stream]):
+    recorded = Recorded
+
     def __init__(self, default: Stream | Status | None = None) -> None:
-        self.requests: list[Recorded] = []
-        self._script: list[Stream | Status] = []
-        self._lock = threading.Lock()
-        self.default = default or text_reply("Nothing scripted for this request.")
-        self.disconnected = threading.Event()
-        self.release = threading.Event()  # set to end a Hang early
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        super().__init__(default or text_reply("Nothing scripted for this request."))
 
-    @property
-    def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def script(self, *steps: Stream | Status) -> None:
-        with self._lock:
-            self._script.extend(steps)
-
-    def _next(self) -> Stream | Status:
-        with self._lock:
-            return self._script.pop(0) if self._script else self.default
-
-    def __enter__(self) -> MessagesServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release.set()
-        self._server.shutdown()
-        self._server.server_close()
-
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:  # keep test output clean
-                pass
-
-            def do_POST(self) -> None:
-                length = int(self.headers.get("content-length") or 0)
-                raw = self.rfile.read(length) if length else b"{}"
-                try:
-                    body = json.loads(raw)
-                except json.JSONDecodeError:
-                    body = {"_unparsed": raw.decode("utf-8", "replace")}
-                headers = {k.lower(): v for k, v in self.headers.items()}
-                server.requests.append(Recorded(self.path, headers, body))
-                if not self.path.startswith("/v1/messages"):
-                    return self._json(404, {"type": "error", "error": {
-                        "type": "not_found_error", "message": self.path}})
-                rec = server.requests[-1]
-                if not rec.key:
-                    return self._json(401, {"type": "error", "error": {
-                        "type": "authentication_error", "message": "missing key"}})
-                step = server._next()
-                if isinstance(step, Status):
-                    return self._json(step.code, step.body, step.headers)
-                self._stream(step)
-
-            def _json(self, code: int, body: dict, headers: dict[str, str] | None = None) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _stream(self, step: Stream) -> None:
-                self.send_response(200)
-                self.send_header("content-type", "text/event-stream")
-                self.send_header("cache-control", "no-cache")
-                self.send_header("connection", "close")
-                self.end_headers()
-                try:
-                    for n, (name, data) in enumerate(step.events):
-                        if step.cut_after is not None and n == step.cut_after:
-                            break
-                        if step.hang_after is not None and n == step.hang_after:
-                            # Hold the stream open, probing with SSE comments: a write
-                            # fails once the client has closed the connection.
-                            for _ in range(400):
-                                if server.release.wait(timeout=0.05):
-                                    break
-                                self.wfile.write(b": ping\n\n")
-                                self.wfile.flush()
-                        self.wfile.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
-                        self.wfile.flush()
-                except (BrokenPipeError, ConnectionResetError):
-                    server.disconnected.set()
-                self.close_connection = True
-
-        return Handler
+    def on_post(self, handler: Handler, rec: _Recorded) -> None:
+        if not rec.path.startswith("/v1/messages"):
+            return handler.send_json(404, {"type": "error", "error": {
+                "type": "not_found_error", "message": rec.path}})
+        if not rec.key:
+            return handler.send_json(401, {"type": "error", "error": {
+                "type": "authentication_error", "message": "missing key"}})
+        self.answer(handler)

@@ -17,16 +17,25 @@ manager::
 given as a ``str`` is sent as its raw ``data:`` line (a malformed chunk).
 ``Stream(..., hang_after=N)`` stops after N chunks until the client disconnects;
 ``Stream(..., cut_after=N)`` closes the connection after N chunks; ``done=False`` leaves
-out the final ``data: [DONE]``.
+out the final ``data: [DONE]``. The server plumbing (script, recording, SSE writing) lives
+in ``scripted_http``; this module holds the chat-completions chunk format, routes, key
+check and error bodies.
 """
 
 from __future__ import annotations
 
 import json
-import threading
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 from typing import Any
+
+# Imported as ``tests.openai_server`` or, with tests/ on sys.path, as ``openai_server``.
+if __package__:
+    from .scripted_http import Handler, Recorded, ScriptedServer, Status
+else:
+    from scripted_http import Handler, Recorded, ScriptedServer, Status
+
+__all__ = ["ChatServer", "Chunk", "Recorded", "Status", "Stream", "error_status",
+           "text_reply", "tool_reply"]
 
 Chunk = dict[str, Any] | str
 
@@ -38,24 +47,12 @@ class Stream:
     cut_after: int | None = None
     done: bool = True
 
+    def frames(self) -> list[bytes]:
+        return [f"data: {c if isinstance(c, str) else json.dumps(c)}\n\n".encode()
+                for c in self.chunks]
 
-@dataclass
-class Status:
-    code: int
-    body: dict[str, Any]
-    headers: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class Recorded:
-    path: str
-    headers: dict[str, str]
-    body: dict[str, Any]
-
-    @property
-    def key(self) -> str | None:
-        auth = self.headers.get("authorization", "")
-        return auth[7:] if auth.startswith("Bearer ") else None
+    def trailer(self) -> bytes:
+        return b"data: [DONE]\n\n" if self.done else b""
 
 
 def _chunk(model: str, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
@@ -119,116 +116,29 @@ def error_status(code: int, message: str = "", *, kind: str = "server_error",
                                    "param": None}}, headers)
 
 
-class ChatServer:
+class ChatServer(ScriptedServer[Stream]):
+    url_suffix = "/v1"
+    keepalive = b": keep-alive\n\n"
+
     def __init__(self, default: Stream | Status | None = None, *, key: str | None = None,
                  models: tuple[str, ...] = ("gpt-4.1",)) -> None:
-        self.requests: list[Recorded] = []
+        super().__init__(default or text_reply("Nothing scripted for this request."))
         self.key = key
         self.models = models
-        self._script: list[Stream | Status] = []
-        self._lock = threading.Lock()
-        self.default = default or text_reply("Nothing scripted for this request.")
-        self.disconnected = threading.Event()
-        self.release = threading.Event()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
-    @property
-    def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}/v1"
+    def on_get(self, handler: Handler) -> None:
+        if handler.path.rstrip("/") != "/v1/models":
+            return handler.send_json(404, {"error": {"message": f"no route {handler.path}"}})
+        handler.send_json(200, {"object": "list", "data": [
+            {"id": m, "object": "model", "created": 1, "owned_by": "local"}
+            for m in self.models]})
 
-    def script(self, *steps: Stream | Status) -> None:
-        with self._lock:
-            self._script.extend(steps)
-
-    def _next(self) -> Stream | Status:
-        with self._lock:
-            return self._script.pop(0) if self._script else self.default
-
-    def __enter__(self) -> ChatServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release.set()
-        self._server.shutdown()
-        self._server.server_close()
-
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                if self.path.rstrip("/") != "/v1/models":
-                    return self._json(404, {"error": {"message": f"no route {self.path}"}})
-                self._json(200, {"object": "list", "data": [
-                    {"id": m, "object": "model", "created": 1, "owned_by": "local"}
-                    for m in server.models]})
-
-            def do_POST(self) -> None:
-                length = int(self.headers.get("content-length") or 0)
-                raw = self.rfile.read(length) if length else b"{}"
-                try:
-                    body = json.loads(raw)
-                except json.JSONDecodeError:
-                    body = {"_unparsed": raw.decode("utf-8", "replace")}
-                headers = {k.lower(): v for k, v in self.headers.items()}
-                rec = Recorded(self.path, headers, body)
-                server.requests.append(rec)
-                if self.path.rstrip("/") != "/v1/chat/completions":
-                    return self._json(404, {"error": {"message": f"no route {self.path}",
-                                                      "type": "not_found"}})
-                if server.key is not None and rec.key != server.key:
-                    return self._json(401, {"error": {"message": "Incorrect API key provided",
-                                                      "type": "invalid_request_error",
-                                                      "code": "invalid_api_key"}})
-                step = server._next()
-                if isinstance(step, Status):
-                    return self._json(step.code, step.body, step.headers)
-                self._stream(step)
-
-            def _json(self, code: int, body: dict, headers: dict[str, str] | None = None) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _stream(self, step: Stream) -> None:
-                self.send_response(200)
-                self.send_header("content-type", "text/event-stream")
-                self.send_header("cache-control", "no-cache")
-                self.send_header("connection", "close")
-                self.end_headers()
-                try:
-                    for n, chunk in enumerate(step.chunks):
-                        if step.cut_after is not None and n == step.cut_after:
-                            break
-                        if step.hang_after is not None and n == step.hang_after:
-                            for _ in range(400):  # probe until the client goes away
-                                if server.release.wait(timeout=0.05):
-                                    break
-                                self.wfile.write(b": keep-alive\n\n")
-                                self.wfile.flush()
-                        data = chunk if isinstance(chunk, str) else json.dumps(chunk)
-                        self.wfile.write(f"data: {data}\n\n".encode())
-                        self.wfile.flush()
-                    else:
-                        if step.done:
-                            self.wfile.write(b"data: [DONE]\n\n")
-                            self.wfile.flush()
-                except (BrokenPipeError, ConnectionResetError):
-                    server.disconnected.set()
-                self.close_connection = True
-
-        return Handler
+    def on_post(self, handler: Handler, rec: Recorded) -> None:
+        if rec.path.rstrip("/") != "/v1/chat/completions":
+            return handler.send_json(404, {"error": {"message": f"no route {rec.path}",
+                                                     "type": "not_found"}})
+        if self.key is not None and rec.key != self.key:
+            return handler.send_json(401, {"error": {"message": "Incorrect API key provided",
+                                                     "type": "invalid_request_error",
+                                                     "code": "invalid_api_key"}})
+        self.answer(handler)
