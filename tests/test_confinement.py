@@ -178,11 +178,12 @@ def _worker_chain(worker) -> set[int]:
         if worker.pid in descendants(pid) or pid == worker.pid:
             chain.add(pid)
     # The judge's warm candidate process: its shim, the shim's init, the init's server
-    # (anything a candidate leaves is below the server, which reaps it after each request).
+    # (anything a candidate leaves is below the server, which reaps it after each request);
+    # and its reference compiler (kernels.harness.refcompile), a child of the judge.
     level = set(chain)
     for _ in range(3):
         level = {p for p, parent in _parents().items() if parent in level} - chain
-        chain |= {p for p in level if _is_candidate_process(p)}
+        chain |= {p for p in level if _is_judge_helper(p)}
         level &= chain
     return chain
 
@@ -193,10 +194,12 @@ def _parents() -> dict[int, int]:
     return _process_table()
 
 
-def _is_candidate_process(pid: int) -> bool:
+def _is_judge_helper(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return b"kernels.harness.candidate" in fh.read()
+            cmdline = fh.read()
+            return b"kernels.harness.candidate" in cmdline \
+                or b"kernels.harness.refcompile" in cmdline
     except OSError:
         return False
 

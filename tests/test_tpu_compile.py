@@ -136,6 +136,30 @@ BF16_ROW_BROADCAST = kernel("""
             out_specs=pl.BlockSpec((32, cols), lambda i: (i, 0)))(x, scale.reshape(1, cols))
 """)
 
+# Causal attention in bf16 at (2, 2, 128, 128): libtpu aborts compiling this XLA
+# reference (an "online-softmax" fusion fails an LLO type check; measured).
+ATTENTION_BF16_REFERENCE = """
+    import jax
+    import jax.numpy as jnp
+    def make_inputs(key, seq, dim):
+        keys = jax.random.split(key, 3)
+        return tuple(jax.random.normal(k, (2, 2, seq, dim), dtype=jnp.bfloat16) for k in keys)
+    def reference(q, k, v):
+        s = q.shape[2]
+        attn = jnp.einsum("bhqd,bhkd->bhqk", q, k) * q.shape[-1] ** -0.5
+        attn = jnp.where(jnp.tril(jnp.ones((s, s))), attn, -1e9)
+        return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(attn, axis=-1), v)
+"""
+COPY_Q = kernel("""
+    def _copy(q_ref, o_ref):
+        o_ref[...] = q_ref[...]
+
+    def kernel(q, k, v):
+        flat = q.reshape(-1, q.shape[-1])
+        out = pl.pallas_call(_copy, out_shape=jax.ShapeDtypeStruct(flat.shape, flat.dtype))(flat)
+        return out.reshape(q.shape)
+""")
+
 
 async def evaluate(pool: WorkerPool, task_dir: Path, source: str, chip: str,
                    options: EvalOptions = NO_TIMING):
@@ -152,7 +176,9 @@ def tasks(tmp_path_factory) -> dict[str, Path]:
     return {"add": write_task(root / "add", ADD_REFERENCE, {"rows": 2048, "cols": 1024}),
             "double": write_task(root / "double", DOUBLE_REFERENCE, {"rows": 64, "cols": 512}),
             "int8": write_task(root / "int8", INT8_REFERENCE, {"rows": 128, "cols": 128}),
-            "bf16": write_task(root / "bf16", BF16_REFERENCE, {"rows": 64, "cols": 256})}
+            "bf16": write_task(root / "bf16", BF16_REFERENCE, {"rows": 64, "cols": 256}),
+            "attention": write_task(root / "attention", ATTENTION_BF16_REFERENCE,
+                                    {"seq": 128, "dim": 128})}
 
 
 @ON_MODULE_LOOP
@@ -203,6 +229,21 @@ async def test_a_compiler_abort_is_a_compile_error_naming_the_check(worker_pool,
                            BF16_ROW_BROADCAST.replace(" CAST", ".astype(jnp.float32)"), "v5e")
     assert fixed.status == "correct", fixed.error
     assert fixed.tpu["compile"] == "ok"
+
+
+@ON_MODULE_LOOP
+async def test_a_compiler_abort_on_the_reference_costs_its_estimate_only(worker_pool,
+                                                                        tasks) -> None:
+    """The judge compiles the reference in a helper process: libtpu's abort there costs
+    the reference estimate (unavailable, with the check's line), not the worker; the
+    next evaluation says the same (the abort is remembered per task, shape and chip)."""
+    for _ in range(2):
+        result = await evaluate(worker_pool, tasks["attention"], COPY_Q, "v5e")
+        assert result.status == "incorrect", result.error  # judged: the worker lived
+        assert result.tpu["compile"] == "ok" and result.tpu["estimate"]["cycles"] > 0
+        assert result.tpu["reference_estimate"] is None
+        assert "aborted on the XLA reference" in result.tpu["estimate_unavailable"]
+        assert "Check failed" in result.tpu["estimate_unavailable"]
 
 
 @ON_MODULE_LOOP

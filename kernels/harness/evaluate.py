@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
 import random
 import re
 import time
@@ -371,6 +372,35 @@ class Evaluation:
                                       hint=_text(error.get("hint")))
         raise _Stop
 
+    def _reference_estimate(self, key: str, dyn: tuple, static: tuple
+                            ) -> tuple[dict[str, Any] | None, str | None]:
+        """The reference's estimate from the reference compiler process
+        (``kernels.harness.refcompile``): libtpu aborts on some references, which must
+        cost the estimate, not the worker."""
+        if key in _REFERENCE_ESTIMATES:
+            return _REFERENCE_ESTIMATES[key]
+        proc = judge.reference_process()
+        proc.memory_limit_mb = self.memory_limit_mb
+        request = {"spec": self.spec, "chip": self.chip, "static": tuple(static),
+                   "shapes": [(tuple(a.shape), str(a.dtype)) for a in dyn]}
+        try:
+            reply, _ = proc.request("estimate", {}, pickle.dumps(request), self.deadline)
+        except judge.CandidateFailure as failure:
+            proc.start()  # a fresh one for the next task
+            if failure.kind == "timeout":  # a slow compile: may fit another time
+                return None, "the reference's TPU compile did not finish in time"
+            found: tuple[dict[str, Any] | None, str | None] = (
+                None, "the TPU compiler aborted on the XLA reference: "
+                      f"{tpu_compile.short(failure.fatal or failure.message, 300)}")
+        else:
+            estimate = reply.get("estimate") if isinstance(reply.get("estimate"), dict) \
+                else None
+            found = (estimate, _text(reply.get("message")) if estimate is None else None)
+        if len(_REFERENCE_ESTIMATES) >= 64:
+            _REFERENCE_ESTIMATES.pop(next(iter(_REFERENCE_ESTIMATES)))
+        _REFERENCE_ESTIMATES[key] = found
+        return found
+
     def _compiler_crashed(self, fatal: str) -> None:
         """The TPU compiler aborted the candidate process while compiling the kernel (a
         failed internal check, not the kernel's own run): on a TPU the compile fails the
@@ -565,6 +595,9 @@ class Evaluation:
                 self.result.lowering = found
             # static arguments too: the XLA reference is compiled with them for its estimate
             self.tpu_jobs.append((config, dyn, tuple(static), None))
+            where, _ = tpu_compile.target(self.chip) if self.chip else (None, None)
+            if where is not None and not where.native:
+                judge.reference_process().start()  # imports JAX while the trials run
 
     def _inputs(self, runtime: Any, config: ShapeConfig, seed: int) -> tuple[tuple, tuple]:
         """Inputs for one trial. Kept from the reference pass while they are small (the
@@ -723,14 +756,18 @@ class Evaluation:
                 and where is not None:
             key = "|".join((json.dumps(self.spec, sort_keys=True, default=str), config.name,
                             json.dumps(config.params, sort_keys=True, default=str), self.chip))
-            ref = tpu_compile.reference_estimate(
-                key, jitted_reference(runtime, len(dyn), len(static)), dyn, static, where)
+            if where.native:  # the TPU itself: compiled here, as the device runs it
+                ref, why = tpu_compile.reference_estimate(
+                    key, jitted_reference(runtime, len(dyn), len(static)), dyn, static,
+                    where), None
+            else:
+                ref, why = self._reference_estimate(key, dyn, static)
             section["reference_estimate"] = ref
             if ref and found["estimate"]["cycles"]:
                 section["estimated_speedup"] = ref["cycles"] / found["estimate"]["cycles"]
             elif not ref:
-                section["estimate_unavailable"] = ("no estimate for the XLA reference on "
-                                                   f"{self.chip}")
+                section["estimate_unavailable"] = why or ("no estimate for the XLA reference "
+                                                          f"on {self.chip}")
         self.result.tpu = section
         if apply and found["compile"] == "error":
             from kernels.result import EvalError
@@ -753,6 +790,12 @@ class Evaluation:
                 line=self.pallas_lines[0] if len(self.pallas_lines) == 1 else None,
                 traceback=None, hint=hint)
             raise _Stop
+
+
+# The XLA reference's estimate per (task, shape, chip), or why there is none: a warm
+# worker compiles a reference once, and a reference the compiler aborts on is not
+# compiled again.
+_REFERENCE_ESTIMATES: dict[str, tuple[dict[str, Any] | None, str | None]] = {}
 
 
 def _own_chip(backend: dict[str, Any]) -> str | None:

@@ -141,9 +141,12 @@ def _local(host_pid: int, depth: int) -> int | None:
 
 
 class CandidateProcess:
-    """One candidate process: started on demand, replaced after a failure."""
+    """One candidate process: started on demand, replaced after a failure. ``module``
+    is what it runs: the candidate harness, or the judge's own reference compiler
+    (``kernels.harness.refcompile``, trusted code kept apart for libtpu's aborts)."""
 
-    def __init__(self) -> None:
+    def __init__(self, module: str = "kernels.harness.candidate") -> None:
+        self.module = module
         self.proc: subprocess.Popen[bytes] | None = None
         self.stderr: _StderrPump | None = None
         self.sock: socket.socket | None = None
@@ -163,7 +166,7 @@ class CandidateProcess:
         mine, theirs = socket.socketpair()
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "kernels.harness.candidate", "--fd",
+                [sys.executable, "-m", self.module, "--fd",
                  str(theirs.fileno()), "--parent", str(os.getpid()), "--scratch", scratch],
                 pass_fds=(theirs.fileno(),), close_fds=True, stdin=subprocess.DEVNULL,
                 stderr=subprocess.PIPE, env=_candidate_env(scratch))
@@ -349,6 +352,7 @@ def pickled(dyn: tuple, static: tuple) -> bytes:
 
 
 _PROCESS: CandidateProcess | None = None
+_REFERENCE: CandidateProcess | None = None
 
 
 def process() -> CandidateProcess:
@@ -359,6 +363,15 @@ def process() -> CandidateProcess:
     return _PROCESS
 
 
+def reference_process() -> CandidateProcess:
+    """This worker's reference compiler (``kernels.harness.refcompile``), started on the
+    first reference estimate and kept warm."""
+    global _REFERENCE
+    if _REFERENCE is None:
+        _REFERENCE = CandidateProcess("kernels.harness.refcompile")
+    return _REFERENCE
+
+
 def kept_pids() -> list[int]:
     """Pids (of this namespace) that the worker's after-request cleanup must spare."""
-    return [_PROCESS.pid] if _PROCESS is not None and _PROCESS.pid is not None else []
+    return [p.pid for p in (_PROCESS, _REFERENCE) if p is not None and p.pid is not None]
