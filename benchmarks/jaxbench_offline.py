@@ -49,6 +49,8 @@ DEFAULT_SETS = [
     "vocab_size=512", "batch_tokens=128", "hidden_dim=256", "num_query_heads=4",
     "num_kv_heads=2", "d_model=256", "moe_mlp_dim=256", "num_experts=4",
     "num_experts_per_tok=2", "in_channels=8", "out_channels=16", "kernel_size=3",
+    # MaxKernel's 1p_Flash_Attention names its sizes B, S, H, D (no other task does)
+    "B=2", "S=128", "H=2", "D=128",
 ]
 
 
