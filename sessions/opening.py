@@ -38,7 +38,7 @@ from sessions.tasks import task_for_header, task_header
 if TYPE_CHECKING:
     from agents.base import Agent
     from kernels.executors import Evaluator, Executor
-    from kernels.workers import EvalOptions
+    from kernels.workers import EvalOptions, WorkerPool
     from sessions.autonomy import ControllerSettings
     from sessions.controller import Controller
     from sessions.search.driver import Search
@@ -235,7 +235,7 @@ class Session:
     ends the session (``session.end``) and releases the workers it started."""
 
     def __init__(self, controller: Controller, backend: Backend | None, chip: ChipChoice,
-                 warnings: list[str], owned: Any = None) -> None:
+                 warnings: list[str], owned: WorkerPool | None = None) -> None:
         self.controller = controller
         self.backend = backend
         self.chip = chip
@@ -272,7 +272,8 @@ class Session:
 async def start_controller(task: Task, agent: Agent, evaluator: Evaluator,
                            config: Config | Mapping[str, Any] | None, *,
                            sessions_dir: str | Path,
-                           backend: Backend | Mapping[str, Any] | None, chip: ChipChoice, log: SessionLog | None = None,
+                           backend: Backend | Mapping[str, Any] | None, chip: ChipChoice,
+                           log: SessionLog | None = None,
                            loaded: LoadedSession | None = None,
                            options: EvalOptions | None = None,
                            settings: ControllerSettings | None = None) -> Controller:
