@@ -19,14 +19,18 @@ The process is kept warm between evaluations unless the last one left it untrust
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import pickle
 import re
+import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import threading
 import time
 from collections.abc import Iterator
@@ -64,6 +68,14 @@ _FATAL_LINE = re.compile(r"^F\d{4} [\d:.]+\s+\d+ ([\w./-]+:\d+)\] (.+)$", re.MUL
 _COMPILER_SOURCE = re.compile(r"llo_|jellyfish|mosaic|tpu_compil|LLO_CHECK", re.IGNORECASE)
 
 
+def _pending(fd: int) -> int:
+    """Bytes waiting in a pipe (FIONREAD); 0 when it cannot be asked."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0
+
+
 def fatal_line(tail: bytes) -> str | None:
     """The last glog fatal line in ``tail`` ("file:line] message"), if any."""
     found = _FATAL_LINE.findall(tail.decode("utf-8", "replace"))
@@ -81,27 +93,46 @@ class _StderrPump:
         self.tail = bytearray()
         self.forwarded = 0
         self._pipe = pipe
+        self._fd = pipe.fileno()
+        self._lock = threading.Lock()  # held from a read until its bytes are written
+        self._closed = False
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name="tilewright-candidate-stderr")
         self._thread.start()
 
     def _run(self) -> None:
-        fd = self._pipe.fileno()
-        while True:
-            try:
-                chunk = os.read(fd, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            if self.forwarded < _FORWARD_LIMIT:
-                with contextlib.suppress(OSError):
-                    os.write(2, chunk[:_FORWARD_LIMIT - self.forwarded])
-                self.forwarded += len(chunk)
-            self.tail += chunk
-            del self.tail[:-_TAIL_BYTES]
-        with contextlib.suppress(OSError):
-            self._pipe.close()
+        while not self._closed:
+            ready, _, _ = select.select([self._fd], [], [], 0.5)
+            if ready:
+                with self._lock:
+                    self._pass_on()
+
+    def _pass_on(self) -> None:
+        try:
+            chunk = os.read(self._fd, 65536)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._closed = True
+            with contextlib.suppress(OSError):
+                self._pipe.close()
+            return
+        if self.forwarded < _FORWARD_LIMIT:
+            with contextlib.suppress(OSError):
+                os.write(2, chunk[:_FORWARD_LIMIT - self.forwarded])
+            self.forwarded += len(chunk)
+        self.tail += chunk
+        del self.tail[:-_TAIL_BYTES]
+
+    def sync(self, timeout: float = 0.5) -> None:
+        """Return once what the process wrote so far is passed on (the judge calls it
+        after each reply, so a request's output lands in that request's capture)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self._closed or _pending(self._fd) == 0:
+                    return
+            time.sleep(0.001)
 
     def drained(self, timeout: float = 1.0) -> bytes:
         """The tail once the pipe has closed (or ``timeout`` passed: a descendant may
@@ -267,6 +298,8 @@ class CandidateProcess:
         except OSError:
             raise self._death() from None
         reply, data = self._recv(deadline, max_blob)
+        if self.stderr is not None:
+            self.stderr.sync()
         if reply.get("id") != self.ids or "ok" not in reply:
             self.kill()
             raise CandidateFailure("protocol", "the candidate process sent a message that "
