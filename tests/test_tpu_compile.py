@@ -229,6 +229,13 @@ async def test_a_compiler_abort_is_a_compile_error_naming_the_check(worker_pool,
                            BF16_ROW_BROADCAST.replace(" CAST", ".astype(jnp.float32)"), "v5e")
     assert fixed.status == "correct", fixed.error
     assert fixed.tpu["compile"] == "ok"
+    # The offline agent's fixer makes that change itself: blocks widened, stores cast back.
+    from agents.offline.fixes import suggest_fix
+
+    fix = suggest_fix(BF16_ROW_BROADCAST.replace(" CAST", ""), crashed.to_json())
+    assert fix is not None and fix.rule == "half_precision" and fix.source
+    refixed = await evaluate(worker_pool, tasks["bf16"], fix.source, "v5e")
+    assert refixed.status == "correct", refixed.error
 
 
 @ON_MODULE_LOOP

@@ -9,6 +9,9 @@ returns a ``Fix`` (a tuning change or a whole new source, with its reason) or No
 - Missing accumulator initialisation (NaN / wrong output, and a scratch ref that is
   ``+=``-accumulated but never zeroed under ``pl.when(program_id(k) == 0)``): the init is
   inserted at the top of the kernel body, in the reduction axis the kernel declares.
+- The TPU compiler failing on 16-bit floats (it aborts on some packed bf16 layouts, e.g.
+  a bf16 (1, n) row broadcast): every block the kernel bodies read is widened to float32
+  (16-bit floats only) and every store is cast back to its ref's dtype.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ _VMEM_MSG = re.compile(r"vmem|scoped memory|resource.?exhausted|exceeds.*memory"
 
 @dataclass(frozen=True)
 class Fix:
-    rule: str  # misalignment | vmem | accumulator_init
+    rule: str  # misalignment | vmem | accumulator_init | half_precision
     summary: str
     rationale: str
     tuning: dict[str, Any] | None = None
@@ -44,7 +47,7 @@ def _error_text(result: dict[str, Any]) -> str:
 
 def suggest_fix(source: str, result: dict[str, Any]) -> Fix | None:
     """The first rule that recognises the failure, or None."""
-    for rule in (fix_misalignment, fix_vmem, fix_accumulator_init):
+    for rule in (fix_misalignment, fix_vmem, fix_accumulator_init, fix_half_precision):
         fix = rule(source, result)
         if fix is not None:
             return fix
@@ -162,6 +165,78 @@ def fix_accumulator_init(source: str, result: dict[str, Any]) -> Fix | None:
                    f"`pl.when(pl.program_id({axis}) == 0)` (the reduction axis) fixes that.",
                    source=new_source)
     return None
+
+
+_HALF_MSG = re.compile(r"bf16|f16|bfloat16|float16|packed", re.IGNORECASE)
+_WIDEN = '''
+
+def _widen(block):
+    """16-bit float blocks are computed in float32 (the TPU compiler fails on some packed
+    bf16 layouts); other dtypes pass through."""
+    return block.astype(jnp.float32) if block.dtype in (jnp.bfloat16, jnp.float16) else block
+'''
+
+
+def fix_half_precision(source: str, result: dict[str, Any]) -> Fix | None:
+    error = result.get("error") or {}
+    if error.get("kind") != "tpu_compile" or not _HALF_MSG.search(_error_text(result)):
+        return None
+    if "_widen(" in source or not re.search(r"^import jax\.numpy as jnp$", source, re.M):
+        return None
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    # (offset, order, text): insertions; at one offset the lower order goes in first,
+    # so an outer "(" ends up before an inner "_widen(" and an inner ")" before an outer
+    # ").astype(...)".
+    edits: list[tuple[int, int, str]] = []
+    starts = [0]
+    for line in source.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+
+    def at(lineno: int, col: int) -> int:
+        return starts[lineno - 1] + col
+
+    bodies = [fn for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef)
+              and any(a.arg.endswith("_ref") for a in fn.args.args)]
+    for fn in bodies:
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) \
+                    and isinstance(node.value, ast.Name) and node.value.id.endswith("_ref"):
+                edits.append((at(node.lineno, node.col_offset), 1, "_widen("))
+                edits.append((at(node.end_lineno, node.end_col_offset), 1, ")"))
+            elif isinstance(node, ast.Assign | ast.AugAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                ref = next((t.value.id for t in targets if isinstance(t, ast.Subscript)
+                            and isinstance(t.value, ast.Name) and t.value.id.endswith("_ref")),
+                           None)
+                if ref is not None:
+                    value = node.value
+                    edits.append((at(value.lineno, value.col_offset), 2, "("))
+                    edits.append((at(value.end_lineno, value.end_col_offset), 0,
+                                  f").astype({ref}.dtype)"))
+    if not edits:
+        return None
+    new = source
+    for offset, _order, text in sorted(edits, key=lambda e: (-e[0], e[1])):
+        new = new[:offset] + text + new[offset:]
+    # The helper goes after the imports (before the first definition).
+    first = next(n for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef
+                                                     | ast.Assign | ast.AnnAssign)) \
+        if any(isinstance(n, ast.FunctionDef) for n in tree.body) else None
+    if first is None:
+        return None
+    line = (first.decorator_list[0].lineno if getattr(first, "decorator_list", None)
+            else first.lineno)
+    cut = len("".join(new.splitlines(keepends=True)[:line - 1]))
+    new = new[:cut] + _WIDEN.lstrip("\n") + "\n\n" + new[cut:]
+    return Fix("half_precision", "compute the kernel in float32 (16-bit floats widened)",
+               "The TPU compiler failed on 16-bit floats in the kernel "
+               f"({_first_line(_error_text(result))}). Every block the kernel reads is "
+               "widened to float32 (bf16/f16 only) and every store cast back to its ref's "
+               "dtype: the vector unit computes in f32 on v4/v5e anyway.",
+               source=new)
 
 
 def _accumulated_refs(fn: ast.FunctionDef) -> set[str]:
