@@ -200,7 +200,8 @@ def run_suite(label: str, directory: Path, args: argparse.Namespace, scratch: Pa
             check = {"truly_correct": False, "recheck": f"{type(exc).__name__}: {exc}"}
         rows.append({"task": task["task"], "generates": generates.get(task["task"], True),
                      "crowned": crowned, **check, "lowerable": lowerable(task["session"]),
-                     "speedup": task["best_speedup"], "evaluations": task["evaluations"]})
+                     "speedup": task["best_speedup"], "rank_source": task.get("rank_source"),
+                     "evaluations": task["evaluations"]})
     for error in report["errors"]:
         rows.append({"task": Path(error["path"]).name, "generates": False, "crowned": False,
                      "truly_correct": False, "lowerable": False, "speedup": None,
@@ -216,6 +217,8 @@ def print_suite(result: dict) -> None:
     print(f"{'task':<48} gen crown true lower speedup evals")
     for r in rows:
         speed = f"{r['speedup']:.3g}x" if isinstance(r.get("speedup"), int | float) else "-"
+        if r.get("rank_source") == "host_simulation":
+            speed = "host sim"  # no TPU estimate: the interpreter's ratio is not a speedup
         print(f"{r['task'][:48]:<48} {'y' if r['generates'] else 'N':>3} "
               f"{'y' if r['crowned'] else '-':>5} {'y' if r['truly_correct'] else '-':>4} "
               f"{'y' if r['lowerable'] else '-':>5} {speed:>7} {r['evaluations']:>5}")

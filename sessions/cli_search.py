@@ -329,13 +329,17 @@ def suite_totals(report: dict[str, Any]) -> dict[str, Any]:
     are correct and at least p times faster). A task counts as correct only with a
     crowned version (correct and free of disqualifying integrity flags); tasks that did
     not load count as failures. The speedup is the ranking number of each task's best
-    version: the TPU compiler's estimate off-TPU, the measured speedup on a TPU."""
+    version: the TPU compiler's estimate off-TPU, the measured speedup on a TPU. A task
+    ranked only by host simulation (no TPU estimate: the compiler aborted on its
+    reference, say) is correct but has no speedup to count: the interpreter's ratio is
+    not TPU performance (``speedups_counted`` says how many were counted)."""
     tasks = report.get("tasks") or []
     total = len(tasks) + len(report.get("errors") or [])
     correct = [t for t in tasks if t.get("best_status") == "correct"
                and t.get("best_version") is not None]
     speeds = [float(t["best_speedup"]) for t in correct
-              if isinstance(t.get("best_speedup"), int | float) and t["best_speedup"] > 0]
+              if isinstance(t.get("best_speedup"), int | float) and t["best_speedup"] > 0
+              and t.get("rank_source") != "host_simulation"]
     geomean = math.exp(sum(math.log(x) for x in speeds) / len(speeds)) if speeds else None
     fast = {f"fast_{p:g}": (sum(1 for x in speeds if x >= p) / total if total else 0.0)
             for p in FAST_P}
@@ -355,7 +359,8 @@ def _totals_line(totals: dict[str, Any]) -> str:
 def _speed_column(report: dict[str, Any]) -> str:
     """The speedup column's title says what the number is: the TPU compiler's estimate
     for a chip off-TPU, a measurement on a TPU."""
-    sources = {t.get("rank_source") for t in report["tasks"] if t.get("rank_source")}
+    sources = {t.get("rank_source") for t in report["tasks"] if t.get("rank_source")} \
+        - {"host_simulation"}  # shown as "no TPU estimate", not as a number
     chips = sorted({t.get("chip") for t in report["tasks"] if t.get("chip")})
     if sources == {"tpu_estimate"}:
         return f"est. speedup ({', '.join(chips) or 'TPU'}, compiler)"
@@ -366,6 +371,13 @@ def _speed_column(report: dict[str, Any]) -> str:
 
 def _fmt_speed(value: Any) -> str:
     return f"{value:.3g}x" if isinstance(value, int | float) else "-"
+
+
+def _task_speed(task: dict[str, Any]) -> str:
+    """A task's best speedup; a host-simulation ratio is not TPU performance."""
+    if task.get("rank_source") == "host_simulation":
+        return "no TPU estimate"
+    return _fmt_speed(task.get("best_speedup"))
 
 
 def _fmt_version(value: Any) -> str:
@@ -391,7 +403,7 @@ def _print_table(report: dict[str, Any]) -> None:
         status = t["best_status"] or "-"
         style = "green" if status == "correct" else "red"
         table.add_row(t["task"], t["layout"], f"[{style}]{status}[/]",
-                      _fmt_speed(t["best_speedup"]), _fmt_version(t["best_version"]),
+                      _task_speed(t), _fmt_version(t["best_version"]),
                       str(t["evaluations"]), str(t["tokens"]),
                       ", ".join(t.get("flags") or []) or "-", t["reason"])
     console.print(table)
@@ -419,7 +431,7 @@ def markdown(report: dict[str, Any]) -> str:
     for t in report["tasks"]:
         lines.append(
             f"| {t['task']} | {t['layout']} | {t['best_status'] or '-'} | "
-            f"{_fmt_speed(t['best_speedup'])} | {_fmt_speed(t.get('start_speedup'))} | "
+            f"{_task_speed(t)} | {_fmt_speed(t.get('start_speedup'))} | "
             f"{_fmt_version(t['best_version'])} | "
             f"{t['evaluations']} | {t['tokens']} | {', '.join(t.get('flags') or []) or '-'} | "
             f"{t['reason']} | `{t['session']}` |")

@@ -369,27 +369,33 @@ def test_suite_totals_are_the_figures_the_field_reports() -> None:
     speedup is and why tasks failed."""
     from sessions.cli_search import markdown, suite_totals
 
-    def task(name: str, status: str | None, speed: float | None, note: str | None = None):
+    def task(name: str, status: str | None, speed: float | None, note: str | None = None,
+             source: str = "tpu_estimate"):
         return {"task": name, "layout": "jaxbench", "best_status": status,
                 "best_speedup": speed, "best_version": 2 if status == "correct" else None,
                 "start_speedup": None, "evaluations": 3, "tokens": 0, "reason": "done",
-                "session": "s", "note": note, "flags": [], "rank_source": "tpu_estimate",
+                "session": "s", "note": note, "flags": [], "rank_source": source,
                 "chip": "v5e"}
 
     report = {"suite": "x", "executor": "local", "agent": "offline",
               "tasks": [task("a", "correct", 2.0), task("b", "correct", 0.5),
                         task("c", "correct", 1.6),
+                        # correct, but only a host-simulation ratio: no speedup to count
+                        task("h", "correct", 0.01, source="host_simulation"),
                         task("d", "compile_error", None,
                              "v1 (matmul template): compile_error: lowering: boom\n"
                              "v2 (whole template): incorrect: 12 of 64 values")],
               "errors": [{"path": "e", "message": "broken"}]}
     totals = suite_totals(report)
-    assert totals["tasks"] == 5 and totals["correct"] == 3 and totals["correct_rate"] == 0.6
+    assert totals["tasks"] == 6 and totals["correct"] == 4
+    assert totals["correct_rate"] == pytest.approx(4 / 6)
     assert totals["geomean_speedup"] == pytest.approx((2.0 * 0.5 * 1.6) ** (1 / 3))
-    assert totals["fast_1"] == pytest.approx(2 / 5) and totals["fast_1.5"] == pytest.approx(2 / 5)
+    assert totals["speedups_counted"] == 3
+    assert totals["fast_1"] == pytest.approx(2 / 6) and totals["fast_1.5"] == pytest.approx(2 / 6)
     report["totals"] = totals
     text = markdown(report)
-    assert "est. speedup (v5e, compiler)" in text and "3/5 correct (60%)" in text
+    assert "est. speedup (v5e, compiler)" in text and "4/6 correct (67%)" in text
+    assert "no TPU estimate" in text and "0.01x" not in text
     assert "v1 (matmul template): compile_error" in text and "v2 (whole template)" in text
 
 
