@@ -385,6 +385,77 @@ async def test_universal_fallback_handles_a_scalar_output(worker_pool: Any,
     assert "compute_outside_kernel" not in result.integrity["flags"]
 
 
+# Two attention references as the public Pallas tasks write them (MaxKernel 2p and 4p,
+# in small float32 form): grouped k/v heads shared by consecutive query heads, one in a
+# (batch, seq, heads, dim) layout with a scale, one head-major with no scale at all.
+ATTENTION_GQA = {
+    "seq_major_scaled": """
+import jax
+import jax.numpy as jnp
+
+CONFIG = {'batch': 1, 'seq': 128, 'hq': 2, 'hkv': 1, 'dim': 128}
+
+
+def create_inputs(dtype=jnp.float32):
+    ks = jax.random.split(jax.random.key(0), 3)
+    return (jax.random.normal(ks[0], (1, 128, 2, 128), dtype),
+            jax.random.normal(ks[1], (1, 128, 1, 128), dtype),
+            jax.random.normal(ks[2], (1, 128, 1, 128), dtype))
+
+
+def workload(query, key, value):
+    B, S, Hq, D = query.shape
+    G = Hq // key.shape[2]
+    key = jnp.repeat(key[:, :, :, None, :], G, axis=3).reshape(B, S, Hq, D)
+    value = jnp.repeat(value[:, :, :, None, :], G, axis=3).reshape(B, S, Hq, D)
+    q, k, v = (x.transpose(0, 2, 1, 3) for x in (query, key, value))
+    attn = jnp.einsum('bhqd,bhkd->bhqk', q, k) * D ** -0.5
+    attn = jnp.where(jnp.tril(jnp.ones((S, S))), attn, -1e9)
+    out = jnp.einsum('bhqk,bhkd->bhqd', jax.nn.softmax(attn, axis=-1), v)
+    return out.transpose(0, 2, 1, 3)
+""",
+    "head_major_unscaled": """
+import jax
+import jax.numpy as jnp
+
+CONFIG = {'batch': 1, 'seq': 128, 'hq': 2, 'hkv': 1, 'dim': 128}
+
+
+def create_inputs(dtype=jnp.float32):
+    ks = jax.random.split(jax.random.key(0), 3)
+    return (jax.random.normal(ks[0], (1, 2, 128, 128), dtype) * 0.1,
+            jax.random.normal(ks[1], (1, 1, 128, 128), dtype) * 0.1,
+            jax.random.normal(ks[2], (1, 1, 128, 128), dtype))
+
+
+def workload(q, k, v):
+    g = q.shape[1] // k.shape[1]
+    k, v = jnp.repeat(k, g, axis=1), jnp.repeat(v, g, axis=1)
+    attn = jnp.einsum('bhqd,bhkd->bhqk', q, k)
+    attn = jnp.where(jnp.tril(jnp.ones((q.shape[2],) * 2, dtype=bool)), attn, -1e30)
+    return jnp.einsum('bhqk,bhkd->bhqd', jax.nn.softmax(attn, axis=-1), v)
+""",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.parametrize("variant", sorted(ATTENTION_GQA))
+async def test_attention_template_reads_grouped_heads_layout_and_scale(
+        worker_pool: Any, tmp_path: Any, variant: str) -> None:
+    from agents.offline.templates import write_template
+
+    root = tmp_path / variant
+    root.mkdir()
+    (root / "baseline.py").write_text(ATTENTION_GQA[variant])
+    task = load_task(root)
+    source, _why = write_template(agents.brief(task), "attention")
+    assert ("SEQ_MAJOR = True" in source) == (variant == "seq_major_scaled")
+    assert ("SCALED = True" in source) == (variant == "seq_major_scaled")
+    result = await worker_pool.evaluate(task, source, QUICK)
+    assert result.status == "correct", (result.error, result.correctness)
+
+
 def test_a_template_that_does_not_fit_moves_on_to_the_next_family() -> None:
     """A reference without `x @ w` of two arguments cannot take the matmul template: the
     agent writes the next family's kernel instead of failing the turn."""

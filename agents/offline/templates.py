@@ -526,14 +526,21 @@ def _whole(static, *arrays):
 def _attention(brief: TaskBrief) -> tuple[str, str]:
     """Flash attention: ``softmax(q k^T * scale [causal]) v`` with an online softmax over
     key blocks, for a reference whose first three arguments are q, k, v laid out as
-    (..., seq, head_dim) with the same leading dims. Causality is read from the
-    reference (``tril``, ``causal``); the scale is head_dim ** -0.5."""
+    (..., seq, head_dim) with the same leading dims, or with fewer k/v heads shared by
+    groups of query heads (GQA). Read from the reference: causality (``tril``,
+    ``causal``), whether the scores are scaled by head_dim ** -0.5 (a reference with no
+    scale is matched as written), and a (batch, seq, heads, head_dim) layout (it
+    transposes with (0, 2, 1, 3))."""
     _head, fn, _helpers = reference_parts(brief)
     params = [a.arg for a in fn.args.args]
     if len(params) < 3:
         raise TemplateError("the attention template needs a reference taking q, k and v")
     text = (ast.get_source_segment(brief.reference_source, fn) or "").lower()
     causal = any(word in text for word in ("tril", "causal", "triu"))
+    # A reference that never scales the scores (no scale, sqrt or ** -0.5) is matched
+    # as written; one that transposes (b, s, h, d) inputs to (b, h, s, d) gets the same.
+    scaled = any(word in text for word in ("scale", "sqrt", "**-0.5", "** -0.5", "** (-0.5)"))
+    seq_major = "transpose(0,2,1,3)" in "".join(text.split())
     q, k, v = params[:3]
     extra = params[3:]
     signature = ", ".join(params)
@@ -541,6 +548,8 @@ def _attention(brief: TaskBrief) -> tuple[str, str]:
     src += f'''
 
 CAUSAL = {causal}
+SCALED = {scaled}  # the reference multiplies the scores by head_dim ** -0.5
+SEQ_MAJOR = {seq_major}  # inputs and output are (batch, seq, heads, head_dim)
 BLOCK_Q = 128
 BLOCK_K = 128
 TUNABLES = {{"BLOCK_Q": [64, 128, 256, 512], "BLOCK_K": [64, 128, 256, 512]}}
@@ -595,31 +604,39 @@ def _flash(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *, scale, bq, bk):
 def {brief.entry}({signature}):
     q, k, v = {q}, {k}, {v}
     {"del " + ", ".join(extra) if extra else "pass"}
-    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2] and k.shape[-2] == v.shape[-2]
+    if SEQ_MAJOR and q.ndim == k.ndim == v.ndim == 4:
+        q, k, v = (x.transpose(0, 2, 1, 3) for x in (q, k, v))
+    # Grouped heads (GQA): k and v have fewer heads than q, each shared by a group of
+    # consecutive query heads (``jnp.repeat`` along the head axis).
+    grouped = (q.ndim >= 3 and q.shape[:-3] == k.shape[:-3] == v.shape[:-3]
+               and k.shape[-3] == v.shape[-3] and q.shape[-3] % k.shape[-3] == 0)
+    group = q.shape[-3] // k.shape[-3] if grouped else 1
+    if not ((q.shape[:-2] == k.shape[:-2] or grouped) and k.shape[:-1] == v.shape[:-1]
             and q.shape[-1] == k.shape[-1]):
         raise ValueError(f"q {{q.shape}}, k {{k.shape}}, v {{v.shape}}: the attention template "
-                         "needs matching leading dims (no grouped heads)")
+                         "needs matching leading dims (or grouped heads)")
     lead, sq, d = q.shape[:-2], q.shape[-2], q.shape[-1]
     sk, dv = k.shape[-2], v.shape[-1]
     n = 1
     for size in lead:
         n *= size
-    q3, k3, v3 = q.reshape(n, sq, d), k.reshape(n, sk, d), v.reshape(n, sk, dv)
+    q3, k3, v3 = q.reshape(n, sq, d), k.reshape(n // group, sk, d), v.reshape(n // group, sk, dv)
     bq, bk = _block(sq, BLOCK_Q), _block(sk, BLOCK_K)
     out = pl.pallas_call(
-        functools.partial(_flash, scale=d ** -0.5, bq=bq, bk=bk),
+        functools.partial(_flash, scale=d ** -0.5 if SCALED else 1.0, bq=bq, bk=bk),
         out_shape=jax.ShapeDtypeStruct((n, sq, dv), q.dtype),
         grid=(n, sq // bq, sk // bk),
         in_specs=[pl.BlockSpec((1, bq, d), lambda b, i, j: (b, i, 0)),
-                  pl.BlockSpec((1, bk, d), lambda b, i, j: (b, j, 0)),
-                  pl.BlockSpec((1, bk, dv), lambda b, i, j: (b, j, 0))],
+                  pl.BlockSpec((1, bk, d), lambda b, i, j: (b // group, j, 0)),
+                  pl.BlockSpec((1, bk, dv), lambda b, i, j: (b // group, j, 0))],
         out_specs=pl.BlockSpec((1, bq, dv), lambda b, i, j: (b, i, 0)),
         scratch_shapes=[pltpu.VMEM((bq, 1), jnp.float32), pltpu.VMEM((bq, 1), jnp.float32),
                         pltpu.VMEM((bq, dv), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary")),
     )(q3, k3, v3)
-    return out.reshape(*lead, sq, dv)
+    out = out.reshape(*lead, sq, dv)
+    return out.transpose(0, 2, 1, 3) if SEQ_MAJOR and out.ndim == 4 else out
 '''
     why = ("Attention: the reference multiplies q by k^T, applies a softmax along the keys and "
            "multiplies by v. The kernel never builds the (seq x seq) score matrix: for each "
