@@ -20,10 +20,8 @@ Ops (judge -> candidate; one at a time, each answered once, ``id`` echoed):
 
 from __future__ import annotations
 
-import argparse
 import os
 import pickle
-import signal
 import socket
 import sys
 import time
@@ -360,27 +358,10 @@ OPS = ("load", "prepare", "run", "stage", "call", "fetch", "verdicts", "finish",
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kernels.harness.tpu_compile import prepare_environment
-    from kernels.harness.worker import die_with_parent, warm_up, watch_parent
+    from kernels.harness.worker import child_main
 
-    parser = argparse.ArgumentParser(prog="python -m kernels.harness.candidate")
-    parser.add_argument("--fd", type=int, required=True, help="inherited socket to the judge")
-    parser.add_argument("--parent", type=int, required=True, help="pid of the judge")
-    parser.add_argument("--scratch", required=True, help="the only writable directory")
-    args = parser.parse_args(argv)
-    die_with_parent(args.parent)
-    # Before JAX loads libtpu: the estimate flag, dumping under our own scratch dir.
-    prepare_environment(dump_parent=args.scratch)
-    confinement.confine(args.scratch)  # may fork: we continue inside new namespaces
-    watch_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    sock = socket.socket(fileno=args.fd)
-    sock.setblocking(True)
-    import jax  # noqa: F401
-
-    warm_up()
-    serve(sock)
-    return 0
+    return child_main(argv, "python -m kernels.harness.candidate", serve, confine=True,
+                      warm=True)
 
 
 if __name__ == "__main__":

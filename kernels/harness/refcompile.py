@@ -19,9 +19,7 @@ channel format (``kernels.harness.wire``, a ``ready`` message first). One reques
 
 from __future__ import annotations
 
-import argparse
 import pickle
-import signal
 import socket
 import sys
 from typing import Any
@@ -69,25 +67,11 @@ def serve(sock: socket.socket) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kernels.harness.tpu_compile import prepare_environment
-    from kernels.harness.worker import die_with_parent, warm_up, watch_parent
+    from kernels.harness.worker import child_main
 
-    parser = argparse.ArgumentParser(prog="python -m kernels.harness.refcompile")
-    parser.add_argument("--fd", type=int, required=True, help="inherited socket to the judge")
-    parser.add_argument("--parent", type=int, required=True, help="pid of the judge")
-    parser.add_argument("--scratch", required=True, help="its own scratch directory")
-    args = parser.parse_args(argv)
-    die_with_parent(args.parent)
-    prepare_environment(dump_parent=args.scratch)  # before JAX loads libtpu
-    watch_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    sock = socket.socket(fileno=args.fd)
-    sock.setblocking(True)
-    import jax  # noqa: F401
-
-    warm_up()
-    serve(sock)
-    return 0
+    # Inside the worker's confinement already (trusted code); no kernel to warm up.
+    return child_main(argv, "python -m kernels.harness.refcompile", serve, confine=False,
+                      warm=False)
 
 
 if __name__ == "__main__":

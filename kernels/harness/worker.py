@@ -145,6 +145,34 @@ def warm_up() -> None:
             pltpu.reset_tpu_interpret_mode_state()
 
 
+def child_main(argv: list[str] | None, prog: str, serve: Any, *, confine: bool,
+               warm: bool) -> int:
+    """Start-up of a judge's child process (the candidate process, the reference
+    compiler): die with the judge, the estimate flag before JAX loads libtpu (dumping
+    under its own scratch dir), optionally its own confinement, then ``serve`` the
+    inherited socket. ``warm`` runs one interpreted kernel first (the candidate process
+    runs kernels; the reference compiler only compiles)."""
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("--fd", type=int, required=True, help="inherited socket to the judge")
+    parser.add_argument("--parent", type=int, required=True, help="pid of the judge")
+    parser.add_argument("--scratch", required=True, help="its own scratch directory")
+    args = parser.parse_args(argv)
+    die_with_parent(args.parent)
+    prepare_environment(dump_parent=args.scratch)
+    if confine:
+        confinement.confine(args.scratch)  # may fork: we continue inside new namespaces
+    watch_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sock = socket.socket(fileno=args.fd)
+    sock.setblocking(True)
+    import jax  # noqa: F401
+
+    if warm:
+        warm_up()
+    serve(sock)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.harness.worker")
     parser.add_argument("--fd", type=int, required=True, help="inherited socket for requests")
