@@ -232,16 +232,23 @@ def print_summary(result: Any, task_name: str, kernel: str) -> None:
             tpu.get("compile"), str(tpu.get("compile")))
         vmem = (f" · VMEM {_mib(tpu['vmem_bytes'])} of {_mib(tpu.get('vmem_limit_bytes'))}"
                 if tpu.get("vmem_bytes") else "")
-        table.add_row("TPU compile", escape(f"{tpu.get('chip')}: {verdict}{vmem}"))
+        at = (f" at production shape {tpu.get('shape')} "
+              f"({' '.join(tpu.get('input_shapes') or [])})" if tpu.get("shape") else "")
+        table.add_row("TPU compile", escape(f"{tpu.get('chip')}{at}: {verdict}{vmem}"))
         if tpu.get("compile") != "ok" and tpu.get("message"):
             table.add_row("", escape(tpu["message"].splitlines()[0][:200]))
         est = tpu.get("estimate")
         ref = tpu.get("reference_estimate")
         if est and ref and tpu.get("estimated_speedup"):
+            from kernels.result import ranking
+
+            rank = ranking({**result.to_json(), "status": "correct", "integrity": {}})
             table.add_row("estimate", escape(
-                f"est. {tpu['estimated_speedup']:.2f}x on {tpu['chip']} (TPU compiler's "
-                f"static estimate: {est['cycles']:,} cycles vs XLA reference "
-                f"{ref['cycles']:,}; not a measurement)"))
+                f"{rank.label}: {est['cycles']:,} cycles vs XLA reference "
+                f"{ref['cycles']:,}; a static estimate, not a measurement"))
+            for what, found in (("kernel", est), ("reference", ref)):
+                if found.get("method") == "scaled" and found.get("detail"):
+                    table.add_row("", escape(f"{what}: {found['detail']}"))
         elif tpu.get("estimate_unavailable"):
             table.add_row("estimate", escape(f"unavailable: {tpu['estimate_unavailable']}"))
     flags = (result.integrity or {}).get("flags") or []

@@ -2,8 +2,9 @@
 
 DIR is searched recursively for all three layouts (native ``task.toml``, JAXBench
 ``baseline.py``, MaxKernel ``kernel_task.yaml``). Each task's input generation is then
-tried in a worker at its effective shapes (``--set`` applies to every task that knows
-the key): the inputs' shapes are listed, and a task whose inputs cannot be generated is
+tried in a worker at its check shapes (``--set`` applies to every task that knows the
+key) and at its production shape (the size verdicts and rankings are for; ``--set``
+never changes it), abstractly, so TPU sizes cost nothing: the inputs' shapes are listed, and a task whose inputs cannot be generated is
 listed as broken with the task file's line. ``--no-check`` skips the worker. A task
 that fails to load or to generate inputs is listed with its error instead of stopping
 the listing; the exit status is then 1. Held-out shapes are counted but their
@@ -99,6 +100,10 @@ def _row(origin: str, item: Any) -> dict[str, Any]:
             "visible": [{"name": s.name, "size": s.size, "params": s.params}
                         for s in item.visible_shapes()],
         },
+        "production": ({"name": item.production.name, "size": item.production.size,
+                        "params": item.production.params,
+                        "is_check_shape": item.production_is_check_shape()}
+                       if item.production else None),
         "starting_kernel": _display(item.kernel_path) if item.kernel_path else None,
         "warnings": list(item.meta.get("warnings", [])),
         "error": None,
@@ -113,8 +118,18 @@ async def _check_inputs(tasks: list[Any]) -> list[dict[str, Any] | None]:
     async with WorkerPool(size=1) as pool:
         for task in tasks:
             try:
-                results.append(await pool.request("inputs", {"task": task.to_spec()},
-                                                  timeout=120.0))
+                found = await pool.request("inputs", {"task": task.to_spec()}, timeout=120.0)
+                production = task.production_task()
+                if production is not None and not found.get("error"):
+                    at = await pool.request("inputs", {"task": production.to_spec()},
+                                            timeout=120.0)
+                    if at.get("error"):
+                        at["error"]["message"] = ("at the production shape: "
+                                                  + at["error"]["message"])
+                        found = at
+                    else:
+                        found["production"] = (at.get("configs") or [None])[0]
+                results.append(found)
             except (WorkerFailure, WorkerOpError) as exc:
                 results.append({"error": {"message": f"input generation failed: {exc}",
                                           "file": None, "line": None}})
@@ -135,6 +150,10 @@ def _merge_check(row: dict[str, Any], check: dict[str, Any] | None) -> None:
     shown = {s["name"] for s in row["shapes"]["visible"]}
     row["inputs"] = {c["name"]: {"inputs": c["inputs"], "static": c["static"], "how": c["how"]}
                      for c in check.get("configs", []) if c["name"] in shown}
+    at = check.get("production")
+    if at and row.get("production") is not None:
+        row["production"]["inputs"] = at["inputs"]
+        row["production"]["static"] = at["static"]
 
 
 def _display(path: Path) -> str:
@@ -151,12 +170,13 @@ def _table(rows: list[dict[str, Any]], directory: str | None) -> None:
 
     console = Console()
     table = Table(title="tilewright tasks", title_justify="left", expand=False)
-    for column in ("name", "layout", "family", "shapes", "inputs", "kernel", "path"):
+    for column in ("name", "layout", "family", "shapes", "check inputs", "production",
+                   "kernel", "path"):
         table.add_column(column, overflow="fold")
     for row in rows:
         if row["error"]:
             table.add_row(f"[red]✗ {row['name'] or 'broken'}[/]", row["layout"] or "—", "—",
-                          "—", "—", "—", row["path"])
+                          "—", "—", "—", "—", row["path"])
             continue
         s = row["shapes"]
         shapes = " · ".join(f"{n} {label}" for n, label in (
@@ -164,7 +184,8 @@ def _table(rows: list[dict[str, Any]], directory: str | None) -> None:
         inputs = _inputs_text(row.get("inputs")) or ("—" if row.get("inputs_checked") is None
                                                      else "")
         table.add_row(f"[bold]{row['name']}[/]", row["layout"], row["family"] or "—", shapes,
-                      inputs, "✓" if row["starting_kernel"] else "—", row["path"])
+                      inputs, _production_text(row.get("production")),
+                      "✓" if row["starting_kernel"] else "—", row["path"])
     if rows:
         console.print(table)
     elif not directory:
@@ -179,20 +200,27 @@ def _table(rows: list[dict[str, Any]], directory: str | None) -> None:
                       "baseline.py, kernel_task.yaml)")
 
 
+def _production_text(production: dict[str, Any] | None) -> str:
+    """``tpu_4k: f32[4096,4096]``: the production configuration and its inputs."""
+    if not production:
+        return "—"
+    from kernels.result import array_text
+
+    arrays = " ".join(array_text(s, d) for s, d in production.get("inputs") or [])
+    return f"{production['name']}: {arrays}" if arrays else production["name"]
+
+
 def _inputs_text(inputs: dict[str, Any] | None) -> str:
     """``config_0: bf16[2,64,256] bf16[256]`` lines: the effective input shapes."""
     if not inputs:
         return ""
+    from kernels.result import array_text
+
     lines = []
     for name, info in inputs.items():
-        arrays = " ".join(f"{_short_dtype(d)}[{','.join(map(str, s))}]" for s, d in info["inputs"])
+        arrays = " ".join(array_text(s, d) for s, d in info["inputs"])
         lines.append(f"{name}: {arrays}" if len(inputs) > 1 else arrays)
     return "\n".join(lines)
-
-
-def _short_dtype(dtype: str) -> str:
-    return {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int32": "i32",
-            "int8": "i8", "bool": "bool", "int64": "i64", "float64": "f64"}.get(dtype, dtype)
 
 
 def _error(message: str, as_json: bool) -> None:

@@ -137,22 +137,49 @@ def disqualifying_flags(result: dict[str, Any]) -> list[str]:
     return sorted(set(flags) & DISQUALIFYING_FLAGS)
 
 
+_SHORT_DTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int32": "i32",
+                 "int8": "i8", "bool": "bool", "int64": "i64", "float64": "f64",
+                 "int16": "i16", "uint8": "u8", "uint32": "u32"}
+
+
+def array_text(shape: Any, dtype: Any) -> str:
+    """``f32[4096,8192]``: an array as the eval JSON's ``tpu.input_shapes`` lists it."""
+    name = str(dtype)
+    return f"{_SHORT_DTYPES.get(name, name)}[{','.join(str(int(d)) for d in shape)}]"
+
+
+def shape_label(shapes: list[tuple[Any, Any]], limit: int = 40) -> str:
+    """``4096x8192, 8192x8192, 8192``: the inputs' dimensions, compact enough for a
+    status bar (cut with an ellipsis past ``limit`` characters); scalars left out."""
+    parts = ["x".join(str(int(d)) for d in shape) for shape, _ in shapes if len(shape)]
+    text = ", ".join(parts) or "scalars"
+    return text if len(text) <= limit else text[:limit - 1].rstrip(", ") + "…"
+
+
 @dataclass(frozen=True)
 class Rank:
     """The number that ranks an evaluation, where it comes from, and how to say it.
 
     ``source``: ``device_time`` (measured on a TPU), ``tpu_estimate`` (the TPU
-    compiler's static estimate for ``chip``, against the XLA reference compiled for the
-    same chip), ``host_simulation`` (only when no estimate exists: the interpreter's
-    time ratio on this CPU, which predicts nothing about a TPU) or ``none``.
+    compiler's static estimate for ``chip`` at the production shape ``shape``, against
+    the XLA reference compiled for the same chip and shape), ``host_simulation`` (only
+    when no estimate exists: the interpreter's time ratio on this CPU, which predicts
+    nothing about a TPU) or ``none``. ``basis`` says what the estimate rests on:
+    ``compiler`` (the compiler's cycles), ``memory_floor`` (the memory system's floor
+    was higher than the compiler's figure for the kernel or the reference), with
+    ``derived`` saying when a figure was scaled from a shorter grid.
     """
 
     value: float | None
     source: str
     chip: str | None
-    label: str  # e.g. "est. 1.80x on v5e (TPU compiler)": never reads as a measurement
+    label: str  # e.g. "est. 1.80x on v5e at 4096x4096 (TPU compiler)": never a measurement
     estimate: float | None = None  # the estimate, also recorded beside a measurement
     measured: float | None = None  # measured on a TPU
+    shape: str | None = None  # the production shape the numbers are for, compact
+    basis: str | None = None  # compiler | memory_floor
+    derived: bool = False  # a figure was scaled from a shorter grid
+    why_none: str | None = None  # no estimate: the reason
 
     @property
     def is_estimate(self) -> bool:
@@ -163,32 +190,62 @@ def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and value > 0 else None
 
 
+def estimate_words(tpu: dict[str, Any]) -> str:
+    """How an estimate was had, in words for a label: "TPU compiler", "TPU compiler,
+    scaled", "TPU compiler, memory-bound floor"."""
+    words = ["TPU compiler"]
+    methods = {(tpu.get(k) or {}).get("method") for k in ("estimate", "reference_estimate")}
+    if "scaled" in methods:
+        words.append("scaled")
+    if tpu.get("basis") == "memory_floor":
+        words.append("memory-bound floor")
+    return ", ".join(words)
+
+
 def ranking(result: dict[str, Any]) -> Rank:
     """The ranking number of an eval result (its JSON): measured speedup on a TPU,
-    the TPU compiler's estimated speedup elsewhere; never interpret-mode time while an
-    estimate exists. Pure data: the app, tuner, search and reports all call this."""
+    the TPU compiler's estimated speedup at the production shape elsewhere; never
+    interpret-mode time while an estimate exists. Pure data: the app, tuner, search
+    and reports all call this."""
     tpu = result.get("tpu") or {}
     timing = result.get("timing") or {}
     backend = result.get("backend") or {}
     chip = tpu.get("chip")
+    shape = tpu.get("shape_label") if isinstance(tpu.get("shape_label"), str) else None
+    at = f" at {shape}" if shape else ""
     estimate = _num(tpu.get("estimated_speedup"))
+    basis = tpu.get("basis") if estimate is not None else None
+    derived = any((tpu.get(k) or {}).get("method") == "scaled"
+                  for k in ("estimate", "reference_estimate"))
+    why = tpu.get("estimate_unavailable") if isinstance(tpu.get("estimate_unavailable"),
+                                                        str) else None
+    common = {"shape": shape, "basis": basis, "derived": derived}
     if result.get("status") != "correct":
-        return Rank(None, "none", chip, str(result.get("status") or "not evaluated"), estimate)
+        return Rank(None, "none", chip, str(result.get("status") or "not evaluated"), estimate,
+                    **common)
     flags = disqualifying_flags(result)
     if flags:  # correct, but not to be crowned: search, auto and reports skip it
-        return Rank(None, "disqualified", chip, "not ranked: " + ", ".join(flags), estimate)
+        return Rank(None, "disqualified", chip, "not ranked: " + ", ".join(flags), estimate,
+                    **common)
     native = backend.get("platform") == "tpu" and backend.get("mode") == "native"
     measured = _num(timing.get("speedup")) if native else None
     if measured is not None:
         beside = f", est. {estimate:.2f}x" if estimate is not None else ""
         kind = backend.get("device_kind") or "TPU"
+        measured_at = timing.get("shape_label") or shape
+        where = f" at {measured_at}" if measured_at else ""
         return Rank(measured, "device_time", chip,
-                    f"{measured:.2f}x measured on {kind}{beside}", estimate, measured)
+                    f"{measured:.2f}x measured on {kind}{where}{beside}", estimate, measured,
+                    **common)
     if estimate is not None:
         return Rank(estimate, "tpu_estimate", chip,
-                    f"est. {estimate:.2f}x on {chip} (TPU compiler)", estimate)
+                    f"est. {estimate:.2f}x on {chip}{at} ({estimate_words(tpu)})", estimate,
+                    **common)
     host = _num(timing.get("speedup"))
+    reason = f" (no TPU estimate: {why})" if why else ""
     if host is not None:
         return Rank(host, "host_simulation", chip,
-                    f"host sim. ratio {host:.3g} (CPU interpreter, not TPU performance)")
-    return Rank(None, "none", chip, "no estimate")
+                    f"host sim. ratio {host:.3g} (CPU interpreter, not TPU performance)"
+                    + reason, why_none=why, **common)
+    return Rank(None, "none", chip, f"no estimate: {why}" if why else "no estimate",
+                why_none=why, **common)

@@ -82,6 +82,12 @@ class Task:
     kernel_path: Path | None = None  # starting candidate, if any
     input_gen_path: Path | None = None  # MaxKernel: where input_gen_code lives
     meta: dict[str, Any] = field(default_factory=dict)
+    # The size the user runs (compile verdicts, estimates and rankings are for it);
+    # ``shapes`` are the check shapes (correctness). ``--set`` shrinks the check shapes
+    # only. Its params are for ``production_task()``, whose meta is ``production_meta``
+    # when the layout keeps sizes outside the params (a JAXBench CONFIG as written).
+    production: ShapeConfig | None = None
+    production_meta: dict[str, Any] | None = None
 
     @property
     def entry(self) -> str:
@@ -97,6 +103,23 @@ class Task:
         if platform == "cpu":
             return tuple(s for s in self.shapes if s.size == "small")
         return self.shapes
+
+    def production_task(self) -> Task | None:
+        """The task at its production shape: one configuration, no ``--set`` overrides
+        (for JAXBench, CONFIG and the hard-coded sizes as written). None without one."""
+        if self.production is None:
+            return None
+        from dataclasses import replace
+
+        meta = self.production_meta if self.production_meta is not None else self.meta
+        return replace(self, shapes=(self.production,), meta=dict(meta), production=None,
+                       production_meta=None)
+
+    def production_is_check_shape(self) -> bool:
+        """The production configuration is one of the check shapes, unchanged: what is
+        checked is what is ranked."""
+        return self.production is not None and self.production_meta is None and any(
+            s == self.production for s in self.shapes)
 
     def reference_source(self) -> str:
         """The reference as it runs: for a JAXBench task whose ``--set`` overrides
@@ -123,6 +146,7 @@ class Task:
             if spec[key] is not None:
                 spec[key] = str(spec[key])
         spec["shapes"] = [asdict(s) for s in self.shapes]
+        spec["production"] = asdict(self.production) if self.production else None
         spec["entry"] = self.entry
         return spec
 
@@ -133,4 +157,6 @@ class Task:
             if data.get(key) is not None:
                 data[key] = Path(data[key])
         data["shapes"] = tuple(ShapeConfig(**s) for s in data["shapes"])
+        if data.get("production"):
+            data["production"] = ShapeConfig(**data["production"])
         return cls(**data)

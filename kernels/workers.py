@@ -70,6 +70,30 @@ def _default_memory_limit_mb() -> int:
         return 8192
 
 
+def _estimate_cache(env: dict[str, str]) -> str | None:
+    """The judges' on-disk cache of TPU compiles (``kernels.harness.estimates``): under
+    ``$TILEWRIGHT_CACHE_DIR`` or the user cache dir, shared by every worker of this user,
+    made writable for the worker (never for the candidate's process). ``env`` gains the
+    two variables; None when no cache directory can be made."""
+    root = env.get("TILEWRIGHT_CACHE_DIR") or os.environ.get("TILEWRIGHT_CACHE_DIR")
+    if not root:
+        try:
+            from platformdirs import user_cache_dir
+
+            root = user_cache_dir("tilewright")
+        except ImportError:
+            return None
+    path = os.path.join(root, "estimates")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return None
+    env["TILEWRIGHT_ESTIMATE_CACHE"] = path
+    writable = [p for p in env.get(_confinement.ENV_WRITABLE, "").split(os.pathsep) if p]
+    env[_confinement.ENV_WRITABLE] = os.pathsep.join([*writable, path])
+    return path
+
+
 class WorkerPool:
     """Long-lived JAX worker processes. Use ``async with WorkerPool() as pool:``.
 
@@ -87,6 +111,7 @@ class WorkerPool:
         # A candidate must not read the app's environment or memory through /proc.
         self.app_protection = _confinement.protect_app()
         self.env = worker_environment(overrides=env_overrides)
+        self.estimate_cache = _estimate_cache(self.env)
         self.confinement: dict[str, Any] | None = None  # the latest worker's report
         self.memory_limit_mb = memory_limit_mb or _default_memory_limit_mb()
         self.startup_timeout_s = startup_timeout_s

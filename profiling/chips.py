@@ -95,8 +95,13 @@ CHIPS: dict[str, Chip] = {
                 64 * MiB, 16 * MiB, 2, True, f32_estimated=True, clock_hz=1.75e9),
     # TPU v6e (Trillium): 918 TFLOP/s bf16, 32 GiB HBM at 1,640 GB/s
     # (cloud.google.com/tpu/docs/v6e). 1 TensorCore; 128 MiB VMEM (jax tpu_info).
+    # Clock 1.75 GHz: not on the product page, and jax tpu_info's MXU count (2 of
+    # 256x256) would give 3.5 GHz; 1.75 GHz is what 918 TFLOP/s means with four such
+    # MXUs, and the clock at which the TPU compiler's cycle counts for plain GEMMs match
+    # the device times upstream JAXBench recorded on v6e-1 (0.99-1.00 of measured;
+    # benchmarks/estimate_fidelity.py).
     "v6e": Chip("v6e", "TPU v6e", "tpu", 918e12, 918e12 / 3, 1640e9, 32 * GiB,
-                128 * MiB, 32 * MiB, 1, False, f32_estimated=True),
+                128 * MiB, 32 * MiB, 1, False, f32_estimated=True, clock_hz=1.75e9),
     # TPU7x (Ironwood): 2,307 TFLOP/s bf16 (4,614 fp8), 192 GiB HBM3e at 7.37 TB/s
     # (cloud.google.com/tpu/docs/tpu7x; Google's Ironwood announcement says 7.37 TB/s,
     # jax tpu_info uses 7.40e12: the two differ in rounding only). 2 TensorCores per chip, 64 MiB VMEM each

@@ -142,6 +142,9 @@ class RunResult(TypedDict):
     vmem_limit_bytes: NotRequired[int | None]
     estimated_speedup: NotRequired[float | None]
     measured_speedup: NotRequired[float | None]
+    # the production shape the ranking number is for ("4096x4096"), and its name
+    rank_shape: NotRequired[str | None]
+    production_shape: NotRequired[str | None]
     seq: NotRequired[int]
     t: NotRequired[float]
 

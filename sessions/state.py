@@ -40,7 +40,8 @@ def rank_fields(result: EvalResult) -> dict[str, Any]:
             "chip": tpu.get("chip") or rank.chip, "tpu_compile": tpu.get("compile"),
             "vmem_bytes": tpu.get("vmem_bytes"),
             "vmem_limit_bytes": tpu.get("vmem_limit_bytes"),
-            "estimated_speedup": rank.estimate, "measured_speedup": rank.measured}
+            "estimated_speedup": rank.estimate, "measured_speedup": rank.measured,
+            "rank_shape": rank.shape, "production_shape": tpu.get("shape")}
 
 def run_result(run: str, version: int, result: EvalResult, blob: str) -> ev.RunResult:
     """The ``run.result`` event of a finished evaluation (the controller's and the
@@ -83,13 +84,15 @@ class Version:
     # Of the latest finished eval run (``rank_fields``); None in logs written before
     # the TPU compile existed.
     rank_source: str | None = None  # device_time | tpu_estimate | host_simulation | ...
-    rank_label: str | None = None  # "est. 1.80x on v5e (TPU compiler)"
+    rank_label: str | None = None  # "est. 1.80x on v5e at 4096x4096 (TPU compiler)"
     chip: str | None = None  # the TPU generation the candidate was compiled for
     tpu_compile: str | None = None  # ok | error | unavailable
     vmem_bytes: int | None = None  # scoped VMEM the TPU compiler allocated (or refused)
     vmem_limit_bytes: int | None = None  # the chip's scoped limit it was judged against
     estimated_speedup: float | None = None
     measured_speedup: float | None = None  # on a TPU: device time, beside the estimate
+    rank_shape: str | None = None  # the production shape the numbers are for, compact
+    production_shape: str | None = None  # its configuration's name
 
     @property
     def crownable(self) -> bool:
@@ -458,7 +461,8 @@ def _run_result(s: SessionState, e: ev.RunResult) -> None:
 
 
 _RANK_FIELDS = ("rank_source", "rank_label", "chip", "tpu_compile", "vmem_bytes",
-                "vmem_limit_bytes", "estimated_speedup", "measured_speedup")
+                "vmem_limit_bytes", "estimated_speedup", "measured_speedup", "rank_shape",
+                "production_shape")
 
 
 def _profile_result(s: SessionState, e: ev.ProfileResult) -> None:

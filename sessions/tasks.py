@@ -18,7 +18,8 @@ def task_header(task: Task, overrides: dict[str, str] | None = None) -> dict[str
     """The header's ``task``: where it is (absolute, so resume and replay work from any
     working directory), the ``--set`` overrides, and the effective shapes they gave
     (visible configurations' parameters, and the hard-coded sizes rewritten in a
-    JAXBench baseline), so a reader of the log knows what ran."""
+    JAXBench baseline), so a reader of the log knows what ran; and the production
+    shape, the size every verdict and ranking of the session is for."""
     header: dict[str, Any] = {
         "name": task.name, "root": str(Path(task.root).resolve()), "layout": task.layout,
         "overrides": dict(overrides or {}),
@@ -27,6 +28,15 @@ def task_header(task: Task, overrides: dict[str, str] | None = None) -> dict[str
     }
     if task.meta.get("literal_rewrites"):
         header["literal_rewrites"] = task.meta["literal_rewrites"]
+    if task.production is not None:
+        # The size verdicts, estimates and rankings are for (``--set`` never changes it).
+        production: dict[str, Any] = {"name": task.production.name,
+                                      "size": task.production.size,
+                                      "params": task.production.params,
+                                      "is_check_shape": task.production_is_check_shape()}
+        if task.production_meta and "config" in task.production_meta:
+            production["config"] = task.production_meta["config"]  # JAXBench, as written
+        header["production"] = production
     return header
 
 

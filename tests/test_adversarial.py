@@ -10,8 +10,8 @@ import os
 from pathlib import Path
 
 import pytest
+from sizes import load_small
 
-from kernels.loaders import load_task
 from kernels.result import EvalResult
 from kernels.workers import EvalOptions, WorkerPool
 
@@ -24,7 +24,7 @@ OPTIONS = EvalOptions(trials=3, timeout_s=60.0, timing=False, shapes=["small"])
 
 @pytest.fixture(scope="module")
 def gelu():
-    return load_task("gelu", {"rows": "64", "cols": "256"})
+    return load_small("gelu", rows=64, cols=256)
 
 
 async def evaluate(pool: WorkerPool, task, name: str, **options) -> EvalResult:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from sizes import load_small
 
 from agents.context import MAX_TURN_CHARS, bounded
 from kernels.cli import task_and_candidate
@@ -312,7 +313,7 @@ async def test_a_reference_that_hangs_is_the_tasks_fault(tmp_path) -> None:
         assert result.extra["reference_probe"] == "exceeds"
         # ... whereas a kernel that hangs on a sound task is the kernel's fault
         hang = probe("while True:\n    pass\n")
-        task = load_task("gelu", {"rows": "64", "cols": "256"})
+        task = load_small("gelu", rows=64, cols=256)
         kernel_fault = await pool.evaluate(task, hang, EvalOptions(
             trials=3, timeout_s=4.0, timing=False, shapes=["small"]))
         assert kernel_fault.status == "timeout" and kernel_fault.error.kind == "timeout"

@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from scripted_agent import ScriptedAgent, kernel, plan, tuning
+from sizes import load_small
 
 from agents import brief
 from agents.base import Failure, Finished, Usage
-from kernels.loaders import load_task
 from kernels.result import Backend, EvalResult
 from kernels.task import Task
 from kernels.workers import EvalOptions, WorkerPool
@@ -92,7 +92,7 @@ def src(status: str = "correct", speedup: float = 1.0, tag: str = "") -> str:
 @pytest.fixture(scope="module")
 def gelu() -> Task:
     # Every shape shrunk to 64x256: one interpreted block per call keeps runs short.
-    return load_task("gelu", {"rows": "64", "cols": "256"})
+    return load_small("gelu", rows=64, cols=256)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from sizes import load_small
 
 from kernels.loaders import load_task
 from kernels.result import EvalResult
@@ -32,7 +33,7 @@ def validate(data: dict) -> None:
 
 @pytest.fixture(scope="module")
 def gelu():
-    return load_task("gelu", {"rows": "64", "cols": "256"})
+    return load_small("gelu", rows=64, cols=256)
 
 
 async def run(pool: WorkerPool, task, path: Path, options: EvalOptions = QUICK) -> EvalResult:

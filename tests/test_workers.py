@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+from sizes import load_small
 
-from kernels.loaders import load_task
 from kernels.worker_env import is_secret, worker_environment
 from kernels.workers import EvalOptions, WorkerOpError, WorkerPool, WorkerStartError
 
@@ -28,7 +28,7 @@ QUICK = EvalOptions(trials=3, timeout_s=60.0, timing=False, shapes=["small"])
 
 @pytest.fixture(scope="module")
 def gelu():
-    return load_task("gelu", {"rows": "64", "cols": "256"})
+    return load_small("gelu", rows=64, cols=256)
 
 
 def _alive(pid: int) -> bool:

@@ -178,8 +178,13 @@ def _widen(block):
 
 
 def fix_half_precision(source: str, result: dict[str, Any]) -> Fix | None:
+    """16-bit floats the TPU compiler fails on: a compile error, or (the kernel compiles)
+    its estimator aborting on them, which leaves the kernel without a ranking number."""
     error = result.get("error") or {}
-    if error.get("kind") != "tpu_compile" or not _HALF_MSG.search(_error_text(result)):
+    why = str((result.get("tpu") or {}).get("estimate_unavailable") or "")
+    refused = error.get("kind") == "tpu_compile" and _HALF_MSG.search(_error_text(result))
+    unestimated = "aborted" in why and _HALF_MSG.search(why)
+    if not refused and not unestimated:
         return None
     if "_widen(" in source or not re.search(r"^import jax\.numpy as jnp$", source, re.M):
         return None
@@ -233,7 +238,7 @@ def fix_half_precision(source: str, result: dict[str, Any]) -> Fix | None:
     new = new[:cut] + _WIDEN.lstrip("\n") + "\n\n" + new[cut:]
     return Fix("half_precision", "compute the kernel in float32 (16-bit floats widened)",
                "The TPU compiler failed on 16-bit floats in the kernel "
-               f"({_first_line(_error_text(result))}). Every block the kernel reads is "
+               f"({_first_line(_error_text(result) or why)}). Every block the kernel reads is "
                "widened to float32 (bf16/f16 only) and every store cast back to its ref's "
                "dtype: the vector unit computes in f32 on v4/v5e anyway.",
                source=new)

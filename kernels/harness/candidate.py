@@ -13,9 +13,14 @@ call are all built from that one jaxpr (``jaxpr_as_fun``), so the candidate's Py
 (stack sniffing included) runs at trace time only. A ``pure_callback`` still runs
 Python at call time: its outputs are checked, timed calls included.
 
+The production shape (``production``): the candidate is loaded again under the task's
+production runtime (a JAXBench CONFIG as written), traced once from abstract inputs
+and exported for TPU, whole and with shortened grids (``kernels.harness.production``);
+the judge has those programs compiled elsewhere (``kernels.harness.estimates``).
+
 Ops (judge -> candidate; one at a time, each answered once, ``id`` echoed):
-``load`` ``prepare`` ``run`` ``stage`` ``call`` ``fetch`` ``verdicts`` ``finish``
-``ping``. A failure is ``{ok: false, status, error}`` with the contract's error object.
+``load`` ``production`` ``prepare`` ``run`` ``stage`` ``call`` ``fetch`` ``verdicts``
+``finish`` ``ping``. A failure is ``{ok: false, status, error}`` with the contract's error object.
 """
 
 from __future__ import annotations
@@ -55,7 +60,10 @@ class Server:
         self.interpret = False
         self.chip: str | None = None
         self.lowering = True
+        self.check_compile = False  # compile the check shapes too (a TPU host: what runs)
         self.programs: dict[str, dict[str, Any]] = {}
+        self.source = ""
+        self.structures: dict[str, list[list[str]]] = {}
         self.jobs: list[tuple[str, Any]] = []
         self.staged: tuple[str, list[Any]] | None = None
         self.last: Any = None
@@ -92,13 +100,15 @@ class Server:
         self.interpret = bool(header.get("interpret"))
         self.chip = header.get("chip")
         self.lowering = bool(header.get("lowering", True))
+        self.check_compile = bool(header.get("check_compile", False))
         self.runtime = task_runtime(header["spec"])  # the task's code: not the candidate's
-        if self.lowering:
+        if self.lowering and self.check_compile:
             from kernels.harness import tpu_compile
 
             tpu_compile.start()  # before the snapshot: its thread is not the candidate's
         self.snapshot = integrity.ModuleSnapshot()
         source = blob.decode()
+        self.source = source
         try:
             self.entry = self.runtime.load_candidate(source, self.filename)
         except SyntaxError as exc:
@@ -140,7 +150,10 @@ class Server:
             raise _Failure("compile_error", self._describe(exc, kind)) from None
         self._check_tampering()
         closed = traced.jaxpr
+        from kernels.harness.production import structure
+
         facts: dict[str, Any] = {
+            "structure": structure(closed),
             "pallas_call": integrity.contains_pallas_call(closed),
             "pallas_lines": integrity.pallas_call_lines(closed, self.filename),
             "outside_compute": integrity.outside_compute(closed, self.filename),
@@ -165,7 +178,8 @@ class Server:
                     facts["lowering_error"] = self._describe(exc, "lowering")
                     return facts
             else:
-                self._submit(name, program, flat)
+                if self.check_compile:
+                    self._submit(name, program, flat)
         if self.interpret:  # the same jaxpr, its pallas_calls interpreted
             program = jax.jit(interpreted(closed))
         try:
@@ -178,6 +192,82 @@ class Server:
             raise _Failure("runtime_error", self._describe(exc, kind)) from None
         self.programs[name] = {"compiled": compiled}
         return facts
+
+    def production(self, header: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
+        """Trace at the production shape (abstract inputs: nothing allocated) and export
+        the program for TPU, whole and with shortened grids. The reply lists the
+        programs (their bytes, in order, are the blob) and what the judge needs to know
+        about them: the kernels and their grids, the structure of their bodies."""
+        import jax
+
+        from kernels.harness import errors, tpu_compile
+        from kernels.harness import production as prod
+        from kernels.harness.execution import task_runtime
+
+        where = header.get("where") or "at the production shape"
+        chip = header.get("chip") or self.chip or "v5e"
+        runtime = task_runtime(header["spec"])  # the task's code at the production size
+        try:
+            entry = runtime.load_candidate(self.source, self.filename)
+        except BaseException as exc:
+            kind = "exit" if isinstance(exc, SystemExit) else "import"
+            raise _Failure("runtime_error", self._describe(exc, kind)) from None
+        self._check_tampering()
+        shapes, static = pickle.loads(blob)  # from the judge: trusted direction
+        avals = [jax.ShapeDtypeStruct(tuple(shape), dtype) for shape, dtype in shapes]
+        static_argnums = tuple(range(len(avals), len(avals) + len(static))) or None
+        try:
+            with tpu_compile.abstract_device(chip):
+                traced = jax.jit(entry, static_argnums=static_argnums).trace(*avals, *static)
+        except BaseException as exc:
+            kind = "exit" if isinstance(exc, SystemExit) else "trace"
+            error = self._describe(exc, kind)
+            error["message"] = f"{where}: {error['message']}"
+            raise _Failure("compile_error", error) from None
+        self._check_tampering()
+        closed = traced.jaxpr
+        from kernels.harness import integrity
+
+        plans = prod.plan(closed)
+        facts: dict[str, Any] = {
+            "pallas_call": integrity.contains_pallas_call(closed),
+            "structure": prod.structure(closed),
+            "plans": [p.to_json() for p in plans],
+            "out_shapes": [[list(a.shape), str(a.dtype)]
+                           for a in jax.tree.leaves(traced.out_info)],
+        }
+        # From here on no candidate Python runs: the jaxpr is re-bound, not re-traced.
+        variants = {"full": prod.variant(closed, plans, None)}
+        if prod.any_scaled(plans):
+            variants["scaled0"] = prod.variant(closed, plans, 0)
+            variants["scaled1"] = prod.variant(closed, plans, 1)
+        flat = [v.aval for v in closed.jaxpr.invars]
+        chunks: list[bytes] = []
+        names: list[list[Any]] = []
+        for key, program in variants.items():
+            try:
+                data = prod.export(program, [jax.ShapeDtypeStruct(a.shape, a.dtype)
+                                             for a in flat], chip)
+            except Exception as exc:
+                message = errors.short_message(exc)
+                if _CROSS_PLATFORM_CALLBACK in message:  # not a refusal: no TPU here
+                    facts["unavailable"] = ("host callbacks cannot be compiled for TPU "
+                                            "without a TPU: " + message)
+                    facts["programs"] = []
+                    return facts, b""
+                if key != "full":  # the whole program lowered: a short grid must too
+                    facts.setdefault("export_errors", []).append(
+                        f"{key}: {errors.short_message(exc)}")
+                    continue
+                error = self._describe(exc, "lowering")
+                error["message"] = f"{where}: {error['message']}"
+                raise _Failure("compile_error", error) from None
+            names.append([key, len(data)])
+            chunks.append(data)
+        if len(chunks) == 2:  # one short grid is not enough to scale: use the whole one
+            names, chunks = names[:1], chunks[:1]
+        facts["programs"] = names
+        return facts, b"".join(chunks)
 
     def _submit(self, name: str, program: Any, flat: list[Any]) -> None:
         from kernels.harness import tpu_compile
@@ -354,7 +444,8 @@ def serve(sock: socket.socket) -> None:
             os._exit(0)  # the judge is gone
 
 
-OPS = ("load", "prepare", "run", "stage", "call", "fetch", "verdicts", "finish", "ping")
+OPS = ("load", "production", "prepare", "run", "stage", "call", "fetch", "verdicts",
+       "finish", "ping")
 
 
 def main(argv: list[str] | None = None) -> int:

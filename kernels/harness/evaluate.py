@@ -22,9 +22,7 @@ The order is part of the contract (docs/EVALUATION.md, "The steps, in order"):
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import pickle
 import random
 import re
 import time
@@ -42,6 +40,7 @@ from kernels.harness.execution import (
     reset_interpret_state,
     task_runtime,
 )
+from kernels.harness.verdict import ProductionRun
 from kernels.result import EvalResult
 from kernels.task import ShapeConfig, Task, TaskError
 from profiling.chips import backend_is_interpret
@@ -140,6 +139,7 @@ class Evaluation:
     def __init__(self, spec: dict[str, Any], source: str, filename: str,
                  options: dict[str, Any]) -> None:
         self.spec = spec
+        self.options = options
         self.task = Task.from_spec(spec)
         self.source = source
         self.filename = filename
@@ -163,7 +163,9 @@ class Evaluation:
         self._kept_bytes = 0  # a shape could not be lowered for host reasons
         self.result = EvalResult(status="correct", backend=None)
         self.chip = str(options.get("chip") or _own_chip(self.backend) or DEFAULT_CHIP)
-        self.tpu_jobs: list[tuple[ShapeConfig, tuple, tuple, Any]] = []  # config, inputs, job
+        self.tpu_jobs: list[tuple[ShapeConfig, tuple, tuple, Any]] = []  # TPU host: check shapes
+        self.production: ProductionRun | None = None  # the production-shape verdict
+        self.check_structures: list[Any] = []  # what the kernels compute, per check shape
         self.shape_details: list[dict[str, Any]] = []
         # The candidate runs in another process (kernels.harness.judge); this one judges.
         timeout_s = float(options.get("timeout_s") or 120.0)
@@ -190,7 +192,8 @@ class Evaluation:
             self._run()
         except _Stop:
             pass
-        if self.result.tpu is None and self.tpu_jobs:
+        if self.result.tpu is None and self.production is not None \
+                and (self.production.job is not None or self.production.unavailable):
             saved = (self.result.status, self.result.error)
             with contextlib.suppress(_Stop):
                 self._tpu_verdict(None, apply=False)  # stopped early: still say what it compiled to
@@ -276,6 +279,13 @@ class Evaluation:
         self._load_candidate(runtime)
         self._phase("load_s", t)
 
+        # 3b. its program at the production shape, compiled while the trials run
+        if self.lowering:
+            t = time.perf_counter()
+            self.production = ProductionRun(self)
+            self.production.start()
+            self._phase("production_export_s", t)
+
         # 4 + 5. trace, lower, run, compare: configuration by configuration
         for config in configs:
             self.shape_details.append(self._check_config(
@@ -295,7 +305,9 @@ class Evaluation:
             "reason": f"{failed[0]['name']}: {failed[0]['reason']}" if failed else None,
         }
         t = time.perf_counter()
-        self._tpu_verdict(runtime)  # joins the background compiles; a refusal stops here
+        # Joins the background compiles; a refusal at the production shape stops here. A
+        # kernel wrong at the check shapes is reported wrong first: that is what to fix.
+        self._tpu_verdict(runtime, apply=all_correct)
         self._phase("tpu_wait_s", t)
         if not all_correct:
             self.result.status = "incorrect"
@@ -372,35 +384,6 @@ class Evaluation:
                                       hint=_text(error.get("hint")))
         raise _Stop
 
-    def _reference_estimate(self, key: str, dyn: tuple, static: tuple
-                            ) -> tuple[dict[str, Any] | None, str | None]:
-        """The reference's estimate from the reference compiler process
-        (``kernels.harness.refcompile``): libtpu aborts on some references, which must
-        cost the estimate, not the worker."""
-        if key in _REFERENCE_ESTIMATES:
-            return _REFERENCE_ESTIMATES[key]
-        proc = judge.reference_process()
-        proc.memory_limit_mb = self.memory_limit_mb
-        request = {"spec": self.spec, "chip": self.chip, "static": tuple(static),
-                   "shapes": [(tuple(a.shape), str(a.dtype)) for a in dyn]}
-        try:
-            reply, _ = proc.request("estimate", {}, pickle.dumps(request), self.deadline)
-        except judge.CandidateFailure as failure:
-            proc.start()  # a fresh one for the next task
-            if failure.kind == "timeout":  # a slow compile: may fit another time
-                return None, "the reference's TPU compile did not finish in time"
-            found: tuple[dict[str, Any] | None, str | None] = (
-                None, "the TPU compiler aborted on the XLA reference: "
-                      f"{tpu_compile.short(failure.fatal or failure.message, 300)}")
-        else:
-            estimate = reply.get("estimate") if isinstance(reply.get("estimate"), dict) \
-                else None
-            found = (estimate, _text(reply.get("message")) if estimate is None else None)
-        if len(_REFERENCE_ESTIMATES) >= 64:
-            _REFERENCE_ESTIMATES.pop(next(iter(_REFERENCE_ESTIMATES)))
-        _REFERENCE_ESTIMATES[key] = found
-        return found
-
     def _compiler_crashed(self, fatal: str) -> None:
         """The TPU compiler aborted the candidate process while compiling the kernel (a
         failed internal check, not the kernel's own run): on a TPU the compile fails the
@@ -452,7 +435,13 @@ class Evaluation:
     def _load_candidate(self, runtime: Any) -> None:
         self._candidate("load", {"spec": self.spec, "filename": self.filename,
                                  "interpret": self.interpret, "chip": self.chip,
-                                 "lowering": self.lowering}, self.source.encode())
+                                 "lowering": self.lowering,
+                                 # what runs on a TPU host is compiled for the device
+                                 "check_compile": self._native()}, self.source.encode())
+
+    def _native(self) -> bool:
+        where, _ = tpu_compile.target(self.chip) if self.lowering else (None, None)
+        return where is not None and where.native
 
     def _finish_candidate(self) -> None:
         """Put back what the candidate changed in its process; decide whether the process
@@ -593,11 +582,11 @@ class Evaluation:
                 raise _Stop
             if found["tpu"] == "skipped" or not self.lowering_limited:
                 self.result.lowering = found
-            # static arguments too: the XLA reference is compiled with them for its estimate
-            self.tpu_jobs.append((config, dyn, tuple(static), None))
-            where, _ = tpu_compile.target(self.chip) if self.chip else (None, None)
-            if where is not None and not where.native:
-                judge.reference_process().start()  # imports JAX while the trials run
+            if self._native():  # compiled for the device at this check shape too
+                self.tpu_jobs.append((config, dyn, tuple(static), None))
+        structure = facts.get("structure")
+        if isinstance(structure, list):
+            self.check_structures.append(structure)
 
     def _inputs(self, runtime: Any, config: ShapeConfig, seed: int) -> tuple[tuple, tuple]:
         """Inputs for one trial. Kept from the reference pass while they are small (the
@@ -709,93 +698,63 @@ class Evaluation:
         if (self.result.timing["speedup"] or 0.0) > integrity.SUSPICIOUS_SPEEDUP:
             self.flags.append("suspicious_speedup")
 
-    # -- the TPU compiler (kernels.harness.tpu_compile) --------------------------------
+    # -- the TPU compiler (kernels.harness.verdict, kernels.harness.tpu_compile) --------
 
     def _tpu_verdict(self, runtime: Any, apply: bool = True) -> None:
-        """The ``tpu`` section from the compiles; with ``apply``, a refusal by the TPU
-        compiler makes the evaluation a compile_error naming the compiler's message."""
-        if not self.tpu_jobs:
+        """The ``tpu`` section: the compile and estimate at the production shape
+        (``kernels.harness.verdict``). With ``apply``, a refusal by the TPU compiler
+        there, or at a check shape on a TPU host, makes the evaluation a compile_error
+        naming the compiler's message."""
+        if self.tpu_jobs and apply:
+            self._check_shape_refusal()
+        if self.production is None:
             return
-        proc = judge.process()
-        if not proc.ready:  # killed: nothing compiled to report
-            return
-        reply, _ = self._candidate("verdicts", {})
-        by_config = {v.get("config"): v for v in reply.get("verdicts") or []
-                     if isinstance(v, dict)}
-        verdicts = []
-        for config, dyn, static, _job in self.tpu_jobs:
-            found = by_config.get(config.name)
-            if found is None:
-                continue
-            found = {k: found.get(k) for k in ("compile", "message", "kind", "vmem_bytes",
-                                                "vmem_limit_bytes", "estimate",
-                                                "estimate_unavailable", "compile_s")}
-            if found["compile"] not in ("ok", "error", "unavailable"):
-                self._protocol_violation("a TPU compile verdict that is not one")
-            found["message"] = _text(found["message"])
-            verdicts.append((config, dyn, static, found))
-        if not verdicts:
-            return
-        refused = [v for v in verdicts if v[3]["compile"] == "error"]
-        sized = [v for v in verdicts if not v[0].held_out] or verdicts
-        config, dyn, static, found = (refused or [max(
-            sized, key=lambda v: sum(int(np.prod(a.shape)) for a in v[1]))])[0]
-        section: dict[str, Any] = {
-            "chip": self.chip, "compile": found["compile"],
-            "message": tpu_compile.short(found["message"]) if found.get("message") else None,
-            "vmem_bytes": found.get("vmem_bytes"), "vmem_limit_bytes": found.get(
-                "vmem_limit_bytes") or _scoped_limit(self.chip),
-            "estimate": found.get("estimate"), "reference_estimate": None,
-            "estimated_speedup": None, "shape": config.name if not config.held_out else None,
-            "estimate_unavailable": found.get("estimate_unavailable"),
-            "compile_s": sum(v[3].get("compile_s") or 0.0 for v in verdicts),
-            "compiled_shapes": len(verdicts),
-        }
-        where, _ = tpu_compile.target(self.chip)
-        if found["compile"] == "ok" and found.get("estimate") and runtime is not None \
-                and where is not None:
-            key = "|".join((json.dumps(self.spec, sort_keys=True, default=str), config.name,
-                            json.dumps(config.params, sort_keys=True, default=str), self.chip))
-            if where.native:  # the TPU itself: compiled here, as the device runs it
-                ref, why = tpu_compile.reference_estimate(
-                    key, jitted_reference(runtime, len(dyn), len(static)), dyn, static,
-                    where), None
-            else:
-                ref, why = self._reference_estimate(key, dyn, static)
-            section["reference_estimate"] = ref
-            if ref and found["estimate"]["cycles"]:
-                section["estimated_speedup"] = ref["cycles"] / found["estimate"]["cycles"]
-            elif not ref:
-                section["estimate_unavailable"] = why or ("no estimate for the XLA reference "
-                                                          f"on {self.chip}")
+        section = self.production.section(verdict_only=not apply)
         self.result.tpu = section
-        if apply and found["compile"] == "error":
+        if self.production.structure_differs(self.check_structures):
+            self.flags.append("production_program_differs")
+        if apply and section["compile"] == "error":
             from kernels.result import EvalError
 
-            kind = found.get("kind") or "tpu_compile"
+            kind = section.get("kind") or "tpu_compile"
             what = {"vmem": "exceeds the scoped VMEM", "mosaic": "is refused by Mosaic",
                     "lowering": "cannot be lowered"}.get(kind, "is refused by the TPU compiler")
             hint = None
             if kind == "vmem":
                 used, limit = section["vmem_bytes"], section["vmem_limit_bytes"]
                 hint = (f"The kernel's blocks need {_mib(used)} of VMEM; {self.chip} gives a "
-                        f"kernel {_mib(limit)} by default. Use smaller blocks, fewer "
-                        "double-buffered operands, or raise the limit with "
-                        "pltpu.CompilerParams(vmem_limit_bytes=...).")
+                        f"kernel {_mib(limit)} by default. Tile the arrays (a grid over "
+                        "blocks that fit), fewer double-buffered operands, or raise the "
+                        "limit with pltpu.CompilerParams(vmem_limit_bytes=...).")
             self.result.status = "compile_error"
             self.result.error = EvalError(
                 kind="tpu_compile" if kind != "lowering" else "lowering",
-                message=f"on {self.chip} the kernel {what} (shape {config.name}): "
+                message=f"{self.production.where()} on {self.chip} the kernel {what}: "
                         f"{section['message']}",
                 line=self.pallas_lines[0] if len(self.pallas_lines) == 1 else None,
                 traceback=None, hint=hint)
             raise _Stop
 
+    def _check_shape_refusal(self) -> None:
+        """On a TPU host the check shapes are compiled for the device itself (that is
+        what runs): a refusal there is a compile error too."""
+        proc = judge.process()
+        if not proc.ready:  # killed: nothing compiled to report
+            return
+        reply, _ = self._candidate("verdicts", {})
+        for found in reply.get("verdicts") or []:
+            if not isinstance(found, dict) or found.get("compile") != "error":
+                continue
+            from kernels.result import EvalError
 
-# The XLA reference's estimate per (task, shape, chip), or why there is none: a warm
-# worker compiles a reference once, and a reference the compiler aborts on is not
-# compiled again.
-_REFERENCE_ESTIMATES: dict[str, tuple[dict[str, Any] | None, str | None]] = {}
+            message = tpu_compile.short(_text(found.get("message")) or "compile failed")
+            self.result.status = "compile_error"
+            self.result.error = EvalError(
+                kind="tpu_compile", message=f"at the check shape {found.get('config')} on "
+                f"{self.chip} the TPU compiler refuses the kernel: {message}",
+                line=self.pallas_lines[0] if len(self.pallas_lines) == 1 else None,
+                traceback=None, hint=None)
+            raise _Stop
 
 
 def _own_chip(backend: dict[str, Any]) -> str | None:

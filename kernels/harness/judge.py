@@ -176,8 +176,10 @@ class CandidateProcess:
     is what it runs: the candidate harness, or the judge's own reference compiler
     (``kernels.harness.refcompile``, trusted code kept apart for libtpu's aborts)."""
 
-    def __init__(self, module: str = "kernels.harness.candidate") -> None:
+    def __init__(self, module: str = "kernels.harness.candidate",
+                 env: dict[str, str] | None = None) -> None:
         self.module = module
+        self.env = dict(env or {})  # added to the child's environment
         self.proc: subprocess.Popen[bytes] | None = None
         self.stderr: _StderrPump | None = None
         self.sock: socket.socket | None = None
@@ -200,7 +202,7 @@ class CandidateProcess:
                 [sys.executable, "-m", self.module, "--fd",
                  str(theirs.fileno()), "--parent", str(os.getpid()), "--scratch", scratch],
                 pass_fds=(theirs.fileno(),), close_fds=True, stdin=subprocess.DEVNULL,
-                stderr=subprocess.PIPE, env=_candidate_env(scratch))
+                stderr=subprocess.PIPE, env={**_candidate_env(scratch), **self.env})
         finally:
             theirs.close()
         self.stderr = _StderrPump(self.proc.stderr)
@@ -363,9 +365,14 @@ def _candidate_env(scratch: str) -> dict[str, str]:
     """The judge's (already allowlisted) environment, with the candidate's own scratch
     and without the judge's libtpu dump directory (the candidate cannot write there; it
     prepares its own, ``kernels.harness.tpu_compile.prepare_environment``)."""
+    from kernels.confinement import ENV_WRITABLE
     from kernels.harness import tpu_compile
+    from kernels.harness.estimates import CACHE_ENV
 
     env = {**os.environ, "TMPDIR": scratch}
+    # The judge's estimate cache is the judge's: a child could plant an answer there.
+    env.pop(ENV_WRITABLE, None)
+    env.pop(CACHE_ENV, None)
     dump = env.pop(tpu_compile.DUMP_ENV, None)
     if dump:
         flag = f"{tpu_compile.FLAG}={dump}"
@@ -406,5 +413,9 @@ def reference_process() -> CandidateProcess:
 
 
 def kept_pids() -> list[int]:
-    """Pids (of this namespace) that the worker's after-request cleanup must spare."""
-    return [p.pid for p in (_PROCESS, _REFERENCE) if p is not None and p.pid is not None]
+    """Pids (of this namespace) that the worker's after-request cleanup must spare: the
+    candidate process and the compile processes (``kernels.harness.estimates``)."""
+    from kernels.harness import estimates
+
+    return [p.pid for p in (_PROCESS, _REFERENCE) if p is not None and p.pid is not None] \
+        + estimates.kept_pids()

@@ -31,12 +31,14 @@ Facts this module is built around (measured with jax 0.10.2 and libtpu 0.0.42):
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import glob
 import importlib.util
 import mmap
 import os
 import re
+import shutil
 import tempfile
 import threading
 import time
@@ -59,7 +61,6 @@ DUMP_ENV = "TILEWRIGHT_LLO_DUMP_DIR"  # where this process's libtpu writes estim
 STATE_ENV = "TILEWRIGHT_LIBTPU"  # why estimates are (un)available, set at start-up
 SOURCE = "tpu_compiler_static_estimate"
 
-_CYCLES = re.compile(r"estimated_cycles:\s*(\d+)")
 _SCOPED = re.compile(r'used_scoped_memory_configs\\?"\s*:\s*\[(.*?)\]')
 _SIZE = re.compile(r'size\\?"\s*:\s*\\?"?(\d+)')
 _LOCK = threading.Lock()  # one compile at a time: the dump directory is shared
@@ -100,10 +101,13 @@ def on_tpu_host(environ: dict[str, str] | os._Environ[str]) -> bool:
 
 
 def prepare_environment(environ: dict[str, str] | os._Environ[str] | None = None,
-                        dump_parent: str | None = None) -> str:
-    """Set up libtpu for this (worker) process before JAX loads it; returns the state
-    (also left in ``TILEWRIGHT_LIBTPU``): ``estimates`` when the flag is set, else why
-    not (``no_libtpu``, ``disabled``, ``flag_missing``)."""
+                        dump_parent: str | None = None, estimates: bool = True) -> str:
+    """Set up libtpu for this process before JAX loads it; returns the state (also left
+    in ``TILEWRIGHT_LIBTPU``): ``estimates`` when the flag is set, else why not
+    (``no_libtpu``, ``disabled``, ``flag_missing``, ``not_here``). Only the judge's
+    estimator processes (``kernels.harness.compiler``) ask for estimates: with the flag
+    every compile of the process pays for the estimator. The dump directory this
+    creates is removed when the process exits."""
     env = os.environ if environ is None else environ
     path = libtpu_path()
     if path is None:
@@ -117,7 +121,9 @@ def prepare_environment(environ: dict[str, str] | os._Environ[str] | None = None
             # No chip to share: without this, a second worker (or any other process
             # with libtpu loaded) gets "The TPU is already in use by another process".
             env.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-        if env.get(DISABLE_ENV, "1") == "0":
+        if not estimates:
+            state = "not_here"  # (children still see the user's own setting)
+        elif env.get(DISABLE_ENV, "1") == "0":
             state = "disabled"
         elif FLAG in env.get("LIBTPU_INIT_ARGS", ""):
             state = "estimates"  # someone set it already: use theirs
@@ -128,6 +134,8 @@ def prepare_environment(environ: dict[str, str] | os._Environ[str] | None = None
             state = "flag_missing"
         else:
             dump = tempfile.mkdtemp(prefix="tilewright-llo-", dir=dump_parent)
+            if environ is None:  # this process's own: gone when it ends
+                atexit.register(shutil.rmtree, dump, ignore_errors=True)
             env["LIBTPU_INIT_ARGS"] = f"{env.get('LIBTPU_INIT_ARGS', '')} {FLAG}={dump}".strip()
             env[DUMP_ENV] = dump
             state = "estimates"
@@ -135,13 +143,15 @@ def prepare_environment(environ: dict[str, str] | os._Environ[str] | None = None
     return state
 
 
-_STATE_REASONS = {
+STATE_REASONS = {
     "no_libtpu": "libtpu is not installed in the worker's environment "
                  "(pip install 'jax[tpu]' to compile for TPU chips on this host)",
     "disabled": f"TPU compiler estimates are turned off ({DISABLE_ENV}=0)",
     "flag_missing": f"this libtpu has no {FLAG} flag (the TPU compiler's static estimate "
                     "is an undocumented libtpu feature; another libtpu version may have it)",
     "unprepared": "the worker started libtpu without the estimate flag",
+    "not_here": "this process compiles without the estimate flag (the judge's estimator "
+                "processes have it)",
 }
 
 
@@ -150,7 +160,7 @@ def estimate_state() -> tuple[bool, str | None]:
     state = os.environ.get(STATE_ENV, "unprepared")
     if state == "estimates" and os.environ.get(DUMP_ENV):
         return True, None
-    return False, _STATE_REASONS.get(state, state)
+    return False, STATE_REASONS.get(state, state)
 
 
 # -- targets --------------------------------------------------------------------------
@@ -197,7 +207,7 @@ def target(chip: str) -> tuple[Target | None, str | None]:
         return None, (f"no TPU topology for chip {chip!r}; choose one of "
                       f"{', '.join(TOPOLOGIES)}")
     if libtpu_path() is None:
-        return None, _STATE_REASONS["no_libtpu"]
+        return None, STATE_REASONS["no_libtpu"]
     try:
         from jax.experimental import topologies
 
@@ -282,7 +292,7 @@ def compile_lowered(lowered: Any, where: Target) -> dict[str, Any]:
     started = time.perf_counter()
     with _LOCK:
         if dump:
-            _clear(dump)
+            clear_dump(dump)
         try:
             compiled = lowered.compile()
         except Exception as exc:
@@ -304,23 +314,42 @@ def compile_lowered(lowered: Any, where: Target) -> dict[str, Any]:
             "compile_s": time.perf_counter() - started}
 
 
-def _clear(dump: str) -> None:
+def clear_dump(dump: str) -> None:
+    """Empty the dump directory (files from successive compiles accumulate there)."""
     for path in glob.glob(os.path.join(dump, "*")):
         with contextlib.suppress(OSError):
             os.remove(path)
 
 
 def _read_cycles(dump: str) -> int | None:
+    """The program's cycles: every record's cycles times the identical ops it stands
+    for (``num_equivalent_hlos``; adding each record once undercounts repeated ops)."""
+    from kernels.harness.compiler import records
+
     total, found = 0, False
     for path in glob.glob(os.path.join(dump, "*static_llo_profile*")):
         try:
             with open(path, encoding="utf-8", errors="replace") as f:
-                for value in _CYCLES.findall(f.read()):
-                    total += int(value)
+                for record in records(f.read()):
+                    total += record["cycles"] * record["count"]
                     found = True
         except OSError:
             continue
     return total if found else None
+
+
+def libtpu_version() -> str | None:
+    """The installed libtpu's version (part of every cached compile's key)."""
+    from importlib import metadata
+
+    for name in ("libtpu", "libtpu-nightly"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            return metadata.version(name)
+    path = libtpu_path()
+    if path is None:
+        return None
+    stat = os.stat(path)
+    return f"size{stat.st_size}-mtime{int(stat.st_mtime)}"
 
 
 def estimate(cycles: int, chip: str) -> dict[str, Any]:

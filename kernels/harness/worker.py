@@ -146,7 +146,7 @@ def warm_up() -> None:
 
 
 def child_main(argv: list[str] | None, prog: str, serve: Any, *, confine: bool,
-               warm: bool) -> int:
+               warm: bool, estimates: bool = False) -> int:
     """Start-up of a judge's child process (the candidate process, the reference
     compiler): die with the judge, the estimate flag before JAX loads libtpu (dumping
     under its own scratch dir), optionally its own confinement, then ``serve`` the
@@ -158,7 +158,7 @@ def child_main(argv: list[str] | None, prog: str, serve: Any, *, confine: bool,
     parser.add_argument("--scratch", required=True, help="its own scratch directory")
     args = parser.parse_args(argv)
     die_with_parent(args.parent)
-    prepare_environment(dump_parent=args.scratch)
+    prepare_environment(dump_parent=args.scratch, estimates=estimates)
     if confine:
         confinement.confine(args.scratch)  # may fork: we continue inside new namespaces
     watch_parent()
@@ -181,9 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     die_with_parent(args.parent)
     scrub_current_process()
-    # Before JAX loads libtpu: the TPU compiler's estimate flag and a per-process dump
-    # directory under the scratch dir (``TILEWRIGHT_TPU_ESTIMATE=0`` turns it off).
-    prepare_environment(dump_parent=args.scratch)
+    # Before JAX loads libtpu: no estimate flag here (the judge's estimator processes,
+    # kernels.harness.compiler, have it: with it every compile pays for the estimator).
+    prepare_environment(dump_parent=args.scratch, estimates=False)
     scratch = args.scratch or os.environ.get("TMPDIR") or "/tmp"
     confined = confinement.confine(scratch)  # may fork: we continue as PID 1 of a namespace
     watch_parent()
@@ -197,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     from kernels.harness import judge
 
     judge.process().start()  # the candidate process imports JAX while we wait for work
+    from kernels.harness import estimates
+
+    estimates.compilers().start()  # and the TPU compile processes
     serve(sock, confined)
     return 0
 

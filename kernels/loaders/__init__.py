@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kernels.loaders import jaxbench, maxkernel, native
-from kernels.task import Task, TaskError, UnknownOverride
+from kernels.task import ShapeConfig, Task, TaskError, UnknownOverride
 
 BUNDLED_DIR = Path(__file__).resolve().parent.parent / "bundled"
 
@@ -46,12 +46,37 @@ def load_task(path: str | Path, overrides: dict[str, Any] | None = None) -> Task
     literals (``128`` -> int, ``"bfloat16"`` stays a string). Raises ``TaskError``.
     """
     directory = _resolve(path)
+    check = {k: v for k, v in (overrides or {}).items() if not k.startswith(PRODUCTION_PREFIX)}
+    production = {k[len(PRODUCTION_PREFIX):]: v for k, v in (overrides or {}).items()
+                  if k.startswith(PRODUCTION_PREFIX)}
     for marker, _, loader in LAYOUTS:
         if (directory / marker).is_file():
-            return loader(directory, overrides or None)
+            task = loader(directory, check or None)
+            return _with_production(task, loader(directory, production)) if production \
+                else task
     raise TaskError(directory, "not a task directory",
                     expected="task.toml (native), kernel_task.yaml (MaxKernel) or "
                              "baseline.py (JAXBench)")
+
+
+# ``--set production.KEY=VALUE`` sets the production shape (the size verdicts and
+# rankings are for); a plain ``--set KEY=VALUE`` shrinks the check shapes only.
+PRODUCTION_PREFIX = "production."
+
+
+def _with_production(task: Task, sized: Task) -> Task:
+    """``task`` whose production shape is ``sized``'s (the task loaded with the
+    ``production.`` overrides as its own)."""
+    from dataclasses import replace
+
+    if task.layout == "native":
+        name = task.production.name if task.production else sized.shapes[0].name
+        chosen = next((s for s in sized.shapes if s.name == name), sized.shapes[0])
+        return replace(task, production=chosen, production_meta=None)
+    check = sized.shapes[0]
+    production = ShapeConfig("production", dict(check.params), "large", atol=check.atol,
+                             rtol=check.rtol)
+    return replace(task, production=production, production_meta=dict(sized.meta))
 
 
 def load_with_shared(path: str | Path, shared: dict[str, Any] | None,

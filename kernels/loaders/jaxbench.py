@@ -8,9 +8,10 @@ ignored.
 
 How tilewright reads it:
 
-- One shape configuration, ``default``, of size ``small``: tilewright runs what you
+- One check configuration, ``default``, of size ``small``: tilewright runs what you
   asked for, on every host. JAXBench sizes are TPU-sized; on a CPU shrink them with
-  ``--set KEY=VALUE``. KEY is a ``CONFIG`` key, or else a module-level constant
+  ``--set KEY=VALUE``. The production shape (``production``, what compile verdicts,
+  estimates and rankings are for) is CONFIG and the hard-coded sizes as written. KEY is a ``CONFIG`` key, or else a module-level constant
   assigned a literal (the KernelBench-derived workloads keep sizes there); the
   overrides become the configuration's params and are written into the baseline's and
   the candidate's ``CONFIG`` (or module globals) before inputs are built.
@@ -60,13 +61,23 @@ def load(root: Path, overrides: dict[str, Any] | None = None) -> Task:
     if overrides:
         meta["overrides"] = dict(overrides)
     optimized = root / "optimized.py"
+    check = ShapeConfig("default", params, "small")
+    # The production shape: CONFIG and the hard-coded sizes as written (``--set`` only
+    # shrinks the check shape); the dtype asked for is kept, it is not a size.
+    production, production_meta = check, None
+    if any(k != "dtype" for k in params):
+        production = ShapeConfig("production", {k: v for k, v in params.items()
+                                                if k == "dtype"}, "large")
+        production_meta = {"config": config, "dtype": meta["dtype"],
+                           "has_flops": meta["has_flops"]}
     return Task(
         name=root.name, root=root, layout="jaxbench",
         description=_description(src, config), reference_path=path,
-        shapes=(ShapeConfig("default", params, "small"),),
+        shapes=(check,),
         atol=_tol(config, "atol", path), rtol=_tol(config, "rtol", path),
         require_pallas=True, family=None,
         kernel_path=optimized if optimized.is_file() else None, meta=meta,
+        production=production, production_meta=production_meta,
     )
 
 

@@ -14,7 +14,8 @@ How tilewright reads it:
   what the task asks; shrink with ``--set``). The app side cannot run
   ``get_inputs``, so it counts configurations from a per-configuration ``atol``/``rtol``
   list or from a literal list in ``get_inputs``'s return statement; when neither tells,
-  the worker's runtime finds the real count (``TaskRuntime.configs()``).
+  the worker's runtime finds the real count (``TaskRuntime.configs()``). The
+  production shape is the first configuration with the sizes as written.
 - ``--set KEY=VALUE`` replaces every literal named KEY in ``input_gen_code``: a
   ``KEY = <literal>`` assignment (module level or inside ``get_inputs``) or a
   ``'KEY': <literal>`` entry of a dict display (``config = {'batch_size': 4096}``), which
@@ -107,12 +108,21 @@ def load(root: Path, overrides: dict[str, Any] | None = None) -> Task:
     if warnings:
         meta["warnings"] = warnings
     task_id = data.get("task_id")
+    # The production shape: the first configuration as input_gen_code writes it
+    # (``--set`` shrinks the check shapes only).
+    production, production_meta = shapes[0], None
+    if params:
+        production = ShapeConfig("production", {"index": 0}, "large",
+                                 atol=shapes[0].atol, rtol=shapes[0].rtol)
+        production_meta = {k: v for k, v in meta.items() if k != "overrides"}
+        production_meta["configs_counted"] = True
     return Task(
         name=task_id if isinstance(task_id, str) and task_id else root.name,
         root=root, layout="maxkernel",
         description=str(data.get("description") or "").strip(), reference_path=ref_path,
         shapes=shapes, atol=atol, rtol=rtol, require_pallas=True,
         kernel_path=None, input_gen_path=path, meta=meta,
+        production=production, production_meta=production_meta,
     )
 
 
@@ -181,3 +191,20 @@ def _overrides(gen: PySource, overrides: dict[str, Any] | None, path: Path) -> d
                             if sites else "input_gen_code has no named literals to set")
         params[key] = parse_literal(raw) if isinstance(raw, str) else raw
     return params
+
+
+def named_sizes(path: Path) -> dict[str, Any]:
+    """The named literals of a task's ``input_gen_code`` as written (``--set`` keys and
+    their values; the first site of a name when it has several)."""
+    code = (yaml.safe_load(path.read_text()) or {}).get("input_gen_code") or ""
+    try:
+        sites = literal_sites(ast.parse(code))
+    except SyntaxError:
+        return {}
+    found: dict[str, Any] = {}
+    for name, nodes in sites.items():
+        try:
+            found[name] = ast.literal_eval(nodes[0])
+        except (ValueError, SyntaxError):
+            continue
+    return found

@@ -27,18 +27,23 @@
     cols = 8192
     size = "large"                # "small" (default): runs everywhere, CPU interpret mode
                                   # included; "large": only on real hardware
+    production = true             # the size the user runs (one at most): compile
+                                  # verdicts, estimates and rankings are for it
 
 Reserved keys in a shape table: ``size``, ``held_out``, ``atol``, ``rtol`` (per-shape
-tolerance overrides). Without ``[shapes]`` the task has one small configuration named
-``default`` that calls ``make_inputs(key)``.
+tolerance overrides), ``production``. Without ``[shapes]`` the task has one small
+configuration named ``default`` that calls ``make_inputs(key)``. Without a
+``production = true`` the production shape is the largest visible configuration (by
+the product of its integer parameters).
 
 ``reference.py`` defines ``make_inputs(key, **shape)`` returning a tuple of arrays,
 ``reference(*inputs)``, and optionally ``flops(*inputs)``. ``kernel.py``, when present,
 is the starting candidate and defines ``kernel(*inputs)``.
 
-``--set KEY=VALUE`` sets shape parameter KEY in every configuration that has it (or
-in all of them when ``make_inputs`` accepts KEY); ``--set NAME.KEY=VALUE`` targets the
-configuration NAME only.
+``--set KEY=VALUE`` sets shape parameter KEY in every check configuration that has it
+(or in all of them when ``make_inputs`` accepts KEY); ``--set NAME.KEY=VALUE`` targets
+the configuration NAME only. The production shape is chosen before ``--set`` and keeps
+its written sizes.
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ from kernels.task import ShapeConfig, Task, TaskError, UnknownOverride
 
 TOP_LEVEL_KEYS = {"name", "description", "family", "require_pallas", "atol", "rtol",
                   "tolerance", "shapes"}
-SHAPE_RESERVED = {"size", "held_out", "atol", "rtol"}
+SHAPE_RESERVED = {"size", "held_out", "atol", "rtol", "production"}
 DTYPES = {"float32", "float16", "bfloat16", "float64", "int8", "int16", "int32", "int64",
           "uint8", "uint32", "float8_e4m3fn", "float8_e5m2"}
 
@@ -100,6 +105,7 @@ def load(root: Path, overrides: dict[str, Any] | None = None) -> Task:
                             line=_line_of(text, rf"^\s*{key}\s*="), expected="a quoted string")
 
     shapes = _shapes(data.get("shapes"), toml_path, text)
+    production = _production(data.get("shapes"), shapes, toml_path, text)
     meta: dict[str, Any] = {"tolerances": _tolerances(data.get("tolerance"), toml_path, text)}
     for shape in shapes:
         for param in shape.params:
@@ -123,7 +129,46 @@ def load(root: Path, overrides: dict[str, Any] | None = None) -> Task:
         shapes=shapes, atol=atol, rtol=rtol, require_pallas=require_pallas,
         family=data.get("family"),
         kernel_path=kernel_path if kernel_path.is_file() else None, meta=meta,
+        production=production,
     )
+
+
+def _production(table: Any, shapes: tuple[ShapeConfig, ...], path: Path,
+                text: str) -> ShapeConfig:
+    """The configuration marked ``production = true`` (one at most, never held out), else
+    the largest visible one by the product of its integer parameters (ties: the first
+    written). Chosen before ``--set``, which shrinks check shapes only."""
+    marked = []
+    for name, entry in (table or {}).items():
+        flag = entry.get("production", False) if isinstance(entry, dict) else False
+        if not isinstance(flag, bool):
+            raise TaskError(path, f"shapes.{name}.production must be a boolean",
+                            line=_line_of(text, rf"^\s*\[shapes\.{re.escape(name)}\]"),
+                            expected="production = true")
+        if flag:
+            marked.append(name)
+    if len(marked) > 1:
+        raise TaskError(path, f"{len(marked)} shapes are marked production ({', '.join(marked)})",
+                        line=_line_of(text, rf"^\s*\[shapes\.{re.escape(marked[1])}\]"),
+                        expected="at most one production = true")
+    by_name = {s.name: s for s in shapes}
+    if marked:
+        chosen = by_name[marked[0]]
+        if chosen.held_out:
+            raise TaskError(path, f"shapes.{chosen.name} is both held out and production",
+                            line=_line_of(text, rf"^\s*\[shapes\.{re.escape(chosen.name)}\]"),
+                            expected="the production shape is shown to agents: not held out")
+        return chosen
+    visible = [s for s in shapes if not s.held_out]
+    return max(visible, key=_volume)  # max keeps the first of equals
+
+
+def _volume(shape: ShapeConfig) -> int:
+    volume = 1
+    for value in shape.params.values():
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            volume *= value
+    return volume
 
 
 def _read(path: Path) -> str:

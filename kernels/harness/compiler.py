@@ -1,0 +1,186 @@
+"""A TPU compile process: ``python -m kernels.harness.compiler --fd N ...``.
+
+The judge's helper that compiles exported programs (``jax.export`` bytes: a candidate's
+production program from the candidate process, or the task's XLA reference) for a TPU
+chip on an abstract topology, and says what the compiler said. No Python of a
+candidate's runs here: the program arrives as StableHLO with its Mosaic kernels.
+
+Two kinds, started with different libtpu flags (libtpu reads them once, when it
+loads): a *verdict* compiler (no estimate flag: a production-size compile takes about
+a second and little memory) and an *estimator* (``--xla_jf_dump_static_llo_profile_to``:
+the TPU compiler's static cycle estimate per HLO op, whose cost grows with the grid, so
+the judge sends it shortened grids). Each is its own process because libtpu takes the
+process down on some programs (a failed internal check, a file name too long, out of
+memory in the dump writer): here that costs one answer, which the judge reports as
+``estimate_unavailable`` with the reason, and a fresh process. The judge bounds each
+with a memory limit and a deadline (``kernels.harness.judge.CandidateProcess``).
+
+One request: ``{"op": "compile", "id", "chip"}`` with the exported bytes; the reply:
+``compile`` (ok | error | unavailable), ``message``, ``kind``, ``vmem_bytes``,
+``vmem_limit_bytes``, ``records`` (the estimator's per-op records: name, cycles,
+count, dma), ``kernels`` (the program's Pallas kernels: HLO op name -> index), ``cost``
+(XLA's cost analysis: flops, bytes accessed), ``compile_s``, ``libtpu``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import re
+import socket
+import sys
+import time
+from typing import Any
+
+from kernels.harness import wire
+
+_RECORD = re.compile(r"hlo_op_estimate\s*\{")
+_FIELD = {name: re.compile(rf"^\s*{name}:\s*\"?([^\"\n]+)\"?\s*$", re.MULTILINE)
+          for name in ("hlo_op_name", "estimated_cycles", "num_equivalent_hlos",
+                       "dma_instruction_type")}
+_CUSTOM_CALL = re.compile(r"%([\w.\-]+) = [^\n]*custom_call_target=\"tpu_custom_call\"[^\n]*")
+_SHORT = re.compile(r"tw_pallas_(\d+)")
+
+
+def kernel_ops(hlo_text: str) -> dict[str, int]:
+    """The compiled program's Pallas kernels: HLO op name -> the index of the renamed
+    ``pallas_call`` (``tw_pallas_<i>``, found in the op's name or its metadata; XLA
+    names an op inside a nested jit after that jit)."""
+    found = {}
+    for match in _CUSTOM_CALL.finditer(hlo_text):
+        short = _SHORT.search(match.group(0))
+        if short:
+            found[match.group(1)] = int(short.group(1))
+    return found
+
+
+def records(text: str) -> list[dict[str, Any]]:
+    """The estimator's ``hlo_op_estimate`` records of one dump file: the op's name, its
+    estimated cycles per op, how many identical ops the record stands for
+    (``num_equivalent_hlos``: the total is cycles x count) and its DMA type (REMOTE
+    ones, HBM traffic, come priced at 0 cycles)."""
+    found = []
+    starts = [m.end() for m in _RECORD.finditer(text)]
+    for i, start in enumerate(starts):
+        end = starts[i + 1] if i + 1 < len(starts) else len(text)
+        block = text[start:end]
+        values = {k: (m.group(1).strip() if (m := rx.search(block)) else None)
+                  for k, rx in _FIELD.items()}
+        if values["hlo_op_name"] is None or values["estimated_cycles"] is None:
+            continue
+        try:
+            cycles = int(values["estimated_cycles"])
+            count = int(values["num_equivalent_hlos"] or 1)
+        except ValueError:
+            continue
+        found.append({"name": values["hlo_op_name"], "cycles": cycles, "count": max(count, 1),
+                      "dma": (values["dma_instruction_type"] or "").replace(
+                          "DMA_INSTRUCTION_TYPE_", "").lower() or None})
+    return found
+
+
+def _read_dump(dump: str) -> list[dict[str, Any]]:
+    found = []
+    for path in sorted(glob.glob(os.path.join(dump, "*static_llo_profile*"))):
+        with contextlib.suppress(OSError), \
+                open(path, encoding="utf-8", errors="replace") as f:
+            found += records(f.read())
+    return found
+
+
+def _cost(compiled: Any) -> dict[str, float | None]:
+    try:
+        analysis = compiled.cost_analysis()
+    except Exception:
+        return {"flops": None, "bytes_accessed": None}
+    if isinstance(analysis, list | tuple):
+        analysis = analysis[0] if analysis else {}
+    analysis = analysis or {}
+
+    def num(key: str) -> float | None:
+        value = analysis.get(key)
+        return float(value) if isinstance(value, int | float) and value >= 0 else None
+
+    return {"flops": num("flops"), "bytes_accessed": num("bytes accessed")}
+
+
+def compile_exported(blob: bytes, chip: str) -> dict[str, Any]:
+    """Compile an exported program for ``chip``; never raises for the program's faults."""
+    import jax
+
+    from kernels.harness import tpu_compile
+
+    started = time.perf_counter()
+    where, why = tpu_compile.target(chip)
+    if where is None:
+        return {"compile": "unavailable", "message": why, "kind": None}
+    try:
+        exported = jax.export.deserialize(bytearray(blob))
+    except Exception as exc:
+        return {"compile": "unavailable", "kind": None,
+                "message": f"the exported program could not be read: {exc}"[:500]}
+    dump = os.environ.get(tpu_compile.DUMP_ENV)
+    want, _reason = tpu_compile.estimate_state()
+    if dump and want:
+        tpu_compile.clear_dump(dump)
+    args = where.args(tuple(exported.in_avals), ())
+    try:
+        with jax.default_device(where.device) if not where.native else \
+                contextlib.nullcontext():
+            lowered = jax.jit(exported.call).lower(*args)
+        compiled = lowered.compile()
+    except Exception as exc:
+        message = str(exc).strip()
+        used, limit = tpu_compile.vmem_from_error(message)
+        return {"compile": "error", "message": message[:20000],
+                "kind": tpu_compile.classify(message), "vmem_bytes": used,
+                "vmem_limit_bytes": limit, "compile_s": time.perf_counter() - started}
+    text = ""
+    with contextlib.suppress(Exception):
+        text = compiled.as_text()
+    return {
+        "compile": "ok", "message": None, "kind": None,
+        "vmem_bytes": tpu_compile.scoped_vmem(text),
+        "records": _read_dump(dump) if dump and want else None,
+        "kernels": kernel_ops(text),
+        "cost": _cost(compiled), "compile_s": time.perf_counter() - started,
+        "estimates": bool(dump and want),
+    }
+
+
+def serve(sock: socket.socket) -> None:
+    from kernels.harness import tpu_compile
+
+    wire.send(sock, {"type": "ready", "libtpu": tpu_compile.libtpu_version(),
+                     "estimates": tpu_compile.estimate_state()[0]})
+    while True:
+        try:
+            header, blob = wire.recv(sock)
+        except (wire.ChannelClosed, OSError, wire.ProtocolError):
+            return
+        reply: dict[str, Any] = {"id": header.get("id"), "ok": True}
+        try:
+            reply.update(compile_exported(blob, str(header.get("chip") or "v5e")))
+        except Exception as exc:  # a harness bug: say so, keep serving
+            reply.update(compile="unavailable", kind=None,
+                         message=f"{type(exc).__name__}: {exc}"[:500])
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        wire.send(sock, reply)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from kernels.harness.worker import child_main
+
+    # Inside the worker's confinement already; it compiles data, never runs candidate
+    # Python, and has no kernel to warm up.
+    # The estimate flag unless the judge started this one as a verdict compiler
+    # (TILEWRIGHT_TPU_ESTIMATE=0 in its environment).
+    return child_main(argv, "python -m kernels.harness.compiler", serve, confine=False,
+                      warm=False, estimates=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

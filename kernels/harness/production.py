@@ -1,0 +1,352 @@
+"""The candidate at its production shape, in the candidate process: trace once, export.
+
+Correctness is checked at the small check shapes; verdicts, estimates and rankings are
+for the production shape (the size the user runs). Nothing of that size is ever
+allocated: the candidate's entry is traced once at the production shape from abstract
+inputs (``jax.ShapeDtypeStruct``), and what the TPU compiler is asked about is built
+from that one jaxpr, with no more candidate Python:
+
+- ``full``: the program exactly as traced, exported for TPU (``jax.export``, StableHLO
+  with the Mosaic kernels inside). Compiled *without* the estimate flag it gives the
+  verdict at the production shape: scoped-VMEM overflow, Mosaic refusals.
+- ``scaled``: the same program with every ``pallas_call``'s grid shortened along one
+  axis (two lengths, ``n1 < n2``), for the estimate. The TPU compiler's estimator
+  simulates every grid step (its time and memory grow with the grid: 58 ms and ~5 MB
+  per 512-block f32 matmul step measured here), while a kernel's cost is linear in
+  the number of repeats of its inner sweep; two short grids give the fixed and the
+  per-repeat cost, scaled to the production grid by ``kernels.harness.estimates``.
+  Blocks, index maps, the kernel body and every operand's full size are untouched, so
+  the per-step work and the ops outside the kernels are the production ones.
+
+Every ``pallas_call`` is renamed ``tw_pallas_<i>`` in what is exported: libtpu names
+its estimate dump files after the kernel and aborts the process on a name longer than
+the file system allows; the short name also says which record belongs to which kernel.
+The user's names are kept in the plan for display.
+
+Worker-side (imports JAX); runs in the confined candidate process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+SHORT_NAME = "tw_pallas_{}"
+STEP_BUDGET = 32  # grid steps per kernel in the longer of the two scaled compiles
+# Primitives whose presence depends on shapes only (a reshape to the same shape is no
+# eqn at all): left out of the structure compared between check and production traces.
+_SHAPE_ONLY = frozenset({"reshape", "broadcast_in_dim", "squeeze", "expand_dims",
+                         "convert_element_type", "copy", "copy_p", "transpose"})
+
+
+@dataclass
+class KernelPlan:
+    """One ``pallas_call`` of the production program and how its grid is shortened."""
+
+    index: int
+    name: str  # the user's (the ``name=`` given, else the kernel function's)
+    grid: tuple[int, ...]
+    semantics: tuple[str, ...] | None
+    axis: int | None = None  # shortened axis (outer axes set to 1); None: compiled whole
+    units_full: int = 1  # repeats of the inner sweep in the production grid
+    units: tuple[int, int] = (1, 1)  # repeats in the two scaled compiles
+    blocks: list[dict[str, Any]] = field(default_factory=list)
+    data_dependent: bool = False  # scalar prefetch / manual DMA: traffic not static
+
+    @property
+    def short(self) -> str:
+        return SHORT_NAME.format(self.index)
+
+    @property
+    def steps(self) -> int:
+        return math.prod(self.grid) if self.grid else 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "name": self.name, "short": self.short,
+                "grid": list(self.grid), "steps": self.steps,
+                "semantics": list(self.semantics) if self.semantics else None,
+                "axis": self.axis, "units_full": self.units_full, "units": list(self.units),
+                "blocks": self.blocks, "data_dependent": self.data_dependent}
+
+
+# -- walking jaxprs --------------------------------------------------------------------
+
+def _sub_jaxprs(params: dict[str, Any]) -> list[tuple[str, Any]]:
+    """(param name, closed or open jaxpr) of an eqn's nested programs."""
+    from jax.extend.core import ClosedJaxpr, Jaxpr
+
+    found = []
+    for key, value in params.items():
+        if isinstance(value, ClosedJaxpr | Jaxpr) or (
+                isinstance(value, tuple) and value
+                and all(isinstance(v, ClosedJaxpr | Jaxpr) for v in value)):
+            found.append((key, value))
+    return found
+
+
+def pallas_eqns(jaxpr: Any) -> list[Any]:
+    """Every ``pallas_call`` eqn, nested programs included, in program order."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            found.append(eqn)
+            continue
+        for _, sub in _sub_jaxprs(eqn.params):
+            for one in sub if isinstance(sub, tuple) else (sub,):
+                found += pallas_eqns(getattr(one, "jaxpr", one))
+    return found
+
+
+def _rewrite(jaxpr: Any, change: Any, counter: list[int]) -> Any:
+    """``jaxpr`` with ``change(index, eqn) -> params`` applied to every pallas_call."""
+    from jax.extend.core import ClosedJaxpr
+
+    eqns = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            eqn = eqn.replace(params=change(counter[0], eqn))
+            counter[0] += 1
+        else:
+            subs = _sub_jaxprs(eqn.params)
+            if subs:
+                params = dict(eqn.params)
+                for key, sub in subs:
+                    def one(j: Any) -> Any:
+                        if isinstance(j, ClosedJaxpr):
+                            return ClosedJaxpr(_rewrite(j.jaxpr, change, counter), j.consts)
+                        return _rewrite(j, change, counter)
+                    params[key] = tuple(one(j) for j in sub) if isinstance(sub, tuple) \
+                        else one(sub)
+                eqn = eqn.replace(params=params)
+        eqns.append(eqn)
+    return jaxpr.replace(eqns=eqns)
+
+
+def _primitives(jaxpr: Any, names: list[str]) -> None:
+    for inner in jaxpr.eqns:
+        if inner.primitive.name not in _SHAPE_ONLY:
+            names.append(inner.primitive.name)
+        for _, sub in _sub_jaxprs(inner.params):
+            for one in sub if isinstance(sub, tuple) else (sub,):
+                _primitives(getattr(one, "jaxpr", one), names)
+
+
+def structure(closed: Any) -> list[list[str]]:
+    """What the kernels compute, shapes aside: per ``pallas_call`` (program order) the
+    sorted primitive names of its body. A candidate whose kernels at the production
+    shape are not the kernels checked at the check shapes is caught by comparing this."""
+    out = []
+    for eqn in pallas_eqns(closed.jaxpr):
+        names: list[str] = []
+        _primitives(getattr(eqn.params["jaxpr"], "jaxpr", eqn.params["jaxpr"]), names)
+        out.append(sorted(names))
+    return out
+
+
+# -- the plan ----------------------------------------------------------------------------
+
+def _kernel_name(eqn: Any) -> str:
+    name = eqn.params.get("name")
+    if isinstance(name, str) and name:
+        return name
+    info = getattr(eqn.params.get("jaxpr"), "debug_info", None)
+    src = getattr(info, "func_src_info", None) or ""
+    return src.split(" at ")[0] or "kernel"
+
+
+def _semantics(eqn: Any) -> tuple[str, ...] | None:
+    params = eqn.params.get("compiler_params")
+    found = getattr(params, "dimension_semantics", None)
+    if found is None and isinstance(params, dict):
+        inner = params.get("mosaic") or params.get("mosaic_tpu")
+        found = getattr(inner, "dimension_semantics", None) or (
+            inner.get("dimension_semantics") if isinstance(inner, dict) else None)
+    if not found:
+        return None
+    return tuple(str(getattr(s, "value", s)).lower().split(".")[-1] for s in found)
+
+
+def _blocks(gm: Any) -> tuple[list[dict[str, Any]], bool]:
+    """Per operand: block shape and bytes, the grid axes its block index follows and the
+    memory space; whether any index map reads scalar-prefetch data (then which blocks
+    move is data-dependent)."""
+    import jax
+    import numpy as np
+
+    blocks = []
+    data_dependent = gm.num_index_operands > 0
+    grid = tuple(gm.grid)
+    for mapping in gm.block_mappings:
+        aval = mapping.array_aval
+        dims = []
+        for size in mapping.block_shape:
+            value = getattr(size, "block_size", size)
+            dims.append(int(value) if isinstance(value, int) else 1)
+        itemsize = np.dtype(aval.dtype).itemsize
+        space = str(getattr(mapping.transformed_block_aval, "memory_space", "") or "")
+        manual = "any" in space.lower() or "hbm" in space.lower()
+        follows: list[int] | None = []
+        try:
+            follows = _follows(mapping.index_map_jaxpr, grid, gm.num_index_operands)
+        except Exception:  # an index map that cannot be probed statically
+            follows = None
+        blocks.append({
+            "origin": str(mapping.origin), "array": [int(d) for d in aval.shape],
+            "dtype": str(aval.dtype), "block": dims,
+            "block_bytes": int(math.prod(dims) * itemsize),
+            "array_bytes": int(math.prod(aval.shape) * itemsize),
+            "follows": follows, "manual": manual,
+        })
+        data_dependent = data_dependent or manual
+    del jax
+    return blocks, data_dependent
+
+
+def _follows(index_map: Any, grid: tuple[int, ...], prefetch: int) -> list[int] | None:
+    """The grid axes (extent > 1) a block index changes with, found by evaluating the
+    index map at the origin and one step along each axis; None when it reads
+    scalar-prefetch operands (data-dependent)."""
+    import jax
+
+    if prefetch:
+        return None
+    jaxpr = index_map.jaxpr if hasattr(index_map, "jaxpr") else index_map
+    consts = getattr(index_map, "consts", ())
+
+    def at(point: list[int]) -> tuple:
+        return tuple(int(v) for v in jax.core.eval_jaxpr(jaxpr, consts, *point))
+
+    base = at([0] * len(grid))
+    found = []
+    for axis, extent in enumerate(grid):
+        if extent > 1:
+            point = [0] * len(grid)
+            point[axis] = 1
+            if at(point) != base:
+                found.append(axis)
+    return found
+
+
+def plan(closed: Any, budget: int = STEP_BUDGET) -> list[KernelPlan]:
+    """How each ``pallas_call`` of ``closed`` is shortened for the estimate.
+
+    The grid runs in row-major order, so for any axis ``a`` the steps are
+    ``prod(grid[:a+1])`` repeats of the sweep over the axes inside it. The axis chosen
+    is the outermost one whose inner sweep fits half the budget: outer axes are set to
+    1 and ``a`` to ``n1`` and ``n2 = 2 n1`` repeats (``n1`` = 2 on an inner axis, where
+    the first and last steps of a reduction may differ), so that the cost of one
+    repeat and the fixed cost can be told apart. A grid within the budget is compiled
+    whole (``axis`` None)."""
+    plans = []
+    for index, eqn in enumerate(pallas_eqns(closed.jaxpr)):
+        gm = eqn.params["grid_mapping"]
+        grid = tuple(int(g) if isinstance(g, int) else -1 for g in gm.grid)
+        blocks, data_dependent = _blocks(gm)
+        p = KernelPlan(index, _kernel_name(eqn), grid, _semantics(eqn), blocks=blocks,
+                       data_dependent=data_dependent)
+        if grid and min(grid) > 0 and p.steps > budget:
+            for axis in range(len(grid)):
+                inner = math.prod(grid[axis + 1:])
+                if inner * 2 > budget and axis < len(grid) - 1:
+                    continue
+                units_full = math.prod(grid[:axis + 1])
+                n2 = max(2, min(grid[axis], budget // max(inner, 1)))
+                n1 = max(1, n2 // 2)
+                if n1 == n2:
+                    break
+                p.axis, p.units_full, p.units = axis, units_full, (n1, n2)
+                break
+        plans.append(p)
+    return plans
+
+
+def variant(closed: Any, plans: list[KernelPlan], which: int | None) -> Any:
+    """``closed`` with every pallas_call renamed; with ``which`` (0 or 1) also its grid
+    shortened to the plan's ``units[which]`` repeats (outer axes at 1)."""
+    from jax.extend.core import ClosedJaxpr
+
+    by_index = {p.index: p for p in plans}
+
+    def change(index: int, eqn: Any) -> dict[str, Any]:
+        params = {**eqn.params, "name": SHORT_NAME.format(index)}
+        p = by_index.get(index)
+        if which is not None and p is not None and p.axis is not None:
+            grid = list(p.grid)
+            for axis in range(p.axis):
+                grid[axis] = 1
+            grid[p.axis] = p.units[which]
+            params["grid_mapping"] = dataclasses.replace(params["grid_mapping"],
+                                                         grid=tuple(grid))
+        return params
+
+    return ClosedJaxpr(_rewrite(closed.jaxpr, change, [0]), closed.consts)
+
+
+def _named_evaluator(closed: Any) -> Any:
+    """A function evaluating ``closed`` in which every top-level ``pallas_call`` (nested
+    jits inlined) runs inside a jit of its own named after it: XLA names a custom call
+    after its enclosing function, so the compiled program's op for kernel ``i`` is
+    ``tw_pallas_<i>...`` and its estimator records can be told apart."""
+    import jax
+    from jax.extend.core import Literal
+
+    counter = [0]
+
+    def evaluate(jaxpr: Any, consts: Any, *args: Any) -> list[Any]:
+        env: dict[Any, Any] = {}
+
+        def read(var: Any) -> Any:
+            return var.val if isinstance(var, Literal) else env[var]
+
+        env.update(zip(jaxpr.constvars, consts, strict=True))
+        env.update(zip(jaxpr.invars, args, strict=True))
+        for eqn in jaxpr.eqns:
+            invals = [read(v) for v in eqn.invars]
+            name = eqn.primitive.name
+            if name in ("pjit", "jit") and "jaxpr" in eqn.params:
+                inner = eqn.params["jaxpr"]
+                outs = evaluate(inner.jaxpr, inner.consts, *invals)
+            elif name == "pallas_call":
+                params = eqn.primitive.get_bind_params(eqn.params)
+                prim = eqn.primitive
+
+                def call(*xs: Any, _prim: Any = prim, _params: Any = params) -> Any:
+                    return _prim.bind(*xs, **_params)
+
+                call.__name__ = call.__qualname__ = SHORT_NAME.format(counter[0])
+                counter[0] += 1
+                with eqn.ctx.manager:
+                    outs = jax.jit(call)(*invals)
+            else:
+                with eqn.ctx.manager:
+                    outs = eqn.primitive.bind(*invals,
+                                              **eqn.primitive.get_bind_params(eqn.params))
+                if not eqn.primitive.multiple_results:
+                    outs = [outs]
+            env.update(zip(eqn.outvars, outs, strict=True))
+        return [read(v) for v in jaxpr.outvars]
+
+    def run(*args: Any) -> list[Any]:
+        counter[0] = 0
+        return evaluate(closed.jaxpr, closed.consts, *args)
+
+    return run
+
+
+def export(closed: Any, avals: list[Any], chip: str) -> bytes:
+    """The program serialized for TPU (``jax.export``): StableHLO with its Mosaic
+    kernels, compiled elsewhere without running any Python of the candidate's."""
+    import jax
+
+    from kernels.harness import tpu_compile
+
+    fn = jax.jit(_named_evaluator(closed))
+    with tpu_compile.abstract_device(chip):
+        exported = jax.export.export(fn, platforms=("tpu",))(*avals)
+    return bytes(exported.serialize())
+
+
+def any_scaled(plans: list[KernelPlan]) -> bool:
+    return any(p.axis is not None for p in plans)

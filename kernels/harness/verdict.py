@@ -1,0 +1,270 @@
+"""The TPU verdict of one evaluation: compile and estimate at the production shape.
+
+Correctness is checked at the check shapes; this part of an evaluation says whether
+the kernel compiles for the chip at the production shape (the size the user runs) and
+what the TPU compiler estimates there, against the XLA reference compiled for the same
+chip and shape. It starts right after the candidate loads (the candidate process
+exports its production program; the judge exports the reference and hands both to its
+compile processes in a background thread) and is joined after the trials, so the
+compiles overlap with them.
+
+The ``tpu`` section it builds (docs/EVALUATION.md): ``chip``, ``compile`` and its
+``message``/``kind``, ``vmem_bytes`` of ``vmem_limit_bytes``, ``shape`` (the production
+configuration's name), ``shape_label``, ``input_shapes``, ``params``, ``kernels`` (each
+``pallas_call``: grid, steps, how its grid was shortened), ``grid_steps``, ``estimate``
+and ``reference_estimate`` (``{cycles, seconds, method, detail, ops, incomplete}``),
+``estimated_speedup``, ``basis``, ``estimate_unavailable`` (why there is none),
+``cached`` and ``compile_s``. A kernel the compiler refuses at the production shape is
+a ``compile_error`` and never ranked, whatever the check shapes said.
+
+Worker-side (the judge).
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from kernels.harness import estimates, tpu_compile
+from kernels.result import array_text, shape_label
+from kernels.task import ShapeConfig, Task, TaskError
+
+_POOL: ThreadPoolExecutor | None = None
+_REFERENCE_PLANS: dict[str, estimates.ReferencePlan | str] = {}
+_REFERENCE_RESULTS: dict[str, tuple[Any, ...]] = {}
+_CACHE_SIZE = 32
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tw-production")
+    return _POOL
+
+
+def start() -> None:
+    """Start the background thread now: before the harness snapshots the live threads,
+    so it is never mistaken for one a candidate left behind."""
+    _pool().submit(lambda: None).result()
+
+
+def production_task(task: Task) -> Task:
+    """The task at its production shape; a task without one (built by hand, not by a
+    loader) uses its largest visible check configuration."""
+    found = task.production_task()
+    if found is not None:
+        return found
+    from dataclasses import replace
+
+    visible = [s for s in task.shapes if not s.held_out] or list(task.shapes)
+    largest = max(visible, key=lambda s: sum(v for v in s.params.values()
+                                             if isinstance(v, int) and not isinstance(v, bool)))
+    return replace(task, shapes=(largest,))
+
+
+class ProductionRun:
+    """The production part of one evaluation (``evaluation`` is the judge's
+    ``Evaluation``: its candidate channel, chip, deadline and failure path)."""
+
+    def __init__(self, evaluation: Any) -> None:
+        self.ev = evaluation
+        self.chip: str = evaluation.chip
+        self.task = production_task(evaluation.task)
+        self.spec = self.task.to_spec()
+        self.config: ShapeConfig = self.task.shapes[0]
+        self.inputs: list[tuple[tuple[int, ...], str]] = []
+        self.facts: dict[str, Any] = {}
+        self.job: Future[dict[str, Any]] | None = None
+        self.started = 0.0
+        self.memory_mb = int(evaluation.options.get("compile_memory_mb")
+                             or estimates.COMPILE_MEMORY_MB)
+        self.unavailable: str | None = None  # why nothing could be compiled
+
+    @property
+    def label(self) -> str:
+        return shape_label(self.inputs)
+
+    def where(self) -> str:
+        arrays = ", ".join(array_text(s, d) for s, d in self.inputs)
+        return f"at the production shape {self.config.name} ({arrays})"
+
+    # -- main thread, before the trials --------------------------------------------------
+    def start(self) -> None:
+        """Signature (the task's code), the candidate's export (its process), the
+        reference's export (here), then the compiles in the background."""
+        from kernels.harness.execution import task_runtime
+
+        self.started = time.perf_counter()
+        try:
+            runtime = task_runtime(self.spec)
+            dyn, static, _how = runtime.input_signature(self.config)
+        except TaskError as exc:
+            self.ev._fail("runtime_error", "task", exc, message=f"{self.where_name()}: {exc}")
+        except Exception as exc:
+            error = TaskError(self.task.reference_path, f"{self.where_name()}: building the "
+                              f"inputs failed: {type(exc).__name__}: {exc}")
+            self.ev._fail("runtime_error", "task", error, message=str(error))
+        self.inputs = [(tuple(int(d) for d in a.shape), str(a.dtype)) for a in dyn]
+        reply, blob = self.ev._candidate(
+            "production", {"spec": self.spec, "chip": self.chip, "where": self.where()},
+            pickle.dumps(([(list(s), d) for s, d in self.inputs], tuple(static))),
+            max_blob=1 << 30)
+        self.facts = {k: reply.get(k) for k in ("pallas_call", "structure", "plans",
+                                                "out_shapes", "export_errors")}
+        plans = [p for p in reply.get("plans") or [] if isinstance(p, dict)]
+        self.facts["plans"] = plans
+        if isinstance(reply.get("unavailable"), str):  # e.g. host callbacks, off-TPU
+            self.unavailable = reply["unavailable"][:2000]
+            return
+        programs = self._programs(reply, blob)
+        ref_key = json.dumps([self.spec, self.chip], sort_keys=True, default=str)
+        plan = _REFERENCE_PLANS.get(ref_key)
+        if plan is None:
+            try:
+                plan = estimates.reference_plan(self.spec, self.chip)
+            except Exception as exc:  # the task's reference at its own size
+                plan = (f"the XLA reference could not be exported {self.where()}: "
+                        f"{type(exc).__name__}: {str(exc)[:300]}")
+            if len(_REFERENCE_PLANS) >= _CACHE_SIZE:
+                _REFERENCE_PLANS.pop(next(iter(_REFERENCE_PLANS)))
+            _REFERENCE_PLANS[ref_key] = plan
+        deadline = self.ev.deadline
+        self.verdict: Future[dict[str, Any]] = Future()
+        self.job = _pool().submit(self._compile, programs, plans, plan, ref_key, deadline)
+
+    def where_name(self) -> str:
+        return f"at the production shape {self.config.name}"
+
+    def _programs(self, reply: dict[str, Any], blob: bytes) -> dict[str, bytes]:
+        """The candidate's exported programs, sliced from the blob by the sizes it
+        reported (checked: an untrusted reply)."""
+        programs: dict[str, bytes] = {}
+        offset = 0
+        listed = reply.get("programs")
+        if not isinstance(listed, list):
+            self.ev._protocol_violation("a production reply without programs")
+        for item in listed:
+            if (not isinstance(item, list) or len(item) != 2 or item[0] not in
+                    ("full", "scaled0", "scaled1") or not isinstance(item[1], int)
+                    or item[1] < 0):
+                self.ev._protocol_violation("a malformed production program list")
+            programs[item[0]] = blob[offset:offset + item[1]]
+            offset += item[1]
+        if offset != len(blob) or "full" not in programs:
+            self.ev._protocol_violation("production programs that do not match their sizes")
+        if ("scaled0" in programs) != ("scaled1" in programs):
+            programs.pop("scaled0", None)
+            programs.pop("scaled1", None)
+        return programs
+
+    # -- background thread -------------------------------------------------------------
+    def _compile(self, programs: dict[str, bytes], plans: list[dict[str, Any]],
+                 plan: estimates.ReferencePlan | str, ref_key: str,
+                 deadline: float) -> dict[str, Any]:
+        out = estimates.candidate_estimate(programs, plans, self.chip, deadline,
+                                           self.memory_mb, on_verdict=self.verdict.set_result)
+        if not self.verdict.done():
+            self.verdict.set_result(out["verdict"])
+        if out["verdict"].get("compile") != "ok" or out["estimate"] is None:
+            return out
+        if isinstance(plan, str):
+            out["reference"] = (None, None, plan)
+        elif ref_key in _REFERENCE_RESULTS:
+            out["reference"] = _REFERENCE_RESULTS[ref_key]
+        else:
+            found = estimates.reference_estimate(plan, deadline, self.memory_mb)
+            out["reference"] = found
+            if found[0] is not None:  # a failure may be time: try again next evaluation
+                if len(_REFERENCE_RESULTS) >= _CACHE_SIZE:
+                    _REFERENCE_RESULTS.pop(next(iter(_REFERENCE_RESULTS)))
+                _REFERENCE_RESULTS[ref_key] = found
+        return out
+
+    # -- after the trials ------------------------------------------------------------------
+    def section(self, verdict_only: bool = False) -> dict[str, Any]:
+        """Join the compiles (until the evaluation's deadline) and build ``tpu``; with
+        ``verdict_only`` (a kernel already judged wrong) do not wait for the estimates."""
+        plans = self.facts.get("plans") or []
+        section: dict[str, Any] = {
+            "chip": self.chip, "compile": "unavailable", "message": None, "kind": None,
+            "vmem_bytes": None, "vmem_limit_bytes": _scoped_limit(self.chip),
+            "shape": self.config.name, "shape_label": self.label,
+            "input_shapes": [array_text(s, d) for s, d in self.inputs],
+            "params": self.config.params,
+            "kernels": [{k: p.get(k) for k in ("name", "grid", "steps", "semantics", "axis",
+                                               "units_full", "units", "data_dependent")}
+                        for p in plans],
+            "grid_steps": sum(int(p.get("steps") or 0) for p in plans),
+            "estimate": None, "reference_estimate": None, "estimated_speedup": None,
+            "basis": None, "estimate_unavailable": None, "cached": None, "compile_s": None,
+        }
+        if self.job is None:
+            why = self.unavailable or "not compiled"
+            section["message"] = section["estimate_unavailable"] = why
+            return section
+        try:
+            if verdict_only and not self.job.done():
+                verdict = self.verdict.result(timeout=max(self.ev.deadline - time.monotonic(),
+                                                          0.1))
+                out = {"verdict": verdict, "estimate": None,
+                       "unavailable": "not estimated: the kernel is not correct"}
+            else:
+                out = self.job.result(timeout=max(self.ev.deadline - time.monotonic(), 0.1))
+        except TimeoutError:
+            why = ("the production compile did not finish before the evaluation's deadline "
+                   "(raise --timeout)")
+            section.update(message=why, estimate_unavailable=why)
+            return section
+        except Exception as exc:  # a harness bug: say so, the evaluation stands
+            why = f"the production compile failed: {type(exc).__name__}: {exc}"[:500]
+            section.update(message=why, estimate_unavailable=why)
+            return section
+        section["compile_s"] = time.perf_counter() - self.started
+        verdict = out["verdict"]
+        section["compile"] = verdict.get("compile") or "unavailable"
+        section["kind"] = verdict.get("kind")
+        if verdict.get("why") == "crashed":  # libtpu aborted on the kernel: a TPU would too
+            section.update(compile="error", kind="tpu_compile")
+        message = verdict.get("message")
+        section["message"] = tpu_compile.short(message) if message else None
+        section["vmem_bytes"] = verdict.get("vmem_bytes")
+        if verdict.get("vmem_limit_bytes"):
+            section["vmem_limit_bytes"] = verdict["vmem_limit_bytes"]
+        if section["compile"] != "ok":
+            section["estimate_unavailable"] = ("the kernel does not compile at the production "
+                                               "shape" if section["compile"] == "error"
+                                               else section["message"])
+            return section
+        section["estimate"] = out.get("estimate")
+        reference = out.get("reference")
+        ref, _ref_verdict, ref_why = reference if reference else (None, None, None)
+        section["reference_estimate"] = ref
+        section["cached"] = bool(out.get("cached"))
+        if out.get("estimate") is None:
+            section["estimate_unavailable"] = out.get("unavailable") or "no estimate"
+        elif ref is None:
+            section["estimate_unavailable"] = ref_why or "no estimate for the XLA reference"
+        elif ref.get("cycles") and out["estimate"].get("cycles"):
+            section["estimated_speedup"] = ref["cycles"] / out["estimate"]["cycles"]
+            section["basis"] = "compiler"
+        return section
+
+    def structure_differs(self, checked: list[list[list[str]]]) -> bool:
+        """The kernels traced at the production shape compute something else than the
+        ones checked (a kernel that is honest only at small sizes)."""
+        production = self.facts.get("structure")
+        if not isinstance(production, list):
+            return False
+        return any(isinstance(c, list) and c != production for c in checked)
+
+
+def _scoped_limit(chip: str) -> int | None:
+    from profiling.chips import get_chip
+
+    try:
+        return get_chip(chip).scoped_vmem_bytes
+    except KeyError:
+        return None
