@@ -98,6 +98,10 @@ class ProductionRun:
         from kernels.harness.execution import task_runtime
 
         self.started = time.perf_counter()
+        # The compile processes import JAX while the candidate traces (started on the
+        # first evaluation, not with the worker: three processes importing JAX at once
+        # on a small machine slow the first one down).
+        estimates.compilers().start()
         try:
             runtime = task_runtime(self.spec)
             dyn, static, _how = runtime.input_signature(self.config)
@@ -108,10 +112,17 @@ class ProductionRun:
                               f"inputs failed: {type(exc).__name__}: {exc}")
             self.ev._fail("runtime_error", "task", error, message=str(error))
         self.inputs = [(tuple(int(d) for d in a.shape), str(a.dtype)) for a in dyn]
-        reply, blob = self.ev._candidate(
-            "production", {"spec": self.spec, "chip": self.chip, "where": self.where()},
-            pickle.dumps(([(list(s), d) for s, d in self.inputs], tuple(static))),
-            max_blob=1 << 30)
+        try:
+            reply, blob = self.ev._candidate(
+                "production", {"spec": self.spec, "chip": self.chip, "where": self.where()},
+                pickle.dumps(([(list(s), d) for s, d in self.inputs], tuple(static))),
+                max_blob=1 << 30)
+        except Exception:
+            error = self.ev.result.error
+            if error is not None and error.kind == "lowering":  # the TPU lowering refused
+                self.ev.result.lowering = {"tpu": "error", "message": error.message,
+                                           "shape": self.config.name}
+            raise
         self.facts = {k: reply.get(k) for k in ("pallas_call", "structure", "plans",
                                                 "out_shapes", "export_errors")}
         plans = [p for p in reply.get("plans") or [] if isinstance(p, dict)]

@@ -197,9 +197,6 @@ def main(argv: list[str] | None = None) -> int:
     from kernels.harness import judge
 
     judge.process().start()  # the candidate process imports JAX while we wait for work
-    from kernels.harness import estimates
-
-    estimates.compilers().start()  # and the TPU compile processes
     serve(sock, confined)
     return 0
 
