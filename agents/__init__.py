@@ -125,4 +125,15 @@ def brief(task: Task) -> TaskBrief:
         atol=task.atol,
         rtol=task.rtol,
         require_pallas=task.require_pallas,
+        production=_production(task),
     )
+
+
+def _production(task: Task) -> dict[str, Any] | None:
+    if task.production is None:
+        return None
+    found: dict[str, Any] = {"name": task.production.name,
+                             "params": dict(task.production.params)}
+    if task.production_meta and "config" in task.production_meta:
+        found["config"] = task.production_meta["config"]
+    return found

@@ -31,6 +31,10 @@ class TaskBrief:
     atol: float
     rtol: float
     require_pallas: bool
+    # The size the user runs, which verdicts, estimates and rankings are for:
+    # {"name", "params"} (+ "config": a JAXBench CONFIG as written). Its input shapes
+    # come with every evaluation (``last_eval["tpu"]["input_shapes"]``).
+    production: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ it is vendored here):
 
 For each suite it
 1. lists the tasks with ``tilewright tasks DIR --set ... --json``: the tasks whose
-   inputs generate at the scaled shapes (every task's input builder runs in a worker);
+   inputs generate at the scaled check shapes and at their production shapes (the
+   tasks' own sizes, as written; every task's input builder runs in a worker);
 2. runs ``tilewright search --suite DIR --agent offline --budget N --json`` with the
    same ``--set`` (a copy of the chosen tasks when ``--only`` is given);
 3. re-evaluates every crowned kernel from its session with fresh inputs and more
@@ -97,9 +98,19 @@ def recheck(session: str, task_root: str, overrides: dict[str, str]) -> dict[str
         data = json.loads(proc.stdout)
     except json.JSONDecodeError:
         return {"truly_correct": False, "recheck": proc.stderr[-300:]}
+    from kernels.result import ranking
+
     ok = data.get("status") == "correct" and not disqualifying_flags(data)
+    tpu = data.get("tpu") or {}
+    rank = ranking(data)
     return {"truly_correct": ok, "recheck_status": data.get("status"),
-            "recheck_flags": (data.get("integrity") or {}).get("flags")}
+            "recheck_flags": (data.get("integrity") or {}).get("flags"),
+            # the production shape: the task's own size, as written (never --set)
+            "production_compile": tpu.get("compile"), "production_shape": tpu.get("shape_label"),
+            "production_speedup": rank.value if rank.source == "tpu_estimate" else None,
+            "production_label": rank.label, "estimate_s": tpu.get("compile_s"),
+            "compile_peak_mb": tpu.get("compile_peak_mb"),
+            "estimate_unavailable": tpu.get("estimate_unavailable")}
 
 
 def lowerable(session: str) -> bool:
@@ -212,16 +223,23 @@ def run_suite(label: str, directory: Path, args: argparse.Namespace, scratch: Pa
 
 
 def print_suite(result: dict) -> None:
+    import math
+    import statistics
+
     rows = result["rows"]
     print(f"\n== {result['suite']}: {len(rows)} tasks, {result['wall_s']:.0f} s")
-    print(f"{'task':<48} gen crown true lower speedup evals")
+    print(f"{'task':<44} gen crown true lower prod  est.@prod  shape / why no estimate")
     for r in rows:
-        speed = f"{r['speedup']:.3g}x" if isinstance(r.get("speedup"), int | float) else "-"
-        if r.get("rank_source") == "host_simulation":
-            speed = "host sim"  # no TPU estimate: the interpreter's ratio is not a speedup
-        print(f"{r['task'][:48]:<48} {'y' if r['generates'] else 'N':>3} "
+        speed = (f"{r['production_speedup']:.3g}x"
+                 if isinstance(r.get("production_speedup"), int | float) else "-")
+        prod = {"ok": "y", "error": "FAIL", "unavailable": "?"}.get(
+            r.get("production_compile") or "", "-")
+        note = r.get("production_shape") or ""
+        if r.get("estimate_unavailable") and r.get("production_compile") == "ok":
+            note = f"{note} · {str(r['estimate_unavailable'])[:60]}"
+        print(f"{r['task'][:44]:<44} {'y' if r['generates'] else 'N':>3} "
               f"{'y' if r['crowned'] else '-':>5} {'y' if r['truly_correct'] else '-':>4} "
-              f"{'y' if r['lowerable'] else '-':>5} {speed:>7} {r['evaluations']:>5}")
+              f"{'y' if r['lowerable'] else '-':>5} {prod:>4} {speed:>10}  {note[:70]}")
     crowned = sum(r["crowned"] for r in rows)
     true = sum(r["truly_correct"] for r in rows)
     low = sum(r["lowerable"] for r in rows)
@@ -230,6 +248,25 @@ def print_suite(result: dict) -> None:
           f"{crowned} · truly correct {true} (wrong kernels crowned: {crowned - true}) · "
           f"lowerable {low} · correct on lowerable {true_low}/{low} "
           f"({(true_low / low if low else 0):.0%}, target >= 67%)")
+    # at the production shape: what the crowned bests are worth at the size users run
+    fails = sum(r["crowned"] and r.get("production_compile") == "error" for r in rows)
+    compiles = sum(r["crowned"] and r.get("production_compile") == "ok" for r in rows)
+    ranked = [r["production_speedup"] for r in rows
+              if r["truly_correct"] and isinstance(r.get("production_speedup"), int | float)]
+    geo = math.exp(statistics.fmean(math.log(x) for x in ranked)) if ranked else None
+    n = len(rows) or 1
+    fast1 = sum(x >= 1.0 for x in ranked) / n
+    fast15 = sum(x >= 1.5 for x in ranked) / n
+    times = [r["estimate_s"] for r in rows if isinstance(r.get("estimate_s"), int | float)]
+    peaks = [r["compile_peak_mb"] for r in rows
+             if isinstance(r.get("compile_peak_mb"), int | float)]
+    print(f"at the production shape: crowned bests that compile {compiles}/{crowned}, that "
+          f"fail {fails} (target 0); correct and estimated {len(ranked)}/{len(rows)}; "
+          f"geomean est. {'-' if geo is None else f'{geo:.3g}x'}; fast_1 {fast1:.0%}, "
+          f"fast_1.5 {fast15:.0%}; production verdict + estimate per re-check: median "
+          f"{statistics.median(times) if times else float('nan'):.1f} s (target 10 s); "
+          f"compile processes' peak {max(peaks) if peaks else float('nan'):.0f} MB "
+          f"(target < 4096)")
     if result.get("totals"):
         t = result["totals"]
         geo = t["geomean_speedup"]

@@ -1,4 +1,4 @@
-"""Subcommands of the kernels layer: ``tasks``, ``eval``, ``profile``.
+"""Subcommands of the kernels layer: ``tasks``, ``eval``, ``estimate``, ``profile``.
 
 Each lives in its own module (``cli_tasks``, ``cli_eval``, ``cli_profile``) exposing
 ``register(subparsers)``; their handlers import workers and loaders lazily.
@@ -11,7 +11,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-MODULES = ("kernels.cli_tasks", "kernels.cli_eval", "kernels.cli_profile")
+MODULES = ("kernels.cli_tasks", "kernels.cli_eval", "kernels.cli_estimate", "kernels.cli_profile")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

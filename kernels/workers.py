@@ -59,6 +59,8 @@ class EvalOptions:
     # The TPU generation every candidate is compiled for by the real TPU compiler (and
     # whose static estimate ranks kernels off-TPU); None: the TPU host's own, else v5e.
     chip: str | None = None
+    # Memory limit of each TPU compile process (kernels.harness.estimates); None: 4 GiB.
+    compile_memory_mb: int | None = None
 
 
 def _default_memory_limit_mb() -> int:
@@ -397,6 +399,28 @@ class WorkerPool:
             if "spawned_processes" not in result.integrity.setdefault("flags", []):
                 result.integrity["flags"].append("spawned_processes")
         return result
+
+    async def estimate(self, task: Task, source: str, options: EvalOptions | None = None,
+                       filename: str = "kernel.py") -> dict[str, Any]:
+        """The production-shape verdict and estimate of ``source`` without a correctness
+        check (``tilewright.estimate/1``: status ok | compile_error | ..., tpu, error);
+        a killed worker is reported as the status, never raised."""
+        options = options or EvalOptions()
+        payload = {"task": task.to_spec(), "source": source, "filename": filename,
+                   "options": {**asdict(options), "memory_limit_mb": self.memory_limit_mb}}
+        try:
+            reply, stderr = await self._round_trip("estimate", payload, options.timeout_s)
+        except WorkerFailure as failure:
+            return {"schema": "tilewright.estimate/1",
+                    "status": "timeout" if failure.kind == "timeout" else "crashed",
+                    "tpu": None, "error": {"kind": failure.kind, "message": failure.message},
+                    "stderr": failure.stderr}
+        if not reply.get("ok"):
+            error = reply.get("error") or {}
+            return {"schema": "tilewright.estimate/1", "status": "runtime_error", "tpu": None,
+                    "error": {"kind": "harness", "message": f"{error.get('type')}: "
+                              f"{error.get('message')}"}, "stderr": stderr}
+        return {**reply["result"], "stderr": stderr}
 
     async def _reference_fits(self, task: Task, options: EvalOptions) -> bool | None:
         """Run the task's reference alone (as the candidate too, so twice) with twice the

@@ -163,7 +163,7 @@ def test_replay_verify_reproduces_and_catches_a_tampered_session(finished: Path,
     proc = tw("replay", str(tampered), "--headless", "--verify", "--json")
     assert proc.returncode == 1
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert [c["ok"] for c in report["checks"]] == [False, True, True]
+    assert [c["ok"] for c in report["checks"]] == [False, True, True], proc.stdout[-3000:]
     assert report["checks"][0]["recorded_status"] == "incorrect"
 
 

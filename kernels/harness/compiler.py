@@ -28,6 +28,7 @@ import contextlib
 import glob
 import os
 import re
+import resource
 import socket
 import sys
 import time
@@ -165,6 +166,9 @@ def serve(sock: socket.socket) -> None:
         except Exception as exc:  # a harness bug: say so, keep serving
             reply.update(compile="unavailable", kind=None,
                          message=f"{type(exc).__name__}: {exc}"[:500])
+        # This process's peak resident memory so far (Linux reports KiB): what the
+        # compiles cost, for the judge's report and the benchmarks.
+        reply["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()

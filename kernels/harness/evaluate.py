@@ -124,6 +124,29 @@ class _Stop(Exception):
     """Ends an evaluation early with ``result`` already filled in."""
 
 
+ESTIMATE_SCHEMA = "tilewright.estimate/1"
+
+
+def estimate_request(payload: dict[str, Any]) -> dict[str, Any]:
+    """The ``estimate`` op: ``{task, source, filename, options}`` -> the production-shape
+    verdict and estimate without any correctness check: ``{schema, status (ok |
+    compile_error | runtime_error | timeout | crashed | rejected), tpu, error,
+    duration_s}``."""
+    options = {**(payload.get("options") or {}), "check": False, "timing": False,
+               "lowering": True}
+    evaluation = Evaluation(payload["task"], payload["source"],
+                            payload.get("filename") or "kernel.py", options)
+    result = evaluation.run().to_json()
+    status = "ok" if result["status"] == "correct" else result["status"]
+    out = {"schema": ESTIMATE_SCHEMA, "status": status, "tpu": result.get("tpu"),
+           "error": result.get("error"), "backend": result.get("backend"),
+           "integrity": result.get("integrity"), "duration_s": result.get("duration_s"),
+           "phases": (result.get("extra") or {}).get("phases")}
+    if evaluation.recycle:
+        out["_recycle"] = True
+    return out
+
+
 def evaluate_request(payload: dict[str, Any]) -> dict[str, Any]:
     """The ``eval`` op: ``{task, source, filename, options}`` -> EvalResult JSON."""
     evaluation = Evaluation(payload["task"], payload["source"],
@@ -149,6 +172,9 @@ class Evaluation:
         self.time_budget_s = float(options.get("time_budget_s") or 3.0)
         self.lowering = bool(options.get("lowering", True))
         self.timing = bool(options.get("timing", True))
+        # False: no correctness check at all, only the production verdict and estimate
+        # (the ``estimate`` op: ``tilewright estimate``, benchmarks)
+        self.check = bool(options.get("check", True))
         self.shape_names = options.get("shapes")
         self.backend = backend_info()
         self.interpret = backend_is_interpret(self.backend)
@@ -243,7 +269,7 @@ class Evaluation:
         t = time.perf_counter()
         try:
             runtime = task_runtime(self.spec)
-            configs = self._configs(runtime)
+            configs = self._configs(runtime) if self.check else []
         except _Stop:
             raise
         except Exception as exc:  # the task's fault, not the candidate's
@@ -285,6 +311,11 @@ class Evaluation:
             self.production = ProductionRun(self)
             self.production.start()
             self._phase("production_export_s", t)
+        if not self.check:  # the ``estimate`` op: the production verdict and estimate only
+            t = time.perf_counter()
+            self._tpu_verdict(runtime)
+            self._phase("tpu_wait_s", t)
+            return
 
         # 4 + 5. trace, lower, run, compare: configuration by configuration
         for config in configs:

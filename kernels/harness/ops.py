@@ -48,6 +48,13 @@ def evaluate(payload: dict[str, Any]) -> dict[str, Any]:
     return evaluate_request(payload)
 
 
+@op("estimate")
+def estimate(payload: dict[str, Any]) -> dict[str, Any]:
+    from kernels.harness.evaluate import estimate_request
+
+    return estimate_request(payload)
+
+
 def load_plugins() -> list[str]:
     """Import the plugin modules; returns the ones that were found."""
     found = []

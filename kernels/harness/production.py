@@ -54,6 +54,7 @@ class KernelPlan:
     units: tuple[int, int] = (1, 1)  # repeats in the two scaled compiles
     blocks: list[dict[str, Any]] = field(default_factory=list)
     data_dependent: bool = False  # scalar prefetch / manual DMA: traffic not static
+    declared_bytes: float | None = None  # the kernel's own pl.CostEstimate, if it gave one
 
     @property
     def short(self) -> str:
@@ -68,7 +69,8 @@ class KernelPlan:
                 "grid": list(self.grid), "steps": self.steps,
                 "semantics": list(self.semantics) if self.semantics else None,
                 "axis": self.axis, "units_full": self.units_full, "units": list(self.units),
-                "blocks": self.blocks, "data_dependent": self.data_dependent}
+                "blocks": self.blocks, "data_dependent": self.data_dependent,
+                "declared_bytes": self.declared_bytes}
 
 
 # -- walking jaxprs --------------------------------------------------------------------
@@ -172,7 +174,6 @@ def _blocks(gm: Any) -> tuple[list[dict[str, Any]], bool]:
     """Per operand: block shape and bytes, the grid axes its block index follows and the
     memory space; whether any index map reads scalar-prefetch data (then which blocks
     move is data-dependent)."""
-    import jax
     import numpy as np
 
     blocks = []
@@ -200,7 +201,6 @@ def _blocks(gm: Any) -> tuple[list[dict[str, Any]], bool]:
             "follows": follows, "manual": manual,
         })
         data_dependent = data_dependent or manual
-    del jax
     return blocks, data_dependent
 
 
@@ -244,8 +244,11 @@ def plan(closed: Any, budget: int = STEP_BUDGET) -> list[KernelPlan]:
         gm = eqn.params["grid_mapping"]
         grid = tuple(int(g) if isinstance(g, int) else -1 for g in gm.grid)
         blocks, data_dependent = _blocks(gm)
+        declared = getattr(eqn.params.get("cost_estimate"), "bytes_accessed", None)
         p = KernelPlan(index, _kernel_name(eqn), grid, _semantics(eqn), blocks=blocks,
-                       data_dependent=data_dependent)
+                       data_dependent=data_dependent,
+                       declared_bytes=float(declared) if isinstance(declared, int | float)
+                       else None)
         if grid and min(grid) > 0 and p.steps > budget:
             for axis in range(len(grid)):
                 inner = math.prod(grid[axis + 1:])

@@ -210,7 +210,9 @@ class ProductionRun:
                         for p in plans],
             "grid_steps": sum(int(p.get("steps") or 0) for p in plans),
             "estimate": None, "reference_estimate": None, "estimated_speedup": None,
-            "basis": None, "estimate_unavailable": None, "cached": None, "compile_s": None,
+            "basis": None, "compiler_speedup": None, "floor": None,
+            "estimate_unavailable": None, "cached": None, "compile_s": None,
+            "compile_peak_mb": None,
         }
         if self.job is None:
             why = self.unavailable or "not compiled"
@@ -234,6 +236,7 @@ class ProductionRun:
             section.update(message=why, estimate_unavailable=why)
             return section
         section["compile_s"] = time.perf_counter() - self.started
+        section["compile_peak_mb"] = round(estimates.compilers().peak_rss_mb) or None
         verdict = out["verdict"]
         section["compile"] = verdict.get("compile") or "unavailable"
         section["kind"] = verdict.get("kind")
@@ -251,17 +254,33 @@ class ProductionRun:
             return section
         section["estimate"] = out.get("estimate")
         reference = out.get("reference")
-        ref, _ref_verdict, ref_why = reference if reference else (None, None, None)
+        ref, ref_verdict, ref_why = reference if reference else (None, None, None)
         section["reference_estimate"] = ref
         section["cached"] = bool(out.get("cached"))
+        section["floor"] = self._floor(verdict, ref_verdict, plans)
         if out.get("estimate") is None:
             section["estimate_unavailable"] = out.get("unavailable") or "no estimate"
         elif ref is None:
             section["estimate_unavailable"] = ref_why or "no estimate for the XLA reference"
         elif ref.get("cycles") and out["estimate"].get("cycles"):
-            section["estimated_speedup"] = ref["cycles"] / out["estimate"]["cycles"]
-            section["basis"] = "compiler"
+            section["compiler_speedup"] = ref["cycles"] / out["estimate"]["cycles"]
+            section["estimated_speedup"], section["basis"] = estimates.floored_speedup(
+                out["estimate"], ref, section["floor"])
         return section
+
+    def _floor(self, verdict: dict[str, Any], ref_verdict: dict[str, Any] | None,
+               plans: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """The memory floor of the kernel's program (its kernels' block traffic plus
+        XLA's bytes for the ops around them) and of the reference (XLA's bytes)."""
+        traffic, complete = estimates.kernel_traffic(plans)
+        cost = verdict.get("cost") or {}
+        declared = sum(p.get("declared_bytes") or 0.0 for p in plans)
+        outside = max((cost.get("bytes_accessed") or 0.0) - declared, 0.0)
+        ref_bytes = ((ref_verdict or {}).get("cost") or {}).get("bytes_accessed")
+        found = estimates.floor(self.chip, traffic + outside, ref_bytes)
+        if found is not None:
+            found["kernel_complete"] = complete
+        return found
 
     def structure_differs(self, checked: list[list[list[str]]]) -> bool:
         """The kernels traced at the production shape compute something else than the

@@ -1,0 +1,91 @@
+"""``tilewright estimate``: compile a kernel at its task's production shape and estimate it.
+
+``tilewright estimate --task DIR|NAME --kernel FILE [--chip CHIP] [--json] [--set K=V]``
+runs no correctness check: the candidate is traced once at the production shape (the
+size the user runs; ``--set production.KEY=VALUE`` changes it, ``--set KEY=VALUE``
+only the check shapes, which this command does not use), compiled by the real TPU
+compiler for the chip, and estimated against the XLA reference compiled the same way.
+``--json`` prints ``tilewright.estimate/1`` (``status``: ok | compile_error | ...,
+``tpu`` as in the eval JSON). Exit 0 when it compiles, 1 otherwise, 2 for bad usage.
+App side: no JAX here; a worker runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "estimate", help="compile a kernel at the production shape and estimate it (no "
+                         "correctness check)",
+        description="Compile a candidate at its task's production shape with the real TPU "
+                    "compiler and estimate it against the XLA reference, without checking "
+                    "correctness (tilewright eval does both). Exit 0 when it compiles.")
+    parser.add_argument("--task", required=True, metavar="DIR|NAME")
+    parser.add_argument("--kernel", metavar="FILE",
+                        help="candidate source file (default: the task's kernel.py)")
+    parser.add_argument("--chip", default=None, metavar="CHIP",
+                        help="TPU generation (default v5e off-TPU; a TPU host's own chip)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE",
+                        help="production.KEY=VALUE sets the production shape (repeatable)")
+    parser.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS")
+    parser.add_argument("--json", action="store_true", help="print tilewright.estimate/1")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kernels.cli import task_and_candidate
+    from kernels.workers import EvalOptions, WorkerPool, WorkerStartError
+
+    try:
+        task, path, source = task_and_candidate(args.task, args.overrides, args.kernel)
+    except ValueError as exc:
+        print(f"tilewright estimate: {exc}", file=sys.stderr)
+        return 2
+
+    async def go() -> dict[str, Any]:
+        async with WorkerPool(size=1) as pool:
+            return await pool.estimate(task, source, EvalOptions(
+                timeout_s=args.timeout, chip=args.chip), filename=str(path.resolve()))
+
+    try:
+        found = asyncio.run(go())
+    except WorkerStartError as exc:
+        print(f"tilewright estimate: could not start a JAX worker: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({k: v for k, v in found.items() if k != "stderr"}, indent=2))
+    else:
+        _print(found)
+    return 0 if found.get("status") == "ok" else 1
+
+
+def _print(found: dict[str, Any]) -> None:
+    from kernels.result import ranking
+
+    tpu = found.get("tpu") or {}
+    where = (f"{tpu.get('chip')} at production shape {tpu.get('shape')} "
+             f"({' '.join(tpu.get('input_shapes') or [])})") if tpu else "—"
+    print(f"status     {found.get('status')}")
+    print(f"compile    {where}: {tpu.get('compile', '—')}")
+    error = found.get("error") or {}
+    if error.get("message"):
+        print(f"error      {error['message'].splitlines()[0][:300]}")
+    if tpu.get("estimated_speedup"):
+        rank = ranking({"status": "correct", "tpu": tpu, "integrity": {}})
+        print(f"estimate   {rank.label}")
+        for what in ("estimate", "reference_estimate"):
+            one = tpu.get(what) or {}
+            seconds = one.get("seconds")
+            print(f"  {'kernel' if what == 'estimate' else 'XLA ref.':<9}"
+                  f"{one.get('cycles', 0):>14,} cycles"
+                  + (f" = {seconds * 1e3:.3f} ms" if seconds else "")
+                  + (f"  ({one.get('detail')})" if one.get("method") == "scaled" else ""))
+    elif tpu.get("estimate_unavailable"):
+        print(f"estimate   unavailable: {tpu['estimate_unavailable']}")
