@@ -56,6 +56,23 @@ def kernel_ops(hlo_text: str) -> dict[str, int]:
     return found
 
 
+_OPCODE = re.compile(r"^\s*(?:ROOT )?%[\w.\-]+ = [^=]*? (\w[\w-]*)\(", re.MULTILINE)
+# Opcodes that say what kind of program it is (kernels.harness.fidelity's classes).
+NOTABLE = frozenset({"dot", "convolution", "gather", "scatter", "all-reduce", "all-gather",
+                     "reduce-scatter", "all-to-all", "collective-permute", "custom-call",
+                     "sort", "while", "conditional", "dynamic-slice", "dynamic-update-slice"})
+
+
+def opcodes(hlo_text: str) -> dict[str, int]:
+    """How many of each notable HLO opcode the compiled program has (fusion bodies
+    included)."""
+    found: dict[str, int] = {}
+    for name in _OPCODE.findall(hlo_text):
+        if name in NOTABLE:
+            found[name] = found.get(name, 0) + 1
+    return found
+
+
 def records(text: str) -> list[dict[str, Any]]:
     """The estimator's ``hlo_op_estimate`` records of one dump file: the op's name, its
     estimated cycles per op, how many identical ops the record stands for
@@ -144,7 +161,7 @@ def compile_exported(blob: bytes, chip: str) -> dict[str, Any]:
         "compile": "ok", "message": None, "kind": None,
         "vmem_bytes": tpu_compile.scoped_vmem(text),
         "records": _read_dump(dump) if dump and want else None,
-        "kernels": kernel_ops(text),
+        "kernels": kernel_ops(text), "opcodes": opcodes(text),
         "cost": _cost(compiled), "compile_s": time.perf_counter() - started,
         "estimates": bool(dump and want),
     }

@@ -55,6 +55,13 @@ def estimate(payload: dict[str, Any]) -> dict[str, Any]:
     return estimate_request(payload)
 
 
+@op("reference_estimate")
+def reference_estimate(payload: dict[str, Any]) -> dict[str, Any]:
+    from kernels.harness.verdict import reference_request
+
+    return reference_request(payload)
+
+
 def load_plugins() -> list[str]:
     """Import the plugin modules; returns the ones that were found."""
     found = []

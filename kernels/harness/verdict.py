@@ -28,7 +28,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from kernels.harness import estimates, tpu_compile
+from kernels.harness import estimates, fidelity, tpu_compile
 from kernels.result import array_text, shape_label
 from kernels.task import ShapeConfig, Task, TaskError
 
@@ -210,7 +210,7 @@ class ProductionRun:
                         for p in plans],
             "grid_steps": sum(int(p.get("steps") or 0) for p in plans),
             "estimate": None, "reference_estimate": None, "estimated_speedup": None,
-            "basis": None, "compiler_speedup": None, "floor": None,
+            "basis": None, "compiler_speedup": None, "floor": None, "fidelity": None,
             "estimate_unavailable": None, "cached": None, "compile_s": None,
             "compile_peak_mb": None,
         }
@@ -266,7 +266,19 @@ class ProductionRun:
             section["compiler_speedup"] = ref["cycles"] / out["estimate"]["cycles"]
             section["estimated_speedup"], section["basis"] = estimates.floored_speedup(
                 out["estimate"], ref, section["floor"])
+        klass = fidelity.program_class((ref_verdict or {}).get("cost"),
+                                       (ref_verdict or {}).get("opcodes"),
+                                       verdict.get("opcodes"), plans, self._dtype(), self.chip)
+        section["fidelity"] = fidelity.lookup(self.chip, klass, section["basis"])
         return section
+
+    def _dtype(self) -> str | None:
+        """The dtype of the largest input (it decides which ridge point applies)."""
+        if not self.inputs:
+            return None
+        import math
+
+        return max(self.inputs, key=lambda item: math.prod(item[0]))[1]
 
     def _floor(self, verdict: dict[str, Any], ref_verdict: dict[str, Any] | None,
                plans: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -277,7 +289,8 @@ class ProductionRun:
         declared = sum(p.get("declared_bytes") or 0.0 for p in plans)
         outside = max((cost.get("bytes_accessed") or 0.0) - declared, 0.0)
         ref_bytes = ((ref_verdict or {}).get("cost") or {}).get("bytes_accessed")
-        found = estimates.floor(self.chip, traffic + outside, ref_bytes)
+        found = estimates.floor(self.chip, traffic + outside, ref_bytes,
+                                fidelity.efficiency(self.chip))
         if found is not None:
             found["kernel_complete"] = complete
         return found
@@ -298,3 +311,32 @@ def _scoped_limit(chip: str) -> int | None:
         return get_chip(chip).scoped_vmem_bytes
     except KeyError:
         return None
+
+
+def reference_request(payload: dict[str, Any]) -> dict[str, Any]:
+    """The ``reference_estimate`` op: ``{task, chip, timeout_s}`` -> the task's XLA
+    reference at its production shape, estimated as every evaluation estimates it:
+    ``{estimate, cost, opcodes, compile, why, shape_label, input_shapes, class}``."""
+    from kernels.harness.execution import task_runtime
+
+    task = production_task(Task.from_spec(payload["task"]))
+    chip = str(payload.get("chip") or "v5e")
+    spec = task.to_spec()
+    runtime = task_runtime(spec)
+    dyn, _static, _ = runtime.input_signature(task.shapes[0])
+    inputs = [(tuple(int(d) for d in a.shape), str(a.dtype)) for a in dyn]
+    estimates.compilers().start()
+    deadline = time.monotonic() + float(payload.get("timeout_s") or 600.0)
+    plan = estimates.reference_plan(spec, chip)
+    found, verdict, why = estimates.reference_estimate(
+        plan, deadline, int(payload.get("compile_memory_mb") or estimates.COMPILE_MEMORY_MB))
+    verdict = verdict or {}
+    import math
+
+    dtype = max(inputs, key=lambda i: math.prod(i[0]))[1] if inputs else None
+    return {"estimate": found, "cost": verdict.get("cost"), "opcodes": verdict.get("opcodes"),
+            "compile": verdict.get("compile"), "why": why, "shape_label": shape_label(inputs),
+            "input_shapes": [array_text(s, d) for s, d in inputs],
+            "class": fidelity.program_class(verdict.get("cost"), verdict.get("opcodes"), None,
+                                            [], dtype, chip),
+            "compile_peak_mb": round(estimates.compilers().peak_rss_mb) or None}

@@ -1,0 +1,429 @@
+"""How far can the TPU compiler's estimate be trusted? Against public TPU measurements.
+
+Two public sets of measured device times, kept as data in ``benchmarks/data/`` with
+their sources (the programs are not vendored: point the script at the checkouts):
+
+- upstream JAXBench (github.com/aryatschand/JAXBench, ``benchmark/results.csv`` at
+  999e01e): 50 XLA baselines and 8 hand-tuned Pallas variants on TPU v6e-1 at their own
+  shapes, device-profiled (5 warm-ups, 50 iterations; bf16 inputs where
+  ``create_inputs`` takes a dtype). The workloads are read from ``--jaxbench`` (a git
+  checkout of that repository) at the results' commit.
+- the Pallas TPU matmul guide (github.com/jax-ml/jax ``docs/pallas/tpu/matmul.ipynb``):
+  the guide's blocked bf16 matmul at two block sizes and XLA's, 1024^3 to 8192^3 on
+  TPU v5e, wall clock over 100 calls. Its kernel is a standard blocked matmul written
+  here from the guide's description.
+
+Every program is estimated the way every evaluation estimates it (a worker's
+``reference_estimate`` and ``estimate`` ops: production shape, shortened grids or a
+scaled reference where the estimator would be too costly, the memory floor), then
+printed per program (measured, estimated, ratio, with and without the floor) and per
+class (compute-bound, memory-bound, Pallas with manual DMA, gather/scatter,
+collectives): median ratio, middle half, share within 1.5x and 2x; Spearman over all;
+for the Pallas variants, whether the estimated speedup over XLA points the measured
+way. Programs that cannot be estimated are listed with the reason.
+
+The floor is a stated model, not a fit: ``max(compiler, bytes / bandwidth)``, bytes as
+the harness counts them and the chip's published HBM bandwidth. ``--fit-efficiency``
+additionally fits the share of that bandwidth memory-bound programs achieve on half of
+the memory-bound rows and reports the other half with it. ``--write`` stores the
+per-class figures in ``kernels/data/fidelity.json`` (what ``tpu.fidelity`` reports).
+
+    python benchmarks/estimate_fidelity.py --jaxbench ~/JAXBench [--only 12p 8p] \\
+        [--skip-guide] [--fit-efficiency] [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+DATA = ROOT / "benchmarks" / "data"
+JAXBENCH_COMMIT = "999e01e96c8b"
+SOURCES = {
+    "jaxbench": "aryatschand/JAXBench@999e01e benchmark/results.csv (TPU v6e-1, device "
+                "profiler, median of 50 after 5 warm-ups)",
+    "guide": "jax-ml/jax@ee6cce5 docs/pallas/tpu/matmul.ipynb outputs (TPU v5e, wall clock, "
+             "mean of 100 calls)",
+}
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    lines = [line for line in path.read_text().splitlines() if not line.startswith("#")]
+    return list(csv.DictReader(lines))
+
+
+def materialize(checkout: Path, commit: str, into: Path) -> Path:
+    """The upstream workloads at ``commit`` (git archive of ``benchmark/``)."""
+    archive = subprocess.run(["git", "-C", str(checkout), "archive", commit, "benchmark"],
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into / "benchmark"
+
+
+GUIDE_KERNEL = textwrap.dedent("""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    BM, BK, BN = {bm}, {bk}, {bn}
+
+    def _mm(x_ref, y_ref, z_ref, acc_ref):
+        @pl.when(pl.program_id(2) == 0)
+        def _():
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+        acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+        @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+        def _():
+            z_ref[...] = {epilogue}(acc_ref[...]).astype(z_ref.dtype)
+
+    def kernel(x, y):
+        m, k = x.shape
+        n = y.shape[1]
+        return pl.pallas_call(
+            _mm, out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
+            grid=(m // BM, n // BN, k // BK),
+            in_specs=[pl.BlockSpec((BM, BK), lambda i, j, kk: (i, kk)),
+                      pl.BlockSpec((BK, BN), lambda i, j, kk: (kk, j))],
+            out_specs=pl.BlockSpec((BM, BN), lambda i, j, kk: (i, j)),
+            scratch_shapes=[pltpu.VMEM((BM, BN), jnp.float32)],
+            compiler_params=pltpu.CompilerParams(
+                dimension_semantics=("parallel", "parallel", "arbitrary")))(x, y)
+""")
+GUIDE_REFERENCE = textwrap.dedent("""
+    import jax
+    import jax.numpy as jnp
+
+    def make_inputs(key, m, k, n):
+        a, b = jax.random.split(key)
+        return (jax.random.normal(a, (m, k), jnp.bfloat16),
+                jax.random.normal(b, (k, n), jnp.bfloat16))
+
+    def reference(x, y):
+        return {epilogue}(jnp.matmul(x, y))
+""")
+
+
+def guide_task(root: Path, m: int, k: int, n: int, epilogue: str) -> Path:
+    task = root / f"mm_{m}_{epilogue}"
+    task.mkdir(parents=True, exist_ok=True)
+    (task / "task.toml").write_text(
+        f'name = "{task.name}"\natol = 1e-1\nrtol = 1e-1\n[shapes.size]\nm = {m}\n'
+        f'k = {k}\nn = {n}\nsize = "large"\nproduction = true\n')
+    fn = "jax.nn.relu" if epilogue == "relu" else ""
+    (task / "reference.py").write_text(GUIDE_REFERENCE.format(epilogue=fn))
+    return task
+
+
+def clock(chip: str) -> float:
+    from profiling.chips import get_chip
+
+    return get_chip(chip).clock_hz or float("nan")
+
+
+async def estimate_rows(args: argparse.Namespace, scratch: Path) -> list[dict[str, Any]]:
+    from kernels.loaders import load_task
+    from kernels.workers import EvalOptions, WorkerPool
+
+    rows: list[dict[str, Any]] = []
+    async with WorkerPool(size=1, memory_limit_mb=args.worker_memory_mb) as pool:
+        if args.jaxbench:
+            workloads = materialize(args.jaxbench.expanduser(), args.commit, scratch)
+            measured = read_csv(DATA / "jaxbench_v6e.csv")
+            for row in measured:
+                name, variant = row["workload"], row["variant"]
+                if args.only and not any(name.startswith(p) for p in args.only):
+                    continue
+                out = {"source": "jaxbench", "program": f"{name} ({variant})", "chip": "v6e",
+                       "workload": name, "variant": variant,
+                       "measured_s": float(row["median_ms"]) / 1e3
+                       if row.get("status") == "success" and row["median_ms"] else None}
+                directory = workloads / name
+                started = time.perf_counter()
+                try:
+                    takes_dtype = "dtype" in (directory / "baseline.py").read_text().split(
+                        "def create_inputs", 1)[-1].split(")", 1)[0]
+                    task = load_task(directory, {"dtype": "bfloat16"} if takes_dtype else None)
+                    if variant == "baseline":
+                        found = await pool.request("reference_estimate", {
+                            "task": task.to_spec(), "chip": "v6e", "timeout_s": args.timeout,
+                            "compile_memory_mb": args.compile_memory_mb},
+                            timeout=args.timeout + 60)
+                        out.update(_from_reference(found))
+                    else:
+                        source = (directory / "optimized.py").read_text()
+                        found = await pool.estimate(task, source, EvalOptions(
+                            timeout_s=args.timeout, chip="v6e",
+                            compile_memory_mb=args.compile_memory_mb),
+                            filename=str(directory / "optimized.py"))
+                        out.update(_from_candidate(found))
+                except Exception as exc:  # a task that cannot even be loaded or run
+                    out["why"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                out["estimate_s_wall"] = time.perf_counter() - started
+                rows.append(out)
+                _print_row(out)
+        if not args.skip_guide:
+            for row in read_csv(DATA / "pallas_matmul_guide_v5e.csv"):
+                m, k, n = int(row["m"]), int(row["k"]), int(row["n"])
+                if args.only and not any(f"mm{m}".startswith(p) for p in args.only):
+                    continue
+                blocks = f" ({row['bm']},{row['bk']},{row['bn']})" if row["bm"] else ""
+                out = {"source": "guide", "chip": "v5e", "workload": f"matmul {m}^3",
+                       "variant": "baseline" if row["program"] == "xla" else "optimized",
+                       "program": f"{row['program']} matmul {m}^3{blocks} {row['epilogue']}",
+                       "measured_s": float(row["measured_s"])}
+                task = load_task(guide_task(scratch / "guide", m, k, n, row["epilogue"]))
+                started = time.perf_counter()
+                if row["program"] == "xla":
+                    found = await pool.request("reference_estimate", {
+                        "task": task.to_spec(), "chip": "v5e", "timeout_s": args.timeout,
+                        "compile_memory_mb": args.compile_memory_mb}, timeout=args.timeout + 60)
+                    out.update(_from_reference(found))
+                else:
+                    source = GUIDE_KERNEL.format(
+                        bm=row["bm"], bk=row["bk"], bn=row["bn"],
+                        epilogue="jax.nn.relu" if row["epilogue"] == "relu" else "")
+                    found = await pool.estimate(task, source, EvalOptions(
+                        timeout_s=args.timeout, chip="v5e",
+                        compile_memory_mb=args.compile_memory_mb), filename="guide_matmul.py")
+                    out.update(_from_candidate(found))
+                out["estimate_s_wall"] = time.perf_counter() - started
+                rows.append(out)
+                _print_row(out)
+    return rows
+
+
+def _from_reference(found: dict[str, Any]) -> dict[str, Any]:
+    estimate = found.get("estimate") or {}
+    cost = found.get("cost") or {}
+    return {"estimate_s": estimate.get("seconds"), "method": estimate.get("method"),
+            "bytes": cost.get("bytes_accessed"), "flops": cost.get("flops"),
+            "class": found.get("class"), "why": None if estimate else found.get("why"),
+            "incomplete": bool(estimate.get("incomplete")), "peak_mb": found.get(
+                "compile_peak_mb"), "shape": found.get("shape_label")}
+
+
+def _from_candidate(found: dict[str, Any]) -> dict[str, Any]:
+    tpu = found.get("tpu") or {}
+    estimate = tpu.get("estimate") or {}
+    floor = tpu.get("floor") or {}
+    fid = tpu.get("fidelity") or {}
+    why = None
+    if not estimate:
+        why = tpu.get("estimate_unavailable") or (found.get("error") or {}).get("message") \
+            or found.get("status")
+    return {"estimate_s": estimate.get("seconds"), "method": estimate.get("method"),
+            "floor_s": floor.get("kernel_s"), "class": fid.get("class"),
+            "reference_s": (tpu.get("reference_estimate") or {}).get("seconds"),
+            "reference_floor_s": floor.get("reference_s"),
+            "estimated_speedup": tpu.get("estimated_speedup"),
+            "compiler_speedup": tpu.get("compiler_speedup"), "why": why,
+            "incomplete": bool(estimate.get("incomplete")),
+            "peak_mb": tpu.get("compile_peak_mb"), "shape": tpu.get("shape_label"),
+            "kernel_bytes": floor.get("kernel_bytes")}
+
+
+def with_floor(row: dict[str, Any], efficiency: float = 1.0) -> float | None:
+    """The estimate with the memory floor: max(compiler, bytes / bandwidth)."""
+    from profiling.chips import get_chip
+
+    est = row.get("estimate_s")
+    if not est:
+        return None
+    if row.get("variant") == "optimized":
+        floor = row.get("floor_s") or 0.0
+        floor = floor / efficiency if floor else 0.0
+    else:
+        moved = row.get("bytes") or 0.0
+        floor = moved / (get_chip(row["chip"]).hbm_bytes_per_s * efficiency)
+    return max(est, floor)
+
+
+def _print_row(row: dict[str, Any]) -> None:
+    m, e = row.get("measured_s"), row.get("estimate_s")
+    f = with_floor(row)
+    ratio = f"{e / m:6.2f}" if m and e else "     -"
+    fratio = f"{f / m:6.2f}" if m and f else "     -"
+    note = row.get("why") or (row.get("method") or "")
+    print(f"{row['program'][:52]:<52} {row.get('class') or '-':<17} "
+          f"{(m or 0) * 1e3:9.3f} {(e or 0) * 1e3:9.3f} {ratio} {fratio}  "
+          f"{row.get('estimate_s_wall', 0):5.0f}s  {str(note)[:60]}", flush=True)
+
+
+def spearman(xs: list[float], ys: list[float]) -> float | None:
+    if len(xs) < 3:
+        return None
+
+    def ranks(values: list[float]) -> list[float]:
+        order = sorted(range(len(values)), key=lambda i: values[i])
+        out = [0.0] * len(values)
+        for rank, i in enumerate(order):
+            out[i] = float(rank)
+        return out
+
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    num = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    den = math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
+    return num / den if den else None
+
+
+def summarize(ratios: list[float]) -> dict[str, Any]:
+    ratios = sorted(ratios)
+    q = statistics.quantiles(ratios, n=4) if len(ratios) >= 4 else [ratios[0], ratios[-1]] * 2
+    return {"rows": len(ratios), "median_ratio": round(statistics.median(ratios), 3),
+            "middle_half": [round(q[0], 3), round(q[-1], 3)],
+            "within_1_5x": round(sum(1 / 1.5 <= r <= 1.5 for r in ratios) / len(ratios), 3),
+            "within_2x": round(sum(0.5 <= r <= 2 for r in ratios) / len(ratios), 3)}
+
+
+def report(rows: list[dict[str, Any]], efficiency: float = 1.0) -> dict[str, Any]:
+    """Per chip: per class and overall, compiler-only and with the floor."""
+    out: dict[str, Any] = {}
+    for chip in sorted({r["chip"] for r in rows}):
+        mine = [r for r in rows if r["chip"] == chip and r.get("measured_s")
+                and r.get("estimate_s")]
+        entry: dict[str, Any] = {"compiler": {}, "with_floor": {}}
+        for key, value in (("compiler", lambda r: r["estimate_s"]),
+                           ("with_floor", lambda r: with_floor(r, efficiency))):
+            classes: dict[str, list[float]] = {}
+            for r in mine:
+                classes.setdefault(r.get("class") or "unknown", []).append(
+                    value(r) / r["measured_s"])
+            entry[key] = {k: summarize(v) for k, v in sorted(classes.items())}
+            entry[key]["all"] = summarize([value(r) / r["measured_s"] for r in mine]) \
+                if mine else {}
+            rho = spearman([value(r) for r in mine], [r["measured_s"] for r in mine])
+            entry[key]["all"]["spearman"] = round(rho, 3) if rho is not None else None
+        out[chip] = entry
+    return out
+
+
+def directions(rows: list[dict[str, Any]]) -> list[str]:
+    """For each Pallas variant: does the estimated speedup over XLA point the way the
+    measured one does?"""
+    lines = []
+    base = {(r["source"], r["workload"], r["chip"]): r for r in rows
+            if r.get("variant") == "baseline"}
+    for r in rows:
+        if r.get("variant") != "optimized":
+            continue
+        b = base.get((r["source"], r["workload"], r["chip"]))
+        if not b or not b.get("measured_s") or not r.get("measured_s"):
+            continue
+        measured = b["measured_s"] / r["measured_s"]
+        for label, est in (("compiler", r.get("compiler_speedup")),
+                           ("with floor", r.get("estimated_speedup"))):
+            if est is None:
+                lines.append(f"  {r['program'][:50]:<50} {label:<10} measured {measured:5.2f}x,"
+                             f" no estimate ({str(r.get('why'))[:60]})")
+                continue
+            same = (measured >= 1) == (est >= 1)
+            lines.append(f"  {r['program'][:50]:<50} {label:<10} measured {measured:5.2f}x, "
+                         f"estimated {est:5.2f}x: {'same direction' if same else 'WRONG WAY'}")
+    return lines
+
+
+def fit_efficiency(rows: list[dict[str, Any]]) -> tuple[float | None, list[dict[str, Any]]]:
+    """The share of HBM bandwidth memory-bound programs achieve, fitted on every other
+    memory-bound row (by name) as the median of bytes / (bandwidth x measured); returns
+    it and the rows it was not fitted on."""
+    from profiling.chips import get_chip
+
+    memory = sorted((r for r in rows if r.get("class") == "memory_bound"
+                     and r.get("measured_s") and r.get("bytes")
+                     and r.get("variant") == "baseline"), key=lambda r: r["program"])
+    train, test = memory[0::2], memory[1::2]
+    if not train:
+        return None, test
+    shares = [r["bytes"] / (get_chip(r["chip"]).hbm_bytes_per_s * r["measured_s"])
+              for r in train]
+    return min(statistics.median(shares), 1.0), test
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jaxbench", type=Path, help="a git checkout of aryatschand/JAXBench")
+    parser.add_argument("--commit", default=JAXBENCH_COMMIT)
+    parser.add_argument("--only", nargs="*", help="workload name prefixes (mm1024... for "
+                                                  "the guide's rows)")
+    parser.add_argument("--skip-guide", action="store_true")
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--compile-memory-mb", type=int, default=4096)
+    parser.add_argument("--worker-memory-mb", type=int, default=12288)
+    parser.add_argument("--fit-efficiency", action="store_true")
+    parser.add_argument("--write", action="store_true",
+                        help="store the per-class figures in kernels/data/fidelity.json")
+    parser.add_argument("--json", type=Path, help="also write every row here")
+    args = parser.parse_args()
+    if not args.jaxbench and args.skip_guide:
+        parser.error("nothing to do: give --jaxbench and/or leave out --skip-guide")
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    started = time.perf_counter()
+    print(f"{'program':<52} {'class':<17} {'meas. ms':>9} {'est. ms':>9} {'ratio':>6} "
+          f"{'floor':>6}  {'wall':>6}  method / why not")
+    with tempfile.TemporaryDirectory(prefix="tw-fidelity-") as scratch:
+        rows = asyncio.run(estimate_rows(args, Path(scratch)))
+    figures = report(rows)
+    print(f"\nwall time {time.perf_counter() - started:.0f} s; "
+          f"{sum(1 for r in rows if r.get('estimate_s'))}/{len(rows)} programs estimated")
+    for chip, entry in figures.items():
+        for key in ("compiler", "with_floor"):
+            print(f"\n{chip}, {key.replace('_', ' ')}:")
+            for klass, s in entry[key].items():
+                extra = f", Spearman {s['spearman']}" if "spearman" in s else ""
+                if not s:
+                    continue
+                print(f"  {klass:<18} rows {s['rows']:>3}  median {s['median_ratio']:6.3f}  "
+                      f"middle half {s['middle_half'][0]:.3f}-{s['middle_half'][1]:.3f}  "
+                      f"within 1.5x {s['within_1_5x']:.0%}  within 2x {s['within_2x']:.0%}"
+                      f"{extra}")
+    print("\nPallas variants against XLA:")
+    print("\n".join(directions(rows)) or "  none measured")
+    failed = [r for r in rows if not r.get("estimate_s")]
+    if failed:
+        print("\nnot estimated:")
+        for r in failed:
+            print(f"  {r['program']}: {r.get('why')}")
+    efficiency = None
+    if args.fit_efficiency:
+        efficiency, test = fit_efficiency(rows)
+        if efficiency:
+            held = [with_floor(r, efficiency) / r["measured_s"] for r in test if r.get(
+                "estimate_s")]
+            plain = [with_floor(r) / r["measured_s"] for r in test if r.get("estimate_s")]
+            print(f"\nHBM efficiency fitted on {len(rows) and len(test)} memory-bound rows' "
+                  f"other half: {efficiency:.3f}; on the rows it was not fitted on: median "
+                  f"{statistics.median(held):.3f} (spec bandwidth: "
+                  f"{statistics.median(plain):.3f})" if held else "")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2, default=str))
+    if args.write:
+        table = {"schema": "tilewright.fidelity/1",
+                 "source": "; ".join(SOURCES[s] for s in sorted({r["source"] for r in rows})),
+                 "generated": time.strftime("%Y-%m-%d"),
+                 "benchmark": "benchmarks/estimate_fidelity.py", "chips": figures}
+        if efficiency:
+            table["efficiency"] = {"v6e": round(efficiency, 3)}
+        path = ROOT / "kernels" / "data" / "fidelity.json"
+        path.write_text(json.dumps(table, indent=2) + "\n")
+        print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

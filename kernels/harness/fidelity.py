@@ -1,0 +1,129 @@
+"""How far the estimate can be trusted: the program's class and the measured record.
+
+The TPU compiler's static estimate has been compared with public device-time
+measurements (``benchmarks/estimate_fidelity.py``: upstream JAXBench's v6e-1 times, the
+Pallas TPU matmul guide's v5e times, and the user's own ``tilewright calibrate`` pairs).
+How good it is depends on the kind of program: compute-bound matmuls land within a few
+percent, memory-bound and manually-DMAing programs come out several times too fast
+(the estimator prices HBM traffic at ~0 and counts data-dependent loops as not run).
+So every estimate carries ``tpu.fidelity``: the program's class and, for the chip,
+what the benchmark measured for that class (median ratio estimate / measured, the share
+within 2x, how many rows, the source), read from ``kernels/data/fidelity.json`` (the
+benchmark's last run, shipped with the package) plus the user's calibration file.
+
+Classes (``program_class``): ``collective`` (all-reduce and kin), ``pallas_manual_dma``
+(a kernel with memory_space=ANY operands or scalar-prefetch-indexed blocks),
+``gather_scatter`` (the reference gathers or scatters), else ``compute_bound`` or
+``memory_bound`` by the reference's FLOP per byte against the chip's ridge point for
+the inputs' dtype. Pure data: no JAX here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+TABLE = Path(__file__).resolve().parent.parent / "data" / "fidelity.json"
+CALIBRATION_ENV = "TILEWRIGHT_CALIBRATION"  # the user's calibration pairs (JSON lines)
+CLASSES = ("compute_bound", "memory_bound", "pallas_manual_dma", "gather_scatter",
+           "collective")
+_COLLECTIVES = {"all-reduce", "all-gather", "reduce-scatter", "all-to-all",
+                "collective-permute"}
+
+
+def program_class(reference_cost: dict[str, Any] | None,
+                  reference_opcodes: dict[str, int] | None,
+                  kernel_opcodes: dict[str, int] | None, plans: list[dict[str, Any]],
+                  dtype: str | None, chip: str) -> str | None:
+    """The class of a program (see the module docstring); None when nothing is known."""
+    ops = {**(reference_opcodes or {}), **(kernel_opcodes or {})}
+    if _COLLECTIVES & set(ops):
+        return "collective"
+    if any(p.get("data_dependent") for p in plans):
+        return "pallas_manual_dma"
+    if {"gather", "scatter"} & set(reference_opcodes or {}):
+        return "gather_scatter"
+    cost = reference_cost or {}
+    flops, moved = cost.get("flops"), cost.get("bytes_accessed")
+    if not flops or not moved:
+        return None
+    from profiling.chips import get_chip
+
+    try:
+        spec = get_chip(chip)
+    except KeyError:
+        return None
+    peak = spec.f32_flops if dtype in ("float32", "f32") else spec.bf16_flops
+    return "compute_bound" if flops / moved >= peak / spec.hbm_bytes_per_s else "memory_bound"
+
+
+@cache
+def _table() -> dict[str, Any]:
+    try:
+        return json.loads(TABLE.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def efficiency(chip: str) -> float:
+    """The share of the chip's HBM bandwidth the memory floor assumes: 1.0 (the physical
+    bound) unless the shipped table carries a measured one for the chip."""
+    value = (_table().get("efficiency") or {}).get(chip)
+    return float(value) if isinstance(value, int | float) and 0 < value <= 1 else 1.0
+
+
+def _calibration(chip: str, klass: str) -> list[float]:
+    """The user's own estimate/measured ratios for the chip and class (calibrate)."""
+    path = os.environ.get(CALIBRATION_ENV)
+    if not path:
+        return []
+    ratios = []
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                if row.get("chip") == chip and row.get("class") == klass and \
+                        isinstance(row.get("ratio"), int | float) and row["ratio"] > 0:
+                    ratios.append(float(row["ratio"]))
+    except OSError:
+        return []
+    return ratios
+
+
+def lookup(chip: str, klass: str | None, basis: str | None = None) -> dict[str, Any] | None:
+    """What the record says of estimates for ``klass`` on ``chip`` (with the memory
+    floor when ``basis`` is memory_floor): ``{class, chip, median_ratio, within_2x,
+    rows, source, note}``; the nearest measured chip when this one has no rows."""
+    if klass is None:
+        return None
+    table = _table()
+    chips = table.get("chips") or {}
+    key = "with_floor" if basis == "memory_floor" else "compiler"
+    found, measured_on = None, chip
+    if klass in ((chips.get(chip) or {}).get(key) or {}):
+        found = chips[chip][key][klass]
+    else:
+        for other, data in chips.items():
+            if klass in (data.get(key) or {}):
+                found, measured_on = data[key][klass], other
+                break
+    own = _calibration(chip, klass)
+    if found is None and not own:
+        return {"class": klass, "chip": chip, "median_ratio": None, "within_2x": None,
+                "rows": 0, "source": table.get("source"),
+                "note": "no public measurement of this class of program"}
+    out = {"class": klass, "chip": measured_on, **(found or {}),
+           "source": table.get("source")}
+    if measured_on != chip:
+        out["note"] = f"measured on {measured_on}; no measurement for {chip}"
+    if own:
+        own.sort()
+        out["calibration"] = {"rows": len(own), "median_ratio": own[len(own) // 2],
+                              "within_2x": sum(0.5 <= r <= 2 for r in own) / len(own)}
+    return out
