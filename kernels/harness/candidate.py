@@ -140,6 +140,9 @@ class Server:
             raise _Failure("compile_error", self._describe(exc, kind)) from None
         self._check_tampering()
         closed = traced.jaxpr
+        refused = integrity.program_refusal(closed, self.filename)  # estimated == run
+        if refused is not None:
+            raise _Failure("rejected", refused)
         facts: dict[str, Any] = {
             "pallas_call": integrity.contains_pallas_call(closed),
             "pallas_lines": integrity.pallas_call_lines(closed, self.filename),
