@@ -274,6 +274,9 @@ class WorkerPool:
         """
         moved = None
         options = payload.get("options") if isinstance(payload.get("options"), dict) else {}
+        if op == "profile":  # the judge answers before this deadline, within this memory
+            payload = {"timeout_s": timeout, "memory_limit_mb": self.memory_limit_mb,
+                       **payload}
         if op == "profile" and (payload.get("logdir") or options.get("logdir")):
             # The worker writes only to its scratch dir: the trace is moved afterwards.
             # (``logdir`` may sit at the payload's top level or in its options.)
@@ -429,7 +432,7 @@ def _move_tree(result: dict[str, Any], src: str, dest: str) -> dict[str, Any]:
     """Move a profile's files from the worker's scratch dir to ``dest`` and rewrite the
     paths in ``result`` to their new place."""
     os.makedirs(dest, exist_ok=True)
-    shutil.copytree(src, dest, dirs_exist_ok=True)
+    shutil.copytree(src, dest, dirs_exist_ok=True, symlinks=True)  # never follow out
     shutil.rmtree(src, ignore_errors=True)
 
     def fix(value: Any) -> Any:

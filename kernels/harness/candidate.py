@@ -15,7 +15,7 @@ Python at call time: its outputs are checked, timed calls included.
 
 Ops (judge -> candidate; one at a time, each answered once, ``id`` echoed):
 ``load`` ``prepare`` ``run`` ``stage`` ``call`` ``fetch`` ``verdicts`` ``finish``
-``ping``. A failure is ``{ok: false, status, error}`` with the contract's error object.
+``profile`` ``ping``. A failure is ``{ok: false, status, error}`` with the contract's error object.
 """
 
 from __future__ import annotations
@@ -271,6 +271,18 @@ class Server:
         self.reset()
         return report
 
+    def profile(self, header: dict[str, Any], blob: bytes) -> dict[str, Any]:
+        """The profile op's candidate half (``kernels.harness.profile_op``): the loaded
+        candidate analyzed and run under the profiler here, never in the judge."""
+        from kernels.harness import profile_op
+
+        try:
+            reply = profile_op.run_in_candidate(self.entry, header, blob)
+        except profile_op.CandidateFault as fault:
+            raise _Failure(fault.status, self._describe(fault.exc, fault.kind)) from None
+        self._check_tampering()
+        return reply
+
     def ping(self, header: dict[str, Any], blob: bytes) -> dict[str, Any]:
         return {}
 
@@ -357,7 +369,8 @@ def serve(sock: socket.socket) -> None:
             os._exit(0)  # the judge is gone
 
 
-OPS = ("load", "prepare", "run", "stage", "call", "fetch", "verdicts", "finish", "ping")
+OPS = ("load", "prepare", "run", "stage", "call", "fetch", "verdicts", "finish", "profile",
+       "ping")
 
 
 def main(argv: list[str] | None = None) -> int:
