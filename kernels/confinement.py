@@ -110,6 +110,7 @@ ENV_NETWORK = "TILEWRIGHT_CONFINE_NET"  # auto (default) | namespace | off
 ENV_DISABLE = "TILEWRIGHT_CONFINE"  # "off": rlimits and descendant killing only
 ENV_WRITABLE = "TILEWRIGHT_WORKER_WRITABLE"  # extra writable dirs, os.pathsep-separated
 ENV_READABLE = "TILEWRIGHT_WORKER_READABLE"  # extra readable paths, os.pathsep-separated
+ENV_MOUNTS = "TILEWRIGHT_CONFINE_MOUNTS"  # "off": no mount namespace (host /proc, /dev/shm)
 # Set by a worker whose mount namespace has its own tmpfs on /dev/shm; inherited by its
 # candidate process (started by the judge, never by the candidate) so that both grant
 # /dev/shm to Landlock only when it is that private mount.
@@ -408,7 +409,10 @@ def _enter_namespaces(want_net: bool) -> tuple[dict[str, Any], int | None]:
                 "(nested user namespaces cannot be mapped under Landlock)",
                 "inherited": True}, None
     flags = CLONE_NEWUSER | CLONE_NEWPID | (CLONE_NEWNET if want_net else 0)
-    mount_why = _unshare(flags | CLONE_NEWNS)
+    if os.environ.get(ENV_MOUNTS, "").lower() == "off":  # debugging: the host's mounts
+        mount_why: str | None = f"{ENV_MOUNTS}=off"
+    else:
+        mount_why = _unshare(flags | CLONE_NEWNS)
     mount_ns = mount_why is None
     why = None if mount_ns else _unshare(flags)
     if why is not None:
@@ -458,8 +462,7 @@ def _enter_namespaces(want_net: bool) -> tuple[dict[str, Any], int | None]:
         os.close(go_read)
         told = {"host_pid": _child_entry(worker),
                 "mounts": _private_mounts() if mount_ns else {
-                    "private": False, "reason": f"no mount namespace: unshare refused "
-                    f"({mount_why})"}}
+                    "private": False, "reason": f"no mount namespace ({mount_why})"}}
         with contextlib.suppress(OSError):
             os.write(go_write, json.dumps(told).encode())
         os.close(go_write)

@@ -128,8 +128,28 @@ def serve(sock: socket.socket, confined: dict[str, Any] | None = None) -> None:
         if changed or not restored:
             reply["recycle"] = ("the judge's own modules changed: " + ", ".join(changed[:5])
                                 if changed else "the judge's jax.config could not be restored")
+            _withhold_verdict(request, reply)
         _flush_stdio()
         _send(sock, reply)
+
+
+def _withhold_verdict(request: dict[str, Any], reply: dict[str, Any]) -> None:
+    """A judge whose harness changed during an evaluation cannot be believed: only task
+    code runs in it (the reference, the input builder), so the task is blamed and no
+    verdict is given."""
+    result = reply.get("result")
+    if request.get("op") != "eval" or not isinstance(result, dict) or "status" not in result:
+        return
+    result["status"] = "runtime_error"
+    result["error"] = {
+        "kind": "task", "line": None, "traceback": None, "file": None,
+        "message": f"the task's code changed the harness in the judge ({reply['recycle']}): "
+                   "no verdict is given, and the worker is replaced",
+        "hint": "Task files (reference.py, input builders) run in the judge: they must not "
+                "import or patch tilewright's harness."}
+    result["timing"] = None
+    if isinstance(result.get("correctness"), dict):
+        result["correctness"]["correct"] = False
 
 
 def warm_up() -> None:
