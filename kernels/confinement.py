@@ -642,14 +642,18 @@ def _opens_up(real: str, home: str, temp: str) -> bool:
     return _opens_home(real, home) or above_temp or _is_checkout_root(real)
 
 
-def read_allowlist(extra: list[str] | tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
-    """What a confined worker may read: (paths, refused), each an absolute path.
+def read_allowlist(extra: list[str] | tuple[str, ...] = ()
+                   ) -> tuple[list[str], list[str], list[str]]:
+    """What a confined worker may read: (paths, listable, refused), absolute paths.
 
     The Python installation and the site-packages in use (``sys.prefix``,
     ``sys.base_prefix``, ``sys.path`` entries), tilewright's packages, system trees, a
     few /etc files and ``extra``. A ``sys.path`` entry that would open up the user's
     files (``/``, ``$HOME`` or a directory above it, the temporary directory above the
-    scratch dirs, a tilewright checkout's root) is refused and listed."""
+    scratch dirs) is refused and listed. A tilewright checkout's root on ``sys.path``
+    (running from a checkout without an install) is ``listable`` only: Python's import
+    system lists it to find ``profiling/`` there, but its files (.env, .git) stay
+    unreadable; the packages themselves are in ``paths``."""
     import sysconfig
 
     home = os.path.realpath(os.path.expanduser("~"))
@@ -670,20 +674,26 @@ def read_allowlist(extra: list[str] | tuple[str, ...] = ()) -> tuple[list[str], 
         wanted.append(entry)
     wanted += list(extra)
     paths: list[str] = []
+    listable: list[str] = []
     for path in wanted:
         real = os.path.realpath(path)
         if not os.path.exists(real):
+            continue
+        if _is_checkout_root(real) and path not in extra and not _opens_home(real, home):
+            if real not in listable:
+                listable.append(real)
             continue
         if _opens_up(real, home, temp) and (path not in extra or _opens_home(real, home)):
             refused.append(path)  # an extra path the user named may be a checkout or /tmp
             continue
         if real not in paths:
             paths.append(real)
-    return paths, sorted(set(refused))
+    return paths, listable, sorted(set(refused))
 
 
 def _landlock(abi: int, writable: list[str], readable: list[str],
-              deny_connect: bool) -> dict[str, Any]:
+              deny_connect: bool, listable: list[str] | tuple[str, ...] = ()
+              ) -> dict[str, Any]:
     libc = _libc()
     libc.syscall.restype = ctypes.c_long
     read = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR
@@ -731,6 +741,8 @@ def _landlock(abi: int, writable: list[str], readable: list[str],
 
         for path in readable:
             allow(path, read)
+        for path in listable:  # names only, beneath too; no file's contents
+            allow(path, FS_READ_DIR)
         # /dev: its listing (runtimes enumerate accelerators), and only the device nodes
         # named above; not /dev/shm unless it is this namespace's own tmpfs (the host's
         # holds other programs' shared memory).
@@ -749,7 +761,8 @@ def _landlock(abi: int, writable: list[str], readable: list[str],
     return {"active": True, "abi": abi,
             "writable": [*writable, "device nodes"] + (["/dev/shm (private)"] if shm_private
                                                        else []),
-            "reads": "confined", "readable": [*readable, "device nodes"]
+            "reads": "confined", "listable_only": list(listable),
+            "readable": [*readable, "device nodes"]
             + (["/dev/shm (private)"] if shm_private else []),
             "dev_shm": "private tmpfs, emptied after every request" if shm_private else
             "denied (not this namespace's own mount)",
@@ -849,11 +862,12 @@ def confine(scratch: str, readable: list[str] | tuple[str, ...] = ()) -> dict[st
         more = [p for p in os.environ.get(ENV_READABLE, "").split(os.pathsep)
                 if p and os.path.exists(p)]
         if abi:
-            paths, refused = read_allowlist([*readable, *more])
+            paths, listable, refused = read_allowlist([*readable, *more])
             try:
                 report["filesystem"] = _landlock(abi, [scratch, *extra], paths,
                                                  deny_connect=not tpu or bool(ns.get("active")
-                                                                              and want_net))
+                                                                              and want_net),
+                                                 listable=listable)
                 report["filesystem"]["refused"] = refused
             except OSError as exc:
                 report["filesystem"] = {"active": False, "reason": str(exc)}
