@@ -9,7 +9,8 @@ the original paths back (``restore``), so errors still name the user's files.
 
 What is copied is what a task needs and nothing that could carry the user's secrets:
 regular files only (symlinks are not followed: a link to ``~/.ssh`` stays behind),
-no dotfiles or dot-directories (``.env``, ``.git``), no ``__pycache__``, within
+no dotfiles or dot-directories (``.env``, ``.git``), no ``__pycache__``, no tilewright
+session directories (one holding ``events.jsonl``), within
 ``MAX_FILES`` files, ``MAX_FILE_BYTES`` per file and ``MAX_TOTAL_BYTES`` in all. A
 copy is refreshed only when a file's size or modification time changed.
 """
@@ -43,8 +44,11 @@ def _manifest(root: Path) -> list[tuple[str, int, int]]:
     base_depth = len(root.parts)
     for current, dirs, files in os.walk(root, followlinks=False):
         here = Path(current)
+        # Sessions kept inside a task (``--session-dir ./sessions``) are not the task's:
+        # other runs' records, growing with every event.
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIP_DIRS
-                         and len(here.parts) - base_depth < MAX_DEPTH)
+                         and len(here.parts) - base_depth < MAX_DEPTH
+                         and not (here / d / "events.jsonl").exists())
         for name in sorted(files):
             if name.startswith("."):
                 continue

@@ -487,3 +487,124 @@ async def test_a_task_that_rewrites_the_harness_in_the_judge_gets_it_replaced(
     assert pool.pids and pool.pids != before
     honest = load_task(str(task_dir), {"rows": "64", "cols": "256"})
     assert (await pool.evaluate(honest, WRONG, QUICK)).status == "incorrect"
+
+
+def test_a_task_reaches_a_worker_as_a_copy_without_links_dotfiles_or_sessions(
+        tmp_path, home) -> None:
+    from kernels import task_copy
+    from kernels.task_copy import TaskCopies, TaskCopyError, restore
+
+    task = tmp_path / "task"
+    shutil.copytree(ROOT / "kernels" / "bundled" / "gelu", task)
+    (task / "helpers").mkdir()
+    (task / "helpers" / "util.py").write_text("X = 1\n")
+    (task / ".env").write_text("ANTHROPIC_API_KEY=sk-ant-canary\n")
+    (task / "stolen_key").symlink_to(home / ".ssh" / "id_ed25519")
+    (task / "sessions" / "s1").mkdir(parents=True)
+    (task / "sessions" / "s1" / "events.jsonl").write_text("{}\n")
+    spec = load_task(str(task)).to_spec()
+    copies = TaskCopies(tmp_path / "scratch" / "tasks")
+    local, mapping = copies.localize(spec)
+    copy = Path(local["root"])
+    assert copy != task and copy.is_relative_to(tmp_path / "scratch" / "tasks")
+    assert (copy / "reference.py").read_text() == (task / "reference.py").read_text()
+    assert (copy / "helpers" / "util.py").exists()
+    assert not (copy / ".env").exists() and not (copy / "stolen_key").exists()
+    assert not (copy / "sessions").exists()
+    assert Path(local["reference_path"]) == copy / "reference.py"
+    said = restore({"error": {"file": local["reference_path"]}}, mapping)
+    assert said["error"]["file"] == str(task / "reference.py")
+    # unchanged: not copied again; changed: refreshed
+    stamp = (copy / "reference.py").stat().st_mtime_ns
+    copies.localize(spec)
+    assert (copy / "reference.py").stat().st_mtime_ns == stamp
+    (task / "helpers" / "util.py").write_text("X = 2\n")
+    copies.localize(spec)
+    assert (copy / "helpers" / "util.py").read_text() == "X = 2\n"
+    big = tmp_path / "big"
+    shutil.copytree(task, big, symlinks=True)
+    for i in range(task_copy.MAX_FILES + 1):
+        (big / f"data_{i}.txt").write_text("x")
+    with pytest.raises(TaskCopyError, match="too much to copy"):
+        copies.localize(load_task(str(big)).to_spec())
+
+
+def test_snapshots_see_code_swaps_class_members_and_table_contents() -> None:
+    from kernels.harness import compare, integrity
+
+    snapshot = integrity.ModuleSnapshot()
+    saved_code = compare.compare.__code__
+    saved_method = integrity.ModuleSnapshot.__dict__["new_threads"]
+    try:
+        compare.compare.__code__ = (lambda out, ref, atol, rtol: None).__code__
+        integrity.ModuleSnapshot.new_threads = lambda self: []
+        integrity.MOVEMENT.add("mul")
+        changed = snapshot.changed()
+    finally:
+        compare.compare.__code__ = saved_code
+        integrity.ModuleSnapshot.new_threads = saved_method
+        integrity.MOVEMENT.discard("mul")
+    assert "kernels.harness.compare.compare" in changed
+    assert "kernels.harness.integrity.ModuleSnapshot.new_threads" in changed
+    assert "kernels.harness.integrity.MOVEMENT" in changed
+    assert snapshot.changed() == []  # put back: nothing left to report
+
+
+def test_jaxpr_checks_for_platform_branches_interpret_and_chunked_work() -> None:
+    import jax
+    import jax.numpy as jnp
+    from jax._src.lax.control_flow.conditionals import platform_index_p
+    from jax.experimental import pallas as pl
+
+    from kernels.harness import integrity
+
+    def body(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2.0
+
+    def diag_body(x_ref, o_ref):
+        o_ref[...] = jnp.diagonal(x_ref[...])[None, :] + x_ref[...]
+
+    def call(x, kernel=body, **kw):
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              **kw)(x)
+
+    def zero(x):
+        return call(x) * 0.0
+
+    def raw_index(x):
+        index = platform_index_p.bind(platforms=(("tpu",), None), has_default=True)
+        return jax.lax.switch(index, [zero, call], x)
+
+    x = jnp.ones((128, 128), jnp.float32)
+
+    def refusal(fn):
+        found = integrity.program_refusal(jax.make_jaxpr(fn)(x), __file__)
+        return found and found["kind"]
+
+    assert refusal(call) is None
+    assert refusal(lambda v: call(v, diag_body)) is None  # JAX's own Mosaic diagonal
+    assert refusal(lambda v: jax.lax.platform_dependent(v, tpu=call, default=call)) is None
+    assert refusal(lambda v: jax.lax.platform_dependent(v, tpu=zero, default=call)) \
+        == "platform_dependent"
+    assert refusal(raw_index) == "platform_dependent"
+    assert refusal(lambda v: call(v, interpret=True)) == "interpret_param"
+
+    def chunked(v):  # 8 slices of 1/8 each: none full size, together all of it
+        n = v.shape[0] // 8
+        return call(jnp.concatenate([jnp.tanh(v[i * n:(i + 1) * n]) for i in range(8)]))
+
+    def scanned(v):  # the same work in a scan of 8 steps
+        def step(carry, piece):
+            return carry, jnp.tanh(piece)
+        return call(jax.lax.scan(step, 0.0, v.reshape(8, -1, v.shape[1]))[1].reshape(v.shape))
+
+    found = integrity.outside_compute(jax.make_jaxpr(chunked)(x), __file__)
+    assert len(found) == 9 and "together 100%" in found[-1], found
+    found = integrity.outside_compute(jax.make_jaxpr(scanned)(x), __file__)
+    assert found and found[0].endswith(" x8"), found  # one op, counted per iteration
+    def touch_up(v):  # one-sixteenth of the output fixed up outside the kernel
+        out = call(v)
+        return out.at[:8].set(jnp.tanh(out[:8]))
+
+    small = integrity.outside_compute(jax.make_jaxpr(touch_up)(x), __file__)
+    assert small == []  # a little bookkeeping outside is fine

@@ -281,6 +281,7 @@ MOVEMENT = {
     "iota", "rev", "gather", "convert_element_type", "bitcast_convert_type",
     "reduce_precision", "stop_gradient", "split", "device_put", "select_n",
     "optimization_barrier", "sharding_constraint", "mesh_cast", "pvary",
+    "scatter",  # x.at[i].set(y): placement only (scatter-add and friends compute)
 }
 FULL_SIZE_SHARE = 0.25  # an operand this share of the largest input/output is "full size"
 

@@ -76,8 +76,13 @@ def lookup_api(payload: dict[str, Any]) -> dict[str, Any]:
             "members": _members(obj), "jax_version": jax.__version__}
 
 
+# The only underscored names answered: how a class is constructed or called. Others
+# (``__class__``, ``__builtins__``, ``__loader__``) lead away from the public API.
+PUBLIC_DUNDERS = ("__init__", "__call__", "__getitem__")
+
+
 def _dunder(part: str) -> bool:
-    return len(part) > 4 and part.startswith("__") and part.endswith("__")
+    return part in PUBLIC_DUNDERS
 
 
 def _root_module(name: str) -> Any:
