@@ -3,9 +3,14 @@
 The worker process the app talks to is the judge: it keeps the inputs, reference
 outputs, comparisons, integrity decisions and the baseline's timing, and never imports
 candidate code. Candidate code runs in one child process per worker, started here,
-confined like the worker (nested namespaces, its own Landlock domain and scratch
-directory), connected by a socketpair framed by ``kernels.harness.wire``. The child
+confined like the worker (the worker's namespaces, its own Landlock domain: reads of
+Python, the system and the app's task copies under ``<scratch>/tasks``, writes to its
+own scratch directory, which goes with it), started with ``python -P`` in that
+directory, connected by a socketpair framed by ``kernels.harness.wire``. The child
 inherits no other descriptor (not the app's socket) and never sees the reply nonce.
+Its pids are mapped to /proc entries only through this process's own subtree
+(``kernels.confinement.proc_entry``), so limits, pauses and kills reach its processes
+and no other worker's.
 
 A candidate process that crashes, exits, hangs past the evaluation's deadline, grows
 past the memory limit or breaks the protocol (a forged or oversized reply) is killed
