@@ -17,11 +17,19 @@ first, recording what is active and, for each thing that is not, why:
    child (when either ends, the kernel kills everything in the namespace, so nothing a
    candidate forks outlives it). In the new network namespace only a private loopback
    exists (no route out, listeners unreachable from outside).
-2. Landlock (``landlock_create_ruleset(2)``): the filesystem is read-only except the
-   worker's scratch directory and devices; TCP bind (and connect, when there is no
-   network namespace and no TPU) is denied; signals and abstract UNIX sockets cannot
-   reach processes outside; ptrace-style access to other processes (``/proc/<pid>/
-   environ``, ``mem``) is denied.
+   A mount namespace comes with them: the namespace's own ``/proc`` (only its own
+   processes are visible, and their numbers are the namespace's) and a small private
+   tmpfs on ``/dev/shm`` (shared memory is not resident memory: a candidate could park
+   gigabytes there past the memory watch; the worker empties it after every request).
+2. Landlock (``landlock_create_ruleset(2)``): reads are confined to what Python, JAX
+   and the task need (``read_allowlist``: the Python installation and site-packages in
+   use, tilewright's own packages, system libraries, a few ``/etc`` files, ``/proc``,
+   ``/sys``, the device nodes JAX opens, the scratch dir and the paths the caller
+   names), so ``~/.ssh``, ``~/.netrc``, cloud credentials, other sessions and the app's
+   config are unreadable; writes are confined to the scratch directory and devices;
+   TCP bind (and connect, when there is no network namespace and no TPU) is denied;
+   signals and abstract UNIX sockets cannot reach processes outside; ptrace-style
+   access to other processes (``/proc/<pid>/environ``, ``mem``) is denied.
 3. rlimits: no core files, a file-size limit, RLIMIT_NPROC where the kernel applies it
    (not to uid 0). Resident memory is watched by the app (RLIMIT_AS breaks XLA, which
    reserves large address ranges).
@@ -39,6 +47,7 @@ import contextlib
 import ctypes
 import errno
 import glob
+import json
 import os
 import resource
 import signal
@@ -56,6 +65,11 @@ PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
 
 CLONE_NEWNS = 0x00020000
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MS_NOEXEC = 0x8
+MS_REC = 0x4000
+MS_PRIVATE = 1 << 18
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
@@ -88,12 +102,19 @@ SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0  # ABI 6
 SCOPE_SIGNAL = 1 << 1
 
 FILE_SIZE_LIMIT = 1 << 30  # 1 GiB: room for a profile, not for filling the disk
+SHM_BYTES = 64 << 20  # the private /dev/shm: room for semaphores, not for a memory bomb
 NPROC_MARGIN = 256  # tasks (threads count) a worker may add beyond its own start-up need
 
 # Environment knobs (documented in docs/SECURITY.md).
 ENV_NETWORK = "TILEWRIGHT_CONFINE_NET"  # auto (default) | namespace | off
 ENV_DISABLE = "TILEWRIGHT_CONFINE"  # "off": rlimits and descendant killing only
 ENV_WRITABLE = "TILEWRIGHT_WORKER_WRITABLE"  # extra writable dirs, os.pathsep-separated
+ENV_READABLE = "TILEWRIGHT_WORKER_READABLE"  # extra readable paths, os.pathsep-separated
+ENV_MOUNTS = "TILEWRIGHT_CONFINE_MOUNTS"  # "off": no mount namespace (host /proc, /dev/shm)
+# Set by a worker whose mount namespace has its own tmpfs on /dev/shm; inherited by its
+# candidate process (started by the judge, never by the candidate) so that both grant
+# /dev/shm to Landlock only when it is that private mount.
+ENV_PRIVATE_SHM = "TILEWRIGHT_PRIVATE_SHM"
 
 
 def _libc() -> Any:
@@ -228,6 +249,88 @@ def _local_pid(host_pid: int) -> int:
     return host_pid
 
 
+# -- pids across PID namespaces ------------------------------------------------------
+#
+# Inside a worker's PID namespace getpid() and kill() use the namespace's numbers. With
+# the namespace's own /proc (the usual case here) /proc uses them too; with the host's
+# /proc (no mount namespace) it shows the host's. A namespace pid is mapped to its /proc
+# entry only through this process's own subtree: two workers on one host both have a
+# pid 3, and the first /proc entry whose NSpid says 3 may be the other worker's.
+
+_HOST_PID: int | None = None  # the serving process's pid as the app names it
+
+
+def ns_pids(entry: int | str) -> list[int]:
+    """The NSpid chain of a /proc entry (outermost namespace first); [] when unreadable."""
+    try:
+        with open(f"/proc/{entry}/status") as fh:
+            for line in fh:
+                if line.startswith("NSpid:"):
+                    return [int(x) for x in line.split()[1:]]
+    except (OSError, ValueError):
+        pass
+    return []
+
+
+def proc_is_own() -> bool:
+    """Whether /proc numbers processes as this process does (its namespace's procfs, or
+    no PID namespace at all)."""
+    try:
+        return os.readlink("/proc/self") == str(os.getpid())
+    except OSError:
+        return True
+
+
+def proc_entry(pid: int) -> int | None:
+    """The /proc entry of ``pid`` (a pid as this process names it, of itself or of a
+    process below it); None when it is not (or no longer) below us."""
+    if proc_is_own():
+        return pid
+    me = int(os.readlink("/proc/self"))
+    if pid == os.getpid():
+        return me
+    depth = max(len(ns_pids(me)), 1)
+    for entry in descendants(me):
+        chain = ns_pids(entry)
+        if len(chain) >= depth and chain[depth - 1] == pid:
+            return entry
+    return None
+
+
+def local_pid(entry: int) -> int | None:
+    """The pid of a /proc entry below us as this process names it (for kill())."""
+    if proc_is_own():
+        return entry
+    depth = max(len(ns_pids("self")), 1)
+    chain = ns_pids(entry)
+    return chain[depth - 1] if len(chain) >= depth else None
+
+
+def find_in_subtree(root: int, pid: int, claimed: int | None = None) -> int | None:
+    """App side: the /proc entry of the process that calls itself ``pid`` (its getpid(),
+    inside its namespace) in the subtree of ``root`` (a process we started). ``claimed``
+    is the entry that process believes it has; it is taken when it is in the subtree."""
+    below = [root, *descendants(root)]
+    if claimed is not None and claimed in below:
+        return claimed
+    for entry in below:
+        chain = ns_pids(entry)
+        if chain and chain[-1] == pid:
+            return entry
+    return None
+
+
+def host_pid() -> int:
+    """This serving process's pid as the app names it: recorded before the namespace's
+    own /proc hid the host's numbers, else what /proc says."""
+    if _HOST_PID is not None:
+        return _HOST_PID
+    try:
+        return int(os.readlink("/proc/self"))
+    except (OSError, ValueError):
+        return os.getpid()
+
+
 def _reap() -> None:
     while True:
         try:
@@ -292,20 +395,26 @@ def _unshare(flags: int) -> str | None:
 
 
 def _enter_namespaces(want_net: bool) -> tuple[dict[str, Any], int | None]:
-    """unshare user + pid (+ net) namespaces and fork: the child returns (it becomes PID 1
-    and serves); the parent waits as a shim and never returns. Returns the report and
-    None, or the report and the errno text when namespaces are not available."""
+    """unshare user + pid (+ net) + mount namespaces and fork: the child returns (it
+    becomes PID 1's child and serves); the parent waits as a shim and never returns.
+    Returns the report and None, or the report and the errno text when namespaces are
+    not available."""
     uid, gid = os.getuid(), os.getgid()
     if _in_child_user_namespace():
         # The candidate process of a confined worker: it already lives in the worker's
-        # user, pid and network namespaces. A nested user namespace cannot be mapped
-        # (Landlock denies the write to /proc/self/uid_map), and a half set-up one would
-        # leave this process unable to start threads: stay in the worker's.
+        # user, pid, mount and network namespaces. A nested user namespace cannot be
+        # mapped (Landlock denies the write to /proc/self/uid_map), and a half set-up one
+        # would leave this process unable to start threads: stay in the worker's.
         return {"active": False, "reason": "inside the worker's namespaces already "
                 "(nested user namespaces cannot be mapped under Landlock)",
                 "inherited": True}, None
     flags = CLONE_NEWUSER | CLONE_NEWPID | (CLONE_NEWNET if want_net else 0)
-    why = _unshare(flags)
+    if os.environ.get(ENV_MOUNTS, "").lower() == "off":  # debugging: the host's mounts
+        mount_why: str | None = f"{ENV_MOUNTS}=off"
+    else:
+        mount_why = _unshare(flags | CLONE_NEWNS)
+    mount_ns = mount_why is None
+    why = None if mount_ns else _unshare(flags)
     if why is not None:
         return {"active": False, "reason": f"unshare(user, pid{', net' if want_net else ''}) "
                 f"refused: {why} (unprivileged user namespaces disabled, e.g. "
@@ -317,24 +426,118 @@ def _enter_namespaces(want_net: bool) -> tuple[dict[str, Any], int | None]:
     _write("/proc/self/gid_map", f"{gid} {gid} 1")
     if want_net:
         _loopback_up()
-    report = {"active": True, "kinds": ["user", "pid"] + (["net"] if want_net else [])}
+    report: dict[str, Any] = {"active": True, "kinds": ["user", "pid"]
+                              + (["net"] if want_net else []) + (["mount"] if mount_ns else [])}
     # PID 1 of a namespace ignores signals it has no handler for (abort() in it would
     # turn into SIGSEGV, kill -9 from inside would do nothing): a tiny init is PID 1 and
-    # the worker is its child. A pipe carries the worker's wait status out to the shim.
+    # the worker is its child. A pipe carries the worker's wait status out to the shim;
+    # another tells the worker, once init has made the private mounts, what they are
+    # and the worker's host pid (read while /proc still showed the host's numbers).
     read_end, write_end = os.pipe()
     init = os.fork()
     if init == 0:
         os.close(read_end)
         _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))  # the shim dies: init dies: all die
+        go_read, go_write = os.pipe()
         worker = os.fork()
         if worker == 0:
             os.close(write_end)
+            os.close(go_write)
             _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+            message = _read_all(go_read)
+            os.close(go_read)
+            global _HOST_PID
+            try:
+                told = json.loads(message or b"{}")
+            except ValueError:
+                told = {}
+            _HOST_PID = told.get("host_pid") if isinstance(told.get("host_pid"), int) else None
+            report["mounts"] = told.get("mounts") or {"private": False,
+                                                       "reason": "init said nothing"}
+            if (report["mounts"].get("dev_shm") or {}).get("private"):
+                os.environ[ENV_PRIVATE_SHM] = "1"
+            else:
+                os.environ.pop(ENV_PRIVATE_SHM, None)
             return report, 0
+        os.close(go_read)
+        told = {"host_pid": _child_entry(worker),
+                "mounts": _private_mounts() if mount_ns else {
+                    "private": False, "reason": f"no mount namespace ({mount_why})"}}
+        with contextlib.suppress(OSError):
+            os.write(go_write, json.dumps(told).encode())
+        os.close(go_write)
         _init(worker, write_end)
     os.close(write_end)
     _shim(init, read_end)
     raise AssertionError("unreachable")
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except InterruptedError:
+            continue
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def _child_entry(child: int) -> int | None:
+    """The /proc entry (host numbering, while /proc is still the host's) of our only
+    child, ``child`` in the namespace's numbering."""
+    try:
+        me = int(os.readlink("/proc/self"))
+    except (OSError, ValueError):
+        return None
+    try:
+        with open(f"/proc/{me}/task/{me}/children") as fh:
+            found = [int(x) for x in fh.read().split()]
+        if len(found) == 1:
+            return found[0]
+    except (OSError, ValueError):
+        pass
+    for entry, parent in _process_table().items():
+        if parent == me and ns_pids(entry)[-1:] == [child]:
+            return entry
+    return None
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int,
+           data: str | None = None) -> str | None:
+    """mount(2); None on success, else why not."""
+    libc = _libc()
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
+                           ctypes.c_ulong, ctypes.c_char_p]
+    def enc(value: str | None) -> bytes | None:
+        return value.encode() if value is not None else None
+
+    if libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)) == 0:
+        return None
+    return _err()
+
+
+def _private_mounts() -> dict[str, Any]:
+    """In the new mount namespace (as PID 1 of the new PID namespace, so that a fresh
+    procfs shows this namespace): our own /proc and a small tmpfs on /dev/shm. Nothing
+    here reaches the host's mounts (the tree is made private first)."""
+    why = _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    if why is not None:
+        return {"private": False, "reason": f"making / private refused: {why}"}
+    out: dict[str, Any] = {"private": True}
+    why = _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    out["proc"] = {"private": True} if why is None else {
+        "private": False, "reason": f"mounting a fresh /proc refused: {why} (a container "
+        "that masks parts of /proc forbids it): other processes' command lines are visible"}
+    if os.path.isdir("/dev/shm"):
+        why = _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                     f"size={SHM_BYTES},mode=1777")
+        out["dev_shm"] = {"private": True, "bytes": SHM_BYTES} if why is None else {
+            "private": False, "reason": f"mounting a private tmpfs refused: {why}"}
+    else:
+        out["dev_shm"] = {"private": False, "reason": "no /dev/shm on this host"}
+    return out
 
 
 def _in_child_user_namespace() -> bool:
@@ -400,7 +603,97 @@ def _shim(init: int, status_fd: int) -> None:
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 
 
-def _landlock(abi: int, writable: list[str], deny_connect: bool) -> dict[str, Any]:
+# /etc entries Python, the C library and JAX read (name lookup, time zone, loader,
+# certificates); nothing else under /etc (no shadow, no ssh host keys, no app configs).
+ETC_READABLE = (
+    "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "nsswitch.conf",
+    "passwd", "group", "hosts", "host.conf", "resolv.conf", "gai.conf", "os-release",
+    "lsb-release", "mime.types", "ssl", "pki", "ca-certificates", "alternatives",
+)
+# Whole trees with nothing of the user's in them: system programs and libraries, and the
+# kernel's views (/proc is the namespace's own where a mount namespace is available).
+SYSTEM_READABLE = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/sys",
+                   "/proc")
+# Device nodes JAX and the accelerators' runtimes open (read, write, ioctl).
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+DEVICE_GLOBS = ("/dev/accel[0-9]*", "/dev/vfio", "/dev/nvidia*")
+
+
+def _package_dirs() -> list[str]:
+    """tilewright's own packages a worker imports (an editable install maps them from a
+    checkout whose root also holds .git, .env files and the like: only these)."""
+    here = os.path.dirname(os.path.abspath(__file__))  # .../kernels
+    return [here, os.path.join(os.path.dirname(here), "profiling")]
+
+
+def _is_checkout_root(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "kernels", "confinement.py"))
+
+
+def _opens_home(real: str, home: str) -> bool:
+    return real == "/" or home == real or home.startswith(real.rstrip("/") + "/")
+
+
+def _opens_up(real: str, home: str, temp: str) -> bool:
+    """Reading ``real`` would expose the user's files: the root, $HOME or a directory
+    above it, a directory above the scratch dirs (other sessions' scratch, other users'
+    temporary files), or a tilewright checkout's root (its .env files, .git)."""
+    above_temp = temp.startswith(real.rstrip("/") + "/") and real not in SYSTEM_READABLE
+    return _opens_home(real, home) or above_temp or _is_checkout_root(real)
+
+
+def read_allowlist(extra: list[str] | tuple[str, ...] = ()
+                   ) -> tuple[list[str], list[str], list[str]]:
+    """What a confined worker may read: (paths, listable, refused), absolute paths.
+
+    The Python installation and the site-packages in use (``sys.prefix``,
+    ``sys.base_prefix``, ``sys.path`` entries), tilewright's packages, system trees, a
+    few /etc files and ``extra``. A ``sys.path`` entry that would open up the user's
+    files (``/``, ``$HOME`` or a directory above it, the temporary directory above the
+    scratch dirs) is refused and listed. A tilewright checkout's root on ``sys.path``
+    (running from a checkout without an install) is ``listable`` only: Python's import
+    system lists it to find ``profiling/`` there, but its files (.env, .git) stay
+    unreadable; the packages themselves are in ``paths``."""
+    import sysconfig
+
+    home = os.path.realpath(os.path.expanduser("~"))
+    temp = os.path.realpath(os.environ.get("TMPDIR") or "/tmp")
+    wanted: list[str] = [*SYSTEM_READABLE, *(f"/etc/{name}" for name in ETC_READABLE)]
+    wanted += [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+               os.path.realpath(sys.executable)]
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        with contextlib.suppress(KeyError):
+            wanted.append(sysconfig.get_paths()[key])
+    wanted += _package_dirs()
+    refused: list[str] = []
+    for entry in sys.path:
+        if not entry or not os.path.isabs(entry):  # relative: the current directory's
+            if not entry or os.path.isdir(entry):
+                refused.append(entry or "(the current directory)")
+            continue
+        wanted.append(entry)
+    wanted += list(extra)
+    paths: list[str] = []
+    listable: list[str] = []
+    for path in wanted:
+        real = os.path.realpath(path)
+        if not os.path.exists(real):
+            continue
+        if _is_checkout_root(real) and path not in extra and not _opens_home(real, home):
+            if real not in listable:
+                listable.append(real)
+            continue
+        if _opens_up(real, home, temp) and (path not in extra or _opens_home(real, home)):
+            refused.append(path)  # an extra path the user named may be a checkout or /tmp
+            continue
+        if real not in paths:
+            paths.append(real)
+    return paths, listable, sorted(set(refused))
+
+
+def _landlock(abi: int, writable: list[str], readable: list[str],
+              deny_connect: bool, listable: list[str] | tuple[str, ...] = ()
+              ) -> dict[str, Any]:
     libc = _libc()
     libc.syscall.restype = ctypes.c_long
     read = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR
@@ -426,6 +719,10 @@ def _landlock(abi: int, writable: list[str], deny_connect: bool) -> dict[str, An
                            ctypes.c_uint32(0))
     if ruleset < 0:
         raise OSError(ctypes.get_errno(), f"landlock_create_ruleset: {_err()}")
+    shm_private = os.environ.get(ENV_PRIVATE_SHM) == "1"
+    devices = [d for d in DEVICES if os.path.exists(d)]
+    for pattern in DEVICE_GLOBS:
+        devices += sorted(glob.glob(pattern))
     try:
         def allow(path: str, access: int) -> None:
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
@@ -442,10 +739,18 @@ def _landlock(abi: int, writable: list[str], deny_connect: bool) -> dict[str, An
             finally:
                 os.close(fd)
 
-        allow("/", read)
-        # Devices: /dev/null, the TPU (/dev/accel*, /dev/vfio), and shared memory.
-        allow("/dev", read | FS_WRITE_FILE | FS_TRUNCATE | FS_IOCTL_DEV)
-        if os.path.isdir("/dev/shm"):
+        for path in readable:
+            allow(path, read)
+        for path in listable:  # names only, beneath too; no file's contents
+            allow(path, FS_READ_DIR)
+        # /dev: its listing (runtimes enumerate accelerators), and only the device nodes
+        # named above; not /dev/shm unless it is this namespace's own tmpfs (the host's
+        # holds other programs' shared memory).
+        if os.path.isdir("/dev"):
+            allow("/dev", FS_READ_DIR)
+        for path in devices:
+            allow(path, read | FS_WRITE_FILE | FS_TRUNCATE | FS_IOCTL_DEV)
+        if shm_private and os.path.isdir("/dev/shm"):
             allow("/dev/shm", read | write)
         for path in writable:
             allow(path, read | write)
@@ -453,7 +758,14 @@ def _landlock(abi: int, writable: list[str], deny_connect: bool) -> dict[str, An
             raise OSError(ctypes.get_errno(), f"landlock_restrict_self: {_err()}")
     finally:
         os.close(ruleset)
-    return {"active": True, "abi": abi, "writable": [*writable, "/dev (devices)", "/dev/shm"],
+    return {"active": True, "abi": abi,
+            "writable": [*writable, "device nodes"] + (["/dev/shm (private)"] if shm_private
+                                                       else []),
+            "reads": "confined", "listable_only": list(listable),
+            "readable": [*readable, "device nodes"]
+            + (["/dev/shm (private)"] if shm_private else []),
+            "dev_shm": "private tmpfs, emptied after every request" if shm_private else
+            "denied (not this namespace's own mount)",
             "tcp_bind": "denied" if abi >= 4 else "allowed (Landlock ABI < 4)",
             "tcp_connect": ("denied" if deny_connect else "allowed") if abi >= 4
             else "allowed (Landlock ABI < 4)",
@@ -503,11 +815,15 @@ def _rlimits(host_uid: int | None = None) -> dict[str, Any]:
     return report
 
 
-def confine(scratch: str) -> dict[str, Any]:
-    """Confine this worker process (call while single-threaded, before importing JAX).
+def confine(scratch: str, readable: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """Confine this worker process (call while single-threaded, before importing JAX:
+    a Landlock domain binds the calling thread and the threads and processes it starts
+    later, never threads that exist already).
 
-    May fork: with namespaces the calling process becomes a shim that never returns and
-    the child continues as PID 1 of the new namespace. Returns the report."""
+    ``readable``: paths readable besides ``read_allowlist``'s (the judge gives its
+    candidate process the directory it copies tasks into). May fork: with namespaces
+    the calling process becomes a shim that never returns and the child continues as
+    PID 1's child in the new namespaces. Returns the report."""
     report: dict[str, Any] = {"level": "none", "namespaces": {"active": False},
                               "filesystem": {"active": False}, "network": {},
                               "processes": {}, "scratch": scratch}
@@ -537,21 +853,30 @@ def confine(scratch: str) -> dict[str, Any]:
         except OSError as exc:  # e.g. uid_map refused: namespaces half set up
             ns = {"active": False, "reason": f"namespace set-up failed: {exc}"}
         report["namespaces"] = ns
+        report["mounts"] = ns.pop("mounts", None) or (
+            {"private": False, "reason": "inherited from the worker"} if ns.get("inherited")
+            else {"private": False, "reason": "no namespaces"})
         abi = landlock_abi()
         extra = [p for p in os.environ.get(ENV_WRITABLE, "").split(os.pathsep)
                  if p and os.path.isdir(p)]
+        more = [p for p in os.environ.get(ENV_READABLE, "").split(os.pathsep)
+                if p and os.path.exists(p)]
         if abi:
+            paths, listable, refused = read_allowlist([*readable, *more])
             try:
-                report["filesystem"] = _landlock(abi, [scratch, *extra],
+                report["filesystem"] = _landlock(abi, [scratch, *extra], paths,
                                                  deny_connect=not tpu or bool(ns.get("active")
-                                                                              and want_net))
+                                                                              and want_net),
+                                                 listable=listable)
+                report["filesystem"]["refused"] = refused
             except OSError as exc:
                 report["filesystem"] = {"active": False, "reason": str(exc)}
         else:
             report["filesystem"] = {
                 "active": False, "reason": "Landlock unavailable (Linux < 5.13, or 'landlock' "
-                "missing from the kernel's lsm= list): the candidate can write wherever this "
-                "user can"}
+                "missing from the kernel's lsm= list): the candidate can read and write "
+                "whatever this user can (~/.ssh, ~/.netrc, cloud credentials); only the "
+                "redaction of what comes back stands between them and a result"}
         net_ns = bool(ns.get("active")) and "net" in ns.get("kinds", [])
         if net_ns:
             report["network"] = {"isolated": True, "how": "network namespace (loopback only)"}
@@ -588,6 +913,28 @@ def summary(report: dict[str, Any] | None) -> str:
     if missing:
         text += f"; no {missing[0]}: {(report.get(missing[0]) or {}).get('reason', '?')[:60]}"
     return text
+
+
+def empty_private_shm() -> int:
+    """Remove everything in /dev/shm when it is this namespace's own tmpfs (the worker
+    calls it after every request); returns how many entries were removed. The host's
+    /dev/shm is never touched: it holds other programs' shared memory."""
+    if os.environ.get(ENV_PRIVATE_SHM) != "1" or not os.path.isdir("/dev/shm"):
+        return 0
+    import shutil
+
+    removed = 0
+    for name in os.listdir("/dev/shm"):
+        path = os.path.join("/dev/shm", name)
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.unlink(path)
+            removed += 1
+        except OSError:
+            pass
+    return removed
 
 
 def errno_name(code: int) -> str:

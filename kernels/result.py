@@ -121,6 +121,7 @@ RANK_SOURCES = ("device_time", "tpu_estimate", "host_simulation", "disqualified"
 DISQUALIFYING_FLAGS = frozenset({
     "compute_outside_kernel", "nondeterministic", "suspicious_speedup", "no_pallas_call",
     "harness_tampering", "background_threads", "jax_config_changed",
+    "platform_dependent", "interpret_param",  # always rejected too: never ranked
 })
 
 

@@ -90,10 +90,13 @@ def withheld(name: str, value: str, extra: frozenset[str] = frozenset()) -> bool
     return (not is_allowed(name, extra) or is_secret(name) or looks_like_credential(value))
 
 
-def secret_values(base: Mapping[str, str] | None = None) -> list[str]:
+def secret_values(base: Mapping[str, str] | None = None,
+                  home: str | None = None) -> list[str]:
     """Every value the app knows that must never come back from a candidate: the values
-    of secret-named variables, credential-shaped values and the passwords inside URLs.
-    Longest first, so a value is replaced before any of its parts."""
+    of secret-named variables, credential-shaped values, the passwords inside URLs and
+    the secrets in the user's well-known credential files (``credential_file_values``),
+    each also as it reads hex-, base64- or rot13-encoded (``encoded_forms``). Longest
+    first, so a value is replaced before any of its parts."""
     source = os.environ if base is None else base
     found: set[str] = set()
     for name, value in source.items():
@@ -104,7 +107,94 @@ def secret_values(base: Mapping[str, str] | None = None) -> list[str]:
                 if len(match["password"]) >= MIN_SECRET_LEN:
                     found.add(match["password"])
             found.update(m.group(0) for m in _TOKEN_SHAPES.finditer(value))
+    if home is None and base is None:
+        home = os.environ.get("HOME")
+    if home:
+        found.update(credential_file_values(home))
+    for value in list(found):
+        found.update(encoded_forms(value))
     return sorted(found, key=len, reverse=True)
+
+
+# Files under $HOME that hold credentials, and how their secrets are found. Workers
+# cannot read them (Landlock); if one does anyway (confinement unavailable), what it
+# prints is redacted by value. Read app-side, each at most CREDENTIAL_FILE_LIMIT bytes.
+CREDENTIAL_FILES = (
+    ".netrc", "_netrc", ".git-credentials", ".pypirc", ".npmrc", ".aws/credentials",
+    ".aws/config", ".docker/config.json", ".config/gh/hosts.yml", ".kube/config",
+    ".config/gcloud/application_default_credentials.json",
+    ".config/gcloud/credentials.db",
+)
+CREDENTIAL_GLOBS = (".ssh/*", ".config/gcloud/legacy_credentials/*/*.json")
+CREDENTIAL_FILE_LIMIT = 1 << 20
+# "password VALUE" (netrc), "key = VALUE" / "key: VALUE" / "key": "VALUE" for names that
+# say secret, token, password, key or auth.
+_NETRC_PASSWORD = re.compile(r"\b(?:password|account)\s+(\S+)")
+_KEYED_SECRET = re.compile(
+    r"""["']?[\w.-]*(?:secret|token|password|passwd|private_key|key_id|access_key|auth|"""
+    r"""_key|-key|-data)[\w.-]*["']?\s*[:=]\s*["']?([^\s"',]+)""", re.IGNORECASE)
+_PEM_BODY = re.compile(r"-----BEGIN [A-Z0-9 ]+-----(.*?)-----END [A-Z0-9 ]+-----", re.S)
+
+
+def credential_file_values(home: str) -> list[str]:
+    """Secrets found in the well-known credential files under ``home``: netrc and
+    config passwords, tokens and keys, and the body of every PEM block (an ssh key
+    printed without its BEGIN/END lines is still redacted, line by line)."""
+    import glob
+
+    paths = [os.path.join(home, name) for name in CREDENTIAL_FILES]
+    for pattern in CREDENTIAL_GLOBS:
+        paths += sorted(glob.glob(os.path.join(home, pattern)))[:64]
+    found: set[str] = set()
+    for path in paths:
+        try:
+            if not os.path.isfile(path) or os.path.getsize(path) > CREDENTIAL_FILE_LIMIT:
+                continue
+            with open(path, "rb") as fh:
+                text = fh.read(CREDENTIAL_FILE_LIMIT).decode("utf-8", "replace")
+        except OSError:
+            continue
+        if path.endswith(".pub"):
+            continue  # public keys are meant to be shown
+        for block in _PEM_BODY.findall(text) + ([text] if "PRIVATE KEY" in text else []):
+            body = "".join(ln.strip() for ln in block.splitlines()
+                           if ln.strip() and ":" not in ln and "-----" not in ln)
+            if len(body) >= 16:
+                found.add(body)
+            found.update(ln.strip() for ln in block.splitlines()
+                         if len(ln.strip()) >= 16 and "-----" not in ln)
+        text = _PEM_BODY.sub(" ", text)
+        for match in (*_NETRC_PASSWORD.finditer(text), *_KEYED_SECRET.finditer(text)):
+            value = match.group(1).strip().strip("\"'")
+            if len(value) >= MIN_SECRET_LEN:
+                found.add(value)
+        for match in _URL_CREDENTIALS.finditer(text):
+            if len(match["password"]) >= MIN_SECRET_LEN:
+                found.add(match["password"])
+        found.update(m.group(0) for m in _TOKEN_SHAPES.finditer(text))
+    return sorted(found)
+
+
+MIN_ENCODED_LEN = 8  # an encoded fragment shorter than this would redact ordinary text
+_ROT13 = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz",
+                       "NOPQRSTUVWXYZABCDEFGHIJKLMnopqrstuvwxyzabcdefghijklm")
+
+
+def encoded_forms(value: str) -> list[str]:
+    """``value`` as a candidate might smuggle it: hex (both cases), base64 and urlsafe
+    base64 wherever it starts in the encoded text (the characters that depend on
+    ``value`` alone, for each of the three byte alignments), rot13 and reversed."""
+    import base64
+
+    raw = value.encode()
+    forms = {raw.hex(), raw.hex().upper(), value.translate(_ROT13), value[::-1]}
+    for shift, start in ((0, 0), (1, 2), (2, 3)):
+        padded = b"\0" * shift + raw + b"\0\0\0"
+        end = (shift + len(raw)) * 8 // 6
+        for encode in (base64.b64encode, base64.urlsafe_b64encode):
+            forms.add(encode(padded).decode()[start:end])
+    forms.discard(value)
+    return [f for f in forms if len(f) >= MIN_ENCODED_LEN]
 
 
 def redact(text: str, secrets: list[str] | tuple[str, ...] = ()) -> str:
@@ -135,10 +225,16 @@ def worker_environment(base: Mapping[str, str] | None = None,
             env[key] = value
     # The worker runs ``python -m kernels.harness.worker``: make the package importable
     # even when tilewright is not installed (running from a checkout).
+    # Relative entries (and empty ones, which mean the current directory) are dropped:
+    # a worker's imports never depend on where the app was started.
     root = str(Path(__file__).resolve().parent.parent)
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.isabs(p)]
     if root not in paths:
-        env["PYTHONPATH"] = os.pathsep.join([root, *paths])
+        paths.insert(0, root)
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    # Python processes below a worker (a candidate's subprocess) do not put their
+    # working or script directory on sys.path either (python -P for the workers).
+    env["PYTHONSAFEPATH"] = "1"
     return env
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from kernels import confinement
 from kernels.harness import protocol
+from kernels.task_copy import TASKS_DIRNAME, TaskCopies
 from kernels.worker_env import redact, secret_values
 
 STDERR_LIMIT = 64 * 1024  # keep the tail of what a request printed
@@ -96,6 +97,9 @@ class WorkerProcess:
         self.startup_log = ""
         self._request_ids = itertools.count(1)
         self.scratch = tempfile.mkdtemp(prefix="tilewright-scratch-")
+        # Tasks reach the worker as copies in its scratch dir (it cannot read the user's
+        # files); the judge gives its candidate process this directory to read.
+        self.tasks = TaskCopies(os.path.join(self.scratch, TASKS_DIRNAME))
         self.confinement: dict[str, Any] | None = None
         self.serving_pid: int | None = None  # differs from proc.pid inside a PID namespace
         # Read once: the values a candidate's output must never carry back.
@@ -111,14 +115,19 @@ class WorkerProcess:
 
     async def start(self, env: dict[str, str], timeout_s: float) -> None:
         parent_sock, child_sock = socket.socketpair()
+        os.makedirs(self.tasks.parent, exist_ok=True)  # before it confines itself
         try:
+            # -P: neither the app's working directory nor a script's directory goes on
+            # sys.path (``cd task && tilewright eval --task .`` with an argparse.py in
+            # the task imported that file before any confinement); cwd: its scratch.
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "kernels.harness.worker",
+                sys.executable, "-P", "-m", "kernels.harness.worker",
                 "--fd", str(child_sock.fileno()), "--parent", str(os.getpid()),
                 "--scratch", self.scratch,
                 pass_fds=(child_sock.fileno(),), stdin=asyncio.subprocess.DEVNULL,
                 stdout=self.capture, stderr=self.capture, env={**env, "TMPDIR": self.scratch},
                 start_new_session=True,  # own process group: killpg takes grandchildren too
+                cwd=self.scratch,
             )
         finally:
             child_sock.close()
@@ -139,23 +148,34 @@ class WorkerProcess:
         self.backend = ready["backend"]
         self.ops = ready.get("ops", [])
         self.confinement = ready.get("confinement")
-        if isinstance(ready.get("serving_pid"), int):
-            self.serving_pid = ready["serving_pid"]
+        # The serving process, found in the subtree of the process we started (its own
+        # word for its pid is checked against that subtree, never taken as it is).
+        claimed = ready.get("serving_pid") if isinstance(ready.get("serving_pid"), int) \
+            else None
+        local = ready.get("local_pid") if isinstance(ready.get("local_pid"), int) else None
+        if self.proc is not None and local is not None:
+            self.serving_pid = confinement.find_in_subtree(self.proc.pid, local, claimed)
+        elif claimed is not None:
+            self.serving_pid = claimed
         # Start-up chatter (libtpu warnings and the like): kept apart, not in any result.
         self.startup_log = self.read_capture()
 
     def read_capture(self) -> str:
-        """What the worker printed since the last call; empties the capture file."""
+        """What the worker printed since the last call (its last STDERR_LIMIT bytes, read
+        from the end: a 300 MB print must not become 300 MB of app memory); empties the
+        capture file."""
         if self.capture.closed:  # the pool was closed under a pending request
             return ""
         self.capture.flush()
-        self.capture.seek(0)
-        data = self.capture.read()
+        size = self.capture.seek(0, os.SEEK_END)
+        start = max(0, size - STDERR_LIMIT)
+        self.capture.seek(start)
+        data = self.capture.read(STDERR_LIMIT)
         self.capture.seek(0)
         self.capture.truncate()
         text = data.decode(errors="replace")
-        if len(text) > STDERR_LIMIT:
-            text = f"[... {len(text) - STDERR_LIMIT} characters cut ...]\n" + text[-STDERR_LIMIT:]
+        if start:
+            text = f"[... {start} bytes cut ...]\n" + text
         return redact(text, self.secrets)
 
     async def call(self, op: str, payload: dict[str, Any], timeout_s: float,

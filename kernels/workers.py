@@ -28,6 +28,7 @@ from typing import Any
 from kernels import confinement as _confinement
 from kernels.result import Backend, EvalError, EvalResult
 from kernels.task import Task
+from kernels.task_copy import TaskCopyError, restore
 from kernels.worker_env import worker_environment
 from kernels.worker_process import (
     WorkerFailure,
@@ -300,6 +301,9 @@ class WorkerPool:
         """
         moved = None
         options = payload.get("options") if isinstance(payload.get("options"), dict) else {}
+        if op == "profile":  # the judge answers before this deadline, within this memory
+            payload = {"timeout_s": timeout, "memory_limit_mb": self.memory_limit_mb,
+                       **payload}
         if op == "profile" and (payload.get("logdir") or options.get("logdir")):
             # The worker writes only to its scratch dir: the trace is moved afterwards.
             # (``logdir`` may sit at the payload's top level or in its options.)
@@ -307,7 +311,10 @@ class WorkerPool:
             payload = {**payload, "logdir": None}
             if options:
                 payload["options"] = {**options, "logdir": None}
-        reply, stderr = await self._round_trip(op, payload, timeout)
+        try:
+            reply, stderr = await self._round_trip(op, payload, timeout)
+        except TaskCopyError as exc:
+            raise WorkerOpError({"type": "TaskError", "message": str(exc)}) from exc
         if not reply.get("ok"):
             raise WorkerOpError(reply.get("error") or {}, stderr)
         result = dict(reply.get("result") or {})
@@ -320,18 +327,36 @@ class WorkerPool:
     async def _round_trip(self, op: str, payload: dict[str, Any],
                           timeout: float) -> tuple[dict[str, Any], str]:
         worker = await self._acquire()
+        mapping: dict[str, str] = {}
+        if isinstance(payload.get("task"), dict):
+            # The worker cannot read the user's files: it gets a copy of the task in its
+            # scratch dir, and the reply gets the task's own paths back.
+            try:
+                spec, mapping = await asyncio.to_thread(worker.tasks.localize, payload["task"])
+            except BaseException:
+                self._release(worker)
+                raise
+            payload = {**payload, "task": spec}
         try:
             reply = await worker.call(op, payload, timeout, self.memory_limit_mb)
-        except (WorkerFailure, asyncio.CancelledError):
+        except WorkerFailure as failure:
+            failure.stderr = restore(failure.stderr, mapping)
+            failure.message = restore(failure.message, mapping)
+            self._replace(worker)
+            raise
+        except asyncio.CancelledError:
             self._replace(worker)
             raise
         except BaseException:
             self._replace(worker)  # unknown state: do not reuse it
             raise
-        stderr = worker.read_capture()
+        reply = restore(reply, mapping)
+        stderr = restore(worker.read_capture(), mapping)
         result = reply.get("result")
         if isinstance(result, dict) and result.pop("_recycle", False):
             self._replace(worker)  # the candidate left it untrustworthy (patched, threads)
+        elif reply.get("recycle"):
+            self._replace(worker)  # the judge itself changed: never reuse it
         elif (worker.rss_mb() or 0.0) > RECYCLE_FRACTION * self.memory_limit_mb:
             self._replace(worker)  # caches of many candidates add up: start afresh
         else:
@@ -347,6 +372,12 @@ class WorkerPool:
         started = time.perf_counter()
         try:
             reply, stderr = await self._round_trip("eval", payload, options.timeout_s)
+        except TaskCopyError as exc:  # the task cannot be handed over: the task's problem
+            return EvalResult(
+                status="runtime_error", backend=self._backend,
+                error=EvalError(kind="task", message=str(exc),
+                                hint="Evaluate a task directory that holds only the task."),
+                duration_s=time.perf_counter() - started, confinement=self.confinement)
         except WorkerFailure as failure:
             status = "timeout" if failure.kind == "timeout" else "crashed"
             error = EvalError(kind=failure.kind, message=failure.message,
@@ -441,7 +472,7 @@ class WorkerPool:
             await self._round_trip("eval", payload, probe.timeout_s)
         except WorkerFailure as failure:
             return False if failure.kind in ("timeout", "memory") else None
-        except (WorkerStartError, WorkerOpError):
+        except (WorkerStartError, WorkerOpError, TaskCopyError):
             return None
         return True
 
@@ -450,7 +481,7 @@ def _move_tree(result: dict[str, Any], src: str, dest: str) -> dict[str, Any]:
     """Move a profile's files from the worker's scratch dir to ``dest`` and rewrite the
     paths in ``result`` to their new place."""
     os.makedirs(dest, exist_ok=True)
-    shutil.copytree(src, dest, dirs_exist_ok=True)
+    shutil.copytree(src, dest, dirs_exist_ok=True, symlinks=True)  # never follow out
     shutil.rmtree(src, ignore_errors=True)
 
     def fix(value: Any) -> Any:

@@ -101,4 +101,9 @@ def format_api(found: dict[str, Any]) -> str:
     if found.get("fields"):
         lines.append("fields: " + json.dumps(found["fields"]))
     lines.append(found.get("doc") or "(no docstring)")
+    members = found.get("members") or []
+    if members:  # enum members, a class's methods and properties, a module's names
+        label = {"enum": "members", "class": "members", "module": "names"}.get(
+            found.get("kind"), "members")
+        lines.append(f"{label}:\n" + "\n".join(f"  {m}" for m in members))
     return "\n".join(x for x in lines if x)

@@ -58,8 +58,13 @@ _c.compare.__code__ = (lambda out, ref, atol, rtol: _c.Comparison(True, 0.0, 0.0
 def kernel(x):
     return zeros(x)
 ''')
-    assert result.status == "incorrect"
-    assert "outside atol" in result.correctness["reason"]
+    # The swapped code is caught where it ran (the candidate process's snapshot covers
+    # code objects); the judge's own compare never changed: zeros stay wrong.
+    assert result.status == "rejected", (result.status, result.error)
+    assert "kernels.harness.compare.compare" in result.error.message
+    after = await evaluate(worker_pool, task, "kernel = zeros\n")
+    assert after.status == "incorrect"
+    assert "outside atol" in after.correctness["reason"]
 
 
 async def test_references_found_through_gc_are_not_the_judges(worker_pool, task) -> None:

@@ -292,24 +292,26 @@ async def test_profile_of_a_broken_candidate_says_why(worker_pool) -> None:
 
 
 
-def test_a_tampering_candidate_gets_its_worker_recycled() -> None:
-    import numpy as np
-
-    from kernels.harness.profile_op import profile
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_tampering_candidate_gets_its_candidate_process_recycled(worker_pool) -> None:
+    # Profiling runs the candidate in the judge's candidate process, never in the judge:
+    # a candidate that patches numpy is refused there and that process replaced; the
+    # judge (the worker) stays.
+    from kernels.cli_profile import profile
     from kernels.loaders import load_task
 
     task = load_task("gelu")
+    await worker_pool.request("hello", {})
+    judges = list(worker_pool.pids)
     source = (Path(__file__).parent / "fixtures" / "candidates" / "patches_numpy.py").read_text()
-    saved = (np.abs, np.allclose)
-    try:
-        result = profile({"task": task.to_spec(), "source": source, "filename": "patch.py",
-                          "options": {"static_only": True}})
-    finally:
-        np.abs, np.allclose = saved  # this test runs the handler in-process
-    assert result.get("_recycle") is True
-    clean = profile({"task": task.to_spec(), "source": task.starting_source(),
-                     "filename": "kernel.py", "options": {"static_only": True}})
-    assert clean["status"] == "ok" and "_recycle" not in clean
+    result = await profile(task, source, "patch.py", {"static_only": True}, pool=worker_pool)
+    assert result["status"] == "error" and result["error"]["kind"] == "harness_tampering"
+    assert "numpy.abs" in result["error"]["message"]
+    clean = await profile(task, task.starting_source(), "kernel.py", {"static_only": True},
+                          pool=worker_pool)
+    assert clean["status"] == "ok" and clean["analysis"]["kernels"]
+    assert worker_pool.pids == judges
 
 
 def test_report_and_digest_of_a_device_profile() -> None:

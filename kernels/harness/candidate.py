@@ -20,7 +20,8 @@ the judge has those programs compiled elsewhere (``kernels.harness.estimates``).
 
 Ops (judge -> candidate; one at a time, each answered once, ``id`` echoed):
 ``load`` ``production`` ``prepare`` ``run`` ``stage`` ``call`` ``fetch`` ``verdicts``
-``finish`` ``ping``. A failure is ``{ok: false, status, error}`` with the contract's error object.
+``finish`` ``profile`` ``ping``. A failure is ``{ok: false, status, error}`` with the
+contract's error object.
 """
 
 from __future__ import annotations
@@ -150,6 +151,9 @@ class Server:
             raise _Failure("compile_error", self._describe(exc, kind)) from None
         self._check_tampering()
         closed = traced.jaxpr
+        refused = integrity.program_refusal(closed, self.filename)  # estimated == run
+        if refused is not None:
+            raise _Failure("rejected", refused)
         from kernels.harness.production import structure
 
         facts: dict[str, Any] = {
@@ -228,6 +232,9 @@ class Server:
         closed = traced.jaxpr
         from kernels.harness import integrity
 
+        refused = integrity.program_refusal(closed, self.filename)  # estimated == run
+        if refused is not None:
+            raise _Failure("rejected", refused)
         plans = prod.plan(closed)
         facts: dict[str, Any] = {
             "pallas_call": integrity.contains_pallas_call(closed),
@@ -358,6 +365,18 @@ class Server:
         self.reset()
         return report
 
+    def profile(self, header: dict[str, Any], blob: bytes) -> dict[str, Any]:
+        """The profile op's candidate half (``kernels.harness.profile_op``): the loaded
+        candidate analyzed and run under the profiler here, never in the judge."""
+        from kernels.harness import profile_op
+
+        try:
+            reply = profile_op.run_in_candidate(self.entry, header, blob)
+        except profile_op.CandidateFault as fault:
+            raise _Failure(fault.status, self._describe(fault.exc, fault.kind)) from None
+        self._check_tampering()
+        return reply
+
     def ping(self, header: dict[str, Any], blob: bytes) -> dict[str, Any]:
         return {}
 
@@ -445,7 +464,7 @@ def serve(sock: socket.socket) -> None:
 
 
 OPS = ("load", "production", "prepare", "run", "stage", "call", "fetch", "verdicts",
-       "finish", "ping")
+       "finish", "profile", "ping")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -57,7 +57,7 @@ _PALLAS_CUSTOM_CALL = "tpu_custom_call"  # how a Pallas TPU kernel appears in St
 _CANDIDATE_STATUSES = {
     "compile_error": {"syntax", "missing_entry", "trace", "lowering", "exit"},
     "runtime_error": {"import", "exit", "runtime"},
-    "rejected": {"harness_tampering"},
+    "rejected": {"harness_tampering", "platform_dependent", "interpret_param"},
 }
 _FAILURE_HINTS = {
     "timeout": "Look for a loop that never ends, or raise --timeout for big shapes in "
@@ -66,27 +66,8 @@ _FAILURE_HINTS = {
     "exited": "Kernels must not call os._exit/sys.exit; return the output instead.",
     "memory": "Check the sizes the kernel allocates (scratch shapes, intermediate arrays).",
 }
-# StableHLO operations that compute (not data movement), as the judge scans the TPU
-# lowering for work done outside the Pallas kernel (whose body is opaque to this scan).
-_HLO_COMPUTE = re.compile(
-    r"= stablehlo\.(add|subtract|multiply|divide|remainder|power|maximum|minimum|negate|"
-    r"abs|exponential|exponential_minus_one|log|log_plus_one|logistic|tanh|sine|cosine|"
-    r"sqrt|rsqrt|cbrt|erf|atan2|dot_general|dot|convolution|reduce|reduce_window|"
-    r"cumsum|sort)\b[^\n]*")
-_TENSOR = re.compile(r"tensor<((?:\d+x)+)[a-z]")
-
-
-def hlo_outside_compute(text: str, largest: int) -> list[str]:
-    """Compute operations in a lowered program (StableHLO text) on operands of at least
-    a quarter of ``largest`` elements: work outside every Pallas kernel."""
-    threshold = integrity.FULL_SIZE_SHARE * largest
-    found = []
-    for match in _HLO_COMPUTE.finditer(text):
-        sizes = [int(np.prod([int(d) for d in dims.rstrip("x").split("x")]))
-                 for dims in _TENSOR.findall(match.group(0))]
-        if threshold > 0 and sizes and max(sizes) >= threshold:
-            found.append(f"stablehlo.{match.group(1)} (TPU lowering)")
-    return sorted(set(found))
+# The judge's scan of the TPU lowering for work outside the kernel (summed over ops).
+hlo_outside_compute = integrity.hlo_outside_compute
 
 
 def _text(value: Any, limit: int = TEXT_LIMIT) -> str | None:
@@ -403,6 +384,8 @@ class Evaluation:
         if kind == "harness_tampering":
             self.flags.append("harness_tampering")
             self.recycle_candidate = True
+        elif status == "rejected":  # platform_dependent, interpret_param: named in flags
+            self.flags.append(kind)
         message = _text(error.get("message")) or kind
         line = error.get("line") if isinstance(error.get("line"), int) else None
         if line is None and kind == "runtime" and len(self.pallas_lines) == 1:

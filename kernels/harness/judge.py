@@ -3,9 +3,14 @@
 The worker process the app talks to is the judge: it keeps the inputs, reference
 outputs, comparisons, integrity decisions and the baseline's timing, and never imports
 candidate code. Candidate code runs in one child process per worker, started here,
-confined like the worker (nested namespaces, its own Landlock domain and scratch
-directory), connected by a socketpair framed by ``kernels.harness.wire``. The child
+confined like the worker (the worker's namespaces, its own Landlock domain: reads of
+Python, the system and the app's task copies under ``<scratch>/tasks``, writes to its
+own scratch directory, which goes with it), started with ``python -P`` in that
+directory, connected by a socketpair framed by ``kernels.harness.wire``. The child
 inherits no other descriptor (not the app's socket) and never sees the reply nonce.
+Its pids are mapped to /proc entries only through this process's own subtree
+(``kernels.confinement.proc_entry``), so limits, pauses and kills reach its processes
+and no other worker's.
 
 A candidate process that crashes, exits, hangs past the evaluation's deadline, grows
 past the memory limit or breaks the protocol (a forged or oversized reply) is killed
@@ -24,6 +29,7 @@ import os
 import pickle
 import re
 import select
+import shutil
 import signal
 import socket
 import struct
@@ -39,6 +45,7 @@ from typing import Any
 from kernels import confinement
 from kernels.harness import wire
 from kernels.harness.protocol import ProtocolError
+from kernels.task_copy import TASKS_DIRNAME
 
 STARTUP_TIMEOUT_S = 180.0
 DEFAULT_MEMORY_MB = 16 * 1024
@@ -141,34 +148,15 @@ class _StderrPump:
         return bytes(self.tail)
 
 
-def _host_pid(pid: int) -> int:
-    """The host's number for ``pid`` (a pid of this process's own PID namespace)."""
-    depth = _ns_depth("self")
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and _ns_pids(entry)[depth - 1:depth] == [pid]:
-            return int(entry)
-    return pid
-
-
-def _ns_pids(proc: str) -> list[int]:
-    try:
-        with open(f"/proc/{proc}/status") as fh:
-            for line in fh:
-                if line.startswith("NSpid:"):
-                    return [int(x) for x in line.split()[1:]]
-    except (OSError, ValueError):
-        pass
-    return []
+def _host_pid(pid: int) -> int | None:
+    """The /proc entry of ``pid`` (a pid of this process's namespace, below it): found
+    through our own subtree, never the first entry anywhere with that namespace pid
+    (with two workers on a host that was the other worker's candidate)."""
+    return confinement.proc_entry(pid)
 
 
 def _ns_depth(proc: str) -> int:
-    return max(len(_ns_pids(proc)), 1)
-
-
-def _local(host_pid: int, depth: int) -> int | None:
-    """``host_pid`` as this process names it (its NSpid entry at our namespace's depth)."""
-    pids = _ns_pids(str(host_pid))
-    return pids[depth - 1] if len(pids) >= depth else None
+    return max(len(confinement.ns_pids(proc)), 1)
 
 
 class CandidateProcess:
@@ -188,7 +176,10 @@ class CandidateProcess:
         self.started = 0  # how many processes this judge has started
         self.memory_limit_mb = DEFAULT_MEMORY_MB
         self.scratch_root = os.environ.get("TMPDIR") or tempfile.gettempdir()
-        self.depth = _ns_depth("self")
+        # The app copies each task there (kernels.task_copy): the only task files the
+        # candidate process may read (its Landlock domain is fixed when it starts).
+        self.tasks_dir = os.path.join(self.scratch_root, TASKS_DIRNAME)
+        self.scratch: str | None = None  # the running process's own scratch dir
 
     # -- life cycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -196,13 +187,20 @@ class CandidateProcess:
         if self.proc is not None:
             return
         scratch = tempfile.mkdtemp(prefix="candidate-", dir=self.scratch_root)
+        self.scratch = scratch
+        with contextlib.suppress(OSError):
+            os.makedirs(self.tasks_dir, exist_ok=True)
         mine, theirs = socket.socketpair()
         try:
+            # -P and the scratch dir as its working directory: nothing beside a task or
+            # in the app's directory shadows a module it imports.
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", self.module, "--fd",
-                 str(theirs.fileno()), "--parent", str(os.getpid()), "--scratch", scratch],
+                [sys.executable, "-P", "-m", self.module, "--fd",
+                 str(theirs.fileno()), "--parent", str(os.getpid()), "--scratch", scratch,
+                 "--read", self.tasks_dir],
                 pass_fds=(theirs.fileno(),), close_fds=True, stdin=subprocess.DEVNULL,
-                stderr=subprocess.PIPE, env={**_candidate_env(scratch), **self.env})
+                stderr=subprocess.PIPE, env={**_candidate_env(scratch), **self.env},
+                cwd=scratch)
         finally:
             theirs.close()
         self.stderr = _StderrPump(self.proc.stderr)
@@ -241,7 +239,10 @@ class CandidateProcess:
             self.proc.wait(5.0)
         if self.sock is not None:
             self.sock.close()
+        if self.scratch:  # what it wrote (a trace, junk) goes with it
+            shutil.rmtree(self.scratch, ignore_errors=True)
         self.proc, self.sock, self.ready, self.stderr = None, None, False, None
+        self.scratch = None
 
     def _tree(self) -> list[int]:
         """Our candidate process and its descendants, as pids of our namespace."""
@@ -249,8 +250,10 @@ class CandidateProcess:
             return []
         root = _host_pid(self.proc.pid)
         found = [self.proc.pid]
+        if root is None:  # already gone
+            return found
         for host in confinement.descendants(root):
-            local = _local(host, self.depth)
+            local = confinement.local_pid(host)
             if local is not None:
                 found.append(local)
         return found
@@ -280,7 +283,7 @@ class CandidateProcess:
         a sum would count a fork flood many times over)."""
         total = 0
         root = _host_pid(self.proc.pid) if self.proc is not None else None
-        if root is None:
+        if root is None:  # not started, or gone: nothing of ours is resident
             return 0.0
         for host in (root, *confinement.descendants(root)):
             with contextlib.suppress(OSError, ValueError, IndexError), \
@@ -410,6 +413,13 @@ def reference_process() -> CandidateProcess:
     if _REFERENCE is None:
         _REFERENCE = CandidateProcess("kernels.harness.refcompile")
     return _REFERENCE
+
+
+def recycle_candidate(reason: str) -> None:
+    """Replace the warm candidate process (a fresh one starts warming up at once)."""
+    if _PROCESS is not None and _PROCESS.proc is not None:
+        _PROCESS.kill()
+        _PROCESS.start()
 
 
 def kept_pids() -> list[int]:

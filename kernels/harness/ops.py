@@ -10,7 +10,6 @@ return plain JSON-able dicts; an exception they raise becomes an error reply.
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -34,11 +33,12 @@ def op(name: str) -> Callable[[Handler], Handler]:
 
 @op("hello")
 def hello(payload: dict[str, Any]) -> dict[str, Any]:
+    from kernels import confinement
     from kernels.harness.backend import backend_info
 
-    # The pid as the app sees it (getpid() is 1 inside the worker's PID namespace).
-    pid = int(os.readlink("/proc/self")) if os.path.exists("/proc/self") else os.getpid()
-    return {"backend": backend_info(), "pid": pid, "ops": sorted(OPS)}
+    # The pid as the app sees it (getpid() is 2 inside the worker's PID namespace, and
+    # the namespace's own /proc numbers it that way too).
+    return {"backend": backend_info(), "pid": confinement.host_pid(), "ops": sorted(OPS)}
 
 
 @op("eval")

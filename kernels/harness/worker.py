@@ -7,10 +7,13 @@ nothing a candidate or XLA prints reaches the user's terminal. The worker dies w
 its parent: PR_SET_PDEATHSIG on Linux, and a watchdog thread that notices a changed
 parent pid (covers other platforms and a parent that died before prctl ran).
 
-Before anything else (single-threaded, before JAX) it confines itself
-(``kernels.confinement.confine``: namespaces, Landlock, rlimits; the report travels
-with the "ready" message), and after every request it kills whatever processes the
-candidate left behind.
+It is started with ``python -P`` (no current or script directory on ``sys.path``: a
+planted ``argparse.py`` beside a task never runs) in its scratch directory. Before
+anything else (single-threaded, before JAX) it confines itself
+(``kernels.confinement.confine``: namespaces, Landlock on reads and writes, rlimits;
+the report travels with the "ready" message), and after every request it kills
+whatever processes the candidate left behind, empties its private ``/dev/shm`` and
+checks that its own harness modules are unchanged (``recycle`` in the reply if not).
 """
 
 from __future__ import annotations
@@ -76,14 +79,18 @@ def _flush_stdio() -> None:
 
 
 def serve(sock: socket.socket, confined: dict[str, Any] | None = None) -> None:
-    from kernels.harness import ops
+    from kernels.harness import integrity, judge, ops
 
     ops.load_plugins()
-    # The serving process's pid as the app sees it (inside a PID namespace getpid() is 1):
-    # the app watches this one's memory.
-    host_pid = int(os.readlink("/proc/self")) if os.path.exists("/proc/self") else os.getpid()
+    # The serving process's pid as the app sees it (inside a PID namespace getpid() is 2,
+    # and the namespace's own /proc numbers it that way): the app watches its memory.
+    # ``local_pid`` lets the app find it in its own subtree whatever /proc says.
     _send(sock, {"type": "ready", **ops.hello({}), "confinement": confined,
-                 "serving_pid": host_pid})
+                 "serving_pid": confinement.host_pid(), "local_pid": os.getpid()})
+    # The judge runs no candidate code; its harness modules must stay as they are now.
+    # Anything else (a module rewritten, jax.config changed) means it was exposed to
+    # something unexpected: the app replaces it after the reply.
+    snapshot = integrity.ModuleSnapshot()
     while True:
         try:
             request = protocol.recv_blocking(sock)
@@ -109,13 +116,40 @@ def serve(sock: socket.socket, confined: dict[str, Any] | None = None) -> None:
         # Whatever the candidate forked (setsid, double fork, a listener) ends with the
         # request that started it.
         try:
-            from kernels.harness.judge import kept_pids
-
-            reply["leftover_processes"] = confinement.kill_descendants(keep=kept_pids())
+            reply["leftover_processes"] = confinement.kill_descendants(keep=judge.kept_pids())
         except OSError:
             reply["leftover_processes"] = None
+        # Shared memory is nobody's resident memory: empty the namespace's /dev/shm, and
+        # replace a candidate process that used it (it may hold deleted files open).
+        if confinement.empty_private_shm():
+            judge.recycle_candidate("it left files in /dev/shm")
+        changed = snapshot.changed()
+        _config, restored = snapshot.restore_config()
+        if changed or not restored:
+            reply["recycle"] = ("the judge's own modules changed: " + ", ".join(changed[:5])
+                                if changed else "the judge's jax.config could not be restored")
+            _withhold_verdict(request, reply)
         _flush_stdio()
         _send(sock, reply)
+
+
+def _withhold_verdict(request: dict[str, Any], reply: dict[str, Any]) -> None:
+    """A judge whose harness changed during an evaluation cannot be believed: only task
+    code runs in it (the reference, the input builder), so the task is blamed and no
+    verdict is given."""
+    result = reply.get("result")
+    if request.get("op") != "eval" or not isinstance(result, dict) or "status" not in result:
+        return
+    result["status"] = "runtime_error"
+    result["error"] = {
+        "kind": "task", "line": None, "traceback": None, "file": None,
+        "message": f"the task's code changed the harness in the judge ({reply['recycle']}): "
+                   "no verdict is given, and the worker is replaced",
+        "hint": "Task files (reference.py, input builders) run in the judge: they must not "
+                "import or patch tilewright's harness."}
+    result["timing"] = None
+    if isinstance(result.get("correctness"), dict):
+        result["correctness"]["correct"] = False
 
 
 def warm_up() -> None:
@@ -145,6 +179,13 @@ def warm_up() -> None:
             pltpu.reset_tpu_interpret_mode_state()
 
 
+def isolate_path() -> None:
+    """No relative ``sys.path`` entries (the current directory): the app starts workers
+    with ``python -P``, this covers a worker started by hand. What was imported before
+    this runs came from Python's own directories (with -P)."""
+    sys.path[:] = [p for p in sys.path if p and os.path.isabs(p)]
+
+
 def child_main(argv: list[str] | None, prog: str, serve: Any, *, confine: bool,
                warm: bool, estimates: bool = False) -> int:
     """Start-up of a judge's child process (the candidate process, the reference
@@ -156,11 +197,15 @@ def child_main(argv: list[str] | None, prog: str, serve: Any, *, confine: bool,
     parser.add_argument("--fd", type=int, required=True, help="inherited socket to the judge")
     parser.add_argument("--parent", type=int, required=True, help="pid of the judge")
     parser.add_argument("--scratch", required=True, help="its own scratch directory")
+    parser.add_argument("--read", action="append", default=[],
+                        help="a path it may read besides Python's and the system's")
     args = parser.parse_args(argv)
     die_with_parent(args.parent)
+    isolate_path()
     prepare_environment(dump_parent=args.scratch, estimates=estimates)
     if confine:
-        confinement.confine(args.scratch)  # may fork: we continue inside new namespaces
+        # may fork: we continue inside new namespaces
+        confinement.confine(args.scratch, [p for p in args.read if os.path.exists(p)])
     watch_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = socket.socket(fileno=args.fd)
@@ -180,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scratch", default=None, help="the only writable directory")
     args = parser.parse_args(argv)
     die_with_parent(args.parent)
+    isolate_path()
     scrub_current_process()
     # Before JAX loads libtpu: no estimate flag here (the judge's estimator processes,
     # kernels.harness.compiler, have it: with it every compile pays for the estimator).
