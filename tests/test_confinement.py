@@ -182,7 +182,7 @@ def _worker_chain(worker) -> set[int]:
             chain.add(pid)
     # The judge's warm candidate process: its shim, the shim's init, the init's server
     # (anything a candidate leaves is below the server, which reaps it after each request);
-    # and its reference compiler (kernels.harness.refcompile), a child of the judge.
+    # and its TPU compile processes (kernels.harness.compiler), children of the judge.
     level = set(chain)
     for _ in range(3):
         level = {p for p, parent in _parents().items() if parent in level} - chain
@@ -202,7 +202,7 @@ def _is_judge_helper(pid: int) -> bool:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             cmdline = fh.read()
             return b"kernels.harness.candidate" in cmdline \
-                or b"kernels.harness.refcompile" in cmdline
+                or b"kernels.harness.compiler" in cmdline
     except OSError:
         return False
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from sizes import small_overrides
 
 from kernels.loaders import load_task
 from kernels.workers import EvalOptions, WorkerPool
@@ -110,7 +111,7 @@ def task_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def task(task_dir):
-    return load_task(str(task_dir), {"rows": "64", "cols": "256"})
+    return load_task(str(task_dir), small_overrides(rows=64, cols=256))
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -478,14 +479,14 @@ async def test_a_task_that_rewrites_the_harness_in_the_judge_gets_it_replaced(
     ref.write_text(POISON + ref.read_text())
     await pool.request("hello", {})
     before = list(pool.pids)
-    result = await pool.evaluate(load_task(str(hostile), {"rows": "64", "cols": "256"}),
+    result = await pool.evaluate(load_task(str(hostile), small_overrides(rows=64, cols=256)),
                                  WRONG, QUICK)
     # The poisoned judge's verdict is not given: the task is blamed, the judge replaced.
     assert result.status == "runtime_error" and result.error.kind == "task", result.error
     assert "kernels.harness.compare.compare" in result.error.message
     await pool.request("hello", {})  # waits for the replacement
     assert pool.pids and pool.pids != before
-    honest = load_task(str(task_dir), {"rows": "64", "cols": "256"})
+    honest = load_task(str(task_dir), small_overrides(rows=64, cols=256))
     assert (await pool.evaluate(honest, WRONG, QUICK)).status == "incorrect"
 
 

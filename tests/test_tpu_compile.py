@@ -249,13 +249,18 @@ async def test_a_compiler_abort_on_the_reference_costs_its_estimate_only(worker_
     """The judge compiles the reference in a helper process: libtpu's abort there costs
     the reference estimate (unavailable, with the check's line), not the worker; the
     next evaluation says the same (the abort is remembered per task, shape and chip)."""
-    for _ in range(2):
-        result = await evaluate(worker_pool, tasks["attention"], COPY_Q, "v5e")
-        assert result.status == "incorrect", result.error  # judged: the worker lived
-        assert result.tpu["compile"] == "ok" and result.tpu["estimate"]["cycles"] > 0
-        assert result.tpu["reference_estimate"] is None
-        assert "aborted on the XLA reference" in result.tpu["estimate_unavailable"]
-        assert "Check failed" in result.tpu["estimate_unavailable"]
+    result = await evaluate(worker_pool, tasks["attention"], COPY_Q, "v5e")
+    assert result.status == "incorrect", result.error  # judged: the worker lived
+    assert result.tpu["compile"] == "ok"  # a wrong kernel gets its verdict, no estimate
+    task = load_task(str(tasks["attention"]), {})
+    for _ in range(2):  # the estimate alone (tilewright estimate): no correctness check
+        found = await worker_pool.estimate(task, COPY_Q, NO_TIMING)
+        assert found["status"] == "ok", found
+        tpu = found["tpu"]
+        assert tpu["compile"] == "ok" and tpu["estimate"]["cycles"] > 0
+        assert tpu["reference_estimate"] is None
+        assert "aborted on the XLA reference" in tpu["estimate_unavailable"]
+        assert "Check failed" in tpu["estimate_unavailable"]
 
 
 @ON_MODULE_LOOP

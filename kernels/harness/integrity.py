@@ -51,10 +51,9 @@ GUARDED_MODULES = (
 # Harness globals that change by design (caches, helper processes and executors made
 # on first use): not compared.
 MUTABLE_GLOBALS = {
-    "kernels.harness.evaluate": {"_REFERENCE_ESTIMATES"},
     "kernels.harness.execution": {"_RUNTIMES"},
-    "kernels.harness.tpu_compile": {"_TARGETS", "_REFERENCE_ESTIMATES", "_EXECUTOR"},
-    "kernels.harness.judge": {"_PROCESS", "_REFERENCE"},
+    "kernels.harness.tpu_compile": {"_TARGETS", "_EXECUTOR"},
+    "kernels.harness.judge": {"_PROCESS"},
     "kernels.harness.estimates": {"_COMPILERS"},
     "kernels.harness.verdict": {"_POOL", "_REFERENCE_PLANS", "_REFERENCE_RESULTS"},
     "kernels.confinement": {"_HOST_PID", "_APP_PROTECTED"},

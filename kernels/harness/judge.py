@@ -160,9 +160,10 @@ def _ns_depth(proc: str) -> int:
 
 
 class CandidateProcess:
-    """One candidate process: started on demand, replaced after a failure. ``module``
-    is what it runs: the candidate harness, or the judge's own reference compiler
-    (``kernels.harness.refcompile``, trusted code kept apart for libtpu's aborts)."""
+    """One child process of the judge: started on demand, replaced after a failure.
+    ``module`` is what it runs: the candidate harness, or a TPU compile process
+    (``kernels.harness.compiler``, kept apart for libtpu's aborts); ``env`` is added to
+    its environment."""
 
     def __init__(self, module: str = "kernels.harness.candidate",
                  env: dict[str, str] | None = None) -> None:
@@ -395,7 +396,6 @@ def pickled(dyn: tuple, static: tuple) -> bytes:
 
 
 _PROCESS: CandidateProcess | None = None
-_REFERENCE: CandidateProcess | None = None
 
 
 def process() -> CandidateProcess:
@@ -404,15 +404,6 @@ def process() -> CandidateProcess:
     if _PROCESS is None:
         _PROCESS = CandidateProcess()
     return _PROCESS
-
-
-def reference_process() -> CandidateProcess:
-    """This worker's reference compiler (``kernels.harness.refcompile``), started on the
-    first reference estimate and kept warm."""
-    global _REFERENCE
-    if _REFERENCE is None:
-        _REFERENCE = CandidateProcess("kernels.harness.refcompile")
-    return _REFERENCE
 
 
 def recycle_candidate(reason: str) -> None:
@@ -427,5 +418,5 @@ def kept_pids() -> list[int]:
     candidate process and the compile processes (``kernels.harness.estimates``)."""
     from kernels.harness import estimates
 
-    return [p.pid for p in (_PROCESS, _REFERENCE) if p is not None and p.pid is not None] \
-        + estimates.kept_pids()
+    own = [_PROCESS.pid] if _PROCESS is not None and _PROCESS.pid is not None else []
+    return own + estimates.kept_pids()

@@ -66,8 +66,6 @@ _SIZE = re.compile(r'size\\?"\s*:\s*\\?"?(\d+)')
 _LOCK = threading.Lock()  # one compile at a time: the dump directory is shared
 _EXECUTOR: ThreadPoolExecutor | None = None
 _TARGETS: dict[str, Any] = {}
-_REFERENCE_ESTIMATES: dict[str, dict[str, Any] | None] = {}
-_REFERENCE_CACHE_SIZE = 64
 
 
 # -- start-up (before JAX is imported) ----------------------------------------------
@@ -403,23 +401,3 @@ def short(message: str, limit: int = 600) -> str:
         keep.append(line)
     text = "\n".join(keep).strip() or message.strip()
     return text if len(text) <= limit else text[:limit] + " ..."
-
-
-# -- the reference ---------------------------------------------------------------------
-
-def reference_estimate(key: str, fn: Any, dyn: tuple, static: tuple,
-                       where: Target) -> dict[str, Any] | None:
-    """The XLA reference's estimate for the same chip and shapes, cached per key
-    (task, shape configuration, chip): a warm worker compiles a reference once."""
-    if key in _REFERENCE_ESTIMATES:
-        return _REFERENCE_ESTIMATES[key]
-    try:
-        lowered = lower(fn, dyn, static, where)
-    except Exception:
-        return None
-    found = _executor().submit(compile_lowered, lowered, where).result()
-    value = found["estimate"] if found["compile"] == "ok" else None
-    if len(_REFERENCE_ESTIMATES) >= _REFERENCE_CACHE_SIZE:
-        _REFERENCE_ESTIMATES.pop(next(iter(_REFERENCE_ESTIMATES)))
-    _REFERENCE_ESTIMATES[key] = value
-    return value

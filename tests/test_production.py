@@ -1,0 +1,271 @@
+"""Check small, judge at the production shape: the size the user runs.
+
+A native task whose check shape (64x256) fits a whole-array kernel and whose production
+shape (2048x2048 f32) does not: the whole-array kernel is correct where it is checked
+and a compile error where it is ranked; a tiled kernel is ranked by its estimate at the
+production shape, labeled with chip and shape. Real workers, the real TPU compiler for
+an abstract v5e (libtpu from jax[tpu]), TPU interpret mode for the trials.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kernels.harness import tpu_compile
+from kernels.loaders import load_task
+from kernels.result import ranking
+from kernels.workers import EvalOptions, WorkerPool
+
+pytestmark = pytest.mark.skipif(tpu_compile.libtpu_path() is None,
+                                reason="libtpu not installed (pip install 'jax[tpu]')")
+ON_MODULE_LOOP = pytest.mark.asyncio(loop_scope="module")
+ROOT = Path(__file__).resolve().parent.parent
+QUICK = EvalOptions(trials=3, timeout_s=180.0, timing=False)
+
+REFERENCE = """
+import jax
+import jax.numpy as jnp
+
+def make_inputs(key, rows, cols):
+    return (jax.random.normal(key, (rows, cols), jnp.float32),)
+
+def reference(x):
+    return jnp.tanh(x) * 2.0
+"""
+WHOLE_ARRAY = """
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+def _body(x_ref, o_ref):
+    o_ref[...] = jnp.tanh(x_ref[...]) * 2.0
+
+def kernel(x):
+    return pl.pallas_call(_body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+"""
+TILED = """
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+BR, BC = 64, 256
+
+def _body(x_ref, o_ref):
+    o_ref[...] = jnp.tanh(x_ref[...]) * 2.0
+
+def kernel(x):
+    rows, cols = x.shape
+    br, bc = min(BR, rows), min(BC, cols)
+    spec = pl.BlockSpec((br, bc), lambda i, j: (i, j))
+    return pl.pallas_call(
+        _body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        grid=(rows // br, cols // bc), in_specs=[spec], out_specs=spec,
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
+        NAME)(x)
+"""
+
+
+@pytest.fixture(scope="module")
+def task_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("production") / "tanh2"
+    root.mkdir()
+    (root / "task.toml").write_text(textwrap.dedent("""
+        name = "tanh2"
+        atol = 1e-5
+        rtol = 1e-5
+        [shapes.small]
+        rows = 64
+        cols = 256
+        [shapes.prod]
+        rows = 2048
+        cols = 2048
+        size = "large"
+        production = true
+    """))
+    (root / "reference.py").write_text(REFERENCE)
+    return root
+
+
+def tiled(name: str | None = None) -> str:
+    return TILED.replace("NAME", f"name={name!r}" if name else "")
+
+
+async def evaluate(pool: WorkerPool, task_dir: Path, source: str,
+                   options: EvalOptions = QUICK, **overrides: str):
+    task = load_task(str(task_dir), overrides or None)
+    return await pool.evaluate(task, source, options, filename=str(task_dir / "kernel.py"))
+
+
+def test_set_shrinks_check_shapes_only(task_dir: Path) -> None:
+    task = load_task(str(task_dir), {"rows": "32"})
+    assert {s.name: s.params["rows"] for s in task.shapes} == {"small": 32, "prod": 32}
+    assert task.production.name == "prod" and task.production.params == {"rows": 2048,
+                                                                          "cols": 2048}
+    moved = load_task(str(task_dir), {"production.rows": "1024"})
+    assert moved.production.params == {"rows": 1024, "cols": 2048}
+    assert {s.name: s.params["rows"] for s in moved.shapes} == {"small": 64, "prod": 2048}
+    from sessions.tasks import task_header
+
+    header = task_header(task, {"rows": "32"})
+    assert header["production"]["params"] == {"rows": 2048, "cols": 2048}
+    assert [s["params"]["rows"] for s in header["shapes"]] == [32, 32]
+
+
+def test_jaxbench_production_is_config_as_written(tmp_path: Path) -> None:
+    task_dir = tmp_path / "wl"
+    task_dir.mkdir()
+    (task_dir / "baseline.py").write_text(textwrap.dedent("""
+        import jax
+        import jax.numpy as jnp
+        CONFIG = {'name': 'wl', 'batch': 4096, 'dim': 1024}
+        def create_inputs(dtype=jnp.float32):
+            x = jax.random.normal(jax.random.key(0), (CONFIG['batch'], CONFIG['dim']), dtype)
+            return (x,)
+        def workload(x):
+            return jnp.tanh(x)
+    """))
+    task = load_task(str(task_dir), {"batch": "64", "dtype": "bfloat16"})
+    assert task.shapes[0].params == {"batch": 64, "dtype": "bfloat16"}
+    assert task.production.params == {"dtype": "bfloat16"}  # dtype is not a size
+    assert task.production_task().meta["config"]["batch"] == 4096
+    listed = subprocess.run([sys.executable, "-m", "tui.cli", "tasks", str(task_dir),
+                             "--no-bundled", "--json", "--set", "batch=64"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=300)
+    row = json.loads(listed.stdout)["tasks"][0]
+    assert row["inputs"]["default"]["inputs"] == [[[64, 1024], "float32"]]
+    assert row["production"]["inputs"] == [[[4096, 1024], "float32"]]
+
+
+@ON_MODULE_LOOP
+async def test_whole_array_kernel_is_a_compile_error_at_production(worker_pool,
+                                                                   task_dir) -> None:
+    result = await evaluate(worker_pool, task_dir, WHOLE_ARRAY)
+    assert result.correctness["correct"], result.correctness  # fits at the check shape
+    assert result.status == "compile_error", result.error
+    assert result.tpu["compile"] == "error" and result.tpu["kind"] == "vmem"
+    assert result.tpu["shape"] == "prod" and result.tpu["input_shapes"] == ["f32[2048,2048]"]
+    assert "at the production shape prod (f32[2048,2048])" in result.error.message
+    assert result.tpu["vmem_bytes"] > result.tpu["vmem_limit_bytes"]
+    rank = ranking(result.to_json())
+    assert rank.value is None and rank.source == "none"  # never ranked, never best
+
+
+@ON_MODULE_LOOP
+async def test_tiled_kernel_is_ranked_by_its_production_estimate(worker_pool,
+                                                                 task_dir) -> None:
+    result = await evaluate(worker_pool, task_dir, tiled())
+    assert result.status == "correct", result.error
+    tpu = result.tpu
+    assert tpu["compile"] == "ok" and tpu["shape_label"] == "2048x2048"
+    assert tpu["kernels"][0]["grid"] == [32, 8] and tpu["grid_steps"] == 256
+    estimate = tpu["estimate"]
+    assert estimate["method"] == "scaled"
+    assert tpu["kernels"][0]["units_full"] == 256 and max(tpu["kernels"][0]["units"]) <= 32
+    assert "repeats" in estimate["detail"]
+    assert tpu["reference_estimate"]["cycles"] > 0 and tpu["estimated_speedup"] > 0
+    assert tpu["floor"]["kernel_bytes"] == 2 * 2048 * 2048 * 4  # read once, written once
+    assert tpu["basis"] in ("compiler", "memory_floor")
+    assert tpu["fidelity"]["class"] == "memory_bound"
+    rank = ranking(result.to_json())
+    assert rank.source == "tpu_estimate" and rank.value == tpu["estimated_speedup"]
+    assert rank.label.startswith(f"est. {rank.value:.2f}x on v5e at 2048x2048 (TPU compiler")
+    assert rank.shape == "2048x2048" and rank.derived
+    # the check shape is what ran: a different, smaller configuration
+    assert [s["name"] for s in result.extra["shapes"]] == ["small"]
+
+
+@ON_MODULE_LOOP
+async def test_a_rerun_hits_the_estimate_cache(task_dir, tmp_path) -> None:
+    env = {"TILEWRIGHT_CACHE_DIR": str(tmp_path / "cache")}
+    async with WorkerPool(size=1, env_overrides=env) as pool:
+        first = await evaluate(pool, task_dir, tiled())
+        assert first.status == "correct" and first.tpu["cached"] is False
+    entries = list((tmp_path / "cache").rglob("*.json"))
+    assert entries, "nothing was cached"
+    async with WorkerPool(size=1, env_overrides=env) as pool:  # a fresh worker
+        again = await evaluate(pool, task_dir, tiled())
+    assert again.tpu["cached"] is True
+    assert again.tpu["estimate"]["cycles"] == first.tpu["estimate"]["cycles"]
+    assert again.tpu["estimated_speedup"] == first.tpu["estimated_speedup"]
+
+
+@ON_MODULE_LOOP
+async def test_a_compile_over_its_memory_limit_costs_the_estimate_not_the_worker(
+        worker_pool, task_dir, tmp_path) -> None:
+    # A limit below what a compile process needs to import JAX: every compile is killed.
+    env = {"TILEWRIGHT_CACHE_DIR": str(tmp_path / "empty-cache")}
+    async with WorkerPool(size=1, env_overrides=env) as pool:
+        from dataclasses import replace
+
+        starved = await evaluate(pool, task_dir, tiled("starved"),
+                                 replace(QUICK, compile_memory_mb=64))
+        assert starved.status == "correct", starved.error  # judged at the check shape
+        assert starved.tpu["compile"] == "unavailable"
+        assert "memory limit" in starved.tpu["estimate_unavailable"]
+        assert ranking(starved.to_json()).source != "tpu_estimate"
+        fine = await evaluate(pool, task_dir, tiled("starved"))  # the same worker goes on
+        assert fine.status == "correct" and fine.tpu["estimate"]["cycles"] > 0
+
+
+@ON_MODULE_LOOP
+async def test_a_kernel_name_too_long_for_a_file_name_is_estimated(worker_pool,
+                                                                    task_dir) -> None:
+    """libtpu names its dump files after the kernel and aborts past ~200 characters:
+    what the compiler sees is renamed, what the user reads keeps the name."""
+    long_name = "k" * 250
+    result = await evaluate(worker_pool, task_dir, tiled(long_name))
+    assert result.status == "correct", result.error
+    assert result.tpu["estimate"]["cycles"] > 0
+    assert result.tpu["kernels"][0]["name"] == long_name
+    assert result.tpu["estimate"]["ops"][0]["name"] == long_name
+
+
+def test_repeated_ops_count_every_op() -> None:
+    """A record stands for ``num_equivalent_hlos`` identical ops, with cycles per op."""
+    from kernels.harness.compiler import records
+    from kernels.harness.estimates import estimate_of
+
+    text = textwrap.dedent("""
+        hlo_op_estimate {
+          hlo_op_name: "fusion.3"
+          estimated_cycles: 1000
+          num_equivalent_hlos: 4
+          dma_instruction_type: DMA_INSTRUCTION_TYPE_LOCAL
+          hlo_instruction { name: "fusion.3" }
+        }
+        hlo_op_estimate {
+          hlo_op_name: "copy.1"
+          estimated_cycles: 0
+          num_equivalent_hlos: 1
+          dma_instruction_type: DMA_INSTRUCTION_TYPE_REMOTE
+        }
+    """)
+    found = records(text)
+    assert [(r["name"], r["cycles"], r["count"], r["dma"]) for r in found] == [
+        ("fusion.3", 1000, 4, "local"), ("copy.1", 0, 1, "remote")]
+    estimate = estimate_of(found, "v5e")
+    assert estimate["cycles"] == 4000
+    assert estimate["incomplete"]["ops"] == ["copy.1"]  # priced at 0, moves HBM data
+
+
+def test_no_estimator_dump_dirs_are_left_behind(task_dir, tmp_path) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp), "JAX_PLATFORMS": "cpu",
+           "TILEWRIGHT_CACHE_DIR": str(tmp_path / "cache")}
+    kernel = tmp_path / "k.py"
+    kernel.write_text(tiled())
+    proc = subprocess.run([sys.executable, "-m", "tui.cli", "eval", "--task", str(task_dir),
+                           "--kernel", str(kernel), "--json", "--no-timing"],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["tpu"]["estimate"]["cycles"] > 0
+    assert not list(tmp.rglob("tilewright-llo-*"))
