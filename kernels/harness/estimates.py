@@ -431,17 +431,45 @@ def reference_plan(production_spec: dict[str, Any], chip: str) -> ReferencePlan:
         return plan
     param, value = choice
     factor = 2 ** max(1, math.ceil(math.log2(ratio)))
-    n2, n1 = value // factor, value // (2 * factor)
-    if n1 < 1:
+    if value // (2 * factor) < 1:
         plan.why_not_scaled = (f"the XLA reference is too costly for the estimator even at "
                                f"{param}=1")
         return plan
-    for n in (n1, n2):
+
+    def exported(n: int) -> tuple[bytes, dict[str, float]]:
         spec = shrink.with_size(task, config, param, n).to_spec()
-        blob, _ = _export_reference(spec, shrink.config_of(spec), chip)
-        plan.scaled.append((n, blob))
+        return _export_reference(spec, shrink.config_of(spec), chip)
+
+    larger = exported(value // factor)
+    # The cost per unit is taken at the larger size; it must be in the regime the full
+    # program is in. A matmul's weights are read once whatever its batch: at a small
+    # batch it is memory-bound where the full one is compute-bound, and a bigger size
+    # (up to 4x the budget) is worth its estimate.
+    while factor > 2 and _bound(cost, chip) == "compute" \
+            and _bound(larger[1], chip) == "memory" \
+            and larger[1].get("flops", 0.0) * 2 <= 4 * REFERENCE_FLOPS_BUDGET:
+        factor //= 2
+        larger = exported(value // factor)
+    n2, n1 = value // factor, value // (2 * factor)
+    plan.scaled = [(n1, exported(n1)[0]), (n2, larger[0])]
     plan.param, plan.value = param, value
     return plan
+
+
+def _bound(cost: dict[str, float], chip: str) -> str | None:
+    """compute | memory: XLA's FLOP per byte of the program's inputs and outputs (the
+    traffic it cannot avoid) against the chip's ridge point for its dtype."""
+    from profiling.chips import get_chip
+
+    flops, moved = cost.get("flops"), cost.get("io_bytes")
+    if not flops or not moved:
+        return None
+    try:
+        spec = get_chip(chip)
+    except KeyError:
+        return None
+    peak = spec.f32_flops if cost.get("f32_inputs") else spec.bf16_flops
+    return "compute" if flops / moved >= peak / spec.hbm_bytes_per_s else "memory"
 
 
 def _export_reference(spec: dict[str, Any], config: Any, chip: str
@@ -464,6 +492,14 @@ def _export_reference(spec: dict[str, Any], config: Any, chip: str
                 found = found[0] if found else {}
             cost = {k: float(v) for k, v in (found or {}).items()
                     if isinstance(v, int | float) and v >= 0}
+    # 1.0 when the largest input is float32 (the ridge point of f32 work applies)
+    if avals:
+        widest = max(avals, key=lambda a: math.prod(a.shape))
+        cost["f32_inputs"] = 1.0 if str(widest.dtype) == "float32" else 0.0
+    # What must move at least: every input read and every output written once (XLA's
+    # "bytes accessed" of the unfused lowering counts every elementwise op's traffic).
+    cost["io_bytes"] = float(sum(math.prod(a.shape) * a.dtype.itemsize
+                                 for a in [*avals, *exported.out_avals]))
     return bytes(exported.serialize()), cost
 
 
