@@ -11,7 +11,8 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-MODULES = ("kernels.cli_tasks", "kernels.cli_eval", "kernels.cli_estimate", "kernels.cli_profile")
+MODULES = ("kernels.cli_tasks", "kernels.cli_eval", "kernels.cli_estimate", "kernels.cli_profile",
+           "kernels.cli_calibrate")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -97,6 +97,22 @@ def _estimate_cache(env: dict[str, str]) -> str | None:
     return path
 
 
+def _calibration_file(env: dict[str, str]) -> None:
+    """The user's ``tilewright calibrate`` pairs, readable by the judge (its
+    ``tpu.fidelity`` reports them beside the public figures), when there are any."""
+    from kernels.cli_calibrate import calibration_path
+
+    try:
+        path = calibration_path()
+    except ImportError:
+        return
+    if not path.is_file():
+        return
+    env["TILEWRIGHT_CALIBRATION"] = str(path)
+    readable = [p for p in env.get(_confinement.ENV_READABLE, "").split(os.pathsep) if p]
+    env[_confinement.ENV_READABLE] = os.pathsep.join([*readable, str(path)])
+
+
 class WorkerPool:
     """Long-lived JAX worker processes. Use ``async with WorkerPool() as pool:``.
 
@@ -115,6 +131,7 @@ class WorkerPool:
         self.app_protection = _confinement.protect_app()
         self.env = worker_environment(overrides=env_overrides)
         self.estimate_cache = _estimate_cache(self.env)
+        _calibration_file(self.env)
         self.confinement: dict[str, Any] | None = None  # the latest worker's report
         self.memory_limit_mb = memory_limit_mb or _default_memory_limit_mb()
         self.startup_timeout_s = startup_timeout_s

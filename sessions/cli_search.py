@@ -363,7 +363,7 @@ def _speed_column(report: dict[str, Any]) -> str:
         - {"host_simulation"}  # shown as "no TPU estimate", not as a number
     chips = sorted({t.get("chip") for t in report["tasks"] if t.get("chip")})
     if sources == {"tpu_estimate"}:
-        return f"est. speedup ({', '.join(chips) or 'TPU'}, compiler)"
+        return f"est. speedup at production shape ({', '.join(chips) or 'TPU'}, compiler)"
     if sources == {"device_time"}:
         return "measured speedup"
     return "speedup"
@@ -374,10 +374,12 @@ def _fmt_speed(value: Any) -> str:
 
 
 def _task_speed(task: dict[str, Any]) -> str:
-    """A task's best speedup; a host-simulation ratio is not TPU performance."""
+    """A task's best speedup, with the production shape it is for; a host-simulation
+    ratio is not TPU performance."""
     if task.get("rank_source") == "host_simulation":
         return "no TPU estimate"
-    return _fmt_speed(task.get("best_speedup"))
+    speed = _fmt_speed(task.get("best_speedup"))
+    return f"{speed} at {task['shape']}" if task.get("shape") and speed != "-" else speed
 
 
 def _fmt_version(value: Any) -> str:

@@ -288,7 +288,9 @@ def _best(state: Any) -> str:
 def _interpret_note(state: Any) -> str:
     sources = {p.get("rank_source") for p in state.best_history}
     if "tpu_estimate" in sources:
-        return ("Kernels are ranked by the TPU compiler's static estimate for the chip "
-                "(\"est.\": a prediction, not a measurement); kernels ran in TPU interpret "
-                "mode on the CPU, whose time is host simulation time and ranks nothing.")
+        return ("Kernels are ranked by the TPU compiler's static estimate for the chip at "
+                "the task's production shape (\"est.\": a prediction, not a measurement; "
+                "each figure names its chip and shape); correctness was checked at the "
+                "smaller check shapes in TPU interpret mode on the CPU, whose time is host "
+                "simulation time and ranks nothing.")
     return "Timings are TPU interpret mode on the CPU: simulated, not TPU performance."

@@ -107,8 +107,12 @@ def _template(request: AgentRequest) -> Proposal | Failure:
              str(h.get("summary", ""))}
     families = templates.infer_families(request.task)
     unfit: list[str] = []
+    too_big = _whole_array_too_big(request)
     for family in families:
         if family in tried:
+            continue
+        if family == templates.FALLBACK and too_big:
+            unfit.append(f"{family}: {too_big}")
             continue
         try:
             source, why = templates.write_template(request.task, family)
@@ -126,6 +130,31 @@ def _template(request: AgentRequest) -> Proposal | Failure:
     return Failure("offline agent: every template family failed for this task "
                    f"({', '.join(families)}){why_not}; write a first kernel.py, or use "
                    "Claude (set ANTHROPIC_API_KEY)")
+
+
+def _whole_array_too_big(request: AgentRequest) -> str | None:
+    """Why the whole-array fallback cannot work at the production shape (its inputs alone
+    exceed the chip's scoped VMEM there, as the last evaluation measured them); None
+    when it may fit or nothing is known yet."""
+    tpu = (request.last_eval or {}).get("tpu") or {}
+    limit = tpu.get("vmem_limit_bytes")
+    shapes = tpu.get("input_shapes") or []
+    if not limit or not shapes:
+        return None
+    sizes = {"f32": 4, "bf16": 2, "f16": 2, "i32": 4, "i8": 1, "u8": 1, "f64": 8, "i64": 8,
+             "bool": 1, "i16": 2}
+    total = 0
+    for text in shapes:
+        kind, _, dims = str(text).partition("[")
+        count = 1
+        for d in dims.rstrip("]").split(","):
+            count *= int(d) if d.strip().isdigit() else 1
+        total += count * sizes.get(kind, 4)
+    if total <= limit:
+        return None
+    return (f"its inputs alone ({total / 2**20:.0f} MiB at the production shape "
+            f"{tpu.get('shape_label') or ''}) exceed the {limit / 2**20:.0f} MiB of scoped VMEM "
+            f"a kernel gets on {tpu.get('chip')}")
 
 
 def _fix(request: AgentRequest) -> Proposal | Failure:
@@ -190,7 +219,10 @@ def _tuner_step(request: AgentRequest, lessons: list[Lesson] | None = None
                        "`TUNABLES = {\"NAME\": [choices]}` (see kernels/tunables.py).")
     obs = tuner.observations_from(request.history, source, request.last_eval, set(declared),
                                   request.current_version)
-    dims = tuner.tiled_dims(list(declared), request.task.shapes)
+    # Blocks are chosen for the production shape (the size that is ranked) and must be
+    # legal at the check shapes too (where correctness is checked).
+    production = (request.task.production,) if request.task.production else ()
+    dims = tuner.tiled_dims(list(declared), (*request.task.shapes, *production))
     return (_seed(source, obs, lessons or [], dims)
             or tuner.diagnosed_step(source, obs, dims, request.diagnosis)
             or tuner.next_step(source, obs, dims))

@@ -56,6 +56,7 @@ class SearchSummary:
     flags: list[str] = field(default_factory=list)  # integrity flags of the best version
     rank_source: str | None = None  # what best_speedup is: tpu_estimate, device_time, ...
     chip: str | None = None
+    shape: str | None = None  # the production shape best_speedup is for ("4096x4096")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,6 +81,7 @@ def summarize(state: SearchState, session: Path | str, task: str) -> SearchSumma
         flags=list(versions[best].flags) if best is not None else [],
         rank_source=versions[best].rank_source if best is not None else None,
         chip=versions[best].chip if best is not None else None,
+        shape=versions[best].rank_shape if best is not None else None,
         start_speedup=versions[state.root].speedup
         if state.root in versions and versions[state.root].correct else None)
 
