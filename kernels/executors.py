@@ -284,10 +284,13 @@ class LocalExecutor:
         finally:
             self._free.put_nowait(pool)
 
-    async def submit(self, task: Task, source: str, options: Any = None) -> EvalResult:
-        """Evaluate one candidate; cancelling the caller kills and replaces that worker."""
+    async def submit(self, task: Task, source: str, options: Any = None,
+                     on_progress: Callable[[dict[str, Any]], None] | None = None
+                     ) -> EvalResult:
+        """Evaluate one candidate; cancelling the caller kills and replaces that worker.
+        ``on_progress`` hears the worker's progress (``WorkerPool.evaluate``)."""
         async with self._slot("submit") as pool:
-            return await pool.evaluate(task, source, options)
+            return await pool.evaluate(task, source, options, on_progress=on_progress)
 
     async def request(self, op: str, payload: dict[str, Any],
                       timeout: float = 120.0) -> dict[str, Any]:

@@ -250,3 +250,28 @@ def ranking(result: dict[str, Any]) -> Rank:
                     + reason, why_none=why, **common)
     return Rank(None, "none", chip, f"no estimate: {why}" if why else "no estimate",
                 why_none=why, **common)
+
+
+def production_note(tpu: dict[str, Any]) -> str:
+    """One line on a production verdict as it lands (before the evaluation ends): "at
+    4096x4096 on v5e: compiles (VMEM 2.3 of 16.0 MiB), est. 1.75x (TPU compiler,
+    scaled)"; "... estimating" while only the verdict is known."""
+    where = f"at {tpu.get('shape_label') or tpu.get('shape') or 'the production shape'} " \
+            f"on {tpu.get('chip')}"
+    compile_ = tpu.get("compile")
+    if compile_ == "error":
+        message = str(tpu.get("message") or "").splitlines()[0][:160] if tpu.get(
+            "message") else tpu.get("kind") or "refused"
+        return f"{where}: does not compile ({message})"
+    if compile_ != "ok":
+        return f"{where}: no verdict ({tpu.get('estimate_unavailable') or 'unavailable'})"
+    used, limit = tpu.get("vmem_bytes"), tpu.get("vmem_limit_bytes")
+    vmem = (f" (VMEM {used / 2 ** 20:.1f} of {limit / 2 ** 20:.1f} MiB)"
+            if isinstance(used, int) and isinstance(limit, int) else "")
+    speed = _num(tpu.get("estimated_speedup"))
+    if speed is not None:
+        return f"{where}: compiles{vmem}, est. {speed:.2f}x ({estimate_words(tpu)})"
+    why = tpu.get("estimate_unavailable")
+    return f"{where}: compiles{vmem}, " + (f"no estimate ({why})" if why and why != "estimating"
+                                          else "estimating ...")
+

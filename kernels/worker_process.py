@@ -27,6 +27,7 @@ import signal
 import socket
 import sys
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 from kernels import confinement
@@ -179,9 +180,12 @@ class WorkerProcess:
         return redact(text, self.secrets)
 
     async def call(self, op: str, payload: dict[str, Any], timeout_s: float,
-                   memory_limit_mb: int) -> dict[str, Any]:
+                   memory_limit_mb: int,
+                   on_progress: Callable[[dict[str, Any]], None] | None = None
+                   ) -> dict[str, Any]:
         """Send one request and wait for its reply; raises WorkerFailure when the worker
-        had to be killed (it is then dead and must be replaced)."""
+        had to be killed (it is then dead and must be replaced). Progress frames the
+        worker sends before its reply (same id and nonce) go to ``on_progress``."""
         assert self.writer is not None and self.reader is not None
         self.read_capture()
         request_id = next(self._request_ids)
@@ -191,9 +195,19 @@ class WorkerProcess:
         self.writer.write(protocol.encode({"id": request_id, "nonce": nonce, "op": op,
                                            "payload": payload}))
         watch = asyncio.ensure_future(self._watch_memory(memory_limit_mb))
+        loop = asyncio.get_running_loop()
+        until = loop.time() + timeout_s
         try:
             await self.writer.drain()
-            reply = await asyncio.wait_for(protocol.recv(self.reader), timeout_s)
+            while True:
+                reply = await asyncio.wait_for(protocol.recv(self.reader),
+                                               max(until - loop.time(), 0.001))
+                if not (isinstance(reply, dict) and "progress" in reply and "ok" not in reply):
+                    break
+                if reply.get("id") == request_id and reply.get("nonce") == nonce \
+                        and on_progress is not None and isinstance(reply["progress"], dict):
+                    with contextlib.suppress(Exception):  # a listener's bug is not ours
+                        on_progress(clean(reply["progress"], self.secrets))
         except TimeoutError:
             self.killed_for = "timeout"
             await self.kill()

@@ -381,14 +381,19 @@ class WorkerPool:
         return reply, stderr
 
     async def evaluate(self, task: Task, source: str, options: EvalOptions | None = None,
-                       filename: str = "kernel.py") -> EvalResult:
-        """Evaluate candidate ``source`` on ``task``; never raises for the candidate's faults."""
+                       filename: str = "kernel.py",
+                       on_progress: Callable[[dict[str, Any]], None] | None = None
+                       ) -> EvalResult:
+        """Evaluate candidate ``source`` on ``task``; never raises for the candidate's faults.
+        ``on_progress(data)`` hears what the worker says before its result (the
+        production-shape verdict and estimate, ``{kind: "production", final, tpu}``)."""
         options = options or EvalOptions()
         payload = {"task": task.to_spec(), "source": source, "filename": filename,
                    "options": {**asdict(options), "memory_limit_mb": self.memory_limit_mb}}
         started = time.perf_counter()
         try:
-            reply, stderr = await self._round_trip("eval", payload, options.timeout_s)
+            reply, stderr = await self._round_trip("eval", payload, options.timeout_s,
+                                                   on_progress)
         except TaskCopyError as exc:  # the task cannot be handed over: the task's problem
             return EvalResult(
                 status="runtime_error", backend=self._backend,

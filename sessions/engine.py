@@ -329,6 +329,14 @@ class Engine:
         rid = f"r{len(self.state.runs) + 1}"
         self._emit(ev.RunStart(type="run.start", run=rid, version=number, kind="eval", by=by))
         source = self._source_of(number)
+        # The production verdict and estimate are streamed while the trials run.
+        listen = getattr(self.evaluator, "set_progress_listener", None)
+        if listen is not None:
+            def progress(data: dict[str, Any]) -> None:
+                if data.get("kind") == "production" and isinstance(data.get("tpu"), dict):
+                    self._live("run.progress", run=rid, version=number, tpu=data["tpu"],
+                               final=bool(data.get("final")))
+            listen(progress)
         try:
             result = await self.evaluator.evaluate(self.task, source)
         except asyncio.CancelledError:
@@ -343,6 +351,9 @@ class Engine:
             self._emit(ev.Error(type="error", message=f"evaluation failed: {exc}",
                                 where="evaluator"))
             return
+        finally:
+            if listen is not None:
+                listen(None)
         self._emit(run_result(rid, number, result, self.log.put_json_blob(result.to_json())))
 
     def _after_eval(self, number: int) -> Action | None:

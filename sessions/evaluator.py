@@ -12,6 +12,7 @@ CLI, the TUI, the flow tests) runs candidates in worker processes. Cancelling an
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ class PoolEvaluator:
         self.options = options or EvalOptions()
         self.profile_timeout_s = profile_timeout_s
         self.chip = chip
+        self.progress_listener: Callable[[dict[str, Any]], None] | None = None
 
     @property
     def pool(self) -> LocalExecutor:
@@ -46,7 +48,13 @@ class PoolEvaluator:
         return self.executor
 
     async def evaluate(self, task: Task, source: str) -> EvalResult:
-        return await self.executor.submit(task, source, self.options)
+        return await self.executor.submit(task, source, self.options,
+                                          on_progress=self.progress_listener)
+
+    def set_progress_listener(self, callback: Callable[[dict[str, Any]], None] | None) -> None:
+        """Who hears an evaluation's progress before its result (the production-shape
+        verdict and estimate while the trials run)."""
+        self.progress_listener = callback
 
     async def evaluate_on_chips(self, task: Task, source: str,
                                 chips: list[str]) -> list[EvalResult]:

@@ -374,13 +374,27 @@ class ControllerIdle(TypedDict):
     live: Literal[True]
 
 
+class RunProgress(TypedDict):
+    """What an evaluation knows before its result: the production-shape verdict (then
+    the estimate, ``final``) while the trials still run; the ``tpu`` section as the
+    eval JSON will carry it."""
+
+    type: Literal["run.progress"]
+    live: Literal[True]
+    run: str
+    version: int
+    tpu: dict[str, Any]
+    final: bool
+
+
 LiveEvent = (AgentStart | AgentDelta | AgentToolDelta | AgentTool | AgentToolResult | AgentNotice
-             | AgentUsage | Notice | WorkerState | ControllerBusyEvent | ControllerIdle)
+             | AgentUsage | Notice | WorkerState | ControllerBusyEvent | ControllerIdle
+             | RunProgress)
 
 LiveType = Literal["agent.start", "agent.delta", "agent.tool_delta", "agent.tool",
                    "agent.tool_result",
                    "agent.notice", "agent.usage", "notice", "worker.state",
-                   "controller.busy", "controller.idle"]
+                   "controller.busy", "controller.idle", "run.progress"]
 
 LIVE_TYPES: frozenset[LiveType] = frozenset(get_args(LiveType))
 

@@ -240,6 +240,17 @@ class Presenter:
     def _notice(self, e: ev.AgentNotice | ev.Notice) -> None:
         self.chat.add_notice(str(e.get("text", "")), str(e.get("level", "info")))
 
+    def _run_progress(self, e: ev.RunProgress) -> None:
+        """The production verdict (then its estimate) while the trials still run."""
+        from kernels.result import production_note
+
+        if not e.get("final"):  # the verdict alone: the estimate follows in seconds
+            return
+        tpu = e.get("tpu") or {}
+        level = "warning" if tpu.get("compile") == "error" else "info"
+        self.chat.add_notice(f"v{e.get('version')} {production_note(tpu)} "
+                             "(the check-shape trials go on)", level)
+
 
 # Persisted and live events come as plain dicts; the type names which TypedDict each one
 # is (a test checks every entry's annotation against its key). A kind missing here adds
@@ -267,4 +278,5 @@ _LIVE: dict[str, Callable[[Presenter, Any], None]] = {
     "agent.tool": Presenter._tool,
     "agent.notice": Presenter._notice,
     "notice": Presenter._notice,
+    "run.progress": Presenter._run_progress,
 }

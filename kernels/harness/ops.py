@@ -21,6 +21,28 @@ PLUGIN_MODULES = ("kernels.harness.profile_op", "kernels.harness.inputs_op",
                   "kernels.harness.lookup_op")
 
 
+# Progress of the request being served (``progress``): set by the worker's serve loop
+# for the duration of one request, a sender of frames that carry its id and nonce.
+_PROGRESS: Callable[[dict[str, Any]], None] | None = None
+
+
+def set_progress(sender: Callable[[dict[str, Any]], None] | None) -> None:
+    global _PROGRESS
+    _PROGRESS = sender
+
+
+def progress(data: dict[str, Any]) -> None:
+    """Tell the app something about the request being served before its reply (the
+    production verdict and estimate while the trials still run). From any thread; a
+    request without a listener, or a broken channel, drops it."""
+    sender = _PROGRESS
+    if sender is not None:
+        try:
+            sender(data)
+        except OSError:
+            pass
+
+
 def op(name: str) -> Callable[[Handler], Handler]:
     """Register ``handler`` under ``name`` (a later registration replaces an earlier one)."""
 

@@ -175,11 +175,17 @@ class ProductionRun:
     def _compile(self, programs: dict[str, bytes], plans: list[dict[str, Any]],
                  plan: estimates.ReferencePlan | str, ref_key: str,
                  deadline: float) -> dict[str, Any]:
+        def verdict_known(answer: dict[str, Any]) -> None:
+            self.verdict.set_result(answer)
+            self._stream({"verdict": answer, "estimate": None, "unavailable": "estimating"},
+                         final=False)
+
         out = estimates.candidate_estimate(programs, plans, self.chip, deadline,
-                                           self.memory_mb, on_verdict=self.verdict.set_result)
+                                           self.memory_mb, on_verdict=verdict_known)
         if not self.verdict.done():
             self.verdict.set_result(out["verdict"])
         if out["verdict"].get("compile") != "ok" or out["estimate"] is None:
+            self._stream(out, final=True)
             return out
         if isinstance(plan, str):
             out["reference"] = (None, None, plan)
@@ -192,28 +198,26 @@ class ProductionRun:
                 if len(_REFERENCE_RESULTS) >= _CACHE_SIZE:
                     _REFERENCE_RESULTS.pop(next(iter(_REFERENCE_RESULTS)))
                 _REFERENCE_RESULTS[ref_key] = found
+        self._stream(out, final=True)
         return out
+
+    def _stream(self, out: dict[str, Any], final: bool) -> None:
+        """The production verdict (and estimate) as soon as they are known, to the app
+        (a progress frame of the request; ``kernels.harness.ops.progress``), while the
+        trials go on: the UI shows it before the evaluation ends."""
+        from kernels.harness import ops
+
+        try:
+            section = self._filled(self._blank(), out)
+        except Exception:  # a partial answer that cannot be read yet: nothing to say
+            return
+        ops.progress({"kind": "production", "final": final, "tpu": section})
 
     # -- after the trials ------------------------------------------------------------------
     def section(self, verdict_only: bool = False) -> dict[str, Any]:
         """Join the compiles (until the evaluation's deadline) and build ``tpu``; with
         ``verdict_only`` (a kernel already judged wrong) do not wait for the estimates."""
-        plans = self.facts.get("plans") or []
-        section: dict[str, Any] = {
-            "chip": self.chip, "compile": "unavailable", "message": None, "kind": None,
-            "vmem_bytes": None, "vmem_limit_bytes": _scoped_limit(self.chip),
-            "shape": self.config.name, "shape_label": self.label,
-            "input_shapes": [array_text(s, d) for s, d in self.inputs],
-            "params": self.config.params,
-            "kernels": [{k: p.get(k) for k in ("name", "grid", "steps", "semantics", "axis",
-                                               "units_full", "units", "data_dependent")}
-                        for p in plans],
-            "grid_steps": sum(int(p.get("steps") or 0) for p in plans),
-            "estimate": None, "reference_estimate": None, "estimated_speedup": None,
-            "basis": None, "compiler_speedup": None, "floor": None, "fidelity": None,
-            "estimate_unavailable": None, "cached": None, "compile_s": None,
-            "compile_peak_mb": None,
-        }
+        section = self._blank()
         if self.job is None:
             why = self.unavailable or "not compiled"
             section["message"] = section["estimate_unavailable"] = why
@@ -235,6 +239,29 @@ class ProductionRun:
             why = f"the production compile failed: {type(exc).__name__}: {exc}"[:500]
             section.update(message=why, estimate_unavailable=why)
             return section
+        return self._filled(section, out)
+
+    def _blank(self) -> dict[str, Any]:
+        plans = self.facts.get("plans") or []
+        return {
+            "chip": self.chip, "compile": "unavailable", "message": None, "kind": None,
+            "vmem_bytes": None, "vmem_limit_bytes": _scoped_limit(self.chip),
+            "shape": self.config.name, "shape_label": self.label,
+            "input_shapes": [array_text(s, d) for s, d in self.inputs],
+            "params": self.config.params,
+            "kernels": [{k: p.get(k) for k in ("name", "grid", "steps", "semantics", "axis",
+                                               "units_full", "units", "data_dependent")}
+                        for p in plans],
+            "grid_steps": sum(int(p.get("steps") or 0) for p in plans),
+            "estimate": None, "reference_estimate": None, "estimated_speedup": None,
+            "basis": None, "compiler_speedup": None, "floor": None, "fidelity": None,
+            "estimate_unavailable": None, "cached": None, "compile_s": None,
+            "compile_peak_mb": None,
+        }
+
+    def _filled(self, section: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
+        """``section`` from the compiles' answers (``out``)."""
+        plans = self.facts.get("plans") or []
         section["compile_s"] = time.perf_counter() - self.started
         section["compile_peak_mb"] = round(estimates.compilers().peak_rss_mb) or None
         verdict = out["verdict"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import os
 import signal
 import socket
@@ -101,6 +102,9 @@ def serve(sock: socket.socket, confined: dict[str, Any] | None = None) -> None:
         reply: dict[str, Any] = {"id": request.pop("id", None), "nonce": request.pop("nonce", None)}
         handler = ops.OPS.get(str(request.get("op")))
         started = time.perf_counter()
+        lock = threading.Lock()  # progress frames come from the judge's compile thread
+        ids = {"id": reply["id"], "nonce": reply["nonce"], "open": True}
+        ops.set_progress(functools.partial(_send_progress, sock, lock, ids))
         if handler is None:
             reply.update(ok=False, error={"type": "UnknownOp", "message":
                          f"unknown op {request.get('op')!r}; known: {sorted(ops.OPS)}"})
@@ -112,6 +116,9 @@ def serve(sock: socket.socket, confined: dict[str, Any] | None = None) -> None:
                     "type": type(exc).__name__, "message": str(exc),
                     "traceback": "".join(traceback.format_exception(exc)),
                 })
+        with lock:  # no progress frame of this request may follow its reply
+            ids["open"] = False
+            ops.set_progress(None)
         reply["handler_s"] = time.perf_counter() - started
         # Whatever the candidate forked (setsid, double fork, a listener) ends with the
         # request that started it.
@@ -131,6 +138,16 @@ def serve(sock: socket.socket, confined: dict[str, Any] | None = None) -> None:
             _withhold_verdict(request, reply)
         _flush_stdio()
         _send(sock, reply)
+
+
+def _send_progress(sock: socket.socket, lock: threading.Lock, ids: dict[str, Any],
+                   data: dict[str, Any]) -> None:
+    """A progress frame of the request ``ids`` names (its id and nonce), while that
+    request has not been answered."""
+    with lock:
+        if ids.get("open"):
+            sock.sendall(protocol.encode({"id": ids["id"], "nonce": ids["nonce"],
+                                          "progress": data}))
 
 
 def _withhold_verdict(request: dict[str, Any], reply: dict[str, Any]) -> None:

@@ -1,0 +1,94 @@
+"""How far the estimate can be trusted: program classes, the shipped fidelity table,
+the memory floor's arithmetic, and calibration pairs from a TPU host."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from kernels.cli_calibrate import pairs, record
+from kernels.harness import estimates, fidelity
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_program_classes() -> None:
+    plans = [{"data_dependent": False}]
+    # a bf16 matmul: 2 GFLOP over 6 MiB of inputs and outputs is past v5e's ridge
+    matmul = {"flops": 2.0 * 1024 ** 3, "bytes_accessed": 6.0 * 2 ** 20}
+    assert fidelity.program_class(matmul, {"dot": 1}, None, plans, "bfloat16", "v5e") \
+        == "compute_bound"
+    rows = {"flops": 4.0 * 2 ** 20, "bytes_accessed": 8.0 * 2 ** 20}
+    assert fidelity.program_class(rows, {}, None, plans, "float32", "v5e") == "memory_bound"
+    assert fidelity.program_class(rows, {"gather": 2}, None, plans, "float32", "v5e") \
+        == "gather_scatter"
+    assert fidelity.program_class(rows, {}, None, [{"data_dependent": True}], "float32",
+                                  "v5e") == "pallas_manual_dma"
+    assert fidelity.program_class(rows, {"all-reduce": 1}, None, plans, "f32", "v5e") \
+        == "collective"
+    assert fidelity.program_class(None, None, None, plans, "f32", "v5e") is None
+
+
+def test_the_shipped_table_answers_for_every_class() -> None:
+    table = json.loads(fidelity.TABLE.read_text())
+    assert table["schema"] == "tilewright.fidelity/1" and "JAXBench" in table["source"]
+    found = fidelity.lookup("v6e", "compute_bound")
+    assert found["rows"] > 0 and found["median_ratio"] > 0 and found["source"]
+    other = fidelity.lookup("v5p", "compute_bound")  # no measurement of its own
+    assert other["chip"] != "v5p" and "no measurement for v5p" in other["note"]
+    unmeasured = fidelity.lookup("v6e", "collective")  # no public row of that class
+    assert unmeasured["rows"] == 0 and unmeasured["median_ratio"] is None
+    assert "no public measurement" in unmeasured["note"]
+
+
+def test_the_floor_decides_when_above_the_compiler() -> None:
+    traffic, complete = estimates.kernel_traffic([{
+        "grid": [4, 2], "blocks": [
+            {"follows": [0, 1], "block_bytes": 100, "manual": False},  # every step
+            {"follows": [1], "block_bytes": 10, "manual": False},      # 8 changes of j
+            {"follows": [], "block_bytes": 1000, "manual": False},     # once
+            {"follows": None, "block_bytes": 5, "manual": False}]}])   # data-dependent
+    assert traffic == 8 * 100 + 8 * 10 + 1000 and not complete
+    floor = estimates.floor("v5e", 819e6, 819e6 * 4)  # 1 ms and 4 ms at 819 GB/s
+    assert abs(floor["kernel_s"] - 1e-3) < 1e-9 and abs(floor["reference_s"] - 4e-3) < 1e-9
+    kernel = {"cycles": 150_000, "seconds": 1e-4}   # the compiler: 0.1 ms
+    reference = {"cycles": 300_000, "seconds": 2e-4}
+    speedup, basis = estimates.floored_speedup(kernel, reference, floor)
+    assert basis == "memory_floor" and abs(speedup - 4.0) < 1e-9
+    fast_floor = estimates.floor("v5e", 1.0, 1.0)
+    assert estimates.floored_speedup(kernel, reference, fast_floor) == (2.0, "compiler")
+
+
+def test_scaled_references_use_the_cost_per_unit_at_the_larger_size() -> None:
+    value, line, spread = estimates.scale_reference(460_000, 600_000, 256, 512, 4096)
+    assert value == 600_000 * 8 and line < value and 0 < spread < 1
+
+
+def test_calibration_pairs_are_recorded_and_reported(tmp_path, monkeypatch) -> None:
+    on_tpu = {
+        "status": "correct", "backend": {"platform": "tpu", "mode": "native",
+                                         "device_kind": "TPU v6 lite"},
+        "timing": {"median_ms": 2.0, "baseline_median_ms": 3.0, "method": "wall_clock"},
+        "tpu": {"chip": "v6e", "shape_label": "4096x4096",
+                "estimate": {"seconds": 1.0e-3}, "reference_estimate": {"seconds": 3.3e-3},
+                "fidelity": {"class": "memory_bound"}}}
+    found = pairs("softmax", on_tpu)
+    assert [(p["program"], round(p["ratio"], 2)) for p in found] == [("kernel", 0.5),
+                                                                    ("reference", 1.1)]
+    off_tpu = {**on_tpu, "backend": {"platform": "cpu", "mode": "tpu-interpret"}}
+    assert pairs("softmax", off_tpu) == []
+    path = record(found, tmp_path / "calibration.jsonl")
+    monkeypatch.setenv(fidelity.CALIBRATION_ENV, str(path))
+    looked = fidelity.lookup("v6e", "memory_bound")
+    assert looked["calibration"] == {"rows": 2, "median_ratio": 1.1, "within_2x": 1.0}
+
+
+def test_calibrate_refuses_off_tpu(tmp_path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "tui.cli", "calibrate", "--task", "gelu"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env={**__import__("os").environ, "JAX_PLATFORMS": "cpu",
+                               "TILEWRIGHT_DATA_DIR": str(tmp_path)})
+    assert proc.returncode == 1 and "needs a TPU host" in proc.stderr
+    assert not (tmp_path / "calibration.jsonl").exists()
