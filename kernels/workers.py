@@ -341,8 +341,9 @@ class WorkerPool:
         result["_handler_s"] = reply.get("handler_s")
         return result
 
-    async def _round_trip(self, op: str, payload: dict[str, Any],
-                          timeout: float) -> tuple[dict[str, Any], str]:
+    async def _round_trip(self, op: str, payload: dict[str, Any], timeout: float,
+                          on_progress: Callable[[dict[str, Any]], None] | None = None
+                          ) -> tuple[dict[str, Any], str]:
         worker = await self._acquire()
         mapping: dict[str, str] = {}
         if isinstance(payload.get("task"), dict):
@@ -354,8 +355,13 @@ class WorkerPool:
                 self._release(worker)
                 raise
             payload = {**payload, "task": spec}
+        heard = None
+        if on_progress is not None:
+            def heard(data: dict[str, Any]) -> None:
+                on_progress(restore(data, mapping))
         try:
-            reply = await worker.call(op, payload, timeout, self.memory_limit_mb)
+            reply = await worker.call(op, payload, timeout, self.memory_limit_mb,
+                                      on_progress=heard)
         except WorkerFailure as failure:
             failure.stderr = restore(failure.stderr, mapping)
             failure.message = restore(failure.message, mapping)

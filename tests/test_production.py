@@ -269,3 +269,20 @@ def test_no_estimator_dump_dirs_are_left_behind(task_dir, tmp_path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout)["tpu"]["estimate"]["cycles"] > 0
     assert not list(tmp.rglob("tilewright-llo-*"))
+
+
+@ON_MODULE_LOOP
+async def test_the_production_verdict_is_streamed_before_the_result(worker_pool,
+                                                                    task_dir) -> None:
+    heard: list[dict] = []
+    task = load_task(str(task_dir))
+    result = await worker_pool.evaluate(task, tiled("streamed"), QUICK, on_progress=heard.append)
+    assert result.status == "correct", result.error
+    kinds = [(h["kind"], h["final"]) for h in heard]
+    assert ("production", True) in kinds, kinds
+    final = next(h["tpu"] for h in heard if h["final"])
+    assert final["compile"] == "ok" and final["shape_label"] == "2048x2048"
+    assert final["estimated_speedup"] == result.tpu["estimated_speedup"]
+    from kernels.result import production_note
+
+    assert production_note(final).startswith("at 2048x2048 on v5e: compiles (VMEM ")
