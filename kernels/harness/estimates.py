@@ -401,7 +401,8 @@ class ReferencePlan:
     def __init__(self, full: bytes, chip: str) -> None:
         self.full = full
         self.chip = chip
-        self.scaled: list[tuple[int, bytes]] = []
+        self.scaled: list[tuple[int, bytes]] = []  # ascending sizes
+        self.start = 0  # the preferred pair is scaled[start], scaled[start + 1]
         self.param: str | None = None
         self.value: int | None = None
         self.why_not_scaled: str | None = None
@@ -452,6 +453,14 @@ def reference_plan(production_spec: dict[str, Any], chip: str) -> ReferencePlan:
         larger = exported(value // factor)
     n2, n1 = value // factor, value // (2 * factor)
     plan.scaled = [(n1, exported(n1)[0]), (n2, larger[0])]
+    # The estimator aborts on some sizes of a program it estimates at others (a f32
+    # matmul: at 128 and 1024 rows, not at 256 and 512, measured): one pair further up,
+    # within 4x the budget, and one further down are ready to try instead.
+    if n2 * 2 < value and larger[1].get("flops", 0.0) * 2 <= 4 * REFERENCE_FLOPS_BUDGET:
+        plan.scaled.append((n2 * 2, exported(n2 * 2)[0]))
+    if n1 // 2 >= 1:
+        plan.scaled.insert(0, (n1 // 2, exported(n1 // 2)[0]))
+        plan.start = 1
     plan.param, plan.value = param, value
     return plan
 
@@ -524,13 +533,24 @@ def reference_estimate(plan: ReferencePlan, deadline: float, memory_mb: int
         if answer.get("compile") == "ok" and answer.get("records") is not None:
             return estimate_of(answer["records"], chip), verdict, None
         return None, verdict, _reference_why(answer)
-    records = []
-    for n, blob in plan.scaled:
-        answer = comp.compile(blob, chip, "estimate", deadline, memory_mb)
-        if answer.get("compile") != "ok" or answer.get("records") is None:
-            return None, verdict, _reference_why(answer, f" at {plan.param}={n}")
-        records.append(answer["records"])
-    (n1, _), (n2, _) = plan.scaled
+    # The preferred pair, then the one above, then the one below.
+    starts = [plan.start, plan.start + 1, plan.start - 1]
+    pairs = [(plan.scaled[i], plan.scaled[i + 1]) for i in starts
+             if 0 <= i < len(plan.scaled) - 1]
+    why = None
+    for pair in pairs:
+        records = []
+        for n, blob in pair:
+            answer = comp.compile(blob, chip, "estimate", deadline, memory_mb)
+            if answer.get("compile") != "ok" or answer.get("records") is None:
+                why = why or _reference_why(answer, f" at {plan.param}={n}")
+                break
+            records.append(answer["records"])
+        if len(records) == 2 or time.monotonic() > deadline:
+            break
+    if len(records) != 2:
+        return None, verdict, why
+    (n1, _), (n2, _) = pair
     totals = [sum(int(r["cycles"]) * int(r.get("count") or 1) for r in recs)
               for recs in records]
     full = int(plan.value or n2)

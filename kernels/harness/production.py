@@ -55,6 +55,14 @@ class KernelPlan:
     blocks: list[dict[str, Any]] = field(default_factory=list)
     data_dependent: bool = False  # scalar prefetch / manual DMA: traffic not static
     declared_bytes: float | None = None  # the kernel's own pl.CostEstimate, if it gave one
+    scratch_bytes: int = 0  # its scratch_shapes (VMEM accumulators and the like)
+    vmem_limit: int | None = None  # CompilerParams(vmem_limit_bytes=...), when it sets one
+
+    def vmem_at_least(self) -> int:
+        """VMEM the kernel needs at the very least: every VMEM block once (the pipeline
+        double-buffers them, so the compiler asks for more) and its scratch."""
+        return sum(int(b["block_bytes"]) for b in self.blocks if not b.get("manual")) \
+            + self.scratch_bytes
 
     @property
     def short(self) -> str:
@@ -70,7 +78,8 @@ class KernelPlan:
                 "semantics": list(self.semantics) if self.semantics else None,
                 "axis": self.axis, "units_full": self.units_full, "units": list(self.units),
                 "blocks": self.blocks, "data_dependent": self.data_dependent,
-                "declared_bytes": self.declared_bytes}
+                "declared_bytes": self.declared_bytes, "scratch_bytes": self.scratch_bytes,
+                "vmem_limit": self.vmem_limit, "vmem_at_least": self.vmem_at_least()}
 
 
 # -- walking jaxprs --------------------------------------------------------------------
@@ -229,6 +238,24 @@ def _follows(index_map: Any, grid: tuple[int, ...], prefetch: int) -> list[int] 
     return found
 
 
+def _scratch_bytes(gm: Any) -> int:
+    """Bytes of the kernel's VMEM scratch buffers (semaphores and SMEM scalars aside)."""
+    import numpy as np
+
+    total = 0
+    for aval in getattr(gm, "scratch_avals", ()) or ():
+        inner = getattr(aval, "inner_aval", aval)
+        shape, dtype = getattr(inner, "shape", None), getattr(inner, "dtype", None)
+        space = str(getattr(aval, "memory_space", "") or "").lower()
+        if shape is None or dtype is None or "smem" in space or "sem" in space:
+            continue
+        try:
+            total += int(math.prod(shape) * np.dtype(dtype).itemsize)
+        except TypeError:  # a semaphore type: not VMEM bytes
+            continue
+    return total
+
+
 def plan(closed: Any, budget: int = STEP_BUDGET) -> list[KernelPlan]:
     """How each ``pallas_call`` of ``closed`` is shortened for the estimate.
 
@@ -245,10 +272,12 @@ def plan(closed: Any, budget: int = STEP_BUDGET) -> list[KernelPlan]:
         grid = tuple(int(g) if isinstance(g, int) else -1 for g in gm.grid)
         blocks, data_dependent = _blocks(gm)
         declared = getattr(eqn.params.get("cost_estimate"), "bytes_accessed", None)
+        limit = getattr(eqn.params.get("compiler_params"), "vmem_limit_bytes", None)
         p = KernelPlan(index, _kernel_name(eqn), grid, _semantics(eqn), blocks=blocks,
                        data_dependent=data_dependent,
                        declared_bytes=float(declared) if isinstance(declared, int | float)
-                       else None)
+                       else None, scratch_bytes=_scratch_bytes(gm),
+                       vmem_limit=int(limit) if isinstance(limit, int) else None)
         if grid and min(grid) > 0 and p.steps > budget:
             for axis in range(len(grid)):
                 inner = math.prod(grid[axis + 1:])

@@ -144,7 +144,32 @@ class ProductionRun:
             _REFERENCE_PLANS[ref_key] = plan
         deadline = self.ev.deadline
         self.verdict: Future[dict[str, Any]] = Future()
+        refused = self._static_vmem(plans)
+        if refused is not None:  # no compile can succeed: say so now, not after minutes
+            self.verdict.set_result(refused)
+            done: Future[dict[str, Any]] = Future()
+            done.set_result({"verdict": refused, "estimate": None, "unavailable": None})
+            self.job = done
+            return
         self.job = _pool().submit(self._compile, programs, plans, plan, ref_key, deadline)
+
+    def _static_vmem(self, plans: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """A kernel whose blocks alone, each once, exceed the VMEM it may use is refused
+        without compiling: Mosaic takes minutes on such a kernel at production sizes
+        (a whole-array 4096x8192x8192 matmul: over 150 s) before it says the same."""
+        chip_limit = _scoped_limit(self.chip)
+        for plan in plans:
+            need = int(plan.get("vmem_at_least") or 0)
+            limit = plan.get("vmem_limit") or chip_limit
+            if limit and need > limit:
+                return {"compile": "error", "kind": "vmem", "vmem_bytes": need,
+                        "vmem_limit_bytes": int(limit), "compile_s": 0.0,
+                        "message": f"{plan.get('name')}: its blocks need at least "
+                                   f"{need / 2**20:.1f} MiB of VMEM (each block once, before "
+                                   f"the pipeline's double buffering, plus scratch), over "
+                                   f"the {int(limit) / 2**20:.1f} MiB a kernel may use on "
+                                   f"{self.chip} (a check made before compiling)"}
+        return None
 
     def where_name(self) -> str:
         return f"at the production shape {self.config.name}"
