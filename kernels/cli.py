@@ -11,7 +11,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-MODULES = ("kernels.cli_tasks", "kernels.cli_eval", "kernels.cli_profile")
+MODULES = ("kernels.cli_tasks", "kernels.cli_eval", "kernels.cli_profile", "kernels.cli_new")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

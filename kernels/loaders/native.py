@@ -54,7 +54,7 @@ from kernels.task import ShapeConfig, Task, TaskError, UnknownOverride
 
 TOP_LEVEL_KEYS = {"name", "description", "family", "require_pallas", "atol", "rtol",
                   "tolerance", "shapes"}
-SHAPE_RESERVED = {"size", "held_out", "atol", "rtol"}
+SHAPE_RESERVED = {"size", "held_out", "atol", "rtol", "production"}
 DTYPES = {"float32", "float16", "bfloat16", "float64", "int8", "int16", "int32", "int64",
           "uint8", "uint32", "float8_e4m3fn", "float8_e5m2"}
 
