@@ -257,6 +257,33 @@ def derive_check(shapes: Shapes, budget: int = CHECK_ELEMENTS) -> dict[str, int]
         sizes[dim] = max(floors[dim], _shrunk(sizes[dim], floors[dim]))
 
 
+def derive_long(shapes: Shapes, check: dict[str, int],
+                budget: int = CHECK_ELEMENTS) -> dict[str, int] | None:
+    """A check configuration with the largest input's last axis as long as in
+    production (up to 2048): the other sizes shrink instead. A kernel that splits what
+    must stay whole (a row of a norm or a softmax) passes a shape where one block covers
+    the row and fails this one. None when it would equal ``check``."""
+    count, spec = _largest(shapes, shapes.dims)
+    if spec is None or not spec.dims:
+        return None
+    last = spec.dims[-1]
+    floors = _floors(shapes)
+    sizes = dict(shapes.dims)
+    sizes[last] = min(sizes[last], max(check[last], 2048))
+    while True:
+        count, spec = _largest(shapes, sizes)
+        if spec is None or count <= budget:
+            break
+        movable = [d for d in dict.fromkeys(spec.dims) if d != last and sizes[d] > floors[d]]
+        if not movable:
+            break
+        dim = max(movable, key=lambda d: sizes[d])
+        sizes[dim] = max(floors[dim], _shrunk(sizes[dim], floors[dim]))
+    if _largest(shapes, sizes)[0] > 2 * budget or sizes[last] <= check[last]:
+        return None
+    return sizes if sizes != check else None
+
+
 def derive_held_out(shapes: Shapes, check: dict[str, int]) -> dict[str, int] | None:
     """A second small configuration the agent never sees: the check sizes with their
     largest shrinkable dimension halved (another shape catches hard-coded sizes)."""
@@ -476,6 +503,7 @@ class TaskPlan:
     production: dict[str, int]
     check: dict[str, int]
     held_out: dict[str, int] | None
+    check_long: dict[str, int] | None
     production_large: bool
     atol: float = 1e-5
     rtol: float = 1e-5
@@ -491,6 +519,8 @@ class TaskPlan:
                         {"production": True,
                          "size": "large" if self.production_large else "small"}))
             out.append(("check", self.check, {}))
+        if self.check_long is not None and self.check_long != self.production:
+            out.append(("check_long", self.check_long, {}))
         if self.held_out is not None:
             out.append(("held_out", self.held_out, {"held_out": True}))
         return out
@@ -510,11 +540,12 @@ def plan_task(name: str, shapes: Shapes, check: dict[str, int] | None = None,
         check = derive_check(shapes)
     large = _largest(shapes, production)[0] > CHECK_ELEMENTS
     held = derive_held_out(shapes, check)
+    long = derive_long(shapes, check)
     # 16-bit float inputs: float32 outputs computed from them still differ at ~1e-3.
     half = {s.dtype for s in shapes.inputs} & {"bfloat16", "float16"}
     tol = 2e-2 if half else 1e-5
-    return TaskPlan(name, description, shapes, production, check, held, large, tol, tol,
-                    family)
+    return TaskPlan(name, description, shapes, production, check, held, long, large, tol,
+                    tol, family)
 
 
 def toml_text(plan: TaskPlan, origin: str) -> str:
@@ -522,7 +553,7 @@ def toml_text(plan: TaskPlan, origin: str) -> str:
     desc = plan.description or f"`{origin}` as a Pallas TPU kernel."
     lines = [f"# Written by `tilewright new` from {origin}.",
              "# production: the size you run (compile verdicts and estimates are for it);",
-             "# check and held_out: shrunk from it for the correctness trials.",
+             "# check, check_long and held_out: shrunk from it for the correctness trials.",
              f"name = {_toml_str(plan.name)}",
              f"description = {_toml_str(desc)}"]
     if plan.family:

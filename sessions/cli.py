@@ -45,6 +45,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     ls.add_argument("--json", action="store_true", help="print a JSON list")
     ls.set_defaults(handler=_sessions)
 
+    export = sub.add_parser(
+        "export", help="write a version of a session as a module for your code (+ a test)",
+        description="Write a version (default: the best) as a clean Python module you can "
+                    "drop into your code: a header with the task, chip, shape and what its "
+                    "number is, the offline templates' plumbing taken out where the task "
+                    "does not need it (each simplification judged correct again in a "
+                    "worker), and optionally a pytest file checking it against the task's "
+                    "reference.")
+    export.add_argument("session", metavar="SESSION", help="session directory, id or prefix")
+    export.add_argument("which", nargs="?", metavar="VERSION", default=None,
+                        help="best (default), current, or vN")
+    export.add_argument("--version", dest="version_opt", metavar="N|best", default=None,
+                        help="the same as VERSION")
+    export.add_argument("-o", "--output", metavar="FILE.py",
+                        help="where to write it (default: ./<task>_kernel.py)")
+    export.add_argument("--test", nargs="?", const="", default=None, metavar="TEST_FILE",
+                        help="also write a pytest file (default: test_<module>.py beside it)")
+    export.add_argument("--no-verify", action="store_true",
+                        help="write the version as it ran, without simplifying it (no worker)")
+    export.add_argument("--force", action="store_true", help="overwrite existing files")
+    _session_dir(export)
+    export.set_defaults(handler=_export)
+
     report = sub.add_parser("report", help="write a Markdown or HTML report of a session")
     report.add_argument("session", metavar="SESSION", help="session directory, id or prefix")
     report.add_argument("-o", "--output", metavar="FILE.md|FILE.html",
@@ -137,6 +160,10 @@ def _report(args: argparse.Namespace) -> int:
             text = report.html_report(loaded, state)
         elif out is None or out.suffix.lower() in (".md", ".markdown"):
             text = report.markdown(loaded, state)
+        elif out.suffix.lower() == ".py":
+            return _fail("report", f"{out}: a report is Markdown or HTML; to get a version "
+                         "as Python, export it",
+                         f"tilewright export {loaded.header.get('id')} best -o {out} --test")
         else:
             return _fail("report", f"{out}: unknown format (use .md or .html)")
     except SessionError as exc:
@@ -147,6 +174,93 @@ def _report(args: argparse.Namespace) -> int:
         out.write_text(text)
         print(f"wrote {out}", file=sys.stderr)
     return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from sessions import export as ex
+    from sessions.log import SessionError, load, resolve
+    from sessions.state import fold
+
+    try:
+        loaded = load(resolve(args.session, args.session_dir))
+    except SessionError as exc:
+        return _fail("export", str(exc))
+    state = fold(loaded.header, loaded.events)
+    which = args.version_opt or args.which
+    task_name = (loaded.header.get("task") or {}).get("name") or "kernel"
+    try:
+        number = ex.pick_version(state, which)
+    except ex.ExportError as exc:
+        return _fail("export", str(exc), exc.next_step or None)
+    out = Path(args.output or f"{_slug(task_name)}_kernel.py").expanduser()
+    if out.suffix != ".py":
+        return _fail("export", f"{out}: the module must be a .py file")
+    test = None
+    if args.test is not None:
+        test = Path(args.test).expanduser() if args.test else out.with_name(f"test_{out.stem}.py")
+    if not out.stem.isidentifier():
+        return _fail("export", f"{out.name}: the name must be importable (letters, digits, _)",
+                     f"e.g. -o {_slug(task_name)}_kernel.py")
+    existing = [p for p in (out, test) if p is not None and p.exists()]
+    if existing and not args.force:
+        return _fail("export", f"{existing[0]} exists", "pass --force to overwrite it")
+    try:
+        exported = asyncio.run(_export_async(loaded, state, number, out.stem,
+                                             test is not None, not args.no_verify))
+    except ex.ExportError as exc:
+        return _fail("export", str(exc), exc.next_step or None)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    written = ex.write(exported, out, test)
+    v = state.versions[number]
+    print(f"wrote {out} (v{number}: {v.rank_label or v.status or 'not evaluated'})")
+    if exported.simplified:
+        print(f"  simplified: {', '.join(exported.simplified)} taken out; "
+              f"{exported.verified}")
+    else:
+        print(f"  {exported.verified}")
+    for note in exported.notes:
+        print(f"  note: {note}")
+    if test is not None and test in written:
+        print(f"wrote {test}: run it with `pytest {test}` (CPU: Pallas TPU interpret mode)")
+    return 0
+
+
+def _slug(name: str) -> str:
+    import re
+
+    slug = re.sub(r"\W+", "_", name).strip("_") or "kernel"
+    return slug if not slug[0].isdigit() else f"k_{slug}"
+
+
+async def _export_async(loaded: Any, state: Any, number: int, module: str, with_test: bool,
+                        verify: bool) -> Any:
+    from kernels.task import TaskError
+    from sessions import export as ex
+    from sessions.tasks import task_for_header
+
+    try:
+        task = task_for_header(loaded.header)
+    except TaskError as exc:
+        if with_test or verify:
+            raise ex.ExportError(f"the session's task cannot be loaded here: {exc}",
+                                 "export with --no-verify (no test), or run from where the "
+                                 "task is") from exc
+        task = None
+    if not verify:
+        return await ex.export(loaded, state, number, module, task=task, with_test=with_test)
+    from kernels.workers import EvalOptions, WorkerPool, WorkerStartError
+
+    recorded = {k: v for k, v in (loaded.header.get("eval_options") or {}).items()
+                if k in EvalOptions.__dataclass_fields__}
+    options = EvalOptions(**{**recorded, "timing": False})
+    try:
+        async with WorkerPool(size=1) as pool:
+            return await ex.export(loaded, state, number, module, task=task,
+                                   evaluate=lambda src: pool.evaluate(task, src, options),
+                                   with_test=with_test)
+    except WorkerStartError as exc:
+        raise ex.ExportError(f"could not start a JAX worker to check the module: {exc}",
+                             "export with --no-verify to write the version as it ran") from exc
 
 
 # -- replay --headless (registered by tui.commands) -------------------------------------

@@ -53,7 +53,9 @@ def test_check_sizes_shrink_the_largest_input_and_keep_alignment() -> None:
     assert max(check["x_0"] * check["x_1"], check["x_1"] ** 2) <= nt.CHECK_ELEMENTS
     plan = nt.plan_task("t", shapes)
     names = [c for c, _, _ in plan.configs()]
-    assert names == ["production", "check", "held_out"]
+    assert names == ["production", "check", "check_long", "held_out"]
+    long = plan.configs()[2][1]
+    assert long["x_1"] == 2048 and long["x_0"] * long["x_1"] <= nt.CHECK_ELEMENTS
     production = plan.configs()[0]
     assert production[1] == {"x_0": 4096, "x_1": 8192}
     assert production[2] == {"production": True, "size": "large"}

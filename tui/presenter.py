@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sessions import events as ev
+from sessions.autonomy import stop_words
 from tui.format import format_speedup
 from tui.view import SessionView
 from tui.widgets.chat import ChatPane
@@ -23,18 +24,6 @@ from tui.widgets.profile import ProfilePane
 from tui.widgets.source import SourcePane
 
 PAST = {"approve": "approved", "reject": "rejected", "edit": "edited"}
-STOP_REASONS = {  # auto.stop reasons in words (keyed by the part before any ':')
-    "budget": "a budget is used up",
-    "no_improvement": "no better kernel for a while",
-    "target_reached": "the target speedup is reached",
-    "agent_finished": "the agent has nothing more to try",
-    "agent_failed": "the agent could not propose anything",
-    "agent_repeating": "the agent kept proposing kernels already measured",
-    "task_error": "the task itself failed, not the kernel (see Problems): fix the task "
-                  "or make it smaller with --set",
-    "interrupted": "the app stopped while it ran",
-    "user": "switched off",
-}
 
 
 def _speed(value: Any) -> str:
@@ -44,8 +33,7 @@ def _speed(value: Any) -> str:
 def describe_stop(event: ev.AutoStop) -> tuple[str, str]:
     """(text, severity) for an auto.stop event: a finished search is not a warning."""
     reason = str(event.get("reason"))
-    words = STOP_REASONS.get(reason.split(":")[0])
-    text = f"autonomous mode stopped: {reason}" + (f" ({words})" if words else "")
+    text = f"autonomous mode stopped: {stop_words(reason)}"
     calm = reason in ("agent_finished", "target_reached", "user")
     return text, "information" if calm else "warning"
 
