@@ -118,12 +118,17 @@ def _sessions(args: argparse.Namespace) -> int:
             rows.append({"id": path.name, "error": str(exc)})
             continue
         state = fold(loaded.header, loaded.events)
+        best = state.versions.get(state.best) if state.best is not None else None
         rows.append({"id": path.name, "task": (loaded.header.get("task") or {}).get("name"),
                      "started": loaded.header.get("created"),
                      # a step: a decision on a proposal or an evaluation (user or agent)
                      "steps": len(state.decisions) + state.spent.runs,
                      "versions": len(state.versions), "evaluations": state.spent.runs, "best_version": state.best,
-                     "best_speedup": state.best_speedup, "ended": state.ended,
+                     "best_speedup": state.best_speedup,
+                     # what the number is (kernels.result.ranking's label)
+                     "best_label": best.rank_label if best else None,
+                     "best_source": best.rank_source if best else None,
+                     "ended": state.ended,
                      "path": str(path)})
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -131,17 +136,26 @@ def _sessions(args: argparse.Namespace) -> int:
     if not rows:
         print(f"no sessions in {base}")
         return 0
+    from sessions.report import short_rank
+
     print(f"{'SESSION':<36} {'TASK':<18} {'STARTED':<20} {'STEPS':>5} {'EVALS':>5} "
-          f"{'BEST':>12}  STATE")
+          f"{'BEST':>17}  STATE")
+    chips = set()
     for r in rows:
         if "error" in r:
             print(f"{r['id']:<36} unreadable: {r['error']}")
             continue
-        best = f"{r['best_speedup']:.3f}x v{r['best_version']}" \
+        best = f"{short_rank(r['best_source'], r['best_speedup'])} v{r['best_version']}" \
             if r["best_speedup"] is not None else "-"
+        if r["best_source"] == "tpu_estimate" and r["best_label"]:
+            chips.add(r["best_label"].split(" on ", 1)[-1].split(" ")[0])
         started = (r["started"] or "")[:19].replace("T", " ")
         print(f"{r['id']:<36} {(r['task'] or '?')[:18]:<18} {started:<20} {r['steps']:>5} "
-              f"{r['evaluations']:>5} {best:>12}  {r['ended'] or 'resumable'}")
+              f"{r['evaluations']:>5} {best:>17}  {r['ended'] or 'resumable'}")
+    if chips:
+        print(f"est.: the TPU compiler's estimated speedup over the XLA reference on "
+              f"{', '.join(sorted(chips))} (not a measurement); `tilewright report SESSION` "
+              "says for which shape")
     return 0
 
 

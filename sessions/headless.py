@@ -29,6 +29,7 @@ from sessions import events as ev
 from sessions.autonomy import ControllerSettings
 from sessions.errors import ControllerError
 from sessions.log import SessionWriteError
+from sessions.report import short_rank
 from sessions.state import SessionState
 
 AUTO_SCHEMA = "tilewright.auto/1"
@@ -73,26 +74,14 @@ class Progress:
         v = s.versions.get(event["version"])
         # Every number says what it is: "est. 1.34x" (the TPU compiler's estimate),
         # "1.20x meas." (a TPU), "host sim 0.01" (the CPU interpreter: not a speedup).
-        speed = _short_rank(event.get("rank_source"), event.get("speedup"))
+        speed = short_rank(event.get("rank_source"), event.get("speedup"))
         best_v = s.versions.get(s.best) if s.best is not None else None
-        best = f"{_short_rank(best_v.rank_source, best_v.speedup)} (v{s.best})" \
+        best = f"{short_rank(best_v.rank_source, best_v.speedup)} (v{s.best})" \
             if best_v is not None else "none yet"
         summary = (v.summary if v else "")[:48]
         print(f"[{s.auto_spent.iterations:>3}] v{event['version']:<3} {summary:<48} "
               f"{event['status']:<13} {speed:>9}  best {best}  "
               f"tok {s.spent.tokens}  t {event['t']:.1f}s", file=self.out, flush=True)
-
-
-def _short_rank(source: Any, value: Any) -> str:
-    if not isinstance(value, int | float):
-        return "-"
-    if source == "tpu_estimate":
-        return f"est. {value:.3f}x"
-    if source == "device_time":
-        return f"{value:.3f}x meas."
-    if source == "host_simulation":
-        return f"host sim {value:.3g}"
-    return f"{value:.3f}x"
 
 
 def summary(log_path: Path, state: SessionState, interrupted: bool) -> dict[str, Any]:
@@ -125,7 +114,7 @@ def print_summary(data: dict[str, Any], out: TextIO,
                   settings: ControllerSettings | None = None) -> None:
     from sessions.autonomy import stop_words
 
-    speed = data.get("best_label") or _short_rank(data.get("best_source"),
+    speed = data.get("best_label") or short_rank(data.get("best_source"),
                                                   data["best_speedup"])
     best = f"v{data['best_version']}" if data["best_version"] else "no correct version"
     print(f"\n{data['task']}: {data['iterations']} iterations, {data['evaluations']} "

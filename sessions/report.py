@@ -167,7 +167,7 @@ def markdown(loaded: LoadedSession, state: SessionState) -> str:
                   "|---|---|---|---|---|---|---|"]
         for i, p in enumerate(state.best_history, 1):
             best_v = state.versions.get(p["best"]) if p["best"] else None
-            best = f"{_short(best_v.rank_source if best_v else None, p['best_speedup'])} " \
+            best = f"{short_rank(best_v.rank_source if best_v else None, p['best_speedup'])} " \
                    f"(v{p['best']})" if p["best"] else "-"
             flags = ", ".join(p.get("flags") or []) or "-"
             error = (p.get("error") or "-").replace("|", "\\|").replace("\n", " ")
@@ -304,7 +304,7 @@ def _rank(point: dict[str, Any]) -> str:
     return _fmt(point.get("speedup"))
 
 
-def _short(source: str | None, value: float | None) -> str:
+def short_rank(source: str | None, value: float | None) -> str:
     """A ranking number in few words: "est. 1.341x", "1.341x meas.", "host sim 0.0072"."""
     if value is None:
         return "-"
