@@ -89,6 +89,7 @@ class Presenter:
         # The chat entry of a proposing tool call seen live in this reply: the persisted
         # proposal then fills that entry in instead of adding a second one.
         self._live_proposal: str | None = None
+        self._said: set[str] = set()  # agent notices already in the chat
 
     @property
     def source(self) -> SourcePane:
@@ -169,7 +170,10 @@ class Presenter:
                              f"{e.get('summary', '')}")
 
     def _checkout(self, e: ev.KernelCheckout) -> None:
-        self.chat.add_notice(f"→ reverted to v{e.get('version')}")
+        if e.get("by") == "auto":
+            self.chat.add_notice(f"→ back to v{e.get('version')}, the best version")
+        else:
+            self.chat.add_notice(f"→ reverted to v{e.get('version')}")
 
     def _run_result(self, e: ev.RunResult) -> None:
         text, severity = describe_result(e)
@@ -186,7 +190,15 @@ class Presenter:
                              f"(by {e.get('by', 'user')})")
 
     def _agent_finished(self, e: ev.AgentFinished) -> None:
-        self.chat.add_notice(str(e.get("message") or "the agent has nothing more to try"))
+        self._once(str(e.get("message") or "the agent has nothing more to try"))
+
+    def _once(self, text: str, level: str = "info") -> None:
+        """An agent's notice said once: the same words again (the offline agent's
+        "tuning converged", "does not read chat messages") add nothing but noise."""
+        if text in self._said:
+            return
+        self._said.add(text)
+        self.chat.add_notice(text, level)
 
     def _auto_stop(self, e: ev.AutoStop) -> None:
         text, severity = describe_stop(e)
@@ -226,7 +238,11 @@ class Presenter:
         self.chat.tool_call(key, str(e.get("name", "tool")), e.get("input") or {}, "")
 
     def _notice(self, e: ev.AgentNotice | ev.Notice) -> None:
-        self.chat.add_notice(str(e.get("text", "")), str(e.get("level", "info")))
+        text, level = str(e.get("text", "")), str(e.get("level", "info"))
+        if e["type"] == "agent.notice" and level != "error":
+            self._once(text, level)
+        else:
+            self.chat.add_notice(text, level)
 
 
 # Persisted and live events come as plain dicts; the type names which TypedDict each one

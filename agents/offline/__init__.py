@@ -28,6 +28,7 @@ from agents.base import (
 from agents.memory import Lesson
 from agents.offline import fixes, templates, tuner
 from kernels import tunables
+from kernels.result import ranking
 
 CONVERGED = "tuning converged"
 
@@ -359,7 +360,7 @@ def _remember_convergence(request: AgentRequest) -> Lesson | None:
         return None
     order = list(tunables.read(source))
     config = {k: dict(best[0])[k] for k in order if k in dict(best[0])}
-    speed = obs.speedup.get(best[0])
+    said = obs.said(best[0])
     try:
         known = memory.matching(family=request.task.family, chip=request.chip)
     except OSError:
@@ -368,7 +369,7 @@ def _remember_convergence(request: AgentRequest) -> Lesson | None:
         return None  # already remembered for this family and chip
     text = (f"{request.task.name}: tuning converged at "
             f"{' '.join(f'{k}={v}' for k, v in config.items())}"
-            f"{f' ({speed:.3g}x)' if speed else ''} after {len(obs.cost)} configurations on "
+            f"{f' ({said})' if said else ''} after {len(obs.cost)} configurations on "
             f"{request.chip}")
     # Scoped to the family and chip (not the task): the same block sizes are the first
     # guess for the family's other tasks, as lessons are meant to be.
@@ -390,9 +391,9 @@ def _best_text(request: AgentRequest) -> str:
         return ""
     config = " ".join(f"{k}={v}" for k, v in best[0])
     version = obs.version.get(best[0])
-    speed = obs.speedup.get(best[0])
+    said = obs.said(best[0])
     return (f" at {config}{f' (v{version}' if version else ' ('}"
-            f"{f', {speed:.3g}x' if speed else ''}) after {len(obs.cost)} measured configurations")
+            f"{f', {said}' if said else ''}) after {len(obs.cost)} measured configurations")
 
 
 def _measured(request: AgentRequest, changes: dict[str, Any]) -> bool:
@@ -423,7 +424,8 @@ def _plan(request: AgentRequest) -> Proposal:
     best = [h for h in request.history if h.get("status") == "correct" and h.get("speedup")]
     if best:
         top = max(best, key=lambda h: h["speedup"])
-        steps.append(f"Best so far: v{top.get('version')} at {top['speedup']:.3g}x.")
+        said = top.get("rank_label") or f"{top['speedup']:.3g}x (the ranking number)"
+        steps.append(f"Best so far: v{top.get('version')}, {said}.")
     plan = "\n".join(steps)
     return Proposal("plan", "offline plan: template, rule-based fixes, tuning", plan=plan,
                     rationale=plan, meta={"via": "offline"})
@@ -443,9 +445,17 @@ def explain(request: AgentRequest) -> str:
         lines.append(f"- rule-based fix: {fix.summary}" if fix else
                      "- no repair rule matches this error")
     timing = result.get("timing") or {}
-    if timing.get("speedup"):
-        lines.append(f"- speedup {timing['speedup']:.3g}x ({timing.get('method')}, median "
-                     f"{timing.get('median_ms', 0):.4g} ms)")
+    rank = ranking(result) if result else None
+    if rank is not None and rank.value is not None:
+        # The number that ranks versions, worded as kernels.result says it: an estimate
+        # names its chip (and shape), a measurement says so.
+        lines.append(f"- ranking number: {rank.label}")
+    if timing.get("median_ms") is not None:
+        what = ("host simulation time (the CPU interpreting the kernel: not TPU "
+                "performance, never a speedup)" if timing.get("mode") == "tpu-interpret"
+                else "measured time")
+        lines.append(f"- {what}: median {timing['median_ms']:.4g} ms "
+                     f"over {timing.get('iters', '?')} iterations")
     diagnosis = request.diagnosis
     if diagnosis:
         lines.append(f"- diagnosis (profile of v{diagnosis.get('version')}): "

@@ -54,9 +54,19 @@ class Observations:
         self.cost: dict[Config, float] = {}
         self.version: dict[Config, int | None] = {}
         self.speedup: dict[Config, float | None] = {}
+        self.label: dict[Config, str] = {}  # the ranking number in words, where known
+
+    def said(self, key: Config) -> str | None:
+        """How the configuration's number reads: its ranking label ("est. 1.34x on
+        v5e (TPU compiler)"), else the bare ratio; None when unmeasured."""
+        if key in self.label:
+            return self.label[key]
+        speed = self.speedup.get(key)
+        return f"{speed:.3g}x" if speed else None
 
     def add(self, config: dict[str, Any], status: str | None, speedup: float | None,
-            median_ms: float | None, version: int | None = None) -> None:
+            median_ms: float | None, version: int | None = None,
+            label: str | None = None) -> None:
         key = config_key(config)
         if status != "correct":
             cost = math.inf
@@ -70,6 +80,8 @@ class Observations:
             self.cost[key] = cost
             self.version[key] = version
             self.speedup[key] = speedup if isinstance(speedup, int | float) else None
+            if label:
+                self.label[key] = label
 
     def best(self) -> tuple[Config, float] | None:
         finite = [(k, c) for k, c in self.cost.items() if math.isfinite(c)]
@@ -85,13 +97,15 @@ def observations_from(request_history: tuple[dict[str, Any], ...], current_sourc
         if not isinstance(config, dict) or set(config) != names:
             continue
         obs.add(config, entry.get("status"), entry.get("speedup"), entry.get("median_ms"),
-                entry.get("version"))
+                entry.get("version"), entry.get("rank_label"))
     if current_source is not None and last_eval:
         timing = last_eval.get("timing") or {}
         # the ranking number (kernels.result.ranking): off-TPU the TPU compiler's
         # estimated speedup, never the interpreter's time while an estimate exists
+        rank = ranking(last_eval)
         obs.add(tunables.config_of(current_source), last_eval.get("status"),
-                ranking(last_eval).value, timing.get("median_ms"), current_version)
+                rank.value, timing.get("median_ms"), current_version,
+                rank.label if rank.value is not None else None)
     return obs
 
 
@@ -223,10 +237,10 @@ def _rationale(name: str, base: dict[str, Any], value: Any, why: str,
     parts = []
     if best is not None and dict(best[0]) != current:
         version = obs.version.get(best[0])
-        speed = obs.speedup.get(best[0])
+        said = obs.said(best[0])
         label = f"v{version}" if version else "the best version so far"
         parts.append(f"Starting from the best configuration measured so far ({label}"
-                     f"{f', {speed:.3g}x' if speed else ''}) rather than the current kernel.")
+                     f"{f', {said}' if said else ''}) rather than the current kernel.")
     if why == "largest":
         parts.append(f"No larger {name} has been measured yet: jump to the largest legal value, "
                      f"{value}. Larger blocks mean fewer grid steps, and each step pays a fixed "
