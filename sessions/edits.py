@@ -39,7 +39,8 @@ def describe_edit(before: str, after: str) -> str:
     where = _functions_at(after, rest)
     count = max(added, removed) - (len(changed) - len(rest) if added == removed else 0)
     if count > 0:
-        place = f" in {', '.join(where)}" if where else ""
+        place = f" in {', '.join(where)}".replace(" in module level", " at module level") \
+            if where else ""
         parts.append(f"{count} line{'s' if count != 1 else ''} changed{place}"
                      if added == removed else f"+{added} -{removed} lines{place}")
     return "; ".join(parts) or "whitespace only"

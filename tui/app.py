@@ -39,13 +39,16 @@ FULL_GC_QUIET_S = 1.0  # a full collection waits for this long without a key
 FULL_GC_AFTER_YOUNG = 10  # ...and for as many generation-1 collections as CPython's own
 FULL_GC_MAX_WAIT_S = 30.0  # but never longer than this
 
-HELP_EXTRA = """Panes: Source (editor; a pending proposal shows as a diff, F3 toggles the full
-source), Chat (Enter sends), Problems (Enter jumps to the line), Profile (timeline:
-←/→ pan, +/- zoom, [ ] select an event, 0 fits), History (Enter views, d diffs
-against the current version, r reverts, x exports it as a module for your code).
-Chat: /plan [wishes] asks for a plan, /explain [vN] [question] for an explanation.
-The approval keys are ignored for half a second after a proposal appears.
-Remap any key in the config file's [keys] table (`tilewright config` shows it)."""
+HELP_EXTRA = "\n".join((
+    "Panes: Source (the editor; a pending proposal shows as a diff, F3 toggles the full "
+    "source), Chat (Enter sends), Problems (Enter jumps to the line), Profile (the "
+    "timeline: ←/→ pan, +/- zoom, [ ] select an event, 0 fits), History (Enter views, d "
+    "diffs against the current version, r reverts, x exports it as a module for your "
+    "code).",
+    "Chat: /plan [wishes] asks for a plan, /explain [vN] [question] for an explanation.",
+    "The approval keys are ignored for half a second after a proposal appears.",
+    "Remap any key in the config file's [keys] table (`tilewright config` shows it).",
+))
 
 
 class TilewrightApp(App):

@@ -105,12 +105,21 @@ class HelpScreen(ModalScreen[None]):
         self.rows, self.extra = rows, extra
 
     def compose(self) -> ComposeResult:
-        lines = [f"{keys:<16} {label:<10} {text}" for keys, label, text in self.rows]
+        from rich.table import Table
+
+        # A table wraps each description under itself (hanging), at any width.
+        keys = Table.grid(padding=(0, 2))
+        keys.add_column(no_wrap=True)
+        keys.add_column(no_wrap=True)
+        keys.add_column(ratio=1)
+        for key, label, text in self.rows:
+            keys.add_row(key, label, text)
         with Vertical(classes="dialog -wide -help"):
             yield Static("tilewright — keys", classes="dialog-title")
             with VerticalScroll(classes="dialog-body", id="help-body"):
-                yield Static("\n".join(lines) + ("\n\n" + self.extra if self.extra else ""),
-                             markup=False)
+                yield Static(keys)
+                if self.extra:
+                    yield Static("\n" + self.extra, markup=False)
             yield Static("↑/↓ PgUp/PgDn scroll · Esc or F1 closes · ctrl+p opens the "
                          "command palette", classes="dialog-hint")
 

@@ -422,9 +422,12 @@ class WorkbenchScreen(Screen):
             if path:
                 self._export(number, path)
 
+        import os
+
         self.app.push_screen(NotePrompt(
             f"Export v{number} as a module for your code (a pytest file test_<name>.py "
-            "is written beside it):", "path/to/module.py", default), done)
+            f"is written beside it; a relative path is under {os.getcwd()}):",
+            "path/to/module.py", default), done)
 
     @work(exclusive=True, exit_on_error=False, group="export")
     async def _export(self, version: int, path_text: str) -> None:

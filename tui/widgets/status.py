@@ -21,8 +21,8 @@ COMPILE_WORDS = {"ok": ("ok", "green"), "error": ("refused", "bold red"),
 
 @dataclass(frozen=True)
 class StatusInfo:
-    task: str = "no task"
-    backend: str = "backend?"
+    task: str = "tilewright"  # before a session opens: says so, not "no task"
+    backend: str = "opening the session"
     chip: str | None = None
     mode: str = "step"
     iteration: int = 0
