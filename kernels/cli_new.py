@@ -133,7 +133,9 @@ def _from_function(args: argparse.Namespace) -> dict[str, Any]:
     check = _sizes(args.check, "--check")
     name = args.name or fn_name
     doc = nt.docstring_summary(tree, fn_name)
-    inputs_text = ", ".join(s.describe() for s in shapes.inputs)
+    inputs_text = ", ".join(
+        f"{s.name} {nt.SHORT.get(s.dtype, s.dtype)}[{','.join(str(shapes.dims[d]) for d in s.dims)}]"
+        for s in shapes.inputs)
     description = args.description or (
         f"{doc} (`{fn_name}` from {path.name}, inputs {inputs_text})" if doc else
         f"`{fn_name}` from {path.name} as a Pallas TPU kernel; inputs {inputs_text}")

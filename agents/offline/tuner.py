@@ -194,8 +194,11 @@ def next_step(source: str, obs: Observations,
         name, value, why = probe
         config = {**base, name: value}
         changes = {k: v for k, v in config.items() if current.get(k) != v}
-        return Step(changes, config, _summary(name, base[name], value, config),
-                    _rationale(name, base, value, why, best, obs, current))
+        rationale = _rationale(name, base, value, why, best, obs, current)
+        if constraints:
+            rationale += " It stays within what your rejection notes allow (" + "; ".join(
+                f"{n} {op} {v}" for n, bounds in constraints.items() for op, v in bounds) + ")."
+        return Step(changes, config, _summary(name, base[name], value, config), rationale)
     return None
 
 
@@ -294,11 +297,18 @@ def diagnosed_step(source: str, obs: Observations, dims: dict[str, tuple[int, ..
     changes = {k: v for k, v in config.items() if current.get(k) != v}
     full = " ".join(f"{k}={v}" for k, v in config.items())
     verb = "largest legal blocks" if move == "grow" else "one notch smaller blocks"
+    said = str(diagnosis.get("summary") or "").rstrip()
+    said = said if said.endswith((".", "!", "?")) else said + "."
+    bounded = ""
+    if constraints:
+        bounded = " Within what your rejection notes allow (" + "; ".join(
+            f"{name} {op} {value}" for name, bounds in constraints.items()
+            for op, value in bounds) + ")."
     return Step(changes, config, f"tune to the {verb} ({full}), from the diagnosis",
-                f"The profile of v{diagnosis.get('version')} says {diagnosis.get('summary')} "
+                f"The profile of v{diagnosis.get('version')} says {said} "
                 f"So every tunable moves at once to its {verb} from the best configuration "
                 "measured so far; if that is not better, the coordinate search continues "
-                "from the best one.")
+                f"from the best one.{bounded}")
 
 
 # -- what the person said no to ---------------------------------------------------------
