@@ -119,6 +119,15 @@ def _sessions(args: argparse.Namespace) -> int:
             continue
         state = fold(loaded.header, loaded.events)
         best = state.versions.get(state.best) if state.best is not None else None
+        shape = None
+        if best is not None and best.result_blob and best.rank_source == "tpu_estimate":
+            from sessions.log import read_json_blob
+
+            try:
+                tpu = (read_json_blob(path, best.result_blob) or {}).get("tpu") or {}
+            except (OSError, ValueError, SessionError):
+                tpu = {}
+            shape = tpu.get("shape")  # the configuration the estimate is for
         rows.append({"id": path.name, "task": (loaded.header.get("task") or {}).get("name"),
                      "started": loaded.header.get("created"),
                      # a step: a decision on a proposal or an evaluation (user or agent)
@@ -128,6 +137,7 @@ def _sessions(args: argparse.Namespace) -> int:
                      # what the number is (kernels.result.ranking's label)
                      "best_label": best.rank_label if best else None,
                      "best_source": best.rank_source if best else None,
+                     "best_shape": shape,
                      "ended": state.ended,
                      "path": str(path)})
     if args.json:
@@ -139,7 +149,7 @@ def _sessions(args: argparse.Namespace) -> int:
     from sessions.report import short_rank
 
     print(f"{'SESSION':<36} {'TASK':<18} {'STARTED':<20} {'STEPS':>5} {'EVALS':>5} "
-          f"{'BEST':>17}  STATE")
+          f"{'BEST':>17}  {'EST. FOR':<12} STATE")
     chips = set()
     for r in rows:
         if "error" in r:
@@ -151,11 +161,12 @@ def _sessions(args: argparse.Namespace) -> int:
             chips.add(r["best_label"].split(" on ", 1)[-1].split(" ")[0])
         started = (r["started"] or "")[:19].replace("T", " ")
         print(f"{r['id']:<36} {(r['task'] or '?')[:18]:<18} {started:<20} {r['steps']:>5} "
-              f"{r['evaluations']:>5} {best:>17}  {r['ended'] or 'resumable'}")
+              f"{r['evaluations']:>5} {best:>17}  {(r['best_shape'] or '-')[:12]:<12} "
+              f"{r['ended'] or 'resumable'}")
     if chips:
         print(f"est.: the TPU compiler's estimated speedup over the XLA reference on "
-              f"{', '.join(sorted(chips))} (not a measurement); `tilewright report SESSION` "
-              "says for which shape")
+              f"{', '.join(sorted(chips))}, for the task's shape named under EST. FOR (not "
+              "a measurement)")
     return 0
 
 

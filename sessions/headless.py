@@ -45,6 +45,7 @@ class Progress:
         self.state = state
         self.out = out
         self.settings = settings
+        self._explained = False  # the numbers' meaning is said once, at the first one
 
     def __call__(self, event: ev.AnyEvent) -> None:
         if event["type"] in ev.LIVE_TYPES:
@@ -71,6 +72,10 @@ class Progress:
 
     def _step(self, event: ev.RunResult) -> None:
         s = self.state
+        if not self._explained and event.get("rank_source") in ("tpu_estimate",
+                                                                "host_simulation"):
+            self._explained = True
+            print(f"  ({_what_numbers_are(event)})", file=self.out, flush=True)
         v = s.versions.get(event["version"])
         # Every number says what it is: "est. 1.34x" (the TPU compiler's estimate),
         # "1.20x meas." (a TPU), "host sim 0.01" (the CPU interpreter: not a speedup).
@@ -82,6 +87,18 @@ class Progress:
         print(f"[{s.auto_spent.iterations:>3}] v{event['version']:<3} {summary:<48} "
               f"{event['status']:<13} {speed:>9}  best {best}  "
               f"tok {s.spent.tokens}  t {event['t']:.1f}s", file=self.out, flush=True)
+
+
+def _what_numbers_are(event: ev.RunResult) -> str:
+    """The first line's numbers in words, from the event's ranking label."""
+    label = str(event.get("rank_label") or "")
+    if event.get("rank_source") == "tpu_estimate":
+        chip = event.get("chip") or "the chip"
+        where = label.split(" on ", 1)[-1].removesuffix(" (TPU compiler)") if " on " in label \
+            else chip
+        return (f"est.: the TPU compiler's estimated speedup over the XLA reference on "
+                f"{where}; a prediction, not a measurement")
+    return "host sim: the CPU interpreter's time ratio; it predicts nothing about a TPU"
 
 
 def summary(log_path: Path, state: SessionState, interrupted: bool) -> dict[str, Any]:

@@ -141,3 +141,31 @@ def test_a_rejection_note_binds_the_offline_agent() -> None:
     stopped = decide(AgentRequest("tune", agents.brief(task), source, 1, last_eval=last,
                                   history=history, rejected=rejected_again))
     assert isinstance(stopped, Finished), stopped
+
+
+def test_a_diagnosis_asking_for_larger_blocks_widens_the_choices() -> None:
+    """Every declared choice measured, the best at the largest, and the profile says the
+    step overhead dominates: a proposal that widens TUNABLES, not a stop."""
+    from kernels import tunables
+
+    task = load_task("softmax")
+    source = task.starting_source().replace("BLOCK_ROWS = 32", "BLOCK_ROWS = 512")
+    choices = [8, 16, 32, 64, 128, 256, 512]
+    history = tuple({"version": i + 1, "status": "correct", "speedup": 1.0 + c / 1000,
+                     "summary": f"rows {c}", "tunables": {"BLOCK_ROWS": c}}
+                    for i, c in enumerate(choices))
+    diagnosis = {"version": 7, "kind": "per_step_overhead",
+                 "summary": "32 grid steps: fixed step cost dominates"}
+    outcome = decide(AgentRequest("tune", agents.brief(task), source, 7,
+                                  last_eval={"status": "correct", "tpu": {
+                                      "chip": "v5e", "estimated_speedup": 1.512}},
+                                  history=history, diagnosis=diagnosis))
+    assert isinstance(outcome, Proposal) and outcome.kind == "kernel", outcome
+    assert outcome.summary.startswith("widen BLOCK_ROWS to 1024")
+    declared = tunables.read(outcome.source)
+    assert declared["BLOCK_ROWS"][0] == 1024 and declared["BLOCK_ROWS"][1][-2:] == [1024, 2048]
+    without = decide(AgentRequest("tune", agents.brief(task), source, 7,
+                                  last_eval={"status": "correct", "tpu": {
+                                      "chip": "v5e", "estimated_speedup": 1.512}},
+                                  history=history))
+    assert isinstance(without, Finished)  # no diagnosis: converged, said in words
