@@ -98,3 +98,7 @@ def test_export_best_and_a_version_then_eval_and_the_test_file_pass(tmp_path: Pa
 
     report = tw("report", session, "-o", str(out / "best.py"), env=data)
     assert report.returncode == 2 and "tilewright export" in report.stderr
+    html = tw("report", session, "-o", str(out / "report.html"), env=data)
+    assert html.returncode == 0, html.stderr
+    page = (out / "report.html").read_text()
+    assert "<th>gain vs parent</th>" in page and "|---|" not in page  # a table, not Markdown

@@ -47,10 +47,14 @@ def test_equal_sizes_are_one_dimension_and_names_keep_them_apart() -> None:
 
 
 def test_check_sizes_shrink_the_largest_input_and_keep_alignment() -> None:
-    shapes = nt.parse_shapes(["x=f32[4096,8192]", "w=f32[8192,8192]"])
-    check = nt.derive_check(shapes)
+    square = nt.parse_shapes(["x=f32[4096,8192]", "w=f32[8192,8192]"])
+    check = nt.derive_check(square)
     assert all(v % 128 == 0 for v in check.values())
     assert max(check["x_0"] * check["x_1"], check["x_1"] ** 2) <= nt.CHECK_ELEMENTS
+    # w's rows are its columns (one size): no long-row check shape fits the budget
+    assert [c for c, _, _ in nt.plan_task("t", square).configs()] == [
+        "production", "check", "held_out"]
+    shapes = nt.parse_shapes(["x=f32[4096,8192]", "w=f32[8192]"])
     plan = nt.plan_task("t", shapes)
     names = [c for c, _, _ in plan.configs()]
     assert names == ["production", "check", "check_long", "held_out"]
@@ -134,3 +138,29 @@ def test_new_from_a_jaxbench_task_converts_to_native(tmp_path: Path) -> None:
     result = tw("eval", "--task", str(task), "--json", "--no-timing")
     assert result.returncode == 0, result.stderr + result.stdout
     assert json.loads(result.stdout)["status"] == "correct"
+
+
+def test_a_users_block_tuple_kernel_is_tuned_by_the_offline_agent(tmp_path: Path) -> None:
+    """`BLOCK = (128, 512)` in the user's own kernel: the offline agent declares the two
+    sizes as TUNABLES, then tunes them; autonomous mode does not end `agent_failed`."""
+    made = tw("new", "sa", "--from", f"{USER / 'model.py'}:scale_add",
+              "--shape", "x=f32[1024,2048]", "--shape", "b=f32[2048]",
+              "--kernel", f"{USER / 'scale_kernel.py'}:scale_add", "-o", str(tmp_path / "sa"),
+              "--no-check")
+    assert made.returncode == 0, made.stderr
+    env_dir = tmp_path / "data"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tui.cli", "auto", "--task", str(tmp_path / "sa"), "--agent",
+         "offline", "--budget", "3", "--time-budget", "0.2", "--json"], cwd=ROOT,
+        env=dict(os.environ, JAX_PLATFORMS="cpu", TILEWRIGHT_DATA_DIR=str(env_dir),
+                 TILEWRIGHT_CONFIG="/nonexistent/config.toml"),
+        capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["stop_reason"] != "agent_failed", proc.stderr
+    versions = summary["versions"]
+    assert versions[1]["summary"] == "declare the kernel's block sizes as TUNABLES"
+    assert versions[1]["status"] == "correct"
+    tuned = [v for v in versions if v["origin"] == "tuning"]
+    assert tuned and all(v["status"] == "correct" for v in tuned), versions
+    assert any("BLOCK_ROWS" in v["summary"] or "BLOCK_COLS" in v["summary"] for v in tuned)
