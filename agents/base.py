@@ -58,6 +58,11 @@ class AgentRequest:
     diagnosis: dict[str, Any] | None = None
     # Read-only tools the agent may call mid-reply (agents.tools.Toolbox); None: none.
     tools: Any = None
+    # Every proposal of the session that was rejected, oldest first: {"proposal", "kind",
+    # "summary", "note", "by", "tuning", "config" (the tunables the tuning would have
+    # set, on its base version), "source_sha256" (of a kernel proposal's source)}. An
+    # agent never proposes one of these again, and reads the notes as constraints.
+    rejected: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 MODULES = ("kernels.cli_tasks", "kernels.cli_eval", "kernels.cli_estimate", "kernels.cli_profile",
-           "kernels.cli_calibrate")
+           "kernels.cli_calibrate", "kernels.cli_new")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

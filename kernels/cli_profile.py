@@ -45,7 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--iters", type=int, default=None,
                         help="traced iterations (default 3 in interpret mode, 20 native)")
     parser.add_argument("--logdir", default=None, metavar="DIR",
-                        help="where the raw profile goes (default: a new temporary directory)")
+                        help="where the trace is kept (default: a new directory under the "
+                             "user data dir's profiles/); printed, and every path in the "
+                             "JSON points there")
     parser.add_argument("--static-only", action="store_true",
                         help="only the static pallas_call analysis and the roofline bound: "
                              "nothing runs (fast; for big kernels in interpret mode)")
@@ -75,14 +77,23 @@ def run(args: argparse.Namespace) -> int:
                             + ", ".join(s.name for s in task.shapes))
     if args.iters is not None and args.iters < 1:
         return _usage_error("--iters must be at least 1")
-    logdir = str(Path(args.logdir).expanduser().resolve()) if args.logdir else None
-    options = {"chip": args.chip, "iters": args.iters, "shape": args.shape, "logdir": logdir,
+    keep = Path(args.logdir).expanduser().resolve() if args.logdir else \
+        default_profile_dir(task.name)
+    try:
+        keep.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return _usage_error(f"cannot create the profile directory {keep}: "
+                            f"{exc.strerror or exc}")
+    # The worker writes the trace in its own scratch (a confined candidate may not write
+    # elsewhere); it is copied to ``keep`` before the worker, and its scratch, go away.
+    options = {"chip": args.chip, "iters": args.iters, "shape": args.shape, "logdir": None,
                "python_tracer": args.python_tracer, "static_only": args.static_only}
 
     from kernels.workers import WorkerFailure, WorkerOpError, WorkerStartError
 
     try:
-        result = asyncio.run(profile(task, source, str(path.resolve()), options, args.timeout))
+        result = asyncio.run(profile(task, source, str(path.resolve()), options, args.timeout,
+                                     keep=keep))
     except WorkerStartError as exc:
         print(f"tilewright profile: could not start a JAX worker: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -111,20 +122,91 @@ def run(args: argparse.Namespace) -> int:
         from profiling.report import print_report
 
         print_report(result)
+    if args.json:
+        pass  # the JSON's logdir, run_dir, perfetto, ... say where: stdout stays one object
+    elif result.get("logdir"):
+        print(f"\ntrace kept in {result['logdir']}\n  open it with `xprof --logdir "
+              f"{result['logdir']}` or TensorBoard")
+    elif result.get("status") == "ok" and not args.static_only:
+        print("\nno trace was written (see above); nothing kept")
+    _remove_if_empty(keep)
     return EXIT_OK if result.get("status") == "ok" else EXIT_FAILED
 
 
+def default_profile_dir(task_name: str) -> Path:
+    """``<user data dir>/profiles/<task>-<time>``: the data dir honours
+    ``TILEWRIGHT_DATA_DIR`` as sessions and lessons do."""
+    import os
+    import re
+    import time
+
+    env = os.environ.get("TILEWRIGHT_DATA_DIR")
+    if env:
+        base = Path(env).expanduser()
+    else:
+        from platformdirs import user_data_dir
+
+        base = Path(user_data_dir("tilewright"))
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", task_name).strip("-")[:40] or "task"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target, n = base / "profiles" / f"{slug}-{stamp}", 2
+    while target.exists():
+        target, n = base / "profiles" / f"{slug}-{stamp}-{n}", n + 1
+    return target
+
+
+def _remove_if_empty(path: Path) -> None:
+    try:
+        path.rmdir()  # only when nothing was kept
+    except OSError:
+        pass
+
+
 async def profile(task: Any, source: str, filename: str, options: dict[str, Any],
-                  timeout: float = 300.0, pool: Any = None) -> dict[str, Any]:
-    """Run the worker op ``profile`` (in ``pool``, or in a one-off pool)."""
+                  timeout: float = 300.0, pool: Any = None,
+                  keep: Path | None = None) -> dict[str, Any]:
+    """Run the worker op ``profile`` (in ``pool``, or in a one-off pool). With ``keep``,
+    the trace files are copied there while the worker still holds them, and every
+    path in the result is moved with them."""
     from kernels.workers import WorkerPool
 
     payload = {"task": task.to_spec(), "source": source, "filename": filename,
                "options": options}
     if pool is not None:
-        return await pool.request("profile", payload, timeout)
+        result = await pool.request("profile", payload, timeout)
+        return keep_trace(result, keep) if keep is not None else result
     async with WorkerPool(size=1) as own:
-        return await own.request("profile", payload, timeout)
+        result = await own.request("profile", payload, timeout)
+        return keep_trace(result, keep) if keep is not None else result
+
+
+def keep_trace(result: dict[str, Any], keep: Path) -> dict[str, Any]:
+    """Copy the result's ``logdir`` (under the worker's scratch) into ``keep`` and move
+    every path in the result that pointed into it; paths that already point into
+    ``keep`` stay. A path whose file is gone by now is dropped (set to None) rather
+    than left pointing nowhere."""
+    import shutil
+
+    logdir = result.get("logdir")
+    if not logdir:
+        return result
+    src = Path(logdir)
+    if src.resolve() == keep.resolve() or keep.resolve() in src.resolve().parents:
+        return result
+    if src.is_dir():
+        shutil.copytree(src, keep, dirs_exist_ok=True)
+    return _relocate(result, str(src), str(keep))
+
+
+def _relocate(value: Any, old: str, new: str) -> Any:
+    if isinstance(value, dict):
+        return {k: _relocate(v, old, new) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_relocate(v, old, new) for v in value]
+    if isinstance(value, str) and (value == old or value.startswith(old + "/")):
+        moved = new + value[len(old):]
+        return moved if Path(moved).exists() else None
+    return value
 
 
 def _failure(kind: str, message: str) -> dict[str, Any]:

@@ -185,6 +185,24 @@ def apply(source: str, changes: dict[str, Any]) -> str:
     return "".join(lines)
 
 
+def widen(source: str, choices: dict[str, list[Any]]) -> str:
+    """Replace the declared choices of the named tunables (the ``TUNABLES`` dict is
+    rewritten, its other entries kept); every other byte stays as it was."""
+    declared = read(source)
+    unknown = [name for name in choices if name not in declared]
+    if unknown:
+        raise TunablesError(f"not a declared tunable: {', '.join(unknown)}")
+    _tree, assigns = _parse(source)
+    node = assigns["TUNABLES"][-1].value
+    merged = {name: list(choices.get(name, values)) for name, (_cur, values) in declared.items()}
+    lines = source.splitlines(keepends=True)
+    start, end = node.lineno - 1, node.end_lineno - 1
+    head = lines[start][:_char_offset(lines[start], node.col_offset)]
+    tail = lines[end][_char_offset(lines[end], node.end_col_offset):]
+    lines[start:end + 1] = [head + repr(merged) + tail]
+    return "".join(lines)
+
+
 def _char_offset(line: str, byte_offset: int) -> int:
     # ast reports UTF-8 byte offsets; convert for lines with non-ASCII text.
     return len(line.encode("utf-8")[:byte_offset].decode("utf-8", errors="ignore"))
@@ -196,109 +214,375 @@ def config_of(source: str) -> dict[str, Any]:
 
 
 # -- kernels that declare no TUNABLES -------------------------------------------------
+#
+# A user's own kernel rarely follows the convention above, but it almost always fixes
+# its block sizes somewhere a reader can see: module constants (``BM = 128``), a tuple
+# (``BLOCK = (128, 512)``), a dict (``BLOCKS = {"block_m": 128}``), the defaults of a
+# function or a ``functools.partial`` (``block_rows=256``), or literals in the
+# ``BlockSpec`` shapes. ``infer`` finds them, hoists the literals into module constants
+# and declares those as TUNABLES, changing nothing else.
 
 _SPEC_CALLS = {"BlockSpec"}
+# Names that say "a block size": BLOCK_M, TILE, bm, block_rows, CHUNK_SIZE, tq, ...
+_BLOCKISH = re.compile(r"(BLOCK|TILE|CHUNK)|^(B|T)(M|N|K|Q|KV|R|C|ROWS?|COLS?)$",
+                       re.IGNORECASE)
+_MIN_BLOCK = 8  # smaller ints in a shape are broadcast dims or counts, not block sizes
 
 
-def infer(source: str) -> tuple[str, dict[str, list[int]]] | None:
-    """Make a kernel without a ``TUNABLES`` declaration tunable: its block sizes are read
-    from its ``BlockSpec`` shapes, which are built from module-level int constants
-    (``BM = 128``) or from int literals (``pl.BlockSpec((128, 512), ...)``).
+def _is_blockish(name: str) -> bool:
+    return bool(_BLOCKISH.search(name))
 
-    Constants become tunables as they are; literals are hoisted into new constants
-    (``BLOCK_ROWS``, ``BLOCK_COLS``, ...; one constant per value and trailing position,
-    so blocks that must agree keep agreeing) and replaced where they appear in
-    BlockSpec shapes. Returns (the rewritten source with ``TUNABLES`` and
-    ``TUNABLE_ALIGN`` declared, the tunables' choices), or None when nothing is found.
-    """
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return None
-    if read(source):
-        return None  # declared already
-    assigns = _module_assigns(tree)
-    constants = {name: nodes[-1].value.value for name, nodes in assigns.items()
-                 if len(nodes) == 1 and isinstance(nodes[-1].value, ast.Constant)
-                 and type(nodes[-1].value.value) is int}
-    found_names: dict[str, int] = {}  # constant -> position from the end (1: lanes)
-    literals: dict[tuple[int, int], list[ast.Constant]] = {}
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
-            continue
-        callee = node.func.attr if isinstance(node.func, ast.Attribute) else \
-            getattr(node.func, "id", "")
-        shape = None
-        if callee in _SPEC_CALLS:
-            shape = node.args[0] if node.args else next(
-                (k.value for k in node.keywords if k.arg == "block_shape"), None)
-        if not isinstance(shape, ast.Tuple | ast.List):
-            continue
-        for back, element in enumerate(reversed(shape.elts), start=1):
-            if back > 2:
-                break
-            for leaf in ast.walk(element):
-                if isinstance(leaf, ast.Name) and leaf.id in constants:
-                    found_names.setdefault(leaf.id, back)
-            if (isinstance(element, ast.Constant) and type(element.value) is int
-                    and element.value >= 8):
-                literals.setdefault((element.value, back), []).append(element)
-    if not found_names and not literals:
-        return None
-    choices: dict[str, list[int]] = {}
-    align: dict[str, int] = {}
-    for name, back in found_names.items():
-        choices[name] = _neighbours(constants[name], back)
-        align[name] = LANE if back == 1 else SUBLANE
-    new_names: dict[tuple[int, int], str] = {}
-    for value, back in sorted(literals, key=lambda k: (-k[1], k[0])):
-        base = "BLOCK_COLS" if back == 1 else "BLOCK_ROWS"
+
+def _int_node(node: ast.AST | None) -> int | None:
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    return None
+
+
+class _Knob:
+    """One block size made tunable: its constant's name, value and alignment, and the
+    literal nodes replaced by that name (none for a constant that exists already)."""
+
+    def __init__(self, name: str, value: int, align: int | None, new: bool) -> None:
+        self.name, self.value, self.align, self.new = name, value, align, new
+        self.nodes: list[ast.AST] = []
+
+
+class _Inference:
+    def __init__(self, source: str, tree: ast.Module) -> None:
+        self.source = source
+        self.tree = tree
+        self.assigns = _module_assigns(tree)
+        self.knobs: dict[str, _Knob] = {}
+        # What a name or ``NAME[i]`` / ``NAME["key"]`` stands for: a knob's name.
+        self.refs: dict[tuple[str, Any], str] = {}
+
+    def _unique(self, base: str) -> str:
+        base = re.sub(r"\W+", "_", base).strip("_").upper() or "BLOCK"
+        if base[0].isdigit():
+            base = "BLOCK_" + base
         name, n = base, 2
-        while name in assigns or name in choices:
+        while name in self.assigns or name in self.knobs:
             name, n = f"{base}_{n}", n + 1
-        new_names[(value, back)] = name
-        choices[name] = _neighbours(value, back)
-        align[name] = LANE if back == 1 else SUBLANE
-    # The grid divides by the same literals (``x.shape[1] // 512``): rewrite those too,
-    # where the value names one block size only.
-    by_value: dict[int, list[str]] = {}
-    for (value, _back), name in new_names.items():
-        by_value.setdefault(value, []).append(name)
-    grid_edits: list[tuple[ast.Constant, str]] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
+        return name
+
+    def _hoist(self, base: str, node: ast.AST, value: int, align: int | None = None,
+               share: bool = False) -> str:
+        """A new constant for the literal at ``node``. ``share``: a literal of the same
+        value under the same name (``block_rows=256`` in two functions) reuses it."""
+        if share:
+            clean = re.sub(r"\W+", "_", base).strip("_").upper()
+            knob = self.knobs.get(clean)
+            if knob is not None and knob.new and knob.value == value:
+                knob.nodes.append(node)
+                return knob.name
+        name = self._unique(base)
+        knob = self.knobs[name] = _Knob(name, value, align, new=True)
+        knob.nodes.append(node)
+        return name
+
+    def _single(self, name: str) -> ast.AST | None:
+        nodes = self.assigns.get(name)
+        return nodes[0].value if nodes and len(nodes) == 1 else None
+
+    # -- where block sizes are declared ---------------------------------------------
+    def module_constants(self, in_specs: set[str]) -> None:
+        for name in self.assigns:
+            value = _int_node(self._single(name))
+            if value is not None and value >= _MIN_BLOCK and (
+                    _is_blockish(name) or name in in_specs):
+                self.knobs[name] = _Knob(name, value, None, new=False)
+                self.refs[(name, None)] = name
+
+    def tuples(self, in_specs: set[str]) -> None:
+        for name in list(self.assigns):
+            node = self._single(name)
+            if not isinstance(node, ast.Tuple | ast.List) or not node.elts:
+                continue
+            values = [_int_node(e) for e in node.elts]
+            if any(v is None for v in values) or max(values) < _MIN_BLOCK:  # type: ignore[type-var]
+                continue
+            if not (_is_blockish(name) or name in in_specs):
+                continue
+            suffixes = (["ROWS", "COLS"] if len(values) == 2 else
+                        [str(i) for i in range(len(values))])
+            stem = name if name.upper() != "BLOCK_SHAPE" else "BLOCK"
+            for i, (element, value) in enumerate(zip(node.elts, values, strict=True)):
+                if value is None or value < _MIN_BLOCK:
+                    continue  # a broadcast dim (1) stays as it is
+                default = LANE if i == len(values) - 1 else SUBLANE if len(values) == 2 \
+                    else None
+                knob = self._hoist(f"{stem}_{suffixes[i]}", element, value, default)
+                self.refs[(name, i)] = knob
+                self.refs[(name, i - len(values))] = knob
+
+    def dicts(self) -> None:
+        for name in list(self.assigns):
+            node = self._single(name)
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "dict" \
+                    and not node.args:
+                pairs = [(k.arg, k.value) for k in node.keywords if k.arg]
+            elif isinstance(node, ast.Dict):
+                pairs = [(k.value, v) for k, v in zip(node.keys, node.values, strict=True)
+                         if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+            else:
+                continue
+            ints = [(key, value, _int_node(value)) for key, value in pairs]
+            if not ints or not (_is_blockish(name) or all(_is_blockish(k) for k, _, _ in ints)):
+                continue
+            for key, value_node, value in ints:
+                if value is None or value < _MIN_BLOCK:
+                    continue
+                base = key if _is_blockish(key) else f"{name}_{key}"
+                self.refs[(name, key)] = self._hoist(base, value_node, value)
+
+    def keyword_defaults(self) -> None:
+        """``def kernel(x, block_rows=256)`` and ``functools.partial(f, block_m=128)``."""
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                args = node.args
+                positional = [*args.posonlyargs, *args.args]
+                pairs = list(zip(positional[len(positional) - len(args.defaults):],
+                                 args.defaults, strict=True))
+                pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults,
+                                                 strict=True) if d is not None]
+                for arg, default in pairs:
+                    value = _int_node(default)
+                    if value is not None and value >= _MIN_BLOCK and _is_blockish(arg.arg):
+                        self._hoist(arg.arg, default, value, share=True)
+            elif isinstance(node, ast.Call) and _callee(node) == "partial":
+                for keyword in node.keywords:
+                    value = _int_node(keyword.value)
+                    if keyword.arg and value is not None and value >= _MIN_BLOCK \
+                            and _is_blockish(keyword.arg):
+                        self._hoist(keyword.arg, keyword.value, value, share=True)
+
+    def spec_literals(self) -> None:
+        """Int literals in BlockSpec shapes: one constant per value and trailing position,
+        so blocks that must agree keep agreeing."""
+        by_key: dict[tuple[int, int], str] = {}
+        for shape in self._spec_shapes():
+            if not isinstance(shape, ast.Tuple | ast.List):
+                continue
+            for back, element in enumerate(reversed(shape.elts), start=1):
+                value = _int_node(element)
+                if back > 2 or value is None or value < _MIN_BLOCK:
+                    continue
+                key = (value, back)
+                if key not in by_key:
+                    base = "BLOCK_COLS" if back == 1 else "BLOCK_ROWS"
+                    by_key[key] = self._hoist(base, element, value,
+                                              LANE if back == 1 else SUBLANE)
+                else:
+                    self.knobs[by_key[key]].nodes.append(element)
+        # The grid divides by the same literals (``x.shape[1] // 512``): rewrite those
+        # too, where the value names one block size only.
+        by_value: dict[int, list[str]] = {}
+        for (value, _back), name in by_key.items():
+            by_value.setdefault(value, []).append(name)
+        for node in ast.walk(self.tree):
+            if not isinstance(node, ast.Call):
+                continue
             for keyword in node.keywords:
                 if keyword.arg != "grid":
                     continue
                 for leaf in ast.walk(keyword.value):
-                    if (isinstance(leaf, ast.Constant) and type(leaf.value) is int
-                            and len(by_value.get(leaf.value, [])) == 1):
-                        grid_edits.append((leaf, by_value[leaf.value][0]))
-    lines = source.splitlines(keepends=True)
-    edits = [(node, new_names[key]) for key, nodes in literals.items() for node in nodes]
-    edits += grid_edits
-    for node, name in sorted(edits, key=lambda e: (e[0].lineno, e[0].col_offset), reverse=True):
-        row = lines[node.lineno - 1]
-        start = _char_offset(row, node.col_offset)
-        end = _char_offset(row, node.end_col_offset)
-        lines[node.lineno - 1] = row[:start] + name + row[end:]
-    declaration = "".join(f"{name} = {value}\n" for (value, _back), name in new_names.items())
-    declaration += f"TUNABLES = {choices!r}\nTUNABLE_ALIGN = {align!r}\n"
-    # After the imports, before the first statement that could use the constants.
-    insert_at = 0
-    for node in tree.body:
-        if isinstance(node, ast.Import | ast.ImportFrom) or _is_docstring(node):
-            insert_at = node.end_lineno or insert_at
-        else:
-            break
-    header = "\n# Block sizes found in the BlockSpecs, made tunable.\n" + declaration + "\n"
-    lines.insert(insert_at, header)
-    return "".join(lines), choices
+                    value = _int_node(leaf)
+                    if value is not None and len(by_value.get(value, [])) == 1:
+                        self.knobs[by_value[value][0]].nodes.append(leaf)
+
+    # -- how they are used ----------------------------------------------------------
+    def _spec_shapes(self) -> list[ast.AST]:
+        shapes = []
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Call) and _callee(node) in _SPEC_CALLS:
+                shape = node.args[0] if node.args else next(
+                    (k.value for k in node.keywords if k.arg == "block_shape"), None)
+                if shape is not None:
+                    shapes.append(shape)
+        return shapes
+
+    def names_in_specs(self) -> set[str]:
+        """Module names read inside BlockSpec shapes (directly, or through a local
+        ``bm = min(BM, m)`` / ``bm, bn = BLOCK``)."""
+        local: dict[str, set[str]] = {}
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Assign):
+                read = {n.id for n in ast.walk(node.value) if isinstance(n, ast.Name)}
+                for target in node.targets:
+                    for leaf in ast.walk(target):
+                        if isinstance(leaf, ast.Name):
+                            local.setdefault(leaf.id, set()).update(read)
+        found: set[str] = set()
+        todo = [n.id for shape in self._spec_shapes() for n in ast.walk(shape)
+                if isinstance(n, ast.Name)]
+        while todo:
+            name = todo.pop()
+            if name in found:
+                continue
+            found.add(name)
+            todo.extend(local.get(name, ()))
+        return found
+
+    def alignments(self) -> None:
+        """A knob's alignment from where it lands in BlockSpec shapes (last dim: lanes,
+        the one before: sublanes), else from its name, else from its tuple position."""
+        aliases = self._aliases()
+        seen: dict[str, int] = {}
+        for shape in self._spec_shapes():
+            if isinstance(shape, ast.Name) and isinstance(self._single(shape.id),
+                                                          ast.Tuple | ast.List):
+                size = len(self._single(shape.id).elts)  # type: ignore[union-attr]
+                for i in range(size):
+                    knob = self.refs.get((shape.id, i))
+                    if knob is not None and size - i <= 2:
+                        need = LANE if size - i == 1 else SUBLANE
+                        seen[knob] = max(seen.get(knob, 1), need)
+                continue
+            if not isinstance(shape, ast.Tuple | ast.List):
+                continue
+            for back, element in enumerate(reversed(shape.elts), start=1):
+                if back > 2:
+                    break
+                need = LANE if back == 1 else SUBLANE
+                for knob in self._knobs_read(element, aliases):
+                    seen[knob] = max(seen.get(knob, 1), need)
+        for knob in self.knobs.values():
+            by_name = infer_alignment(knob.name)
+            knob.align = seen.get(knob.name) or (by_name if by_name > 1 else None) \
+                or knob.align or SUBLANE
+
+    def _aliases(self) -> dict[str, set[str]]:
+        """Local names -> the knobs they were computed from (``bm = BLOCK[0]``,
+        ``bm, bn = BLOCK``, ``bm = min(BLOCKS["m"], m)``, parameters' defaults)."""
+        out: dict[str, set[str]] = {}
+        for node in ast.walk(self.tree):
+            if not isinstance(node, ast.Assign):
+                continue
+            for target in node.targets:
+                if isinstance(target, ast.Tuple | ast.List) and isinstance(node.value, ast.Name):
+                    for i, leaf in enumerate(target.elts):
+                        knob = self.refs.get((node.value.id, i))
+                        if isinstance(leaf, ast.Name) and knob:
+                            out.setdefault(leaf.id, set()).add(knob)
+                elif isinstance(target, ast.Name):
+                    knobs = self._knobs_read(node.value, out)
+                    if knobs:
+                        out.setdefault(target.id, set()).update(knobs)
+        for node in ast.walk(self.tree):  # a parameter whose default is a knob
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                args = node.args
+                positional = [*args.posonlyargs, *args.args]
+                pairs = list(zip(positional[len(positional) - len(args.defaults):],
+                                 args.defaults, strict=True))
+                pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults,
+                                                 strict=True) if d is not None]
+                for arg, default in pairs:
+                    knob = self._knob_of_node(default)
+                    if knob:
+                        out.setdefault(arg.arg, set()).add(knob)
+        return out
+
+    def _knob_of_node(self, node: ast.AST) -> str | None:
+        for knob in self.knobs.values():
+            if any(n is node for n in knob.nodes):
+                return knob.name
+        return None
+
+    def _knobs_read(self, expr: ast.AST, aliases: dict[str, set[str]]) -> set[str]:
+        found: set[str] = set()
+        for leaf in ast.walk(expr):
+            if isinstance(leaf, ast.Subscript) and isinstance(leaf.value, ast.Name):
+                index = leaf.slice
+                key = index.value if isinstance(index, ast.Constant) else \
+                    -index.operand.value if isinstance(index, ast.UnaryOp) and isinstance(
+                        index.op, ast.USub) and isinstance(index.operand, ast.Constant) \
+                    else None
+                knob = self.refs.get((leaf.value.id, key))
+                if knob:
+                    found.add(knob)
+            elif isinstance(leaf, ast.Name):
+                if (leaf.id, None) in self.refs:
+                    found.add(self.refs[(leaf.id, None)])
+                found.update(aliases.get(leaf.id, ()))
+            knob = self._knob_of_node(leaf)
+            if knob:
+                found.add(knob)
+        return found
+
+    # -- the rewrite ----------------------------------------------------------------
+    def rewrite(self) -> tuple[str, dict[str, list[int]]]:
+        lines = self.source.splitlines(keepends=True)
+        edits = [(node, knob.name) for knob in self.knobs.values() for node in knob.nodes]
+        for node, name in sorted(edits, key=lambda e: (e[0].lineno, e[0].col_offset),
+                                 reverse=True):
+            row = lines[node.lineno - 1]
+            start = _char_offset(row, node.col_offset)
+            end = _char_offset(row, node.end_col_offset)
+            lines[node.lineno - 1] = row[:start] + name + row[end:]
+        choices = {k.name: _neighbours(k.value, k.align or SUBLANE) for k in self.knobs.values()}
+        align = {k.name: k.align or SUBLANE for k in self.knobs.values()}
+        declaration = "".join(f"{k.name} = {k.value}\n" for k in self.knobs.values() if k.new)
+        declaration += f"TUNABLES = {choices!r}\nTUNABLE_ALIGN = {align!r}\n"
+        # After the imports, before the first statement that could use the constants.
+        insert_at = 0
+        for node in self.tree.body:
+            if isinstance(node, ast.Import | ast.ImportFrom) or _is_docstring(node):
+                insert_at = node.end_lineno or insert_at
+            else:
+                break
+        header = "\n# Block sizes found in the kernel, made tunable.\n" + declaration + "\n"
+        lines.insert(insert_at, header)
+        return "".join(lines), choices
 
 
-def _neighbours(value: int, back: int) -> list[int]:
-    """Power-of-two-ish choices around a block size, aligned for its position."""
-    unit = LANE if back == 1 else SUBLANE
+def _callee(node: ast.Call) -> str:
+    func = node.func
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+
+
+def infer(source: str) -> tuple[str, dict[str, list[int]]] | None:
+    """Make a kernel without a ``TUNABLES`` declaration tunable. Block sizes are found in
+
+    - module-level int constants read by BlockSpec shapes or named like block sizes
+      (``BM = 128``, ``TILE_ROWS = 256``): they become tunables as they are;
+    - module-level tuples of ints (``BLOCK = (128, 512)``) and dicts of them
+      (``BLOCKS = {"block_m": 128, "block_n": 256}``, ``dict(bm=128)``): each size is
+      hoisted into its own constant (``BLOCK_ROWS``, ``BLOCK_COLS``; ``BLOCK_M``) and
+      the tuple or dict reads it;
+    - defaults of block-size parameters (``def kernel(x, block_rows=256)``) and
+      keywords of ``functools.partial`` calls (``partial(_call, block_m=128)``);
+    - int literals in ``BlockSpec`` shapes (``pl.BlockSpec((128, 512), ...)``), one
+      constant per value and position, and the grid's matching literal.
+
+    Each tunable's alignment comes from where it lands in a BlockSpec shape (last
+    dim: 128 lanes; the one before: 8 sublanes), else from its name. Returns (the
+    rewritten source with ``TUNABLES`` and ``TUNABLE_ALIGN`` declared, the choices:
+    the size and its aligned neighbours), or None when nothing is found."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    try:
+        if read(source):
+            return None  # declared already
+    except TunablesError:
+        return None  # a broken declaration is the author's to fix, not to paper over
+    inference = _Inference(source, tree)
+    in_specs = inference.names_in_specs()
+    inference.module_constants(in_specs)
+    inference.tuples(in_specs)
+    inference.dicts()
+    inference.keyword_defaults()
+    inference.spec_literals()
+    if not inference.knobs:
+        return None
+    inference.alignments()
+    return inference.rewrite()
+
+
+def _neighbours(value: int, unit: int) -> list[int]:
+    """Power-of-two-ish choices around a block size, aligned to ``unit``."""
     out = {value}
     for factor in (0.25, 0.5, 2, 4):
         v = int(value * factor)

@@ -18,8 +18,45 @@ from typing import Any
 from agents.config import Budgets, Config, ControllerConfig, coerce
 from sessions.state import SessionState
 
-__all__ = ["Budgets", "ControllerSettings", "budget_exhausted", "duplicate_of",
-           "should_profile", "stop_rule"]
+__all__ = ["STOP_REASONS", "Budgets", "ControllerSettings", "budget_exhausted",
+           "duplicate_of", "should_profile", "stop_rule", "stop_words"]
+
+# ``auto.stop`` reasons in words, for every front end (TUI, auto, replay, reports).
+STOP_REASONS = {
+    "budget:iterations": "its iteration budget is used up",
+    "budget:tokens": "its token budget is used up",
+    "budget:cost": "its cost budget is used up",
+    "budget:wall": "its time budget is used up",
+    "budget": "a budget is used up",
+    "no_improvement": "no better kernel came in a while",
+    "target_reached": "the target speedup is reached",
+    "agent_finished": "the agent has nothing more to try",
+    "agent_failed": "the agent could not propose anything",
+    "agent_repeating": "the agent kept proposing kernels already measured",
+    "task_error": "the task itself failed, not the kernel (see Problems): fix the task "
+                  "or make it smaller with --set",
+    "interrupted": "the app stopped while it ran",
+    "user": "you switched it off",
+}
+
+
+def stop_words(reason: str | None, settings: ControllerSettings | None = None) -> str:
+    """A stop reason as a person says it, with the limit where one applies:
+    "its iteration budget (8) is used up", "no better kernel in 5 evaluations"."""
+    reason = str(reason or "")
+    if settings is not None:
+        b = settings.budgets
+        limits = {"budget:iterations": b.iterations, "budget:tokens": b.tokens,
+                  "budget:cost": b.cost_usd, "budget:wall": b.wall_s}
+        if limits.get(reason) is not None:
+            unit = {"budget:cost": "$", "budget:wall": "s"}.get(reason, "")
+            limit = limits[reason]
+            shown = f"${limit:g}" if unit == "$" else f"{limit:g}{unit}"
+            return STOP_REASONS[reason].replace("budget is", f"budget ({shown}) is")
+        if reason == "no_improvement" and settings.stop_after_no_improvement:
+            return f"no better kernel in {settings.stop_after_no_improvement} evaluations"
+    return STOP_REASONS.get(reason) or STOP_REASONS.get(reason.split(":")[0]) or \
+        reason.replace("_", " ")
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     ls.add_argument("--json", action="store_true", help="print a JSON list")
     ls.set_defaults(handler=_sessions)
 
+    export = sub.add_parser(
+        "export", help="write a version of a session as a module for your code (+ a test)",
+        description="Write a version (default: the best) as a clean Python module you can "
+                    "drop into your code: a header with the task, chip, shape and what its "
+                    "number is, the offline templates' plumbing taken out where the task "
+                    "does not need it (each simplification judged correct again in a "
+                    "worker), and optionally a pytest file checking it against the task's "
+                    "reference.")
+    export.add_argument("session", metavar="SESSION", help="session directory, id or prefix")
+    export.add_argument("which", nargs="?", metavar="VERSION", default=None,
+                        help="best (default), current, or vN")
+    export.add_argument("--version", dest="version_opt", metavar="N|best", default=None,
+                        help="the same as VERSION")
+    export.add_argument("-o", "--output", metavar="FILE.py",
+                        help="where to write it (default: ./<task>_kernel.py)")
+    export.add_argument("--test", nargs="?", const="", default=None, metavar="TEST_FILE",
+                        help="also write a pytest file (default: test_<module>.py beside it)")
+    export.add_argument("--no-verify", action="store_true",
+                        help="write the version as it ran, without simplifying it (no worker)")
+    export.add_argument("--force", action="store_true", help="overwrite existing files")
+    _session_dir(export)
+    export.set_defaults(handler=_export)
+
     report = sub.add_parser("report", help="write a Markdown or HTML report of a session")
     report.add_argument("session", metavar="SESSION", help="session directory, id or prefix")
     report.add_argument("-o", "--output", metavar="FILE.md|FILE.html",
@@ -95,12 +118,27 @@ def _sessions(args: argparse.Namespace) -> int:
             rows.append({"id": path.name, "error": str(exc)})
             continue
         state = fold(loaded.header, loaded.events)
+        best = state.versions.get(state.best) if state.best is not None else None
+        shape = None
+        if best is not None and best.result_blob and best.rank_source == "tpu_estimate":
+            from sessions.log import read_json_blob
+
+            try:
+                tpu = (read_json_blob(path, best.result_blob) or {}).get("tpu") or {}
+            except (OSError, ValueError, SessionError):
+                tpu = {}
+            shape = tpu.get("shape")  # the configuration the estimate is for
         rows.append({"id": path.name, "task": (loaded.header.get("task") or {}).get("name"),
                      "started": loaded.header.get("created"),
                      # a step: a decision on a proposal or an evaluation (user or agent)
                      "steps": len(state.decisions) + state.spent.runs,
                      "versions": len(state.versions), "evaluations": state.spent.runs, "best_version": state.best,
-                     "best_speedup": state.best_speedup, "ended": state.ended,
+                     "best_speedup": state.best_speedup,
+                     # what the number is (kernels.result.ranking's label)
+                     "best_label": best.rank_label if best else None,
+                     "best_source": best.rank_source if best else None,
+                     "best_shape": shape,
+                     "ended": state.ended,
                      "path": str(path)})
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -108,17 +146,27 @@ def _sessions(args: argparse.Namespace) -> int:
     if not rows:
         print(f"no sessions in {base}")
         return 0
+    from sessions.report import short_rank
+
     print(f"{'SESSION':<36} {'TASK':<18} {'STARTED':<20} {'STEPS':>5} {'EVALS':>5} "
-          f"{'BEST':>12}  STATE")
+          f"{'BEST':>17}  {'EST. FOR':<12} STATE")
+    chips = set()
     for r in rows:
         if "error" in r:
             print(f"{r['id']:<36} unreadable: {r['error']}")
             continue
-        best = f"{r['best_speedup']:.3f}x v{r['best_version']}" \
+        best = f"{short_rank(r['best_source'], r['best_speedup'])} v{r['best_version']}" \
             if r["best_speedup"] is not None else "-"
+        if r["best_source"] == "tpu_estimate" and r["best_label"]:
+            chips.add(r["best_label"].split(" on ", 1)[-1].split(" ")[0])
         started = (r["started"] or "")[:19].replace("T", " ")
         print(f"{r['id']:<36} {(r['task'] or '?')[:18]:<18} {started:<20} {r['steps']:>5} "
-              f"{r['evaluations']:>5} {best:>12}  {r['ended'] or 'resumable'}")
+              f"{r['evaluations']:>5} {best:>17}  {(r['best_shape'] or '-')[:12]:<12} "
+              f"{r['ended'] or 'resumable'}")
+    if chips:
+        print(f"est.: the TPU compiler's estimated speedup over the XLA reference on "
+              f"{', '.join(sorted(chips))}, for the task's shape named under EST. FOR (not "
+              "a measurement)")
     return 0
 
 
@@ -137,6 +185,10 @@ def _report(args: argparse.Namespace) -> int:
             text = report.html_report(loaded, state)
         elif out is None or out.suffix.lower() in (".md", ".markdown"):
             text = report.markdown(loaded, state)
+        elif out.suffix.lower() == ".py":
+            return _fail("report", f"{out}: a report is Markdown or HTML; to get a version "
+                         "as Python, export it",
+                         f"tilewright export {loaded.header.get('id')} best -o {out} --test")
         else:
             return _fail("report", f"{out}: unknown format (use .md or .html)")
     except SessionError as exc:
@@ -147,6 +199,93 @@ def _report(args: argparse.Namespace) -> int:
         out.write_text(text)
         print(f"wrote {out}", file=sys.stderr)
     return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from sessions import export as ex
+    from sessions.log import SessionError, load, resolve
+    from sessions.state import fold
+
+    try:
+        loaded = load(resolve(args.session, args.session_dir))
+    except SessionError as exc:
+        return _fail("export", str(exc))
+    state = fold(loaded.header, loaded.events)
+    which = args.version_opt or args.which
+    task_name = (loaded.header.get("task") or {}).get("name") or "kernel"
+    try:
+        number = ex.pick_version(state, which)
+    except ex.ExportError as exc:
+        return _fail("export", str(exc), exc.next_step or None)
+    out = Path(args.output or f"{_slug(task_name)}_kernel.py").expanduser()
+    if out.suffix != ".py":
+        return _fail("export", f"{out}: the module must be a .py file")
+    test = None
+    if args.test is not None:
+        test = Path(args.test).expanduser() if args.test else out.with_name(f"test_{out.stem}.py")
+    if not out.stem.isidentifier():
+        return _fail("export", f"{out.name}: the name must be importable (letters, digits, _)",
+                     f"e.g. -o {_slug(task_name)}_kernel.py")
+    existing = [p for p in (out, test) if p is not None and p.exists()]
+    if existing and not args.force:
+        return _fail("export", f"{existing[0]} exists", "pass --force to overwrite it")
+    try:
+        exported = asyncio.run(_export_async(loaded, state, number, out.stem,
+                                             test is not None, not args.no_verify))
+    except ex.ExportError as exc:
+        return _fail("export", str(exc), exc.next_step or None)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    written = ex.write(exported, out, test)
+    v = state.versions[number]
+    print(f"wrote {out} (v{number}: {v.rank_label or v.status or 'not evaluated'})")
+    if exported.simplified:
+        print(f"  simplified: {', '.join(exported.simplified)} taken out; "
+              f"{exported.verified}")
+    else:
+        print(f"  {exported.verified}")
+    for note in exported.notes:
+        print(f"  note: {note}")
+    if test is not None and test in written:
+        print(f"wrote {test}: run it with `pytest {test}` (CPU: Pallas TPU interpret mode)")
+    return 0
+
+
+def _slug(name: str) -> str:
+    import re
+
+    slug = re.sub(r"\W+", "_", name).strip("_") or "kernel"
+    return slug if not slug[0].isdigit() else f"k_{slug}"
+
+
+async def _export_async(loaded: Any, state: Any, number: int, module: str, with_test: bool,
+                        verify: bool) -> Any:
+    from kernels.task import TaskError
+    from sessions import export as ex
+    from sessions.tasks import task_for_header
+
+    try:
+        task = task_for_header(loaded.header)
+    except TaskError as exc:
+        if with_test or verify:
+            raise ex.ExportError(f"the session's task cannot be loaded here: {exc}",
+                                 "export with --no-verify (no test), or run from where the "
+                                 "task is") from exc
+        task = None
+    if not verify:
+        return await ex.export(loaded, state, number, module, task=task, with_test=with_test)
+    from kernels.workers import EvalOptions, WorkerPool, WorkerStartError
+
+    recorded = {k: v for k, v in (loaded.header.get("eval_options") or {}).items()
+                if k in EvalOptions.__dataclass_fields__}
+    options = EvalOptions(**{**recorded, "timing": False})
+    try:
+        async with WorkerPool(size=1) as pool:
+            return await ex.export(loaded, state, number, module, task=task,
+                                   evaluate=lambda src: pool.evaluate(task, src, options),
+                                   with_test=with_test)
+    except WorkerStartError as exc:
+        raise ex.ExportError(f"could not start a JAX worker to check the module: {exc}",
+                             "export with --no-verify to write the version as it ran") from exc
 
 
 # -- replay --headless (registered by tui.commands) -------------------------------------

@@ -46,6 +46,8 @@ def history(versions: Mapping[int, Version], source_of: Callable[[int], str],
         entry: dict[str, Any] = {"version": number, "status": v.status,
                                  "speedup": v.speedup, "summary": v.summary,
                                  "median_ms": v.median_ms}
+        if v.rank_label:  # what ``speedup`` is: "est. 1.34x on v5e (TPU compiler)"
+            entry.update(rank_label=v.rank_label, rank_source=v.rank_source)
         if path is not None:
             entry.update(parent=v.parent, on_path=number in on_path)
         config = _tunables_of(v.source_blob, lambda n=number: source_of(n))
@@ -93,7 +95,46 @@ def build_request(state: SessionState, log: SessionLog, brief: TaskBrief, role: 
         profile_summary=profile, user_message=message, notes=notes,
         history=history(state.versions,
                         lambda n: log.get_blob(state.versions[n].source_blob).decode()),
-        chip=chip, diagnosis=latest_diagnosis(state, number), tools=tools, lessons=lessons)
+        chip=chip, diagnosis=latest_diagnosis(state, number), tools=tools, lessons=lessons,
+        rejected=rejected(state, lambda sha: log.get_blob(sha).decode()))
+
+
+def rejected(state: SessionState, read: Callable[[str], str]) -> tuple[dict[str, Any], ...]:
+    """Every rejected proposal of the session, with what it would have changed: the
+    tunables a tuning would have set on its base version, the hash of a kernel's
+    source. The notes of ``state.notes`` last one request; these last the session, so
+    a rejected change is never proposed again."""
+    out = []
+    for prop in state.proposals.values():
+        if prop.decision != "reject":
+            continue
+        entry: dict[str, Any] = {"proposal": prop.id, "kind": prop.kind,
+                                 "summary": prop.summary, "by": prop.decided_by,
+                                 "note": _note_of(state, prop.id), "tuning": prop.tuning}
+        base = state.versions.get(prop.base_version) if prop.base_version is not None \
+            else None
+        if prop.kind == "tuning" and prop.tuning and base is not None:
+            from sessions.state import tuned_source
+
+            try:
+                tuned = tuned_source(read(base.source_blob), prop.tuning)
+            except Exception:  # a missing blob: the summary still says what it was
+                tuned = None
+            config = _tunables_of(f"tuned:{base.source_blob}:{sorted(prop.tuning.items())}",
+                                  lambda t=tuned: t or "") if tuned else None
+            if config:
+                entry["config"] = config
+        if prop.kind == "kernel" and prop.source_blob:
+            entry["source_sha256"] = prop.source_blob  # blobs are named by their sha256
+        out.append(entry)
+    return tuple(out)
+
+
+def _note_of(state: SessionState, pid: str) -> str | None:
+    for decision in reversed(state.decisions):
+        if decision.proposal == pid and decision.decision == "reject":
+            return decision.note
+    return None
 
 
 def plan_notes(state: SessionState) -> tuple[str, ...]:

@@ -241,11 +241,19 @@ class Controller:
             raise ControllerError(f"unknown mode {mode!r} (step or auto)")
         if mode == self.state.mode:
             return
+        s = self.state
+        if mode == "auto" and s.agent_finished and s.pending is None:
+            raise ControllerError(
+                f"autonomous mode would stop at once: {s.agent_finished.removeprefix('offline agent: ')}"
+                " Change something first (edit the kernel, revert to another version, or "
+                "message the agent), then switch it on again.")
         if mode == "step":
             self._emit(ev.AutoStop(type="auto.stop", reason="user"))
         self._emit(ev.ModeChange(type="mode.change", mode=mode, by=by))
         if mode == "auto":
             self.engine.kick()
+        elif not self.engine.running:
+            self.engine.land_on_best()
 
     async def cancel(self) -> bool:
         """Stop the streaming answer or the run; autonomous mode stops too."""

@@ -167,6 +167,15 @@ class Engine:
             self._record_lesson()
         self._emit(ev.AutoStop(type="auto.stop", reason=reason))
         self._emit(ev.ModeChange(type="mode.change", mode="step", by="auto"))
+        self.land_on_best()
+
+    def land_on_best(self) -> None:
+        """After autonomous mode the best version is current, not the last one tried
+        (a ``kernel.checkout`` by auto); the next proposal then builds on the best. Not
+        while a proposal waits: it was made for the current version."""
+        s = self.state
+        if s.best is not None and s.best != s.current and s.pending is None:
+            self._emit(ev.KernelCheckout(type="kernel.checkout", version=s.best, by="auto"))
 
     async def _perform(self, action: Action) -> Action | None:
         kind = action.kind
@@ -227,6 +236,21 @@ class Engine:
             return None
         proposal = turn.proposal
         assert proposal is not None
+        waiting = self.state.pending_proposal
+        if waiting is not None:
+            # A question, /explain or a message answered with a proposal: the one that
+            # waits for a decision is kept (it is the person's to decide), and the new
+            # one is said in the chat, not recorded as a proposal.
+            text = turn.text().rstrip()
+            note = (f"(The agent also proposed “{proposal.summary}”; {waiting.id} is still "
+                    "waiting for your decision, so it was not recorded as a proposal. To get "
+                    f"a revised proposal, reject {waiting.id} with a note.)")
+            self._emit(ev.AgentMessage(type="agent.message",
+                                       text=f"{text}\n\n{note}" if text else note, role=role,
+                                       proposal=None, usage=turn.usage_json(), answer=True,
+                                       notes_seen=notes_seen, about=request.current_version,
+                                       **_tools_field(turn)))
+            return None
         pid = f"p{len(self.state.proposals) + 1}"
         self._emit(ev.AgentMessage(type="agent.message", text=turn.text(), role=role, proposal=pid,
                                    usage=turn.usage_json(), **_tools_field(turn)))
@@ -276,7 +300,12 @@ class Engine:
             return ask("implement")
         if prop.decision == "edit":
             source = self.log.get_blob(prop.edit_blob or "").decode()
-            origin, summary = "user-edit", f"{prop.summary} (edited by the user)"
+            from sessions.edits import describe_edit
+
+            proposed = self._proposed_source(prop)
+            origin = "user-edit"
+            summary = f"edited by the user: {describe_edit(proposed, source)} " \
+                      f"(proposal {prop.id}: {prop.summary})"
         elif prop.kind == "tuning":
             from kernels import tunables
 
@@ -305,6 +334,23 @@ class Engine:
         version = self.new_version(source, origin=origin, proposal=pid, summary=summary,
                                    decision=prop.decision_seq)
         return Action("run", version=version, by=by)
+
+    def _proposed_source(self, prop: Any) -> str:
+        """What the proposal itself would have made (its kernel, or its tuning applied to
+        the version it was made for): the edit is described against it."""
+        s = self.state
+        if prop.source_blob:
+            return self.log.get_blob(prop.source_blob).decode()
+        base = s.versions.get(prop.base_version) if prop.base_version is not None else None
+        base = base or (s.versions.get(s.current) if s.current is not None else None)
+        if base is None:
+            return ""
+        text = self.log.get_blob(base.source_blob).decode()
+        if prop.kind == "tuning" and prop.tuning:
+            from sessions.state import tuned_source
+
+            return tuned_source(text, prop.tuning) or text
+        return text
 
     def new_version(self, source: str, *, origin: str, proposal: str | None, summary: str,
                     decision: int | None = None) -> int:
@@ -379,6 +425,8 @@ class Engine:
             return self._auto_continue()
         if s.pending is not None or number != s.current:
             return None
+        if s.agent_finished:
+            return None  # it said it has nothing more to try: asking again repeats that
         if version.status in FAILED_STATUSES:
             if s.fix_streak < self.settings.auto_fix_attempts:
                 return ask("fix")

@@ -27,7 +27,9 @@ from agents.config import Config
 from kernels.result import is_interpret
 from sessions import events as ev
 from sessions.autonomy import ControllerSettings
+from sessions.errors import ControllerError
 from sessions.log import SessionWriteError
+from sessions.report import short_rank
 from sessions.state import SessionState
 
 AUTO_SCHEMA = "tilewright.auto/1"
@@ -38,9 +40,12 @@ AUTO_EVAL_DEFAULTS = {"time_budget_s": 1.0}
 class Progress:
     """Prints one line per finished evaluation, plus stops and errors."""
 
-    def __init__(self, state: SessionState, out: TextIO) -> None:
+    def __init__(self, state: SessionState, out: TextIO,
+                 settings: ControllerSettings | None = None) -> None:
         self.state = state
         self.out = out
+        self.settings = settings
+        self._explained = False  # the numbers' meaning is said once, at the first one
 
     def __call__(self, event: ev.AnyEvent) -> None:
         if event["type"] in ev.LIVE_TYPES:
@@ -50,7 +55,15 @@ class Progress:
             if not persisted.get("cancelled"):
                 self._step(persisted)
         elif persisted["type"] == "auto.stop":
-            print(f"stop: {persisted['reason']}", file=self.out, flush=True)
+            from sessions.autonomy import stop_words
+
+            print(f"stop: {stop_words(persisted['reason'], self.settings)} "
+                  f"({persisted['reason']})", file=self.out, flush=True)
+        elif persisted["type"] == "kernel.checkout" and persisted.get("by") == "auto":
+            v = self.state.versions.get(persisted["version"])
+            label = f" ({v.rank_label})" if v is not None and v.rank_label else ""
+            print(f"current: v{persisted['version']}, the best version{label}", file=self.out,
+                  flush=True)
         elif persisted["type"] == "error":
             print(f"error ({persisted.get('where')}): {persisted['message']}", file=self.out,
                   flush=True)
@@ -59,13 +72,33 @@ class Progress:
 
     def _step(self, event: ev.RunResult) -> None:
         s = self.state
+        if not self._explained and event.get("rank_source") in ("tpu_estimate",
+                                                                "host_simulation"):
+            self._explained = True
+            print(f"  ({_what_numbers_are(event)})", file=self.out, flush=True)
         v = s.versions.get(event["version"])
-        speed = f"{event['speedup']:.3f}x" if event.get("speedup") is not None else "-"
-        best = f"{s.best_speedup:.3f}x (v{s.best})" if s.best is not None else "none yet"
+        # Every number says what it is: "est. 1.34x" (the TPU compiler's estimate),
+        # "1.20x meas." (a TPU), "host sim 0.01" (the CPU interpreter: not a speedup).
+        speed = short_rank(event.get("rank_source"), event.get("speedup"))
+        best_v = s.versions.get(s.best) if s.best is not None else None
+        best = f"{short_rank(best_v.rank_source, best_v.speedup)} (v{s.best})" \
+            if best_v is not None else "none yet"
         summary = (v.summary if v else "")[:48]
         print(f"[{s.auto_spent.iterations:>3}] v{event['version']:<3} {summary:<48} "
               f"{event['status']:<13} {speed:>9}  best {best}  "
               f"tok {s.spent.tokens}  t {event['t']:.1f}s", file=self.out, flush=True)
+
+
+def _what_numbers_are(event: ev.RunResult) -> str:
+    """The first line's numbers in words, from the event's ranking label."""
+    label = str(event.get("rank_label") or "")
+    if event.get("rank_source") == "tpu_estimate":
+        chip = event.get("chip") or "the chip"
+        where = label.split(" on ", 1)[-1].removesuffix(" (TPU compiler)") if " on " in label \
+            else chip
+        return (f"est.: the TPU compiler's estimated speedup over the XLA reference on "
+                f"{where}; a prediction, not a measurement")
+    return "host sim: the CPU interpreter's time ratio; it predicts nothing about a TPU"
 
 
 def summary(log_path: Path, state: SessionState, interrupted: bool) -> dict[str, Any]:
@@ -79,28 +112,45 @@ def summary(log_path: Path, state: SessionState, interrupted: bool) -> dict[str,
         "best_version": best.number if best else None,
         "best_status": best.status if best else (current.status if current else None),
         "best_speedup": best.speedup if best else None,
+        # what the number is: "est. 1.34x on v5e (TPU compiler)" (kernels.result.ranking)
+        "best_label": best.rank_label if best else None,
+        "best_source": best.rank_source if best else None,
+        "current_version": state.current,
         "stop_reason": state.auto_stops[-1]["reason"] if state.auto_stops else None,
         "interrupted": interrupted,
         "tokens": state.spent.tokens, "cost_usd": round(state.spent.cost_usd, 6),
         "cost_known": not state.spent.cost_unknown, "cost": state.spent.cost_text(),
         "versions": [{"version": v.number, "origin": v.origin, "status": v.status,
-                      "speedup": v.speedup, "summary": v.summary}
+                      "speedup": v.speedup, "rank_label": v.rank_label,
+                      "summary": v.summary}
                      for v in state.versions.values()],
     }
 
 
-def print_summary(data: dict[str, Any], out: TextIO) -> None:
-    speed = f"{data['best_speedup']:.3f}x" if data["best_speedup"] is not None else "-"
+def print_summary(data: dict[str, Any], out: TextIO,
+                  settings: ControllerSettings | None = None) -> None:
+    from sessions.autonomy import stop_words
+
+    speed = data.get("best_label") or short_rank(data.get("best_source"),
+                                                  data["best_speedup"])
     best = f"v{data['best_version']}" if data["best_version"] else "no correct version"
     print(f"\n{data['task']}: {data['iterations']} iterations, {data['evaluations']} "
           f"evaluations; best {best} ({data['best_status'] or '-'}, {speed})", file=out)
-    print(f"stopped: {data['stop_reason'] or '-'}{' (interrupted)' if data['interrupted'] else ''}"
+    reason = data["stop_reason"]
+    words = f"{stop_words(reason, settings)} ({reason})" if reason else "-"
+    print(f"stopped: {words}{' (interrupted)' if data['interrupted'] else ''}"
           f"; tokens {data['tokens']}, cost {data['cost']}", file=out)
     backend = data.get("backend") or {}
     if is_interpret(backend):
         print("timings: TPU interpret mode on the CPU (simulated, not TPU performance)",
               file=out)
     print(f"session: {data['session']}", file=out)
+    sid = data.get("session_id") or data["session"]
+    if data["best_version"]:
+        print(f"export:  tilewright export {sid} best -o {data['task']}_kernel.py --test",
+              file=out)
+    print(f"resume:  tilewright --resume {sid}   (or tilewright auto --resume {sid})",
+          file=out)
 
 
 async def run_auto(args: Any, config: Config | dict[str, Any]) -> int:
@@ -132,8 +182,14 @@ async def run_auto(args: Any, config: Config | dict[str, Any]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        controller.subscribe(Progress(controller.state, out))
-        controller.set_mode("auto", by="user")
+        controller.subscribe(Progress(controller.state, out, settings))
+        try:
+            controller.set_mode("auto", by="user")
+        except ControllerError as exc:  # e.g. a resumed session whose agent had finished
+            print(f"tilewright auto: {exc}", file=sys.stderr)
+            refused = True
+        else:
+            refused = False
         waiter = asyncio.ensure_future(controller.wait_idle())
         stopper = asyncio.ensure_future(stop.wait())
         await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -159,7 +215,9 @@ async def run_auto(args: Any, config: Config | dict[str, Any]) -> int:
         data["error"] = str(log.write_error)
     if args.json:
         print(json.dumps(data, indent=2))
-    print_summary(data, out)
+    print_summary(data, out, settings)
+    if refused:
+        return 1
     if log.write_error is not None:
         print(f"tilewright auto: {log.write_error}", file=sys.stderr)
         return 1

@@ -75,25 +75,45 @@ def chain_rows(state: SessionState) -> list[dict[str, Any]]:
                  if first and point["best_speedup"] else None)
         rows.append({"version": number, "parent": v.parent, "change": v.summary,
                      "diagnosis": diagnosis, "status": point["status"],
-                     "speedup": point["speedup"], "gain": gain, "cumulative": total})
+                     "speedup": point["speedup"], "gain": gain, "cumulative": total,
+                     "result": f"{point['status']} {_rank(point)}"
+                               if point.get("speedup") is not None else point["status"]})
     return rows
+
+
+CHAIN_HEAD = ("version", "diagnosis before the change", "change", "result",
+              "gain vs parent", "cumulative (best vs first)")
+
+
+def _chain_cells(r: dict[str, Any]) -> list[str]:
+    d = r["diagnosis"]
+    said = f"{d.get('kind')} (v{d.get('version')}): {d.get('summary')}" if d else "-"
+    gain = f"{r['gain']:.3f}x" if r["gain"] else "-"
+    total = f"{r['cumulative']:.3f}x" if r["cumulative"] else "-"
+    return [f"v{r['version']} (from v{r['parent']})", said, str(r["change"]), r["result"],
+            gain, total]
+
+
+def _ratio_note(state: SessionState) -> str:
+    """What the gains are ratios of: the ranking number, named."""
+    sources = {p.get("rank_source") for p in state.best_history}
+    if "tpu_estimate" in sources:
+        return ("Gains are ratios of the TPU compiler's estimated speedups (\"est.\"), "
+                "not measurements.")
+    if "device_time" in sources:
+        return "Gains are ratios of speedups measured on the TPU."
+    return ("Gains are ratios of host simulation ratios (the CPU interpreter): they say "
+            "nothing about a TPU.")
 
 
 def _chain_markdown(state: SessionState) -> list[str]:
     rows = chain_rows(state)
     if not rows:
         return []
-    lines = ["", "## Profile → diagnose → optimize", "",
-             "| version | diagnosis before the change | change | result | gain vs parent "
-             "| cumulative (best vs first) |", "|---|---|---|---|---|---|"]
+    lines = ["", "## Profile → diagnose → optimize", "", _ratio_note(state), "",
+             "| " + " | ".join(CHAIN_HEAD) + " |", "|---|---|---|---|---|---|"]
     for r in rows:
-        d = r["diagnosis"]
-        said = f"{d.get('kind')} (v{d.get('version')}): {d.get('summary')}" if d else "-"
-        gain = f"{r['gain']:.3f}x" if r["gain"] else "-"
-        total = f"{r['cumulative']:.3f}x" if r["cumulative"] else "-"
-        cells = [f"v{r['version']} (from v{r['parent']})", said, r["change"],
-                 f"{r['status']} {_fmt(r['speedup'])}", gain, total]
-        lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in _chain_cells(r)) + " |")
     return lines
 
 
@@ -146,7 +166,9 @@ def markdown(loaded: LoadedSession, state: SessionState) -> str:
         lines += ["| # | version | status | speedup | best so far | flags | error |",
                   "|---|---|---|---|---|---|---|"]
         for i, p in enumerate(state.best_history, 1):
-            best = f"{_fmt(p['best_speedup'])} (v{p['best']})" if p["best"] else "-"
+            best_v = state.versions.get(p["best"]) if p["best"] else None
+            best = f"{short_rank(best_v.rank_source if best_v else None, p['best_speedup'])} " \
+                   f"(v{p['best']})" if p["best"] else "-"
             flags = ", ".join(p.get("flags") or []) or "-"
             error = (p.get("error") or "-").replace("|", "\\|").replace("\n", " ")
             lines.append(f"| {i} | v{p['version']} | {p['status']} | {_rank(p)} "
@@ -238,10 +260,14 @@ def html_report(loaded: LoadedSession, state: SessionState) -> str:
              "<th>decision</th><th>by</th><th>note</th></tr>" + rows + "</table>"
              if rows else "<p>No decisions were made.</p>",
              "<h2>Best speedup per evaluation</h2>", svg_chart(state)]
-    chain = _chain_markdown(state)
+    chain = chain_rows(state)
     if chain:
+        head = "".join(f"<th>{e(c)}</th>" for c in CHAIN_HEAD)
+        cells = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in _chain_cells(r))
+                        + "</tr>" for r in chain)
         body += ["<h2>Profile → diagnose → optimize</h2>",
-                 "<pre>" + e("\n".join(chain[3:])) + "</pre>"]
+                 f"<p>{e(_ratio_note(state))}</p>",
+                 f"<table><tr>{head}</tr>{cells}</table>"]
     if final is not None:
         body += [f"<h2>Final kernel (v{final})</h2>",
                  f"<pre><code>{e(_source(loaded, state, final))}</code></pre>"]
@@ -276,6 +302,19 @@ def _rank(point: dict[str, Any]) -> str:
     if point.get("rank_label") and point.get("rank_source") not in (None, "none"):
         return str(point["rank_label"]).replace("|", "\\|")
     return _fmt(point.get("speedup"))
+
+
+def short_rank(source: str | None, value: float | None) -> str:
+    """A ranking number in few words: "est. 1.341x", "1.341x meas.", "host sim 0.0072"."""
+    if value is None:
+        return "-"
+    if source == "tpu_estimate":
+        return f"est. {value:.3f}x"
+    if source == "device_time":
+        return f"{value:.3f}x meas."
+    if source == "host_simulation":
+        return f"host sim {value:.3g}"
+    return _fmt(value)
 
 
 def _best(state: Any) -> str:

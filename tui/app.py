@@ -9,6 +9,7 @@ closes it on quit.
 from __future__ import annotations
 
 import gc
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -38,12 +39,16 @@ FULL_GC_QUIET_S = 1.0  # a full collection waits for this long without a key
 FULL_GC_AFTER_YOUNG = 10  # ...and for as many generation-1 collections as CPython's own
 FULL_GC_MAX_WAIT_S = 30.0  # but never longer than this
 
-HELP_EXTRA = """Panes: Source (editor; a pending proposal shows as a diff, F3 toggles the full
-source), Chat (Enter sends), Problems (Enter jumps to the line), Profile (timeline:
-←/→ pan, +/- zoom, [ ] select an event, 0 fits), History (Enter views, d diffs
-against the current version, r reverts).
-The approval keys are ignored for half a second after a proposal appears.
-Remap any key in the config file's [keys] table (`tilewright config` shows it)."""
+HELP_EXTRA = "\n".join((
+    "Panes: Source (the editor; a pending proposal shows as a diff, F3 toggles the full "
+    "source), Chat (Enter sends), Problems (Enter jumps to the line), Profile (the "
+    "timeline: ←/→ pan, +/- zoom, [ ] select an event, 0 fits), History (Enter views, d "
+    "diffs against the current version, r reverts, x exports it as a module for your "
+    "code).",
+    "Chat: /plan [wishes] asks for a plan, /explain [vN] [question] for an explanation.",
+    "The approval keys are ignored for half a second after a proposal appears.",
+    "Remap any key in the config file's [keys] table (`tilewright config` shows it).",
+))
 
 
 class TilewrightApp(App):
@@ -59,6 +64,9 @@ class TilewrightApp(App):
         self.opener = opener
         self.clock = clock
         self.link: LiveLink | None = None
+        self.session_path: Any = None  # the open session's directory, said on quit
+        self.session_task: str | None = None
+        self.exit_message: str | None = None  # printed after the screen is gone
         self.last_key_at = float("-inf")  # time.monotonic() of the newest key event
         self._full_gc_at = time.monotonic()
         self._gc_threshold: tuple[int, ...] | None = None  # CPython's, while ours is set
@@ -92,6 +100,8 @@ class TilewrightApp(App):
                 f"opening the session with the {agent} agent", cancellable=False)
         link, chip = await (self.opener(agent) if agent else self.opener())
         self.link = link
+        self.session_path = link.path
+        self.session_task = (link.state.header.get("task") or {}).get("name")
         screen = self.workbench
         screen.chip_label, screen.vmem_capacity = chip.label, chip.vmem_bytes
         from tui.widgets.profile import ProfilePane
@@ -148,8 +158,14 @@ class TilewrightApp(App):
         def chosen(choice: str | None) -> None:
             if choice == "o":
                 self._open_session(agent="offline")
+            elif self.link is None:
+                # No session to work in: leave, and say why on the terminal, rather than
+                # a workbench where every key answers "the session is still opening".
+                self.exit_message = f"tilewright: {message}\n  next: {next_step}"
+                self.exit()
 
-        self.push_screen(ErrorModal(title, message, next_step, choices), chosen)
+        self.push_screen(ErrorModal(title, message, next_step, choices,
+                                    close_hint="Enter or Esc quits"), chosen)
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):
@@ -190,4 +206,23 @@ def run_app(options: LaunchOptions, config: Config | dict[str, Any]) -> int:
 
     app = TilewrightApp(config, opener)
     app.run()
+    if app.exit_message:
+        print(app.exit_message, file=sys.stderr)
+        return 1
+    if app.session_path is not None:
+        print(quit_lines(app.session_path, app.session_task))
     return 0
+
+
+def quit_lines(path: Any, task_name: str | None = None) -> str:
+    """What the terminal says after the workbench closes: the session and how to get
+    back to it, or its kernel out of it."""
+    import re
+    from pathlib import Path
+
+    sid = Path(path).name
+    task = re.sub(r"\W+", "_", task_name or "kernel").strip("_") or "kernel"
+    return (f"session {sid} saved in {path}\n"
+            f"  resume: tilewright --resume {sid}\n"
+            f"  export: tilewright export {sid} best -o {task}_kernel.py --test\n"
+            f"  report: tilewright report {sid} -o {task}.html")

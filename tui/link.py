@@ -119,6 +119,34 @@ class LiveLink:
         return await self._controller.evaluator.evaluate_on_chips(
             self._controller.task, source, chips)
 
+    async def export(self, version: int | str | None, path: Path,
+                     with_test: bool = True) -> tuple[Any, list[Path]]:
+        """Write a version as a module for the user's code (and its pytest file beside
+        it, ``test_<name>.py``), as ``tilewright export`` does: the template plumbing is
+        taken out only where the simplified module is judged correct again by the
+        session's own evaluator. Returns (``sessions.export.Exported``, files)."""
+        from sessions import export as ex
+        from sessions.log import load
+
+        if self.busy:
+            raise CommandRefused(f"the session is busy ({self.busy}); export when it is done")
+        if not path.stem.isidentifier():
+            raise CommandRefused(f"{path.name}: the module's name must be importable "
+                                 "(letters, digits, _)")
+        controller = self._controller
+        task = controller.task
+        try:
+            exported = await ex.export(
+                load(self.path), self.state, version, path.stem, task=task,
+                evaluate=lambda source: controller.evaluator.evaluate(task, source),
+                with_test=with_test and task.layout == "native")
+        except ex.ExportError as exc:
+            raise CommandRefused(f"{exc}" + (f" ({exc.next_step})" if exc.next_step else "")) \
+                from exc
+        path.parent.mkdir(parents=True, exist_ok=True)
+        test = path.with_name(f"test_{path.stem}.py") if exported.test is not None else None
+        return exported, ex.write(exported, path, test)
+
     async def close(self) -> None:
         await self._controller.close("user quit")
         if self._on_close is not None:

@@ -64,6 +64,16 @@ class WorkbenchCommands(Provider):
                 ("Next pane", key("next_pane"), partial(run, "cycle_pane(1)"))]
         out.append(("Show the version tree", "every version with its score, as a search "
                     "would see it", partial(self._version_tree, link.path)))
+        export = getattr(screen, "ask_export", None)
+        if export is not None and not link.busy:
+            if state.best is not None:
+                out.append((f"Export the best version (v{state.best}) to a module",
+                            "a clean .py for your code and a pytest file beside it; like "
+                            "`tilewright export`", partial(export, state.best)))
+            if state.current is not None and state.current != state.best:
+                out.append((f"Export the current version (v{state.current}) to a module",
+                            "a clean .py for your code and a pytest file beside it",
+                            partial(export, state.current)))
         for number in sorted(state.versions, reverse=True):
             version = state.versions[number]
             if number != state.current:

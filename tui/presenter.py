@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sessions import events as ev
+from sessions.autonomy import stop_words
 from tui.format import format_speedup
 from tui.view import SessionView
 from tui.widgets.chat import ChatPane
@@ -23,18 +24,6 @@ from tui.widgets.profile import ProfilePane
 from tui.widgets.source import SourcePane
 
 PAST = {"approve": "approved", "reject": "rejected", "edit": "edited"}
-STOP_REASONS = {  # auto.stop reasons in words (keyed by the part before any ':')
-    "budget": "a budget is used up",
-    "no_improvement": "no better kernel for a while",
-    "target_reached": "the target speedup is reached",
-    "agent_finished": "the agent has nothing more to try",
-    "agent_failed": "the agent could not propose anything",
-    "agent_repeating": "the agent kept proposing kernels already measured",
-    "task_error": "the task itself failed, not the kernel (see Problems): fix the task "
-                  "or make it smaller with --set",
-    "interrupted": "the app stopped while it ran",
-    "user": "switched off",
-}
 
 
 def _speed(value: Any) -> str:
@@ -44,8 +33,7 @@ def _speed(value: Any) -> str:
 def describe_stop(event: ev.AutoStop) -> tuple[str, str]:
     """(text, severity) for an auto.stop event: a finished search is not a warning."""
     reason = str(event.get("reason"))
-    words = STOP_REASONS.get(reason.split(":")[0])
-    text = f"autonomous mode stopped: {reason}" + (f" ({words})" if words else "")
+    text = f"autonomous mode stopped: {stop_words(reason)}"
     calm = reason in ("agent_finished", "target_reached", "user")
     return text, "information" if calm else "warning"
 
@@ -101,6 +89,7 @@ class Presenter:
         # The chat entry of a proposing tool call seen live in this reply: the persisted
         # proposal then fills that entry in instead of adding a second one.
         self._live_proposal: str | None = None
+        self._said: set[str] = set()  # agent notices already in the chat
 
     @property
     def source(self) -> SourcePane:
@@ -181,7 +170,10 @@ class Presenter:
                              f"{e.get('summary', '')}")
 
     def _checkout(self, e: ev.KernelCheckout) -> None:
-        self.chat.add_notice(f"→ reverted to v{e.get('version')}")
+        if e.get("by") == "auto":
+            self.chat.add_notice(f"→ back to v{e.get('version')}, the best version")
+        else:
+            self.chat.add_notice(f"→ reverted to v{e.get('version')}")
 
     def _run_result(self, e: ev.RunResult) -> None:
         text, severity = describe_result(e)
@@ -198,7 +190,15 @@ class Presenter:
                              f"(by {e.get('by', 'user')})")
 
     def _agent_finished(self, e: ev.AgentFinished) -> None:
-        self.chat.add_notice(str(e.get("message") or "the agent has nothing more to try"))
+        self._once(str(e.get("message") or "the agent has nothing more to try"))
+
+    def _once(self, text: str, level: str = "info") -> None:
+        """An agent's notice said once: the same words again (the offline agent's
+        "tuning converged", "does not read chat messages") add nothing but noise."""
+        if text in self._said:
+            return
+        self._said.add(text)
+        self.chat.add_notice(text, level)
 
     def _auto_stop(self, e: ev.AutoStop) -> None:
         text, severity = describe_stop(e)
@@ -238,7 +238,11 @@ class Presenter:
         self.chat.tool_call(key, str(e.get("name", "tool")), e.get("input") or {}, "")
 
     def _notice(self, e: ev.AgentNotice | ev.Notice) -> None:
-        self.chat.add_notice(str(e.get("text", "")), str(e.get("level", "info")))
+        text, level = str(e.get("text", "")), str(e.get("level", "info"))
+        if e["type"] == "agent.notice" and level != "error":
+            self._once(text, level)
+        else:
+            self.chat.add_notice(text, level)
 
     def _run_progress(self, e: ev.RunProgress) -> None:
         """The production verdict (then its estimate) while the trials still run."""

@@ -28,6 +28,7 @@ from agents.base import (
 from agents.memory import Lesson
 from agents.offline import fixes, templates, tuner
 from kernels import tunables
+from kernels.result import ranking
 
 CONVERGED = "tuning converged"
 
@@ -103,8 +104,8 @@ def _template(request: AgentRequest) -> Proposal | Failure:
     """A first kernel from the family's template. For a task that names no family the
     family is inferred from the reference, and each failed guess moves to the next."""
     tried = {str(h.get("summary", "")).split(" template", 1)[0]
-             for h in request.history if " template from the reference" in
-             str(h.get("summary", ""))}
+             for h in (*request.history, *request.rejected) if " template from the reference"
+             in str(h.get("summary", ""))}
     families = templates.infer_families(request.task)
     unfit: list[str] = []
     too_big = _whole_array_too_big(request)
@@ -165,10 +166,13 @@ def _fix(request: AgentRequest) -> Proposal | Failure:
         fix = None  # that configuration was measured already: search on instead of repeating it
     if fix is not None:
         if fix.tuning is not None:
-            return Proposal("tuning", fix.summary, rationale=fix.rationale, tuning=fix.tuning,
-                            meta={"via": "rule", "rule": fix.rule})
-        return Proposal("kernel", fix.summary, rationale=fix.rationale, source=fix.source,
-                        meta={"via": "rule", "rule": fix.rule})
+            proposal = Proposal("tuning", fix.summary, rationale=fix.rationale,
+                                tuning=fix.tuning, meta={"via": "rule", "rule": fix.rule})
+        else:
+            proposal = Proposal("kernel", fix.summary, rationale=fix.rationale,
+                                source=fix.source, meta={"via": "rule", "rule": fix.rule})
+        if not _is_rejected(request, proposal):
+            return proposal
     # No rule matched: when a correct configuration exists, keep searching from it.
     step = _tuner_step(request)
     error = (result.get("error") or {})
@@ -179,6 +183,15 @@ def _fix(request: AgentRequest) -> Proposal | Failure:
                                   f"rule yields a configuration not yet measured; the failed one "
                                   f"is now excluded. {step.rationale}",
                         tuning=step.changes, meta={"via": "tuner", "config": step.config})
+    if not tunables.read(source) and not _has_correct(request):
+        template = _template(request)  # a user's kernel that fails and cannot be tuned
+        if isinstance(template, Proposal):
+            return Proposal(template.kind, template.summary,
+                            rationale=(f"The current kernel failed ({_clip(what)}) and no "
+                                       "repair rule matches; instead of stopping, here is the "
+                                       "offline agent's own kernel for the task. "
+                                       + template.rationale),
+                            source=template.source, meta=template.meta)
     return Failure(f"offline agent: no rule-based fix for this failure ({_clip(what)}). Revert to "
                    "an earlier version, edit the kernel yourself, or use Claude (set "
                    "ANTHROPIC_API_KEY).")
@@ -187,21 +200,16 @@ def _fix(request: AgentRequest) -> Proposal | Failure:
 def _tune(request: AgentRequest, lessons: list[Lesson]) -> Proposal | Failure | Finished:
     source = request.current_source or ""
     if not tunables.read(source):
-        inferred = tunables.infer(source)
-        if inferred is not None:  # a user's own kernel: make its block sizes tunable first
-            new_source, choices = inferred
-            names = ", ".join(f"{k} (now {tunables.config_of(new_source)[k]})" for k in choices)
-            return Proposal(
-                "kernel", "declare the kernel's block sizes as TUNABLES",
-                rationale=("The kernel declares no TUNABLES, but its BlockSpecs fix block "
-                           f"sizes: {names}. This names them as module constants with "
-                           "aligned neighbouring choices (TUNABLES, TUNABLE_ALIGN) and "
-                           "changes nothing else, so the tuner can size them next."),
-                source=new_source, meta={"via": "tuner", "rule": "infer_tunables"})
+        made = _make_tunable(request, source)
+        if made is not None:
+            return made
     step = _tuner_step(request, lessons)
     if isinstance(step, Failure):
         return step
     if step is None:
+        grown = _grow_past_choices(request, source)
+        if grown is not None:
+            return grown
         return Finished(f"offline agent: {CONVERGED}{_best_text(request)}: every neighbour "
                         "of the best configuration has been measured. Try a structural change "
                         "(edit, or Claude) to go further.")
@@ -209,23 +217,141 @@ def _tune(request: AgentRequest, lessons: list[Lesson]) -> Proposal | Failure | 
                     meta={"via": "tuner", "config": step.config})
 
 
+def _make_tunable(request: AgentRequest, source: str) -> Proposal | Failure | None:
+    """A kernel without TUNABLES (a user's own): declare the block sizes it fixes as
+    TUNABLES; where none can be found, propose the offline agent's own template for
+    the task instead of giving up. None when that was proposed and rejected already."""
+    inferred = tunables.infer(source)
+    if inferred is not None:  # a user's own kernel: make its block sizes tunable first
+        new_source, choices = inferred
+        names = ", ".join(f"{k} (now {tunables.config_of(new_source)[k]})" for k in choices)
+        proposal = Proposal(
+            "kernel", "declare the kernel's block sizes as TUNABLES",
+            rationale=("The kernel declares no TUNABLES, but it fixes block sizes: "
+                       f"{names}. This names them as module constants with aligned "
+                       "neighbouring choices (TUNABLES, TUNABLE_ALIGN) and changes nothing "
+                       "else, so the tuner can size them next."),
+            source=new_source, meta={"via": "tuner", "rule": "infer_tunables"})
+        if not _is_rejected(request, proposal):
+            return proposal
+    template = _template(request)
+    if isinstance(template, Proposal):
+        found = "its block sizes were declined" if inferred is not None else \
+            ("no block sizes could be found in it (no BlockSpec shape literals, block-size "
+             "constants, tuples, dicts or parameter defaults)")
+        return Proposal(template.kind, template.summary,
+                        rationale=(f"The current kernel declares no TUNABLES and {found}, so "
+                                   "there is nothing of it to tune. Instead, here is the "
+                                   "offline agent's own kernel for the task, which declares "
+                                   "its blocks as TUNABLES; the tuner sizes it next, and the "
+                                   "best version stays whichever measures best. "
+                                   + template.rationale),
+                        source=template.source, meta=template.meta)
+    return template
+
+
+def _grow_past_choices(request: AgentRequest, source: str) -> Proposal | None:
+    """A fresh diagnosis of the best version asks for larger blocks, and every larger
+    declared choice is measured: widen the declared choices (twice and four times the
+    largest, aligned, while they still tile the task's dims) and move there."""
+    diagnosis = request.diagnosis or {}
+    if diagnosis.get("kind") not in ("per_step_overhead", "memory_bound"):
+        return None
+    declared = tunables.read(source)
+    obs = _observations(request, source, set(declared))
+    best = obs.best()
+    if best is None or (diagnosis.get("version") is not None
+                        and obs.version.get(best[0]) not in (None, diagnosis.get("version"))):
+        return None
+    dims = tuner.tiled_dims(list(declared), request.task.shapes)
+    aligns = tunables.alignment(source)
+    constraints = _constraints(request, list(declared), tunables.config_of(source))
+    base = dict(best[0])
+    wider: dict[str, list[Any]] = {}
+    target: dict[str, Any] = {}
+    for name, (_current, choices) in declared.items():
+        numeric = [c for c in choices if isinstance(c, int) and not isinstance(c, bool)]
+        if not numeric or base.get(name) != max(numeric):
+            continue
+        top = max(numeric)
+        limit = max(dims.get(name, ()) or (top * 4,))
+        extra = [v for v in (top * 2, top * 4) if v <= limit
+                 and tunables.is_legal(name, v, aligns.get(name, 1), dims.get(name, ()))
+                 and tuner.allowed(v, constraints.get(name, []))]
+        if extra:
+            wider[name] = [*choices, *extra]
+            target[name] = extra[0]
+    if not wider:
+        return None
+    config = {**base, **target}
+    if tuner.config_key(config) in obs.cost:
+        return None
+    new_source = tunables.apply(tunables.widen(source, wider), config)
+    proposal = Proposal(
+        "kernel", "widen " + ", ".join(f"{k} to {v}" for k, v in target.items())
+        + " (past the declared choices, from the diagnosis)",
+        rationale=(f"The profile of v{diagnosis.get('version')} says {diagnosis.get('summary')} "
+                   "Every larger declared block has been measured already, so this adds "
+                   "larger aligned choices to TUNABLES ("
+                   + "; ".join(f"{k}: {v}" for k, v in wider.items())
+                   + ") and moves to the first of them; the tuner keeps whichever is best."),
+        source=new_source, meta={"via": "tuner", "rule": "widen_choices"})
+    return None if _is_rejected(request, proposal) else proposal
+
+
 def _tuner_step(request: AgentRequest, lessons: list[Lesson] | None = None
                 ) -> tuner.Step | Failure | None:
     source = request.current_source or ""
     declared = tunables.read(source)
     if not declared:
-        return Failure("offline agent: the kernel declares no TUNABLES, so there is nothing to "
-                       "tune. Declare block sizes as module constants plus "
-                       "`TUNABLES = {\"NAME\": [choices]}` (see kernels/tunables.py).")
-    obs = tuner.observations_from(request.history, source, request.last_eval, set(declared),
-                                  request.current_version)
+        return Failure("offline agent: the kernel declares no TUNABLES and none of its block "
+                       "sizes could be found, so there is nothing to tune. Declare block "
+                       "sizes as module constants plus `TUNABLES = {\"NAME\": [choices]}` "
+                       "(see docs/INTERFACES.md, Tunables).")
+    obs = _observations(request, source, set(declared))
     # Blocks are chosen for the production shape (the size that is ranked) and must be
     # legal at the check shapes too (where correctness is checked).
     production = (request.task.production,) if request.task.production else ()
     dims = tuner.tiled_dims(list(declared), (*request.task.shapes, *production))
+    constraints = _constraints(request, list(declared), tunables.config_of(source))
     return (_seed(source, obs, lessons or [], dims)
-            or tuner.diagnosed_step(source, obs, dims, request.diagnosis)
-            or tuner.next_step(source, obs, dims))
+            or tuner.diagnosed_step(source, obs, dims, request.diagnosis, constraints)
+            or tuner.next_step(source, obs, dims, constraints))
+
+
+def _observations(request: AgentRequest, source: str, names: set[str]) -> tuner.Observations:
+    """What was measured, plus every configuration the person rejected (as infinitely
+    slow: the search never proposes it again)."""
+    obs = tuner.observations_from(request.history, source, request.last_eval, names,
+                                  request.current_version)
+    for entry in request.rejected:
+        config = entry.get("config")
+        if isinstance(config, dict) and set(config) == names:
+            obs.add(config, "rejected", None, None)
+    return obs
+
+
+def _constraints(request: AgentRequest, names: list[str], current: dict[str, Any]
+                 ) -> dict[str, list[tuple[str, int]]]:
+    """Bounds the person's rejection notes put on the tunables (for the whole session)."""
+    notes = [str(e.get("note")) for e in request.rejected if e.get("note") and e.get("by") != "auto"]
+    notes += [n for n in request.notes if n.startswith("rejected ")]
+    return tuner.constraints_from_notes(notes, names, current)
+
+
+def _is_rejected(request: AgentRequest, proposal: Proposal) -> bool:
+    """Whether the person (or the auto-approver) already said no to this very change."""
+    import hashlib
+
+    sha = hashlib.sha256(proposal.source.encode()).hexdigest() if proposal.source else None
+    for entry in request.rejected:
+        if sha is not None and entry.get("source_sha256") == sha:
+            return True
+        if proposal.kind == "tuning" and proposal.tuning and entry.get("kind") == "tuning" \
+                and entry.get("tuning") == proposal.tuning \
+                and entry.get("summary") == proposal.summary:
+            return True
+    return False
 
 
 def _seed(source: str, obs: tuner.Observations, lessons: list[Lesson],
@@ -266,7 +392,7 @@ def _remember_convergence(request: AgentRequest) -> Lesson | None:
         return None
     order = list(tunables.read(source))
     config = {k: dict(best[0])[k] for k in order if k in dict(best[0])}
-    speed = obs.speedup.get(best[0])
+    said = obs.said(best[0])
     try:
         known = memory.matching(family=request.task.family, chip=request.chip)
     except OSError:
@@ -275,7 +401,7 @@ def _remember_convergence(request: AgentRequest) -> Lesson | None:
         return None  # already remembered for this family and chip
     text = (f"{request.task.name}: tuning converged at "
             f"{' '.join(f'{k}={v}' for k, v in config.items())}"
-            f"{f' ({speed:.3g}x)' if speed else ''} after {len(obs.cost)} configurations on "
+            f"{f' ({said})' if said else ''} after {len(obs.cost)} configurations on "
             f"{request.chip}")
     # Scoped to the family and chip (not the task): the same block sizes are the first
     # guess for the family's other tasks, as lessons are meant to be.
@@ -297,9 +423,9 @@ def _best_text(request: AgentRequest) -> str:
         return ""
     config = " ".join(f"{k}={v}" for k, v in best[0])
     version = obs.version.get(best[0])
-    speed = obs.speedup.get(best[0])
+    said = obs.said(best[0])
     return (f" at {config}{f' (v{version}' if version else ' ('}"
-            f"{f', {speed:.3g}x' if speed else ''}) after {len(obs.cost)} measured configurations")
+            f"{f', {said}' if said else ''}) after {len(obs.cost)} measured configurations")
 
 
 def _measured(request: AgentRequest, changes: dict[str, Any]) -> bool:
@@ -330,7 +456,8 @@ def _plan(request: AgentRequest) -> Proposal:
     best = [h for h in request.history if h.get("status") == "correct" and h.get("speedup")]
     if best:
         top = max(best, key=lambda h: h["speedup"])
-        steps.append(f"Best so far: v{top.get('version')} at {top['speedup']:.3g}x.")
+        said = top.get("rank_label") or f"{top['speedup']:.3g}x (the ranking number)"
+        steps.append(f"Best so far: v{top.get('version')}, {said}.")
     plan = "\n".join(steps)
     return Proposal("plan", "offline plan: template, rule-based fixes, tuning", plan=plan,
                     rationale=plan, meta={"via": "offline"})
@@ -350,9 +477,17 @@ def explain(request: AgentRequest) -> str:
         lines.append(f"- rule-based fix: {fix.summary}" if fix else
                      "- no repair rule matches this error")
     timing = result.get("timing") or {}
-    if timing.get("speedup"):
-        lines.append(f"- speedup {timing['speedup']:.3g}x ({timing.get('method')}, median "
-                     f"{timing.get('median_ms', 0):.4g} ms)")
+    rank = ranking(result) if result else None
+    if rank is not None and rank.value is not None:
+        # The number that ranks versions, worded as kernels.result says it: an estimate
+        # names its chip (and shape), a measurement says so.
+        lines.append(f"- ranking number: {rank.label}")
+    if timing.get("median_ms") is not None:
+        what = ("host simulation time (the CPU interpreting the kernel: not TPU "
+                "performance, never a speedup)" if timing.get("mode") == "tpu-interpret"
+                else "measured time")
+        lines.append(f"- {what}: median {timing['median_ms']:.4g} ms "
+                     f"over {timing.get('iters', '?')} iterations")
     diagnosis = request.diagnosis
     if diagnosis:
         lines.append(f"- diagnosis (profile of v{diagnosis.get('version')}): "

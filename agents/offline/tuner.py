@@ -54,9 +54,19 @@ class Observations:
         self.cost: dict[Config, float] = {}
         self.version: dict[Config, int | None] = {}
         self.speedup: dict[Config, float | None] = {}
+        self.label: dict[Config, str] = {}  # the ranking number in words, where known
+
+    def said(self, key: Config) -> str | None:
+        """How the configuration's number reads: its ranking label ("est. 1.34x on
+        v5e (TPU compiler)"), else the bare ratio; None when unmeasured."""
+        if key in self.label:
+            return self.label[key]
+        speed = self.speedup.get(key)
+        return f"{speed:.3g}x" if speed else None
 
     def add(self, config: dict[str, Any], status: str | None, speedup: float | None,
-            median_ms: float | None, version: int | None = None) -> None:
+            median_ms: float | None, version: int | None = None,
+            label: str | None = None) -> None:
         key = config_key(config)
         if status != "correct":
             cost = math.inf
@@ -70,6 +80,8 @@ class Observations:
             self.cost[key] = cost
             self.version[key] = version
             self.speedup[key] = speedup if isinstance(speedup, int | float) else None
+            if label:
+                self.label[key] = label
 
     def best(self) -> tuple[Config, float] | None:
         finite = [(k, c) for k, c in self.cost.items() if math.isfinite(c)]
@@ -85,13 +97,15 @@ def observations_from(request_history: tuple[dict[str, Any], ...], current_sourc
         if not isinstance(config, dict) or set(config) != names:
             continue
         obs.add(config, entry.get("status"), entry.get("speedup"), entry.get("median_ms"),
-                entry.get("version"))
+                entry.get("version"), entry.get("rank_label"))
     if current_source is not None and last_eval:
         timing = last_eval.get("timing") or {}
         # the ranking number (kernels.result.ranking): off-TPU the TPU compiler's
         # estimated speedup, never the interpreter's time while an estimate exists
+        rank = ranking(last_eval)
         obs.add(tunables.config_of(current_source), last_eval.get("status"),
-                ranking(last_eval).value, timing.get("median_ms"), current_version)
+                rank.value, timing.get("median_ms"), current_version,
+                rank.label if rank.value is not None else None)
     return obs
 
 
@@ -136,17 +150,42 @@ def _one_clamped(values: list[Any], dims: tuple[int, ...]) -> list[Any]:
 
 
 def next_step(source: str, obs: Observations,
-              dims: dict[str, tuple[int, ...]] | None = None) -> Step | None:
-    """The next configuration to try, or None when every neighbour of the best is measured."""
-    space = search_space(source, dims)
+              dims: dict[str, tuple[int, ...]] | None = None,
+              constraints: dict[str, list[tuple[str, int]]] | None = None) -> Step | None:
+    """The next configuration to try, or None when every neighbour of the best is measured.
+    ``constraints`` (``constraints_from_notes``) keep the search inside what the
+    person's rejection notes allow."""
+    space = constrain(search_space(source, dims), constraints or {})
     if not space:
         return None
     current = tunables.config_of(source)
     best = obs.best()
+    if best is not None and not all(allowed(v, (constraints or {}).get(k, []))
+                                    for k, v in best[0]):
+        best = None  # the best so far is what a note ruled out: search from the current
     base = dict(best[0]) if best else dict(current)
     # Declared order, and a legal value for every tunable (the current one if need be).
     base = {n: (base.get(n) if base.get(n) in values else current[n])
             for n, values in space.items()}
+    moved = {}
+    for name, values in space.items():
+        if base[name] not in values and isinstance(base[name], int) and constraints \
+                and name in constraints:
+            numeric = [v for v in values if isinstance(v, int)]
+            if numeric:
+                moved[name] = min(numeric, key=lambda v: (abs(v - base[name]), v))
+    if moved:  # a note rules the current value out: go to the nearest value it allows
+        config = {**base, **moved}
+        if config_key(config) not in obs.cost:
+            changes = {k: v for k, v in config.items() if current.get(k) != v}
+            name = next(iter(moved))
+            full = " ".join(f"{k}={v}" for k, v in config.items())
+            return Step(changes, config, f"tune {name} {base[name]} -> {moved[name]} ({full})",
+                        "Your rejection note rules out the current "
+                        + ", ".join(f"{k}={base[k]}" for k in moved) + "; this moves "
+                        + ", ".join(f"{k} to {v}" for k, v in moved.items())
+                        + ", the nearest value the note allows.")
+        base = config
     probes = [_probe(space, obs, base, name, up=True) for name in space]
     probes += [_probe(space, obs, base, name, up=False) for name in space]
     for probe in probes:
@@ -155,8 +194,11 @@ def next_step(source: str, obs: Observations,
         name, value, why = probe
         config = {**base, name: value}
         changes = {k: v for k, v in config.items() if current.get(k) != v}
-        return Step(changes, config, _summary(name, base[name], value, config),
-                    _rationale(name, base, value, why, best, obs, current))
+        rationale = _rationale(name, base, value, why, best, obs, current)
+        if constraints:
+            rationale += " It stays within what your rejection notes allow (" + "; ".join(
+                f"{n} {op} {v}" for n, bounds in constraints.items() for op, v in bounds) + ")."
+        return Step(changes, config, _summary(name, base[name], value, config), rationale)
     return None
 
 
@@ -198,10 +240,10 @@ def _rationale(name: str, base: dict[str, Any], value: Any, why: str,
     parts = []
     if best is not None and dict(best[0]) != current:
         version = obs.version.get(best[0])
-        speed = obs.speedup.get(best[0])
+        said = obs.said(best[0])
         label = f"v{version}" if version else "the best version so far"
         parts.append(f"Starting from the best configuration measured so far ({label}"
-                     f"{f', {speed:.3g}x' if speed else ''}) rather than the current kernel.")
+                     f"{f', {said}' if said else ''}) rather than the current kernel.")
     if why == "largest":
         parts.append(f"No larger {name} has been measured yet: jump to the largest legal value, "
                      f"{value}. Larger blocks mean fewer grid steps, and each step pays a fixed "
@@ -226,7 +268,8 @@ _DIAGNOSED_MOVES = {"per_step_overhead": "grow", "memory_bound": "grow",
 
 
 def diagnosed_step(source: str, obs: Observations, dims: dict[str, tuple[int, ...]] | None,
-                   diagnosis: dict[str, Any] | None) -> Step | None:
+                   diagnosis: dict[str, Any] | None,
+                   constraints: dict[str, list[tuple[str, int]]] | None = None) -> Step | None:
     """The move a diagnosis of the best version calls for, made on every tunable at once
     (one evaluation instead of one per tunable): per-step overhead or memory-bound ->
     the largest legal blocks; VMEM pressure -> one notch smaller each. None when there
@@ -240,7 +283,7 @@ def diagnosed_step(source: str, obs: Observations, dims: dict[str, tuple[int, ..
     if diagnosis.get("version") is not None and obs.version.get(best[0]) not in (
             None, diagnosis.get("version")):
         return None  # the diagnosis describes a version that is no longer the best
-    space = search_space(source, dims)
+    space = constrain(search_space(source, dims), constraints or {})
     base = dict(best[0])
     if not space or set(base) != set(space):
         return None
@@ -254,8 +297,86 @@ def diagnosed_step(source: str, obs: Observations, dims: dict[str, tuple[int, ..
     changes = {k: v for k, v in config.items() if current.get(k) != v}
     full = " ".join(f"{k}={v}" for k, v in config.items())
     verb = "largest legal blocks" if move == "grow" else "one notch smaller blocks"
+    said = str(diagnosis.get("summary") or "").rstrip()
+    said = said if said.endswith((".", "!", "?")) else said + "."
+    bounded = ""
+    if constraints:
+        bounded = " Within what your rejection notes allow (" + "; ".join(
+            f"{name} {op} {value}" for name, bounds in constraints.items()
+            for op, value in bounds) + ")."
     return Step(changes, config, f"tune to the {verb} ({full}), from the diagnosis",
-                f"The profile of v{diagnosis.get('version')} says {diagnosis.get('summary')} "
+                f"The profile of v{diagnosis.get('version')} says {said} "
                 f"So every tunable moves at once to its {verb} from the best configuration "
                 "measured so far; if that is not better, the coordinate search continues "
-                "from the best one.")
+                f"from the best one.{bounded}")
+
+
+# -- what the person said no to ---------------------------------------------------------
+
+_AT_LEAST = r"(?:>=|≥|at least|no less than|not below|not under|or (?:above|more|higher|larger|bigger|greater))"
+_AT_MOST = r"(?:<=|≤|at most|no more than|not above|not over|or (?:below|less|lower|smaller))"
+_NUMBER = r"(\d+)"
+
+
+def constraints_from_notes(notes: list[str], names: list[str],
+                           current: dict[str, Any]) -> dict[str, list[tuple[str, int]]]:
+    """What rejection notes say about the tunables, as (op, value) bounds per name:
+    "keep BLOCK_ROWS at 512 or above" -> [(">=", 512)], "BLOCK_COLS <= 256" ->
+    [("<=", 256)], "keep BLOCK_K at 128" -> [("==", 128)], "don't touch BLOCK_M" ->
+    [("==", its current value)]. Names match case-insensitively, with or without the
+    ``BLOCK_`` prefix; what the notes do not say about a name leaves it free."""
+    import re
+
+    out: dict[str, list[tuple[str, int]]] = {}
+    for note in notes:
+        text = " ".join(str(note or "").split())
+        for name in names:
+            stems = {name, name.removeprefix("BLOCK_").removeprefix("TILE_")}
+            alts = "|".join(re.escape(s) for s in sorted(stems, key=len, reverse=True))
+            for match in re.finditer(rf"(?<![A-Za-z0-9_])({alts})(?![A-Za-z0-9_])", text,
+                                     re.IGNORECASE):
+                before = text[max(0, match.start() - 24):match.start()].lower()
+                after = text[match.end():match.end() + 48]
+                bound = _bound(after)
+                if bound is None and re.search(r"(don'?t|do not|never|leave)\s+(change|touch|"
+                                               r"tune|move)?\s*$", before) \
+                        and isinstance(current.get(name), int):
+                    bound = ("==", int(current[name]))
+                if bound is not None:
+                    out.setdefault(name, []).append(bound)
+    return out
+
+
+def _bound(after: str) -> tuple[str, int] | None:
+    import re
+
+    a = after.lower()
+    for pattern, op in ((rf"^\s*(?:at|=|==|to)?\s*{_NUMBER}\s*{_AT_LEAST}", ">="),
+                        (rf"^\s*(?:at|=|==|to)?\s*{_NUMBER}\s*{_AT_MOST}", "<="),
+                        (rf"^\s*{_AT_LEAST}\s*{_NUMBER}", ">="),
+                        (rf"^\s*{_AT_MOST}\s*{_NUMBER}", "<="),
+                        (rf"^\s*>\s*{_NUMBER}", ">"), (rf"^\s*<\s*{_NUMBER}", "<"),
+                        (rf"^\s*(?:at|=|==|fixed at|stays? at)\s*{_NUMBER}(?!\d)", "==")):
+        m = re.search(pattern, a)
+        if m:
+            return op, int(m.group(1))
+    return None
+
+
+def allowed(value: Any, bounds: list[tuple[str, int]]) -> bool:
+    if not isinstance(value, int) or isinstance(value, bool):
+        return True
+    checks = {">=": value.__ge__, "<=": value.__le__, ">": value.__gt__, "<": value.__lt__,
+              "==": value.__eq__}
+    return all(checks[op](bound) for op, bound in bounds)
+
+
+def constrain(space: dict[str, list[Any]], constraints: dict[str, list[tuple[str, int]]]
+              ) -> dict[str, list[Any]]:
+    """The search space without the values a note rules out (a name whose every value
+    is ruled out keeps its values: the note cannot be met by tuning alone)."""
+    out = {}
+    for name, values in space.items():
+        kept = [v for v in values if allowed(v, constraints.get(name, []))]
+        out[name] = kept or values
+    return out

@@ -18,7 +18,7 @@ OPS: dict[str, Handler] = {}
 
 # Worker-side modules that register more ops; a missing one is skipped.
 PLUGIN_MODULES = ("kernels.harness.profile_op", "kernels.harness.inputs_op",
-                  "kernels.harness.lookup_op")
+                  "kernels.harness.lookup_op", "kernels.harness.task_check_op")
 
 
 # Progress of the request being served (``progress``): set by the worker's serve loop

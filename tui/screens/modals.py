@@ -16,14 +16,14 @@ class NotePrompt(ModalScreen[str | None]):
     CSS_PATH = "modals.tcss"
     BINDINGS = [Binding("escape", "dismiss(None)", "Back", id="modal.back")]
 
-    def __init__(self, title: str, placeholder: str = "") -> None:
+    def __init__(self, title: str, placeholder: str = "", value: str = "") -> None:
         super().__init__()
-        self.title_text, self.placeholder = title, placeholder
+        self.title_text, self.placeholder, self.value = title, placeholder, value
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield Static(self.title_text, classes="dialog-title", markup=False)
-            yield Input(placeholder=self.placeholder, id="note")
+            yield Input(self.value, placeholder=self.placeholder, id="note")
             yield Static("Enter confirms · Esc goes back", classes="dialog-hint")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
@@ -75,10 +75,12 @@ class ErrorModal(ModalScreen[str | None]):
     BINDINGS = [Binding("escape,enter,space", "dismiss(None)", "Close", id="modal.close")]
 
     def __init__(self, title: str, message: str, next_step: str = "",
-                 choices: dict[str, str] | None = None) -> None:
+                 choices: dict[str, str] | None = None,
+                 close_hint: str = "Enter or Esc closes") -> None:
         super().__init__()
         self.title_text, self.message, self.next_step = title, message, next_step
         self.choices = choices or {}
+        self.close_hint = close_hint
         for key in self.choices:
             self._bindings.bind(key, f"dismiss({key!r})", show=False)
 
@@ -90,7 +92,7 @@ class ErrorModal(ModalScreen[str | None]):
             if self.next_step:
                 yield Static(self.next_step, classes="dialog-next", markup=False)
             hints = [f"{key}: {what}" for key, what in self.choices.items()]
-            yield Static(" · ".join([*hints, "Enter or Esc closes"]), classes="dialog-hint",
+            yield Static(" · ".join([*hints, self.close_hint]), classes="dialog-hint",
                          markup=False)
 
 
@@ -103,11 +105,25 @@ class HelpScreen(ModalScreen[None]):
         self.rows, self.extra = rows, extra
 
     def compose(self) -> ComposeResult:
-        lines = [f"{keys:<16} {label:<10} {text}" for keys, label, text in self.rows]
-        with Vertical(classes="dialog -wide"):
+        from rich.table import Table
+
+        # A table wraps each description under itself (hanging), at any width.
+        keys = Table.grid(padding=(0, 2))
+        keys.add_column(no_wrap=True)
+        keys.add_column(no_wrap=True)
+        keys.add_column(ratio=1)
+        for key, label, text in self.rows:
+            keys.add_row(key, label, text)
+        with Vertical(classes="dialog -wide -help"):
             yield Static("tilewright — keys", classes="dialog-title")
-            with VerticalScroll(classes="dialog-body"):
-                yield Static("\n".join(lines) + ("\n\n" + self.extra if self.extra else ""),
-                             markup=False)
-            yield Static("Esc or F1 closes · ctrl+p opens the command palette",
-                         classes="dialog-hint")
+            with VerticalScroll(classes="dialog-body", id="help-body"):
+                yield Static(keys)
+                if self.extra:
+                    yield Static("\n" + self.extra, markup=False)
+            yield Static("↑/↓ PgUp/PgDn scroll · Esc or F1 closes · ctrl+p opens the "
+                         "command palette", classes="dialog-hint")
+
+    def on_mount(self) -> None:
+        # The text scrolls from the keyboard at once (at 80x24 it is longer than the
+        # screen): the scroll area has the focus.
+        self.query_one("#help-body", VerticalScroll).focus()

@@ -276,6 +276,9 @@ class WorkbenchScreen(Screen):
 
     def action_edit(self) -> None:
         source = self.source
+        if self._pending_plan() is None:
+            # The editor is where F2 works: on a narrow screen its tab comes forward.
+            self.query_one(PaneGrid).show("source")
         if source.editing:
             self._submit_edit()
         elif self._pending_plan() is not None:
@@ -397,6 +400,63 @@ class WorkbenchScreen(Screen):
             self.app.push_screen(DiffScreen(f"v{message.version} → current "
                                             f"v{view.state.current}", old,
                                             view.current_source()))
+        elif message.what == "export":
+            self.ask_export(message.version)
+
+    def ask_export(self, version: int | None) -> None:
+        """Ask where to write a version as a module (and its test), then write it."""
+        if self.link is None:
+            self.notify("the session is still opening", severity="warning", timeout=3)
+            return
+        state = self.link.state
+        number = version if version is not None else state.best
+        if number is None:
+            self.notify("no correct version yet; pick one in History (x exports it)",
+                        severity="warning", timeout=5)
+            return
+        task = (state.header.get("task") or {}).get("name") or "kernel"
+        slug = "".join(c if c.isalnum() else "_" for c in task).strip("_") or "kernel"
+        default = f"{slug}_v{number}.py"
+
+        def done(path: str | None) -> None:
+            if path:
+                self._export(number, path)
+
+        import os
+
+        self.app.push_screen(NotePrompt(
+            f"Export v{number} as a module for your code (a pytest file test_<name>.py "
+            f"is written beside it; a relative path is under {os.getcwd()}):",
+            "path/to/module.py", default), done)
+
+    @work(exclusive=True, exit_on_error=False, group="export")
+    async def _export(self, version: int, path_text: str) -> None:
+        from pathlib import Path
+
+        assert self.link is not None
+        path = Path(path_text).expanduser()
+        if path.suffix != ".py":
+            path = path.with_suffix(".py")
+        activity = self.query_one(ActivityLine)
+        activity.start(f"exporting v{version} (checking the simplified module)",
+                       cancellable=False)
+        try:
+            exported, written = await self.link.export(version, path)
+        except CommandRefused as exc:
+            self.notify(str(exc), severity="warning", timeout=8)
+            return
+        except OSError as exc:
+            self.notify(f"cannot write {path}: {exc.strerror or exc}", severity="error",
+                        timeout=8)
+            return
+        finally:
+            activity.stop()
+        done = ", ".join(str(p) for p in written)
+        simplified = f" · {', '.join(exported.simplified)} taken out" \
+            if exported.simplified else ""
+        self.notify(f"wrote {done}{simplified}", title=f"exported v{version}", timeout=10)
+        self.query_one(ChatPane).add_notice(
+            f"exported v{version} to {done}{simplified} ({exported.verified})")
 
     # -- commands ---------------------------------------------------------------------
     def _command(self, call: Callable[[LiveLink], Any]) -> None:

@@ -10,8 +10,8 @@ that changes them repaints one line, and neither relayouts the screen.
 
 It looks like Textual's footer (the same theme variables: bold key, description,
 command palette key on the right, disabled keys dimmed), shortens itself to fit
-narrow terminals (first the padding, then the descriptions of the rightmost keys),
-and a click on a key presses it.
+narrow terminals (first the padding, then short labels, then the keys least needed at
+a glance; a key never shows without its label), and a click on a key presses it.
 """
 
 from __future__ import annotations
@@ -112,6 +112,9 @@ class KeyFooter(Widget):
         keys = [i for i in self._items if not i.palette]
         palette = next((i for i in self._items if i.palette), None)
         palette_parts = [("▏", False), *_item_cells(palette, padded=True)] if palette else []
+        if palette is not None and width < 100:
+            palette = palette._replace(description=short_label(palette.description))
+            palette_parts = [("▏", False), *_item_cells(palette, padded=False)]
         room = width - _cells_width(palette_parts)
         line = Text(no_wrap=True, overflow="crop", end="")
         self._spans = []
@@ -164,23 +167,44 @@ def _cells_width(parts: list[tuple[str, bool]]) -> int:
     return sum(cell_len(text) for text, _ in parts)
 
 
+# Short labels for narrow terminals: a key is never shown without a word for what it
+# does. Keys missing here keep their first word, at most 6 letters.
+SHORT_LABELS = {"Approve": "yes", "Reject": "no", "Edit": "edit", "Diff": "diff",
+                "Run": "run", "Profile": "prof", "Auto": "auto", "Cancel": "stop",
+                "Pane": "pane", "Prev pane": "prev", "Zoom": "zoom", "Chat": "chat",
+                "Help": "help", "Quit": "quit", "Diff vs current": "diff",
+                "Revert": "revert", "Export": "export", "palette": "cmds",
+                "Prune branch": "prune", "Next pending": "next"}
+# Which keys give way first when even the short labels do not fit (the rest keep
+# their order). Help and quit stay: everything dropped is in F1 help and the palette.
+DROP_FIRST = ("Prev pane", "Zoom", "Pane", "Diff", "Chat", "Cancel", "Profile", "Edit",
+              "Auto", "Run")
+
+
+def short_label(description: str) -> str:
+    if description in SHORT_LABELS:
+        return SHORT_LABELS[description]
+    word = description.split()[0] if description else ""
+    return word[:6].lower()
+
+
 def _fit(items: list[FooterItem], room: int) -> list[tuple[FooterItem, list]]:
-    """Lay the keys out in ``room`` cells: padded if they fit, else compact, then
-    without the descriptions of the rightmost keys, then as many keys as fit."""
+    """Lay the keys out in ``room`` cells: padded if they fit, else compact, then with
+    short labels ("^y yes"), then without the keys least needed at a glance (they are
+    in F1 help and the palette). A key is never drawn without its label."""
     for padded in (True, False):
         laid = [(item, _item_cells(item, padded)) for item in items]
         if sum(_cells_width(p) for _, p in laid) <= room:
             return laid
-    laid = [(item, _item_cells(item, False)) for item in items]
-    for index in range(len(laid) - 1, -1, -1):
+    short = [item._replace(description=short_label(item.description)) for item in items]
+    kept = list(range(len(short)))
+    order = sorted(range(len(short)), key=lambda i: (
+        DROP_FIRST.index(items[i].description) if items[i].description in DROP_FIRST
+        else len(DROP_FIRST) + (len(items) - i)))
+    for drop in [None, *order]:
+        if drop is not None:
+            kept.remove(drop)
+        laid = [(short[i], _item_cells(short[i], False)) for i in kept]
         if sum(_cells_width(p) for _, p in laid) <= room:
             return laid
-        item = laid[index][0]
-        laid[index] = (item, [(item.display, True), (" ", False)])
-    fitted, used = [], 0
-    for item, parts in laid:
-        used += _cells_width(parts)
-        if used > room:
-            break
-        fitted.append((item, parts))
-    return fitted
+    return []

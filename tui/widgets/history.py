@@ -1,7 +1,8 @@
 """The History pane: every kernel version with its status and speedup.
 
-Enter views a version, ``d`` diffs it against the current one, ``r`` reverts to it
-(the table holds no text input, so letter keys are safe here).
+Enter views a version, ``d`` diffs it against the current one, ``r`` reverts to it,
+``x`` exports it as a module for your code (the table holds no text input, so letter
+keys are safe here).
 """
 
 from __future__ import annotations
@@ -51,10 +52,14 @@ class HistoryTable(DataTable):
     BINDINGS = [
         Binding("d", "diff", "Diff vs current", id="history.diff"),
         Binding("r", "revert", "Revert", id="history.revert"),
+        Binding("x", "export", "Export", id="history.export"),
     ]
 
     def action_diff(self) -> None:
         self.parent.request("diff")  # type: ignore[union-attr]
+
+    def action_export(self) -> None:
+        self.parent.request("export")  # type: ignore[union-attr]
 
     def action_revert(self) -> None:
         self.parent.request("revert")  # type: ignore[union-attr]
@@ -65,7 +70,7 @@ class HistoryPane(Vertical):
     DEFAULT_CSS = "HistoryPane DataTable { height: 1fr; }"
 
     class Picked(Message):
-        """``what`` is view, diff or revert."""
+        """``what`` is view, diff, revert or export."""
 
         def __init__(self, what: str, version: int) -> None:
             super().__init__()

@@ -6,6 +6,8 @@ the editor there.
 
 from __future__ import annotations
 
+import textwrap
+
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import Vertical
@@ -17,6 +19,7 @@ from tui.problems import Problem
 
 class ProblemsPane(Vertical):
     ALLOW_MAXIMIZE = True  # F7 zooms a whole pane
+    MAX_LINES = 4  # lines a message may take in the pane (zoomed: many more)
     DEFAULT_CSS = """
     ProblemsPane DataTable { height: 1fr; }
     ProblemsPane #problems-hint { color: $text-muted; height: auto; max-height: 3; }
@@ -47,11 +50,31 @@ class ProblemsPane(Vertical):
         if problems == self.problems:
             return
         self.problems = list(problems)
+        self._fill()
+
+    def on_resize(self) -> None:
+        if self.problems:
+            self._fill()  # messages wrap to the new width
+
+    def _fill(self) -> None:
+        """One row per problem, its message wrapped at word boundaries to the width the
+        other columns leave (a row grows, up to ``MAX_LINES``; F7 zooms for more)."""
         table = self.query_one(DataTable)
         table.clear()
-        for i, p in enumerate(self.problems):
+        rows = []
+        for p in self.problems:
             where = f"{self.filename}:{p.line}" if p.line else (f"v{p.version}" if p.version else "")
-            table.add_row(p.icon, p.kind, where, p.message, key=str(i))
+            rows.append((p.icon, p.kind, where, p.message))
+        fixed = sum(max([len(r[c]) for r in rows] + [len(h)]) + 2
+                    for c, h in enumerate((" ", "kind", "where")))
+        width = max(20, (self.content_size.width or 80) - fixed - 3)
+        limit = self.MAX_LINES if not self.is_maximized else 40
+        for i, (icon, kind, where, message) in enumerate(rows):
+            lines = textwrap.wrap(" ".join(message.split()), width) or [""]
+            if len(lines) > limit:
+                lines = lines[:limit]
+                lines[-1] = lines[-1][:max(0, width - 1)] + "…"
+            table.add_row(icon, kind, where, "\n".join(lines), height=len(lines), key=str(i))
         errors = sum(p.severity == "error" for p in self.problems)
         flags = len(self.problems) - errors
         self.border_title = f"Problems · {errors} error(s), {flags} other" if self.problems \

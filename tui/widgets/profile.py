@@ -161,7 +161,19 @@ class ProfilePane(Vertical):
         self.query_one("#gauges", Static).update(text)
 
     def _retitle(self) -> None:
+        """What the trace is and what it is for: "Profile · v3 · CPU interpret trace ·
+        target v5e" (the timeline is the CPU interpreting the kernel, the gauges and the
+        roofline are for the target chip), "Profile · v3 · TPU v5e trace" on a TPU."""
         version = f" · v{self.version}" if self.profile and self.version else ""
         chip = self.chip_label or ((self.profile or {}).get("chip") or {}).get("label") \
             or "no chip chosen"
-        self.border_title = f"Profile{version} · {chip}"
+        target = chip.removeprefix("TPU ")
+        backend = (self.profile or {}).get("backend") or {}
+        if not self.profile:
+            what = f"target {target}"
+        elif is_interpret(backend) or backend.get("platform") == "cpu":
+            what = f"CPU interpret trace · target {target}"
+        else:
+            kind = backend.get("device_kind") or str(backend.get("platform", "")).upper()
+            what = f"{kind} trace" + (f" · target {target}" if target not in kind else "")
+        self.border_title = f"Profile{version} · {what}"

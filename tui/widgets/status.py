@@ -11,7 +11,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from tui.format import format_rank, format_speedup, format_vmem
+from tui.format import format_rank, format_vmem
 
 # The TPU compiler's verdict in words: "refused" is the kernel's fault, "unavailable"
 # means this host could not ask the compiler (the reason is in Problems).
@@ -21,8 +21,8 @@ COMPILE_WORDS = {"ok": ("ok", "green"), "error": ("refused", "bold red"),
 
 @dataclass(frozen=True)
 class StatusInfo:
-    task: str = "no task"
-    backend: str = "backend?"
+    task: str = "tilewright"  # before a session opens: says so, not "no task"
+    backend: str = "opening the session"
     chip: str | None = None
     mode: str = "step"
     iteration: int = 0
@@ -48,23 +48,30 @@ def _tokens(n: int) -> str:
     return f"{n / 1000:.1f}k" if n >= 1000 else str(n)
 
 
-def _rank_medium(source: str | None, label: str | None, value: object) -> str:
-    """The ranking number without the chip the backend segment already names: still
-    worded by its source ("est. 0.90x (TPU compiler)", "1.20x measured")."""
-    if source == "tpu_estimate":
-        return f"est. {format_speedup(value)} (TPU compiler)"
-    if source == "device_time":
-        return f"{format_speedup(value)} measured"
+def _rank_medium(source: str | None, label: str | None, value: object,
+                 chip: str | None = None) -> str:
+    """The ranking label without the chip the backend segment already names: "est.
+    0.90x at 4096x8192 (TPU compiler)" from "est. 0.90x on v5e at 4096x8192 (TPU
+    compiler)"; the label is ``kernels.result.ranking``'s, never a number formatted here."""
+    if label and chip and source in ("tpu_estimate", "device_time"):
+        return label.replace(f" on {chip}", "").replace(f" on TPU {chip}", "")
     return format_rank(source, label, value, short=True)
 
 
 # How much the status bar leaves out, least useful detail first, one step per level:
-# 1 the chip's repetitions (the backend segment names it), 2 shorter words, 3 the VMEM
-# figures and the sandbox level, 4 short numbers ("est. 0.90x"), 5 the word "compile",
-# 6 the backend but its chip, 7 the token count, 8 a compile verdict of "ok" (a refusal
-# stays), 9 the end of a long task name. The worker state, at the end, stays visible at
-# 80 columns.
-LEVELS = 10
+# 1 the chip's repetitions (the backend segment names it), 2 shorter words, 3 a
+# sandbox level that is as it should be ("sandboxed"), 4 the VMEM figures, 5 short
+# numbers ("est. 0.90x"), 6 the word "compile", 7 the token count (and the cost where
+# nothing was spent: the offline agent), 8 a compile verdict of "ok" (a refusal
+# stays), 9 the cost and the word "worker", 10 the end of a long task name. The backend ("CPU interp→v5e": where
+# kernels run and the chip they are judged for) and the worker state stay at 80 columns.
+LEVELS = 11
+
+# The worker's state and the sandbox in plain words.
+WORKER_WORDS = {"idle": "ready", "busy": "busy", "starting": "starting",
+                "restarting": "restarting", "stopped": "stopped"}
+SANDBOX_WORDS = {"strong": "sandboxed", "partial": "partly sandboxed",
+                 "minimal": "not sandboxed"}
 
 
 class StatusBar(Static):
@@ -83,21 +90,22 @@ class StatusBar(Static):
         return text  # narrower than 80 columns: cut with an ellipsis
 
     @staticmethod
+    def backend_text(i: StatusInfo, short: bool) -> str:
+        """"CPU (TPU interpret) → v5e" or, short, "CPU interp→v5e"; never left out."""
+        chip = (i.chip or i.tpu_chip or "").removeprefix("TPU ")
+        if short:
+            backend = i.backend.replace(" (TPU interpret)", " interp")
+            return backend + (f"→{chip}" if chip and chip not in backend else "")
+        return i.backend + (f" → {chip}" if chip and chip not in i.backend else "")
+
+    @staticmethod
     def compose_line(i: StatusInfo, level: int = 0) -> Text:
         """The status line at a level of detail (0: everything, ``LEVELS - 1``: least)."""
-        short_words = level >= 2  # "it", no "worker"/"TPU " words
+        short_words = level >= 2  # "it", no "TPU " words
         text = Text(no_wrap=True, overflow="ellipsis")
-        task = i.task if level < 9 or len(i.task) <= 12 else i.task[:11] + "…"
+        task = i.task if level < 10 or len(i.task) <= 12 else i.task[:11] + "…"
         text.append(task, style="bold")
-        if level >= 6:
-            backend = (i.chip or i.tpu_chip or "").removeprefix("TPU ")
-        elif short_words:
-            backend = i.backend.replace(" (TPU interpret)", " interp")
-            if i.chip:
-                backend += f"→{i.chip.removeprefix('TPU ')}"
-        else:
-            backend = i.backend + (f" → {i.chip}" if i.chip else "")
-        text.append(f" · {backend} · " if backend else " · ")
+        text.append(f" · {StatusBar.backend_text(i, short_words)} · ")
         if i.mode == "auto":
             text.append(" AUTO ", style="bold reverse yellow")
         else:
@@ -105,35 +113,42 @@ class StatusBar(Static):
         text.append(f" · {'it' if short_words else 'iter'} {i.iteration}")
         if i.tpu_compile and (level < 8 or i.tpu_compile != "ok"):
             verdict, style = COMPILE_WORDS.get(i.tpu_compile, (i.tpu_compile, "yellow"))
-            if level < 5:
+            if level < 6:
                 text.append(" · compile " if short_words else " · TPU compile ")
             else:
                 text.append(" · ")
+                verdict = "compiles" if i.tpu_compile == "ok" else verdict
             text.append(verdict, style=style)
-            vmem = format_vmem(i.vmem_bytes, i.vmem_limit_bytes) if level < 3 else ""
+            vmem = format_vmem(i.vmem_bytes, i.vmem_limit_bytes) if level < 4 else ""
             detail = [x for x in ((i.tpu_chip if level == 0 else None), vmem) if x]
             if detail:
                 text.append(" (" + ", ".join(detail) + ")")
         if i.best_speedup is not None:
             if level == 0:
                 what = format_rank(i.best_source, i.best_label, i.best_speedup)
-            elif level < 4:
-                what = _rank_medium(i.best_source, i.best_label, i.best_speedup)
+            elif level < 5:
+                what = _rank_medium(i.best_source, i.best_label, i.best_speedup,
+                                    (i.chip or i.tpu_chip or "").removeprefix("TPU "))
             else:
                 what = format_rank(i.best_source, i.best_label, i.best_speedup, short=True)
-            text.append(f" · best v{i.best_version}{' ' if level >= 4 else ': '}{what}",
+            text.append(f" · best v{i.best_version}{' ' if level >= 5 else ': '}{what}",
                         style="green")
         else:
             text.append(" · best —")
+        spent = i.tokens > 0 or i.cost_usd > 0 or not i.cost_known
         cost = f"${i.cost_usd:.2f}" if i.cost_known else \
             ("$?" if i.cost_usd == 0 else f"${i.cost_usd:.2f}+?")
-        text.append(f" · {cost}" if level >= 7 else f" · {_tokens(i.tokens)} tok {cost}")
+        if level < 7:
+            text.append(f" · {_tokens(i.tokens)} tok {cost}")
+        elif spent and level < 9:
+            text.append(f" · {cost}")
         worker_style = {"idle": "green", "busy": "yellow", "restarting": "red",
                         "stopped": "red"}.get(i.worker, "")
-        text.append(" · " if short_words else " · worker ")
-        text.append(i.worker, style=worker_style)
-        if i.confinement and level < 3:
-            text.append(f" {i.confinement}", style="green" if i.confinement == "strong"
+        text.append(" · " if level >= 9 else " · worker ")
+        text.append(WORKER_WORDS.get(i.worker, i.worker), style=worker_style)
+        if i.confinement and (level < 3 or i.confinement != "strong"):
+            words = SANDBOX_WORDS.get(i.confinement, f"sandbox {i.confinement}")
+            text.append(f", {words}", style="green" if i.confinement == "strong"
                         else "red" if i.confinement == "minimal" else "yellow")
         return text
 
