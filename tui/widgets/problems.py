@@ -6,6 +6,7 @@ the editor there.
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import Vertical
@@ -51,7 +52,9 @@ class ProblemsPane(Vertical):
         table.clear()
         for i, p in enumerate(self.problems):
             where = f"{self.filename}:{p.line}" if p.line else (f"v{p.version}" if p.version else "")
-            table.add_row(p.icon, p.kind, where, p.message, key=str(i))
+            # Plain Text cells: a message is often the candidate's own words, and a str cell
+            # would be parsed as console markup ([link=...], [bold]...).
+            table.add_row(p.icon, Text(p.kind), Text(where), Text(p.message), key=str(i))
         errors = sum(p.severity == "error" for p in self.problems)
         flags = len(self.problems) - errors
         self.border_title = f"Problems · {errors} error(s), {flags} other" if self.problems \
@@ -74,4 +77,4 @@ class ProblemsPane(Vertical):
         if problem.line:
             self.post_message(self.Jump(problem.line))
         else:
-            self.app.notify(problem.message, title=problem.kind, timeout=6)
+            self.app.notify(problem.message, title=problem.kind, timeout=6, markup=False)
