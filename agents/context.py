@@ -30,7 +30,7 @@ from typing import Any
 from agents.base import AgentRequest, TaskBrief
 from agents.evalfacts import array_text, fidelity_text, version_numbers
 from agents.roles import SYSTEM_TEXT, pallas_guide, role_spec
-from agents.untrusted import fence, neutralize
+from agents.untrusted import defuse, fence, neutralize
 
 CACHE = {"type": "ephemeral"}
 _MAX_TRACEBACK_LINES = 20
@@ -89,7 +89,8 @@ def task_text(task: TaskBrief) -> str:
         tolerance_rule(task.atol, task.rtol),
         f"## Reference ({'reference.py' if task.layout == 'native' else 'reference'})\n"
         + (reference_note(task) + "\n" if reference_note(task) else "")
-        + f"```python\n{bounded(task.reference_source.rstrip(), MAX_SOURCE_CHARS)}\n```\n",
+        + f"```python\n{defuse(bounded(task.reference_source.rstrip(), MAX_SOURCE_CHARS))}"
+          "\n```\n",
     ]
     return "\n\n".join(parts)
 
@@ -188,7 +189,7 @@ def turn_text(request: AgentRequest) -> str:
     parts.append(chip_text(request.chip))
     if request.current_source is not None:
         label = f"v{request.current_version}" if request.current_version else "current"
-        source = bounded(request.current_source.rstrip(), MAX_SOURCE_CHARS)
+        source = defuse(bounded(request.current_source.rstrip(), MAX_SOURCE_CHARS))
         parts.append(f"## Base kernel ({label}: your change applies to this source)\n"
                      f"```python\n{source}\n```")
         tunables = _tunables_text(request.current_source)
@@ -202,7 +203,8 @@ def turn_text(request: AgentRequest) -> str:
                                version=request.current_version))
     if request.diagnosis:
         parts.append(diagnosis_text(request.diagnosis, request.current_version))
-    elif request.current_version is not None and request.last_eval:
+    elif request.current_version is not None and \
+            (request.last_eval or {}).get("status") == "correct":
         parts.append(f"## Diagnosis of v{request.current_version}\nNone yet (no static "
                      "analysis of this version was made).")
     if request.profile_summary:
@@ -217,9 +219,10 @@ def turn_text(request: AgentRequest) -> str:
     if lessons:
         parts.append("## Lessons from earlier sessions\n" + "\n".join(f"- {x}" for x in lessons))
     if request.notes:
-        parts.append("## Notes since your last proposal\n" + "\n".join(f"- {x}" for x in request.notes))
+        parts.append("## Notes since your last proposal\n"
+                     + "\n".join(f"- {defuse(x)}" for x in request.notes))
     if request.user_message:
-        parts.append(f"## Message from the user\n{request.user_message}")
+        parts.append(f"## Message from the user\n{defuse(request.user_message)}")
     return bounded("\n\n".join(p for p in parts if p), MAX_TURN_CHARS)
 
 
@@ -290,7 +293,14 @@ def _estimate_shape(numbers: dict[str, Any], task: TaskBrief) -> str:
         inputs = _inputs(prod.get("inputs"), task.signature) if prod.get("inputs") else \
             _params(prod.get("params") or {})
         return f"the production shape {prod['name']} ({inputs})"
-    return f"shape {name}" if name else "the shape the evaluation names"
+    if name:
+        return f"shape {name}"
+    if len(task.shapes) == 1:  # no production shape: the estimate is for the check shape
+        only = task.shapes[0]
+        arrays = _inputs(only.get("inputs"), task.signature) if only.get("inputs") else \
+            _params(only["params"])
+        return f"the check shape {only['name']} ({arrays})"
+    return "the largest check shape"
 
 
 def base_text(request: AgentRequest) -> str:
@@ -304,6 +314,7 @@ def base_text(request: AgentRequest) -> str:
     def said(number: int | None) -> str:
         entry = rows.get(number) or {}
         label = (entry.get("numbers") or {}).get("rank_label")
+        label = label.split(" (")[0] if isinstance(label, str) else None
         if label is None and isinstance(entry.get("speedup"), int | float):
             label = f"{entry['speedup']:.3g}x"
         return f"v{number}, {label or entry.get('status') or 'not evaluated'}"
@@ -346,7 +357,9 @@ def evidence_text(e: dict[str, Any]) -> str:
     if e.get("grid") is not None:
         blocks = ", ".join(f"{k} {tuple(v) if isinstance(v, list) else v}"
                            for k, v in (e.get("blocks") or {}).items())
-        out.append(f"grid {tuple(e['grid'])} = {e.get('steps')} steps; blocks {blocks}")
+        steps = e.get("steps")
+        out.append(f"grid {tuple(e['grid'])} = {steps} step{'' if steps == 1 else 's'}; "
+                   f"blocks {blocks}")
     if e.get("bytes_total"):
         per = f" ({e['bytes_per_step'] / 1024:.1f} KiB per step)" if e.get("bytes_per_step") \
             else ""
@@ -367,7 +380,8 @@ def evidence_text(e: dict[str, Any]) -> str:
     if steps:
         out.append("the TPU compiler's cycles by grid steps (same kernel, other blocks, at "
                    f"{e.get('estimator_steps_at', 'one shape')}): " + ", ".join(
-                       f"{s['steps']} steps {s['cycles']:,.0f} (v{s['version']})" for s in steps))
+                       f"{s['steps']} step{'s' if s['steps'] != 1 else ''} {s['cycles']:,.0f} "
+                       f"(v{s['version']})" for s in steps))
     return ("Evidence: " + "; ".join(out) + ".") if out else ""
 
 
@@ -530,7 +544,7 @@ def _cycles(value: float | None) -> str:
 
 
 def _source_excerpt(source: str, line: int, around: int = 2) -> str:
-    src = source.splitlines()
+    src = defuse(source).splitlines()
     lo, hi = max(1, line - around), min(len(src), line + around)
     return "\n".join(f"{'>' if n == line else ' '}{n:4d} | {src[n - 1]}" for n in range(lo, hi + 1))
 
@@ -574,9 +588,9 @@ def history_text(history: tuple[dict[str, Any], ...], limit: int = TABLE_ROWS,
                      f"{summary} |")
     if any(r.get("steps_source") == "static" for r in rows):
         table.append("* grid steps from the static analysis at the first check shape.")
-    diagnosed = [r for r in rows if r.get("diagnosis")]
+    diagnosed = [r for r in rows if r.get("diagnosis") and r.get("version") != base]
     if diagnosed:
-        table.append("Diagnosis of each version (static analysis + compiler figures):")
+        table.append("Diagnosis of each other version (static analysis + compiler figures):")
         for r in diagnosed:
             d = r["diagnosis"]
             marks = [f"{f.get('kind')} contradicted by the estimator"

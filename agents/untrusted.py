@@ -34,6 +34,13 @@ def neutralize(text: str) -> str:
     return text.replace("<<<", "‹‹‹").replace(">>>", "›››")
 
 
+def defuse(text: str) -> str:
+    """Source code and other verbatim text (a kernel, a diff, a note) with any fence
+    marker in it made inert: only ``<<<untrusted-`` is touched, so code stays code. A
+    kernel that spells a fence's end in a string literal cannot end a real fence."""
+    return text.replace("<<<untrusted-", "‹‹‹untrusted-")
+
+
 def fence(text: str, what: str) -> str:
     """``text`` inside a fence that says what it is (``what``: "stderr of v3", ...)."""
     token = secrets.token_hex(6)

@@ -185,6 +185,8 @@ def base_reason(state: SessionState, number: int | None, explain: bool = False) 
         return f"v{number} failed ({v.status}): fix it"
     if v.status is None:
         return f"v{number} is not evaluated yet"
+    if state.base_reason and state.current == number:
+        return state.base_reason  # the controller went back to it, and said why
     if best == number:
         return f"v{number} is the best version so far"
     if v.origin == "user-edit":
@@ -193,7 +195,10 @@ def base_reason(state: SessionState, number: int | None, explain: bool = False) 
 
 
 def _rank(v: Version) -> str:
-    return v.rank_label or (f"{v.speedup:.3g}x" if v.speedup else "no ranking number")
+    """The ranking number in short ("est. 1.26x on v5e"), its source's words left out."""
+    if v.rank_label:
+        return v.rank_label.split(" (")[0]
+    return f"{v.speedup:.3g}x" if v.speedup else "no ranking number"
 
 
 def plan_notes(state: SessionState) -> tuple[str, ...]:

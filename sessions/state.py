@@ -202,6 +202,7 @@ class SessionState:
     # The version the person checked out (``kernel.checkout`` by user), until a new
     # version is made: the next proposal starts from it even when it is not the best.
     chosen_base: int | None = None
+    base_reason: str | None = None  # why the controller checked a version out (by auto)
     # Read-only tool answers of the session (``agent.message`` ``tools``), oldest first:
     # the next requests carry them, within a budget (``sessions.context.lookups``).
     lookups: list[dict[str, Any]] = field(default_factory=list)
@@ -400,6 +401,7 @@ def _version(s: SessionState, e: ev.KernelVersion) -> None:
         decision_seq=e.get("decision"), seq=e.get("seq", 0), t=float(e.get("t", 0.0)))
     s.current = number
     s.chosen_base = None
+    s.base_reason = None
     prop = s.proposals.get(e.get("proposal") or "")
     if prop is not None:
         prop.applied_version = number
@@ -419,6 +421,7 @@ def _checkout(s: SessionState, e: ev.KernelCheckout) -> None:
         s.current = int(e["version"])
         s.fix_streak = 0
         s.chosen_base = s.current if e.get("by") == "user" else None
+        s.base_reason = e.get("reason") if e.get("by") != "user" else None
 
 
 def _run_start(s: SessionState, e: ev.RunStart) -> None:
