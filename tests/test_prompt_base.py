@@ -249,3 +249,70 @@ def _brief():
     from agents import brief
 
     return brief(load_task("gelu"))
+
+
+# -- one evaluation's numbers, from a recorded real eval JSON -----------------------------
+
+RECORDED = Path(__file__).parent / "fixtures" / "evals" / "matmul_gelu_softmax_v4.json"
+
+
+def test_an_evaluation_says_its_numbers_and_never_a_host_speedup() -> None:
+    import json
+
+    from agents.context import eval_text
+
+    result = json.loads(RECORDED.read_text())
+    text = eval_text(result, version=4)
+    assert "## Evaluation of v4: correct" in text
+    assert "TPU compiler estimate (TPU v5e, at shape default): kernel 2,778 cycles, XLA " \
+           "reference 3,080 cycles -> est. 1.11x." in text
+    assert "VMEM 0.38 MiB of the 16 MiB scoped limit (compiler)." in text
+    # The tolerance as enforced: atol 0.01 capped at 5% of the softmax's largest value.
+    assert "Enforced: |out - ref| <= 0.000325 + 0.01 * |ref| value by value" in text
+    assert "Host simulation time (TPU interpret mode on the CPU: checks correctness; not " \
+           "TPU time, not a speedup)" in text
+    assert "speedup=" not in text and f"{result['timing']['speedup']:.3g}" not in text
+
+
+def test_the_production_shape_fields_are_read_when_present() -> None:
+    """The eval JSON's production-shape fields (tpu.shape_label, input_shapes,
+    estimate.ops and .method, grid_steps, floor, fidelity), added to the recorded
+    evaluation in the documented format, reach the evaluation, the table and the rule."""
+    import json
+
+    from agents.context import eval_text, history_text, ranking_text
+    from agents.evalfacts import version_numbers
+
+    result = json.loads(RECORDED.read_text())
+    tpu = result["tpu"]
+    tpu.update(shape="production", shape_label="4096x8192, 8192x8192, 8192",
+               input_shapes=["f32[4096,8192]", "f32[8192,8192]", "f32[8192]"],
+               grid_steps=64, floor={"cycles": 2500},
+               fidelity={"class": "matmul + epilogue", "median_ratio": 0.95,
+                         "within_2x": 0.91, "rows": 33, "source": "JAXBench v6e"})
+    tpu["estimate"].update(method="scaled", method_description="8 of 64 steps, times 8",
+                           ops=[{"name": "_kernel", "kind": "pallas", "cycles": 2600,
+                                 "count": 1},
+                                {"name": "copy.3", "kind": "xla", "cycles": 89, "count": 2}])
+    tpu["reference_estimate"]["ops"] = [{"name": "fusion.1", "kind": "xla",
+                                         "cycles": 3080, "count": 1}]
+    text = eval_text(result, version=4)
+    assert "at 4096x8192, 8192x8192, 8192): kernel 2,778 cycles" in text
+    assert "scaled: 8 of 64 steps, times 8" in text
+    assert "kernel's ops: _kernel (Pallas kernel) 2,600, copy.3 (XLA) 89 x2" in text
+    assert "reference's ops: fusion.1 (XLA) 3,080" in text
+    assert "memory floor (HBM traffic at the chip's bandwidth): 2,500 cycles" in text
+    assert "64 grid steps" in text
+    numbers = version_numbers(result)
+    assert (numbers["pallas_cycles"], numbers["outside_cycles"]) == (2600, 178)
+    row = {"version": 4, "status": "correct", "speedup": 1.11, "summary": "k", "parent": 3,
+           "numbers": numbers, "steps": 64, "steps_source": "tpu"}
+    table = history_text((row,), best=4, base=4)
+    assert "| v4 (best, base) | v3 | correct | 1.11x | 2,778 | 3,080 | 2,600 / 178 | " \
+           "0.38 / 16 MiB | 64 | k |" in table
+    rule = ranking_text(AgentRequest("tune", _brief(), "x = 1\n", 4, last_eval=result,
+                                     chip="v5e"))
+    assert "at the production shape 4096x8192, 8192x8192, 8192 (f32[4096,8192], " \
+           "f32[8192,8192], f32[8192])" in rule
+    assert "program class matmul + epilogue; median estimate/measured 0.95; 91% within 2x" \
+           in rule
