@@ -483,7 +483,10 @@ def _correctness_lines(result: dict[str, Any], n: dict[str, Any],
         line += ", and rms(out - ref) <= 10% of std(ref) + rtol * rms(ref)"
     lines = [line + "."]
     if reason:
-        lines.append(f"Why: {neutralize(reason)}")
+        # The harness's words, but they quote the output (its pytree's structure, its
+        # values), which the candidate chose: fenced like the rest of its output.
+        lines.append("Why:")
+        lines.append(fence(bounded(reason, MAX_ERROR_CHARS), "correctness verdict"))
     return lines
 
 
