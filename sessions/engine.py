@@ -24,7 +24,7 @@ from sessions.actions import Action, ask
 from sessions.agent_turn import AgentTurn, stream_turn
 from sessions.autonomy import ControllerSettings
 from sessions.context import build_request, next_role, regression_base
-from sessions.diagnosis import diagnose_version
+from sessions.diagnosis import diagnose_version, run_analysis
 from sessions.errors import ApprovalRequired, ControllerError
 from sessions.log import SessionLog
 from sessions.state import FAILED_STATUSES, SessionState, run_result
@@ -370,29 +370,12 @@ class Engine:
         return not (s.mode == "auto" and autonomy.should_profile(s, number, self.settings))
 
     async def _run_analysis(self, number: int) -> None:
-        """The static analysis of ``number`` (an ``analysis`` run: nothing executes) and
-        the diagnosis it gives with the compiler's figures; a failure is recorded and the
-        loop goes on without it."""
-        rid = f"r{len(self.state.runs) + 1}"
-        self._emit(ev.RunStart(type="run.start", run=rid, version=number, kind="analysis",
-                               by="auto"))
-        try:
-            data = await self.evaluator.analyze(self.task, self._source_of(number))  # type: ignore[attr-defined]
-        except asyncio.CancelledError:
-            self._emit(ev.ProfileResult(type="profile.result", run=rid, version=number,
-                                        profile_blob=None, logdir=None, error="cancelled",
-                                        static=True))
-            raise
-        except Exception as exc:
-            self._emit(ev.ProfileResult(type="profile.result", run=rid, version=number,
-                                        profile_blob=None, logdir=None, error=str(exc),
-                                        static=True))
-            return
-        self._emit(ev.ProfileResult(type="profile.result", run=rid, version=number,
-                                    profile_blob=self.log.put_json_blob(data), logdir=None,
-                                    error=None, static=True))
-        diagnose_version(self.log.path, self.state.versions[number].result_blob, data,
-                         number, rid, self._emit)
+        """The static analysis of ``number`` and its diagnosis (``run_analysis``)."""
+        analyze = self.evaluator.analyze  # type: ignore[attr-defined]
+        source = self._source_of(number)
+        await run_analysis(lambda: analyze(self.task, source), self.log,
+                           self.state.versions[number].result_blob, number,
+                           f"r{len(self.state.runs) + 1}", self._emit, "auto")
 
     def _after_eval(self, number: int) -> Action | None:
         s = self.state
