@@ -313,10 +313,10 @@ def base_text(request: AgentRequest) -> str:
 
     def said(number: int | None) -> str:
         entry = rows.get(number) or {}
-        label = (entry.get("numbers") or {}).get("rank_label")
+        label = (entry.get("numbers") or {}).get("rank_label") or entry.get("rank_label")
         label = label.split(" (")[0] if isinstance(label, str) else None
         if label is None and isinstance(entry.get("speedup"), int | float):
-            label = f"{entry['speedup']:.3g}x"
+            label = f"ranked {entry['speedup']:.3g}"
         return f"v{number}, {label or entry.get('status') or 'not evaluated'}"
 
     lines = ["## Where this proposal starts",
@@ -561,9 +561,9 @@ def history_text(history: tuple[dict[str, Any], ...], limit: int = TABLE_ROWS,
     if len(rows) > limit:
         keep = {best, base}
         rows = [r for r in rows[:-limit] if r.get("version") in keep] + rows[-limit:]
-    head = ("## Versions so far (est. = the ranking number; cycles from the TPU compiler "
+    head = ("## Versions so far (rank = the ranking number; cycles from the TPU compiler "
             "at the estimate's shape)\n"
-            "| v | from | status | est. | kernel cycles | ref. cycles | in Pallas / outside |"
+            "| v | from | status | rank | kernel cycles | ref. cycles | in Pallas / outside |"
             " VMEM used / limit | grid steps | change |\n"
             "|---|---|---|---|---|---|---|---|---|---|")
     table = [head]
@@ -576,8 +576,7 @@ def history_text(history: tuple[dict[str, Any], ...], limit: int = TABLE_ROWS,
         flags = [f for f in h.get("flags") or [] if f]
         if flags:
             status += f" [{', '.join(flags)}]"
-        est = f"{n['estimated_speedup']:.3g}x" if n.get("estimated_speedup") else (
-            f"{h['speedup']:.3g}x" if isinstance(h.get("speedup"), int | float) else "-")
+        est = _rank_cell(h, n)
         split = (f"{_cycles(n.get('pallas_cycles'))} / {_cycles(n.get('outside_cycles'))}"
                  if n.get("ops") else "-")
         vmem = (f"{n['vmem_bytes'] / 2**20:.2f} / {n['vmem_limit_bytes'] / 2**20:.0f} MiB"
@@ -604,6 +603,23 @@ def history_text(history: tuple[dict[str, Any], ...], limit: int = TABLE_ROWS,
             table.append(f"- v{r['version']}: {d.get('summary', '')}"
                          + (f" ({extra})" if extra else ""))
     return "\n".join(table)
+
+
+def _rank_cell(h: dict[str, Any], n: dict[str, Any]) -> str:
+    """The ranking number as the table shows it: an estimate says "est.", a host
+    simulation ratio is never written as a speedup."""
+    source = n.get("rank_source") or h.get("rank_source")
+    value = n.get("rank_value") if n else None
+    value = value if value is not None else h.get("speedup")
+    if not isinstance(value, int | float):
+        return "-"
+    if source == "tpu_estimate":
+        return f"est. {value:.3g}x"
+    if source == "device_time":
+        return f"{value:.3g}x measured"
+    if source == "host_simulation":
+        return f"host sim. {value:.3g} (not a speedup)"
+    return f"{value:.3g}"
 
 
 def lookups_text(lookups: tuple[dict[str, Any], ...]) -> str:

@@ -56,7 +56,8 @@ def history(versions: Mapping[int, Version], source_of: Callable[[int], str],
         entry: dict[str, Any] = {"version": number, "status": v.status,
                                  "speedup": v.speedup, "summary": v.summary,
                                  "median_ms": v.median_ms, "parent": v.parent,
-                                 "origin": v.origin}
+                                 "origin": v.origin, "rank_source": v.rank_source,
+                                 "rank_label": v.rank_label}
         if path is not None:
             entry["on_path"] = number in on_path
         config = _tunables_of(v.source_blob, lambda n=number: source_of(n))

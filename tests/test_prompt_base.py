@@ -74,6 +74,9 @@ async def test_after_a_regression_the_next_request_starts_from_the_best(
     assert "Best so far: v2, host sim. ratio 2. Latest: v3, host sim. ratio 1.5." in text
     assert "Base: v2 (v3 host sim. ratio 1.5 is slower than v2's host sim. ratio 2" in text
     assert "## Base kernel (v2: your change applies to this source)" in text
+    # A host simulation ratio is never written as a speedup, in the table either.
+    assert "| v3 | v2 | correct | host sim. 1.5 (not a speedup) |" in text
+    assert "1.5x" not in text
     assert "eval: correct 2.0 a" in text and "eval: correct 1.5 b" not in text  # v2's source
     # The version made from that request is a child of the best, not of the regression.
     assert c.state.versions[4].parent == 2
@@ -305,10 +308,10 @@ def test_the_production_shape_fields_are_read_when_present() -> None:
     assert "64 grid steps" in text
     numbers = version_numbers(result)
     assert (numbers["pallas_cycles"], numbers["outside_cycles"]) == (2600, 178)
-    row = {"version": 4, "status": "correct", "speedup": 1.11, "summary": "k", "parent": 3,
+    row = {"version": 4, "status": "correct", "speedup": 1.108, "summary": "k", "parent": 3,
            "numbers": numbers, "steps": 64, "steps_source": "tpu"}
     table = history_text((row,), best=4, base=4)
-    assert "| v4 (best, base) | v3 | correct | 1.11x | 2,778 | 3,080 | 2,600 / 178 | " \
+    assert "| v4 (best, base) | v3 | correct | est. 1.11x | 2,778 | 3,080 | 2,600 / 178 | " \
            "0.38 / 16 MiB | 64 | k |" in table
     rule = ranking_text(AgentRequest("tune", _brief(), "x = 1\n", 4, last_eval=result,
                                      chip="v5e"))

@@ -184,11 +184,11 @@ def test_each_version_has_its_numbers_and_its_own_diagnosis(run) -> None:
     assert "## Diagnosis of v1 (profile + static analysis + TPU compiler figures)" in text
     assert "vs the f32 ridge 80.2 FLOP/B" in text  # the ridge of the dtype the work runs in
     assert "241 FLOP/B for bf16 work, 80 FLOP/B for f32 work" in text  # each named
-    assert re.search(r"\| v1 \(best, base\) \| - \| correct \| [\d.]+x \| "
+    assert re.search(r"\| v1 \(best, base\) \| - \| correct \| est\. [\d.]+x \| "
                      + f"{cycles:,} \\| {ref:,} \\|", text)
     # After v2: both rows with their own cycles and grid steps, and v2's own diagnosis.
     after = turn_of(run, 2)
-    assert f"| v2 | v1 | correct | {v2['tpu']['estimated_speedup']:.3g}x | " \
+    assert f"| v2 | v1 | correct | est. {v2['tpu']['estimated_speedup']:.3g}x | " \
            f"{v2['tpu']['estimate']['cycles']:,} |" in after
     assert "| 2* |" in after and "| 8* |" in after
     assert "- v2: " in after  # a diagnosis of v2 itself (its static analysis)
