@@ -323,9 +323,13 @@ def base_text(request: AgentRequest) -> str:
              f"Best so far: {said(best) if best is not None else 'none yet (no correct, ranked version)'}."
              f" Latest: {said(latest)}."]
     reason = f" ({request.base_reason})" if request.base_reason else ""
-    lines.append(f"Base: v{base}{reason}. The kernel below is v{base}'s source; a tuning "
-                 "change applies to it. To start from another version, give its number as "
-                 "`base` in your proposal.")
+    if request.role == "analyze":
+        lines.append(f"The version in question: v{base}{reason}; the kernel below is its "
+                     "source.")
+    else:
+        lines.append(f"Base: v{base}{reason}. The kernel below is v{base}'s source; a tuning "
+                     "change applies to it. To start from another version, give its number "
+                     "as `base` in your proposal.")
     return "\n".join(lines)
 
 
