@@ -52,7 +52,8 @@ def settings(iterations: int) -> ControllerSettings:
 
 @pytest.mark.asyncio
 async def test_after_a_regression_the_next_request_starts_from_the_best(
-        tmp_path: Path, gelu: Task) -> None:
+        tmp_path: Path, gelu: Task, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TILEWRIGHT_DATA_DIR", str(tmp_path / "data"))  # no lessons
     agent = ScriptedAgent([kernel(src(speedup=2.0, tag="a"), "fast"),
                            kernel(src(speedup=1.5, tag="b"), "slower"),
                            kernel(src(speedup=1.2, tag="c"), "from the best again")])
