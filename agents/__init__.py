@@ -114,26 +114,56 @@ def brief(task: Task) -> TaskBrief:
     """What an agent may know of a task: everything but the held-out shape configuration."""
     from agents.base import TaskBrief
 
+    source = task.reference_source()
+    meta = task.meta or {}
     return TaskBrief(
         name=task.name,
         description=task.description,
         layout=task.layout,
         entry=task.entry,
         family=task.family,
-        reference_source=task.reference_source(),
+        reference_source=source,
         shapes=tuple({"name": s.name, "params": dict(s.params)} for s in task.visible_shapes()),
         atol=task.atol,
         rtol=task.rtol,
         require_pallas=task.require_pallas,
         production=_production(task),
+        signature=_signature(source, _REFERENCE_FUNCTION.get(task.layout, task.entry)),
+        overrides=dict(meta.get("overrides") or {}),
+        literal_rewrites=tuple(tuple(pair) for pair in meta.get("literal_rewrites") or ()),
     )
 
 
+# The reference's function, whose signature a candidate's entry point copies.
+_REFERENCE_FUNCTION = {"native": "reference", "jaxbench": "workload",
+                       "maxkernel": "computation"}
+
+
+def _signature(source: str, name: str) -> tuple[str, ...]:
+    """The parameter names of ``name`` in ``source`` (empty when it cannot be read)."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return ()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            a = node.args
+            names = [x.arg for x in (*a.posonlyargs, *a.args)]
+            if a.vararg:
+                names.append("*" + a.vararg.arg)
+            return tuple(names)
+    return ()
+
+
 def _production(task: Task) -> dict[str, Any] | None:
-    if task.production is None:
+    """The production shape as an agent may know it (+ "config": a JAXBench CONFIG as
+    written); None when there is none or it is held out."""
+    production = getattr(task, "production", None)
+    if production is None or getattr(production, "held_out", False):
         return None
-    found: dict[str, Any] = {"name": task.production.name,
-                             "params": dict(task.production.params)}
+    found: dict[str, Any] = {"name": production.name, "params": dict(production.params)}
     if task.production_meta and "config" in task.production_meta:
         found["config"] = task.production_meta["config"]
     return found

@@ -31,10 +31,14 @@ class TaskBrief:
     atol: float
     rtol: float
     require_pallas: bool
-    # The size the user runs, which verdicts, estimates and rankings are for:
-    # {"name", "params"} (+ "config": a JAXBench CONFIG as written). Its input shapes
-    # come with every evaluation (``last_eval["tpu"]["input_shapes"]``).
+    # The production shape (``Task.production``): {"name", "params"} and, once a worker
+    # has built them, "inputs" [[shape, dtype], ...] (+ "config":
+    # a JAXBench CONFIG as written). The estimate and the ranking are for
+    # it; ``shapes`` are the check shapes (each may carry "inputs" the same way).
     production: dict[str, Any] | None = None
+    signature: tuple[str, ...] = ()  # the reference function's parameter names
+    overrides: dict[str, Any] = field(default_factory=dict)  # --set, as given
+    literal_rewrites: tuple[tuple[Any, Any], ...] = ()  # hard-coded sizes rewritten
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,9 @@ class AgentRequest:
     notes: tuple[str, ...] = ()  # rejection notes and follow-ups since the last proposal
     # [{"version", "status", "speedup", "summary"}], oldest first; entries may also carry
     # "median_ms" and "tunables" ({NAME: value} of that version, kernels.tunables.config_of),
-    # which the offline autotuner uses to remember what it has tried.
+    # which the offline autotuner uses to remember what it has tried, "parent", "origin",
+    # "numbers" (agents.evalfacts.version_numbers of its evaluation), "steps" (grid steps,
+    # with "steps_source") and "diagnosis" (its own, never another version's).
     history: tuple[dict[str, Any], ...] = ()
     chip: str = "cpu"
     lessons: tuple[str, ...] = ()  # remembered across sessions (agents.memory)
@@ -63,6 +69,16 @@ class AgentRequest:
     # set, on its base version), "source_sha256" (of a kernel proposal's source)}. An
     # agent never proposes one of these again, and reads the notes as constraints.
     rejected: tuple[dict[str, Any], ...] = ()
+    # Where the proposal starts: ``current_version`` is the base (its source is
+    # ``current_source``); the best version so far, the latest one made, and why the
+    # base is what it is ("v3 regressed: back to the best", "checked out by the user").
+    best_version: int | None = None
+    latest_version: int | None = None
+    base_reason: str | None = None
+    # Read-only tool answers earlier in the session, oldest first (agents.context keeps
+    # the newest within a budget): {"name", "input", "output", "is_error"}.
+    lookups: tuple[dict[str, Any], ...] = ()
+    backend: dict[str, Any] | None = None  # where evaluations run (the session header's)
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,9 @@ class ControllerConfig:
     # diagnosis that goes into the next request.
     profile_best: bool = True
     profile_every: int | None = 5
+    # Every correct evaluation that is not profiled gets the static analysis (no run,
+    # about a second) and its diagnosis, so each request carries its version's own.
+    analyze_every_version: bool = True
     open_with_plan: bool = False  # step mode: a new session opens by asking for a plan
     record_lessons: bool = True  # write a lesson (agents.memory) when the session ends
 

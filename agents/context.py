@@ -1,13 +1,23 @@
 """What the model is told: the stable, cached prefix and the per-turn context.
 
 The prompt has two parts. The stable prefix (system text, our Pallas guide, and the
-task with its reference source) is identical across every turn of a session and carries
-``cache_control`` so Anthropic's prompt cache serves it after the first request. The
-per-turn part holds the role's instructions, the current kernel, the last evaluation,
-the profile and its diagnosis, the chip's figures, history, notes and lessons. Everything comes from the
-``AgentRequest``, whose ``TaskBrief`` never holds the held-out shape; evaluation
-details are copied field by field (never the per-shape ``extra``), so nothing the
-harness keeps private leaks into a prompt.
+task: entry point, the arrays of every visible check shape and of the production shape
+with their dtypes, the correctness rule as the harness enforces it, the reference
+source) is identical across every turn of a session and carries ``cache_control`` so
+Anthropic's prompt cache serves it after the first request. The per-turn part says, in
+this order: the role's instructions; which number ranks kernels, for which chip and
+shape (never the host simulation ratio); where the proposal starts (best, latest, base
+and why); the chip's figures; the base kernel's source; its evaluation with every
+number (estimate and reference estimate in cycles, the per-op breakdown, VMEM of the
+limit, grid steps, the tolerance as enforced); its own diagnosis, held against the
+estimator; a table of every version with the same columns and a one-line diagnosis
+each; the read-only tool answers of the session; lessons, notes and the person's words.
+
+Everything comes from the ``AgentRequest``, whose ``TaskBrief`` never holds the held-out
+shape; evaluation details are copied field by field (never the per-shape ``extra``), so
+nothing the harness keeps private leaks into a prompt. Everything that came from the
+candidate (error messages, tracebacks, compiler messages, stderr) is fenced as untrusted
+(``agents.untrusted``).
 """
 
 from __future__ import annotations
@@ -18,17 +28,24 @@ from dataclasses import asdict, is_dataclass
 from typing import Any
 
 from agents.base import AgentRequest, TaskBrief
+from agents.evalfacts import array_text, fidelity_text, version_numbers
 from agents.roles import SYSTEM_TEXT, pallas_guide, role_spec
-from kernels.result import is_interpret
+from agents.untrusted import defuse, fence, neutralize
 
 CACHE = {"type": "ephemeral"}
-_MAX_PROFILE_CHARS = 6000
 _MAX_TRACEBACK_LINES = 20
+_MAX_STDERR_LINES = 15
 # Requests stay bounded whatever a candidate or a task file holds (a 50 MB kernel would
 # otherwise become a 50 MB request): each piece is cut, then the whole turn.
 MAX_SOURCE_CHARS = 64_000
 MAX_ERROR_CHARS = 4_000
 MAX_TURN_CHARS = 160_000
+MAX_PROFILE_LINES = 40
+# Read-only tool answers kept for the session: the newest first, within this budget
+# (about 6k tokens), each cut to a share of it.
+MAX_LOOKUP_CHARS = 24_000
+MAX_LOOKUP_ONE = 6_000
+TABLE_ROWS = 24
 
 
 def bounded(text: str, limit: int) -> str:
@@ -38,23 +55,117 @@ def bounded(text: str, limit: int) -> str:
     return text[:limit] + f"\n…({len(text) - limit} characters cut)"
 
 
+def lines_bounded(text: str, max_lines: int, max_chars: int) -> str:
+    """Whole lines of ``text`` only, at most ``max_lines`` and ``max_chars``: a digest is
+    cut between lines, never inside one (nor inside a structure)."""
+    out: list[str] = []
+    used = 0
+    lines = text.splitlines()
+    for line in lines:
+        if len(out) == max_lines or used + len(line) + 1 > max_chars:
+            out.append(f"…({len(lines) - len(out)} more lines left out)")
+            break
+        out.append(line)
+        used += len(line) + 1
+    return "\n".join(out)
+
+
 def system_blocks() -> list[dict[str, Any]]:
     text = f"{SYSTEM_TEXT}\n\n{pallas_guide()}"
     return [{"type": "text", "text": text, "cache_control": CACHE}]
 
 
+# -- the task (cached prefix) -------------------------------------------------------------
+
 def task_text(task: TaskBrief) -> str:
-    shapes = "\n".join(f"- {s['name']}: {_params(s['params'])}" for s in task.shapes) or "- (none)"
-    return (
-        f"# Task: {task.name}\n\n{task.description.strip()}\n\n"
-        f"Entry point: `{task.entry}` (same signature as the reference function)\n"
-        f"Family: {task.family or 'unspecified'}  ·  layout: {task.layout}\n"
-        f"Tolerance: atol={task.atol:g}, rtol={task.rtol:g} (compared in float32)\n"
-        f"Pallas required: {'yes' if task.require_pallas else 'no'}\n"
-        f"Shape configurations you may see (more are checked, unseen):\n{shapes}\n\n"
+    signature = ", ".join(task.signature) if task.signature else "..."
+    parts = [
+        f"# Task: {task.name}\n\n{task.description.strip()}",
+        f"Entry point: `{task.entry}({signature})`: define it with the reference's "
+        "signature; it must return what the reference returns (same shapes and dtypes).\n"
+        f"Family: {task.family or 'unspecified'}  ·  layout: {task.layout}  ·  Pallas "
+        f"required: {'yes' if task.require_pallas else 'no'}",
+        shapes_text(task),
+        tolerance_rule(task.atol, task.rtol),
         f"## Reference ({'reference.py' if task.layout == 'native' else 'reference'})\n"
-        f"```python\n{bounded(task.reference_source.rstrip(), MAX_SOURCE_CHARS)}\n```\n"
-    )
+        + (reference_note(task) + "\n" if reference_note(task) else "")
+        + f"```python\n{defuse(bounded(task.reference_source.rstrip(), MAX_SOURCE_CHARS))}"
+          "\n```\n",
+    ]
+    return "\n\n".join(parts)
+
+
+def shapes_text(task: TaskBrief) -> str:
+    """The check shapes with their input arrays, and the production shape."""
+    lines = ["## Shapes",
+             "Check shapes (correctness is checked at these, with fresh random inputs each "
+             "trial; more configurations are checked that you cannot see):"]
+    for s in task.shapes:
+        lines.append(f"- {s['name']} ({_params(s['params']) or 'as the task defines it'}): "
+                     f"{_inputs(s.get('inputs'), task.signature)}")
+    if not task.shapes:
+        lines.append("- (none visible)")
+    prod = task.production
+    if prod:
+        inputs = _inputs(prod.get("inputs"), task.signature) if prod.get("inputs") else \
+            "arrays not built here; the evaluation names them"
+        lines.append(f"Production shape (the size the user runs; the TPU compile, the "
+                     f"estimate and the ranking are for it, and --set never changes it): "
+                     f"{prod['name']} ({_params(prod.get('params') or {}) or 'as written'}): "
+                     f"{inputs}")
+    else:
+        lines.append("Production shape: none separate from the check shapes; the "
+                     "evaluation names the shape its estimate is for.")
+    lines.append("Write one kernel for every shape: read sizes and dtypes from the inputs.")
+    return "\n".join(lines)
+
+
+def _inputs(inputs: Any, names: tuple[str, ...]) -> str:
+    if not isinstance(inputs, list) or not inputs:
+        return "input arrays not known (the task's builder was not run)"
+    plain = [n for n in names if not n.startswith("*")]
+    out = []
+    for i, item in enumerate(inputs):
+        try:
+            shape, dtype = item
+        except (TypeError, ValueError):
+            continue
+        label = f"{plain[i]} " if i < len(plain) else ""
+        out.append(f"{label}{array_text(shape, dtype)}")
+    return ", ".join(out) or "input arrays not known"
+
+
+def tolerance_rule(atol: float, rtol: float, effective: float | None = None) -> str:
+    """The correctness rule as ``kernels.harness.compare`` enforces it."""
+    cap = (f"{effective:.3g} at the check shapes so far" if effective is not None else
+           "for small outputs far below the stated atol: about 1e-4 for a softmax over a "
+           "few hundred columns")
+    return ("## When an output is correct\n"
+            f"Each output array is compared in float32 with the reference (S = max|ref| of "
+            f"that array), with the task's atol={atol:g}, rtol={rtol:g}, and must pass all "
+            "three:\n"
+            f"1. value by value: |out - ref| <= min(atol, 5% of S) + rtol * |ref|; the "
+            f"absolute part is capped at 5% of S ({cap});\n"
+            "2. as a whole: rms(out - ref) <= 10% of std(ref) + rtol * rms(ref);\n"
+            "3. not constant where the reference varies.\n"
+            "NaN/Inf where the reference is finite, or a wrong shape or dtype structure, "
+            "is incorrect.")
+
+
+def reference_note(task: TaskBrief) -> str:
+    """What differs between the source shown and what runs at the check shapes."""
+    notes = []
+    if task.overrides:
+        sets = ", ".join(f"{k}={v}" for k, v in task.overrides.items())
+        if task.layout == "jaxbench":
+            notes.append(f"The check shapes run this file with CONFIG overridden by --set "
+                         f"{sets}; the CONFIG written below is the production size.")
+        else:
+            notes.append(f"The check shapes run with --set {sets}.")
+    if task.literal_rewrites:
+        pairs = ", ".join(f"{old} -> {new}" for old, new in task.literal_rewrites)
+        notes.append(f"Hard-coded sizes are shown rewritten for the check shapes ({pairs}).")
+    return " ".join(notes)
 
 
 def _params(params: dict[str, Any]) -> str:
@@ -68,49 +179,214 @@ def first_user_message(request: AgentRequest) -> dict[str, Any]:
     ]}
 
 
+# -- the turn -----------------------------------------------------------------------------
+
 def turn_text(request: AgentRequest) -> str:
     spec = role_spec(request.role)
     parts = [f"## Your role: {spec.title}\n{spec.instructions}"]
+    parts.append(ranking_text(request))
+    parts.append(base_text(request))
     parts.append(chip_text(request.chip))
     if request.current_source is not None:
         label = f"v{request.current_version}" if request.current_version else "current"
-        source = bounded(request.current_source.rstrip(), MAX_SOURCE_CHARS)
-        parts.append(f"## Current kernel ({label})\n```python\n{source}\n```")
+        source = defuse(bounded(request.current_source.rstrip(), MAX_SOURCE_CHARS))
+        parts.append(f"## Base kernel ({label}: your change applies to this source)\n"
+                     f"```python\n{source}\n```")
         tunables = _tunables_text(request.current_source)
         if tunables:
             parts.append(tunables)
     else:
-        parts.append("## Current kernel\nNone yet: this is the first version.")
+        parts.append("## Base kernel\nNone yet: this is the first version.")
     if request.last_eval:
         visible = {shape["name"] for shape in request.task.shapes}
-        parts.append(eval_text(request.last_eval, request.current_source, visible))
+        parts.append(eval_text(request.last_eval, request.current_source, visible,
+                               version=request.current_version))
+    if request.diagnosis:
+        parts.append(diagnosis_text(request.diagnosis, request.current_version))
+    elif request.current_version is not None and \
+            (request.last_eval or {}).get("status") == "correct":
+        parts.append(f"## Diagnosis of v{request.current_version}\nNone yet (no static "
+                     "analysis of this version was made).")
     if request.profile_summary:
         parts.append(profile_text(request.profile_summary))
-    if request.diagnosis:
-        parts.append(diagnosis_text(request.diagnosis))
     if request.history:
-        parts.append(history_text(request.history))
+        parts.append(history_text(request.history, best=request.best_version,
+                                  base=request.current_version))
+    lookups = lookups_text(request.lookups)
+    if lookups:
+        parts.append(lookups)
     lessons = request.lessons or stored_lessons(request)
     if lessons:
         parts.append("## Lessons from earlier sessions\n" + "\n".join(f"- {x}" for x in lessons))
     if request.notes:
-        parts.append("## Notes since your last proposal\n" + "\n".join(f"- {x}" for x in request.notes))
+        parts.append("## Notes since your last proposal\n"
+                     + "\n".join(f"- {defuse(x)}" for x in request.notes))
     if request.user_message:
-        parts.append(f"## Message from the user\n{request.user_message}")
-    return bounded("\n\n".join(parts), MAX_TURN_CHARS)
+        parts.append(f"## Message from the user\n{defuse(request.user_message)}")
+    return bounded("\n\n".join(p for p in parts if p), MAX_TURN_CHARS)
 
 
-def diagnosis_text(diagnosis: dict[str, Any]) -> str:
-    """The latest diagnosis (profiling.diagnose) with the numbers it rests on."""
-    lines = [f"## Diagnosis (from the profile of v{diagnosis.get('version')})",
-             str(diagnosis.get("summary", ""))]
-    for finding in diagnosis.get("findings") or []:
-        lines.append(f"- {finding.get('kind')}: {finding.get('reason')}")
-    evidence = {k: v for k, v in (diagnosis.get("evidence") or {}).items()
-                if v is not None and k != "warnings"}
-    if evidence:
-        lines.append("Evidence: " + _compact(_prune(evidence), 1500))
+def _latest_numbers(request: AgentRequest) -> dict[str, Any]:
+    """The numbers that say how ranking works here: the base's evaluation, else the
+    newest evaluated version's."""
+    numbers = version_numbers(request.last_eval)
+    if numbers.get("rank_source") not in (None, "none", "disqualified"):
+        return numbers
+    for entry in reversed(request.history):
+        found = entry.get("numbers") or {}
+        if found.get("rank_source") not in (None, "none", "disqualified"):
+            return found
+    return numbers
+
+
+def ranking_text(request: AgentRequest) -> str:
+    """Which number ranks kernels, in words, for this session's chip and shape."""
+    n = _latest_numbers(request)
+    backend = request.backend or (request.last_eval or {}).get("backend") or {}
+    on_tpu = backend.get("platform") == "tpu" and backend.get("mode") == "native"
+    chip = n.get("chip") or (request.chip if request.chip not in ("", "cpu", None) else "v5e")
+    shape = _estimate_shape(n, request.task)
+    head = "## What ranks kernels\n"
+    if on_tpu or n.get("rank_source") == "device_time":
+        return head + (
+            f"The measured device time on this TPU ({backend.get('device_kind') or chip}) "
+            f"against the XLA reference's, at {shape}: speedup = reference time / kernel "
+            "time, higher is better. The TPU compiler's estimate is recorded beside it.")
+    if n.get("rank_source") == "host_simulation":
+        why = n.get("estimate_unavailable") or "the TPU compiler gave no estimate"
+        return head + (
+            f"No TPU estimate is available ({why}), so kernels are ranked by the host "
+            "simulation ratio (XLA's time / the interpreted kernel's on this CPU), which "
+            "predicts nothing about a TPU: treat any ranking here as weak.")
+    text = (f"The TPU compiler's estimated speedup: est. = the XLA reference's estimated "
+            f"cycles / your kernel's, both compiled for TPU {chip} at {shape}. Higher is "
+            "better; 1.0x ties XLA; it decides \"best\", the base of the next proposal, and "
+            "when autonomous mode stops. It is a static estimate (no TPU here)")
+    fidelity = fidelity_text(n.get("fidelity"))
+    text += f"; how far it can be trusted for this kind of program: {fidelity}." if fidelity \
+        else ("; it tends to undercount time spent waiting on HBM (memory-bound programs "
+              "read faster than they run).")
+    if n.get("basis") == "memory_floor":
+        text += " The latest figure rests on the memory system's floor, which was higher " \
+                "than the compiler's count."
+    text += (" Off a TPU the check shapes run in TPU interpret mode on this CPU: that host "
+             "simulation time checks correctness only. It is not a speedup and ranks "
+             "nothing.")
+    return head + text
+
+
+def _estimate_shape(numbers: dict[str, Any], task: TaskBrief) -> str:
+    """Where the estimate is computed, in words (the production shape when known)."""
+    arrays = numbers.get("input_shapes") or []
+    label = numbers.get("shape_label")
+    name = numbers.get("shape")
+    prod = task.production or {}
+    if label or arrays:
+        what = f"the production shape {label or name}" if prod or label else f"shape {name}"
+        return what + (f" ({', '.join(arrays)})" if arrays else "")
+    check = next((s for s in task.shapes if s["name"] == name), None)
+    if check is not None:
+        return (f"the check shape {name} ({_inputs(check.get('inputs'), task.signature)})"
+                if check.get("inputs") else f"the check shape {name} "
+                f"({_params(check['params'])})")
+    if prod:
+        inputs = _inputs(prod.get("inputs"), task.signature) if prod.get("inputs") else \
+            _params(prod.get("params") or {})
+        return f"the production shape {prod['name']} ({inputs})"
+    if name:
+        return f"shape {name}"
+    if len(task.shapes) == 1:  # no production shape: the estimate is for the check shape
+        only = task.shapes[0]
+        arrays = _inputs(only.get("inputs"), task.signature) if only.get("inputs") else \
+            _params(only["params"])
+        return f"the check shape {only['name']} ({arrays})"
+    return "the largest check shape"
+
+
+def base_text(request: AgentRequest) -> str:
+    """Which version is best, which is latest, and which one this proposal starts from."""
+    base, best, latest = request.current_version, request.best_version, \
+        request.latest_version
+    if base is None:
+        return "## Where this proposal starts\nNo kernel yet: write the first version."
+    rows = {h.get("version"): h for h in request.history}
+
+    def said(number: int | None) -> str:
+        entry = rows.get(number) or {}
+        label = (entry.get("numbers") or {}).get("rank_label") or entry.get("rank_label")
+        label = label.split(" (")[0] if isinstance(label, str) else None
+        if label is None and isinstance(entry.get("speedup"), int | float):
+            label = f"ranked {entry['speedup']:.3g}"
+        return f"v{number}, {label or entry.get('status') or 'not evaluated'}"
+
+    lines = ["## Where this proposal starts",
+             f"Best so far: {said(best) if best is not None else 'none yet (no correct, ranked version)'}."
+             f" Latest: {said(latest)}."]
+    reason = f" ({request.base_reason})" if request.base_reason else ""
+    if request.role == "analyze":
+        lines.append(f"The version in question: v{base}{reason}; the kernel below is its "
+                     "source.")
+    else:
+        lines.append(f"Base: v{base}{reason}. The kernel below is v{base}'s source; a tuning "
+                     "change applies to it. To start from another version, give its number "
+                     "as `base` in your proposal.")
     return "\n".join(lines)
+
+
+def diagnosis_text(diagnosis: dict[str, Any], base: int | None = None) -> str:
+    """The base version's diagnosis (profiling.diagnose, checked against the estimator)
+    with the numbers it rests on."""
+    version = diagnosis.get("version")
+    sources = diagnosis.get("sources") or []
+    how = ("static analysis + TPU compiler figures" if "trace" not in sources else
+           "profile + static analysis + TPU compiler figures")
+    if base is not None and version != base:
+        head = f"## Diagnosis of v{version}, an earlier version (v{base} has none of its own)"
+    else:
+        head = f"## Diagnosis of v{version} ({how})"
+    lines = [head, str(diagnosis.get("summary", ""))]
+    for finding in diagnosis.get("findings") or []:
+        mark = (f" [CONTRADICTED by the estimator: {finding['contradicted']}]"
+                if finding.get("contradicted") else "")
+        lines.append(f"- {finding.get('kind')}: {finding.get('reason')}{mark}")
+    evidence = evidence_text(diagnosis.get("evidence") or {})
+    if evidence:
+        lines.append(evidence)
+    return "\n".join(lines)
+
+
+def evidence_text(e: dict[str, Any]) -> str:
+    """The diagnosis's evidence as a few readable facts (not a JSON dump)."""
+    out = []
+    if e.get("grid") is not None:
+        blocks = ", ".join(f"{k} {tuple(v) if isinstance(v, list) else v}"
+                           for k, v in (e.get("blocks") or {}).items())
+        steps = e.get("steps")
+        out.append(f"grid {tuple(e['grid'])} = {steps} step{'' if steps == 1 else 's'}; "
+                   f"blocks {blocks}")
+    if e.get("bytes_total"):
+        per = f" ({e['bytes_per_step'] / 1024:.1f} KiB per step)" if e.get("bytes_per_step") \
+            else ""
+        out.append(f"HBM traffic {e['bytes_total'] / 1024:.1f} KiB{per}")
+    if e.get("flops"):
+        out.append(f"{e['flops']:,.0f} FLOP")
+    if e.get("intensity") is not None and e.get("ridge_intensity") is not None:
+        dtype = f"{e['ridge_dtype']} " if e.get("ridge_dtype") else ""
+        out.append(f"intensity {e['intensity']:.3g} FLOP/B vs the {dtype}ridge "
+                   f"{e['ridge_intensity']:.3g} FLOP/B")
+    if e.get("vmem_padded_bytes") and e.get("vmem_budget_bytes"):
+        out.append(f"VMEM (static, padded) {e['vmem_padded_bytes'] / 2**20:.2f} of "
+                   f"{e['vmem_budget_bytes'] / 2**20:.0f} MiB")
+    if e.get("step_overhead_share") is not None:
+        out.append(f"fixed step cost ~{e['step_overhead_share']:.0%} of the static time model "
+                   "(0.35 us per step)")
+    steps = e.get("estimator_steps")
+    if steps:
+        out.append("the TPU compiler's cycles by grid steps (same kernel, other blocks, at "
+                   f"{e.get('estimator_steps_at', 'one shape')}): " + ", ".join(
+                       f"{s['steps']} step{'s' if s['steps'] != 1 else ''} {s['cycles']:,.0f} "
+                       f"(v{s['version']})" for s in steps))
+    return ("Evidence: " + "; ".join(out) + ".") if out else ""
 
 
 def stored_lessons(request: AgentRequest) -> tuple[str, ...]:
@@ -124,70 +400,257 @@ def stored_lessons(request: AgentRequest) -> tuple[str, ...]:
         return ()
 
 
+# -- one evaluation -----------------------------------------------------------------------
+
 def eval_text(result: dict[str, Any], source: str | None = None,
-              visible: set[str] | None = None) -> str:
-    """The last evaluation, field by field: status, error with its line, numbers.
+              visible: set[str] | None = None, version: int | None = None) -> str:
+    """One evaluation, field by field: status, error with its line, the numbers.
 
     A correctness reason about a configuration the agent may not see is reworded so that
     neither its name nor array indices (which would hint at its shape) reach the prompt.
+    Text that came from the candidate (messages, tracebacks, stderr) is fenced.
     """
-    lines = [f"## Last evaluation: {result.get('status', '?')}"]
+    who = f"v{version}" if version is not None else "this version"
+    lines = [f"## Evaluation of {who}: {result.get('status', '?')}"]
+    n = version_numbers(result)
     backend = result.get("backend") or {}
-    if backend:
-        lines.append(f"Backend: {backend.get('platform')} ({backend.get('mode')}); "
-                     "interpret-mode timings are not TPU performance." if
-                     is_interpret(backend) else
-                     f"Backend: {backend.get('platform')} {backend.get('device_kind', '')}")
+    if backend and not n.get("interpret"):
+        lines.append(f"Backend: {backend.get('platform')} {backend.get('device_kind', '')}")
     lowering = result.get("lowering") or {}
     if lowering.get("tpu") not in (None, "skipped"):
-        msg = f": {lowering.get('message')}" if lowering.get("message") else ""
-        lines.append(f"TPU lowering: {lowering.get('tpu')}{msg}")
+        lines.append(f"TPU lowering: {lowering.get('tpu')}")
+        if lowering.get("message"):
+            lines.append(fence(bounded(str(lowering["message"]), MAX_ERROR_CHARS),
+                               f"TPU lowering message of {who}"))
     error = result.get("error")
     if error:
         where = f" at line {error['line']}" if error.get("line") else ""
-        lines.append(f"Error ({error.get('kind')}){where}: "
-                     f"{bounded(str(error.get('message')), MAX_ERROR_CHARS)}")
+        lines.append(f"Error ({error.get('kind')}){where}:")
+        lines.append(fence(bounded(str(error.get("message")), MAX_ERROR_CHARS),
+                           f"error message of {who}"))
         if error.get("line") and source:
             lines.append(_source_excerpt(source, int(error["line"])))
         if error.get("hint"):
-            lines.append(f"Hint: {error['hint']}")
+            lines.append(f"Hint: {neutralize(str(error['hint']))}")
         tb = (error.get("traceback") or "").strip().splitlines()
         if tb:
-            lines.append("Traceback (last lines):\n" + bounded(
-                "\n".join(tb[-_MAX_TRACEBACK_LINES:]), MAX_ERROR_CHARS))
-    corr = dict(result.get("correctness") or {})
-    reason = str(corr.get("reason") or "")
-    if visible is not None and ":" in reason and reason.split(":", 1)[0] not in visible:
-        detail = re.sub(r"\(\d+(, ?\d+)*\)", "(…)", reason.split(":", 1)[1]).strip()
-        corr["reason"] = f"a shape configuration you cannot see failed: {detail}"
-    if corr:
-        lines.append("Correctness: " + ", ".join(
-            f"{k}={corr[k]}" for k in ("correct", "trials", "max_abs_diff", "max_rel_diff",
-                                        "atol", "rtol", "reason") if corr.get(k) is not None))
-    flags = (result.get("integrity") or {}).get("flags") or []
+            lines.append("Traceback (last lines):")
+            lines.append(fence(bounded("\n".join(tb[-_MAX_TRACEBACK_LINES:]), MAX_ERROR_CHARS),
+                               f"traceback of {who}"))
+    lines.extend(_correctness_lines(result, n, visible))
+    flags = n.get("flags") or []
     if flags:
         lines.append("Integrity flags: " + ", ".join(map(str, flags)))
-    timing = result.get("timing")
-    if timing:
-        lines.append("Timing: " + ", ".join(
-            f"{k}={timing[k]:.4g}" if isinstance(timing[k], float) else f"{k}={timing[k]}"
-            for k in ("method", "median_ms", "p10_ms", "p90_ms", "baseline_median_ms", "speedup")
-            if timing.get(k) is not None))
+        outside = (result.get("integrity") or {}).get("outside_compute") or []
+        if outside:
+            lines.append("Compute outside the kernel: " + "; ".join(
+                f"{o.get('op', o.get('primitive', '?'))} at line {o.get('line')}"
+                if isinstance(o, dict) else str(o) for o in outside[:5]))
+    lines.extend(_compiler_lines(n, who))
+    if n.get("host_ms") is not None:
+        ref = f", XLA reference {n['host_ref_ms']:.3g} ms" if n.get("host_ref_ms") else ""
+        what = ("TPU interpret mode on the CPU: checks correctness; not TPU time, not a "
+                "speedup" if n.get("interpret") else "wall clock")
+        lines.append(f"Host simulation time ({what}): kernel {n['host_ms']:.3g} ms{ref}.")
+    stderr = str(result.get("stderr") or "").strip()
+    if stderr and result.get("status") != "correct":
+        tail = stderr.splitlines()[-_MAX_STDERR_LINES:]
+        lines.append("Output the kernel printed (last lines of stdout/stderr):")
+        lines.append(fence(bounded("\n".join(tail), MAX_ERROR_CHARS), f"stdout/stderr of {who}"))
     return "\n".join(lines)
 
 
+def _correctness_lines(result: dict[str, Any], n: dict[str, Any],
+                       visible: set[str] | None) -> list[str]:
+    corr = dict(result.get("correctness") or {})
+    if not corr:
+        return []
+    reason = str(corr.get("reason") or "")
+    if visible is not None and ":" in reason and reason.split(":", 1)[0] not in visible:
+        detail = re.sub(r"\(\d+(, ?\d+)*\)", "(…)", reason.split(":", 1)[1]).strip()
+        reason = f"a shape configuration you cannot see failed: {detail}"
+    verdict = "correct" if corr.get("correct") else "incorrect"
+    diffs = []
+    if n.get("max_abs_diff") is not None:
+        diffs.append(f"max |out - ref| {n['max_abs_diff']:.3g}")
+    if n.get("max_rel_diff") is not None:
+        diffs.append(f"max relative {n['max_rel_diff']:.3g}")
+    line = f"Correctness: {verdict} in {corr.get('trials')} trials per shape" + (
+        f"; {', '.join(diffs)}" if diffs else "")
+    atol, rtol = n.get("atol"), n.get("rtol")
+    if atol is not None and rtol is not None:
+        enforced = n.get("atol_effective")
+        line += (f". Enforced: |out - ref| <= {enforced:.3g} + {rtol:g} * |ref| value by "
+                 f"value (the task's atol {atol:g}, capped at 5% of max|ref|)"
+                 if enforced is not None else
+                 f". Enforced: |out - ref| <= min({atol:g}, 5% of max|ref|) + {rtol:g} * |ref|")
+        line += ", and rms(out - ref) <= 10% of std(ref) + rtol * rms(ref)"
+    lines = [line + "."]
+    if reason:
+        # The harness's words, but they quote the output (its pytree's structure, its
+        # values), which the candidate chose: fenced like the rest of its output.
+        lines.append("Why:")
+        lines.append(fence(bounded(reason, MAX_ERROR_CHARS), "correctness verdict"))
+    return lines
+
+
+def _compiler_lines(n: dict[str, Any], who: str) -> list[str]:
+    """The TPU compiler's verdict and numbers for one evaluation."""
+    if not n.get("chip") and n.get("compile") is None:
+        return []
+    chip = n.get("chip") or "?"
+    lines = []
+    at = n.get("shape_label") or (f"shape {n['shape']}" if n.get("shape") else None)
+    where = f"TPU {chip}" + (f", at {at}" if at else "")
+    if n.get("compile") and n["compile"] != "ok":
+        lines.append(f"TPU compile ({where}): {n['compile']}")
+        if n.get("tpu_message"):
+            lines.append(fence(bounded(n["tpu_message"], MAX_ERROR_CHARS),
+                               f"TPU compiler message of {who}"))
+    cycles, ref = n.get("cycles"), n.get("ref_cycles")
+    if cycles is not None or ref is not None:
+        est = f" -> est. {n['estimated_speedup']:.3g}x" if n.get("estimated_speedup") else ""
+        method = f"; {n['method']}" if n.get("method") else ""
+        lines.append(f"TPU compiler estimate ({where}): kernel "
+                     f"{_cycles(cycles)} cycles, XLA reference {_cycles(ref)} cycles{est}"
+                     f"{method}.")
+        if n.get("ops"):
+            lines.append("  kernel's ops: " + _ops_text(n["ops"]))
+        if n.get("ref_ops"):
+            lines.append("  reference's ops: " + _ops_text(n["ref_ops"]))
+        if n.get("floor_cycles"):
+            lines.append(f"  memory floor (HBM traffic at the chip's bandwidth): "
+                         f"{_cycles(n['floor_cycles'])} cycles")
+    elif n.get("estimate_unavailable"):
+        lines.append(f"TPU compiler estimate ({where}): unavailable: "
+                     f"{neutralize(n['estimate_unavailable'])}")
+    facts = []
+    if n.get("vmem_bytes") is not None:
+        limit = f" of the {n['vmem_limit_bytes'] / 2**20:.0f} MiB scoped limit" \
+            if n.get("vmem_limit_bytes") else ""
+        facts.append(f"VMEM {n['vmem_bytes'] / 2**20:.2f} MiB{limit} (compiler)")
+    if n.get("grid_steps") is not None:
+        facts.append(f"{n['grid_steps']} grid steps")
+    if facts:
+        lines.append("; ".join(facts) + ".")
+    return lines
+
+
+def _ops_text(ops: list[dict[str, Any]], limit: int = 6) -> str:
+    parts = []
+    for op in ops[:limit]:
+        kind = "Pallas kernel" if op["kind"] == "pallas" else "XLA"
+        count = f" x{op['count']}" if op.get("count", 1) != 1 else ""
+        parts.append(f"{neutralize(op['name'])} ({kind}) {op['cycles']:,.0f}{count}")
+    more = f", … {len(ops) - limit} more" if len(ops) > limit else ""
+    return ", ".join(parts) + more
+
+
+def _cycles(value: float | None) -> str:
+    return "?" if value is None else f"{value:,.0f}"
+
+
 def _source_excerpt(source: str, line: int, around: int = 2) -> str:
-    src = source.splitlines()
+    src = defuse(source).splitlines()
     lo, hi = max(1, line - around), min(len(src), line + around)
     return "\n".join(f"{'>' if n == line else ' '}{n:4d} | {src[n - 1]}" for n in range(lo, hi + 1))
 
 
-def history_text(history: tuple[dict[str, Any], ...], limit: int = 12) -> str:
-    rows = []
-    for h in history[-limit:]:
-        speed = f"{h['speedup']:.3g}x" if isinstance(h.get("speedup"), int | float) else "-"
-        rows.append(f"- v{h.get('version')}: {h.get('status')}, speedup {speed}: {h.get('summary', '')}")
-    return "## Versions so far\n" + "\n".join(rows)
+# -- every version ------------------------------------------------------------------------
+
+def history_text(history: tuple[dict[str, Any], ...], limit: int = TABLE_ROWS,
+                 best: int | None = None, base: int | None = None) -> str:
+    """A table of the versions with their numbers, then one diagnosis line each."""
+    rows = list(history)
+    if len(rows) > limit:
+        keep = {best, base}
+        rows = [r for r in rows[:-limit] if r.get("version") in keep] + rows[-limit:]
+    head = ("## Versions so far (rank = the ranking number; cycles from the TPU compiler "
+            "at the estimate's shape)\n"
+            "| v | from | status | rank | kernel cycles | ref. cycles | in Pallas / outside |"
+            " VMEM used / limit | grid steps | change |\n"
+            "|---|---|---|---|---|---|---|---|---|---|")
+    table = [head]
+    for h in rows:
+        n = h.get("numbers") or {}
+        marks = [m for m, on in (("best", h.get("version") == best),
+                                 ("base", h.get("version") == base)) if on]
+        label = f"v{h.get('version')}" + (f" ({', '.join(marks)})" if marks else "")
+        status = str(h.get("status") or "not evaluated")
+        flags = [f for f in h.get("flags") or [] if f]
+        if flags:
+            status += f" [{', '.join(flags)}]"
+        est = _rank_cell(h, n)
+        split = (f"{_cycles(n.get('pallas_cycles'))} / {_cycles(n.get('outside_cycles'))}"
+                 if n.get("ops") else "-")
+        vmem = (f"{n['vmem_bytes'] / 2**20:.2f} / {n['vmem_limit_bytes'] / 2**20:.0f} MiB"
+                if n.get("vmem_bytes") is not None and n.get("vmem_limit_bytes") else "-")
+        steps = str(h["steps"]) + ("" if h.get("steps_source") == "tpu" else "*") \
+            if isinstance(h.get("steps"), int) else "-"
+        parent = f"v{h['parent']}" if h.get("parent") else "-"
+        summary = str(h.get("summary") or "").replace("|", "/")[:80]
+        table.append(f"| {label} | {parent} | {status} | {est} | {_cycles(n.get('cycles'))} | "
+                     f"{_cycles(n.get('ref_cycles'))} | {split} | {vmem} | {steps} | "
+                     f"{summary} |")
+    if any(r.get("steps_source") == "static" for r in rows):
+        table.append("* grid steps from the static analysis at the first check shape.")
+    diagnosed = [r for r in rows if r.get("diagnosis") and r.get("version") != base]
+    if diagnosed:
+        table.append("Diagnosis of each other version (static analysis + compiler figures):")
+        for r in diagnosed:
+            d = r["diagnosis"]
+            marks = [f"{f.get('kind')} contradicted by the estimator"
+                     for f in d.get("findings") or [] if f.get("contradicted")]
+            others = [f.get("kind") for f in d.get("findings") or []
+                      if not f.get("contradicted") and f.get("kind") != d.get("kind")]
+            extra = "; ".join([*marks, *(f"also {k}" for k in others)])
+            table.append(f"- v{r['version']}: {d.get('summary', '')}"
+                         + (f" ({extra})" if extra else ""))
+    return "\n".join(table)
+
+
+def _rank_cell(h: dict[str, Any], n: dict[str, Any]) -> str:
+    """The ranking number as the table shows it: an estimate says "est.", a host
+    simulation ratio is never written as a speedup."""
+    source = n.get("rank_source") or h.get("rank_source")
+    value = n.get("rank_value") if n else None
+    value = value if value is not None else h.get("speedup")
+    if not isinstance(value, int | float):
+        return "-"
+    if source == "tpu_estimate":
+        return f"est. {value:.3g}x"
+    if source == "device_time":
+        return f"{value:.3g}x measured"
+    if source == "host_simulation":
+        return f"host sim. {value:.3g} (not a speedup)"
+    return f"{value:.3g}"
+
+
+def lookups_text(lookups: tuple[dict[str, Any], ...]) -> str:
+    """The session's read-only tool answers, newest kept within ``MAX_LOOKUP_CHARS``;
+    a repeated call keeps only its latest answer."""
+    latest: dict[str, dict[str, Any]] = {}
+    for call in lookups:
+        key = f"{call.get('name')} {json.dumps(call.get('input'), sort_keys=True)}"
+        latest.pop(key, None)
+        latest[key] = call
+    kept: list[str] = []
+    used = 0
+    dropped = 0
+    for call in reversed(list(latest.values())):
+        body = bounded(str(call.get("output") or ""), MAX_LOOKUP_ONE)
+        entry = (f"### {call.get('name')}({json.dumps(call.get('input') or {})})"
+                 f"{' (error)' if call.get('is_error') else ''}\n{body}")
+        if used + len(entry) > MAX_LOOKUP_CHARS:
+            dropped += 1
+            continue
+        kept.append(entry)
+        used += len(entry)
+    if not kept:
+        return ""
+    note = f" ({dropped} older ones left out for space)" if dropped else ""
+    return ("## Read-only tool answers earlier in this session (kept for the session"
+            f"{note}; oldest first)\n" + "\n\n".join(reversed(kept)))
 
 
 def _tunables_text(source: str) -> str:
@@ -202,6 +665,8 @@ def _tunables_text(source: str) -> str:
     return "Declared tunables: " + "; ".join(
         f"{name}={cur!r} of {choices}" for name, (cur, choices) in declared.items())
 
+
+# -- the chip -----------------------------------------------------------------------------
 
 def chip_text(chip: str) -> str:
     """The target chip's figures, from ``profiling.chips`` when that module is present."""
@@ -223,7 +688,9 @@ def _describe_chip(f: dict[str, Any]) -> str:
                 f"GB/s, {f['hbm_bytes'] / 2**30:.0f} GiB; VMEM {f['vmem_bytes'] / 2**20:.0f} MiB "
                 f"per core ({f['scoped_vmem_bytes'] / 2**20:.0f} MiB scoped by default); "
                 f"{f['cores']} core(s){', megacore' if f.get('megacore') else ''}; ridge "
-                f"{f['bf16_flops'] / f['hbm_bytes_per_s']:.0f} FLOP/byte.")
+                f"point (FLOP per HBM byte where compute starts to bind) "
+                f"{f['bf16_flops'] / f['hbm_bytes_per_s']:.0f} FLOP/B for bf16 work, "
+                f"{f['f32_flops'] / f['hbm_bytes_per_s']:.0f} FLOP/B for f32 work.")
     except (KeyError, TypeError, ZeroDivisionError):
         text = ", ".join(f"{k}={v}" for k, v in f.items())
     return text + (f" {f['note']}" if f.get("note") else "")
@@ -250,34 +717,22 @@ def chip_figures(chip: str) -> dict[str, Any]:
     return {k: v for k, v in dict(spec).items() if isinstance(v, int | float | str | bool)}
 
 
-_PROFILE_FIRST = ("status", "error", "analysis", "roofline", "top_ops", "per_iteration",
-                  "pallas_share", "timeline")
-_PROFILE_DROP = {"events", "traceEvents", "trace", "tracks", "logdir", "raw", "chip"}
-
+# -- a profile ----------------------------------------------------------------------------
 
 def profile_text(profile: dict[str, Any]) -> str:
-    """The profile JSON (``tilewright.profile/1``) pruned for a prompt: the static analysis
-    (grid, blocks, VMEM, warnings), roofline placement and top ops first; raw trace
-    events, long lists and long strings cut."""
-    ordered = {k: profile[k] for k in _PROFILE_FIRST if k in profile}
-    ordered.update({k: v for k, v in profile.items() if k not in ordered})
-    return "## Profile summary\n" + _compact(_prune(ordered), _MAX_PROFILE_CHARS)
+    """A profile (``tilewright.profile/1``) as its digest (``profiling.digest``): the
+    static analysis per kernel, the roofline with its ridge's dtype, and the trace's top
+    ops only when they were measured on a device (an interpret-mode trace is host
+    noise). Whole lines only, bounded."""
+    try:
+        from profiling.digest import digest
 
-
-def _prune(value: Any, depth: int = 0) -> Any:
-    if isinstance(value, dict):
-        return {k: _prune(v, depth + 1) for k, v in value.items()
-                if k not in _PROFILE_DROP and depth < 6}
-    if isinstance(value, list):
-        head = [_prune(v, depth + 1) for v in value[:10]]
-        return head + ([f"... {len(value) - 10} more"] if len(value) > 10 else [])
-    if isinstance(value, str) and len(value) > 300:
-        return value[:300] + "…"
-    if isinstance(value, float):
-        return float(f"{value:.4g}")
-    return value
-
-
-def _compact(value: Any, limit: int) -> str:
-    text = json.dumps(value, default=str, indent=None, sort_keys=True)
-    return text if len(text) <= limit else text[:limit] + " …(truncated)"
+        text = digest(profile)
+    except Exception:  # a profile from another version of the schema: say what we can
+        text = str(profile.get("digest") or "")
+    if not text:
+        return ""
+    if profile.get("status") != "ok":
+        return "## Profile\n" + fence(lines_bounded(text, MAX_PROFILE_LINES, 6000),
+                                      "profile error of the kernel")
+    return "## Profile digest\n" + lines_bounded(neutralize(text), MAX_PROFILE_LINES, 6000)

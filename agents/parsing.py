@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from agents.base import AgentRequest, Proposal, ToolCall
@@ -125,9 +125,28 @@ def _from_tool(call: ToolCall, text: str, request: AgentRequest) -> Parsed:
             return Parsed(followup="propose_kernel needs `source`: the complete module as a string.",
                           tool_use_id=call.id)
         rationale = str(data.get("rationale") or text).strip()
+        base, problem = _base(data, request)
+        if problem:
+            return Parsed(followup=problem, tool_use_id=call.id)
         parsed = _kernel(source, str(data.get("summary") or ""), rationale, request, "tool")
+        if parsed.proposal is not None and base is not None:
+            parsed = Parsed(replace(parsed.proposal, meta={**parsed.proposal.meta,
+                                                           "base": base}))
         return Parsed(parsed.proposal, parsed.followup, call.id if parsed.followup else None)
     return _tuning(call, text, request)
+
+
+def _base(data: dict[str, Any], request: AgentRequest) -> tuple[int | None, str | None]:
+    """The ``base`` a proposal names (None: the request's own), or what is wrong with it."""
+    base = data.get("base")
+    if base is None or base == request.current_version:
+        return None, None
+    known = {h.get("version"): h for h in request.history}
+    if not isinstance(base, int) or isinstance(base, bool) or base not in known:
+        names = ", ".join(f"v{n}" for n in known) or "none"
+        return None, (f"`base` must be the number of a version of this session (versions: "
+                      f"{names}); leave it out to start from v{request.current_version}.")
+    return base, None
 
 
 def _kernel(source: str, summary: str, rationale: str, request: AgentRequest, via: str) -> Parsed:
@@ -149,6 +168,23 @@ def _tuning(call: ToolCall, text: str, request: AgentRequest) -> Parsed:
     if request.current_source is None:
         return Parsed(followup="There is no kernel to tune yet: call propose_kernel.",
                       tool_use_id=call.id)
+    base, problem = _base(call.input, request)
+    if problem:
+        return Parsed(followup=problem, tool_use_id=call.id)
+    if base is not None:
+        # Another version's source is not in the request: its recorded tunables are.
+        entry = next(h for h in request.history if h.get("version") == base)
+        declared_there = entry.get("tunables") or {}
+        unknown = sorted(set(changes) - set(declared_there))
+        if unknown:
+            return Parsed(followup=(f"v{base} declares no tunable {', '.join(unknown)} "
+                                    f"(it declares: {', '.join(declared_there) or 'none'})."),
+                          tool_use_id=call.id)
+        summary = "tune " + ", ".join(f"{k}={v!r}" for k, v in changes.items()) + \
+            f" (from v{base})"
+        return Parsed(Proposal(kind="tuning", summary=summary,
+                               rationale=str(call.input.get("rationale") or text).strip(),
+                               tuning=dict(changes), meta={"via": "tool", "base": base}))
     try:
         declared = tunables.read(request.current_source)
         tunables.apply(request.current_source, changes)

@@ -13,14 +13,30 @@ from importlib.resources import files
 from typing import Any
 
 from agents.tools import READ_TOOLS
+from agents.untrusted import RULE as UNTRUSTED_RULE
 
 SYSTEM_TEXT = """\
 You are a kernel engineer working inside tilewright, a workbench where a person and an \
 agent design and optimize JAX/Pallas kernels for TPUs together. You propose; the person \
 (or an auto-approver under budgets) decides what runs. Every kernel you propose is \
-evaluated by a fixed harness: correctness against the task's reference on several shape \
-configurations with fresh random inputs (some configurations are never shown to you), \
-TPU lowering, and timing against the reference compiled by XLA.
+evaluated by a fixed harness: correctness against the task's reference at its check \
+shapes with fresh random inputs (some configurations are never shown to you), TPU \
+lowering, and a compile by the real TPU compiler for the session's chip.
+
+What ranks kernels: on a TPU, the measured device time against the XLA reference's. \
+Off a TPU (the usual case here), the TPU compiler's static estimate: est. = the XLA \
+reference's estimated cycles / your kernel's, both compiled for the session's chip at \
+the task's production shape; higher is better, 1.0x ties XLA. Each request says which \
+applies and at what shape. Off a TPU the check shapes run in TPU interpret mode on the \
+CPU: that host simulation time checks correctness only. It is not a speedup, predicts \
+nothing about a TPU, and ranks nothing.
+
+Where a proposal starts: the kernel shown in a request is the base your change applies \
+to. After a version comes out slower than the best, the base is the best version \
+again; the request says which version is best, which is latest, and why the base is \
+what it is. To start from another version, give its number as `base`.
+
+Untrusted text: @UNTRUSTED@
 
 Rules:
 - A kernel proposal is one complete Python module defining the task's entry function \
@@ -35,9 +51,12 @@ kernel in a single ```python fenced block.
 without a proposing tool call: a text-only reply is shown as your answer.
 - Read-only tools (lookup_api, get_version, diff_versions, chip_info) need no approval: \
 call them whenever a fact would help, e.g. lookup_api("pl.BlockSpec") before relying on \
-a Pallas API, since the API changes between JAX releases.
+a Pallas API, since the API changes between JAX releases. Their answers stay with the \
+session: later requests repeat them, so there is no need to ask again.
 - Be concrete and brief: say what you change and why it should be faster or correct.
 """
+
+SYSTEM_TEXT = SYSTEM_TEXT.replace("@UNTRUSTED@", UNTRUSTED_RULE)
 
 TOOLS: list[dict[str, Any]] = [
     {
@@ -61,20 +80,29 @@ TOOLS: list[dict[str, Any]] = [
                 "summary": {"type": "string", "description": "One line: what changed."},
                 "rationale": {"type": "string", "description": "Why it is correct and faster."},
                 "source": {"type": "string", "description": "The complete Python module."},
+                "base": {"type": "integer",
+                         "description": "The version this module starts from, when not the "
+                                        "base the request names (optional)."},
             },
             "required": ["summary", "source"],
         },
     },
     {
         "name": "propose_tuning",
-        "description": ("Propose new values for tunables the current kernel declares in TUNABLES; "
-                        "the rest of the source stays as it is."),
+        "description": ("Propose new values for one or more tunables the base kernel declares "
+                        "in TUNABLES, all applied at once; the rest of the source stays as it "
+                        "is."),
         "input_schema": {
             "type": "object",
             "properties": {
-                "changes": {"type": "object", "description": "{NAME: new_value}",
+                "changes": {"type": "object",
+                            "description": "{NAME: new_value, ...}: one or several tunables",
                             "additionalProperties": True},
                 "rationale": {"type": "string"},
+                "base": {"type": "integer",
+                         "description": "The version whose source to tune, when not the base "
+                                        "the request names (optional; it must declare the "
+                                        "same tunables)."},
             },
             "required": ["changes", "rationale"],
         },
@@ -116,9 +144,11 @@ ROLES: dict[str, RoleSpec] = {
         ("kernel", "tuning")),
     "tune": RoleSpec(
         "tune", "tuner",
-        "The kernel is correct. Propose one tuning change (propose_tuning) to the declared "
-        "tunables that you expect to make it faster, with the reason; or a structural "
-        "change (propose_kernel) when the profile says tuning cannot help.",
+        "The base kernel is correct. Propose new values for the declared tunables "
+        "(propose_tuning; `changes` may set one tunable or several at once) that you expect "
+        "to raise the ranking number, with the reason read from the numbers of the versions "
+        "so far; or a structural change (propose_kernel) when the numbers say tuning "
+        "cannot help.",
         ("tuning", "kernel")),
     "analyze": RoleSpec(
         "analyze", "analyst",

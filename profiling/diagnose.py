@@ -12,10 +12,15 @@ the main limit:
   the blocking needs (few bytes per step): larger blocks, fewer steps;
 - ``mxu_shape``: a dot leaves the MXU part-empty (K or N not a multiple of its width);
 - ``memory_bound`` / ``compute_bound``: otherwise, arithmetic intensity against the
-  chip's ridge point.
+  chip's ridge point for the dtype the work runs in (the ridge is named with its dtype:
+  f32's is a third of bf16's).
 
 Every finding that holds is listed with its evidence; the first in that order is the
-diagnosis. Pure data in, data out: no JAX, any layer may call it.
+diagnosis. ``check_with_estimates(diagnosis, versions)`` then holds a diagnosis against
+the TPU compiler's estimates of the versions measured since: a heuristic the estimator
+contradicts (per-step overhead, when a version with fewer grid steps is estimated
+slower) is marked ``contradicted`` with the numbers, and no longer leads the diagnosis.
+Pure data in, data out: no JAX, any layer may call it.
 """
 
 from __future__ import annotations
@@ -84,9 +89,11 @@ def diagnose(profile: dict[str, Any], eval_result: dict[str, Any] | None = None
         None if intensity is None or ridge is None else
         "compute" if intensity >= ridge else "memory")
     if bound in ("memory", "compute"):
+        dtype = evidence.get("ridge_dtype")
         findings.append(_finding(
             f"{bound}_bound",
-            f"intensity {_num(intensity)} FLOP/B vs ridge {_num(ridge)} FLOP/B"
+            f"intensity {_num(intensity)} FLOP/B vs the {dtype + ' ' if dtype else ''}ridge "
+            f"{_num(ridge)} FLOP/B"
             + (f"; roofline bound {roof['bound_ms'] * 1e3:.2f} us" if roof.get("bound_ms")
                else "")))
     if not findings:
@@ -152,6 +159,7 @@ def _roofline_evidence(evidence: dict[str, Any], roof: dict[str, Any]) -> None:
     if evidence.get("intensity") is None:
         evidence["intensity"] = roof.get("intensity")
     evidence.update({"ridge_intensity": roof.get("ridge_intensity"),
+                     "ridge_dtype": roof.get("dtype"),
                      "bound_by": roof.get("bound_by"), "bound_us": _us(roof.get("bound_ms")),
                      "estimate_us": _us(roof.get("estimate_ms")),
                      "roofline_fraction": roof.get("fraction")})
@@ -159,3 +167,70 @@ def _roofline_evidence(evidence: dict[str, Any], roof: dict[str, Any]) -> None:
 
 def _us(ms: float | None) -> float | None:
     return None if ms is None else ms * 1e3
+
+
+# -- against the estimator ---------------------------------------------------------------
+
+def check_with_estimates(diagnosis: dict[str, Any], versions: Any) -> dict[str, Any]:
+    """``diagnosis`` (of one version) held against the TPU compiler's estimates of the
+    versions measured so far (history entries: ``version``, ``status``, ``steps`` with
+    ``steps_source``, ``numbers.cycles``, ``tunables``).
+
+    Comparable versions share the diagnosed one's tunable names (the same kernel with
+    other block sizes) and count grid steps the same way. ``evidence.estimator_steps``
+    lists the compiler's cycles by grid-step count; the ``per_step_overhead`` finding
+    (fewer, larger steps would be faster) is marked ``contradicted`` when a comparable
+    version with fewer steps is estimated slower. A contradicted finding no longer
+    leads: ``kind``, ``summary`` and ``advice`` come from the first one that stands (or
+    say that none does). Returns a new dict; the recorded event is not changed."""
+    rows = [r for r in versions or [] if isinstance(r, dict)]
+    number = diagnosis.get("version")
+    own = next((r for r in rows if r.get("version") == number), None)
+    out = dict(diagnosis)
+    if own is None or not isinstance(own.get("steps"), int):
+        return out
+    cycles = (own.get("numbers") or {}).get("cycles")
+    names = set((own.get("tunables") or {}).keys())
+    same = [r for r in rows if r.get("status") == "correct"
+            and set((r.get("tunables") or {}).keys()) == names
+            and r.get("steps_source") == own.get("steps_source")
+            and isinstance(r.get("steps"), int)
+            and isinstance((r.get("numbers") or {}).get("cycles"), int | float)]
+    by_steps: dict[int, tuple[float, int]] = {}
+    for r in same:
+        c = float(r["numbers"]["cycles"])
+        if r["steps"] not in by_steps or c < by_steps[r["steps"]][0]:
+            by_steps[r["steps"]] = (c, int(r["version"]))
+    evidence = dict(out.get("evidence") or {})
+    if len(by_steps) >= 2:
+        evidence["estimator_steps"] = [
+            {"steps": k, "cycles": c, "version": v} for k, (c, v) in sorted(by_steps.items())]
+        evidence["estimator_steps_at"] = ("the estimate's shape" if own.get("steps_source")
+                                          == "tpu" else "the first check shape")
+    out["evidence"] = evidence
+    findings = [dict(f) for f in out.get("findings") or []]
+    if isinstance(cycles, int | float):
+        fewer = [r for r in same if r["steps"] < own["steps"]
+                 and float(r["numbers"]["cycles"]) > float(cycles)]
+        for f in findings:
+            if f.get("kind") == "per_step_overhead" and fewer:
+                r = min(fewer, key=lambda x: x["steps"])
+                f["contradicted"] = (
+                    f"the TPU compiler estimates v{r['version']}, with fewer grid steps "
+                    f"({r['steps']} vs {own['steps']}), slower: "
+                    f"{float(r['numbers']['cycles']):,.0f} vs {float(cycles):,.0f} cycles")
+    out["findings"] = findings
+    standing = [f for f in findings if not f.get("contradicted")]
+    if len(standing) == len(findings):
+        return out
+    out["contradicted"] = [f["kind"] for f in findings if f.get("contradicted")]
+    if standing:
+        first = standing[0]
+        out.update(kind=first["kind"], advice=ADVICE.get(first["kind"], ""),
+                   summary=f"{first['kind'].replace('_', ' ')}: {first['reason']}; next: "
+                           f"{ADVICE.get(first['kind'], '')}")
+    else:
+        out.update(kind="none", advice="",
+                   summary="no finding stands: the estimator contradicts "
+                           + ", ".join(out["contradicted"]))
+    return out

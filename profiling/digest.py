@@ -2,8 +2,12 @@
 
 ``digest(profile)`` reads the ``tilewright.profile/1`` dict and says what matters to the
 next kernel change: per pallas_call the grid, blocks, VMEM against its budget, HBM
-traffic, intensity and every warning with its fix; the roofline bound; the top ops;
-the Pallas share. No rich, no JAX: any layer may call it.
+traffic, intensity and every warning with its fix; the roofline bound with the dtype its
+ridge is for; the top ops; the Pallas share. A trace taken in TPU interpret mode is the
+host simulating the kernel (``io_callback``, ``while``, ``cond`` ops of the
+interpreter): its ops and times say nothing about a TPU and are left out, as are file
+paths. Whole lines only: a caller that must shorten it drops lines, never cuts one.
+No rich, no JAX: any layer may call it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ def digest(profile: dict[str, Any], top: int = 5) -> str:
         lines = []
     chip = (profile.get("chip") or {}).get("label", "?")
     backend = profile.get("backend") or {}
+    interpret = backend.get("mode") == "tpu-interpret"
     lines.append(f"analyzed for {chip}; ran on {backend.get('platform', '?')} "
                  f"({backend.get('mode', '?')})")
     for k in (profile.get("analysis") or {}).get("kernels", []):
@@ -47,9 +52,16 @@ def digest(profile: dict[str, Any], top: int = 5) -> str:
                   else f"; {roof['note']}" if roof.get("note") else "")
         estimate = (f"; static estimate ~{roof['estimate_ms'] * 1e3:.2f} us with per-step cost"
                     if roof.get("estimate_ms") else "")
-        lines.append(f"roofline: >= {roof['bound_ms'] * 1e3:.2f} us ({roof['bound_by']}-bound)"
-                     + estimate + placed)
+        ridge = (f"; {roof['dtype']} ridge {roof['ridge_intensity']:.3g} FLOP/B"
+                 if roof.get("ridge_intensity") and roof.get("dtype") else "")
+        lines.append(f"roofline: >= {roof['bound_ms'] * 1e3:.2f} us ({roof['bound_by']}-bound"
+                     f"{ridge})" + estimate + placed)
     ops = profile.get("top_ops") or []
+    if interpret:
+        if ops:
+            lines.append("trace: the CPU interpreting the kernel (TPU interpret mode); its "
+                         "ops and times say nothing about a TPU and are left out")
+        return "\n".join(lines)
     if ops:
         lines.append("top ops: " + ", ".join(
             f"{o['name']} {o['self_ms']:.3f} ms self x{o['count']}" for o in ops[:top]))

@@ -152,7 +152,7 @@ def analyze_pallas_call(eqn: Any, *, chip: Chip, task_flops: float | None = None
         if out_idx + gm.num_inputs < len(operands):
             operands[out_idx + gm.num_inputs]["aliases_input"] = int(in_idx)
 
-    work = count_kernel_work(kernel_jaxpr)
+    work = count_kernel_work(kernel_jaxpr, grid if static_grid else None)
     scratch = [_scratch(aval) for aval in gm.scratch_avals]
     # Buffers the body allocates itself (pl.run_scoped, emit_pipeline): counted as if
     # they were all live at once, an upper bound when scopes follow one another.

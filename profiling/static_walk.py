@@ -192,11 +192,20 @@ def _eval_jax(closed: Any, grid_indices: list[Any]) -> list[Any]:
     return [np.asarray(o) for o in outs]
 
 
-def count_kernel_work(jaxpr: Any) -> dict[str, Any]:
-    """Dots (with M, K, N), dot flops, elementwise flops and transcendentals of one grid step."""
+def count_kernel_work(jaxpr: Any, grid: list[int | None] | None = None) -> dict[str, Any]:
+    """Dots (with M, K, N), dot flops, elementwise flops and transcendentals of one grid
+    step, averaged over the grid.
+
+    With a static ``grid``, a ``cond`` (``pl.when``) whose predicate is computed from
+    ``program_id``/``num_programs`` is evaluated for every grid step, and each branch is
+    counted on the steps where it runs: a dot written in two exclusive ``pl.when``
+    branches (``k == 0`` and ``k > 0``) counts once per step, not twice. A predicate that
+    reads run-time data counts its costliest branch on every step (an upper bound, noted).
+    """
     acc: dict[str, Any] = {"dot_flops": 0.0, "elementwise_flops": 0.0, "transcendentals": 0.0,
                            "dots": [], "notes": [], "scoped_avals": []}
-    _walk_work(jaxpr, 1.0, acc)
+    steps = _StepIndex.of(grid)
+    _walk_work(jaxpr, 1.0, acc, steps, steps.all() if steps else None, {})
     return acc
 
 
@@ -204,9 +213,78 @@ def _size(aval: Any) -> int:
     return math.prod(int(d) for d in getattr(aval, "shape", ()))
 
 
-def _walk_work(jaxpr: Any, times: float, acc: dict[str, Any]) -> None:
+class _StepIndex:
+    """The grid indices of every step, in iteration order (last axis innermost)."""
+
+    def __init__(self, grid: list[int]) -> None:
+        import numpy as np
+
+        self.grid = grid
+        self.count = math.prod(grid)
+        mesh = np.meshgrid(*[np.arange(g) for g in grid], indexing="ij")
+        self.indices = [m.reshape(-1) for m in mesh]
+
+    @classmethod
+    def of(cls, grid: list[int | None] | None) -> _StepIndex | None:
+        if not grid or any(not isinstance(g, int) or g <= 0 for g in grid):
+            return None
+        if math.prod(g for g in grid if g) > 1 << 22:  # too many steps to enumerate
+            return None
+        return cls([int(g) for g in grid if g is not None])
+
+    def all(self) -> Any:
+        import numpy as np
+
+        return np.ones(self.count, dtype=bool)
+
+
+def _step_value(eqn: Any, env: dict[Any, Any], steps: _StepIndex) -> list[Any] | None:
+    """The outputs of a scalar equation for every grid step, when they follow from
+    program ids, grid sizes and literals alone; None otherwise."""
+    import numpy as np
+    from jax._src import core as jcore
+
+    name = eqn.primitive.name
+    if name == "program_id":
+        axis = int(eqn.params["axis"])
+        return [steps.indices[axis]] if axis < len(steps.indices) else None
+    if name == "num_programs":
+        axis = int(eqn.params["axis"])
+        return [np.full(steps.count, steps.grid[axis])] if axis < len(steps.grid) else None
+    ins = []
+    for atom in eqn.invars:
+        if isinstance(atom, jcore.Literal):
+            ins.append(np.asarray(atom.val))
+        elif atom in env:
+            ins.append(env[atom])
+        else:
+            return None
+    table = _np_table()
+    if name in table:
+        return [table[name](*ins)]
+    if name == "convert_element_type":
+        return [np.asarray(ins[0]).astype(np.dtype(eqn.params["new_dtype"]))]
+    if name == "integer_pow":
+        return [np.power(ins[0], eqn.params["y"])]
+    return None
+
+
+def _walk_work(jaxpr: Any, times: float, acc: dict[str, Any],
+               steps: _StepIndex | None = None, mask: Any = None,
+               env: dict[Any, Any] | None = None) -> None:
+    """Add the work of ``jaxpr`` run ``times`` times per grid step (on average).
+
+    ``mask`` (with ``steps``) marks the grid steps on which this code runs, ``env`` the
+    scalars known for every step; both are None inside loops, whose iterations the
+    grid indices do not describe."""
+    env = {} if env is None else env
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
+        if steps is not None and not eqn.primitive.multiple_results and len(eqn.outvars) == 1 \
+                and getattr(eqn.outvars[0].aval, "shape", None) == ():
+            value = _step_value(eqn, env, steps)
+            if value is not None:
+                env[eqn.outvars[0]] = value[0]
         if name == "dot_general":
             _count_dot(eqn, times, acc)
         elif name in ELEMENTWISE:
@@ -215,28 +293,14 @@ def _walk_work(jaxpr: Any, times: float, acc: dict[str, Any]) -> None:
             if name in TRANSCENDENTAL:
                 acc["transcendentals"] += n * times
         elif name == "cond":
-            # pl.when guards: count the costliest branch (an upper bound per step).
-            best = None
-            for branch in eqn.params["branches"]:
-                sub = {"dot_flops": 0.0, "elementwise_flops": 0.0, "transcendentals": 0.0,
-                       "dots": [], "notes": [], "scoped_avals": []}
-                _walk_work(branch.jaxpr, times, sub)
-                if best is None or (sub["dot_flops"], sub["elementwise_flops"]) > (
-                        best["dot_flops"], best["elementwise_flops"]):
-                    best = sub
-            if best:
-                for key in ("dot_flops", "elementwise_flops", "transcendentals"):
-                    acc[key] += best[key]
-                acc["dots"].extend(best["dots"])
-                acc["notes"].extend(best["notes"])
-                acc["scoped_avals"].extend(best["scoped_avals"])
+            _walk_cond(eqn, times, acc, steps, mask, env)
         elif name == "scan":
             _walk_work(eqn.params["jaxpr"].jaxpr, times * int(eqn.params["length"]), acc)
         elif name == "run_scoped":
             # pl.run_scoped (and emit_pipeline's buffers): the body's inputs are allocations.
             sub = eqn.params["jaxpr"]
             acc.setdefault("scoped_avals", []).extend(v.aval for v in sub.invars)
-            _walk_work(sub, times, acc)
+            _walk_work(sub, times, acc, steps, mask, {})
         elif name == "while":
             note = "a while loop with a run-time trip count was counted once per grid step"
             if note not in acc["notes"]:
@@ -245,7 +309,89 @@ def _walk_work(jaxpr: Any, times: float, acc: dict[str, Any]) -> None:
         else:
             for value in eqn.params.values():
                 for sub in _jaxprs_in(value):
-                    _walk_work(sub, times, acc)
+                    _walk_work(sub, times, acc, steps, mask, {})
+
+
+def _empty_work() -> dict[str, Any]:
+    return {"dot_flops": 0.0, "elementwise_flops": 0.0, "transcendentals": 0.0,
+            "dots": [], "notes": [], "scoped_avals": []}
+
+
+_DOT_KEY = ("m", "k", "n", "batch", "lhs_dtype", "rhs_dtype", "out_dtype")
+
+
+def _merge_work(acc: dict[str, Any], sub: dict[str, Any]) -> None:
+    for key in ("dot_flops", "elementwise_flops", "transcendentals"):
+        acc[key] += sub[key]
+    for dot in sub["dots"]:
+        same = next((d for d in acc["dots"]
+                     if all(d.get(k) == dot.get(k) for k in _DOT_KEY)), None)
+        if same is None:
+            acc["dots"].append(dot)
+        elif "steps_share" in dot and "steps_share" in same:
+            # The same dot in exclusive branches (k == 0, k > 0): one dot on every step.
+            same["flops_per_step"] += dot["flops_per_step"]
+            same["steps_share"] = min(1.0, same["steps_share"] + dot["steps_share"])
+    acc["notes"].extend(n for n in sub["notes"] if n not in acc["notes"])
+    acc["scoped_avals"].extend(sub["scoped_avals"])
+
+
+def _walk_cond(eqn: Any, times: float, acc: dict[str, Any], steps: _StepIndex | None,
+               mask: Any, env: dict[Any, Any]) -> None:
+    """A ``cond`` (``pl.when``, ``lax.cond``): each branch on the steps it runs on when
+    the predicate is known per grid step, else its costliest branch on every step."""
+    import numpy as np
+    from jax._src import core as jcore
+
+    branches = eqn.params["branches"]
+    index_atom = eqn.invars[0]
+    which = None
+    if steps is not None and mask is not None:
+        if isinstance(index_atom, jcore.Literal):
+            which = np.full(steps.count, int(index_atom.val))
+        elif index_atom in env:
+            which = np.broadcast_to(np.asarray(env[index_atom]), (steps.count,))
+    if which is not None:
+        which = np.clip(which.astype(np.int64), 0, len(branches) - 1)
+        running = int(mask.sum())
+        for b, branch in enumerate(branches):
+            on = mask & (which == b)
+            share = int(on.sum())
+            if not share:
+                continue
+            sub = _empty_work()
+            # The branch runs on ``share`` of the steps this code runs on (times is
+            # already per grid step of the whole grid for the enclosing code).
+            _walk_work(branch.jaxpr, times * share / running, sub, steps, on,
+                       _branch_env(branch.jaxpr, eqn.invars[1:], env))
+            for dot in sub["dots"]:
+                dot["steps_share"] = share / steps.count
+            _merge_work(acc, sub)
+        return
+    best = None
+    for branch in branches:
+        sub = _empty_work()
+        _walk_work(branch.jaxpr, times, sub)
+        if best is None or (sub["dot_flops"], sub["elementwise_flops"]) > (
+                best["dot_flops"], best["elementwise_flops"]):
+            best = sub
+    if best:
+        _merge_work(acc, best)
+        if any(b.eqns for b in (br.jaxpr for br in branches)):
+            note = ("a pl.when/cond on a run-time value: its costliest branch was counted on "
+                    "every grid step (an upper bound)")
+            if note not in acc["notes"]:
+                acc["notes"].append(note)
+
+
+def _branch_env(jaxpr: Any, operands: list[Any], env: dict[Any, Any]) -> dict[Any, Any]:
+    from jax._src import core as jcore
+
+    inner: dict[Any, Any] = {}
+    for var, atom in zip(jaxpr.invars, operands, strict=False):
+        if not isinstance(atom, jcore.Literal) and atom in env:
+            inner[var] = env[atom]
+    return inner
 
 
 def _jaxprs_in(value: Any) -> list[Any]:

@@ -260,9 +260,12 @@ async def _search_suite(args: argparse.Namespace,
 async def _run_one(task: Any, existing: Path | None, base: Path, agent: Any, executor: Any,
                    config: Any, options: Any, backend: dict[str, Any] | None) -> Any:
     from agents import brief
+    from sessions.brief import with_inputs
     from sessions.log import load
     from sessions.search import Search
     from sessions.search.graph import fold_search
+
+    task_brief = await with_inputs(brief(task), task, executor)
 
     if existing is not None:
         loaded = load(existing)
@@ -270,11 +273,11 @@ async def _run_one(task: Any, existing: Path | None, base: Path, agent: Any, exe
         assert state.config is not None
         # the recorded search shape, with this command's budget
         resumed = replace(state.config, budget=config.budget)
-        search = Search.open(existing, task, brief(task), agent, executor, config=resumed,
+        search = Search.open(existing, task, task_brief, agent, executor, config=resumed,
                              eval_options=options, reopen=state.ended is not None)
         _say(f"{task.name}: resuming {existing.name}")
     else:
-        search = Search.create(base, task, brief(task), agent, executor, config,
+        search = Search.create(base, task, task_brief, agent, executor, config,
                                eval_options=options,
                                meta={"overrides": task.meta.get("overrides", {})},
                                backend=backend)

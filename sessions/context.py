@@ -3,11 +3,14 @@ it is asked to play next.
 
 Roles follow the state: no kernel yet, or an approved plan waiting, -> ``implement``;
 the current version failed (compile error, runtime error, incorrect, timeout, crash,
-integrity rejection) -> ``fix``; otherwise -> ``tune``. The request carries the current
-source and its last evaluation, the profile summary and the latest diagnosis when one
-was made, the notes since the last proposal (rejection notes, user messages, proposals
-that could not be applied, the approved plan with the one step to carry out now) and
-the history of every version with its tunables.
+integrity rejection) -> ``fix``; otherwise -> ``tune``. The request carries the base
+version's source (the current one: after a regression the engine checks out the best
+version first, ``regression_base``), its evaluation, its profile and its own diagnosis
+(never another version's), which versions are best and latest and why the base is what
+it is, the notes since the last proposal (rejection notes, user messages, proposals
+that could not be applied, the approved plan with the one step to carry out now), the
+history of every version with its tunables, its numbers (``agents.evalfacts``), its
+grid steps and its diagnosis, and the session's earlier read-only tool answers.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agents.base import AgentRequest, TaskBrief
+from agents.evalfacts import version_numbers
 from sessions.log import SessionLog, read_json_blob
 from sessions.state import FAILED_STATUSES, SessionState, Version
 
@@ -30,14 +34,20 @@ def next_role(state: SessionState) -> str:
 
 _TUNABLES: dict[str, dict[str, Any] | None] = {}  # by source blob: sources never change
 _TUNABLES_KEPT = 4096
+_NUMBERS: dict[str, dict[str, Any]] = {}  # by result blob: an eval JSON never changes
+_NUMBERS_KEPT = 4096
 
 
 def history(versions: Mapping[int, Version], source_of: Callable[[int], str],
-            path: Sequence[int] | None = None) -> tuple[dict[str, Any], ...]:
+            path: Sequence[int] | None = None,
+            result_of: Callable[[str], dict[str, Any] | None] | None = None
+            ) -> tuple[dict[str, Any], ...]:
     """Every version so far with its measurements and tunables (so a tuner never
-    proposes a measured configuration twice). With ``path`` (a graph search: the root
-    to the version asked about) those versions come first and every entry says its
-    parent and whether it is on the path. Tunables are parsed once per source."""
+    proposes a measured configuration twice), its parent and origin, and with
+    ``result_of`` (a result blob -> its eval JSON) the numbers of its evaluation, its
+    grid steps and its own diagnosis. With ``path`` (a graph search: the root to the
+    version asked about) those versions come first and every entry says whether it is
+    on the path. Tunables are parsed, and numbers read, once per blob."""
     on_path = set(path or ())
     order = [*(path or ()), *(n for n in versions if n not in on_path)]
     out = []
@@ -45,16 +55,50 @@ def history(versions: Mapping[int, Version], source_of: Callable[[int], str],
         v = versions[number]
         entry: dict[str, Any] = {"version": number, "status": v.status,
                                  "speedup": v.speedup, "summary": v.summary,
-                                 "median_ms": v.median_ms}
-        if v.rank_label:  # what ``speedup`` is: "est. 1.34x on v5e (TPU compiler)"
-            entry.update(rank_label=v.rank_label, rank_source=v.rank_source)
+                                 "median_ms": v.median_ms, "parent": v.parent,
+                                 "origin": v.origin, "rank_source": v.rank_source,
+                                 "rank_label": v.rank_label}
         if path is not None:
-            entry.update(parent=v.parent, on_path=number in on_path)
+            entry["on_path"] = number in on_path
         config = _tunables_of(v.source_blob, lambda n=number: source_of(n))
         if config is not None:
             entry["tunables"] = config
+        if result_of is not None and v.result_blob:
+            numbers = _numbers_of(v.result_blob, result_of)
+            if numbers:
+                entry["numbers"] = numbers
+        if v.flags:
+            entry["flags"] = list(v.flags)
+        if v.diagnosis:
+            entry["diagnosis"] = v.diagnosis
+        steps, where = _steps(entry.get("numbers") or {}, v.diagnosis)
+        if steps is not None:
+            entry.update(steps=steps, steps_source=where)
         out.append(entry)
     return tuple(out)
+
+
+def _numbers_of(blob: str, result_of: Callable[[str], dict[str, Any] | None]
+                ) -> dict[str, Any]:
+    if blob not in _NUMBERS:
+        try:
+            numbers = version_numbers(result_of(blob))
+        except Exception:  # an unreadable blob: no numbers, not a failed request
+            return {}
+        if len(_NUMBERS) >= _NUMBERS_KEPT:
+            _NUMBERS.pop(next(iter(_NUMBERS)))
+        _NUMBERS[blob] = numbers
+    return dict(_NUMBERS[blob])
+
+
+def _steps(numbers: dict[str, Any], diagnosis: dict[str, Any] | None
+           ) -> tuple[int | None, str | None]:
+    """Grid steps of a version: the TPU compile's, at the estimate's shape, else the
+    static analysis's, which is at the first check shape."""
+    if isinstance(numbers.get("grid_steps"), int):
+        return numbers["grid_steps"], "tpu"
+    steps = ((diagnosis or {}).get("evidence") or {}).get("steps")
+    return (int(steps), "static") if isinstance(steps, int) and steps > 0 else (None, None)
 
 
 def _tunables_of(blob: str, read: Callable[[], str]) -> dict[str, Any] | None:
@@ -81,6 +125,8 @@ def build_request(state: SessionState, log: SessionLog, brief: TaskBrief, role: 
                   tools: Any = None, lessons: tuple[str, ...] = ()) -> AgentRequest:
     """The request for ``role``; ``version`` (``/explain v3``) puts that version in the
     place of the current one."""
+    from profiling.diagnose import check_with_estimates
+
     number = version if version is not None else state.current
     current = state.versions.get(number) if number is not None else None
     source = log.get_blob(current.source_blob).decode() if current else None
@@ -89,14 +135,72 @@ def build_request(state: SessionState, log: SessionLog, brief: TaskBrief, role: 
     profile = read_json_blob(log.path, current.profile_blob) \
         if current is not None and current.profile_blob else None
     notes = tuple(state.notes) + plan_notes(state)
+    rows = history(state.versions,
+                   lambda n: log.get_blob(state.versions[n].source_blob).decode(),
+                   result_of=lambda blob: read_json_blob(log.path, blob))
+    # Every diagnosis is held against the estimates measured since it was made.
+    rows = tuple({**r, "diagnosis": check_with_estimates(r["diagnosis"], rows)}
+                 if r.get("diagnosis") else r for r in rows)
+    diagnosis = next((r["diagnosis"] for r in rows
+                      if current is not None and r["version"] == current.number
+                      and r.get("diagnosis")), None)
     return AgentRequest(
         role=role, task=brief, current_source=source,  # type: ignore[arg-type]
         current_version=current.number if current else None, last_eval=last_eval,
-        profile_summary=profile, user_message=message, notes=notes,
-        history=history(state.versions,
-                        lambda n: log.get_blob(state.versions[n].source_blob).decode()),
-        chip=chip, diagnosis=latest_diagnosis(state, number), tools=tools, lessons=lessons,
+        profile_summary=profile, user_message=message, notes=notes, history=rows,
+        chip=chip, diagnosis=diagnosis, tools=tools, lessons=lessons,
+        best_version=state.best, latest_version=max(state.versions, default=None),
+        base_reason=base_reason(state, number, explain=version is not None),
+        lookups=tuple(state.lookups), backend=state.header.get("backend"),
         rejected=rejected(state, lambda sha: log.get_blob(sha).decode()))
+
+
+def regression_base(state: SessionState) -> tuple[int, str] | None:
+    """Where the next proposal should start when the current version is not it: the best
+    version, after the current one came out correct but slower (or not ranked). None
+    when the current version is the best, failed (the fixer fixes it), is not yet
+    measured, or was chosen (checked out, or edited) by the person. Returns the version
+    and the reason, for the ``kernel.checkout`` the engine writes."""
+    number, best = state.current, state.best
+    if number is None or best is None or best == number or state.chosen_base == number:
+        return None
+    current, top = state.versions[number], state.versions[best]
+    if current.origin == "user-edit" or current.status != "correct":
+        return None
+    if current.crownable and (current.speedup or 0.0) >= (top.speedup or 0.0):
+        return None
+    why = (f"not ranked ({', '.join(current.flags)})" if not current.crownable else
+           f"{_rank(current)} is slower than v{best}'s {_rank(top)}")
+    return best, f"v{number} {why}: the next proposal starts from the best version, v{best}"
+
+
+def base_reason(state: SessionState, number: int | None, explain: bool = False) -> str | None:
+    """Why the request's version is the one to change, in a sentence."""
+    if number is None or number not in state.versions:
+        return None
+    v, best = state.versions[number], state.best
+    if explain:
+        return f"you asked about v{number}"
+    if state.chosen_base == number:
+        return f"v{number} was checked out by the person: the proposal starts from it"
+    if v.status in FAILED_STATUSES:
+        return f"v{number} failed ({v.status}): fix it"
+    if v.status is None:
+        return f"v{number} is not evaluated yet"
+    if state.base_reason and state.current == number:
+        return state.base_reason  # the controller went back to it, and said why
+    if best == number:
+        return f"v{number} is the best version so far"
+    if v.origin == "user-edit":
+        return f"v{number} is the person's edit: the proposal starts from it"
+    return f"v{number} is the latest version"
+
+
+def _rank(v: Version) -> str:
+    """The ranking number in short ("est. 1.26x on v5e"), its source's words left out."""
+    if v.rank_label:
+        return v.rank_label.split(" (")[0]
+    return f"{v.speedup:.3g}x" if v.speedup else "no ranking number"
 
 
 def rejected(state: SessionState, read: Callable[[str], str]) -> tuple[dict[str, Any], ...]:
@@ -148,12 +252,3 @@ def plan_notes(state: SessionState) -> tuple[str, ...]:
     return (f"approved plan:\n{plan}",
             f"carry out step {k + 1} of {len(steps)} of the approved plan now, and only that "
             f"step: {steps[k]}{done}")
-
-
-def latest_diagnosis(state: SessionState, number: int | None) -> dict[str, Any] | None:
-    """The diagnosis of this version, else the latest one of the session (the best
-    version's profile still says what limits its descendants)."""
-    version = state.versions.get(number) if number is not None else None
-    if version is not None and version.diagnosis:
-        return version.diagnosis
-    return state.diagnoses[-1] if state.diagnoses else None

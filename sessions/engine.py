@@ -23,8 +23,8 @@ from sessions import events as ev
 from sessions.actions import Action, ask
 from sessions.agent_turn import AgentTurn, stream_turn
 from sessions.autonomy import ControllerSettings
-from sessions.context import build_request, next_role
-from sessions.diagnosis import diagnose_version
+from sessions.context import build_request, next_role, regression_base
+from sessions.diagnosis import diagnose_version, run_analysis
 from sessions.errors import ApprovalRequired, ControllerError
 from sessions.log import SessionLog
 from sessions.state import FAILED_STATUSES, SessionState, run_result
@@ -200,6 +200,12 @@ class Engine:
 
     async def _ask(self, role: str, message: str | None,
                    version: int | None = None) -> Action | None:
+        if version is None and role in ("tune", "implement") \
+                and not self.state.plan_to_implement:
+            back = regression_base(self.state)
+            if back is not None:  # the best version is the base again, said in the log
+                self._emit(ev.KernelCheckout(type="kernel.checkout", version=back[0],
+                                             by="auto", reason=back[1]))
         request = build_request(self.state, self.log, self.brief, role, message, self.chip,
                                 version=version, tools=self.tools)
         # Notes that arrive while the agent answers are kept for its next request.
@@ -252,15 +258,19 @@ class Engine:
                                        **_tools_field(turn)))
             return None
         pid = f"p{len(self.state.proposals) + 1}"
+        named = proposal.meta.get("base") if isinstance(proposal.meta.get("base"), int) \
+            and proposal.meta.get("base") in self.state.versions else None
+        chosen = {"base_chosen": True} if named is not None else {}
         self._emit(ev.AgentMessage(type="agent.message", text=turn.text(), role=role, proposal=pid,
                                    usage=turn.usage_json(), **_tools_field(turn)))
         self._emit(ev.AgentProposal(type="agent.proposal", proposal=pid, kind=proposal.kind,
                                     summary=proposal.summary, rationale=proposal.rationale,
-                                    base_version=self.state.current,
+                                    base_version=named if named is not None
+                                    else self.state.current,
                                     source_blob=self.log.put_blob(proposal.source)
                                     if proposal.source else None,
                                     plan=proposal.plan, tuning=proposal.tuning, role=role,
-                                    notes_seen=notes_seen))
+                                    notes_seen=notes_seen, **chosen))
         return Action("auto_decide", proposal=pid) if self.state.mode == "auto" else None
 
     def _auto_decide(self, pid: str) -> Action | None:
@@ -309,7 +319,8 @@ class Engine:
         elif prop.kind == "tuning":
             from kernels import tunables
 
-            base = s.versions[s.current] if s.current is not None else None
+            number = prop.base_version if prop.base_chosen else s.current
+            base = s.versions.get(number) if number is not None else None
             if base is None:
                 self._emit(ev.Error(type="error",
                                     message="a tuning proposal needs a kernel to tune",
@@ -331,8 +342,10 @@ class Engine:
             source = self.log.get_blob(prop.source_blob).decode()
             origin, summary = ("template" if prop.role == "implement" and
                                self.agent.name == "offline" else "agent"), prop.summary
+        parent = prop.base_version if prop.base_chosen and prop.base_version in s.versions \
+            else s.current
         version = self.new_version(source, origin=origin, proposal=pid, summary=summary,
-                                   decision=prop.decision_seq)
+                                   decision=prop.decision_seq, parent=parent)
         return Action("run", version=version, by=by)
 
     def _proposed_source(self, prop: Any) -> str:
@@ -353,12 +366,13 @@ class Engine:
         return text
 
     def new_version(self, source: str, *, origin: str, proposal: str | None, summary: str,
-                    decision: int | None = None) -> int:
+                    decision: int | None = None, parent: int | None = None) -> int:
         s = self.state
         if decision is None:
             decision = s.decisions[-1].seq if s.decisions else None
         number = max(s.versions, default=0) + 1
-        self._emit(ev.KernelVersion(type="kernel.version", version=number, parent=s.current,
+        parent = s.current if parent is None else parent
+        self._emit(ev.KernelVersion(type="kernel.version", version=number, parent=parent,
                                     origin=origin, proposal=proposal,
                                     source_blob=self.log.put_blob(source), summary=summary,
                                     decision=decision))
@@ -401,6 +415,24 @@ class Engine:
             if listen is not None:
                 listen(None)
         self._emit(run_result(rid, number, result, self.log.put_json_blob(result.to_json())))
+        if self._wants_analysis(number):
+            await self._run_analysis(number)
+
+    def _wants_analysis(self, number: int) -> bool:
+        """A correct version gets the static analysis, unless a profile follows anyway."""
+        s, version = self.state, self.state.versions[number]
+        if not self.settings.analyze_every_version or not version.correct \
+                or getattr(self.evaluator, "analyze", None) is None:
+            return False
+        return not (s.mode == "auto" and autonomy.should_profile(s, number, self.settings))
+
+    async def _run_analysis(self, number: int) -> None:
+        """The static analysis of ``number`` and its diagnosis (``run_analysis``)."""
+        analyze = self.evaluator.analyze  # type: ignore[attr-defined]
+        source = self._source_of(number)
+        await run_analysis(lambda: analyze(self.task, source), self.log,
+                           self.state.versions[number].result_blob, number,
+                           f"r{len(self.state.runs) + 1}", self._emit, "auto")
 
     def _after_eval(self, number: int) -> Action | None:
         s = self.state

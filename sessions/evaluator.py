@@ -69,6 +69,17 @@ class PoolEvaluator:
         return await self.executor.profile(task, source, logdir, chip=self.chip,
                                            timeout_s=self.profile_timeout_s)
 
+    async def analyze(self, task: Task, source: str) -> dict[str, Any]:
+        """The static analysis alone (the ``profile`` op with ``static_only``: grid,
+        blocks, VMEM, bytes, flops, roofline for the chip; nothing runs), for the
+        diagnosis every evaluated version gets."""
+        payload: dict[str, Any] = {"task": task.to_spec(), "source": source,
+                                   "filename": "kernel.py", "static_only": True}
+        if self.chip:
+            payload["chip"] = self.chip
+        result = await self.executor.request("profile", payload, self.profile_timeout_s)
+        return {k: v for k, v in result.items() if not k.startswith("_")}
+
     async def lookup_api(self, name: str) -> dict[str, Any]:
         """The installed JAX's signature and docstring for ``name`` (worker op ``lookup_api``)."""
         result = await self.executor.request("lookup_api", {"name": name}, 60.0)

@@ -61,6 +61,7 @@ class AgentProposal(TypedDict):
     tuning: dict[str, Any] | None
     role: str
     notes_seen: NotRequired[int]
+    base_chosen: NotRequired[bool]  # the agent named ``base_version`` itself
     proposer: NotRequired[str]  # search: agent | tuning
     strategy: NotRequired[str]  # search: what the proposer named
     lineage: NotRequired[int]  # search: the slot in the tree
@@ -99,6 +100,7 @@ class KernelCheckout(TypedDict):
     type: Literal["kernel.checkout"]
     version: int
     by: str
+    reason: NotRequired[str]  # by auto: why (a regression: back to the best version)
     seq: NotRequired[int]
     t: NotRequired[float]
 
@@ -107,7 +109,9 @@ class RunStart(TypedDict):
     type: Literal["run.start"]
     run: str
     version: int
-    kind: Literal["eval", "profile"]
+    # profile: a captured trace with the static analysis; analysis: the static analysis
+    # alone (nothing runs), made after an evaluation so every version gets a diagnosis
+    kind: Literal["eval", "profile", "analysis"]
     by: str
     seq: NotRequired[int]
     t: NotRequired[float]
@@ -156,6 +160,7 @@ class ProfileResult(TypedDict):
     profile_blob: str | None
     logdir: str | None
     error: str | None
+    static: NotRequired[bool]  # an ``analysis`` run: the static analysis only, no trace
     seq: NotRequired[int]
     t: NotRequired[float]
 

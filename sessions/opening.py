@@ -290,7 +290,10 @@ async def start_controller(task: Task, agent: Agent, evaluator: Evaluator,
     else:
         assert loaded is not None, "a reopened log comes with what was loaded"
         state = fold(loaded.header, loaded.events)
-    controller = Controller(log, task, brief(task), agent, evaluator,
+    from sessions.brief import with_inputs
+
+    task_brief = await with_inputs(brief(task), task, evaluator)
+    controller = Controller(log, task, task_brief, agent, evaluator,
                             settings or ControllerSettings.from_config(config), state=state,
                             chip=chip.key)
     await controller.start()
@@ -377,7 +380,10 @@ async def open_search(request: SessionRequest, config: Config | Mapping[str, Any
     executor = LocalExecutor(workers=workers)
     try:
         await executor.start()
-        search = Search.create(sessions_dir_for(request.sessions_dir), task, brief(task),
+        from sessions.brief import with_inputs
+
+        task_brief = await with_inputs(brief(task), task, executor)
+        search = Search.create(sessions_dir_for(request.sessions_dir), task, task_brief,
                                agent, executor, search_config, eval_options=options,
                                backend=await executor.backend())
     except BaseException:

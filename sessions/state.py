@@ -101,6 +101,7 @@ class Version:
         return self.correct and not (set(self.flags) & DISQUALIFYING_FLAGS)
     profile_blob: str | None = None
     diagnosis: dict[str, Any] | None = None  # the latest ``diagnosis`` event's fields
+    analysis_blob: str | None = None  # the static analysis of an ``analysis`` run
 
 
 @dataclass
@@ -121,6 +122,7 @@ class ProposalInfo:
     applied_version: int | None = None
     edit_blob: str | None = None  # the user's source when the decision was an edit
     apply_failed: bool = False  # approved, but could not be applied (error event)
+    base_chosen: bool = False  # the agent named its base version (else: the current one)
 
 
 @dataclass
@@ -200,6 +202,13 @@ class SessionState:
     agent_failure_retryable: bool = True  # whether the latest one may succeed if re-asked
     agent_finished: str | None = None  # the agent said it has nothing more to try
     best_version: int | None = None  # kept up to date by the fold (see ``best``)
+    # The version the person checked out (``kernel.checkout`` by user), until a new
+    # version is made: the next proposal starts from it even when it is not the best.
+    chosen_base: int | None = None
+    base_reason: str | None = None  # why the controller checked a version out (by auto)
+    # Read-only tool answers of the session (``agent.message`` ``tools``), oldest first:
+    # the next requests carry them, within a budget (``sessions.context.lookups``).
+    lookups: list[dict[str, Any]] = field(default_factory=list)
     unknown_types: dict[str, int] = field(default_factory=dict)
     last_seq: int = 0
     last_t: float = 0.0
@@ -298,6 +307,12 @@ def fold(header: dict[str, Any], events: list[ev.Event]) -> SessionState:
 def _agent_message(s: SessionState, e: ev.AgentMessage) -> None:
     if e.get("answer"):
         _agent_answer(s, e)
+    for call in e.get("tools") or []:
+        if isinstance(call, dict) and call.get("output") is not None:
+            s.lookups.append({"name": call.get("name"), "input": call.get("input"),
+                              "output": call.get("output"),
+                              "is_error": bool(call.get("is_error")),
+                              "seq": e.get("seq"), "role": e.get("role")})
     usage = e.get("usage") or {}
     for spent in _spent_targets(s):
         spent.input_tokens += int(usage.get("input_tokens", 0) or 0) \
@@ -343,7 +358,8 @@ def _proposal(s: SessionState, e: ev.AgentProposal) -> None:
         id=pid, kind=e.get("kind", "kernel"), summary=e.get("summary", ""),
         rationale=e.get("rationale", ""), role=e.get("role", ""),
         base_version=e.get("base_version"), source_blob=e.get("source_blob"),
-        plan=e.get("plan"), tuning=e.get("tuning"), seq=e.get("seq", 0))
+        plan=e.get("plan"), tuning=e.get("tuning"), seq=e.get("seq", 0),
+        base_chosen=bool(e.get("base_chosen")))
     s.pending = pid
     seen = e.get("notes_seen")
     s.notes = s.notes[seen:] if isinstance(seen, int) else []
@@ -387,6 +403,8 @@ def _version(s: SessionState, e: ev.KernelVersion) -> None:
         source_blob=e.get("source_blob", ""), summary=e.get("summary", ""),
         decision_seq=e.get("decision"), seq=e.get("seq", 0), t=float(e.get("t", 0.0)))
     s.current = number
+    s.chosen_base = None
+    s.base_reason = None
     prop = s.proposals.get(e.get("proposal") or "")
     if prop is not None:
         prop.applied_version = number
@@ -405,6 +423,8 @@ def _checkout(s: SessionState, e: ev.KernelCheckout) -> None:
     if int(e.get("version", -1)) in s.versions:
         s.current = int(e["version"])
         s.fix_streak = 0
+        s.chosen_base = s.current if e.get("by") == "user" else None
+        s.base_reason = e.get("reason") if e.get("by") != "user" else None
 
 
 def _run_start(s: SessionState, e: ev.RunStart) -> None:
@@ -473,7 +493,10 @@ def _profile_result(s: SessionState, e: ev.ProfileResult) -> None:
         run.t_end = float(e.get("t", 0.0))
     version = s.versions.get(int(e.get("version", -1)))
     if version is not None and e.get("profile_blob"):
-        version.profile_blob = e["profile_blob"]
+        if e.get("static"):
+            version.analysis_blob = e["profile_blob"]
+        else:
+            version.profile_blob = e["profile_blob"]
 
 
 def _diagnosis(s: SessionState, e: ev.Diagnosis) -> None:

@@ -13,6 +13,7 @@ import difflib
 import json
 from typing import TYPE_CHECKING, Any
 
+from agents.untrusted import defuse
 from sessions.log import read_json_blob
 
 if TYPE_CHECKING:
@@ -53,20 +54,19 @@ class SessionTools:
         parts = [f"v{v.number} ({v.origin}, parent {f'v{v.parent}' if v.parent else '-'}): "
                  f"{v.summary}", f"status: {v.status or 'not evaluated'}"
                  + (f", speedup {v.speedup:.4g}x" if v.speedup else ""),
-                 "```python\n" + log.get_blob(v.source_blob).decode().rstrip() + "\n```"]
-        if v.result_blob:
-            from agents.context import eval_text
+                 "```python\n" + defuse(log.get_blob(v.source_blob).decode().rstrip())
+                 + "\n```"]
+        from agents.context import diagnosis_text, eval_text, profile_text
 
+        if v.result_blob:
             result = read_json_blob(log.path, v.result_blob)
             visible = {shape["name"] for shape in self.engine.brief.shapes}
-            parts.append(eval_text(result, None, visible))
+            parts.append(eval_text(result, None, visible, version=v.number))
         if v.profile_blob:
-            from profiling.digest import digest
-
-            parts.append("## Profile digest\n" + digest(read_json_blob(log.path, v.profile_blob)))
+            parts.append(profile_text(read_json_blob(log.path, v.profile_blob)))
         if v.diagnosis:
-            parts.append(f"## Diagnosis\n{v.diagnosis.get('summary')}")
-        return "\n\n".join(parts), False
+            parts.append(diagnosis_text(v.diagnosis, v.number))
+        return "\n\n".join(p for p in parts if p), False
 
     async def _diff_versions(self, old: int, new: int) -> tuple[str, bool]:
         state, log = self.engine.state, self.engine.log
@@ -78,7 +78,7 @@ class SessionTools:
                                             b.splitlines(keepends=True),
                                             fromfile=f"v{old}/kernel.py",
                                             tofile=f"v{new}/kernel.py"))
-        return diff or f"v{old} and v{new} have the same source", False
+        return defuse(diff) or f"v{old} and v{new} have the same source", False
 
     async def _chip_info(self, chip: str | None = None) -> tuple[str, bool]:
         from agents.context import chip_text

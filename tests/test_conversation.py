@@ -211,7 +211,7 @@ async def test_auto_profiles_new_bests_and_the_diagnosis_drives_the_offline_agen
     # The next request carries it, in the prompt too, and the offline move follows it.
     request = agent.requests[0]
     assert request.diagnosis["kind"] == "per_step_overhead"
-    assert "## Diagnosis (from the profile of v1)" in turn_text(request)
+    assert "## Diagnosis of v1 (static analysis + TPU compiler figures)" in turn_text(request)
     proposal = next(e for e in persisted if e["type"] == "agent.proposal")
     # Every tunable at once to its largest distinct value (blocks that cover the 128x512
     # array whole, one grid step; bigger ones clamp to the same kernel), where the plain

@@ -116,6 +116,28 @@ async def test_xla_compute_then_copy_is_flagged_and_never_ranked(worker_pool, lo
     assert rank.value is None and rank.source == "disqualified"
     honest = await evaluate(worker_pool, loose, HONEST, tmp_path)
     assert honest.status == "correct" and not honest.integrity["flags"]
+    # The tolerance as enforced is recorded: atol=1e-2 capped at 5% of max|ref| (a row
+    # softmax of 256 normal values peaks near 0.05, so the cap is a few 1e-3, not 1e-2).
+    enforced = honest.correctness["atol_effective"]
+    assert 0 < enforced < 0.01
+    (shape,) = honest.extra["shapes"]
+    assert shape["atol_effective"] == enforced
+
+
+def test_the_enforced_absolute_tolerance_is_the_capped_one() -> None:
+    import numpy as np
+
+    from kernels.harness.compare import Host, compare, effective_atol
+
+    ref = Host([np.array([0.004, 0.002, -0.001], np.float32),
+                np.array([3.0, -5.0], np.float32)], "t", "float32")
+    # 5% of 0.004 for the first array, the task's 1e-2 for the second (5% of 5 is more).
+    assert effective_atol(ref, 1e-2) == pytest.approx(0.0002)
+    # What the comparison enforces: an error of 0.0003 on the small array is outside it,
+    # though far inside the stated atol.
+    out = Host([ref.leaves[0] + np.float32(0.0003), ref.leaves[1]], "t", "float32")
+    assert not compare(out, ref, 1e-2, 0.0).close
+    assert effective_atol(Host([np.zeros(3, np.float32)], "t", "float32"), 1e-2) == 1e-2
 
 
 def test_a_flagged_version_is_never_best() -> None:

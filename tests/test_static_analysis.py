@@ -495,3 +495,101 @@ def test_no_grid_is_one_step() -> None:
     assert k["name"] == "axpy" and k["grid"] == [] and k["steps"] == 1
     assert [o["fetches"] for o in k["operands"]] == [1, 1, 1]
     assert k["bytes_total"] == 3 * 16 * 128 * 4 and "analysis_error" not in k
+
+
+# -- work inside pl.when branches is counted on the steps where it runs ------------------
+
+def _two_branch_matmul(bm: int, bk: int, data_dependent: bool = False):
+    """``acc = x@w`` on the first K step and ``acc += x@w`` after it: one dot per step,
+    written twice. ``data_dependent``: the first branch is taken on a value read from
+    SMEM (the analysis cannot know where)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    def body(x_ref, w_ref, o_ref, acc_ref):
+        k = pl.program_id(1)
+
+        @pl.when(k == 0)
+        def _first():
+            acc_ref[...] = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)
+
+        @pl.when(k > 0)
+        def _rest():
+            acc_ref[...] += jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)
+
+        @pl.when(k == pl.num_programs(1) - 1)
+        def _done():
+            o_ref[...] = (acc_ref[...] * 2.0).astype(o_ref.dtype)
+
+    def kernel(x, w):
+        m, kd = x.shape
+        n = w.shape[1]
+        return pl.pallas_call(
+            body, grid=(m // bm, kd // bk),
+            in_specs=[pl.BlockSpec((bm, bk), lambda i, k: (i, k)),
+                      pl.BlockSpec((bk, n), lambda i, k: (k, 0))],
+            out_specs=pl.BlockSpec((bm, n), lambda i, k: (i, 0)),
+            out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
+            scratch_shapes=[pltpu.VMEM((bm, n), jnp.float32)],
+            compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+        )(x, w)
+
+    def dependent_body(flag_ref, x_ref, w_ref, o_ref):
+        @pl.when(flag_ref[0] > 0)
+        def _on():
+            o_ref[...] = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)
+
+        @pl.when(flag_ref[0] <= 0)
+        def _off():
+            o_ref[...] = jnp.dot(x_ref[...], w_ref[...] * 2.0, preferred_element_type=jnp.float32)
+
+    def dependent(x, w):
+        m, kd = x.shape
+        n = w.shape[1]
+        spec = pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(m // bm,),
+            in_specs=[pl.BlockSpec((bm, kd), lambda i, f: (i, 0)),
+                      pl.BlockSpec((kd, n), lambda i, f: (0, 0))],
+            out_specs=pl.BlockSpec((bm, n), lambda i, f: (i, 0)))
+        flag = jnp.ones((1,), jnp.int32)
+        return pl.pallas_call(dependent_body, grid_spec=spec,
+                              out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32))(flag, x, w)
+
+    return dependent if data_dependent else kernel
+
+
+def test_a_dot_in_two_exclusive_when_branches_counts_once_per_step() -> None:
+    import jax
+    import jax.numpy as jnp
+
+    from profiling.static import analyze_callable
+
+    m, kd, n = 256, 512, 256
+    x = jax.ShapeDtypeStruct((m, kd), jnp.float32)
+    w = jax.ShapeDtypeStruct((kd, n), jnp.float32)
+    (k,) = analyze_callable(_two_branch_matmul(128, 128), (x, w),
+                            chip=chips.get_chip("v5e"))["kernels"]
+    assert k["steps"] == 8
+    assert k["flops"] == k["dot_flops"] == 2 * m * kd * n  # 67.1M, not 134.2M
+    (dot,) = k["dots"]  # the two writings of one dot are one entry, on every step
+    assert (dot["m"], dot["k"], dot["n"]) == (128, 128, 256)
+    assert dot["steps_share"] == 1.0
+    assert dot["flops_per_step"] == 2 * 128 * 128 * 256
+    assert k["notes"] == []  # every predicate was known per step: no upper bound
+
+
+def test_a_when_on_runtime_data_is_an_upper_bound_and_says_so() -> None:
+    import jax
+    import jax.numpy as jnp
+
+    from profiling.static import analyze_callable
+
+    x = jax.ShapeDtypeStruct((256, 256), jnp.float32)
+    w = jax.ShapeDtypeStruct((256, 256), jnp.float32)
+    (k,) = analyze_callable(_two_branch_matmul(128, 256, data_dependent=True), (x, w),
+                            chip=chips.get_chip("v5e"))["kernels"]
+    # Neither branch can be ruled out: each counts on every step, and the note says so.
+    assert k["dot_flops"] == 2 * (2 * 256 * 256 * 256)
+    assert any("run-time value" in note for note in k["notes"])

@@ -170,17 +170,20 @@ class Presenter:
                              f"{e.get('summary', '')}")
 
     def _checkout(self, e: ev.KernelCheckout) -> None:
-        if e.get("by") == "auto":
-            self.chat.add_notice(f"→ back to v{e.get('version')}, the best version")
-        else:
-            self.chat.add_notice(f"→ reverted to v{e.get('version')}")
+        reason = f" ({e['reason']})" if e.get("reason") else ""
+        self.chat.add_notice(f"→ back to v{e.get('version')}{reason}"
+                             if e.get("by") == "auto" else f"→ reverted to v{e.get('version')}")
 
     def _run_result(self, e: ev.RunResult) -> None:
         text, severity = describe_result(e)
         self.chat.add_notice(text, "error" if severity == "error" else "info")
 
     def _profile_result(self, e: ev.ProfileResult) -> None:
-        self.chat.add_notice(f"profiled v{e.get('version')}")
+        what = "static analysis of" if e.get("static") else "profiled"
+        if e.get("error"):
+            self.chat.add_notice(f"{what} v{e.get('version')} failed: {e['error']}", "warning")
+        else:
+            self.chat.add_notice(f"{what} v{e.get('version')}")
 
     def _diagnosis(self, e: ev.Diagnosis) -> None:
         self.chat.add_notice(f"diagnosis of v{e.get('version')}: {e.get('summary')}")

@@ -280,6 +280,8 @@ def diagnosed_step(source: str, obs: Observations, dims: dict[str, tuple[int, ..
     best = obs.best()
     if move is None or best is None:
         return None
+    if move == "grow" and "per_step_overhead" in (diagnosis.get("contradicted") or ()):
+        return None  # the estimator says fewer, larger steps were slower here
     if diagnosis.get("version") is not None and obs.version.get(best[0]) not in (
             None, diagnosis.get("version")):
         return None  # the diagnosis describes a version that is no longer the best

@@ -64,6 +64,17 @@ def finite_or_none(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
+def effective_atol(expected: Host, atol: float) -> float:
+    """The absolute tolerance rule 1 applies to this reference: ``min(atol, 5% of
+    max|ref|)``, the smallest over the output's arrays (what a prompt should quote)."""
+    caps = []
+    for r in expected.leaves:
+        finite = np.abs(r[np.isfinite(r)]) if r.size else r
+        scale = float(finite.max()) if finite.size else 0.0
+        caps.append(min(atol, ELEMENT_SCALE * scale) if scale > 0 else atol)
+    return min(caps, default=atol)
+
+
 def compare(output: Host, expected: Host, atol: float, rtol: float) -> Comparison:
     out, ref = output.leaves, expected.leaves
     if len(out) != len(ref) or output.tree != expected.tree:

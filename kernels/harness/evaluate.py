@@ -33,7 +33,7 @@ import numpy as np
 
 from kernels.harness import errors, integrity, judge, timing, tpu_compile, wire
 from kernels.harness.backend import backend_info
-from kernels.harness.compare import Host, compare, finite_or_none, to_host
+from kernels.harness.compare import Host, compare, effective_atol, finite_or_none, to_host
 from kernels.harness.execution import (
     execution_mode,
     jitted_reference,
@@ -316,6 +316,11 @@ class Evaluation:
             "atol": details[0]["atol"], "rtol": details[0]["rtol"],
             "reason": f"{failed[0]['name']}: {failed[0]['reason']}" if failed else None,
         }
+        # The absolute tolerance as enforced (capped at 5% of max|ref|), visible shapes.
+        caps = [d["atol_effective"] for d in details
+                if not d["held_out"] and d.get("atol_effective") is not None]
+        if caps:
+            self.result.correctness["atol_effective"] = min(caps)
         t = time.perf_counter()
         # Joins the background compiles; a refusal at the production shape stops here. A
         # kernel wrong at the check shapes is reported wrong first: that is what to fix.
@@ -508,6 +513,7 @@ class Evaluation:
         t = time.perf_counter()
         worst_abs, worst_rel = 0.0, 0.0
         max_blob = self._max_blob(references[0])
+        detail["atol_effective"] = effective_atol(references[0], atol)
         for trial, (seed, expected) in enumerate(zip(seeds, references, strict=True)):
             if trial:
                 dyn, static = self._inputs(runtime, config, seed)

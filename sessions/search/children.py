@@ -20,6 +20,7 @@ from typing import Any
 from agents.base import Agent, AgentRequest, TaskBrief
 from agents.offline.templates import infer_families
 from kernels import tunables
+from profiling.diagnose import check_with_estimates
 from sessions import events as ev
 from sessions.actions import Action
 from sessions.agent_turn import AgentTurn, stream_turn
@@ -129,11 +130,20 @@ class ChildMaker:
             ask += f"\nThe task names no family: write it as a {hint} kernel."
         if message:
             ask += "\n" + message
+        rows = self._history(parent)
+        diagnosis = self._diagnosis(action.slot[0], parent)  # type: ignore[index]
+        if diagnosis:
+            diagnosis = check_with_estimates(diagnosis, rows)
+        reason = None if parent is None else (
+            f"v{parent} is the version this child of the search grows from")
         return AgentRequest(role=role, task=brief, current_source=source,  # type: ignore[arg-type]
                             current_version=parent, last_eval=last_eval, user_message=ask,
                             notes=tuple(f"already tried: {t}" for t in tried),
-                            history=self._history(parent),
-                            diagnosis=self._diagnosis(action.slot[0], parent))  # type: ignore[index]
+                            history=rows, diagnosis=diagnosis,
+                            best_version=self.state.best(),
+                            latest_version=max(s.versions, default=None),
+                            base_reason=reason, lookups=tuple(s.lookups),
+                            backend=s.header.get("backend"))
 
     def _diagnosis(self, lineage: int, parent: int | None) -> dict[str, Any] | None:
         """What the lineage's profiles found: the parent's own diagnosis, else its nearest
@@ -159,7 +169,8 @@ class ChildMaker:
         while cursor is not None and cursor in versions:
             path.insert(0, cursor)
             cursor = versions[cursor].parent
-        return history(versions, self._source, path)
+        return history(versions, self._source, path,
+                       result_of=lambda blob: read_json_blob(self.log.path, blob))
 
     async def _ask_agent(self, action: Action, parent: int | None,
                          message: str | None = None, role: str | None = None) -> str | None:

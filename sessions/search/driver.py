@@ -31,7 +31,7 @@ from kernels.task import Task
 from sessions import events as ev
 from sessions.actions import Action
 from sessions.autonomy import duplicate_of
-from sessions.diagnosis import diagnose_version
+from sessions.diagnosis import diagnose_version, run_analysis
 from sessions.log import SessionLog
 from sessions.search.children import ROOT_FAMILY_CANDIDATES, ChildMaker
 from sessions.search.graph import SearchConfig, SearchState, fold_search
@@ -381,6 +381,29 @@ class Search:
                                       reason=f"executor error: {exc}", by="auto"))
             return
         self._emit(run_result(rid, number, result, self.log.put_json_blob(result.to_json())))
+        if result.correct:
+            await self._analyze(number)
+
+    async def _analyze(self, number: int) -> None:
+        """The static analysis of a correct version (nothing runs), so its children's
+        requests carry its own diagnosis; only where the executor answers worker ops."""
+        request = getattr(self.executor, "request", None)
+        if request is None:
+            return
+        payload: dict[str, Any] = {"task": self.task.to_spec(), "source": self._source(number),
+                                   "filename": "kernel.py", "static_only": True}
+        chip = getattr(self.eval_options, "chip", None)
+        if chip:
+            payload["chip"] = chip
+
+        async def analyze() -> dict[str, Any]:
+            found = await request("profile", payload, 300.0)
+            return {k: v for k, v in found.items() if not k.startswith("_")}
+
+        runs = self.state.session.runs
+        rid = f"r{max((int(r[1:]) for r in runs if r[1:].isdigit()), default=0) + 1}"
+        await run_analysis(analyze, self.log, self.state.session.versions[number].result_blob,
+                           number, rid, self._emit, "search")
 
     # -- profiling ----------------------------------------------------------------------
 

@@ -165,16 +165,20 @@ class WorkbenchScreen(Screen):
             return
         e = cast("ev.Event", event)
         presenter.chat_entry(e)
+        # Notifications that may carry the candidate's words (an error line, a profile
+        # failure) are plain text: markup=False, never console markup or links.
         if e["type"] == "run.start":
-            what = "profiling" if e.get("kind") == "profile" else "evaluating"
+            what = {"profile": "profiling", "analysis": "analyzing"}.get(
+                str(e.get("kind")), "evaluating")
             activity.start(f"{what} v{e.get('version')}")
         elif e["type"] == "run.result":
             text, severity = describe_result(e)
-            self.notify(text, severity=severity, timeout=5)  # type: ignore[arg-type]
+            self.notify(text, severity=severity, timeout=5, markup=False)  # type: ignore[arg-type]
         elif e["type"] == "profile.result":
             if e.get("error"):
-                self.notify(f"profile failed: {e['error']}", severity="error")
-            else:
+                what = "static analysis" if e.get("static") else "profile"
+                self.notify(f"{what} failed: {e['error']}", severity="error", markup=False)
+            elif not e.get("static"):
                 self.notify(f"profiled v{e.get('version')}", timeout=4)
         elif e["type"] == "agent.proposal" and self.link and self.link.state.mode == "step":
             self.app.bell()  # a decision is awaited
@@ -183,7 +187,7 @@ class WorkbenchScreen(Screen):
             self.notify(text, severity=severity, timeout=8)  # type: ignore[arg-type]
         elif e["type"] == "error":
             self.notify(str(e.get("message")), title=f"error ({e.get('where')})",
-                        severity="error", timeout=10)
+                        severity="error", timeout=10, markup=False)
         self._schedule_draw()
 
     def _schedule_draw(self) -> None:

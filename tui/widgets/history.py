@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -102,7 +103,7 @@ class HistoryPane(Vertical):
             speed = format_rank(row.rank_source, row.rank_label, row.speedup, short=True)
             summary = row.summary if len(row.summary) <= 48 else row.summary[:47] + "…"
             table.add_row(f"{mark}v{row.version}", row.origin, status, speed, tpu_cell(row),
-                          summary, key=str(row.version))
+                          Text(summary), key=str(row.version))  # never read as markup
         if self.rows:
             table.move_cursor(row=min(cursor, len(self.rows) - 1))
         self.border_title = f"History · {len(self.rows)} version(s)"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import textwrap
 
+from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import Vertical
@@ -74,7 +75,10 @@ class ProblemsPane(Vertical):
             if len(lines) > limit:
                 lines = lines[:limit]
                 lines[-1] = lines[-1][:max(0, width - 1)] + "…"
-            table.add_row(icon, kind, where, "\n".join(lines), height=len(lines), key=str(i))
+            # Plain Text cells: a message is often the candidate's own words, and a str
+            # cell would be parsed as console markup ([link=...], [bold]...).
+            table.add_row(icon, Text(kind), Text(where), Text("\n".join(lines)),
+                          height=len(lines), key=str(i))
         errors = sum(p.severity == "error" for p in self.problems)
         flags = len(self.problems) - errors
         self.border_title = f"Problems · {errors} error(s), {flags} other" if self.problems \
@@ -97,4 +101,4 @@ class ProblemsPane(Vertical):
         if problem.line:
             self.post_message(self.Jump(problem.line))
         else:
-            self.app.notify(problem.message, title=problem.kind, timeout=6)
+            self.app.notify(problem.message, title=problem.kind, timeout=6, markup=False)

@@ -141,7 +141,7 @@ class ProfilePane(Vertical):
         timeline.load(*spans_from_profile(profile, self.base_dir))
         for op in (profile.get("top_ops") or [])[:30]:
             share = op.get("share")
-            table.add_row(str(op.get("name", "?"))[:28], str(op.get("count", "")),
+            table.add_row(Text(str(op.get("name", "?"))[:28]), str(op.get("count", "")),
                           _ms(op.get("total_ms")), _ms(op.get("self_ms")),
                           f"{share * 100:.1f}%" if isinstance(share, int | float) else "")
         self._render_gauges()

@@ -1,0 +1,155 @@
+"""The numbers of one evaluation, read once from its eval JSON, for prompts and tables.
+
+Everything a prompt says about an evaluated version's performance comes from
+``version_numbers(result)``: the ranking number and where it comes from
+(``kernels.result.ranking``), the TPU compiler's estimate and the XLA reference's in
+cycles, the per-op breakdown of both (the Pallas kernel against the XLA ops around it),
+VMEM used against the chip's scoped limit, grid steps, the production shape the
+estimate is for, the estimate's fidelity, the tolerance as enforced, and the host
+simulation times (which rank nothing). This module is the one reader of the ``tpu``
+section: fields that newer harnesses add (``shape_label``, ``input_shapes``,
+``estimate.ops``, ``estimate.method``, ``grid_steps``, ``floor``, ``fidelity``) are read
+here with ``.get`` and fall back to what older eval JSON has, so a change of that
+section is a change here only. Pure data: no JAX.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kernels.result import is_interpret, ranking
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
+        else None
+
+
+def _cycles(estimate: Any) -> float | None:
+    return _num(estimate.get("cycles")) if isinstance(estimate, dict) else None
+
+
+def _ops(estimate: Any) -> list[dict[str, Any]]:
+    """``estimate.ops``: ``[{name, kind: pallas|xla, cycles, count}]``, largest first."""
+    ops = estimate.get("ops") if isinstance(estimate, dict) else None
+    out = []
+    for op in ops if isinstance(ops, list) else []:
+        if not isinstance(op, dict) or _num(op.get("cycles")) is None:
+            continue
+        out.append({"name": str(op.get("name") or "?"),
+                    "kind": "pallas" if op.get("kind") == "pallas" else "xla",
+                    "cycles": float(op["cycles"]),
+                    "count": int(op["count"]) if isinstance(op.get("count"), int) else 1})
+    return sorted(out, key=lambda o: -o["cycles"] * o["count"])
+
+
+def _method(estimate: Any) -> str | None:
+    if not isinstance(estimate, dict):
+        return None
+    method = estimate.get("method")
+    if isinstance(method, dict):
+        kind, how = method.get("kind") or method.get("name"), method.get("description")
+        return f"{kind}: {how}" if kind and how else str(kind or how or "") or None
+    if isinstance(method, str) and method:
+        how = estimate.get("method_description") or estimate.get("description")
+        return f"{method}: {how}" if how else method
+    return None
+
+
+def _floor(tpu: dict[str, Any]) -> float | None:
+    floor = tpu.get("floor")
+    if isinstance(floor, dict):
+        return _num(floor.get("cycles")) or _num(floor.get("kernel_cycles"))
+    return _num(floor)
+
+
+def _arrays(items: Any) -> list[str]:
+    """``tpu.input_shapes``: ``["f32[4096,8192]", ...]`` (pairs ``[shape, dtype]`` too)."""
+    out = []
+    for item in items if isinstance(items, list) else []:
+        if isinstance(item, str):
+            out.append(item)
+        elif isinstance(item, list | tuple) and len(item) == 2:
+            out.append(array_text(item[0], item[1]))
+    return out
+
+
+_SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "float64": "f64",
+          "int32": "i32", "int8": "i8", "int16": "i16", "int64": "i64", "uint8": "u8",
+          "uint32": "u32", "bool": "bool"}
+
+
+def array_text(shape: Any, dtype: Any) -> str:
+    """``f32[4096,8192]`` (the eval JSON's ``tpu.input_shapes`` spelling)."""
+    dims = ",".join(str(d) for d in shape) if isinstance(shape, list | tuple) else str(shape)
+    return f"{_SHORT.get(str(dtype), str(dtype))}[{dims}]"
+
+
+def version_numbers(result: dict[str, Any] | None) -> dict[str, Any]:
+    """The numbers of one evaluation (an empty dict for none)."""
+    if not result:
+        return {}
+    tpu = result.get("tpu") or {}
+    timing = result.get("timing") or {}
+    corr = result.get("correctness") or {}
+    estimate, reference = tpu.get("estimate"), tpu.get("reference_estimate")
+    rank = ranking(result)
+    ops = _ops(estimate)
+    pallas = [o for o in ops if o["kind"] == "pallas"]
+    fidelity = tpu.get("fidelity") if isinstance(tpu.get("fidelity"), dict) else None
+    numbers: dict[str, Any] = {
+        "status": result.get("status"),
+        "rank_value": rank.value, "rank_source": rank.source, "rank_label": rank.label,
+        "estimated_speedup": rank.estimate,
+        "chip": tpu.get("chip") or rank.chip,
+        "compile": tpu.get("compile"),
+        "shape": tpu.get("shape") if isinstance(tpu.get("shape"), str) else None,
+        "shape_label": tpu.get("shape_label") if isinstance(tpu.get("shape_label"), str)
+        else None,
+        "input_shapes": _arrays(tpu.get("input_shapes")),
+        "cycles": _cycles(estimate),
+        "ref_cycles": _cycles(reference),
+        "method": _method(estimate), "ref_method": _method(reference),
+        "ops": ops, "ref_ops": _ops(reference),
+        "pallas_cycles": sum(o["cycles"] * o["count"] for o in pallas) if pallas else None,
+        "outside_cycles": sum(o["cycles"] * o["count"] for o in ops if o["kind"] == "xla")
+        if ops else None,
+        "vmem_bytes": _num(tpu.get("vmem_bytes")),
+        "vmem_limit_bytes": _num(tpu.get("vmem_limit_bytes")),
+        "grid_steps": int(tpu["grid_steps"]) if isinstance(tpu.get("grid_steps"), int)
+        else None,
+        "floor_cycles": _floor(tpu),
+        "basis": tpu.get("basis") if isinstance(tpu.get("basis"), str) else None,
+        "fidelity": fidelity,
+        "estimate_unavailable": tpu.get("estimate_unavailable")
+        if isinstance(tpu.get("estimate_unavailable"), str) else None,
+        "tpu_message": tpu.get("message") if isinstance(tpu.get("message"), str) else None,
+        "atol": _num(corr.get("atol")), "rtol": _num(corr.get("rtol")),
+        "atol_effective": _num(corr.get("atol_effective")),
+        "max_abs_diff": _num(corr.get("max_abs_diff")),
+        "max_rel_diff": _num(corr.get("max_rel_diff")),
+        "interpret": is_interpret(result.get("backend") or {}),
+        "host_ms": _num(timing.get("median_ms")),
+        "host_ref_ms": _num(timing.get("baseline_median_ms")),
+        "flags": list((result.get("integrity") or {}).get("flags") or []),
+    }
+    return numbers
+
+
+def fidelity_text(fidelity: dict[str, Any] | None) -> str | None:
+    """``tpu.fidelity`` in one line: how far the estimate can be trusted here."""
+    if not fidelity:
+        return None
+    parts = []
+    if fidelity.get("class"):
+        parts.append(f"program class {fidelity['class']}")
+    if _num(fidelity.get("median_ratio")) is not None:
+        parts.append(f"median estimate/measured {fidelity['median_ratio']:.2f}")
+    if _num(fidelity.get("within_2x")) is not None:
+        share = float(fidelity["within_2x"])
+        parts.append(f"{share:.0%} within 2x" if share <= 1 else f"{share:g} within 2x")
+    if fidelity.get("rows"):
+        parts.append(f"over {fidelity['rows']} measured programs")
+    if fidelity.get("source"):
+        parts.append(f"source: {fidelity['source']}")
+    return "; ".join(parts) or None
