@@ -518,9 +518,8 @@ def _compiler_lines(n: dict[str, Any], who: str) -> list[str]:
             lines.append("  kernel's ops: " + _ops_text(n["ops"]))
         if n.get("ref_ops"):
             lines.append("  reference's ops: " + _ops_text(n["ref_ops"]))
-        if n.get("floor_cycles"):
-            lines.append(f"  memory floor (HBM traffic at the chip's bandwidth): "
-                         f"{_cycles(n['floor_cycles'])} cycles")
+        if n.get("floor"):
+            lines.append("  " + _floor_text(n))
     elif n.get("estimate_unavailable"):
         lines.append(f"TPU compiler estimate ({where}): unavailable: "
                      f"{neutralize(n['estimate_unavailable'])}")
@@ -534,6 +533,22 @@ def _compiler_lines(n: dict[str, Any], who: str) -> list[str]:
     if facts:
         lines.append("; ".join(facts) + ".")
     return lines
+
+
+def _floor_text(n: dict[str, Any]) -> str:
+    """The memory floor in a line: the bytes each program must move between HBM and the
+    chip, at the chip's bandwidth, and whether it decided the ranking number."""
+    f = n["floor"]
+    parts = [f"kernel {f['kernel_s'] * 1e3:.3g} ms ({f.get('kernel_bytes', 0) / 2**20:,.0f} MiB)"]
+    if f.get("reference_s"):
+        parts.append(f"XLA reference {f['reference_s'] * 1e3:.3g} ms "
+                     f"({f.get('reference_bytes', 0) / 2**20:,.0f} MiB)")
+    decided = (" It decided the ranking number (the compiler alone says "
+               f"{n['compiler_speedup']:.3g}x)." if n.get("basis") == "memory_floor"
+               and n.get("compiler_speedup") else
+               " It is below both compiler estimates: the compiler's figures rank.")
+    return ("memory floor (bytes through HBM at the chip's bandwidth): "
+            + ", ".join(parts) + "." + decided)
 
 
 def _ops_text(ops: list[dict[str, Any]], limit: int = 6) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernels.result import is_interpret, ranking
+from kernels.result import array_text, is_interpret, ranking
 
 
 def _num(value: Any) -> float | None:
@@ -56,11 +56,15 @@ def _method(estimate: Any) -> str | None:
     return None
 
 
-def _floor(tpu: dict[str, Any]) -> float | None:
+def _floor(tpu: dict[str, Any]) -> dict[str, float] | None:
+    """``tpu.floor``: the memory floor in seconds of the kernel's program and of the
+    reference (``{kernel_s, reference_s, kernel_bytes, reference_bytes}``)."""
     floor = tpu.get("floor")
-    if isinstance(floor, dict):
-        return _num(floor.get("cycles")) or _num(floor.get("kernel_cycles"))
-    return _num(floor)
+    if not isinstance(floor, dict) or _num(floor.get("kernel_s")) is None:
+        return None
+    return {k: float(floor[k]) for k in ("kernel_s", "reference_s", "kernel_bytes",
+                                         "reference_bytes", "efficiency")
+            if _num(floor.get(k)) is not None}
 
 
 def _arrays(items: Any) -> list[str]:
@@ -72,17 +76,6 @@ def _arrays(items: Any) -> list[str]:
         elif isinstance(item, list | tuple) and len(item) == 2:
             out.append(array_text(item[0], item[1]))
     return out
-
-
-_SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "float64": "f64",
-          "int32": "i32", "int8": "i8", "int16": "i16", "int64": "i64", "uint8": "u8",
-          "uint32": "u32", "bool": "bool"}
-
-
-def array_text(shape: Any, dtype: Any) -> str:
-    """``f32[4096,8192]`` (the eval JSON's ``tpu.input_shapes`` spelling)."""
-    dims = ",".join(str(d) for d in shape) if isinstance(shape, list | tuple) else str(shape)
-    return f"{_SHORT.get(str(dtype), str(dtype))}[{dims}]"
 
 
 def version_numbers(result: dict[str, Any] | None) -> dict[str, Any]:
@@ -118,7 +111,8 @@ def version_numbers(result: dict[str, Any] | None) -> dict[str, Any]:
         "vmem_limit_bytes": _num(tpu.get("vmem_limit_bytes")),
         "grid_steps": int(tpu["grid_steps"]) if isinstance(tpu.get("grid_steps"), int)
         else None,
-        "floor_cycles": _floor(tpu),
+        "floor": _floor(tpu),
+        "compiler_speedup": _num(tpu.get("compiler_speedup")),
         "basis": tpu.get("basis") if isinstance(tpu.get("basis"), str) else None,
         "fidelity": fidelity,
         "estimate_unavailable": tpu.get("estimate_unavailable")

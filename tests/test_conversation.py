@@ -213,10 +213,10 @@ async def test_auto_profiles_new_bests_and_the_diagnosis_drives_the_offline_agen
     assert request.diagnosis["kind"] == "per_step_overhead"
     assert "## Diagnosis of v1 (static analysis + TPU compiler figures)" in turn_text(request)
     proposal = next(e for e in persisted if e["type"] == "agent.proposal")
-    # Every tunable at once to its largest distinct value (blocks that cover the 128x512
-    # array whole, one grid step; bigger ones clamp to the same kernel), where the plain
-    # tuner would move one tunable at a time.
-    assert proposal["tuning"] == {"BLOCK_ROWS": 128, "BLOCK_COLS": 512}
+    # Every tunable at once to its largest value that is distinct at the production shape
+    # (8192x8192, which the tuner aims at; at the 128x512 check shape they would clamp to
+    # one block), where the plain tuner would move one tunable at a time.
+    assert proposal["tuning"] == {"BLOCK_ROWS": 512, "BLOCK_COLS": 2048}
     assert "from the diagnosis" in proposal["summary"] and "per step overhead" in \
         proposal["rationale"]
     assert types(seen).index("diagnosis") < types(seen).index("agent.proposal")

@@ -162,5 +162,9 @@ def test_a_users_block_tuple_kernel_is_tuned_by_the_offline_agent(tmp_path: Path
     assert versions[1]["summary"] == "declare the kernel's block sizes as TUNABLES"
     assert versions[1]["status"] == "correct"
     tuned = [v for v in versions if v["origin"] == "tuning"]
-    assert tuned and all(v["status"] == "correct" for v in tuned), versions
+    # A tuning whose blocks overflow VMEM at the production shape (1024x2048) is a
+    # compile error there, never ranked; the others are correct.
+    assert tuned and any(v["status"] == "correct" for v in tuned), versions
+    assert all(v["status"] in ("correct", "compile_error") for v in tuned), versions
+    assert versions[summary["best_version"] - 1]["status"] == "correct"
     assert any("BLOCK_ROWS" in v["summary"] or "BLOCK_COLS" in v["summary"] for v in tuned)

@@ -394,7 +394,8 @@ def test_suite_totals_are_the_figures_the_field_reports() -> None:
     assert totals["fast_1"] == pytest.approx(2 / 6) and totals["fast_1.5"] == pytest.approx(2 / 6)
     report["totals"] = totals
     text = markdown(report)
-    assert "est. speedup (v5e, compiler)" in text and "4/6 correct (67%)" in text
+    assert "est. speedup at production shape (v5e, compiler)" in text
+    assert "4/6 correct (67%)" in text
     assert "no TPU estimate" in text and "0.01x" not in text
     assert "v1 (matmul template): compile_error" in text and "v2 (whole template)" in text
 

@@ -433,7 +433,7 @@ async def test_streamed_text_is_coalesced_into_fewer_messages_in_order(tmp_path,
 async def test_status_and_history_word_the_estimate_and_the_palette_checks_chips(
         tmp_path, gelu, pool):
     """Off-TPU the ranking number is the TPU compiler's estimate for v5e: the status bar,
-    History and Problems say "est. ... on v5e (TPU compiler)", the compile verdict and
+    History and Problems say "est. ... on v5e at 8192x8192 (TPU compiler...)", the compile verdict and
     VMEM of v5e's limit; never "speedup". The chip check compiles v1 for two chips."""
     app = make_app(tmp_path, gelu, ScriptedAgent([]), pool)
     # Wide enough for the status bar's full wording (narrower ones shorten it).
@@ -445,10 +445,14 @@ async def test_status_and_history_word_the_estimate_and_the_palette_checks_chips
         run = [e for e in persisted(app) if e["type"] == "run.result"][-1]
         assert run["rank_source"] == "tpu_estimate" and run["chip"] == "v5e"
         assert run["tpu_compile"] == "ok" and run["vmem_limit_bytes"] == 16 * 2**20
-        assert run["rank_label"] == f"est. {run['speedup']:.2f}x on v5e (TPU compiler)"
+        # For the production shape (8192x8192), not the check shape that ran.
+        said = f"est. {run['speedup']:.2f}x on v5e at 8192x8192 (TPU compiler"
+        assert run["rank_label"].startswith(said) and run["rank_shape"] == "8192x8192"
         bar = str(screen.query_one(StatusBar).render())
-        assert f"best v1: est. {run['speedup']:.2f}x on v5e (TPU compiler)" in bar
-        assert "TPU compile ok (v5e, VMEM " in bar and "/16.0 MiB)" in bar
+        # The chip is said once, by the backend ("CPU interp→v5e").
+        assert "CPU interp→v5e" in bar
+        assert f"best v1: est. {run['speedup']:.2f}x at 8192x8192 (TPU compiler" in bar
+        assert "compile ok (VMEM " in bar and "/16.0 MiB)" in bar
         assert "speedup" not in bar
         history = screen.query_one(HistoryPane)
         table = screen.query_one("#history-table")
@@ -466,7 +470,7 @@ async def test_status_and_history_word_the_estimate_and_the_palette_checks_chips
         chat.flush()
         text = "\n".join(str(n.render()) for n in chat.query(".notice"))
         assert "v1 on TPU chips:" in text
-        assert "v5e accepted · VMEM " in text and "est. " in text and "on v6e (TPU compiler)" in text
+        assert "v5e accepted · VMEM " in text and "est. " in text and "on v6e at 8192x8192 (TPU compiler" in text
         # Nothing recorded: the check answers a question, it does not rank v1.
         assert [e["type"] for e in persisted(app)].count("run.result") == 1
         await app.action_quit()

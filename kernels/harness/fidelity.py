@@ -123,7 +123,9 @@ def lookup(chip: str, klass: str | None, basis: str | None = None) -> dict[str, 
     if measured_on != chip:
         out["note"] = f"measured on {measured_on}; no measurement for {chip}"
     if own:
-        own.sort()
-        out["calibration"] = {"rows": len(own), "median_ratio": own[len(own) // 2],
-                              "within_2x": sum(0.5 <= r <= 2 for r in own) / len(own)}
+        import statistics
+
+        out["calibration"] = {"rows": len(own),
+                              "median_ratio": round(statistics.median(own), 3),
+                              "within_2x": round(sum(0.5 <= r <= 2 for r in own) / len(own), 3)}
     return out
