@@ -276,23 +276,25 @@ def ranking_text(request: AgentRequest) -> str:
 
 
 def _estimate_shape(numbers: dict[str, Any], task: TaskBrief) -> str:
-    """Where the estimate is computed, in words (the production shape when known)."""
+    """Where the estimate is computed, in words: the production shape, its inputs named
+    as the entry point names them ("the production shape production (x f32[512,1024],
+    w f32[1,1024])"), the same words before and after the first evaluation."""
     arrays = numbers.get("input_shapes") or []
     label = numbers.get("shape_label")
     name = numbers.get("shape")
     prod = task.production or {}
+    if prod:
+        inputs = _inputs(prod.get("inputs"), task.signature) if prod.get("inputs") else \
+            (", ".join(arrays) if arrays else _params(prod.get("params") or {}))
+        return f"the production shape {prod['name']} ({inputs})"
     if label or arrays:
-        what = f"the production shape {label or name}" if prod or label else f"shape {name}"
+        what = f"the production shape {label or name}" if label else f"shape {name}"
         return what + (f" ({', '.join(arrays)})" if arrays else "")
     check = next((s for s in task.shapes if s["name"] == name), None)
     if check is not None:
         return (f"the check shape {name} ({_inputs(check.get('inputs'), task.signature)})"
                 if check.get("inputs") else f"the check shape {name} "
                 f"({_params(check['params'])})")
-    if prod:
-        inputs = _inputs(prod.get("inputs"), task.signature) if prod.get("inputs") else \
-            _params(prod.get("params") or {})
-        return f"the production shape {prod['name']} ({inputs})"
     if name:
         return f"shape {name}"
     if len(task.shapes) == 1:  # no production shape: the estimate is for the check shape
@@ -314,7 +316,8 @@ def base_text(request: AgentRequest) -> str:
     def said(number: int | None) -> str:
         entry = rows.get(number) or {}
         label = (entry.get("numbers") or {}).get("rank_label") or entry.get("rank_label")
-        label = label.split(" (")[0] if isinstance(label, str) else None
+        # the shape is said once, in "What ranks kernels"
+        label = label.split(" (")[0].split(" at ")[0] if isinstance(label, str) else None
         if label is None and isinstance(entry.get("speedup"), int | float):
             label = f"ranked {entry['speedup']:.3g}"
         return f"v{number}, {label or entry.get('status') or 'not evaluated'}"

@@ -51,7 +51,8 @@ def _method(estimate: Any) -> str | None:
         kind, how = method.get("kind") or method.get("name"), method.get("description")
         return f"{kind}: {how}" if kind and how else str(kind or how or "") or None
     if isinstance(method, str) and method:
-        how = estimate.get("method_description") or estimate.get("description")
+        how = estimate.get("detail") or estimate.get("method_description") \
+            or estimate.get("description")
         return f"{method}: {how}" if how else method
     return None
 

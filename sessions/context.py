@@ -197,9 +197,10 @@ def base_reason(state: SessionState, number: int | None, explain: bool = False) 
 
 
 def _rank(v: Version) -> str:
-    """The ranking number in short ("est. 1.26x on v5e"), its source's words left out."""
+    """The ranking number in short ("est. 1.26x on v5e"), its source's words and its
+    shape (the request says it once, in its ranking rule) left out."""
     if v.rank_label:
-        return v.rank_label.split(" (")[0]
+        return v.rank_label.split(" (")[0].split(" at ")[0]
     return f"{v.speedup:.3g}x" if v.speedup else "no ranking number"
 
 

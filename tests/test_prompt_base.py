@@ -291,10 +291,12 @@ def test_the_production_shape_fields_are_read_when_present() -> None:
     tpu = result["tpu"]
     tpu.update(shape="production", shape_label="4096x8192, 8192x8192, 8192",
                input_shapes=["f32[4096,8192]", "f32[8192,8192]", "f32[8192]"],
-               grid_steps=64, floor={"cycles": 2500},
+               grid_steps=64, basis="compiler",
+               floor={"kernel_s": 2.5e-6, "kernel_bytes": 2 * 2**20, "reference_s": 3e-6,
+                      "reference_bytes": 3 * 2**20, "efficiency": 1.0},
                fidelity={"class": "matmul + epilogue", "median_ratio": 0.95,
                          "within_2x": 0.91, "rows": 33, "source": "JAXBench v6e"})
-    tpu["estimate"].update(method="scaled", method_description="8 of 64 steps, times 8",
+    tpu["estimate"].update(method="scaled", detail="8 of 64 steps, times 8",
                            ops=[{"name": "_kernel", "kind": "pallas", "cycles": 2600,
                                  "count": 1},
                                 {"name": "copy.3", "kind": "xla", "cycles": 89, "count": 2}])
@@ -305,7 +307,8 @@ def test_the_production_shape_fields_are_read_when_present() -> None:
     assert "scaled: 8 of 64 steps, times 8" in text
     assert "kernel's ops: _kernel (Pallas kernel) 2,600, copy.3 (XLA) 89 x2" in text
     assert "reference's ops: fusion.1 (XLA) 3,080" in text
-    assert "memory floor (HBM traffic at the chip's bandwidth): 2,500 cycles" in text
+    assert "memory floor (bytes through HBM at the chip's bandwidth): kernel 0.0025 ms " \
+           "(2 MiB), XLA reference 0.003 ms (3 MiB). It is below both compiler estimates" in text
     assert "64 grid steps" in text
     numbers = version_numbers(result)
     assert (numbers["pallas_cycles"], numbers["outside_cycles"]) == (2600, 178)
@@ -314,8 +317,11 @@ def test_the_production_shape_fields_are_read_when_present() -> None:
     table = history_text((row,), best=4, base=4)
     assert "| v4 (best, base) | v3 | correct | est. 1.11x | 2,778 | 3,080 | 2,600 / 178 | " \
            "0.38 / 16 MiB | 64 | k |" in table
-    rule = ranking_text(AgentRequest("tune", _brief(), "x = 1\n", 4, last_eval=result,
-                                     chip="v5e"))
+    from dataclasses import replace
+
+    # A brief without a production shape of its own: the eval JSON's words name it.
+    rule = ranking_text(AgentRequest("tune", replace(_brief(), production=None), "x = 1\n", 4,
+                                     last_eval=result, chip="v5e"))
     assert "at the production shape 4096x8192, 8192x8192, 8192 (f32[4096,8192], " \
            "f32[8192,8192], f32[8192])" in rule
     assert "program class matmul + epilogue; median estimate/measured 0.95; 91% within 2x" \
