@@ -18,26 +18,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
-FILENAME = "calibration.jsonl"
+from kernels.calibration import calibration_path, pairs, record
 
-
-def calibration_path() -> Path:
-    """``<user data dir>/calibration.jsonl`` (``$TILEWRIGHT_DATA_DIR`` when set, as for
-    sessions and lessons)."""
-    import os
-
-    env = os.environ.get("TILEWRIGHT_DATA_DIR")
-    if env:
-        return Path(env).expanduser() / FILENAME
-    from platformdirs import user_data_dir
-
-    return Path(user_data_dir("tilewright")) / FILENAME
+__all__ = ["calibration_path", "pairs", "record", "register", "run"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -55,42 +42,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS")
     parser.add_argument("--json", action="store_true", help="print the recorded pairs")
     parser.set_defaults(handler=run)
-
-
-def pairs(task_name: str, result: dict[str, Any]) -> list[dict[str, Any]]:
-    """The (estimate, measurement) pairs one evaluation on a TPU gives: the kernel's
-    and the XLA reference's, when both were estimated and timed."""
-    tpu = result.get("tpu") or {}
-    timing = result.get("timing") or {}
-    backend = result.get("backend") or {}
-    if result.get("status") != "correct" or backend.get("platform") != "tpu" \
-            or backend.get("mode") != "native":
-        return []
-    fidelity = tpu.get("fidelity") or {}
-    when = datetime.date.today().isoformat()
-    found = []
-    for program, estimate, measured_ms in (
-            ("kernel", tpu.get("estimate"), timing.get("median_ms")),
-            ("reference", tpu.get("reference_estimate"), timing.get("baseline_median_ms"))):
-        seconds = (estimate or {}).get("seconds")
-        if not seconds or not measured_ms:
-            continue
-        measured = float(measured_ms) / 1e3
-        found.append({"chip": tpu.get("chip"), "task": task_name, "program": program,
-                      "class": fidelity.get("class"), "shape": tpu.get("shape_label"),
-                      "estimate_s": seconds, "measured_s": measured,
-                      "ratio": seconds / measured, "method": timing.get("method"),
-                      "device_kind": backend.get("device_kind"), "date": when})
-    return found
-
-
-def record(rows: list[dict[str, Any]], path: Path | None = None) -> Path:
-    path = path or calibration_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as fh:
-        for row in rows:
-            fh.write(json.dumps(row) + "\n")
-    return path
 
 
 def run(args: argparse.Namespace) -> int:

@@ -64,6 +64,13 @@ QUIET = {
     "PYTHONDONTWRITEBYTECODE": "1",
 }
 
+# What the app tells the judge through its environment (``kernels.workers`` sets them):
+# the judge's on-disk cache of TPU compiles (``kernels.harness.estimates``; never the
+# candidate process's: ``kernels.harness.judge`` removes it from its environment) and
+# the user's ``tilewright calibrate`` pairs (``kernels.harness.fidelity``).
+ESTIMATE_CACHE = "TILEWRIGHT_ESTIMATE_CACHE"
+CALIBRATION = "TILEWRIGHT_CALIBRATION"
+
 
 def is_secret(name: str) -> bool:
     """The variable's name says it holds a credential."""

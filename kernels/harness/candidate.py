@@ -35,6 +35,7 @@ from typing import Any
 
 from kernels import confinement
 from kernels.harness import wire
+from profiling.chips import DEFAULT_TPU
 
 HLO_TEXT_LIMIT = 8 << 20  # the TPU lowering's text sent to the judge
 _CROSS_PLATFORM_CALLBACK = "is different from the lowering platform"
@@ -209,7 +210,7 @@ class Server:
         from kernels.harness.execution import task_runtime
 
         where = header.get("where") or "at the production shape"
-        chip = header.get("chip") or self.chip or "v5e"
+        chip = header.get("chip") or self.chip or DEFAULT_TPU
         runtime = task_runtime(header["spec"])  # the task's code at the production size
         try:
             entry = runtime.load_candidate(self.source, self.filename)
@@ -279,7 +280,7 @@ class Server:
     def _submit(self, name: str, program: Any, flat: list[Any]) -> None:
         from kernels.harness import tpu_compile
 
-        where, why = tpu_compile.target(self.chip or "v5e")
+        where, why = tpu_compile.target(self.chip or DEFAULT_TPU)
         if where is None:
             self.jobs.append((name, why))
             return
@@ -468,7 +469,7 @@ OPS = ("load", "production", "prepare", "run", "stage", "call", "fetch", "verdic
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kernels.harness.worker import child_main
+    from kernels.harness.startup import child_main
 
     return child_main(argv, "python -m kernels.harness.candidate", serve, confine=True,
                       warm=True)

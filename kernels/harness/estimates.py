@@ -47,8 +47,9 @@ from pathlib import Path
 from typing import Any
 
 from kernels.harness import tpu_compile
+from kernels.worker_env import ESTIMATE_CACHE
 
-CACHE_ENV = "TILEWRIGHT_ESTIMATE_CACHE"  # the on-disk cache (a directory); unset: none
+CACHE_ENV = ESTIMATE_CACHE  # the on-disk cache (a directory); unset: none
 COMPILE_MEMORY_MB = 4096  # per compile process; an estimator above it costs the estimate
 COMPILE_TIMEOUT_S = 150.0  # one compile, at most (and never past the evaluation's deadline)
 CACHE_VERSION = 1
@@ -459,17 +460,13 @@ def reference_plan(production_spec: dict[str, Any], chip: str) -> ReferencePlan:
 def _bound(cost: dict[str, float], chip: str) -> str | None:
     """compute | memory: XLA's FLOP per byte of the program's inputs and outputs (the
     traffic it cannot avoid) against the chip's ridge point for its dtype."""
-    from profiling.chips import get_chip
+    from profiling.chips import bound_by, get_chip
 
-    flops, moved = cost.get("flops"), cost.get("io_bytes")
-    if not flops or not moved:
-        return None
     try:
         spec = get_chip(chip)
     except KeyError:
         return None
-    peak = spec.f32_flops if cost.get("f32_inputs") else spec.bf16_flops
-    return "compute" if flops / moved >= peak / spec.hbm_bytes_per_s else "memory"
+    return bound_by(spec, cost.get("flops"), cost.get("io_bytes"), bool(cost.get("f32_inputs")))
 
 
 def _export_reference(spec: dict[str, Any], config: Any, chip: str

@@ -40,6 +40,7 @@ from kernels.harness.execution import (
     reset_interpret_state,
     task_runtime,
 )
+from kernels.harness.ops import op
 from kernels.harness.verdict import ProductionRun
 from kernels.result import EvalResult
 from kernels.task import ShapeConfig, Task, TaskError
@@ -108,6 +109,7 @@ class _Stop(Exception):
 ESTIMATE_SCHEMA = "tilewright.estimate/1"
 
 
+@op("estimate")
 def estimate_request(payload: dict[str, Any]) -> dict[str, Any]:
     """The ``estimate`` op: ``{task, source, filename, options}`` -> the production-shape
     verdict and estimate without any correctness check: ``{schema, status (ok |
@@ -128,6 +130,7 @@ def estimate_request(payload: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+@op("eval")
 def evaluate_request(payload: dict[str, Any]) -> dict[str, Any]:
     """The ``eval`` op: ``{task, source, filename, options}`` -> EvalResult JSON."""
     evaluation = Evaluation(payload["task"], payload["source"],

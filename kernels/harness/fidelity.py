@@ -26,8 +26,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from kernels.worker_env import CALIBRATION
+
 TABLE = Path(__file__).resolve().parent.parent / "data" / "fidelity.json"
-CALIBRATION_ENV = "TILEWRIGHT_CALIBRATION"  # the user's calibration pairs (JSON lines)
+CALIBRATION_ENV = CALIBRATION  # the user's calibration pairs (JSON lines)
 CLASSES = ("compute_bound", "memory_bound", "pallas_manual_dma", "gather_scatter",
            "collective")
 _COLLECTIVES = {"all-reduce", "all-gather", "reduce-scatter", "all-to-all",
@@ -47,17 +49,15 @@ def program_class(reference_cost: dict[str, Any] | None,
     if {"gather", "scatter"} & set(reference_opcodes or {}):
         return "gather_scatter"
     cost = reference_cost or {}
-    flops, moved = cost.get("flops"), cost.get("bytes_accessed")
-    if not flops or not moved:
-        return None
-    from profiling.chips import get_chip
+    from profiling.chips import bound_by, get_chip
 
     try:
         spec = get_chip(chip)
     except KeyError:
         return None
-    peak = spec.f32_flops if dtype in ("float32", "f32") else spec.bf16_flops
-    return "compute_bound" if flops / moved >= peak / spec.hbm_bytes_per_s else "memory_bound"
+    side = bound_by(spec, cost.get("flops"), cost.get("bytes_accessed"),
+                    dtype in ("float32", "f32"))
+    return f"{side}_bound" if side else None
 
 
 @cache

@@ -34,9 +34,8 @@ from typing import Any
 
 from kernels.harness.ops import op
 from profiling import SCHEMA
-from profiling.chips import backend_is_interpret
+from profiling.chips import DEFAULT_TPU, backend_is_interpret
 
-DEFAULT_TARGET = "v5e"  # what a CPU host analyzes for when no --chip is given
 TRACE_BYTES_LIMIT = 512 << 20  # a profile's files copied out of the candidate's scratch
 TRACE_FILES_LIMIT = 200
 TEXT_LIMIT = 64 * 1024
@@ -89,7 +88,7 @@ def run_profile(spec: dict[str, Any], source: str, filename: str,
 
     try:
         target = chips.get_chip(options["chip"]) if options.get("chip") else \
-            _native_chip(backend) or chips.get_chip(DEFAULT_TARGET)
+            _native_chip(backend) or chips.get_chip(DEFAULT_TPU)
     except KeyError as exc:
         return _error(out, "usage", str(exc.args[0]))
     out["chip"] = target.to_json()

@@ -28,9 +28,11 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from kernels.harness import estimates, fidelity, tpu_compile
+from kernels.harness import estimates, fidelity, ops, tpu_compile
+from kernels.harness.ops import op
 from kernels.result import array_text, shape_label
 from kernels.task import ShapeConfig, Task, TaskError
+from profiling.chips import DEFAULT_TPU
 
 _POOL: ThreadPoolExecutor | None = None
 _REFERENCE_PLANS: dict[str, estimates.ReferencePlan | str] = {}
@@ -205,8 +207,6 @@ class ProductionRun:
         """The production verdict (and estimate) as soon as they are known, to the app
         (a progress frame of the request; ``kernels.harness.ops.progress``), while the
         trials go on: the UI shows it before the evaluation ends."""
-        from kernels.harness import ops
-
         try:
             section = self._filled(self._blank(), out)
         except Exception:  # a partial answer that cannot be read yet: nothing to say
@@ -340,6 +340,7 @@ def _scoped_limit(chip: str) -> int | None:
         return None
 
 
+@op("reference_estimate")
 def reference_request(payload: dict[str, Any]) -> dict[str, Any]:
     """The ``reference_estimate`` op: ``{task, chip, timeout_s}`` -> the task's XLA
     reference at its production shape, estimated as every evaluation estimates it:
@@ -347,7 +348,7 @@ def reference_request(payload: dict[str, Any]) -> dict[str, Any]:
     from kernels.harness.execution import task_runtime
 
     task = production_task(Task.from_spec(payload["task"]))
-    chip = str(payload.get("chip") or "v5e")
+    chip = str(payload.get("chip") or DEFAULT_TPU)
     spec = task.to_spec()
     runtime = task_runtime(spec)
     dyn, _static, _ = runtime.input_signature(task.shapes[0])
