@@ -22,13 +22,13 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernels import confinement as _confinement
 from kernels.calibration import calibration_path
 from kernels.options import EvalOptions
 from kernels.process_failure import FAILURE_HINTS
-from kernels.result import Backend, EvalError, EvalResult
+from kernels.result import ESTIMATE_SCHEMA, Backend, EvalError, EvalResult
 from kernels.task import Task
 from kernels.task_copy import TaskCopyError, restore
 from kernels.worker_env import CALIBRATION, ESTIMATE_CACHE, worker_environment
@@ -38,6 +38,9 @@ from kernels.worker_process import (
     WorkerProcess,
     WorkerStartError,
 )
+
+if TYPE_CHECKING:
+    from kernels.executors.protocol import ProgressListener
 
 __all__ = ["EvalOptions", "WorkerFailure", "WorkerOpError", "WorkerPool", "WorkerStartError"]
 
@@ -322,7 +325,7 @@ class WorkerPool:
         return result
 
     async def _round_trip(self, op: str, payload: dict[str, Any], timeout: float,
-                          on_progress: Callable[[dict[str, Any]], None] | None = None
+                          on_progress: ProgressListener | None = None
                           ) -> tuple[dict[str, Any], str]:
         worker = await self._acquire()
         mapping: dict[str, str] = {}
@@ -368,7 +371,7 @@ class WorkerPool:
 
     async def evaluate(self, task: Task, source: str, options: EvalOptions | None = None,
                        filename: str = "kernel.py",
-                       on_progress: Callable[[dict[str, Any]], None] | None = None
+                       on_progress: ProgressListener | None = None
                        ) -> EvalResult:
         """Evaluate candidate ``source`` on ``task``; never raises for the candidate's faults.
         ``on_progress(data)`` hears what the worker says before its result (the
@@ -436,13 +439,13 @@ class WorkerPool:
         try:
             reply, stderr = await self._round_trip("estimate", payload, options.timeout_s)
         except WorkerFailure as failure:
-            return {"schema": "tilewright.estimate/1",
+            return {"schema": ESTIMATE_SCHEMA,
                     "status": "timeout" if failure.kind == "timeout" else "crashed",
                     "tpu": None, "error": {"kind": failure.kind, "message": failure.message},
                     "stderr": failure.stderr}
         if not reply.get("ok"):
             error = reply.get("error") or {}
-            return {"schema": "tilewright.estimate/1", "status": "runtime_error", "tpu": None,
+            return {"schema": ESTIMATE_SCHEMA, "status": "runtime_error", "tpu": None,
                     "error": {"kind": "harness", "message": f"{error.get('type')}: "
                               f"{error.get('message')}"}, "stderr": stderr}
         return {**reply["result"], "stderr": stderr}
