@@ -264,16 +264,7 @@ class CandidateProcess:
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         """SIGSTOP the whole tree (it cannot run while the judge times the baseline)."""
-        stopped: list[int] = []
-        if self.proc is not None:
-            for _ in range(3):  # a fork between scan and stop: scan again
-                new = [p for p in self._tree() if p not in stopped]
-                if not new:
-                    break
-                for pid in new:
-                    with contextlib.suppress(OSError):
-                        os.kill(pid, signal.SIGSTOP)
-                    stopped.append(pid)
+        stopped = confinement.stop_all(self._tree, rounds=3) if self.proc is not None else []
         try:
             yield
         finally:
