@@ -17,14 +17,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kernels.cli import (
-    kernel_argument,
-    named_candidate,
-    overrides_argument,
-    subcommand,
-    task_argument,
-    usage_error,
-)
+from kernels import cli
 from kernels.options import MIN_TRIALS, EvalOptions
 from profiling.chips import DEFAULT_TPU, TPU_INTERPRET
 
@@ -37,17 +30,17 @@ if TYPE_CHECKING:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = subcommand(
+    parser = cli.subcommand(
         sub, "eval", "evaluate a kernel on a task (correctness, TPU lowering, timing)",
         "Evaluate a candidate kernel in an isolated worker: several trials with "
         "fresh inputs on every shape configuration for this host, a TPU lowering "
         "check, integrity checks and timing against the XLA reference. "
         "Exit 0 only when the status is 'correct'.", run)
-    task_argument(parser, "task directory (native, JAXBench or MaxKernel layout) or a "
+    cli.task_argument(parser, "task directory (native, JAXBench or MaxKernel layout) or a "
                           "bundled task name")
-    kernel_argument(parser)
+    cli.kernel_argument(parser)
     parser.add_argument("--json", action="store_true", help="print the eval JSON contract")
-    overrides_argument(parser, "override a shape parameter (repeatable)")
+    cli.overrides_argument(parser, "override a shape parameter (repeatable)")
     parser.add_argument("--trials", type=_at_least_3, default=DEFAULTS.trials,
                         help="correctness trials per shape configuration, each with fresh "
                              f"inputs (default and minimum {DEFAULTS.trials})")
@@ -91,11 +84,11 @@ def _positive_float(text: str) -> float:
     return value
 
 
-_usage_error = functools.partial(usage_error, "eval")
+_usage_error = functools.partial(cli.usage_error, "eval")
 
 
 def run(args: argparse.Namespace) -> int:
-    found = named_candidate("eval", args)  # an int: bad usage, already said
+    found = cli.named_candidate("eval", args)  # an int: bad usage, already said
     return found if isinstance(found, int) else _evaluate_candidate(args, *found)
 
 

@@ -19,14 +19,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kernels.cli import (
-    kernel_argument,
-    named_candidate,
-    overrides_argument,
-    subcommand,
-    task_argument,
-    usage_error,
-)
+from kernels import cli
 
 if TYPE_CHECKING:
     from kernels.executors import Judge
@@ -39,19 +32,19 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 def register(sub: argparse._SubParsersAction) -> None:
     from profiling.chips import CHIPS
 
-    parser = subcommand(
+    parser = cli.subcommand(
         sub, "profile", "profile a kernel: trace, op table, static pallas_call analysis, roofline",
         "Profile a candidate kernel in an isolated worker: analyze every "
         "pallas_call (grid, blocks, VMEM, alignment, flops, warnings with fixes) "
         "for the target chip, trace its timed iterations with the JAX profiler "
         "and summarize the trace.", run)
-    task_argument(parser, "task directory or a bundled task name")
-    kernel_argument(parser)
+    cli.task_argument(parser, "task directory or a bundled task name")
+    cli.kernel_argument(parser)
     parser.add_argument("--json", action="store_true", help="print the profile JSON")
     parser.add_argument("--chip", choices=sorted(CHIPS), default=None,
                         help="chip to analyze for (default: the device's own chip; v5e on a "
                              "CPU host)")
-    overrides_argument(parser, "override a shape parameter (repeatable)")
+    cli.overrides_argument(parser, "override a shape parameter (repeatable)")
     parser.add_argument("--shape", default=None, metavar="NAME",
                         help="shape configuration to profile (default: the first small one)")
     parser.add_argument("--iters", type=int, default=None,
@@ -71,11 +64,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="kill the profile after this long (default 300)")
 
 
-_usage_error = functools.partial(usage_error, "profile")
+_usage_error = functools.partial(cli.usage_error, "profile")
 
 
 def run(args: argparse.Namespace) -> int:
-    found = named_candidate("profile", args)  # an int: bad usage, already said
+    found = cli.named_candidate("profile", args)  # an int: bad usage, already said
     return found if isinstance(found, int) else _profile_candidate(args, *found)
 
 
