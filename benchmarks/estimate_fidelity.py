@@ -263,6 +263,10 @@ def with_floor(row: dict[str, Any], efficiency: float = 1.0) -> float | None:
     return max(est, floor)
 
 
+def _ms(seconds: float | None) -> str:
+    return f"{seconds * 1e3:9.3f}" if seconds else f"{'-':>9}"
+
+
 def _print_row(row: dict[str, Any]) -> None:
     m, e = row.get("measured_s"), row.get("estimate_s")
     f = with_floor(row)
@@ -270,7 +274,7 @@ def _print_row(row: dict[str, Any]) -> None:
     fratio = f"{f / m:6.2f}" if m and f else "     -"
     note = row.get("why") or (row.get("method") or "")
     print(f"{row['program'][:52]:<52} {row.get('class') or '-':<17} "
-          f"{(m or 0) * 1e3:9.3f} {(e or 0) * 1e3:9.3f} {ratio} {fratio}  "
+          f"{_ms(m)} {_ms(e)} {ratio} {fratio}  "
           f"{row.get('estimate_s_wall', 0):5.0f}s  {str(note)[:60]}", flush=True)
 
 

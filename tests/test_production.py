@@ -234,6 +234,7 @@ async def test_a_kernel_name_too_long_for_a_file_name_is_estimated(worker_pool,
 
 def test_repeated_ops_count_every_op() -> None:
     """A record stands for ``num_equivalent_hlos`` identical ops, with cycles per op."""
+    from kernels.harness.compiler import op_bytes
     from kernels.harness.estimates import estimate_of
     from kernels.harness.tpu_compile import records
 
@@ -255,9 +256,19 @@ def test_repeated_ops_count_every_op() -> None:
     found = records(text)
     assert [(r["name"], r["cycles"], r["count"], r["dma"]) for r in found] == [
         ("fusion.3", 1000, 4, "local"), ("copy.1", 0, 1, "remote")]
+    # What each DMA op moves, read off the compiled HLO's result types.
+    hlo = ("%fusion.3 = f32[8,128]{1,0} fusion(%p0), kind=kLoop\n"
+           "  %copy.1 = (bf16[1024,512]{1,0}, s32[]) copy-start(%p1)\n")
+    sizes = op_bytes(hlo, {"fusion.3", "copy.1"})
+    assert sizes == {"fusion.3": 8 * 128 * 4, "copy.1": 1024 * 512 * 2 + 4}
+    for record in found:
+        record["bytes"] = sizes[record["name"]]
     estimate = estimate_of(found, "v5e")
     assert estimate["cycles"] == 4000
-    assert estimate["incomplete"]["ops"] == ["copy.1"]  # priced at 0, moves HBM data
+    incomplete = estimate["incomplete"]  # priced at 0, moves HBM data
+    assert incomplete["ops"] == ["copy.1"] and incomplete["bytes"] == 1024 * 512 * 2 + 4
+    moved = 4 * 8 * 128 * 4 + 1024 * 512 * 2 + 4
+    assert incomplete["share_of_dma_bytes"] == round((1024 * 512 * 2 + 4) / moved, 3)
 
 
 def test_no_estimator_dump_dirs_are_left_behind(task_dir, tmp_path) -> None:

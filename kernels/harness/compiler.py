@@ -38,6 +38,34 @@ from profiling.chips import DEFAULT_TPU
 
 _CUSTOM_CALL = re.compile(r"%([\w.\-]+) = [^\n]*custom_call_target=\"tpu_custom_call\"[^\n]*")
 _SHORT = re.compile(r"tw_pallas_(\d+)")
+_ARRAY = re.compile(r"\b(pred|s8|u8|s16|u16|f16|bf16|s32|u32|f32|s64|u64|f64|c64)\[([\d,]*)\]")
+_ITEM_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
+               "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8}
+
+
+def op_bytes(hlo_text: str, names: set[str]) -> dict[str, int]:
+    """The bytes of each named op's result (every array of a tuple), from the compiled
+    HLO text: what a DMA op moves."""
+    found: dict[str, int] = {}
+    if not names:
+        return found
+    for line in hlo_text.splitlines():
+        head = line.strip()
+        if not head.startswith("%") or " = " not in head:
+            continue
+        name, rest = head[1:].split(" = ", 1)
+        if name not in names or name in found:
+            continue
+        # The result type comes before the opcode's "(": "(f32[8,128]{...}, s32[]) op(...".
+        kind = rest.split(" ", 1)[0] if not rest.startswith("(") else rest[:rest.find(")") + 1]
+        total = 0
+        for dtype, dims in _ARRAY.findall(kind):
+            count = 1
+            for d in filter(None, dims.split(",")):
+                count *= int(d)
+            total += count * _ITEM_BYTES[dtype]
+        found[name] = total
+    return found
 
 
 def kernel_ops(hlo_text: str) -> dict[str, int]:
@@ -119,10 +147,16 @@ def compile_exported(blob: bytes, chip: str) -> dict[str, Any]:
     text = ""
     with contextlib.suppress(Exception):
         text = compiled.as_text()
+    found = tpu_compile.read_dump(dump) if dump and want else None
+    if found:  # what each DMA op moves (the estimator prices some at 0 cycles)
+        sizes = op_bytes(text, {r["name"] for r in found if r.get("dma")})
+        for record in found:
+            if record["name"] in sizes:
+                record["bytes"] = sizes[record["name"]]
     return {
         "compile": "ok", "message": None, "kind": None,
         "vmem_bytes": tpu_compile.scoped_vmem(text),
-        "records": tpu_compile.read_dump(dump) if dump and want else None,
+        "records": found,
         "kernels": kernel_ops(text), "opcodes": opcodes(text),
         "cost": _cost(compiled), "compile_s": time.perf_counter() - started,
         "estimates": bool(dump and want),

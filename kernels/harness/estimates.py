@@ -282,7 +282,13 @@ def _incomplete(records: list[dict[str, Any]]) -> dict[str, Any] | None:
             and int(r["cycles"]) == 0]
     if not zero:
         return None
+    moved = sum(int(r.get("bytes") or 0) * int(r.get("count") or 1)
+                for r in records if r.get("dma"))
+    unpriced = sum(int(r.get("bytes") or 0) * int(r.get("count") or 1) for r in zero)
     return {"ops": sorted({r["name"] for r in zero})[:20], "count": len(zero),
+            "bytes": unpriced or None,
+            # of the bytes every DMA op of the program moves (None: sizes not read)
+            "share_of_dma_bytes": round(unpriced / moved, 3) if moved else None,
             "why": "the estimator prices these HBM-moving ops (DMA type REMOTE) at 0 cycles"}
 
 
