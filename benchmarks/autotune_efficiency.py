@@ -25,7 +25,10 @@ its limit, and the request carries that diagnosis, so the offline agent makes it
 diagnosed move (e.g. every block to its largest legal size for per-step overhead).
 Same grid, same cost; reported side by side (``--no-diagnosis`` skips it).
 
-    python benchmarks/autotune_efficiency.py [--tasks gelu,softmax] [--remeasure]
+    python benchmarks/autotune_efficiency.py [--tasks gelu,softmax] [--remeasure] [--smoke]
+
+``--smoke``: gelu only, replayed from a copy of the shipped grid (nothing measured; a
+diagnosis the grid lacks is still profiled in a worker), that it runs.
 """
 
 from __future__ import annotations
@@ -242,7 +245,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip the diagnosis-guided replay (it needs a JAX worker)")
     parser.add_argument("--replay-only", action="store_true",
                         help="do not measure; use only what the cache holds")
+    parser.add_argument("--smoke", action="store_true", help="that it runs: tiny sizes, one repetition (tests/test_benchmarks.py)")
     args = parser.parse_args(argv)
+    if args.smoke:  # the shipped grid is never rewritten by a smoke run
+        import shutil
+        import tempfile
+
+        copy = Path(tempfile.mkdtemp(prefix="tw-autotune-")) / DEFAULT_CACHE.name
+        shutil.copyfile(args.cache, copy)
+        args.tasks, args.cache, args.replay_only = "gelu", copy, True
     names = [n for n in args.tasks.split(",") if n]
     cache: dict[str, Any] = {"tasks": {}}
     if args.cache.exists():

@@ -10,7 +10,9 @@ this process over /proc, the same code the worker runs). Also the start-up time 
 worker in each mode.
 
     python benchmarks/confinement_overhead.py [--task gelu] [--set rows=64 --set cols=256]
-                                              [--reps 15] [--timing]
+                                              [--reps 15] [--timing] [--smoke]
+
+``--smoke``: an 8x128 gelu, one repetition, no TPU compile: that it runs.
 
 Target (issue 13): confined evaluation within 15% of unconfined.
 """
@@ -37,7 +39,8 @@ async def main(args: argparse.Namespace) -> None:
     task = load_task(args.task, parse_overrides(args.set))
     source = task.starting_source()
     options = EvalOptions(trials=3, timeout_s=120, timing=args.timing, time_budget_s=0.3,
-                          iters=10 if args.timing else None, shapes=["small"])
+                          iters=10 if args.timing else None, shapes=["small"],
+                          lowering=not args.smoke)
     pools = {}
     for mode, env in (("confined", None), ("unconfined", {"TILEWRIGHT_CONFINE": "off"})):
         started = time.perf_counter()
@@ -48,7 +51,8 @@ async def main(args: argparse.Namespace) -> None:
         pools[mode] = pool
     try:
         for pool in pools.values():  # first evaluation compiles the reference: not counted
-            await pool.evaluate(task, source, options)
+            if not args.smoke:
+                await pool.evaluate(task, source, options)
         walls: dict[str, list[float]] = {m: [] for m in pools}
         for _ in range(args.reps):
             for mode, pool in pools.items():
@@ -57,7 +61,7 @@ async def main(args: argparse.Namespace) -> None:
                 walls[mode].append(time.perf_counter() - t)
                 assert result.status == "correct", result.error
         for mode, values in walls.items():
-            q = statistics.quantiles(values, n=10)
+            q = statistics.quantiles(values, n=10) if len(values) > 1 else values
             print(f"{mode:<11} eval median {statistics.median(values) * 1000:8.1f} ms  "
                   f"p10 {q[0] * 1000:8.1f}  p90 {q[-1] * 1000:8.1f}  (n={len(values)})")
         ratio = statistics.median(walls["confined"]) / statistics.median(walls["unconfined"])
@@ -66,7 +70,7 @@ async def main(args: argparse.Namespace) -> None:
         for pool in pools.values():
             await pool.close()
     scans = []
-    for _ in range(20):
+    for _ in range(2 if args.smoke else 20):
         t = time.perf_counter()
         descendants(os.getpid())
         scans.append(time.perf_counter() - t)
@@ -81,6 +85,9 @@ if __name__ == "__main__":
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--timing", action="store_true",
                         help="include timing (10 fixed iterations) in each evaluation")
+    parser.add_argument("--smoke", action="store_true", help="that it runs: tiny sizes, one repetition (tests/test_benchmarks.py)")
     args = parser.parse_args()
-    args.set = args.set or ["rows=64", "cols=256"]
+    args.set = args.set or (["rows=8", "cols=128"] if args.smoke else ["rows=64", "cols=256"])
+    if args.smoke:
+        args.reps = 1
     asyncio.run(main(args))

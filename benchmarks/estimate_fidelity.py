@@ -30,6 +30,11 @@ per-class figures in ``kernels/data/fidelity.json`` (what ``tpu.fidelity`` repor
 
     python benchmarks/estimate_fidelity.py --jaxbench ~/JAXBench [--only 12p 8p] \\
         [--skip-guide] [--fit-efficiency] [--write]
+
+``--smoke``: two of the guide's 1024^3 rows (XLA's matmul and the 512-block kernel, each
+estimated by the harness's compile processes; measured by wall clock that small, they
+are left out of the figures); the JAXBench workloads, which need a checkout, are
+skipped: that it runs.
 """
 
 from __future__ import annotations
@@ -184,6 +189,8 @@ async def estimate_rows(args: argparse.Namespace, scratch: Path) -> list[dict[st
                 m, k, n = int(row["m"]), int(row["k"]), int(row["n"])
                 if args.only and not any(f"mm{m}".startswith(p) for p in args.only):
                     continue
+                if args.smoke and (row["epilogue"] != "none" or row["bm"] not in ("", "512")):
+                    continue  # a smoke run: XLA's and one blocked kernel's program
                 blocks = f" ({row['bm']},{row['bk']},{row['bn']})" if row["bm"] else ""
                 out = {"source": "guide", "chip": "v5e", "workload": f"matmul {m}^3",
                        "variant": "baseline" if row["program"] == "xla" else "optimized",
@@ -362,7 +369,7 @@ def fit_efficiency(rows: list[dict[str, Any]]) -> tuple[float | None, list[dict[
     return min(statistics.median(shares), 1.0), test
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jaxbench", type=Path, help="a git checkout of aryatschand/JAXBench")
     parser.add_argument("--commit", default=JAXBENCH_COMMIT)
@@ -378,7 +385,16 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write every row here")
     parser.add_argument("--rows", type=Path,
                         help="report on rows a previous run wrote with --json (no compiles)")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true",
+                        help="that it runs: two of the guide's 1024^3 rows, no JAXBench "
+                             "(tests/test_benchmarks.py)")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        if args.write or args.fit_efficiency:
+            parser.error("--smoke estimates two rows: never --write or --fit-efficiency")
+        print("JAXBench workloads skipped: a smoke run reads no checkout"
+              if args.jaxbench else "JAXBench workloads skipped: no checkout (--jaxbench DIR)")
+        args.only, args.skip_guide, args.jaxbench = ["mm1024"], False, None
     if not args.jaxbench and args.skip_guide and not args.rows:
         parser.error("nothing to do: give --jaxbench and/or leave out --skip-guide")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")

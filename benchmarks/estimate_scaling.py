@@ -9,11 +9,13 @@ smaller values of a batch-like size (``kernels.harness.shrink``). This benchmark
 both ways on cases where the full estimate is still affordable here and prints, per
 case, the full and the derived cycles, their ratio, and the wall time of each.
 
-    python benchmarks/estimate_scaling.py [--chip v5e] [--only NAME ...]
+    python benchmarks/estimate_scaling.py [--chip v5e] [--only NAME ...] [--smoke]
 
 It uses the harness's own compile processes (memory- and time-bounded) and a fresh
 on-disk cache, so every figure is a real compile. Run it on an idle machine: the
-times are wall clock.
+times are wall clock. ``--smoke``: one small gelu whose grid needs no scaling, with
+``$TILEWRIGHT_CACHE_DIR``'s compile cache when set (a repeated smoke run compiles
+nothing): that it runs.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import argparse
 import os
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 
@@ -30,41 +31,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-TILED_MATMUL = textwrap.dedent("""
-    import jax
-    import jax.numpy as jnp
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import tpu as pltpu
+# The bundled matmul_bias_gelu kernel (a tiled matmul, bias + GELU fused) with 512 blocks.
+TILED_MATMUL = {"BLOCK_M": 512, "BLOCK_N": 512, "BLOCK_K": 512}
 
-    BM, BK, BN = 512, 512, 512
-
-    def _mm(x_ref, w_ref, b_ref, o_ref, acc):
-        @pl.when(pl.program_id(2) == 0)
-        def _():
-            acc[...] = jnp.zeros_like(acc)
-        acc[...] += jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)
-        @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
-        def _():
-            y = acc[...] + b_ref[...]
-            o_ref[...] = (0.5 * y * (1.0 + jnp.tanh(0.7978845608 * (y + 0.044715 * y ** 3)))
-                          ).astype(o_ref.dtype)
-
-    def kernel(x, w, b):
-        m, k = x.shape
-        n = w.shape[1]
-        return pl.pallas_call(
-            _mm, out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
-            grid=(m // BM, n // BN, k // BK),
-            in_specs=[pl.BlockSpec((BM, BK), lambda i, j, kk: (i, kk)),
-                      pl.BlockSpec((BK, BN), lambda i, j, kk: (kk, j)),
-                      pl.BlockSpec((1, BN), lambda i, j, kk: (0, j))],
-            out_specs=pl.BlockSpec((BM, BN), lambda i, j, kk: (i, j)),
-            scratch_shapes=[pltpu.VMEM((BM, BN), jnp.float32)],
-            compiler_params=pltpu.CompilerParams(
-                dimension_semantics=("parallel", "parallel", "arbitrary")))(x, w, b)
-""")
-
-# (name, bundled task, production sizes, kernel source or None for the task's own)
+# (name, bundled task, production sizes, tunables set in the task's own kernel, or None)
 CASES = [
     ("softmax 4096x4096 (32-row blocks)", "softmax", {"rows": 4096, "cols": 4096}, None),
     ("gelu 2048x2048 (64x256 blocks)", "gelu", {"rows": 2048, "cols": 2048}, None),
@@ -74,24 +44,35 @@ CASES = [
     ("matmul+gelu 2048x2048x2048 (512 blocks)", "matmul_bias_gelu",
      {"m": 2048, "k": 2048, "n": 2048}, TILED_MATMUL),
 ]
+SMOKE_CASE = ("gelu 256x1024 (64x256 blocks, smoke)", "gelu", {"rows": 256, "cols": 1024}, None)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    from kernels.worker_env import ESTIMATE_CACHE
+    from profiling.chips import DEFAULT_TPU
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--chip", default="v5e")
+    parser.add_argument("--chip", default=DEFAULT_TPU)
     parser.add_argument("--only", nargs="*", help="case name prefixes")
     parser.add_argument("--memory-mb", type=int, default=8192,
                         help="limit of each compile process (the full estimates need more "
                              "than the harness's 4096 MB on the larger cases)")
-    args = parser.parse_args()
-    cache = tempfile.mkdtemp(prefix="tilewright-bench-cache-")
-    os.environ["TILEWRIGHT_ESTIMATE_CACHE"] = cache
+    parser.add_argument("--smoke", action="store_true",
+                        help="that it runs: tiny sizes, one repetition (tests/test_benchmarks.py)")
+    args = parser.parse_args(argv)
+    shared = os.environ.get("TILEWRIGHT_CACHE_DIR") if args.smoke else None
+    cache = os.path.join(shared, "estimates") if shared else \
+        tempfile.mkdtemp(prefix="tilewright-bench-cache-")
+    os.makedirs(cache, exist_ok=True)
+    os.environ[ESTIMATE_CACHE] = cache
+    cases = [SMOKE_CASE] if args.smoke else CASES
 
     from kernels.harness import tpu_compile
 
     tpu_compile.prepare_environment(estimates=False)
     import jax
 
+    from kernels import tunables
     from kernels.harness import estimates, production, shrink
     from kernels.harness.execution import task_runtime
     from kernels.loaders import PRODUCTION_PREFIX, load_task
@@ -100,18 +81,20 @@ def main() -> int:
     comp = estimates.compilers()
     comp.start()
     print(f"chip {chip}; libtpu {comp.libtpu}; compile processes limited to "
-          f"{args.memory_mb} MB; cache {cache} (fresh)")
+          f"{args.memory_mb} MB; cache {cache} ({'shared' if shared else 'fresh'})")
     print(f"{'case':<42} {'what':<9} {'steps':>6} {'full cycles':>12} {'derived':>12} "
           f"{'ratio':>6} {'full s':>7} {'derived s':>9}")
     ratios = []
-    for name, task_name, sizes, source in CASES:
+    for name, task_name, sizes, blocks in cases:
         if args.only and not any(name.startswith(p) for p in args.only):
             continue
         task = load_task(task_name, {PRODUCTION_PREFIX + k: str(v) for k, v in sizes.items()})
         ptask = task.production_task()
         spec = ptask.to_spec()
         runtime = task_runtime(spec)
-        entry = runtime.load_candidate(source or task.starting_source(), "kernel.py")
+        own = task.starting_source() or ""
+        entry = runtime.load_candidate(tunables.apply(own, blocks) if blocks else own,
+                                       "kernel.py")
         dyn, static, _ = runtime.input_signature(ptask.shapes[0])
         with tpu_compile.abstract_device(chip):
             closed = jax.jit(entry).trace(*dyn, *static).jaxpr

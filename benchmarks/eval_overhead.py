@@ -20,7 +20,10 @@ XLA reference, integrity checks) and transport (socket, JSON, scheduling, stderr
 capture) = wall time minus the worker's handler time.
 
     python benchmarks/eval_overhead.py [--tasks gelu softmax] [--set rows=64 --set cols=256]
-                                       [--reps 3] [--iters 10]
+                                       [--reps 3] [--iters 10] [--smoke]
+
+``--smoke``: an 8x128 gelu, one repetition, one timed iteration, no TPU compile: that
+both paths (and, with ``--script-per-candidate``, the third) run.
 
 Targets: warm >= 5x faster than fresh for small kernels; overhead < 10%.
 
@@ -45,15 +48,17 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from kernels.loaders import load_task  # noqa: E402
+from kernels.result import EvalResult  # noqa: E402
 from kernels.worker_env import worker_environment  # noqa: E402
 from kernels.workers import EvalOptions, WorkerPool  # noqa: E402
+from profiling.chips import DEFAULT_TPU  # noqa: E402
 
 KERNEL_PHASES = ("trace_lower_s", "kernel_run_s", "kernel_timing_s")
 
@@ -114,38 +119,58 @@ def script_path(task, source: str, shape: str, reps: int) -> dict:
     return {"wall_s": statistics.median(walls)}
 
 
-async def ours_path(task, source: str, options: EvalOptions, reps: int) -> dict:
-    """Our warm evaluation with default timing (host simulation: a few iterations) and
-    the TPU compile + estimate for options.chip."""
+async def warm_runs(task, source: str, options: EvalOptions, reps: int
+                    ) -> tuple[float, list[tuple[float, EvalResult]]]:
+    """A started WorkerPool's first evaluation (it also compiles the task's reference)
+    and ``reps`` more: (first wall time, [(wall time, result)])."""
     async with WorkerPool(size=1) as pool:
-        walls, first, tpu = [], None, None
+        first, runs = 0.0, []
         for rep in range(reps + 1):
             start = time.perf_counter()
             result = await pool.evaluate(task, source, options, filename=str(task.kernel_path))
             wall = time.perf_counter() - start
             assert result.status == "correct", (result.status, result.error)
-            tpu = result.tpu
             if rep == 0:
                 first = wall
             else:
-                walls.append(wall)
-    return {"wall_s": statistics.median(walls), "first_s": first, "tpu": tpu}
+                runs.append((wall, result))
+    return first, runs
+
+
+async def ours_path(task, source: str, options: EvalOptions, reps: int) -> dict:
+    """Our warm evaluation with default timing (host simulation: a few iterations) and
+    the TPU compile + estimate for options.chip."""
+    first, runs = await warm_runs(task, source, options, reps)
+    return {"wall_s": statistics.median(wall for wall, _ in runs), "first_s": first,
+            "tpu": runs[-1][1].tpu}
+
+
+def _table(header: str) -> None:
+    print(header)
+    print("-" * len(header))
+
+
+def _tasks(names: list[str], overrides: dict) -> list[tuple[str, Any, str]]:
+    """(name, task, starting source) of each task that has a starting kernel."""
+    found = []
+    for name in names:
+        task = load_task(name, overrides)
+        source = task.starting_source()
+        if source is None:
+            print(f"{name}: no starting kernel, skipped")
+            continue
+        found.append((name, task, source))
+    return found
 
 
 def compare_script(args: argparse.Namespace, overrides: dict) -> None:
     options = EvalOptions(trials=args.trials, shapes=[args.shape], timeout_s=600.0,
-                          chip=args.chip)
+                          chip=args.chip, lowering=not args.smoke)
     print(f"\nours vs script-per-candidate (MaxKernel-style): chip {args.chip}, trials "
           f"{args.trials}, median of {args.reps}")
-    header = (f"{'task':<10} {'ours s':>7} {'(first)':>8} {'script s':>9} {'script/ours':>11} "
-              f"{'TPU compile':>12} {'estimate':>22}")
-    print(header)
-    print("-" * len(header))
-    for name in args.tasks:
-        task = load_task(name, overrides)
-        source = task.starting_source()
-        if source is None:
-            continue
+    _table(f"{'task':<10} {'ours s':>7} {'(first)':>8} {'script s':>9} {'script/ours':>11} "
+           f"{'TPU compile':>12} {'estimate':>22}")
+    for name, task, source in _tasks(args.tasks, overrides):
         ours = asyncio.run(ours_path(task, source, options, args.reps))
         script = script_path(task, source, args.shape, args.reps)
         tpu = ours["tpu"] or {}
@@ -169,25 +194,15 @@ def split(result_json: dict, wall: float) -> dict:
 
 
 async def warm_path(task, source: str, options: EvalOptions, reps: int) -> dict:
-    async with WorkerPool(size=1) as pool:
-        first = None
-        runs = []
-        for rep in range(reps + 1):
-            start = time.perf_counter()
-            result = await pool.evaluate(task, source, options, filename=str(task.kernel_path))
-            wall = time.perf_counter() - start
-            assert result.status == "correct", (result.status, result.error)
-            if rep == 0:
-                first = wall
-                continue
-            runs.append(split(result.to_json(), wall))
+    first, done = await warm_runs(task, source, options, reps)
+    runs = [split(result.to_json(), wall) for wall, result in done]
     median = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
     return {"first_s": first, **median}
 
 
 def fresh_path(task, source: str, options: EvalOptions, reps: int) -> dict:
     payload = json.dumps({"task": task.to_spec(), "source": source,
-                          "filename": str(task.kernel_path), "options": asdict(options)})
+                          "filename": str(task.kernel_path), "options": options.to_json()})
     env = worker_environment()
     walls = []
     for _ in range(reps):
@@ -202,7 +217,7 @@ def fresh_path(task, source: str, options: EvalOptions, reps: int) -> dict:
     return {"wall_s": statistics.median(walls)}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", nargs="+", default=["gelu", "softmax"])
     parser.add_argument("--shape", default="small", help="shape configuration to evaluate")
@@ -215,11 +230,16 @@ def main() -> int:
                         help="also compare with a MaxKernel-style script-per-candidate harness")
     parser.add_argument("--only-script", action="store_true",
                         help="run only that comparison")
-    parser.add_argument("--chip", default="v5e", help="TPU chip our evaluation compiles for")
-    args = parser.parse_args()
+    parser.add_argument("--chip", default=DEFAULT_TPU, help="TPU chip our evaluation compiles for")
+    parser.add_argument("--smoke", action="store_true",
+                        help="that it runs: tiny sizes, one repetition (tests/test_benchmarks.py)")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.tasks, args.reps, args.iters = args.tasks[:1], 1, 1
+        args.overrides = args.overrides or ["rows=8", "cols=128"]
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     options = EvalOptions(trials=args.trials, iters=args.iters, shapes=[args.shape],
-                          timeout_s=600.0)
+                          timeout_s=600.0, lowering=not args.smoke)
     overrides = dict(o.split("=", 1) for o in (args.overrides or ["rows=64", "cols=256"]))
     if args.only_script:
         compare_script(args, overrides)
@@ -227,16 +247,9 @@ def main() -> int:
     print(f"eval overhead: trials={args.trials}, timing iters={args.iters}, shape "
           f"{args.shape!r} with {overrides}, median of {args.reps}, JAX_PLATFORMS={os.environ['JAX_PLATFORMS']}, "
           f"{os.cpu_count()} CPUs")
-    header = (f"{'task':<10} {'warm s':>7} {'(first)':>8} {'fresh s':>8} {'fresh/warm':>10} "
-              f"{'kernel s':>9} {'overhead':>9} {'harness s':>10} {'transport s':>12}")
-    print(header)
-    print("-" * len(header))
-    for name in args.tasks:
-        task = load_task(name, overrides)
-        source = task.starting_source()
-        if source is None:
-            print(f"{name}: no starting kernel, skipped")
-            continue
+    _table(f"{'task':<10} {'warm s':>7} {'(first)':>8} {'fresh s':>8} {'fresh/warm':>10} "
+           f"{'kernel s':>9} {'overhead':>9} {'harness s':>10} {'transport s':>12}")
+    for name, task, source in _tasks(args.tasks, overrides):
         warm = asyncio.run(warm_path(task, source, options, args.reps))
         fresh = fresh_path(task, source, options, args.reps)
         ratio = fresh["wall_s"] / warm["wall"]

@@ -20,7 +20,10 @@ For each suite it
    the TPU lowering check), the denominator of the target.
 
 Printed per task and in total: inputs generate, crowned, truly correct, lowerable,
-ranking speedup, wall time. Targets (issue 11): all tasks generate inputs; no wrong
+ranking speedup, wall time. ``--smoke`` needs no checkout: the JAXBench and MaxKernel
+tasks of ``tests/fixtures/suite`` are listed (step 1, without running their input
+builders: ``tilewright tasks --no-check``, no worker), the shared-size resolution runs,
+and the table is printed from the listing; no search, no re-check. Targets (issue 11): all tasks generate inputs; no wrong
 kernel crowned (crowned == truly correct); correct on at least two thirds of the
 lowerable scaled tasks.
 """
@@ -168,9 +171,17 @@ def run_suite(label: str, directory: Path, args: argparse.Namespace, scratch: Pa
     if resolved:
         print(f"{label}: per-task overrides for shared sizes: {' '.join(resolved)}",
               file=sys.stderr)
-    listing = json.loads(tw("tasks", str(suite), "--no-bundled", "--json",
+    check = ["--no-check"] if args.smoke else []  # a smoke run starts no worker
+    listing = json.loads(tw("tasks", str(suite), "--no-bundled", "--json", *check,
                             *sets_args(args.sets)).stdout)["tasks"]
     generates = {row["name"] or row["path"]: row["error"] is None for row in listing}
+    if args.smoke:
+        rows = [{"task": name, "generates": ok, "crowned": False, "truly_correct": False,
+                 "lowerable": False, "speedup": None, "evaluations": 0}
+                for name, ok in generates.items()]
+        return {"suite": label, "rows": rows, "totals": None,
+                "wall_s": time.perf_counter() - started,
+                "inputs_generate": sum(generates.values()), "tasks_listed": len(generates)}
     # Tasks that refused the preset (a size two keys share) are listed again with the
     # per-task values the search uses; a later --set wins over an earlier one.
     own: dict[str, list[str]] = {}
@@ -275,7 +286,7 @@ def print_suite(result: dict) -> None:
               f"fast_1.5 {t['fast_1.5']:.0%}")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jaxbench", type=Path, help="JAXBench/benchmark folder")
     parser.add_argument("--maxkernel", type=Path,
@@ -287,8 +298,18 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
     parser.add_argument("--keep", type=Path, metavar="DIR",
                         help="keep the search sessions here (default: a temporary folder)")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true",
+                        help="no checkout needed: list the fixture suite's tasks and print "
+                             "the table (tests/test_benchmarks.py)")
+    args = parser.parse_args(argv)
     args.sets = args.sets or DEFAULT_SETS
+    if args.smoke:
+        fixtures = ROOT / "tests" / "fixtures" / "suite"
+        args.jaxbench, args.maxkernel = fixtures, None
+        args.only = ["jaxbench_silu", "maxkernel_add_relu"]
+        print("smoke: the public JAXBench and MaxKernel checkouts are not read (step 1 runs on "
+              "tests/fixtures/suite); the search and the re-check are skipped, so crowned, "
+              "correct and lowerable below are not measured")
     if not args.jaxbench and not args.maxkernel:
         parser.error("give --jaxbench and/or --maxkernel (your checkout of the public "
                      "accelerator-agents repository)")

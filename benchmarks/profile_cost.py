@@ -15,7 +15,9 @@ Printed per task: both wall times (median of --reps), their ratio, and the profi
 run's phases. On a CPU host the kernels run in TPU interpret mode: the absolute
 times are a simulator's, the ratio is what the profiling machinery adds.
 
-    python benchmarks/profile_cost.py [--tasks gelu softmax] [--reps 3] [--iters 3]
+    python benchmarks/profile_cost.py [--tasks gelu softmax] [--reps 3] [--iters 3] [--smoke]
+
+``--smoke``: gelu, one repetition of one iteration: that it runs.
 """
 
 from __future__ import annotations
@@ -33,12 +35,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", nargs="+", default=["gelu", "softmax", "matmul_bias_gelu"])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--iters", type=int, default=3)
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true",
+                        help="that it runs: tiny sizes, one repetition (tests/test_benchmarks.py)")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.tasks, args.reps, args.iters = ["gelu"], 1, 1
 
     import jax
     from jax.experimental.pallas import tpu as pltpu
@@ -49,7 +55,7 @@ def main() -> int:
     from kernels.loaders import load_task
     from profiling import convert
     from profiling.capture import capture
-    from profiling.chips import get_chip
+    from profiling.chips import DEFAULT_TPU, get_chip
     from profiling.static import analyze_callable
 
     backend = backend_info()
@@ -78,7 +84,7 @@ def main() -> int:
                 plain.append(time.perf_counter() - t0)
 
                 t0 = time.perf_counter()
-                analyze_callable(entry, tuple(dyn), tuple(static), chip=get_chip("v5e"))
+                analyze_callable(entry, tuple(dyn), tuple(static), chip=get_chip(DEFAULT_TPU))
                 t1 = time.perf_counter()
                 with tempfile.TemporaryDirectory() as logdir:
                     cap = capture(fn, call_args, logdir, iters=args.iters, warmup=1)

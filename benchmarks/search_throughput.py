@@ -14,7 +14,10 @@ Start-up (JAX import in the workers, Ray's own start) is reported apart from the
 batch. On a CPU host the kernels run in TPU interpret mode: the figures describe the
 evaluation pipeline on this machine, not TPU performance.
 
-    JAX_PLATFORMS=cpu python benchmarks/search_throughput.py [--task gelu] [--evals 8]
+    JAX_PLATFORMS=cpu python benchmarks/search_throughput.py [--task gelu] [--evals 8] [--smoke]
+
+``--smoke``: an 8x128 gelu, one evaluation on one local worker, no TPU compile, no Ray:
+that it runs.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ def candidates(source: str, count: int) -> list[str]:
 
 async def batch(executor, task, sources, options) -> tuple[float, list[str]]:
     started = time.perf_counter()
-    results = await asyncio.gather(*(executor.submit(task, s, options) for s in sources))
+    results = await asyncio.gather(*(executor.evaluate(task, s, options) for s in sources))
     wall = time.perf_counter() - started
     return wall, [r.status if r.correct else f"{r.status}: {r.error and r.error.message}"
                   for r in results]
@@ -57,7 +60,7 @@ async def sequential(executor, task, sources, options) -> list[tuple[float, floa
     out = []
     for source in sources:
         started = time.perf_counter()
-        result = await executor.submit(task, source, options)
+        result = await executor.evaluate(task, source, options)
         latency = time.perf_counter() - started
         worker_s = (result.extra.get("phases") or {}).get("worker_s") or 0.0
         out.append((latency, latency - worker_s))
@@ -70,7 +73,7 @@ async def measure(name: str, executor, task, sources, options, seq: list[str]) -
     startup = time.perf_counter() - started
     try:
         # warm every worker (Ray starts its worker processes on first use)
-        await asyncio.gather(*(executor.submit(task, sources[0], options)
+        await asyncio.gather(*(executor.evaluate(task, sources[0], options)
                                for _ in range(executor.capacity)))
         wall, statuses = await batch(executor, task, sources, options)
         latencies = await sequential(executor, task, seq, options) if seq else []
@@ -90,7 +93,7 @@ async def measure(name: str, executor, task, sources, options, seq: list[str]) -
     return row
 
 
-async def main() -> None:
+async def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", default="gelu")
     parser.add_argument("--set", dest="overrides", action="append",
@@ -99,17 +102,24 @@ async def main() -> None:
     parser.add_argument("--sequential", type=int, default=6,
                         help="one-at-a-time evaluations for the latency comparison")
     parser.add_argument("--no-ray", action="store_true")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true",
+                        help="that it runs: tiny sizes, one repetition (tests/test_benchmarks.py)")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.overrides = ["rows=8", "cols=128"]
+        args.evals, args.sequential, args.no_ray = 1, 1, True
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     overrides = dict(item.split("=", 1) for item in args.overrides)
     task = load_task(args.task, overrides)
     sources = candidates(task.starting_source() or "", args.evals)
     seq = sources[: args.sequential]
-    options = EvalOptions(trials=1, time_budget_s=0.3)
+    options = EvalOptions(trials=1, time_budget_s=0.3, lowering=not args.smoke)
     print(f"task {task.name} {overrides}, {args.evals} evaluations per batch "
           f"({len(set(sources))} distinct sources), {usable_cores()} usable cores, "
           f"load average {os.getloadavg()[0]:.1f}", flush=True)
     one = await measure("local x1", LocalExecutor(1), task, sources, options, seq)
+    if args.smoke:
+        return
     two = await measure("local x2", LocalExecutor(2), task, sources, options, [])
     print(f"second local worker: {two['per_min'] / one['per_min']:.2f}x the evaluations "
           "per minute of one")

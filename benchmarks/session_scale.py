@@ -10,7 +10,8 @@ messages, mode changes and markers. Then measures, in a fresh process state:
 - and, for context, the append rate with fsync.
 
 Targets (issue #3): load + fold under 1 s and under 100 MB. Run:
-``python benchmarks/session_scale.py [--events N] [--dir DIR]``.
+``python benchmarks/session_scale.py [--events N] [--dir DIR] [--smoke]`` (``--smoke``:
+200 events, that it runs).
 """
 
 from __future__ import annotations
@@ -120,11 +121,14 @@ def measure(path: Path) -> dict[str, float]:
             sorted(times)[len(times) // 2], "peak_mb": peak / 2**20, "state": digest}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=10_000)
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="that it runs: tiny sizes, one repetition (tests/test_benchmarks.py)")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.events = 200
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(args.dir or tmp)
         path, rate = write_session(base, args.events)

@@ -12,7 +12,9 @@
    from spawn to the first output that contains the Source pane's title. Five runs.
 
 Targets (issue 6): p95 latency under 50 ms; first paint under 1 s.
-Run: ``JAX_PLATFORMS=cpu python benchmarks/tui_latency.py``.
+Run: ``JAX_PLATFORMS=cpu python benchmarks/tui_latency.py [--smoke]``. ``--smoke``: three
+presses per phase, a short stream, no evaluation load (the controller's worker pool is
+never started: nothing is evaluated), one first paint: that it runs.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
-async def latency() -> dict[str, float]:
+async def latency(smoke: bool = False) -> dict[str, float]:
     from kernels.loaders import load_task
     from kernels.workers import EvalOptions, WorkerPool
     from sessions.evaluator import PoolEvaluator
@@ -88,9 +90,15 @@ async def latency() -> dict[str, float]:
 
     chip = ChipChoice("v5e", "TPU v5e", 16 * 2**20)
     gelu, softmax = load_task("gelu"), load_task("softmax")
-    agent = StreamingAgent(seconds=60.0)
+    agent = StreamingAgent(seconds=3.0 if smoke else 60.0)
+    presses_per_phase, measured = (3, 3) if smoke else (30, PRESSES)
     tmp = Path(tempfile.mkdtemp(prefix="tw-bench-"))
-    async with WorkerPool() as pool, WorkerPool() as load_pool:
+    # A smoke run starts no worker: the controller's pool is never asked to evaluate.
+    async with contextlib.AsyncExitStack() as pools:
+        pool, load_pool = WorkerPool(), WorkerPool()
+        if not smoke:
+            for started in (pool, load_pool):
+                await pools.enter_async_context(started)
         evaluator = PoolEvaluator(pool, EvalOptions(trials=1, time_budget_s=0.05))
 
         async def opener():
@@ -138,29 +146,29 @@ async def latency() -> dict[str, float]:
                     await asyncio.sleep(random.uniform(0.04, 0.12))
                 return samples
 
-            idle = await presses(30)  # the same app, nothing streaming or running
-            app.link.controller.user_message("explain the tiling while you think")
-            await asyncio.sleep(1.0)
-            stream_only = await presses(30)  # streaming, no evaluation competing for CPU
-            load = asyncio.create_task(evaluate_forever())
-            await asyncio.sleep(2.0)  # the evaluation is under way too
+            idle = await presses(presses_per_phase)  # the same app, nothing streaming or running
+            app.link.send_message("explain the tiling while you think")
+            await asyncio.sleep(0.3 if smoke else 1.0)
+            stream_only = await presses(presses_per_phase)  # streaming, no evaluation load
+            load = asyncio.create_task(asyncio.sleep(0) if smoke else evaluate_forever())
+            await asyncio.sleep(0.1 if smoke else 2.0)  # the evaluation is under way too
             start_tokens = agent.tokens
             t_start = time.perf_counter()
-            samples = await presses(PRESSES)
+            samples = await presses(measured)
             elapsed = time.perf_counter() - t_start
             rate = (agent.tokens - start_tokens) / elapsed
             busy = pool.state
             load.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await load  # its evaluation is cancelled before the pools close
-            await app.link.controller.cancel()
+            await app.link.cancel()
             await app.action_quit()
     return {"p50_ms": statistics.median(samples), "p95_ms": percentile(samples, 95),
             "max_ms": max(samples), "presses": len(samples), "tokens_per_s": rate,
             "evals_during": evals, "controller_pool": busy,
             "idle_p50_ms": statistics.median(idle), "idle_p95_ms": percentile(idle, 95),
             "stream_p50_ms": statistics.median(stream_only),
-            "stream_p95_ms": percentile(stream_only, 95)}
+            "stream_p95_ms": percentile(stream_only, 95), "phase_presses": len(idle)}
 
 
 def first_paint(runs: int = 5) -> list[float]:
@@ -183,21 +191,27 @@ def first_paint(runs: int = 5) -> list[float]:
     return times
 
 
-def main() -> None:
-    result = asyncio.run(latency())
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true",
+                        help="that it runs: tiny sizes, one repetition (tests/test_benchmarks.py)")
+    smoke = parser.parse_args(argv).smoke
+    result = asyncio.run(latency(smoke))
     print(f"keypress -> frame latency while streaming {result['tokens_per_s']:.0f} tok/s "
           f"and evaluating ({result['evals_during']} softmax evals in the background), "
           f"{result['presses']} presses:")
     print(f"  p50 {result['p50_ms']:.1f} ms   p95 {result['p95_ms']:.1f} ms   "
           f"max {result['max_ms']:.1f} ms   (target p95 < 50 ms: "
           f"{result['p95_ms'] / 50:.2f}x of target)")
-    print(f"  same app with nothing streaming or running, 30 presses: p50 "
+    print(f"  same app with nothing streaming or running, {result['phase_presses']} presses: p50 "
           f"{result['idle_p50_ms']:.1f} ms   p95 {result['idle_p95_ms']:.1f} ms")
-    print(f"  streaming only (no evaluation), 30 presses: p50 "
+    print(f"  streaming only (no evaluation), {result['phase_presses']} presses: p50 "
           f"{result['stream_p50_ms']:.1f} ms   p95 {result['stream_p95_ms']:.1f} ms")
     print(f"  host load average (1/5/15 min) at the end: "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
-    paints = first_paint()
+    paints = first_paint(1 if smoke else 5)
     print(f"first paint of `tilewright` in a pty, {len(paints)} runs: median "
           f"{statistics.median(paints):.2f} s, max {max(paints):.2f} s "
           f"(target < 1 s: {statistics.median(paints):.2f}x of target)")

@@ -1,15 +1,22 @@
-"""Subcommands of the kernels layer: ``tasks``, ``eval``, ``estimate``, ``profile``.
+"""Subcommands of the kernels layer: ``tasks``, ``eval``, ``estimate``, ``profile``,
+``calibrate``.
 
-Each lives in its own module (``cli_tasks``, ``cli_eval``, ``cli_profile``) exposing
-``register(subparsers)``; their handlers import workers and loaders lazily.
+Each lives in its own module (``cli_tasks``, ``cli_eval``, ``cli_estimate``,
+``cli_profile``, ``cli_calibrate``) exposing ``register(subparsers)``; their handlers
+import loaders lazily and reach worker processes only through a judge
+(``kernels.executors``). What they share is here: the task, kernel and ``--set``
+arguments, and reading the candidate they name (a bad one is exit status 2).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 from pathlib import Path
 from typing import Any
+
+EXIT_USAGE = 2
 
 MODULES = ("kernels.cli_tasks", "kernels.cli_eval", "kernels.cli_estimate", "kernels.cli_profile",
            "kernels.cli_calibrate", "kernels.cli_new")
@@ -24,6 +31,50 @@ def register(sub: argparse._SubParsersAction) -> None:
                 raise
             continue
         module.register(sub)
+
+
+def subcommand(sub: argparse._SubParsersAction, name: str, summary: str, description: str,
+               handler: Any) -> argparse.ArgumentParser:
+    """``tilewright NAME``: its parser (``summary`` in the command list, ``description``
+    in its help), dispatching to ``handler(args) -> exit status``."""
+    parser = sub.add_parser(name, help=summary, description=description)
+    parser.set_defaults(handler=handler)
+    return parser
+
+
+def task_argument(parser: argparse.ArgumentParser, help: str | None = None,
+                  **kwargs: object) -> None:
+    """``--task DIR|NAME`` (required unless ``kwargs`` say otherwise)."""
+    options: dict[str, object] = {"required": True, "metavar": "DIR|NAME", **kwargs}
+    if help is not None:
+        options["help"] = help
+    parser.add_argument("--task", **options)  # type: ignore[arg-type]
+
+
+def kernel_argument(parser: argparse.ArgumentParser,
+                    help: str = "candidate source file (default: the task's kernel.py)"
+                    ) -> None:
+    parser.add_argument("--kernel", metavar="FILE", help=help)
+
+
+def overrides_argument(parser: argparse.ArgumentParser, help: str | None = None) -> None:
+    """``--set KEY=VALUE`` (repeatable), into ``args.overrides``."""
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE", help=help)
+
+
+def usage_error(command: str, message: str) -> int:
+    print(f"tilewright {command}: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def named_candidate(command: str, args: argparse.Namespace) -> tuple[Any, Path, str] | int:
+    """``task_and_candidate`` for ``args.task``, ``args.overrides`` and ``args.kernel``;
+    a bad one is printed for ``tilewright COMMAND`` and becomes exit status 2."""
+    try:
+        return task_and_candidate(args.task, args.overrides, args.kernel)
+    except ValueError as exc:
+        return usage_error(command, str(exc))
 
 
 def task_and_candidate(task_spec: str, overrides: list[str] | None,

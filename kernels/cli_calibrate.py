@@ -18,92 +18,44 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
-FILENAME = "calibration.jsonl"
+from kernels.calibration import calibration_path, pairs, record
+from kernels.cli import kernel_argument, overrides_argument, subcommand, task_argument
 
-
-def calibration_path() -> Path:
-    """``<user data dir>/calibration.jsonl`` (``$TILEWRIGHT_DATA_DIR`` when set, as for
-    sessions and lessons)."""
-    import os
-
-    env = os.environ.get("TILEWRIGHT_DATA_DIR")
-    if env:
-        return Path(env).expanduser() / FILENAME
-    from platformdirs import user_data_dir
-
-    return Path(user_data_dir("tilewright")) / FILENAME
+__all__ = ["calibration_path", "pairs", "record", "register", "run"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "calibrate", help="on a TPU host: record the estimate against measured device time",
-        description="Evaluate kernels on this TPU at their production shapes and record the "
-                    "TPU compiler's estimate beside the measured time, so tpu.fidelity "
-                    "reports how far the estimate is to be trusted on this chip.")
-    parser.add_argument("--task", action="append", default=[], metavar="DIR|NAME",
-                        help="a task to calibrate on (default: the bundled tasks)")
-    parser.add_argument("--kernel", metavar="FILE",
-                        help="the kernel to time (default: each task's kernel.py)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        metavar="KEY=VALUE")
+    parser = subcommand(
+        sub, "calibrate", "on a TPU host: record the estimate against measured device time",
+        "Evaluate kernels on this TPU at their production shapes and record the "
+        "TPU compiler's estimate beside the measured time, so tpu.fidelity "
+        "reports how far the estimate is to be trusted on this chip.", run)
+    task_argument(parser, "a task to calibrate on (default: the bundled tasks)",
+                  required=False, action="append", default=[])
+    kernel_argument(parser, "the kernel to time (default: each task's kernel.py)")
+    overrides_argument(parser)
     parser.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS")
     parser.add_argument("--json", action="store_true", help="print the recorded pairs")
-    parser.set_defaults(handler=run)
-
-
-def pairs(task_name: str, result: dict[str, Any]) -> list[dict[str, Any]]:
-    """The (estimate, measurement) pairs one evaluation on a TPU gives: the kernel's
-    and the XLA reference's, when both were estimated and timed."""
-    tpu = result.get("tpu") or {}
-    timing = result.get("timing") or {}
-    backend = result.get("backend") or {}
-    if result.get("status") != "correct" or backend.get("platform") != "tpu" \
-            or backend.get("mode") != "native":
-        return []
-    fidelity = tpu.get("fidelity") or {}
-    when = datetime.date.today().isoformat()
-    found = []
-    for program, estimate, measured_ms in (
-            ("kernel", tpu.get("estimate"), timing.get("median_ms")),
-            ("reference", tpu.get("reference_estimate"), timing.get("baseline_median_ms"))):
-        seconds = (estimate or {}).get("seconds")
-        if not seconds or not measured_ms:
-            continue
-        measured = float(measured_ms) / 1e3
-        found.append({"chip": tpu.get("chip"), "task": task_name, "program": program,
-                      "class": fidelity.get("class"), "shape": tpu.get("shape_label"),
-                      "estimate_s": seconds, "measured_s": measured,
-                      "ratio": seconds / measured, "method": timing.get("method"),
-                      "device_kind": backend.get("device_kind"), "date": when})
-    return found
-
-
-def record(rows: list[dict[str, Any]], path: Path | None = None) -> Path:
-    path = path or calibration_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as fh:
-        for row in rows:
-            fh.write(json.dumps(row) + "\n")
-    return path
 
 
 def run(args: argparse.Namespace) -> int:
     from kernels.cli import task_and_candidate
+    from kernels.executors import LocalExecutor
     from kernels.loaders import bundled_names
-    from kernels.workers import EvalOptions, WorkerPool, WorkerStartError
+    from kernels.options import EvalOptions
+    from kernels.workers import WorkerStartError
 
     names = args.task or list(bundled_names())
 
     async def go() -> tuple[str | None, list[dict[str, Any]]]:
         rows: list[dict[str, Any]] = []
-        async with WorkerPool(size=1) as pool:
-            backend = await pool.backend()
+        async with LocalExecutor(workers=1) as judge:
+            backend = await judge.backend()
+            assert backend is not None  # a started local judge knows its backend
             if backend.platform != "tpu" or backend.is_interpret:
                 return (f"this host runs kernels on {backend.label()}: calibrate measures "
                         "device time and needs a TPU host (the estimate's public fidelity "
@@ -114,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
                 except ValueError as exc:
                     print(f"tilewright calibrate: {name}: {exc}", file=sys.stderr)
                     continue
-                result = await pool.evaluate(task, source, EvalOptions(
+                result = await judge.evaluate(task, source, EvalOptions(
                     timeout_s=args.timeout), filename=str(path))
                 found = pairs(task.name, result.to_json())
                 if not found:

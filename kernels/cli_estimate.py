@@ -18,52 +18,58 @@ import json
 import sys
 from typing import Any
 
+from kernels.cli import (
+    kernel_argument,
+    named_candidate,
+    overrides_argument,
+    subcommand,
+    task_argument,
+)
+from profiling.chips import DEFAULT_TPU
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "estimate", help="compile a kernel at the production shape and estimate it (no "
-                         "correctness check)",
-        description="Compile a candidate at its task's production shape with the real TPU "
-                    "compiler and estimate it against the XLA reference, without checking "
-                    "correctness (tilewright eval does both). Exit 0 when it compiles.")
-    parser.add_argument("--task", required=True, metavar="DIR|NAME")
-    parser.add_argument("--kernel", metavar="FILE",
-                        help="candidate source file (default: the task's kernel.py)")
+    parser = subcommand(
+        sub, "estimate",
+        "compile a kernel at the production shape and estimate it (no correctness check)",
+        "Compile a candidate at its task's production shape with the real TPU "
+        "compiler and estimate it against the XLA reference, without checking "
+        "correctness (tilewright eval does both). Exit 0 when it compiles.", run)
+    task_argument(parser)
+    kernel_argument(parser)
     parser.add_argument("--chip", default=None, metavar="CHIP",
-                        help="TPU generation (default v5e off-TPU; a TPU host's own chip)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        metavar="KEY=VALUE",
-                        help="production.KEY=VALUE sets the production shape (repeatable)")
+                        help=f"TPU generation (default {DEFAULT_TPU} off-TPU; a TPU host's "
+                             "own chip)")
+    overrides_argument(parser, "production.KEY=VALUE sets the production shape (repeatable)")
     parser.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS")
     parser.add_argument("--json", action="store_true", help="print tilewright.estimate/1")
-    parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from kernels.cli import task_and_candidate
-    from kernels.workers import EvalOptions, WorkerPool, WorkerStartError
+    from kernels.executors import LocalExecutor
+    from kernels.options import EvalOptions
+    from kernels.workers import WorkerStartError
 
-    try:
-        task, path, source = task_and_candidate(args.task, args.overrides, args.kernel)
-    except ValueError as exc:
-        print(f"tilewright estimate: {exc}", file=sys.stderr)
-        return 2
+    found = named_candidate("estimate", args)
+    if isinstance(found, int):
+        return found
+    task, path, source = found
 
     async def go() -> dict[str, Any]:
-        async with WorkerPool(size=1) as pool:
-            return await pool.estimate(task, source, EvalOptions(
+        async with LocalExecutor(workers=1) as judge:
+            return await judge.estimate(task, source, EvalOptions(
                 timeout_s=args.timeout, chip=args.chip), filename=str(path.resolve()))
 
     try:
-        found = asyncio.run(go())
+        answer = asyncio.run(go())
     except WorkerStartError as exc:
         print(f"tilewright estimate: could not start a JAX worker: {exc}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps({k: v for k, v in found.items() if k != "stderr"}, indent=2))
+        print(json.dumps({k: v for k, v in answer.items() if k != "stderr"}, indent=2))
     else:
-        _print(found)
-    return 0 if found.get("status") == "ok" else 1
+        _print(answer)
+    return 0 if answer.get("status") == "ok" else 1
 
 
 def _print(found: dict[str, Any]) -> None:

@@ -11,49 +11,55 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from profiling.chips import TPU_INTERPRET
+from kernels import cli
+from kernels.options import MIN_TRIALS, EvalOptions
+from profiling.chips import DEFAULT_TPU, TPU_INTERPRET
 
 EXIT_CORRECT, EXIT_OTHER, EXIT_USAGE = 0, 1, 2
+DEFAULTS = EvalOptions()  # the one home of the defaults the flags show
+
+if TYPE_CHECKING:
+    from kernels.result import EvalResult
+    from kernels.task import Task
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "eval", help="evaluate a kernel on a task (correctness, TPU lowering, timing)",
-        description="Evaluate a candidate kernel in an isolated worker: several trials with "
-                    "fresh inputs on every shape configuration for this host, a TPU lowering "
-                    "check, integrity checks and timing against the XLA reference. "
-                    "Exit 0 only when the status is 'correct'.")
-    parser.add_argument("--task", required=True, metavar="DIR|NAME",
-                        help="task directory (native, JAXBench or MaxKernel layout) or a "
-                             "bundled task name")
-    parser.add_argument("--kernel", metavar="FILE",
-                        help="candidate source file (default: the task's kernel.py)")
+    parser = cli.subcommand(
+        sub, "eval", "evaluate a kernel on a task (correctness, TPU lowering, timing)",
+        "Evaluate a candidate kernel in an isolated worker: several trials with "
+        "fresh inputs on every shape configuration for this host, a TPU lowering "
+        "check, integrity checks and timing against the XLA reference. "
+        "Exit 0 only when the status is 'correct'.", run)
+    cli.task_argument(parser, "task directory (native, JAXBench or MaxKernel layout) or a "
+                          "bundled task name")
+    cli.kernel_argument(parser)
     parser.add_argument("--json", action="store_true", help="print the eval JSON contract")
-    parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        metavar="KEY=VALUE", help="override a shape parameter (repeatable)")
-    parser.add_argument("--trials", type=_at_least_3, default=3,
+    cli.overrides_argument(parser, "override a shape parameter (repeatable)")
+    parser.add_argument("--trials", type=_at_least_3, default=DEFAULTS.trials,
                         help="correctness trials per shape configuration, each with fresh "
-                             "inputs (default and minimum 3)")
+                             f"inputs (default and minimum {DEFAULTS.trials})")
     parser.add_argument("--iters", type=_positive_int, default=None,
                         help="timing iterations (default: adaptive within a time budget)")
-    parser.add_argument("--timeout", type=_positive_float, default=120.0, metavar="SECONDS",
-                        help="kill the evaluation after this long (default 120)")
+    parser.add_argument("--timeout", type=_positive_float, default=DEFAULTS.timeout_s,
+                        metavar="SECONDS",
+                        help=f"kill the evaluation after this long (default {DEFAULTS.timeout_s:g})")
     parser.add_argument("--shape", dest="shapes", action="append", default=None,
                         metavar="NAME", help="only this shape configuration (repeatable)")
     parser.add_argument("--no-timing", action="store_true", help="skip timing")
     parser.add_argument("--chip", default=None, metavar="CHIP",
                         help="TPU generation to compile for with the real TPU compiler, "
-                             "whose static estimate ranks kernels off-TPU: v5e (default "
-                             "off-TPU), v5p, v6e, v4, v7x; on a TPU host, its own chip")
+                             f"whose static estimate ranks kernels off-TPU: {DEFAULT_TPU} "
+                             "(default off-TPU), v5p, v6e, v4, v7x; on a TPU host, its own "
+                             "chip")
     parser.add_argument("--chips", default=None, metavar="LIST",
                         help="comma-separated generations (e.g. v5e,v6e,v5p): evaluate "
                              "once per chip and show which ones accept the kernel")
-    parser.set_defaults(handler=run)
 
 
 def _positive_int(text: str) -> int:
@@ -65,9 +71,9 @@ def _positive_int(text: str) -> int:
 
 def _at_least_3(text: str) -> int:
     value = int(text)
-    if value < 3:
-        raise argparse.ArgumentTypeError("at least 3 (fewer trials cannot expose a kernel "
-                                         "that caches or ignores its inputs)")
+    if value < MIN_TRIALS:
+        raise argparse.ArgumentTypeError(f"at least {MIN_TRIALS} (fewer trials cannot expose "
+                                         "a kernel that caches or ignores its inputs)")
     return value
 
 
@@ -78,25 +84,22 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _usage_error(message: str) -> int:
-    print(f"tilewright eval: {message}", file=sys.stderr)
-    return EXIT_USAGE
+_usage_error = functools.partial(cli.usage_error, "eval")
 
 
 def run(args: argparse.Namespace) -> int:
-    from kernels.cli import task_and_candidate
+    found = cli.named_candidate("eval", args)  # an int: bad usage, already said
+    return found if isinstance(found, int) else _evaluate_candidate(args, *found)
 
-    try:
-        task, path, source = task_and_candidate(args.task, args.overrides, args.kernel)
-    except ValueError as exc:
-        return _usage_error(str(exc))
+
+def _evaluate_candidate(args: argparse.Namespace, task: Task, path: Path, source: str) -> int:
     known = {s.name for s in task.shapes}
     unknown = [s for s in args.shapes or [] if s not in known]
     if unknown:
         return _usage_error(f"unknown --shape {unknown[0]!r}; task {task.name} has "
                             f"{', '.join(sorted(known))}")
 
-    from kernels.workers import EvalOptions, WorkerStartError
+    from kernels.workers import WorkerStartError
 
     try:
         chips = _chips(args.chips) if args.chips else (_chips(args.chip) if args.chip
@@ -125,17 +128,14 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_CORRECT if result.correct else EXIT_OTHER
 
 
-async def _evaluate(task: Any, source: str, options: Any, filename: str) -> Any:
-    return (await _evaluate_all(task, source, [options], filename))[0]
-
-
-async def _evaluate_all(task: Any, source: str, options: list[Any], filename: str) -> list[Any]:
+async def _evaluate_all(task: Task, source: str, options: list[EvalOptions],
+                        filename: str) -> list[EvalResult]:
     """One worker, one evaluation per options (per chip): a warm worker compiles each
     reference once."""
-    from kernels.workers import WorkerPool
+    from kernels.executors import LocalExecutor
 
-    async with WorkerPool(size=1) as pool:
-        return [await pool.evaluate(task, source, o, filename=filename) for o in options]
+    async with LocalExecutor(workers=1) as judge:
+        return [await judge.evaluate(task, source, o, filename=filename) for o in options]
 
 
 def _chips(text: str) -> list[str]:

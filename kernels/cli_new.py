@@ -258,11 +258,13 @@ def _from_benchmark(args: argparse.Namespace) -> dict[str, Any]:
 # -- checking what was written -----------------------------------------------------------------
 
 def _worker_request(op: str, payload: dict[str, Any], timeout: float = 300.0) -> dict[str, Any]:
-    from kernels.workers import WorkerPool, WorkerStartError
+    """Worker op ``op`` on a one-off local judge (``inputs``, ``task_check``)."""
+    from kernels.executors import LocalExecutor
+    from kernels.workers import WorkerStartError
 
     async def go() -> dict[str, Any]:
-        async with WorkerPool(size=1) as pool:
-            return await pool.request(op, payload, timeout)
+        async with LocalExecutor(workers=1) as judge:
+            return await judge.request(op, payload, timeout)
 
     try:
         return asyncio.run(go())

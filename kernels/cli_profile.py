@@ -13,10 +13,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from kernels import cli
+
+if TYPE_CHECKING:
+    from kernels.executors import Judge
+    from kernels.options import ProfileOptions
+    from kernels.task import Task
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -24,22 +32,19 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 def register(sub: argparse._SubParsersAction) -> None:
     from profiling.chips import CHIPS
 
-    parser = sub.add_parser(
-        "profile", help="profile a kernel: trace, op table, static pallas_call analysis, roofline",
-        description="Profile a candidate kernel in an isolated worker: analyze every "
-                    "pallas_call (grid, blocks, VMEM, alignment, flops, warnings with fixes) "
-                    "for the target chip, trace its timed iterations with the JAX profiler "
-                    "and summarize the trace.")
-    parser.add_argument("--task", required=True, metavar="DIR|NAME",
-                        help="task directory or a bundled task name")
-    parser.add_argument("--kernel", metavar="FILE",
-                        help="candidate source file (default: the task's kernel.py)")
+    parser = cli.subcommand(
+        sub, "profile", "profile a kernel: trace, op table, static pallas_call analysis, roofline",
+        "Profile a candidate kernel in an isolated worker: analyze every "
+        "pallas_call (grid, blocks, VMEM, alignment, flops, warnings with fixes) "
+        "for the target chip, trace its timed iterations with the JAX profiler "
+        "and summarize the trace.", run)
+    cli.task_argument(parser, "task directory or a bundled task name")
+    cli.kernel_argument(parser)
     parser.add_argument("--json", action="store_true", help="print the profile JSON")
     parser.add_argument("--chip", choices=sorted(CHIPS), default=None,
                         help="chip to analyze for (default: the device's own chip; v5e on a "
                              "CPU host)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        metavar="KEY=VALUE", help="override a shape parameter (repeatable)")
+    cli.overrides_argument(parser, "override a shape parameter (repeatable)")
     parser.add_argument("--shape", default=None, metavar="NAME",
                         help="shape configuration to profile (default: the first small one)")
     parser.add_argument("--iters", type=int, default=None,
@@ -57,21 +62,17 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="also write the timeline as Chrome/Perfetto trace JSON to FILE")
     parser.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
                         help="kill the profile after this long (default 300)")
-    parser.set_defaults(handler=run)
 
 
-def _usage_error(message: str) -> int:
-    print(f"tilewright profile: {message}", file=sys.stderr)
-    return EXIT_USAGE
+_usage_error = functools.partial(cli.usage_error, "profile")
 
 
 def run(args: argparse.Namespace) -> int:
-    from kernels.cli import task_and_candidate
+    found = cli.named_candidate("profile", args)  # an int: bad usage, already said
+    return found if isinstance(found, int) else _profile_candidate(args, *found)
 
-    try:
-        task, path, source = task_and_candidate(args.task, args.overrides, args.kernel)
-    except ValueError as exc:
-        return _usage_error(str(exc))
+
+def _profile_candidate(args: argparse.Namespace, task: Task, path: Path, source: str) -> int:
     if args.shape and args.shape not in {s.name for s in task.shapes}:
         return _usage_error(f"unknown --shape {args.shape!r}; task {task.name} has "
                             + ", ".join(s.name for s in task.shapes))
@@ -84,16 +85,18 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         return _usage_error(f"cannot create the profile directory {keep}: "
                             f"{exc.strerror or exc}")
+    from kernels.options import ProfileOptions
+
     # The worker writes the trace in its own scratch (a confined candidate may not write
     # elsewhere); it is copied to ``keep`` before the worker, and its scratch, go away.
-    options = {"chip": args.chip, "iters": args.iters, "shape": args.shape, "logdir": None,
-               "python_tracer": args.python_tracer, "static_only": args.static_only}
+    options = ProfileOptions(chip=args.chip, iters=args.iters, shape=args.shape,
+                             python_tracer=args.python_tracer, static_only=args.static_only,
+                             timeout_s=args.timeout, stderr=True)
 
     from kernels.workers import WorkerFailure, WorkerOpError, WorkerStartError
 
     try:
-        result = asyncio.run(profile(task, source, str(path.resolve()), options, args.timeout,
-                                     keep=keep))
+        result = asyncio.run(profile(task, source, str(path.resolve()), options, keep=keep))
     except WorkerStartError as exc:
         print(f"tilewright profile: could not start a JAX worker: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -105,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         result["error"]["traceback"] = error.get("traceback")
     result["task"] = task.name
     result["kernel"] = str(path)
-    result["stderr"] = result.pop("_stderr", "")  # the worker's captured stderr (XLA, xprof)
+    result["stderr"] = result.pop("stderr", "")  # the worker's captured stderr (XLA, xprof)
     result.pop("_handler_s", None)
     if args.trace_out and (result.get("timeline") or {}).get("chrome_trace"):
         import shutil
@@ -162,21 +165,19 @@ def _remove_if_empty(path: Path) -> None:
         pass
 
 
-async def profile(task: Any, source: str, filename: str, options: dict[str, Any],
-                  timeout: float = 300.0, pool: Any = None,
-                  keep: Path | None = None) -> dict[str, Any]:
-    """Run the worker op ``profile`` (in ``pool``, or in a one-off pool). With ``keep``,
-    the trace files are copied there while the worker still holds them, and every
-    path in the result is moved with them."""
-    from kernels.workers import WorkerPool
-
-    payload = {"task": task.to_spec(), "source": source, "filename": filename,
-               "options": options}
-    if pool is not None:
-        result = await pool.request("profile", payload, timeout)
+async def profile(task: Task, source: str, filename: str, options: ProfileOptions,
+                  judge: Judge | None = None, keep: Path | None = None) -> dict[str, Any]:
+    """Profile through ``judge`` (a started one; else a one-off local worker): the
+    profile JSON. With ``keep``, the trace files (written in the worker's scratch) are
+    copied there while the worker still holds them, and every path in the result is
+    moved with them."""
+    if judge is not None:
+        result = await judge.profile(task, source, None, options, filename=filename)
         return keep_trace(result, keep) if keep is not None else result
-    async with WorkerPool(size=1) as own:
-        result = await own.request("profile", payload, timeout)
+    from kernels.executors import LocalExecutor
+
+    async with LocalExecutor(workers=1) as own:
+        result = await own.profile(task, source, None, options, filename=filename)
         return keep_trace(result, keep) if keep is not None else result
 
 

@@ -20,25 +20,24 @@ import os
 from pathlib import Path
 from typing import Any
 
+from kernels.cli import overrides_argument, subcommand
+
 SCHEMA = "tilewright.tasks/1"
+SUMMARY = "list bundled tasks and the tasks found under DIR"
+DESCRIPTION = ("List the bundled tasks and every task under DIR (searched recursively; native, "
+               "JAXBench and MaxKernel layouts). Broken tasks are listed with their error; "
+               "the exit status is then 1.")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "tasks", help="list bundled tasks and the tasks found under DIR",
-        description="List the bundled tasks and every task under DIR (searched recursively; "
-                    "native, JAXBench and MaxKernel layouts). Broken tasks are listed with "
-                    "their error; the exit status is then 1.")
+    parser = subcommand(sub, "tasks", SUMMARY, DESCRIPTION, run)
     parser.add_argument("directory", nargs="?", metavar="DIR",
                         help="folder to search for tasks (default: bundled tasks only)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--no-bundled", action="store_true", help="leave out the bundled tasks")
-    parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        metavar="KEY=VALUE",
-                        help="shape override applied to every task that has KEY (repeatable)")
+    overrides_argument(parser, "shape override applied to every task that has KEY (repeatable)")
     parser.add_argument("--no-check", action="store_true",
                         help="do not try each task's input generation in a worker")
-    parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -112,17 +111,17 @@ def _row(origin: str, item: Any) -> dict[str, Any]:
 
 async def _check_inputs(tasks: list[Any]) -> list[dict[str, Any] | None]:
     """Ask one worker for every task's input signature (``kernels.harness.inputs_op``)."""
-    from kernels.workers import WorkerFailure, WorkerOpError, WorkerPool
+    from kernels.executors import LocalExecutor
+    from kernels.workers import WorkerFailure, WorkerOpError
 
     results: list[dict[str, Any] | None] = []
-    async with WorkerPool(size=1) as pool:
+    async with LocalExecutor(workers=1) as judge:
         for task in tasks:
             try:
-                found = await pool.request("inputs", {"task": task.to_spec()}, timeout=120.0)
+                found = await judge.inputs(task)
                 production = task.production_task()
                 if production is not None and not found.get("error"):
-                    at = await pool.request("inputs", {"task": production.to_spec()},
-                                            timeout=120.0)
+                    at = await judge.inputs(production)
                     if at.get("error"):
                         at["error"]["message"] = ("at the production shape: "
                                                   + at["error"]["message"])

@@ -15,6 +15,8 @@ from profiling.chips import TPU_INTERPRET, backend_is_interpret
 __all__ = ["TPU_INTERPRET"]  # re-exported: the app side reads the mode from here
 
 SCHEMA = "tilewright.eval/1"
+# The production-only verdict and estimate (``tilewright estimate``, the judge's estimate).
+ESTIMATE_SCHEMA = "tilewright.estimate/1"
 
 Status = Literal[
     "correct", "incorrect", "compile_error", "runtime_error", "timeout", "crashed", "rejected"

@@ -127,7 +127,7 @@ class Task:
         text = self.reference_path.read_text()
         rewrites = self.meta.get("literal_rewrites")
         if rewrites:
-            from kernels.loaders.pysource import rewrite_numbers
+            from kernels.literals import rewrite_numbers
 
             text = rewrite_numbers(text, rewrites)
         return text

@@ -64,6 +64,13 @@ QUIET = {
     "PYTHONDONTWRITEBYTECODE": "1",
 }
 
+# What the app tells the judge through its environment (``kernels.workers`` sets them):
+# the judge's on-disk cache of TPU compiles (``kernels.harness.estimates``; never the
+# candidate process's: ``kernels.harness.judge`` removes it from its environment) and
+# the user's ``tilewright calibrate`` pairs (``kernels.harness.fidelity``).
+ESTIMATE_CACHE = "TILEWRIGHT_ESTIMATE_CACHE"
+CALIBRATION = "TILEWRIGHT_CALIBRATION"
+
 
 def is_secret(name: str) -> bool:
     """The variable's name says it holds a credential."""
@@ -103,10 +110,7 @@ def secret_values(base: Mapping[str, str] | None = None,
         if is_secret(name) or looks_like_credential(value):
             if len(value) >= MIN_SECRET_LEN:
                 found.add(value)
-            for match in _URL_CREDENTIALS.finditer(value):
-                if len(match["password"]) >= MIN_SECRET_LEN:
-                    found.add(match["password"])
-            found.update(m.group(0) for m in _TOKEN_SHAPES.finditer(value))
+            found.update(_embedded_secrets(value))
     if home is None and base is None:
         home = os.environ.get("HOME")
     if home:
@@ -168,11 +172,15 @@ def credential_file_values(home: str) -> list[str]:
             value = match.group(1).strip().strip("\"'")
             if len(value) >= MIN_SECRET_LEN:
                 found.add(value)
-        for match in _URL_CREDENTIALS.finditer(text):
-            if len(match["password"]) >= MIN_SECRET_LEN:
-                found.add(match["password"])
-        found.update(m.group(0) for m in _TOKEN_SHAPES.finditer(text))
+        found.update(_embedded_secrets(text))
     return sorted(found)
+
+
+def _embedded_secrets(text: str) -> set[str]:
+    """The passwords inside URLs in ``text`` and its credential-shaped tokens."""
+    found = {m["password"] for m in _URL_CREDENTIALS.finditer(text)
+             if len(m["password"]) >= MIN_SECRET_LEN}
+    return found | {m.group(0) for m in _TOKEN_SHAPES.finditer(text)}
 
 
 MIN_ENCODED_LEN = 8  # an encoded fragment shorter than this would redact ordinary text

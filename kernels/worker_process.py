@@ -32,6 +32,7 @@ from typing import Any
 
 from kernels import confinement
 from kernels.harness import protocol
+from kernels.process_failure import exited, signal_death
 from kernels.task_copy import TASKS_DIRNAME, TaskCopies
 from kernels.worker_env import redact, secret_values
 
@@ -248,17 +249,9 @@ class WorkerProcess:
             return WorkerFailure("memory", "the worker exceeded its memory limit and was "
                                  "killed (a huge allocation or a leak)", stderr)
         if code is not None and code < 0:
-            try:
-                name = signal.Signals(-code).name
-            except ValueError:
-                name = f"signal {-code}"
-            why = {"SIGABRT": "aborted (os.abort, a failed assertion in native code)",
-                   "SIGSEGV": "segmentation fault", "SIGBUS": "bus error",
-                   "SIGKILL": "killed (possibly by the system's out-of-memory killer)",
-                   "SIGFPE": "floating-point exception"}.get(name, "killed by a signal")
-            return WorkerFailure("crashed", f"the worker process crashed: {name}, {why}", stderr)
-        return WorkerFailure("exited", f"the worker process exited with code {code} during "
-                             "the request (os._exit or sys.exit outside the harness)", stderr)
+            return WorkerFailure("crashed", "the worker process crashed: "
+                                 f"{signal_death(code)}", stderr)
+        return WorkerFailure("exited", exited(code, "the worker process"), stderr)
 
     async def _wait_exit(self) -> int | None:
         assert self.proc is not None

@@ -22,14 +22,16 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernels import confinement as _confinement
-from kernels.result import Backend, EvalError, EvalResult
+from kernels.calibration import calibration_path
+from kernels.options import EvalOptions
+from kernels.process_failure import FAILURE_HINTS
+from kernels.result import ESTIMATE_SCHEMA, Backend, EvalError, EvalResult
 from kernels.task import Task
 from kernels.task_copy import TaskCopyError, restore
-from kernels.worker_env import worker_environment
+from kernels.worker_env import CALIBRATION, ESTIMATE_CACHE, worker_environment
 from kernels.worker_process import (
     WorkerFailure,
     WorkerOpError,
@@ -37,31 +39,14 @@ from kernels.worker_process import (
     WorkerStartError,
 )
 
+if TYPE_CHECKING:
+    from kernels.executors.protocol import ProgressListener
+
 __all__ = ["EvalOptions", "WorkerFailure", "WorkerOpError", "WorkerPool", "WorkerStartError"]
 
 STATES = ("starting", "idle", "busy", "restarting", "stopped")
 _CLOSED = WorkerStartError("the worker pool was closed")  # queue sentinel for waiters
 RECYCLE_FRACTION = 0.5  # a worker above this share of its memory limit is replaced when idle
-
-
-@dataclass
-class EvalOptions:
-    """How thoroughly to evaluate. ``trials`` below 3 count as 3 (the harness's floor);
-    ``shapes`` restricts to named configurations; ``time_budget_s`` bounds the timing
-    of candidate + reference together when ``iters`` is None."""
-
-    trials: int = 3
-    iters: int | None = None  # None: adaptive, bounded by time_budget_s
-    timeout_s: float = 120.0
-    time_budget_s: float = 3.0
-    lowering: bool = True
-    timing: bool = True
-    shapes: list[str] | None = None
-    # The TPU generation every candidate is compiled for by the real TPU compiler (and
-    # whose static estimate ranks kernels off-TPU); None: the TPU host's own, else v5e.
-    chip: str | None = None
-    # Memory limit of each TPU compile process (kernels.harness.estimates); None: 4 GiB.
-    compile_memory_mb: int | None = None
 
 
 def _default_memory_limit_mb() -> int:
@@ -91,7 +76,7 @@ def _estimate_cache(env: dict[str, str]) -> str | None:
         os.makedirs(path, exist_ok=True)
     except OSError:
         return None
-    env["TILEWRIGHT_ESTIMATE_CACHE"] = path
+    env[ESTIMATE_CACHE] = path
     writable = [p for p in env.get(_confinement.ENV_WRITABLE, "").split(os.pathsep) if p]
     env[_confinement.ENV_WRITABLE] = os.pathsep.join([*writable, path])
     return path
@@ -100,15 +85,13 @@ def _estimate_cache(env: dict[str, str]) -> str | None:
 def _calibration_file(env: dict[str, str]) -> None:
     """The user's ``tilewright calibrate`` pairs, readable by the judge (its
     ``tpu.fidelity`` reports them beside the public figures), when there are any."""
-    from kernels.cli_calibrate import calibration_path
-
     try:
         path = calibration_path()
     except ImportError:
         return
     if not path.is_file():
         return
-    env["TILEWRIGHT_CALIBRATION"] = str(path)
+    env[CALIBRATION] = str(path)
     readable = [p for p in env.get(_confinement.ENV_READABLE, "").split(os.pathsep) if p]
     env[_confinement.ENV_READABLE] = os.pathsep.join([*readable, str(path)])
 
@@ -342,7 +325,7 @@ class WorkerPool:
         return result
 
     async def _round_trip(self, op: str, payload: dict[str, Any], timeout: float,
-                          on_progress: Callable[[dict[str, Any]], None] | None = None
+                          on_progress: ProgressListener | None = None
                           ) -> tuple[dict[str, Any], str]:
         worker = await self._acquire()
         mapping: dict[str, str] = {}
@@ -388,14 +371,14 @@ class WorkerPool:
 
     async def evaluate(self, task: Task, source: str, options: EvalOptions | None = None,
                        filename: str = "kernel.py",
-                       on_progress: Callable[[dict[str, Any]], None] | None = None
+                       on_progress: ProgressListener | None = None
                        ) -> EvalResult:
         """Evaluate candidate ``source`` on ``task``; never raises for the candidate's faults.
         ``on_progress(data)`` hears what the worker says before its result (the
         production-shape verdict and estimate, ``{kind: "production", final, tpu}``)."""
         options = options or EvalOptions()
         payload = {"task": task.to_spec(), "source": source, "filename": filename,
-                   "options": {**asdict(options), "memory_limit_mb": self.memory_limit_mb}}
+                   "options": {**options.to_json(), "memory_limit_mb": self.memory_limit_mb}}
         started = time.perf_counter()
         try:
             reply, stderr = await self._round_trip("eval", payload, options.timeout_s,
@@ -409,19 +392,12 @@ class WorkerPool:
         except WorkerFailure as failure:
             status = "timeout" if failure.kind == "timeout" else "crashed"
             error = EvalError(kind=failure.kind, message=failure.message,
-                              hint=_FAILURE_HINTS.get(failure.kind))
+                              hint=FAILURE_HINTS.get(failure.kind))
             extra: dict[str, Any] = {}
             if failure.kind in ("timeout", "memory") and not self._closed:
-                fits = await self._reference_fits(task, options)
-                extra["reference_probe"] = {True: "fits", False: "exceeds", None: "unknown"}[fits]
-                if fits is False:
-                    what = ("ran out of time" if failure.kind == "timeout"
-                            else "exceeded the memory limit")
-                    error = EvalError(
-                        kind="task", message=f"the task's reference alone {what} under the "
-                        f"same limits: a task problem, not the kernel's ({failure.message})",
-                        hint="Use smaller shapes (--set KEY=VALUE), or raise --timeout / the "
-                             "memory limit; the kernel was not judged.")
+                extra["reference_probe"], blamed = await self._blame(
+                    task, options, failure.kind, failure.message)
+                error = blamed or error
             return EvalResult(
                 status=status, backend=self._backend, error=error,
                 duration_s=time.perf_counter() - started, stderr=failure.stderr,
@@ -439,16 +415,9 @@ class WorkerPool:
         if killed in ("timeout", "memory") and result.error and not self._closed:
             # the judge killed the candidate process: blame the task when its reference
             # alone does not fit either (docs/SECURITY.md, "Errors blame the right party")
-            fits = await self._reference_fits(task, options)
-            result.extra["reference_probe"] = {True: "fits", False: "exceeds",
-                                               None: "unknown"}[fits]
-            if fits is False:
-                what = "ran out of time" if killed == "timeout" else "exceeded the memory limit"
-                result.error = EvalError(
-                    kind="task", message=f"the task's reference alone {what} under the "
-                    f"same limits: a task problem, not the kernel's ({result.error.message})",
-                    hint="Use smaller shapes (--set KEY=VALUE), or raise --timeout / the "
-                         "memory limit; the kernel was not judged.")
+            result.extra["reference_probe"], blamed = await self._blame(
+                task, options, killed, result.error.message)
+            result.error = blamed or result.error
         result.duration_s = time.perf_counter() - started
         result.extra.setdefault("phases", {})["worker_s"] = reply.get("handler_s")
         result.confinement = self.confinement
@@ -466,20 +435,36 @@ class WorkerPool:
         a killed worker is reported as the status, never raised."""
         options = options or EvalOptions()
         payload = {"task": task.to_spec(), "source": source, "filename": filename,
-                   "options": {**asdict(options), "memory_limit_mb": self.memory_limit_mb}}
+                   "options": {**options.to_json(), "memory_limit_mb": self.memory_limit_mb}}
         try:
             reply, stderr = await self._round_trip("estimate", payload, options.timeout_s)
         except WorkerFailure as failure:
-            return {"schema": "tilewright.estimate/1",
+            return {"schema": ESTIMATE_SCHEMA,
                     "status": "timeout" if failure.kind == "timeout" else "crashed",
                     "tpu": None, "error": {"kind": failure.kind, "message": failure.message},
                     "stderr": failure.stderr}
         if not reply.get("ok"):
             error = reply.get("error") or {}
-            return {"schema": "tilewright.estimate/1", "status": "runtime_error", "tpu": None,
+            return {"schema": ESTIMATE_SCHEMA, "status": "runtime_error", "tpu": None,
                     "error": {"kind": "harness", "message": f"{error.get('type')}: "
                               f"{error.get('message')}"}, "stderr": stderr}
         return {**reply["result"], "stderr": stderr}
+
+    async def _blame(self, task: Task, options: EvalOptions, killed: str, message: str
+                     ) -> tuple[str, EvalError | None]:
+        """After a kill for ``killed`` (timeout or memory): the reference probe's word
+        (fits, exceeds, unknown) and, when the task's reference alone does not fit
+        either, the error that blames the task instead of the kernel."""
+        fits = await self._reference_fits(task, options)
+        word = {True: "fits", False: "exceeds", None: "unknown"}[fits]
+        if fits is not False:
+            return word, None
+        what = "ran out of time" if killed == "timeout" else "exceeded the memory limit"
+        return word, EvalError(
+            kind="task", message=f"the task's reference alone {what} under the same limits: "
+            f"a task problem, not the kernel's ({message})",
+            hint="Use smaller shapes (--set KEY=VALUE), or raise --timeout / the memory "
+                 "limit; the kernel was not judged.")
 
     async def _reference_fits(self, task: Task, options: EvalOptions) -> bool | None:
         """Run the task's reference alone (as the candidate too, so twice) with twice the
@@ -495,7 +480,7 @@ class WorkerPool:
                             time_budget_s=0.0, lowering=False, timing=False,
                             shapes=options.shapes)
         payload = {"task": task.to_spec(), "source": source, "filename": "reference-probe.py",
-                   "options": asdict(probe)}
+                   "options": probe.to_json()}
         try:
             await self._round_trip("eval", payload, probe.timeout_s)
         except WorkerFailure as failure:
@@ -522,12 +507,3 @@ def _move_tree(result: dict[str, Any], src: str, dest: str) -> dict[str, Any]:
         return value
 
     return fix(result)
-
-
-_FAILURE_HINTS = {
-    "timeout": "Look for a loop that never ends, or raise --timeout for big shapes in "
-               "interpret mode (one interpreted call can take seconds on a CPU).",
-    "crashed": "The process died in native code; the captured stderr may say where.",
-    "exited": "Kernels must not call os._exit/sys.exit; return the output instead.",
-    "memory": "Check the sizes the kernel allocates (scratch shapes, intermediate arrays).",
-}

@@ -143,6 +143,50 @@ ALIASES: dict[str, str] = {
 }
 
 
+# The TPU generation a host without a TPU compiles, estimates and analyzes kernels for
+# when none is chosen (a TPU host uses its own chip). The one place this default is
+# written: the harness, the profile op, the CLIs' help and the app's gauges read it here.
+DEFAULT_TPU = "v5e"
+
+# How JAX names one device of each TPU generation (``device.device_kind``): what an
+# abstract device off-TPU must say so that Pallas lowers as it would on that chip.
+DEVICE_KINDS: dict[str, str] = {"v4": "TPU v4", "v5e": "TPU v5 lite", "v5p": "TPU v5",
+                                "v6e": "TPU v6 lite", "v7x": "TPU7x"}
+# Chips whose TensorCores JAX shows as separate devices (no megacore fusion): v7x's two
+# cores are two devices, each with one core (see its entry above).
+_CORES_ARE_DEVICES = frozenset({"v7x"})
+
+
+def device_cores(chip: Chip) -> int:
+    """TensorCores one JAX device of ``chip`` drives (``device.num_cores``): both of a
+    megacore chip's (v4 and v5p fuse their two cores into one device, which is how a
+    v4 or v5p VM presents them), one on a single-core chip (v5e, v6e) and on v7x, whose
+    cores are devices of their own. Derived from the table, so the static analysis and
+    the harness's abstract devices agree on every chip."""
+    if chip.name in _CORES_ARE_DEVICES or not chip.megacore:
+        return 1
+    return chip.cores
+
+
+def device_facts(name: str) -> tuple[str, int] | None:
+    """(device kind, cores per device) of TPU chip ``name``; None for a chip JAX has no
+    TPU device kind for (a GPU, the CPU, an unknown name)."""
+    kind = DEVICE_KINDS.get(name)
+    if kind is None or name not in CHIPS:
+        return None
+    return kind, device_cores(CHIPS[name])
+
+
+def bound_by(chip: Chip, flops: float | None, bytes_moved: float | None,
+             f32: bool) -> str | None:
+    """``compute`` or ``memory``: which side of ``chip``'s ridge point a program with
+    this much work per byte sits on (for f32 work, the f32 peak); None without both."""
+    if not flops or not bytes_moved:
+        return None
+    peak = chip.f32_flops if f32 else chip.bf16_flops
+    return "compute" if flops / bytes_moved >= peak / chip.hbm_bytes_per_s else "memory"
+
+
 def get_chip(name: str) -> Chip:
     """Look a chip up by key, label or JAX ``device_kind``; raises ``KeyError`` naming the choices."""
     key = name.strip().lower()

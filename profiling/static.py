@@ -19,14 +19,10 @@ import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from profiling.chips import Chip
+from profiling.chips import Chip, device_facts
 from profiling.static_blocks import SUBLANES, alignment, block_dim, count_fetches, padded_bytes
 from profiling.static_rules import kernel_warnings
 from profiling.static_walk import count_kernel_work, prefetch_values
-
-# JAX device kinds (and TensorCores per device) of the TPU chips, for tracing off-TPU.
-DEVICE_KINDS = {"v4": ("TPU v4", 2), "v5e": ("TPU v5 lite", 1), "v5p": ("TPU v5", 2),
-                "v6e": ("TPU v6 lite", 1), "v7x": ("TPU7x", 1)}
 
 
 def analyze_callable(fn: Callable[..., Any], dynamic: tuple, static: tuple = (), *,
@@ -52,13 +48,14 @@ def tpu_context(chip: Chip) -> Iterator[None]:
     """Off a TPU: an abstract mesh whose device is ``chip`` (what TPU-only APIs consult)."""
     import jax
 
-    if chip.name not in DEVICE_KINDS or jax.default_backend() == "tpu":
+    facts = device_facts(chip.name)  # the device kind and its cores: profiling.chips
+    if facts is None or jax.default_backend() == "tpu":
         yield
         return
     from jax._src.mesh import AbstractDevice
     from jax.sharding import AbstractMesh, use_abstract_mesh
 
-    kind, cores = DEVICE_KINDS[chip.name]
+    kind, cores = facts
     mesh = AbstractMesh((1,), ("tilewright",), abstract_device=AbstractDevice(
         device_kind=kind, num_cores=cores, platform="tpu"))
     with use_abstract_mesh(mesh):

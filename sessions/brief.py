@@ -23,8 +23,9 @@ INPUTS_TIMEOUT_S = 120.0
 
 
 async def with_inputs(brief: TaskBrief, task: Task, judge: Any) -> TaskBrief:
-    """``brief`` with input arrays from ``judge`` (anything with ``request(op, payload,
-    timeout)``, or an evaluator whose ``pool`` has it); unchanged when it cannot tell."""
+    """``brief`` with input arrays from ``judge`` (a ``kernels.executors.Judge``: its
+    ``inputs(task)``; or anything with ``request(op, payload, timeout)``, e.g. a
+    ``WorkerPool``); unchanged when it cannot tell."""
     request = _requester(judge)
     if request is None:
         return brief
@@ -47,23 +48,27 @@ async def with_inputs(brief: TaskBrief, task: Task, judge: Any) -> TaskBrief:
 
 
 def _requester(judge: Any) -> Any:
-    for candidate in (judge, getattr(judge, "pool", None), getattr(judge, "executor", None)):
-        request = getattr(candidate, "request", None)
-        if callable(request):
-            return request
+    """``ask(task) -> inputs JSON``: the judge protocol's ``inputs``, else the worker op."""
+    inputs = getattr(judge, "inputs", None)
+    if callable(inputs):
+        return inputs
+    request = getattr(judge, "request", None)
+    if callable(request):
+        return lambda task: request("inputs", {"task": task.to_spec()}, INPUTS_TIMEOUT_S)
     return None
 
 
-async def _configs(request: Any, task: Task) -> dict[str, list[list[Any]]]:
-    """``{config name: [[shape, dtype], ...]}`` of the task's visible configurations."""
+async def _configs(ask: Any, task: Task) -> dict[str, list[list[Any]]]:
+    """``{config name: [[shape, dtype], ...]}`` of the task's visible configurations (one
+    that lists no array says nothing)."""
     try:
-        answer = await request("inputs", {"task": task.to_spec()}, INPUTS_TIMEOUT_S)
+        answer = await ask(task)
     except Exception:  # no worker, a task whose inputs fail: the eval will say why
         return {}
     configs = answer.get("configs") if isinstance(answer, dict) else None
     out: dict[str, list[list[Any]]] = {}
     for config in configs if isinstance(configs, list) else []:
         if isinstance(config, dict) and not config.get("held_out") \
-                and isinstance(config.get("inputs"), list):
+                and isinstance(config.get("inputs"), list) and config["inputs"]:
             out[str(config.get("name"))] = config["inputs"]
     return out

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agents.base import Agent, TaskBrief
-from kernels.executors import Evaluator
+from kernels.executors import Judge as Evaluator
 from kernels.task import Task
 from sessions import events as ev
 from sessions.actions import Action, ask

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from agents.base import Agent, TaskBrief
-from kernels.executors import Evaluator
+from kernels.executors import Judge as Evaluator
 from kernels.task import Task
 from sessions import autonomy
 from sessions import events as ev

@@ -1,96 +1,137 @@
-"""How the controller has kernels judged: ``PoolEvaluator``, the ``Evaluator`` (protocol
-in ``kernels.executors``, re-exported here) over a ``kernels.executors.LocalExecutor``:
-the same class a search submits its candidates to, so the controller and search reach
-the worker processes (``kernels.workers.WorkerPool``) through one wrapper.
+"""How a session has kernels judged: ``PoolEvaluator``, a session's options bound over a
+judge (``kernels.executors.Judge``: this machine's worker processes, a Ray cluster, or a
+test's double).
 
-The controller needs ``evaluate``, ``evaluate_on_chips``, ``profile``, ``backend`` and
-the workers' state (with a listener for its changes); keeping them behind this seam lets
-tests of pure controller logic use an in-process evaluator while every real path (the
-CLI, the TUI, the flow tests) runs candidates in worker processes. Cancelling an
-``evaluate`` await kills that worker and the pool starts a fresh one.
+A session judges every version with the options it opened with (the config's ``[eval]``,
+a resumed session's recorded ones, the flags) and profiles for its chip. The binding is
+itself a ``Judge``: an operation given no options uses the bound ones, so the controller
+asks ``evaluate(task, source)`` and the chip check ``evaluate_on_chips(task, source,
+chips)``, while everything else (state, backend, the API lookup) is the judge's own. It
+adds what only a session needs: one progress listener (``set_progress_listener``: the
+production verdict reaches the controller's live ``run.progress`` while the trials run).
+
+Keeping the judge behind this seam lets tests of pure controller logic use an in-process
+judge while every real path (the CLI, the TUI, the flow tests) runs candidates in worker
+processes. Cancelling an ``evaluate`` await kills that worker and the pool starts a fresh
+one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
-from kernels.executors import Evaluator, LocalExecutor, StateListener
+from kernels.executors import Judge, LocalExecutor, ProgressListener, StateListener, on_chips
+from kernels.executors.protocol import (
+    ApiAnswer,
+    EstimateJSON,
+    InputsJSON,
+    JudgeState,
+    ProfileJSON,
+)
+from kernels.options import EvalOptions, ProfileOptions
 from kernels.result import Backend, EvalResult
 from kernels.task import Task
-from kernels.workers import EvalOptions, WorkerPool
+from kernels.workers import WorkerPool
 
-__all__ = ["Evaluator", "PoolEvaluator"]
+__all__ = ["PoolEvaluator"]
 
 
 class PoolEvaluator:
-    """``Evaluator`` over a ``LocalExecutor``, every evaluation with ``options``.
+    """A ``Judge`` with a session's options bound: every evaluation with ``options``,
+    every profile for ``chip`` (None: the worker's own) within ``profile_timeout_s``.
 
-    ``judge`` is that executor (the caller starts and closes it) or a ``WorkerPool``
-    (wrapped with ``LocalExecutor.over``; its lifetime stays the caller's). ``chip`` is
-    the TPU generation profiles are analysed for (None: the worker's own).
+    ``judge`` is any judge (its caller starts and closes it; ``close`` here closes it
+    too) or a ``WorkerPool``, wrapped with ``LocalExecutor.over`` (the pool's lifetime
+    stays the caller's).
     """
 
-    def __init__(self, judge: WorkerPool | LocalExecutor, options: EvalOptions | None = None,
+    def __init__(self, judge: Judge | WorkerPool, options: EvalOptions | None = None,
                  profile_timeout_s: float = 300.0, chip: str | None = None) -> None:
-        self.executor = judge if isinstance(judge, LocalExecutor) else LocalExecutor.over(judge)
+        self.judge: Judge = LocalExecutor.over(judge) if isinstance(judge, WorkerPool) \
+            else judge
+        self.name = self.judge.name
         self.options = options or EvalOptions()
-        self.profile_timeout_s = profile_timeout_s
-        self.chip = chip
-        self.progress_listener: Callable[[dict[str, Any]], None] | None = None
+        self.profile_options = ProfileOptions(chip=chip, timeout_s=profile_timeout_s)
+        self.progress_listener: ProgressListener | None = None
+
+    # -- the judge's own --------------------------------------------------------------
 
     @property
-    def pool(self) -> LocalExecutor:
-        """Where worker ops go (``request(op, payload, timeout)``), for evaluators that
-        send their own, e.g. a profile without a trace."""
-        return self.executor
+    def capacity(self) -> int:  # a Ray judge learns its capacity when it starts
+        return self.judge.capacity
 
-    async def evaluate(self, task: Task, source: str) -> EvalResult:
-        return await self.executor.submit(task, source, self.options,
-                                          on_progress=self.progress_listener)
+    async def start(self) -> None:
+        await self.judge.start()
 
-    def set_progress_listener(self, callback: Callable[[dict[str, Any]], None] | None) -> None:
-        """Who hears an evaluation's progress before its result (the production-shape
-        verdict and estimate while the trials run)."""
-        self.progress_listener = callback
+    async def close(self) -> None:
+        await self.judge.close()
 
-    async def evaluate_on_chips(self, task: Task, source: str,
-                                chips: list[str]) -> list[EvalResult]:
-        """One evaluation per TPU generation (``tilewright eval --chips``): which ones
-        the TPU compiler accepts the kernel for, with VMEM and estimate each. Untimed:
-        the verdicts and estimates are what is asked for."""
-        return [await self.executor.submit(task, source,
-                                           replace(self.options, chip=chip, timing=False))
-                for chip in chips]
+    async def __aenter__(self) -> PoolEvaluator:
+        await self.start()
+        return self
 
-    async def profile(self, task: Task, source: str, logdir: Path) -> dict[str, Any]:
-        return await self.executor.profile(task, source, logdir, chip=self.chip,
-                                           timeout_s=self.profile_timeout_s)
-
-    async def analyze(self, task: Task, source: str) -> dict[str, Any]:
-        """The static analysis alone (the ``profile`` op with ``static_only``: grid,
-        blocks, VMEM, bytes, flops, roofline for the chip; nothing runs), for the
-        diagnosis every evaluated version gets."""
-        payload: dict[str, Any] = {"task": task.to_spec(), "source": source,
-                                   "filename": "kernel.py", "static_only": True}
-        if self.chip:
-            payload["chip"] = self.chip
-        result = await self.executor.request("profile", payload, self.profile_timeout_s)
-        return {k: v for k, v in result.items() if not k.startswith("_")}
-
-    async def lookup_api(self, name: str) -> dict[str, Any]:
-        """The installed JAX's signature and docstring for ``name`` (worker op ``lookup_api``)."""
-        result = await self.executor.request("lookup_api", {"name": name}, 60.0)
-        return {k: v for k, v in result.items() if not k.startswith("_")}
-
-    async def backend(self) -> Backend | None:
-        return await self.executor.backend()
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
     @property
-    def state(self) -> str:
-        return self.executor.state
+    def state(self) -> JudgeState:
+        return self.judge.state
 
     def set_state_listener(self, callback: StateListener | None) -> None:
-        self.executor.set_state_listener(callback)
+        self.judge.set_state_listener(callback)
+
+    async def backend(self) -> Backend | None:
+        return await self.judge.backend()
+
+    async def lookup_api(self, name: str) -> ApiAnswer:
+        """The installed JAX's signature and docstring for ``name`` (the model's tool)."""
+        return await self.judge.lookup_api(name)
+
+    async def inputs(self, task: Task) -> InputsJSON:
+        return await self.judge.inputs(task)
+
+    def describe(self) -> str:
+        return self.judge.describe()
+
+    # -- with the session's options ------------------------------------------------------
+
+    def set_progress_listener(self, callback: ProgressListener | None) -> None:
+        """Who hears an evaluation's progress before its result (the production-shape
+        verdict and estimate while the trials run), when the call names no listener."""
+        self.progress_listener = callback
+
+    async def evaluate(self, task: Task, source: str, options: EvalOptions | None = None, *,
+                       filename: str = "kernel.py",
+                       on_progress: ProgressListener | None = None) -> EvalResult:
+        return await self.judge.evaluate(task, source, options or self.options,
+                                         filename=filename,
+                                         on_progress=on_progress or self.progress_listener)
+
+    async def evaluate_on_chips(self, task: Task, source: str, chips: Sequence[str],
+                                options: EvalOptions | None = None) -> list[EvalResult]:
+        """One evaluation per TPU generation (``tilewright eval --chips``, the TUI's chip
+        check): which ones the TPU compiler accepts the kernel for, with VMEM and
+        estimate each. Untimed: the verdicts and estimates are what is asked for."""
+        # Straight to the judge: the run's progress listener must not hear a chip check.
+        return await on_chips(self.judge, task, source, chips, options or self.options)
+
+    async def estimate(self, task: Task, source: str, options: EvalOptions | None = None, *,
+                       filename: str = "kernel.py") -> EstimateJSON:
+        return await self.judge.estimate(task, source, options or self.options,
+                                         filename=filename)
+
+    async def profile(self, task: Task, source: str, logdir: Path | None,
+                      options: ProfileOptions | None = None, *,
+                      filename: str = "kernel.py") -> ProfileJSON:
+        return await self.judge.profile(task, source, logdir, options or self.profile_options,
+                                        filename=filename)
+
+    async def analyze(self, task: Task, source: str) -> ProfileJSON:
+        """The static analysis alone (a profile with ``static_only``: grid, blocks, VMEM,
+        bytes, flops, roofline for the chip; nothing runs), for the diagnosis every
+        evaluated version gets."""
+        found = await self.judge.profile(task, source, None,
+                                         replace(self.profile_options, static_only=True))
+        return {k: v for k, v in found.items() if not k.startswith("_")}

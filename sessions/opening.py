@@ -37,7 +37,8 @@ from sessions.tasks import task_for_header, task_header
 
 if TYPE_CHECKING:
     from agents.base import Agent
-    from kernels.executors import Evaluator, Executor
+    from kernels.executors import Judge as Evaluator
+    from kernels.executors import Judge as Executor
     from kernels.workers import EvalOptions, WorkerPool
     from sessions.autonomy import ControllerSettings
     from sessions.controller import Controller

@@ -4,7 +4,7 @@ Flows that depend on real evaluation (statuses, compile errors, cancelling a run
 switching modes while a run is in flight) run the bundled ``gelu`` task in one real
 ``WorkerPool`` shared by the module (TPU interpret mode on the CPU, one trial, short
 timing). Pure-logic tests (budgets, stop rules, reject notes, streaming cancel, the
-approval gate, resume bookkeeping) use ``MarkedEvaluator``, an in-process evaluator that
+approval gate, resume bookkeeping) use ``MarkedEvaluator`` (``judges.MarkedJudge``), an in-process judge that
 reads the status and speedup a test wrote into the candidate's source: they need exact,
 repeatable speedups that real interpret-mode timing cannot give, and a real run would
 add nothing to what they check. Every test ends by checking that the live state equals
@@ -15,18 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
+from judges import MarkedJudge as MarkedEvaluator
 from scripted_agent import ScriptedAgent, kernel, plan, tuning
 from sizes import load_small
 
 from agents import brief
 from agents.base import Failure, Finished, Usage
-from kernels.result import Backend, EvalResult
+from kernels.result import Backend
 from kernels.task import Task
 from kernels.workers import EvalOptions, WorkerPool
 from sessions.autonomy import Budgets, ControllerSettings
@@ -40,49 +40,10 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 CPU = Backend(platform="cpu", mode="tpu-interpret", device_kind="cpu", jax_version="test")
 
 
-class MarkedEvaluator:
-    """In-process evaluator for pure-logic tests: a source line ``# eval: STATUS SPEEDUP``
-    decides the result (default: correct, 1.0). ``gate`` holds every evaluation until
-    set. ``sources`` records what was evaluated."""
-
-    def __init__(self, gate: asyncio.Event | None = None) -> None:
-        self.gate = gate
-        self.sources: list[str] = []
-        self.started = asyncio.Event()
-
-    async def evaluate(self, task: Task, source: str) -> EvalResult:
-        self.sources.append(source)
-        self.started.set()
-        if self.gate is not None:
-            await self.gate.wait()
-        match = re.search(r"# eval: (\w+) ([\d.]+)", source)
-        status, speedup = (match.group(1), float(match.group(2))) if match else ("correct", 1.0)
-        timing = {"method": "wall_clock", "median_ms": 10.0 / speedup, "p10_ms": 9.0 / speedup,
-                  "p90_ms": 11.0 / speedup, "baseline_median_ms": 10.0, "speedup": speedup}
-        return EvalResult(status=status, backend=CPU, timing=timing,
-                          correctness={"correct": status == "correct"})
-
-    async def profile(self, task: Task, source: str, logdir: Path) -> dict[str, Any]:
-        return {"ops": [], "logdir": str(logdir)}
-
-    async def evaluate_on_chips(self, task: Task, source: str,
-                                chips: list[str]) -> list[EvalResult]:
-        return [await self.evaluate(task, source) for _chip in chips]
-
-    # The rest of kernels.executors.Evaluator: one in-process "worker", always idle.
-    state = "idle"
-
-    def set_state_listener(self, callback: Any) -> None:
-        pass
-
-    async def backend(self) -> Backend:
-        return CPU
-
-
 async def test_the_test_evaluator_is_an_evaluator() -> None:
-    from kernels.executors import Evaluator
+    from kernels.executors import Judge
 
-    assert isinstance(MarkedEvaluator(), Evaluator)  # the protocol the controller takes
+    assert isinstance(MarkedEvaluator(), Judge)  # the protocol the controller takes
 
 
 def src(status: str = "correct", speedup: float = 1.0, tag: str = "") -> str:

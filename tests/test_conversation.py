@@ -28,6 +28,7 @@ from agents.base import AgentRequest
 from agents.context import turn_text
 from agents.offline import OfflineAgent
 from kernels.loaders import load_task
+from kernels.options import ProfileOptions
 from kernels.task import Task
 from kernels.workers import EvalOptions, WorkerPool
 from sessions.autonomy import Budgets, ControllerSettings
@@ -55,10 +56,10 @@ class StaticProfileEvaluator(PoolEvaluator):
     """The real worker for evaluations and profiles; profiles are the static analysis
     and roofline only (no trace capture: seconds faster in interpret mode)."""
 
-    async def profile(self, task: Task, source: str, logdir: Path) -> dict[str, Any]:
-        payload = {"task": task.to_spec(), "source": source, "filename": "kernel.py",
-                   "static_only": True}
-        result = await self.pool.request("profile", payload, 120.0)
+    async def profile(self, task: Task, source: str, logdir: Path | None,
+                      options: ProfileOptions | None = None, **kwargs: Any) -> dict[str, Any]:
+        result = await self.judge.profile(task, source, None,
+                                          ProfileOptions(static_only=True, timeout_s=120.0))
         return {k: v for k, v in result.items() if not k.startswith("_")}
 
 

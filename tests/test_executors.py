@@ -17,18 +17,17 @@ from pathlib import Path
 import pytest
 
 from kernels.executors import (
-    Evaluator,
-    Executor,
     ExecutorError,
+    Judge,
     LocalExecutor,
     RayExecutor,
-    _pack_task,
-    _unpack_task,
     combined_state,
     local_worker_count,
     make_executor,
     usable_cores,
 )
+from kernels.executors.conformance import CHECKS, ConformanceCase, run_conformance
+from kernels.executors.ray import _pack_task, _unpack_task
 from kernels.loaders import load_task
 from kernels.result import Backend
 from kernels.workers import EvalOptions, WorkerPool
@@ -70,9 +69,9 @@ def test_several_pools_report_their_most_pressing_state() -> None:
 def test_every_judge_follows_its_protocol() -> None:
     from sessions.evaluator import PoolEvaluator
 
-    assert isinstance(LocalExecutor(1), Executor)
-    assert isinstance(RayExecutor(workers=1), Executor)
-    assert isinstance(PoolEvaluator(LocalExecutor(1)), Evaluator)
+    assert isinstance(LocalExecutor(1), Judge)
+    assert isinstance(RayExecutor(workers=1), Judge)
+    assert isinstance(PoolEvaluator(LocalExecutor(1)), Judge)
     assert RayExecutor(workers=1).state == "stopped"
 
 
@@ -86,8 +85,8 @@ async def test_local_executor_runs_evaluations_side_by_side(task) -> None:
         assert executor.capacity == min(2, usable_cores())
         assert executor.state == "idle" and states[-1] == "idle"
         good, bad = await asyncio.gather(
-            executor.submit(task, task.starting_source(), FAST),
-            executor.submit(task, BROKEN, FAST))
+            executor.evaluate(task, task.starting_source(), FAST),
+            executor.evaluate(task, BROKEN, FAST))
         assert good.status == "correct", good.error
         assert good.backend is not None and good.backend.mode == "tpu-interpret"
         backend = await executor.backend()
@@ -97,7 +96,7 @@ async def test_local_executor_runs_evaluations_side_by_side(task) -> None:
         assert "starting" in states and "busy" in states
         assert states[-1] != "busy"  # both evaluations are done
         # both slots are free again: a third evaluation does not wait forever
-        again = await asyncio.wait_for(executor.submit(task, task.starting_source(), FAST), 120)
+        again = await asyncio.wait_for(executor.evaluate(task, task.starting_source(), FAST), 120)
         assert again.status == "correct"
     assert executor.state == "stopped" and states[-1] == "stopped"
     assert all(a != b for a, b in itertools.pairwise(states))  # changes only
@@ -109,7 +108,7 @@ async def test_an_executor_over_a_pool_leaves_the_pool_to_its_owner(task) -> Non
     theirs: list[str] = []
     async with WorkerPool() as pool:
         evaluator = PoolEvaluator(pool, FAST)
-        assert evaluator.executor.capacity == 1 and evaluator.state == "idle"
+        assert evaluator.judge.capacity == 1 and evaluator.state == "idle"
         ours: list[str] = []
         evaluator.set_state_listener(ours.append)
         result = await evaluator.evaluate(task, task.starting_source())
@@ -121,7 +120,7 @@ async def test_an_executor_over_a_pool_leaves_the_pool_to_its_owner(task) -> Non
         pool.on_state_change = theirs.append
         evaluator.set_state_listener(None)
         assert pool.on_state_change == theirs.append
-        await evaluator.executor.close()  # not the executor's pool: it keeps running
+        await evaluator.judge.close()  # not the executor's pool: it keeps running
         assert pool.state == "idle" and pool.pids
         answer = await evaluator.lookup_api("pl.BlockSpec")
         assert not any(key.startswith("_") for key in answer)
@@ -178,8 +177,8 @@ def test_ray_executor_evaluates_in_a_worker_process(ray_executor, ray_loop, task
 
     async def both():
         return await asyncio.gather(
-            ray_executor.submit(task, task.starting_source(), FAST),
-            ray_executor.submit(task, BROKEN, FAST))
+            ray_executor.evaluate(task, task.starting_source(), FAST),
+            ray_executor.evaluate(task, BROKEN, FAST))
 
     good, bad = ray_loop.run_until_complete(both())
     ray_executor.set_state_listener(None)
@@ -195,10 +194,20 @@ def test_ray_executor_evaluates_in_a_worker_process(ray_executor, ray_loop, task
 def test_ray_cancellation_frees_the_slot(ray_executor, ray_loop, task) -> None:
     async def cancel_then_run():
         with pytest.raises(TimeoutError):
-            await asyncio.wait_for(ray_executor.submit(task, SLOW, FAST), timeout=5.0)
-        return await ray_executor.submit(task, task.starting_source(), FAST)
+            await asyncio.wait_for(ray_executor.evaluate(task, SLOW, FAST), timeout=5.0)
+        return await ray_executor.evaluate(task, task.starting_source(), FAST)
 
     assert ray_loop.run_until_complete(cancel_then_run()).status == "correct"
+
+
+def test_ray_conforms(ray_executor, ray_loop, task) -> None:
+    """The judge protocol's conformance suite, on the Ray instance the module shares (a
+    second executor on it, so the first keeps its state)."""
+    case = ConformanceCase(task=task, good=task.starting_source() or "", broken=BROKEN,
+                           options=FAST)
+    passed = ray_loop.run_until_complete(run_conformance(lambda: RayExecutor(workers=2), case))
+    assert passed == ["protocol", *CHECKS, "lifecycle"]
+    assert ray.is_initialized()  # not the second executor's to shut down
 
 
 def test_search_evaluates_through_ray(ray_executor, ray_loop, tmp_path) -> None:

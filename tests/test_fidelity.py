@@ -44,21 +44,21 @@ def test_the_shipped_table_answers_for_every_class() -> None:
 
 
 def test_the_floor_decides_when_above_the_compiler() -> None:
-    traffic, complete = estimates.kernel_traffic([{
+    traffic, complete = fidelity.kernel_traffic([{
         "grid": [4, 2], "blocks": [
             {"follows": [0, 1], "block_bytes": 100, "manual": False},  # every step
             {"follows": [1], "block_bytes": 10, "manual": False},      # 8 changes of j
             {"follows": [], "block_bytes": 1000, "manual": False},     # once
             {"follows": None, "block_bytes": 5, "manual": False}]}])   # data-dependent
     assert traffic == 8 * 100 + 8 * 10 + 1000 and not complete
-    floor = estimates.floor("v5e", 819e6, 819e6 * 4)  # 1 ms and 4 ms at 819 GB/s
+    floor = fidelity.floor("v5e", 819e6, 819e6 * 4)  # 1 ms and 4 ms at 819 GB/s
     assert abs(floor["kernel_s"] - 1e-3) < 1e-9 and abs(floor["reference_s"] - 4e-3) < 1e-9
     kernel = {"cycles": 150_000, "seconds": 1e-4}   # the compiler: 0.1 ms
     reference = {"cycles": 300_000, "seconds": 2e-4}
-    speedup, basis = estimates.floored_speedup(kernel, reference, floor)
+    speedup, basis = fidelity.floored_speedup(kernel, reference, floor)
     assert basis == "memory_floor" and abs(speedup - 4.0) < 1e-9
-    fast_floor = estimates.floor("v5e", 1.0, 1.0)
-    assert estimates.floored_speedup(kernel, reference, fast_floor) == (2.0, "compiler")
+    fast_floor = fidelity.floor("v5e", 1.0, 1.0)
+    assert fidelity.floored_speedup(kernel, reference, fast_floor) == (2.0, "compiler")
 
 
 def test_scaled_references_use_the_cost_per_unit_at_the_larger_size() -> None:

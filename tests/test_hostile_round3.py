@@ -243,10 +243,13 @@ def kernel(x):
 async def test_profile_time_poisoning_leaves_the_next_wrong_kernel_incorrect(pool,
                                                                           task) -> None:
     from kernels.cli_profile import profile
+    from kernels.executors import LocalExecutor
+    from kernels.options import ProfileOptions
 
     await pool.request("hello", {})
     judges = list(pool.pids)
-    profiled = await profile(task, POISON + GOOD, "kernel.py", {"iters": 1}, pool=pool)
+    profiled = await profile(task, POISON + GOOD, "kernel.py", ProfileOptions(iters=1),
+                             judge=LocalExecutor.over(pool))
     # The swap of compare.__code__ is caught where it ran, in the candidate process.
     assert profiled["status"] == "error"
     assert profiled["error"]["kind"] == "harness_tampering"

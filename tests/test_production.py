@@ -234,8 +234,9 @@ async def test_a_kernel_name_too_long_for_a_file_name_is_estimated(worker_pool,
 
 def test_repeated_ops_count_every_op() -> None:
     """A record stands for ``num_equivalent_hlos`` identical ops, with cycles per op."""
-    from kernels.harness.compiler import op_bytes, records
+    from kernels.harness.compiler import op_bytes
     from kernels.harness.estimates import estimate_of
+    from kernels.harness.tpu_compile import records
 
     text = textwrap.dedent("""
         hlo_op_estimate {

@@ -182,11 +182,14 @@ async def test_profile_op_captures_a_real_cpu_trace(worker_pool, tmp_path: Path)
 @pytest.mark.asyncio(loop_scope="module")
 async def test_static_only_profile_runs_nothing(worker_pool) -> None:
     from kernels.cli_profile import profile
+    from kernels.executors import LocalExecutor
     from kernels.loaders import load_task
+    from kernels.options import ProfileOptions
 
     task = load_task("causal_attention")
     result = await profile(task, task.starting_source(), "kernel.py",
-                           {"static_only": True, "chip": "v5p"}, pool=worker_pool)
+                           ProfileOptions(static_only=True, chip="v5p"),
+                           judge=LocalExecutor.over(worker_pool))
     assert result["status"] == "ok" and result["chip"]["name"] == "v5p"
     assert result["timeline"] is None and result["logdir"] is None and result["top_ops"] == []
     (k,) = result["analysis"]["kernels"]
@@ -225,10 +228,12 @@ def kernel(x):
 @pytest.mark.asyncio(loop_scope="module")
 async def test_emit_pipeline_kernel_profiles_on_a_cpu_host(worker_pool) -> None:
     from kernels.cli_profile import profile
+    from kernels.executors import LocalExecutor
     from kernels.loaders import load_task
+    from kernels.options import ProfileOptions
 
-    result = await profile(load_task("gelu"), PIPELINED_GELU, "pipelined.py", {"iters": 1},
-                           pool=worker_pool)
+    result = await profile(load_task("gelu"), PIPELINED_GELU, "pipelined.py",
+                           ProfileOptions(iters=1), judge=LocalExecutor.over(worker_pool))
     assert result["status"] == "ok", result.get("error")
     (k,) = result["analysis"]["kernels"]
     # Its buffers come from emit_pipeline: 2 x (64, 256) f32 per operand = 2 x 128 KiB.
@@ -282,11 +287,13 @@ def test_cli_profile_bad_input(tmp_path: Path) -> None:
 @pytest.mark.asyncio(loop_scope="module")
 async def test_profile_of_a_broken_candidate_says_why(worker_pool) -> None:
     from kernels.cli_profile import profile
+    from kernels.executors import LocalExecutor
     from kernels.loaders import load_task
+    from kernels.options import ProfileOptions
 
     task = load_task("gelu")
-    result = await profile(task, "def kernel(x):\n    return x +\n", "broken.py", {},
-                           pool=worker_pool)
+    result = await profile(task, "def kernel(x):\n    return x +\n", "broken.py",
+                           ProfileOptions(), judge=LocalExecutor.over(worker_pool))
     assert result["status"] == "error" and result["error"]["kind"] == "syntax"
     assert "line 2" in result["error"]["message"] or result["error"]["line"] == 2
 
@@ -299,17 +306,21 @@ async def test_a_tampering_candidate_gets_its_candidate_process_recycled(worker_
     # a candidate that patches numpy is refused there and that process replaced; the
     # judge (the worker) stays.
     from kernels.cli_profile import profile
+    from kernels.executors import LocalExecutor
     from kernels.loaders import load_task
+    from kernels.options import ProfileOptions
 
     task = load_task("gelu")
     await worker_pool.request("hello", {})
     judges = list(worker_pool.pids)
     source = (Path(__file__).parent / "fixtures" / "candidates" / "patches_numpy.py").read_text()
-    result = await profile(task, source, "patch.py", {"static_only": True}, pool=worker_pool)
+    judge = LocalExecutor.over(worker_pool)
+    result = await profile(task, source, "patch.py", ProfileOptions(static_only=True),
+                           judge=judge)
     assert result["status"] == "error" and result["error"]["kind"] == "harness_tampering"
     assert "numpy.abs" in result["error"]["message"]
-    clean = await profile(task, task.starting_source(), "kernel.py", {"static_only": True},
-                          pool=worker_pool)
+    clean = await profile(task, task.starting_source(), "kernel.py",
+                          ProfileOptions(static_only=True), judge=judge)
     assert clean["status"] == "ok" and clean["analysis"]["kernels"]
     assert worker_pool.pids == judges
 

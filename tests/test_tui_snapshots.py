@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from judges import RefusingJudge
 from scripted_agent import ScriptedAgent
 
 from kernels.loaders import load_task
@@ -31,27 +32,6 @@ FIXTURE = Path(__file__).resolve().parent / "snapshots" / "session_gelu"
 CHIP = ChipChoice("v5e", "TPU v5e", 16 * 2**20)
 
 
-class RefusingEvaluator:
-    """Never asked to run anything while a snapshot is taken; says so if it is."""
-
-    state = "idle"
-
-    async def evaluate(self, task, source):
-        raise AssertionError("a snapshot test must not evaluate")
-
-    async def profile(self, task, source, logdir):
-        raise AssertionError("a snapshot test must not profile")
-
-    async def evaluate_on_chips(self, task, source, chips):
-        raise AssertionError("a snapshot test must not compile for other chips")
-
-    def set_state_listener(self, callback) -> None:
-        pass  # its state never changes
-
-    async def backend(self):
-        return None
-
-
 def session_copy(tmp_path: Path) -> Path:
     target = tmp_path / FIXTURE.name
     shutil.copytree(FIXTURE, target)
@@ -63,7 +43,7 @@ def workbench(tmp_path: Path) -> TilewrightApp:
 
     async def opener():
         log, loaded = SessionLog.open(path)
-        link = await start_session(load_task("gelu"), ScriptedAgent([]), RefusingEvaluator(),
+        link = await start_session(load_task("gelu"), ScriptedAgent([]), RefusingJudge(),
                                    {}, sessions_dir=tmp_path, backend=None, chip=CHIP,
                                    log=log, loaded=loaded)
         return link, CHIP

@@ -35,6 +35,7 @@ from typing import Any
 
 from kernels import confinement
 from kernels.harness import wire
+from profiling.chips import DEFAULT_TPU
 
 HLO_TEXT_LIMIT = 8 << 20  # the TPU lowering's text sent to the judge
 _CROSS_PLATFORM_CALLBACK = "is different from the lowering platform"
@@ -209,7 +210,7 @@ class Server:
         from kernels.harness.execution import task_runtime
 
         where = header.get("where") or "at the production shape"
-        chip = header.get("chip") or self.chip or "v5e"
+        chip = header.get("chip") or self.chip or DEFAULT_TPU
         runtime = task_runtime(header["spec"])  # the task's code at the production size
         try:
             entry = runtime.load_candidate(self.source, self.filename)
@@ -279,7 +280,7 @@ class Server:
     def _submit(self, name: str, program: Any, flat: list[Any]) -> None:
         from kernels.harness import tpu_compile
 
-        where, why = tpu_compile.target(self.chip or "v5e")
+        where, why = tpu_compile.target(self.chip or DEFAULT_TPU)
         if where is None:
             self.jobs.append((name, why))
             return
@@ -385,40 +386,19 @@ def interpreted(closed: Any) -> Any:
     """A function evaluating ``closed`` with every ``pallas_call`` in TPU interpret mode
     (Pallas fixes the mode when the call is traced; off-TPU the traced program must run
     interpreted). Nested ``jit``s are inlined so the interpreter's effects are traced
-    afresh. Nothing else changes and no candidate Python runs."""
+    afresh (``execution.rebound``). Nothing else changes and no candidate Python runs."""
     from jax.experimental.pallas import tpu as pltpu
-    from jax.extend.core import Literal
+
+    from kernels.harness.execution import bind_as_traced, rebound
 
     params = pltpu.InterpretParams()
 
-    def evaluate(jaxpr: Any, consts: Any, *args: Any) -> list[Any]:
-        env: dict[Any, Any] = {}
+    def bind(eqn: Any, invals: list[Any]) -> list[Any]:
+        if eqn.primitive.name != "pallas_call":
+            return bind_as_traced(eqn, invals)
+        return bind_as_traced(eqn, invals, {**eqn.params, "interpret": params})
 
-        def read(var: Any) -> Any:
-            return var.val if isinstance(var, Literal) else env[var]
-
-        env.update(zip(jaxpr.constvars, consts, strict=True))
-        env.update(zip(jaxpr.invars, args, strict=True))
-        for eqn in jaxpr.eqns:
-            invals = [read(v) for v in eqn.invars]
-            name = eqn.primitive.name
-            if name in ("pjit", "jit") and "jaxpr" in eqn.params:
-                inner = eqn.params["jaxpr"]
-                outs = evaluate(inner.jaxpr, inner.consts, *invals)
-            else:
-                bind = {**eqn.params, "interpret": params} if name == "pallas_call" \
-                    else eqn.params
-                with eqn.ctx.manager:
-                    outs = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(bind))
-                if not eqn.primitive.multiple_results:
-                    outs = [outs]
-            env.update(zip(eqn.outvars, outs, strict=True))
-        return [read(v) for v in jaxpr.outvars]
-
-    def run(*args: Any) -> list[Any]:
-        return evaluate(closed.jaxpr, closed.consts, *args)
-
-    return run
+    return rebound(closed, bind)
 
 
 def serve(sock: socket.socket) -> None:
@@ -468,7 +448,7 @@ OPS = ("load", "production", "prepare", "run", "stage", "call", "fetch", "verdic
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kernels.harness.worker import child_main
+    from kernels.harness.startup import child_main
 
     return child_main(argv, "python -m kernels.harness.candidate", serve, confine=True,
                       warm=True)

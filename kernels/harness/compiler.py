@@ -25,7 +25,6 @@ count, dma), ``kernels`` (the program's Pallas kernels: HLO op name -> index), `
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
 import re
 import resource
@@ -35,11 +34,8 @@ import time
 from typing import Any
 
 from kernels.harness import wire
+from profiling.chips import DEFAULT_TPU
 
-_RECORD = re.compile(r"hlo_op_estimate\s*\{")
-_FIELD = {name: re.compile(rf"^\s*{name}:\s*\"?([^\"\n]+)\"?\s*$", re.MULTILINE)
-          for name in ("hlo_op_name", "estimated_cycles", "num_equivalent_hlos",
-                       "dma_instruction_type")}
 _CUSTOM_CALL = re.compile(r"%([\w.\-]+) = [^\n]*custom_call_target=\"tpu_custom_call\"[^\n]*")
 _SHORT = re.compile(r"tw_pallas_(\d+)")
 _ARRAY = re.compile(r"\b(pred|s8|u8|s16|u16|f16|bf16|s32|u32|f32|s64|u64|f64|c64)\[([\d,]*)\]")
@@ -101,40 +97,6 @@ def opcodes(hlo_text: str) -> dict[str, int]:
     return found
 
 
-def records(text: str) -> list[dict[str, Any]]:
-    """The estimator's ``hlo_op_estimate`` records of one dump file: the op's name, its
-    estimated cycles per op, how many identical ops the record stands for
-    (``num_equivalent_hlos``: the total is cycles x count) and its DMA type (REMOTE
-    ones, HBM traffic, come priced at 0 cycles)."""
-    found = []
-    starts = [m.end() for m in _RECORD.finditer(text)]
-    for i, start in enumerate(starts):
-        end = starts[i + 1] if i + 1 < len(starts) else len(text)
-        block = text[start:end]
-        values = {k: (m.group(1).strip() if (m := rx.search(block)) else None)
-                  for k, rx in _FIELD.items()}
-        if values["hlo_op_name"] is None or values["estimated_cycles"] is None:
-            continue
-        try:
-            cycles = int(values["estimated_cycles"])
-            count = int(values["num_equivalent_hlos"] or 1)
-        except ValueError:
-            continue
-        found.append({"name": values["hlo_op_name"], "cycles": cycles, "count": max(count, 1),
-                      "dma": (values["dma_instruction_type"] or "").replace(
-                          "DMA_INSTRUCTION_TYPE_", "").lower() or None})
-    return found
-
-
-def _read_dump(dump: str) -> list[dict[str, Any]]:
-    found = []
-    for path in sorted(glob.glob(os.path.join(dump, "*static_llo_profile*"))):
-        with contextlib.suppress(OSError), \
-                open(path, encoding="utf-8", errors="replace") as f:
-            found += records(f.read())
-    return found
-
-
 def _cost(compiled: Any) -> dict[str, float | None]:
     try:
         analysis = compiled.cost_analysis()
@@ -185,7 +147,7 @@ def compile_exported(blob: bytes, chip: str) -> dict[str, Any]:
     text = ""
     with contextlib.suppress(Exception):
         text = compiled.as_text()
-    found = _read_dump(dump) if dump and want else None
+    found = tpu_compile.read_dump(dump) if dump and want else None
     if found:  # what each DMA op moves (the estimator prices some at 0 cycles)
         sizes = op_bytes(text, {r["name"] for r in found if r.get("dma")})
         for record in found:
@@ -213,7 +175,7 @@ def serve(sock: socket.socket) -> None:
             return
         reply: dict[str, Any] = {"id": header.get("id"), "ok": True}
         try:
-            reply.update(compile_exported(blob, str(header.get("chip") or "v5e")))
+            reply.update(compile_exported(blob, str(header.get("chip") or DEFAULT_TPU)))
         except Exception as exc:  # a harness bug: say so, keep serving
             reply.update(compile="unavailable", kind=None,
                          message=f"{type(exc).__name__}: {exc}"[:500])
@@ -227,7 +189,7 @@ def serve(sock: socket.socket) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kernels.harness.worker import child_main
+    from kernels.harness.startup import child_main
 
     # Inside the worker's confinement already; it compiles data, never runs candidate
     # Python, and has no kernel to warm up.

@@ -11,7 +11,27 @@ import traceback as tb_module
 from types import TracebackType
 from typing import Any
 
+from kernels.result import EvalError
+
 TRACEBACK_LIMIT = 12_000
+
+
+class Stopped(Exception):
+    """An evaluation decided before its last step: its ``status`` and ``error`` (an
+    ``EvalError``), and what else the step that decided it found: integrity ``flags``,
+    the ``lowering`` section, the ``tpu`` section. Raised by the step that knows (the
+    candidate channel, the TPU verdict, the pipeline's own checks) and applied to the
+    result in one place, ``kernels.harness.evaluate.Evaluation.run``."""
+
+    def __init__(self, status: str, error: EvalError, *, flags: tuple[str, ...] = (),
+                 lowering: dict[str, Any] | None = None,
+                 tpu: dict[str, Any] | None = None) -> None:
+        super().__init__(f"{status}: {error.message}")
+        self.status = status
+        self.error = error
+        self.flags = flags
+        self.lowering = lowering
+        self.tpu = tpu
 
 HINTS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"divisible by 8 and 128|\(8, ?128\)"),
@@ -104,6 +124,23 @@ def format_traceback(exc: BaseException) -> str:
     if len(text) > TRACEBACK_LIMIT:
         text = "[...]\n" + text[-TRACEBACK_LIMIT:]
     return text
+
+
+def task_failure(exc: BaseException | None, message: str, hint: str | None = None
+                 ) -> Stopped:
+    """The task's own code failed (loading it, building inputs, the reference): not the
+    candidate's fault. ``runtime_error`` of kind ``task``, at the task file's line when
+    ``exc`` is a ``TaskError`` that names one."""
+    from kernels.task import TaskError
+
+    error = describe(exc, "task", "") if exc is not None else {
+        "kind": "task", "message": message, "line": None, "traceback": None, "hint": hint}
+    error["message"] = message
+    if hint:
+        error["hint"] = hint
+    error["line"] = exc.line if isinstance(exc, TaskError) else None
+    error["file"] = exc.path if isinstance(exc, TaskError) else None
+    return Stopped("runtime_error", EvalError(**error))
 
 
 def describe(exc: BaseException, kind: str, filename: str) -> dict[str, Any]:

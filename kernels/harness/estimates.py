@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import math
@@ -47,8 +48,9 @@ from pathlib import Path
 from typing import Any
 
 from kernels.harness import tpu_compile
+from kernels.worker_env import ESTIMATE_CACHE
 
-CACHE_ENV = "TILEWRIGHT_ESTIMATE_CACHE"  # the on-disk cache (a directory); unset: none
+CACHE_ENV = ESTIMATE_CACHE  # the on-disk cache (a directory); unset: none
 COMPILE_MEMORY_MB = 4096  # per compile process; an estimator above it costs the estimate
 COMPILE_TIMEOUT_S = 150.0  # one compile, at most (and never past the evaluation's deadline)
 CACHE_VERSION = 1
@@ -218,18 +220,15 @@ class Compilers:
         return {**answer, "cached": False}
 
 
-_COMPILERS: Compilers | None = None
-
-
+@functools.cache
 def compilers() -> Compilers:
-    global _COMPILERS
-    if _COMPILERS is None:
-        _COMPILERS = Compilers()
-    return _COMPILERS
+    """This judge's compile processes (made on first use, started by ``start``)."""
+    return Compilers()
 
 
 def kept_pids() -> list[int]:
-    return _COMPILERS.pids() if _COMPILERS is not None else []
+    """The compile processes' pids, which the worker's after-request cleanup spares."""
+    return compilers().pids() if compilers.cache_info().currsize else []
 
 
 # -- reading the estimator's records --------------------------------------------------------
@@ -474,17 +473,13 @@ def reference_plan(production_spec: dict[str, Any], chip: str) -> ReferencePlan:
 def _bound(cost: dict[str, float], chip: str) -> str | None:
     """compute | memory: XLA's FLOP per byte of the program's inputs and outputs (the
     traffic it cannot avoid) against the chip's ridge point for its dtype."""
-    from profiling.chips import get_chip
+    from profiling.chips import bound_by, get_chip
 
-    flops, moved = cost.get("flops"), cost.get("io_bytes")
-    if not flops or not moved:
-        return None
     try:
         spec = get_chip(chip)
     except KeyError:
         return None
-    peak = spec.f32_flops if cost.get("f32_inputs") else spec.bf16_flops
-    return "compute" if flops / moved >= peak / spec.hbm_bytes_per_s else "memory"
+    return bound_by(spec, cost.get("flops"), cost.get("io_bytes"), bool(cost.get("f32_inputs")))
 
 
 def _export_reference(spec: dict[str, Any], config: Any, chip: str
@@ -572,63 +567,3 @@ def reference_estimate(plan: ReferencePlan, deadline: float, memory_mb: int
     found["ops"] = [{"name": f"XLA reference ({len(records[1])} ops, extrapolated)",
                      "kind": "xla", "cycles": value}]
     return found, verdict, None
-
-
-# -- the memory floor -------------------------------------------------------------------------
-
-FLOOR_SOURCE = "bytes that must cross between HBM and the chip / the chip's HBM bandwidth"
-
-
-def kernel_traffic(plans: list[dict[str, Any]]) -> tuple[int, bool]:
-    """Bytes the Pallas kernels move between HBM and VMEM over their grids, and whether
-    that count is complete. A block is fetched (or written back) whenever its index
-    changes between consecutive steps: over a row-major grid, once per distinct prefix
-    of the axes up to the innermost one it follows (an index that follows no axis: once).
-    Blocks of manually copied (``memory_space=ANY``) or scalar-prefetch-indexed operands
-    move data-dependent amounts: not counted (the count is then incomplete)."""
-    total, complete = 0, True
-    for plan in plans:
-        grid = [int(g) for g in plan.get("grid") or []]
-        for block in plan.get("blocks") or []:
-            follows = block.get("follows")
-            if block.get("manual") or follows is None:
-                complete = False
-                continue
-            last = max(follows) if follows else -1
-            fetches = math.prod(grid[:last + 1]) if last >= 0 else 1
-            total += fetches * int(block.get("block_bytes") or 0)
-    return total, complete
-
-
-def floor(chip: str, kernel_bytes: float, reference_bytes: float | None,
-          efficiency: float = 1.0) -> dict[str, Any] | None:
-    """The memory system's floor for the kernel's program and for the reference: the
-    seconds their bytes take at the chip's HBM bandwidth (times ``efficiency``, the share
-    of it a program achieves: 1.0, the physical bound, unless measured)."""
-    from profiling.chips import get_chip
-
-    try:
-        bandwidth = get_chip(chip).hbm_bytes_per_s * efficiency
-    except KeyError:
-        return None
-    if bandwidth <= 0:
-        return None
-    return {"kernel_s": kernel_bytes / bandwidth, "kernel_bytes": int(kernel_bytes),
-            "reference_s": reference_bytes / bandwidth if reference_bytes else None,
-            "reference_bytes": int(reference_bytes) if reference_bytes else None,
-            "bandwidth_bytes_per_s": bandwidth, "efficiency": efficiency,
-            "source": FLOOR_SOURCE}
-
-
-def floored_speedup(kernel: dict[str, Any], reference: dict[str, Any],
-                    found: dict[str, Any] | None) -> tuple[float, str]:
-    """(speedup, basis): the reference's time over the kernel's, each the larger of the
-    compiler's estimate and its memory floor; ``basis`` says which decided: ``compiler``
-    when neither floor is above its estimate, else ``memory_floor``."""
-    k_s, r_s = kernel.get("seconds"), reference.get("seconds")
-    if not found or not k_s or not r_s:
-        return reference["cycles"] / kernel["cycles"], "compiler"
-    k = max(k_s, found.get("kernel_s") or 0.0)
-    r = max(r_s, found.get("reference_s") or 0.0)
-    basis = "memory_floor" if (k > k_s or r > r_s) else "compiler"
-    return r / k, basis

@@ -6,6 +6,10 @@
   a warm worker imports a reference once.
 - ``jitted_reference(runtime, ...)``: one jitted reference per runtime and signature, so
   a warm worker compiles a reference once.
+- ``rebound(closed, bind)``: a traced program evaluated equation by equation (nested
+  jits inlined), each equation bound again by ``bind``: how a jaxpr runs with its
+  kernels interpreted, or with each kernel in a jit named after it, and no candidate
+  Python.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 _RUNTIMES: dict[str, Any] = {}  # task spec (+ file stamps) -> TaskRuntime
@@ -62,3 +66,46 @@ def reset_interpret_state() -> None:
     from jax.experimental.pallas import tpu as pltpu
 
     pltpu.reset_tpu_interpret_mode_state()
+
+
+Bind = Callable[[Any, list[Any]], list[Any]]
+
+
+def bind_as_traced(eqn: Any, invals: list[Any], params: dict[str, Any] | None = None
+                   ) -> list[Any]:
+    """``eqn``'s primitive bound to ``invals`` (with ``params``, else its own), under its
+    context: a list of its outputs."""
+    with eqn.ctx.manager:
+        outs = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(
+            eqn.params if params is None else params))
+    return outs if eqn.primitive.multiple_results else [outs]
+
+
+def rebound(closed: Any, bind: Bind = bind_as_traced) -> Callable[..., list[Any]]:
+    """A function evaluating ``closed`` (a ClosedJaxpr) equation by equation, nested
+    ``jit``s inlined (so effects are traced afresh), every other equation through
+    ``bind(eqn, invals)``. Nothing else changes and no candidate Python runs."""
+    from jax.extend.core import Literal
+
+    def evaluate(jaxpr: Any, consts: Any, *args: Any) -> list[Any]:
+        env: dict[Any, Any] = {}
+
+        def read(var: Any) -> Any:
+            return var.val if isinstance(var, Literal) else env[var]
+
+        env.update(zip(jaxpr.constvars, consts, strict=True))
+        env.update(zip(jaxpr.invars, args, strict=True))
+        for eqn in jaxpr.eqns:
+            invals = [read(v) for v in eqn.invars]
+            if eqn.primitive.name in ("pjit", "jit") and "jaxpr" in eqn.params:
+                inner = eqn.params["jaxpr"]
+                outs = evaluate(inner.jaxpr, inner.consts, *invals)
+            else:
+                outs = bind(eqn, invals)
+            env.update(zip(eqn.outvars, outs, strict=True))
+        return [read(v) for v in jaxpr.outvars]
+
+    def run(*args: Any) -> list[Any]:
+        return evaluate(closed.jaxpr, closed.consts, *args)
+
+    return run

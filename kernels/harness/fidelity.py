@@ -15,19 +15,27 @@ Classes (``program_class``): ``collective`` (all-reduce and kin), ``pallas_manua
 (a kernel with memory_space=ANY operands or scalar-prefetch-indexed blocks),
 ``gather_scatter`` (the reference gathers or scatters), else ``compute_bound`` or
 ``memory_bound`` by the reference's FLOP per byte against the chip's ridge point for
-the inputs' dtype. Pure data: no JAX here.
+the inputs' dtype.
+
+The memory floor (``kernel_traffic``, ``floor``, ``floored_speedup``) bounds what the
+estimate may claim: the seconds the bytes that must cross between HBM and the chip take
+at the chip's bandwidth, for the kernel's program and for the reference; a speedup is
+the ratio of the larger of estimate and floor on each side. Pure data: no JAX here.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+from kernels.worker_env import CALIBRATION
+
 TABLE = Path(__file__).resolve().parent.parent / "data" / "fidelity.json"
-CALIBRATION_ENV = "TILEWRIGHT_CALIBRATION"  # the user's calibration pairs (JSON lines)
+CALIBRATION_ENV = CALIBRATION  # the user's calibration pairs (JSON lines)
 CLASSES = ("compute_bound", "memory_bound", "pallas_manual_dma", "gather_scatter",
            "collective")
 _COLLECTIVES = {"all-reduce", "all-gather", "reduce-scatter", "all-to-all",
@@ -47,17 +55,15 @@ def program_class(reference_cost: dict[str, Any] | None,
     if {"gather", "scatter"} & set(reference_opcodes or {}):
         return "gather_scatter"
     cost = reference_cost or {}
-    flops, moved = cost.get("flops"), cost.get("bytes_accessed")
-    if not flops or not moved:
-        return None
-    from profiling.chips import get_chip
+    from profiling.chips import bound_by, get_chip
 
     try:
         spec = get_chip(chip)
     except KeyError:
         return None
-    peak = spec.f32_flops if dtype in ("float32", "f32") else spec.bf16_flops
-    return "compute_bound" if flops / moved >= peak / spec.hbm_bytes_per_s else "memory_bound"
+    side = bound_by(spec, cost.get("flops"), cost.get("bytes_accessed"),
+                    dtype in ("float32", "f32"))
+    return f"{side}_bound" if side else None
 
 
 @cache
@@ -129,3 +135,63 @@ def lookup(chip: str, klass: str | None, basis: str | None = None) -> dict[str, 
                               "median_ratio": round(statistics.median(own), 3),
                               "within_2x": round(sum(0.5 <= r <= 2 for r in own) / len(own), 3)}
     return out
+
+
+# -- the memory floor -------------------------------------------------------------------------
+
+FLOOR_SOURCE = "bytes that must cross between HBM and the chip / the chip's HBM bandwidth"
+
+
+def kernel_traffic(plans: list[dict[str, Any]]) -> tuple[int, bool]:
+    """Bytes the Pallas kernels move between HBM and VMEM over their grids, and whether
+    that count is complete. A block is fetched (or written back) whenever its index
+    changes between consecutive steps: over a row-major grid, once per distinct prefix
+    of the axes up to the innermost one it follows (an index that follows no axis: once).
+    Blocks of manually copied (``memory_space=ANY``) or scalar-prefetch-indexed operands
+    move data-dependent amounts: not counted (the count is then incomplete)."""
+    total, complete = 0, True
+    for plan in plans:
+        grid = [int(g) for g in plan.get("grid") or []]
+        for block in plan.get("blocks") or []:
+            follows = block.get("follows")
+            if block.get("manual") or follows is None:
+                complete = False
+                continue
+            last = max(follows) if follows else -1
+            fetches = math.prod(grid[:last + 1]) if last >= 0 else 1
+            total += fetches * int(block.get("block_bytes") or 0)
+    return total, complete
+
+
+def floor(chip: str, kernel_bytes: float, reference_bytes: float | None,
+          efficiency: float = 1.0) -> dict[str, Any] | None:
+    """The memory system's floor for the kernel's program and for the reference: the
+    seconds their bytes take at the chip's HBM bandwidth (times ``efficiency``, the share
+    of it a program achieves: 1.0, the physical bound, unless measured)."""
+    from profiling.chips import get_chip
+
+    try:
+        bandwidth = get_chip(chip).hbm_bytes_per_s * efficiency
+    except KeyError:
+        return None
+    if bandwidth <= 0:
+        return None
+    return {"kernel_s": kernel_bytes / bandwidth, "kernel_bytes": int(kernel_bytes),
+            "reference_s": reference_bytes / bandwidth if reference_bytes else None,
+            "reference_bytes": int(reference_bytes) if reference_bytes else None,
+            "bandwidth_bytes_per_s": bandwidth, "efficiency": efficiency,
+            "source": FLOOR_SOURCE}
+
+
+def floored_speedup(kernel: dict[str, Any], reference: dict[str, Any],
+                    found: dict[str, Any] | None) -> tuple[float, str]:
+    """(speedup, basis): the reference's time over the kernel's, each the larger of the
+    compiler's estimate and its memory floor; ``basis`` says which decided: ``compiler``
+    when neither floor is above its estimate, else ``memory_floor``."""
+    k_s, r_s = kernel.get("seconds"), reference.get("seconds")
+    if not found or not k_s or not r_s:
+        return reference["cycles"] / kernel["cycles"], "compiler"
+    k = max(k_s, found.get("kernel_s") or 0.0)
+    r = max(r_s, found.get("reference_s") or 0.0)
+    basis = "memory_floor" if (k > k_s or r > r_s) else "compiler"
+    return r / k, basis

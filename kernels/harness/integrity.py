@@ -13,6 +13,12 @@
 - ``outside_compute``: non-trivial operations on full-size operands outside every
   ``pallas_call`` in the traced program: the XLA-computes-then-Pallas-copies trick;
   flagged ``compute_outside_kernel``.
+- ``check_lowering``: the judge's own reading of a check shape's TPU lowering (the
+  StableHLO text the candidate process sends): a Pallas kernel or none, against the
+  candidate process's word (a contradiction is ``harness_tampering``), and compute
+  outside the kernels (``hlo_outside_compute``).
+- ``platform_refusals`` / ``interpret_refusals`` (``program_refusal``): the program the
+  TPU compile estimates must be the program the trials run.
 
 - ``ModuleSnapshot.restore_config``: jax.config options a candidate changed are put back
   (flag ``jax_config_changed``) so they cannot leak into the next candidate.
@@ -29,7 +35,8 @@ import contextlib
 import re
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from types import FunctionType
 from typing import Any
 
@@ -45,18 +52,21 @@ GUARDED_MODULES = (
     "kernels.harness.evaluate", "kernels.harness.integrity", "kernels.harness.timing",
     "kernels.harness.compare", "kernels.harness.runtime", "kernels.harness.execution",
     "kernels.harness.candidate", "kernels.harness.wire", "kernels.harness.errors",
-    "kernels.harness.tpu_compile", "kernels.harness.judge", "kernels.confinement",
-    "kernels.result", "__main__",
+    "kernels.harness.tpu_compile", "kernels.harness.judge", "kernels.harness.channel",
+    "kernels.harness.verdict", "kernels.confinement", "kernels.confinement.linux",
+    "kernels.confinement.processes", "kernels.confinement.namespaces",
+    "kernels.confinement.landlock", "kernels.result", "kernels.options",
+    "kernels.process_failure", "__main__",
 )
 # Harness globals that change by design (caches, helper processes and executors made
-# on first use): not compared.
+# on first use): not compared. A guarded module's cache missing here would make every
+# request look like tampering (the judge recycled after each one).
 MUTABLE_GLOBALS = {
     "kernels.harness.execution": {"_RUNTIMES"},
     "kernels.harness.tpu_compile": {"_TARGETS", "_EXECUTOR"},
     "kernels.harness.judge": {"_PROCESS"},
-    "kernels.harness.estimates": {"_COMPILERS"},
     "kernels.harness.verdict": {"_POOL", "_REFERENCE_PLANS", "_REFERENCE_RESULTS"},
-    "kernels.confinement": {"_HOST_PID", "_APP_PROTECTED"},
+    "kernels.confinement.processes": {"_HOST_PID", "_APP_PROTECTED"},
 }
 _HARNESS = ("kernels.", "profiling.", "__main__")
 _PLAIN = (str, bytes, int, float, complex, bool, type(None))
@@ -150,8 +160,12 @@ def _sub_jaxprs(value: Any) -> list[Any]:
     return found
 
 
-def _pallas_eqns(jaxpr: Any) -> Iterator[Any]:
-    """Every pallas_call (or core_map) equation in ``jaxpr`` and its nested jaxprs."""
+_KERNELS = ("pallas_call", "core_map")
+
+
+def _eqns(jaxpr: Any, into_kernels: bool) -> Iterator[Any]:
+    """Every equation of ``jaxpr`` and of the jaxprs nested in it; kernel bodies too
+    only with ``into_kernels``."""
     stack = [getattr(jaxpr, "jaxpr", jaxpr)]
     seen: set[int] = set()
     while stack:
@@ -160,11 +174,16 @@ def _pallas_eqns(jaxpr: Any) -> Iterator[Any]:
             continue
         seen.add(id(current))
         for eqn in current.eqns:
-            if eqn.primitive.name in ("pallas_call", "core_map"):
-                yield eqn
+            yield eqn
+            if not into_kernels and eqn.primitive.name in _KERNELS:
                 continue
             for param in eqn.params.values():
                 stack.extend(_sub_jaxprs(param))
+
+
+def _pallas_eqns(jaxpr: Any) -> Iterator[Any]:
+    """Every pallas_call (or core_map) equation in ``jaxpr`` and its nested jaxprs."""
+    return (eqn for eqn in _eqns(jaxpr, into_kernels=False) if eqn.primitive.name in _KERNELS)
 
 
 def contains_pallas_call(jaxpr: Any) -> bool:
@@ -175,13 +194,8 @@ def contains_pallas_call(jaxpr: Any) -> bool:
 def pallas_call_lines(jaxpr: Any, filename: str) -> list[int]:
     """Lines of ``filename`` where the jaxpr's pallas_calls were made (innermost frame):
     where to point when an interpreted kernel fails at run time without a traceback."""
-    lines = []
-    for eqn in _pallas_eqns(jaxpr):
-        traceback = getattr(eqn.source_info, "traceback", None)
-        frames = [f for f in getattr(traceback, "frames", []) if f.file_name == filename]
-        if frames:
-            lines.append(frames[0].line_num)
-    return sorted(set(lines))
+    lines = {_line_number(eqn, filename) for eqn in _pallas_eqns(jaxpr)}
+    return sorted(line for line in lines if line is not None)
 
 
 class ModuleSnapshot:
@@ -383,6 +397,35 @@ def hlo_outside_compute(text: str, largest: int) -> list[str]:
     return sorted(found) if total >= threshold else []
 
 
+PALLAS_CUSTOM_CALL = "tpu_custom_call"  # how a Pallas TPU kernel appears in StableHLO
+
+
+@dataclass(frozen=True)
+class LoweringCheck:
+    """The judge's reading of one check shape's TPU lowering: is there a Pallas kernel,
+    does that contradict what the candidate process said, what is computed outside."""
+
+    has_pallas: bool
+    contradicted: bool
+    outside: tuple[str, ...]
+
+
+def check_lowering(hlo_text: str | None, claims_pallas: bool, reported_outside: Iterable[str],
+                   largest: int) -> LoweringCheck:
+    """Decide from the lowering where there is one (off-TPU kernels with host callbacks
+    are not lowered: then the candidate process's word stands). ``reported_outside`` is
+    the candidate process's jaxpr scan; ``largest`` the elements of the largest input
+    or output, the measure of "full size"."""
+    has_pallas = claims_pallas if hlo_text is None else PALLAS_CUSTOM_CALL in hlo_text
+    outside: list[str] = []
+    if has_pallas:
+        outside = list(reported_outside)
+        if hlo_text is not None:
+            outside += hlo_outside_compute(hlo_text, largest)
+    return LoweringCheck(has_pallas, hlo_text is not None and claims_pallas != has_pallas,
+                         tuple(outside))
+
+
 def _numel(aval: Any) -> int:
     shape = getattr(aval, "shape", ())
     return int(np.prod(shape)) if shape else 1
@@ -394,9 +437,8 @@ def _aval_text(aval: Any) -> str:
 
 
 def _line_of(eqn: Any, filename: str) -> str:
-    traceback = getattr(eqn.source_info, "traceback", None)
-    frames = [f for f in getattr(traceback, "frames", []) if f.file_name == filename]
-    return f" at line {frames[0].line_num}" if frames else ""
+    line = _line_number(eqn, filename)
+    return f" at line {line}" if line else ""
 
 
 # -- the program estimated is the program run -------------------------------------------
@@ -415,21 +457,6 @@ _HOST_SIDE = ("cpu",)
 # lowering of the same operation): (file suffix, function) of the frame that called
 # ``platform_dependent``.
 BENIGN_PLATFORM_CALLERS = (("jax/_src/numpy/lax_numpy.py", "diagonal"),)
-
-
-def _all_eqns(jaxpr: Any) -> Iterator[Any]:
-    """Every equation of ``jaxpr`` and of every jaxpr nested in it, kernel bodies too."""
-    stack = [getattr(jaxpr, "jaxpr", jaxpr)]
-    seen: set[int] = set()
-    while stack:
-        current = stack.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        for eqn in current.eqns:
-            yield eqn
-            for param in eqn.params.values():
-                stack.extend(_sub_jaxprs(param))
 
 
 def _branch_for(platforms: Any, name: str) -> int | None:
@@ -454,7 +481,7 @@ def _caller_of_platform_dependent(eqn: Any) -> tuple[str, str] | None:
 def platform_refusals(jaxpr: Any, filename: str) -> list[dict[str, Any]]:
     """Platform-dependent switches whose TPU branch is not the branch the host runs."""
     found = []
-    eqns = list(_all_eqns(jaxpr))
+    eqns = list(_eqns(jaxpr, into_kernels=True))
     # lax.platform_dependent is a platform_index feeding a cond that names the platforms
     # of its branches; a platform_index used any other way (bound directly, its number
     # used in arithmetic or a plain switch) is refused when the TPU and the host would

@@ -45,7 +45,9 @@ from typing import Any
 from kernels import confinement
 from kernels.harness import wire
 from kernels.harness.protocol import ProtocolError
+from kernels.process_failure import exited, signal_death
 from kernels.task_copy import TASKS_DIRNAME
+from kernels.worker_env import ESTIMATE_CACHE
 
 STARTUP_TIMEOUT_S = 180.0
 DEFAULT_MEMORY_MB = 16 * 1024
@@ -262,16 +264,7 @@ class CandidateProcess:
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         """SIGSTOP the whole tree (it cannot run while the judge times the baseline)."""
-        stopped: list[int] = []
-        if self.proc is not None:
-            for _ in range(3):  # a fork between scan and stop: scan again
-                new = [p for p in self._tree() if p not in stopped]
-                if not new:
-                    break
-                for pid in new:
-                    with contextlib.suppress(OSError):
-                        os.kill(pid, signal.SIGSTOP)
-                    stopped.append(pid)
+        stopped = confinement.stop_all(self._tree, rounds=3) if self.proc is not None else []
         try:
             yield
         finally:
@@ -350,19 +343,10 @@ class CandidateProcess:
         self.kill()
         fatal = fatal_line(pump.drained()) if pump is not None else None
         if code is not None and code < 0:
-            try:
-                name = signal.Signals(-code).name
-            except ValueError:
-                name = f"signal {-code}"
-            why = {"SIGABRT": "aborted (os.abort, a failed assertion in native code)",
-                   "SIGSEGV": "segmentation fault", "SIGBUS": "bus error",
-                   "SIGKILL": "killed (possibly by the system's out-of-memory killer)",
-                   "SIGFPE": "floating-point exception"}.get(name, "killed by a signal")
             said = f" ({fatal})" if fatal else ""
-            return CandidateFailure("crashed", f"the candidate process crashed: {name}, "
-                                    f"{why}{said}", fatal)
-        return CandidateFailure("exited", f"the candidate process exited with code {code} "
-                                "during the request (os._exit or sys.exit outside the harness)")
+            return CandidateFailure("crashed", "the candidate process crashed: "
+                                    f"{signal_death(code)}{said}", fatal)
+        return CandidateFailure("exited", exited(code, "the candidate process"))
 
 
 def _candidate_env(scratch: str) -> dict[str, str]:
@@ -371,12 +355,11 @@ def _candidate_env(scratch: str) -> dict[str, str]:
     prepares its own, ``kernels.harness.tpu_compile.prepare_environment``)."""
     from kernels.confinement import ENV_WRITABLE
     from kernels.harness import tpu_compile
-    from kernels.harness.estimates import CACHE_ENV
 
     env = {**os.environ, "TMPDIR": scratch}
     # The judge's estimate cache is the judge's: a child could plant an answer there.
     env.pop(ENV_WRITABLE, None)
-    env.pop(CACHE_ENV, None)
+    env.pop(ESTIMATE_CACHE, None)
     dump = env.pop(tpu_compile.DUMP_ENV, None)
     if dump:
         flag = f"{tpu_compile.FLAG}={dump}"
@@ -414,9 +397,6 @@ def recycle_candidate(reason: str) -> None:
 
 
 def kept_pids() -> list[int]:
-    """Pids (of this namespace) that the worker's after-request cleanup must spare: the
-    candidate process and the compile processes (``kernels.harness.estimates``)."""
-    from kernels.harness import estimates
-
-    own = [_PROCESS.pid] if _PROCESS is not None and _PROCESS.pid is not None else []
-    return own + estimates.kept_pids()
+    """The candidate process's pid (of this namespace), which the worker's after-request
+    cleanup must spare (as it spares the compile processes, ``estimates.kept_pids``)."""
+    return [_PROCESS.pid] if _PROCESS is not None and _PROCESS.pid is not None else []

@@ -1,10 +1,13 @@
 """The operations a worker answers: ``OPS`` maps a name to ``handler(payload) -> dict``.
 
-Built in: ``hello`` (backend and process facts) and ``eval`` (``kernels.harness.evaluate``).
-Other layers add theirs by listing a module in ``PLUGIN_MODULES`` that registers its
-handler on import with ``@op("name")`` (the profiling op lives in
-``kernels.harness.profile_op``). Handlers import their heavy dependencies lazily and
-return plain JSON-able dicts; an exception they raise becomes an error reply.
+Built in: ``hello`` (backend and process facts). Every other op lives in the module that
+does the work and registers its handler on import with ``@op("name")``; the worker
+imports the modules listed in ``PLUGIN_MODULES``: ``eval`` and ``estimate``
+(``kernels.harness.evaluate``), ``reference_estimate`` (``kernels.harness.verdict``),
+``profile`` (``kernels.harness.profile_op``), ``inputs`` and ``lookup_api``. This module
+imports none of them (they import it: ``op``, ``progress``). Handlers import their heavy
+dependencies lazily and return plain JSON-able dicts; an exception they raise becomes
+an error reply.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ Handler = Callable[[dict[str, Any]], dict[str, Any]]
 OPS: dict[str, Handler] = {}
 
 # Worker-side modules that register more ops; a missing one is skipped.
-PLUGIN_MODULES = ("kernels.harness.profile_op", "kernels.harness.inputs_op",
+PLUGIN_MODULES = ("kernels.harness.evaluate", "kernels.harness.verdict",
+                  "kernels.harness.profile_op", "kernels.harness.inputs_op",
                   "kernels.harness.lookup_op", "kernels.harness.task_check_op")
 
 
@@ -61,27 +65,6 @@ def hello(payload: dict[str, Any]) -> dict[str, Any]:
     # The pid as the app sees it (getpid() is 2 inside the worker's PID namespace, and
     # the namespace's own /proc numbers it that way too).
     return {"backend": backend_info(), "pid": confinement.host_pid(), "ops": sorted(OPS)}
-
-
-@op("eval")
-def evaluate(payload: dict[str, Any]) -> dict[str, Any]:
-    from kernels.harness.evaluate import evaluate_request
-
-    return evaluate_request(payload)
-
-
-@op("estimate")
-def estimate(payload: dict[str, Any]) -> dict[str, Any]:
-    from kernels.harness.evaluate import estimate_request
-
-    return estimate_request(payload)
-
-
-@op("reference_estimate")
-def reference_estimate(payload: dict[str, Any]) -> dict[str, Any]:
-    from kernels.harness.verdict import reference_request
-
-    return reference_request(payload)
 
 
 def load_plugins() -> list[str]:

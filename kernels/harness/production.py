@@ -322,47 +322,30 @@ def _named_evaluator(closed: Any) -> Any:
     after its enclosing function, so the compiled program's op for kernel ``i`` is
     ``tw_pallas_<i>...`` and its estimator records can be told apart."""
     import jax
-    from jax.extend.core import Literal
+
+    from kernels.harness.execution import bind_as_traced, rebound
 
     counter = [0]
 
-    def evaluate(jaxpr: Any, consts: Any, *args: Any) -> list[Any]:
-        env: dict[Any, Any] = {}
+    def bind(eqn: Any, invals: list[Any]) -> list[Any]:
+        if eqn.primitive.name != "pallas_call":
+            return bind_as_traced(eqn, invals)
+        params = eqn.primitive.get_bind_params(eqn.params)
+        prim = eqn.primitive
 
-        def read(var: Any) -> Any:
-            return var.val if isinstance(var, Literal) else env[var]
+        def call(*xs: Any, _prim: Any = prim, _params: Any = params) -> Any:
+            return _prim.bind(*xs, **_params)
 
-        env.update(zip(jaxpr.constvars, consts, strict=True))
-        env.update(zip(jaxpr.invars, args, strict=True))
-        for eqn in jaxpr.eqns:
-            invals = [read(v) for v in eqn.invars]
-            name = eqn.primitive.name
-            if name in ("pjit", "jit") and "jaxpr" in eqn.params:
-                inner = eqn.params["jaxpr"]
-                outs = evaluate(inner.jaxpr, inner.consts, *invals)
-            elif name == "pallas_call":
-                params = eqn.primitive.get_bind_params(eqn.params)
-                prim = eqn.primitive
+        call.__name__ = call.__qualname__ = SHORT_NAME.format(counter[0])
+        counter[0] += 1
+        with eqn.ctx.manager:
+            return jax.jit(call)(*invals)
 
-                def call(*xs: Any, _prim: Any = prim, _params: Any = params) -> Any:
-                    return _prim.bind(*xs, **_params)
-
-                call.__name__ = call.__qualname__ = SHORT_NAME.format(counter[0])
-                counter[0] += 1
-                with eqn.ctx.manager:
-                    outs = jax.jit(call)(*invals)
-            else:
-                with eqn.ctx.manager:
-                    outs = eqn.primitive.bind(*invals,
-                                              **eqn.primitive.get_bind_params(eqn.params))
-                if not eqn.primitive.multiple_results:
-                    outs = [outs]
-            env.update(zip(eqn.outvars, outs, strict=True))
-        return [read(v) for v in jaxpr.outvars]
+    evaluate = rebound(closed, bind)
 
     def run(*args: Any) -> list[Any]:
         counter[0] = 0
-        return evaluate(closed.jaxpr, closed.consts, *args)
+        return evaluate(*args)
 
     return run
 

@@ -34,16 +34,14 @@ from typing import Any
 
 from kernels.harness.ops import op
 from profiling import SCHEMA
-from profiling.chips import backend_is_interpret
+from profiling.chips import DEFAULT_TPU, backend_is_interpret
 
-DEFAULT_TARGET = "v5e"  # what a CPU host analyzes for when no --chip is given
 TRACE_BYTES_LIMIT = 512 << 20  # a profile's files copied out of the candidate's scratch
 TRACE_FILES_LIMIT = 200
-TEXT_LIMIT = 64 * 1024
 # What the candidate process may report as a profile's failure (anything else: refused).
-_FAULTS = {"compile_error": {"syntax", "missing_entry", "trace", "exit"},
-           "runtime_error": {"import", "exit", "runtime"},
-           "rejected": {"harness_tampering"}}
+_FAULTS = {"compile_error": frozenset({"syntax", "missing_entry", "trace", "exit"}),
+           "runtime_error": frozenset({"import", "exit", "runtime"}),
+           "rejected": frozenset({"harness_tampering"})}
 
 
 class CandidateFault(Exception):
@@ -89,7 +87,7 @@ def run_profile(spec: dict[str, Any], source: str, filename: str,
 
     try:
         target = chips.get_chip(options["chip"]) if options.get("chip") else \
-            _native_chip(backend) or chips.get_chip(DEFAULT_TARGET)
+            _native_chip(backend) or chips.get_chip(DEFAULT_TPU)
     except KeyError as exc:
         return _error(out, "usage", str(exc.args[0]))
     out["chip"] = target.to_json()
@@ -198,6 +196,7 @@ def _in_candidate_process(proc: Any, spec: dict[str, Any], source: str, filename
     """Load the candidate in the candidate process and profile it there; then the
     ``finish`` report decides whether that process stays warm."""
     from kernels.harness import judge
+    from kernels.harness.channel import CandidateError
 
     def ask(name: str, head: dict[str, Any], data: bytes) -> dict[str, Any]:
         try:
@@ -209,20 +208,17 @@ def _in_candidate_process(proc: Any, spec: dict[str, Any], source: str, filename
                           "hint": None}) from None
         if reply.get("ok") is True:
             return reply
-        status, error = reply.get("status"), reply.get("error")
-        error = error if isinstance(error, dict) else {}
-        kind = error.get("kind")
-        if status not in _FAULTS or kind not in _FAULTS[status]:
+        fault = CandidateError.parse(reply, _FAULTS)  # the channel's one reading of it
+        if fault is None:
             judge.recycle_candidate("it reported an unknown failure")
+            error = reply.get("error") if isinstance(reply.get("error"), dict) else {}
             raise _Fault({"kind": "crashed", "message": f"the candidate process reported an "
-                          f"unknown failure {status!r}/{kind!r}; it was replaced",
-                          "line": None, "traceback": None, "hint": None})
-        if kind == "harness_tampering":
+                          f"unknown failure {reply.get('status')!r}/{error.get('kind')!r}; "
+                          "it was replaced", "line": None, "traceback": None, "hint": None})
+        if fault.kind == "harness_tampering":
             judge.recycle_candidate("it tampered with the harness")
-        line = error.get("line") if isinstance(error.get("line"), int) else None
-        raise _Fault({"kind": kind, "message": _bounded(error.get("message")) or kind,
-                      "line": line, "traceback": _bounded(error.get("traceback")),
-                      "hint": _bounded(error.get("hint"))})
+        raise _Fault({"kind": fault.kind, "message": fault.message, "line": fault.line,
+                      "traceback": fault.traceback, "hint": fault.hint})
 
     t0 = time.perf_counter()
     ask("load", {"spec": spec, "filename": filename, "interpret": interpret,
@@ -235,24 +231,21 @@ def _in_candidate_process(proc: Any, spec: dict[str, Any], source: str, filename
 
 def _finish_candidate(proc: Any, deadline: float) -> None:
     from kernels.harness import judge
+    from kernels.harness.channel import FinishReport
 
     if proc.proc is None or not proc.ready:
         return
     try:
-        report, _ = proc.request("finish", {}, b"", max(deadline, time.monotonic() + 5.0))
+        reply, _ = proc.request("finish", {}, b"", max(deadline, time.monotonic() + 5.0))
     except judge.CandidateFailure:
         proc.start()
         return
-    if report.get("tampered") or report.get("threads") or not report.get("restored", True):
+    if FinishReport.parse(reply).untrustworthy:
         judge.recycle_candidate("the profiled candidate left it untrustworthy")
 
 
 def _seconds(value: Any) -> float:
     return float(value) if isinstance(value, int | float) else 0.0
-
-
-def _bounded(value: Any) -> str | None:
-    return value[-TEXT_LIMIT:] if isinstance(value, str) else None
 
 
 def _outputs(value: Any) -> list[Any] | None:

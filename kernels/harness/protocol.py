@@ -36,13 +36,15 @@ def _fallback(value: Any) -> Any:
     return repr(value)
 
 
-def _decode(body: bytes) -> dict[str, Any]:
+def decode(body: bytes, what: str = "frame") -> dict[str, Any]:
+    """A JSON object from the peer (``what`` names it in the error); ProtocolError when
+    it is anything else. The candidate channel's headers are read with it too."""
     try:
         message = json.loads(body)
     except ValueError as exc:
-        raise ProtocolError(f"undecodable frame: {exc}") from exc
+        raise ProtocolError(f"undecodable {what}: {exc}") from exc
     if not isinstance(message, dict):
-        raise ProtocolError("frame is not a JSON object")
+        raise ProtocolError(f"{what} is not a JSON object")
     return message
 
 
@@ -61,7 +63,7 @@ def recv_blocking(sock: socket.socket) -> dict[str, Any] | None:
     body = _recv_exact(sock, _length(header))
     if body is None:
         return None
-    return _decode(body)
+    return decode(body)
 
 
 def _recv_exact(sock: socket.socket, size: int) -> bytes | None:
@@ -83,4 +85,4 @@ async def recv(reader: asyncio.StreamReader) -> dict[str, Any] | None:
         body = await reader.readexactly(_length(header))
     except (asyncio.IncompleteReadError, ConnectionResetError):
         return None
-    return _decode(body)
+    return decode(body)

@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels.loaders.pysource import replace_literals
+from kernels.literals import replace_literals
 from kernels.task import ShapeConfig, Task, TaskError
 
 _module_ids = itertools.count(1)

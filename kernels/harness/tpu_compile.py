@@ -49,9 +49,6 @@ from typing import Any
 # Abstract topologies libtpu accepts for each chip of the table (smallest that worked).
 TOPOLOGIES = {"v4": "v4:2x2x1", "v5e": "v5e:2x2", "v5p": "v5p:2x2x1", "v6e": "v6e:2x2",
               "v7x": "tpu7x:2x2x1"}
-# device_kind and cores per device as libtpu reports them for those topologies.
-DEVICE_KINDS = {"v4": ("TPU v4", 1), "v5e": ("TPU v5 lite", 1), "v5p": ("TPU v5", 2),
-                "v6e": ("TPU v6 lite", 1), "v7x": ("TPU7x", 1)}
 # Chips whose compile survives the estimate flag: with it, v4 aborts the process and a
 # v7x (tpu7x) compile of a plain XLA add overflowed the compiler thread's stack.
 ESTIMATE_CHIPS = ("v5e", "v5p", "v6e")
@@ -225,10 +222,16 @@ def abstract_device(chip: str | None) -> Iterator[None]:
     import jax
     from jax.sharding import AbstractDevice, AbstractMesh
 
-    kind, cores = DEVICE_KINDS.get(chip or "v5e", DEVICE_KINDS["v5e"])
+    from profiling.chips import DEFAULT_TPU, device_facts
+
     if chip is None or jax.devices()[0].platform == "tpu":
         yield
         return
+    # The device kind and its TensorCores from the chip table (an unknown name: the
+    # default TPU's), as the static analysis's abstract device says them too.
+    facts = device_facts(chip) or device_facts(DEFAULT_TPU)
+    assert facts is not None  # the default is a TPU of the table
+    kind, cores = facts
     mesh = AbstractMesh((1,), ("_tilewright",),
                         abstract_device=AbstractDevice(device_kind=kind, num_cores=cores,
                                                        platform="tpu"))
@@ -322,18 +325,50 @@ def clear_dump(dump: str) -> None:
 def _read_cycles(dump: str) -> int | None:
     """The program's cycles: every record's cycles times the identical ops it stands
     for (``num_equivalent_hlos``; adding each record once undercounts repeated ops)."""
-    from kernels.harness.compiler import records
+    found = read_dump(dump)
+    return sum(record["cycles"] * record["count"] for record in found) if found else None
 
-    total, found = 0, False
-    for path in glob.glob(os.path.join(dump, "*static_llo_profile*")):
-        try:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                for record in records(f.read()):
-                    total += record["cycles"] * record["count"]
-                    found = True
-        except OSError:
+
+# The estimator's records: ``hlo_op_estimate { hlo_op_name: ... estimated_cycles: ... }``.
+_RECORD = re.compile(r"hlo_op_estimate\s*\{")
+_FIELD = {name: re.compile(rf"^\s*{name}:\s*\"?([^\"\n]+)\"?\s*$", re.MULTILINE)
+          for name in ("hlo_op_name", "estimated_cycles", "num_equivalent_hlos",
+                       "dma_instruction_type")}
+
+
+def records(text: str) -> list[dict[str, Any]]:
+    """The estimator's ``hlo_op_estimate`` records of one dump file: the op's name, its
+    estimated cycles per op, how many identical ops the record stands for
+    (``num_equivalent_hlos``: the total is cycles x count) and its DMA type (REMOTE
+    ones, HBM traffic, come priced at 0 cycles)."""
+    found = []
+    starts = [m.end() for m in _RECORD.finditer(text)]
+    for i, start in enumerate(starts):
+        end = starts[i + 1] if i + 1 < len(starts) else len(text)
+        block = text[start:end]
+        values = {k: (m.group(1).strip() if (m := rx.search(block)) else None)
+                  for k, rx in _FIELD.items()}
+        if values["hlo_op_name"] is None or values["estimated_cycles"] is None:
             continue
-    return total if found else None
+        try:
+            cycles = int(values["estimated_cycles"])
+            count = int(values["num_equivalent_hlos"] or 1)
+        except ValueError:
+            continue
+        found.append({"name": values["hlo_op_name"], "cycles": cycles, "count": max(count, 1),
+                      "dma": (values["dma_instruction_type"] or "").replace(
+                          "DMA_INSTRUCTION_TYPE_", "").lower() or None})
+    return found
+
+
+def read_dump(dump: str) -> list[dict[str, Any]]:
+    """Every record of the estimator's dump files in ``dump``."""
+    found = []
+    for path in sorted(glob.glob(os.path.join(dump, "*static_llo_profile*"))):
+        with contextlib.suppress(OSError), \
+                open(path, encoding="utf-8", errors="replace") as f:
+            found += records(f.read())
+    return found
 
 
 def libtpu_version() -> str | None:

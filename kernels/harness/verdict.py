@@ -24,13 +24,18 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from kernels.harness import estimates, fidelity, tpu_compile
-from kernels.result import array_text, shape_label
+from kernels.harness import estimates, fidelity, ops, tpu_compile
+from kernels.harness.channel import CandidateChannel, CheckVerdict, ProductionReply
+from kernels.harness.errors import Stopped, task_failure
+from kernels.harness.ops import op
+from kernels.result import EvalError, array_text, shape_label
 from kernels.task import ShapeConfig, Task, TaskError
+from profiling.chips import DEFAULT_TPU
 
 _POOL: ThreadPoolExecutor | None = None
 _REFERENCE_PLANS: dict[str, estimates.ReferencePlan | str] = {}
@@ -66,21 +71,23 @@ def production_task(task: Task) -> Task:
 
 
 class ProductionRun:
-    """The production part of one evaluation (``evaluation`` is the judge's
-    ``Evaluation``: its candidate channel, chip, deadline and failure path)."""
+    """The production part of one evaluation of ``task`` for ``chip``: the candidate's
+    program comes over ``channel``, every wait ends by ``deadline``, each compile
+    process may use ``compile_memory_mb`` (None: ``estimates.COMPILE_MEMORY_MB``)."""
 
-    def __init__(self, evaluation: Any) -> None:
-        self.ev = evaluation
-        self.chip: str = evaluation.chip
-        self.task = production_task(evaluation.task)
+    def __init__(self, task: Task, chip: str, channel: CandidateChannel, deadline: float,
+                 compile_memory_mb: int | None = None) -> None:
+        self.chip = chip
+        self.channel = channel
+        self.deadline = deadline
+        self.task = production_task(task)
         self.spec = self.task.to_spec()
         self.config: ShapeConfig = self.task.shapes[0]
         self.inputs: list[tuple[tuple[int, ...], str]] = []
-        self.facts: dict[str, Any] = {}
+        self.reply: ProductionReply | None = None  # the candidate process's answer
         self.job: Future[dict[str, Any]] | None = None
         self.started = 0.0
-        self.memory_mb = int(evaluation.options.get("compile_memory_mb")
-                             or estimates.COMPILE_MEMORY_MB)
+        self.memory_mb = int(compile_memory_mb or estimates.COMPILE_MEMORY_MB)
         self.unavailable: str | None = None  # why nothing could be compiled
 
     @property
@@ -106,31 +113,27 @@ class ProductionRun:
             runtime = task_runtime(self.spec)
             dyn, static, _how = runtime.input_signature(self.config)
         except TaskError as exc:
-            self.ev._fail("runtime_error", "task", exc, message=f"{self.where_name()}: {exc}")
+            raise task_failure(exc, f"{self.where_name()}: {exc}") from exc
         except Exception as exc:
             error = TaskError(self.task.reference_path, f"{self.where_name()}: building the "
                               f"inputs failed: {type(exc).__name__}: {exc}")
-            self.ev._fail("runtime_error", "task", error, message=str(error))
+            raise task_failure(error, str(error)) from exc
         self.inputs = [(tuple(int(d) for d in a.shape), str(a.dtype)) for a in dyn]
         try:
-            reply, blob = self.ev._candidate(
-                "production", {"spec": self.spec, "chip": self.chip, "where": self.where()},
-                pickle.dumps(([(list(s), d) for s, d in self.inputs], tuple(static))),
-                max_blob=1 << 30)
-        except Exception:
-            error = self.ev.result.error
-            if error is not None and error.kind == "lowering":  # the TPU lowering refused
-                self.ev.result.lowering = {"tpu": "error", "message": error.message,
-                                           "shape": self.config.name}
+            reply = self.channel.production(
+                self.spec, self.chip, self.where(),
+                pickle.dumps(([(list(s), d) for s, d in self.inputs], tuple(static))))
+        except Stopped as stop:
+            if stop.error.kind == "lowering":  # the TPU lowering refused
+                stop.lowering = {"tpu": "error", "message": stop.error.message,
+                                 "shape": self.config.name}
             raise
-        self.facts = {k: reply.get(k) for k in ("pallas_call", "structure", "plans",
-                                                "out_shapes", "export_errors")}
-        plans = [p for p in reply.get("plans") or [] if isinstance(p, dict)]
-        self.facts["plans"] = plans
-        if isinstance(reply.get("unavailable"), str):  # e.g. host callbacks, off-TPU
-            self.unavailable = reply["unavailable"][:2000]
+        self.reply = reply
+        plans = reply.plans
+        if reply.unavailable is not None:  # e.g. host callbacks, off-TPU
+            self.unavailable = reply.unavailable
             return
-        programs = self._programs(reply, blob)
+        programs = reply.programs
         ref_key = json.dumps([self.spec, self.chip], sort_keys=True, default=str)
         plan = _REFERENCE_PLANS.get(ref_key)
         if plan is None:
@@ -142,7 +145,6 @@ class ProductionRun:
             if len(_REFERENCE_PLANS) >= _CACHE_SIZE:
                 _REFERENCE_PLANS.pop(next(iter(_REFERENCE_PLANS)))
             _REFERENCE_PLANS[ref_key] = plan
-        deadline = self.ev.deadline
         self.verdict: Future[dict[str, Any]] = Future()
         refused = self._static_vmem(plans)
         if refused is not None:  # no compile can succeed: say so now, not after minutes
@@ -151,7 +153,8 @@ class ProductionRun:
             done.set_result({"verdict": refused, "estimate": None, "unavailable": None})
             self.job = done
             return
-        self.job = _pool().submit(self._compile, programs, plans, plan, ref_key, deadline)
+        self.job = _pool().submit(self._compile, programs, plans, plan, ref_key,
+                                  self.deadline)
 
     def _static_vmem(self, plans: list[dict[str, Any]]) -> dict[str, Any] | None:
         """A kernel whose blocks alone, each once, exceed the VMEM it may use is refused
@@ -173,28 +176,6 @@ class ProductionRun:
 
     def where_name(self) -> str:
         return f"at the production shape {self.config.name}"
-
-    def _programs(self, reply: dict[str, Any], blob: bytes) -> dict[str, bytes]:
-        """The candidate's exported programs, sliced from the blob by the sizes it
-        reported (checked: an untrusted reply)."""
-        programs: dict[str, bytes] = {}
-        offset = 0
-        listed = reply.get("programs")
-        if not isinstance(listed, list):
-            self.ev._protocol_violation("a production reply without programs")
-        for item in listed:
-            if (not isinstance(item, list) or len(item) != 2 or item[0] not in
-                    ("full", "scaled0", "scaled1") or not isinstance(item[1], int)
-                    or item[1] < 0):
-                self.ev._protocol_violation("a malformed production program list")
-            programs[item[0]] = blob[offset:offset + item[1]]
-            offset += item[1]
-        if offset != len(blob) or "full" not in programs:
-            self.ev._protocol_violation("production programs that do not match their sizes")
-        if ("scaled0" in programs) != ("scaled1" in programs):
-            programs.pop("scaled0", None)
-            programs.pop("scaled1", None)
-        return programs
 
     # -- background thread -------------------------------------------------------------
     def _compile(self, programs: dict[str, bytes], plans: list[dict[str, Any]],
@@ -230,8 +211,6 @@ class ProductionRun:
         """The production verdict (and estimate) as soon as they are known, to the app
         (a progress frame of the request; ``kernels.harness.ops.progress``), while the
         trials go on: the UI shows it before the evaluation ends."""
-        from kernels.harness import ops
-
         try:
             section = self._filled(self._blank(), out)
         except Exception:  # a partial answer that cannot be read yet: nothing to say
@@ -249,12 +228,12 @@ class ProductionRun:
             return section
         try:
             if verdict_only and not self.job.done():
-                verdict = self.verdict.result(timeout=max(self.ev.deadline - time.monotonic(),
+                verdict = self.verdict.result(timeout=max(self.deadline - time.monotonic(),
                                                           0.1))
                 out = {"verdict": verdict, "estimate": None,
                        "unavailable": "not estimated: the kernel is not correct"}
             else:
-                out = self.job.result(timeout=max(self.ev.deadline - time.monotonic(), 0.1))
+                out = self.job.result(timeout=max(self.deadline - time.monotonic(), 0.1))
         except TimeoutError:
             why = ("the production compile did not finish before the evaluation's deadline "
                    "(raise --timeout)")
@@ -266,8 +245,11 @@ class ProductionRun:
             return section
         return self._filled(section, out)
 
+    def _plans(self) -> list[dict[str, Any]]:
+        return self.reply.plans if self.reply is not None else []
+
     def _blank(self) -> dict[str, Any]:
-        plans = self.facts.get("plans") or []
+        plans = self._plans()
         return {
             "chip": self.chip, "compile": "unavailable", "message": None, "kind": None,
             "vmem_bytes": None, "vmem_limit_bytes": _scoped_limit(self.chip),
@@ -286,7 +268,7 @@ class ProductionRun:
 
     def _filled(self, section: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
         """``section`` from the compiles' answers (``out``)."""
-        plans = self.facts.get("plans") or []
+        plans = self._plans()
         section["compile_s"] = time.perf_counter() - self.started
         section["compile_peak_mb"] = round(estimates.compilers().peak_rss_mb) or None
         verdict = out["verdict"]
@@ -316,7 +298,7 @@ class ProductionRun:
             section["estimate_unavailable"] = ref_why or "no estimate for the XLA reference"
         elif ref.get("cycles") and out["estimate"].get("cycles"):
             section["compiler_speedup"] = ref["cycles"] / out["estimate"]["cycles"]
-            section["estimated_speedup"], section["basis"] = estimates.floored_speedup(
+            section["estimated_speedup"], section["basis"] = fidelity.floored_speedup(
                 out["estimate"], ref, section["floor"])
         klass = fidelity.program_class((ref_verdict or {}).get("cost"),
                                        (ref_verdict or {}).get("opcodes"),
@@ -336,12 +318,12 @@ class ProductionRun:
                plans: list[dict[str, Any]]) -> dict[str, Any] | None:
         """The memory floor of the kernel's program (its kernels' block traffic plus
         XLA's bytes for the ops around them) and of the reference (XLA's bytes)."""
-        traffic, complete = estimates.kernel_traffic(plans)
+        traffic, complete = fidelity.kernel_traffic(plans)
         cost = verdict.get("cost") or {}
         declared = sum(p.get("declared_bytes") or 0.0 for p in plans)
         outside = max((cost.get("bytes_accessed") or 0.0) - declared, 0.0)
         ref_bytes = ((ref_verdict or {}).get("cost") or {}).get("bytes_accessed")
-        found = estimates.floor(self.chip, traffic + outside, ref_bytes,
+        found = fidelity.floor(self.chip, traffic + outside, ref_bytes,
                                 fidelity.efficiency(self.chip))
         if found is not None:
             found["kernel_complete"] = complete
@@ -350,10 +332,81 @@ class ProductionRun:
     def structure_differs(self, checked: list[list[list[str]]]) -> bool:
         """The kernels traced at the production shape compute something else than the
         ones checked (a kernel that is honest only at small sizes)."""
-        production = self.facts.get("structure")
-        if not isinstance(production, list):
+        production = self.reply.structure if self.reply is not None else None
+        if production is None:
             return False
         return any(isinstance(c, list) and c != production for c in checked)
+
+
+# -- the verdict, applied to an evaluation -------------------------------------------------
+
+def production_verdict(production: ProductionRun | None, checked: list[list[Any]], chip: str,
+                       line: int | None, apply: bool) -> tuple[dict[str, Any] | None,
+                                                                list[str]]:
+    """Join the production compiles: the ``tpu`` section and the flags it raises
+    (``production_program_differs``: the kernels traced at the production shape compute
+    something else than the ones ``checked``). With ``apply``, a refusal at the
+    production shape is the evaluation's compile error, naming the compiler's message:
+    ``Stopped`` carrying the section and the flags. Without it (a kernel already judged
+    wrong, or stopped early) only the verdict is waited for."""
+    if production is None:
+        return None, []
+    section = production.section(verdict_only=not apply)
+    flags = ["production_program_differs"] if production.structure_differs(checked) else []
+    if not apply or section["compile"] != "error":
+        return section, flags
+    kind = section.get("kind") or "tpu_compile"
+    what = {"vmem": "exceeds the scoped VMEM", "mosaic": "is refused by Mosaic",
+            "lowering": "cannot be lowered"}.get(kind, "is refused by the TPU compiler")
+    hint = None
+    if kind == "vmem":
+        used, limit = section["vmem_bytes"], section["vmem_limit_bytes"]
+        hint = (f"The kernel's blocks need {_mib(used)} of VMEM; {chip} gives a kernel "
+                f"{_mib(limit)} by default. Tile the arrays (a grid over blocks that fit), "
+                "fewer double-buffered operands, or raise the limit with "
+                "pltpu.CompilerParams(vmem_limit_bytes=...).")
+    raise Stopped("compile_error", EvalError(
+        kind="tpu_compile" if kind != "lowering" else "lowering",
+        message=f"{production.where()} on {chip} the kernel {what}: {section['message']}",
+        line=line, traceback=None, hint=hint), flags=tuple(flags), tpu=section)
+
+
+def check_shape_refusal(verdicts: list[CheckVerdict] | None, chip: str,
+                        line: int | None) -> None:
+    """On a TPU host the check shapes are compiled for the device itself (that is what
+    runs): a refusal there is the evaluation's compile error too (``Stopped``)."""
+    for found in verdicts or []:
+        if found.compile != "error":
+            continue
+        message = tpu_compile.short(found.message or "compile failed")
+        raise Stopped("compile_error", EvalError(
+            kind="tpu_compile", message=f"at the check shape {found.config} on {chip} the "
+            f"TPU compiler refuses the kernel: {message}", line=line, traceback=None,
+            hint=None))
+
+
+def compiler_abort(chip: str, fatal: str, line: int | None) -> Stopped:
+    """The TPU compiler aborted the candidate process while compiling the kernel (a
+    failed internal check, not the kernel's own run): on a TPU the compile fails the same
+    way, so it is a compile error naming the compiler's check."""
+    message = tpu_compile.short(fatal)
+    tpu = {"chip": chip, "compile": "error", "message": message, "vmem_bytes": None,
+           "vmem_limit_bytes": _scoped_limit(chip) if chip else None, "estimate": None,
+           "reference_estimate": None, "estimated_speedup": None,
+           "estimate_unavailable": "the TPU compiler aborted", "shape": None}
+    hint = ("The TPU compiler has trouble with 16-bit floats here: load the blocks and "
+            "compute in float32 inside the kernel (x.astype(jnp.float32)), then cast the "
+            "result to the output dtype.") if re.search(r"bf16|f16|packed", fatal) \
+        else "Simplify the kernel around the operation the check names, or change its " \
+             "block shapes or dtypes."
+    return Stopped("compile_error", EvalError(
+        kind="tpu_compile", message=f"on {chip or 'the TPU'} the TPU compiler aborted on this "
+        f"kernel (an internal compiler check failed; the compile would fail on a TPU too): "
+        f"{message}", line=line, traceback=None, hint=hint), tpu=tpu)
+
+
+def _mib(value: int | None) -> str:
+    return "?" if value is None else f"{value / (1 << 20):.1f} MiB"
 
 
 def _scoped_limit(chip: str) -> int | None:
@@ -365,6 +418,7 @@ def _scoped_limit(chip: str) -> int | None:
         return None
 
 
+@op("reference_estimate")
 def reference_request(payload: dict[str, Any]) -> dict[str, Any]:
     """The ``reference_estimate`` op: ``{task, chip, timeout_s}`` -> the task's XLA
     reference at its production shape, estimated as every evaluation estimates it:
@@ -372,7 +426,7 @@ def reference_request(payload: dict[str, Any]) -> dict[str, Any]:
     from kernels.harness.execution import task_runtime
 
     task = production_task(Task.from_spec(payload["task"]))
-    chip = str(payload.get("chip") or "v5e")
+    chip = str(payload.get("chip") or DEFAULT_TPU)
     spec = task.to_spec()
     runtime = task_runtime(spec)
     dyn, _static, _ = runtime.input_signature(task.shapes[0])

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels.harness.protocol import HEADER, ProtocolError
+from kernels.harness.protocol import HEADER, ProtocolError, decode
 
 ALLOWED_DTYPES = frozenset({
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -49,13 +49,7 @@ def recv(sock: socket.socket, deadline: float | None = None, max_header: int = 1
     """One message; raises ChannelTimeout, ChannelClosed or ProtocolError (oversized or
     malformed). ``tick()`` is called about every 0.1 s while waiting (memory watch)."""
     size = _length(_read(sock, HEADER.size, deadline, tick), max_header, "header")
-    body = _read(sock, size, deadline, tick)
-    try:
-        header = json.loads(body)
-    except ValueError as exc:
-        raise ProtocolError(f"undecodable header: {exc}") from exc
-    if not isinstance(header, dict):
-        raise ProtocolError("header is not a JSON object")
+    header = decode(_read(sock, size, deadline, tick), "header")
     blob_size = _length(_read(sock, HEADER.size, deadline, tick), max_blob, "blob")
     return header, _read(sock, blob_size, deadline, tick) if blob_size else b""
 

@@ -19,7 +19,6 @@ checks that its own harness modules are unchanged (``recycle`` in the reply if n
 from __future__ import annotations
 
 import argparse
-import ctypes
 import functools
 import os
 import signal
@@ -32,36 +31,9 @@ from typing import Any
 
 from kernels import confinement
 from kernels.harness import protocol
+from kernels.harness.startup import die_with_parent, isolate_path, warm_up, watch_parent
 from kernels.harness.tpu_compile import prepare_environment
 from kernels.worker_env import scrub_current_process
-
-PR_SET_PDEATHSIG = 1
-WATCHDOG_PERIOD_S = 0.5
-
-
-def die_with_parent(parent_pid: int) -> None:
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        except (OSError, AttributeError):
-            pass  # the watchdog below still covers it
-    if os.getppid() != parent_pid:
-        os._exit(0)  # the parent died before we could ask to follow it
-
-
-def watch_parent() -> None:
-    """A thread that exits when the parent changes (started after ``confine``, which
-    may have forked us into a namespace whose parent shows as pid 0)."""
-    parent_pid = os.getppid()
-
-    def watch() -> None:
-        while True:
-            time.sleep(WATCHDOG_PERIOD_S)
-            if os.getppid() != parent_pid:
-                os._exit(0)
-
-    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
 def _send(sock: socket.socket, message: dict[str, Any]) -> None:
@@ -80,7 +52,7 @@ def _flush_stdio() -> None:
 
 
 def serve(sock: socket.socket, confined: dict[str, Any] | None = None) -> None:
-    from kernels.harness import integrity, judge, ops
+    from kernels.harness import estimates, integrity, judge, ops
 
     ops.load_plugins()
     # The serving process's pid as the app sees it (inside a PID namespace getpid() is 2,
@@ -123,7 +95,8 @@ def serve(sock: socket.socket, confined: dict[str, Any] | None = None) -> None:
         # Whatever the candidate forked (setsid, double fork, a listener) ends with the
         # request that started it.
         try:
-            reply["leftover_processes"] = confinement.kill_descendants(keep=judge.kept_pids())
+            reply["leftover_processes"] = confinement.kill_descendants(
+                keep=judge.kept_pids() + estimates.kept_pids())
         except OSError:
             reply["leftover_processes"] = None
         # Shared memory is nobody's resident memory: empty the namespace's /dev/shm, and
@@ -167,72 +140,6 @@ def _withhold_verdict(request: dict[str, Any], reply: dict[str, Any]) -> None:
     result["timing"] = None
     if isinstance(result.get("correctness"), dict):
         result["correctness"]["correct"] = False
-
-
-def warm_up() -> None:
-    """Pay the one-time costs before announcing readiness, not in the first evaluation:
-    importing Pallas, initializing the backend, and running one tiny kernel (in TPU
-    interpret mode off-TPU) so the interpreter's and the compiler's caches are filled."""
-    import jax
-    import jax.numpy as jnp
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import tpu as pltpu
-
-    def copy(x_ref, o_ref):
-        o_ref[...] = x_ref[...] + 1.0
-
-    x = jnp.zeros((8, 128), jnp.float32)
-    call = jax.jit(lambda x: pl.pallas_call(
-        copy, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x))
-    try:
-        if jax.devices()[0].platform == "tpu":
-            jax.block_until_ready(call(x))
-        else:
-            with pltpu.force_tpu_interpret_mode():
-                jax.block_until_ready(call(x))
-    except Exception:  # a warm-up problem must not keep the worker from serving
-        traceback.print_exc()
-        if jax.devices()[0].platform != "tpu":
-            pltpu.reset_tpu_interpret_mode_state()
-
-
-def isolate_path() -> None:
-    """No relative ``sys.path`` entries (the current directory): the app starts workers
-    with ``python -P``, this covers a worker started by hand. What was imported before
-    this runs came from Python's own directories (with -P)."""
-    sys.path[:] = [p for p in sys.path if p and os.path.isabs(p)]
-
-
-def child_main(argv: list[str] | None, prog: str, serve: Any, *, confine: bool,
-               warm: bool, estimates: bool = False) -> int:
-    """Start-up of a judge's child process (the candidate process, the reference
-    compiler): die with the judge, the estimate flag before JAX loads libtpu (dumping
-    under its own scratch dir), optionally its own confinement, then ``serve`` the
-    inherited socket. ``warm`` runs one interpreted kernel first (the candidate process
-    runs kernels; the reference compiler only compiles)."""
-    parser = argparse.ArgumentParser(prog=prog)
-    parser.add_argument("--fd", type=int, required=True, help="inherited socket to the judge")
-    parser.add_argument("--parent", type=int, required=True, help="pid of the judge")
-    parser.add_argument("--scratch", required=True, help="its own scratch directory")
-    parser.add_argument("--read", action="append", default=[],
-                        help="a path it may read besides Python's and the system's")
-    args = parser.parse_args(argv)
-    die_with_parent(args.parent)
-    isolate_path()
-    prepare_environment(dump_parent=args.scratch, estimates=estimates)
-    if confine:
-        # may fork: we continue inside new namespaces
-        confinement.confine(args.scratch, [p for p in args.read if os.path.exists(p)])
-    watch_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    sock = socket.socket(fileno=args.fd)
-    sock.setblocking(True)
-    import jax  # noqa: F401
-
-    if warm:
-        warm_up()
-    serve(sock)
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

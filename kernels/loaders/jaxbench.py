@@ -30,7 +30,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kernels.loaders.pysource import PySource, number_sites, parse_literal
+from kernels.literals import number_sites
+from kernels.loaders.pysource import PySource, parse_literal
 from kernels.task import ShapeConfig, Task, TaskError, UnknownOverride
 
 DEFAULT_TOL = 1e-2  # JAXBench's harness: np.allclose(atol=rtol=1e-2)

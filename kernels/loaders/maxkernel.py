@@ -34,7 +34,8 @@ from typing import Any
 
 import yaml
 
-from kernels.loaders.pysource import PySource, literal_sites, parse_literal
+from kernels.literals import literal_sites
+from kernels.loaders.pysource import PySource, parse_literal
 from kernels.task import ShapeConfig, Task, TaskError, UnknownOverride
 
 DEFAULT_TOL = 1e-2

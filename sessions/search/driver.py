@@ -25,7 +25,8 @@ from typing import Any
 
 from agents.base import Agent, TaskBrief
 from kernels import tunables
-from kernels.executors import Executor
+from kernels.executors import Judge as Executor
+from kernels.options import ProfileOptions
 from kernels.result import Backend
 from kernels.task import Task
 from sessions import events as ev
@@ -364,8 +365,8 @@ class Search:
         rid = f"r{max((int(r[1:]) for r in runs if r[1:].isdigit()), default=0) + 1}"
         self._emit(ev.RunStart(type="run.start", run=rid, version=number, kind="eval", by="search"))
         try:
-            result = await self.executor.submit(self.task, self._source(number),
-                                                self.eval_options)
+            result = await self.executor.evaluate(self.task, self._source(number),
+                                                  self.eval_options)
         except asyncio.CancelledError:
             self._emit(ev.RunResult(type="run.result", run=rid, version=number, status="cancelled",
                                     correct=False, speedup=None, median_ms=None, result_blob=None,
@@ -418,7 +419,7 @@ class Search:
         chip = getattr(self.eval_options, "chip", None)
         try:
             data = await self.executor.profile(self.task, self._source(number), logdir,
-                                               chip=chip)
+                                               ProfileOptions(chip=chip))
         except asyncio.CancelledError:
             self._emit(ev.ProfileResult(type="profile.result", run=rid, version=number,
                                         profile_blob=None, logdir=None, error="cancelled"))

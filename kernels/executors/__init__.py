@@ -1,0 +1,60 @@
+"""Where kernels are judged: one protocol, on this machine or on a Ray cluster.
+
+- ``protocol``: the ``Judge`` protocol every judge implements (evaluate, the chip
+  check, the production-only estimate, profile, the API lookup, backend, state), its
+  typed seam (``EvalOptions``, ``ProfileOptions``, ``JudgeState``, progress frames) and
+  the rules every implementation shares (``on_chips``, ``combined_state``).
+- ``local``: ``LocalExecutor``, this machine's worker processes
+  (``kernels.workers.WorkerPool``), one per core or per TPU chip.
+- ``ray``: ``RayExecutor``, each evaluation a Ray task whose node still evaluates in a
+  worker process of its own (``ray`` is an optional extra, imported lazily).
+- ``conformance``: the reusable suite every judge passes (the tests run it against
+  local, Ray and the in-process doubles).
+
+``make_executor`` builds the one named on a command line (``--executor local|ray``).
+App-side package: nothing here imports JAX, and nothing here may import ``sessions``,
+``agents`` or ``tui`` (the layers above).
+"""
+
+from __future__ import annotations
+
+from kernels.executors.local import (
+    LocalExecutor,
+    chip_env,
+    local_tpu_chips,
+    local_worker_count,
+    usable_cores,
+)
+from kernels.executors.protocol import (
+    STATES,
+    ExecutorError,
+    Judge,
+    JudgeState,
+    ProgressFrame,
+    ProgressListener,
+    StateListener,
+    combined_state,
+    on_chips,
+)
+from kernels.executors.ray import RayExecutor
+
+EXECUTORS = ("local", "ray")
+
+__all__ = [
+    "EXECUTORS", "STATES", "ExecutorError", "Judge", "JudgeState",
+    "LocalExecutor", "ProgressFrame", "ProgressListener", "RayExecutor", "StateListener",
+    "chip_env", "combined_state", "local_tpu_chips", "local_worker_count", "make_executor",
+    "on_chips", "usable_cores",
+]
+
+
+def make_executor(kind: str, workers: int | None = None, address: str | None = None,
+                  ) -> LocalExecutor | RayExecutor:
+    """The executor named on the command line (``--executor local|ray``)."""
+    if kind == "local":
+        if address:
+            raise ExecutorError("--address only applies to --executor ray")
+        return LocalExecutor(workers)
+    if kind == "ray":
+        return RayExecutor(address=address, workers=workers)
+    raise ExecutorError(f"unknown executor {kind!r}: choose one of {', '.join(EXECUTORS)}")
