@@ -1,0 +1,188 @@
+"""One evaluation as the model reads it: status, error with its line, correctness, the
+TPU compiler's verdict and numbers at the production shape, the memory floor, host times.
+
+Every number comes from ``agents.evalfacts.version_numbers``; every piece of text that
+came from the candidate (messages, tracebacks, compiler messages, stderr) is fenced as
+untrusted (``agents.untrusted``) and bounded.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from agents.evalfacts import version_numbers
+from agents.untrusted import bounded, defuse, fence, neutralize
+
+_MAX_TRACEBACK_LINES = 20
+_MAX_STDERR_LINES = 15
+MAX_ERROR_CHARS = 4_000  # each message, traceback or output cut to this
+
+
+def eval_text(result: dict[str, Any], source: str | None = None,
+              visible: set[str] | None = None, version: int | None = None) -> str:
+    """One evaluation, field by field: status, error with its line, the numbers.
+
+    A correctness reason about a configuration the agent may not see is reworded so that
+    neither its name nor array indices (which would hint at its shape) reach the prompt.
+    Text that came from the candidate (messages, tracebacks, stderr) is fenced.
+    """
+    who = f"v{version}" if version is not None else "this version"
+    lines = [f"## Evaluation of {who}: {result.get('status', '?')}"]
+    n = version_numbers(result)
+    backend = result.get("backend") or {}
+    if backend and not n.get("interpret"):
+        lines.append(f"Backend: {backend.get('platform')} {backend.get('device_kind', '')}")
+    lowering = result.get("lowering") or {}
+    if lowering.get("tpu") not in (None, "skipped"):
+        lines.append(f"TPU lowering: {lowering.get('tpu')}")
+        if lowering.get("message"):
+            lines.append(fence(bounded(str(lowering["message"]), MAX_ERROR_CHARS),
+                               f"TPU lowering message of {who}"))
+    error = result.get("error")
+    if error:
+        where = f" at line {error['line']}" if error.get("line") else ""
+        lines.append(f"Error ({error.get('kind')}){where}:")
+        lines.append(fence(bounded(str(error.get("message")), MAX_ERROR_CHARS),
+                           f"error message of {who}"))
+        if error.get("line") and source:
+            lines.append(_source_excerpt(source, int(error["line"])))
+        if error.get("hint"):
+            lines.append(f"Hint: {neutralize(str(error['hint']))}")
+        tb = (error.get("traceback") or "").strip().splitlines()
+        if tb:
+            lines.append("Traceback (last lines):")
+            lines.append(fence(bounded("\n".join(tb[-_MAX_TRACEBACK_LINES:]), MAX_ERROR_CHARS),
+                               f"traceback of {who}"))
+    lines.extend(_correctness_lines(result, n, visible))
+    flags = n.get("flags") or []
+    if flags:
+        lines.append("Integrity flags: " + ", ".join(map(str, flags)))
+        outside = (result.get("integrity") or {}).get("outside_compute") or []
+        if outside:
+            lines.append("Compute outside the kernel: " + "; ".join(
+                f"{o.get('op', o.get('primitive', '?'))} at line {o.get('line')}"
+                if isinstance(o, dict) else str(o) for o in outside[:5]))
+    lines.extend(_compiler_lines(n, who))
+    if n.get("host_ms") is not None:
+        ref = f", XLA reference {n['host_ref_ms']:.3g} ms" if n.get("host_ref_ms") else ""
+        what = ("TPU interpret mode on the CPU: checks correctness; not TPU time, not a "
+                "speedup" if n.get("interpret") else "wall clock")
+        lines.append(f"Host simulation time ({what}): kernel {n['host_ms']:.3g} ms{ref}.")
+    stderr = str(result.get("stderr") or "").strip()
+    if stderr and result.get("status") != "correct":
+        tail = stderr.splitlines()[-_MAX_STDERR_LINES:]
+        lines.append("Output the kernel printed (last lines of stdout/stderr):")
+        lines.append(fence(bounded("\n".join(tail), MAX_ERROR_CHARS), f"stdout/stderr of {who}"))
+    return "\n".join(lines)
+
+
+def _correctness_lines(result: dict[str, Any], n: dict[str, Any],
+                       visible: set[str] | None) -> list[str]:
+    corr = dict(result.get("correctness") or {})
+    if not corr:
+        return []
+    reason = str(corr.get("reason") or "")
+    if visible is not None and ":" in reason and reason.split(":", 1)[0] not in visible:
+        detail = re.sub(r"\(\d+(, ?\d+)*\)", "(…)", reason.split(":", 1)[1]).strip()
+        reason = f"a shape configuration you cannot see failed: {detail}"
+    verdict = "correct" if corr.get("correct") else "incorrect"
+    diffs = []
+    if n.get("max_abs_diff") is not None:
+        diffs.append(f"max |out - ref| {n['max_abs_diff']:.3g}")
+    if n.get("max_rel_diff") is not None:
+        diffs.append(f"max relative {n['max_rel_diff']:.3g}")
+    line = f"Correctness: {verdict} in {corr.get('trials')} trials per shape" + (
+        f"; {', '.join(diffs)}" if diffs else "")
+    atol, rtol = n.get("atol"), n.get("rtol")
+    if atol is not None and rtol is not None:
+        enforced = n.get("atol_effective")
+        line += (f". Enforced: |out - ref| <= {enforced:.3g} + {rtol:g} * |ref| value by "
+                 f"value (the task's atol {atol:g}, capped at 5% of max|ref|)"
+                 if enforced is not None else
+                 f". Enforced: |out - ref| <= min({atol:g}, 5% of max|ref|) + {rtol:g} * |ref|")
+        line += ", and rms(out - ref) <= 10% of std(ref) + rtol * rms(ref)"
+    lines = [line + "."]
+    if reason:
+        # The harness's words, but they quote the output (its pytree's structure, its
+        # values), which the candidate chose: fenced like the rest of its output.
+        lines.append("Why:")
+        lines.append(fence(bounded(reason, MAX_ERROR_CHARS), "correctness verdict"))
+    return lines
+
+
+def _compiler_lines(n: dict[str, Any], who: str) -> list[str]:
+    """The TPU compiler's verdict and numbers for one evaluation."""
+    if not n.get("chip") and n.get("compile") is None:
+        return []
+    chip = n.get("chip") or "?"
+    lines = []
+    at = n.get("shape_label") or (f"shape {n['shape']}" if n.get("shape") else None)
+    where = f"TPU {chip}" + (f", at {at}" if at else "")
+    if n.get("compile") and n["compile"] != "ok":
+        lines.append(f"TPU compile ({where}): {n['compile']}")
+        if n.get("tpu_message"):
+            lines.append(fence(bounded(n["tpu_message"], MAX_ERROR_CHARS),
+                               f"TPU compiler message of {who}"))
+    cycles, ref = n.get("cycles"), n.get("ref_cycles")
+    if cycles is not None or ref is not None:
+        est = f" -> est. {n['estimated_speedup']:.3g}x" if n.get("estimated_speedup") else ""
+        method = f"; {n['method']}" if n.get("method") else ""
+        lines.append(f"TPU compiler estimate ({where}): kernel "
+                     f"{cycles_text(cycles)} cycles, XLA reference {cycles_text(ref)} cycles{est}"
+                     f"{method}.")
+        if n.get("ops"):
+            lines.append("  kernel's ops: " + _ops_text(n["ops"]))
+        if n.get("ref_ops"):
+            lines.append("  reference's ops: " + _ops_text(n["ref_ops"]))
+        if n.get("floor"):
+            lines.append("  " + _floor_text(n))
+    elif n.get("estimate_unavailable"):
+        lines.append(f"TPU compiler estimate ({where}): unavailable: "
+                     f"{neutralize(n['estimate_unavailable'])}")
+    facts = []
+    if n.get("vmem_bytes") is not None:
+        limit = f" of the {n['vmem_limit_bytes'] / 2**20:.0f} MiB scoped limit" \
+            if n.get("vmem_limit_bytes") else ""
+        facts.append(f"VMEM {n['vmem_bytes'] / 2**20:.2f} MiB{limit} (compiler)")
+    if n.get("grid_steps") is not None:
+        facts.append(f"{n['grid_steps']} grid steps")
+    if facts:
+        lines.append("; ".join(facts) + ".")
+    return lines
+
+
+def _floor_text(n: dict[str, Any]) -> str:
+    """The memory floor in a line: the bytes each program must move between HBM and the
+    chip, at the chip's bandwidth, and whether it decided the ranking number."""
+    f = n["floor"]
+    parts = [f"kernel {f['kernel_s'] * 1e3:.3g} ms ({f.get('kernel_bytes', 0) / 2**20:,.0f} MiB)"]
+    if f.get("reference_s"):
+        parts.append(f"XLA reference {f['reference_s'] * 1e3:.3g} ms "
+                     f"({f.get('reference_bytes', 0) / 2**20:,.0f} MiB)")
+    decided = (" It decided the ranking number (the compiler alone says "
+               f"{n['compiler_speedup']:.3g}x)." if n.get("basis") == "memory_floor"
+               and n.get("compiler_speedup") else
+               " It is below both compiler estimates: the compiler's figures rank.")
+    return ("memory floor (bytes through HBM at the chip's bandwidth): "
+            + ", ".join(parts) + "." + decided)
+
+
+def _ops_text(ops: list[dict[str, Any]], limit: int = 6) -> str:
+    parts = []
+    for op in ops[:limit]:
+        kind = "Pallas kernel" if op["kind"] == "pallas" else "XLA"
+        count = f" x{op['count']}" if op.get("count", 1) != 1 else ""
+        parts.append(f"{neutralize(op['name'])} ({kind}) {op['cycles']:,.0f}{count}")
+    more = f", … {len(ops) - limit} more" if len(ops) > limit else ""
+    return ", ".join(parts) + more
+
+
+def cycles_text(value: float | None) -> str:
+    return "?" if value is None else f"{value:,.0f}"
+
+
+def _source_excerpt(source: str, line: int, around: int = 2) -> str:
+    src = defuse(source).splitlines()
+    lo, hi = max(1, line - around), min(len(src), line + around)
+    return "\n".join(f"{'>' if n == line else ' '}{n:4d} | {src[n - 1]}" for n in range(lo, hi + 1))

@@ -1,0 +1,146 @@
+"""What the offline templates read from a task's reference: the reference function and
+the module code it needs (imports, constants, helpers), the function renamed for a kernel
+module, and which kernel families its calls suggest (matmul, row-wise, elementwise,
+attention). Pure ``ast``: the reference is read, never run.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from agents.base import TaskBrief
+
+# The reference's function name per task layout.
+REFERENCE_NAMES = {"native": "reference", "jaxbench": "workload", "maxkernel": "computation"}
+FAMILIES = ("elementwise", "rowwise", "matmul", "attention")
+FALLBACK = "whole"  # the universal fallback, tried after every family
+_SKIP_FUNCTIONS = {"make_inputs", "flops", "create_inputs", "get_flops", "get_inputs",
+                   "benchmark", "main"}
+
+
+class TemplateError(Exception):
+    """The reference does not fit the family's template; the message says why."""
+
+
+def reference_parts(brief: TaskBrief) -> tuple[str, ast.FunctionDef, list[str]]:
+    """(imports and constants, the reference function node, other helper sources).
+
+    Only what the reference function needs comes along: helpers, constants and imports
+    whose names it uses (directly or through another kept helper). A baseline's
+    ``benchmark()``, input builders and unused constants stay behind.
+    """
+    source = brief.reference_source
+    tree = ast.parse(source)
+    name = REFERENCE_NAMES.get(brief.layout, "reference")
+    fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+    if fn is None:
+        raise TemplateError(f"the reference defines no `{name}` function to build a kernel from")
+    # What each top-level statement defines, and the names it reads.
+    items: list[tuple[ast.stmt, set[str], set[str]]] = []
+    for node in tree.body:
+        if node is fn or _is_docstring(node):
+            continue
+        if isinstance(node, ast.FunctionDef) and node.name in _SKIP_FUNCTIONS:
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            defined = {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.FunctionDef | ast.ClassDef):
+            defined = {node.name}
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        else:
+            continue
+        items.append((node, defined, _names_read(node)))
+    needed = _names_read(fn)
+    kept: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for index, (_node, defined, reads) in enumerate(items):
+            if index not in kept and defined & needed:
+                kept.add(index)
+                needed |= reads
+                changed = True
+    head, helpers = [], []
+    for index, (node, _defined, _reads) in enumerate(items):
+        if index not in kept:
+            continue
+        text = ast.get_source_segment(source, node) or ""
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            if text not in _IMPORTS.splitlines():  # the template imports these already
+                head.append(text)
+        elif isinstance(node, ast.FunctionDef | ast.ClassDef):
+            helpers.append(text)
+        else:
+            head.append(text)
+    return "\n".join(head), fn, helpers
+
+
+def _names_read(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | \
+        {n.value.id for n in ast.walk(node)
+         if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
+
+
+def _is_docstring(node: ast.AST) -> bool:
+    return isinstance(node, ast.Expr) and isinstance(getattr(node, "value", None), ast.Constant)
+
+
+def _renamed(source: str, fn: ast.FunctionDef, new_name: str) -> str:
+    text = ast.get_source_segment(source, fn) or ast.unparse(fn)
+    return text.replace(f"def {fn.name}(", f"def {new_name}(", 1)
+
+
+def _preamble(brief: TaskBrief, title: str) -> str:
+    return (f'"""{brief.name}: {title} (offline agent template).\n\n'
+            "Written from the task's reference; block sizes are TUNABLES for the autotuner.\n"
+            '"""\n\n')
+
+
+_IMPORTS = ("import functools\n\nimport jax\nimport jax.numpy as jnp\nfrom jax.experimental import pallas as pl\n"
+            "from jax.experimental.pallas import tpu as pltpu\n")
+
+
+_MATMUL_CALLS = {"dot", "matmul", "einsum", "tensordot", "dot_general", "inner"}
+_ROW_CALLS = {"sum", "max", "min", "mean", "var", "std", "logsumexp", "softmax",
+              "log_softmax", "norm", "argmax", "argmin", "prod", "cumsum", "rsqrt_mean"}
+
+
+def infer_families(brief: TaskBrief) -> tuple[str, ...]:
+    """Template families to try, most likely first, then the universal fallback, then
+    the remaining families: every family is tried before the offline agent gives up.
+
+    A declared family comes first. Otherwise the reference function's AST is read: a
+    softmax between two matrix products suggests attention; a matrix product (``@``,
+    ``jnp.dot``, ``einsum``...) suggests matmul; a reduction or an ``axis=`` argument a
+    row-wise kernel; otherwise elementwise. Families that cannot fit (a row-wise
+    template for a reference that multiplies matrices) come after the fallback.
+    """
+    try:
+        tree = ast.parse(brief.reference_source)
+    except SyntaxError:
+        return (*FAMILIES, FALLBACK)
+    matmuls = 0
+    rows = softmax = False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+            matmuls += 1
+        elif isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else \
+                getattr(node.func, "id", "")
+            matmuls += name in _MATMUL_CALLS
+            softmax |= name in ("softmax", "log_softmax", "logsumexp")
+            rows |= name in _ROW_CALLS or any(k.arg in ("axis", "axes") for k in node.keywords)
+    if matmuls >= 2 and softmax:
+        likely = ("attention", "matmul")
+    elif matmuls:
+        likely = ("matmul",)
+    elif rows:
+        likely = ("rowwise",)
+    else:
+        likely = ("elementwise", "rowwise")
+    if brief.family:
+        likely = (brief.family.lower(), *(f for f in likely if f != brief.family.lower()))
+    rest = tuple(f for f in FAMILIES if f not in likely)
+    return (*likely, FALLBACK, *rest)
