@@ -147,7 +147,8 @@ def _size_keys(task: Any) -> dict[str, int]:
     (JAXBench), named literals of ``input_gen_code`` (MaxKernel)."""
     import ast
 
-    from kernels.loaders.pysource import PySource, literal_sites
+    from kernels.literals import literal_sites
+    from kernels.loaders.pysource import PySource
 
     out: dict[str, int] = {}
     if task.layout == "jaxbench":
@@ -220,7 +221,7 @@ def _variant_source(task: Any, variant: str, source: Path) -> str:
         return head + text
     import yaml
 
-    from kernels.loaders.pysource import replace_literals
+    from kernels.literals import replace_literals
 
     code = yaml.safe_load(task.input_gen_path.read_text())["input_gen_code"]
     if params:

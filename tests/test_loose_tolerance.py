@@ -117,9 +117,11 @@ async def test_xla_compute_then_copy_is_flagged_and_never_ranked(worker_pool, lo
     honest = await evaluate(worker_pool, loose, HONEST, tmp_path)
     assert honest.status == "correct" and not honest.integrity["flags"]
     # The tolerance as enforced is recorded: atol=1e-2 capped at 5% of max|ref| (a row
-    # softmax of 256 normal values peaks near 0.05, so the cap is a few 1e-3, not 1e-2).
+    # softmax of 256 normal values peaks near 0.05, so the cap is a few 1e-3, not 1e-2;
+    # the inputs are fresh each run, and one value above 4.7 sigma in the first trial's
+    # 4096, about one run in 200, makes the cap the atol itself).
     enforced = honest.correctness["atol_effective"]
-    assert 0 < enforced < 0.01
+    assert 0 < enforced <= 0.01
     (shape,) = honest.extra["shapes"]
     assert shape["atol_effective"] == enforced
 
