@@ -465,3 +465,28 @@ def test_a_template_that_does_not_fit_moves_on_to_the_next_family() -> None:
     outcome = decide(AgentRequest("implement", brief, None))
     assert isinstance(outcome, Proposal), outcome
     assert not outcome.summary.startswith("matmul")
+
+
+def test_the_diagnosed_grow_stops_at_blocks_that_fit_vmem_at_the_production_shape() -> None:
+    """Per-step overhead says "larger blocks"; at 4096x4096 f32 the compiler measured
+    2.1 MiB of VMEM for 32-row blocks, so 512 rows (~34 MiB) cannot fit the 16 MiB scoped
+    limit: the move goes to the largest that does, and the plain search skips the rest."""
+    source = ('BLOCK_ROWS = 32\nTUNABLES = {"BLOCK_ROWS": [8, 16, 32, 64, 128, 256, 512]}\n')
+    obs = tuner.Observations()
+    obs.add({"BLOCK_ROWS": 32}, "correct", 1.2, None, 1, "est. 1.20x")
+    dims = {"BLOCK_ROWS": (4096,)}
+    numbers = {"vmem_bytes": 2.1 * 2**20, "vmem_limit_bytes": 16 * 2**20, "compile": "ok"}
+    model = tuner.vmem_model(({"version": 1, "tunables": {"BLOCK_ROWS": 32},
+                               "numbers": numbers},), None, None, dims)
+    assert model is not None and not model.fits({"BLOCK_ROWS": 512})
+    assert model.fits({"BLOCK_ROWS": 128}) and not model.fits({"BLOCK_ROWS": 256})
+    diagnosis = {"version": 1, "kind": "per_step_overhead", "summary": "steps cost"}
+    grow = tuner.diagnosed_step(source, obs, dims, diagnosis, None, model)
+    assert grow is not None and grow.config == {"BLOCK_ROWS": 128}
+    assert "fit VMEM" in grow.summary and "of 16 MiB of VMEM" in grow.rationale
+    # Without the model (no production figure yet) the heuristic alone goes to the top.
+    assert tuner.diagnosed_step(source, obs, dims, diagnosis).config == {"BLOCK_ROWS": 512}
+    # The coordinate search never proposes a configuration the model rules out.
+    obs.add({"BLOCK_ROWS": 128}, "correct", 1.5, None, 2, "est. 1.50x")
+    step = tuner.next_step(source, obs, dims, None, model)
+    assert step is None or model.fits(step.config)

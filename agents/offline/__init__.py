@@ -314,9 +314,13 @@ def _tuner_step(request: AgentRequest, lessons: list[Lesson] | None = None
     production = (request.task.production,) if request.task.production else ()
     dims = tuner.tiled_dims(list(declared), (*request.task.shapes, *production))
     constraints = _constraints(request, list(declared), tunables.config_of(source))
+    # What fits VMEM at the production shape, scaled from the compiler's own figure there.
+    vmem = tuner.vmem_model(request.history, request.last_eval, request.current_source,
+                            tuner.tiled_dims(list(declared), production)) \
+        if production else None
     return (_seed(source, obs, lessons or [], dims)
-            or tuner.diagnosed_step(source, obs, dims, request.diagnosis, constraints)
-            or tuner.next_step(source, obs, dims, constraints))
+            or tuner.diagnosed_step(source, obs, dims, request.diagnosis, constraints, vmem)
+            or tuner.next_step(source, obs, dims, constraints, vmem))
 
 
 def _observations(request: AgentRequest, source: str, names: set[str]) -> tuner.Observations:

@@ -130,6 +130,57 @@ def tiled_dims(names: list[str], shapes: tuple[dict[str, Any], ...]) -> dict[str
     return out
 
 
+class VmemModel:
+    """Whether a configuration's blocks fit the chip's scoped VMEM at the production
+    shape, scaled from one the TPU compiler measured there: a block's bytes grow with the
+    product of its tiling tunables (each clamped to the largest dim it tiles), so
+    ``vmem(config) ~= vmem(measured) x prod(min(v, dim) / min(v0, dim))``. A model, not a
+    verdict: the compile at the production shape still decides; it spares an evaluation
+    that would only say "does not fit"."""
+
+    def __init__(self, measured: dict[str, Any], vmem_bytes: float, limit_bytes: float,
+                 dims: dict[str, tuple[int, ...]]) -> None:
+        self.measured, self.vmem, self.limit, self.dims = measured, vmem_bytes, limit_bytes, dims
+
+    def bytes_for(self, config: dict[str, Any]) -> float:
+        ratio = 1.0
+        for name, value in config.items():
+            old, dims = self.measured.get(name), self.dims.get(name)
+            if not dims or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                   for v in (value, old)):
+                continue
+            top = max(dims)
+            ratio *= min(value, top) / min(old, top)
+        return self.vmem * ratio
+
+    def fits(self, config: dict[str, Any]) -> bool:
+        return self.bytes_for(config) <= self.limit
+
+
+def vmem_model(history: tuple[dict[str, Any], ...], last_eval: dict[str, Any] | None,
+               current_source: str | None, dims: dict[str, tuple[int, ...]]
+               ) -> VmemModel | None:
+    """A ``VmemModel`` from the newest evaluation that has the compiler's VMEM figure at
+    the production shape and the tunables it ran with; None when none has."""
+    found: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    for entry in history:
+        numbers = entry.get("numbers") or {}
+        if isinstance(entry.get("tunables"), dict):
+            found.append((entry["tunables"], numbers))
+    if last_eval and current_source is not None:
+        tpu = last_eval.get("tpu") or {}
+        found.append((tunables.config_of(current_source),
+                      {"vmem_bytes": tpu.get("vmem_bytes"),
+                       "vmem_limit_bytes": tpu.get("vmem_limit_bytes"),
+                       "compile": tpu.get("compile")}))
+    for config, numbers in reversed(found):
+        vmem, limit = numbers.get("vmem_bytes"), numbers.get("vmem_limit_bytes")
+        if numbers.get("compile") == "ok" and isinstance(vmem, int | float) and vmem > 0 \
+                and isinstance(limit, int | float) and limit > 0 and config:
+            return VmemModel(dict(config), float(vmem), float(limit), dims)
+    return None
+
+
 def search_space(source: str, dims: dict[str, tuple[int, ...]] | None = None
                  ) -> dict[str, list[Any]]:
     """Legal values per tunable: TPU-aligned, and dividing (or covering) the dims it tiles."""
@@ -151,7 +202,8 @@ def _one_clamped(values: list[Any], dims: tuple[int, ...]) -> list[Any]:
 
 def next_step(source: str, obs: Observations,
               dims: dict[str, tuple[int, ...]] | None = None,
-              constraints: dict[str, list[tuple[str, int]]] | None = None) -> Step | None:
+              constraints: dict[str, list[tuple[str, int]]] | None = None,
+              vmem: VmemModel | None = None) -> Step | None:
     """The next configuration to try, or None when every neighbour of the best is measured.
     ``constraints`` (``constraints_from_notes``) keep the search inside what the
     person's rejection notes allow."""
@@ -193,6 +245,8 @@ def next_step(source: str, obs: Observations,
             continue
         name, value, why = probe
         config = {**base, name: value}
+        if vmem is not None and not vmem.fits(config):
+            continue  # would not fit VMEM at the production shape: not worth a run
         changes = {k: v for k, v in config.items() if current.get(k) != v}
         rationale = _rationale(name, base, value, why, best, obs, current)
         if constraints:
@@ -269,7 +323,8 @@ _DIAGNOSED_MOVES = {"per_step_overhead": "grow", "memory_bound": "grow",
 
 def diagnosed_step(source: str, obs: Observations, dims: dict[str, tuple[int, ...]] | None,
                    diagnosis: dict[str, Any] | None,
-                   constraints: dict[str, list[tuple[str, int]]] | None = None) -> Step | None:
+                   constraints: dict[str, list[tuple[str, int]]] | None = None,
+                   vmem: VmemModel | None = None) -> Step | None:
     """The move a diagnosis of the best version calls for, made on every tunable at once
     (one evaluation instead of one per tunable): per-step overhead or memory-bound ->
     the largest legal blocks; VMEM pressure -> one notch smaller each. None when there
@@ -293,12 +348,27 @@ def diagnosed_step(source: str, obs: Observations, dims: dict[str, tuple[int, ..
     for name, values in space.items():
         i = values.index(base[name]) if base[name] in values else 0
         config[name] = values[-1] if move == "grow" else values[max(0, i - 1)]
+    fitted = ""
+    if move == "grow" and vmem is not None:
+        # The largest blocks that still fit VMEM at the production shape: step the
+        # tunable furthest above its base down a notch until the model says they fit.
+        while not vmem.fits(config):
+            above = [n for n, values in space.items() if values.index(config[n]) > (
+                values.index(base[n]) if base[n] in values else 0)]
+            if not above:
+                return None
+            name = max(above, key=lambda n: space[n].index(config[n])
+                       - (space[n].index(base[n]) if base[n] in space[n] else 0))
+            config[name] = space[name][space[name].index(config[name]) - 1]
+        fitted = (f" (about {vmem.bytes_for(config) / 2**20:.1f} of "
+                  f"{vmem.limit / 2**20:.0f} MiB of VMEM at the production shape)")
     if config == base or config_key(config) in obs.cost:
         return None
     current = tunables.config_of(source)
     changes = {k: v for k, v in config.items() if current.get(k) != v}
     full = " ".join(f"{k}={v}" for k, v in config.items())
-    verb = "largest legal blocks" if move == "grow" else "one notch smaller blocks"
+    verb = ("largest legal blocks that fit VMEM" if move == "grow" and vmem is not None
+            else "largest legal blocks" if move == "grow" else "one notch smaller blocks")
     said = str(diagnosis.get("summary") or "").rstrip()
     said = said if said.endswith((".", "!", "?")) else said + "."
     bounded = ""
@@ -308,7 +378,8 @@ def diagnosed_step(source: str, obs: Observations, dims: dict[str, tuple[int, ..
             for op, value in bounds) + ")."
     return Step(changes, config, f"tune to the {verb} ({full}), from the diagnosis",
                 f"The profile of v{diagnosis.get('version')} says {said} "
-                f"So every tunable moves at once to its {verb} from the best configuration "
+                f"So every tunable moves at once to its {verb}{fitted} from the best "
+                "configuration "
                 "measured so far; if that is not better, the coordinate search continues "
                 f"from the best one.{bounded}")
 
