@@ -22,3 +22,9 @@ def small_overrides(**sizes: Any) -> dict[str, str]:
 
 def load_small(name: str, **sizes: Any) -> Task:
     return load_task(name, small_overrides(**sizes))
+
+
+def load_small_production(name: str, **sizes: Any) -> Task:
+    """The task's own check shapes, with its production shape shrunk to ``sizes``: for a
+    test of correctness whose production compile would cost minutes at TPU sizes."""
+    return load_task(name, {PRODUCTION_PREFIX + k: str(v) for k, v in sizes.items()})

@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from sizes import load_small, load_small_production
 
 import agents
 from agents.base import AgentRequest, Failure, Finished, Proposal, ProposalReady, TextDelta
@@ -211,7 +212,10 @@ def test_a_fix_that_would_repeat_a_measured_configuration_searches_on() -> None:
 @pytest.mark.parametrize("name", ["gelu", "softmax", "rmsnorm", "matmul_bias_gelu",
                                   "causal_attention"])
 async def test_template_writes_a_correct_first_kernel(worker_pool: Any, name: str) -> None:
-    task = load_task(name)
+    # A 4096x4096x14336 production compile of a 128-block matmul costs minutes: this test
+    # is about the template's correctness, so its production shape is small.
+    task = load_small_production(name, m=512, k=512, n=512) if name == "matmul_bias_gelu" \
+        else load_task(name)
     proposal, events = await _propose(AgentRequest("implement", agents.brief(task), None))
     assert isinstance(proposal, Proposal) and proposal.kind == "kernel", proposal
     assert any(isinstance(e, TextDelta) for e in events)  # the rationale is streamed
@@ -225,7 +229,7 @@ async def test_template_writes_a_correct_first_kernel(worker_pool: Any, name: st
 @pytest.mark.asyncio(loop_scope="module")
 async def test_matmul_template_is_correct_when_k_is_not_a_multiple_of_the_block(
         worker_pool: Any) -> None:
-    task = load_task("matmul_bias_gelu", {"m": "128", "k": "384", "n": "256"})
+    task = load_small("matmul_bias_gelu", m=128, k=384, n=256)
     proposal, _ = await _propose(AgentRequest("implement", agents.brief(task), None))
     source = tunables.apply(proposal.source, {"BLOCK_K": 256})  # 384 = 256 + a ragged 128
     result = await worker_pool.evaluate(task, source, EvalOptions(trials=1, timing=False,
@@ -251,7 +255,7 @@ async def test_fixes_a_seeded_misalignment(worker_pool: Any) -> None:
 @pytest.mark.slow
 @pytest.mark.asyncio(loop_scope="module")
 async def test_fixes_a_missing_accumulator_init(worker_pool: Any) -> None:
-    task = load_task("matmul_bias_gelu")
+    task = load_small_production("matmul_bias_gelu", m=512, k=512, n=512)
     source = task.starting_source()
     broken = source.replace("    @pl.when(k == 0)\n    def _init():\n"
                             "        acc_ref[...] = jnp.zeros_like(acc_ref)\n\n", "")
