@@ -483,6 +483,9 @@ def test_the_diagnosed_grow_stops_at_blocks_that_fit_vmem_at_the_production_shap
     model = tuner.vmem_model(({"version": 1, "tunables": {"BLOCK_ROWS": 32},
                                "numbers": numbers},), None, None, dims)
     assert model is not None and not model.fits({"BLOCK_ROWS": 512})
+    # Another kernel's figure (other tunables) says nothing of this one.
+    assert tuner.vmem_model(({"version": 1, "tunables": {"BLOCK_M": 128},
+                              "numbers": numbers},), None, source, dims) is None
     assert model.fits({"BLOCK_ROWS": 128}) and not model.fits({"BLOCK_ROWS": 256})
     diagnosis = {"version": 1, "kind": "per_step_overhead", "summary": "steps cost"}
     grow = tuner.diagnosed_step(source, obs, dims, diagnosis, None, model)

@@ -173,7 +173,10 @@ def vmem_model(history: tuple[dict[str, Any], ...], last_eval: dict[str, Any] | 
                       {"vmem_bytes": tpu.get("vmem_bytes"),
                        "vmem_limit_bytes": tpu.get("vmem_limit_bytes"),
                        "compile": tpu.get("compile")}))
+    names = set(tunables.config_of(current_source)) if current_source else None
     for config, numbers in reversed(found):
+        if names is not None and set(config) != names:
+            continue  # another kernel's tunables: its VMEM says nothing of this one
         vmem, limit = numbers.get("vmem_bytes"), numbers.get("vmem_limit_bytes")
         if numbers.get("compile") == "ok" and isinstance(vmem, int | float) and vmem > 0 \
                 and isinstance(limit, int | float) and limit > 0 and config:
