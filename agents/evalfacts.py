@@ -44,17 +44,11 @@ def _ops(estimate: Any) -> list[dict[str, Any]]:
 
 
 def _method(estimate: Any) -> str | None:
-    if not isinstance(estimate, dict):
+    """``estimate.method`` ("full", "scaled") with its ``detail`` (how it was derived)."""
+    if not isinstance(estimate, dict) or not isinstance(estimate.get("method"), str):
         return None
-    method = estimate.get("method")
-    if isinstance(method, dict):
-        kind, how = method.get("kind") or method.get("name"), method.get("description")
-        return f"{kind}: {how}" if kind and how else str(kind or how or "") or None
-    if isinstance(method, str) and method:
-        how = estimate.get("detail") or estimate.get("method_description") \
-            or estimate.get("description")
-        return f"{method}: {how}" if how else method
-    return None
+    detail = estimate.get("detail")
+    return f"{estimate['method']}: {detail}" if detail else estimate["method"]
 
 
 def _floor(tpu: dict[str, Any]) -> dict[str, float] | None:

@@ -119,15 +119,14 @@ def _profile_candidate(args: argparse.Namespace, task: Task, path: Path, source:
             print(f"tilewright profile: cannot write {args.trace_out}: {exc.strerror or exc}",
                   file=sys.stderr)
             return EXIT_USAGE
-    if args.json:
+    if args.json:  # the JSON's logdir, run_dir, perfetto say where: stdout stays one object
         print(json.dumps(result, indent=2, default=str))
-    else:
-        from profiling.report import print_report
+        _remove_if_empty(keep)
+        return EXIT_OK if result.get("status") == "ok" else EXIT_FAILED
+    from profiling.report import print_report
 
-        print_report(result)
-    if args.json:
-        pass  # the JSON's logdir, run_dir, perfetto, ... say where: stdout stays one object
-    elif result.get("logdir"):
+    print_report(result)
+    if result.get("logdir"):
         print(f"\ntrace kept in {result['logdir']}\n  open it with `xprof --logdir "
               f"{result['logdir']}` or TensorBoard")
     elif result.get("status") == "ok" and not args.static_only:

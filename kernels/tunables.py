@@ -233,6 +233,18 @@ def _is_blockish(name: str) -> bool:
     return bool(_BLOCKISH.search(name))
 
 
+def _parameter_defaults(node: ast.FunctionDef | ast.AsyncFunctionDef
+                        ) -> list[tuple[ast.arg, ast.expr]]:
+    """A function's parameters that have defaults, each with its default's node."""
+    args = node.args
+    positional = [*args.posonlyargs, *args.args]
+    pairs = list(zip(positional[len(positional) - len(args.defaults):], args.defaults,
+                     strict=True))
+    pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)
+              if d is not None]
+    return pairs
+
+
 def _int_node(node: ast.AST | None) -> int | None:
     if isinstance(node, ast.Constant) and type(node.value) is int:
         return node.value
@@ -340,13 +352,7 @@ class _Inference:
         """``def kernel(x, block_rows=256)`` and ``functools.partial(f, block_m=128)``."""
         for node in ast.walk(self.tree):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                args = node.args
-                positional = [*args.posonlyargs, *args.args]
-                pairs = list(zip(positional[len(positional) - len(args.defaults):],
-                                 args.defaults, strict=True))
-                pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults,
-                                                 strict=True) if d is not None]
-                for arg, default in pairs:
+                for arg, default in _parameter_defaults(node):
                     value = _int_node(default)
                     if value is not None and value >= _MIN_BLOCK and _is_blockish(arg.arg):
                         self._hoist(arg.arg, default, value, share=True)
@@ -471,13 +477,7 @@ class _Inference:
                         out.setdefault(target.id, set()).update(knobs)
         for node in ast.walk(self.tree):  # a parameter whose default is a knob
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                args = node.args
-                positional = [*args.posonlyargs, *args.args]
-                pairs = list(zip(positional[len(positional) - len(args.defaults):],
-                                 args.defaults, strict=True))
-                pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults,
-                                                 strict=True) if d is not None]
-                for arg, default in pairs:
+                for arg, default in _parameter_defaults(node):
                     knob = self._knob_of_node(default)
                     if knob:
                         out.setdefault(arg.arg, set()).add(knob)
