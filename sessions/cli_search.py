@@ -17,11 +17,12 @@ import contextlib
 import json
 import math
 import sys
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from sessions import events as ev
+from sessions.core.logs import backend_json
 
 SCHEMA = "tilewright.search/1"
 
@@ -242,8 +243,7 @@ async def _search_suite(args: argparse.Namespace,
             await stack.enter_async_context(executor)  # workers only when there is work
             runs_on = await executor.backend()
             where = f" · {runs_on.label()}" if runs_on else ""
-            # The session header's form of a backend (as the controller's sessions have it).
-            backend = {**asdict(runs_on), "label": runs_on.label()} if runs_on else None
+            backend = backend_json(runs_on)
             _say(f"{len(tasks)} task(s), {executor.describe()}{where}, agent {agent.label}")
         for task, existing, summary in plans:
             if summary is None:
@@ -259,29 +259,13 @@ async def _search_suite(args: argparse.Namespace,
 
 async def _run_one(task: Any, existing: Path | None, base: Path, agent: Any, executor: Any,
                    config: Any, options: Any, backend: dict[str, Any] | None) -> Any:
-    from agents import brief
-    from sessions.brief import with_inputs
-    from sessions.log import load
-    from sessions.search import Search
-    from sessions.search.graph import fold_search
+    from sessions.opening import open_task_search
 
-    task_brief = await with_inputs(brief(task), task, executor)
-
-    if existing is not None:
-        loaded = load(existing)
-        state = fold_search(loaded.header, loaded.events)
-        assert state.config is not None
-        # the recorded search shape, with this command's budget
-        resumed = replace(state.config, budget=config.budget)
-        search = Search.open(existing, task, task_brief, agent, executor, config=resumed,
-                             eval_options=options, reopen=state.ended is not None)
-        _say(f"{task.name}: resuming {existing.name}")
-    else:
-        search = Search.create(base, task, task_brief, agent, executor, config,
-                               eval_options=options,
-                               meta={"overrides": task.meta.get("overrides", {})},
-                               backend=backend)
-        _say(f"{task.name}: new search {search.log.path.name}")
+    search = await open_task_search(task, agent, executor, config, sessions_dir=base,
+                                    existing=existing, options=options, backend=backend,
+                                    meta={"overrides": task.meta.get("overrides", {})})
+    _say(f"{task.name}: resuming {existing.name}" if existing is not None
+         else f"{task.name}: new search {search.log.path.name}")
     search.subscribe(lambda e: _progress(task.name, e))
     try:
         return await search.run()

@@ -23,11 +23,13 @@ from typing import Any
 
 from agents.base import Agent, TaskBrief
 from kernels.executors import Judge as Evaluator
+from kernels.result import EvalResult
 from kernels.task import Task
 from sessions import events as ev
 from sessions.actions import Action, ask
 from sessions.autonomy import ControllerSettings
 from sessions.context import next_role
+from sessions.core import Decision, SessionCore
 from sessions.engine import Engine
 from sessions.errors import ApprovalRequired, ControllerBusy, ControllerError
 from sessions.log import SessionLog
@@ -38,32 +40,38 @@ __all__ = ["ApprovalRequired", "Controller", "ControllerBusy", "ControllerError"
 
 
 class Controller:
-    """One session's commands over its ``Engine`` (the job loop) and ``EventWriter``."""
+    """The step/auto scheduler: one session's commands over its ``Engine`` (the job
+    loop), both on the session's ``SessionCore``. The person's decisions arrive as
+    commands (``approve``, ``reject``, ``edit``: a step-mode proposal waits in the log, so
+    it survives a restart); autonomous mode's come from ``AutoApproval``."""
 
     def __init__(self, log: SessionLog, task: Task, brief: TaskBrief, agent: Agent,
                  evaluator: Evaluator, settings: ControllerSettings | None = None,
                  state: SessionState | None = None, chip: str = "cpu") -> None:
         from sessions.tools import SessionTools
 
-        self.log = log
         self.task = task
         self.brief = brief
         self.agent = agent
-        self.evaluator = evaluator
         self.settings = settings or ControllerSettings()
         self.state = state if state is not None else fold(log.header, [])
         self.chip = chip
-        self.writer = ev.EventWriter(log, self.state)
-        self.tools = SessionTools(self)  # read-only tools the agent may call mid-reply
-        self.engine = Engine(self.writer, self.state, log, task, brief, agent, evaluator,
-                             self.settings, chip, self.tools, self.record_lesson)
-        evaluator.set_state_listener(lambda st: self._live("worker.state", state=st))
+        self.core = SessionCore(log, self.state, task, brief, agent, evaluator, chip=chip)
+        self.log = log
+        self.tools = SessionTools(self.core)  # read-only tools the agent may call mid-reply
+        self.engine = Engine(self.core, self.settings, self.tools, self.record_lesson)
+        self.core.judge.set_state_listener(lambda st: self._live("worker.state", state=st))
 
     # -- observing --------------------------------------------------------------------
 
     def subscribe(self, callback: ev.Subscriber) -> Callable[[], None]:
         """Every persisted event and every live notification, as they happen."""
-        return self.writer.subscribe(callback)
+        return self.core.subscribe(callback)
+
+    @property
+    def judge_state(self) -> str:
+        """The judge's state (starting, idle, busy, ...), for the status bar."""
+        return self.core.judge.state
 
     @property
     def busy(self) -> str | None:
@@ -71,10 +79,10 @@ class Controller:
         return self.engine.busy
 
     def _emit(self, event: ev.Event) -> ev.Event:
-        return self.writer.emit(event)
+        return self.core.emit(event)
 
     def _live(self, type_: ev.LiveType, **fields: Any) -> None:
-        self.writer.live(ev.live(type_, **fields))
+        self.core.live(type_, **fields)
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -85,26 +93,13 @@ class Controller:
         fresh = not s.last_seq
         if s.last_seq:
             self._emit(ev.Marker(type="marker", label="resumed"))
-            active = s.active_run
-            if active is not None:
-                self._emit(ev.RunResult(type="run.result", run=active.id, version=active.version,
-                                        status="cancelled", correct=False, speedup=None,
-                                        median_ms=None, result_blob=None, cancelled=True,
-                                        interrupted=True))
+            self.core.settle_open_runs()
             if s.mode == "auto":
                 # The app died in autonomous mode: a reopened session waits for the user
                 # to switch autonomy on again (with a fresh allowance).
                 self._emit(ev.AutoStop(type="auto.stop", reason="interrupted"))
                 self._emit(ev.ModeChange(type="mode.change", mode="step", by="resume"))
-        if not s.versions and s.pending is None:
-            source = self.task.starting_source()
-            if source is not None:
-                summary = f"starting kernel ({self.task.kernel_path.name})" \
-                    if self.task.kernel_path else "starting kernel"
-                self._emit(ev.KernelVersion(type="kernel.version", version=1, parent=None,
-                                            origin="initial", proposal=None,
-                                            source_blob=self.log.put_blob(source),
-                                            summary=summary, decision=None))
+        self.core.seed()
         action: Action | None = self.engine.idle_action()
         if action is None and not s.versions and s.pending is None:
             action = ask("implement")
@@ -126,10 +121,9 @@ class Controller:
             self._emit(ev.AutoStop(type="auto.stop", reason="user"))
             self._emit(ev.ModeChange(type="mode.change", mode="step", by="user"))
         self.record_lesson()
-        self._emit(ev.SessionEnd(type="session.end", reason=reason))
+        self.core.end(reason)
         self.engine.closed = True
-        self.log.close()
-        self.evaluator.set_state_listener(None)  # the pool may outlive this controller
+        self.core.close()  # the judge may outlive this controller
 
     # -- commands ---------------------------------------------------------------------
 
@@ -166,9 +160,8 @@ class Controller:
             raise ControllerError("the pending proposal is not a plan; edit its source instead")
         if not plan.strip():
             raise ControllerError("an edited plan needs at least one step")
-        self._emit(ev.UserDecision(type="user.decision", proposal=prop.id, decision="approve",
-                                   by="user", note="plan edited by the user", source_blob=None,
-                                   plan=plan.strip()))
+        self.core.record(prop.id, Decision("approve", "user", "plan edited by the user",
+                                           plan=plan.strip()))
         if not self.engine.running:
             self.engine.spawn(Action("apply", proposal=prop.id))
 
@@ -179,16 +172,14 @@ class Controller:
 
     def approve(self) -> None:
         prop = self._pending()
-        self._emit(ev.UserDecision(type="user.decision", proposal=prop.id, decision="approve",
-                                   by="user", note=None, source_blob=None))
+        self.core.record(prop.id, Decision("approve", "user"))
         if not self.engine.running:
             self.engine.spawn(Action("apply", proposal=prop.id))
 
     def reject(self, note: str | None = None) -> None:
         """Reject the pending proposal; with a note the agent is asked again (and sees it)."""
         prop = self._pending()
-        self._emit(ev.UserDecision(type="user.decision", proposal=prop.id, decision="reject",
-                                   by="user", note=note or None, source_blob=None))
+        self.core.record(prop.id, Decision("reject", "user", note or None))
         if note and not self.engine.running:
             # Changes asked for a plan go back to the planner, with the note.
             self.engine.spawn(ask("plan" if prop.kind == "plan" else next_role(self.state)))
@@ -202,12 +193,10 @@ class Controller:
         prop = self.state.pending_proposal
         if prop is None:
             self._check_idle("apply an edit")
-        self._emit(ev.UserDecision(type="user.decision", proposal=prop.id if prop else None,
-                                   decision="edit", by="user", note=None,
-                                   source_blob=self.log.put_blob(source)))
+        self.core.record(prop.id if prop else None, Decision("edit", "user", source=source))
         if prop is None:
-            version = self.engine.new_version(source, origin="user-edit", proposal=None,
-                                              summary="edited by the user")
+            version = self.core.new_version(source, origin="user-edit", proposal=None,
+                                            summary="edited by the user")
             self.engine.spawn(Action("run", version=version, by="user"))
         else:
             self.engine.kick()
@@ -226,6 +215,16 @@ class Controller:
         if not self.state.authorized(number):
             raise ApprovalRequired(f"v{number} was never approved; it cannot run")
         self.engine.spawn(Action("profile", version=number, by="user"))
+
+    async def check_chips(self, version: int, chips: list[str]) -> list[EvalResult]:
+        """Evaluate ``version`` once per TPU generation (nothing is recorded in the
+        session: the verdicts answer a question, they do not rank the version)."""
+        return await self.core.check_chips(self._version_arg(version), chips)
+
+    async def judge_source(self, source: str) -> EvalResult:
+        """Judge a source that is no version of the session, with its options (nothing
+        is recorded): the export's check of a simplified module."""
+        return await self.core.judge.evaluate(self.task, source)
 
     def revert(self, version: int) -> None:
         """Make an earlier version current again (the next proposal builds on it)."""

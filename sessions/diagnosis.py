@@ -1,4 +1,5 @@
-"""From a profiled version to its ``diagnosis`` event, for the controller and search.
+"""From a profiled version to its ``diagnosis`` event (``SessionCore.profile`` and
+``analyze`` write it for the controller and the search).
 
 Autonomous mode and the search both profile a version and then want one thing written
 down: what limits it, with the numbers (``profiling.diagnose`` reads the profile, the
@@ -10,8 +11,7 @@ checked against the compiler's estimates of the versions measured since
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,28 +36,3 @@ def diagnose_version(log_path: Path, result_blob: str | None, profile: dict[str,
         return
     if found is not None:
         emit(ev.Diagnosis(type="diagnosis", version=version, run=run, **found))
-
-
-async def run_analysis(analyze: Callable[[], Awaitable[dict[str, Any]]], log: Any,
-                       result_blob: str | None, version: int, run: str,
-                       emit: Callable[[ev.Event], Any], by: str) -> None:
-    """An ``analysis`` run of ``version``: the static analysis alone (``analyze()``, the
-    profile op with ``static_only``; nothing executes), recorded as ``profile.result``
-    with ``static: true``, then its diagnosis. A failure is recorded and the caller goes
-    on without it. The controller and the search both call this after a correct
-    evaluation, so every evaluated version has a diagnosis of its own."""
-    emit(ev.RunStart(type="run.start", run=run, version=version, kind="analysis", by=by))
-    try:
-        data = await analyze()
-    except asyncio.CancelledError:
-        emit(ev.ProfileResult(type="profile.result", run=run, version=version,
-                              profile_blob=None, logdir=None, error="cancelled", static=True))
-        raise
-    except Exception as exc:
-        emit(ev.ProfileResult(type="profile.result", run=run, version=version,
-                              profile_blob=None, logdir=None, error=str(exc), static=True))
-        return
-    emit(ev.ProfileResult(type="profile.result", run=run, version=version,
-                          profile_blob=log.put_json_blob(data), logdir=None, error=None,
-                          static=True))
-    diagnose_version(log.path, result_blob, data, version, run, emit)

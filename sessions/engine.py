@@ -15,51 +15,41 @@ import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from agents.base import Agent, TaskBrief
-from kernels.executors import Judge as Evaluator
-from kernels.task import Task
 from sessions import autonomy
 from sessions import events as ev
 from sessions.actions import Action, ask
 from sessions.agent_turn import AgentTurn, stream_turn
 from sessions.autonomy import ControllerSettings
 from sessions.context import build_request, next_role, regression_base
-from sessions.diagnosis import diagnose_version, run_analysis
+from sessions.core import AutoApproval, Decision, Halt, JudgeFailed, SessionCore
 from sessions.errors import ApprovalRequired, ControllerError
-from sessions.log import SessionLog
-from sessions.state import FAILED_STATUSES, SessionState, run_result
+from sessions.state import FAILED_STATUSES
 
 if TYPE_CHECKING:
     from sessions.tools import SessionTools
 
 
 class Engine:
-    """The job loop of one controller (which owns it and shares its writer and state)."""
+    """The job loop of one controller, on the controller's ``SessionCore``."""
 
-    def __init__(self, writer: ev.EventWriter, state: SessionState, log: SessionLog,
-                 task: Task, brief: TaskBrief, agent: Agent, evaluator: Evaluator,
-                 settings: ControllerSettings, chip: str, tools: SessionTools,
+    def __init__(self, core: SessionCore, settings: ControllerSettings, tools: SessionTools,
                  record_lesson: Callable[[], object]) -> None:
-        self.writer = writer
-        self.state = state
-        self.log = log
-        self.task = task
-        self.brief = brief
-        self.agent = agent
-        self.evaluator = evaluator
+        self.core = core
+        self.state = core.session
+        self.log = core.log
         self.settings = settings
-        self.chip = chip
         self.tools = tools  # read-only tools the agent may call mid-reply
+        self.approver = AutoApproval(settings, core.log.now)  # autonomous mode's rules
         self._record_lesson = record_lesson
         self._job: asyncio.Task[None] | None = None
         self._job_kind: str | None = None
         self.closed = False
 
     def _emit(self, event: ev.Event) -> ev.Event:
-        return self.writer.emit(event)
+        return self.core.emit(event)
 
     def _live(self, type_: ev.LiveType, **fields: Any) -> None:
-        self.writer.live(ev.live(type_, **fields))
+        self.core.live(type_, **fields)
 
     @property
     def busy(self) -> str | None:
@@ -182,7 +172,7 @@ class Engine:
         if kind == "ask":
             return await self._ask(action.role, action.message, action.version)
         if kind == "auto_decide" and action.proposal is not None:
-            return self._auto_decide(action.proposal)
+            return await self._auto_decide(action.proposal)
         if kind == "apply" and action.proposal is not None:
             return self._apply(action.proposal)
         if kind == "run" and action.version is not None:
@@ -206,14 +196,15 @@ class Engine:
             if back is not None:  # the best version is the base again, said in the log
                 self._emit(ev.KernelCheckout(type="kernel.checkout", version=back[0],
                                              by="auto", reason=back[1]))
-        request = build_request(self.state, self.log, self.brief, role, message, self.chip,
+        core = self.core
+        request = build_request(self.state, self.log, core.brief, role, message, core.chip,
                                 version=version, tools=self.tools)
         # Notes that arrive while the agent answers are kept for its next request.
         notes_seen = len(self.state.notes)
         turn = AgentTurn()
-        self._live("agent.start", role=role, agent=self.agent.label)
+        self._live("agent.start", role=role, agent=core.agent.label)
         try:
-            await stream_turn(self.agent, request, turn, self._live)
+            await stream_turn(core.agent, request, turn, self._live)
         except asyncio.CancelledError:
             self._emit(ev.AgentMessage(type="agent.message", text=turn.text(), role=role,
                                        proposal=None, usage=turn.usage_json(), cancelled=True,
@@ -257,7 +248,7 @@ class Engine:
                                        notes_seen=notes_seen, about=request.current_version,
                                        **_tools_field(turn)))
             return None
-        pid = f"p{len(self.state.proposals) + 1}"
+        pid = core.next_proposal_id()
         named = proposal.meta.get("base") if isinstance(proposal.meta.get("base"), int) \
             and proposal.meta.get("base") in self.state.versions else None
         chosen = {"base_chosen": True} if named is not None else {}
@@ -273,29 +264,20 @@ class Engine:
                                     notes_seen=notes_seen, **chosen))
         return Action("auto_decide", proposal=pid) if self.state.mode == "auto" else None
 
-    def _auto_decide(self, pid: str) -> Action | None:
-        s = self.state
-        if s.mode != "auto" or s.pending != pid:
+    async def _auto_decide(self, pid: str) -> Action | None:
+        """Autonomous mode's approver decides the pending proposal (``AutoApproval``)."""
+        verdict = await self.core.decide(pid, self.approver)
+        if isinstance(verdict, Halt):
+            self._stop_auto(verdict.reason)
             return None
-        reason = autonomy.budget_exhausted(s, self.settings, self.log.now())
-        if reason is not None:
-            self._stop_auto(reason)
-            return None
-        prop = s.proposals[pid]
-        same = autonomy.duplicate_of(s, prop.source_blob)
-        if same is not None:
-            self._emit(ev.UserDecision(type="user.decision", proposal=pid, decision="reject",
-                                       by="auto",
-                                       note=f"identical to v{same}, which was already "
-                                            "measured; propose something different",
-                                       source_blob=None))
+        if not isinstance(verdict, Decision):
+            return None  # switched to step mode meanwhile: the person decides
+        if verdict.decision == "reject":
             # An agent that keeps repeating itself would otherwise burn the whole
             # token budget on rejected proposals.
             if self.state.auto_rejections >= self.settings.max_agent_failures:
                 self._stop_auto("agent_repeating")
             return None  # idle_action asks again (or stops on a budget)
-        self._emit(ev.UserDecision(type="user.decision", proposal=pid, decision="approve",
-                                   by="auto", note=None, source_blob=None))
         return Action("apply", proposal=pid)
 
     # -- applying decisions -----------------------------------------------------------
@@ -308,131 +290,27 @@ class Engine:
         by = "auto" if prop.decided_by == "auto" else "user"
         if prop.kind == "plan" and prop.decision == "approve":
             return ask("implement")
-        if prop.decision == "edit":
-            source = self.log.get_blob(prop.edit_blob or "").decode()
-            from sessions.edits import describe_edit
-
-            proposed = self._proposed_source(prop)
-            origin = "user-edit"
-            summary = f"edited by the user: {describe_edit(proposed, source)} " \
-                      f"(proposal {prop.id}: {prop.summary})"
-        elif prop.kind == "tuning":
-            from kernels import tunables
-
-            number = prop.base_version if prop.base_chosen else s.current
-            base = s.versions.get(number) if number is not None else None
-            if base is None:
-                self._emit(ev.Error(type="error",
-                                    message="a tuning proposal needs a kernel to tune",
-                                    where="apply", proposal=pid))
-                return None
-            try:
-                source = tunables.apply(self.log.get_blob(base.source_blob).decode(),
-                                        prop.tuning or {})
-            except Exception as exc:
-                self._emit(ev.Error(type="error", message=f"could not apply the tuning: {exc}",
-                                    where="apply", proposal=pid))
-                return ask(next_role(self.state)) if s.mode == "auto" else None
-            origin, summary = "tuning", prop.summary
-        else:
-            if not prop.source_blob:
-                self._emit(ev.Error(type="error", message="the proposal carries no kernel source",
-                                    where="apply", proposal=pid))
-                return None
-            source = self.log.get_blob(prop.source_blob).decode()
-            origin, summary = ("template" if prop.role == "implement" and
-                               self.agent.name == "offline" else "agent"), prop.summary
         parent = prop.base_version if prop.base_chosen and prop.base_version in s.versions \
             else s.current
-        version = self.new_version(source, origin=origin, proposal=pid, summary=summary,
-                                   decision=prop.decision_seq, parent=parent)
+        version = self.core.apply(pid, parent)
+        if version is None:  # an error event says why; autonomy asks for another tuning
+            tuning = prop.kind == "tuning" and prop.decision != "edit" and parent is not None
+            return ask(next_role(self.state)) if tuning and s.mode == "auto" else None
         return Action("run", version=version, by=by)
-
-    def _proposed_source(self, prop: Any) -> str:
-        """What the proposal itself would have made (its kernel, or its tuning applied to
-        the version it was made for): the edit is described against it."""
-        s = self.state
-        if prop.source_blob:
-            return self.log.get_blob(prop.source_blob).decode()
-        base = s.versions.get(prop.base_version) if prop.base_version is not None else None
-        base = base or (s.versions.get(s.current) if s.current is not None else None)
-        if base is None:
-            return ""
-        text = self.log.get_blob(base.source_blob).decode()
-        if prop.kind == "tuning" and prop.tuning:
-            from sessions.state import tuned_source
-
-            return tuned_source(text, prop.tuning) or text
-        return text
-
-    def new_version(self, source: str, *, origin: str, proposal: str | None, summary: str,
-                    decision: int | None = None, parent: int | None = None) -> int:
-        s = self.state
-        if decision is None:
-            decision = s.decisions[-1].seq if s.decisions else None
-        number = max(s.versions, default=0) + 1
-        parent = s.current if parent is None else parent
-        self._emit(ev.KernelVersion(type="kernel.version", version=number, parent=parent,
-                                    origin=origin, proposal=proposal,
-                                    source_blob=self.log.put_blob(source), summary=summary,
-                                    decision=decision))
-        return number
 
     # -- runs -------------------------------------------------------------------------
 
-    def _source_of(self, number: int) -> str:
-        return self.log.get_blob(self.state.versions[number].source_blob).decode()
-
     async def _run_eval(self, number: int, by: str) -> None:
-        if not self.state.authorized(number):  # the gate: no decision, no run
-            raise ApprovalRequired(f"v{number} has no approving decision; not running it")
-        rid = f"r{len(self.state.runs) + 1}"
-        self._emit(ev.RunStart(type="run.start", run=rid, version=number, kind="eval", by=by))
-        source = self._source_of(number)
-        # The production verdict and estimate are streamed while the trials run.
-        listen = getattr(self.evaluator, "set_progress_listener", None)
-        if listen is not None:
-            def progress(data: dict[str, Any]) -> None:
-                if data.get("kind") == "production" and isinstance(data.get("tpu"), dict):
-                    self._live("run.progress", run=rid, version=number, tpu=data["tpu"],
-                               final=bool(data.get("final")))
-            listen(progress)
-        try:
-            result = await self.evaluator.evaluate(self.task, source)
-        except asyncio.CancelledError:
-            self._emit(ev.RunResult(type="run.result", run=rid, version=number, status="cancelled",
-                                    correct=False, speedup=None, median_ms=None, result_blob=None,
-                                    cancelled=True))
-            raise
-        except Exception as exc:  # the evaluator itself failed: not the kernel's fault
-            self._emit(ev.RunResult(type="run.result", run=rid, version=number, status="error",
-                                    correct=False, speedup=None, median_ms=None, result_blob=None,
-                                    cancelled=False))
-            self._emit(ev.Error(type="error", message=f"evaluation failed: {exc}",
-                                where="evaluator"))
-            return
-        finally:
-            if listen is not None:
-                listen(None)
-        self._emit(run_result(rid, number, result, self.log.put_json_blob(result.to_json())))
-        if self._wants_analysis(number):
-            await self._run_analysis(number)
+        result = await self.core.evaluate(number, by)
+        if not isinstance(result, JudgeFailed) and self._wants_analysis(number):
+            await self.core.analyze(number, "auto")
 
     def _wants_analysis(self, number: int) -> bool:
         """A correct version gets the static analysis, unless a profile follows anyway."""
         s, version = self.state, self.state.versions[number]
-        if not self.settings.analyze_every_version or not version.correct \
-                or getattr(self.evaluator, "analyze", None) is None:
+        if not self.settings.analyze_every_version or not version.correct:
             return False
         return not (s.mode == "auto" and autonomy.should_profile(s, number, self.settings))
-
-    async def _run_analysis(self, number: int) -> None:
-        """The static analysis of ``number`` and its diagnosis (``run_analysis``)."""
-        analyze = self.evaluator.analyze  # type: ignore[attr-defined]
-        source = self._source_of(number)
-        await run_analysis(lambda: analyze(self.task, source), self.log,
-                           self.state.versions[number].result_blob, number,
-                           f"r{len(self.state.runs) + 1}", self._emit, "auto")
 
     def _after_eval(self, number: int) -> Action | None:
         s = self.state
@@ -466,25 +344,7 @@ class Engine:
         return ask(next_role(self.state)) if self.settings.propose_after_run else None
 
     async def _run_profile(self, number: int, by: str = "user") -> None:
-        rid = f"r{len(self.state.runs) + 1}"
-        self._emit(ev.RunStart(type="run.start", run=rid, version=number, kind="profile", by=by))
-        logdir = self.log.profile_dir(rid)
-        try:
-            data = await self.evaluator.profile(self.task, self._source_of(number), logdir)
-        except asyncio.CancelledError:
-            self._emit(ev.ProfileResult(type="profile.result", run=rid, version=number,
-                                        profile_blob=None, logdir=None, error="cancelled"))
-            raise
-        except Exception as exc:
-            self._emit(ev.ProfileResult(type="profile.result", run=rid, version=number,
-                                        profile_blob=None, logdir=None, error=str(exc)))
-            return
-        self._emit(ev.ProfileResult(type="profile.result", run=rid, version=number,
-                                    profile_blob=self.log.put_json_blob(data),
-                                    logdir=str(logdir.relative_to(self.log.path)), error=None))
-        # What limits this version, with the numbers: read by the next request.
-        diagnose_version(self.log.path, self.state.versions[number].result_blob, data,
-                         number, rid, self._emit)
+        await self.core.profile(number, by)
 
 
 def _tools_field(turn: AgentTurn) -> dict[str, Any]:

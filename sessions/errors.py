@@ -14,3 +14,13 @@ class ControllerBusy(ControllerError):
 
 class ApprovalRequired(ControllerError):
     pass
+
+
+class OpenError(Exception):
+    """A session that cannot be opened: what went wrong and what to do next."""
+
+    def __init__(self, message: str, next_step: str = "", offline_fallback: bool = False
+                 ) -> None:
+        super().__init__(message)
+        self.next_step = next_step
+        self.offline_fallback = offline_fallback  # the offline agent would open it

@@ -1,8 +1,8 @@
 """Opening, resuming and closing sessions: the one place that builds a session's parts.
 
 Every front end comes here: the TUI (``tui.launch``), ``tilewright auto``
-(``sessions.headless``), the graph search (``sessions.search.Search.create`` / ``open``,
-``tilewright search`` and ``tilewright review``) and a branch of a recorded session
+(``sessions.headless``), the graph search (``open_search``, ``open_task_search``: ``tilewright
+review`` and ``tilewright search``) and a branch of a recorded session
 (``sessions.branch``). So a session is opened one way whichever front end opened it:
 
 - the task: a new session loads ``--task`` with its ``--set`` overrides; a resumed one
@@ -25,15 +25,17 @@ releases it in ``close``; ``open_search`` does the same for a search and its exe
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agents.config import Config, ConfigError, coerce
 from kernels.result import Backend
 from kernels.task import Task, TaskError
-from sessions.log import LoadedSession, SessionError, SessionLog, default_sessions_dir, resolve
-from sessions.tasks import task_for_header, task_header
+from sessions.core.logs import create_log, reopen_log
+from sessions.errors import OpenError
+from sessions.log import LoadedSession, SessionLog, default_sessions_dir
+from sessions.tasks import task_for_header
 
 if TYPE_CHECKING:
     from agents.base import Agent
@@ -47,16 +49,6 @@ if TYPE_CHECKING:
 
 DEFAULT_TASK = "softmax"
 CPU_TARGET_CHIP = "v5e"  # what interpret mode on a CPU host is judged against
-
-
-class OpenError(Exception):
-    """A session that cannot be opened: what went wrong and what to do next."""
-
-    def __init__(self, message: str, next_step: str = "", offline_fallback: bool = False
-                 ) -> None:
-        super().__init__(message)
-        self.next_step = next_step
-        self.offline_fallback = offline_fallback  # the offline agent would open it
 
 
 @dataclass(frozen=True)
@@ -79,30 +71,8 @@ class ChipChoice:
     vmem_bytes: float | None
 
 
-def app_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("tilewright")
-    except PackageNotFoundError:
-        return "0+unknown"
-
-
 def sessions_dir_for(value: str | Path | None) -> Path:
     return Path(value).expanduser() if value else default_sessions_dir()
-
-
-def backend_json(backend: Backend | Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """The header's ``backend``: the worker's platform, mode, device and its label."""
-    if backend is None:
-        return None
-    if isinstance(backend, Backend):
-        return {**asdict(backend), "label": backend.label()}
-    data = dict(backend)
-    if "label" not in data and data.get("platform") and data.get("mode"):
-        data["label"] = Backend(str(data["platform"]), str(data["mode"]),
-                                str(data.get("device_kind") or ""), "").label()
-    return data
 
 
 def choose_chip(config: Config | Mapping[str, Any] | None,
@@ -198,34 +168,6 @@ def load_request_task(request: SessionRequest, header: Mapping[str, Any] | None 
     except TaskError as exc:
         raise OpenError(str(exc), "check the task directory, or pass --task with a "
                                   "bundled task name (e.g. softmax)") from None
-
-
-def create_log(sessions_dir: str | Path, *, task: Task | Mapping[str, Any],
-               backend: Backend | Mapping[str, Any] | None, agent: str,
-               eval_options: EvalOptions | Mapping[str, Any] | None = None,
-               parent: Mapping[str, Any] | None = None,
-               extra: Mapping[str, Any] | None = None) -> SessionLog:
-    """A new session directory and its header (the only place headers are written)."""
-    header_task = task_header(task, task.meta.get("overrides")) if isinstance(task, Task) \
-        else dict(task)
-    options = None if eval_options is None else \
-        dict(eval_options) if isinstance(eval_options, Mapping) else asdict(eval_options)
-    path = Path(sessions_dir)
-    path.mkdir(parents=True, exist_ok=True)
-    return SessionLog.create(path, task=header_task, backend=backend_json(backend),
-                             agent=agent, app_version=app_version(),
-                             parent=dict(parent) if parent else None,
-                             extra={**({"eval_options": options} if options else {}),
-                                    **(extra or {})})
-
-
-def reopen_log(ref: str | Path, sessions_dir: str | Path | None = None
-               ) -> tuple[SessionLog, LoadedSession]:
-    """Reopen a recorded session for appending (locked: one writer at a time)."""
-    try:
-        return SessionLog.open(resolve(str(ref), sessions_dir))
-    except SessionError as exc:
-        raise OpenError(str(exc), "`tilewright sessions` lists the sessions") from None
 
 
 # -- a live session (the controller) ------------------------------------------------------
@@ -391,3 +333,23 @@ async def open_search(request: SessionRequest, config: Config | Mapping[str, Any
         await executor.close()
         raise
     return SearchSession(search, executor)
+
+
+async def open_task_search(task: Task, agent: Agent, executor: Executor,
+                           config: SearchConfig, *, sessions_dir: str | Path,
+                           existing: Path | None, options: EvalOptions | None,
+                           backend: Backend | Mapping[str, Any] | None,
+                           meta: Mapping[str, Any] | None = None) -> Search:
+    """One task's search over a started executor (``tilewright search``): ``existing``
+    resumed with the recorded search shape and this command's budget (also when it had
+    ended on a smaller one), or a new search session under ``sessions_dir``."""
+    from agents import brief
+    from sessions.brief import with_inputs
+    from sessions.search.driver import Search
+
+    task_brief = await with_inputs(brief(task), task, executor)
+    if existing is not None:
+        return Search.open(existing, task, task_brief, agent, executor, budget=config.budget,
+                           eval_options=options, reopen=True)
+    return Search.create(sessions_dir, task, task_brief, agent, executor, config,
+                         eval_options=options, meta=dict(meta or {}), backend=backend)

@@ -1,7 +1,7 @@
 """The session's answers to the agent's read-only tools (``agents.tools``).
 
-``SessionTools`` reads the engine's folded state and its log (versions, evaluations,
-profile digests, diffs), the chip table, and asks the evaluator's worker for
+``SessionTools`` reads the session core's folded state and its log (versions,
+evaluations, profile digests, diffs), the chip table, and asks the judge's worker for
 ``lookup_api`` (the worker imports the JAX that runs the kernels; the app process never
 imports JAX). Nothing here changes the session, so no decision is needed. A tool that
 cannot answer says why in its output, for the model to read.
@@ -17,12 +17,12 @@ from agents.untrusted import defuse
 from sessions.log import read_json_blob
 
 if TYPE_CHECKING:
-    from sessions.controller import Controller
+    from sessions.core import SessionCore
 
 
 class SessionTools:
-    def __init__(self, engine: Controller) -> None:
-        self.engine = engine
+    def __init__(self, core: SessionCore) -> None:
+        self.core = core
 
     async def call(self, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
         handler = getattr(self, f"_{name}", None)
@@ -36,18 +36,14 @@ class SessionTools:
     # -- the tools --------------------------------------------------------------------
 
     async def _lookup_api(self, name: str) -> tuple[str, bool]:
-        lookup = getattr(self.engine.evaluator, "lookup_api", None)
-        if lookup is None:
-            return ("lookup_api needs a JAX worker, and this session's evaluator has none; "
-                    "rely on the guide in the prompt"), True
         try:
-            found = await lookup(str(name))
+            found = await self.core.judge.lookup_api(str(name))
         except Exception as exc:
             return f"lookup_api({name!r}) failed in the worker: {exc}", True
         return format_api(found), bool(found.get("error"))
 
     async def _get_version(self, version: int) -> tuple[str, bool]:
-        state, log = self.engine.state, self.engine.log
+        state, log = self.core.session, self.core.log
         v = state.versions.get(int(version))
         if v is None:
             return self._no_version(version), True
@@ -60,7 +56,7 @@ class SessionTools:
 
         if v.result_blob:
             result = read_json_blob(log.path, v.result_blob)
-            visible = {shape["name"] for shape in self.engine.brief.shapes}
+            visible = {shape["name"] for shape in self.core.brief.shapes}
             parts.append(eval_text(result, None, visible, version=v.number))
         if v.profile_blob:
             parts.append(profile_text(read_json_blob(log.path, v.profile_blob)))
@@ -69,7 +65,7 @@ class SessionTools:
         return "\n\n".join(p for p in parts if p), False
 
     async def _diff_versions(self, old: int, new: int) -> tuple[str, bool]:
-        state, log = self.engine.state, self.engine.log
+        state, log = self.core.session, self.core.log
         for n in (old, new):
             if int(n) not in state.versions:
                 return self._no_version(n), True
@@ -83,10 +79,10 @@ class SessionTools:
     async def _chip_info(self, chip: str | None = None) -> tuple[str, bool]:
         from agents.context import chip_text
 
-        return chip_text(chip or self.engine.chip), False
+        return chip_text(chip or self.core.chip), False
 
     def _no_version(self, number: Any) -> str:
-        known = ", ".join(f"v{n}" for n in self.engine.state.versions) or "none yet"
+        known = ", ".join(f"v{n}" for n in self.core.session.versions) or "none yet"
         return f"there is no version {number} (versions: {known})"
 
 

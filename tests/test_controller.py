@@ -550,9 +550,12 @@ async def test_resume_settles_an_interrupted_run_and_applies_an_approved_proposa
     await resumed.start()
     await resumed.wait_idle()
     events = load(log.path).events
-    assert [e["type"] for e in events][-5:] == ["marker", "run.result", "kernel.version",
-                                                "run.start", "run.result"]
-    assert events[-4]["interrupted"] and events[-4]["run"] == "r1"
+    # ... and the correct v2 gets its static analysis (a run of its own) after its result.
+    assert [e["type"] for e in events][-7:] == ["marker", "run.result", "kernel.version",
+                                                "run.start", "run.result", "run.start",
+                                                "profile.result"]
+    assert events[-6]["interrupted"] and events[-6]["run"] == "r1"
+    assert events[-2]["kind"] == "analysis" and events[-1]["static"]
     assert resumed.state.versions[2].speedup == 1.7 and resumed.state.active_run is None
     assert_replay_matches(resumed)
     await resumed.close()

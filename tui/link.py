@@ -49,7 +49,7 @@ class LiveLink:
 
     @property
     def worker_state(self) -> str:
-        return self._controller.evaluator.state
+        return self._controller.judge_state
 
     def read_blob(self, sha: str) -> bytes:
         return self._controller.log.get_blob(sha)
@@ -115,9 +115,7 @@ class LiveLink:
     async def check_chips(self, version: int, chips: list[str]) -> list[EvalResult]:
         """Evaluate ``version`` once per TPU generation (nothing is recorded in the
         session: the verdicts answer a question, they do not rank the version)."""
-        source = self.read_blob(self.state.versions[version].source_blob).decode()
-        return await self._controller.evaluator.evaluate_on_chips(
-            self._controller.task, source, chips)
+        return await self._controller.check_chips(version, chips)
 
     async def export(self, version: int | str | None, path: Path,
                      with_test: bool = True) -> tuple[Any, list[Path]]:
@@ -138,7 +136,7 @@ class LiveLink:
         try:
             exported = await ex.export(
                 load(self.path), self.state, version, path.stem, task=task,
-                evaluate=lambda source: controller.evaluator.evaluate(task, source),
+                evaluate=controller.judge_source,
                 with_test=with_test and task.layout == "native")
         except ex.ExportError as exc:
             raise CommandRefused(f"{exc}" + (f" ({exc.next_step})" if exc.next_step else "")) \

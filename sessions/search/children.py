@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from agents.base import Agent, AgentRequest, TaskBrief
+from agents.base import AgentRequest
 from agents.offline.templates import infer_families
 from kernels import tunables
 from profiling.diagnose import check_with_estimates
@@ -25,7 +24,8 @@ from sessions import events as ev
 from sessions.actions import Action
 from sessions.agent_turn import AgentTurn, stream_turn
 from sessions.context import history
-from sessions.log import SessionLog, read_json_blob
+from sessions.core import SessionCore
+from sessions.log import read_json_blob
 from sessions.search.graph import SearchState
 
 AGENT_TIMEOUT_S = 600.0
@@ -36,27 +36,21 @@ ROOT_FAMILY_CANDIDATES = 3
 
 
 class ChildMaker:
-    """Proposing children for one search: it shares the search's state, log and writer;
-    ``source`` reads a version's source."""
+    """Proposing children for one search, on the search's core and its ``SearchState``
+    (the fold the core's writer keeps)."""
 
-    def __init__(self, writer: ev.EventWriter, state: SearchState, log: SessionLog,
-                 brief: TaskBrief, agent: Agent, source: Callable[[int], str]) -> None:
-        self.writer = writer
+    def __init__(self, core: SessionCore, state: SearchState) -> None:
+        self.core = core
         self.state = state
-        self.log = log
-        self.brief = brief
-        self.agent = agent
-        self._source = source
-
-    def _emit(self, event: ev.Event) -> ev.Event:
-        return self.writer.emit(event)
+        self.log = core.log
+        self.brief = core.brief
+        self.agent = core.agent
+        self._source = core.source_of
+        self._emit = core.emit
 
     def _slot_fields(self, action: Action) -> dict[str, Any]:
         lineage, rnd, _parent, slot = action.slot  # type: ignore[misc]
         return {"lineage": lineage, "round": rnd, "slot": slot}
-
-    def _next_pid(self) -> str:
-        return f"p{len(self.state.session.proposals) + 1}"
 
     async def expand(self, action: Action) -> str | None:
         """Fill the slot of an ``expand`` action; the new proposal's id, or None."""
@@ -91,7 +85,7 @@ class ChildMaker:
                 new = tunables.apply(source, {name: value})
                 if hashlib.sha256(new.encode()).hexdigest() in known:
                     continue
-                pid = self._next_pid()
+                pid = self.core.next_proposal_id()
                 self._emit(ev.AgentProposal(
                     type="agent.proposal", proposal=pid, kind="tuning",
                     summary=f"tuning step: {name} {current[name]} -> {value}",
@@ -183,7 +177,7 @@ class ChildMaker:
         except TimeoutError:
             turn.failure = f"the agent gave no proposal within {AGENT_TIMEOUT_S:g} s"
         problem = turn.problem()
-        pid = None if problem else self._next_pid()
+        pid = None if problem else self.core.next_proposal_id()
         self._emit(ev.AgentMessage(type="agent.message", text=turn.text(), role=role, proposal=pid,
                                    usage=turn.usage_json()))
         fields = self._slot_fields(action)

@@ -8,10 +8,13 @@ an event in the session log, folded into the same ``SearchState`` it plans from,
 skipped, a ``run.start`` without its ``run.result`` is evaluated again, a proposal left
 between decision and version is finished.
 
-Approval is enforced the controller's way: a child becomes a kernel version only
-through a ``user.decision`` event, written ``by: auto`` when ``approval`` is auto, or
-by the person through ``approve``/``reject`` when it is ``user`` (the search view
-calls these; ``prune`` takes a branch out of the beam). No textual, no jax.
+``Search`` is the beam/runs planner on the session's ``SessionCore`` (``sessions.core``),
+which seeds, settles, decides, applies, evaluates and profiles as it does for the
+controller. Approval is enforced the controller's way: a child becomes a kernel version
+only through a ``user.decision`` event, which the core records from the search's
+``SearchRules``: ``by: auto`` when ``approval`` is auto, or the person's through
+``approve``/``reject`` (a ``PersonApproval`` Future) when it is ``user`` (the search
+view calls these; ``prune`` takes a branch out of the beam). No textual, no jax.
 """
 
 from __future__ import annotations
@@ -26,18 +29,17 @@ from typing import Any
 from agents.base import Agent, TaskBrief
 from kernels import tunables
 from kernels.executors import Judge as Executor
-from kernels.options import ProfileOptions
+from kernels.options import EvalOptions
 from kernels.result import Backend
 from kernels.task import Task
 from sessions import events as ev
 from sessions.actions import Action
-from sessions.autonomy import duplicate_of
-from sessions.diagnosis import diagnose_version, run_analysis
+from sessions.core import Decision, JudgeFailed, PersonApproval, SearchRules, SessionCore
+from sessions.core.logs import create_log, recorded_options, reopen_log
 from sessions.log import SessionLog
 from sessions.search.children import ROOT_FAMILY_CANDIDATES, ChildMaker
-from sessions.search.graph import SearchConfig, SearchState, fold_search
+from sessions.search.graph import Budget, SearchConfig, SearchState, fold_search
 from sessions.search.plan import finish_reason, plan, select_beam
-from sessions.state import run_result
 
 
 @dataclass
@@ -110,24 +112,26 @@ class Search:
     """One search over one task's session. ``await search.run()`` until it ends."""
 
     def __init__(self, log: SessionLog, state: SearchState, task: Task, brief: TaskBrief,
-                 agent: Agent, executor: Executor, eval_options: Any = None,
+                 agent: Agent, executor: Executor, eval_options: EvalOptions | None = None,
                  agent_concurrency: int = 4) -> None:
-        self.log = log
         # agent replies (and human decisions) in flight at once: a big cluster's capacity
         # must not turn into dozens of simultaneous API calls
         self.agent_concurrency = max(1, agent_concurrency)
         self.state = state
         self.task = task
-        self.brief = brief
         self.agent = agent
-        self.executor = executor
+        self.executor = executor  # its capacity paces the planner; the core judges on it
         self.eval_options = eval_options
-        self.writer = ev.EventWriter(log, state)
+        chip = eval_options.chip if eval_options is not None else None
+        self.core = SessionCore(log, state, task, brief, agent, executor, chip=chip or "",
+                                options=eval_options)
+        self.log = log
         # Every event (the search's, a child's, an error about a broken subscriber)
         # wakes the loop: the planner may have new work.
-        self.writer.subscribe(lambda _event: self._wake.set())
-        self.children = ChildMaker(self.writer, state, log, brief, agent, self._source)
-        self._decisions: dict[str, asyncio.Future[tuple[str, str | None]]] = {}
+        self.core.subscribe(lambda _event: self._wake.set())
+        self.children = ChildMaker(self.core, state)
+        self.person = PersonApproval(on_wait=lambda _pid: self._wake.set())
+        self.rules = SearchRules(state, self.person)
         self._tunable_cache: dict[int, bool] = {}
         self._wake = asyncio.Event()
 
@@ -135,34 +139,23 @@ class Search:
 
     @classmethod
     def create(cls, sessions_dir: Path | str, task: Task, brief: TaskBrief, agent: Agent,
-               executor: Executor, config: SearchConfig, eval_options: Any = None,
-               meta: dict[str, Any] | None = None,
+               executor: Executor, config: SearchConfig,
+               eval_options: EvalOptions | None = None, meta: dict[str, Any] | None = None,
                backend: Backend | dict[str, Any] | None = None) -> Search:
-        """A new session for a new search (header written by ``sessions.opening``);
+        """A new session for a new search (its header written by ``create_log``);
         ``meta`` goes into the header's ``search`` field (what the suite command matches
         sessions by when it resumes)."""
-        from sessions.opening import create_log
-
         log = create_log(sessions_dir, task=task, backend=backend,
                          agent=getattr(agent, "label", agent.name), eval_options=eval_options,
                          extra={"search": dict(meta or {})})
-        state = fold_search(log.header, [])
-        search = cls(log, state, task, brief, agent, executor, eval_options)
-        root = None
-        source = task.starting_source()
-        if source is None and brief.family is None and agent.name == "offline":
+        search = cls(log, fold_search(log.header, []), task, brief, agent, executor,
+                     eval_options)
+        if task.starting_source() is None and brief.family is None and agent.name == "offline":
             # The offline agent writes first kernels from per-family templates; a task
             # that names no family (JAXBench, MaxKernel) gets one candidate per family.
             config = replace(config, root_candidates=max(config.root_candidates,
                                                          ROOT_FAMILY_CANDIDATES))
-        if source is not None:
-            root = 1
-            summary = f"starting kernel ({task.kernel_path.name})" if task.kernel_path \
-                else "starting kernel"
-            search._emit(ev.KernelVersion(type="kernel.version", version=1, parent=None,
-                                          origin="initial", proposal=None,
-                                          source_blob=log.put_blob(source), summary=summary,
-                                          decision=None))
+        root = search.core.seed()
         if config.approval == "auto":
             search._emit(ev.ModeChange(type="mode.change", mode="auto", by="search"))
         search._emit(ev.SearchStart(type="search.start", config=config.to_json(), root=root,
@@ -172,17 +165,17 @@ class Search:
     @classmethod
     def open(cls, path: Path | str, task: Task, brief: TaskBrief, agent: Agent,
              executor: Executor, config: SearchConfig | None = None,
-             eval_options: Any = None, reopen: bool = False) -> Search:
+             eval_options: EvalOptions | None = None, reopen: bool = False,
+             budget: Budget | None = None) -> Search:
         """Reopen an interrupted search; ``config`` (when given) replaces the recorded
-        one from now on (a bigger budget, say). ``reopen`` continues a search that had
-        ended (on a budget that ``config`` raises)."""
-        from sessions.opening import eval_options as recorded_options
-        from sessions.opening import reopen_log
-
+        one from now on, or ``budget`` the recorded one's budget (a bigger one, say).
+        ``reopen`` continues a search that had ended (on a budget that is now raised)."""
         log, loaded = reopen_log(path)
         state = fold_search(loaded.header, loaded.events)
-        if eval_options is None and loaded.header.get("eval_options"):
-            eval_options = recorded_options(None, loaded.header["eval_options"])
+        if config is None and budget is not None and state.config is not None:
+            config = replace(state.config, budget=budget)
+        if eval_options is None:
+            eval_options = recorded_options(loaded.header)
         search = cls(log, state, task, brief, agent, executor, eval_options)
         if state.ended is None or reopen:
             if state.config is None:
@@ -191,12 +184,7 @@ class Search:
             search._emit(ev.SearchResume(type="search.resume", config=new.to_json(),
                                          executor=executor.name))
             # Settle the runs a crash left open (they are evaluated again from here).
-            for run in list(state.session.runs.values()):
-                if run.status is None:
-                    search._emit(ev.RunResult(type="run.result", run=run.id, version=run.version,
-                                              status="cancelled", correct=False, speedup=None,
-                                              median_ms=None, result_blob=None, cancelled=True,
-                                              interrupted=True))
+            search.core.settle_open_runs()
         return search
 
     # -- observing and commands ---------------------------------------------------------
@@ -204,26 +192,20 @@ class Search:
     def subscribe(self, callback: ev.Subscriber) -> Callable[[], None]:
         """Every event the search writes; a subscriber that raises is removed and an
         ``error`` event (``where: subscriber``) records it."""
-        return self.writer.subscribe(callback)
+        return self.core.subscribe(callback)
 
     def _emit(self, event: ev.Event) -> ev.Event:
-        return self.writer.emit(event)
+        return self.core.emit(event)
 
     def approve(self, proposal: str) -> None:
-        self._resolve(proposal, "approve", None)
+        self.person.resolve(proposal, Decision("approve", "user"))
 
     def reject(self, proposal: str, note: str | None = None) -> None:
-        self._resolve(proposal, "reject", note)
-
-    def _resolve(self, proposal: str, decision: str, note: str | None) -> None:
-        future = self._decisions.get(proposal)
-        if future is None or future.done():
-            raise ValueError(f"{proposal} is not awaiting a decision")
-        future.set_result((decision, note))
+        self.person.resolve(proposal, Decision("reject", "user", note))
 
     def awaiting(self) -> list[str]:
         """Proposals waiting for the person (human-in-the-loop search)."""
-        return [p for p, f in self._decisions.items() if not f.done()]
+        return self.person.awaiting()
 
     def prune(self, version: int, reason: str = "pruned by the user", by: str = "user") -> None:
         if version not in self.state.nodes:
@@ -237,10 +219,10 @@ class Search:
                 why = reason if number == version else f"branch v{version} pruned"
                 self._emit(ev.SearchPrune(type="search.prune", version=number, by=by,
                                           reason=why))
-        for pid, future in self._decisions.items():  # its pending children go with it
+        for pid in self.person.awaiting():  # its pending children go with it
             prop = self.state.session.proposals.get(pid)
-            if prop and prop.base_version in branch and not future.done():
-                future.set_result(("reject", f"branch v{version} pruned"))
+            if prop and prop.base_version in branch:
+                self.person.withdraw(pid, f"branch v{version} pruned")
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -294,7 +276,7 @@ class Search:
         self._emit(ev.SearchEnd(type="search.end", reason=reason, best_version=best,
                                 best_speedup=self.state.speedup(best) if best is not None else None,
                                 evaluations=self.state.evaluations()))
-        self._emit(ev.SessionEnd(type="session.end", reason=f"search: {reason}"))
+        self.core.end(f"search: {reason}")
         return self.summary()
 
     def _close_rounds(self) -> None:
@@ -326,7 +308,7 @@ class Search:
         return summarize(self.state, self.log.path, self.task.name)
 
     def close(self) -> None:
-        self.log.close()
+        self.core.close()
 
     def _tunables(self) -> dict[int, bool]:
         for number in self.state.nodes:
@@ -338,7 +320,7 @@ class Search:
         return self._tunable_cache
 
     def _source(self, version: int) -> str:
-        return self.log.get_blob(self.state.session.versions[version].source_blob).decode()
+        return self.core.source_of(version)
 
     async def _perform(self, action: Action) -> None:
         if action.kind == "evaluate":
@@ -356,129 +338,29 @@ class Search:
         elif action.kind in ("decide", "apply"):
             await self._decide_and_apply(action.proposal)  # type: ignore[arg-type]
 
-    # -- evaluating ---------------------------------------------------------------------
+    # -- evaluating, profiling, deciding ---------------------------------------------
 
     async def _evaluate(self, number: int) -> None:
-        if not self.state.session.authorized(number):  # the gate: no decision, no run
-            raise RuntimeError(f"v{number} has no approving decision; not running it")
-        runs = self.state.session.runs
-        rid = f"r{max((int(r[1:]) for r in runs if r[1:].isdigit()), default=0) + 1}"
-        self._emit(ev.RunStart(type="run.start", run=rid, version=number, kind="eval", by="search"))
-        try:
-            result = await self.executor.evaluate(self.task, self._source(number),
-                                                  self.eval_options)
-        except asyncio.CancelledError:
-            self._emit(ev.RunResult(type="run.result", run=rid, version=number, status="cancelled",
-                                    correct=False, speedup=None, median_ms=None, result_blob=None,
-                                    cancelled=True))
-            raise
-        except Exception as exc:  # the executor failed, not the kernel: take it out of play
-            self._emit(ev.RunResult(type="run.result", run=rid, version=number, status="error",
-                                    correct=False, speedup=None, median_ms=None, result_blob=None,
-                                    cancelled=False))
-            self._emit(ev.Error(type="error", message=f"evaluation failed: {exc}",
-                                where="executor"))
+        result = await self.core.evaluate(number, "search", where="executor")
+        if isinstance(result, JudgeFailed):  # the executor failed: take it out of play
             self._emit(ev.SearchPrune(type="search.prune", version=number,
-                                      reason=f"executor error: {exc}", by="auto"))
-            return
-        self._emit(run_result(rid, number, result, self.log.put_json_blob(result.to_json())))
-        if result.correct:
-            await self._analyze(number)
-
-    async def _analyze(self, number: int) -> None:
-        """The static analysis of a correct version (nothing runs), so its children's
-        requests carry its own diagnosis; only where the executor answers worker ops."""
-        request = getattr(self.executor, "request", None)
-        if request is None:
-            return
-        payload: dict[str, Any] = {"task": self.task.to_spec(), "source": self._source(number),
-                                   "filename": "kernel.py", "static_only": True}
-        chip = getattr(self.eval_options, "chip", None)
-        if chip:
-            payload["chip"] = chip
-
-        async def analyze() -> dict[str, Any]:
-            found = await request("profile", payload, 300.0)
-            return {k: v for k, v in found.items() if not k.startswith("_")}
-
-        runs = self.state.session.runs
-        rid = f"r{max((int(r[1:]) for r in runs if r[1:].isdigit()), default=0) + 1}"
-        await run_analysis(analyze, self.log, self.state.session.versions[number].result_blob,
-                           number, rid, self._emit, "search")
-
-    # -- profiling ----------------------------------------------------------------------
+                                      reason=f"executor error: {result.message}", by="auto"))
+        elif result.correct:
+            # Its own static analysis, so its children's requests carry its diagnosis.
+            await self.core.analyze(number, "search")
 
     async def _profile(self, number: int) -> None:
         """Profile a version the planner found due (``plan.profile_due``) and record the
         diagnosis its lineage's next request carries, as autonomous mode does."""
-        runs = self.state.session.runs
-        rid = f"r{max((int(r[1:]) for r in runs if r[1:].isdigit()), default=0) + 1}"
-        self._emit(ev.RunStart(type="run.start", run=rid, version=number, kind="profile",
-                               by="search"))
-        logdir = self.log.profile_dir(rid)
-        chip = getattr(self.eval_options, "chip", None)
-        try:
-            data = await self.executor.profile(self.task, self._source(number), logdir,
-                                               ProfileOptions(chip=chip))
-        except asyncio.CancelledError:
-            self._emit(ev.ProfileResult(type="profile.result", run=rid, version=number,
-                                        profile_blob=None, logdir=None, error="cancelled"))
-            raise
-        except Exception as exc:  # a failed profile costs the lineage its diagnosis only
-            self._emit(ev.ProfileResult(type="profile.result", run=rid, version=number,
-                                        profile_blob=None, logdir=None, error=str(exc)))
-            return
-        self._emit(ev.ProfileResult(type="profile.result", run=rid, version=number,
-                                    profile_blob=self.log.put_json_blob(data),
-                                    logdir=str(logdir.relative_to(self.log.path)), error=None))
-        diagnose_version(self.log.path, self.state.session.versions[number].result_blob,
-                         data, number, rid, self._emit)
-
-    # -- deciding and applying ----------------------------------------------------------
+        await self.core.profile(number, "search")
 
     async def _decide_and_apply(self, pid: str) -> None:
         s = self.state.session
-        prop = s.proposals[pid]
-        if prop.decision is None:
-            decision, note, by = await self._decision(pid)
-            self._emit(ev.UserDecision(type="user.decision", proposal=pid, decision=decision, by=by,
-                                       note=note, source_blob=None))
-            if decision != "approve":
+        if s.proposals[pid].decision is None:
+            verdict = await self.core.decide(pid, self.rules)
+            if not isinstance(verdict, Decision) or verdict.decision != "approve":
                 return
         prop = s.proposals[pid]
         if prop.decision not in ("approve", "edit") or prop.applied_version is not None:
             return
-        key = self.state.proposal_slots[pid]
-        number = max(s.versions, default=0) + 1
-        origin = "tuning" if prop.kind == "tuning" else (
-            "template" if prop.role == "implement" and self.agent.name == "offline"
-            else "agent")
-        self._emit(ev.KernelVersion(type="kernel.version", version=number, parent=key[2],
-                                    origin=origin, proposal=pid, source_blob=prop.source_blob,
-                                    summary=prop.summary, decision=prop.decision_seq))
-
-    async def _decision(self, pid: str) -> tuple[str, str | None, str]:
-        """(decision, note, by): the rules reject by themselves (``by: auto``); the rest
-        is approved automatically, or waits for the person in human-in-the-loop mode."""
-        s = self.state.session
-        prop = s.proposals[pid]
-        base = prop.base_version
-        if base is not None and base in self.state.nodes and self.state.nodes[base].pruned:
-            return "reject", f"branch v{base} was pruned", "auto"
-        same = duplicate_of(s, prop.source_blob)
-        if same is not None:
-            return "reject", f"identical to v{same}; propose something different", "auto"
-        if not prop.source_blob:
-            return "reject", "the proposal carries no kernel source", "auto"
-        cfg = self.state.config
-        if cfg is None or cfg.approval == "auto":
-            return "approve", None, "auto"
-        future: asyncio.Future[tuple[str, str | None]] = \
-            asyncio.get_running_loop().create_future()
-        self._decisions[pid] = future
-        self._wake.set()  # observers see the request through the proposal event
-        try:
-            decision, note = await future
-        finally:
-            self._decisions.pop(pid, None)
-        return decision, note, "user"
+        self.core.apply(pid, self.state.proposal_slots[pid][2])

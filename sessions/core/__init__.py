@@ -1,0 +1,45 @@
+"""One session core under step mode, autonomy and search.
+
+``SessionCore`` (``core``) owns a session's writer, state, log and bound judge and does
+every act a scheduler combines; the approval policies (``approval``) say who decides a
+proposal; ``logs`` writes and reopens session logs. The ``Controller``
+(``sessions.controller``) and ``Search`` (``sessions.search``) are schedulers on this
+core. Nothing here imports a front end or a scheduler (an import contract says so).
+"""
+
+from sessions.core.approval import (
+    ApprovalPolicy,
+    AutoApproval,
+    Decision,
+    Halt,
+    PersonApproval,
+    SearchRules,
+    Verdict,
+)
+from sessions.core.core import (
+    JudgeFailed,
+    SessionCore,
+    cancelled_result,
+    failed_result,
+    finished_result,
+)
+from sessions.core.logs import backend_json, create_log, recorded_options, reopen_log
+
+__all__ = [
+    "ApprovalPolicy",
+    "AutoApproval",
+    "Decision",
+    "Halt",
+    "JudgeFailed",
+    "PersonApproval",
+    "SearchRules",
+    "SessionCore",
+    "Verdict",
+    "backend_json",
+    "cancelled_result",
+    "create_log",
+    "failed_result",
+    "finished_result",
+    "recorded_options",
+    "reopen_log",
+]
