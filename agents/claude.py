@@ -15,7 +15,6 @@ The key comes only from ANTHROPIC_API_KEY.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import warnings
@@ -27,9 +26,8 @@ from agents.config import Config, coerce
 from agents.errors import NoApiKey
 from agents.prices import PRICES_AS_OF, assumed_price, cost_usd, price_for
 from agents.provider import FinalMessage, MalformedToolCall, ProviderEvent, parse_tool_input
-from agents.retry import gave_up, retry_notice
+from agents.retry import Judged, retrying
 from agents.retry import short as _short
-from agents.retry import wait_s as _wait_s
 
 DEFAULT_MODEL = "claude-sonnet-4-6"
 
@@ -94,29 +92,17 @@ class AnthropicProvider:
         client = self._sdk_client()
         while self.notices:
             yield Notice(self.notices.pop(0), level="warning")
-        for attempt in range(1, self.attempts + 1):
-            try:
-                async for event in self._one_attempt(client, system, messages, tools):
-                    yield event
-                return
-            except (anthropic.APIConnectionError, anthropic.APIStatusError,
-                    *_transport_errors()) as exc:
-                kind = _retry_kind(exc)
-                if kind is None:
-                    yield Failure(_describe(exc), retryable=False)
-                    return
-                if attempt == self.attempts:
-                    yield gave_up(kind, attempt, _short(exc))
-                    return
-                wait = _wait_s(exc, self.retry_base_s * 2 ** (attempt - 1), self.retry_max_s)
-                yield retry_notice(kind, wait, attempt, self.attempts)
-                await asyncio.sleep(wait)
-            except anthropic.AnthropicError as exc:
-                yield Failure(f"Anthropic SDK error: {exc}")
-                return
-            except Exception as exc:  # never let a surprise from the SDK end the session
-                yield Failure(f"unexpected error from the Anthropic SDK: {type(exc).__name__}: {exc}")
-                return
+        def judge(exc: Exception) -> Judged:
+            kind = _retry_kind(exc)
+            return Failure(_describe(exc), retryable=False) if kind is None else kind
+
+        async for event in retrying(
+                lambda: self._one_attempt(client, system, messages, tools),
+                attempts=self.attempts, base_s=self.retry_base_s, max_s=self.retry_max_s,
+                retryable=(anthropic.APIConnectionError, anthropic.APIStatusError,
+                           *_transport_errors()),
+                judge=judge, sdk_error=anthropic.AnthropicError, sdk="Anthropic"):
+            yield event
 
     async def _one_attempt(self, client: Any, system: list[dict[str, Any]],
                            messages: list[dict[str, Any]],

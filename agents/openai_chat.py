@@ -27,7 +27,6 @@ the agent is made, so a server that is not running is one clear error, not four 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import socket
@@ -41,7 +40,7 @@ from agents.config import Config, coerce
 from agents.errors import AgentError
 from agents.prices import PRICES_AS_OF, cost_usd, price_for
 from agents.provider import FinalMessage, MalformedToolCall, ProviderEvent, parse_tool_input
-from agents.retry import gave_up, retry_notice, short, status_kind, wait_s
+from agents.retry import Again, Judged, retrying, short, status_kind
 
 DEFAULT_MODEL = "gpt-4.1"
 OPENAI_ENDPOINT = "https://api.openai.com/v1"
@@ -191,47 +190,37 @@ class OpenAIProvider:
         client = self._sdk_client()
         while self.notices:
             yield Notice(self.notices.pop(0), level="warning")
-        attempt = 1
-        while attempt <= self.attempts:
-            with_tools = bool(tools) and self.tools_enabled
-            try:
-                async for event in self._one_attempt(client, system, messages,
-                                                     tools if with_tools else []):
-                    yield event
-                return
-            except (openai.APIConnectionError, openai.APIStatusError, StreamedError,
-                    IncompleteReply, *_transport_errors()) as exc:
-                status = getattr(exc, "status_code", None)
-                if with_tools and _refuses_tools(exc):
-                    self.tools_enabled = False  # for the rest of the session too
-                    yield Notice(f"{self.label} does not take tools here ({short(exc)}); "
-                                 "asking again without them: it answers with a fenced "
-                                 "block. Set [agent] tools = false to skip this request.",
-                                 level="warning")
-                    continue
-                kind = _retry_kind(exc)
-                if kind is None:
-                    yield Failure(self._describe(exc, status), retryable=False)
-                    return
-                if attempt == self.attempts:
-                    failure = gave_up(kind, attempt, short(exc))
-                    if isinstance(exc, openai.APIConnectionError) and status is None:
-                        failure = Failure(f"{failure.message}. Check that the server at "
-                                          f"{self.base_url} is running (OPENAI_BASE_URL / "
-                                          "[agent] base_url), or use the offline agent "
-                                          "(--agent offline).", retryable=True)
-                    yield failure
-                    return
-                wait = wait_s(exc, self.retry_base_s * 2 ** (attempt - 1), self.retry_max_s)
-                yield retry_notice(kind, wait, attempt, self.attempts)
-                await asyncio.sleep(wait)
-                attempt += 1
-            except openai.OpenAIError as exc:
-                yield Failure(f"OpenAI SDK error: {exc}")
-                return
-            except Exception as exc:  # never let a surprise from the SDK end the session
-                yield Failure(f"unexpected error from the OpenAI SDK: {type(exc).__name__}: {exc}")
-                return
+        def judge(exc: Exception) -> Judged:
+            if bool(tools) and self.tools_enabled and _refuses_tools(exc):
+                self.tools_enabled = False  # for the rest of the session too
+                return Again(Notice(f"{self.label} does not take tools here ({short(exc)}); "
+                                    "asking again without them: it answers with a fenced "
+                                    "block. Set [agent] tools = false to skip this request.",
+                                    level="warning"))
+            kind = _retry_kind(exc)
+            if kind is None:
+                return Failure(self._describe(exc, getattr(exc, "status_code", None)),
+                               retryable=False)
+            return kind
+
+        def connection_hint(failure: Failure, exc: Exception) -> Failure:
+            if isinstance(exc, openai.APIConnectionError) \
+                    and getattr(exc, "status_code", None) is None:
+                return Failure(f"{failure.message}. Check that the server at "
+                               f"{self.base_url} is running (OPENAI_BASE_URL / "
+                               "[agent] base_url), or use the offline agent "
+                               "(--agent offline).", retryable=True)
+            return failure
+
+        async for event in retrying(
+                lambda: self._one_attempt(client, system, messages,
+                                          tools if bool(tools) and self.tools_enabled else []),
+                attempts=self.attempts, base_s=self.retry_base_s, max_s=self.retry_max_s,
+                retryable=(openai.APIConnectionError, openai.APIStatusError, StreamedError,
+                           IncompleteReply, *_transport_errors()),
+                judge=judge, sdk_error=openai.OpenAIError, sdk="OpenAI",
+                gave_up_as=connection_hint):
+            yield event
 
     async def _one_attempt(self, client: Any, system: list[dict[str, Any]],
                            messages: list[dict[str, Any]],

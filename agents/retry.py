@@ -4,12 +4,21 @@ Shared by every provider (``agents.claude``, ``agents.openai_chat``), so a rate 
 or a server error reads the same whichever model is behind it: a warning ``Notice``
 "rate limited, retrying in 2.0 s (attempt 2/4)" while waiting, and a retryable
 ``Failure`` "...; gave up after 4 attempts: <the server's message>" when the attempts run
-out. The SDKs' own retries are off, so each wait reaches the user.
+out. The SDKs' own retries are off, so each wait reaches the user. ``retrying`` is the
+loop itself, which each provider runs with its own judgement of an error.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 from agents.base import Failure, Notice
+
+if TYPE_CHECKING:
+    from agents.provider import ProviderEvent
 
 
 def status_kind(status: int | None) -> str | None:
@@ -49,3 +58,61 @@ def retry_notice(kind: str, wait: float, attempt: int, attempts: int) -> Notice:
 
 def gave_up(kind: str, attempts: int, detail: str) -> Failure:
     return Failure(f"{kind}; gave up after {attempts} attempts: {detail}", retryable=True)
+
+
+@dataclass(frozen=True)
+class Again:
+    """Ask again at once without counting an attempt (a server that refused the tools
+    is asked without them), after telling the user ``notice``."""
+
+    notice: Notice | None = None
+
+
+# What a provider makes of a failed attempt: a retry kind ("rate limited"), a Failure
+# that ends the reply, or Again.
+Judged = str | Failure | Again
+
+
+async def retrying(attempt: Callable[[], AsyncIterator[ProviderEvent]], *, attempts: int,
+                   base_s: float, max_s: float,
+                   retryable: tuple[type[BaseException], ...],
+                   judge: Callable[[Exception], Judged],
+                   sdk_error: type[BaseException], sdk: str,
+                   gave_up_as: Callable[[Failure, Exception], Failure] | None = None
+                   ) -> AsyncIterator[ProviderEvent]:
+    """Every provider's reply loop: stream ``attempt()``; on a ``retryable`` error,
+    ``judge`` it, and wait with exponential backoff (``base_s`` doubling, at most
+    ``max_s``, or the server's longer ``retry-after``) before the next of ``attempts``,
+    saying so each time; when they run out, the retryable failure (``gave_up_as`` may
+    add a hint). Another error of the SDK (``sdk_error``) or a surprise ends the reply
+    with a Failure naming ``sdk``: a model's failure never ends the session."""
+    number = 1
+    while number <= attempts:
+        try:
+            async for event in attempt():
+                yield event
+            return
+        except retryable as exc:
+            assert isinstance(exc, Exception)
+            verdict = judge(exc)
+            if isinstance(verdict, Again):
+                if verdict.notice is not None:
+                    yield verdict.notice
+                continue
+            if isinstance(verdict, Failure):
+                yield verdict
+                return
+            if number == attempts:
+                failure = gave_up(verdict, number, short(exc))
+                yield gave_up_as(failure, exc) if gave_up_as is not None else failure
+                return
+            wait = wait_s(exc, base_s * 2 ** (number - 1), max_s)
+            yield retry_notice(verdict, wait, number, attempts)
+            await asyncio.sleep(wait)
+            number += 1
+        except sdk_error as exc:
+            yield Failure(f"{sdk} SDK error: {exc}")
+            return
+        except Exception as exc:  # never let a surprise from the SDK end the session
+            yield Failure(f"unexpected error from the {sdk} SDK: {type(exc).__name__}: {exc}")
+            return

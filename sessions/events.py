@@ -19,10 +19,7 @@ subscriber that raises is removed and the failure is recorded as an ``error`` ev
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal, NotRequired, Protocol, TypedDict, cast, get_args
-
-if TYPE_CHECKING:
-    from sessions.log import SessionLog
+from typing import Any, Literal, NotRequired, Protocol, TypedDict, cast, get_args
 
 # -- persisted events -----------------------------------------------------------------
 
@@ -426,12 +423,19 @@ class Folds(Protocol):
     def apply(self, event: Event) -> None: ...
 
 
+class Appends(Protocol):
+    """Where events are written down (``sessions.log.SessionLog``): ``append`` returns
+    the event as stored, with its ``seq`` and ``t``."""
+
+    def append(self, type_: EventType, **fields: Any) -> Event: ...
+
+
 class EventWriter:
     """Append, fold, publish: the only way a live session's state changes.
 
     ``state`` is folded in place; ``subscribe`` returns an unsubscribe function."""
 
-    def __init__(self, log: SessionLog, state: Folds) -> None:
+    def __init__(self, log: Appends, state: Folds) -> None:
         self.log = log
         self.state = state
         self._subscribers: list[Subscriber] = []

@@ -43,20 +43,6 @@ def rank_fields(result: EvalResult) -> dict[str, Any]:
             "estimated_speedup": rank.estimate, "measured_speedup": rank.measured,
             "rank_shape": rank.shape, "production_shape": tpu.get("shape")}
 
-def run_result(run: str, version: int, result: EvalResult, blob: str) -> ev.RunResult:
-    """The ``run.result`` event of a finished evaluation (the controller's and the
-    search's, built one way)."""
-    event = ev.RunResult(type="run.result", run=run, version=version, status=result.status,
-                         correct=result.correct, speedup=result.speedup,
-                         median_ms=(result.timing or {}).get("median_ms"), result_blob=blob,
-                         cancelled=False,
-                         flags=list((result.integrity or {}).get("flags") or []),
-                         error=error_line(result), **rank_fields(result))  # type: ignore[typeddict-item]
-    if result.error is not None:
-        event["error_kind"] = result.error.kind
-    return event
-
-
 # Statuses that mean the candidate needs fixing rather than tuning.
 FAILED_STATUSES = frozenset(
     {"incorrect", "compile_error", "runtime_error", "timeout", "crashed", "rejected"})

@@ -27,6 +27,46 @@ def test_import_linter_contracts_hold() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def _cycles(graph, modules: set[str]) -> list[list[str]]:
+    """The import cycles among ``modules`` (Tarjan's strongly connected components of
+    more than one module; every import counts, a function's or TYPE_CHECKING's too)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in graph.find_modules_directly_imported_by(node) & modules:
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in sorted(modules):
+        if module not in index:
+            visit(module)
+    return found
+
+
+@pytest.mark.parametrize("package", ["sessions", "kernels"])
+def test_no_import_circle_inside(package: str) -> None:
+    grimp = pytest.importorskip("grimp")
+    graph = grimp.build_graph(package)
+    assert _cycles(graph, set(graph.modules)) == []
+
+
 def test_ruff_clean() -> None:
     proc = subprocess.run([_tool("ruff"), "check", "."], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr

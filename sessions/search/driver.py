@@ -109,7 +109,8 @@ def _failure_note(state: SearchState) -> str | None:
 
 
 class Search:
-    """One search over one task's session. ``await search.run()`` until it ends."""
+    """One search over one task's session. ``await search.run()`` until it ends; a
+    front end follows and steers it as a ``sessions.search.link.SearchLink``."""
 
     def __init__(self, log: SessionLog, state: SearchState, task: Task, brief: TaskBrief,
                  agent: Agent, executor: Executor, eval_options: EvalOptions | None = None,
@@ -188,6 +189,10 @@ class Search:
         return search
 
     # -- observing and commands ---------------------------------------------------------
+
+    @property
+    def path(self) -> Path:
+        return self.log.path
 
     def subscribe(self, callback: ev.Subscriber) -> Callable[[], None]:
         """Every event the search writes; a subscriber that raises is removed and an

@@ -2,7 +2,8 @@
 
 ``SearchScreen`` shows a search session as a tree (root, children per round, each node
 with its status, speedup, strategy and whether it is in the current beam); selecting a
-node shows its details and its source. Given a live ``sessions.search.Search`` it
+node shows its details and its source. Given a live search (a
+``sessions.search.link.SearchLink``) it
 follows the search's events as they are appended; in a human-in-the-loop search
 (``approval = "user"``) it lists the proposals that wait for a decision, and the keys
 approve or reject the selected proposal and prune the selected branch. Given only a
@@ -28,6 +29,7 @@ from textual.widgets.tree import TreeNode
 
 from sessions.log import load, read_blob
 from sessions.search.graph import SearchState, fold_search
+from sessions.search.link import SearchLink
 from tui.widgets.footer import KeyFooter
 
 _ICONS = {"correct": "✓", "incorrect": "✗", "compile_error": "✗", "runtime_error": "✗",
@@ -49,13 +51,13 @@ class SearchScreen(Screen):
     class Changed(Message):
         """The search appended an event (posted from the search's subscription)."""
 
-    def __init__(self, search: Any = None, session: Path | str | None = None,
+    def __init__(self, search: SearchLink | None = None, session: Path | str | None = None,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if search is None and session is None:
             raise ValueError("SearchScreen needs a live search or a session directory")
         self.search = search
-        self.session_path = Path(session) if session else Path(search.log.path)
+        self.session_path = Path(session) if session else search.path  # type: ignore[union-attr]
         self._unsubscribe: Any = None
         self.tree_nodes: dict[int, TreeNode] = {}
         self.selected: int | None = None
