@@ -90,8 +90,7 @@ class AnthropicProvider:
         import anthropic
 
         client = self._sdk_client()
-        while self.notices:
-            yield Notice(self.notices.pop(0), level="warning")
+
         def judge(exc: Exception) -> Judged:
             kind = _retry_kind(exc)
             return Failure(_describe(exc), retryable=False) if kind is None else kind
@@ -101,7 +100,7 @@ class AnthropicProvider:
                 attempts=self.attempts, base_s=self.retry_base_s, max_s=self.retry_max_s,
                 retryable=(anthropic.APIConnectionError, anthropic.APIStatusError,
                            *_transport_errors()),
-                judge=judge, sdk_error=anthropic.AnthropicError, sdk="Anthropic"):
+                judge=judge, notices=self.notices, sdk_error=anthropic.AnthropicError, sdk="Anthropic"):
             yield event
 
     async def _one_attempt(self, client: Any, system: list[dict[str, Any]],

@@ -31,6 +31,7 @@ from agents.evalfacts import array_text, fidelity_text, version_numbers
 from agents.evaltext import cycles_text, eval_text
 from agents.roles import SYSTEM_TEXT, pallas_guide, role_spec
 from agents.untrusted import bounded, defuse, fence, neutralize
+from kernels.result import rank_words
 
 CACHE = {"type": "ephemeral"}
 # Requests stay bounded whatever a candidate or a task file holds (a 50 MB kernel would
@@ -447,20 +448,10 @@ def history_text(history: tuple[dict[str, Any], ...], limit: int = TABLE_ROWS,
 
 
 def _rank_cell(h: dict[str, Any], n: dict[str, Any]) -> str:
-    """The ranking number as the table shows it: an estimate says "est.", a host
-    simulation ratio is never written as a speedup."""
-    source = n.get("rank_source") or h.get("rank_source")
+    """The ranking number as the table shows it (the compiler's figures first)."""
     value = n.get("rank_value") if n else None
-    value = value if value is not None else h.get("speedup")
-    if not isinstance(value, int | float):
-        return "-"
-    if source == "tpu_estimate":
-        return f"est. {value:.3g}x"
-    if source == "device_time":
-        return f"{value:.3g}x measured"
-    if source == "host_simulation":
-        return f"host sim. {value:.3g} (not a speedup)"
-    return f"{value:.3g}"
+    return rank_words(n.get("rank_source") or h.get("rank_source"),
+                      value if value is not None else h.get("speedup"))
 
 
 def lookups_text(lookups: tuple[dict[str, Any], ...]) -> str:

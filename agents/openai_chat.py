@@ -188,8 +188,7 @@ class OpenAIProvider:
         import openai
 
         client = self._sdk_client()
-        while self.notices:
-            yield Notice(self.notices.pop(0), level="warning")
+
         def judge(exc: Exception) -> Judged:
             if bool(tools) and self.tools_enabled and _refuses_tools(exc):
                 self.tools_enabled = False  # for the rest of the session too
@@ -218,7 +217,7 @@ class OpenAIProvider:
                 attempts=self.attempts, base_s=self.retry_base_s, max_s=self.retry_max_s,
                 retryable=(openai.APIConnectionError, openai.APIStatusError, StreamedError,
                            IncompleteReply, *_transport_errors()),
-                judge=judge, sdk_error=openai.OpenAIError, sdk="OpenAI",
+                judge=judge, notices=self.notices, sdk_error=openai.OpenAIError, sdk="OpenAI",
                 gave_up_as=connection_hint):
             yield event
 

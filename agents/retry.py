@@ -76,7 +76,7 @@ Judged = str | Failure | Again
 async def retrying(attempt: Callable[[], AsyncIterator[ProviderEvent]], *, attempts: int,
                    base_s: float, max_s: float,
                    retryable: tuple[type[BaseException], ...],
-                   judge: Callable[[Exception], Judged],
+                   judge: Callable[[Exception], Judged], notices: list[str],
                    sdk_error: type[BaseException], sdk: str,
                    gave_up_as: Callable[[Failure, Exception], Failure] | None = None
                    ) -> AsyncIterator[ProviderEvent]:
@@ -85,7 +85,10 @@ async def retrying(attempt: Callable[[], AsyncIterator[ProviderEvent]], *, attem
     ``max_s``, or the server's longer ``retry-after``) before the next of ``attempts``,
     saying so each time; when they run out, the retryable failure (``gave_up_as`` may
     add a hint). Another error of the SDK (``sdk_error``) or a surprise ends the reply
-    with a Failure naming ``sdk``: a model's failure never ends the session."""
+    with a Failure naming ``sdk``: a model's failure never ends the session. The
+    provider's pending ``notices`` (a guessed price, say) are said first, once."""
+    while notices:
+        yield Notice(notices.pop(0), level="warning")
     number = 1
     while number <= attempts:
         try:

@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from kernels.errors import Advised
+
 DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16", "f64": "float64",
           "i8": "int8", "i16": "int16", "i32": "int32", "i64": "int64", "u8": "uint8",
           "u32": "uint32", "bool": "bool"}
@@ -26,12 +28,8 @@ LANE, SUBLANE = 128, 8
 DEFAULT_INT_RANGE = (0, 100)
 
 
-class NewTaskError(ValueError):
+class NewTaskError(Advised, ValueError):
     """What is wrong with what ``tilewright new`` was given, and what to do instead."""
-
-    def __init__(self, message: str, next_step: str = "") -> None:
-        super().__init__(message)
-        self.next_step = next_step
 
 
 # -- shapes -----------------------------------------------------------------------------

@@ -189,6 +189,22 @@ class Rank:
         return self.source == "tpu_estimate"
 
 
+def rank_words(source: str | None, value: Any, *, short: bool = False) -> str:
+    """A ranking number with what it is, never a host simulation ratio as a speedup:
+    "est. 1.34x", "1.34x measured", "host sim. 0.0072 (not a speedup)"; ``short``
+    for one-line summaries ("est. 1.341x", "1.341x meas.", "host sim 0.0072")."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return "-"
+    digits = ".3f" if short else ".3g"
+    if source == "tpu_estimate":
+        return f"est. {value:{digits}}x"
+    if source == "device_time":
+        return f"{value:{digits}}x {'meas.' if short else 'measured'}"
+    if source == "host_simulation":
+        return f"host sim {value:.3g}" if short else f"host sim. {value:.3g} (not a speedup)"
+    return f"{value:.3f}x" if short else f"{value:.3g}"
+
+
 def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and value > 0 else None
 

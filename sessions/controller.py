@@ -203,18 +203,18 @@ class Controller:
 
     def run(self, version: int | None = None) -> None:
         """Evaluate a version (default: the current one) at the user's request."""
-        self._check_idle("start a run")
-        number = self._version_arg(version)
-        if not self.state.authorized(number):
-            raise ApprovalRequired(f"v{number} was never approved; it cannot run")
-        self.engine.spawn(Action("run", version=number, by="user"))
+        self._start("run", version)
 
     def profile(self, version: int | None = None) -> None:
-        self._check_idle("start a profile")
+        """Profile a version (default: the current one) at the user's request."""
+        self._start("profile", version)
+
+    def _start(self, kind: str, version: int | None) -> None:
+        self._check_idle(f"start a {kind}")
         number = self._version_arg(version)
         if not self.state.authorized(number):
             raise ApprovalRequired(f"v{number} was never approved; it cannot run")
-        self.engine.spawn(Action("profile", version=number, by="user"))
+        self.engine.spawn(Action(kind, version=number, by="user"))
 
     async def check_chips(self, version: int, chips: list[str]) -> list[EvalResult]:
         """Evaluate ``version`` once per TPU generation (nothing is recorded in the

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kernels.errors import Advised
 from kernels.result import EvalResult
 from sessions.log import LoadedSession, read_text_blob
 from sessions.state import SessionState
@@ -38,12 +39,8 @@ Evaluate = Callable[[str], Awaitable[EvalResult]]
 PLUMBING = ("_split_static", "_merge", "_widen")
 
 
-class ExportError(ValueError):
+class ExportError(Advised, ValueError):
     """Why a version cannot be exported, and what to do instead."""
-
-    def __init__(self, message: str, next_step: str = "") -> None:
-        super().__init__(message)
-        self.next_step = next_step
 
 
 @dataclass

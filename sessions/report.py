@@ -14,7 +14,7 @@ import html
 import itertools
 from typing import Any
 
-from kernels.result import is_interpret
+from kernels.result import is_interpret, rank_words
 from sessions.log import LoadedSession, read_text_blob
 from sessions.state import SessionState
 
@@ -306,15 +306,7 @@ def _rank(point: dict[str, Any]) -> str:
 
 def short_rank(source: str | None, value: float | None) -> str:
     """A ranking number in few words: "est. 1.341x", "1.341x meas.", "host sim 0.0072"."""
-    if value is None:
-        return "-"
-    if source == "tpu_estimate":
-        return f"est. {value:.3f}x"
-    if source == "device_time":
-        return f"{value:.3f}x meas."
-    if source == "host_simulation":
-        return f"host sim {value:.3g}"
-    return _fmt(value)
+    return rank_words(source, value, short=True)
 
 
 def _best(state: Any) -> str:

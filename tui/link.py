@@ -10,7 +10,7 @@ shows. The replay screen folds recorded events itself and needs no link.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,12 +26,38 @@ __all__ = ["CommandRefused", "LiveLink"]
 
 
 class LiveLink:
+    """A live session for the screens: the controller's state and commands, plus what
+    only the UI needs (the agent's label, the chip, the export, a close hook)."""
+
+    # The controller's commands as they are (each may raise CommandRefused).
+    approve: Callable[[], None]
+    reject: Callable[..., None]  # optional arguments, as the controller's
+    edit: Callable[[str], None]
+    edit_plan: Callable[[str], None]
+    run: Callable[..., None]  # optional arguments, as the controller's
+    profile: Callable[..., None]  # optional arguments, as the controller's
+    revert: Callable[[int], None]
+    set_mode: Callable[[str], None]
+    send_message: Callable[[str], None]
+    request_plan: Callable[..., None]  # optional arguments, as the controller's
+    explain: Callable[..., None]  # optional arguments, as the controller's
+    request_proposal: Callable[..., None]  # optional arguments, as the controller's
+    check_chips: Callable[[int, list[str]], Awaitable[list[EvalResult]]]
+
     def __init__(self, controller: Controller, agent_label: str = "agent",
                  chip: str | None = None, on_close: Callable[[], Any] | None = None) -> None:
         self._controller = controller
         self.agent_label = agent_label
         self.chip = chip
         self._on_close = on_close
+        c = controller
+        self.approve, self.reject, self.edit, self.edit_plan = \
+            c.approve, c.reject, c.edit, c.edit_plan
+        self.run, self.profile, self.revert, self.set_mode = c.run, c.profile, c.revert, \
+            c.set_mode
+        self.send_message, self.request_plan, self.explain, self.request_proposal = \
+            c.user_message, c.request_plan, c.explain, c.request_proposal
+        self.check_chips = c.check_chips  # one evaluation per TPU generation, unrecorded
 
     # -- observing --------------------------------------------------------------------
 
@@ -63,47 +89,9 @@ class LiveLink:
     def subscribe(self, callback: ev.Subscriber) -> Callable[[], None]:
         return self._controller.subscribe(callback)
 
-    # -- commands (each may raise CommandRefused) -------------------------------------
-
-    def approve(self) -> None:
-        self._controller.approve()
-
-    def reject(self, note: str | None = None) -> None:
-        self._controller.reject(note)
-
-    def edit(self, source: str) -> None:
-        self._controller.edit(source)
-
-    def edit_plan(self, plan: str) -> None:
-        self._controller.edit_plan(plan)
-
-    def run(self, version: int | None = None) -> None:
-        self._controller.run(version)
-
-    def profile(self, version: int | None = None) -> None:
-        self._controller.profile(version)
-
-    def revert(self, version: int) -> None:
-        self._controller.revert(version)
-
-    def set_mode(self, mode: str) -> None:
-        self._controller.set_mode(mode)
-
     def toggle_auto(self) -> None:
         """Step -> auto, auto -> step."""
         self.set_mode("step" if self.state.mode == "auto" else "auto")
-
-    def send_message(self, text: str) -> None:
-        self._controller.user_message(text)
-
-    def request_plan(self, wishes: str | None = None) -> None:
-        self._controller.request_plan(wishes)
-
-    def explain(self, version: int | None = None, question: str | None = None) -> None:
-        self._controller.explain(version, question)
-
-    def request_proposal(self, role: str | None = None) -> None:
-        self._controller.request_proposal(role)
 
     async def wait_idle(self) -> None:
         """Until no job runs (tests and scripted flows wait on this)."""
@@ -111,11 +99,6 @@ class LiveLink:
 
     async def cancel(self) -> bool:
         return await self._controller.cancel()
-
-    async def check_chips(self, version: int, chips: list[str]) -> list[EvalResult]:
-        """Evaluate ``version`` once per TPU generation (nothing is recorded in the
-        session: the verdicts answer a question, they do not rank the version)."""
-        return await self._controller.check_chips(version, chips)
 
     async def export(self, version: int | str | None, path: Path,
                      with_test: bool = True) -> tuple[Any, list[Path]]:

@@ -13,18 +13,9 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any
 
+from agents import base as events  # what ``propose`` streams
 from agents import memory
-from agents.base import (
-    AgentEvent,
-    AgentRequest,
-    Answer,
-    Failure,
-    Finished,
-    Notice,
-    Proposal,
-    ProposalReady,
-    TextDelta,
-)
+from agents.base import AgentRequest, Answer, Failure, Finished, Proposal
 from agents.memory import Lesson
 from agents.offline import fixes, templates, tuner
 from kernels import tunables
@@ -46,30 +37,31 @@ class OfflineAgent:
 
         self.remember = coerce(config).agent.remember_lessons
 
-    async def propose(self, request: AgentRequest) -> AsyncIterator[AgentEvent]:
+    async def propose(self, request: AgentRequest) -> AsyncIterator[events.AgentEvent]:
         if request.user_message and request.role != "analyze":
-            yield Notice("The offline agent does not read chat messages; it follows its rules "
-                         "(template, fixes, tuning). Set ANTHROPIC_API_KEY to talk to Claude.")
+            yield events.Notice("The offline agent does not read chat messages; it follows its "
+                                "rules (template, fixes, tuning). Set ANTHROPIC_API_KEY to "
+                                "talk to Claude.")
         lessons = _lessons(request) if self.remember else []
         outcome = decide(request, lessons)
         if isinstance(outcome, Answer):
             for piece in re.split(r"(?<=\n)", outcome.text):
                 if piece:
-                    yield TextDelta(piece)
+                    yield events.TextDelta(piece)
             yield outcome
             return
         if isinstance(outcome, Failure | Finished):
             if self.remember and isinstance(outcome, Finished):
                 stored = _remember_convergence(request)
                 if stored is not None:
-                    yield Notice(f"remembered for later sessions: {stored.text}")
+                    yield events.Notice(f"remembered for later sessions: {stored.text}")
             yield outcome
             return
         text = outcome.rationale or outcome.plan or outcome.summary
         for piece in re.split(r"(?<=[.:;])\s+", text):
             if piece:
-                yield TextDelta(piece + " ")
-        yield ProposalReady(outcome, text=text)
+                yield events.TextDelta(piece + " ")
+        yield events.ProposalReady(outcome, text=text)
 
 
 def decide(request: AgentRequest, lessons: list[Lesson] | None = None
