@@ -32,6 +32,7 @@ from agents.evaltext import cycles_text, eval_text
 from agents.roles import SYSTEM_TEXT, pallas_guide, role_spec
 from agents.untrusted import bounded, defuse, fence, neutralize
 from kernels.result import rank_words
+from profiling.chips import DEFAULT_TPU
 
 CACHE = {"type": "ephemeral"}
 # Requests stay bounded whatever a candidate or a task file holds (a 50 MB kernel would
@@ -235,7 +236,7 @@ def ranking_text(request: AgentRequest) -> str:
     n = _latest_numbers(request)
     backend = request.backend or (request.last_eval or {}).get("backend") or {}
     on_tpu = backend.get("platform") == "tpu" and backend.get("mode") == "native"
-    chip = n.get("chip") or (request.chip if request.chip not in ("", "cpu", None) else "v5e")
+    chip = n.get("chip") or (request.chip if request.chip not in ("", "cpu", None) else DEFAULT_TPU)
     shape = _estimate_shape(n, request.task)
     head = "## What ranks kernels\n"
     if on_tpu or n.get("rank_source") == "device_time":
@@ -499,7 +500,7 @@ def _tunables_text(source: str) -> str:
 def chip_text(chip: str) -> str:
     """The target chip's figures, from ``profiling.chips`` when that module is present."""
     if chip in ("cpu", "", None):
-        target = chip_figures("v5e")
+        target = chip_figures(DEFAULT_TPU)
         head = ("## Chip\nRunning on a CPU host in TPU interpret mode: correctness and TPU "
                 "lowering are real, timings measure the interpreter. Optimize for a real TPU")
         return head + (f"; for reference, {_describe_chip(target)}" if target else ".")

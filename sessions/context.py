@@ -219,11 +219,11 @@ def rejected(state: SessionState, read: Callable[[str], str]) -> tuple[dict[str,
         base = state.versions.get(prop.base_version) if prop.base_version is not None \
             else None
         if prop.kind == "tuning" and prop.tuning and base is not None:
-            from sessions.state import tuned_source
+            from kernels import tunables
 
             try:
-                tuned = tuned_source(read(base.source_blob), prop.tuning)
-            except Exception:  # a missing blob: the summary still says what it was
+                tuned = tunables.apply(read(base.source_blob), prop.tuning)
+            except Exception:  # a missing blob, a tuning that cannot apply
                 tuned = None
             config = _tunables_of(f"tuned:{base.source_blob}:{sorted(prop.tuning.items())}",
                                   lambda t=tuned: t or "") if tuned else None

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from agents.config import Config, ConfigError, coerce
 from kernels.result import Backend
 from kernels.task import Task, TaskError
+from profiling.chips import DEFAULT_TPU
 from sessions.core.logs import create_log, reopen_log
 from sessions.errors import OpenError
 from sessions.log import LoadedSession, SessionLog, default_sessions_dir
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
     from sessions.search.graph import SearchConfig
 
 DEFAULT_TASK = "softmax"
-CPU_TARGET_CHIP = "v5e"  # what interpret mode on a CPU host is judged against
+CPU_TARGET_CHIP = DEFAULT_TPU  # what interpret mode on a CPU host is judged against
 
 
 @dataclass(frozen=True)

@@ -559,14 +559,3 @@ _HANDLERS: dict[str, Callable[[SessionState, Any], None]] = {
     "marker": _ignore,
     "session.end": _session_end,
 }
-
-
-def tuned_source(source: str, tuning: dict[str, Any]) -> str | None:
-    """What a tuning proposal would make of ``source``, for showing it before it is
-    approved; None when it cannot apply (the controller says why on approval)."""
-    from kernels import tunables
-
-    try:
-        return tunables.apply(source, tuning)
-    except Exception:
-        return None

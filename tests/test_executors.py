@@ -239,8 +239,12 @@ def test_search_evaluates_through_ray(ray_executor, ray_loop, tmp_path) -> None:
     for blob in blobs:  # every evaluation ran on a Ray worker
         data = json.loads((s.log.path / "blobs" / blob).read_text())
         assert data["extra"]["executor"]["name"] == "ray"
-    # The new best was profiled on a Ray worker too, its trace written into the session.
-    profiles = [e for e in events if e["type"] == "profile.result"]
+    # Each correct version's static analysis ran through the same judge (the session
+    # core analyzes for every judge), and the new best was profiled on a Ray worker too,
+    # its trace written into the session.
+    analyses = [e for e in events if e["type"] == "profile.result" and e.get("static")]
+    assert analyses and all(e["error"] is None for e in analyses), analyses
+    profiles = [e for e in events if e["type"] == "profile.result" and not e.get("static")]
     assert profiles and profiles[0]["error"] is None, profiles
     data = json.loads((s.log.path / "blobs" / profiles[0]["profile_blob"]).read_text())
     assert data["extra"]["executor"]["name"] == "ray"

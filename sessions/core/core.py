@@ -248,9 +248,12 @@ class SessionCore:
             return ""
         text = self.log.get_blob(base.source_blob).decode()
         if prop.kind == "tuning" and prop.tuning:
-            from sessions.state import tuned_source
+            from kernels import tunables
 
-            return tuned_source(text, prop.tuning) or text
+            try:
+                return tunables.apply(text, prop.tuning)
+            except Exception:  # a tuning that cannot apply: described against its base
+                return text
         return text
 
     # -- runs -----------------------------------------------------------------------------

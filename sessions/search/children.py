@@ -24,7 +24,7 @@ from sessions import events as ev
 from sessions.actions import Action
 from sessions.agent_turn import AgentTurn, stream_turn
 from sessions.context import history
-from sessions.core import SessionCore
+from sessions.core import Decision, SessionCore
 from sessions.log import read_json_blob
 from sessions.search.graph import SearchState
 
@@ -202,9 +202,7 @@ class ChildMaker:
                                     plan=p.plan, tuning=p.tuning, role=role, proposer="agent",
                                     strategy=strategy, **fields))
         if p.kind == "plan":  # a plan is no node: approve it and ask for its kernel once
-            self._emit(ev.UserDecision(type="user.decision", proposal=pid, decision="approve",
-                                       by="auto", note="search: implement the plan",
-                                       source_blob=None))
+            self.core.record(pid, Decision("approve", "auto", "search: implement the plan"))
             if message is not None:
                 return None
             return await self._ask_agent(action, parent, f"Implement this plan:\n{p.plan}",
