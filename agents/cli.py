@@ -14,13 +14,15 @@ import shlex
 import subprocess
 import sys
 
+from kernels.cli import subcommand
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "lessons", help="list, add, remove or edit what agents remember across sessions",
-        description="Lessons learned across sessions, offered to agents in later sessions "
-                    "(per task family and chip). Stored as JSON lines in the user data dir "
-                    "(override with TILEWRIGHT_DATA_DIR).")
+    parser = subcommand(
+        sub, "lessons", "list, add, remove or edit what agents remember across sessions",
+        "Lessons learned across sessions, offered to agents in later sessions (per task "
+        "family and chip). Stored as JSON lines in the user data dir (override with "
+        "TILEWRIGHT_DATA_DIR).", run)
     parser.add_argument("action", nargs="?", default="list",
                         choices=("list", "add", "rm", "edit", "path"))
     parser.add_argument("args", nargs="*", help="add: the lesson text; rm: its number")
@@ -28,7 +30,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--chip", help="chip it applies to (e.g. v5e, cpu)")
     parser.add_argument("--task", help="task it applies to")
     parser.add_argument("--outcome", default="note", choices=("helped", "failed", "note"))
-    parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

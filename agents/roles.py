@@ -12,7 +12,7 @@ from functools import cache
 from importlib.resources import files
 from typing import Any
 
-from agents.tools import READ_TOOLS
+from agents.tools import READ_TOOLS, tool_schema
 from agents.untrusted import RULE as UNTRUSTED_RULE
 
 SYSTEM_TEXT = """\
@@ -59,54 +59,33 @@ session: later requests repeat them, so there is no need to ask again.
 SYSTEM_TEXT = SYSTEM_TEXT.replace("@UNTRUSTED@", UNTRUSTED_RULE)
 
 TOOLS: list[dict[str, Any]] = [
-    {
-        "name": "propose_plan",
-        "description": "Propose a short plan of the next steps (markdown), without code.",
-        "input_schema": {
-            "type": "object",
-            "properties": {
-                "summary": {"type": "string", "description": "One line."},
-                "plan": {"type": "string", "description": "Markdown steps."},
-            },
-            "required": ["summary", "plan"],
-        },
-    },
-    {
-        "name": "propose_kernel",
-        "description": "Propose a complete new kernel module (full source, not a diff).",
-        "input_schema": {
-            "type": "object",
-            "properties": {
-                "summary": {"type": "string", "description": "One line: what changed."},
-                "rationale": {"type": "string", "description": "Why it is correct and faster."},
-                "source": {"type": "string", "description": "The complete Python module."},
-                "base": {"type": "integer",
-                         "description": "The version this module starts from, when not the "
-                                        "base the request names (optional)."},
-            },
-            "required": ["summary", "source"],
-        },
-    },
-    {
-        "name": "propose_tuning",
-        "description": ("Propose new values for one or more tunables the base kernel declares "
-                        "in TUNABLES, all applied at once; the rest of the source stays as it "
-                        "is."),
-        "input_schema": {
-            "type": "object",
-            "properties": {
-                "changes": {"type": "object",
-                            "description": "{NAME: new_value, ...}: one or several tunables",
-                            "additionalProperties": True},
-                "rationale": {"type": "string"},
-                "base": {"type": "integer",
-                         "description": "The version whose source to tune, when not the base "
-                                        "the request names (optional; it must declare the "
-                                        "same tunables)."},
-            },
-            "required": ["changes", "rationale"],
-        },
-    },
+    tool_schema("propose_plan",
+                "Propose a short plan of the next steps (markdown), without code.",
+                {"summary": {"type": "string", "description": "One line."},
+                 "plan": {"type": "string", "description": "Markdown steps."}},
+                ["summary", "plan"]),
+    tool_schema("propose_kernel",
+                "Propose a complete new kernel module (full source, not a diff).",
+                {"summary": {"type": "string", "description": "One line: what changed."},
+                 "rationale": {"type": "string",
+                               "description": "Why it is correct and faster."},
+                 "source": {"type": "string", "description": "The complete Python module."},
+                 "base": {"type": "integer",
+                          "description": "The version this module starts from, when not "
+                                         "the base the request names (optional)."}},
+                ["summary", "source"]),
+    tool_schema("propose_tuning",
+                "Propose new values for one or more tunables the base kernel declares in "
+                "TUNABLES, all applied at once; the rest of the source stays as it is.",
+                {"changes": {"type": "object",
+                             "description": "{NAME: new_value, ...}: one or several tunables",
+                             "additionalProperties": True},
+                 "rationale": {"type": "string"},
+                 "base": {"type": "integer",
+                          "description": "The version whose source to tune, when not the "
+                                         "base the request names (optional; it must declare "
+                                         "the same tunables)."}},
+                ["changes", "rationale"]),
 ]
 
 TOOLS += READ_TOOLS  # read-only: answered mid-reply, no approval (agents.tools)

@@ -20,38 +20,34 @@ from agents.base import ToolCall, ToolResult
 
 MAX_OUTPUT_CHARS = 12000
 
+def tool_schema(name: str, description: str, properties: dict[str, Any],
+                required: list[str] | None = None) -> dict[str, Any]:
+    """One tool as the providers are given it (Anthropic's form; the OpenAI adapter
+    rewrites it): its name, what it does, and its JSON-schema arguments."""
+    schema: dict[str, Any] = {"type": "object", "properties": properties}
+    if required is not None:
+        schema["required"] = required
+    return {"name": name, "description": description, "input_schema": schema}
+
+
 READ_TOOLS: list[dict[str, Any]] = [
-    {
-        "name": "lookup_api",
-        "description": ("The installed JAX's signature and docstring for a name, e.g. "
-                        "'pl.BlockSpec', 'pltpu.CompilerParams', 'jax.lax.dot_general' "
-                        "(pl = jax.experimental.pallas, pltpu = its tpu module, jnp, lax). "
-                        "Read-only: use it before relying on an API you are unsure of."),
-        "input_schema": {"type": "object",
-                         "properties": {"name": {"type": "string"}},
-                         "required": ["name"]},
-    },
-    {
-        "name": "get_version",
-        "description": ("A kernel version of this session: its source, its evaluation and "
-                        "its profile digest (when it was profiled). Read-only."),
-        "input_schema": {"type": "object",
-                         "properties": {"version": {"type": "integer"}},
-                         "required": ["version"]},
-    },
-    {
-        "name": "diff_versions",
-        "description": "The unified diff between two kernel versions of this session.",
-        "input_schema": {"type": "object",
-                         "properties": {"old": {"type": "integer"}, "new": {"type": "integer"}},
-                         "required": ["old", "new"]},
-    },
-    {
-        "name": "chip_info",
-        "description": ("The target TPU's figures: peak FLOP/s, HBM bandwidth and size, "
-                        "VMEM, cores, ridge point. Optional chip name (v5e, v6e, ...)."),
-        "input_schema": {"type": "object", "properties": {"chip": {"type": "string"}}},
-    },
+    tool_schema("lookup_api",
+                "The installed JAX's signature and docstring for a name, e.g. "
+                "'pl.BlockSpec', 'pltpu.CompilerParams', 'jax.lax.dot_general' "
+                "(pl = jax.experimental.pallas, pltpu = its tpu module, jnp, lax). "
+                "Read-only: use it before relying on an API you are unsure of.",
+                {"name": {"type": "string"}}, ["name"]),
+    tool_schema("get_version",
+                "A kernel version of this session: its source, its evaluation and "
+                "its profile digest (when it was profiled). Read-only.",
+                {"version": {"type": "integer"}}, ["version"]),
+    tool_schema("diff_versions",
+                "The unified diff between two kernel versions of this session.",
+                {"old": {"type": "integer"}, "new": {"type": "integer"}}, ["old", "new"]),
+    tool_schema("chip_info",
+                "The target TPU's figures: peak FLOP/s, HBM bandwidth and size, "
+                "VMEM, cores, ridge point. Optional chip name (v5e, v6e, ...).",
+                {"chip": {"type": "string"}}),
 ]
 
 READ_TOOL_NAMES = frozenset(t["name"] for t in READ_TOOLS)

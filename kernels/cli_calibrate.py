@@ -23,23 +23,23 @@ import sys
 from typing import Any
 
 from kernels.calibration import calibration_path, pairs, record
-from kernels.cli import kernel_argument, overrides_argument, subcommand, task_argument
+from kernels.cli import kernel_command, overrides_argument
 
 __all__ = ["calibration_path", "pairs", "record", "register", "run"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = subcommand(
+    parser = kernel_command(
         sub, "calibrate", "on a TPU host: record the estimate against measured device time",
         "Evaluate kernels on this TPU at their production shapes and record the "
         "TPU compiler's estimate beside the measured time, so tpu.fidelity "
-        "reports how far the estimate is to be trusted on this chip.", run)
-    task_argument(parser, "a task to calibrate on (default: the bundled tasks)",
-                  required=False, action="append", default=[])
-    kernel_argument(parser, "the kernel to time (default: each task's kernel.py)")
+        "reports how far the estimate is to be trusted on this chip.", run,
+        json_help="print the recorded pairs",
+        task_help="a task to calibrate on (default: the bundled tasks)",
+        kernel_help="the kernel to time (default: each task's kernel.py)",
+        required=False, action="append", default=[])
     overrides_argument(parser)
     parser.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS")
-    parser.add_argument("--json", action="store_true", help="print the recorded pairs")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,31 +18,23 @@ import json
 import sys
 from typing import Any
 
-from kernels.cli import (
-    kernel_argument,
-    named_candidate,
-    overrides_argument,
-    subcommand,
-    task_argument,
-)
+from kernels.cli import kernel_command, named_candidate, overrides_argument
 from profiling.chips import DEFAULT_TPU
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = subcommand(
+    parser = kernel_command(
         sub, "estimate",
         "compile a kernel at the production shape and estimate it (no correctness check)",
         "Compile a candidate at its task's production shape with the real TPU "
         "compiler and estimate it against the XLA reference, without checking "
-        "correctness (tilewright eval does both). Exit 0 when it compiles.", run)
-    task_argument(parser)
-    kernel_argument(parser)
+        "correctness (tilewright eval does both). Exit 0 when it compiles.", run,
+        json_help="print tilewright.estimate/1")
     parser.add_argument("--chip", default=None, metavar="CHIP",
                         help=f"TPU generation (default {DEFAULT_TPU} off-TPU; a TPU host's "
                              "own chip)")
     overrides_argument(parser, "production.KEY=VALUE sets the production shape (repeatable)")
     parser.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS")
-    parser.add_argument("--json", action="store_true", help="print tilewright.estimate/1")
 
 
 def run(args: argparse.Namespace) -> int:

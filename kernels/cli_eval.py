@@ -30,16 +30,15 @@ if TYPE_CHECKING:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = cli.subcommand(
+    parser = cli.kernel_command(
         sub, "eval", "evaluate a kernel on a task (correctness, TPU lowering, timing)",
         "Evaluate a candidate kernel in an isolated worker: several trials with "
         "fresh inputs on every shape configuration for this host, a TPU lowering "
         "check, integrity checks and timing against the XLA reference. "
-        "Exit 0 only when the status is 'correct'.", run)
-    cli.task_argument(parser, "task directory (native, JAXBench or MaxKernel layout) or a "
-                          "bundled task name")
-    cli.kernel_argument(parser)
-    parser.add_argument("--json", action="store_true", help="print the eval JSON contract")
+        "Exit 0 only when the status is 'correct'.", run,
+        json_help="print the eval JSON contract",
+        task_help="task directory (native, JAXBench or MaxKernel layout) or a bundled "
+                  "task name")
     cli.overrides_argument(parser, "override a shape parameter (repeatable)")
     parser.add_argument("--trials", type=_at_least_3, default=DEFAULTS.trials,
                         help="correctness trials per shape configuration, each with fresh "

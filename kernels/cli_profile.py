@@ -32,15 +32,13 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 def register(sub: argparse._SubParsersAction) -> None:
     from profiling.chips import CHIPS
 
-    parser = cli.subcommand(
+    parser = cli.kernel_command(
         sub, "profile", "profile a kernel: trace, op table, static pallas_call analysis, roofline",
         "Profile a candidate kernel in an isolated worker: analyze every "
         "pallas_call (grid, blocks, VMEM, alignment, flops, warnings with fixes) "
         "for the target chip, trace its timed iterations with the JAX profiler "
-        "and summarize the trace.", run)
-    cli.task_argument(parser, "task directory or a bundled task name")
-    cli.kernel_argument(parser)
-    parser.add_argument("--json", action="store_true", help="print the profile JSON")
+        "and summarize the trace.", run, json_help="print the profile JSON",
+        task_help="task directory or a bundled task name")
     parser.add_argument("--chip", choices=sorted(CHIPS), default=None,
                         help="chip to analyze for (default: the device's own chip; v5e on a "
                              "CPU host)")

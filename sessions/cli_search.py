@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from kernels.cli import subcommand
 from sessions import events as ev
 from sessions.core.logs import backend_json
 
@@ -28,11 +29,11 @@ SCHEMA = "tilewright.search/1"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "search", help="graph search (beam or parallel runs) over every task in a suite",
-        description="Search over kernel versions for every task under --suite (native, "
-                    "JAXBench and MaxKernel layouts), evaluating on local worker processes "
-                    "or a Ray cluster. Rerun the same command to resume.")
+    p = subcommand(
+        sub, "search", "graph search (beam or parallel runs) over every task in a suite",
+        "Search over kernel versions for every task under --suite (native, JAXBench and "
+        "MaxKernel layouts), evaluating on local worker processes or a Ray cluster. "
+        "Rerun the same command to resume.", _handler)
     p.add_argument("--suite", required=True, metavar="DIR",
                    help="folder of task directories (any layout), or `bundled`")
     p.add_argument("--agent", choices=("offline", "anthropic", "openai", "auto"),
@@ -75,7 +76,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="start new searches even where a session for the task exists")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--md", default=None, metavar="FILE", help="also write a Markdown report")
-    p.set_defaults(handler=_handler)
 
 
 def _handler(args: argparse.Namespace) -> int:

@@ -96,6 +96,23 @@ def _as_2d(a, rows, cols):
 '''
 
 
+def _blockwise_entry(entry: str, driver: str) -> str:
+    """The kernel body of the elementwise and row-block templates (the reference's own
+    math on one block) and the entry point that hands the arrays to ``driver``."""
+    return f'''
+
+def _body(static, *refs):
+    *in_refs, o_ref = refs
+    args = _merge(static, [_widen(r[...]) for r in in_refs])
+    o_ref[...] = _reference_math(*args).astype(o_ref.dtype)
+
+
+def {entry}(*inputs):
+    static, arrays = _split_static(inputs)
+    return {driver}(static, *arrays)
+'''
+
+
 def _elementwise(brief: TaskBrief) -> tuple[str, str]:
     src = _preamble(brief, "tiled elementwise kernel") + _IMPORTS + "\n" + _reference_block(brief)
     src += '''
@@ -106,18 +123,7 @@ BLOCK_COLS = 512
 TUNABLES = {"BLOCK_ROWS": [8, 16, 32, 64, 128, 256, 512],
             "BLOCK_COLS": [128, 256, 512, 1024, 2048]}
 
-''' + _OPERAND_SPECS + f'''
-
-def _body(static, *refs):
-    *in_refs, o_ref = refs
-    args = _merge(static, [_widen(r[...]) for r in in_refs])
-    o_ref[...] = _reference_math(*args).astype(o_ref.dtype)
-
-
-def {brief.entry}(*inputs):
-    static, arrays = _split_static(inputs)
-    return _tiled(static, *arrays)
-
+''' + _OPERAND_SPECS + _blockwise_entry(brief.entry, "_tiled") + '''
 
 @functools.partial(jax.jit, static_argnums=0)
 def _tiled(static, *arrays):
@@ -157,18 +163,7 @@ def _rowwise(brief: TaskBrief) -> tuple[str, str]:
 BLOCK_ROWS = 32
 TUNABLES = {"BLOCK_ROWS": [8, 16, 32, 64, 128, 256, 512]}
 
-''' + _OPERAND_SPECS + f'''
-
-def _body(static, *refs):
-    *in_refs, o_ref = refs
-    args = _merge(static, [_widen(r[...]) for r in in_refs])
-    o_ref[...] = _reference_math(*args).astype(o_ref.dtype)
-
-
-def {brief.entry}(*inputs):
-    static, arrays = _split_static(inputs)
-    return _row_blocks(static, *arrays)
-
+''' + _OPERAND_SPECS + _blockwise_entry(brief.entry, "_row_blocks") + '''
 
 @functools.partial(jax.jit, static_argnums=0)
 def _row_blocks(static, *arrays):

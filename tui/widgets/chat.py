@@ -197,10 +197,11 @@ class ChatPane(Vertical):
     ChatPane Input { dock: bottom; }
     """
 
+    @dataclass
     class Submitted(Message):
-        def __init__(self, text: str) -> None:
-            super().__init__()
-            self.text = text
+        """The person sent ``text`` from the chat's input."""
+
+        text: str
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)

@@ -125,10 +125,11 @@ class Timeline(Widget, can_focus=True):
     window: reactive[tuple[float, float]] = reactive((0.0, 1.0))
     selected: reactive[int | None] = reactive(None)
 
+    @dataclass
     class Selected(Message):
-        def __init__(self, span: Span) -> None:
-            super().__init__()
-            self.span = span
+        """The person selected ``span`` on the timeline."""
+
+        span: Span
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
