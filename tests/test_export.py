@@ -52,8 +52,8 @@ def test_rename_touches_names_not_attributes_or_keywords() -> None:
 def test_export_best_and_a_version_then_eval_and_the_test_file_pass(tmp_path: Path) -> None:
     data = {"TILEWRIGHT_DATA_DIR": str(tmp_path / "data")}
     made = tw("new", "ln", "--from", f"{USER / 'model.py'}:fused_ln",
-              "--shape", "x=f32[1024,1024]", "--shape", "res=f32[1024,1024]",
-              "--shape", "gamma=f32[1024]", "--shape", "beta=f32[1024]",
+              "--shape", "x=f32[256,512]", "--shape", "res=f32[256,512]",
+              "--shape", "gamma=f32[512]", "--shape", "beta=f32[512]",
               "-o", str(tmp_path / "ln"), "--no-check", env=data)
     assert made.returncode == 0, made.stderr
     task = tmp_path / "ln"
