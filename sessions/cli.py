@@ -293,10 +293,10 @@ async def _export_async(loaded: Any, state: Any, number: int, module: str, with_
 def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``replay`` that the headless path understands."""
     parser.add_argument("--verify", action="store_true",
-                        help="with --headless: re-evaluate every version and check that "
+                        help="no screen: re-evaluate every version and check that "
                              "statuses, correctness and timings reproduce (exit 1 if not)")
     parser.add_argument("--json", action="store_true",
-                        help="with --headless: print the state (and checks) as JSON")
+                        help="no screen: print the state (and checks) as JSON")
 
 
 def run_headless_replay(args: argparse.Namespace) -> int:

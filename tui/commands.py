@@ -70,12 +70,8 @@ def _review(args: argparse.Namespace) -> int:
 
 
 def _headless_arguments(parser: argparse.ArgumentParser) -> None:
-    try:
-        from sessions.cli import add_replay_arguments  # type: ignore[attr-defined]
-    except ImportError:
-        parser.add_argument("--verify", action="store_true",
-                            help="re-evaluate every version (with --headless)")
-        return
+    from sessions.cli import add_replay_arguments
+
     add_replay_arguments(parser)
 
 
@@ -100,14 +96,9 @@ def _open(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    if args.headless:
-        try:
-            from sessions.cli import run_headless_replay  # type: ignore[attr-defined]
-        except ImportError:
-            print("headless replay needs sessions.cli.run_headless_replay, which this "
-                  "build lacks; run without --headless to open the replay screen",
-                  file=sys.stderr)
-            return 2
+    if args.headless or args.verify or args.json:  # both are answers, not a screen
+        from sessions.cli import run_headless_replay
+
         return int(run_headless_replay(args) or 0)
     from sessions.log import SessionError, resolve
 
