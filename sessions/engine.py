@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from sessions import autonomy
 from sessions import events as ev
 from sessions.actions import Action, ask
-from sessions.agent_turn import AgentTurn, stream_turn
+from sessions.agent_turn import AgentTurn
 from sessions.autonomy import ControllerSettings
 from sessions.context import build_request, next_role, regression_base
 from sessions.core import AutoApproval, Decision, Halt, JudgeFailed, SessionCore
@@ -204,7 +204,7 @@ class Engine:
         turn = AgentTurn()
         self._live("agent.start", role=role, agent=core.agent.label)
         try:
-            await stream_turn(core.agent, request, turn, self._live)
+            await core.ask(request, turn)
         except asyncio.CancelledError:
             self._emit(ev.AgentMessage(type="agent.message", text=turn.text(), role=role,
                                        proposal=None, usage=turn.usage_json(), cancelled=True,
@@ -254,14 +254,8 @@ class Engine:
         chosen = {"base_chosen": True} if named is not None else {}
         self._emit(ev.AgentMessage(type="agent.message", text=turn.text(), role=role, proposal=pid,
                                    usage=turn.usage_json(), **_tools_field(turn)))
-        self._emit(ev.AgentProposal(type="agent.proposal", proposal=pid, kind=proposal.kind,
-                                    summary=proposal.summary, rationale=proposal.rationale,
-                                    base_version=named if named is not None
-                                    else self.state.current,
-                                    source_blob=self.log.put_blob(proposal.source)
-                                    if proposal.source else None,
-                                    plan=proposal.plan, tuning=proposal.tuning, role=role,
-                                    notes_seen=notes_seen, **chosen))
+        core.propose(proposal, role=role, base=named if named is not None else self.state.current,
+                     pid=pid, notes_seen=notes_seen, **chosen)
         return Action("auto_decide", proposal=pid) if self.state.mode == "auto" else None
 
     async def _auto_decide(self, pid: str) -> Action | None:

@@ -13,6 +13,7 @@ from scripted_agent import ScriptedAgent
 from sizes import load_small
 
 from agents import brief
+from agents.base import Proposal
 from kernels.task import Task
 from sessions.autonomy import Budgets, ControllerSettings
 from sessions.core import (
@@ -50,12 +51,8 @@ def open_core(tmp_path: Path, task: Task, judge: object | None = None) -> Sessio
 
 def propose(core: SessionCore, source: str | None, *, kind: str = "kernel",
             base: int | None = 1, tuning: dict | None = None) -> str:
-    pid = core.next_proposal_id()
-    core.emit({"type": "agent.proposal", "proposal": pid, "kind": kind,  # type: ignore[arg-type]
-               "summary": f"{kind} {pid}", "rationale": "", "base_version": base,
-               "source_blob": core.log.put_blob(source) if source else None, "plan": None,
-               "tuning": tuning, "role": "tune"})
-    return pid
+    return core.propose(Proposal(kind, f"{kind} proposal", source=source,  # type: ignore[arg-type]
+                                 tuning=tuning), role="tune", base=base)
 
 
 def types(core: SessionCore) -> list[str]:
@@ -83,6 +80,8 @@ async def test_seed_decide_apply_evaluate_is_one_chain(tmp_path: Path, gelu: Tas
     assert core.session.versions[2].speedup == 2.5
     assert types(core)[-5:] == ["agent.proposal", "user.decision", "kernel.version",
                                 "run.start", "run.result"]
+    with pytest.raises(ValueError, match="not the next one"):
+        core.propose(Proposal("kernel", "late"), role="tune", base=2, pid="p1")
     core.close()
 
 

@@ -7,6 +7,7 @@ judge with the session's options bound, and offers the acts a scheduler combines
 
 - ``seed`` (the task's own kernel as v1) and ``settle_open_runs`` (what a crash left
   running is recorded as cancelled, interrupted);
+- ``ask`` (stream one agent reply) and ``propose`` (record a proposal for a decision);
 - ``decide`` (ask an ``ApprovalPolicy``, record its ``Decision``) and ``record``;
 - ``apply`` (an approved proposal becomes a kernel version) and ``new_version``;
 - ``evaluate``, ``analyze``, ``profile`` (a run each, numbered one way, its result
@@ -25,12 +26,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agents.base import Agent, TaskBrief
+from agents.base import Agent, AgentRequest, Proposal, TaskBrief
 from kernels.executors import Judge
 from kernels.options import EvalOptions
 from kernels.result import EvalResult
 from kernels.task import Task
 from sessions import events as ev
+from sessions.agent_turn import AgentTurn, stream_turn
 from sessions.core.approval import ApprovalPolicy, Decision, Verdict
 from sessions.diagnosis import diagnose_version
 from sessions.errors import ApprovalRequired
@@ -159,6 +161,35 @@ class SessionCore:
                 self.emit(cancelled_result(run.id, run.version, interrupted=True))
                 settled.append(run.id)
         return settled
+
+    # -- proposing ------------------------------------------------------------------------
+
+    async def ask(self, request: AgentRequest, turn: AgentTurn, *, live: bool = True) -> None:
+        """Stream the agent's reply to ``request`` into ``turn`` (its text, tool calls,
+        usage, proposal or failure); ``live`` publishes the deltas to subscribers. The
+        scheduler records what came of it (``propose``, an answer, an error)."""
+        if live:
+            await stream_turn(self.agent, request, turn, self.live)
+        else:
+            await stream_turn(self.agent, request, turn, lambda *_a, **_k: None)
+
+    def propose(self, proposal: Proposal, *, role: str, base: int | None,
+                source: str | None = None, pid: str | None = None, **fields: Any) -> str:
+        """Record ``proposal`` (the agent's, or the search's own tuning step) as
+        ``agent.proposal``, waiting for a decision; its id (``pid``: the one the
+        scheduler already named in the reply's ``agent.message``). ``source`` replaces
+        the proposal's own (a tuning already applied to ``base``); ``fields`` are the
+        scheduler's (the search's slot and strategy, the notes the agent saw)."""
+        number = self.next_proposal_id()
+        if pid is not None and pid != number:
+            raise ValueError(f"proposal {pid} is not the next one ({number})")
+        text = proposal.source if source is None else source
+        self.emit(ev.AgentProposal(  # type: ignore[typeddict-item]
+            type="agent.proposal", proposal=number, kind=proposal.kind,
+            summary=proposal.summary, rationale=proposal.rationale, base_version=base,
+            source_blob=self.log.put_blob(text) if text else None, plan=proposal.plan,
+            tuning=proposal.tuning, role=role, **fields))
+        return number
 
     # -- deciding and applying ------------------------------------------------------------
 

@@ -16,13 +16,13 @@ import hashlib
 from dataclasses import replace
 from typing import Any
 
-from agents.base import AgentRequest
+from agents.base import AgentRequest, Proposal
 from agents.offline.templates import infer_families
 from kernels import tunables
 from profiling.diagnose import check_with_estimates
 from sessions import events as ev
 from sessions.actions import Action
-from sessions.agent_turn import AgentTurn, stream_turn
+from sessions.agent_turn import AgentTurn
 from sessions.context import history
 from sessions.core import Decision, SessionCore
 from sessions.log import read_json_blob
@@ -85,17 +85,13 @@ class ChildMaker:
                 new = tunables.apply(source, {name: value})
                 if hashlib.sha256(new.encode()).hexdigest() in known:
                     continue
-                pid = self.core.next_proposal_id()
-                self._emit(ev.AgentProposal(
-                    type="agent.proposal", proposal=pid, kind="tuning",
-                    summary=f"tuning step: {name} {current[name]} -> {value}",
-                    rationale="a neighbouring value of one tunable, not yet measured "
-                              "in this search", base_version=parent,
-                    source_blob=self.log.put_blob(new), plan=None,
-                    tuning={name: value}, role="tune", proposer="tuning",
+                return self.core.propose(
+                    Proposal("tuning", f"tuning step: {name} {current[name]} -> {value}",
+                             "a neighbouring value of one tunable, not yet measured in "
+                             "this search", tuning={name: value}),
+                    role="tune", base=parent, source=new, proposer="tuning",
                     strategy=f"tune {name} {current[name]} -> {value}",
-                    **self._slot_fields(action)))
-                return pid
+                    **self._slot_fields(action))
         return None
 
     def _request(self, action: Action, parent: int | None, role: str,
@@ -172,8 +168,7 @@ class ChildMaker:
         request = self._request(action, parent, role, message)
         turn = AgentTurn()
         try:
-            await asyncio.wait_for(stream_turn(self.agent, request, turn, lambda *a, **k: None),
-                                   AGENT_TIMEOUT_S)
+            await asyncio.wait_for(self.core.ask(request, turn, live=False), AGENT_TIMEOUT_S)
         except TimeoutError:
             turn.failure = f"the agent gave no proposal within {AGENT_TIMEOUT_S:g} s"
         problem = turn.problem()
@@ -196,11 +191,8 @@ class ChildMaker:
                 self._emit(ev.Error(type="error", message=f"could not apply the tuning: {exc}",
                                     where="search", parent=parent, **fields))
                 return None
-        self._emit(ev.AgentProposal(type="agent.proposal", proposal=pid, kind=p.kind,
-                                    summary=p.summary, rationale=p.rationale, base_version=parent,
-                                    source_blob=self.log.put_blob(source) if source else None,
-                                    plan=p.plan, tuning=p.tuning, role=role, proposer="agent",
-                                    strategy=strategy, **fields))
+        self.core.propose(p, role=role, base=parent, source=source or "", pid=pid,
+                          proposer="agent", strategy=strategy, **fields)
         if p.kind == "plan":  # a plan is no node: approve it and ask for its kernel once
             self.core.record(pid, Decision("approve", "auto", "search: implement the plan"))
             if message is not None:
