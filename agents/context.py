@@ -236,7 +236,8 @@ def ranking_text(request: AgentRequest) -> str:
     n = _latest_numbers(request)
     backend = request.backend or (request.last_eval or {}).get("backend") or {}
     on_tpu = backend.get("platform") == "tpu" and backend.get("mode") == "native"
-    chip = n.get("chip") or (request.chip if request.chip not in ("", "cpu", None) else DEFAULT_TPU)
+    chip = n.get("chip") or (request.chip if request.chip not in ("", "cpu", None)
+                             else DEFAULT_TPU)
     shape = _estimate_shape(n, request.task)
     head = "## What ranks kernels\n"
     if on_tpu or n.get("rank_source") == "device_time":

@@ -20,6 +20,7 @@ from agents.base import ToolCall, ToolResult
 
 MAX_OUTPUT_CHARS = 12000
 
+
 def tool_schema(name: str, description: str, properties: dict[str, Any],
                 required: list[str] | None = None) -> dict[str, Any]:
     """One tool as the providers are given it (Anthropic's form; the OpenAI adapter

@@ -73,12 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     import jax
 
     from kernels import tunables
-    from kernels.harness import estimates, production, shrink
+    from kernels.harness import compile_pool, estimates, production, shrink
     from kernels.harness.execution import task_runtime
     from kernels.loaders import PRODUCTION_PREFIX, load_task
 
     chip = args.chip
-    comp = estimates.compilers()
+    comp = compile_pool.compilers()
     comp.start()
     print(f"chip {chip}; libtpu {comp.libtpu}; compile processes limited to "
           f"{args.memory_mb} MB; cache {cache} ({'shared' if shared else 'fresh'})")

@@ -44,14 +44,16 @@ def subcommand(sub: argparse._SubParsersAction, name: str, summary: str, descrip
 
 def kernel_command(sub: argparse._SubParsersAction, name: str, summary: str,
                    description: str, handler: Any, *, json_help: str,
-                   task_help: str | None = None,
-                   kernel_help: str = "candidate source file (default: the task's kernel.py)",
+                   task_help: str | None = None, kernel_help: str | None = None,
                    **task_options: object) -> argparse.ArgumentParser:
     """A command about one task and one candidate (``eval``, ``estimate``, ``profile``,
     ``calibrate``): ``--task``, ``--kernel`` and ``--json`` (what it prints)."""
     parser = subcommand(sub, name, summary, description, handler)
     task_argument(parser, task_help, **task_options)
-    kernel_argument(parser, kernel_help)
+    if kernel_help is None:
+        kernel_argument(parser)
+    else:
+        kernel_argument(parser, kernel_help)
     parser.add_argument("--json", action="store_true", help=json_help)
     return parser
 

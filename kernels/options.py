@@ -35,7 +35,7 @@ class EvalOptions:
     # whose static estimate ranks kernels off-TPU); None: the TPU host's own, else
     # profiling.chips.DEFAULT_TPU.
     chip: str | None = None
-    # Memory limit of each TPU compile process (kernels.harness.estimates); None: 4 GiB.
+    # Memory limit of each TPU compile process (kernels.harness.compile_pool); None: 4 GiB.
     compile_memory_mb: int | None = None
 
     def to_json(self) -> dict[str, Any]:

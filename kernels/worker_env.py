@@ -65,7 +65,7 @@ QUIET = {
 }
 
 # What the app tells the judge through its environment (``kernels.workers`` sets them):
-# the judge's on-disk cache of TPU compiles (``kernels.harness.estimates``; never the
+# the judge's on-disk cache of TPU compiles (``kernels.harness.compile_pool``; never the
 # candidate process's: ``kernels.harness.judge`` removes it from its environment) and
 # the user's ``tilewright calibrate`` pairs (``kernels.harness.fidelity``).
 ESTIMATE_CACHE = "TILEWRIGHT_ESTIMATE_CACHE"

@@ -59,7 +59,7 @@ def _default_memory_limit_mb() -> int:
 
 
 def _estimate_cache(env: dict[str, str]) -> str | None:
-    """The judges' on-disk cache of TPU compiles (``kernels.harness.estimates``): under
+    """The judges' on-disk cache of TPU compiles (``kernels.harness.compile_pool``): under
     ``$TILEWRIGHT_CACHE_DIR`` or the user cache dir, shared by every worker of this user,
     made writable for the worker (never for the candidate's process). ``env`` gains the
     two variables; None when no cache directory can be made."""

@@ -1,8 +1,8 @@
 """Opening, resuming and closing sessions: the one place that builds a session's parts.
 
 Every front end comes here: the TUI (``tui.launch``), ``tilewright auto``
-(``sessions.headless``), the graph search (``open_search``, ``open_task_search``: ``tilewright
-review`` and ``tilewright search``) and a branch of a recorded session
+(``sessions.headless``), the graph search (``open_search`` for ``tilewright review``,
+``open_task_search`` for ``tilewright search``) and a branch of a recorded session
 (``sessions.branch``). So a session is opened one way whichever front end opened it:
 
 - the task: a new session loads ``--task`` with its ``--set`` overrides; a resumed one
@@ -33,7 +33,7 @@ from agents.config import Config, ConfigError, coerce
 from kernels.result import Backend
 from kernels.task import Task, TaskError
 from profiling.chips import DEFAULT_TPU
-from sessions.core.logs import create_log, reopen_log
+from sessions.core.logs import create_log, options_from, reopen_log
 from sessions.errors import OpenError
 from sessions.log import LoadedSession, SessionLog, default_sessions_dir
 from sessions.tasks import task_for_header
@@ -102,18 +102,11 @@ def eval_options(config: Config | Mapping[str, Any] | None,
                  defaults: Mapping[str, Any] | None = None) -> EvalOptions:
     """``EvalOptions``: ``defaults`` (a front end's own), then the config's ``[eval]``,
     then what a resumed session recorded, then ``explicit`` ones (flags)."""
-    from kernels.workers import EvalOptions
-
     try:
         table = coerce(config).eval
     except ConfigError as exc:
         raise OpenError(str(exc), ConfigError.next_step) from None
-    fields_ = {**(defaults or {}), **table, **(recorded or {}), **(explicit or {})}
-    try:
-        return EvalOptions(**fields_)
-    except TypeError as exc:  # a recorded option this version does not know
-        raise OpenError(f"evaluation options {sorted(fields_)}: {exc}",
-                        "start a new session with --task") from None
+    return options_from({**(defaults or {}), **table, **(recorded or {}), **(explicit or {})})
 
 
 def make_session_agent(kind: str | None, config: Config | Mapping[str, Any] | None

@@ -43,6 +43,7 @@ def rank_fields(result: EvalResult) -> dict[str, Any]:
             "estimated_speedup": rank.estimate, "measured_speedup": rank.measured,
             "rank_shape": rank.shape, "production_shape": tpu.get("shape")}
 
+
 # Statuses that mean the candidate needs fixing rather than tuning.
 FAILED_STATUSES = frozenset(
     {"incorrect", "compile_error", "runtime_error", "timeout", "crashed", "rejected"})

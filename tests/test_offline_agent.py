@@ -496,4 +496,5 @@ def test_the_diagnosed_grow_stops_at_blocks_that_fit_vmem_at_the_production_shap
     # The coordinate search never proposes a configuration the model rules out.
     obs.add({"BLOCK_ROWS": 128}, "correct", 1.5, None, 2, "est. 1.50x")
     step = tuner.next_step(source, obs, dims, None, model)
-    assert step is None or model.fits(step.config)
+    assert step is not None and step.config == {"BLOCK_ROWS": 64}  # 256 would not fit
+    assert tuner.next_step(source, obs, dims).config == {"BLOCK_ROWS": 512}  # unmodelled

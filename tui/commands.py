@@ -96,7 +96,7 @@ def _open(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    if args.headless or args.verify or args.json:  # both are answers, not a screen
+    if args.headless or args.verify or args.json:  # --verify and --json answer: no screen
         from sessions.cli import run_headless_replay
 
         return int(run_headless_replay(args) or 0)

@@ -29,19 +29,20 @@ class LiveLink:
     """A live session for the screens: the controller's state and commands, plus what
     only the UI needs (the agent's label, the chip, the export, a close hook)."""
 
-    # The controller's commands as they are (each may raise CommandRefused).
+    # The controller's commands as they are, optional arguments included (each may
+    # raise CommandRefused).
     approve: Callable[[], None]
-    reject: Callable[..., None]  # optional arguments, as the controller's
+    reject: Callable[..., None]
     edit: Callable[[str], None]
     edit_plan: Callable[[str], None]
-    run: Callable[..., None]  # optional arguments, as the controller's
-    profile: Callable[..., None]  # optional arguments, as the controller's
+    run: Callable[..., None]
+    profile: Callable[..., None]
     revert: Callable[[int], None]
     set_mode: Callable[[str], None]
     send_message: Callable[[str], None]
-    request_plan: Callable[..., None]  # optional arguments, as the controller's
-    explain: Callable[..., None]  # optional arguments, as the controller's
-    request_proposal: Callable[..., None]  # optional arguments, as the controller's
+    request_plan: Callable[..., None]
+    explain: Callable[..., None]
+    request_proposal: Callable[..., None]
     check_chips: Callable[[int, list[str]], Awaitable[list[EvalResult]]]
 
     def __init__(self, controller: Controller, agent_label: str = "agent",

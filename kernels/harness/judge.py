@@ -398,5 +398,5 @@ def recycle_candidate(reason: str) -> None:
 
 def kept_pids() -> list[int]:
     """The candidate process's pid (of this namespace), which the worker's after-request
-    cleanup must spare (as it spares the compile processes, ``estimates.kept_pids``)."""
+    cleanup must spare (as it spares the compile processes, ``compile_pool.kept_pids``)."""
     return [_PROCESS.pid] if _PROCESS is not None and _PROCESS.pid is not None else []

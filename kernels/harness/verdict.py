@@ -29,7 +29,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from kernels.harness import estimates, fidelity, ops, tpu_compile
+from kernels.harness import compile_pool, estimates, fidelity, ops, tpu_compile
 from kernels.harness.channel import CandidateChannel, CheckVerdict, ProductionReply
 from kernels.harness.errors import Stopped, task_failure
 from kernels.harness.ops import op
@@ -73,7 +73,7 @@ def production_task(task: Task) -> Task:
 class ProductionRun:
     """The production part of one evaluation of ``task`` for ``chip``: the candidate's
     program comes over ``channel``, every wait ends by ``deadline``, each compile
-    process may use ``compile_memory_mb`` (None: ``estimates.COMPILE_MEMORY_MB``)."""
+    process may use ``compile_memory_mb`` (None: ``compile_pool.COMPILE_MEMORY_MB``)."""
 
     def __init__(self, task: Task, chip: str, channel: CandidateChannel, deadline: float,
                  compile_memory_mb: int | None = None) -> None:
@@ -87,7 +87,7 @@ class ProductionRun:
         self.reply: ProductionReply | None = None  # the candidate process's answer
         self.job: Future[dict[str, Any]] | None = None
         self.started = 0.0
-        self.memory_mb = int(compile_memory_mb or estimates.COMPILE_MEMORY_MB)
+        self.memory_mb = int(compile_memory_mb or compile_pool.COMPILE_MEMORY_MB)
         self.unavailable: str | None = None  # why nothing could be compiled
 
     @property
@@ -108,7 +108,7 @@ class ProductionRun:
         # The compile processes import JAX while the candidate traces (started on the
         # first evaluation, not with the worker: three processes importing JAX at once
         # on a small machine slow the first one down).
-        estimates.compilers().start()
+        compile_pool.compilers().start()
         try:
             runtime = task_runtime(self.spec)
             dyn, static, _how = runtime.input_signature(self.config)
@@ -270,7 +270,7 @@ class ProductionRun:
         """``section`` from the compiles' answers (``out``)."""
         plans = self._plans()
         section["compile_s"] = time.perf_counter() - self.started
-        section["compile_peak_mb"] = round(estimates.compilers().peak_rss_mb) or None
+        section["compile_peak_mb"] = round(compile_pool.compilers().peak_rss_mb) or None
         verdict = out["verdict"]
         section["compile"] = verdict.get("compile") or "unavailable"
         section["kind"] = verdict.get("kind")
@@ -431,11 +431,11 @@ def reference_request(payload: dict[str, Any]) -> dict[str, Any]:
     runtime = task_runtime(spec)
     dyn, _static, _ = runtime.input_signature(task.shapes[0])
     inputs = [(tuple(int(d) for d in a.shape), str(a.dtype)) for a in dyn]
-    estimates.compilers().start()
+    compile_pool.compilers().start()
     deadline = time.monotonic() + float(payload.get("timeout_s") or 600.0)
     plan = estimates.reference_plan(spec, chip)
     found, verdict, why = estimates.reference_estimate(
-        plan, deadline, int(payload.get("compile_memory_mb") or estimates.COMPILE_MEMORY_MB))
+        plan, deadline, int(payload.get("compile_memory_mb") or compile_pool.COMPILE_MEMORY_MB))
     verdict = verdict or {}
     import math
 
@@ -445,4 +445,4 @@ def reference_request(payload: dict[str, Any]) -> dict[str, Any]:
             "input_shapes": [array_text(s, d) for s, d in inputs],
             "class": fidelity.program_class(verdict.get("cost"), verdict.get("opcodes"), None,
                                             [], dtype, chip),
-            "compile_peak_mb": round(estimates.compilers().peak_rss_mb) or None}
+            "compile_peak_mb": round(compile_pool.compilers().peak_rss_mb) or None}

@@ -52,7 +52,7 @@ def _flush_stdio() -> None:
 
 
 def serve(sock: socket.socket, confined: dict[str, Any] | None = None) -> None:
-    from kernels.harness import estimates, integrity, judge, ops
+    from kernels.harness import compile_pool, integrity, judge, ops
 
     ops.load_plugins()
     # The serving process's pid as the app sees it (inside a PID namespace getpid() is 2,
@@ -96,7 +96,7 @@ def serve(sock: socket.socket, confined: dict[str, Any] | None = None) -> None:
         # request that started it.
         try:
             reply["leftover_processes"] = confinement.kill_descendants(
-                keep=judge.kept_pids() + estimates.kept_pids())
+                keep=judge.kept_pids() + compile_pool.kept_pids())
         except OSError:
             reply["leftover_processes"] = None
         # Shared memory is nobody's resident memory: empty the namespace's /dev/shm, and

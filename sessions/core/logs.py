@@ -18,7 +18,8 @@ from sessions.tasks import task_header
 if TYPE_CHECKING:
     from kernels.options import EvalOptions
 
-__all__ = ["app_version", "backend_json", "create_log", "recorded_options", "reopen_log"]
+__all__ = ["app_version", "backend_json", "create_log", "options_from", "recorded_options",
+           "reopen_log"]
 
 
 def app_version() -> str:
@@ -71,15 +72,19 @@ def reopen_log(ref: str | Path, sessions_dir: str | Path | None = None
         raise OpenError(str(exc), "`tilewright sessions` lists the sessions") from None
 
 
-def recorded_options(header: Mapping[str, Any]) -> EvalOptions | None:
-    """The evaluation options a session's header records (None: it records none)."""
+def options_from(fields: Mapping[str, Any]) -> EvalOptions:
+    """``EvalOptions`` from ``fields``; an option this version does not know (a session
+    recorded by another) is an ``OpenError``."""
     from kernels.options import EvalOptions
 
-    recorded = header.get("eval_options")
-    if not recorded:
-        return None
     try:
-        return EvalOptions(**recorded)
-    except TypeError as exc:  # a recorded option this version does not know
-        raise OpenError(f"evaluation options {sorted(recorded)}: {exc}",
+        return EvalOptions(**fields)
+    except TypeError as exc:
+        raise OpenError(f"evaluation options {sorted(fields)}: {exc}",
                         "start a new session with --task") from None
+
+
+def recorded_options(header: Mapping[str, Any]) -> EvalOptions | None:
+    """The evaluation options a session's header records (None: it records none)."""
+    recorded = header.get("eval_options")
+    return options_from(recorded) if recorded else None

@@ -122,7 +122,6 @@ class Search:
         self.task = task
         self.agent = agent
         self.executor = executor  # its capacity paces the planner; the core judges on it
-        self.eval_options = eval_options
         chip = eval_options.chip if eval_options is not None else None
         self.core = SessionCore(log, state, task, brief, agent, executor, chip=chip or "",
                                 options=eval_options)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from sessions import events as ev
 from sessions.search.graph import SearchState
@@ -18,7 +18,6 @@ from sessions.search.graph import SearchState
 __all__ = ["SearchLink"]
 
 
-@runtime_checkable
 class SearchLink(Protocol):
     @property
     def state(self) -> SearchState:
