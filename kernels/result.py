@@ -84,13 +84,8 @@ class EvalResult:
         return self.status == "correct"
 
     @property
-    def speedup(self) -> float | None:
-        """The number that ranks this result (``ranking``): off-TPU the TPU compiler's
-        estimated speedup, on a TPU the measured one."""
-        return ranking(self.to_json()).value
-
-    @property
     def rank(self) -> Rank:
+        """The number that ranks this result (``ranking``)."""
         return ranking(self.to_json())
 
     def to_json(self) -> dict[str, Any]:
@@ -115,7 +110,8 @@ class EvalResult:
 
 # -- ranking ---------------------------------------------------------------------------
 
-RANK_SOURCES = ("device_time", "tpu_estimate", "host_simulation", "disqualified", "none")
+RANK_SOURCES = ("device_time", "tpu_estimate", "roofline", "host_simulation", "disqualified",
+                "none")
 
 # Integrity flags that keep a correct kernel from being ranked at all ("best", the
 # tuner's choice, search's beam): the work may not be the kernel's, or the number may
@@ -161,113 +157,269 @@ def shape_label(shapes: list[tuple[Any, Any]], limit: int = 40) -> str:
 
 @dataclass(frozen=True)
 class Rank:
-    """The number that ranks an evaluation, where it comes from, and how to say it.
+    """The number that ranks an evaluation: where it comes from, its value, the chip and
+    production shape it is for, how far it can be trusted; one ordering (``key``) and
+    one wording (``words``) for every screen, report, prompt and scheduler.
 
-    ``source``: ``device_time`` (measured on a TPU), ``tpu_estimate`` (the TPU
-    compiler's static estimate for ``chip`` at the production shape ``shape``, against
-    the XLA reference compiled for the same chip and shape), ``host_simulation`` (only
-    when no estimate exists: the interpreter's time ratio on this CPU, which predicts
-    nothing about a TPU) or ``none``. ``basis`` says what the estimate rests on:
-    ``compiler`` (the compiler's cycles), ``memory_floor`` (the memory system's floor
-    was higher than the compiler's figure for the kernel or the reference), with
-    ``derived`` saying when a figure was scaled from a shorter grid.
+    ``source`` (best first):
+
+    - ``device_time``: measured on a TPU; ``value`` is the measured speedup over the XLA
+      reference timed the same way (the estimate is kept beside it).
+    - ``tpu_estimate``: the TPU compiler's static estimate for ``chip`` at the production
+      ``shape``, against the XLA reference estimated for the same chip and shape;
+      ``value`` is the estimated speedup (each side the larger of the compiler's figure
+      and its memory floor: ``basis`` says which decided).
+    - ``roofline``: the kernel's own estimate against the reference's roofline (its FLOPs
+      at the chip's peak, its compulsory bytes at the HBM bandwidth), where the
+      estimator cannot price the reference; ``value`` is roofline time / kernel time, a
+      lower bound of the speedup (XLA is never faster than its roofline).
+    - ``host_simulation``: only where no compiler figure exists: the CPU interpreter's
+      time ratio, which predicts nothing about a TPU (``value`` is that ratio).
+    - ``disqualified`` (correct, but an integrity flag forbids ranking it) and ``none``.
+
+    Both compiler sources order by the kernel's own time at the production shape
+    (``kernel_s``: the larger of its estimate and its memory floor; ties broken by its
+    cycles), which is what differs between candidates of one task: a reference estimate
+    that arrives later changes the words, never the order.
     """
 
-    value: float | None
     source: str
-    chip: str | None
-    label: str  # e.g. "est. 1.80x on v5e at 4096x4096 (TPU compiler)": never a measurement
-    estimate: float | None = None  # the estimate, also recorded beside a measurement
+    value: float | None = None
+    chip: str | None = None
+    shape: str | None = None  # the production shape, compact ("4096x4096")
+    kernel_s: float | None = None  # the kernel's time that orders compiler ranks
+    kernel_cycles: int | None = None  # the compiler's cycles for it
+    reference_s: float | None = None  # the reference's: estimate, or roofline (roofline)
+    clock_hz: float | None = None  # the chip's clock the cycles are counted at
+    basis: str | None = None  # compiler | memory_floor (tpu_estimate)
+    derived: bool = False  # a figure was scaled from a shorter grid or a smaller size
+    estimate: float | None = None  # the estimated speedup, also beside a measurement
     measured: float | None = None  # measured on a TPU
-    shape: str | None = None  # the production shape the numbers are for, compact
-    basis: str | None = None  # compiler | memory_floor
-    derived: bool = False  # a figure was scaled from a shorter grid
-    why_none: str | None = None  # no estimate: the reason
+    fidelity: dict[str, Any] | None = None  # {class, chip, median_ratio, within_2x, rows}
+    why_none: str | None = None  # why there is no better number (no estimate: the reason)
+    status: str | None = None  # the evaluation's status
+    flags: tuple[str, ...] = ()  # the disqualifying flags
+    device: str | None = None  # the TPU the measurement ran on
+    # A log written before this type existed says only how its number read.
+    legacy_label: str | None = None
+
+    # -- order ------------------------------------------------------------------------
+    def key(self) -> tuple[int, int, float, float]:
+        """The one ordering (larger is better): device time, then the compiler's figures
+        (by the kernel's time at the production shape, then its cycles), then host
+        simulation, then nothing. Ranks of one task and chip compare."""
+        if self.source == "device_time" and self.value is not None:
+            return (4, 1, self.value, 0.0)
+        if self.source in ("tpu_estimate", "roofline"):
+            if self.kernel_s is not None:
+                return (3, 1, -self.kernel_s, -float(self.kernel_cycles or 0))
+            if self.kernel_cycles is not None:
+                return (3, 1, -self.kernel_cycles / (self.clock_hz or 1e9),
+                        -float(self.kernel_cycles))
+            if self.value is not None:  # a log older than kernel times
+                return (3, 0, self.value, 0.0)
+        if self.source == "host_simulation" and self.value is not None:
+            return (1, 1, self.value, 0.0)
+        return (0, 0, 0.0, 0.0)
+
+    @property
+    def ranked(self) -> bool:
+        """Whether this is a ranking number at all (a correct, undisqualified result)."""
+        return self.key()[0] > 0
+
+    @property
+    def compiler(self) -> bool:
+        """A figure of the TPU compiler's (estimate or roofline): what ranks off-TPU."""
+        return self.source in ("tpu_estimate", "roofline")
 
     @property
     def is_estimate(self) -> bool:
         return self.source == "tpu_estimate"
 
+    def better_than(self, other: Rank | None) -> bool:
+        return other is None or self.key() > other.key()
 
-def rank_words(source: str | None, value: Any, *, short: bool = False) -> str:
-    """A ranking number with what it is, never a host simulation ratio as a speedup:
-    "est. 1.34x", "1.34x measured", "host sim. 0.0072 (not a speedup)"; ``short``
-    for one-line summaries ("est. 1.341x", "1.341x meas.", "host sim 0.0072")."""
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return "-"
-    digits = ".3f" if short else ".3g"
-    if source == "tpu_estimate":
-        return f"est. {value:{digits}}x"
-    if source == "device_time":
-        return f"{value:{digits}}x {'meas.' if short else 'measured'}"
-    if source == "host_simulation":
-        return f"host sim {value:.3g}" if short else f"host sim. {value:.3g} (not a speedup)"
-    return f"{value:.3f}x" if short else f"{value:.3g}"
+    # -- words ------------------------------------------------------------------------
+    @property
+    def label(self) -> str:
+        return self.words()
+
+    def words(self, short: bool = False) -> str:
+        """The number with what it is, never a host simulation ratio as a speedup:
+        "est. 1.29x on v5e at 4096x4096 (TPU compiler, memory floor)", "≥0.87x vs XLA's
+        roofline ...", "1.34x measured on TPU v5 lite ...", "host sim. ratio 0.0278 ...";
+        ``short`` for one-line summaries and tables ("est. 1.29x", "≥0.87x roofline",
+        "1.34x meas.", "host sim 0.0278", "-")."""
+        v = self.value
+        if self.source == "device_time" and v is not None:
+            if short:
+                return f"{v:.2f}x meas."
+            where = f" at {self.shape}" if self.shape else ""
+            beside = f", est. {self.estimate:.2f}x" if self.estimate is not None else ""
+            return f"{v:.2f}x measured on {self.device or 'TPU'}{where}{beside}"
+        if self.source == "tpu_estimate" and v is not None:
+            if short:
+                return f"est. {v:.2f}x"
+            if self.legacy_label:
+                return self.legacy_label
+            return f"est. {v:.2f}x on {self.chip}{self._at()} ({self.how()})"
+        if self.source == "roofline" and v is not None:
+            if short:
+                return f"≥{v:.2f}x roofline"
+            kernel = f"kernel {_ms(self.kernel_s)} by the TPU compiler" if self.kernel_s \
+                else "the kernel's compiler cycles"
+            ref = f" {_ms(self.reference_s)}" if self.reference_s else ""
+            why = f"; no XLA estimate: {self.why_none}" if self.why_none else ""
+            return (f"≥{v:.2f}x vs XLA's roofline on {self.chip}{self._at()} ({kernel} "
+                    f"against the reference's roofline{ref}{why})")
+        if self.source == "host_simulation" and v is not None:
+            if short:
+                return f"host sim {v:.3g}"
+            reason = f" (no TPU estimate: {self.why_none})" if self.why_none else ""
+            return f"host sim. ratio {v:.3g} (CPU interpreter, not TPU performance){reason}"
+        if self.source == "disqualified":
+            return "disq." if short else "not ranked: " + ", ".join(self.flags)
+        if short:
+            return "-"
+        if self.status and self.status != "correct":
+            return self.status
+        return f"no estimate: {self.why_none}" if self.why_none else "no estimate"
+
+    def _at(self) -> str:
+        return f" at {self.shape}" if self.shape else ""
+
+    def how(self) -> str:
+        """How an estimate was had: "TPU compiler", "TPU compiler, scaled", "TPU
+        compiler, memory floor" (the floor decided)."""
+        words = ["TPU compiler"]
+        if self.derived:
+            words.append("scaled")
+        if self.basis == "memory_floor":
+            words.append("memory floor")
+        return ", ".join(words)
+
+    def time_words(self) -> str | None:
+        """The kernel's figure in cycles and time side by side: "1,196,542 cycles =
+        0.798 ms at 1.5 GHz"; None without cycles."""
+        if self.kernel_cycles is None:
+            return None
+        if not self.clock_hz:
+            return f"{self.kernel_cycles:,} cycles"
+        return (f"{self.kernel_cycles:,} cycles = "
+                f"{_ms(self.kernel_cycles / self.clock_hz)} at {self.clock_hz / 1e9:g} GHz")
+
+    def trust_words(self) -> str | None:
+        """How far a compiler figure can be trusted, as measured for its chip and class:
+        "compute-bound v5e: median 0.96 of measured, 10 programs"; None for other
+        sources or without a record."""
+        f = self.fidelity
+        if not self.compiler or not f:
+            return None
+        klass = str(f.get("class") or "this class").replace("_", "-")
+        rows = f.get("rows") or 0
+        if not rows or f.get("median_ratio") is None:
+            return f"{klass} on {f.get('chip') or self.chip}: no public measurement"
+        within = f.get("within_2x")
+        share = f", {within:.0%} within 2x" if isinstance(within, int | float) else ""
+        return (f"{klass} {f.get('chip') or self.chip}: median {f['median_ratio']:.2f} of "
+                f"measured, {rows} programs{share}")
+
+    # -- JSON --------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        data = {k: v for k, v in asdict(self).items() if v not in (None, (), False)}
+        if self.flags:
+            data["flags"] = list(self.flags)
+        data["source"] = self.source
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> Rank | None:
+        if not isinstance(data, dict) or not isinstance(data.get("source"), str):
+            return None
+        known = {f for f in cls.__dataclass_fields__}
+        given = {k: v for k, v in data.items() if k in known}
+        if "flags" in given:
+            given["flags"] = tuple(given["flags"] or ())
+        return cls(**given)
+
+    @classmethod
+    def legacy(cls, source: str | None, value: Any, label: str | None = None,
+               chip: str | None = None, shape: str | None = None) -> Rank | None:
+        """A rank from a log written before ``Rank`` was recorded: its source, the number
+        it ranked by, and how it read."""
+        if not source:
+            return None
+        return cls(source, _num(value), chip, shape, legacy_label=label)
+
+
+def _ms(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-4 else f"{seconds * 1e6:.3g} us"
 
 
 def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and value > 0 else None
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
+        and value > 0 else None
 
 
-def estimate_words(tpu: dict[str, Any]) -> str:
-    """How an estimate was had, in words for a label: "TPU compiler", "TPU compiler,
-    scaled", "TPU compiler, memory-bound floor"."""
-    words = ["TPU compiler"]
-    methods = {(tpu.get(k) or {}).get("method") for k in ("estimate", "reference_estimate")}
-    if "scaled" in methods:
-        words.append("scaled")
-    if tpu.get("basis") == "memory_floor":
-        words.append("memory-bound floor")
-    return ", ".join(words)
+def _fidelity_brief(found: Any) -> dict[str, Any] | None:
+    if not isinstance(found, dict):
+        return None
+    return {k: found.get(k) for k in ("class", "chip", "median_ratio", "within_2x", "rows",
+                                      "note") if found.get(k) is not None} or None
 
 
 def ranking(result: dict[str, Any]) -> Rank:
-    """The ranking number of an eval result (its JSON): measured speedup on a TPU,
-    the TPU compiler's estimated speedup at the production shape elsewhere; never
-    interpret-mode time while an estimate exists. Pure data: the app, tuner, search
-    and reports all call this."""
+    """The ranking number of an eval result (its JSON): measured speedup on a TPU; the
+    TPU compiler's figures at the production shape elsewhere (estimate, else the
+    kernel's estimate against the reference's roofline); host simulation only where the
+    compiler gave nothing. Pure data: the app, tuner, search and reports all call this."""
     tpu = result.get("tpu") or {}
     timing = result.get("timing") or {}
     backend = result.get("backend") or {}
     chip = tpu.get("chip")
     shape = tpu.get("shape_label") if isinstance(tpu.get("shape_label"), str) else None
-    at = f" at {shape}" if shape else ""
+    status = str(result.get("status") or "not evaluated")
     estimate = _num(tpu.get("estimated_speedup"))
-    basis = tpu.get("basis") if estimate is not None else None
-    derived = any((tpu.get(k) or {}).get("method") == "scaled"
-                  for k in ("estimate", "reference_estimate"))
+    kernel = tpu.get("estimate") or {}
+    cycles = kernel.get("cycles") if isinstance(kernel.get("cycles"), int) else None
+    kernel_s = _num(tpu.get("kernel_time_s"))
+    clock = None
+    if cycles and _num(kernel.get("seconds")):
+        clock = cycles / float(kernel["seconds"])
     why = tpu.get("estimate_unavailable") if isinstance(tpu.get("estimate_unavailable"),
                                                         str) else None
-    common = {"shape": shape, "basis": basis, "derived": derived}
-    if result.get("status") != "correct":
-        return Rank(None, "none", chip, str(result.get("status") or "not evaluated"), estimate,
-                    **common)
+    common = {"chip": chip, "shape": shape, "status": status, "kernel_cycles": cycles,
+              "kernel_s": kernel_s, "clock_hz": round(clock) if clock else None,
+              "fidelity": _fidelity_brief(tpu.get("fidelity")),
+              "derived": any((tpu.get(k) or {}).get("method") == "scaled"
+                             for k in ("estimate", "reference_estimate"))}
+    if status != "correct":
+        return Rank("none", None, estimate=estimate, **common)
     flags = disqualifying_flags(result)
     if flags:  # correct, but not to be crowned: search, auto and reports skip it
-        return Rank(None, "disqualified", chip, "not ranked: " + ", ".join(flags), estimate,
-                    **common)
+        return Rank("disqualified", None, estimate=estimate, flags=tuple(flags), **common)
     native = backend.get("platform") == "tpu" and backend.get("mode") == "native"
     measured = _num(timing.get("speedup")) if native else None
     if measured is not None:
-        beside = f", est. {estimate:.2f}x" if estimate is not None else ""
-        kind = backend.get("device_kind") or "TPU"
-        measured_at = timing.get("shape_label") or shape
-        where = f" at {measured_at}" if measured_at else ""
-        return Rank(measured, "device_time", chip,
-                    f"{measured:.2f}x measured on {kind}{where}{beside}", estimate, measured,
-                    **common)
+        return Rank("device_time", measured, estimate=estimate, measured=measured,
+                    device=backend.get("device_kind") or "TPU",
+                    **{**common, "shape": timing.get("shape_label") or shape})
     if estimate is not None:
-        return Rank(estimate, "tpu_estimate", chip,
-                    f"est. {estimate:.2f}x on {chip}{at} ({estimate_words(tpu)})", estimate,
-                    **common)
-    host = _num(timing.get("speedup"))
-    reason = f" (no TPU estimate: {why})" if why else ""
+        ref = _num((tpu.get("reference_estimate") or {}).get("seconds"))
+        return Rank("tpu_estimate", estimate, estimate=estimate, reference_s=ref,
+                    basis=tpu.get("basis"), **common)
+    roofline = _num(tpu.get("roofline_ratio"))
+    if roofline is not None:
+        ref = _num((tpu.get("reference_roofline") or {}).get("seconds"))
+        return Rank("roofline", roofline, reference_s=ref, why_none=why, **common)
+    host = _num(timing.get("host_ratio"))
+    if host is None and not native:  # an eval JSON written before host_ratio existed
+        host = _num(timing.get("speedup"))
     if host is not None:
-        return Rank(host, "host_simulation", chip,
-                    f"host sim. ratio {host:.3g} (CPU interpreter, not TPU performance)"
-                    + reason, why_none=why, **common)
-    return Rank(None, "none", chip, f"no estimate: {why}" if why else "no estimate",
-                why_none=why, **common)
+        return Rank("host_simulation", host, why_none=why, **common)
+    return Rank("none", None, why_none=why, **common)
 
 
 def production_note(tpu: dict[str, Any]) -> str:
@@ -286,10 +438,13 @@ def production_note(tpu: dict[str, Any]) -> str:
     used, limit = tpu.get("vmem_bytes"), tpu.get("vmem_limit_bytes")
     vmem = (f" (VMEM {used / 2 ** 20:.1f} of {limit / 2 ** 20:.1f} MiB)"
             if isinstance(used, int) and isinstance(limit, int) else "")
-    speed = _num(tpu.get("estimated_speedup"))
-    if speed is not None:
-        return f"{where}: compiles{vmem}, est. {speed:.2f}x ({estimate_words(tpu)})"
+    rank = ranking({"status": "correct", "tpu": tpu})
+    if rank.compiler:
+        return f"{where}: compiles{vmem}, {rank.words(short=True)} ({rank.how()})"
     why = tpu.get("estimate_unavailable")
-    return f"{where}: compiles{vmem}, " + (f"no estimate ({why})" if why and why != "estimating"
-                                          else "estimating ...")
-
+    if why and why != "estimating":
+        return f"{where}: compiles{vmem}, no estimate ({why})"
+    cycles = (tpu.get("estimate") or {}).get("cycles")
+    if isinstance(cycles, int):
+        return f"{where}: compiles{vmem}, kernel {cycles:,} cycles; estimating the reference ..."
+    return f"{where}: compiles{vmem}, estimating ..."

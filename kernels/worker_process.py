@@ -39,6 +39,9 @@ from kernels.worker_env import redact, secret_values
 STDERR_LIMIT = 64 * 1024  # keep the tail of what a request printed
 STRING_LIMIT = 64 * 1024  # any one string in a reply (an error message, a traceback)
 MEMORY_POLL_S = 0.2
+# The most a progress frame may extend a request's deadline by (the judge's production
+# compiles of a big program: kernels.harness.verdict.PRODUCTION_MAX_S and a margin).
+MAX_EXTENSION_S = 960.0
 
 
 def clean(value: Any, secrets_: list[str], limit: int = STRING_LIMIT) -> Any:
@@ -205,8 +208,15 @@ class WorkerProcess:
                                                max(until - loop.time(), 0.001))
                 if not (isinstance(reply, dict) and "progress" in reply and "ok" not in reply):
                     break
-                if reply.get("id") == request_id and reply.get("nonce") == nonce \
-                        and on_progress is not None and isinstance(reply["progress"], dict):
+                if reply.get("id") != request_id or reply.get("nonce") != nonce \
+                        or not isinstance(reply["progress"], dict):
+                    continue
+                # The judge compiling a big program at the production shape says how
+                # long it may still take (its stated deadline): not a hung worker.
+                more = reply["progress"].get("deadline_in_s")
+                if isinstance(more, int | float) and 0 < more <= MAX_EXTENSION_S:
+                    until = max(until, loop.time() + float(more))
+                if on_progress is not None:
                     with contextlib.suppress(Exception):  # a listener's bug is not ours
                         on_progress(clean(reply["progress"], self.secrets))
         except TimeoutError:

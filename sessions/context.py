@@ -21,7 +21,7 @@ from typing import Any
 from agents.base import AgentRequest, TaskBrief
 from agents.evalfacts import version_numbers
 from sessions.log import SessionLog, read_json_blob
-from sessions.state import FAILED_STATUSES, SessionState, Version
+from sessions.state import FAILED_STATUSES, SessionState, Version, outranks
 
 
 def next_role(state: SessionState) -> str:
@@ -54,10 +54,9 @@ def history(versions: Mapping[int, Version], source_of: Callable[[int], str],
     for number in order:
         v = versions[number]
         entry: dict[str, Any] = {"version": number, "status": v.status,
-                                 "speedup": v.speedup, "summary": v.summary,
-                                 "median_ms": v.median_ms, "parent": v.parent,
-                                 "origin": v.origin, "rank_source": v.rank_source,
-                                 "rank_label": v.rank_label}
+                                 "rank": v.rank.to_json() if v.rank else None,
+                                 "summary": v.summary, "median_ms": v.median_ms,
+                                 "parent": v.parent, "origin": v.origin}
         if path is not None:
             entry["on_path"] = number in on_path
         config = _tunables_of(v.source_blob, lambda n=number: source_of(n))
@@ -167,7 +166,7 @@ def regression_base(state: SessionState) -> tuple[int, str] | None:
     current, top = state.versions[number], state.versions[best]
     if current.origin == "user-edit" or current.status != "correct":
         return None
-    if current.crownable and (current.speedup or 0.0) >= (top.speedup or 0.0):
+    if current.crownable and not outranks(top, current):
         return None
     why = (f"not ranked ({', '.join(current.flags)})" if not current.crownable else
            f"{_rank(current)} is slower than v{best}'s {_rank(top)}")
@@ -197,11 +196,9 @@ def base_reason(state: SessionState, number: int | None, explain: bool = False) 
 
 
 def _rank(v: Version) -> str:
-    """The ranking number in short ("est. 1.26x on v5e"), its source's words and its
-    shape (the request says it once, in its ranking rule) left out."""
-    if v.rank_label:
-        return v.rank_label.split(" (")[0].split(" at ")[0]
-    return f"{v.speedup:.3g}x" if v.speedup else "no ranking number"
+    """The ranking number in short ("est. 1.26x"; the request says its source and shape
+    once, in its ranking rule)."""
+    return v.rank.words(short=True) if v.rank and v.rank.ranked else "no ranking number"
 
 
 def rejected(state: SessionState, read: Callable[[str], str]) -> tuple[dict[str, Any], ...]:

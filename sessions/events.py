@@ -124,7 +124,6 @@ class RunResult(TypedDict):
     version: int
     status: str
     correct: bool | None
-    speedup: float | None
     median_ms: float | None
     result_blob: str | None
     cancelled: bool
@@ -134,18 +133,21 @@ class RunResult(TypedDict):
     # EvalError.kind when the evaluation failed with one; "task" means the task itself
     # failed (its input builder or reference, or its size under the worker's limits)
     error_kind: NotRequired[str | None]
-    # the ranking fields of sessions.state.rank_fields
-    rank_source: NotRequired[str | None]
-    rank_label: NotRequired[str | None]
+    # the ranking fields of sessions.state.rank_fields: the Rank (kernels.result.Rank,
+    # as JSON), the chip, the compile verdict and VMEM, the production configuration
+    rank: NotRequired[dict[str, Any] | None]
     chip: NotRequired[str | None]
     tpu_compile: NotRequired[str | None]
     vmem_bytes: NotRequired[int | None]
     vmem_limit_bytes: NotRequired[int | None]
-    estimated_speedup: NotRequired[float | None]
-    measured_speedup: NotRequired[float | None]
-    # the production shape the ranking number is for ("4096x4096"), and its name
-    rank_shape: NotRequired[str | None]
     production_shape: NotRequired[str | None]
+    # Logs written before ranks were recorded carry these instead of ``rank``: the
+    # number that ranked (``speedup``), where it came from and how it read
+    # (``sessions.state.event_rank`` reads them).
+    speedup: NotRequired[float | None]
+    rank_source: NotRequired[str | None]
+    rank_label: NotRequired[str | None]
+    rank_shape: NotRequired[str | None]
     seq: NotRequired[int]
     t: NotRequired[float]
 
@@ -257,7 +259,8 @@ class SearchRound(TypedDict):
     beam: list[int]
     repair: list[int]
     best_version: int | None
-    best_speedup: float | None
+    best_rank: NotRequired[dict[str, Any] | None]  # kernels.result.Rank as JSON
+    best_speedup: NotRequired[float | None]  # logs written before best_rank
     partial: NotRequired[bool]
     seq: NotRequired[int]
     t: NotRequired[float]
@@ -276,7 +279,8 @@ class SearchEnd(TypedDict):
     type: Literal["search.end"]
     reason: str
     best_version: int | None
-    best_speedup: float | None
+    best_rank: NotRequired[dict[str, Any] | None]  # kernels.result.Rank as JSON
+    best_speedup: NotRequired[float | None]  # logs written before best_rank
     evaluations: int
     seq: NotRequired[int]
     t: NotRequired[float]

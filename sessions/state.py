@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kernels.result import DISQUALIFYING_FLAGS, EvalResult
+from kernels.result import DISQUALIFYING_FLAGS, EvalResult, Rank
 from sessions import events as ev
 
 
@@ -30,18 +30,27 @@ def error_line(result: EvalResult) -> str | None:
 
 def rank_fields(result: EvalResult) -> dict[str, Any]:
     """What a ``run.result`` event records about the TPU compile and the ranking number,
-    so panes, reports and tables can say it without reading the eval JSON: where the
-    number comes from (``rank_source``), how to say it (``rank_label``, never reading
-    as a measurement when it is an estimate), the chip, the compiler's verdict and the
-    VMEM the compiler reports against the chip's scoped limit."""
+    so panes, reports and tables can say it without reading the eval JSON: the ``Rank``
+    (source, value, chip, production shape, the kernel's time, fidelity), the chip, the
+    compiler's verdict and the VMEM the compiler reports against the limit in force."""
     rank = result.rank
     tpu = result.tpu or {}
-    return {"rank_source": rank.source, "rank_label": rank.label,
-            "chip": tpu.get("chip") or rank.chip, "tpu_compile": tpu.get("compile"),
-            "vmem_bytes": tpu.get("vmem_bytes"),
+    return {"rank": rank.to_json(), "chip": tpu.get("chip") or rank.chip,
+            "tpu_compile": tpu.get("compile"), "vmem_bytes": tpu.get("vmem_bytes"),
             "vmem_limit_bytes": tpu.get("vmem_limit_bytes"),
-            "estimated_speedup": rank.estimate, "measured_speedup": rank.measured,
-            "rank_shape": rank.shape, "production_shape": tpu.get("shape")}
+            "production_shape": tpu.get("shape")}
+
+
+def event_rank(e: dict[str, Any]) -> Rank | None:
+    """The ``Rank`` a ``run.result`` recorded (a log written before ranks were recorded:
+    its source, number and label)."""
+    found = Rank.from_json(e.get("rank"))
+    if found is not None:
+        return found
+    if e.get("status") == "correct" and not e.get("rank_source"):
+        return None
+    return Rank.legacy(e.get("rank_source") or "none", e.get("speedup"), e.get("rank_label"),
+                       e.get("chip"), e.get("rank_shape"))
 
 
 # Statuses that mean the candidate needs fixing rather than tuning.
@@ -62,7 +71,9 @@ class Version:
     t: float
     status: str | None = None  # of the latest finished eval run
     correct: bool = False
-    speedup: float | None = None
+    # Of the latest finished eval run: what ranks it (``kernels.result.Rank``: one
+    # ordering, one wording); None before any evaluation.
+    rank: Rank | None = None
     median_ms: float | None = None
     result_blob: str | None = None
     run: str | None = None
@@ -70,15 +81,10 @@ class Version:
     error_kind: str | None = None  # of the latest finished eval run ("task": not the kernel's)
     # Of the latest finished eval run (``rank_fields``); None in logs written before
     # the TPU compile existed.
-    rank_source: str | None = None  # device_time | tpu_estimate | host_simulation | ...
-    rank_label: str | None = None  # "est. 1.80x on v5e at 4096x4096 (TPU compiler)"
     chip: str | None = None  # the TPU generation the candidate was compiled for
     tpu_compile: str | None = None  # ok | error | unavailable
     vmem_bytes: int | None = None  # scoped VMEM the TPU compiler allocated (or refused)
-    vmem_limit_bytes: int | None = None  # the chip's scoped limit it was judged against
-    estimated_speedup: float | None = None
-    measured_speedup: float | None = None  # on a TPU: device time, beside the estimate
-    rank_shape: str | None = None  # the production shape the numbers are for, compact
+    vmem_limit_bytes: int | None = None  # the limit it was judged against
     production_shape: str | None = None  # its configuration's name
 
     @property
@@ -205,20 +211,20 @@ class SessionState:
 
     @property
     def best(self) -> int | None:
-        """The correct version with the highest speedup (earliest on ties)."""
+        """The crownable version whose rank is highest (``Rank.key``; earliest on ties)."""
         return self.best_version
 
     def _recompute_best(self) -> None:
         best: Version | None = None
         for v in self.versions.values():
-            if v.crownable and (best is None or (v.speedup or 0.0) > (best.speedup or 0.0)):
+            if v.crownable and (best is None or outranks(v, best)):
                 best = v
         self.best_version = best.number if best else None
 
     @property
-    def best_speedup(self) -> float | None:
+    def best_rank(self) -> Rank | None:
         best = self.best
-        return self.versions[best].speedup if best is not None else None
+        return self.versions[best].rank if best is not None else None
 
     @property
     def active_run(self) -> RunInfo | None:
@@ -254,7 +260,8 @@ class SessionState:
                    and d.proposal == version.proposal for d in self.decisions)
 
     def history(self) -> tuple[dict[str, Any], ...]:
-        return tuple({"version": v.number, "status": v.status, "speedup": v.speedup,
+        return tuple({"version": v.number, "status": v.status,
+                      "rank": v.rank.to_json() if v.rank else None,
                       "summary": v.summary} for v in self.versions.values())
 
     def snapshot(self) -> dict[str, Any]:
@@ -434,10 +441,10 @@ def _run_result(s: SessionState, e: ev.RunResult) -> None:
     version = s.versions.get(int(e.get("version", -1)))
     if version is None:
         return
-    before = s.best_speedup
+    before = s.best_rank
     version.status = e.get("status")
     version.correct = bool(e.get("correct"))
-    version.speedup = e.get("speedup")
+    version.rank = event_rank(e)
     version.median_ms = e.get("median_ms")
     version.result_blob = e.get("result_blob")
     version.run = rid
@@ -448,28 +455,31 @@ def _run_result(s: SessionState, e: ev.RunResult) -> None:
     current_best = s.versions.get(s.best_version) if s.best_version is not None else None
     if current_best is None or current_best.number == version.number:
         s._recompute_best()  # the best itself was re-measured: look at every version
-    elif version.crownable and (version.speedup or 0.0) > (current_best.speedup or 0.0):
+    elif version.crownable and outranks(version, current_best):
         s.best_version = version.number
     for spent in _spent_targets(s):
         spent.runs += 1
-    after = s.best_speedup
-    improved = after is not None and (before is None or after > before)
+    after = s.best_rank
+    improved = after is not None and after.ranked and after.better_than(before)
     if version.correct:
         s.fix_streak = 0
     if s.mode == "auto":
         s.evals_without_improvement = 0 if improved else s.evals_without_improvement + 1
     s.best_history.append({"run": rid, "version": version.number, "status": version.status,
-                           "speedup": version.speedup, "best": s.best,
-                           "best_speedup": after, "t": float(e.get("t", 0.0)),
-                           "flags": list(version.flags), "error": e.get("error"),
-                           "rank_source": version.rank_source,
-                           "rank_label": version.rank_label, "chip": version.chip,
-                           "measured_speedup": version.measured_speedup})
+                           "rank": version.rank.to_json() if version.rank else None,
+                           "best": s.best, "best_rank": after.to_json() if after else None,
+                           "t": float(e.get("t", 0.0)), "flags": list(version.flags),
+                           "error": e.get("error"), "chip": version.chip})
 
 
-_RANK_FIELDS = ("rank_source", "rank_label", "chip", "tpu_compile", "vmem_bytes",
-                "vmem_limit_bytes", "estimated_speedup", "measured_speedup", "rank_shape",
-                "production_shape")
+_RANK_FIELDS = ("chip", "tpu_compile", "vmem_bytes", "vmem_limit_bytes", "production_shape")
+
+
+def outranks(a: Version, b: Version) -> bool:
+    """``a`` ranks above ``b`` (``Rank.key``; a version without a rank ranks lowest)."""
+    ka = a.rank.key() if a.rank else (0, 0, 0.0, 0.0)
+    kb = b.rank.key() if b.rank else (0, 0, 0.0, 0.0)
+    return ka > kb
 
 
 def _profile_result(s: SessionState, e: ev.ProfileResult) -> None:

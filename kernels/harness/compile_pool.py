@@ -1,6 +1,7 @@
-"""The judge's TPU compile processes: the two ``kernels.harness.compiler`` processes
-(the verdict's, without the estimate flag; the estimator's, with it), the on-disk cache
-in front of them, and the host-wide slots that bound estimator processes.
+"""The judge's TPU compile processes: the ``kernels.harness.compiler`` processes (the
+verdict's, without the estimate flag; the candidates' estimator and the XLA reference's,
+with it), the on-disk cache in front of them, and the host-wide slots that bound
+estimator processes.
 
 Every compile runs in a process with a memory limit and a deadline, so libtpu's aborts
 and an estimator that wants too much memory or time cost an answer (``unavailable``
@@ -123,8 +124,11 @@ class Slots:
 # -- the compile processes ------------------------------------------------------------------
 
 class Compilers:
-    """The judge's two compile processes (verdict: no estimate flag; estimator: with
-    it), each used by one thread at a time, with the disk cache in front."""
+    """The judge's compile processes (verdict: no estimate flag; estimate: with it, for
+    the candidates; reference: with it, for the task's XLA reference, so a candidate's
+    estimate never waits behind the reference's, which can take minutes), each used by
+    one thread at a time, with the disk cache in front. The reference's process starts
+    on its first compile: most evaluations find the reference on disk."""
 
     def __init__(self) -> None:
         from kernels.harness.judge import CandidateProcess
@@ -133,7 +137,8 @@ class Compilers:
         cpu = {"JAX_PLATFORMS": "cpu"}
         self.procs = {"verdict": CandidateProcess("kernels.harness.compiler",
                                                   env={**cpu, tpu_compile.DISABLE_ENV: "0"}),
-                      "estimate": CandidateProcess("kernels.harness.compiler", env=cpu)}
+                      "estimate": CandidateProcess("kernels.harness.compiler", env=cpu),
+                      "reference": CandidateProcess("kernels.harness.compiler", env=cpu)}
         self.locks = {k: threading.Lock() for k in self.procs}
         root = os.environ.get(CACHE_ENV) or None
         self.cache = DiskCache(root)
@@ -145,13 +150,18 @@ class Compilers:
         return [p.pid for p in self.procs.values() if p.pid is not None]
 
     def start(self) -> None:
-        for proc in self.procs.values():
-            proc.start()
+        """Start the verdict and candidate-estimate processes (not yet started ones)."""
+        for kind in ("verdict", "estimate"):
+            if self.procs[kind].pid is None:
+                self.procs[kind].start()
 
     def compile(self, blob: bytes, chip: str, kind: str, deadline: float,
-                memory_mb: int = COMPILE_MEMORY_MB) -> dict[str, Any]:
+                memory_mb: int = COMPILE_MEMORY_MB, process: str | None = None
+                ) -> dict[str, Any]:
         """The compiler's answer for an exported program (``kind``: verdict | estimate),
-        from the cache when this program was compiled for this chip by this libtpu."""
+        from the cache when this program was compiled for this chip by this libtpu;
+        ``process`` names the compile process when it is not ``kind``'s own (the
+        reference's estimates: ``reference``)."""
         key = hashlib.sha256(b"|".join([kind.encode(), chip.encode(), self.libtpu.encode(),
                                         blob])).hexdigest()
         cached = self.cache.get(key)
@@ -159,12 +169,13 @@ class Compilers:
             return {**cached, "cached": True}
         started, started_at = time.perf_counter(), time.monotonic()
         until = min(deadline, started_at + COMPILE_TIMEOUT_S)
-        proc = self.procs[kind]
+        which = process or kind
+        proc = self.procs[which]
         from kernels.harness.judge import CandidateFailure
 
         try:
-            with self.locks[kind], (self.slots.hold(until) if kind == "estimate"
-                                    else contextlib.nullcontext()):
+            with self.locks[which], (self.slots.hold(until) if kind == "estimate"
+                                     else contextlib.nullcontext()):
                 proc.memory_limit_mb = memory_mb
                 reply, _ = proc.request("compile", {"chip": chip}, blob, until)
         except TimeoutError as exc:

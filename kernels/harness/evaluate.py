@@ -450,7 +450,7 @@ class Evaluation:
         if self.interpret:
             record["label"] = "host simulation time"
         self.result.timing = record
-        if (record["speedup"] or 0.0) > integrity.SUSPICIOUS_SPEEDUP:
+        if (record["speedup"] or record["host_ratio"] or 0.0) > integrity.SUSPICIOUS_SPEEDUP:
             self.flags.append("suspicious_speedup")
 
     # -- helpers ---------------------------------------------------------------------

@@ -19,8 +19,11 @@ the inputs' dtype.
 
 The memory floor (``kernel_traffic``, ``floor``, ``floored_speedup``) bounds what the
 estimate may claim: the seconds the bytes that must cross between HBM and the chip take
-at the chip's bandwidth, for the kernel's program and for the reference; a speedup is
-the ratio of the larger of estimate and floor on each side. Pure data: no JAX here.
+at the chip's bandwidth, for the kernel's program (every input and output once, and
+what its blocks re-read) and for the reference (every input and output once: its
+compulsory bytes); a speedup is the ratio of the larger of estimate and floor on each
+side, and the kernel's time that orders candidates (``kernel_time``) is the larger of its
+estimate and its floor. Pure data: no JAX here.
 """
 
 from __future__ import annotations
@@ -139,7 +142,8 @@ def lookup(chip: str, klass: str | None, basis: str | None = None) -> dict[str, 
 
 # -- the memory floor -------------------------------------------------------------------------
 
-FLOOR_SOURCE = "bytes that must cross between HBM and the chip / the chip's HBM bandwidth"
+FLOOR_SOURCE = ("bytes that must cross between HBM and the chip (inputs and outputs once, "
+                "plus the kernel's block re-reads) / the chip's HBM bandwidth")
 
 
 def kernel_traffic(plans: list[dict[str, Any]]) -> tuple[int, bool]:
@@ -181,6 +185,16 @@ def floor(chip: str, kernel_bytes: float, reference_bytes: float | None,
             "reference_bytes": int(reference_bytes) if reference_bytes else None,
             "bandwidth_bytes_per_s": bandwidth, "efficiency": efficiency,
             "source": FLOOR_SOURCE}
+
+
+def kernel_time(kernel: dict[str, Any], found: dict[str, Any] | None) -> float | None:
+    """The kernel's time at the production shape that orders candidates: the larger of
+    the compiler's estimate and the kernel's memory floor (seconds; None on a chip the
+    table has no clock for)."""
+    seconds = kernel.get("seconds")
+    if not seconds:
+        return None
+    return max(float(seconds), float((found or {}).get("kernel_s") or 0.0))
 
 
 def floored_speedup(kernel: dict[str, Any], reference: dict[str, Any],

@@ -97,3 +97,80 @@ def batch_parameter(task: Task, config: ShapeConfig) -> tuple[str, int] | None:
         return None
     value, param = max(found)
     return param, value
+
+
+# -- sizes the program has: axes of the reference's inputs ------------------------------
+
+Axes = tuple[tuple[int, int], ...]  # (input index, axis) pairs shrunk together
+
+
+def _out_elements(fn: Any, avals: list[Any], static: list[Any]) -> int | None:
+    import jax
+
+    try:
+        out = jax.eval_shape(fn, *avals, *static)
+    except Exception:
+        return None
+    return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(out))
+
+
+def with_axes(avals: list[Any], axes: Axes, value: int) -> list[Any]:
+    """``avals`` with every (input, axis) of ``axes`` set to ``value``."""
+    import jax
+
+    out = list(avals)
+    for index, axis in axes:
+        shape = list(out[index].shape)
+        shape[axis] = value
+        out[index] = jax.ShapeDtypeStruct(tuple(shape), out[index].dtype)
+    return out
+
+
+def _axis_groups(avals: list[Any]) -> list[Axes]:
+    """Candidate axes to shrink, most specific first: each axis alone, then the leading
+    axes of every input that share a size (a batch), then every axis of one size."""
+    singles: list[Axes] = []
+    by_size: dict[int, list[tuple[int, int]]] = {}
+    for index, aval in enumerate(avals):
+        for axis, size in enumerate(getattr(aval, "shape", ())):
+            size = int(size)
+            if size >= MIN_SIZE and size % 2 == 0:
+                singles.append(((index, axis),))
+                by_size.setdefault(size, []).append((index, axis))
+    groups: list[Axes] = list(singles)
+    for members in by_size.values():
+        leading = tuple(m for m in members if m[1] == 0)
+        if len(leading) > 1:
+            groups.append(leading)
+        if len(members) > 1 and tuple(members) != leading:
+            groups.append(tuple(members))
+    return groups
+
+
+def batch_axes(fn: Any, avals: list[Any], static: list[Any]) -> tuple[Axes, int] | None:
+    """(axes, production size) of the reference's inputs whose halving halves its
+    output (a batch, the rows of a matmul, the queries of an attention): the largest such
+    size, the fewest axes on a tie. ``fn(*avals, *static)`` is asked for its output
+    shape only (``jax.eval_shape``: nothing runs). None when no axis does."""
+    base = _out_elements(fn, avals, static)
+    if not base:
+        return None
+    found: list[tuple[int, int, Axes]] = []
+    for axes in _axis_groups(avals):
+        value = int(avals[axes[0][0]].shape[axes[0][1]])
+        half = _out_elements(fn, with_axes(avals, axes, value // 2), static)
+        if half is not None and half * 2 == base:
+            found.append((value, -len(axes), axes))
+    if not found:
+        return None
+    value, _, axes = max(found, key=lambda item: (item[0], item[1]))
+    return axes, value
+
+
+def axes_name(axes: Axes, names: list[str] | None = None) -> str:
+    """``x[0]`` / ``q[0], k[0], v[0]``: the axes in words (input names when known)."""
+    def one(index: int, axis: int) -> str:
+        name = names[index] if names and index < len(names) else f"input {index + 1}"
+        return f"{name}[{axis}]" if names and index < len(names) else f"axis {axis} of {name}"
+
+    return ", ".join(one(i, a) for i, a in axes)

@@ -163,9 +163,12 @@ def summarize(samples: list[float], warmup: int = 1, extra_s: float = 0.0) -> di
 
 def record(kernel: dict[str, Any], baseline: dict[str, Any], mode: str, shape: str,
            flops: float | None) -> dict[str, Any]:
-    """The contract's ``timing`` object from two ``measure`` results."""
-    speedup = baseline["median_ms"] / kernel["median_ms"] if kernel["median_ms"] else None
+    """The contract's ``timing`` object from two ``measure`` results. ``speedup`` is a
+    measured speedup or null: in TPU interpret mode the same ratio is ``host_ratio``
+    (the CPU simulating both, which says nothing about a TPU)."""
+    ratio = baseline["median_ms"] / kernel["median_ms"] if kernel["median_ms"] else None
     interpret = mode == TPU_INTERPRET
+    speedup = None if interpret else ratio
     return {
         "method": "wall_clock",
         "mode": mode,
@@ -178,6 +181,7 @@ def record(kernel: dict[str, Any], baseline: dict[str, Any], mode: str, shape: s
         "baseline_median_ms": baseline["median_ms"], "baseline_p10_ms": baseline["p10_ms"],
         "baseline_p90_ms": baseline["p90_ms"], "baseline_iters": baseline["iters"],
         "speedup": speedup,
+        "host_ratio": ratio if interpret else None,
         "flops": flops,
         "gflops_per_s": (flops / (kernel["median_ms"] * 1e6)
                          if flops and kernel["median_ms"] else None),

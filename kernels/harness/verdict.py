@@ -14,22 +14,30 @@ configuration's name), ``shape_label``, ``input_shapes``, ``params``, ``kernels`
 ``pallas_call``: grid, steps, how its grid was shortened), ``grid_steps``, ``estimate``
 and ``reference_estimate`` (``{cycles, seconds, method, detail, ops, incomplete}``),
 ``estimated_speedup``, ``basis``, ``estimate_unavailable`` (why there is none),
-``cached`` and ``compile_s``. A kernel the compiler refuses at the production shape is
-a ``compile_error`` and never ranked, whatever the check shapes said.
+``reference_roofline`` (the reference's FLOPs and compulsory bytes at the chip's peak),
+``kernel_time_s`` (the kernel's time that orders candidates: the larger of its estimate
+and its memory floor), ``roofline_ratio`` (the reference's roofline over that time,
+where the reference has no estimate), ``floor``, ``fidelity``, ``deadline_s`` (how long
+the production compiles may take, and ``deadline_why``), ``cached`` and ``compile_s``. A
+kernel the compiler refuses at the production shape is a ``compile_error`` and never
+ranked, whatever the check shapes said.
+
+The XLA reference's figures are the same for every candidate of a task: they come from
+``kernels.harness.reference`` (once per task, chip and libtpu, kept on disk, computed
+in the background while candidates are judged).
 
 Worker-side (the judge).
 """
 
 from __future__ import annotations
 
-import json
 import pickle
 import re
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from kernels.harness import compile_pool, estimates, fidelity, ops, tpu_compile
+from kernels.harness import compile_pool, estimates, fidelity, ops, reference, tpu_compile
 from kernels.harness.channel import CandidateChannel, CheckVerdict, ProductionReply
 from kernels.harness.errors import Stopped, task_failure
 from kernels.harness.ops import op
@@ -38,9 +46,13 @@ from kernels.task import ShapeConfig, Task, TaskError
 from profiling.chips import DEFAULT_TPU
 
 _POOL: ThreadPoolExecutor | None = None
-_REFERENCE_PLANS: dict[str, estimates.ReferencePlan | str] = {}
-_REFERENCE_RESULTS: dict[str, tuple[Any, ...]] = {}
-_CACHE_SIZE = 32
+# The production compiles of a program may take this long at least (the evaluation's
+# own timeout when longer), plus a share per GFLOP of the reference's work: the
+# estimator's time grows with the program (measured here: 5 s at 34 GFLOP, 95 s at 550
+# GFLOP for an XLA matmul estimated whole), and at most PRODUCTION_MAX_S.
+PRODUCTION_BASE_S = 60.0
+PRODUCTION_S_PER_GFLOP = 0.2
+PRODUCTION_MAX_S = 900.0
 
 
 def _pool() -> ThreadPoolExecutor:
@@ -79,7 +91,10 @@ class ProductionRun:
                  compile_memory_mb: int | None = None) -> None:
         self.chip = chip
         self.channel = channel
-        self.deadline = deadline
+        self.deadline = deadline  # until the reference's size is known: the evaluation's
+        self.deadline_s: float | None = None
+        self.deadline_why: str | None = None
+        self.reference: reference.Ticket | None = None
         self.task = production_task(task)
         self.spec = self.task.to_spec()
         self.config: ShapeConfig = self.task.shapes[0]
@@ -134,17 +149,9 @@ class ProductionRun:
             self.unavailable = reply.unavailable
             return
         programs = reply.programs
-        ref_key = json.dumps([self.spec, self.chip], sort_keys=True, default=str)
-        plan = _REFERENCE_PLANS.get(ref_key)
-        if plan is None:
-            try:
-                plan = estimates.reference_plan(self.spec, self.chip)
-            except Exception as exc:  # the task's reference at its own size
-                plan = (f"the XLA reference could not be exported {self.where()}: "
-                        f"{type(exc).__name__}: {str(exc)[:300]}")
-            if len(_REFERENCE_PLANS) >= _CACHE_SIZE:
-                _REFERENCE_PLANS.pop(next(iter(_REFERENCE_PLANS)))
-            _REFERENCE_PLANS[ref_key] = plan
+        # The reference's record: known (memory, disk) or computed in the background.
+        self.reference = reference.BOOK.request(self.spec, self.chip, self.memory_mb)
+        self._set_deadline()
         self.verdict: Future[dict[str, Any]] = Future()
         refused = self._static_vmem(plans)
         if refused is not None:  # no compile can succeed: say so now, not after minutes
@@ -153,8 +160,22 @@ class ProductionRun:
             done.set_result({"verdict": refused, "estimate": None, "unavailable": None})
             self.job = done
             return
-        self.job = _pool().submit(self._compile, programs, plans, plan, ref_key,
-                                  self.deadline)
+        self.job = _pool().submit(self._compile, programs, plans, self.deadline)
+
+    def _set_deadline(self) -> None:
+        """How long the production compiles may take: the evaluation's own deadline, or
+        longer for a big program (``PRODUCTION_*``), stated in the section."""
+        flops = (self.reference.cost if self.reference else {}).get("flops") or 0.0
+        allowance = min(PRODUCTION_BASE_S + PRODUCTION_S_PER_GFLOP * flops / 1e9,
+                        PRODUCTION_MAX_S)
+        own = self.deadline - time.monotonic()
+        if allowance > own:
+            self.deadline = time.monotonic() + allowance
+            self.deadline_why = (f"{allowance:.0f} s for a program of "
+                                 f"{flops / 1e9:,.0f} GFLOP at the production shape")
+        else:
+            self.deadline_why = "the evaluation's timeout"
+        self.deadline_s = round(max(allowance, own), 1)
 
     def _static_vmem(self, plans: list[dict[str, Any]]) -> dict[str, Any] | None:
         """A kernel whose blocks alone, each once, exceed the VMEM it may use is refused
@@ -179,7 +200,6 @@ class ProductionRun:
 
     # -- background thread -------------------------------------------------------------
     def _compile(self, programs: dict[str, bytes], plans: list[dict[str, Any]],
-                 plan: estimates.ReferencePlan | str, ref_key: str,
                  deadline: float) -> dict[str, Any]:
         def verdict_known(answer: dict[str, Any]) -> None:
             self.verdict.set_result(answer)
@@ -190,20 +210,16 @@ class ProductionRun:
                                            self.memory_mb, on_verdict=verdict_known)
         if not self.verdict.done():
             self.verdict.set_result(out["verdict"])
+        ticket = self.reference
         if out["verdict"].get("compile") != "ok" or out["estimate"] is None:
+            out["reference"] = ticket.wait(0) if ticket is not None else None
             self._stream(out, final=True)
             return out
-        if isinstance(plan, str):
-            out["reference"] = (None, None, plan)
-        elif ref_key in _REFERENCE_RESULTS:
-            out["reference"] = _REFERENCE_RESULTS[ref_key]
-        else:
-            found = estimates.reference_estimate(plan, deadline, self.memory_mb)
-            out["reference"] = found
-            if found[0] is not None:  # a failure may be time: try again next evaluation
-                if len(_REFERENCE_RESULTS) >= _CACHE_SIZE:
-                    _REFERENCE_RESULTS.pop(next(iter(_REFERENCE_RESULTS)))
-                _REFERENCE_RESULTS[ref_key] = found
+        if ticket is not None and not ticket.done():
+            self._stream({**out, "unavailable": "estimating the XLA reference"}, final=False)
+        # The reference is computed once per task and chip; a candidate waits for it
+        # only as long as its own deadline allows (it ranks by its own time anyway).
+        out["reference"] = ticket.wait(deadline - time.monotonic()) if ticket else None
         self._stream(out, final=True)
         return out
 
@@ -215,7 +231,8 @@ class ProductionRun:
             section = self._filled(self._blank(), out)
         except Exception:  # a partial answer that cannot be read yet: nothing to say
             return
-        ops.progress({"kind": "production", "final": final, "tpu": section})
+        ops.progress({"kind": "production", "final": final, "tpu": section,
+                      "deadline_in_s": max(self.deadline - time.monotonic(), 0.0) + 5.0})
 
     # -- after the trials ------------------------------------------------------------------
     def section(self, verdict_only: bool = False) -> dict[str, Any]:
@@ -235,8 +252,9 @@ class ProductionRun:
             else:
                 out = self.job.result(timeout=max(self.deadline - time.monotonic(), 0.1))
         except TimeoutError:
-            why = ("the production compile did not finish before the evaluation's deadline "
-                   "(raise --timeout)")
+            why = (f"compiling at production: not finished after "
+                   f"{time.perf_counter() - self.started:.0f} s, the limit here "
+                   f"({self.deadline_why}; --timeout raises it)")
             section.update(message=why, estimate_unavailable=why)
             return section
         except Exception as exc:  # a harness bug: say so, the evaluation stands
@@ -262,8 +280,10 @@ class ProductionRun:
             "grid_steps": sum(int(p.get("steps") or 0) for p in plans),
             "estimate": None, "reference_estimate": None, "estimated_speedup": None,
             "basis": None, "compiler_speedup": None, "floor": None, "fidelity": None,
-            "estimate_unavailable": None, "cached": None, "compile_s": None,
-            "compile_peak_mb": None,
+            "estimate_unavailable": None, "reference_roofline": None,
+            "kernel_time_s": None, "roofline_ratio": None, "reference_pending": None,
+            "deadline_s": self.deadline_s, "deadline_why": self.deadline_why,
+            "cached": None, "compile_s": None, "compile_peak_mb": None,
         }
 
     def _filled(self, section: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
@@ -286,25 +306,46 @@ class ProductionRun:
                                                "shape" if section["compile"] == "error"
                                                else section["message"])
             return section
-        section["estimate"] = out.get("estimate")
-        reference = out.get("reference")
-        ref, ref_verdict, ref_why = reference if reference else (None, None, None)
+        estimate = out.get("estimate")
+        section["estimate"] = estimate
+        record: dict[str, Any] = out.get("reference") or {}
+        ref = record.get("estimate")
         section["reference_estimate"] = ref
         section["cached"] = bool(out.get("cached"))
-        section["floor"] = self._floor(verdict, ref_verdict, plans)
-        if out.get("estimate") is None:
+        section["floor"] = self._floor(plans)
+        section["reference_roofline"] = record.get("roofline") or self._roofline()
+        if estimate is None:
             section["estimate_unavailable"] = out.get("unavailable") or "no estimate"
-        elif ref is None:
-            section["estimate_unavailable"] = ref_why or "no estimate for the XLA reference"
-        elif ref.get("cycles") and out["estimate"].get("cycles"):
-            section["compiler_speedup"] = ref["cycles"] / out["estimate"]["cycles"]
+        else:
+            section["kernel_time_s"] = fidelity.kernel_time(estimate, section["floor"])
+        if estimate is not None and ref is not None and ref.get("cycles") \
+                and estimate.get("cycles"):
+            section["compiler_speedup"] = ref["cycles"] / estimate["cycles"]
             section["estimated_speedup"], section["basis"] = fidelity.floored_speedup(
-                out["estimate"], ref, section["floor"])
-        klass = fidelity.program_class((ref_verdict or {}).get("cost"),
-                                       (ref_verdict or {}).get("opcodes"),
+                estimate, ref, section["floor"])
+        elif estimate is not None:
+            pending = not record
+            section["reference_pending"] = pending
+            section["estimate_unavailable"] = (
+                f"the XLA reference's estimate is still being worked out "
+                f"({self.reference.elapsed():.0f} s so far; it is kept for the next "
+                "evaluation)" if pending and self.reference is not None
+                else record.get("why") or "no estimate for the XLA reference")
+            roof = section["reference_roofline"]
+            if roof and roof.get("seconds") and section["kernel_time_s"]:
+                section["roofline_ratio"] = roof["seconds"] / section["kernel_time_s"]
+        klass = fidelity.program_class(record.get("cost"), record.get("opcodes"),
                                        verdict.get("opcodes"), plans, self._dtype(), self.chip)
         section["fidelity"] = fidelity.lookup(self.chip, klass, section["basis"])
         return section
+
+    def _cost(self) -> dict[str, float]:
+        """The reference's FLOPs and compulsory bytes (known from its export)."""
+        return self.reference.cost if self.reference is not None else {}
+
+    def _roofline(self) -> dict[str, Any] | None:
+        cost = self._cost()
+        return reference.roofline(cost, self.chip) if cost else None
 
     def _dtype(self) -> str | None:
         """The dtype of the largest input (it decides which ridge point applies)."""
@@ -314,19 +355,22 @@ class ProductionRun:
 
         return max(self.inputs, key=lambda item: math.prod(item[0]))[1]
 
-    def _floor(self, verdict: dict[str, Any], ref_verdict: dict[str, Any] | None,
-               plans: list[dict[str, Any]]) -> dict[str, Any] | None:
-        """The memory floor of the kernel's program (its kernels' block traffic plus
-        XLA's bytes for the ops around them) and of the reference (XLA's bytes)."""
+    def _floor(self, plans: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """The memory floor: the bytes each program must move between HBM and the chip.
+        The reference reads every input and writes every output once (its compulsory
+        bytes); the kernel's program at least as much, and what its blocks re-read when
+        the grid fetches an operand's block more than once (counted from the grid and the
+        index maps; not XLA's "bytes accessed", which counts intermediate traffic)."""
+        compulsory = self._cost().get("io_bytes")
+        if not compulsory:
+            return None
         traffic, complete = fidelity.kernel_traffic(plans)
-        cost = verdict.get("cost") or {}
-        declared = sum(p.get("declared_bytes") or 0.0 for p in plans)
-        outside = max((cost.get("bytes_accessed") or 0.0) - declared, 0.0)
-        ref_bytes = ((ref_verdict or {}).get("cost") or {}).get("bytes_accessed")
-        found = fidelity.floor(self.chip, traffic + outside, ref_bytes,
-                                fidelity.efficiency(self.chip))
+        kernel_bytes = max(compulsory, traffic) if complete else compulsory
+        found = fidelity.floor(self.chip, kernel_bytes, compulsory,
+                               fidelity.efficiency(self.chip))
         if found is not None:
             found["kernel_complete"] = complete
+            found["compulsory_bytes"] = int(compulsory)
         return found
 
     def structure_differs(self, checked: list[list[list[str]]]) -> bool:
@@ -421,8 +465,10 @@ def _scoped_limit(chip: str) -> int | None:
 @op("reference_estimate")
 def reference_request(payload: dict[str, Any]) -> dict[str, Any]:
     """The ``reference_estimate`` op: ``{task, chip, timeout_s}`` -> the task's XLA
-    reference at its production shape, estimated as every evaluation estimates it:
-    ``{estimate, cost, opcodes, compile, why, shape_label, input_shapes, class}``."""
+    reference at its production shape, as every evaluation ranks against it (its record,
+    ``kernels.harness.reference``, waited for up to ``timeout_s``): ``{estimate, cost,
+    opcodes, compile, why, roofline, flops, io_bytes, scaling, cached, shape_label,
+    input_shapes, class}``."""
     from kernels.harness.execution import task_runtime
 
     task = production_task(Task.from_spec(payload["task"]))
@@ -432,17 +478,18 @@ def reference_request(payload: dict[str, Any]) -> dict[str, Any]:
     dyn, _static, _ = runtime.input_signature(task.shapes[0])
     inputs = [(tuple(int(d) for d in a.shape), str(a.dtype)) for a in dyn]
     compile_pool.compilers().start()
-    deadline = time.monotonic() + float(payload.get("timeout_s") or 600.0)
-    plan = estimates.reference_plan(spec, chip)
-    found, verdict, why = estimates.reference_estimate(
-        plan, deadline, int(payload.get("compile_memory_mb") or compile_pool.COMPILE_MEMORY_MB))
-    verdict = verdict or {}
+    ticket = reference.BOOK.request(
+        spec, chip, int(payload.get("compile_memory_mb") or compile_pool.COMPILE_MEMORY_MB))
+    record = ticket.wait(float(payload.get("timeout_s") or 600.0))
+    if record is None:
+        record = {"estimate": None, "why": f"not worked out within "
+                  f"{float(payload.get('timeout_s') or 600.0):.0f} s (it goes on in the "
+                  "background)", "roofline": reference.roofline(ticket.cost, chip)}
     import math
 
     dtype = max(inputs, key=lambda i: math.prod(i[0]))[1] if inputs else None
-    return {"estimate": found, "cost": verdict.get("cost"), "opcodes": verdict.get("opcodes"),
-            "compile": verdict.get("compile"), "why": why, "shape_label": shape_label(inputs),
+    return {**record, "shape_label": shape_label(inputs),
             "input_shapes": [array_text(s, d) for s, d in inputs],
-            "class": fidelity.program_class(verdict.get("cost"), verdict.get("opcodes"), None,
+            "class": fidelity.program_class(record.get("cost"), record.get("opcodes"), None,
                                             [], dtype, chip),
             "compile_peak_mb": round(compile_pool.compilers().peak_rss_mb) or None}

@@ -164,9 +164,13 @@ def main(argv: list[str] | None = None) -> int:
     import jax  # noqa: F401  -- once, up front: this is what makes the worker warm
 
     warm_up()
-    from kernels.harness import judge
+    from kernels.harness import compile_pool, judge, reference
 
     judge.process().start()  # the candidate process imports JAX while we wait for work
+    # The compile processes too: the first evaluation's production verdict would wait
+    # for them otherwise (a CLI `eval` starts everything at once).
+    compile_pool.compilers().start()
+    reference.BOOK.start()
     serve(sock, confined)
     return 0
 

@@ -57,7 +57,7 @@ class JudgeFailed:
 def finished_result(run: str, version: int, result: EvalResult, blob: str) -> ev.RunResult:
     """The ``run.result`` of an evaluation the judge finished (whatever its verdict)."""
     event = ev.RunResult(type="run.result", run=run, version=version, status=result.status,
-                         correct=result.correct, speedup=result.speedup,
+                         correct=result.correct,
                          median_ms=(result.timing or {}).get("median_ms"), result_blob=blob,
                          cancelled=False,
                          flags=list((result.integrity or {}).get("flags") or []),
@@ -71,7 +71,7 @@ def cancelled_result(run: str, version: int, *, interrupted: bool = False) -> ev
     """The ``run.result`` of a run stopped by the person, or (``interrupted``) by the
     app dying while it ran (settled when the session is reopened)."""
     event = ev.RunResult(type="run.result", run=run, version=version, status="cancelled",
-                         correct=False, speedup=None, median_ms=None, result_blob=None,
+                         correct=False, median_ms=None, result_blob=None,
                          cancelled=True)
     if interrupted:
         event["interrupted"] = True
@@ -82,7 +82,7 @@ def failed_result(run: str, version: int) -> ev.RunResult:
     """The ``run.result`` of a run the judge itself failed (not the kernel's fault; an
     ``error`` event says why)."""
     return ev.RunResult(type="run.result", run=run, version=version, status="error",
-                        correct=False, speedup=None, median_ms=None, result_blob=None,
+                        correct=False, median_ms=None, result_blob=None,
                         cancelled=False)
 
 
