@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     import jax
 
     from kernels import tunables
-    from kernels.harness import compile_pool, estimates, production, shrink
+    from kernels.harness import compile_pool, estimates, production, reference, shrink
     from kernels.harness.execution import task_runtime
     from kernels.loaders import PRODUCTION_PREFIX, load_task
 
@@ -131,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         param, value = choice
         t = time.perf_counter()
-        full_ref, _ = estimates._export_reference(spec, config, chip)
-        answer = comp.compile(full_ref, chip, "estimate", deadline, args.memory_mb)
+        full_ref = reference._export_spec(spec, chip)
+        answer = comp.compile(full_ref.blob, chip, "estimate", deadline, args.memory_mb)
         full_s = time.perf_counter() - t
         f = (estimates.estimate_of(answer["records"], chip)["cycles"]
              if answer.get("records") is not None else None)
@@ -140,13 +140,13 @@ def main(argv: list[str] | None = None) -> int:
         totals = []
         for n in (value // 4, value // 2):
             sized = shrink.with_size(ptask, config, param, n).to_spec()
-            blob, _ = estimates._export_reference(sized, shrink.config_of(sized), chip)
+            blob = reference._export_spec(sized, chip).blob
             got = comp.compile(blob, chip, "estimate", deadline, args.memory_mb)
             if got.get("records") is None:
                 break
             totals.append(sum(r["cycles"] * r["count"] for r in got["records"]))
         derived_s = time.perf_counter() - t
-        d, line = (estimates.scale_reference(totals[0], totals[1], value // 4, value // 2,
+        d, line = (reference.scale_reference(totals[0], totals[1], value // 4, value // 2,
                                              value)[:2] if len(totals) == 2 else (None, None))
         ratio = d / f if d and f else None
         if ratio:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from kernels.cli_calibrate import pairs, record
-from kernels.harness import estimates, fidelity
+from kernels.harness import fidelity, reference
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,7 +62,7 @@ def test_the_floor_decides_when_above_the_compiler() -> None:
 
 
 def test_scaled_references_use_the_cost_per_unit_at_the_larger_size() -> None:
-    value, line, spread = estimates.scale_reference(460_000, 600_000, 256, 512, 4096)
+    value, line, spread = reference.scale_reference(460_000, 600_000, 256, 512, 4096)
     assert value == 600_000 * 8 and line < value and 0 < spread < 1
 
 

@@ -156,14 +156,16 @@ class Compilers:
                 self.procs[kind].start()
 
     def compile(self, blob: bytes, chip: str, kind: str, deadline: float,
-                memory_mb: int = COMPILE_MEMORY_MB, process: str | None = None
-                ) -> dict[str, Any]:
+                memory_mb: int = COMPILE_MEMORY_MB, process: str | None = None,
+                fingerprint: str | None = None) -> dict[str, Any]:
         """The compiler's answer for an exported program (``kind``: verdict | estimate),
         from the cache when this program was compiled for this chip by this libtpu;
         ``process`` names the compile process when it is not ``kind``'s own (the
-        reference's estimates: ``reference``)."""
+        reference's estimates: ``reference``); ``fingerprint`` identifies the program
+        instead of its bytes (which name the files it was traced from)."""
+        what = fingerprint.encode() if fingerprint else blob
         key = hashlib.sha256(b"|".join([kind.encode(), chip.encode(), self.libtpu.encode(),
-                                        blob])).hexdigest()
+                                        what])).hexdigest()
         cached = self.cache.get(key)
         if cached is not None:
             return {**cached, "cached": True}

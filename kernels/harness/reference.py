@@ -54,6 +54,9 @@ from kernels.harness import compile_pool, estimates, shrink, tpu_compile
 # and 1.4 GB; M=4096: 95 s and 16.5 GB).
 REFERENCE_FLOPS_BUDGET = 2.0 ** 36
 REFERENCE_BYTES_BUDGET = 2.0 ** 30
+# A smaller FLOP budget (GFLOP), for a machine that cannot afford the default (and for
+# tests, which scale small programs the way big ones are scaled).
+BUDGET_ENV = "TILEWRIGHT_REFERENCE_BUDGET_GFLOP"
 RECORD_VERSION = 2  # part of a record's key: a new way of computing it is a new record
 # The most the background may spend on one reference (each compile is also bounded by
 # compile_pool.COMPILE_TIMEOUT_S).
@@ -83,13 +86,17 @@ class ReferencePlan:
     programs at ascending sizes of ``scaling``) when XLA's cost analysis puts the full
     program over the estimator's budget."""
 
-    full: bytes
+    full: Exported
     chip: str
-    cost: dict[str, float]  # XLA's cost analysis of the full program, plus io_bytes
-    scaled: list[tuple[int, bytes]] = field(default_factory=list)
+    scaled: list[tuple[int, Exported]] = field(default_factory=list)
     start: int = 0  # the preferred pair is scaled[start], scaled[start + 1]
     scaling: Scaling | None = None
     why_not_scaled: str | None = None
+
+    @property
+    def cost(self) -> dict[str, float]:
+        """XLA's cost analysis of the full program, with its compulsory bytes."""
+        return self.full.cost
 
     @property
     def param(self) -> str | None:
@@ -124,11 +131,40 @@ class _Program:
         self.names = params[:len(self.avals)] if len(params) >= len(self.avals) else None
 
 
-def export_program(fn: Any, avals: list[Any], static: list[Any], chip: str
-                   ) -> tuple[bytes, dict[str, float]]:
-    """The reference exported for TPU, and XLA's cost analysis of its lowering, with
-    ``io_bytes`` (every input read and every output written once: the traffic the
-    program cannot avoid) and ``f32_inputs`` (1.0 when the largest input is float32)."""
+@dataclass
+class Exported:
+    """One exported reference program: its bytes, XLA's cost analysis of its lowering
+    (with ``io_bytes``: every input read and every output written once, the traffic the
+    program cannot avoid; ``f32_inputs``: 1.0 when the largest input is float32), and its
+    fingerprint (the program without source locations: the same program from a task
+    copied elsewhere has the same one, so its compiles and record are found again)."""
+
+    blob: bytes
+    cost: dict[str, float]
+    fingerprint: str
+
+
+def strip_locations(text: str) -> str:
+    """StableHLO text without its ``loc(...)`` annotations and ``#loc`` definitions (they
+    name the files the program was traced from)."""
+    out: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("#loc"):
+            continue
+        while " loc(" in line:
+            start = line.index(" loc(")
+            depth, end = 0, start + 4
+            for end in range(start + 4, len(line)):
+                depth += {"(": 1, ")": -1}.get(line[end], 0)
+                if depth == 0:
+                    break
+            line = line[:start] + line[end + 1:]
+        out.append(line)
+    return "\n".join(out)
+
+
+def export_program(fn: Any, avals: list[Any], static: list[Any], chip: str) -> Exported:
+    """The reference exported for TPU (``Exported``)."""
     import jax
 
     with tpu_compile.abstract_device(chip):
@@ -145,16 +181,18 @@ def export_program(fn: Any, avals: list[Any], static: list[Any], chip: str
         cost["f32_inputs"] = 1.0 if str(widest.dtype) == "float32" else 0.0
     cost["io_bytes"] = float(sum(math.prod(a.shape) * a.dtype.itemsize
                                  for a in [*avals, *exported.out_avals]))
-    return bytes(exported.serialize()), cost
+    text = strip_locations(exported.mlir_module())
+    return Exported(bytes(exported.serialize()), cost,
+                    hashlib.sha256(text.encode()).hexdigest())
 
 
-def _export_spec(spec: dict[str, Any], chip: str) -> tuple[bytes, dict[str, float]]:
+def _export_spec(spec: dict[str, Any], chip: str) -> Exported:
     program = _Program(spec)
     return export_program(program.fn, program.avals, program.static, chip)
 
 
 def reference_plan(spec: dict[str, Any], chip: str,
-                   full: tuple[bytes, dict[str, float]] | None = None) -> ReferencePlan:
+                   full: Exported | None = None) -> ReferencePlan:
     """Export the reference at the production shape (``full``, when already exported)
     and, when it is too costly to estimate whole, at smaller sizes of a batch-like size.
     Raises what the task's code raises."""
@@ -163,9 +201,10 @@ def reference_plan(spec: dict[str, Any], chip: str,
     program = _Program(spec)
     if full is None:
         full = export_program(program.fn, program.avals, program.static, chip)
-    blob, cost = full
-    plan = ReferencePlan(blob, chip, cost)
-    ratio = max(cost.get("flops", 0.0) / REFERENCE_FLOPS_BUDGET,
+    cost = full.cost
+    plan = ReferencePlan(full, chip)
+    budget = flops_budget()
+    ratio = max(cost.get("flops", 0.0) / budget,
                 cost.get("bytes accessed", 0.0) / REFERENCE_BYTES_BUDGET)
     if ratio <= 1.0:
         return plan
@@ -177,7 +216,7 @@ def reference_plan(spec: dict[str, Any], chip: str,
         param, value = choice
         plan.scaling = Scaling("param", param, value)
 
-        def exported(n: int) -> tuple[bytes, dict[str, float]]:
+        def exported(n: int) -> Exported:
             return _export_spec(shrink.with_size(task, config, param, n).to_spec(), chip)
     else:
         found = shrink.batch_axes(program.fn, program.avals, program.static)
@@ -191,7 +230,7 @@ def reference_plan(spec: dict[str, Any], chip: str,
         axes, value = found
         plan.scaling = Scaling("axes", shrink.axes_name(axes, program.names), value, axes)
 
-        def exported(n: int) -> tuple[bytes, dict[str, float]]:
+        def exported(n: int) -> Exported:
             return export_program(program.fn, shrink.with_axes(program.avals, axes, n),
                                   program.static, chip)
     name, value = plan.scaling.name, plan.scaling.value
@@ -207,21 +246,30 @@ def reference_plan(spec: dict[str, Any], chip: str,
     # batch it is memory-bound where the full one is compute-bound, and a bigger size
     # (up to 4x the budget) is worth its estimate.
     while factor > 2 and _bound(cost, chip) == "compute" \
-            and _bound(larger[1], chip) == "memory" \
-            and larger[1].get("flops", 0.0) * 2 <= 4 * REFERENCE_FLOPS_BUDGET:
+            and _bound(larger.cost, chip) == "memory" \
+            and larger.cost.get("flops", 0.0) * 2 <= 4 * budget:
         factor //= 2
         larger = exported(value // factor)
     n2, n1 = value // factor, value // (2 * factor)
-    plan.scaled = [(n1, exported(n1)[0]), (n2, larger[0])]
+    plan.scaled = [(n1, exported(n1)), (n2, larger)]
     # The estimator aborts on some sizes of a program it estimates at others (a f32
     # matmul: at 128 and 1024 rows, not at 256 and 512, measured): one pair further up,
     # within 4x the budget, and one further down are ready to try instead.
-    if n2 * 2 < value and larger[1].get("flops", 0.0) * 2 <= 4 * REFERENCE_FLOPS_BUDGET:
-        plan.scaled.append((n2 * 2, exported(n2 * 2)[0]))
+    if n2 * 2 < value and larger.cost.get("flops", 0.0) * 2 <= 4 * budget:
+        plan.scaled.append((n2 * 2, exported(n2 * 2)))
     if n1 // 2 >= 1:
-        plan.scaled.insert(0, (n1 // 2, exported(n1 // 2)[0]))
+        plan.scaled.insert(0, (n1 // 2, exported(n1 // 2)))
         plan.start = 1
     return plan
+
+
+def flops_budget() -> float:
+    """The FLOPs the estimator is given a whole reference for (``BUDGET_ENV`` lowers it)."""
+    try:
+        given = float(os.environ.get(BUDGET_ENV) or 0.0)
+    except ValueError:
+        given = 0.0
+    return given * 1e9 if given > 0 else REFERENCE_FLOPS_BUDGET
 
 
 def _bound(cost: dict[str, float], chip: str) -> str | None:
@@ -289,7 +337,8 @@ def reference_estimate(plan: ReferencePlan, deadline: float, memory_mb: int,
     process the estimates run in (``reference``: its own, beside the candidates')."""
     comp = compile_pool.compilers()
     chip = plan.chip
-    verdict = comp.compile(plan.full, chip, "verdict", deadline, memory_mb)
+    verdict = comp.compile(plan.full.blob, chip, "verdict", deadline, memory_mb,
+                           fingerprint=plan.full.fingerprint)
     if verdict.get("compile") != "ok":
         return None, verdict, ("the XLA reference does not compile for "
                                f"{chip} at the production shape: "
@@ -300,7 +349,8 @@ def reference_estimate(plan: ReferencePlan, deadline: float, memory_mb: int,
     if not plan.scaled:
         if plan.why_not_scaled:
             return None, verdict, plan.why_not_scaled
-        answer = comp.compile(plan.full, chip, "estimate", deadline, memory_mb, process=kind)
+        answer = comp.compile(plan.full.blob, chip, "estimate", deadline, memory_mb,
+                              process=kind, fingerprint=plan.full.fingerprint)
         if answer.get("compile") == "ok" and answer.get("records") is not None:
             return estimates.estimate_of(answer["records"], chip), verdict, None
         return None, verdict, _reference_why(answer)
@@ -314,8 +364,9 @@ def reference_estimate(plan: ReferencePlan, deadline: float, memory_mb: int,
     name = plan.param
     for pair in pairs:
         records = []
-        for n, blob in pair:
-            answer = comp.compile(blob, chip, "estimate", deadline, memory_mb, process=kind)
+        for n, program in pair:
+            answer = comp.compile(program.blob, chip, "estimate", deadline, memory_mb,
+                                  process=kind, fingerprint=program.fingerprint)
             if answer.get("compile") != "ok" or answer.get("records") is None:
                 why = why or _reference_why(answer, f" with {name} at {n}")
                 break
@@ -344,9 +395,9 @@ def reference_estimate(plan: ReferencePlan, deadline: float, memory_mb: int,
 
 # -- the record, kept --------------------------------------------------------------------
 
-def record_key(blob: bytes, chip: str, libtpu: str) -> str:
-    return hashlib.sha256(b"|".join([b"reference", str(RECORD_VERSION).encode(),
-                                     chip.encode(), libtpu.encode(), blob])).hexdigest()
+def record_key(fingerprint: str, chip: str, libtpu: str) -> str:
+    return hashlib.sha256("|".join(["reference", str(RECORD_VERSION), chip, libtpu,
+                                    fingerprint]).encode()).hexdigest()
 
 
 def make_record(plan: ReferencePlan, found: dict[str, Any] | None,
@@ -471,18 +522,18 @@ class ReferenceBook:
                                        f"production shape: {type(exc).__name__}: "
                                        f"{str(exc)[:300]}", "roofline": None, "final": True})
             return self._keep(key, ticket)
-        disk_key = record_key(full[0], chip, comp.libtpu)
+        disk_key = record_key(full.fingerprint, chip, comp.libtpu)
         cached = comp.cache.get(disk_key)
         if cached is not None:
             return self._keep(key, Ticket.of({**cached, "cached": True, "final": True},
-                                             full[1]))
+                                             full.cost))
         try:
             plan = reference_plan(spec, chip, full)
         except Exception as exc:
-            plan = ReferencePlan(full[0], chip, full[1])
+            plan = ReferencePlan(full, chip)
             plan.why_not_scaled = (f"the XLA reference could not be exported at a smaller "
                                    f"size: {type(exc).__name__}: {str(exc)[:300]}")
-        ticket = Ticket(full[1])
+        ticket = Ticket(full.cost)
         self._keep(key, ticket)
         self.start()
         assert self._thread is not None

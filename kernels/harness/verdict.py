@@ -282,6 +282,7 @@ class ProductionRun:
             "basis": None, "compiler_speedup": None, "floor": None, "fidelity": None,
             "estimate_unavailable": None, "reference_roofline": None,
             "kernel_time_s": None, "roofline_ratio": None, "reference_pending": None,
+            "reference_record": None,
             "deadline_s": self.deadline_s, "deadline_why": self.deadline_why,
             "cached": None, "compile_s": None, "compile_peak_mb": None,
         }
@@ -314,6 +315,10 @@ class ProductionRun:
         section["cached"] = bool(out.get("cached"))
         section["floor"] = self._floor(plans)
         section["reference_roofline"] = record.get("roofline") or self._roofline()
+        if record:  # how the reference's figures were had: kept, or worked out now
+            section["reference_record"] = {
+                "cached": bool(record.get("cached")), "computed_s": record.get("computed_s"),
+                "scaling": record.get("scaling")}
         if estimate is None:
             section["estimate_unavailable"] = out.get("unavailable") or "no estimate"
         else:

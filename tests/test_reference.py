@@ -1,0 +1,251 @@
+"""The XLA reference every candidate is ranked against, worked out once per task and chip.
+
+A task brought in with ``tilewright new`` from a plain function (no size parameter of
+its own) still gets its reference estimated at the production shape: scaled along an
+axis of its inputs whose halving halves the output. The record is kept on disk, so a
+fresh worker reads it instead of compiling; where no size of the reference can be
+scaled, candidates are ranked by their own compiler figures against the reference's
+roofline, never by host simulation. Real workers, the real TPU compiler for an abstract
+v5e, TPU interpret mode for the trials. The estimator's budget is lowered
+(``TILEWRIGHT_REFERENCE_BUDGET_GFLOP``) so small programs take the path big ones take.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kernels.harness import tpu_compile
+from kernels.loaders import load_task
+from kernels.result import Rank, ranking
+from kernels.workers import EvalOptions, WorkerPool
+
+pytestmark = pytest.mark.skipif(tpu_compile.libtpu_path() is None,
+                                reason="libtpu not installed (pip install 'jax[tpu]')")
+ON_MODULE_LOOP = pytest.mark.asyncio(loop_scope="module")
+ROOT = Path(__file__).resolve().parent.parent
+QUICK = EvalOptions(trials=3, timeout_s=240.0, timing=False)
+
+MODEL = """
+import jax.numpy as jnp
+
+def mm(x, y):
+    return jnp.dot(x, y, preferred_element_type=jnp.float32).astype(x.dtype)
+
+def total(x):
+    return jnp.sum(jnp.tanh(x.astype(jnp.float32)))
+"""
+
+TILED_MATMUL = """
+import functools
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+BM, BN, BK = 128, 128, 128
+
+def _body(x_ref, y_ref, o_ref, acc_ref):
+    @pl.when(pl.program_id(2) == 0)
+    def _():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+    acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+    @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+    def _():
+        o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+
+def mm(x, y):
+    m, k = x.shape
+    n = y.shape[1]
+    bm, bn, bk = min(BM, m), min(BN, n), min(BK, k)
+    return pl.pallas_call(
+        _body, out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
+        grid=(m // bm, n // bn, k // bk),
+        in_specs=[pl.BlockSpec((bm, bk), lambda i, j, l: (i, l)),
+                  pl.BlockSpec((bk, bn), lambda i, j, l: (l, j))],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j, l: (i, j)),
+        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary")))(x, y)
+"""
+
+TILED_SUM = """
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+BR = 64
+
+def _body(x_ref, o_ref):
+    @pl.when(pl.program_id(0) == 0)
+    def _():
+        o_ref[...] = jnp.zeros_like(o_ref)
+    o_ref[...] += jnp.sum(jnp.tanh(x_ref[...].astype(jnp.float32)), keepdims=True)
+
+def total(x):
+    rows, cols = x.shape
+    br = min(BR, rows)
+    out = pl.pallas_call(
+        _body, out_shape=jax.ShapeDtypeStruct((1, 1), jnp.float32), grid=(rows // br,),
+        in_specs=[pl.BlockSpec((br, cols), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((1, 1), lambda i: (0, 0)),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",)))(x)
+    return out[0, 0]
+"""
+
+
+def new_task(where: Path, name: str, fn: str, shapes: list[str], kernel: str) -> Path:
+    """``tilewright new`` as a user runs it: a task from their function and kernel."""
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "model.py").write_text(MODEL)
+    (where / "mine.py").write_text(kernel)
+    args = [sys.executable, "-m", "tui.cli", "new", name, "--from", f"model.py:{fn}",
+            "--kernel", f"mine.py:{fn}"]
+    for shape in shapes:
+        args += ["--shape", shape]
+    made = subprocess.run(args, cwd=where, capture_output=True, text=True, timeout=600)
+    assert made.returncode == 0, made.stdout + made.stderr
+    return where / name
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("reference")
+
+
+@pytest.fixture(scope="module")
+def matmul_task(workspace: Path) -> Path:
+    return new_task(workspace, "mm", "mm", ["x=bf16[1024,1024]", "y=bf16[1024,1024]"],
+                    TILED_MATMUL)
+
+
+def pool(cache: Path, budget_gflop: float = 0.5) -> WorkerPool:
+    return WorkerPool(size=1, env_overrides={
+        "TILEWRIGHT_CACHE_DIR": str(cache),
+        "TILEWRIGHT_REFERENCE_BUDGET_GFLOP": str(budget_gflop)})
+
+
+async def evaluate(judge: WorkerPool, task_dir: Path):
+    task = load_task(str(task_dir))
+    source = (task_dir / "kernel.py").read_text()
+    return await judge.evaluate(task, source, QUICK, filename=str(task_dir / "kernel.py"))
+
+
+@ON_MODULE_LOOP
+async def test_a_new_task_from_a_plain_matmul_gets_a_number_worked_out_once(
+        matmul_task: Path, workspace: Path) -> None:
+    cache = workspace / "cache"
+    async with pool(cache) as judge:
+        first = await evaluate(judge, matmul_task)
+    assert first.status == "correct", (first.error, first.correctness)
+    tpu = first.tpu
+    ref = tpu["reference_estimate"]
+    assert ref is not None, tpu["estimate_unavailable"]
+    # no size parameter halves the output of mm(x, y) with x_0 shared by every axis:
+    # the rows of x do
+    assert ref["method"] == "scaled" and "x[0]" in ref["detail"], ref["detail"]
+    record = tpu["reference_record"]
+    assert record["cached"] is False and record["scaling"]["kind"] == "axes"
+    rank = ranking(first.to_json())
+    assert rank.source == "tpu_estimate" and rank.value == tpu["estimated_speedup"]
+    assert rank.shape == "1024x1024, 1024x1024" and rank.kernel_s == tpu["kernel_time_s"]
+    # the floor: every input read and every output written once (bf16)
+    compulsory = 3 * 1024 * 1024 * 2
+    assert tpu["floor"]["reference_bytes"] == compulsory
+    assert tpu["floor"]["kernel_bytes"] >= compulsory  # and what its blocks re-read
+    # 128-blocks over 1024: x is fetched once per column of blocks (8), y once per row
+    assert tpu["floor"]["kernel_bytes"] == 8 * 1024 * 1024 * 2 * 2 + 1024 * 1024 * 2
+
+    async with pool(cache) as judge:  # a fresh worker: the record comes from disk
+        again = await evaluate(judge, matmul_task)
+    assert again.status == "correct"
+    assert again.tpu["reference_record"]["cached"] is True
+    assert again.tpu["reference_estimate"]["cycles"] == ref["cycles"]
+    assert again.tpu["estimated_speedup"] == tpu["estimated_speedup"]
+
+
+@ON_MODULE_LOOP
+async def test_a_reference_that_cannot_be_scaled_ranks_by_its_roofline(
+        workspace: Path) -> None:
+    """The sum of a matrix: no size of it halves a scalar. The kernel's own compiler
+    figure ranks it, against the reference's roofline; never the host's simulation."""
+    task_dir = new_task(workspace / "sum", "total", "total", ["x=f32[2048,1024]"], TILED_SUM)
+    async with pool(workspace / "cache", budget_gflop=0.001) as judge:
+        result = await judge.evaluate(load_task(str(task_dir)),
+                                      (task_dir / "kernel.py").read_text(),
+                                      EvalOptions(trials=3, timeout_s=240.0),
+                                      filename=str(task_dir / "kernel.py"))
+    assert result.status == "correct", (result.error, result.correctness)
+    tpu = result.tpu
+    assert tpu["reference_estimate"] is None
+    assert "halves its output" in tpu["estimate_unavailable"]
+    roof = tpu["reference_roofline"]
+    assert roof["bytes"] == 2048 * 1024 * 4 + 4 and roof["seconds"] > 0
+    assert tpu["roofline_ratio"] == pytest.approx(roof["seconds"] / tpu["kernel_time_s"])
+    assert result.timing["host_ratio"] > 0 and result.timing["speedup"] is None
+    rank = ranking(result.to_json())
+    assert rank.source == "roofline" and rank.value == tpu["roofline_ratio"]
+    assert rank.words(short=True).startswith("≥") and "roofline" in rank.words()
+    # a compiler figure outranks any host simulation ratio, however large
+    host = Rank("host_simulation", 1e6)
+    assert rank.key() > host.key() and rank.better_than(host)
+
+
+def test_batch_axes_find_the_size_that_halves_the_output() -> None:
+    import jax
+    import jax.numpy as jnp
+
+    from kernels.harness import shrink
+
+    def avals(*shapes):
+        return [jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes]
+
+    def matmul(x, y):
+        return x @ y
+
+    def layer_norm(x, g):
+        return (x - x.mean(-1, keepdims=True)) * g
+
+    def attention(q, k, v):
+        s = jnp.einsum("bhqd,bhkd->bhqk", q, k)
+        return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(s, -1), v)
+
+    def scalar(x):
+        return jnp.sum(x)
+
+    assert shrink.batch_axes(matmul, avals((4096, 4096), (4096, 4096)), []) == (((0, 0),),
+                                                                                4096)
+    assert shrink.batch_axes(layer_norm, avals((4096, 1024), (1024,)), []) == (((0, 0),),
+                                                                                4096)
+    # the queries of an attention (the longest axis that halves the output alone)
+    qkv = avals((2, 4, 2048, 128), (2, 4, 2048, 128), (2, 4, 2048, 128))
+    assert shrink.batch_axes(attention, qkv, []) == (((0, 2),), 2048)
+    assert shrink.batch_axes(scalar, avals((1024, 1024)), []) is None
+    assert shrink.axes_name(((0, 2),), ["q", "k", "v"]) == "q[2]"
+
+
+def test_rank_orders_by_the_kernel_time_and_says_what_it_is() -> None:
+    est = Rank("tpu_estimate", 1.2, "v5e", "4096x4096", kernel_s=1e-3, kernel_cycles=1_500_000,
+               clock_hz=1.5e9, fidelity={"class": "compute_bound", "chip": "v5e",
+                                         "median_ratio": 0.96, "within_2x": 1.0, "rows": 10})
+    faster = Rank("roofline", 0.9, "v5e", "4096x4096", kernel_s=0.8e-3, kernel_cycles=1_200_000)
+    tie = Rank("tpu_estimate", 1.2, "v5e", kernel_s=1e-3, kernel_cycles=1_400_000)
+    measured = Rank("device_time", 0.5)
+    assert faster.key() > est.key()  # the kernel's own time orders compiler figures
+    assert tie.key() > est.key()  # the same time (the floor): fewer cycles first
+    assert measured.key() > faster.key() > Rank("host_simulation", 50.0).key()
+    assert Rank("disqualified", None).key() == Rank("none", None).key()
+    assert est.words(short=True) == "est. 1.20x"
+    assert est.words() == "est. 1.20x on v5e at 4096x4096 (TPU compiler)"
+    assert est.time_words() == "1,500,000 cycles = 1 ms at 1.5 GHz"
+    assert est.trust_words() == ("compute-bound v5e: median 0.96 of measured, 10 programs, "
+                                 "100% within 2x")
+    assert Rank.from_json(est.to_json()) == est
+    legacy = Rank.legacy("tpu_estimate", 1.5, "est. 1.50x on v5e (TPU compiler)")
+    assert legacy.key() == (3, 0, 1.5, 0.0) and legacy.words() == legacy.legacy_label
+    assert textwrap.dedent(Rank("host_simulation", 0.02).words()).startswith("host sim. ratio")
