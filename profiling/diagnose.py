@@ -99,14 +99,31 @@ def diagnose(profile: dict[str, Any], eval_result: dict[str, Any] | None = None
     if not findings:
         return None
     first = findings[0]
+    where = shape_words(profile.get("shape"))
+    if where:
+        evidence["shape"] = where
     return {"kind": first["kind"],
-            "summary": f"{first['kind'].replace('_', ' ')}: {first['reason']}; "
+            "summary": (f"{where}: " if where else "")
+                       + f"{first['kind'].replace('_', ' ')}: {first['reason']}; "
                        f"next: {ADVICE[first['kind']]}",
             "evidence": evidence, "findings": findings, "advice": ADVICE[first["kind"]],
             "sources": [s for s, present in (("static", main is not None),
                                              ("roofline", bool(roof)),
                                              ("trace", bool(profile.get("top_ops"))),
                                              ("tpu_compiler", bool(tpu))) if present]}
+
+
+def shape_words(shape: dict[str, Any] | None) -> str | None:
+    """Which shape a profile's numbers are for: "at the production shape (4096x4096)",
+    "at the check shape small (256x512)"; None when the profile does not say."""
+    if not isinstance(shape, dict) or not shape.get("name"):
+        return None
+    dims = ", ".join("x".join(str(d) for d in item[0]) for item in shape.get("inputs") or []
+                     if isinstance(item, list | tuple) and item and item[0])
+    at = f" ({dims})" if dims else ""
+    if shape.get("production"):
+        return f"at the production shape{at}"
+    return f"at the check shape {shape['name']}{at}"
 
 
 def _finding(kind: str, reason: str) -> dict[str, Any]:

@@ -27,8 +27,13 @@ def digest(profile: dict[str, Any], top: int = 5) -> str:
     chip = (profile.get("chip") or {}).get("label", "?")
     backend = profile.get("backend") or {}
     interpret = backend.get("mode") == "tpu-interpret"
-    lines.append(f"analyzed for {chip}; ran on {backend.get('platform', '?')} "
-                 f"({backend.get('mode', '?')})")
+    from profiling.diagnose import shape_words
+
+    where = shape_words(profile.get("shape"))
+    lines.append(f"analyzed for {chip}{' ' + where if where else ''}; "
+                 + ("nothing ran (static analysis)" if profile.get("wall") is None
+                    and not profile.get("top_ops") else
+                    f"ran on {backend.get('platform', '?')} ({backend.get('mode', '?')})"))
     for k in (profile.get("analysis") or {}).get("kernels", []):
         if k.get("analysis_error"):
             lines.append(f"kernel {k['name']}: not analyzable ({k['analysis_error']})")

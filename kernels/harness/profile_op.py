@@ -100,14 +100,28 @@ def run_profile(spec: dict[str, Any], source: str, filename: str,
         return out
 
     t0 = time.perf_counter()
+    # The static analysis alone needs no values: it is made at the production shape (what
+    # the numbers that rank are for) from the inputs' shapes, so its blocks, steps and
+    # bytes describe the program that will run. A trace runs the kernel: a check shape.
+    production = None
+    if options.get("static_only") and not options.get("shape"):
+        from kernels.task import Task
+
+        production = Task.from_spec(spec).production_task()
     try:  # the task's code, in the judge: inputs, flops
-        runtime = task_runtime(spec)
-        config = _pick_config(runtime, backend["platform"], options.get("shape"))
-        dyn, static = runtime.make_inputs(config, jax.random.PRNGKey(0))
+        if production is not None:
+            runtime = task_runtime(production.to_spec())
+            config = production.shapes[0]
+            dyn, static, _how = runtime.input_signature(config)
+        else:
+            runtime = task_runtime(spec)
+            config = _pick_config(runtime, backend["platform"], options.get("shape"))
+            dyn, static = runtime.make_inputs(config, jax.random.PRNGKey(0))
     except Exception as exc:
         return fail("task", exc)
     out["shape"] = {"name": config.name, "params": config.params,
-                    "inputs": [[list(a.shape), str(a.dtype)] for a in dyn]}
+                    "inputs": [[list(a.shape), str(a.dtype)] for a in dyn],
+                    "production": production is not None}
     task_flops = None
     with contextlib.suppress(Exception):
         task_flops = runtime.flops(config, dyn)
