@@ -210,36 +210,37 @@ def reference_plan(spec: dict[str, Any], chip: str,
         return plan
     task = Task.from_spec(spec)
     config = task.shapes[0]
-    exported: Any
+    factor = 2 ** max(1, math.ceil(math.log2(ratio)))
+    # A size parameter of the task (what --set names) first, else axes of its inputs;
+    # either must leave at least one unit at the smaller of the two sizes.
+    options: list[tuple[Scaling, Any]] = []
     choice = shrink.batch_parameter(task, config)
     if choice is not None:
-        param, value = choice
-        plan.scaling = Scaling("param", param, value)
-
-        def exported(n: int) -> Exported:
-            return _export_spec(shrink.with_size(task, config, param, n).to_spec(), chip)
-    else:
-        found = shrink.batch_axes(program.fn, program.avals, program.static)
-        if found is None:
-            plan.why_not_scaled = (
-                "the XLA reference is too costly for the estimator at the production "
-                f"shape (XLA counts {cost.get('flops', 0) / 1e9:.0f} GFLOP, "
-                f"{cost.get('bytes accessed', 0) / 2**20:.0f} MiB) and no size of it (a "
-                "parameter or an input axis) halves its output when halved")
-            return plan
-        axes, value = found
-        plan.scaling = Scaling("axes", shrink.axes_name(axes, program.names), value, axes)
-
-        def exported(n: int) -> Exported:
-            return export_program(program.fn, shrink.with_axes(program.avals, axes, n),
-                                  program.static, chip)
-    name, value = plan.scaling.name, plan.scaling.value
-    factor = 2 ** max(1, math.ceil(math.log2(ratio)))
-    if value // (2 * factor) < 1:
-        plan.why_not_scaled = (f"the XLA reference is too costly for the estimator even "
-                               f"with {name} at 1")
-        plan.scaling = None
+        param, size = choice
+        options.append((Scaling("param", param, size), lambda n, p=param: _export_spec(
+            shrink.with_size(task, config, p, n).to_spec(), chip)))
+    found = shrink.batch_axes(program.fn, program.avals, program.static)
+    if found is not None:
+        axes, size = found
+        options.append((Scaling("axes", shrink.axes_name(axes, program.names), size, axes),
+                        lambda n, a=axes: export_program(
+                            program.fn, shrink.with_axes(program.avals, a, n),
+                            program.static, chip)))
+    usable = [(scaling, how) for scaling, how in options if scaling.value // (2 * factor) >= 1]
+    what = (f"the XLA reference is too costly for the estimator at the production shape "
+            f"(XLA counts {cost.get('flops', 0) / 1e9:,.0f} GFLOP, "
+            f"{cost.get('bytes accessed', 0) / 2**20:,.0f} MiB)")
+    if not options:
+        plan.why_not_scaled = (f"{what} and no size of it (a parameter or an input axis) "
+                               "halves its output when halved")
         return plan
+    if not usable:
+        names = " or ".join(scaling.name for scaling, _ in options)
+        plan.why_not_scaled = (f"{what}, even with {names} at 1 (it would need 1/{factor} "
+                               "of it)")
+        return plan
+    plan.scaling, exported = usable[0]
+    value = plan.scaling.value
     larger = exported(value // factor)
     # The cost per unit is taken at the larger size; it must be in the regime the full
     # program is in. A matmul's weights are read once whatever its batch: at a small
@@ -427,6 +428,17 @@ def _keep(record: dict[str, Any], answer_why: str | None) -> bool:
                                             "deadline", "slot"))
 
 
+def reference_memory_mb(memory_mb: int) -> int:
+    """The reference's compile process may use more than a candidate's (it runs once per
+    task and chip, and a big XLA program's estimate needed 5-16 GB here): up to a third of
+    the host's memory, at most 12 GiB, never less than ``memory_mb``."""
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+    except (ValueError, OSError, AttributeError):
+        return memory_mb
+    return max(memory_mb, int(min(total / 3, 12 * 1024)))
+
+
 @contextlib.contextmanager
 def _host_lock(root: Any, key: str, deadline: float) -> Iterator[None]:
     """One worker of this host computes a given record; the others wait for it (flock:
@@ -558,7 +570,8 @@ class ReferenceBook:
                 if cached is not None:
                     ticket.future.set_result({**cached, "cached": True, "final": True})
                     return
-                found, verdict, why = reference_estimate(plan, deadline, memory_mb,
+                found, verdict, why = reference_estimate(plan, deadline,
+                                                         reference_memory_mb(memory_mb),
                                                          kind="reference")
                 record = make_record(plan, found, verdict, why, time.monotonic() - started)
                 final = _keep(record, why)

@@ -169,6 +169,10 @@ class ProductionRun:
         finally:
             self._set_deadline()
             self.reference_known.set()
+        # The app waits for this request until the production deadline, not only the
+        # evaluation's: a big program compiling is not a hung worker.
+        ops.progress({"kind": "deadline", "deadline_in_s": self.deadline - time.monotonic()
+                      + 5.0, "why": self.deadline_why})
 
     def _set_deadline(self) -> None:
         """How long the production compiles may take: the evaluation's own deadline, or
