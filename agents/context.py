@@ -27,11 +27,11 @@ from dataclasses import asdict, is_dataclass
 from typing import Any
 
 from agents.base import AgentRequest, TaskBrief
-from agents.evalfacts import array_text, fidelity_text, version_numbers
+from agents.evalfacts import array_text, fidelity_text, rank_of, version_numbers
 from agents.evaltext import cycles_text, eval_text
 from agents.roles import SYSTEM_TEXT, pallas_guide, role_spec
 from agents.untrusted import bounded, defuse, fence, neutralize
-from kernels.result import rank_words
+from kernels.result import Rank
 from profiling.chips import DEFAULT_TPU
 
 CACHE = {"type": "ephemeral"}
@@ -218,15 +218,20 @@ def turn_text(request: AgentRequest) -> str:
     return bounded("\n\n".join(p for p in parts if p), MAX_TURN_CHARS)
 
 
+def _ranks(numbers: dict[str, Any]) -> bool:
+    rank = rank_of(numbers)
+    return rank is not None and rank.ranked
+
+
 def _latest_numbers(request: AgentRequest) -> dict[str, Any]:
     """The numbers that say how ranking works here: the base's evaluation, else the
     newest evaluated version's."""
     numbers = version_numbers(request.last_eval)
-    if numbers.get("rank_source") not in (None, "none", "disqualified"):
+    if _ranks(numbers):
         return numbers
     for entry in reversed(request.history):
         found = entry.get("numbers") or {}
-        if found.get("rank_source") not in (None, "none", "disqualified"):
+        if _ranks(found):
             return found
     return numbers
 
@@ -234,27 +239,44 @@ def _latest_numbers(request: AgentRequest) -> dict[str, Any]:
 def ranking_text(request: AgentRequest) -> str:
     """Which number ranks kernels, in words, for this session's chip and shape."""
     n = _latest_numbers(request)
+    rank = rank_of(n)
+    source = rank.source if rank is not None else None
     backend = request.backend or (request.last_eval or {}).get("backend") or {}
     on_tpu = backend.get("platform") == "tpu" and backend.get("mode") == "native"
     chip = n.get("chip") or (request.chip if request.chip not in ("", "cpu", None)
                              else DEFAULT_TPU)
     shape = _estimate_shape(n, request.task)
     head = "## What ranks kernels\n"
-    if on_tpu or n.get("rank_source") == "device_time":
+    if on_tpu or source == "device_time":
         return head + (
             f"The measured device time on this TPU ({backend.get('device_kind') or chip}) "
             f"against the XLA reference's, at {shape}: speedup = reference time / kernel "
             "time, higher is better. The TPU compiler's estimate is recorded beside it.")
-    if n.get("rank_source") == "host_simulation":
+    if source == "host_simulation":
         why = n.get("estimate_unavailable") or "the TPU compiler gave no estimate"
         return head + (
             f"No TPU estimate is available ({why}), so kernels are ranked by the host "
             "simulation ratio (XLA's time / the interpreted kernel's on this CPU), which "
             "predicts nothing about a TPU: treat any ranking here as weak.")
-    text = (f"The TPU compiler's estimated speedup: est. = the XLA reference's estimated "
-            f"cycles / your kernel's, both compiled for TPU {chip} at {shape}. Higher is "
-            "better; 1.0x ties XLA; it decides \"best\", the base of the next proposal, and "
-            "when autonomous mode stops. It is a static estimate (no TPU here)")
+    if source == "roofline":
+        why = n.get("estimate_unavailable") or "no reason given"
+        text = (f"The TPU compiler's estimate of your kernel, compiled for TPU {chip} at "
+                f"{shape}, against the XLA reference's roofline: the reference has no "
+                f"compiler estimate ({neutralize(why)}), so it is priced by its FLOPs at the "
+                "chip's peak and its compulsory bytes (inputs read, outputs written once) "
+                "at the HBM bandwidth, the larger of the two, a time XLA cannot beat. "
+                "\"≥0.87x roofline\" = that roofline time / your kernel's estimated time: "
+                "a lower bound of the speedup; higher is better")
+    else:
+        text = (f"The TPU compiler's estimated speedup: est. = the XLA reference's estimated "
+                f"time / your kernel's, both compiled for TPU {chip} at {shape}. Higher is "
+                "better; 1.0x ties XLA")
+    text += ("; it decides \"best\", the base of the next proposal, and when autonomous "
+             "mode stops. Versions are ordered by your kernel's own estimated time there "
+             "(the larger of the compiler's figure and its memory floor, the bytes it must "
+             "move through HBM at the chip's bandwidth): a reference figure that arrives "
+             "later changes the ratio, never the order. It is a static estimate (no TPU "
+             "here)")
     fidelity = fidelity_text(n.get("fidelity"))
     text += f"; how far it can be trusted for this kind of program: {fidelity}." if fidelity \
         else ("; it tends to undercount time spent waiting on HBM (memory-bound programs "
@@ -308,11 +330,10 @@ def base_text(request: AgentRequest) -> str:
 
     def said(number: int | None) -> str:
         entry = rows.get(number) or {}
-        label = (entry.get("numbers") or {}).get("rank_label") or entry.get("rank_label")
-        # the shape is said once, in "What ranks kernels"
-        label = label.split(" (")[0].split(" at ")[0] if isinstance(label, str) else None
-        if label is None and isinstance(entry.get("speedup"), int | float):
-            label = f"ranked {entry['speedup']:.3g}"
+        rank = Rank.from_json(entry.get("rank")) or rank_of(entry.get("numbers"))
+        # in short: its source and shape are said once, in "What ranks kernels"
+        label = None if rank is None else rank.words(short=True) if rank.ranked else \
+            rank.words() if rank.source == "disqualified" else None
         return f"v{number}, {label or entry.get('status') or 'not evaluated'}"
 
     lines = ["## Where this proposal starts",
@@ -405,8 +426,13 @@ def history_text(history: tuple[dict[str, Any], ...], limit: int = TABLE_ROWS,
     if len(rows) > limit:
         keep = {best, base}
         rows = [r for r in rows[:-limit] if r.get("version") in keep] + rows[-limit:]
+    ranks = [Rank.from_json(h.get("rank")) or rank_of(h.get("numbers")) for h in rows]
+    mhz = {round(r.clock_hz / 1e6) for r in ranks if r is not None and r.clock_hz}
+    # one chip's clock (one task, one chip): "1,000,000 cycles = 0.667 ms at 1.5 GHz"
+    clock = (f"; 1,000,000 cycles = {1e3 / next(iter(mhz)):.3g} ms at "
+             f"{next(iter(mhz)) / 1e3:g} GHz" if len(mhz) == 1 else "")
     head = ("## Versions so far (rank = the ranking number; cycles from the TPU compiler "
-            "at the estimate's shape)\n"
+            f"at the estimate's shape{clock})\n"
             "| v | from | status | rank | kernel cycles | ref. cycles | in Pallas / outside |"
             " VMEM used / limit | grid steps | change |\n"
             "|---|---|---|---|---|---|---|---|---|---|")
@@ -450,10 +476,9 @@ def history_text(history: tuple[dict[str, Any], ...], limit: int = TABLE_ROWS,
 
 
 def _rank_cell(h: dict[str, Any], n: dict[str, Any]) -> str:
-    """The ranking number as the table shows it (the compiler's figures first)."""
-    value = n.get("rank_value") if n else None
-    return rank_words(n.get("rank_source") or h.get("rank_source"),
-                      value if value is not None else h.get("speedup"))
+    """The ranking number as the table shows it (``Rank.words``, short)."""
+    rank = Rank.from_json(h.get("rank")) or rank_of(n)
+    return rank.words(short=True) if rank is not None else "-"
 
 
 def lookups_text(lookups: tuple[dict[str, Any], ...]) -> str:

@@ -1,15 +1,16 @@
 """The numbers of one evaluation, read once from its eval JSON, for prompts and tables.
 
 Everything a prompt says about an evaluated version's performance comes from
-``version_numbers(result)``: the ranking number and where it comes from
-(``kernels.result.ranking``), the TPU compiler's estimate and the XLA reference's in
-cycles, the per-op breakdown of both (the Pallas kernel against the XLA ops around it),
-VMEM used against the chip's scoped limit, grid steps, the production shape the
-estimate is for, the estimate's fidelity, the tolerance as enforced, and the host
-simulation times (which rank nothing). This module is the one reader of the ``tpu``
-section: fields that newer harnesses add (``shape_label``, ``input_shapes``,
-``estimate.ops``, ``estimate.method``, ``grid_steps``, ``floor``, ``fidelity``) are read
-here with ``.get`` and fall back to what older eval JSON has, so a change of that
+``version_numbers(result)``: what ranks it (``rank``: ``kernels.result.ranking``'s
+``Rank`` as JSON; ``rank_of`` reads it back), the TPU compiler's estimate and the XLA
+reference's in cycles and seconds, the reference's roofline, the per-op breakdown of
+both (the Pallas kernel against the XLA ops around it), VMEM used against the chip's
+scoped limit, grid steps, the production shape the estimate is for, the estimate's
+fidelity, the tolerance as enforced, and the host simulation times (which rank
+nothing). This module is the one reader of the ``tpu`` section: fields that newer
+harnesses add (``shape_label``, ``input_shapes``, ``estimate.ops``, ``estimate.method``,
+``grid_steps``, ``floor``, ``fidelity``, ``reference_roofline``, ``kernel_time_s``) are
+read here with ``.get`` and fall back to what older eval JSON has, so a change of that
 section is a change here only. Pure data: no JAX.
 """
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernels.result import array_text, is_interpret, ranking
+from kernels.result import Rank, array_text, is_interpret, ranking
 
 
 def _num(value: Any) -> float | None:
@@ -27,6 +28,29 @@ def _num(value: Any) -> float | None:
 
 def _cycles(estimate: Any) -> float | None:
     return _num(estimate.get("cycles")) if isinstance(estimate, dict) else None
+
+
+def _seconds(estimate: Any) -> float | None:
+    return _num(estimate.get("seconds")) if isinstance(estimate, dict) else None
+
+
+def _roofline(found: Any) -> dict[str, Any] | None:
+    """``tpu.reference_roofline``: the reference's FLOPs at the chip's peak and its
+    compulsory bytes at the HBM bandwidth (``{seconds, flops, bytes, compute_s,
+    memory_s, bound_by, dtype}``)."""
+    if not isinstance(found, dict) or _num(found.get("seconds")) is None:
+        return None
+    out: dict[str, Any] = {k: float(found[k]) for k in ("seconds", "flops", "bytes",
+                                                        "compute_s", "memory_s")
+                           if _num(found.get(k)) is not None}
+    out.update({k: str(found[k]) for k in ("bound_by", "dtype")
+                if isinstance(found.get(k), str)})
+    return out
+
+
+def rank_of(numbers: dict[str, Any] | None) -> Rank | None:
+    """The ``Rank`` ``version_numbers`` recorded (None for none)."""
+    return Rank.from_json((numbers or {}).get("rank"))
 
 
 def _ops(estimate: Any) -> list[dict[str, Any]]:
@@ -87,8 +111,7 @@ def version_numbers(result: dict[str, Any] | None) -> dict[str, Any]:
     fidelity = tpu.get("fidelity") if isinstance(tpu.get("fidelity"), dict) else None
     numbers: dict[str, Any] = {
         "status": result.get("status"),
-        "rank_value": rank.value, "rank_source": rank.source, "rank_label": rank.label,
-        "estimated_speedup": rank.estimate,
+        "rank": rank.to_json(),
         "chip": tpu.get("chip") or rank.chip,
         "compile": tpu.get("compile"),
         "shape": tpu.get("shape") if isinstance(tpu.get("shape"), str) else None,
@@ -97,6 +120,10 @@ def version_numbers(result: dict[str, Any] | None) -> dict[str, Any]:
         "input_shapes": _arrays(tpu.get("input_shapes")),
         "cycles": _cycles(estimate),
         "ref_cycles": _cycles(reference),
+        "seconds": _seconds(estimate),
+        "ref_seconds": _seconds(reference),
+        "kernel_time_s": _num(tpu.get("kernel_time_s")),
+        "roofline": _roofline(tpu.get("reference_roofline")),
         "method": _method(estimate), "ref_method": _method(reference),
         "ops": ops, "ref_ops": _ops(reference),
         "pallas_cycles": sum(o["cycles"] * o["count"] for o in pallas) if pallas else None,
@@ -107,7 +134,8 @@ def version_numbers(result: dict[str, Any] | None) -> dict[str, Any]:
         "grid_steps": int(tpu["grid_steps"]) if isinstance(tpu.get("grid_steps"), int)
         else None,
         "floor": _floor(tpu),
-        "compiler_speedup": _num(tpu.get("compiler_speedup")),
+        # the reference's cycles over the kernel's, the compiler's alone (no floor)
+        "compiler_ratio": _num(tpu.get("compiler_speedup")),
         "basis": tpu.get("basis") if isinstance(tpu.get("basis"), str) else None,
         "fidelity": fidelity,
         "estimate_unavailable": tpu.get("estimate_unavailable")

@@ -11,8 +11,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from agents.evalfacts import version_numbers
+from agents.evalfacts import rank_of, version_numbers
 from agents.untrusted import bounded, defuse, fence, neutralize
+from kernels.result import Rank
 
 _MAX_TRACEBACK_LINES = 20
 _MAX_STDERR_LINES = 15
@@ -124,22 +125,34 @@ def _compiler_lines(n: dict[str, Any], who: str) -> list[str]:
         if n.get("tpu_message"):
             lines.append(fence(bounded(n["tpu_message"], MAX_ERROR_CHARS),
                                f"TPU compiler message of {who}"))
+    rank = rank_of(n)
     cycles, ref = n.get("cycles"), n.get("ref_cycles")
     if cycles is not None or ref is not None:
-        est = f" -> est. {n['estimated_speedup']:.3g}x" if n.get("estimated_speedup") else ""
+        est = f" -> {rank.words(short=True)}" if rank is not None and rank.compiler else ""
         method = f"; {n['method']}" if n.get("method") else ""
-        lines.append(f"TPU compiler estimate ({where}): kernel "
-                     f"{cycles_text(cycles)} cycles, XLA reference {cycles_text(ref)} cycles{est}"
-                     f"{method}.")
+        kernel = (rank.time_words() if rank is not None and rank.kernel_cycles is not None
+                  else None) or f"{cycles_text(cycles)} cycles"
+        reference = (f"{cycles_text(ref)} cycles" + (f" = {seconds_text(n['ref_seconds'])}"
+                                                      if n.get("ref_seconds") else "")
+                     if ref is not None else "not estimated")
+        lines.append(f"TPU compiler estimate ({where}): kernel {kernel}, XLA reference "
+                     f"{reference}{est}{method}.")
         if n.get("ops"):
             lines.append("  kernel's ops: " + _ops_text(n["ops"]))
         if n.get("ref_ops"):
             lines.append("  reference's ops: " + _ops_text(n["ref_ops"]))
+        if ref is None:
+            lines.append("  " + _no_reference_text(n, rank))
         if n.get("floor"):
             lines.append("  " + _floor_text(n))
     elif n.get("estimate_unavailable"):
         lines.append(f"TPU compiler estimate ({where}): unavailable: "
                      f"{neutralize(n['estimate_unavailable'])}")
+    if rank is not None and rank.ranked:
+        trust = rank.trust_words()
+        lines.append(f"Ranking number: {rank.words()}."
+                     + (f" How far such compiler figures hold, measured: {trust}." if trust
+                        else ""))
     facts = []
     if n.get("vmem_bytes") is not None:
         limit = f" of the {n['vmem_limit_bytes'] / 2**20:.0f} MiB scoped limit" \
@@ -152,20 +165,67 @@ def _compiler_lines(n: dict[str, Any], who: str) -> list[str]:
     return lines
 
 
+def _no_reference_text(n: dict[str, Any], rank: Rank | None) -> str:
+    """Why the XLA reference has no compiler estimate, and what ranks instead: the
+    kernel's own estimate against the reference's roofline (its FLOPs at the chip's
+    peak, its compulsory bytes at the HBM bandwidth)."""
+    why = n.get("estimate_unavailable") or "no reason given"
+    text = f"No TPU compiler estimate for the XLA reference: {neutralize(why)}."
+    roof = n.get("roofline")
+    if rank is None or rank.source != "roofline" or not roof:
+        return text
+    flops = f"{roof['flops'] / 1e9:,.3g} GFLOP" if roof.get("flops") else "its FLOPs"
+    moved = f"{roof['bytes'] / 2**20:,.0f} MiB" if roof.get("bytes") else "its bytes"
+    compute = f" = {seconds_text(roof['compute_s'])}" if roof.get("compute_s") else ""
+    memory = f" = {seconds_text(roof['memory_s'])}" if roof.get("memory_s") else ""
+    return (text + " So your kernel is ranked by its own compiler estimate against the "
+            f"reference's roofline: its {flops} at the chip's peak{compute}, its compulsory "
+            f"{moved} (inputs read and outputs written once) at the HBM bandwidth{memory}; "
+            f"the larger, {seconds_text(roof['seconds'])}, is a time XLA cannot beat, so "
+            "the ratio is a lower bound of the speedup.")
+
+
 def _floor_text(n: dict[str, Any]) -> str:
     """The memory floor in a line: the bytes each program must move between HBM and the
-    chip, at the chip's bandwidth, and whether it decided the ranking number."""
-    f = n["floor"]
-    parts = [f"kernel {f['kernel_s'] * 1e3:.3g} ms ({f.get('kernel_bytes', 0) / 2**20:,.0f} MiB)"]
+    chip, at the chip's bandwidth, and how it stands against the compiler's figures:
+    that it decided the ranking number only where the harness says so (``basis``), that
+    it is below both only where it is below both, nothing where a figure is missing."""
+    f, t = n["floor"], seconds_text
+    parts = [f"kernel {t(f['kernel_s'])} ({f.get('kernel_bytes', 0) / 2**20:,.0f} MiB)"]
     if f.get("reference_s"):
-        parts.append(f"XLA reference {f['reference_s'] * 1e3:.3g} ms "
+        parts.append(f"XLA reference {t(f['reference_s'])} "
                      f"({f.get('reference_bytes', 0) / 2**20:,.0f} MiB)")
-    decided = (" It decided the ranking number (the compiler alone says "
-               f"{n['compiler_speedup']:.3g}x)." if n.get("basis") == "memory_floor"
-               and n.get("compiler_speedup") else
-               " It is below both compiler estimates: the compiler's figures rank.")
-    return ("memory floor (bytes through HBM at the chip's bandwidth): "
-            + ", ".join(parts) + "." + decided)
+    text = "memory floor (bytes through HBM at the chip's bandwidth): " + ", ".join(parts) + "."
+    k_floor, r_floor = f["kernel_s"], f.get("reference_s")
+    k_est, r_est = n.get("seconds"), n.get("ref_seconds")
+    sides = []  # (whose, floor, estimate) where both figures exist
+    if k_est:
+        sides.append(("the kernel's", k_floor, k_est))
+    if r_est and r_floor:
+        sides.append(("the XLA reference's", r_floor, r_est))
+    if n.get("basis") == "memory_floor":
+        above = [f"{who} floor {t(floor)} is above its compiler estimate {t(est)}"
+                 for who, floor, est in sides if floor > est]
+        alone = (f" (the compiler's cycles alone say {n['compiler_ratio']:.3g}x)"
+                 if n.get("compiler_ratio") else "")
+        return text + " It decided the ranking number" + alone + (
+            ": " + "; ".join(above) if above else "") + "."
+    if len(sides) == 2 and all(floor <= est for _who, floor, est in sides):
+        return (text + f" It is below both compiler estimates (kernel {t(k_est)}, XLA "
+                f"reference {t(r_est)}): the compiler's figures rank.")
+    if sides:
+        text += " Against the compiler's estimates: " + "; ".join(
+            f"{who} floor is {'above' if floor > est else 'not above'} its {t(est)}"
+            for who, floor, est in sides) + "."
+        ranked = n.get("kernel_time_s")
+        if k_est and k_floor > k_est and ranked and abs(ranked - k_floor) <= 1e-3 * k_floor:
+            text += " The kernel's floor is the time it is ranked by."
+    return text
+
+
+def seconds_text(seconds: float) -> str:
+    """Seconds as the ranking words say them: "0.798 ms", "1.85 us"."""
+    return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-4 else f"{seconds * 1e6:.3g} us"
 
 
 def _ops_text(ops: list[dict[str, Any]], limit: int = 6) -> str:

@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from kernels.result import Rank
+
 FILENAME = "lessons.jsonl"
 
 
@@ -153,19 +155,38 @@ def _render(lesson: Lesson) -> str:
 def lesson_from_history(history: tuple[dict[str, Any], ...] | list[dict[str, Any]], *,
                         task: str, family: str | None, chip: str | None) -> Lesson | None:
     """A session's takeaway, for the controller to store at the end: the best configuration
-    and what it gained over the first correct version. None when nothing was learned."""
-    correct = [h for h in history if h.get("status") == "correct" and h.get("speedup")]
-    if len(correct) < 2:
+    (by the one ordering, ``Rank.key``) and what it gained over the first ranked version,
+    in ``Rank.words``. None when nothing was learned."""
+    ranked = [(rank, h) for h in history if h.get("status") == "correct"
+              and (rank := Rank.from_json(h.get("rank"))) is not None and rank.ranked]
+    if len(ranked) < 2:
         return None
-    first, best = correct[0], max(correct, key=lambda h: h["speedup"])
-    if best is first or best["speedup"] <= first["speedup"] * 1.02:
-        return Lesson(f"{task}: {len(correct)} correct versions, none beat v{first.get('version')} "
-                      f"({first['speedup']:.3g}x)", family, chip, task, "failed", source="session")
+    first_rank, first = ranked[0]
+    best_rank, best = max(ranked, key=lambda pair: pair[0].key())  # earliest on ties
+    said_first = f"{first_rank.words(short=True)} for v{first.get('version')}"
+    if best is first or not _gained(best_rank, first_rank):
+        return Lesson(f"{task}: {len(ranked)} correct versions, none beat v{first.get('version')} "
+                      f"({first_rank.words(short=True)})", family, chip, task, "failed",
+                      source="session")
     config = best.get("tunables") or {}
     what = " ".join(f"{k}={v}" for k, v in config.items()) or best.get("summary", "")
-    return Lesson(f"{task}: best v{best.get('version')} {what} at {best['speedup']:.3g}x vs "
-                  f"{first['speedup']:.3g}x for v{first.get('version')}",
+    return Lesson(f"{task}: best v{best.get('version')} {what} at "
+                  f"{best_rank.words(short=True)} vs {said_first}",
                   family, chip, task, "helped", source="session", config=config or None)
+
+
+def _gained(best: Rank, first: Rank, margin: float = 1.02) -> bool:
+    """``best`` ranks above ``first`` by more than noise (2%) on ``Rank.key``'s number:
+    the kernel's time for compiler figures, the speedup or ratio otherwise; a better
+    kind of number always does."""
+    if not best.better_than(first):
+        return False
+    b, f = best.key(), first.key()
+    if b[:2] != f[:2]:
+        return True
+    if b[2] > 0:  # a number where larger is better
+        return b[2] > f[2] * margin
+    return -f[2] > -b[2] * margin  # a time (negated in the key)
 
 
 def remember(lesson: Lesson, path: Path | None = None) -> Lesson | None:

@@ -25,11 +25,14 @@ lowering, and a compile by the real TPU compiler for the session's chip.
 
 What ranks kernels: on a TPU, the measured device time against the XLA reference's. \
 Off a TPU (the usual case here), the TPU compiler's static estimate: est. = the XLA \
-reference's estimated cycles / your kernel's, both compiled for the session's chip at \
-the task's production shape; higher is better, 1.0x ties XLA. Each request says which \
-applies and at what shape. Off a TPU the check shapes run in TPU interpret mode on the \
-CPU: that host simulation time checks correctness only. It is not a speedup, predicts \
-nothing about a TPU, and ranks nothing.
+reference's estimated time / your kernel's, both compiled for the session's chip at \
+the task's production shape (each the larger of the compiler's figure and the memory \
+floor of the bytes it must move); higher is better, 1.0x ties XLA. Where the reference \
+has no estimate, your kernel's is held against the reference's roofline ("≥0.87x \
+roofline", a lower bound of the speedup). Versions are ordered by your kernel's own \
+estimated time. Each request says which applies and at what shape. Off a TPU the check \
+shapes run in TPU interpret mode on the CPU: that host simulation time checks \
+correctness only. It is not a speedup, predicts nothing about a TPU, and ranks nothing.
 
 Where a proposal starts: the kernel shown in a request is the base your change applies \
 to. After a version comes out slower than the best, the base is the best version \

@@ -193,7 +193,7 @@ def replay(name: str, slot: dict[str, Any], diagnoser: Diagnoser | None = None
         # The tuner sees the same cost the grid's best is judged by (min_ms, no speedup).
         cost = _cost(measured)
         status = "correct" if cost != float("inf") else "failed"
-        history.append({"version": version, "status": status, "speedup": None,
+        history.append({"version": version, "status": status, "rank": None,
                         "median_ms": cost, "summary": "",
                         "tunables": tunables.config_of(current)})
         if cost <= best * (1 + WITHIN):

@@ -20,7 +20,7 @@ For each suite it
    the TPU lowering check), the denominator of the target.
 
 Printed per task and in total: inputs generate, crowned, truly correct, lowerable,
-ranking speedup, wall time. ``--smoke`` needs no checkout: the JAXBench and MaxKernel
+rank (the TPU compiler's estimate at the production shape), wall time. ``--smoke`` needs no checkout: the JAXBench and MaxKernel
 tasks of ``tests/fixtures/suite`` are listed (step 1, without running their input
 builders: ``tilewright tasks --no-check``, no worker), the shared-size resolution runs,
 and the table is printed from the listing; no search, no re-check. Targets (issue 11): all tasks generate inputs; no wrong
@@ -110,8 +110,9 @@ def recheck(session: str, task_root: str, overrides: dict[str, str]) -> dict[str
             "recheck_flags": (data.get("integrity") or {}).get("flags"),
             # the production shape: the task's own size, as written (never --set)
             "production_compile": tpu.get("compile"), "production_shape": tpu.get("shape_label"),
-            "production_speedup": rank.value if rank.source == "tpu_estimate" else None,
-            "production_label": rank.label, "estimate_s": tpu.get("compile_s"),
+            # the TPU compiler's estimated speedup (a roofline bound is not one)
+            "production_estimate": rank.value if rank.source == "tpu_estimate" else None,
+            "production_words": rank.words(), "estimate_s": tpu.get("compile_s"),
             "compile_peak_mb": tpu.get("compile_peak_mb"),
             "estimate_unavailable": tpu.get("estimate_unavailable")}
 
@@ -177,7 +178,7 @@ def run_suite(label: str, directory: Path, args: argparse.Namespace, scratch: Pa
     generates = {row["name"] or row["path"]: row["error"] is None for row in listing}
     if args.smoke:
         rows = [{"task": name, "generates": ok, "crowned": False, "truly_correct": False,
-                 "lowerable": False, "speedup": None, "evaluations": 0}
+                 "lowerable": False, "best_rank": None, "evaluations": 0}
                 for name, ok in generates.items()]
         return {"suite": label, "rows": rows, "totals": None,
                 "wall_s": time.perf_counter() - started,
@@ -222,11 +223,11 @@ def run_suite(label: str, directory: Path, args: argparse.Namespace, scratch: Pa
             check = {"truly_correct": False, "recheck": f"{type(exc).__name__}: {exc}"}
         rows.append({"task": task["task"], "generates": generates.get(task["task"], True),
                      "crowned": crowned, **check, "lowerable": lowerable(task["session"]),
-                     "speedup": task["best_speedup"], "rank_source": task.get("rank_source"),
+                     "best_rank": task.get("best_rank"),  # kernels.result.Rank as JSON
                      "evaluations": task["evaluations"]})
     for error in report["errors"]:
         rows.append({"task": Path(error["path"]).name, "generates": False, "crowned": False,
-                     "truly_correct": False, "lowerable": False, "speedup": None,
+                     "truly_correct": False, "lowerable": False, "best_rank": None,
                      "evaluations": 0, "error": error["message"][:200]})
     return {"suite": label, "rows": rows, "totals": report.get("totals"),
             "wall_s": time.perf_counter() - started,
@@ -241,8 +242,8 @@ def print_suite(result: dict) -> None:
     print(f"\n== {result['suite']}: {len(rows)} tasks, {result['wall_s']:.0f} s")
     print(f"{'task':<44} gen crown true lower prod  est.@prod  shape / why no estimate")
     for r in rows:
-        speed = (f"{r['production_speedup']:.3g}x"
-                 if isinstance(r.get("production_speedup"), int | float) else "-")
+        speed = (f"{r['production_estimate']:.3g}x"
+                 if isinstance(r.get("production_estimate"), int | float) else "-")
         prod = {"ok": "y", "error": "FAIL", "unavailable": "?"}.get(
             r.get("production_compile") or "", "-")
         note = r.get("production_shape") or ""
@@ -262,8 +263,8 @@ def print_suite(result: dict) -> None:
     # at the production shape: what the crowned bests are worth at the size users run
     fails = sum(r["crowned"] and r.get("production_compile") == "error" for r in rows)
     compiles = sum(r["crowned"] and r.get("production_compile") == "ok" for r in rows)
-    ranked = [r["production_speedup"] for r in rows
-              if r["truly_correct"] and isinstance(r.get("production_speedup"), int | float)]
+    ranked = [r["production_estimate"] for r in rows
+              if r["truly_correct"] and isinstance(r.get("production_estimate"), int | float)]
     geo = math.exp(statistics.fmean(math.log(x) for x in ranked)) if ranked else None
     n = len(rows) or 1
     fast1 = sum(x >= 1.0 for x in ranked) / n
@@ -280,10 +281,10 @@ def print_suite(result: dict) -> None:
           f"(target < 4096)")
     if result.get("totals"):
         t = result["totals"]
-        geo = t["geomean_speedup"]
+        geo = t["geomean"]
         print(f"suite totals (search): correct rate {t['correct_rate']:.0%}, geomean "
-              f"{'-' if geo is None else f'{geo:.3g}x'}, fast_1 {t['fast_1']:.0%}, "
-              f"fast_1.5 {t['fast_1.5']:.0%}")
+              f"{'-' if geo is None else f'{geo:.3g}x'} over {t['counted']} estimated or "
+              f"measured, fast_1 {t['fast_1']:.0%}, fast_1.5 {t['fast_1.5']:.0%}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from kernels.result import ranking
 from sessions.log import SessionLog, load
 from sessions.state import fold
 
@@ -81,12 +82,21 @@ def write_session(base: Path, n_events: int, seed: int = 0) -> tuple[Path, float
         run += 1
         log.append("run.start", run=f"r{run}", version=version, kind="eval", by="auto")
         correct = rng.random() > 0.2
-        speedup = rng.uniform(0.5, 3.0) if correct else None
+        # ranked as off a TPU: the TPU compiler's estimate at the production shape
+        estimate = rng.uniform(0.5, 3.0)
+        cycles = round(1_500_000 / estimate)
         result = {"schema": "tilewright.eval/1", "status": "correct" if correct else
-                  "incorrect", "timing": {"median_ms": 1.0, "speedup": speedup},
+                  "incorrect",
+                  "timing": {"median_ms": 1.0, "speedup": None, "host_ratio": 0.02},
+                  "tpu": {"chip": "v5e", "compile": "ok", "shape_label": "4096x4096",
+                          "estimate": {"cycles": cycles, "seconds": cycles / 1.5e9},
+                          "reference_estimate": {"cycles": 1_500_000, "seconds": 1e-3},
+                          "kernel_time_s": cycles / 1.5e9, "estimated_speedup": estimate,
+                          "basis": "compiler"},
                   "n": run}
         log.append("run.result", run=f"r{run}", version=version,
-                   status=result["status"], correct=correct, speedup=speedup,
+                   status=result["status"], correct=correct,
+                   rank=ranking(result).to_json(), chip="v5e",
                    median_ms=1.0, result_blob=log.put_blob(json.dumps(result)),
                    cancelled=False)
         if proposal % 10 == 0:

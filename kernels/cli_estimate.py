@@ -65,8 +65,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(found: dict[str, Any]) -> None:
-    from kernels.result import ranking
-
     tpu = found.get("tpu") or {}
     where = (f"{tpu.get('chip')} at production shape {tpu.get('shape')} "
              f"({' '.join(tpu.get('input_shapes') or [])})") if tpu else "—"
@@ -75,15 +73,73 @@ def _print(found: dict[str, Any]) -> None:
     error = found.get("error") or {}
     if error.get("message"):
         print(f"error      {error['message'].splitlines()[0][:300]}")
-    if tpu.get("estimated_speedup"):
-        rank = ranking({"status": "correct", "tpu": tpu, "integrity": {}})
-        print(f"estimate   {rank.label}")
-        for what in ("estimate", "reference_estimate"):
-            one = tpu.get(what) or {}
-            seconds = one.get("seconds")
-            print(f"  {'kernel' if what == 'estimate' else 'XLA ref.':<9}"
-                  f"{one.get('cycles', 0):>14,} cycles"
-                  + (f" = {seconds * 1e3:.3f} ms" if seconds else "")
-                  + (f"  ({one.get('detail')})" if one.get("method") == "scaled" else ""))
-    elif tpu.get("estimate_unavailable"):
-        print(f"estimate   unavailable: {tpu['estimate_unavailable']}")
+    for label, text in estimate_rows(tpu):
+        print(f"{label:<10} {text}")
+
+
+def _ms(seconds: float | None) -> str:
+    if not seconds:
+        return "?"
+    return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-4 else f"{seconds * 1e6:.3g} us"
+
+
+def _mib(count: float | None) -> str:
+    return f"{count / (1 << 20):.1f} MiB" if count else "?"
+
+
+def estimate_rows(tpu: dict[str, Any], rank: Any = None) -> list[tuple[str, str]]:
+    """The TPU compiler's figures at the production shape, as (label, text) rows for
+    ``eval`` and ``estimate``: the rank in its words (``Rank.words``; ``rank``, or the
+    compiler's figure when the evaluation ranks by none), the kernel's and the
+    reference's cycles with their time (``Rank.time_words``), the memory floor, how far
+    such figures are trusted (``Rank.trust_words``); or why there is no estimate."""
+    from kernels.result import ranking
+
+    figure = ranking({"status": "correct", "tpu": tpu, "integrity": {}})
+    shown = rank if rank is not None and (rank.compiler or rank.source == "device_time") \
+        else figure
+    if not (shown.compiler or shown.source == "device_time"):
+        why = tpu.get("estimate_unavailable")
+        cycles = (tpu.get("estimate") or {}).get("cycles")
+        rows = [("estimate", f"unavailable: {why}")] if why else []
+        if isinstance(cycles, int) and figure.time_words():
+            rows.append(("kernel", f"{figure.time_words()}"))
+        return rows
+    said = shown.words()
+    if shown.compiler:
+        said += "; a static estimate, not a measurement"
+    if rank is not None and shown is not rank:  # the evaluation itself ranks by none
+        said += f" ({rank.words()})" if rank.source == "disqualified" \
+            else f" (not ranked: {rank.words()})"
+    rows = [("rank" if shown is rank else "estimate", said)]
+    kernel, ref = tpu.get("estimate") or {}, tpu.get("reference_estimate") or {}
+    if shown.time_words():
+        rows.append(("kernel", shown.time_words() or ""))
+    if isinstance(ref.get("cycles"), int):
+        rows.append(("XLA ref.", f"{ref['cycles']:,} cycles = {_ms(ref.get('seconds'))}"))
+    roof = tpu.get("reference_roofline") or {}
+    if roof.get("seconds") and shown.source == "roofline":
+        parts = [f"{roof['bound_by']}-bound"] if roof.get("bound_by") else []
+        if roof.get("flops"):
+            parts.append(f"{float(roof['flops']):.3g} FLOPs")
+        if roof.get("bytes"):
+            parts.append(_mib(roof["bytes"]))
+        rows.append(("roofline", f"XLA reference {_ms(roof['seconds'])}"
+                                 + (f" ({', '.join(parts)})" if parts else "")
+                                 + "; no program computing it is faster"))
+    floor = tpu.get("floor") or {}
+    if floor.get("kernel_s"):
+        decided = " (it decided the estimate)" if shown.basis == "memory_floor" else ""
+        ref_floor = (f", reference {_ms(floor['reference_s'])} ({_mib(floor.get('reference_bytes'))})"
+                     if floor.get("reference_s") else "")
+        rows.append(("floor", f"memory floor: kernel {_ms(floor['kernel_s'])} "
+                              f"({_mib(floor.get('kernel_bytes'))}){ref_floor} at "
+                              f"{float(floor.get('bandwidth_bytes_per_s') or 0) / 1e9:.0f} "
+                              f"GB/s{decided}"))
+    trust = shown.trust_words()
+    if trust:
+        rows.append(("trust", trust))
+    for what, found in (("kernel", kernel), ("XLA ref.", ref)):
+        if found.get("method") == "scaled" and found.get("detail"):
+            rows.append(("", f"{what}: {found['detail']}"))
+    return rows

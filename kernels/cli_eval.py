@@ -174,8 +174,8 @@ def _print_chips(results: list[Any], chips: list[str], as_json: bool) -> int:
             if tpu.get("vmem_bytes"):
                 line += f" · VMEM {_mib(tpu['vmem_bytes'])} of {_mib(tpu.get('vmem_limit_bytes'))}"
             rank = result.rank
-            if rank.source in ("tpu_estimate", "device_time"):
-                line += f" · {escape(rank.label)}"
+            if rank.compiler or rank.source == "device_time":
+                line += f" · {escape(rank.words())}"
             elif tpu.get("estimate_unavailable"):
                 line += f" · no estimate: {escape(tpu['estimate_unavailable'])}"
             console.print(line)
@@ -236,20 +236,10 @@ def print_summary(result: Any, task_name: str, kernel: str) -> None:
         table.add_row("TPU compile", escape(f"{tpu.get('chip')}{at}: {verdict}{vmem}"))
         if tpu.get("compile") != "ok" and tpu.get("message"):
             table.add_row("", escape(tpu["message"].splitlines()[0][:200]))
-        est = tpu.get("estimate")
-        ref = tpu.get("reference_estimate")
-        if est and ref and tpu.get("estimated_speedup"):
-            from kernels.result import ranking
+        from kernels.cli_estimate import estimate_rows
 
-            rank = ranking({**result.to_json(), "status": "correct", "integrity": {}})
-            table.add_row("estimate", escape(
-                f"{rank.label}: {est['cycles']:,} cycles vs XLA reference "
-                f"{ref['cycles']:,}; a static estimate, not a measurement"))
-            for what, found in (("kernel", est), ("reference", ref)):
-                if found.get("method") == "scaled" and found.get("detail"):
-                    table.add_row("", escape(f"{what}: {found['detail']}"))
-        elif tpu.get("estimate_unavailable"):
-            table.add_row("estimate", escape(f"unavailable: {tpu['estimate_unavailable']}"))
+        for label, text in estimate_rows(tpu, result.rank):
+            table.add_row(label, escape(text))
     flags = (result.integrity or {}).get("flags") or []
     table.add_row("integrity", escape(", ".join(flags) if flags else "no flags"))
     timing = result.timing
@@ -257,9 +247,12 @@ def print_summary(result: Any, task_name: str, kernel: str) -> None:
         interpret = timing.get("mode") == TPU_INTERPRET
         label = "host simulation time: the CPU interpreting the kernel (not TPU " \
             "performance; never a speedup)" if interpret else f"{timing['method']}"
-        speedup = timing.get("speedup")
-        ratio = ("" if interpret else " · speedup "
-                 f"{'n/a' if speedup is None else f'{speedup:.3g}x'}")
+        if interpret:  # the host's ratio (an eval JSON before host_ratio: in speedup)
+            host = timing.get("host_ratio") or timing.get("speedup")
+            ratio = f" · host ratio {host:.3g} (not a speedup)" if host else ""
+        else:
+            speedup = timing.get("speedup")
+            ratio = f" · speedup {'n/a' if speedup is None else f'{speedup:.3g}x'}"
         table.add_row("host sim." if interpret else "timing", escape(
             f"{timing['median_ms']:.3f} ms median (p10 {timing['p10_ms']:.3f}, p90 "
             f"{timing['p90_ms']:.3f}; {timing['iters']} iters on {timing.get('shape')}) · "

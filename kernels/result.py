@@ -244,25 +244,29 @@ class Rank:
     def label(self) -> str:
         return self.words()
 
-    def words(self, short: bool = False) -> str:
+    def words(self, short: bool = False, chip: bool = True) -> str:
         """The number with what it is, never a host simulation ratio as a speedup:
         "est. 1.29x on v5e at 4096x4096 (TPU compiler, memory floor)", "≥0.87x vs XLA's
         roofline ...", "1.34x measured on TPU v5 lite ...", "host sim. ratio 0.0278 ...";
         ``short`` for one-line summaries and tables ("est. 1.29x", "≥0.87x roofline",
-        "1.34x meas.", "host sim 0.0278", "-")."""
+        "1.34x meas.", "host sim 0.0278", "-"); ``chip=False`` leaves the chip out where
+        the screen names it already."""
         v = self.value
+        on = f" on {self.chip}" if chip and self.chip else ""
         if self.source == "device_time" and v is not None:
             if short:
                 return f"{v:.2f}x meas."
             where = f" at {self.shape}" if self.shape else ""
             beside = f", est. {self.estimate:.2f}x" if self.estimate is not None else ""
-            return f"{v:.2f}x measured on {self.device or 'TPU'}{where}{beside}"
+            device = f" on {self.device or 'TPU'}" if chip else ""
+            return f"{v:.2f}x measured{device}{where}{beside}"
         if self.source == "tpu_estimate" and v is not None:
             if short:
                 return f"est. {v:.2f}x"
-            if self.legacy_label:
-                return self.legacy_label
-            return f"est. {v:.2f}x on {self.chip}{self._at()} ({self.how()})"
+            if self.legacy_label:  # a log older than ranks: its own words
+                return self.legacy_label if on or not self.chip else \
+                    self.legacy_label.replace(f" on {self.chip}", "")
+            return f"est. {v:.2f}x{on}{self._at()} ({self.how()})"
         if self.source == "roofline" and v is not None:
             if short:
                 return f"≥{v:.2f}x roofline"
@@ -270,7 +274,7 @@ class Rank:
                 else "the kernel's compiler cycles"
             ref = f" {_ms(self.reference_s)}" if self.reference_s else ""
             why = f"; no XLA estimate: {self.why_none}" if self.why_none else ""
-            return (f"≥{v:.2f}x vs XLA's roofline on {self.chip}{self._at()} ({kernel} "
+            return (f"≥{v:.2f}x vs XLA's roofline{on}{self._at()} ({kernel} "
                     f"against the reference's roofline{ref}{why})")
         if self.source == "host_simulation" and v is not None:
             if short:
@@ -383,7 +387,8 @@ def ranking(result: dict[str, Any]) -> Rank:
     status = str(result.get("status") or "not evaluated")
     estimate = _num(tpu.get("estimated_speedup"))
     kernel = tpu.get("estimate") or {}
-    cycles = kernel.get("cycles") if isinstance(kernel.get("cycles"), int) else None
+    cycles = int(kernel["cycles"]) if isinstance(kernel.get("cycles"), int | float) \
+        and not isinstance(kernel.get("cycles"), bool) else None
     kernel_s = _num(tpu.get("kernel_time_s"))
     clock = None
     if cycles and _num(kernel.get("seconds")):

@@ -2,9 +2,11 @@
 
 Budgets count what autonomous mode has spent since it last began (a switch to auto
 starts a fresh allowance): iterations (new kernel versions), tokens (input, cache and
-output), cost in USD, and wall time. Stop rules: no improvement of the best speedup in
-K consecutive evaluations, and a target speedup reached. Each check is a pure function
-of the folded state, so a resumed session stops for the same reasons a live one would.
+output), cost in USD, and wall time. Stop rules: no better best (``Rank.key``) in K
+consecutive evaluations, and a target speedup reached (by a measured speedup or the TPU
+compiler's estimated one: a roofline bound or a host simulation ratio never reaches
+it). Each check is a pure function of the folded state, so a resumed session stops for
+the same reasons a live one would.
 ``should_profile`` says when autonomous mode profiles a version (each new best, and at
 most every N evaluations otherwise) so that a diagnosis reaches the next request.
 """
@@ -18,8 +20,9 @@ from typing import Any
 from agents.config import Budgets, Config, ControllerConfig, coerce
 from sessions.state import SessionState
 
-__all__ = ["STOP_REASONS", "Budgets", "ControllerSettings", "budget_exhausted",
-           "duplicate_of", "should_profile", "stop_rule", "stop_words"]
+__all__ = ["STOP_REASONS", "TARGET_SOURCES", "Budgets", "ControllerSettings",
+           "budget_exhausted", "duplicate_of", "should_profile", "stop_rule", "stop_words",
+           "target_reached"]
 
 # ``auto.stop`` reasons in words, for every front end (TUI, auto, replay, reports).
 STOP_REASONS = {
@@ -29,7 +32,8 @@ STOP_REASONS = {
     "budget:wall": "its time budget is used up",
     "budget": "a budget is used up",
     "no_improvement": "no better kernel came in a while",
-    "target_reached": "the target speedup is reached",
+    "target_reached": "the best kernel's speedup (measured, or the TPU compiler's "
+                      "estimate) reached the target",
     "agent_finished": "the agent has nothing more to try",
     "agent_failed": "the agent could not propose anything",
     "agent_repeating": "the agent kept proposing kernels already measured",
@@ -55,6 +59,9 @@ def stop_words(reason: str | None, settings: ControllerSettings | None = None) -
             return STOP_REASONS[reason].replace("budget is", f"budget ({shown}) is")
         if reason == "no_improvement" and settings.stop_after_no_improvement:
             return f"no better kernel in {settings.stop_after_no_improvement} evaluations"
+        if reason == "target_reached" and settings.target_speedup is not None:
+            return STOP_REASONS[reason].replace(
+                "the target", f"the target ({settings.target_speedup:g}x)")
     return STOP_REASONS.get(reason) or STOP_REASONS.get(reason.split(":")[0]) or \
         reason.replace("_", " ")
 
@@ -89,11 +96,23 @@ def budget_exhausted(state: SessionState, settings: ControllerSettings,
     return None
 
 
+# The sources whose value is a speedup a target can be reached by: measured on a TPU,
+# or the TPU compiler's estimate against the XLA reference's. A roofline rank is only a
+# lower bound, and a host simulation ratio says nothing about a TPU.
+TARGET_SOURCES = ("device_time", "tpu_estimate")
+
+
+def target_reached(state: SessionState, target: float | None) -> bool:
+    """Whether the best version's speedup reaches ``target`` (``TARGET_SOURCES`` only)."""
+    best = state.best_rank
+    return (target is not None and best is not None and best.source in TARGET_SOURCES
+            and best.value is not None and best.value >= target)
+
+
 def stop_rule(state: SessionState, settings: ControllerSettings) -> str | None:
-    """The ``auto.stop`` reason when a stop rule fires after an evaluation."""
-    best = state.best_speedup
-    if settings.target_speedup is not None and best is not None \
-            and best >= settings.target_speedup:
+    """The ``auto.stop`` reason when a stop rule fires after an evaluation; the
+    "no improvement" count is the fold's (``Rank.key``)."""
+    if target_reached(state, settings.target_speedup):
         return "target_reached"
     k = settings.stop_after_no_improvement
     if k is not None and k > 0 and state.evals_without_improvement >= k:

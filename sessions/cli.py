@@ -28,9 +28,17 @@ def register(sub: argparse._SubParsersAction) -> None:
                       default=None,
                       help="who proposes (default: the config's agent.kind)")
     auto.add_argument("--budget", type=int, metavar="N", help="iterations (new kernel versions)")
-    auto.add_argument("--target", type=float, metavar="X", help="stop at this speedup")
+    auto.add_argument("--target", type=float, metavar="X",
+                      help="stop once the best kernel's speedup reaches X (measured, or the "
+                           "TPU compiler's estimate; never a roofline bound or a host "
+                           "simulation ratio)")
     auto.add_argument("--trials", type=int, default=None,
                       help="correctness trials per shape (default: [eval] trials, else 3)")
+    auto.add_argument("--timeout", type=float, default=None, metavar="S",
+                      help="each evaluation's deadline for the kernel's own runs, seconds "
+                           "(default: [eval] timeout_s, else 120); the compiles at the "
+                           "production shape may take longer for a big program, as the "
+                           "judge states (tpu.deadline_s)")
     auto.add_argument("--time-budget", type=float, default=None, metavar="S",
                       help="timing budget per evaluation, seconds (default: [eval] "
                            "time_budget_s, else 1)")
@@ -119,24 +127,26 @@ def _sessions(args: argparse.Namespace) -> int:
             continue
         state = fold(loaded.header, loaded.events)
         best = state.versions.get(state.best) if state.best is not None else None
-        shape = None
-        if best is not None and best.result_blob and best.rank_source == "tpu_estimate":
-            from sessions.log import read_json_blob
+        rank = best.rank if best is not None else None
+        shape = None  # the production shape the compiler's figure is for ("4096x4096")
+        if best is not None and rank is not None and rank.compiler:
+            shape = rank.shape or best.production_shape
+            if shape is None and best.result_blob:  # a log older than recorded shapes
+                from sessions.log import read_json_blob
 
-            try:
-                tpu = (read_json_blob(path, best.result_blob) or {}).get("tpu") or {}
-            except (OSError, ValueError, SessionError):
-                tpu = {}
-            shape = tpu.get("shape")  # the configuration the estimate is for
+                try:
+                    tpu = (read_json_blob(path, best.result_blob) or {}).get("tpu") or {}
+                except (OSError, ValueError, SessionError):
+                    tpu = {}
+                shape = tpu.get("shape_label") or tpu.get("shape")
         rows.append({"id": path.name, "task": (loaded.header.get("task") or {}).get("name"),
                      "started": loaded.header.get("created"),
                      # a step: a decision on a proposal or an evaluation (user or agent)
                      "steps": len(state.decisions) + state.spent.runs,
                      "versions": len(state.versions), "evaluations": state.spent.runs, "best_version": state.best,
-                     "best_speedup": state.best_speedup,
-                     # what the number is (kernels.result.ranking's label)
-                     "best_label": best.rank_label if best else None,
-                     "best_source": best.rank_source if best else None,
+                     # what ranks the best version (kernels.result.Rank as JSON), in words
+                     "best_rank": rank.to_json() if rank else None,
+                     "best_words": rank.words() if rank else None,
                      "best_shape": shape,
                      "ended": state.ended,
                      "path": str(path)})
@@ -146,27 +156,32 @@ def _sessions(args: argparse.Namespace) -> int:
     if not rows:
         print(f"no sessions in {base}")
         return 0
-    from sessions.report import short_rank
+    from kernels.result import Rank
 
     print(f"{'SESSION':<36} {'TASK':<18} {'STARTED':<20} {'STEPS':>5} {'EVALS':>5} "
-          f"{'BEST':>17}  {'EST. FOR':<12} STATE")
-    chips = set()
+          f"{'BEST':>22}  {'EST. FOR':<12} STATE")
+    chips: dict[str, set[str]] = {}
     for r in rows:
         if "error" in r:
             print(f"{r['id']:<36} unreadable: {r['error']}")
             continue
-        best = f"{short_rank(r['best_source'], r['best_speedup'])} v{r['best_version']}" \
-            if r["best_speedup"] is not None else "-"
-        if r["best_source"] == "tpu_estimate" and r["best_label"]:
-            chips.add(r["best_label"].split(" on ", 1)[-1].split(" ")[0])
+        rank = Rank.from_json(r["best_rank"])
+        best = f"{rank.words(short=True)} v{r['best_version']}" \
+            if rank is not None and r["best_version"] is not None else "-"
+        if rank is not None and rank.compiler and rank.value is not None:
+            chips.setdefault(rank.source, set()).add(rank.chip or "?")
         started = (r["started"] or "")[:19].replace("T", " ")
         print(f"{r['id']:<36} {(r['task'] or '?')[:18]:<18} {started:<20} {r['steps']:>5} "
-              f"{r['evaluations']:>5} {best:>17}  {(r['best_shape'] or '-')[:12]:<12} "
+              f"{r['evaluations']:>5} {best:>22}  {(r['best_shape'] or '-')[:12]:<12} "
               f"{r['ended'] or 'resumable'}")
-    if chips:
+    if "tpu_estimate" in chips:
         print(f"est.: the TPU compiler's estimated speedup over the XLA reference on "
-              f"{', '.join(sorted(chips))}, for the task's shape named under EST. FOR (not "
-              "a measurement)")
+              f"{', '.join(sorted(chips['tpu_estimate']))}, for the task's shape named under "
+              "EST. FOR (not a measurement)")
+    if "roofline" in chips:
+        print(f"≥ roofline: the kernel's TPU compiler estimate against the XLA reference's "
+              f"roofline on {', '.join(sorted(chips['roofline']))} (the reference has no "
+              "estimate): a lower bound of the speedup, not a measurement")
     return 0
 
 
@@ -237,7 +252,8 @@ def _export(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     written = ex.write(exported, out, test)
     v = state.versions[number]
-    print(f"wrote {out} (v{number}: {v.rank_label or v.status or 'not evaluated'})")
+    said = v.rank.words() if v.rank is not None and v.rank.ranked else None
+    print(f"wrote {out} (v{number}: {said or v.status or 'not evaluated'})")
     if exported.simplified:
         print(f"  simplified: {', '.join(exported.simplified)} taken out; "
               f"{exported.verified}")

@@ -3,7 +3,7 @@
 Each task gets its own session (under ``--session-dir``); a task whose search session
 there is unfinished is resumed, a finished one is reported as it stands, so rerunning
 the same command after an interruption continues where it stopped. Results: a table
-(best status and speedup, evaluations, tokens per task), ``--json`` (schema
+(best status and rank, evaluations, tokens per task), ``--json`` (schema
 ``tilewright.search/1``, a ``tasks`` list) and ``--md FILE``. Exit 0 when every task
 ended with a correct kernel, 1 when one did not (or could not be loaded), 2 for bad
 usage. Heavy imports (agents, workers, ray) happen inside the handler.
@@ -22,8 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from kernels.cli import subcommand
+from kernels.result import Rank
 from sessions import events as ev
 from sessions.core.logs import backend_json
+from sessions.state import event_rank
 
 SCHEMA = "tilewright.search/1"
 
@@ -296,8 +298,8 @@ def _progress(task: str, event: ev.AnyEvent) -> None:
     if event["type"] == "run.start":
         _say(f"{task}: v{event['version']} evaluating ({event['run']})")
     elif event["type"] == "run.result" and not event.get("cancelled"):
-        speed = event.get("speedup")
-        tail = f" {speed:.3g}x" if isinstance(speed, int | float) else ""
+        rank = event_rank(event)
+        tail = f" {rank.words(short=True)}" if rank is not None and rank.ranked else ""
         _say(f"{task}: v{event['version']} {event['status']}{tail}")
     elif event["type"] == "search.round":
         beam = ", ".join(f"v{v}" for v in event.get("beam") or []) or "(empty)"
@@ -307,66 +309,107 @@ def _progress(task: str, event: ev.AnyEvent) -> None:
 
 
 FAST_P = (1.0, 1.5)
+# The sources whose values are speedups the suite's figures count: measured on a TPU,
+# or the TPU compiler's estimate against the XLA reference's estimate.
+COUNTED_SOURCES = ("device_time", "tpu_estimate")
+
+
+def _best_rank(task: dict[str, Any]) -> Rank | None:
+    return Rank.from_json(task.get("best_rank"))
+
+
+def _geomean(values: list[float]) -> float | None:
+    return math.exp(sum(math.log(x) for x in values) / len(values)) if values else None
 
 
 def suite_totals(report: dict[str, Any]) -> dict[str, Any]:
     """The figures the field reports for a suite (KernelBench's fast_p, JAXBench's
-    geometric mean): tasks, correct ones and their share, the geometric mean speedup
-    over the correct tasks, and fast_p for p in FAST_P (the share of *all* tasks that
+    geometric mean): tasks, correct ones and their share, the geometric mean of the
+    correct tasks' speedups, and fast_p for p in FAST_P (the share of *all* tasks that
     are correct and at least p times faster). A task counts as correct only with a
     crowned version (correct and free of disqualifying integrity flags); tasks that did
-    not load count as failures. The speedup is the ranking number of each task's best
-    version: the TPU compiler's estimate off-TPU, the measured speedup on a TPU. A task
-    ranked only by host simulation (no TPU estimate: the compiler aborted on its
-    reference, say) is correct but has no speedup to count: the interpreter's ratio is
-    not TPU performance (``speedups_counted`` says how many were counted)."""
+    not load count as failures.
+
+    The geometric mean and fast_p count only a best rank whose value is a speedup
+    (``COUNTED_SOURCES``: measured on a TPU, or the TPU compiler's estimate);
+    ``counted`` says how many, ``counted_sources`` of which kind. A roofline rank (the
+    reference had no estimate) is a lower bound: ``roofline_counted`` and
+    ``roofline_geomean`` report those apart, never mixed in. A task ranked only by host
+    simulation is correct but has no speedup to count (``host_simulation``)."""
     tasks = report.get("tasks") or []
     total = len(tasks) + len(report.get("errors") or [])
     correct = [t for t in tasks if t.get("best_status") == "correct"
                and t.get("best_version") is not None]
-    speeds = [float(t["best_speedup"]) for t in correct
-              if isinstance(t.get("best_speedup"), int | float) and t["best_speedup"] > 0
-              and t.get("rank_source") != "host_simulation"]
-    geomean = math.exp(sum(math.log(x) for x in speeds) / len(speeds)) if speeds else None
+    ranks = [r for t in correct if (r := _best_rank(t)) is not None and r.value is not None
+             and r.value > 0]
+    counted = [r for r in ranks if r.source in COUNTED_SOURCES]
+    speeds = [float(r.value) for r in counted if r.value is not None]
+    bounds = [float(r.value) for r in ranks if r.source == "roofline" and r.value is not None]
     fast = {f"fast_{p:g}": (sum(1 for x in speeds if x >= p) / total if total else 0.0)
             for p in FAST_P}
+    kinds = {source: sum(1 for r in counted if r.source == source)
+             for source in COUNTED_SOURCES}
     return {"tasks": total, "correct": len(correct),
             "correct_rate": len(correct) / total if total else 0.0,
-            "geomean_speedup": geomean, "speedups_counted": len(speeds), **fast}
+            "geomean": _geomean(speeds), "counted": len(speeds),
+            "counted_sources": {k: n for k, n in kinds.items() if n},
+            "roofline_geomean": _geomean(bounds), "roofline_counted": len(bounds),
+            "host_simulation": sum(1 for r in ranks if r.source == "host_simulation"),
+            **fast}
+
+
+def _counted_words(totals: dict[str, Any]) -> str:
+    """What the geometric mean is over: "3 estimated", "2 measured, 1 estimated"."""
+    kinds = totals.get("counted_sources") or {}
+    said = [f"{kinds[s]} {w}" for s, w in (("device_time", "measured"),
+                                           ("tpu_estimate", "estimated")) if kinds.get(s)]
+    return ", ".join(said) or "none"
 
 
 def _totals_line(totals: dict[str, Any]) -> str:
-    geo = totals["geomean_speedup"]
+    geo = totals["geomean"]
     fast = " · ".join(f"fast_{p:g} {totals[f'fast_{p:g}']:.0%}" for p in FAST_P)
-    return (f"{totals['correct']}/{totals['tasks']} correct ({totals['correct_rate']:.0%}) · "
-            f"geomean speedup over correct tasks "
-            f"{'-' if geo is None else f'{geo:.3g}x'} · {fast}")
+    line = (f"{totals['correct']}/{totals['tasks']} correct ({totals['correct_rate']:.0%}) · "
+            f"geomean speedup {'-' if geo is None else f'{geo:.3g}x'} over "
+            f"{totals['counted']} task(s) ({_counted_words(totals)}) · {fast}")
+    if totals.get("roofline_counted"):
+        line += (f" · apart: {totals['roofline_counted']} ranked against XLA's roofline "
+                 f"only (lower bounds, geomean ≥{totals['roofline_geomean']:.3g}x)")
+    if totals.get("host_simulation"):
+        line += (f" · {totals['host_simulation']} with no TPU estimate (host simulation "
+                 "only: not counted)")
+    return line
 
 
 def _speed_column(report: dict[str, Any]) -> str:
-    """The speedup column's title says what the number is: the TPU compiler's estimate
+    """The rank column's title says what the numbers are: the TPU compiler's estimate
     for a chip off-TPU, a measurement on a TPU."""
-    sources = {t.get("rank_source") for t in report["tasks"] if t.get("rank_source")} \
-        - {"host_simulation"}  # shown as "no TPU estimate", not as a number
+    sources = {r.source for t in report["tasks"] if (r := _best_rank(t)) and r.ranked}
+    sources -= {"host_simulation"}  # shown as "no TPU estimate", not as a number
     chips = sorted({t.get("chip") for t in report["tasks"] if t.get("chip")})
     if sources == {"tpu_estimate"}:
         return f"est. speedup at production shape ({', '.join(chips) or 'TPU'}, compiler)"
+    if sources <= {"tpu_estimate", "roofline"} and sources:
+        return (f"est. speedup at production shape ({', '.join(chips) or 'TPU'}, compiler; "
+                "≥: against XLA's roofline)")
     if sources == {"device_time"}:
         return "measured speedup"
-    return "speedup"
+    return "rank"
 
 
-def _fmt_speed(value: Any) -> str:
-    return f"{value:.3g}x" if isinstance(value, int | float) else "-"
+def _rank_cell(rank: Rank | None, shape: bool = True) -> str:
+    """A rank in a table (``Rank.words(short=True)``), with the production shape it is
+    for; a host-simulation ratio is not TPU performance."""
+    if rank is None or not rank.ranked:
+        return "-"
+    if rank.source == "host_simulation":
+        return "no TPU estimate"
+    words = rank.words(short=True)
+    return f"{words} at {rank.shape}" if shape and rank.shape else words
 
 
 def _task_speed(task: dict[str, Any]) -> str:
-    """A task's best speedup, with the production shape it is for; a host-simulation
-    ratio is not TPU performance."""
-    if task.get("rank_source") == "host_simulation":
-        return "no TPU estimate"
-    speed = _fmt_speed(task.get("best_speedup"))
-    return f"{speed} at {task['shape']}" if task.get("shape") and speed != "-" else speed
+    return _rank_cell(_best_rank(task))
 
 
 def _fmt_version(value: Any) -> str:
@@ -404,23 +447,25 @@ def _print_table(report: dict[str, Any]) -> None:
     for err in report["errors"]:
         console.print(f"[red]not loaded[/] {err['message']}", markup=True, highlight=False)
     console.print(f"sessions in {report['session_dir']} (rerun the same command to resume); "
-                  "speedup: off a TPU, the TPU compiler's static estimate for the chip "
-                  "against the XLA reference compiled for it (a prediction, not a "
-                  "measurement); on a TPU, measured device time; interpret-mode time on a "
-                  "CPU host ranks nothing", style="dim", highlight=False)
+                  "ranks: off a TPU, the TPU compiler's static estimate for the chip "
+                  "against the XLA reference compiled for it (est.: a prediction, not a "
+                  "measurement; ≥ roofline: against the reference's roofline where it has no "
+                  "estimate, a lower bound); on a TPU, measured device time; interpret-mode "
+                  "time on a CPU host ranks nothing while a compiler figure exists",
+                  style="dim", highlight=False)
 
 
 def markdown(report: dict[str, Any]) -> str:
     lines = [f"# Search results: {report['suite']}", "",
              f"Executor `{report['executor']}`, agent `{report['agent']}`.", "",
-             f"| task | layout | best status | best {_speed_column(report)} | start speedup | "
+             f"| task | layout | best status | best {_speed_column(report)} | start | "
              "version | "
              "evaluations | tokens | flags | ended | session |",
              "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |"]
     for t in report["tasks"]:
         lines.append(
             f"| {t['task']} | {t['layout']} | {t['best_status'] or '-'} | "
-            f"{_task_speed(t)} | {_fmt_speed(t.get('start_speedup'))} | "
+            f"{_task_speed(t)} | {_rank_cell(Rank.from_json(t.get('start_rank')), False)} | "
             f"{_fmt_version(t['best_version'])} | "
             f"{t['evaluations']} | {t['tokens']} | {', '.join(t.get('flags') or []) or '-'} | "
             f"{t['reason']} | `{t['session']}` |")

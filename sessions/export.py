@@ -239,15 +239,31 @@ def header(loaded: LoadedSession, state: SessionState, number: int, task: Any,
         lines.append(f"Task: {' '.join(task.description.split())[:300]}")
     tpu = (result or {}).get("tpu") or {}
     shape = tpu.get("shape") or ((result or {}).get("timing") or {}).get("shape")
-    if v.rank_label:
+    rank = v.rank
+    if rank is not None and (rank.ranked or rank.source == "disqualified"):
         where = f" (chip {v.chip}" + (f", shape {shape}" if shape else "") + ")" if v.chip \
             else ""
         kind = {"tpu_estimate": "the TPU compiler's static estimate against the XLA "
                                 "reference, not a measurement",
+                "roofline": "the TPU compiler's estimate of the kernel against the XLA "
+                            "reference's roofline: a lower bound, not a measurement",
                 "device_time": "measured on a TPU against the XLA reference",
                 "host_simulation": "the CPU interpreter's time ratio: not TPU performance"
-                }.get(v.rank_source or "", "")
-        lines.append(f"Number: {v.rank_label}{where}" + (f"; {kind}" if kind else ""))
+                }.get(rank.source, "")
+        lines.append(f"Number: {rank.words()}{where}" + (f"; {kind}" if kind else ""))
+        time = rank.time_words()
+        if time:  # the compiler's cycles and the time they make, side by side
+            own = rank.kernel_cycles / rank.clock_hz if rank.kernel_cycles and rank.clock_hz \
+                else None
+            if rank.kernel_s and own and rank.kernel_s > own * 1.001:
+                time += f" (its memory floor, {_ms(rank.kernel_s)}, ranks it)"
+            ref = "the XLA reference's roofline" if rank.source == "roofline" \
+                else "the XLA reference's estimate"
+            lines.append(f"Kernel: {time}" + (f"; {ref} {_ms(rank.reference_s)}"
+                                              if rank.reference_s else ""))
+        trust = rank.trust_words()
+        if trust:
+            lines.append(f"Trust: {trust}")
     shapes = [s for s in ((result or {}).get("extra") or {}).get("shapes") or []
               if not s.get("held_out")]
     if v.status:
@@ -263,6 +279,10 @@ def header(loaded: LoadedSession, state: SessionState, number: int, task: Any,
         lines.append(f"Judged on: {backend}")
     lines.append(f"Replay: tilewright replay {h.get('id')}")
     return "".join(f"# {line}\n" for line in lines) + "\n"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms"
 
 
 def _strip_docstring(tree: ast.Module, text: str) -> str:

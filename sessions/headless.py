@@ -24,13 +24,12 @@ from pathlib import Path
 from typing import Any, TextIO, cast
 
 from agents.config import Config
-from kernels.result import is_interpret
+from kernels.result import Rank, is_interpret
 from sessions import events as ev
 from sessions.autonomy import ControllerSettings
 from sessions.errors import ControllerError
 from sessions.log import SessionWriteError
-from sessions.report import short_rank
-from sessions.state import SessionState
+from sessions.state import SessionState, event_rank
 
 AUTO_SCHEMA = "tilewright.auto/1"
 # A headless run times each version briefly (the config's [eval] and the flags override).
@@ -45,7 +44,7 @@ class Progress:
         self.state = state
         self.out = out
         self.settings = settings
-        self._explained = False  # the numbers' meaning is said once, at the first one
+        self._explained: set[str] = set()  # each kind of number is said once, at its first
 
     def __call__(self, event: ev.AnyEvent) -> None:
         if event["type"] in ev.LIVE_TYPES:
@@ -61,7 +60,7 @@ class Progress:
                   f"({persisted['reason']})", file=self.out, flush=True)
         elif persisted["type"] == "kernel.checkout" and persisted.get("by") == "auto":
             v = self.state.versions.get(persisted["version"])
-            label = f" ({v.rank_label})" if v is not None and v.rank_label else ""
+            label = f" ({v.rank.words(short=True)})" if v is not None and v.rank else ""
             print(f"current: v{persisted['version']}, the best version{label}", file=self.out,
                   flush=True)
         elif persisted["type"] == "error":
@@ -72,33 +71,39 @@ class Progress:
 
     def _step(self, event: ev.RunResult) -> None:
         s = self.state
-        if not self._explained and event.get("rank_source") in ("tpu_estimate",
-                                                                "host_simulation"):
-            self._explained = True
-            print(f"  ({_what_numbers_are(event)})", file=self.out, flush=True)
+        rank = event_rank(event)
+        explained = _what_numbers_are(rank)
+        if explained and explained not in self._explained:
+            self._explained.add(explained)  # each kind of number once, at its first
+            print(f"  ({explained})", file=self.out, flush=True)
         v = s.versions.get(event["version"])
-        # Every number says what it is: "est. 1.34x" (the TPU compiler's estimate),
-        # "1.20x meas." (a TPU), "host sim 0.01" (the CPU interpreter: not a speedup).
-        speed = short_rank(event.get("rank_source"), event.get("speedup"))
-        best_v = s.versions.get(s.best) if s.best is not None else None
-        best = f"{short_rank(best_v.rank_source, best_v.speedup)} (v{s.best})" \
-            if best_v is not None else "none yet"
-        summary = (v.summary if v else "")[:48]
-        print(f"[{s.auto_spent.iterations:>3}] v{event['version']:<3} {summary:<48} "
-              f"{event['status']:<13} {speed:>9}  best {best}  "
+        # Every number says what it is (Rank.words): "est. 1.34x" (the TPU compiler's
+        # estimate), "≥0.87x roofline", "1.20x meas." (a TPU), "host sim 0.01" (the CPU
+        # interpreter: not a speedup).
+        speed = rank.words(short=True) if rank is not None else "-"
+        best = f"{s.best_rank.words(short=True) if s.best_rank else '-'} (v{s.best})" \
+            if s.best is not None else "none yet"
+        summary = (v.summary if v else "")[:40]
+        print(f"[{s.auto_spent.iterations:>3}] v{event['version']:<3} {summary:<40} "
+              f"{event['status']:<13} {speed:>16}  best {best}  "
               f"tok {s.spent.tokens}  t {event['t']:.1f}s", file=self.out, flush=True)
 
 
-def _what_numbers_are(event: ev.RunResult) -> str:
-    """The first line's numbers in words, from the event's ranking label."""
-    label = str(event.get("rank_label") or "")
-    if event.get("rank_source") == "tpu_estimate":
-        chip = event.get("chip") or "the chip"
-        where = label.split(" on ", 1)[-1].removesuffix(" (TPU compiler)") if " on " in label \
-            else chip
+def _what_numbers_are(rank: Rank | None) -> str | None:
+    """A kind of number in words, the first time a line shows it."""
+    if rank is None or not rank.ranked:
+        return None
+    where = f"{rank.chip or 'the chip'}" + (f" at {rank.shape}" if rank.shape else "")
+    if rank.source == "tpu_estimate":
         return (f"est.: the TPU compiler's estimated speedup over the XLA reference on "
                 f"{where}; a prediction, not a measurement")
-    return "host sim: the CPU interpreter's time ratio; it predicts nothing about a TPU"
+    if rank.source == "roofline":
+        return (f"≥ roofline: the kernel's TPU compiler estimate against the XLA "
+                f"reference's roofline on {where} (the reference has no estimate); a lower "
+                "bound of the speedup, not a measurement")
+    if rank.source == "host_simulation":
+        return "host sim: the CPU interpreter's time ratio; it predicts nothing about a TPU"
+    return None
 
 
 def summary(log_path: Path, state: SessionState, interrupted: bool) -> dict[str, Any]:
@@ -111,17 +116,18 @@ def summary(log_path: Path, state: SessionState, interrupted: bool) -> dict[str,
         "iterations": state.spent.iterations, "evaluations": state.spent.runs,
         "best_version": best.number if best else None,
         "best_status": best.status if best else (current.status if current else None),
-        "best_speedup": best.speedup if best else None,
-        # what the number is: "est. 1.34x on v5e (TPU compiler)" (kernels.result.ranking)
-        "best_label": best.rank_label if best else None,
-        "best_source": best.rank_source if best else None,
+        # what ranks the best version (kernels.result.Rank as JSON) and in words
+        "best_rank": best.rank.to_json() if best and best.rank else None,
+        "best_words": best.rank.words() if best and best.rank else None,
+        "best_trust": best.rank.trust_words() if best and best.rank else None,
         "current_version": state.current,
         "stop_reason": state.auto_stops[-1]["reason"] if state.auto_stops else None,
         "interrupted": interrupted,
         "tokens": state.spent.tokens, "cost_usd": round(state.spent.cost_usd, 6),
         "cost_known": not state.spent.cost_unknown, "cost": state.spent.cost_text(),
         "versions": [{"version": v.number, "origin": v.origin, "status": v.status,
-                      "speedup": v.speedup, "rank_label": v.rank_label,
+                      "rank": v.rank.to_json() if v.rank else None,
+                      "rank_words": v.rank.words(short=True) if v.rank else None,
                       "summary": v.summary}
                      for v in state.versions.values()],
     }
@@ -131,8 +137,9 @@ def print_summary(data: dict[str, Any], out: TextIO,
                   settings: ControllerSettings | None = None) -> None:
     from sessions.autonomy import stop_words
 
-    speed = data.get("best_label") or short_rank(data.get("best_source"),
-                                                  data["best_speedup"])
+    speed = data.get("best_words") or "-"
+    if data.get("best_trust"):
+        speed += f"; trust: {data['best_trust']}"
     best = f"v{data['best_version']}" if data["best_version"] else "no correct version"
     print(f"\n{data['task']}: {data['iterations']} iterations, {data['evaluations']} "
           f"evaluations; best {best} ({data['best_status'] or '-'}, {speed})", file=out)
@@ -164,7 +171,8 @@ async def run_auto(args: Any, config: Config | dict[str, Any]) -> int:
         settings = replace(settings, budgets=replace(settings.budgets, iterations=args.budget))
     if args.target is not None:
         settings = replace(settings, target_speedup=args.target)
-    flags = {"trials": args.trials, "time_budget_s": args.time_budget}
+    flags = {"trials": args.trials, "time_budget_s": args.time_budget,
+             "timeout_s": getattr(args, "timeout", None)}
     request = SessionRequest(task=args.task, overrides=args.overrides, resume=args.resume,
                              sessions_dir=args.session_dir, agent=args.agent,
                              eval={k: v for k, v in flags.items() if v is not None})

@@ -5,31 +5,36 @@ version that has a finished evaluation, with the evaluation options recorded in 
 header, and checks that the status and the correctness verdict reproduce and that
 the number that ranked the version agrees:
 
-- The TPU compiler's estimate (off-TPU, whenever the log has one): the re-run's
-  estimated speedup is within 2% of the recorded one. The compiler's static estimate
+- The TPU compiler's figures (off-TPU, whenever the log has one): the re-run's kernel
+  time at the production shape (in an eval JSON written before kernel times, its
+  estimated speedup) is within 2% of the recorded one. The compiler's static estimate
   is deterministic for the same kernel, shapes and chip, so any real change shows.
-- Otherwise, TPU interpret mode (or any CPU timing): the new speedup (candidate vs. reference,
-  both timed in the same worker a moment apart, which cancels most of the machine's
-  load) is within a factor of 3 of the recorded one. Raw interpret-mode medians on a
-  shared 2-core CPU were measured to swing 4-6x between runs of the same kernel, so
-  they are printed but not judged; a tighter band would flag the machine, not the
-  kernel.
+- Otherwise, TPU interpret mode (or any CPU timing): the new host ratio (candidate vs.
+  reference, both timed in the same worker a moment apart, which cancels most of the
+  machine's load; never a speedup) is within a factor of 3 of the recorded one. Raw
+  interpret-mode medians on a shared 2-core CPU were measured to swing 4-6x between
+  runs of the same kernel, so they are printed but not judged; a tighter band would
+  flag the machine, not the kernel.
 - Native timing (a real TPU/GPU): the new median lies inside the recorded p10-p90
   spread widened by half on each side (``[p10 / 1.5, p90 * 1.5]``).
 
 A version whose timing falls outside the band is measured once more (a busy machine
 or a cold worker makes single outliers; measured here: 5-7x on a shared 2-core host)
 and the closer measurement counts. A version whose status or correctness differs, or
-whose timing is still outside the band, makes the verification fail (exit 1).
+whose timing is still outside the band, makes the verification fail (exit 1); so does
+a re-judged ``Rank`` that disagrees with the logged one (``rank_agrees``: the same kind
+of number, a compiler figure by the kernel's time within 2%, any other within a factor
+of 3).
 
 Before anything is re-run, ``audit`` checks that the log is what tilewright wrote:
 every blob's name is the sha256 of its content and no referenced blob is missing;
-every number in a ``run.result`` event (status, correctness, speedup, median) equals
-the eval JSON it points to; ``seq`` runs 1, 2, ... without gaps or repeats; no line
-was skipped as binary or foreign; and the approval chain holds (every kernel version
-but the task's own has an approving ``user.decision`` about its proposal, written
-before it, and every run is of such a version). Re-measurement is compared with the
-event's numbers too, so an edited speedup fails one way or the other.
+every number in a ``run.result`` event (status, correctness, median, the rank's
+source, value and kernel time; an old log's speedup) equals the eval JSON it points
+to; ``seq`` runs 1, 2, ... without gaps or repeats; no line was skipped as binary or
+foreign; and the approval chain holds (every kernel version but the task's own has an
+approving ``user.decision`` about its proposal, written before it, and every run is
+of such a version). Re-measurement is compared with the
+event's numbers too, so an edited rank fails one way or the other.
 """
 
 from __future__ import annotations
@@ -41,10 +46,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from kernels.result import is_interpret
+from kernels.result import Rank, is_interpret, ranking
 from sessions import events as ev
 from sessions.log import LoadedSession, SessionError, read_blob
-from sessions.state import SessionState
+from sessions.state import SessionState, event_rank
 
 INTERPRET_FACTOR = 3.0
 NATIVE_WIDEN = 1.5
@@ -93,9 +98,8 @@ def _run_start(e: ev.RunStart) -> str:
 
 
 def _run_result(e: ev.RunResult) -> str:
-    speed = f" {e['speedup']:.3f}x" if e.get("speedup") is not None else ""
-    if e.get("rank_label") and e.get("rank_source") not in (None, "none"):
-        speed = f" · {e['rank_label']}"  # an estimate says so; host sim is no speedup
+    rank = event_rank(e)  # an estimate says so; host sim is no speedup
+    speed = f" · {rank.words()}" if rank is not None and rank.ranked else ""
     return f"{e.get('run')} v{e.get('version')} {e.get('status')}{speed}"
 
 
@@ -170,18 +174,12 @@ def print_state(state: SessionState, out: TextIO) -> None:
           f"ended: {state.ended or 'no (resumable)'}", file=out)
     for v in state.versions.values():
         mark = "*" if v.number == state.best else " "
-        speed = f"{v.speedup:.3f}x" if v.speedup is not None else "-"
-        if v.rank_source == "tpu_estimate":
-            speed = f"est. {v.speedup:.3f}x"
-        elif v.rank_source == "host_simulation":
-            speed = f"host sim {v.speedup:.3g}"
-        print(f" {mark} v{v.number:<3} {v.origin:<9} {v.status or 'not run':<13} {speed:>12}  "
+        speed = v.rank.words(short=True) if v.rank is not None else "-"
+        print(f" {mark} v{v.number:<3} {v.origin:<9} {v.status or 'not run':<13} {speed:>16}  "
               f"{v.summary}", file=out)
     if state.best is not None:
-        best = state.versions[state.best]
-        words = best.rank_label if best.rank_label and best.rank_source not in (
-            None, "none") else f"{state.best_speedup or 0:.3f}x"
-        print(f"best: v{state.best} ({words})", file=out)
+        rank = state.best_rank
+        print(f"best: v{state.best} ({rank.words() if rank is not None else '-'})", file=out)
     if state.pending:
         print(f"pending proposal: {state.pending}", file=out)
 
@@ -207,61 +205,99 @@ class Check:
         return {**self.__dict__, "ok": self.ok}
 
 
-def _ranked_speedup(recorded: dict[str, Any]) -> float | None:
-    """The speedup the log records for an eval JSON: the ranking number (off a TPU the
-    compiler's estimate, on a TPU the measurement) where the harness has one."""
-    try:
-        from kernels.result import ranking
-    except ImportError:
-        return (recorded.get("timing") or {}).get("speedup")
-    return ranking(recorded).value
-
-
 ESTIMATE_TOLERANCE = 0.02  # the compiler's static estimate is deterministic: 2% slack
 
 
+def _positive(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
+        and value > 0 else None
+
+
 def _estimate(recorded: dict[str, Any] | None) -> float | None:
-    value = ((recorded or {}).get("tpu") or {}).get("estimated_speedup")
-    return float(value) if isinstance(value, int | float) and value > 0 else None
+    return _positive(((recorded or {}).get("tpu") or {}).get("estimated_speedup"))
 
 
-def _logged_band(recorded: dict[str, Any], v: Any) -> tuple[str, float, float] | None:
-    """The band the re-run's ranking speedup must fall in around the log's ``v.speedup``
-    (the number shown and ranked by): the estimate's 2% when the log ranked by the TPU
-    compiler's estimate, else a factor of ``INTERPRET_FACTOR`` either way."""
-    if not v.speedup:
+def _kernel_time(recorded: dict[str, Any] | None) -> float | None:
+    return _positive(((recorded or {}).get("tpu") or {}).get("kernel_time_s"))
+
+
+def _host_ratio(timing: dict[str, Any]) -> float | None:
+    """Interpret mode's time ratio: ``host_ratio``, or ``speedup`` in an eval JSON written
+    before ``host_ratio`` existed (it is never a speedup)."""
+    found = _positive(timing.get("host_ratio"))
+    return found if found is not None else _positive(timing.get("speedup"))
+
+
+def rank_band(rank: Rank | None) -> tuple[str, float, float] | None:
+    """The band the re-judged ``Rank`` must fall in around the log's: a compiler figure
+    by the kernel's time at the production shape (``kernel_s``, what orders it; the
+    value where a log has no kernel times) within the estimate's 2%, any other rank by
+    its value within a factor of ``INTERPRET_FACTOR`` either way. None for a rank that
+    ranks nothing."""
+    if rank is None or not rank.ranked:
         return None
-    if _estimate(recorded) is not None and getattr(v, "rank_source", None) in (
-            None, "tpu_estimate"):
-        return ("speedup", v.speedup * (1 - ESTIMATE_TOLERANCE),
-                v.speedup * (1 + ESTIMATE_TOLERANCE))
-    return ("speedup", v.speedup / INTERPRET_FACTOR, v.speedup * INTERPRET_FACTOR)
+    if rank.compiler and rank.kernel_s:
+        return ("kernel_s", rank.kernel_s * (1 - ESTIMATE_TOLERANCE),
+                rank.kernel_s * (1 + ESTIMATE_TOLERANCE))
+    if rank.value is None:
+        return None
+    if rank.compiler:
+        return ("value", rank.value * (1 - ESTIMATE_TOLERANCE),
+                rank.value * (1 + ESTIMATE_TOLERANCE))
+    return ("value", rank.value / INTERPRET_FACTOR, rank.value * INTERPRET_FACTOR)
+
+
+def rank_agrees(logged: Rank | None, new: Rank) -> bool:
+    """The re-judged rank says what the log's said: the same kind of number (a compiler
+    figure either way: the reference's estimate may arrive between the two) inside
+    ``rank_band``."""
+    band = rank_band(logged)
+    if band is None or logged is None:
+        return True
+    same_kind = new.compiler if logged.compiler else new.source == logged.source
+    if not same_kind:
+        return False
+    value = new.kernel_s if band[0] == "kernel_s" else new.value
+    return value is not None and band[1] <= value <= band[2]
 
 
 def band_value(result: Any, name: str) -> float | None:
-    """The re-run's value for a band: ``estimated_speedup`` from its ``tpu`` section, any
-    other name from its ``timing``."""
+    """The re-run's value for a band: ``estimated_speedup`` and ``kernel_time_s`` from its
+    ``tpu`` section, ``host_ratio`` the interpreter's ratio, any other name from its
+    ``timing``."""
+    data = result.to_json() if hasattr(result, "to_json") else result
     if name == "estimated_speedup":
-        return _estimate({"tpu": result.tpu} if hasattr(result, "tpu") else result)
-    return (result.timing or {}).get(name)
+        return _estimate(data)
+    if name == "kernel_time_s":
+        return _kernel_time(data)
+    timing = data.get("timing") or {}
+    if name == "host_ratio":
+        return _host_ratio(timing)
+    return timing.get(name)
 
 
 def timing_band(recorded: dict[str, Any] | None) -> tuple[str, float, float] | None:
     """What is compared and the range the re-measured value may fall in: the TPU
-    compiler's estimated speedup (deterministic, 2%) when the log has one and no TPU ran
-    it; else ``("speedup", lo, hi)`` in interpret mode, ``("median_ms", lo, hi)``
-    natively."""
+    compiler's figure (deterministic, 2%) when the log has one and no TPU ran it: the
+    kernel's time at the production shape (``kernel_time_s``), or in an eval JSON
+    written before it the estimated speedup; else the host ratio in interpret mode
+    (``("host_ratio", lo, hi)``), ``("median_ms", lo, hi)`` natively."""
     timing = (recorded or {}).get("timing") or {}
     backend = (recorded or {}).get("backend") or {}
-    estimate = _estimate(recorded)
-    if estimate is not None and backend.get("platform") != "tpu":
-        return ("estimated_speedup", estimate * (1 - ESTIMATE_TOLERANCE),
-                estimate * (1 + ESTIMATE_TOLERANCE))
+    if backend.get("platform") != "tpu":
+        kernel = _kernel_time(recorded)
+        if kernel is not None:
+            return ("kernel_time_s", kernel * (1 - ESTIMATE_TOLERANCE),
+                    kernel * (1 + ESTIMATE_TOLERANCE))
+        estimate = _estimate(recorded)
+        if estimate is not None:
+            return ("estimated_speedup", estimate * (1 - ESTIMATE_TOLERANCE),
+                    estimate * (1 + ESTIMATE_TOLERANCE))
     if is_interpret(backend) or backend.get("platform") == "cpu":
-        speedup = timing.get("speedup")
-        if not speedup:
+        ratio = _host_ratio(timing)
+        if ratio is None:
             return None
-        return ("speedup", speedup / INTERPRET_FACTOR, speedup * INTERPRET_FACTOR)
+        return ("host_ratio", ratio / INTERPRET_FACTOR, ratio * INTERPRET_FACTOR)
     median = timing.get("median_ms")
     if median is None:
         return None
@@ -364,13 +400,30 @@ def _compare_result(run: Any, event: ev.RunResult, data: bytes,
         problems.append(f"{run}: its eval JSON blob is not JSON")
         return
     timing = recorded.get("timing") or {}
+    rank = ranking(recorded)
     derived = {"status": recorded.get("status"), "correct": recorded.get("status") == "correct",
-               "speedup": _ranked_speedup(recorded), "median_ms": timing.get("median_ms")}
+               "median_ms": timing.get("median_ms"),
+               # a log written before ranks were recorded: the number that ranked
+               "speedup": rank.value}
     logged: dict[str, Any] = dict(event)  # compared field by field, by name
     for key, value in derived.items():
         if key in logged and not _same(logged[key], value):
             problems.append(f"{run}: the log says {key}={logged[key]!r} but its eval JSON "
                             f"says {value!r} (edited)")
+    said = logged.get("rank")
+    if isinstance(said, dict):  # the rank: what orders it and what it says
+        made = rank.to_json()
+        for key in RANK_CHECKED:
+            if not _same(said.get(key), made.get(key)):
+                problems.append(f"{run}: the log says rank.{key}={said.get(key)!r} but its "
+                                f"eval JSON says {made.get(key)!r} (edited)")
+    elif "rank" in logged and logged["rank"] is not None:
+        problems.append(f"{run}: the log's rank is not a rank: {logged['rank']!r} (edited)")
+
+
+# The recorded rank's fields the audit checks against its eval JSON.
+RANK_CHECKED = ("source", "value", "kernel_s", "kernel_cycles", "estimate", "measured",
+                "chip", "shape")
 
 
 async def verify(loaded: LoadedSession, state: SessionState, evaluate: Any,
@@ -396,16 +449,14 @@ async def verify(loaded: LoadedSession, state: SessionState, evaluate: Any,
         recorded = json.loads(result_data)
         source = source_data.decode(errors="replace")
         band = timing_band(recorded)
-        logged = _logged_band(recorded, v)
         for attempt in range(ATTEMPTS):
             result = await evaluate(source)
             median = (result.timing or {}).get("median_ms")
             value = band_value(result, band[0]) if band else None
             timing_ok = band is None or (value is not None and band[1] <= value <= band[2])
-            # The number the log shows (and the fold ranks by) must agree as well.
-            if logged is not None and timing_ok:
-                new = result.speedup
-                timing_ok = new is not None and logged[1] <= new <= logged[2]
+            # The rank the log shows (and the fold ranks by) must agree as well.
+            if timing_ok:
+                timing_ok = rank_agrees(v.rank, result.rank)
             if timing_ok or result.status != v.status or attempt == ATTEMPTS - 1:
                 break
             print(f"v{v.number:<3} {band[0] if band else 'timing'} {value} outside the band; "

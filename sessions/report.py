@@ -1,8 +1,8 @@
 """Session reports in Markdown and HTML.
 
 What a reader wants after a session: the task and where it ran, every decision in
-order, the best speedup after each evaluation (the compounding-gains curve: a table in
-Markdown, an inline SVG chart in HTML), the profile -> diagnose -> optimize chain
+order, the best rank after each evaluation (``kernels.result.Rank``, in its own words:
+the compounding-gains curve, a table in Markdown, an inline SVG chart in HTML), the profile -> diagnose -> optimize chain
 (each change with the diagnosis that preceded it, its gain and the cumulative gain),
 the final kernel, and the diffs between the kept versions (each version that became the new best, from the first one on).
 """
@@ -14,7 +14,7 @@ import html
 import itertools
 from typing import Any
 
-from kernels.result import is_interpret, rank_words
+from kernels.result import Rank, is_interpret
 from sessions.log import LoadedSession, read_text_blob
 from sessions.state import SessionState
 
@@ -23,8 +23,38 @@ def _fmt(x: float | None) -> str:
     return f"{x:.3f}x" if x is not None else "-"
 
 
+def _rank_of(data: Any) -> Rank | None:
+    """A ``best_history`` entry's rank (Rank JSON), ranked or not."""
+    return data if isinstance(data, Rank) else Rank.from_json(data)
+
+
+def _ranked(data: Any) -> Rank | None:
+    """The rank, when it ranks at all (a correct, undisqualified result with a number)."""
+    rank = _rank_of(data)
+    return rank if rank is not None and rank.ranked and rank.value is not None else None
+
+
+def gain(new: Rank | None, old: Rank | None) -> float | None:
+    """How many times better ``new`` is than ``old``, where the two say the same kind of
+    thing: the compiler's figures by the kernel's time at the production shape (the
+    reference is the same for both; the ratio of their values where a log has no
+    kernel times), measured speedups or host simulation ratios by their values. None
+    across kinds (a host ratio against an estimate means nothing)."""
+    if new is None or old is None or not new.ranked or not old.ranked:
+        return None
+    if new.compiler and old.compiler:
+        if new.kernel_s and old.kernel_s:
+            return old.kernel_s / new.kernel_s
+        if new.source == old.source and new.value and old.value:
+            return new.value / old.value
+        return None
+    if new.source == old.source and new.value and old.value:
+        return new.value / old.value
+    return None
+
+
 def kept_versions(state: SessionState) -> list[int]:
-    """The starting version and every version that raised the best speedup."""
+    """The starting version and every version that raised the best rank."""
     kept: list[int] = []
     first = min(state.versions, default=None)
     if first is not None:
@@ -57,8 +87,8 @@ def chain_rows(state: SessionState) -> list[dict[str, Any]]:
     after the first, the diagnosis in force when it was made, the change, its gain over
     its parent and the cumulative gain over the first correct version (the compounding)."""
     rows: list[dict[str, Any]] = []
-    first = next((p for p in state.best_history if p["speedup"] and p["status"] == "correct"),
-                 None)
+    first = next((_ranked(p.get("rank")) for p in state.best_history
+                  if p["status"] == "correct" and _ranked(p.get("rank"))), None)
     seen: set[int] = set()
     for point in state.best_history:
         number = point["version"]
@@ -69,15 +99,13 @@ def chain_rows(state: SessionState) -> list[dict[str, Any]]:
         before = [d for d in state.diagnoses if int(d.get("seq", 0)) < v.seq]
         diagnosis = before[-1] if before else None
         parent = state.versions.get(v.parent)
-        gain = (point["speedup"] / parent.speedup
-                if point["speedup"] and parent is not None and parent.speedup else None)
-        total = (point["best_speedup"] / first["speedup"]
-                 if first and point["best_speedup"] else None)
+        rank = _ranked(point.get("rank"))
         rows.append({"version": number, "parent": v.parent, "change": v.summary,
-                     "diagnosis": diagnosis, "status": point["status"],
-                     "speedup": point["speedup"], "gain": gain, "cumulative": total,
+                     "diagnosis": diagnosis, "status": point["status"], "rank": rank,
+                     "gain": gain(rank, parent.rank if parent is not None else None),
+                     "cumulative": gain(_ranked(point.get("best_rank")), first),
                      "result": f"{point['status']} {_rank(point)}"
-                               if point.get("speedup") is not None else point["status"]})
+                               if rank is not None else point["status"]})
     return rows
 
 
@@ -94,12 +122,17 @@ def _chain_cells(r: dict[str, Any]) -> list[str]:
             gain, total]
 
 
+def _sources(state: SessionState) -> set[str]:
+    return {r.source for p in state.best_history if (r := _ranked(p.get("rank")))}
+
+
 def _ratio_note(state: SessionState) -> str:
     """What the gains are ratios of: the ranking number, named."""
-    sources = {p.get("rank_source") for p in state.best_history}
-    if "tpu_estimate" in sources:
-        return ("Gains are ratios of the TPU compiler's estimated speedups (\"est.\"), "
-                "not measurements.")
+    sources = _sources(state)
+    if sources & {"tpu_estimate", "roofline"}:
+        return ("Gains are ratios of the kernel's time at the production shape as the TPU "
+                "compiler estimates it (\"est.\", \"≥ roofline\"), not measurements; "
+                "none across kinds of number.")
     if "device_time" in sources:
         return "Gains are ratios of speedups measured on the TPU."
     return ("Gains are ratios of host simulation ratios (the CPU interpreter): they say "
@@ -161,14 +194,14 @@ def markdown(loaded: LoadedSession, state: SessionState) -> str:
         lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
     else:
         lines.append("No decisions were made.")
-    lines += ["", "## Best speedup per evaluation", ""]
+    lines += ["", "## Best rank per evaluation", ""]
     if state.best_history:
-        lines += ["| # | version | status | speedup | best so far | flags | error |",
+        lines += ["| # | version | status | rank | best so far | flags | error |",
                   "|---|---|---|---|---|---|---|"]
         for i, p in enumerate(state.best_history, 1):
-            best_v = state.versions.get(p["best"]) if p["best"] else None
-            best = f"{short_rank(best_v.rank_source if best_v else None, p['best_speedup'])} " \
-                   f"(v{p['best']})" if p["best"] else "-"
+            best_rank = _rank_of(p.get("best_rank"))
+            best = f"{best_rank.words(short=True) if best_rank else '-'} (v{p['best']})" \
+                if p["best"] else "-"
             flags = ", ".join(p.get("flags") or []) or "-"
             error = (p.get("error") or "-").replace("|", "\\|").replace("\n", " ")
             lines.append(f"| {i} | v{p['version']} | {p['status']} | {_rank(p)} "
@@ -189,13 +222,16 @@ def markdown(loaded: LoadedSession, state: SessionState) -> str:
 
 
 def svg_chart(state: SessionState, width: int = 640, height: int = 240) -> str:
-    """Best speedup after each evaluation (a step line) and each evaluation's own (dots)."""
+    """The best rank's value after each evaluation (a step line) and each evaluation's
+    own (dots, titled in the rank's words)."""
     points = state.best_history
     if not points:
         return "<p>Nothing was evaluated.</p>"
     pad = 40
-    values = [p["speedup"] for p in points if p["speedup"] is not None] + \
-             [p["best_speedup"] for p in points if p["best_speedup"] is not None]
+    ranks = [_ranked(p.get("rank")) for p in points]
+    own = [r.value if r is not None else None for r in ranks]
+    best = [r.value if (r := _ranked(p.get("best_rank"))) else None for p in points]
+    values = [v for v in own + best if v is not None]
     top = max([*values, 1.0]) * 1.1
     n = len(points)
 
@@ -207,7 +243,7 @@ def svg_chart(state: SessionState, width: int = 640, height: int = 240) -> str:
 
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              f'viewBox="0 0 {width} {height}" role="img" '
-             f'aria-label="best speedup per evaluation">',
+             f'aria-label="best rank per evaluation">',
              f'<rect width="{width}" height="{height}" fill="#fff"/>',
              f'<line x1="{pad}" y1="{y(0)}" x2="{width - pad}" y2="{y(0)}" stroke="#999"/>',
              f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{y(0)}" stroke="#999"/>',
@@ -217,22 +253,22 @@ def svg_chart(state: SessionState, width: int = 640, height: int = 240) -> str:
              f'<text x="{pad - 4}" y="{pad + 4}" font-size="10" text-anchor="end">'
              f'{top:.2f}x</text>']
     path, last = [], None
-    for i, p in enumerate(points):
-        if p["best_speedup"] is None:
+    for i, value in enumerate(best):
+        if value is None:
             continue
         if last is not None:
             path.append(f"L{x(i):.1f},{y(last):.1f}")
-        path.append(f"{'M' if not path else 'L'}{x(i):.1f},{y(p['best_speedup']):.1f}")
-        last = p["best_speedup"]
+        path.append(f"{'M' if not path else 'L'}{x(i):.1f},{y(value):.1f}")
+        last = value
     if path:
         parts.append(f'<path d="{" ".join(path)}" fill="none" stroke="#1f6feb" '
                      f'stroke-width="2"/>')
-    for i, p in enumerate(points):
-        if p["speedup"] is not None:
+    for i, (p, rank) in enumerate(zip(points, ranks, strict=True)):
+        if rank is not None and rank.value is not None:
             colour = "#2da44e" if p["status"] == "correct" else "#cf222e"
-            parts.append(f'<circle cx="{x(i):.1f}" cy="{y(p["speedup"]):.1f}" r="3" '
+            parts.append(f'<circle cx="{x(i):.1f}" cy="{y(rank.value):.1f}" r="3" '
                          f'fill="{colour}"><title>v{p["version"]} {p["status"]} '
-                         f'{_fmt(p["speedup"])}</title></circle>')
+                         f'{html.escape(rank.words(short=True))}</title></circle>')
     parts.append(f'<text x="{width / 2}" y="{height - 8}" font-size="11" '
                  f'text-anchor="middle">evaluation</text>')
     parts.append("</svg>")
@@ -259,7 +295,7 @@ def html_report(loaded: LoadedSession, state: SessionState) -> str:
              "<table><tr><th>t</th><th>proposal</th><th>kind</th><th>summary</th>"
              "<th>decision</th><th>by</th><th>note</th></tr>" + rows + "</table>"
              if rows else "<p>No decisions were made.</p>",
-             "<h2>Best speedup per evaluation</h2>", svg_chart(state)]
+             "<h2>Best rank per evaluation</h2>", svg_chart(state)]
     chain = chain_rows(state)
     if chain:
         head = "".join(f"<th>{e(c)}</th>" for c in CHAIN_HEAD)
@@ -296,32 +332,33 @@ def _html_diff(diff: str) -> str:
 
 
 def _rank(point: dict[str, Any]) -> str:
-    """An evaluation's number in words: "est. 1.80x on v5e (TPU compiler)", on a TPU
-    "1.80x measured on TPU v5 lite, est. 1.75x" (both when both exist); logs from before
-    the TPU compile show the bare ratio."""
-    if point.get("rank_label") and point.get("rank_source") not in (None, "none"):
-        return str(point["rank_label"]).replace("|", "\\|")
-    return _fmt(point.get("speedup"))
+    """An evaluation's number in words (``Rank.words``): "est. 1.80x on v5e at 4096x4096
+    (TPU compiler)", on a TPU "1.80x measured on TPU v5 lite ..., est. 1.75x", beside a
+    compiler figure how far it is trusted; "-" for one that ranks nothing."""
+    rank = _rank_of(point.get("rank"))
+    if rank is None or not (rank.ranked or rank.source == "disqualified"):
+        return "-"
+    return _with_trust(rank).replace("|", "\\|")
 
 
-def short_rank(source: str | None, value: float | None) -> str:
-    """A ranking number in few words: "est. 1.341x", "1.341x meas.", "host sim 0.0072"."""
-    return rank_words(source, value, short=True)
+def _with_trust(rank: Rank) -> str:
+    trust = rank.trust_words()
+    return f"{rank.words()}; trust: {trust}" if trust else rank.words()
 
 
 def _best(state: Any) -> str:
-    best = state.versions.get(state.best)
-    if best is not None and best.rank_label and best.rank_source not in (None, "none"):
-        return best.rank_label
-    return _fmt(state.best_speedup)
+    rank = state.best_rank
+    return _with_trust(rank) if rank is not None else "-"
 
 
 def _interpret_note(state: Any) -> str:
-    sources = {p.get("rank_source") for p in state.best_history}
-    if "tpu_estimate" in sources:
-        return ("Kernels are ranked by the TPU compiler's static estimate for the chip at "
-                "the task's production shape (\"est.\": a prediction, not a measurement; "
-                "each figure names its chip and shape); correctness was checked at the "
-                "smaller check shapes in TPU interpret mode on the CPU, whose time is host "
-                "simulation time and ranks nothing.")
+    sources = _sources(state)
+    if sources & {"tpu_estimate", "roofline"}:
+        return ("Kernels are ranked by the TPU compiler's static estimate of their time on "
+                "the chip at the task's production shape (\"est.\": against the XLA "
+                "reference's estimate; \"≥ roofline\": against the reference's roofline, a "
+                "lower bound; a prediction, not a measurement; each figure names its chip "
+                "and shape); correctness was checked at the smaller check shapes in TPU "
+                "interpret mode on the CPU, whose time is host simulation time and ranks "
+                "nothing.")
     return "Timings are TPU interpret mode on the CPU: simulated, not TPU performance."

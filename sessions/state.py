@@ -41,16 +41,24 @@ def rank_fields(result: EvalResult) -> dict[str, Any]:
             "production_shape": tpu.get("shape")}
 
 
-def event_rank(e: dict[str, Any]) -> Rank | None:
-    """The ``Rank`` a ``run.result`` recorded (a log written before ranks were recorded:
-    its source, number and label)."""
+def event_rank(e: dict[str, Any], backend: dict[str, Any] | None = None) -> Rank | None:
+    """The ``Rank`` a ``run.result`` recorded. A log written before ranks were recorded
+    gives its source, number and label; one written before the TPU compile existed only
+    its timing ratio, measured on the session's ``backend`` (its header's): device time
+    on a TPU, host simulation elsewhere."""
     found = Rank.from_json(e.get("rank"))
     if found is not None:
         return found
-    if e.get("status") == "correct" and not e.get("rank_source"):
-        return None
-    return Rank.legacy(e.get("rank_source") or "none", e.get("speedup"), e.get("rank_label"),
-                       e.get("chip"), e.get("rank_shape"))
+    source = e.get("rank_source")
+    if not source:
+        if e.get("status") != "correct":
+            source = "none"
+        elif (backend or {}).get("platform") == "tpu" and (backend or {}).get("mode") == "native":
+            source = "device_time"
+        else:
+            source = "host_simulation"
+    return Rank.legacy(source, e.get("speedup"), e.get("rank_label"), e.get("chip"),
+                       e.get("rank_shape"))
 
 
 # Statuses that mean the candidate needs fixing rather than tuning.
@@ -444,7 +452,7 @@ def _run_result(s: SessionState, e: ev.RunResult) -> None:
     before = s.best_rank
     version.status = e.get("status")
     version.correct = bool(e.get("correct"))
-    version.rank = event_rank(e)
+    version.rank = event_rank(e, s.header.get("backend") if isinstance(s.header, dict) else None)
     version.median_ms = e.get("median_ms")
     version.result_blob = e.get("result_blob")
     version.run = rid

@@ -49,7 +49,7 @@ class SessionTools:
             return self._no_version(version), True
         parts = [f"v{v.number} ({v.origin}, parent {f'v{v.parent}' if v.parent else '-'}): "
                  f"{v.summary}", f"status: {v.status or 'not evaluated'}"
-                 + (f", speedup {v.speedup:.4g}x" if v.speedup else ""),
+                 + (f", ranked by {v.rank.words()}" if v.rank and v.rank.ranked else ""),
                  "```python\n" + defuse(log.get_blob(v.source_blob).decode().rstrip())
                  + "\n```"]
         from agents.context import diagnosis_text, eval_text, profile_text

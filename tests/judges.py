@@ -3,8 +3,12 @@
 (``tests/test_judge_conformance.py``).
 
 - ``MarkedJudge``: a source line ``# eval: STATUS SPEEDUP`` decides the result (default:
-  correct, 1.0), so pure controller logic runs in milliseconds. ``gate`` holds every
-  evaluation until set; ``sources`` records what was evaluated.
+  correct, 1.0), so pure controller logic runs in milliseconds: SPEEDUP is the TPU
+  compiler's estimated speedup for the chip (the rank off-TPU, ``tpu_estimate``) and
+  the interpreter's host ratio; ``# eval: STATUS SPEEDUP host`` leaves the estimate out
+  (the compiler gave nothing: host simulation ranks), ``... roofline`` gives the
+  reference no estimate (the kernel's estimate against the reference's roofline).
+  ``gate`` holds every evaluation until set; ``sources`` records what was evaluated.
 - ``RefusingJudge``: for snapshot tests, which must never evaluate, profile or compile:
   any such call fails the test; its state, backend and lifecycle are a judge's.
 """
@@ -23,7 +27,9 @@ from kernels.result import ESTIMATE_SCHEMA, Backend, EvalResult
 from kernels.task import Task
 
 CPU = Backend(platform="cpu", mode="tpu-interpret", device_kind="cpu", jax_version="test")
-_MARK = re.compile(r"# eval: (\w+) ([\d.]+)")
+_MARK = re.compile(r"# eval: (\w+) ([\d.]+)(?: (host|roofline)\b)?")
+CLOCK_HZ = 1.5e9  # v5e's
+REFERENCE_CYCLES = 1_500_000  # the XLA reference's estimate: 1 ms at CLOCK_HZ
 
 
 class _InProcess:
@@ -88,13 +94,16 @@ class MarkedJudge(_InProcess):
         self.started.set()
         if self.gate is not None:
             await self.gate.wait()
-        status, speedup = self._marked(source)
+        status, speedup, kind = self._marked(source)
         timed = options is None or options.timing
-        timing = {"method": "wall_clock", "median_ms": 10.0 / speedup,
+        # TPU interpret mode: the ratio is the host's, never a speedup (kernels.harness.timing)
+        timing = {"method": "wall_clock", "mode": "tpu-interpret", "median_ms": 10.0 / speedup,
                   "p10_ms": 9.0 / speedup, "p90_ms": 11.0 / speedup,
-                  "baseline_median_ms": 10.0, "speedup": speedup} if timed else None
-        tpu = {"chip": options.chip, "compile": "ok"} if options and options.chip else None
-        return EvalResult(status=status, backend=CPU, timing=timing, tpu=tpu,
+                  "baseline_median_ms": 10.0, "speedup": None,
+                  "host_ratio": speedup} if timed else None
+        chip = options.chip if options is not None and options.chip else "v5e"
+        return EvalResult(status=status, backend=CPU, timing=timing,
+                          tpu=estimated(chip, speedup, kind),
                           correctness={"correct": status == "correct"})
 
     async def evaluate_on_chips(self, task: Task, source: str, chips: Sequence[str],
@@ -103,7 +112,7 @@ class MarkedJudge(_InProcess):
 
     async def estimate(self, task: Task, source: str, options: EvalOptions | None = None, *,
                        filename: str = "kernel.py") -> dict[str, Any]:
-        status, _ = self._marked(source)
+        status, _, _ = self._marked(source)
         return {"schema": ESTIMATE_SCHEMA, "tpu": None, "error": None,
                 "status": "ok" if status in ("correct", "incorrect") else status}
 
@@ -124,9 +133,32 @@ class MarkedJudge(_InProcess):
                              "inputs": [], "static": []} for s in task.shapes]}
 
     @staticmethod
-    def _marked(source: str) -> tuple[str, float]:
+    def _marked(source: str) -> tuple[str, float, str | None]:
         match = _MARK.search(source)
-        return (match.group(1), float(match.group(2))) if match else ("correct", 1.0)
+        return (match.group(1), float(match.group(2)), match.group(3)) if match \
+            else ("correct", 1.0, None)
+
+
+def estimated(chip: str, speedup: float, kind: str | None = None) -> dict[str, Any]:
+    """A ``tpu`` section the way the judge writes one (``kernels.harness.verdict``):
+    the kernel's estimate ``speedup`` times faster than the XLA reference's at the
+    production shape (``kind`` "host": the compiler gave no estimate; "roofline": none
+    for the reference, only its roofline)."""
+    tpu: dict[str, Any] = {"chip": chip, "compile": "ok", "shape": "prod",
+                           "shape_label": "4096x4096"}
+    if kind == "host":
+        return {**tpu, "estimate_unavailable": "a test double's: no estimate"}
+    cycles = max(1, round(REFERENCE_CYCLES / speedup))
+    tpu.update(estimate={"cycles": cycles, "seconds": cycles / CLOCK_HZ, "method": "direct"},
+               kernel_time_s=cycles / CLOCK_HZ)
+    reference = REFERENCE_CYCLES / CLOCK_HZ
+    if kind == "roofline":
+        return {**tpu, "reference_roofline": {"seconds": reference},
+                "roofline_ratio": reference / tpu["kernel_time_s"],
+                "estimate_unavailable": "no estimate for the XLA reference"}
+    return {**tpu, "reference_estimate": {"cycles": REFERENCE_CYCLES, "seconds": reference,
+                                          "method": "direct"},
+            "estimated_speedup": speedup, "basis": "compiler"}
 
 
 class RefusingJudge(_InProcess):

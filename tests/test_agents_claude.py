@@ -341,7 +341,7 @@ def test_turn_context_quotes_the_error_line_and_fences_what_the_candidate_wrote(
     request = AgentRequest("fix", agents.brief(load_task("softmax")), source, 3,
                            last_eval=last_eval, chip="v5e",
                            notes=("rejected: keep BLOCK_ROWS small",),
-                           history=({"version": 3, "status": "compile_error", "speedup": None,
+                           history=({"version": 3, "status": "compile_error", "rank": None,
                                      "summary": "bigger blocks"},))
     text = turn_text(request)
     assert "Error (lowering) at line 27:" in text

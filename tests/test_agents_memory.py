@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from agents import memory
+from kernels.result import Rank
 
 
 @pytest.fixture(autouse=True)
@@ -56,14 +57,31 @@ def test_a_hand_edit_that_breaks_a_line_loses_nothing_else() -> None:
 
 
 def test_lesson_from_history_names_the_best_configuration() -> None:
-    history = [{"version": 1, "status": "correct", "speedup": 0.5, "tunables": {"B": 32}},
-               {"version": 2, "status": "incorrect", "speedup": None},
-               {"version": 3, "status": "correct", "speedup": 1.5, "tunables": {"B": 256}}]
+    def est(value: float, kernel_s: float) -> dict:
+        return Rank("tpu_estimate", value, "v5e", kernel_s=kernel_s).to_json()
+
+    history = [{"version": 1, "status": "correct", "rank": est(0.5, 3e-3),
+                "tunables": {"B": 32}},
+               {"version": 2, "status": "incorrect", "rank": None},
+               {"version": 3, "status": "correct", "rank": est(1.5, 1e-3),
+                "tunables": {"B": 256}}]
     lesson = memory.lesson_from_history(history, task="softmax", family="rowwise", chip="cpu")
     assert lesson is not None and lesson.outcome == "helped"
-    assert "B=256" in lesson.text and "1.5x" in lesson.text
+    assert "B=256" in lesson.text and "est. 1.50x vs est. 0.50x for v1" in lesson.text
     memory.remember(lesson)
     assert memory.relevant(family="rowwise", chip="cpu", task="softmax")
+    # The one ordering: the kernel's time ranks compiler figures (a later reference
+    # estimate may change the ratio, never the order), and host simulation never
+    # outranks them.
+    history[2]["rank"] = est(0.4, 2e-3)
+    history.append({"version": 4, "status": "correct", "tunables": {"B": 512},
+                    "rank": Rank("host_simulation", 9.0).to_json()})
+    lesson = memory.lesson_from_history(history, task="softmax", family="rowwise", chip="cpu")
+    assert lesson is not None and "best v3 B=256 at est. 0.40x" in lesson.text
+    # Within 2% of the first's time: nothing was gained.
+    history[2]["rank"] = est(0.51, 2.99e-3)
+    lesson = memory.lesson_from_history(history, task="softmax", family="rowwise", chip="cpu")
+    assert lesson is not None and lesson.outcome == "failed"
 
 
 def test_cli_lessons_subcommand(tmp_path) -> None:

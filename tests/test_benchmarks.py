@@ -44,6 +44,9 @@ SMOKES = {
         "no checkout: the JAXBench and MaxKernel fixtures listed with `tilewright tasks "
         "--no-check`, the shared-size resolution, the table (no search, no re-check)",
         "inputs generate: 2/2"),
+    "production_speed.py": (
+        "the small task only: distinct gelu kernels through a warm worker without the TPU "
+        "compile, against a fresh script per candidate", "script/ours"),
     "profile_cost.py": (
         "gelu: one plain timed run and one profiled run (capture, xprof conversion, static "
         "analysis) in this process", "gelu"),

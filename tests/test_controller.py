@@ -285,7 +285,7 @@ async def test_edit_of_a_pending_proposal_runs_the_users_source(tmp_path: Path,
     c.edit(src(speedup=1.5, tag="mine"))
     await c.wait_idle()
     v = c.state.versions[2]
-    assert v.origin == "user-edit" and v.proposal == "p1" and v.speedup == 1.5
+    assert v.origin == "user-edit" and v.proposal == "p1" and v.rank.value == 1.5
     assert "mine" in evaluator.sources[-1]
     assert c.state.proposals["p1"].decision == "edit"
     assert_replay_matches(c)
@@ -309,7 +309,7 @@ async def test_plan_approval_asks_the_implementer_with_the_plan(tmp_path: Path,
     await c.wait_idle()
     # One approved step done; step 2 ("fuse") is what the implementer is asked for next.
     assert c.state.plan_to_implement == "p1" and c.state.plan_step == 1
-    assert c.state.versions[2].speedup == 1.2
+    assert c.state.versions[2].rank.value == 1.2
     assert_replay_matches(c)
     await c.close()
 
@@ -422,7 +422,7 @@ async def test_auto_stops_without_improvement(tmp_path: Path, gelu: Task) -> Non
     agent = _auto_agent(10, speedups=[2.0, 1.5, 1.9, 3.0])
     c, seen = await _auto(tmp_path, gelu, agent, settings)
     assert _stops(seen) == ["no_improvement"]
-    assert c.state.best == 2 and c.state.best_speedup == 2.0
+    assert c.state.best == 2 and c.state.best_rank.value == 2.0
     assert len(c.state.versions) == 4  # baseline, 2.0, then two without improvement
     await c.close()
 
@@ -431,7 +431,24 @@ async def test_auto_stops_at_the_target_speedup(tmp_path: Path, gelu: Task) -> N
     settings = ControllerSettings(budgets=NO_LIMITS, target_speedup=1.25)
     c, seen = await _auto(tmp_path, gelu, _auto_agent(10), settings)
     assert _stops(seen) == ["target_reached"]
-    assert c.state.best_speedup == pytest.approx(1.3)
+    assert c.state.best_rank.source == "tpu_estimate"
+    assert c.state.best_rank.value == pytest.approx(1.3)
+    await c.close()
+
+
+async def test_no_roofline_bound_or_host_ratio_reaches_the_target(tmp_path: Path,
+                                                                 gelu: Task) -> None:
+    """The target is a speedup: a roofline rank (a lower bound) or a host simulation
+    ratio never reaches it, however large; the iteration budget ends the run instead."""
+    agent = ScriptedAgent([kernel(src(speedup=5.0, tag="roofline"), "bound"),
+                           kernel(src(speedup=9.0, tag="host"), "host only")])
+    settings = ControllerSettings(budgets=Budgets(iterations=2, tokens=None, cost_usd=None,
+                                                  wall_s=None), target_speedup=1.25)
+    c, seen = await _auto(tmp_path, gelu, agent, settings)
+    assert _stops(seen) == ["budget:iterations"]
+    assert c.state.versions[2].rank.source == "roofline"
+    assert c.state.versions[3].rank.source == "host_simulation"
+    assert c.state.best == 2  # a compiler figure ranks above any host ratio
     await c.close()
 
 
@@ -473,7 +490,7 @@ async def test_auto_rejects_duplicates_and_moves_on(tmp_path: Path, gelu: Task) 
     c, seen = await _auto(tmp_path, gelu, agent, settings)
     rejected = [e for e in seen if e["type"] == "user.decision" and e["decision"] == "reject"]
     assert len(rejected) == 1 and "identical to v2" in rejected[0]["note"]
-    assert c.state.best_speedup == 2.0
+    assert c.state.best_rank.value == 2.0
     await c.close()
 
 
@@ -556,7 +573,7 @@ async def test_resume_settles_an_interrupted_run_and_applies_an_approved_proposa
                                                 "profile.result"]
     assert events[-6]["interrupted"] and events[-6]["run"] == "r1"
     assert events[-2]["kind"] == "analysis" and events[-1]["static"]
-    assert resumed.state.versions[2].speedup == 1.7 and resumed.state.active_run is None
+    assert resumed.state.versions[2].rank.value == 1.7 and resumed.state.active_run is None
     assert_replay_matches(resumed)
     await resumed.close()
 
@@ -635,7 +652,7 @@ async def test_switch_modes_while_the_agent_streams(tmp_path: Path, gelu: Task) 
     hold.set()
     await c.wait_idle()
     decisions = [(e["proposal"], e["by"]) for e in seen if e["type"] == "user.decision"]
-    assert decisions == [("p1", "auto")] and c.state.versions[2].speedup == 1.5
+    assert decisions == [("p1", "auto")] and c.state.versions[2].rank.value == 1.5
     assert _stops(seen) == ["budget:iterations"]
 
     hold.clear()

@@ -152,12 +152,12 @@ async def test_plan_then_step_by_step_implementation_with_approvals(
     c.approve()
     await c.wait_idle()
     second = agent.requests[-1]
-    assert second.role == "implement" and c.state.versions[2].speedup == 1.2
+    assert second.role == "implement" and c.state.versions[2].rank.value == 1.2
     assert any("step 2 of 2" in n and "fuse the epilogue" in n for n in second.notes)
     assert c.state.pending == "p4"
     c.approve()
     await c.wait_idle()
-    assert c.state.versions[3].speedup == 1.5 and c.state.plan_to_implement is None
+    assert c.state.versions[3].rank.value == 1.5 and c.state.plan_to_implement is None
     assert agent.requests[-1].role == "tune"  # the plan is done
     assert_replay_matches(c)
     await c.close()
@@ -208,7 +208,12 @@ async def test_auto_profiles_new_bests_and_the_diagnosis_drives_the_offline_agen
     assert profiles and profiles[0]["by"] == "auto" and profiles[0]["version"] == 1
     diagnosis = next(e for e in persisted if e["type"] == "diagnosis")
     assert diagnosis["version"] == 1 and diagnosis["kind"] == "per_step_overhead"
-    assert diagnosis["evidence"]["steps"] == 4 and diagnosis["evidence"]["step_overhead_share"] > 0.25
+    # the static analysis is made at the production shape (8192x8192 in 64x256 blocks),
+    # and the diagnosis says so
+    assert diagnosis["evidence"]["steps"] == 128 * 32
+    assert diagnosis["evidence"]["step_overhead_share"] > 0.25
+    assert diagnosis["evidence"]["shape"] == "at the production shape (8192x8192)"
+    assert diagnosis["summary"].startswith("at the production shape (8192x8192): ")
     # The next request carries it, in the prompt too, and the offline move follows it.
     request = agent.requests[0]
     assert request.diagnosis["kind"] == "per_step_overhead"
@@ -226,7 +231,7 @@ async def test_auto_profiles_new_bests_and_the_diagnosis_drives_the_offline_agen
     chain = report.split("## Profile → diagnose → optimize", 1)[1].split("\n## ", 1)[0]
     row = next(line for line in chain.splitlines() if line.startswith("| v2 (from v1)"))
     assert "per_step_overhead (v1)" in row and "from the diagnosis" in row
-    v1, v2 = c.state.versions[1].speedup, c.state.versions[2].speedup
+    v1, v2 = c.state.versions[1].rank.value, c.state.versions[2].rank.value
     assert f"{v2 / v1:.3f}x" in row
     assert_replay_matches(c)
     await c.close()
@@ -250,7 +255,7 @@ async def test_lessons_are_written_at_session_end_and_read_by_the_next_session(
     lessons = memory.list_lessons()
     assert len(lessons) == 1 and lessons[0].source == "session"
     assert lessons[0].family == c.brief.family and lessons[0].chip == "cpu"
-    assert "2x" in lessons[0].text and lessons[0].outcome == "helped"
+    assert "at est. 2.00x vs est. 1.00x" in lessons[0].text and lessons[0].outcome == "helped"
     marker = [e for e in seen if e["type"] == "marker" and e.get("label") == "lesson"]
     assert marker and types(seen)[-1] == "session.end"
     # The next session's request for the same family and chip carries it.

@@ -197,21 +197,28 @@ def test_a_timeline_line_for_every_session_kind() -> None:
 
 
 def test_search_progress_reads_the_typed_events(capsys: pytest.CaptureFixture[str]) -> None:
+    from kernels.result import Rank
     from sessions.cli_search import _progress
 
+    rank = Rank("tpu_estimate", 1.234, "v5e", "4096x4096", kernel_s=1e-3).to_json()
     for event in (ev.RunStart(type="run.start", run="r1", version=2, kind="eval", by="search"),
                   ev.RunResult(type="run.result", run="r1", version=2, status="correct",
-                               correct=True, speedup=1.234, median_ms=0.5, result_blob=None,
+                               correct=True, rank=rank, median_ms=0.5, result_blob=None,
                                cancelled=False),
                   ev.RunResult(type="run.result", run="r2", version=3, status="timeout",
-                               correct=None, speedup=None, median_ms=None, result_blob=None,
+                               correct=None, rank=None, median_ms=None, result_blob=None,
                                cancelled=True),
+                  # a log written before ranks were recorded: its source and number
+                  ev.RunResult(type="run.result", run="r3", version=4, status="correct",
+                               correct=True, speedup=0.0123, rank_source="host_simulation",
+                               median_ms=0.5, result_blob=None, cancelled=False),
                   ev.SearchRound(type="search.round", lineage=0, round=1, beam=[2, 4],
-                                 repair=[], best_version=2, best_speedup=1.234),
+                                 repair=[], best_version=2, best_rank=rank),
                   ev.SearchEnd(type="search.end", reason="budget", best_version=2,
-                               best_speedup=1.234, evaluations=3),
+                               best_rank=rank, evaluations=3),
                   ev.live("agent.delta", text="ignored")):
         _progress("gelu", event)
     assert capsys.readouterr().err.splitlines() == [
-        "gelu: v2 evaluating (r1)", "gelu: v2 correct 1.23x", "gelu: round 1 beam v2, v4",
+        "gelu: v2 evaluating (r1)", "gelu: v2 correct est. 1.23x",
+        "gelu: v4 correct host sim 0.0123", "gelu: round 1 beam v2, v4",
         "gelu: done (budget)"]

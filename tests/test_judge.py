@@ -180,7 +180,7 @@ kernel = gelu
     assert "background_threads" in result.integrity["flags"]
     assert result.timing["candidate_paused"] is True
     # interpret mode simulates the kernel on the CPU: hundreds of times slower than XLA
-    assert result.timing["speedup"] < 1.0
+    assert result.timing["host_ratio"] < 1.0 and result.timing["speedup"] is None
     assert result.extra["candidate_process"]["restarted"] is True
 
 

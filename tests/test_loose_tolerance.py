@@ -160,6 +160,6 @@ def test_a_flagged_version_is_never_best() -> None:
               version(2, 3), result(2, 4, 9.0, ["compute_outside_kernel"]),
               version(3, 5), result(3, 6, 1.5, ["degenerate_reference"])]
     state = fold({"schema": "tilewright.session/1"}, events)
-    assert state.best == 3 and state.best_speedup == 1.5
+    assert state.best == 3 and state.best_rank.value == 1.5
     assert state.best_history[1]["flags"] == ["compute_outside_kernel"]
     assert state.best_history[1]["best"] == 1

@@ -22,6 +22,7 @@ from agents.base import AgentRequest, Failure, Finished, Proposal, ProposalReady
 from agents.offline import OfflineAgent, decide, tuner
 from kernels import tunables
 from kernels.loaders import load_task
+from kernels.result import Rank
 from kernels.workers import EvalOptions
 
 QUICK = EvalOptions(trials=1, timing=False)
@@ -40,6 +41,18 @@ async def _propose(request: AgentRequest, remember: bool = False
     assert sum(isinstance(e, ProposalReady | Failure | Finished) for e in events) == 1
     final = events[-1]
     return (final.proposal if isinstance(final, ProposalReady) else final), events
+
+
+def est(speedup: float) -> dict[str, Any]:
+    """A history entry's rank: the TPU compiler's estimate, the XLA reference 1 ms."""
+    return Rank("tpu_estimate", speedup, "v5e", kernel_s=1e-3 / speedup).to_json()
+
+
+def estimated(speedup: float) -> dict[str, Any]:
+    """An eval JSON ranked by the TPU compiler's estimate (its host ratio far lower)."""
+    return {"status": "correct", "timing": {"host_ratio": speedup / 50},
+            "tpu": {"chip": "v5e", "compile": "ok", "estimated_speedup": speedup,
+                    "kernel_time_s": 1e-3 / speedup}}
 
 
 def _apply(source: str, proposal: Proposal) -> str:
@@ -68,9 +81,12 @@ def test_tuner_never_repeats_and_beats_the_grid_on_a_unimodal_cost() -> None:
     def cost(a: int, b: int) -> float:  # best at A=64, B=512; A=512 does not fit
         return math.inf if a == 512 else (math.log2(a) - 6) ** 2 + (math.log2(b) - 9) ** 2 + 1
 
+    def timed(c: float) -> Rank:  # the kernel's estimated time: lower is better
+        return Rank("tpu_estimate", 1 / c, "v5e", kernel_s=c * 1e-3)
+
     obs = tuner.Observations()
     current = source
-    obs.add(tunables.config_of(current), "correct", 1 / cost(8, 128), None)
+    obs.add(tunables.config_of(current), "correct", timed(cost(8, 128)), None)
     seen = {(8, 128)}
     for _ in range(len(grid)):
         step = tuner.next_step(current, obs)
@@ -82,7 +98,7 @@ def test_tuner_never_repeats_and_beats_the_grid_on_a_unimodal_cost() -> None:
         current = tunables.apply(current, step.changes)
         c = cost(*point)
         obs.add(step.config, "correct" if math.isfinite(c) else "compile_error",
-                1 / c if math.isfinite(c) else None, None)
+                timed(c) if math.isfinite(c) else None, None)
     best = obs.best()
     assert best is not None and dict(best[0]) == {"A": 64, "B": 512}
     assert len(seen) <= len(grid) // 2
@@ -90,10 +106,10 @@ def test_tuner_never_repeats_and_beats_the_grid_on_a_unimodal_cost() -> None:
 
 def test_tuner_reads_what_was_tried_from_the_history() -> None:
     source = load_task("softmax").starting_source()  # BLOCK_ROWS = 32
-    history = ({"version": 1, "status": "correct", "speedup": 0.5, "tunables": {"BLOCK_ROWS": 32}},
-               {"version": 2, "status": "correct", "speedup": 0.4, "tunables": {"BLOCK_ROWS": 512}})
+    history = ({"version": 1, "status": "correct", "rank": est(0.5), "tunables": {"BLOCK_ROWS": 32}},
+               {"version": 2, "status": "correct", "rank": est(0.4), "tunables": {"BLOCK_ROWS": 512}})
     request = AgentRequest("tune", agents.brief(load_task("softmax")), source, 1,
-                           last_eval={"status": "correct", "timing": {"speedup": 0.5}},
+                           last_eval=estimated(0.5),
                            history=history)
     proposal = decide(request)
     # 512 was worse: bisect between 32 and 512 instead of repeating anything measured.
@@ -101,16 +117,39 @@ def test_tuner_reads_what_was_tried_from_the_history() -> None:
     assert "bisect" in proposal.rationale
 
 
+def test_the_tuner_orders_configurations_by_the_rank_key() -> None:
+    """Compiler ranks order by the kernel's own time at the production shape (a faster
+    kernel whose reference has only a roofline beats a slower one with a higher ratio),
+    and a host simulation ratio never outranks a compiler figure, however large."""
+    history = (
+        {"version": 1, "status": "correct", "tunables": {"B": 32},
+         "rank": Rank("tpu_estimate", 1.1, "v5e", kernel_s=2e-3).to_json()},
+        {"version": 2, "status": "correct", "tunables": {"B": 64},
+         "rank": Rank("roofline", 0.9, "v5e", kernel_s=1.5e-3).to_json()},
+        {"version": 3, "status": "correct", "tunables": {"B": 128}, "median_ms": 0.1,
+         "rank": Rank("host_simulation", 40.0).to_json()},
+        {"version": 4, "status": "compile_error", "tunables": {"B": 256}, "rank": None},
+        {"version": 5, "status": "correct", "tunables": {"B": 512}, "rank": None})
+    obs = tuner.observations_from(history, None, None, {"B"})
+    best = obs.best()
+    assert best is not None and dict(best[0]) == {"B": 64} and obs.version[best[0]] == 2
+    assert obs.said(best[0]).startswith("≥0.90x vs XLA's roofline on v5e")
+    assert set(obs.score) == {(("B", b),) for b in (32, 64, 128, 256)}  # 512: untimed
+    # Without any compiler figure the host simulation ratio ranks, then the time.
+    host = tuner.observations_from(history[2:], None, None, {"B"})
+    assert dict(host.best()[0]) == {"B": 128}
+
+
 def test_tuner_only_proposes_blocks_that_divide_the_dims_they_tile() -> None:
     task = load_task("matmul_bias_gelu", {"k": "384"})  # 256 would leave a ragged K block
     top = {"BLOCK_M": 1024, "BLOCK_N": 1024}
     source = tunables.apply(task.starting_source(), {**top, "BLOCK_K": 1024})
-    history = ({"version": 1, "status": "correct", "speedup": 0.5,
+    history = ({"version": 1, "status": "correct", "rank": est(0.5),
                 "tunables": {**top, "BLOCK_K": 128}},
-               {"version": 2, "status": "correct", "speedup": 0.4,
+               {"version": 2, "status": "correct", "rank": est(0.4),
                 "tunables": {**top, "BLOCK_K": 1024}})
     request = AgentRequest("tune", agents.brief(task), source, 2, history=history,
-                           last_eval={"status": "correct", "timing": {"speedup": 0.4}})
+                           last_eval=estimated(0.4))
     proposal = decide(request)
     assert proposal.kind == "tuning" and proposal.tuning["BLOCK_K"] == 512
 
@@ -159,19 +198,20 @@ async def test_convergence_is_remembered_and_seeds_the_next_session() -> None:
     task = load_task("softmax")
     source = tunables.apply(task.starting_source(), {"BLOCK_ROWS": 256})
     measured = [(32, 0.3), (512, 0.5), (128, 0.4), (256, 0.6)]
-    history = tuple({"version": n, "status": "correct", "speedup": s,
+    history = tuple({"version": n, "status": "correct", "rank": est(s),
                      "tunables": {"BLOCK_ROWS": b}} for n, (b, s) in enumerate(measured, 1))
     done = AgentRequest("tune", agents.brief(task), source, 4, history=history, chip="v5e",
-                        last_eval={"status": "correct", "timing": {"speedup": 0.6}})
+                        last_eval=estimated(0.6))
     await _propose(done)  # by default nothing is remembered
     assert memory.list_lessons() == []
     outcome, events = await _propose(done, remember=True)
     # Converged is the end of the tuner's search, not an error.
-    assert isinstance(outcome, Finished) and "converged at BLOCK_ROWS=256 (v4, 0.6x)" in outcome.message
+    assert isinstance(outcome, Finished)
+    assert "converged at BLOCK_ROWS=256 (v4, est. 0.60x on v5e (TPU compiler))" in outcome.message
     assert any(getattr(e, "text", "").startswith("remembered for later sessions") for e in events)
     [lesson] = memory.list_lessons()
     assert lesson.config == {"BLOCK_ROWS": 256} and lesson.family == "rowwise"
-    longer = (*history, {"version": 5, "status": "correct", "speedup": 0.1,
+    longer = (*history, {"version": 5, "status": "correct", "rank": est(0.1),
                          "tunables": {"BLOCK_ROWS": 8}})
     await _propose(replace(done, history=longer), remember=True)  # same best: not stored twice
     assert len(memory.list_lessons()) == 1
@@ -179,7 +219,7 @@ async def test_convergence_is_remembered_and_seeds_the_next_session() -> None:
     # A later session on another row-wise task starts from what was learned.
     rms = load_task("rmsnorm")
     fresh = AgentRequest("tune", agents.brief(rms), rms.starting_source(), 1, chip="v5e",
-                         last_eval={"status": "correct", "timing": {"speedup": 0.2}})
+                         last_eval=estimated(0.2))
     proposal, _ = await _propose(fresh, remember=True)
     assert proposal.kind == "tuning" and proposal.tuning == {"BLOCK_ROWS": 256}
     assert "lesson from an earlier session" in proposal.rationale
@@ -194,9 +234,9 @@ def test_a_fix_that_would_repeat_a_measured_configuration_searches_on() -> None:
     source = tunables.apply(task.starting_source(), {"BLOCK_M": 1024})
     vmem = {"status": "compile_error", "error": {"kind": "compile", "message":
             "RESOURCE_EXHAUSTED: exceeded scoped vmem limit"}}
-    history = ({"version": 1, "status": "correct", "speedup": 0.5,
+    history = ({"version": 1, "status": "correct", "rank": est(0.5),
                 "tunables": {"BLOCK_M": 512, "BLOCK_N": 128, "BLOCK_K": 128}},
-               {"version": 2, "status": "compile_error", "speedup": None,
+               {"version": 2, "status": "compile_error", "rank": None,
                 "tunables": {"BLOCK_M": 1024, "BLOCK_N": 128, "BLOCK_K": 128}})
     request = AgentRequest("fix", agents.brief(task), source, 2, last_eval=vmem, history=history)
     proposal = decide(request)
@@ -282,8 +322,8 @@ async def test_tuning_makes_the_kernel_faster(worker_pool: Any) -> None:
     result = start
 
     def record() -> None:
-        history.append({"version": version, "status": result.status, "speedup": result.speedup,
-                        "median_ms": (result.timing or {}).get("median_ms"), "summary": "",
+        history.append({"version": version, "status": result.status,
+                        "rank": result.rank.to_json(), "median_ms": (result.timing or {}).get("median_ms"), "summary": "",
                         "tunables": tunables.config_of(source)})
 
     for _ in range(3):
@@ -298,8 +338,9 @@ async def test_tuning_makes_the_kernel_faster(worker_pool: Any) -> None:
         result = await worker_pool.evaluate(task, source, timed)
     else:
         record()
-    best = max((h for h in history[1:] if h["status"] == "correct"), key=lambda h: h["speedup"])
-    assert best["speedup"] > start.speedup, (history, start.timing)
+    best = max((h for h in history[1:] if h["status"] == "correct"),
+               key=lambda h: Rank.from_json(h["rank"]).key())  # the one ordering
+    assert Rank.from_json(best["rank"]).better_than(start.rank), (history, start.timing)
     assert best["median_ms"] < start.timing["median_ms"]
 
 
@@ -325,7 +366,7 @@ def test_a_family_is_inferred_from_the_reference(task_dir: str, family: str) -> 
 def test_a_failed_guess_moves_on_to_the_next_family() -> None:
     brief = agents.brief(load_task(FIXTURE_TASKS / "maxkernel_row_scale"))
     failed = {"status": "compile_error", "error": {"kind": "trace", "message": "boom"}}
-    history = ({"version": 1, "status": "compile_error", "speedup": None,
+    history = ({"version": 1, "status": "compile_error", "rank": None,
                 "summary": "elementwise template from the reference"},)
     proposal = decide(AgentRequest("fix", brief, "def computation(x): ...", 1, failed,
                                    history=history))
@@ -477,7 +518,7 @@ def test_the_diagnosed_grow_stops_at_blocks_that_fit_vmem_at_the_production_shap
     limit: the move goes to the largest that does, and the plain search skips the rest."""
     source = ('BLOCK_ROWS = 32\nTUNABLES = {"BLOCK_ROWS": [8, 16, 32, 64, 128, 256, 512]}\n')
     obs = tuner.Observations()
-    obs.add({"BLOCK_ROWS": 32}, "correct", 1.2, None, 1, "est. 1.20x")
+    obs.add({"BLOCK_ROWS": 32}, "correct", Rank.from_json(est(1.2)), None, 1)
     dims = {"BLOCK_ROWS": (4096,)}
     numbers = {"vmem_bytes": 2.1 * 2**20, "vmem_limit_bytes": 16 * 2**20, "compile": "ok"}
     model = tuner.vmem_model(({"version": 1, "tunables": {"BLOCK_ROWS": 32},
@@ -494,7 +535,7 @@ def test_the_diagnosed_grow_stops_at_blocks_that_fit_vmem_at_the_production_shap
     # Without the model (no production figure yet) the heuristic alone goes to the top.
     assert tuner.diagnosed_step(source, obs, dims, diagnosis).config == {"BLOCK_ROWS": 512}
     # The coordinate search never proposes a configuration the model rules out.
-    obs.add({"BLOCK_ROWS": 128}, "correct", 1.5, None, 2, "est. 1.50x")
+    obs.add({"BLOCK_ROWS": 128}, "correct", Rank.from_json(est(1.5)), None, 2)
     step = tuner.next_step(source, obs, dims, None, model)
     assert step is not None and step.config == {"BLOCK_ROWS": 64}  # 256 would not fit
     assert tuner.next_step(source, obs, dims).config == {"BLOCK_ROWS": 512}  # unmodelled

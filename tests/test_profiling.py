@@ -192,15 +192,19 @@ async def test_static_only_profile_runs_nothing(worker_pool) -> None:
                            judge=LocalExecutor.over(worker_pool))
     assert result["status"] == "ok" and result["chip"]["name"] == "v5p"
     assert result["timeline"] is None and result["logdir"] is None and result["top_ops"] == []
+    # Nothing runs, so the analysis is made at the production shape (batch 4, 32 heads,
+    # seq 4096: what the numbers that rank are for), from the inputs' shapes.
+    assert result["shape"]["name"] == "tpu_llama" and result["shape"]["production"] is True
     (k,) = result["analysis"]["kernels"]
-    # q/out blocks (128x128 f32, 64 KiB) change with the query block: 4 of 8 steps;
-    # k/v blocks change every step.
-    assert [o["fetches"] for o in k["operands"]] == [4, 8, 8, 4]
+    # 128 (batch x heads) x 32 query blocks x 32 key blocks: q/out blocks (128x128 f32)
+    # change with the query block (4,096 fetches); k/v blocks change every step.
+    steps = 128 * 32 * 32
+    assert [o["fetches"] for o in k["operands"]] == [128 * 32, steps, steps, 128 * 32]
     roof = result["roofline"]
     assert roof["note"] == "static analysis only: nothing was run" and roof["fraction"] is None
-    # Estimate: the blocking's bound + 8 grid steps x 0.35 us.
-    assert roof["step_overhead_ms"] == pytest.approx(8 * 0.35e-3)
-    assert roof["estimate_ms"] == pytest.approx(roof["kernel_bound_ms"] + 8 * 0.35e-3)
+    # Estimate: the blocking's bound + every grid step x 0.35 us.
+    assert roof["step_overhead_ms"] == pytest.approx(steps * 0.35e-3)
+    assert roof["estimate_ms"] == pytest.approx(roof["kernel_bound_ms"] + steps * 0.35e-3)
     assert "phases" in result and "capture_s" not in result["phases"]
 
 

@@ -21,6 +21,7 @@ from test_controller import MarkedEvaluator, assert_replay_matches, make, src
 from agents.base import AgentRequest, Proposal
 from agents.context import turn_text
 from kernels.loaders import load_task
+from kernels.result import Rank
 from kernels.task import Task
 from profiling.diagnose import check_with_estimates
 from sessions.autonomy import Budgets, ControllerSettings
@@ -62,7 +63,7 @@ async def test_after_a_regression_the_next_request_starts_from_the_best(
     c.set_mode("auto")
     await c.wait_idle()
     # v1 is the task's own kernel (1.0x), v2 the fast one, v3 slower than v2.
-    assert c.state.best == 2 and c.state.versions[3].speedup == 1.5
+    assert c.state.best == 2 and c.state.versions[3].rank.value == 1.5
     checkouts = [e for e in seen if e["type"] == "kernel.checkout"]
     assert checkouts and checkouts[0]["version"] == 2 and checkouts[0]["by"] == "auto"
     assert "v3" in checkouts[0]["reason"] and "slower than v2" in checkouts[0]["reason"]
@@ -71,13 +72,17 @@ async def test_after_a_regression_the_next_request_starts_from_the_best(
     assert after.latest_version == 3
     assert "slower than v2" in (after.base_reason or "")
     text = turn_text(after)
-    # (the in-process evaluator gives no TPU estimate: its ratio is the host simulation's)
-    assert "Best so far: v2, host sim. ratio 2. Latest: v3, host sim. ratio 1.5." in text
-    assert "Base: v2 (v3 host sim. ratio 1.5 is slower than v2's host sim. ratio 2" in text
+    # (the in-process judge's TPU compiler estimates: Rank.words, short, as they rank)
+    assert "Best so far: v2, est. 2.00x. Latest: v3, est. 1.50x." in text
+    assert "Base: v2 (v3 est. 1.50x is slower than v2's est. 2.00x" in text
     assert "## Base kernel (v2: your change applies to this source)" in text
-    # A host simulation ratio is never written as a speedup, in the table either.
-    assert "| v3 | v2 | correct | host sim. 1.5 (not a speedup) |" in text
-    assert "1.5x" not in text
+    assert "| v3 | v2 | correct | est. 1.50x |" in text
+    # The base's evaluation: cycles with their time at the chip's clock, the rank in full.
+    assert "kernel 750,000 cycles = 0.5 ms at 1.5 GHz, XLA reference 1,500,000 cycles = " \
+           "1 ms -> est. 2.00x" in text
+    assert "Ranking number: est. 2.00x on v5e at 4096x4096 (TPU compiler)." in text
+    # The host simulation time is never written as a speedup.
+    assert "not TPU time, not a speedup): kernel 5 ms, XLA reference 10 ms" in text
     assert "eval: correct 2.0 a" in text and "eval: correct 1.5 b" not in text  # v2's source
     # The version made from that request is a child of the best, not of the regression.
     assert c.state.versions[4].parent == 2
@@ -242,7 +247,8 @@ def test_a_heuristic_the_estimator_contradicts_is_marked_and_no_longer_leads() -
     from agents.offline import tuner
 
     obs = tuner.Observations()
-    obs.add({"BLOCK_ROWS": 128}, "correct", 1.26, None, 1)
+    obs.add({"BLOCK_ROWS": 128}, "correct", Rank("tpu_estimate", 1.26, "v5e", kernel_s=2e-6),
+            None, 1)
     source = "BLOCK_ROWS = 128\nTUNABLES = {'BLOCK_ROWS': [64, 128, 256]}\n"
     grow = tuner.diagnosed_step(source, obs, None, v1)  # the heuristic alone: grow
     assert grow is not None and grow.changes == {"BLOCK_ROWS": 256}
@@ -268,14 +274,94 @@ def test_an_evaluation_says_its_numbers_and_never_a_host_speedup() -> None:
     result = json.loads(RECORDED.read_text())
     text = eval_text(result, version=4)
     assert "## Evaluation of v4: correct" in text
-    assert "TPU compiler estimate (TPU v5e, at shape default): kernel 2,778 cycles, XLA " \
-           "reference 3,080 cycles -> est. 1.11x." in text
+    # Cycles with their time beside them, at the chip's clock.
+    assert "TPU compiler estimate (TPU v5e, at shape default): kernel 2,778 cycles = 1.85 us " \
+           "at 1.5 GHz, XLA reference 3,080 cycles = 2.05 us -> est. 1.11x." in text
+    assert "Ranking number: est. 1.11x on v5e (TPU compiler)." in text
     assert "VMEM 0.38 MiB of the 16 MiB scoped limit (compiler)." in text
     # The tolerance as enforced: atol 0.01 capped at 5% of the softmax's largest value.
     assert "Enforced: |out - ref| <= 0.000325 + 0.01 * |ref| value by value" in text
     assert "Host simulation time (TPU interpret mode on the CPU: checks correctness; not " \
            "TPU time, not a speedup)" in text
     assert "speedup=" not in text and f"{result['timing']['speedup']:.3g}" not in text
+
+
+def _floor_line(tpu: dict) -> str:
+    import json
+
+    from agents.context import eval_text
+
+    result = json.loads(RECORDED.read_text())
+    result["tpu"].update(tpu)
+    text = eval_text(result, version=4)
+    return next(line.strip() for line in text.splitlines()
+                if line.strip().startswith("memory floor"))
+
+
+def test_the_memory_floor_line_says_only_what_is_true() -> None:
+    """The floor against the compiler's figures (kernel 1.85 us, reference 2.05 us in the
+    recorded evaluation): "decided" only where the harness's basis says so, with both
+    figures; "below both" only where it is; nothing comparative without a figure."""
+    floor = {"kernel_bytes": 2 * 2**20, "reference_bytes": 3 * 2**20, "efficiency": 1.0}
+    above = {**floor, "kernel_s": 2.5e-6, "reference_s": 3e-6}
+    decided = _floor_line({"floor": above, "basis": "memory_floor", "compiler_speedup": 1.1087,
+                           "estimated_speedup": 1.2, "kernel_time_s": 2.5e-6})
+    assert decided.endswith(
+        "It decided the ranking number (the compiler's cycles alone say 1.11x): the "
+        "kernel's floor 2.5 us is above its compiler estimate 1.85 us; the XLA reference's "
+        "floor 3 us is above its compiler estimate 2.05 us.")
+    # The reference's floor alone above its estimate: only that side is named.
+    one = _floor_line({"floor": {**floor, "kernel_s": 1e-6, "reference_s": 3e-6},
+                       "basis": "memory_floor", "compiler_speedup": 1.1087})
+    assert "the XLA reference's floor 3 us is above its compiler estimate 2.05 us." in one
+    assert "kernel's floor" not in one
+    # Above both, but no basis said (an older harness): the comparisons, no verdict.
+    old = _floor_line({"floor": above, "basis": None})
+    assert "below both" not in old and "decided" not in old
+    assert old.endswith("Against the compiler's estimates: the kernel's floor is above its "
+                        "1.85 us; the XLA reference's floor is above its 2.05 us.")
+    # Between them: never "below both".
+    between = _floor_line({"floor": {**floor, "kernel_s": 1e-6, "reference_s": 3e-6},
+                           "basis": None})
+    assert "below both" not in between and "kernel's floor is not above its 1.85 us" in between
+    # No estimate for the reference: nothing said about the reference's side.
+    alone = _floor_line({"floor": {**floor, "kernel_s": 1e-6, "reference_s": 3e-6},
+                         "reference_estimate": None, "estimated_speedup": None, "basis": None})
+    assert "reference's floor" not in alone and "below both" not in alone
+    # No compiler figure at all: the floor, nothing comparative.
+    bare = _floor_line({"floor": {**floor, "kernel_s": 1e-6, "reference_s": 3e-6},
+                        "estimate": {"cycles": 2778}, "reference_estimate": None,
+                        "estimated_speedup": None, "basis": None})
+    assert bare.endswith("XLA reference 3 us (3 MiB).")
+
+
+def test_a_roofline_rank_says_what_the_reference_is_priced_by_and_why() -> None:
+    """No compiler estimate for the XLA reference: the kernel's estimate is held against
+    the reference's roofline, and the text says so, with the reason and the figures."""
+    import json
+
+    from agents.context import eval_text, ranking_text
+
+    result = json.loads(RECORDED.read_text())
+    why = "the estimator aborted on the XLA reference (Check failed)"
+    result["tpu"].update(
+        reference_estimate=None, estimated_speedup=None, estimate_unavailable=why,
+        kernel_time_s=1.852e-6, roofline_ratio=0.81,
+        reference_roofline={"seconds": 1.5e-6, "flops": 8.6e9, "bytes": 3 * 2**20,
+                            "compute_s": 1.3e-7, "memory_s": 1.5e-6, "bound_by": "memory"})
+    text = eval_text(result, version=4)
+    assert "kernel 2,778 cycles = 1.85 us at 1.5 GHz, XLA reference not estimated -> " \
+           "≥0.81x roofline." in text
+    assert f"No TPU compiler estimate for the XLA reference: {why}. So your kernel is ranked " \
+           "by its own compiler estimate against the reference's roofline: its 8.6 GFLOP at " \
+           "the chip's peak = 0.13 us, its compulsory 3 MiB (inputs read and outputs written " \
+           "once) at the HBM bandwidth = 1.5 us; the larger, 1.5 us, is a time XLA cannot " \
+           "beat, so the ratio is a lower bound of the speedup." in text
+    assert "Ranking number: ≥0.81x vs XLA's roofline on v5e" in text
+    rule = ranking_text(AgentRequest("tune", _brief(), "x = 1\n", 4, last_eval=result,
+                                     chip="v5e"))
+    assert "against the XLA reference's roofline: the reference has no compiler estimate " \
+           f"({why})" in rule and "a lower bound of the speedup" in rule
 
 
 def test_the_production_shape_fields_are_read_when_present() -> None:
@@ -292,7 +378,7 @@ def test_the_production_shape_fields_are_read_when_present() -> None:
     tpu.update(shape="production", shape_label="4096x8192, 8192x8192, 8192",
                input_shapes=["f32[4096,8192]", "f32[8192,8192]", "f32[8192]"],
                grid_steps=64, basis="compiler",
-               floor={"kernel_s": 2.5e-6, "kernel_bytes": 2 * 2**20, "reference_s": 3e-6,
+               floor={"kernel_s": 1.5e-6, "kernel_bytes": 2 * 2**20, "reference_s": 1.8e-6,
                       "reference_bytes": 3 * 2**20, "efficiency": 1.0},
                fidelity={"class": "matmul + epilogue", "median_ratio": 0.95,
                          "within_2x": 0.91, "rows": 33, "source": "JAXBench v6e"})
@@ -307,13 +393,18 @@ def test_the_production_shape_fields_are_read_when_present() -> None:
     assert "scaled: 8 of 64 steps, times 8" in text
     assert "kernel's ops: _kernel (Pallas kernel) 2,600, copy.3 (XLA) 89 x2" in text
     assert "reference's ops: fusion.1 (XLA) 3,080" in text
-    assert "memory floor (bytes through HBM at the chip's bandwidth): kernel 0.0025 ms " \
-           "(2 MiB), XLA reference 0.003 ms (3 MiB). It is below both compiler estimates" in text
+    assert "memory floor (bytes through HBM at the chip's bandwidth): kernel 1.5 us " \
+           "(2 MiB), XLA reference 1.8 us (3 MiB). It is below both compiler estimates " \
+           "(kernel 1.85 us, XLA reference 2.05 us): the compiler's figures rank." in text
+    # How far the compiler's figures hold for this class of program, beside the rank.
+    assert "Ranking number: est. 1.11x on v5e at 4096x8192, 8192x8192, 8192 (TPU compiler, " \
+           "scaled). How far such compiler figures hold, measured: matmul + epilogue v5e: " \
+           "median 0.95 of measured, 33 programs, 91% within 2x." in text
     assert "64 grid steps" in text
     numbers = version_numbers(result)
     assert (numbers["pallas_cycles"], numbers["outside_cycles"]) == (2600, 178)
-    row = {"version": 4, "status": "correct", "speedup": 1.108, "summary": "k", "parent": 3,
-           "numbers": numbers, "steps": 64, "steps_source": "tpu"}
+    row = {"version": 4, "status": "correct", "rank": numbers["rank"], "summary": "k",
+           "parent": 3, "numbers": numbers, "steps": 64, "steps_source": "tpu"}
     table = history_text((row,), best=4, base=4)
     assert "| v4 (best, base) | v3 | correct | est. 1.11x | 2,778 | 3,080 | 2,600 / 178 | " \
            "0.38 / 16 MiB | 64 | k |" in table

@@ -26,6 +26,8 @@ from typing import Any
 import pytest
 from openai_server import ChatServer, tool_reply
 
+from kernels.result import ranking
+
 ROOT = Path(__file__).resolve().parent.parent
 
 BASELINE = '''
@@ -179,8 +181,10 @@ def test_each_version_has_its_numbers_and_its_own_diagnosis(run) -> None:
     assert v2["tpu"]["estimate"]["cycles"] > v1["tpu"]["estimate"]["cycles"]  # 8 steps: slower
     text = turn_of(run, 1)
     cycles, ref = v1["tpu"]["estimate"]["cycles"], v1["tpu"]["reference_estimate"]["cycles"]
-    assert f"kernel {cycles:,} cycles, XLA reference {ref:,} cycles -> est. " \
-           f"{v1['tpu']['estimated_speedup']:.3g}x" in text
+    rank1, rank2 = ranking(v1), ranking(v2)
+    # Cycles with their time at the chip's clock beside them (Rank.time_words).
+    assert f"kernel {rank1.time_words()}, XLA reference {ref:,} cycles = " in text
+    assert f" -> {rank1.words(short=True)}" in text
     enforced = v1["correctness"]["atol_effective"]
     assert f"Enforced: |out - ref| <= {enforced:.3g} + 1e-05 * |ref|" in text
     # v1, a new best, was profiled (autonomous mode profiles each new best)
@@ -191,7 +195,7 @@ def test_each_version_has_its_numbers_and_its_own_diagnosis(run) -> None:
                      + f"{cycles:,} \\| {ref:,} \\|", text)
     # After v2: both rows with their own cycles and grid steps, and v2's own diagnosis.
     after = turn_of(run, 2)
-    assert f"| v2 | v1 | correct | est. {v2['tpu']['estimated_speedup']:.3g}x | " \
+    assert f"| v2 | v1 | correct | {rank2.words(short=True)} | " \
            f"{v2['tpu']['estimate']['cycles']:,} |" in after
     # Grid steps of the TPU compile at the production shape (512 rows: 16 and 64 blocks).
     assert "| 16 |" in after and "| 64 |" in after
@@ -208,8 +212,8 @@ def test_after_a_regression_the_base_is_the_best_and_lookups_stay(run) -> None:
     assert checkouts and checkouts[0]["version"] == 1 and checkouts[0]["by"] == "auto"
     after = turn_of(run, 2)
     assert "Best so far: v1, est. " in after and "Latest: v2, est. " in after
-    assert re.search(r"Base: v1 \(v2 est\. [\d.]+x on v5e is slower than v1's est\. [\d.]+x "
-                     r"on v5e: the next proposal starts from the best version, v1\)", after)
+    assert re.search(r"Base: v1 \(v2 est\. [\d.]+x is slower than v1's est\. [\d.]+x: "
+                     r"the next proposal starts from the best version, v1\)", after)
     assert "## Base kernel (v1: your change applies to this source)" in after
     assert "BLOCK_ROWS = 32" in after.split("## Base kernel")[1].split("```\n")[0]
     versions = {e["version"]: e for e in run["events"] if e.get("type") == "kernel.version"}

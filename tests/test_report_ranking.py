@@ -25,6 +25,69 @@ def test_report_calls_the_estimate_an_estimate() -> None:
     for event in results:
         assert f"| {event['rank_label']} |" in text  # per evaluation, in full words
     best = state.versions[state.best]
-    assert f"- Best: **v{state.best}**, est. {best.speedup:.2f}x on v5e (TPU compiler)" in text
+    assert best.rank is not None and best.rank.source == "tpu_estimate"  # a log's legacy rank
+    assert f"- Best: **v{state.best}**, est. {best.rank.value:.2f}x on v5e (TPU compiler)" in text
     assert "static estimate" in text and "not a measurement" in text
     assert "est. " in html_report(loaded, state)
+
+
+def _session(tmp_path: Path) -> Path:
+    """A session written through the real log with today's ranks: v1 the TPU compiler's
+    estimate, v2 a faster kernel ranked against XLA's roofline (the reference had no
+    estimate), v3 ranked by host simulation only (the compiler gave nothing)."""
+    from kernels.result import Rank
+    from sessions.log import SessionLog
+
+    fidelity = {"class": "memory_bound", "chip": "v5e", "median_ratio": 0.93,
+                "within_2x": 0.9, "rows": 12}
+    ranks = {1: Rank("tpu_estimate", 1.0, "v5e", "4096x4096", kernel_s=1e-3,
+                     kernel_cycles=1_500_000, clock_hz=1.5e9, reference_s=1e-3,
+                     basis="compiler", estimate=1.0, fidelity=fidelity, status="correct"),
+             2: Rank("roofline", 0.9, "v5e", "4096x4096", kernel_s=0.8e-3,
+                     kernel_cycles=1_200_000, clock_hz=1.5e9, reference_s=0.72e-3,
+                     fidelity=fidelity, status="correct",
+                     why_none="no estimate for the XLA reference"),
+             3: Rank("host_simulation", 0.02, "v5e", status="correct")}
+    log = SessionLog.create(tmp_path, task={"name": "toy", "root": "/nowhere",
+                                            "layout": "native"},
+                            backend={"platform": "cpu", "mode": "tpu-interpret",
+                                     "label": "CPU (TPU interpret)"},
+                            agent="offline", app_version="test")
+    for n, rank in ranks.items():
+        decision = None
+        if n > 1:
+            log.append("agent.proposal", proposal=f"p{n}", kind="kernel", summary=f"try {n}",
+                       base_version=n - 1, source_blob=None, role="tune")
+            decision = log.append("user.decision", proposal=f"p{n}", decision="approve",
+                                  by="auto")["seq"]
+        log.append("kernel.version", version=n, parent=n - 1 if n > 1 else None,
+                   origin="initial" if n == 1 else "agent",
+                   proposal=f"p{n}" if n > 1 else None,
+                   source_blob=log.put_blob(f"def kernel(x):\n    return x * {n}\n"),
+                   summary=f"try {n}", decision=decision)
+        log.append("run.start", run=f"r{n}", version=n, kind="eval", by="auto")
+        log.append("run.result", run=f"r{n}", version=n, status="correct", correct=True,
+                   rank=rank.to_json(), chip="v5e", median_ms=1.0, result_blob=None,
+                   cancelled=False)
+    log.close()
+    return log.path
+
+
+def test_report_words_todays_ranks_with_their_trust_and_gains(tmp_path: Path) -> None:
+    loaded = load(_session(tmp_path))
+    state = fold(loaded.header, loaded.events)
+    assert state.best == 2  # the faster kernel; host simulation never outranks a compiler
+    text = markdown(loaded, state)
+    best = state.best_rank
+    assert best is not None and f"- Best: **v2**, {best.words()}; trust: " \
+        f"{best.trust_words()}" in text
+    assert "| est. 1.00x on v5e at 4096x4096 (TPU compiler); trust: memory-bound v5e" in text
+    assert "| host sim. ratio 0.02 (CPU interpreter, not TPU performance) |" in text
+    assert "| ≥0.90x roofline (v2) |" in text  # best so far, in short words
+    chain = text.split("## Profile → diagnose → optimize", 1)[1].split("\n## ", 1)[0]
+    v2 = next(line for line in chain.splitlines() if line.startswith("| v2 (from v1)"))
+    assert "| 1.250x | 1.250x |" in v2  # by the kernel's time: 1 ms -> 0.8 ms
+    v3 = next(line for line in chain.splitlines() if line.startswith("| v3 (from v2)"))
+    assert v3.endswith("| - | 1.250x |")  # no gain across kinds of number
+    page = html_report(loaded, state)
+    assert "≥0.90x roofline" in page and "host sim 0.02" in page

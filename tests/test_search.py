@@ -21,6 +21,7 @@ import pytest
 from agents import brief, make_agent
 from kernels.executors import LocalExecutor
 from kernels.loaders import load_task
+from kernels.result import Rank
 from kernels.workers import EvalOptions
 from sessions.log import load
 from sessions.search import Search
@@ -61,8 +62,8 @@ def _check_recorded_search(path: Path) -> None:
     for rounds in state.rounds.values():
         for info in rounds:  # only correct nodes enter a beam, best first
             assert all(state.is_correct(v) for v in info.beam)
-            speeds = [state.speedup(v) for v in info.beam]
-            assert speeds == sorted(speeds, reverse=True)
+            keys = [state.key(v) for v in info.beam]  # Rank.key: the one ordering
+            assert keys == sorted(keys, reverse=True)
     assert events[-2]["type"] == "search.end" and events[-1]["type"] == "session.end"
 
 
@@ -81,8 +82,9 @@ async def test_beam_search_on_a_bundled_task(tmp_path) -> None:
     assert summary.evaluations == 5
     assert summary.best_status == "correct"
     state = search.state
-    root = state.session.versions[1]
-    assert summary.best_speedup >= root.speedup
+    assert summary.best_rank is not None and summary.best_version is not None
+    assert Rank.from_json(summary.best_rank) == state.rank(summary.best_version)
+    assert state.key(summary.best_version) >= state.key(1)  # never worse than the root
     # the children of round 1: one from the agent (tuner), one a tuning step of the search
     first = [n for n in state.nodes.values() if n.round == 1]
     assert {n.proposer for n in first} == {"agent", "tuning"}
@@ -125,8 +127,10 @@ def test_planner_resumes_from_what_the_log_shows() -> None:
          "origin": "initial", "proposal": None, "source_blob": blob, "summary": "start"},
         {"seq": 2, "t": 0, "type": "search.start", "config": cfg, "root": 1},
         {"seq": 3, "t": 1, "type": "run.start", "run": "r1", "version": 1, "kind": "eval"},
+        # a log written before ranks were recorded: the source and number that ranked
         {"seq": 4, "t": 2, "type": "run.result", "run": "r1", "version": 1,
-         "status": "correct", "correct": True, "speedup": 1.0},
+         "status": "correct", "correct": True, "speedup": 1.0, "rank_source": "tpu_estimate",
+         "rank_label": "est. 1.00x on v5e (TPU compiler)", "chip": "v5e"},
         {"seq": 5, "t": 2, "type": "search.round", "lineage": 0, "round": 0, "beam": [1],
          "repair": [], "best_version": 1, "best_speedup": 1.0},
         {"seq": 6, "t": 3, "type": "agent.proposal", "proposal": "p1", "kind": "kernel",
@@ -155,15 +159,71 @@ def test_planner_resumes_from_what_the_log_shows() -> None:
             [("r3", 2, False, None), ("r4", 3, True, 2.0)], start=13):
         state.apply({"seq": seq, "t": 6, "type": "run.result", "run": run, "version": version,
                      "status": "correct" if ok else "incorrect", "correct": ok,
-                     "speedup": speed})
+                     "rank": _rank(speed, "correct" if ok else "incorrect")})
     assert [a.key for a in plan(state)] == ["select:0:1"]
     info = select_beam(state, 0, 1)
     assert info.beam == [3, 1]  # v2 was incorrect: it never enters the beam
-    assert info.best_version == 3
+    assert info.best_version == 3 and info.best_rank == state.rank(3)
+    # an old log's rank (est. 1.00x, no kernel time) and a new one (est. 2.00x) compare
+    assert state.rank(1) is not None and state.rank(1).legacy_label
     # a node budget already spent: no new expansions
     state.config.budget.nodes = 2
-    state.apply({"seq": 15, "t": 7, "type": "search.round", **info.__dict__})
+    state.apply({"seq": 15, "t": 7, "type": "search.round", **info.event_fields()})
+    assert state.rounds[0][-1].best_rank == info.best_rank  # recorded as Rank JSON
     assert plan(state) == []
+
+
+def _rank(speedup: float | None, status: str = "correct") -> dict:
+    """A run.result's rank (Rank JSON): the TPU compiler's estimated speedup on v5e."""
+    if speedup is None:
+        return Rank("none", status=status).to_json()
+    return Rank("tpu_estimate", speedup, "v5e", "4096x4096", kernel_s=1e-3 / speedup,
+                status=status).to_json()
+
+
+def test_beam_and_best_follow_rank_key_not_the_value() -> None:
+    """One ordering (``Rank.key``): compiler ranks by the kernel's time (a roofline rank
+    of a faster kernel above an estimate of a slower one), a host simulation ratio below
+    any compiler figure whatever its value, earliest first on ties; "improved" too."""
+    cfg = SearchConfig(beam_width=3, branching=3, profile_best=False,
+                       profile_every=None).to_json()
+    blob = "0" * 64
+    # v1: est. 1.00x, its kernel 1 ms
+    ranks = {2: Rank("tpu_estimate", 1.2, "v5e", kernel_s=0.8e-3).to_json(),
+             3: Rank("roofline", 0.9, "v5e", kernel_s=0.5e-3).to_json(),  # the fastest
+             4: Rank("host_simulation", 50.0).to_json(),
+             5: Rank("roofline", 0.9, "v5e", kernel_s=0.5e-3).to_json()}  # v3's tie
+    events: list[dict] = [
+        {"seq": 1, "t": 0, "type": "kernel.version", "version": 1, "parent": None,
+         "origin": "initial", "proposal": None, "source_blob": blob, "summary": "start"},
+        {"seq": 2, "t": 0, "type": "search.start", "config": cfg, "root": 1},
+        {"seq": 3, "t": 1, "type": "run.result", "run": "r1", "version": 1,
+         "status": "correct", "correct": True, "rank": _rank(1.0)},
+        {"seq": 4, "t": 1, "type": "search.round", "lineage": 0, "round": 0, "beam": [1],
+         "repair": [], "best_version": 1, "best_rank": _rank(1.0)}]
+    seq = 5
+    for number, rank in ranks.items():
+        pid = f"p{number}"
+        events += [
+            {"seq": seq, "t": 2, "type": "agent.proposal", "proposal": pid, "kind": "kernel",
+             "base_version": 1, "source_blob": blob, "role": "tune", "lineage": 0,
+             "round": 1, "slot": number - 2},
+            {"seq": seq + 1, "t": 2, "type": "user.decision", "proposal": pid,
+             "decision": "approve", "by": "auto"},
+            {"seq": seq + 2, "t": 2, "type": "kernel.version", "version": number, "parent": 1,
+             "origin": "agent", "proposal": pid, "source_blob": blob, "summary": pid,
+             "decision": seq + 1},
+            {"seq": seq + 3, "t": 3, "type": "run.result", "run": f"r{number}",
+             "version": number, "status": "correct", "correct": True, "rank": rank}]
+        seq += 4
+    state = fold_search({"schema": "tilewright.session/1"}, events)
+    info = select_beam(state, 0, 1)
+    assert info.beam == [3, 5, 2]  # v1 (the slowest kernel) and v4 (host sim) left out
+    assert info.best_version == 3 and state.best() == 3
+    state.apply({"seq": seq, "t": 4, "type": "search.round", **info.event_fields()})
+    from sessions.search.plan import lineage_done
+
+    assert lineage_done(state, 0) is None  # round 1 improved on round 0 (by key)
 
 
 def test_planner_profiles_a_new_best_before_its_lineage_asks_again() -> None:
@@ -180,10 +240,10 @@ def test_planner_profiles_a_new_best_before_its_lineage_asks_again() -> None:
              "origin": "initial", "proposal": None, "source_blob": blob, "summary": "start"},
             {"seq": 2, "t": 0, "type": "search.start", "config": config, "root": 1},
             {"seq": 3, "t": 1, "type": "run.start", "run": "r1", "version": 1, "kind": "eval"},
-            {"seq": 4, "t": 2, "type": "run.result", "run": "r1", "version": 1,
-             "status": "correct", "correct": True, "speedup": 1.0},
+                {"seq": 4, "t": 2, "type": "run.result", "run": "r1", "version": 1,
+             "status": "correct", "correct": True, "rank": _rank(1.0)},
             {"seq": 5, "t": 2, "type": "search.round", "lineage": 0, "round": 0, "beam": [1],
-             "repair": [], "best_version": 1, "best_speedup": 1.0}]
+             "repair": [], "best_version": 1, "best_rank": _rank(1.0)}]
 
     state = fold_search({"schema": "tilewright.session/1"}, log(profile_every=None))
     assert [a.key for a in plan(state)] == ["profile:1"]  # no expansion yet
@@ -220,9 +280,10 @@ def test_a_task_error_ends_the_search() -> None:
         {"seq": 2, "t": 0, "type": "search.start", "config": config, "root": 1},
         {"seq": 3, "t": 1, "type": "run.start", "run": "r1", "version": 1, "kind": "eval"},
         {"seq": 4, "t": 2, "type": "run.result", "run": "r1", "version": 1,
-         "status": "crashed", "correct": False, "speedup": None, "error_kind": "crashed"}]
+         "status": "crashed", "correct": False, "rank": _rank(None, "crashed"),
+         "error_kind": "crashed"}]
     round0 = {"seq": 5, "t": 2, "type": "search.round", "lineage": 0, "round": 0,
-              "beam": [], "repair": [1], "best_version": None, "best_speedup": None}
+              "beam": [], "repair": [1], "best_version": None, "best_rank": None}
     state = fold_search({"schema": "tilewright.session/1"}, [*events, round0])
     assert [a.kind for a in plan(state)] == ["expand"]  # the fixer gets its turn
     assert finish_reason(state) != "task_error"
@@ -371,11 +432,12 @@ def test_suite_totals_are_the_figures_the_field_reports() -> None:
 
     def task(name: str, status: str | None, speed: float | None, note: str | None = None,
              source: str = "tpu_estimate"):
+        rank = Rank(source, speed, "v5e", "4096x4096", kernel_s=1e-3).to_json() \
+            if speed is not None else None
         return {"task": name, "layout": "jaxbench", "best_status": status,
-                "best_speedup": speed, "best_version": 2 if status == "correct" else None,
-                "start_speedup": None, "evaluations": 3, "tokens": 0, "reason": "done",
-                "session": "s", "note": note, "flags": [], "rank_source": source,
-                "chip": "v5e"}
+                "best_rank": rank, "best_version": 2 if status == "correct" else None,
+                "start_rank": None, "evaluations": 3, "tokens": 0, "reason": "done",
+                "session": "s", "note": note, "flags": [], "chip": "v5e"}
 
     report = {"suite": "x", "executor": "local", "agent": "offline",
               "tasks": [task("a", "correct", 2.0), task("b", "correct", 0.5),
@@ -389,15 +451,27 @@ def test_suite_totals_are_the_figures_the_field_reports() -> None:
     totals = suite_totals(report)
     assert totals["tasks"] == 6 and totals["correct"] == 4
     assert totals["correct_rate"] == pytest.approx(4 / 6)
-    assert totals["geomean_speedup"] == pytest.approx((2.0 * 0.5 * 1.6) ** (1 / 3))
-    assert totals["speedups_counted"] == 3
+    assert totals["geomean"] == pytest.approx((2.0 * 0.5 * 1.6) ** (1 / 3))
+    assert totals["counted"] == 3 and totals["counted_sources"] == {"tpu_estimate": 3}
+    assert totals["host_simulation"] == 1 and totals["roofline_counted"] == 0
     assert totals["fast_1"] == pytest.approx(2 / 6) and totals["fast_1.5"] == pytest.approx(2 / 6)
     report["totals"] = totals
     text = markdown(report)
     assert "est. speedup at production shape (v5e, compiler)" in text
-    assert "4/6 correct (67%)" in text
+    assert "4/6 correct (67%)" in text and "over 3 task(s) (3 estimated)" in text
+    assert "est. 2.00x at 4096x4096" in text
     assert "no TPU estimate" in text and "0.01x" not in text
     assert "v1 (matmul template): compile_error" in text and "v2 (whole template)" in text
+    # A roofline rank is a lower bound: reported apart, never in the geometric mean.
+    report["tasks"].append(task("r", "correct", 3.0, source="roofline"))
+    totals = suite_totals(report)
+    assert totals["counted"] == 3 and totals["geomean"] == pytest.approx(
+        (2.0 * 0.5 * 1.6) ** (1 / 3))
+    assert totals["roofline_counted"] == 1 and totals["roofline_geomean"] == pytest.approx(3.0)
+    assert totals["fast_1.5"] == pytest.approx(2 / 7)  # the bound counts in no fast_p
+    report["totals"] = totals
+    text = markdown(report)
+    assert "≥3.00x roofline at 4096x4096" in text and "lower bounds" in text
 
 
 class _Recording:
@@ -431,10 +505,12 @@ async def test_search_profiles_new_bests_and_the_next_request_carries_the_diagno
     assert profiles and profiles[0]["version"] == 1 and profiles[0]["by"] == "search"
     results = [e for e in events if e["type"] == "profile.result"]
     assert results[0]["error"] is None and results[0]["profile_blob"]
-    diagnosis = next(e for e in events if e["type"] == "diagnosis")
-    assert diagnosis["version"] == 1
     first_ask = next(i for i, e in enumerate(events) if e["type"] == "agent.message")
-    assert events.index(diagnosis) < first_ask  # the diagnosis came first
+    # the diagnoses came first (the static analysis's, then the profile's): the request
+    # carries the latest of them
+    before = [e for e in events[:first_ask] if e["type"] == "diagnosis"]
+    assert before and all(e["version"] == 1 for e in before)
+    diagnosis = before[-1]
     assert agent.requests[0].diagnosis is not None
     assert agent.requests[0].diagnosis["kind"] == diagnosis["kind"]
     # the offline tuner moves on it: memory-bound -> every tunable to its largest block

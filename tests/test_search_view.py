@@ -13,6 +13,7 @@ from textual.widgets import Static, Tree
 from agents import brief, make_agent
 from kernels.executors import LocalExecutor
 from kernels.loaders import load_task
+from kernels.result import Rank
 from kernels.workers import EvalOptions
 from sessions.log import SessionLog, load
 from sessions.search import Search
@@ -32,6 +33,14 @@ class Host(App):
         self.push_screen(self._search_screen)
 
 
+def _estimate(speedup: float | None, status: str = "correct") -> dict:
+    """A run.result's rank (kernels.result.Rank as JSON): the TPU compiler's estimate."""
+    if speedup is None:
+        return Rank("none", status=status).to_json()
+    return Rank("tpu_estimate", speedup, "v5e", "4096x4096", kernel_s=1e-3 / speedup,
+                estimate=speedup, status=status).to_json()
+
+
 def _recorded_session(tmp_path: Path) -> Path:
     """A small finished search written through the real session log."""
     log = SessionLog.create(tmp_path, task={"name": "toy", "root": "/nowhere",
@@ -44,9 +53,9 @@ def _recorded_session(tmp_path: Path) -> Path:
                source_blob=src[0], summary="starting kernel", decision=None)
     log.append("search.start", config=cfg, root=1)
     log.append("run.result", run="r1", version=1, status="correct", correct=True,
-               speedup=1.0, median_ms=2.0, result_blob=None)
+               rank=_estimate(1.0), median_ms=2.0, result_blob=None)
     log.append("search.round", lineage=0, round=0, beam=[1], repair=[], best_version=1,
-               best_speedup=1.0)
+               best_rank=_estimate(1.0))
     for n, (pid, status, speed) in enumerate([("p1", "correct", 1.5),
                                               ("p2", "incorrect", None)], start=2):
         log.append("agent.proposal", proposal=pid, kind="kernel", summary=f"try {n}",
@@ -56,11 +65,11 @@ def _recorded_session(tmp_path: Path) -> Path:
         log.append("kernel.version", version=n, parent=1, origin="agent", proposal=pid,
                    source_blob=src[n - 1], summary=f"try {n}", decision=d["seq"])
         log.append("run.result", run=f"r{n}", version=n, status=status,
-                   correct=status == "correct", speedup=speed, median_ms=None,
-                   result_blob=bad if status != "correct" else None)
+                   correct=status == "correct", rank=_estimate(speed, status),
+                   median_ms=None, result_blob=bad if status != "correct" else None)
     log.append("search.round", lineage=0, round=1, beam=[2], repair=[], best_version=2,
-               best_speedup=1.5)
-    log.append("search.end", reason="complete", best_version=2, best_speedup=1.5)
+               best_rank=_estimate(1.5))
+    log.append("search.end", reason="complete", best_version=2, best_rank=_estimate(1.5))
     log.close()
     return log.path
 
@@ -72,12 +81,12 @@ async def test_recorded_search_shows_the_tree_and_details(tmp_path) -> None:
         await pilot.pause()
         tree = screen.query_one("#search-tree", Tree)
         root = tree.root.children[0]
-        assert str(root.label).startswith("✓ v1 1x")
+        assert str(root.label).startswith("✓ v1 est. 1.00x")
         labels = [str(c.label) for c in root.children]
-        assert labels[0].startswith("✓ v2 1.5x [beam, best] · strategy 2")
+        assert labels[0].startswith("✓ v2 est. 1.50x [beam, best] · strategy 2")
         assert labels[1].startswith("✗ v3 · strategy 3")
         summary = str(screen.query_one("#search-summary", Static).render())
-        assert "3 nodes" in summary and "best v2 1.5x" in summary and "complete" in summary
+        assert "3 nodes" in summary and "best v2 est. 1.50x" in summary and "complete" in summary
         await pilot.press("down", "down")  # v1 -> v2 -> v3
         assert screen.selected == 3
         detail = str(screen.query_one("#search-detail", Static).render())

@@ -119,14 +119,22 @@ def test_stop_reasons_in_words() -> None:
     assert NO_LIMITS.iterations is None
 
 
+def _estimated(speedup: float) -> dict:
+    """A history entry's rank: the TPU compiler's estimate against a 1 ms reference."""
+    from kernels.result import Rank
+
+    return Rank("tpu_estimate", speedup, "v5e", kernel_s=1e-3 / speedup).to_json()
+
+
 def test_a_rejection_note_binds_the_offline_agent() -> None:
     """"keep BLOCK_ROWS at 256 or above" after `tune BLOCK_ROWS 512 -> 128` was
     rejected: the agent proposes neither 128 again nor anything below 256."""
     task = load_task("softmax")
     source = task.starting_source().replace("BLOCK_ROWS = 32", "BLOCK_ROWS = 512")
-    history = ({"version": 1, "status": "correct", "speedup": 1.0, "summary": "start",
+    history = ({"version": 1, "status": "correct", "rank": _estimated(1.0), "summary": "start",
                 "tunables": {"BLOCK_ROWS": 512}},)
-    last = {"status": "correct", "timing": {"speedup": 1.0}}
+    last = {"status": "correct", "tpu": {"chip": "v5e", "estimated_speedup": 1.0,
+                                         "kernel_time_s": 1e-3}}
     rejected = ({"proposal": "p1", "kind": "tuning", "summary": "tune BLOCK_ROWS 512 -> 128",
                  "tuning": {"BLOCK_ROWS": 128}, "config": {"BLOCK_ROWS": 128},
                  "note": "keep BLOCK_ROWS at 256 or above", "by": "user"},)
@@ -151,14 +159,15 @@ def test_a_diagnosis_asking_for_larger_blocks_widens_the_choices() -> None:
     task = load_task("softmax")
     source = task.starting_source().replace("BLOCK_ROWS = 32", "BLOCK_ROWS = 512")
     choices = [8, 16, 32, 64, 128, 256, 512]
-    history = tuple({"version": i + 1, "status": "correct", "speedup": 1.0 + c / 1000,
+    history = tuple({"version": i + 1, "status": "correct", "rank": _estimated(1.0 + c / 1000),
                      "summary": f"rows {c}", "tunables": {"BLOCK_ROWS": c}}
                     for i, c in enumerate(choices))
     diagnosis = {"version": 7, "kind": "per_step_overhead",
                  "summary": "32 grid steps: fixed step cost dominates"}
     outcome = decide(AgentRequest("tune", agents.brief(task), source, 7,
                                   last_eval={"status": "correct", "tpu": {
-                                      "chip": "v5e", "estimated_speedup": 1.512}},
+                                      "chip": "v5e", "estimated_speedup": 1.512,
+                                      "kernel_time_s": 1e-3 / 1.512}},
                                   history=history, diagnosis=diagnosis))
     assert isinstance(outcome, Proposal) and outcome.kind == "kernel", outcome
     assert outcome.summary.startswith("widen BLOCK_ROWS to 1024")
@@ -166,6 +175,7 @@ def test_a_diagnosis_asking_for_larger_blocks_widens_the_choices() -> None:
     assert declared["BLOCK_ROWS"][0] == 1024 and declared["BLOCK_ROWS"][1][-2:] == [1024, 2048]
     without = decide(AgentRequest("tune", agents.brief(task), source, 7,
                                   last_eval={"status": "correct", "tpu": {
-                                      "chip": "v5e", "estimated_speedup": 1.512}},
+                                      "chip": "v5e", "estimated_speedup": 1.512,
+                                      "kernel_time_s": 1e-3 / 1.512}},
                                   history=history))
     assert isinstance(without, Finished)  # no diagnosis: converged, said in words

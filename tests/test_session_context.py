@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from kernels.result import Rank
 from sessions.context import history
 from sessions.state import Version
 
 
-def _version(number: int, parent: int | None, blob: str, speedup: float | None) -> Version:
+def _version(number: int, parent: int | None, blob: str, estimate: float | None) -> Version:
+    rank = Rank("tpu_estimate", estimate, "v5e", kernel_s=1e-3 / estimate) if estimate \
+        else None
     return Version(number=number, parent=parent, origin="agent", proposal=None,
                    source_blob=blob, summary=f"v{number}", decision_seq=None, seq=number,
-                   t=0.0, status="correct" if speedup else None, speedup=speedup)
+                   t=0.0, status="correct" if estimate else None, rank=rank)
 
 
 SOURCES = {
@@ -30,6 +33,9 @@ def test_history_lists_every_version_with_its_tunables_parsed_once_per_source() 
 
     plain = history(versions, source_of)
     assert [h["version"] for h in plain] == [1, 2, 3, 4]
+    # what ranks each version, as Rank JSON (None before an evaluation)
+    assert [Rank.from_json(h["rank"]) for h in plain] == [versions[n].rank for n in (1, 2, 3, 4)]
+    assert plain[2]["rank"] is None and "speedup" not in plain[0]
     assert [h.get("tunables") for h in plain] == [
         {"BLOCK_ROWS": 8}, {"BLOCK_ROWS": 16}, None, {"BLOCK_ROWS": 16}]
     assert "on_path" not in plain[0]

@@ -76,8 +76,10 @@ async def test_seed_decide_apply_evaluate_is_one_chain(tmp_path: Path, gelu: Tas
     number = core.apply(pid, 1)
     assert number == 2 and core.session.versions[2].decision_seq is not None
     result = await core.evaluate(2, "user")
-    assert not isinstance(result, JudgeFailed) and result.speedup == 2.5
-    assert core.session.versions[2].speedup == 2.5
+    assert not isinstance(result, JudgeFailed) and result.rank.value == 2.5
+    rank = core.session.versions[2].rank  # what the run.result recorded, folded
+    assert rank is not None and (rank.source, rank.value, rank.chip) == ("tpu_estimate", 2.5,
+                                                                         "v5e")
     assert types(core)[-5:] == ["agent.proposal", "user.decision", "kernel.version",
                                 "run.start", "run.result"]
     with pytest.raises(ValueError, match="not the next one"):

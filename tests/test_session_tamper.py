@@ -1,7 +1,7 @@
 """Tampered sessions are caught, a second writer is refused, write failures are clear.
 
 One real headless run (offline agent, budget 1) is copied and tampered with in each
-test: an edited speedup, a deleted approval, a binary line, a deleted blob. The checks
+test: an edited rank, a deleted approval, a binary line, a deleted blob. The checks
 (``sessions.replay.audit``) need no worker; one end-to-end ``replay --verify`` shows
 the exit code and that nothing raises a traceback.
 """
@@ -70,7 +70,7 @@ def test_the_untouched_session_passes_the_audit(session: Path) -> None:
     assert all(state.authorized(n) for n in state.versions)
 
 
-def test_an_edited_speedup_fails_verification(session: Path, tmp_path: Path) -> None:
+def test_an_edited_rank_fails_verification(session: Path, tmp_path: Path) -> None:
     tampered = copy(session, tmp_path)
 
     def fifty_x(lines: list[str]) -> list[str]:
@@ -78,14 +78,15 @@ def test_an_edited_speedup_fails_verification(session: Path, tmp_path: Path) -> 
         for line in lines:
             if '"type":"run.result"' in line and '"status":"correct"' in line:
                 event = json.loads(line)
-                event["speedup"] = 50.0
+                event["rank"] = {**event["rank"], "value": 50.0, "kernel_s": 1e-9}
                 line = json.dumps(event, separators=(",", ":")) + "\n"
             out.append(line)
         return out
 
     edit_events(tampered, fifty_x)
     found = problems(tampered)
-    assert any("speedup=50.0" in p and "edited" in p for p in found), found
+    assert any("rank.value=50.0" in p and "edited" in p for p in found), found
+    assert any("rank.kernel_s=1e-09" in p for p in found), found
     proc = tw("replay", str(tampered), "--headless", "--verify", "--json")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr

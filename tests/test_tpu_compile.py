@@ -279,13 +279,13 @@ async def test_estimates_order_blocks_and_rank_off_tpu(worker_pool, tasks) -> No
     host = {n: r.timing["median_ms"] for n, r in results.items()}
     assert host["wasteful"] < host["tiny"], host
     assert results["tiny"].timing["label"] == "host simulation time"
-    # What ranks is the estimate: the result's speedup, the tuner's observations.
+    # What ranks is the estimate: the result's rank, the tuner's observations.
     for result in results.values():
         rank = ranking(result.to_json())
-        assert rank.source == "tpu_estimate" and rank.value == result.speedup
-        assert rank.label.startswith("est. ") and "(TPU compiler)" in rank.label
+        assert rank.source == "tpu_estimate" and rank.value == result.tpu["estimated_speedup"]
+        assert rank.label.startswith("est. ") and "TPU compiler" in rank.label
     history = tuple({"version": i, "tunables": {"BLOCK": name}, "status": r.status,
-                     "speedup": r.speedup, "median_ms": r.timing["median_ms"]}
+                     "rank": r.rank.to_json(), "median_ms": r.timing["median_ms"]}
                     for i, (name, r) in enumerate(results.items()))
     obs = observations_from(history, None, None, {"BLOCK"})
     assert dict(obs.best()[0])["BLOCK"] == "large"

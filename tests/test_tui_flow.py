@@ -19,10 +19,12 @@ from scripted_agent import ScriptedAgent, kernel, tuning
 
 import agents
 from kernels.loaders import load_task
+from kernels.result import Rank
 from kernels.workers import EvalOptions, WorkerPool
 from sessions.evaluator import PoolEvaluator
 from sessions.log import load
 from tui.app import TilewrightApp
+from tui.format import rank_at_length
 from tui.launch import ChipChoice, start_session
 from tui.screens.modals import ErrorModal
 from tui.widgets.chat import ChatPane
@@ -443,25 +445,27 @@ async def test_status_and_history_word_the_estimate_and_the_palette_checks_chips
         await settle(app, pilot)
         screen = app.workbench
         run = [e for e in persisted(app) if e["type"] == "run.result"][-1]
-        assert run["rank_source"] == "tpu_estimate" and run["chip"] == "v5e"
+        rank = Rank.from_json(run["rank"])
+        assert rank.source == "tpu_estimate" and run["chip"] == "v5e"
         assert run["tpu_compile"] == "ok" and run["vmem_limit_bytes"] == 16 * 2**20
         # For the production shape (8192x8192), not the check shape that ran.
-        said = f"est. {run['speedup']:.2f}x on v5e at 8192x8192 (TPU compiler"
-        assert run["rank_label"].startswith(said) and run["rank_shape"] == "8192x8192"
+        said = f"est. {rank.value:.2f}x on v5e at 8192x8192 (TPU compiler"
+        assert rank.words().startswith(said) and rank.shape == "8192x8192"
         bar = str(screen.query_one(StatusBar).render())
         # The chip is said once, by the backend ("CPU interp→v5e").
         assert "CPU interp→v5e" in bar
-        assert f"best v1: est. {run['speedup']:.2f}x at 8192x8192 (TPU compiler" in bar
+        assert f"best v1: est. {rank.value:.2f}x at 8192x8192 (TPU compiler" in bar
         assert "compile ok (VMEM " in bar and "/16.0 MiB)" in bar
         assert "speedup" not in bar
         history = screen.query_one(HistoryPane)
         table = screen.query_one("#history-table")
         cells = [str(c) for c in table.get_row_at(0)]
-        assert cells[3] == f"est. {run['speedup']:.2f}x" and cells[4].startswith("v5e ✓ ")
-        assert history.border_subtitle == f"v1: {run['rank_label']}"
+        assert cells[3] == f"est. {rank.value:.2f}x" and cells[4].startswith("v5e ✓ ")
+        # In full, with how far such estimates hold where that is known (Rank.trust_words).
+        assert history.border_subtitle == f"v1: {rank_at_length(rank)}"
         problems = screen.query_one(ProblemsPane)
         assert str(problems.border_subtitle).startswith("v5e: compiles · VMEM ")
-        assert str(problems.border_subtitle).endswith(run["rank_label"])
+        assert str(problems.border_subtitle).endswith(rank_at_length(rank))
 
         screen.check_chips(1, ["v5e", "v6e"])
         await app.workers.wait_for_complete()

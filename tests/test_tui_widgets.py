@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from textual.app import App, ComposeResult
 
+from kernels.result import Rank
 from tui import keymap
 from tui.app import TilewrightApp
 from tui.problems import from_eval, from_profile
@@ -36,8 +37,8 @@ class StatusApp(App):
 
 LONG_STATUS = StatusInfo(
     task="matmul_bias_gelu", backend="CPU (TPU interpret)", chip="TPU v5e", iteration=12,
-    best_speedup=0.9, best_version=12, best_source="tpu_estimate",
-    best_label="est. 0.90x on v5e (TPU compiler)", tokens=12600, worker="idle",
+    best_version=12, best_rank=Rank("tpu_estimate", 0.9, "v5e", kernel_s=1e-3),
+    tokens=12600, worker="idle",
     confinement="strong", tpu_chip="v5e", tpu_compile="ok", vmem_bytes=2 * 2**20,
     vmem_limit_bytes=16 * 2**20)
 
@@ -66,6 +67,48 @@ async def test_status_bar_shortens_to_keep_the_backend_and_the_worker_state(
         assert "idle" not in line.plain and "strong" not in line.plain
         for part in expect:
             assert part in line.plain, (part, line.plain)
+
+
+TRUSTED = Rank("tpu_estimate", 0.9, "v5e", kernel_s=1e-3, fidelity={
+    "class": "memory_bound", "chip": "v5e", "median_ratio": 0.8, "within_2x": 1.0, "rows": 10})
+
+
+@pytest.mark.parametrize("width,trust", [(320, True), (210, False)])
+async def test_the_status_bar_says_how_far_a_compiler_rank_holds_where_there_is_room(
+        width: int, trust: bool) -> None:
+    """Beside a compiler rank in full, how far such figures hold (``Rank.trust_words``);
+    the first detail left out when the line is short."""
+    from dataclasses import replace
+
+    app = StatusApp()
+    async with app.run_test(size=(width, 3)) as pilot:
+        bar = app.query_one(StatusBar)
+        bar.info = replace(LONG_STATUS, best_rank=TRUSTED)
+        await pilot.pause()
+        line = bar.render().plain
+        said = ("best v12: est. 0.90x on v5e (TPU compiler) · memory-bound v5e: median 0.80 "
+                "of measured, 10 programs, 100% within 2x")
+        assert (said in line) is trust, line
+        assert "est. 0.90x" in line and line.endswith("ready, sandboxed"), line
+
+
+def test_the_problems_summary_says_the_rank_and_how_far_it_holds() -> None:
+    from tui.problems import tpu_summary
+
+    result = {"status": "correct", "tpu": {
+        "chip": "v5e", "compile": "ok", "vmem_bytes": 2 * 2**20, "vmem_limit_bytes": 16 * 2**20,
+        "shape_label": "4096x4096", "estimated_speedup": 1.29, "kernel_time_s": 7.98e-4,
+        "estimate": {"cycles": 1_196_542, "seconds": 7.98e-4},
+        "fidelity": {"class": "compute_bound", "chip": "v5e", "median_ratio": 0.96,
+                     "within_2x": 1.0, "rows": 10}}}
+    assert tpu_summary(result) == (
+        "v5e: compiles · VMEM 2.0/16.0 MiB · est. 1.29x on v5e at 4096x4096 (TPU compiler) "
+        "· compute-bound v5e: median 0.96 of measured, 10 programs, 100% within 2x")
+    # A host simulation ratio has no trust words, and is never called a speedup.
+    host = {"status": "correct", "timing": {"host_ratio": 0.0278},
+            "tpu": {"chip": "v5e", "compile": "ok", "estimate_unavailable": "no estimate"}}
+    assert tpu_summary(host).endswith("· host sim. ratio 0.0278 (CPU interpreter, not TPU "
+                                      "performance) (no TPU estimate: no estimate)")
 
 
 async def test_timeline_zoom_pan_and_select() -> None:

@@ -137,6 +137,6 @@ def test_a_kernel_without_tunables_gets_them_from_its_blockspecs() -> None:
     assert tunables.infer(new_source) is None  # declared now
     brief = agents.brief(load_task("gelu"))
     outcome = decide(AgentRequest("tune", brief, source, 1,
-                                  last_eval={"status": "correct", "timing": {"speedup": 1.0}}))
+                                  last_eval={"status": "correct", "timing": {"host_ratio": 1.0}}))
     assert isinstance(outcome, Proposal) and outcome.kind == "kernel"
     assert outcome.source == new_source

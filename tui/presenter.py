@@ -14,7 +14,7 @@ from typing import Any
 
 from sessions import events as ev
 from sessions.autonomy import stop_words
-from tui.format import format_speedup
+from sessions.state import event_rank
 from tui.view import SessionView
 from tui.widgets.chat import ChatPane
 from tui.widgets.history import HistoryPane
@@ -24,10 +24,6 @@ from tui.widgets.profile import ProfilePane
 from tui.widgets.source import SourcePane
 
 PAST = {"approve": "approved", "reject": "rejected", "edit": "edited"}
-
-
-def _speed(value: Any) -> str:
-    return format_speedup(value)
 
 
 def describe_stop(event: ev.AutoStop) -> tuple[str, str]:
@@ -46,14 +42,15 @@ def describe_result(event: ev.RunResult) -> tuple[str, str]:
     if event.get("cancelled"):
         return f"run {event.get('run')} on v{v} cancelled", "warning"
     status = event.get("status", "?")
-    if event.get("correct") and event.get("rank_label"):
-        # The ranking number in words: an estimate says it is one, host simulation
-        # time is not called a speedup (and its milliseconds are the CPU's).
-        return f"v{v} correct · {event['rank_label']}", "information"
     if event.get("correct"):
+        # The ranking number in words (``Rank.words``): an estimate says it is one, host
+        # simulation time is not called a speedup (and its milliseconds are the CPU's).
+        rank = event_rank(dict(event))
+        if rank is not None and rank.source != "none":  # disqualified: says why
+            return f"v{v} correct · {rank.words()}", "information"
         ms = event.get("median_ms")
-        timing = f", {ms:.3f} ms" if isinstance(ms, int | float) else ""
-        return f"v{v} correct · {_speed(event.get('speedup'))}{timing}", "information"
+        timing = f" · {ms:.3f} ms" if isinstance(ms, int | float) else ""
+        return f"v{v} correct{timing}", "information"
     return f"v{v} {status.replace('_', ' ')}", "error"
 
 

@@ -72,18 +72,16 @@ class SessionView:
         best = s.best
         return StatusInfo(
             task=(header.get("task") or {}).get("name", "task"), backend=label, chip=chip,
-            mode=s.mode, iteration=s.spent.iterations, best_speedup=s.best_speedup,
-            best_version=best, tokens=s.spent.tokens, cost_usd=s.spent.cost_usd,
+            mode=s.mode, iteration=s.spent.iterations, best_version=best,
+            best_rank=s.best_rank, tokens=s.spent.tokens, cost_usd=s.spent.cost_usd,
             cost_known=not s.spent.cost_unknown,
-            worker=worker, confinement=self._confinement(), **self._rank_status())
+            worker=worker, confinement=self._confinement(), **self._compile_status())
 
-    def _rank_status(self) -> dict[str, Any]:
-        """The best version's ranking words and the current version's TPU compile."""
+    def _compile_status(self) -> dict[str, Any]:
+        """The current version's TPU compile."""
         s = self.state
-        best = s.versions.get(s.best) if s.best is not None else None
         current = s.versions.get(s.current) if s.current is not None else None
-        out: dict[str, Any] = {"best_source": best.rank_source if best else None,
-                               "best_label": best.rank_label if best else None}
+        out: dict[str, Any] = {}
         if current is not None and current.status is not None:
             out.update(tpu_chip=current.chip, tpu_compile=current.tpu_compile,
                        vmem_bytes=current.vmem_bytes,
@@ -125,9 +123,8 @@ class SessionView:
     def history(self) -> list[VersionRow]:
         s = self.state
         best = s.best
-        return [VersionRow(v.number, v.origin, v.summary, v.status, v.speedup,
-                           current=v.number == s.current, best=v.number == best,
-                           rank_source=v.rank_source, rank_label=v.rank_label, chip=v.chip,
+        return [VersionRow(v.number, v.origin, v.summary, v.status, v.rank,
+                           current=v.number == s.current, best=v.number == best, chip=v.chip,
                            tpu_compile=v.tpu_compile, vmem_bytes=v.vmem_bytes,
                            vmem_limit_bytes=v.vmem_limit_bytes)
                 for v in s.versions.values()]

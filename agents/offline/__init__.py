@@ -19,7 +19,7 @@ from agents.base import AgentRequest, Answer, Failure, Finished, Proposal
 from agents.memory import Lesson
 from agents.offline import fixes, templates, tuner
 from kernels import tunables
-from kernels.result import ranking
+from kernels.result import Rank, ranking
 
 CONVERGED = "tuning converged"
 
@@ -276,7 +276,7 @@ def _grow_past_choices(request: AgentRequest, source: str) -> Proposal | None:
     if not wider:
         return None
     config = {**base, **target}
-    if tuner.config_key(config) in obs.cost:
+    if tuner.config_key(config) in obs.score:
         return None
     new_source = tunables.apply(tunables.widen(source, wider), config)
     proposal = Proposal(
@@ -361,7 +361,7 @@ def _seed(source: str, obs: tuner.Observations, lessons: list[Lesson],
             continue
         config = {k: config[k] for k in space}
         changes = {k: v for k, v in config.items() if current.get(k) != v}
-        if not changes or tuner.config_key(config) in obs.cost:
+        if not changes or tuner.config_key(config) in obs.score:
             continue
         full = " ".join(f"{k}={v}" for k, v in config.items())
         return tuner.Step(changes, config, f"tune to a remembered configuration ({full})",
@@ -384,7 +384,7 @@ def _remember_convergence(request: AgentRequest) -> Lesson | None:
     obs = tuner.observations_from(request.history, source, request.last_eval,
                                   set(tunables.read(source)), request.current_version)
     best = obs.best()
-    if best is None or len(obs.cost) < 2:
+    if best is None or len(obs.score) < 2:
         return None
     order = list(tunables.read(source))
     config = {k: dict(best[0])[k] for k in order if k in dict(best[0])}
@@ -397,7 +397,7 @@ def _remember_convergence(request: AgentRequest) -> Lesson | None:
         return None  # already remembered for this family and chip
     text = (f"{request.task.name}: tuning converged at "
             f"{' '.join(f'{k}={v}' for k, v in config.items())}"
-            f"{f' ({said})' if said else ''} after {len(obs.cost)} configurations on "
+            f"{f' ({said})' if said else ''} after {len(obs.score)} configurations on "
             f"{request.chip}")
     # Scoped to the family and chip (not the task): the same block sizes are the first
     # guess for the family's other tasks, as lessons are meant to be.
@@ -421,7 +421,7 @@ def _best_text(request: AgentRequest) -> str:
     version = obs.version.get(best[0])
     said = obs.said(best[0])
     return (f" at {config}{f' (v{version}' if version else ' ('}"
-            f"{f', {said}' if said else ''}) after {len(obs.cost)} measured configurations")
+            f"{f', {said}' if said else ''}) after {len(obs.score)} measured configurations")
 
 
 def _measured(request: AgentRequest, changes: dict[str, Any]) -> bool:
@@ -449,11 +449,11 @@ def _plan(request: AgentRequest) -> Proposal:
                  "largest legal block per tunable, bisect back on a slowdown, then try smaller.")
     steps.append(f"{len(steps) + 1}. Stop when every neighbour of the best configuration is "
                  "measured; a structural change needs a human or Claude.")
-    best = [h for h in request.history if h.get("status") == "correct" and h.get("speedup")]
-    if best:
-        top = max(best, key=lambda h: h["speedup"])
-        said = top.get("rank_label") or f"{top['speedup']:.3g}x (the ranking number)"
-        steps.append(f"Best so far: v{top.get('version')}, {said}.")
+    ranked = [(rank, h) for h in request.history if h.get("status") == "correct"
+              and (rank := Rank.from_json(h.get("rank"))) is not None and rank.ranked]
+    if ranked:  # the one ordering (Rank.key), earliest on ties
+        rank, top = max(ranked, key=lambda pair: pair[0].key())
+        steps.append(f"Best so far: v{top.get('version')}, {rank.words()}.")
     plan = "\n".join(steps)
     return Proposal("plan", "offline plan: template, rule-based fixes, tuning", plan=plan,
                     rationale=plan, meta={"via": "offline"})
@@ -474,10 +474,13 @@ def explain(request: AgentRequest) -> str:
                      "- no repair rule matches this error")
     timing = result.get("timing") or {}
     rank = ranking(result) if result else None
-    if rank is not None and rank.value is not None:
-        # The number that ranks versions, worded as kernels.result says it: an estimate
-        # names its chip (and shape), a measurement says so.
-        lines.append(f"- ranking number: {rank.label}")
+    if rank is not None and rank.ranked:
+        # The number that ranks versions, worded as kernels.result says it (Rank.words):
+        # an estimate names its chip (and shape), a measurement says so; beside a
+        # compiler figure, how far such figures hold.
+        trust = rank.trust_words()
+        lines.append(f"- ranking number: {rank.words()}"
+                     + (f" (such figures, measured: {trust})" if trust else ""))
     if timing.get("median_ms") is not None:
         what = ("host simulation time (the CPU interpreting the kernel: not TPU "
                 "performance, never a speedup)" if timing.get("mode") == "tpu-interpret"

@@ -2,10 +2,13 @@
 
 The search space is the kernel's declared ``TUNABLES`` filtered for TPU legality
 (``kernels.tunables``): aligned to (8, 128), and dividing the array dims a tunable tiles
-(matched by name against the visible shapes' parameters) unless it covers them whole. What was measured comes from the request: every history entry
-with ``tunables`` (and ``speedup`` or ``median_ms``) plus the current version's last
-evaluation, so a resumed session continues where it stopped. Failed configurations
-count as infinitely slow, so the search never proposes them again.
+(matched by name against the visible shapes' parameters) unless it covers them whole.
+What was measured comes from the request: every history entry with ``tunables`` (and a
+``rank``, else ``median_ms``) plus the current version's last evaluation, so a resumed
+session continues where it stopped. Configurations are ordered by the one ordering,
+``Rank.key`` (off a TPU: the kernel's own time at the production shape as the TPU
+compiler estimates it, never a host simulation ratio while a compiler figure exists).
+Failed configurations rank below everything, so the search never proposes them again.
 
 The strategy is coordinate search with bisection, seeded at the best configuration so
 far and biased towards larger blocks: per tunable, the first probe jumps to the largest
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kernels import tunables
-from kernels.result import ranking
+from kernels.result import Rank, ranking
 
 Config = tuple[tuple[str, Any], ...]
 
@@ -47,45 +50,55 @@ def _sort_key(value: Any) -> tuple[int, Any]:
     return (0, value) if isinstance(value, int | float) and not isinstance(value, bool) else (1, str(value))
 
 
+# How a configuration scores (larger is better): ``Rank.key`` of its evaluation; a
+# correct run without a ranking number by its time (below every ranking number); a
+# failed or rejected one below everything.
+Score = tuple[float, ...]
+FAILED: Score = (-math.inf,)
+
+
+def score(status: str | None, rank: Rank | None, median_ms: float | None) -> Score | None:
+    """A run's score (None: correct but neither ranked nor timed, which says nothing)."""
+    if status != "correct":
+        return FAILED
+    if rank is not None and rank.ranked:
+        return rank.key()
+    if isinstance(median_ms, int | float) and not isinstance(median_ms, bool) \
+            and median_ms > 0:
+        return (0.0, 1.0, -float(median_ms), 0.0)
+    return None
+
+
 class Observations:
-    """Measured cost (lower is better; inf for a failed run) per configuration."""
+    """Each measured configuration's score (``score``: larger is better), the version
+    it was measured as and its ``Rank``; ``score`` holds every configuration tried."""
 
     def __init__(self) -> None:
-        self.cost: dict[Config, float] = {}
+        self.score: dict[Config, Score] = {}
         self.version: dict[Config, int | None] = {}
-        self.speedup: dict[Config, float | None] = {}
-        self.label: dict[Config, str] = {}  # the ranking number in words, where known
+        self.rank: dict[Config, Rank | None] = {}
 
     def said(self, key: Config) -> str | None:
-        """How the configuration's number reads: its ranking label ("est. 1.34x on
-        v5e (TPU compiler)"), else the bare ratio; None when unmeasured."""
-        if key in self.label:
-            return self.label[key]
-        speed = self.speedup.get(key)
-        return f"{speed:.3g}x" if speed else None
+        """How the configuration's number reads (``Rank.words``: "est. 1.34x on v5e
+        (TPU compiler)"); None when unmeasured or unranked."""
+        rank = self.rank.get(key)
+        return rank.words() if rank is not None and rank.ranked else None
 
-    def add(self, config: dict[str, Any], status: str | None, speedup: float | None,
-            median_ms: float | None, version: int | None = None,
-            label: str | None = None) -> None:
+    def add(self, config: dict[str, Any], status: str | None, rank: Rank | None = None,
+            median_ms: float | None = None, version: int | None = None) -> None:
         key = config_key(config)
-        if status != "correct":
-            cost = math.inf
-        elif isinstance(speedup, int | float) and speedup > 0:
-            cost = 1.0 / speedup  # relative to the reference timed in the same run: robust to load
-        elif isinstance(median_ms, int | float) and median_ms > 0:
-            cost = float(median_ms)
-        else:
+        found = score(status, rank, median_ms)
+        if found is None:
             return  # correct but not timed: says nothing about speed
-        if cost < self.cost.get(key, math.inf) or key not in self.cost:
-            self.cost[key] = cost
+        if key not in self.score or found > self.score[key]:
+            self.score[key] = found
             self.version[key] = version
-            self.speedup[key] = speedup if isinstance(speedup, int | float) else None
-            if label:
-                self.label[key] = label
+            self.rank[key] = rank if found != FAILED else None
 
-    def best(self) -> tuple[Config, float] | None:
-        finite = [(k, c) for k, c in self.cost.items() if math.isfinite(c)]
-        return min(finite, key=lambda kc: kc[1]) if finite else None
+    def best(self) -> tuple[Config, Score] | None:
+        ranked = [(k, s) for k, s in self.score.items() if s != FAILED]
+        # the highest score, the first measured on ties
+        return max(ranked, key=lambda ks: ks[1]) if ranked else None
 
 
 def observations_from(request_history: tuple[dict[str, Any], ...], current_source: str | None,
@@ -96,16 +109,14 @@ def observations_from(request_history: tuple[dict[str, Any], ...], current_sourc
         config = entry.get("tunables")
         if not isinstance(config, dict) or set(config) != names:
             continue
-        obs.add(config, entry.get("status"), entry.get("speedup"), entry.get("median_ms"),
-                entry.get("version"), entry.get("rank_label"))
+        obs.add(config, entry.get("status"), Rank.from_json(entry.get("rank")),
+                entry.get("median_ms"), entry.get("version"))
     if current_source is not None and last_eval:
         timing = last_eval.get("timing") or {}
-        # the ranking number (kernels.result.ranking): off-TPU the TPU compiler's
-        # estimated speedup, never the interpreter's time while an estimate exists
-        rank = ranking(last_eval)
+        # what ranks it (kernels.result.ranking): off-TPU the TPU compiler's figures,
+        # never the interpreter's time while a compiler figure exists
         obs.add(tunables.config_of(current_source), last_eval.get("status"),
-                rank.value, timing.get("median_ms"), current_version,
-                rank.label if rank.value is not None else None)
+                ranking(last_eval), timing.get("median_ms"), current_version)
     return obs
 
 
@@ -231,7 +242,7 @@ def next_step(source: str, obs: Observations,
                 moved[name] = min(numeric, key=lambda v: (abs(v - base[name]), v))
     if moved:  # a note rules the current value out: go to the nearest value it allows
         config = {**base, **moved}
-        if config_key(config) not in obs.cost:
+        if config_key(config) not in obs.score:
             changes = {k: v for k, v in config.items() if current.get(k) != v}
             name = next(iter(moved))
             full = " ".join(f"{k}={v}" for k, v in config.items())
@@ -265,7 +276,7 @@ def _probe(space: dict[str, list[Any]], obs: Observations, base: dict[str, Any],
     if base[name] not in values or len(values) < 2:
         return None
     b = values.index(base[name])
-    measured = {i for i, v in enumerate(values) if config_key({**base, name: v}) in obs.cost}
+    measured = {i for i, v in enumerate(values) if config_key({**base, name: v}) in obs.score}
     measured.add(b)
     if up:
         above = [i for i in measured if i > b]
@@ -292,7 +303,7 @@ def _summary(name: str, old: Any, new: Any, config: dict[str, Any]) -> str:
 
 
 def _rationale(name: str, base: dict[str, Any], value: Any, why: str,
-               best: tuple[Config, float] | None, obs: Observations,
+               best: tuple[Config, Score] | None, obs: Observations,
                current: dict[str, Any]) -> str:
     parts = []
     if best is not None and dict(best[0]) != current:
@@ -314,7 +325,7 @@ def _rationale(name: str, base: dict[str, Any], value: Any, why: str,
         parts.append(f"Every larger value of every tunable has been tried around the best "
                      f"configuration; step {name} down to {value} (smaller blocks use less VMEM "
                      "and give more parallel grid steps).")
-    tried = sum(1 for c in obs.cost.values())
+    tried = sum(1 for c in obs.score.values())
     parts.append(f"{tried} configuration(s) measured so far; the others stay as they are.")
     return " ".join(parts)
 
@@ -365,7 +376,7 @@ def diagnosed_step(source: str, obs: Observations, dims: dict[str, tuple[int, ..
             config[name] = space[name][space[name].index(config[name]) - 1]
         fitted = (f" (about {vmem.bytes_for(config) / 2**20:.1f} of "
                   f"{vmem.limit / 2**20:.0f} MiB of VMEM at the production shape)")
-    if config == base or config_key(config) in obs.cost:
+    if config == base or config_key(config) in obs.score:
         return None
     current = tunables.config_of(source)
     changes = {k: v for k, v in config.items() if current.get(k) != v}

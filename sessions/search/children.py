@@ -204,5 +204,6 @@ class ChildMaker:
 
 
 def _tried(number: int, strategy: str | None, version: Any) -> str:
-    speed = "" if version.speedup is None else f", {version.speedup:.2f}x"
+    rank = version.rank
+    speed = f", {rank.words(short=True)}" if rank is not None and rank.ranked else ""
     return f"v{number}: {strategy or version.summary} ({version.status or 'not run'}{speed})"

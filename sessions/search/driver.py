@@ -30,7 +30,7 @@ from agents.base import Agent, TaskBrief
 from kernels import tunables
 from kernels.executors import Judge as Executor
 from kernels.options import EvalOptions
-from kernels.result import Backend
+from kernels.result import Backend, Rank
 from kernels.task import Task
 from sessions import events as ev
 from sessions.actions import Action
@@ -49,17 +49,17 @@ class SearchSummary:
     reason: str
     best_version: int | None
     best_status: str | None
-    best_speedup: float | None
+    # What ranks the best version and the first kernel (the task's, or the first
+    # written): kernels.result.Rank as JSON (its source, value, chip, production shape).
+    best_rank: dict[str, Any] | None
     evaluations: int
     nodes: int
     tokens: int
     cost_usd: float
     note: str | None = None  # why nothing correct came out, when it did not
-    start_speedup: float | None = None  # of the first kernel (the task's, or the first written)
+    start_rank: dict[str, Any] | None = None
     flags: list[str] = field(default_factory=list)  # integrity flags of the best version
-    rank_source: str | None = None  # what best_speedup is: tpu_estimate, device_time, ...
     chip: str | None = None
-    shape: str | None = None  # the production shape best_speedup is for ("4096x4096")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -77,16 +77,17 @@ def summarize(state: SearchState, session: Path | str, task: str) -> SearchSumma
     return SearchSummary(
         session=str(session), task=task, reason=state.ended or "unfinished",
         best_version=best, best_status=best_status,
-        best_speedup=versions[best].speedup if best is not None else None,
+        best_rank=_rank_json(state.rank(best)),
         evaluations=state.evaluations(), nodes=len(state.nodes),
         tokens=state.session.spent.tokens, cost_usd=round(state.session.spent.cost_usd, 6),
         note=None if best is not None else _failure_note(state),
         flags=list(versions[best].flags) if best is not None else [],
-        rank_source=versions[best].rank_source if best is not None else None,
         chip=versions[best].chip if best is not None else None,
-        shape=versions[best].rank_shape if best is not None else None,
-        start_speedup=versions[state.root].speedup
-        if state.root in versions and versions[state.root].correct else None)
+        start_rank=_rank_json(state.rank(state.root)))
+
+
+def _rank_json(rank: Rank | None) -> dict[str, Any] | None:
+    return rank.to_json() if rank is not None else None
 
 
 def _failure_note(state: SearchState) -> str | None:
@@ -278,7 +279,7 @@ class Search:
         self._close_rounds()
         best = self.state.best()
         self._emit(ev.SearchEnd(type="search.end", reason=reason, best_version=best,
-                                best_speedup=self.state.speedup(best) if best is not None else None,
+                                best_rank=_rank_json(self.state.rank(best)),
                                 evaluations=self.state.evaluations()))
         self.core.end(f"search: {reason}")
         return self.summary()
@@ -292,7 +293,8 @@ class Search:
                         and n.round == rnd and not self.state.pending_eval(n.version)]
             if measured:
                 info = select_beam(self.state, lineage, rnd)
-                self._emit(ev.SearchRound(type="search.round", **asdict(info), partial=True))
+                self._emit(ev.SearchRound(type="search.round", **info.event_fields(),
+                                          partial=True))
 
     def _wall_left(self) -> float | None:
         cfg = self.state.config
@@ -334,7 +336,7 @@ class Search:
         elif action.kind == "select":
             lineage, rnd = action.slot[0], action.slot[1]  # type: ignore[index]
             info = select_beam(self.state, lineage, rnd)
-            self._emit(ev.SearchRound(type="search.round", **asdict(info)))
+            self._emit(ev.SearchRound(type="search.round", **info.event_fields()))
         elif action.kind == "expand":
             pid = await self.children.expand(action)
             if pid is not None:

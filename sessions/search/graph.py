@@ -25,9 +25,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from kernels.result import Rank
 from sessions import events as ev
 from sessions.actions import SlotKey
 from sessions.state import SessionState
+
+# The key of a version that ranks nothing (not crownable, or no rank): below any rank.
+UNRANKED = (-1, 0, 0.0, 0.0)
 
 
 @dataclass
@@ -99,7 +103,13 @@ class RoundInfo:
     beam: list[int]
     repair: list[int]
     best_version: int | None
-    best_speedup: float | None
+    best_rank: Rank | None  # the lineage's best's rank when the round was selected
+
+    def event_fields(self) -> dict[str, Any]:
+        """The ``search.round`` fields (the rank as JSON)."""
+        return {"lineage": self.lineage, "round": self.round, "beam": list(self.beam),
+                "repair": list(self.repair), "best_version": self.best_version,
+                "best_rank": self.best_rank.to_json() if self.best_rank else None}
 
 
 @dataclass
@@ -144,9 +154,17 @@ class SearchState:
 
     # -- derived ------------------------------------------------------------------------
 
-    def speedup(self, version: int) -> float:
-        v = self.session.versions.get(version)
-        return float(v.speedup or 0.0) if v and v.crownable else -1.0
+    def rank(self, version: int | None) -> Rank | None:
+        """What ranks a version (``kernels.result.Rank``): None when it is not crownable
+        (incorrect, flagged, not evaluated) or has no rank."""
+        v = self.session.versions.get(version) if version is not None else None
+        return v.rank if v is not None and v.crownable else None
+
+    def key(self, version: int | None) -> tuple[int, int, float, float]:
+        """The one ordering (``Rank.key``, larger is better) for a version; ``UNRANKED``
+        for one that ranks nothing."""
+        rank = self.rank(version)
+        return rank.key() if rank is not None else UNRANKED
 
     def is_correct(self, version: int) -> bool:
         """Correct and not disqualified by an integrity flag: only such nodes enter the
@@ -172,11 +190,12 @@ class SearchState:
         return sum(end - start for start, end in self.segments) + live_extra
 
     def best(self) -> int | None:
+        """The unpruned crownable node ranked highest (``Rank.key``; earliest on ties)."""
         best: int | None = None
         for number in self.search_versions():
             if not self.is_correct(number) or self.nodes[number].pruned:
                 continue
-            if best is None or self.speedup(number) > self.speedup(best):
+            if best is None or self.key(number) > self.key(best):
                 best = number
         return best
 
@@ -253,9 +272,13 @@ def _version(s: SearchState, e: ev.KernelVersion) -> None:
 
 
 def _round(s: SearchState, e: ev.SearchRound) -> None:
+    best = e.get("best_version")
+    # A log written before ranks were recorded has only ``best_speedup``: the best
+    # version's rank as the fold has it at this point stands in for it.
+    rank = Rank.from_json(e.get("best_rank")) if "best_rank" in e else s.rank(best)
     info = RoundInfo(lineage=int(e["lineage"]), round=int(e["round"]),
                      beam=list(e.get("beam") or []), repair=list(e.get("repair") or []),
-                     best_version=e.get("best_version"), best_speedup=e.get("best_speedup"))
+                     best_version=best, best_rank=rank)
     s.rounds.setdefault(info.lineage, []).append(info)
 
 

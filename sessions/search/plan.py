@@ -65,7 +65,8 @@ def lineage_done(s: SearchState, lineage: int) -> str | None:
         return "no_correct_kernel"
     stale = 0
     for before, after in zip(reversed(rounds[:-1]), reversed(rounds), strict=False):
-        if (after.best_speedup or 0.0) > (before.best_speedup or 0.0):
+        if after.best_rank is not None and after.best_rank.ranked \
+                and after.best_rank.better_than(before.best_rank):  # by Rank.key
             break
         stale += 1
     if stale >= cfg.patience:
@@ -89,8 +90,8 @@ def select_beam(s: SearchState, lineage: int, rnd: int) -> RoundInfo:
         pool = children + (prev[-1].beam if prev else [])
         failed = children
     pool = [v for v in dict.fromkeys(pool) if v is not None and not s.nodes[v].pruned]
-    correct = sorted((v for v in pool if s.is_correct(v)),
-                     key=lambda v: (-s.speedup(v), v))
+    # Highest rank first (Rank.key), the earlier version first on ties.
+    correct = sorted(sorted(v for v in pool if s.is_correct(v)), key=s.key, reverse=True)
     beam = correct[:width]
     repair: list[int] = []
     if not beam:
@@ -100,9 +101,14 @@ def select_beam(s: SearchState, lineage: int, rnd: int) -> RoundInfo:
     everything = [v for v in s.search_versions() if s.nodes[v].lineage == lineage
                   or v in s.roots]
     ok = [v for v in everything if s.is_correct(v) and not s.nodes[v].pruned]
-    best = max(ok, key=lambda v: (s.speedup(v), -v)) if ok else None
+    best = _top(s, ok)
     return RoundInfo(lineage=lineage, round=rnd, beam=beam, repair=repair, best_version=best,
-                     best_speedup=s.speedup(best) if best is not None else None)
+                     best_rank=s.rank(best))
+
+
+def _top(s: SearchState, versions: list[int]) -> int | None:
+    """The version ranked highest (``Rank.key``; the earliest on ties)."""
+    return max(versions, key=lambda v: (s.key(v), -v)) if versions else None
 
 
 def _lineage_versions(s: SearchState, lineage: int) -> list[int]:
@@ -130,7 +136,7 @@ def profile_due(s: SearchState, number: int) -> bool:
         for lineage in lineages:
             ok = [v for v in _lineage_versions(s, lineage) if s.is_correct(v)
                   and not s.nodes[v].pruned]
-            if max(ok, key=lambda v: (s.speedup(v), -v)) == number:
+            if _top(s, ok) == number:
                 return True
     every = cfg.profile_every
     if not every or every <= 0:

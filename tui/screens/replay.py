@@ -20,7 +20,7 @@ from textual.widgets import Input, Static
 
 from sessions import events as ev
 from sessions.log import LoadedSession, read_blob
-from sessions.state import fold
+from sessions.state import event_rank, fold
 from tui.presenter import Presenter
 from tui.view import BlobCache, SessionView
 from tui.widgets.chat import ChatPane
@@ -190,11 +190,10 @@ def _describe(event: ev.Event) -> str:
     if event["type"] == "kernel.version":
         return f"v{event.get('version')} ({event.get('origin')})"
     if event["type"] == "run.result":
-        speed = event.get("speedup")
-        if event.get("rank_label") and event.get("status") == "correct":
-            return f"v{event.get('version')} correct · {event.get('rank_label')}"
-        return f"v{event.get('version')} {event.get('status')}" + \
-            (f" {speed:.2f}x" if isinstance(speed, int | float) else "")
+        rank = event_rank(dict(event)) if event.get("status") == "correct" else None
+        if rank is not None and rank.source != "none":  # Rank.words: the one wording
+            return f"v{event.get('version')} correct · {rank.words()}"
+        return f"v{event.get('version')} {event.get('status')}"
     if event["type"] == "mode.change":
         return f"mode {event.get('mode')}"
     return event["type"]

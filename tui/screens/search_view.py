@@ -1,13 +1,13 @@
 """The search view: the tree of kernel versions a graph search explored, with scores.
 
 ``SearchScreen`` shows a search session as a tree (root, children per round, each node
-with its status, speedup, strategy and whether it is in the current beam); selecting a
-node shows its details and its source. Given a live search (a
-``sessions.search.link.SearchLink``) it
-follows the search's events as they are appended; in a human-in-the-loop search
-(``approval = "user"``) it lists the proposals that wait for a decision, and the keys
-approve or reject the selected proposal and prune the selected branch. Given only a
-session directory it shows the recorded search, read-only.
+with its status, what ranks it (``Rank.words``), strategy and whether it is in the
+current beam); selecting a node shows its details and its source. Given a live search
+(a ``sessions.search.link.SearchLink``) it follows the search's events as they are
+appended; in a human-in-the-loop search (``approval = "user"``) it lists the proposals
+that wait for a decision, and the keys approve or reject the selected proposal and
+prune the selected branch. Given only a session directory it shows the recorded
+search, read-only.
 
 Self-contained: push it from the app (``app.push_screen(SearchScreen(search=...))``);
 its style sheet is ``search_view.tcss`` beside it.
@@ -30,6 +30,7 @@ from textual.widgets.tree import TreeNode
 from sessions.log import load, read_blob
 from sessions.search.graph import SearchState, fold_search
 from sessions.search.link import SearchLink
+from tui.format import rank_at_length
 from tui.widgets.footer import KeyFooter
 
 _ICONS = {"correct": "✓", "incorrect": "✗", "compile_error": "✗", "runtime_error": "✗",
@@ -113,7 +114,8 @@ class SearchScreen(Screen):
         node = state.nodes[number]
         version = state.session.versions[number]
         icon = _ICONS.get(version.status, "✗")
-        speed = f" {version.speedup:.3g}x" if version.correct and version.speedup else ""
+        rank = state.rank(number)
+        speed = f" {rank.words(short=True)}" if rank is not None and rank.ranked else ""
         tags = []
         if number in self.beam(state):
             tags.append("beam")
@@ -149,8 +151,9 @@ class SearchScreen(Screen):
         shape = (f"{cfg.mode} · width {cfg.width()} · {cfg.branching} children"
                  if cfg else "step-by-step session")
         best = state.best()
-        best_text = (f"best v{best} {state.speedup(best):.3g}x" if best is not None
-                     else "no correct kernel yet")
+        rank = state.rank(best) if best is not None else None
+        best_text = (f"best v{best}" + (f" {rank.words(short=True)}" if rank else "")
+                     if best is not None else "no correct kernel yet")
         ended = f" · ended: {state.ended}" if state.ended else ""
         return (f"{state.session.header.get('task', {}).get('name', '?')} · {shape} · "
                 f"{len(state.nodes)} nodes · {state.evaluations()} evals · {best_text}{ended}")
@@ -178,8 +181,10 @@ class SearchScreen(Screen):
         version = state.session.versions.get(number)
         if node is None or version is None:
             return
+        rank = version.rank  # disqualified too: its words say why it is not ranked
         lines = [f"v{number}  ·  {version.status or 'not evaluated'}"
-                 + (f"  ·  {version.speedup:.3g}x" if version.speedup is not None else ""),
+                 + (f"  ·  {rank_at_length(rank)}" if rank and rank.source != "none"
+                    else ""),
                  f"parent: {'v' + str(node.parent) if node.parent else '-'}  ·  round "
                  f"{node.round}  ·  run {node.lineage}  ·  by {node.proposer}",
                  f"strategy: {node.strategy or '-'}", f"summary: {version.summary}"]

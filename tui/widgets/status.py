@@ -11,7 +11,8 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from tui.format import format_rank, format_vmem
+from sessions.state import Rank
+from tui.format import format_vmem, rank_at_length
 
 # The TPU compiler's verdict in words: "refused" is the kernel's fault, "unavailable"
 # means this host could not ask the compiler (the reason is in Problems).
@@ -26,17 +27,15 @@ class StatusInfo:
     chip: str | None = None
     mode: str = "step"
     iteration: int = 0
-    best_speedup: float | None = None
     best_version: int | None = None
+    # What ranks the best version (``kernels.result.Rank``), said by ``Rank.words``: an
+    # estimate says so, host simulation time is never called a speedup.
+    best_rank: Rank | None = None
     tokens: int = 0
     cost_usd: float = 0.0
     cost_known: bool = True  # False: a model without a price answered ("$?", not $0)
     worker: str = "starting"
     confinement: str | None = None  # level of the latest evaluation's sandbox
-    # How the best version's number reads (``tui.format.format_rank``): an estimate
-    # says so, host simulation time is never called a speedup.
-    best_source: str | None = None
-    best_label: str | None = None
     # The TPU compiler's verdict on the current version's latest evaluation.
     tpu_chip: str | None = None
     tpu_compile: str | None = None  # ok | error | unavailable
@@ -48,22 +47,22 @@ def _tokens(n: int) -> str:
     return f"{n / 1000:.1f}k" if n >= 1000 else str(n)
 
 
-def _rank_medium(source: str | None, label: str | None, value: object,
-                 chip: str | None = None) -> str:
-    """The ranking label without the chip the backend segment already names: "est.
-    0.90x at 4096x8192 (TPU compiler)" from "est. 0.90x on v5e at 4096x8192 (TPU
-    compiler)"; the label is ``kernels.result.ranking``'s, never a number formatted here."""
-    if label and chip and source in ("tpu_estimate", "device_time"):
-        return label.replace(f" on {chip}", "").replace(f" on TPU {chip}", "")
-    return format_rank(source, label, value, short=True)
+def _rank_medium(rank: Rank) -> str:
+    """The rank's words without the chip the backend segment already names ("est. 0.90x
+    at 4096x8192 (TPU compiler)"); other ranks (host simulation) in short. The words
+    are ``Rank.words``'s, never a number formatted here."""
+    if rank.source in ("tpu_estimate", "roofline", "device_time"):
+        return rank.words(chip=False)
+    return rank.words(short=True)
 
 
 # How much the status bar leaves out, least useful detail first, one step per level:
-# 1 the chip's repetitions (the backend segment names it), 2 shorter words, 3 a
-# sandbox level that is as it should be ("sandboxed"), 4 the VMEM figures, 5 short
-# numbers ("est. 0.90x"), 6 the word "compile", 7 the token count (and the cost where
-# nothing was spent: the offline agent), 8 a compile verdict of "ok" (a refusal
-# stays), 9 the cost and the word "worker", 10 the end of a long task name. The backend ("CPU interp→v5e": where
+# 1 how far a compiler figure can be trusted (``Rank.trust_words``) and the chip's
+# repetitions (the backend segment names it), 2 shorter words, 3 a sandbox level that
+# is as it should be ("sandboxed"), 4 the VMEM figures, 5 short numbers ("est. 0.90x"),
+# 6 the word "compile", 7 the token count (and the cost where nothing was spent: the
+# offline agent), 8 a compile verdict of "ok" (a refusal stays), 9 the cost and the
+# word "worker", 10 the end of a long task name. The backend ("CPU interp→v5e": where
 # kernels run and the chip they are judged for) and the worker state stay at 80 columns.
 LEVELS = 11
 
@@ -123,14 +122,14 @@ class StatusBar(Static):
             detail = [x for x in ((i.tpu_chip if level == 0 else None), vmem) if x]
             if detail:
                 text.append(" (" + ", ".join(detail) + ")")
-        if i.best_speedup is not None:
+        rank = i.best_rank
+        if i.best_version is not None and rank is not None and rank.ranked:
             if level == 0:
-                what = format_rank(i.best_source, i.best_label, i.best_speedup)
+                what = rank_at_length(rank)
             elif level < 5:
-                what = _rank_medium(i.best_source, i.best_label, i.best_speedup,
-                                    (i.chip or i.tpu_chip or "").removeprefix("TPU "))
+                what = _rank_medium(rank)
             else:
-                what = format_rank(i.best_source, i.best_label, i.best_speedup, short=True)
+                what = rank.words(short=True)
             text.append(f" · best v{i.best_version}{' ' if level >= 5 else ': '}{what}",
                         style="green")
         else:
