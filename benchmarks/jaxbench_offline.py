@@ -112,6 +112,7 @@ def recheck(session: str, task_root: str, overrides: dict[str, str]) -> dict[str
             "production_compile": tpu.get("compile"), "production_shape": tpu.get("shape_label"),
             # the TPU compiler's estimated speedup (a roofline bound is not one)
             "production_estimate": rank.value if rank.source == "tpu_estimate" else None,
+            "production_source": rank.source,
             "production_words": rank.words(), "estimate_s": tpu.get("compile_s"),
             "compile_peak_mb": tpu.get("compile_peak_mb"),
             "estimate_unavailable": tpu.get("estimate_unavailable")}
@@ -197,7 +198,7 @@ def run_suite(label: str, directory: Path, args: argparse.Namespace, scratch: Pa
             generates.update({row["name"] or row["path"]: row["error"] is None
                               for row in again})
     search = tw("search", "--suite", str(suite), "--agent", "offline", "--budget",
-                str(args.budget), "--json", "--fresh", "--workers", "1",
+                str(args.budget), "--json", "--fresh", "--workers", str(args.workers),
                 "--session-dir", str(scratch / f"sessions-{label}"),
                 *sets_args(args.sets + resolved))
     try:
@@ -269,6 +270,18 @@ def print_suite(result: dict) -> None:
     n = len(rows) or 1
     fast1 = sum(x >= 1.0 for x in ranked) / n
     fast15 = sum(x >= 1.5 for x in ranked) / n
+    # a ranking number for every correct task: the compiler's (estimate, or the kernel's
+    # estimate against the reference's roofline), never host simulation
+    correct = [r for r in rows if r["truly_correct"]]
+    by_compiler = [r for r in correct if r.get("production_source") in ("tpu_estimate",
+                                                                         "roofline")]
+    roofline = sum(r.get("production_source") == "roofline" for r in correct)
+    print(f"ranking number at the production shape: {len(by_compiler)}/{len(correct)} "
+          f"correct tasks ranked by the TPU compiler ({len(by_compiler) - roofline} "
+          f"estimated against XLA, {roofline} against XLA's roofline); without one:")
+    for r in correct:
+        if r not in by_compiler:
+            print(f"  {r['task'][:44]}: {r.get('production_words') or '-'}"[:160])
     times = [r["estimate_s"] for r in rows if isinstance(r.get("estimate_s"), int | float)]
     peaks = [r["compile_peak_mb"] for r in rows
              if isinstance(r.get("compile_peak_mb"), int | float)]
@@ -293,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--maxkernel", type=Path,
                         help="MaxKernel/evaluation/jaxbench_adapted_dataset folder")
     parser.add_argument("--budget", type=int, default=6, help="versions per task (default 6)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="worker processes of the search (default 1)")
     parser.add_argument("--only", nargs="*", help="task folder names to run (default: all)")
     parser.add_argument("--set", dest="sets", action="append", default=None,
                         metavar="KEY=VALUE", help="scaling override (default: a preset)")
