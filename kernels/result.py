@@ -120,6 +120,10 @@ DISQUALIFYING_FLAGS = frozenset({
     "compute_outside_kernel", "nondeterministic", "suspicious_speedup", "no_pallas_call",
     "harness_tampering", "background_threads", "jax_config_changed",
     "platform_dependent", "interpret_param",  # always rejected too: never ranked
+    # the program that would run is not the one checked (rejected when correct), or its
+    # estimate prices less than its own work (the number cannot be believed)
+    "production_program_differs", "trace_dependent", "partial_coverage",
+    "estimate_below_roofline",
 })
 
 

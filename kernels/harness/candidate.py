@@ -30,6 +30,7 @@ import os
 import pickle
 import socket
 import sys
+import threading
 import time
 from typing import Any
 
@@ -69,6 +70,8 @@ class Server:
         self.jobs: list[tuple[str, Any]] = []
         self.staged: tuple[str, list[Any]] | None = None
         self.last: Any = None
+        # (function, arguments, chip, fingerprint) of the production trace, for ``retrace``
+        self.production_trace: tuple[Any, tuple[Any, ...], str | None, str] | None = None
 
     # -- helpers -----------------------------------------------------------------------
     def _describe(self, exc: BaseException, kind: str) -> dict[str, Any]:
@@ -145,8 +148,7 @@ class Server:
         static_argnums = tuple(range(len(dyn), len(dyn) + len(static))) or None
         fn = jax.jit(self.entry, static_argnums=static_argnums)
         try:
-            with tpu_compile.abstract_device(self.chip if self.lowering else None):
-                traced = fn.trace(*dyn, *static)
+            traced = trace(fn, (*dyn, *static), self.chip if self.lowering else None)
         except BaseException as exc:
             kind = "exit" if isinstance(exc, SystemExit) else "trace"
             raise _Failure("compile_error", self._describe(exc, kind)) from None
@@ -205,7 +207,7 @@ class Server:
         about them: the kernels and their grids, the structure of their bodies."""
         import jax
 
-        from kernels.harness import errors, tpu_compile
+        from kernels.harness import errors
         from kernels.harness import production as prod
         from kernels.harness.execution import task_runtime
 
@@ -221,9 +223,9 @@ class Server:
         shapes, static = pickle.loads(blob)  # from the judge: trusted direction
         avals = [jax.ShapeDtypeStruct(tuple(shape), dtype) for shape, dtype in shapes]
         static_argnums = tuple(range(len(avals), len(avals) + len(static))) or None
+        fn = jax.jit(entry, static_argnums=static_argnums)
         try:
-            with tpu_compile.abstract_device(chip):
-                traced = jax.jit(entry, static_argnums=static_argnums).trace(*avals, *static)
+            traced = trace(fn, (*avals, *static), chip)
         except BaseException as exc:
             kind = "exit" if isinstance(exc, SystemExit) else "trace"
             error = self._describe(exc, kind)
@@ -231,6 +233,9 @@ class Server:
             raise _Failure("compile_error", error) from None
         self._check_tampering()
         closed = traced.jaxpr
+        # Traced again after the check shapes (``retrace``): a program that depends on
+        # when or from where it is traced is not the program that was checked.
+        self.production_trace = (fn, (*avals, *static), chip, fingerprint(closed))
         from kernels.harness import integrity
 
         refused = integrity.program_refusal(closed, self.filename)  # estimated == run
@@ -355,6 +360,26 @@ class Server:
             found.append({"config": name, **item})
         return {"verdicts": found}
 
+    def retrace(self, header: dict[str, Any], blob: bytes) -> dict[str, Any]:
+        """Trace the production shape once more, the same way, after the check shapes were
+        traced and run: the two programs' fingerprints (they differ only for a candidate
+        whose program depends on the trace's context: its order, its caller, a count)."""
+        if self.production_trace is None:
+            return {"first": None, "again": None}
+        fn, args, chip, first = self.production_trace
+        import jax
+
+        # Every trace cache emptied (the candidate's own inner jits too): its Python runs
+        # again, as it would in the user's process. The executables already built for the
+        # check shapes are kept by this process, not by those caches.
+        jax.clear_caches()
+        try:
+            again = fingerprint(trace(fn, args, chip).jaxpr)
+        except BaseException as exc:
+            again = f"raised {type(exc).__name__}"
+        self._check_tampering()
+        return {"first": first, "again": again}
+
     def finish(self, header: dict[str, Any], blob: bytes) -> dict[str, Any]:
         """Put back jax.config, report threads and tampering, drop the evaluation."""
         report: dict[str, Any] = {"config_changed": [], "restored": True, "threads": [],
@@ -444,7 +469,39 @@ def serve(sock: socket.socket) -> None:
 
 
 OPS = ("load", "production", "prepare", "run", "stage", "call", "fetch", "verdicts",
-       "finish", "profile", "ping")
+       "retrace", "finish", "profile", "ping")
+
+
+def trace(fn: Any, args: tuple[Any, ...], chip: str | None) -> Any:
+    """``fn.trace(*args)`` (under an abstract ``chip`` device), made the one way every
+    trace of the candidate is made, check shapes and production alike: in a fresh thread
+    of one name, with nothing of the harness on its stack. The candidate cannot tell a
+    production trace from a checked one by its caller (a frame named "production", the
+    op being served): only by the shapes, and what it does with those is compared."""
+    from kernels.harness import tpu_compile
+
+    found: dict[str, Any] = {}
+
+    def traced() -> None:
+        try:
+            with tpu_compile.abstract_device(chip):
+                found["traced"] = fn.trace(*args)
+        except BaseException as exc:  # re-raised in the caller, SystemExit included
+            found["error"] = exc
+
+    thread = threading.Thread(target=traced, name="tw-trace", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in found:
+        raise found["error"]
+    return found["traced"]
+
+
+def fingerprint(closed: Any) -> str:
+    """A traced program, as a hash of its printed jaxpr (deterministic for one program)."""
+    import hashlib
+
+    return hashlib.sha256(str(closed).encode()).hexdigest()
 
 
 def main(argv: list[str] | None = None) -> int:

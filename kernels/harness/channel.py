@@ -339,6 +339,17 @@ class CandidateChannel:
             self.violation(found)
         return found
 
+    def retrace(self) -> tuple[str | None, str | None]:
+        """The production program's fingerprint as first traced, and as traced again now
+        (after the check shapes): ``(first, again)``; (None, None) when there was no
+        production trace or no process to ask."""
+        if not judge.process().ready:
+            return None, None
+        reply, _ = self.request("retrace", {})
+        first, again = reply.get("first"), reply.get("again")
+        return (first if isinstance(first, str) else None,
+                again if isinstance(again, str) else None)
+
     def verdicts(self) -> list[CheckVerdict] | None:
         """The check shapes' TPU compiles (a TPU host); None when the process is gone."""
         if not judge.process().ready:

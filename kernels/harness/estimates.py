@@ -118,14 +118,21 @@ def candidate_estimate(programs: dict[str, bytes], plans: list[dict[str, Any]], 
     if not want:
         out["unavailable"] = reason
         return out
+    unpriceable = [p["unpriceable"] for p in plans if p.get("unpriceable")]
+    if unpriceable:  # a shortened grid would misprice it, the whole one is too long
+        out["unavailable"] = "not estimated: " + "; ".join(unpriceable)
+        return out
+    # kernels whose work differs along the grid: shortened otherwise, or compiled whole
+    whole = "; ".join(f"{p['name']}: {p['uneven']}" for p in plans if p.get("uneven"))
     names = {p["index"]: p["name"] for p in plans}
     if "scaled0" not in programs:  # every grid within the budget: the program itself
         answer = comp.compile(programs["full"], chip, "estimate", deadline, memory_mb)
         if answer.get("compile") != "ok" or answer.get("records") is None:
             out["unavailable"] = why_no_records(answer)
+            out["refusal"] = refusal(answer)
             return out
-        out["estimate"] = estimate_of(answer["records"], chip, names=names,
-                                      kernels_by_op=answer.get("kernels"))
+        out["estimate"] = estimate_of(answer["records"], chip, detail=whole or None,
+                                      names=names, kernels_by_op=answer.get("kernels"))
         out["cached"] = bool(answer.get("cached"))
         return out
     answers = []
@@ -133,6 +140,7 @@ def candidate_estimate(programs: dict[str, bytes], plans: list[dict[str, Any]], 
         answer = comp.compile(programs[key], chip, "estimate", deadline, memory_mb)
         if answer.get("compile") != "ok" or answer.get("records") is None:
             out["unavailable"] = why_no_records(answer)
+            out["refusal"] = refusal(answer)
             return out
         answers.append(answer)
     (k1, _), (k2, _) = (split_records(a["records"], a.get("kernels")) for a in answers)
@@ -148,11 +156,22 @@ def candidate_estimate(programs: dict[str, bytes], plans: list[dict[str, Any]], 
         details.append(f"{plan['name']}: {u1} and {u2} of {plan['units_full']} repeats of "
                        f"{plan['steps'] // plan['units_full']} grid steps ({how})")
     detail = ("kernel cycles scaled from shortened grids to the production grid "
-              f"({'; '.join(details)})")
+              f"({'; '.join(details)})" + (f"; {whole}" if whole else ""))
     out["estimate"] = estimate_of(answers[1]["records"], chip, "scaled", detail, kernels, names,
                                   answers[1].get("kernels"))
     out["cached"] = all(a.get("cached") for a in answers)
     return out
+
+
+def refusal(answer: dict[str, Any]) -> dict[str, Any] | None:
+    """A memory refusal by the estimator's compile of the same program (its kernels' blocks
+    unchanged): the program does not fit the chip's VMEM, which the verdict compile does
+    not always say (a kernel that raised its own vmem_limit_bytes to 100 MiB: "ok" there,
+    "Used 166.46M of 128.00M vmem" here, XLA's temporaries counted). It is the kernel's
+    compile error. Other failures of the estimate cost the estimate only."""
+    if answer.get("compile") != "error" or answer.get("kind") != "vmem":
+        return None
+    return answer
 
 
 def estimates_possible(chip: str) -> tuple[bool, str | None]:

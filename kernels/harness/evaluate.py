@@ -397,8 +397,11 @@ class Evaluation:
         line = self._kernel_line()
         if self.native_checked and apply:
             verdict.check_shape_refusal(self.channel.verdicts(), self.chip, line)
+        # the production program traced once more, the same way, after the check shapes
+        retraced = self.channel.retrace() if apply and self.production is not None \
+            and self.production.reply is not None else (None, None)
         section, flags = verdict.production_verdict(self.production, self.check_structures,
-                                                    self.chip, line, apply)
+                                                    self.chip, line, apply, retraced)
         self.result.tpu = section
         self.flags += flags
 

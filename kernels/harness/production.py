@@ -35,6 +35,15 @@ from typing import Any
 
 SHORT_NAME = "tw_pallas_{}"
 STEP_BUDGET = 32  # grid steps per kernel in the longer of the two scaled compiles
+# A kernel whose work differs from one repeat of its grid to the next (``pl.when`` on a
+# grid position the shortened grids drop: a causal mask, work on one step) is shortened
+# along an outer axis whose repeats are alike, with up to this many steps in the longer
+# grid; else estimated on its whole grid up to FULL_GRID_BUDGET steps; else not at all.
+UNEVEN_STEP_BUDGET = 2048
+FULL_GRID_BUDGET = 1024
+# Work that a shortened grid's extrapolation may miss before the kernel is estimated
+# whole (relative to the work of the whole grid).
+UNEVEN_TOLERANCE = 0.01
 # Primitives whose presence depends on shapes only (a reshape to the same shape is no
 # eqn at all): left out of the structure compared between check and production traces.
 _SHAPE_ONLY = frozenset({"reshape", "broadcast_in_dim", "squeeze", "expand_dims",
@@ -57,6 +66,17 @@ class KernelPlan:
     declared_bytes: float | None = None  # the kernel's own pl.CostEstimate, if it gave one
     scratch_bytes: int = 0  # its scratch_shapes (VMEM accumulators and the like)
     vmem_limit: int | None = None  # CompilerParams(vmem_limit_bytes=...), when it sets one
+    # Of each output the grid writes through blocks: the distinct blocks its index map
+    # visits over the whole grid against the blocks that tile the array (None: unknown,
+    # e.g. a data-dependent index map or an output aliased to an input).
+    coverage: list[dict[str, Any]] = field(default_factory=list)
+    # The body's work over the whole grid (``profiling.static_walk``: dot FLOPs, with
+    # each ``pl.when`` evaluated on the steps where it runs), and whether the two
+    # shortened grids, extrapolated, reach it (``uneven``: why not).
+    dot_flops: float | None = None
+    work_exact: bool = False  # no run-time data decided what the body does
+    uneven: str | None = None
+    unpriceable: str | None = None  # too long to estimate whole, too uneven to shorten
 
     def vmem_at_least(self) -> int:
         """VMEM the kernel needs at the very least: every VMEM block once (the pipeline
@@ -79,7 +99,10 @@ class KernelPlan:
                 "axis": self.axis, "units_full": self.units_full, "units": list(self.units),
                 "blocks": self.blocks, "data_dependent": self.data_dependent,
                 "declared_bytes": self.declared_bytes, "scratch_bytes": self.scratch_bytes,
-                "vmem_limit": self.vmem_limit, "vmem_at_least": self.vmem_at_least()}
+                "vmem_limit": self.vmem_limit, "vmem_at_least": self.vmem_at_least(),
+                "coverage": self.coverage, "dot_flops": self.dot_flops,
+                "work_exact": self.work_exact, "uneven": self.uneven,
+                "unpriceable": self.unpriceable}
 
 
 # -- walking jaxprs --------------------------------------------------------------------
@@ -256,6 +279,140 @@ def _scratch_bytes(gm: Any) -> int:
     return total
 
 
+def _coverage(eqn: Any, grid: tuple[int, ...]) -> list[dict[str, Any]]:
+    """Per output written through blocks: the distinct blocks the grid visits against
+    the blocks that tile the array (``profiling.static_blocks.count_fetches``)."""
+    from profiling.static_blocks import MAX_STEPS, count_fetches
+
+    gm = eqn.params["grid_mapping"]
+    aliased = {int(o) for _, o in eqn.params.get("input_output_aliases") or ()}
+    steps = math.prod(grid) if grid else 1
+    found = []
+    for j, bm in enumerate(gm.block_mappings_output):
+        space = str(getattr(bm.transformed_block_aval, "memory_space", "") or "").lower()
+        if j in aliased or "any" in space or "hbm" in space:
+            continue  # aliased to an input (in-place update) or written by hand
+        row: dict[str, Any] = {"output": j, "shape": [int(d) for d in bm.array_aval.shape]}
+        if steps > MAX_STEPS or gm.num_index_operands:
+            row["unknown"] = ("data-dependent index map" if gm.num_index_operands
+                              else f"{steps} grid steps")
+        else:
+            cov: dict[str, Any] = {}
+            try:
+                count_fetches(bm, list(grid), steps, gm.num_index_operands, [], cov)
+            except Exception as exc:  # an index map that cannot be evaluated here
+                row["unknown"] = f"{type(exc).__name__}"
+            if "total" in cov:
+                row.update(visited=int(cov["visited"]), total=int(cov["total"]))
+            else:
+                row.setdefault("unknown", "not blocked (element offsets)")
+        found.append(row)
+    return found
+
+
+def _total_work(body: Any, grid: tuple[int, ...]) -> tuple[float, bool] | None:
+    """(FLOPs of the body over the whole ``grid``, whether no run-time data decided
+    them): ``pl.when`` predicates on grid positions evaluated step by step."""
+    from profiling.static_walk import count_kernel_work
+
+    try:
+        work = count_kernel_work(body, list(grid))
+    except Exception:
+        return None
+    steps = math.prod(grid) if grid else 1
+    total = (work["dot_flops"] + work["elementwise_flops"] + work["transcendentals"]) * steps
+    exact = not any("run-time" in n or "runtime" in n for n in work.get("notes") or [])
+    return total, exact
+
+
+def _shortenings(grid: tuple[int, ...], budget: int) -> list[tuple[int, int, tuple[int, int]]]:
+    """(axis, repeats in the whole grid, (n1, n2) repeats in the two short grids) for
+    every axis whose inner sweep fits the budget twice over, outermost first: outer axes
+    are set to 1, the axis to ``n1`` and ``n2 = 2 n1``."""
+    found = []
+    for axis in range(len(grid)):
+        inner = math.prod(grid[axis + 1:])
+        if inner * 2 > budget and axis < len(grid) - 1:
+            continue
+        n2 = max(2, min(grid[axis], budget // max(inner, 1)))
+        n1 = max(1, n2 // 2)
+        if n1 == n2 or inner * n2 > max(budget, 2 * inner):
+            continue
+        found.append((axis, math.prod(grid[:axis + 1]), (n1, n2)))
+    return found
+
+
+def _extrapolated(body: Any, grid: tuple[int, ...], axis: int, units: tuple[int, int],
+                  units_full: int) -> float | None:
+    """The body's work at ``units_full`` repeats, extrapolated from the two short grids
+    the way the estimate extrapolates their cycles."""
+    sums = []
+    for n in units:
+        short = list(grid)
+        for outer in range(axis):
+            short[outer] = 1
+        short[axis] = n
+        found = _total_work(body, tuple(short))
+        if found is None:
+            return None
+        sums.append(found[0])
+    (u1, u2), (w1, w2) = units, sums
+    return w1 + (w2 - w1) / (u2 - u1) * (units_full - u1) if u2 != u1 else w2
+
+
+def _check_even(p: KernelPlan, body: Any) -> None:
+    """Whether the shortened grids price what the whole grid does: their work,
+    extrapolated as the estimate extrapolates cycles, must reach the whole grid's. A
+    ``pl.when`` on a grid position the short grids never reach (step 40 of 48, the
+    blocks below a causal diagonal) would otherwise go unpriced. An uneven kernel is
+    shortened along an outer axis whose repeats are alike (``UNEVEN_STEP_BUDGET``),
+    else estimated whole within ``FULL_GRID_BUDGET`` steps, else not at all
+    (``unpriceable``)."""
+    from profiling.static_walk import count_kernel_work
+
+    full = _total_work(body, p.grid)
+    try:
+        p.dot_flops = count_kernel_work(body, list(p.grid))["dot_flops"] * p.steps
+    except Exception:
+        p.dot_flops = None
+    if full is None:
+        return
+    total, p.work_exact = full
+    if p.axis is None or not p.work_exact:
+        return
+
+    def even(axis: int, units_full: int, units: tuple[int, int]) -> float | None:
+        """None when the short grids extrapolate to the whole grid's work, else their
+        extrapolation."""
+        predicted = _extrapolated(body, p.grid, axis, units, units_full)
+        if predicted is None or abs(predicted - total) <= UNEVEN_TOLERANCE * max(total, 1.0):
+            return None
+        return predicted
+
+    predicted = even(p.axis, p.units_full, p.units)
+    if predicted is None:
+        return
+    (u1, u2) = p.units
+    p.uneven = (f"its work is not the same in every repeat of its grid: the whole grid "
+                f"does {total:,.0f} FLOPs, the shortened grids ({u1} and {u2} of "
+                f"{p.units_full} repeats) extrapolate to {predicted:,.0f} (a pl.when on a "
+                "grid position they do not reach)")
+    for axis, units_full, units in _shortenings(p.grid, UNEVEN_STEP_BUDGET):
+        if axis < (p.axis or 0) and even(axis, units_full, units) is None:
+            p.axis, p.units_full, p.units = axis, units_full, units
+            p.uneven += (f"; shortened along axis {axis} instead ({units[0]} and "
+                         f"{units[1]} of its {units_full} repeats, each the whole sweep "
+                         "inside it)")
+            return
+    if p.steps <= FULL_GRID_BUDGET:
+        p.axis, p.units = None, (1, 1)  # estimated on its whole grid
+        p.uneven += "; estimated on its whole grid"
+    else:
+        p.unpriceable = (f"{p.name}: {p.uneven}; no outer axis repeats alike within "
+                         f"{UNEVEN_STEP_BUDGET} steps, and its {p.steps} grid steps are too "
+                         f"many to estimate whole (at most {FULL_GRID_BUDGET})")
+
+
 def plan(closed: Any, budget: int = STEP_BUDGET) -> list[KernelPlan]:
     """How each ``pallas_call`` of ``closed`` is shortened for the estimate.
 
@@ -279,17 +436,13 @@ def plan(closed: Any, budget: int = STEP_BUDGET) -> list[KernelPlan]:
                        else None, scratch_bytes=_scratch_bytes(gm),
                        vmem_limit=int(limit) if isinstance(limit, int) else None)
         if grid and min(grid) > 0 and p.steps > budget:
-            for axis in range(len(grid)):
-                inner = math.prod(grid[axis + 1:])
-                if inner * 2 > budget and axis < len(grid) - 1:
-                    continue
-                units_full = math.prod(grid[:axis + 1])
-                n2 = max(2, min(grid[axis], budget // max(inner, 1)))
-                n1 = max(1, n2 // 2)
-                if n1 == n2:
-                    break
-                p.axis, p.units_full, p.units = axis, units_full, (n1, n2)
-                break
+            found = _shortenings(grid, budget)
+            if found:
+                p.axis, p.units_full, p.units = found[0]
+        if grid and min(grid) > 0:
+            p.coverage = _coverage(eqn, grid)
+            body = eqn.params["jaxpr"]
+            _check_even(p, getattr(body, "jaxpr", body))
         plans.append(p)
     return plans
 

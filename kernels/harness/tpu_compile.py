@@ -417,10 +417,17 @@ _OOM = re.compile(r"size ([\d.]+)([KMG]?) and limit ([\d.]+)([KMG]?)")
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
+_USED = re.compile(r"Used ([\d.]+)([KMG]?) of ([\d.]+)([KMG]?) vmem")
+
+
 def vmem_from_error(message: str) -> tuple[int | None, int | None]:
-    """(bytes the kernel asked for, the limit) from a scoped-VMEM overflow message:
-    "Scoped allocation with size 24.00M and limit 16.00M exceeded ..."."""
-    match = _OOM.search(message) if classify(message) == "vmem" else None
+    """(bytes the program asked for, the limit) from a VMEM overflow message: "Scoped
+    allocation with size 24.00M and limit 16.00M exceeded ...", or the whole program's
+    "Used 166.46M of 128.00M vmem" (its kernels' scoped VMEM and XLA's own temporaries
+    against the chip's physical VMEM)."""
+    if classify(message) != "vmem":
+        return None, None
+    match = _OOM.search(message) or _USED.search(message)
     if not match:
         return None, None
     return (int(float(match.group(1)) * _UNITS[match.group(2)]),

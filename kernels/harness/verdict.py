@@ -54,6 +54,8 @@ _POOL: ThreadPoolExecutor | None = None
 PRODUCTION_BASE_S = 60.0
 PRODUCTION_S_PER_GFLOP = 0.2
 PRODUCTION_MAX_S = 900.0
+# An estimate below this share of the kernels' own compute bound is not believed.
+IMPLAUSIBLE = 0.8
 
 
 def _pool() -> ThreadPoolExecutor:
@@ -192,9 +194,19 @@ class ProductionRun:
     def _static_vmem(self, plans: list[dict[str, Any]]) -> dict[str, Any] | None:
         """A kernel whose blocks alone, each once, exceed the VMEM it may use is refused
         without compiling: Mosaic takes minutes on such a kernel at production sizes
-        (a whole-array 4096x8192x8192 matmul: over 150 s) before it says the same."""
+        (a whole-array 4096x8192x8192 matmul: over 150 s) before it says the same. So is
+        a kernel that asks for more VMEM (``vmem_limit_bytes``) than the chip has."""
         chip_limit = _scoped_limit(self.chip)
+        capacity = _capacity(self.chip)
         for plan in plans:
+            asked = plan.get("vmem_limit")
+            if capacity and asked and int(asked) > capacity:
+                return {"compile": "error", "kind": "vmem", "vmem_bytes": int(asked),
+                        "vmem_limit_bytes": capacity, "compile_s": 0.0,
+                        "message": f"{plan.get('name')}: its vmem_limit_bytes "
+                                   f"({int(asked) / 2**20:.1f} MiB) is more than the "
+                                   f"{capacity / 2**20:.0f} MiB of VMEM a {self.chip} core "
+                                   "has (a check made before compiling)"}
             need = int(plan.get("vmem_at_least") or 0)
             limit = plan.get("vmem_limit") or chip_limit
             if limit and need > limit:
@@ -287,7 +299,9 @@ class ProductionRun:
         plans = self._plans()
         return {
             "chip": self.chip, "compile": "unavailable", "message": None, "kind": None,
-            "vmem_bytes": None, "vmem_limit_bytes": _scoped_limit(self.chip),
+            "vmem_bytes": None, "vmem_limit_bytes": self._limit_in_force(plans),
+            "vmem_limit_source": self._limit_source(plans),
+            "vmem_capacity_bytes": _capacity(self.chip),
             "shape": self.config.name, "shape_label": self.label,
             "input_shapes": [array_text(s, d) for s, d in self.inputs],
             "params": self.config.params,
@@ -299,6 +313,7 @@ class ProductionRun:
             "basis": None, "compiler_speedup": None, "floor": None, "fidelity": None,
             "estimate_unavailable": None, "reference_roofline": None,
             "kernel_time_s": None, "roofline_ratio": None, "reference_pending": None,
+            "kernel_bound_s": None, "implausible": None,
             "reference_record": None,
             "deadline_s": self.deadline_s, "deadline_why": self.deadline_why,
             "cached": None, "compile_s": None, "verdict_s": None, "compile_peak_mb": None,
@@ -320,6 +335,18 @@ class ProductionRun:
         section["vmem_bytes"] = verdict.get("vmem_bytes")
         if verdict.get("vmem_limit_bytes"):
             section["vmem_limit_bytes"] = verdict["vmem_limit_bytes"]
+        refused = out.get("refusal")
+        if section["compile"] == "ok" and refused:
+            # the estimator's compile of the same program ran out of the chip's VMEM
+            message = refused.get("message") or "out of VMEM"
+            section.update(compile="error", kind="vmem",
+                           message=tpu_compile.short(message),
+                           refused_by="the TPU compiler's estimate compile of this program")
+            used, limit = tpu_compile.vmem_from_error(message)
+            section["vmem_needed_bytes"] = used
+            if limit:
+                section["vmem_limit_bytes"] = limit
+                section["vmem_limit_source"] = "the chip's physical VMEM"
         if section["compile"] != "ok":
             section["estimate_unavailable"] = ("the kernel does not compile at the production "
                                                "shape" if section["compile"] == "error"
@@ -337,10 +364,12 @@ class ProductionRun:
             section["reference_record"] = {
                 "cached": bool(record.get("cached")), "computed_s": record.get("computed_s"),
                 "scaling": record.get("scaling")}
+        section["kernel_bound_s"] = self._kernel_bound(plans, section["floor"])
         if estimate is None:
             section["estimate_unavailable"] = out.get("unavailable") or "no estimate"
         else:
             section["kernel_time_s"] = fidelity.kernel_time(estimate, section["floor"])
+            section["implausible"] = self._implausible(estimate, plans)
         if estimate is not None and ref is not None and ref.get("cycles") \
                 and estimate.get("cycles"):
             section["compiler_speedup"] = ref["cycles"] / estimate["cycles"]
@@ -362,6 +391,50 @@ class ProductionRun:
         section["fidelity"] = fidelity.lookup(self.chip, klass, section["basis"])
         return section
 
+    def _kernel_bound(self, plans: list[dict[str, Any]],
+                      found: dict[str, Any] | None) -> float | None:
+        """The least time the kernel's program can take at the production shape: its
+        kernels' dot FLOPs (each ``pl.when`` counted on the steps where it runs) at the
+        chip's bf16 peak, or its memory floor, whichever is larger."""
+        from profiling.chips import get_chip
+
+        try:
+            peak = get_chip(self.chip).bf16_flops
+        except KeyError:
+            return None
+        flops = sum(float(p.get("dot_flops") or 0.0) for p in plans if p.get("work_exact"))
+        compute = flops / peak if peak else 0.0
+        bound = max(compute, float((found or {}).get("kernel_s") or 0.0))
+        return bound or None
+
+    def _implausible(self, estimate: dict[str, Any], plans: list[dict[str, Any]]
+                     ) -> str | None:
+        """Why the estimate cannot be right: its kernels' cycles take less time than
+        their own work at the chip's bf16 peak (work the estimate did not price: a grid
+        step it never compiled, a loop it counted as not run)."""
+        from profiling.chips import get_chip
+
+        try:
+            peak = get_chip(self.chip).bf16_flops
+        except KeyError:
+            return None
+        kernel_cycles = sum(int(op.get("cycles") or 0) for op in estimate.get("ops") or []
+                            if op.get("kind") == "pallas")
+        seconds = estimate.get("seconds")
+        if not kernel_cycles or not seconds or not estimate.get("cycles"):
+            return None
+        kernel_s = seconds * kernel_cycles / estimate["cycles"]
+        exact = [p for p in plans if p.get("work_exact") and p.get("dot_flops")]
+        if not exact or len(exact) != len(plans):
+            return None
+        flops = sum(float(p["dot_flops"]) for p in exact)
+        bound = flops / peak
+        if kernel_s >= IMPLAUSIBLE * bound:
+            return None
+        return (f"the estimate prices the kernels at {kernel_s * 1e3:.3g} ms, less than "
+                f"their own {flops / 1e9:,.1f} GFLOP of dots take at {self.chip}'s peak "
+                f"({bound * 1e3:.3g} ms): it misses work the grid does")
+
     def _cost(self) -> dict[str, float]:
         """The reference's FLOPs and compulsory bytes (known from its export)."""
         return self.reference.cost if self.reference is not None else {}
@@ -369,6 +442,17 @@ class ProductionRun:
     def _roofline(self) -> dict[str, Any] | None:
         cost = self._cost()
         return reference.roofline(cost, self.chip) if cost else None
+
+    def _limit_in_force(self, plans: list[dict[str, Any]]) -> int | None:
+        """The scoped VMEM a kernel may use: the largest a kernel asked for with
+        ``vmem_limit_bytes``, else the chip's default."""
+        asked = [int(p["vmem_limit"]) for p in plans if p.get("vmem_limit")]
+        return max(asked) if asked else _scoped_limit(self.chip)
+
+    @staticmethod
+    def _limit_source(plans: list[dict[str, Any]]) -> str:
+        return ("the kernel's vmem_limit_bytes" if any(p.get("vmem_limit") for p in plans)
+                else "the chip's default scoped limit")
 
     def _dtype(self) -> str | None:
         """The dtype of the largest input (it decides which ridge point applies)."""
@@ -408,34 +492,95 @@ class ProductionRun:
 # -- the verdict, applied to an evaluation -------------------------------------------------
 
 def production_verdict(production: ProductionRun | None, checked: list[list[Any]], chip: str,
-                       line: int | None, apply: bool) -> tuple[dict[str, Any] | None,
-                                                                list[str]]:
-    """Join the production compiles: the ``tpu`` section and the flags it raises
-    (``production_program_differs``: the kernels traced at the production shape compute
-    something else than the ones ``checked``). With ``apply``, a refusal at the
-    production shape is the evaluation's compile error, naming the compiler's message:
-    ``Stopped`` carrying the section and the flags. Without it (a kernel already judged
-    wrong, or stopped early) only the verdict is waited for."""
+                       line: int | None, apply: bool,
+                       retraced: tuple[str | None, str | None] = (None, None)
+                       ) -> tuple[dict[str, Any] | None, list[str]]:
+    """Join the production compiles: the ``tpu`` section and the flags it raises. With
+    ``apply`` (a kernel correct at the check shapes), the program that will run must be
+    the program that was checked, or the candidate is ``rejected``:
+
+    - its kernels at the production shape compute what the checked ones compute
+      (``checked``: their bodies' structure at each check shape);
+    - its grid writes every block of every output at the production shape;
+    - it is the same program when traced again the same way (``retraced``: the first
+      and the second production trace's fingerprints), so it does not depend on when or
+      from where it is traced.
+
+    Then a refusal by the TPU compiler at the production shape is the evaluation's
+    compile error, naming the compiler's message (``Stopped`` carrying the section and
+    the flags); an estimate that prices the kernels below their own compute bound is
+    flagged ``estimate_below_roofline`` (never ranked). Without ``apply`` (a kernel
+    already judged wrong, or stopped early) only the verdict is waited for."""
     if production is None:
         return None, []
     section = production.section(verdict_only=not apply)
-    flags = ["production_program_differs"] if production.structure_differs(checked) else []
-    if not apply or section["compile"] != "error":
+    differs = production.structure_differs(checked)
+    flags = ["production_program_differs"] if differs else []
+    if not apply:
+        return section, flags
+    where = production.where()
+    refusal = None
+    if differs:
+        refusal = ("production_program_differs", f"{where} the kernels compute something "
+                   "else than the kernels checked at the check shapes (their bodies "
+                   "differ): the program that would run was never checked")
+    elif retraced[0] and retraced[1] and retraced[0] != retraced[1]:
+        flags.append("trace_dependent")
+        refusal = ("trace_dependent", f"{where} the candidate traced a different program "
+                   "the second time it was traced the same way (after the check shapes): "
+                   "its program depends on when or from where it is traced, so the "
+                   "program that would run is not the one checked")
+    else:
+        short = _uncovered(production)
+        if short:
+            flags.append("partial_coverage")
+            refusal = ("partial_coverage", f"{where} {short}: the rest of the output is "
+                       "never computed by the program that would run")
+    if refusal is not None:
+        kind, message = refusal
+        raise Stopped("rejected", EvalError(
+            kind=kind, message=message, line=line, traceback=None,
+            hint="Make the kernel the same program at every size: the same body, a grid "
+                 "whose blocks cover the whole output, nothing that depends on how it is "
+                 "called."), flags=tuple(flags), tpu=section)
+    if section.get("implausible"):
+        flags.append("estimate_below_roofline")
+    if section["compile"] != "error":
         return section, flags
     kind = section.get("kind") or "tpu_compile"
-    what = {"vmem": "exceeds the scoped VMEM", "mosaic": "is refused by Mosaic",
+    what = {"vmem": "does not fit the VMEM it may use", "mosaic": "is refused by Mosaic",
             "lowering": "cannot be lowered"}.get(kind, "is refused by the TPU compiler")
     hint = None
     if kind == "vmem":
-        used, limit = section["vmem_bytes"], section["vmem_limit_bytes"]
-        hint = (f"The kernel's blocks need {_mib(used)} of VMEM; {chip} gives a kernel "
-                f"{_mib(limit)} by default. Tile the arrays (a grid over blocks that fit), "
-                "fewer double-buffered operands, or raise the limit with "
+        used = section.get("vmem_needed_bytes") or section["vmem_bytes"]
+        limit = section["vmem_limit_bytes"]
+        capacity = section.get("vmem_capacity_bytes")
+        source = section.get("vmem_limit_source") or "the chip's default scoped limit"
+        hint = (f"The program needs {_mib(used)} of VMEM; the limit in force is "
+                f"{_mib(limit)} ({source}) and a {chip} core has {_mib(capacity)}. Tile the "
+                "arrays (a grid over blocks that fit), use fewer double-buffered operands, "
+                "or, within the chip's VMEM, raise the limit with "
                 "pltpu.CompilerParams(vmem_limit_bytes=...).")
+        if section.get("refused_by"):
+            hint += (" The estimate compile counts XLA's own temporaries beside the "
+                     "kernel's scoped VMEM: leave room for them.")
     raise Stopped("compile_error", EvalError(
         kind="tpu_compile" if kind != "lowering" else "lowering",
-        message=f"{production.where()} on {chip} the kernel {what}: {section['message']}",
+        message=f"{where} on {chip} the kernel {what}: {section['message']}",
         line=line, traceback=None, hint=hint), flags=tuple(flags), tpu=section)
+
+
+def _uncovered(production: ProductionRun) -> str | None:
+    """Which output the production grid leaves partly unwritten, in words; None when every
+    output written through blocks is covered (or its coverage cannot be known)."""
+    for plan in production._plans():
+        for row in plan.get("coverage") or []:
+            visited, total = row.get("visited"), row.get("total")
+            if isinstance(visited, int) and isinstance(total, int) and visited < total:
+                shape = "x".join(str(d) for d in row.get("shape") or [])
+                return (f"the grid of {plan.get('name')} writes {visited} of the {total} "
+                        f"blocks of its output {row.get('output')} ({shape})")
+    return None
 
 
 def check_shape_refusal(verdicts: list[CheckVerdict] | None, chip: str,
@@ -474,6 +619,16 @@ def compiler_abort(chip: str, fatal: str, line: int | None) -> Stopped:
 
 def _mib(value: int | None) -> str:
     return "?" if value is None else f"{value / (1 << 20):.1f} MiB"
+
+
+def _capacity(chip: str) -> int | None:
+    """The VMEM a core of ``chip`` has (what no limit can raise)."""
+    from profiling.chips import get_chip
+
+    try:
+        return get_chip(chip).vmem_bytes
+    except KeyError:
+        return None
 
 
 def _scoped_limit(chip: str) -> int | None:
