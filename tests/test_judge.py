@@ -122,6 +122,7 @@ def kernel(x):
 
 async def test_stack_sniffing_cannot_split_inspection_from_execution(worker_pool, task) -> None:
     # Pallas when the stack looks like inspection, a plain (wrong) jnp rewrite otherwise.
+    # The names it looks for are the harness's own (its ops, its checks) and JAX's.
     result = await evaluate(worker_pool, task, '''
 import inspect
 
@@ -132,12 +133,12 @@ def kernel(x):
         return gelu(x)
     return x * 0.5
 ''', timing=True, iters=3)
-    # traced once per shape (the check shape, the production shape): what was inspected
-    # is what ran and was timed
+    # traced once per shape (the check shape, the production shape), every time the same
+    # way: no harness frame is on the stack, so the sniffer takes the plain rewrite at
+    # both, and what was inspected (no pallas_call) is what would run: refused
     assert result.stderr.count("ENTRY-RAN") == 2
-    assert result.status == "correct", result.correctness
-    assert "no_pallas_call" not in result.integrity["flags"]
-    assert result.timing["checked_calls"] >= 3
+    assert result.status == "rejected", (result.correctness, result.error)
+    assert result.error.kind == "no_pallas_call"
 
 
 async def test_a_callback_that_changes_while_timed_is_caught(worker_pool, task) -> None:
