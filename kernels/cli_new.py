@@ -69,6 +69,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--force", action="store_true", help="write into a non-empty DIR")
     parser.add_argument("--no-check", action="store_true",
                         help="do not start a worker to build inputs and trace the reference")
+    parser.add_argument("--keep-broken", action="store_true",
+                        help="keep the task even when its reference fails in the worker "
+                             "(default: nothing is left behind)")
     parser.add_argument("--json", action="store_true", help="print a JSON summary")
     parser.set_defaults(handler=run)
 
@@ -82,16 +85,83 @@ def run(args: argparse.Namespace) -> int:
         return _usage("give --from FILE.py:FUNCTION (with --shape or --example) or --from "
                       "TASK_DIR", "e.g. tilewright new --from model.py:fused_ln --shape "
                       "x=f32[4096,1024]", args.json)
+    source = Path(args.source).expanduser()
+    name = args.name or (source.name if source.is_dir() else args.source.rpartition(":")[2])
+    existed = _destination(args, name).exists()
     try:
         if Path(args.source).expanduser().is_dir():
             summary = _from_benchmark(args)
         else:
             summary = _from_function(args)
+            if args.kernel and not args.no_check:
+                _fit_to_kernel(args, summary)
     except NewTaskError as exc:
         return _usage(str(exc), exc.next_step, args.json)
     if not args.no_check:
         summary["check"] = _check(Path(summary["directory"]))
+        if not summary["check"].get("ok") and not args.keep_broken:
+            summary["removed"] = _remove(Path(summary["directory"]), existed)
+    summary.pop("_made", None)
     return _report(summary, args.json)
+
+
+def _remove(directory: Path, existed: bool) -> bool:
+    """A task whose reference fails is not left behind (``--keep-broken`` keeps it):
+    the directory goes when ``new`` made it, else only the files it wrote."""
+    import shutil
+
+    if not existed:
+        shutil.rmtree(directory, ignore_errors=True)
+        return True
+    return False
+
+
+def _fit_to_kernel(args: argparse.Namespace, summary: dict[str, Any]) -> None:
+    """Check shapes the user's kernel can run: its blocks at the production shape (the
+    static analysis of its ``pallas_call``s, traced from the inputs' shapes in a worker's
+    candidate process) decide which sizes the check shapes stay whole multiples of. The
+    task is written again when that changes them; ``summary["shrunk"]`` says why each
+    check size is what it is."""
+    from kernels import new_task as nt
+    from kernels.loaders import load_task
+
+    made = summary["_made"]
+    try:
+        task = load_task(Path(summary["directory"]))
+        source = (Path(summary["directory"]) / "kernel.py").read_text()
+        operands = _kernel_operands(task, source)
+    except Exception as exc:  # the check that follows says what is wrong with the task
+        summary.setdefault("notes", []).append(f"the kernel's blocks could not be read: {exc}")
+        return
+    granules = {d: g for d, g in nt.block_granules(made["shapes"], operands).items()
+                if d not in made["check"]}  # a size given with --check stays as given
+    plan = made["plan"]
+    if granules:
+        plan = nt.plan_task(plan.name, made["shapes"], made["check"], plan.description,
+                            plan.family, granules)
+        if plan.configs() != made["plan"].configs():
+            nt.write_task(Path(summary["directory"]), plan, *made["write"], force=True)
+            summary["configs"] = [{"name": c, "sizes": sizes, **extra}
+                                  for c, sizes, extra in plan.configs()]
+    summary["shrunk"] = nt.check_notes(made["shapes"], plan.check, granules)
+
+
+def _kernel_operands(task: Any, source: str) -> list[dict[str, Any]]:
+    """The operands (array shape and block) of every ``pallas_call`` of ``source`` at the
+    task's production shape: the static analysis, in a worker's candidate process."""
+    from kernels.executors import LocalExecutor
+    from kernels.options import ProfileOptions
+
+    async def go() -> dict[str, Any]:
+        async with LocalExecutor(workers=1) as judge:
+            return await judge.profile(task, source, None,
+                                       ProfileOptions(static_only=True, timeout_s=300.0))
+
+    found = asyncio.run(go())
+    if found.get("status") != "ok":
+        raise RuntimeError((found.get("error") or {}).get("message") or "no analysis")
+    return [op for k in (found.get("analysis") or {}).get("kernels") or []
+            for op in k.get("operands") or []]
 
 
 def _usage(message: str, next_step: str = "", as_json: bool = False) -> int:
@@ -146,6 +216,8 @@ def _from_function(args: argparse.Namespace) -> dict[str, Any]:
         kernel, siblings = nt.starting_kernel(args.kernel)
     dest = _destination(args, name)
     written = nt.write_task(dest, plan, fn, tree, text, order, bound, kernel, args.force)
+    made = {"plan": plan, "shapes": shapes, "check": check,
+            "write": (fn, tree, text, order, bound, kernel)}
     for sibling in siblings:  # the starting kernel's own helpers
         target = dest / sibling.name
         if not target.exists():
@@ -163,7 +235,8 @@ def _from_function(args: argparse.Namespace) -> dict[str, Any]:
                                                                   s: order.index(s.name))],
             "bound": {k: repr(v) for k, v in bound.items()},
             "configs": [{"name": c, "sizes": sizes, **extra} for c, sizes, extra in
-                        plan.configs()]}
+                        plan.configs()],
+            "shrunk": nt.check_notes(shapes, plan.check), "_made": made}
 
 
 def _sizes(pairs: list[str], flag: str) -> dict[str, int]:
@@ -336,6 +409,9 @@ def _report(summary: dict[str, Any], as_json: bool) -> int:
         if seen and seen.get("outputs") and not config.get("held_out"):
             outs = ", ".join(f"{_dt(d)}[{','.join(map(str, s))}]" for s, d in seen["outputs"])
             print(f"  {'':<12}reference -> {outs}")
+    shrunk = summary.get("shrunk") or {}
+    if shrunk:
+        print("  shrunk   " + "; ".join(f"{d}: {why}" for d, why in shrunk.items()))
     for note in summary.get("notes") or []:
         print(f"  note: {note}")
     if check is None:
@@ -347,8 +423,13 @@ def _report(summary: dict[str, Any], as_json: bool) -> int:
         print(f"  PROBLEM: {check.get('error')}", file=sys.stderr)
         if check.get("where"):
             print(f"  at {check['where']}", file=sys.stderr)
-        print(f"  next: fix the shapes (tilewright new ... --force) or the copied files in "
-              f"{shown}/, then `tilewright tasks {shown}`", file=sys.stderr)
+        if summary.get("removed"):
+            print(f"  the task was not kept ({shown}/ removed): fix the function or the "
+                  "shapes and run `tilewright new` again, or add --keep-broken to keep it "
+                  "and edit its files", file=sys.stderr)
+        else:
+            print(f"  next: fix the shapes (tilewright new ... --force) or the copied files "
+                  f"in {shown}/, then `tilewright tasks {shown}`", file=sys.stderr)
     if ok:
         print("next:")
         if "kernel.py" in summary["files"]:

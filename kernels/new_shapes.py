@@ -182,15 +182,25 @@ def shapes_from_signature(inputs: list[tuple[str, list[int], str]]) -> Shapes:
 
 # -- check shapes -----------------------------------------------------------------------
 
-def _floors(shapes: Shapes) -> dict[str, int]:
+def _floors(shapes: Shapes, granules: dict[str, int] | None = None) -> dict[str, int]:
     """How far a dimension may shrink: a last axis keeps 128 lanes, the one before 8
-    sublanes (so blocks stay aligned), other axes may go down to 1."""
+    sublanes (so blocks stay aligned), other axes may go down to 1; a dimension the
+    kernel tiles keeps at least one of its blocks (``granules``)."""
     floors: dict[str, int] = {}
     for spec in shapes.inputs:
         for back, dim in enumerate(reversed(spec.dims), start=1):
             unit = LANE if back == 1 else SUBLANE if back == 2 else 1
             floors[dim] = max(floors.get(dim, 1), unit)
+    for dim, granule in (granules or {}).items():
+        floors[dim] = max(floors.get(dim, 1), granule)
     return {d: min(floors.get(d, 1), v) for d, v in shapes.dims.items()}
+
+
+def batch_like(shapes: Shapes) -> set[str]:
+    """Dimensions that are never one of an input's last two axes: batches, heads,
+    layers. They are shrunk first (the kernel's tiles live in the last two axes)."""
+    minor = {d for spec in shapes.inputs for d in spec.dims[-2:]}
+    return {d for d in shapes.dims if d not in minor}
 
 
 def largest_input(shapes: Shapes, sizes: dict[str, int]) -> tuple[int, InputSpec | None]:
@@ -202,44 +212,110 @@ def largest_input(shapes: Shapes, sizes: dict[str, int]) -> tuple[int, InputSpec
     return best
 
 
-def _shrunk(value: int, floor: int) -> int:
-    """One step down: half, kept a multiple of the alignment the original had."""
+def _shrunk(value: int, floor: int, granule: int = 1) -> int:
+    """One step down: half, kept a multiple of the kernel's block (``granule``) and of
+    the alignment the original had."""
     half = value // 2
+    if granule > 1:
+        return max(floor, half // granule * granule)
     for unit in (LANE, SUBLANE):
         if value % unit == 0 and half >= unit:
             return half // unit * unit
     return max(floor, half)
 
 
-def derive_check(shapes: Shapes, budget: int = CHECK_ELEMENTS) -> dict[str, int]:
-    """Sizes for the check configuration: the production sizes, the largest dimension
-    of the largest input halved until that input holds at most ``budget`` elements."""
+def block_granules(shapes: Shapes, operands: list[dict[str, Any]]) -> dict[str, int]:
+    """Per named dimension, the block the kernel tiles it with at the production shape
+    (its ``pallas_call`` operands: array shape and block, as the static analysis reads
+    them): the check sizes must be whole multiples of it. An operand is matched to the
+    input of the same shape, else an axis to the one dimension of that size; an axis the
+    block covers whole, or a squeezed one, asks nothing."""
+    by_size: dict[int, list[str]] = {}
+    for name, size in shapes.dims.items():
+        by_size.setdefault(size, []).append(name)
+    granules: dict[str, int] = {}
+    for op in operands:
+        shape, block = op.get("shape") or [], op.get("block") or []
+        if op.get("memory_space") == "hbm" or len(shape) != len(block):
+            continue
+        spec = next((s for s in shapes.inputs
+                     if list(shapes.shape_of(s, shapes.dims)) == list(shape)), None)
+        for axis, (size, b) in enumerate(zip(shape, block, strict=True)):
+            if b is None or b >= size or b <= 1:
+                continue
+            names = [spec.dims[axis]] if spec is not None else by_size.get(int(size), [])
+            if len(names) != 1:
+                continue  # which dimension it is cannot be told
+            granules[names[0]] = math.lcm(granules.get(names[0], 1), int(b))
+    return granules
+
+
+def derive_check(shapes: Shapes, budget: int = CHECK_ELEMENTS,
+                 granules: dict[str, int] | None = None) -> dict[str, int]:
+    """Sizes for the check configuration: the production sizes shrunk until the largest
+    input holds at most ``budget`` elements. Batch-like dimensions go first (down to 2,
+    then the others, then down to 1), then the largest of the others; a dimension the
+    kernel tiles stays a whole multiple of its block (``granules``), at least one."""
+    granules = granules or {}
     sizes = dict(shapes.dims)
-    floors = _floors(shapes)
-    while True:
-        count, spec = largest_input(shapes, sizes)
-        if spec is None or count <= budget:
-            return sizes
-        movable = [d for d in dict.fromkeys(spec.dims) if sizes[d] > floors[d]]
-        if not movable:
-            return sizes  # as small as alignment allows
-        dim = max(movable, key=lambda d: (sizes[d], -spec.dims.index(d)))
-        sizes[dim] = max(floors[dim], _shrunk(sizes[dim], floors[dim]))
+    floors = _floors(shapes, granules)
+    batch = batch_like(shapes)
+    for batch_floor in (2, 1):
+        while True:
+            count, spec = largest_input(shapes, sizes)
+            if spec is None or count <= budget:
+                return sizes
+            movable = [d for d in dict.fromkeys(spec.dims) if sizes[d] > floors[d]]
+            first = [d for d in movable if d in batch and sizes[d] > batch_floor]
+            if first:
+                dim = max(first, key=lambda d: sizes[d])
+                sizes[dim] = max(batch_floor, _shrunk(sizes[dim], floors[dim]))
+                continue
+            others = [d for d in movable if d not in batch]
+            if not others:
+                break  # only batch dimensions left: go down to 1 in the next pass
+            dim = max(others, key=lambda d: (sizes[d], -spec.dims.index(d)))
+            sizes[dim] = max(floors[dim], _shrunk(sizes[dim], floors[dim],
+                                                   granules.get(dim, 1)))
+    return sizes  # as small as alignment and the kernel's blocks allow
+
+
+def check_notes(shapes: Shapes, check: dict[str, int],
+                granules: dict[str, int] | None = None) -> dict[str, str]:
+    """Why each check size is what it is, for ``tilewright new`` to say: "shrunk from
+    4096 (batch-like, first)", "kept at 512 (a whole multiple of the kernel's 512
+    blocks)"."""
+    granules = granules or {}
+    batch = batch_like(shapes)
+    notes = {}
+    for dim, size in shapes.dims.items():
+        now = check.get(dim, size)
+        if dim in granules:
+            blocks = f"a whole multiple of the kernel's {granules[dim]}-blocks"
+            notes[dim] = f"shrunk from {size} ({blocks})" if now < size else f"kept ({blocks})"
+        elif now < size:
+            notes[dim] = f"shrunk from {size}" + (" (batch-like: first)" if dim in batch else "")
+    return notes
 
 
 def derive_long(shapes: Shapes, check: dict[str, int],
-                budget: int = CHECK_ELEMENTS) -> dict[str, int] | None:
+                budget: int = CHECK_ELEMENTS,
+                granules: dict[str, int] | None = None) -> dict[str, int] | None:
     """A check configuration with the largest input's last axis as long as in
     production (up to 2048): the other sizes shrink instead. A kernel that splits what
     must stay whole (a row of a norm or a softmax) passes a shape where one block covers
     the row and fails this one. None when it would equal ``check``."""
+    granules = granules or {}
     count, spec = largest_input(shapes, shapes.dims)
     if spec is None or not spec.dims:
         return None
     last = spec.dims[-1]
-    floors = _floors(shapes)
+    floors = _floors(shapes, granules)
     sizes = dict(shapes.dims)
-    sizes[last] = min(sizes[last], max(check[last], 2048))
+    longest = max(check[last], 2048)
+    if granules.get(last, 1) > 1:
+        longest = max(check[last], longest // granules[last] * granules[last])
+    sizes[last] = min(sizes[last], longest)
     while True:
         count, spec = largest_input(shapes, sizes)
         if spec is None or count <= budget:
@@ -248,20 +324,31 @@ def derive_long(shapes: Shapes, check: dict[str, int],
         if not movable:
             break
         dim = max(movable, key=lambda d: sizes[d])
-        sizes[dim] = max(floors[dim], _shrunk(sizes[dim], floors[dim]))
+        sizes[dim] = max(floors[dim], _shrunk(sizes[dim], floors[dim], granules.get(dim, 1)))
     if largest_input(shapes, sizes)[0] > 2 * budget or sizes[last] <= check[last]:
         return None
     return sizes if sizes != check else None
 
 
-def derive_held_out(shapes: Shapes, check: dict[str, int]) -> dict[str, int] | None:
+def derive_held_out(shapes: Shapes, check: dict[str, int],
+                    granules: dict[str, int] | None = None,
+                    budget: int = CHECK_ELEMENTS) -> dict[str, int] | None:
     """A second small configuration the agent never sees: the check sizes with their
-    largest shrinkable dimension halved (another shape catches hard-coded sizes)."""
-    floors = _floors(shapes)
+    largest shrinkable dimension halved (another shape catches hard-coded sizes); where
+    nothing can shrink (every dimension at one of the kernel's blocks), one of them
+    doubled, within four times the check budget."""
+    granules = granules or {}
+    floors = _floors(shapes, granules)
     movable = [d for d in check if check[d] > floors[d] and d in floors]
-    if not movable:
-        return None
-    dim = max(movable, key=lambda d: check[d])
-    held = dict(check)
-    held[dim] = max(floors[dim], _shrunk(check[dim], floors[dim]))
-    return held if held != check else None
+    if movable:
+        dim = max(movable, key=lambda d: check[d])
+        held = dict(check)
+        held[dim] = max(floors[dim], _shrunk(check[dim], floors[dim], granules.get(dim, 1)))
+        return held if held != check else None
+    for dim in sorted(check, key=lambda d: check[d]):
+        if check[dim] * 2 > shapes.dims.get(dim, 0):
+            continue
+        held = {**check, dim: check[dim] * 2}
+        if largest_input(shapes, held)[0] <= 4 * budget:
+            return held
+    return None

@@ -50,6 +50,8 @@ from kernels.new_shapes import (
     InputSpec,
     NewTaskError,
     Shapes,
+    block_granules,
+    check_notes,
     derive_check,
     derive_held_out,
     derive_long,
@@ -64,7 +66,8 @@ RESERVED_MODULES = {"reference", "kernel", "task", "baseline", "jax", "numpy"}
 # The shapes' names, re-exported: ``kernels.new_task`` is the module ``tilewright new``
 # and ``tilewright convert`` use.
 __all__ = ["CHECK_ELEMENTS", "DTYPES", "LANE", "SHORT", "SUBLANE", "InputSpec", "NewTaskError",
-           "Shapes", "TaskPlan", "UserFunction", "derive_check", "derive_held_out",
+           "Shapes", "TaskPlan", "UserFunction", "block_granules", "check_notes",
+           "derive_check", "derive_held_out",
            "derive_long", "parse_shapes", "plan_task", "prepare", "read_function",
            "shapes_from_signature", "starting_kernel", "write_task"]
 
@@ -298,20 +301,23 @@ class TaskPlan:
 
 
 def plan_task(name: str, shapes: Shapes, check: dict[str, int] | None = None,
-              description: str = "", family: str | None = None) -> TaskPlan:
-    """The configurations of a task: production as given, check derived (or given)."""
+              description: str = "", family: str | None = None,
+              granules: dict[str, int] | None = None) -> TaskPlan:
+    """The configurations of a task: production as given, check derived (or given);
+    ``granules``: the block each dimension is tiled with by the user's kernel
+    (``block_granules``), which the derived sizes stay whole multiples of."""
     production = dict(shapes.dims)
     if check:
         unknown = sorted(set(check) - set(production))
         if unknown:
             raise NewTaskError(f"--check {unknown[0]}: no such size",
                                "sizes: " + ", ".join(production))
-        check = {**derive_check(shapes), **check}
+        check = {**derive_check(shapes, granules=granules), **check}
     else:
-        check = derive_check(shapes)
+        check = derive_check(shapes, granules=granules)
     large = largest_input(shapes, production)[0] > CHECK_ELEMENTS
-    held = derive_held_out(shapes, check)
-    long = derive_long(shapes, check)
+    held = derive_held_out(shapes, check, granules)
+    long = derive_long(shapes, check, granules=granules)
     # 16-bit float inputs: float32 outputs computed from them still differ at ~1e-3.
     half = {s.dtype for s in shapes.inputs} & {"bfloat16", "float16"}
     tol = 2e-2 if half else 1e-5

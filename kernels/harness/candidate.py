@@ -160,6 +160,7 @@ class Server:
         from kernels.harness.production import structure
 
         facts: dict[str, Any] = {
+            "empty_grids": empty_grids(closed),
             "structure": structure(closed),
             "pallas_call": integrity.contains_pallas_call(closed),
             "pallas_lines": integrity.pallas_call_lines(closed, self.filename),
@@ -410,8 +411,10 @@ class Server:
 def interpreted(closed: Any) -> Any:
     """A function evaluating ``closed`` with every ``pallas_call`` in TPU interpret mode
     (Pallas fixes the mode when the call is traced; off-TPU the traced program must run
-    interpreted). Nested ``jit``s are inlined so the interpreter's effects are traced
-    afresh (``execution.rebound``). Nothing else changes and no candidate Python runs."""
+    interpreted), wherever it sits: nested ``jit``s, the forward program of a
+    ``custom_vjp`` (jax's flash attention, splash attention, most training kernels), a
+    ``checkpoint``, ``cond`` branches, ``scan`` bodies (``execution.rebound`` with
+    ``expand``). Nothing else changes and no candidate Python runs."""
     from jax.experimental.pallas import tpu as pltpu
 
     from kernels.harness.execution import bind_as_traced, rebound
@@ -423,7 +426,8 @@ def interpreted(closed: Any) -> Any:
             return bind_as_traced(eqn, invals)
         return bind_as_traced(eqn, invals, {**eqn.params, "interpret": params})
 
-    return rebound(closed, bind)
+    # every kernel the program reaches: inside custom_vjp (library kernels), cond, scan
+    return rebound(closed, bind, expand=True)
 
 
 def serve(sock: socket.socket) -> None:
@@ -495,6 +499,27 @@ def trace(fn: Any, args: tuple[Any, ...], chip: str | None) -> Any:
     if "error" in found:
         raise found["error"]
     return found["traced"]
+
+
+def empty_grids(closed: Any) -> list[str]:
+    """Kernels whose grid has no step (a block larger than the array it tiles, floor-
+    divided: ``rows // BLOCK`` = 0), in words."""
+    from kernels.harness.production import kernel_name, pallas_eqns
+
+    found = []
+    for eqn in pallas_eqns(closed.jaxpr):
+        gm = eqn.params["grid_mapping"]
+        grid = tuple(int(g) if isinstance(g, int) else -1 for g in gm.grid)
+        if 0 not in grid:
+            continue
+        blocks = []
+        for bm in gm.block_mappings:
+            dims = [getattr(b, "block_size", b) for b in bm.block_shape]
+            blocks.append(f"{'x'.join(str(d) for d in dims if isinstance(d, int))} of "
+                          f"{'x'.join(str(int(d)) for d in bm.array_aval.shape)}")
+        name = kernel_name(eqn)
+        found.append(f"{name}: grid {grid}, blocks {', '.join(blocks[:4])}")
+    return found
 
 
 def fingerprint(closed: Any) -> str:

@@ -121,6 +121,8 @@ class PrepareFacts:
     lowering: Lowering | None
     lowering_error: EvalError | None
     structure: list[Any] | None
+    # kernels whose grid has no step at this shape: "name: grid (0, 8) for blocks ..."
+    empty_grids: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, reply: dict[str, Any]) -> PrepareFacts:
@@ -143,7 +145,9 @@ class PrepareFacts:
                 or "lowering failed", line=_int(error.get("line")),
                 traceback=text(error.get("traceback")), hint=text(error.get("hint")))
             if lowering is not None and lowering.tpu == "error" else None,
-            structure=reply["structure"] if isinstance(reply.get("structure"), list) else None)
+            structure=reply["structure"] if isinstance(reply.get("structure"), list) else None,
+            empty_grids=tuple(text(x) or "" for x in reply.get("empty_grids") or []
+                              if isinstance(x, str))[:LIST_LIMIT])
 
 
 @dataclass(frozen=True)

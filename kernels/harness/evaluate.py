@@ -332,6 +332,16 @@ class Evaluation:
         the Pallas custom call and for compute outside it; the jaxpr-derived facts are
         the candidate process's word (docs/SECURITY.md says what remains trusted)."""
         self.out_trees[config.name] = facts.out_tree
+        if facts.empty_grids:  # floor-divided blocks larger than the arrays: no step
+            raise Stopped("incorrect", EvalError(
+                kind="empty_grid",
+                message=f"at the check shape {config.name} the kernel divides the shape into "
+                        f"zero blocks, so it computes nothing: {'; '.join(facts.empty_grids)}",
+                line=self._kernel_line(), traceback=None,
+                hint="A block larger than the array gives a grid of 0 steps (rows // BLOCK): "
+                     "clamp blocks to the array (min(BLOCK, rows)) or use pl.cdiv, or check "
+                     "at shapes at least one block large (tilewright new fits them to the "
+                     "kernel's blocks; --set KEY=VALUE)."))
         sizes = [int(np.prod(getattr(a, "shape", ()))) for a in dyn]
         sizes += [int(leaf.size) for leaf in expected.leaves]
         found = integrity.check_lowering(facts.hlo_text, facts.claims_pallas,

@@ -181,7 +181,7 @@ def structure(closed: Any) -> list[list[str]]:
 
 # -- the plan ----------------------------------------------------------------------------
 
-def _kernel_name(eqn: Any) -> str:
+def kernel_name(eqn: Any) -> str:
     name = eqn.params.get("name")
     if isinstance(name, str) and name:
         return name
@@ -430,7 +430,7 @@ def plan(closed: Any, budget: int = STEP_BUDGET) -> list[KernelPlan]:
         blocks, data_dependent = _blocks(gm)
         declared = getattr(eqn.params.get("cost_estimate"), "bytes_accessed", None)
         limit = getattr(eqn.params.get("compiler_params"), "vmem_limit_bytes", None)
-        p = KernelPlan(index, _kernel_name(eqn), grid, _semantics(eqn), blocks=blocks,
+        p = KernelPlan(index, kernel_name(eqn), grid, _semantics(eqn), blocks=blocks,
                        data_dependent=data_dependent,
                        declared_bytes=float(declared) if isinstance(declared, int | float)
                        else None, scratch_bytes=_scratch_bytes(gm),
