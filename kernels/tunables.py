@@ -363,6 +363,38 @@ class _Inference:
                             and _is_blockish(keyword.arg):
                         self._hoist(keyword.arg, keyword.value, value, share=True)
 
+    def call_keywords(self) -> None:
+        """Block sizes passed as keywords to a constructor or a call: jax's own kernels
+        take them that way (``BlockSizes(block_q=128, block_k_major=512)``,
+        ``matmul(x, y, block_shape=(512, 512), block_k=512)``). Each int is hoisted into
+        its own constant (shared by calls that pass the same keyword the same value); a
+        tuple is hoisted element by element (``BLOCK_SHAPE_ROWS``, ``BLOCK_SHAPE_COLS``).
+        ``BlockSpec`` and ``functools.partial`` have their own readers."""
+        for node in ast.walk(self.tree):
+            if not isinstance(node, ast.Call) or _callee(node) in (*_SPEC_CALLS, "partial"):
+                continue
+            for keyword in node.keywords:
+                if not keyword.arg or not _is_blockish(keyword.arg):
+                    continue
+                value = _int_node(keyword.value)
+                if value is not None and value >= _MIN_BLOCK:
+                    self._hoist(keyword.arg, keyword.value, value, share=True)
+                    continue
+                if isinstance(keyword.value, ast.Tuple | ast.List) and keyword.value.elts:
+                    values = [_int_node(e) for e in keyword.value.elts]
+                    if any(v is None for v in values):
+                        continue
+                    suffixes = (["ROWS", "COLS"] if len(values) == 2 else
+                                [str(i) for i in range(len(values))])
+                    for i, (element, v) in enumerate(zip(keyword.value.elts, values,
+                                                         strict=True)):
+                        if v is None or v < _MIN_BLOCK:
+                            continue
+                        default = LANE if i == len(values) - 1 else SUBLANE \
+                            if len(values) == 2 else None
+                        self._hoist(f"{keyword.arg}_{suffixes[i]}", element, v, default,
+                                    share=True)
+
     def spec_literals(self) -> None:
         """Int literals in BlockSpec shapes: one constant per value and trailing position,
         so blocks that must agree keep agreeing."""
@@ -552,6 +584,8 @@ def infer(source: str) -> tuple[str, dict[str, list[int]]] | None:
       the tuple or dict reads it;
     - defaults of block-size parameters (``def kernel(x, block_rows=256)``) and
       keywords of ``functools.partial`` calls (``partial(_call, block_m=128)``);
+    - block-size keywords of any other call or constructor (``BlockSizes(block_q=128)``,
+      ``matmul(x, y, block_shape=(512, 512), block_k=512)``: jax's own kernels);
     - int literals in ``BlockSpec`` shapes (``pl.BlockSpec((128, 512), ...)``), one
       constant per value and position, and the grid's matching literal.
 
@@ -574,6 +608,7 @@ def infer(source: str) -> tuple[str, dict[str, list[int]]] | None:
     inference.tuples(in_specs)
     inference.dicts()
     inference.keyword_defaults()
+    inference.call_keywords()
     inference.spec_literals()
     if not inference.knobs:
         return None

@@ -72,14 +72,12 @@ class TaskRuntime:
 
     def __init__(self, task: Task) -> None:
         self.task = task
-        root = str(task.root)
-        if root not in sys.path:  # a reference may import helpers next to it
-            sys.path.append(root)
         try:
             source = task.reference_source()
         except OSError as exc:
             raise TaskError(task.reference_path, f"cannot read: {exc.strerror or exc}") from exc
-        self.ref_module = _import_task_file(task.reference_path, source)
+        with task_imports(task.root):
+            self.ref_module = _import_task_file(task.reference_path, source)
         self._candidate_name: str | None = None
 
     # -- shapes --------------------------------------------------------------------
@@ -103,7 +101,8 @@ class TaskRuntime:
         raise NotImplementedError
 
     def reference(self, *args: Any) -> Any:
-        return self._reference_fn()(*args)
+        with task_imports(self.task.root):
+            return self._reference_fn()(*args)
 
     def input_signature(self, config: ShapeConfig) -> tuple[list[Any], list[Any], str]:
         """The inputs' shapes and dtypes without building them: the input builder runs
@@ -143,7 +142,8 @@ class TaskRuntime:
             sys.modules.pop(self._candidate_name, None)
         name = f"tilewright_candidate_{next(_module_ids)}"
         self._candidate_name = name
-        module = _exec_source(source, filename, name)
+        with task_imports(self.task.root):  # a kernel may import the task's helpers
+            module = _exec_source(source, filename, name)
         self._prepare_candidate(module)
         entry = getattr(module, self.task.entry, None)
         if not callable(entry):
@@ -327,10 +327,50 @@ def _import_task_file(path: Path, source: str | None = None) -> types.ModuleType
                         line=_line_in(exc, path)) from exc
 
 
+# What marks a directory as a task's (its modules are that task's own).
+_TASK_FILES = ("task.toml", "reference.py", "baseline.py", "kernel_task.yaml")
+
+
+@contextlib.contextmanager
+def task_imports(root: Path | str) -> Iterator[None]:
+    """Imports resolve to this task's own modules while its code runs: its directory
+    first on ``sys.path``, and a module of the same name that another task's directory
+    provided (a worker serves many tasks: two tasks made by ``tilewright new`` from one
+    file each have a ``model.py``, every converted task a ``bench_production.py``) is
+    dropped from ``sys.modules`` so it is found again here. Modules from anywhere else
+    (the standard library, installed packages) are never touched."""
+    root = Path(root).resolve()
+    local = {p.stem for p in root.glob("*.py")} | {p.parent.name for p in root.glob(
+        "*/__init__.py")}
+    for name in list(sys.modules):
+        module = sys.modules.get(name)
+        if name.split(".")[0] not in local or module is None:
+            continue
+        found = getattr(module, "__file__", None)
+        if not found:
+            continue
+        home = Path(found).resolve().parent
+        if name.count(".") == 0 and home == root:
+            continue
+        owner = home if name.count(".") == 0 else home.parent
+        if owner != root and any((owner / f).exists() for f in _TASK_FILES):
+            del sys.modules[name]  # another task's module of the same name
+    entry = str(root)
+    sys.path.insert(0, entry)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(entry)
+
+
 def _task_call(fn: Callable[..., Any], path: Path | None, *args: Any, **kwargs: Any) -> Any:
     """Call the task's own input builder: its exceptions are the task's fault, reported
     as a ``TaskError`` naming the task file and the line that failed."""
     try:
+        if path is not None:
+            with task_imports(Path(path).parent):
+                return fn(*args, **kwargs)
         return fn(*args, **kwargs)
     except TaskError:
         raise
