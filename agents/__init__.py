@@ -123,7 +123,9 @@ def brief(task: Task) -> TaskBrief:
         entry=task.entry,
         family=task.family,
         reference_source=source,
-        shapes=tuple({"name": s.name, "params": dict(s.params)} for s in task.visible_shapes()),
+        shapes=tuple({"name": s.name, "params": dict(s.params), "size": s.size}
+                     for s in task.visible_shapes()),
+        hidden_checks=sum(1 for s in task.shapes if s.held_out),
         atol=task.atol,
         rtol=task.rtol,
         require_pallas=task.require_pallas,
@@ -131,7 +133,34 @@ def brief(task: Task) -> TaskBrief:
         signature=_signature(source, _REFERENCE_FUNCTION.get(task.layout, task.entry)),
         overrides=dict(meta.get("overrides") or {}),
         literal_rewrites=tuple(tuple(pair) for pair in meta.get("literal_rewrites") or ()),
+        defining=_defining(task, source),
     )
+
+
+def _defining(task: Task, source: str) -> dict[str, str] | None:
+    """The function that defines the output when the reference only delegates to it:
+    ``SOURCE_FUNCTION = 'model:mm'`` (written by ``tilewright new``), or the production
+    variant's ``workload``/``computation`` of a converted benchmark
+    (``bench_production.py``)."""
+    import re
+
+    if task.layout != "native":
+        return None
+    root = task.root
+    found = re.search(r"^SOURCE_FUNCTION\s*=\s*['\"]([\w.]+):(\w+)['\"]", source, re.MULTILINE)
+    candidates: list[tuple[str, str]] = []
+    if found:
+        candidates.append((found.group(1).replace(".", "/") + ".py", found.group(2)))
+    candidates += [("bench_production.py", "workload"), ("bench_production.py", "computation")]
+    for module, function in candidates:
+        path = root / module
+        try:
+            text = path.read_text()
+        except OSError:
+            continue
+        if re.search(rf"^def {function}\(", text, re.MULTILINE):
+            return {"module": module, "function": function, "source": text}
+    return None
 
 
 # The reference's function, whose signature a candidate's entry point copies.

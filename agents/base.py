@@ -39,6 +39,13 @@ class TaskBrief:
     signature: tuple[str, ...] = ()  # the reference function's parameter names
     overrides: dict[str, Any] = field(default_factory=dict)  # --set, as given
     literal_rewrites: tuple[tuple[Any, Any], ...] = ()  # hard-coded sizes rewritten
+    # The function that defines the output when the reference only calls it (a task made
+    # by ``tilewright new`` calls the user's function copied beside it; a converted
+    # benchmark dispatches to its ``workload``): {"module": "model.py", "function":
+    # "mm", "source": the module's text}. The templates and the model read it.
+    defining: dict[str, str] | None = None
+    # How many check configurations the agent cannot see (held out): only their number.
+    hidden_checks: int = 0
 
 
 @dataclass(frozen=True)

@@ -84,23 +84,36 @@ def task_text(task: TaskBrief) -> str:
         + f"```python\n{defuse(bounded(task.reference_source.rstrip(), MAX_SOURCE_CHARS))}"
           "\n```\n",
     ]
+    if task.defining:
+        d = task.defining
+        parts.append(
+            f"## The function that defines the output: `{d['function']}` in {d['module']}\n"
+            "The reference calls it: this is the computation your kernel must reproduce "
+            "(its arguments, their layout, what it returns).\n"
+            f"```python\n{defuse(bounded(d['source'].rstrip(), MAX_SOURCE_CHARS))}\n```\n")
     return "\n\n".join(parts)
 
 
 def shapes_text(task: TaskBrief) -> str:
-    """The check shapes with their input arrays, and the production shape."""
+    """The check shapes with their input and output arrays, and the production shape in
+    a section of its own."""
+    prod = task.production
+    hidden = task.hidden_checks
+    checks = [s for s in task.shapes if not prod or s["name"] != prod.get("name")
+              or s.get("size") == "small"]
+    more = (f"; {hidden} more configuration{'s are' if hidden != 1 else ' is'} checked that "
+            "you cannot see" if hidden else "")
     lines = ["## Shapes",
              "Check shapes (correctness is checked at these, with fresh random inputs each "
-             "trial; more configurations are checked that you cannot see):"]
-    for s in task.shapes:
+             f"trial{more}):"]
+    for s in checks:
         lines.append(f"- {s['name']} ({_params(s['params']) or 'as the task defines it'}): "
-                     f"{_inputs(s.get('inputs'), task.signature)}")
-    if not task.shapes:
+                     f"{_inputs(s.get('inputs'), task.signature)}{_outputs(s)}")
+    if not checks:
         lines.append("- (none visible)")
-    prod = task.production
     if prod:
-        inputs = _inputs(prod.get("inputs"), task.signature) if prod.get("inputs") else \
-            "arrays not built here; the evaluation names them"
+        inputs = _inputs(prod.get("inputs"), task.signature) + _outputs(prod) \
+            if prod.get("inputs") else "arrays not built here; the evaluation names them"
         lines.append(f"Production shape (the size the user runs; the TPU compile, the "
                      f"estimate and the ranking are for it, and --set never changes it): "
                      f"{prod['name']} ({_params(prod.get('params') or {}) or 'as written'}): "
@@ -110,6 +123,21 @@ def shapes_text(task: TaskBrief) -> str:
                      "evaluation names the shape its estimate is for.")
     lines.append("Write one kernel for every shape: read sizes and dtypes from the inputs.")
     return "\n".join(lines)
+
+
+def _outputs(config: dict[str, Any]) -> str:
+    """" -> f32[4096,1024]": the reference's output arrays at a configuration."""
+    outs = config.get("outputs")
+    if not isinstance(outs, list) or not outs:
+        return ""
+    found = []
+    for item in outs:
+        try:
+            shape, dtype = item
+        except (TypeError, ValueError):
+            continue
+        found.append(array_text(shape, dtype))
+    return f" -> {', '.join(found)}" if found else ""
 
 
 def _inputs(inputs: Any, names: tuple[str, ...]) -> str:

@@ -6,8 +6,8 @@ default to bfloat16 while the harness builds float32, and hard-coded sizes are
 rewritten by ``--set``; the only trustworthy answer is the task's own input builder.
 ``with_inputs`` asks a worker for it once per session (the ``inputs`` op, which runs the
 builder under ``jax.eval_shape``: nothing is allocated, so a production-sized task costs
-nothing) and adds ``inputs`` ([[shape, dtype], ...]) to every visible check shape, and to
-the production shape when the task has one. A worker that cannot answer leaves the
+nothing) and adds ``inputs`` ([[shape, dtype], ...]) and the reference's ``outputs`` to
+every visible check shape, and to the production shape when the task has one. A worker that cannot answer leaves the
 brief as it was: the prompt then says the shapes are unknown.
 """
 
@@ -22,15 +22,18 @@ from kernels.task import Task
 INPUTS_TIMEOUT_S = 120.0
 
 
-async def with_inputs(brief: TaskBrief, task: Task, judge: Any) -> TaskBrief:
+async def with_inputs(brief: TaskBrief, task: Task, judge: Any,
+                      problems: list[dict[str, Any]] | None = None) -> TaskBrief:
     """``brief`` with input arrays from ``judge`` (a ``kernels.executors.Judge``: its
     ``inputs(task)``; or anything with ``request(op, payload, timeout)``, e.g. a
-    ``WorkerPool``); unchanged when it cannot tell."""
+    ``WorkerPool``); unchanged when it cannot tell. What is wrong with the task's own code
+    (its input builder or its reference failing: ``{message, file, line, where}``) is
+    appended to ``problems``."""
     request = _requester(judge)
     if request is None:
         return brief
-    checked = await _configs(request, task)
-    shapes = tuple({**s, "inputs": checked[s["name"]]} if s["name"] in checked else s
+    checked = await _configs(request, task, problems)
+    shapes = tuple({**s, **checked[s["name"]]} if s["name"] in checked else s
                    for s in brief.shapes)
     production = brief.production
     make = getattr(task, "production_task", None)
@@ -41,9 +44,9 @@ async def with_inputs(brief: TaskBrief, task: Task, judge: Any) -> TaskBrief:
             at_size = None
         if at_size is not None:
             found = await _configs(request, at_size)
-            inputs = found.get(production["name"]) or next(iter(found.values()), None)
-            if inputs is not None:
-                production = {**production, "inputs": inputs}
+            arrays = found.get(production["name"]) or next(iter(found.values()), None)
+            if arrays is not None:
+                production = {**production, **arrays}
     return replace(brief, shapes=shapes, production=production)
 
 
@@ -58,17 +61,25 @@ def _requester(judge: Any) -> Any:
     return None
 
 
-async def _configs(ask: Any, task: Task) -> dict[str, list[list[Any]]]:
-    """``{config name: [[shape, dtype], ...]}`` of the task's visible configurations (one
-    that lists no array says nothing)."""
+async def _configs(ask: Any, task: Task, problems: list[dict[str, Any]] | None = None
+                   ) -> dict[str, dict[str, Any]]:
+    """``{config name: {"inputs": [[shape, dtype], ...], "outputs": [...]}}`` of the
+    task's visible configurations (one that lists no array says nothing; ``outputs``
+    only where the reference's could be had)."""
     try:
         answer = await ask(task)
     except Exception:  # no worker, a task whose inputs fail: the eval will say why
         return {}
+    if isinstance(answer, dict) and isinstance(answer.get("error"), dict) \
+            and problems is not None:
+        problems.append(answer["error"])
     configs = answer.get("configs") if isinstance(answer, dict) else None
     out: dict[str, list[list[Any]]] = {}
     for config in configs if isinstance(configs, list) else []:
         if isinstance(config, dict) and not config.get("held_out") \
                 and isinstance(config.get("inputs"), list) and config["inputs"]:
-            out[str(config.get("name"))] = config["inputs"]
+            arrays: dict[str, Any] = {"inputs": config["inputs"]}
+            if isinstance(config.get("outputs"), list) and config["outputs"]:
+                arrays["outputs"] = config["outputs"]
+            out[str(config.get("name"))] = arrays
     return out

@@ -87,6 +87,11 @@ class Progress:
         print(f"[{s.auto_spent.iterations:>3}] v{event['version']:<3} {summary:<40} "
               f"{event['status']:<13} {speed:>16}  best {best}  "
               f"tok {s.spent.tokens}  t {event['t']:.1f}s", file=self.out, flush=True)
+        if event.get("status") not in ("correct", None) and event.get("error"):
+            # why it failed, in one line (the report and the session have it whole)
+            why = " ".join(str(event["error"]).split())
+            print(f"      {why[:110]}{'…' if len(why) > 110 else ''}", file=self.out,
+                  flush=True)
 
 
 def _what_numbers_are(rank: Rank | None) -> str | None:

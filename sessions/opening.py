@@ -217,9 +217,21 @@ async def start_controller(task: Task, agent: Agent, evaluator: Evaluator,
     """A controller over a new (or reopened) session log, started."""
     from agents import brief
     from sessions.autonomy import ControllerSettings
+    from sessions.brief import with_inputs
     from sessions.controller import Controller
     from sessions.state import fold
 
+    # The task's own code first: a reference that fails leaves no session behind.
+    problems: list[dict[str, Any]] = []
+    task_brief = await with_inputs(brief(task), task, evaluator, problems)
+    if problems:  # no kernel could be judged against it
+        found = problems[0]
+        where = found.get("where") or (f"{found['file']}:{found['line']}"
+                                       if found.get("line") else found.get("file"))
+        raise OpenError(f"the task {task.name} cannot be used: {found.get('message')}"
+                        + (f" ({where})" if where else ""),
+                        f"fix {where or 'the task files'} (the task's own code, not a "
+                        f"kernel), then open it again; `tilewright tasks {task.root}` checks it")
     if log is None:
         log = create_log(sessions_dir, task=task, backend=backend, agent=agent.label,
                          eval_options=options)
@@ -227,9 +239,6 @@ async def start_controller(task: Task, agent: Agent, evaluator: Evaluator,
     else:
         assert loaded is not None, "a reopened log comes with what was loaded"
         state = fold(loaded.header, loaded.events)
-    from sessions.brief import with_inputs
-
-    task_brief = await with_inputs(brief(task), task, evaluator)
     controller = Controller(log, task, task_brief, agent, evaluator,
                             settings or ControllerSettings.from_config(config), state=state,
                             chip=chip.key)

@@ -22,16 +22,26 @@ class TemplateError(Exception):
     """The reference does not fit the family's template; the message says why."""
 
 
-def reference_parts(brief: TaskBrief) -> tuple[str, ast.FunctionDef, list[str]]:
-    """(imports and constants, the reference function node, other helper sources).
+def defining_source(brief: TaskBrief) -> tuple[str, str]:
+    """(source, function name) of what defines the output: the function the reference
+    delegates to when the brief has one (``TaskBrief.defining``: the user's function a
+    ``tilewright new`` task copied, a converted benchmark's ``workload``), else the
+    reference itself."""
+    if brief.defining:
+        return brief.defining["source"], brief.defining["function"]
+    return brief.reference_source, REFERENCE_NAMES.get(brief.layout, "reference")
 
-    Only what the reference function needs comes along: helpers, constants and imports
-    whose names it uses (directly or through another kept helper). A baseline's
+
+def reference_parts(brief: TaskBrief) -> tuple[str, ast.FunctionDef, list[str]]:
+    """(imports and constants, the function that defines the output, other helper
+    sources).
+
+    Only what that function needs comes along: helpers, constants and imports whose
+    names it uses (directly or through another kept helper). A baseline's
     ``benchmark()``, input builders and unused constants stay behind.
     """
-    source = brief.reference_source
+    source, name = defining_source(brief)
     tree = ast.parse(source)
-    name = REFERENCE_NAMES.get(brief.layout, "reference")
     fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
     if fn is None:
         raise TemplateError(f"the reference defines no `{name}` function to build a kernel from")
@@ -118,7 +128,7 @@ def infer_families(brief: TaskBrief) -> tuple[str, ...]:
     template for a reference that multiplies matrices) come after the fallback.
     """
     try:
-        tree = ast.parse(brief.reference_source)
+        tree = ast.parse(defining_source(brief)[0])
     except SyntaxError:
         return (*FAMILIES, FALLBACK)
     matmuls = 0

@@ -25,6 +25,7 @@ from agents.offline.reference_reading import (  # noqa: F401
     TemplateError,
     _preamble,
     _renamed,
+    defining_source,
     infer_families,
     reference_parts,
 )
@@ -51,7 +52,7 @@ def write_template(brief: TaskBrief, family: str | None = None) -> tuple[str, st
 
 def _reference_block(brief: TaskBrief) -> str:
     head, fn, helpers = reference_parts(brief)
-    body = _renamed(brief.reference_source, fn, "_reference_math")
+    body = _renamed(defining_source(brief)[0], fn, "_reference_math")
     return "\n\n\n".join(x for x in ("# From the task's reference.\n" + head if head else "",
                                      *helpers, body) if x)
 
@@ -196,14 +197,34 @@ def _row_blocks(static, *arrays):
 
 
 class _CutMatmul(ast.NodeTransformer):
-    """Replaces the first ``a @ b`` / ``jnp.dot(a, b)`` / ``jnp.matmul(a, b)`` with ``_acc``."""
+    """Replaces the first ``a @ b`` / ``jnp.dot(a, b)`` / ``jnp.matmul(a, b)`` with ``_acc``;
+    ``b`` may be transposed (``w.T``, ``jnp.transpose(w)``: a weight stored (n, k), as
+    torch-style linear layers keep it)."""
 
     def __init__(self) -> None:
         self.operands: tuple[str, str] | None = None
+        self.transposed = False
+
+    @staticmethod
+    def _untransposed(node: ast.AST) -> str | None:
+        if isinstance(node, ast.Attribute) and node.attr == "T" and isinstance(node.value,
+                                                                              ast.Name):
+            return node.value.id
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(
+                node.func, "id", "")) == "transpose" and len(node.args) == 1 \
+                and isinstance(node.args[0], ast.Name) and not node.keywords:
+            return node.args[0].id
+        return None
 
     def _cut(self, left: ast.AST, right: ast.AST, node: ast.AST) -> ast.AST:
-        if self.operands is None and isinstance(left, ast.Name) and isinstance(right, ast.Name):
-            self.operands = (left.id, right.id)
+        if self.operands is None and isinstance(left, ast.Name):
+            if isinstance(right, ast.Name):
+                self.operands = (left.id, right.id)
+            elif self._untransposed(right):
+                self.operands = (left.id, self._untransposed(right) or "")
+                self.transposed = True
+            else:
+                return self.generic_visit(node)
             return ast.copy_location(ast.Name("_acc", ast.Load()), node)
         return self.generic_visit(node)
 
@@ -222,7 +243,8 @@ class _CutMatmul(ast.NodeTransformer):
 
 def _matmul(brief: TaskBrief) -> tuple[str, str]:
     head, fn, helpers = reference_parts(brief)
-    fn = ast.parse(ast.get_source_segment(brief.reference_source, fn) or ast.unparse(fn)).body[0]
+    fn = ast.parse(ast.get_source_segment(defining_source(brief)[0], fn)
+                   or ast.unparse(fn)).body[0]
     cutter = _CutMatmul()
     fn = cutter.visit(fn)
     if cutter.operands is None:
@@ -240,6 +262,14 @@ def _matmul(brief: TaskBrief) -> tuple[str, str]:
     order = ", ".join(params)
     rest_tuple = "(" + ", ".join(rest) + ("," if len(rest) == 1 else "") + ")"
     unpack = f"\n    x, w = {lhs}, {rhs}" if (lhs, rhs) != ("x", "w") else ""
+    bm, bn, bk = _matmul_blocks(brief)
+    if cutter.transposed:  # w is (n, k): contract both operands' last axes on the MXU
+        dot = ("jax.lax.dot_general(x_ref[...], w_ref[...], (((1,), (1,)), ((), ())),\n"
+               "                                  preferred_element_type=jnp.float32)")
+        n_of_w, w_spec = "w.shape[0]", "pl.BlockSpec((bn, bk), lambda i, j, kk: (j, kk))"
+    else:
+        dot = "jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)"
+        n_of_w, w_spec = "w.shape[1]", "pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))"
     src = _preamble(brief, "tiled matmul with a fused epilogue") + _IMPORTS + "\n"
     src += "\n\n\n".join(x for x in ("# From the task's reference.\n" + head if head else "",
                                      *helpers) if x)
@@ -250,9 +280,9 @@ def _matmul(brief: TaskBrief) -> tuple[str, str]:
 {epilogue}
 
 
-BLOCK_M = 128
-BLOCK_N = 128
-BLOCK_K = 128
+BLOCK_M = {bm}
+BLOCK_N = {bn}
+BLOCK_K = {bk}
 TUNABLES = {{"BLOCK_M": [128, 256, 512, 1024], "BLOCK_N": [128, 256, 512, 1024],
              "BLOCK_K": [128, 256, 512, 1024]}}
 
@@ -265,7 +295,7 @@ def _body(x_ref, w_ref, *refs):
     def _init():
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
-    acc_ref[...] += jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)
+    acc_ref[...] += {dot}
 
     @pl.when(k == pl.num_programs(2) - 1)
     def _finish():
@@ -295,9 +325,13 @@ def _tile_spec(a, m, n, bm, bn):
 @jax.jit
 def {brief.entry}({order}):{unpack}
     m, k = x.shape
-    n = w.shape[1]
+    n = {n_of_w}
     out = jax.eval_shape(_epilogue, jax.ShapeDtypeStruct((m, n), jnp.float32),
                          *{rest_tuple})
+    if out.shape != (m, n):
+        raise ValueError(f"the epilogue turns the ({{m}}, {{n}}) product into {{out.shape}}: "
+                         "a reduction over the output, which this template cannot apply "
+                         "tile by tile")
     bm, bn, bk = min(BLOCK_M, m), min(BLOCK_N, n), _k_block(k, BLOCK_K)
     extras = [_tile_spec(a, m, n, bm, bn) for a in {rest_tuple}]
     return pl.pallas_call(
@@ -305,7 +339,7 @@ def {brief.entry}({order}):{unpack}
         out_shape=jax.ShapeDtypeStruct((m, n), out.dtype),
         grid=(pl.cdiv(m, bm), pl.cdiv(n, bn), pl.cdiv(k, bk)),
         in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
-                  pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j)),
+                  {w_spec},
                   *(spec for _a, spec in extras)],
         out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
         scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
@@ -317,9 +351,23 @@ def {brief.entry}({order}):{unpack}
            "over a (m/BLOCK_M, n/BLOCK_N, k/BLOCK_K) grid with k innermost and 'arbitrary'; a "
            "float32 VMEM accumulator is zeroed at k == 0 and, at the last k step, the rest of "
            f"the reference ({', '.join(rest) or 'no extra operands'}) is applied to the finished "
-           "tile before one write to HBM. 128-wide blocks are MXU- and (8,128)-aligned; the "
-           "tuner grows them next.")
+           f"tile before one write to HBM. Blocks ({bm}, {bn}, {bk}) are chosen for the MXU "
+           "and the scoped VMEM at the production shape's dtype (the Pallas TPU guide's "
+           "best for bf16; half of it for f32, whose blocks take twice the bytes); the tuner "
+           "moves them next." + (" The weight is stored (n, k): both operands contract "
+                                 "their last axes." if cutter.transposed else ""))
     return src, why
+
+
+def _matmul_blocks(brief: TaskBrief) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K) to start from: for 16-bit inputs the Pallas TPU guide's
+    fastest at 4096^3 on v5e, (512, 1024, 1024); for float32 (512, 512, 512), which with
+    double buffering and the f32 accumulator stays within the default scoped VMEM."""
+    inputs = ((brief.production or {}).get("inputs") or [])
+    dtypes = {str(d) for _shape, d in inputs} if inputs else set()
+    if dtypes and dtypes <= {"bfloat16", "float16", "int8", "bf16", "f16", "i8"}:
+        return 512, 1024, 1024
+    return 512, 512, 512
 
 
 def _whole(brief: TaskBrief) -> tuple[str, str]:
@@ -408,7 +456,7 @@ def _attention(brief: TaskBrief) -> tuple[str, str]:
     params = [a.arg for a in fn.args.args]
     if len(params) < 3:
         raise TemplateError("the attention template needs a reference taking q, k and v")
-    text = (ast.get_source_segment(brief.reference_source, fn) or "").lower()
+    text = (ast.get_source_segment(defining_source(brief)[0], fn) or "").lower()
     causal = any(word in text for word in ("tril", "causal", "triu"))
     # A reference that never scales the scores (no scale, sqrt or ** -0.5) is matched
     # as written; one that transposes (b, s, h, d) inputs to (b, h, s, d) gets the same.

@@ -154,13 +154,16 @@ class VmemModel:
         self.measured, self.vmem, self.limit, self.dims = measured, vmem_bytes, limit_bytes, dims
 
     def bytes_for(self, config: dict[str, Any]) -> float:
+        """The model's VMEM for ``config``. A tunable whose dims are not known (its name
+        matches no shape parameter: ``x_0`` of a task made from a function) is taken to
+        tile an array larger than any of its values: its bytes grow with it."""
         ratio = 1.0
         for name, value in config.items():
             old, dims = self.measured.get(name), self.dims.get(name)
-            if not dims or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
-                                   for v in (value, old)):
+            if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                       for v in (value, old)):
                 continue
-            top = max(dims)
+            top = max(dims) if dims else max(value, old)
             ratio *= min(value, top) / min(old, top)
         return self.vmem * ratio
 

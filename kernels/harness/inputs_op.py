@@ -17,8 +17,9 @@ from kernels.harness.ops import op
 
 @op("inputs")
 def input_shapes(payload: dict[str, Any]) -> dict[str, Any]:
-    """``{task}`` -> ``{configs: [{name, inputs: [[shape, dtype]], static, how}]}`` or
-    ``{error: {message, file, line}}`` when the task's own code fails."""
+    """``{task}`` -> ``{configs: [{name, inputs: [[shape, dtype]], outputs, static,
+    how}]}`` (``outputs``: the reference's, from its shapes alone; None when it cannot
+    tell) or ``{error: {message, file, line}}`` when the task's own code fails."""
     from kernels.harness.execution import task_runtime
     from kernels.task import TaskError
 
@@ -27,10 +28,14 @@ def input_shapes(payload: dict[str, Any]) -> dict[str, Any]:
         configs = []
         for config in runtime.configs():
             dyn, static, how = runtime.input_signature(config)
+            try:
+                outputs = _outputs(runtime, dyn, static)
+            except Exception as exc:  # the reference fails: the task's own code
+                return {"error": _reference_error(runtime, config.name, exc)}
             configs.append({
                 "name": config.name, "held_out": config.held_out, "how": how,
                 "inputs": [[list(a.shape), str(a.dtype)] for a in dyn],
-                "static": [repr(v) for v in static],
+                "outputs": outputs, "static": [repr(v) for v in static],
             })
     except TaskError as exc:
         return {"error": {"message": str(exc), "file": exc.path, "line": exc.line}}
@@ -38,3 +43,26 @@ def input_shapes(payload: dict[str, Any]) -> dict[str, Any]:
         return {"error": {"message": f"{type(exc).__name__}: {exc}", "file": None,
                           "line": None}}
     return {"configs": configs}
+
+
+def _outputs(runtime: Any, dyn: list[Any], static: list[Any]) -> list[list[Any]]:
+    """The reference's output arrays ([[shape, dtype], ...]) for these inputs, asked of
+    ``jax.eval_shape`` (nothing runs). Raises what the reference raises."""
+    import jax
+
+    out = jax.eval_shape(lambda *a: runtime.reference(*a, *static), *dyn)
+    return [[list(leaf.shape), str(leaf.dtype)] for leaf in jax.tree.leaves(out)]
+
+
+def _reference_error(runtime: Any, config: str, exc: BaseException) -> dict[str, Any]:
+    """A reference that fails, placed in the task's file (the line of its own code the
+    failure went through)."""
+    import traceback
+
+    path = str(runtime.task.reference_path)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != __file__]
+    line = next((f.lineno for f in reversed(frames) if f.filename == path), None)
+    where = next((f"{f.filename}:{f.lineno}" for f in reversed(frames)
+                  if "site-packages" not in f.filename), None)
+    return {"message": f"the reference fails at shape {config}: {type(exc).__name__}: {exc}",
+            "file": path, "line": line, "where": where, "config": config}
