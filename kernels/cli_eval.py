@@ -225,6 +225,12 @@ def print_summary(result: Any, task_name: str, kernel: str) -> None:
             mark = "✓" if shape["correct"] else "✗"
             label = "held-out" if shape.get("held_out") else _params(shape.get("params"))
             table.add_row("", escape(f"{mark} {shape['name']} {label}"))
+        held = result.extra.get("held_out") or {}
+        for what in ("reason", "error", "output"):  # the person's: the agent never sees it
+            if held.get(what):
+                text = held[what]["message"] if isinstance(held[what], dict) else held[what]
+                table.add_row("", escape(f"held-out {what} (withheld from the agent): "
+                                         f"{' '.join(str(text).split())[:300]}"))
     tpu = result.tpu
     if tpu:
         verdict = {"ok": "compiles", "error": "REFUSED", "unavailable": "unavailable"}.get(

@@ -32,6 +32,7 @@ from typing import Any
 
 from kernels import confinement
 from kernels.harness import protocol
+from kernels.printable import printable
 from kernels.process_failure import exited, signal_death
 from kernels.task_copy import TASKS_DIRNAME, TaskCopies
 from kernels.worker_env import redact, secret_values
@@ -45,12 +46,14 @@ MAX_EXTENSION_S = 960.0
 
 
 def clean(value: Any, secrets_: list[str], limit: int = STRING_LIMIT) -> Any:
-    """``value`` (a reply, or text) with secrets redacted and every string at most
-    ``limit`` characters (the tail is kept: a traceback ends with the error)."""
+    """``value`` (a reply, or text) with secrets redacted, control characters removed
+    (what a candidate printed or raised reaches terminals, screens and files:
+    ``kernels.printable``) and every string at most ``limit`` characters (the tail is
+    kept: a traceback ends with the error)."""
     if isinstance(value, str):
         if len(value) > limit:
             value = f"[... {len(value) - limit} characters cut ...]" + value[-limit:]
-        return redact(value, secrets_)
+        return printable(redact(value, secrets_))
     if isinstance(value, dict):
         return {clean(k, secrets_, limit) if isinstance(k, str) else k: clean(v, secrets_, limit)
                 for k, v in value.items()}
@@ -181,7 +184,7 @@ class WorkerProcess:
         text = data.decode(errors="replace")
         if start:
             text = f"[... {start} bytes cut ...]\n" + text
-        return redact(text, self.secrets)
+        return printable(redact(text, self.secrets))
 
     async def call(self, op: str, payload: dict[str, Any], timeout_s: float,
                    memory_limit_mb: int,

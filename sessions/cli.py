@@ -206,6 +206,9 @@ def _report(args: argparse.Namespace) -> int:
                          f"tilewright export {loaded.header.get('id')} best -o {out} --test")
         else:
             return _fail("report", f"{out}: unknown format (use .md or .html)")
+        from kernels.printable import printable
+
+        text = printable(text)  # a log's text, without control characters
     except SessionError as exc:
         return _fail("report", str(exc))
     if out is None:

@@ -24,6 +24,17 @@ from sessions.log import SessionLog, read_json_blob
 from sessions.state import FAILED_STATUSES, SessionState, Version, outranks
 
 
+def agent_result(log_path: Any, blob: str) -> dict[str, Any] | None:
+    """A version's evaluation as an agent may read it: without what the candidate said at
+    the held-out configurations (``extra.held_out``: their error, output and reasons, kept
+    in the log for the person)."""
+    result = read_json_blob(log_path, blob)
+    extra = result.get("extra") if isinstance(result, dict) else None
+    if isinstance(extra, dict) and "held_out" in extra:
+        result = {**result, "extra": {k: v for k, v in extra.items() if k != "held_out"}}
+    return result
+
+
 def next_role(state: SessionState) -> str:
     if state.plan_to_implement is not None or state.current is None:
         return "implement"
@@ -129,14 +140,14 @@ def build_request(state: SessionState, log: SessionLog, brief: TaskBrief, role: 
     number = version if version is not None else state.current
     current = state.versions.get(number) if number is not None else None
     source = log.get_blob(current.source_blob).decode() if current else None
-    last_eval = read_json_blob(log.path, current.result_blob) \
+    last_eval = agent_result(log.path, current.result_blob) \
         if current is not None and current.result_blob else None
     profile = read_json_blob(log.path, current.profile_blob) \
         if current is not None and current.profile_blob else None
     notes = tuple(state.notes) + plan_notes(state)
     rows = history(state.versions,
                    lambda n: log.get_blob(state.versions[n].source_blob).decode(),
-                   result_of=lambda blob: read_json_blob(log.path, blob))
+                   result_of=lambda blob: agent_result(log.path, blob))
     # Every diagnosis is held against the estimates measured since it was made.
     rows = tuple({**r, "diagnosis": check_with_estimates(r["diagnosis"], rows)}
                  if r.get("diagnosis") else r for r in rows)

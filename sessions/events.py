@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal, NotRequired, Protocol, TypedDict, cast, get_args
 
+from kernels.printable import printable_fields
+
 # -- persisted events -----------------------------------------------------------------
 
 
@@ -455,8 +457,10 @@ class EventWriter:
 
     def emit(self, event: Event) -> Event:
         """Persist one event, fold it, tell the subscribers; returns it as written (with
-        its ``seq`` and ``t``)."""
-        fields = dict(event)
+        its ``seq`` and ``t``). Its text (a model's summary, a candidate's error, a note)
+        is written without control characters (``kernels.printable``): every screen,
+        report and generated file that shows an event shows it so."""
+        fields = printable_fields(dict(event))
         kind = fields.pop("type")
         stored = self.log.append(kind, **fields)
         self.state.apply(stored)
@@ -465,7 +469,7 @@ class EventWriter:
 
     def live(self, event: LiveEvent) -> None:
         """Tell the subscribers something not worth keeping (never written)."""
-        self.publish(event)
+        self.publish(printable_fields(dict(event)))  # type: ignore[arg-type]
 
     def publish(self, event: AnyEvent) -> None:
         for callback in list(self._subscribers):
@@ -477,3 +481,4 @@ class EventWriter:
                 # The broken one is gone, so this cannot recurse into it.
                 self.emit(Error(type="error", message=f"subscriber removed: {exc!r}",
                                 where="subscriber"))
+

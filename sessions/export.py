@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from kernels.errors import Advised
+from kernels.printable import one_line
 from kernels.result import EvalResult
 from sessions.log import LoadedSession, read_text_blob
 from sessions.state import SessionState
@@ -278,7 +279,9 @@ def header(loaded: LoadedSession, state: SessionState, number: int, task: Any,
     if backend:
         lines.append(f"Judged on: {backend}")
     lines.append(f"Replay: tilewright replay {h.get('id')}")
-    return "".join(f"# {line}\n" for line in lines) + "\n"
+    # One comment line each, whatever a summary or a task's description holds: a newline
+    # or a carriage return in one would end the comment and start a statement.
+    return "".join(f"# {one_line(line)}\n" for line in lines) + "\n"
 
 
 def _ms(seconds: float) -> str:
@@ -317,9 +320,9 @@ def test_text(task: Any, module: str, entry: str) -> str:
         rows.append(f"    ({s.name!r}, {s.params!r}, {atol!r}, {rtol!r}),")
     body = _strip_docstring(tree, reference)
     return (
-        f'"""Checks {module}.{entry} against the {task.name} task\'s reference (written by\n'
-        "`tilewright export`). Off-TPU the kernel runs in Pallas' TPU interpret mode.\n"
-        '"""\n\n'
+        f"# Checks {module}.{entry} against the {one_line(task.name)} task's reference\n"
+        "# (written by `tilewright export`). Off-TPU the kernel runs in Pallas' TPU\n"
+        "# interpret mode.\n\n"
         "import contextlib\n\nimport jax\nimport numpy as np\nimport pytest\n\n"
         f"from {module} import {entry} as candidate\n\n"
         f"# -- the task's reference ({task.reference_path.name}) ------------------------\n\n"

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO, cast
 
 from agents.config import Config
+from kernels.printable import PrintableStream
 from kernels.result import Rank, is_interpret
 from sessions import events as ev
 from sessions.autonomy import ControllerSettings
@@ -169,7 +170,7 @@ async def run_auto(args: Any, config: Config | dict[str, Any]) -> int:
     from agents.config import coerce
     from sessions.opening import SessionRequest, open_session
 
-    out = sys.stderr if args.json else sys.stdout
+    out = PrintableStream(sys.stderr if args.json else sys.stdout)
     config = coerce(config)
     settings = ControllerSettings.from_config(config)
     if args.budget is not None:

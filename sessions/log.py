@@ -36,6 +36,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from kernels.printable import printable_fields
+
 if TYPE_CHECKING:
     from sessions import events as ev
 
@@ -167,7 +169,9 @@ def load(path: Path | str) -> LoadedSession:
             warnings.append(f"{path}:{number}: skipped a line that is not an event "
                             "(no integer seq and string type): not written by tilewright")
             continue
-        events.append(cast("ev.Event", event))
+        # shown as text everywhere (replay, reports, the workbench): a forged or older
+        # log's control characters never reach a terminal or a file
+        events.append(cast("ev.Event", printable_fields(event)))
     valid = len(data) - len(tail)
     return LoadedSession(path.parent, header, events, warnings, torn, valid)
 

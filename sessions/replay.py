@@ -46,6 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from kernels.printable import PrintableStream
 from kernels.result import Rank, is_interpret, ranking
 from sessions import events as ev
 from sessions.log import LoadedSession, SessionError, read_blob
@@ -155,6 +156,7 @@ _DESCRIBE: dict[str, Callable[[Any], str]] = {
 
 
 def print_session(loaded: LoadedSession, state: SessionState, out: TextIO) -> None:
+    out = PrintableStream(out)  # type: ignore[assignment]  # a log's text, no controls
     h = loaded.header
     task = h.get("task") or {}
     backend = h.get("backend") or {}
@@ -168,6 +170,7 @@ def print_session(loaded: LoadedSession, state: SessionState, out: TextIO) -> No
 
 
 def print_state(state: SessionState, out: TextIO) -> None:
+    out = PrintableStream(out)  # type: ignore[assignment]
     print(f"{len(state.versions)} versions, {state.spent.runs} evaluations, "
           f"{len(state.decisions)} decisions, {state.spent.tokens} tokens, "
           f"{state.spent.cost_text()}; mode {state.mode}; "

@@ -14,6 +14,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from agents.untrusted import defuse
+from sessions.context import agent_result
 from sessions.log import read_json_blob
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ class SessionTools:
         from agents.context import diagnosis_text, eval_text, profile_text
 
         if v.result_blob:
-            result = read_json_blob(log.path, v.result_blob)
+            result = agent_result(log.path, v.result_blob)
             visible = {shape["name"] for shape in self.core.brief.shapes}
             parts.append(eval_text(result, None, visible, version=v.number))
         if v.profile_blob:

@@ -193,9 +193,9 @@ def test_auto_bad_input_is_a_clear_error(tmp_path: Path) -> None:
     assert "--agent offline" in proc.stderr and not list(tmp_path.iterdir())
 
 
-def test_auto_stops_at_once_on_a_broken_task_and_says_so(tmp_path: Path) -> None:
-    """A task whose reference raises fails every candidate alike: the run stops after
-    the first evaluation (``task_error``, exit 2) instead of spending its budget."""
+def test_auto_refuses_a_broken_task_before_spending_anything(tmp_path: Path) -> None:
+    """A task whose reference raises would fail every candidate alike: ``auto`` says so
+    and where to fix it (exit 2) before a session, a worker or an agent call is spent."""
     task = tmp_path / "broken"
     shutil.copytree(Path(__file__).parent / "fixtures" / "tasks" / "native_axpy", task)
     reference = task / "reference.py"
@@ -205,11 +205,9 @@ def test_auto_stops_at_once_on_a_broken_task_and_says_so(tmp_path: Path) -> None
               "--session-dir", str(tmp_path / "sessions"), "--json", "--trials", "1",
               "--time-budget", "0.2")
     assert proc.returncode == 2, proc.stderr
-    summary = json.loads(proc.stdout)
-    assert summary["stop_reason"] == "task_error" and summary["evaluations"] == 1
-    assert "this reference is broken" in proc.stderr and "--set" in proc.stderr
-    result = next(e for e in events(Path(summary["session"])) if e["type"] == "run.result")
-    assert result["error_kind"] == "task"
+    assert "this reference is broken" in proc.stderr
+    assert f"{reference}:" in proc.stderr and "not a kernel" in proc.stderr
+    assert not any((tmp_path / "sessions").glob("*/events.jsonl"))
 
 
 def test_ctrl_c_stops_cleanly_with_the_session_saved(tmp_path: Path) -> None:

@@ -245,6 +245,9 @@ class Server:
         plans = prod.plan(closed)
         facts: dict[str, Any] = {
             "pallas_call": integrity.contains_pallas_call(closed),
+            # the work outside the kernels of the program that will run (not only of the
+            # checked ones)
+            "outside_compute": integrity.outside_compute(closed, self.filename),
             "structure": prod.structure(closed),
             "plans": [p.to_json() for p in plans],
             "out_shapes": [[list(a.shape), str(a.dtype)]

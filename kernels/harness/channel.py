@@ -163,6 +163,7 @@ class ProductionReply:
     export_errors: tuple[str, ...]
     unavailable: str | None
     programs: dict[str, bytes]
+    outside_compute: tuple[str, ...] = ()  # work outside the kernels at production
 
     @classmethod
     def parse(cls, reply: dict[str, Any], blob: bytes) -> ProductionReply | str:
@@ -172,7 +173,8 @@ class ProductionReply:
             structure=reply["structure"] if isinstance(reply.get("structure"), list) else None,
             plans=[p for p in reply.get("plans") or [] if isinstance(p, dict)],
             out_shapes=reply.get("out_shapes"),
-            export_errors=_strings(reply.get("export_errors")))
+            export_errors=_strings(reply.get("export_errors")),
+            outside_compute=_strings(reply.get("outside_compute"), LIST_LIMIT))
         if isinstance(reply.get("unavailable"), str):  # e.g. host callbacks, off-TPU
             return cls(**common, unavailable=reply["unavailable"][:2000], programs={})
         listed = reply.get("programs")
@@ -215,20 +217,23 @@ class FinishReport:
 
     config_changed: tuple[str, ...]
     restored: bool
-    threads: bool
+    threads: tuple[str, ...]  # their names (or "native thread <tid> (<comm>)")
     tampered: bool
 
     @classmethod
     def parse(cls, reply: dict[str, Any]) -> FinishReport:
+        threads = reply.get("threads")
         return cls(config_changed=_strings(reply.get("config_changed"), 20),
                    restored=reply.get("restored") is True,  # unsaid: not put back
-                   threads=bool(reply.get("threads")), tampered=bool(reply.get("tampered")))
+                   threads=_strings(threads, 20) if isinstance(threads, list)
+                   else (("unnamed",) if threads else ()),
+                   tampered=bool(reply.get("tampered")))
 
     @property
     def untrustworthy(self) -> bool:
         """The process may not serve another candidate."""
-        return self.threads or self.tampered or (bool(self.config_changed)
-                                                  and not self.restored)
+        return bool(self.threads) or self.tampered or (bool(self.config_changed)
+                                                        and not self.restored)
 
 
 class CompilerAborted(Exception):
@@ -378,9 +383,9 @@ class CandidateChannel:
         if report.untrustworthy:
             self.recycle = True
         if self.recycle:
-            proc.kill()
-            proc.start()
+            judge.recycle_candidate("the candidate left it untrustworthy")
             self.info["restarted"] = True
+        judge.prepare_spare()  # the next candidate's process warms up meanwhile
         return report
 
     def _outputs(self, reply: dict[str, Any], data: bytes, expected: Host,

@@ -139,6 +139,10 @@ class Evaluation:
             result.tpu, flags = verdict.production_verdict(
                 production, self.check_structures, self.chip, None, apply=False)
             self.flags += flags
+        pump = judge.process().stderr
+        if pump is not None and pump.held:  # printed during held-out configurations
+            self.result.extra.setdefault("held_out", {})["output"] = bytes(pump.held).decode(
+                errors="replace")[-4000:]
         self._finish_candidate()
         self.channel.info["started"] = judge.process().started
         result.extra["candidate_process"] = self.channel.info
@@ -191,8 +195,11 @@ class Evaluation:
         references = self._references(runtime, configs, seeds)
         self._phase("reference_s", t)
 
-        # 3. the candidate, in its own process
+        # 3. the candidate, in a process of its own: one no other candidate has run in
         t = time.perf_counter()
+        proc = judge.assign(self.source)
+        if proc.stderr is not None:
+            proc.stderr.release()  # a new evaluation: its visible part is the agent's
         self.channel.load(self.spec, self.filename, self.source, interpret=self.interpret,
                           chip=self.chip, lowering=self.options.lowering,
                           check_compile=self._native())  # what runs on a TPU host
@@ -212,10 +219,20 @@ class Evaluation:
             self._phase("tpu_wait_s", t)
             return
 
-        # 4 + 5. trace, lower, run, compare: configuration by configuration
-        for config in configs:
-            self.shape_details.append(self._check_config(
-                runtime, config, seeds[config.name], references[config.name]))
+        # 4 + 5. trace, lower, run, compare: configuration by configuration, the held-out
+        # ones last (from their first on, nothing the candidate says reaches the agent)
+        for config in sorted(configs, key=lambda c: c.held_out):
+            if config.held_out:
+                self._withhold()
+            try:
+                self.shape_details.append(self._check_config(
+                    runtime, config, seeds[config.name], references[config.name]))
+            except Stopped as stop:
+                if config.held_out:
+                    raise self._held_out_stop(stop) from None
+                raise
+            if config.held_out:
+                self._hide_details(self.shape_details[-1])
         all_correct = self._correctness()
         t = time.perf_counter()
         # Joins the background compiles; a refusal at the production shape stops here. A
@@ -466,6 +483,41 @@ class Evaluation:
         if (record["speedup"] or record["host_ratio"] or 0.0) > integrity.SUSPICIOUS_SPEEDUP:
             self.flags.append("suspicious_speedup")
 
+    # -- held-out configurations -----------------------------------------------------
+
+    def _withhold(self) -> None:
+        """What the candidate prints from now on is the person's, not the agent's."""
+        proc = judge.process()
+        if proc.stderr is not None:
+            proc.stderr.hold()
+
+    def _held_out_stop(self, stop: Stopped) -> Stopped:
+        """A failure at a held-out configuration, said without what the candidate said
+        there (its message can name the shape it was traced at): the kind of failure and
+        the kernel's line stay; the whole text is kept for the person
+        (``extra.held_out``)."""
+        error = stop.error
+        if error is not None:
+            self.result.extra.setdefault("held_out", {})["error"] = {
+                "kind": error.kind, "message": error.message, "traceback": error.traceback}
+            stop.error = EvalError(
+                kind=error.kind, message=f"the kernel failed at a held-out shape "
+                f"configuration ({error.kind}); what it said there is withheld from the "
+                "agent (the person sees it in the evaluation's held-out detail)",
+                line=error.line, traceback=None, hint=error.hint)
+        return stop
+
+    def _hide_details(self, detail: dict[str, Any]) -> None:
+        """A held-out configuration's correctness reason, without numbers: the counts in
+        a mismatch message ("NaN in 65536 of 65536 values") tell its size."""
+        reason = detail.get("reason")
+        if reason:
+            self.result.extra.setdefault("held_out", {})["reason"] = reason
+            kind = ("non-finite values" if "NaN" in reason or "inf" in reason.lower() else
+                    "wrong output structure or shape" if "shape" in reason or "tree" in reason
+                    else "wrong values")
+            detail["reason"] = f"a held-out check failed: {kind}"
+
     # -- helpers ---------------------------------------------------------------------
 
     def _inputs(self, runtime: Any, config: ShapeConfig, seed: int) -> tuple[tuple, tuple]:
@@ -499,6 +551,7 @@ class Evaluation:
             self.result.extra["jax_config_changed"] = list(report.config_changed)
         if report.threads:
             self.flags.append("background_threads")  # they would run on during the next timing
+            self.result.extra["threads_left"] = list(report.threads)[:10]
 
 
 def _own_chip(backend: dict[str, Any]) -> str | None:

@@ -90,9 +90,9 @@ _FORWARD = {"custom_vjp_call": "call_jaxpr", "custom_jvp_call": "call_jaxpr",
 
 def has_pallas(jaxpr: Any) -> bool:
     """Whether a ``pallas_call`` is anywhere in ``jaxpr`` (nested programs included)."""
-    from kernels.harness.production import pallas_eqns
+    from kernels.harness.integrity import contains_pallas_call
 
-    return bool(pallas_eqns(getattr(jaxpr, "jaxpr", jaxpr)))
+    return contains_pallas_call(jaxpr)
 
 
 def rebound(closed: Any, bind: Bind = bind_as_traced,

@@ -32,6 +32,7 @@ ones that keep a correct kernel from being ranked "best".
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import sys
 import threading
@@ -223,6 +224,7 @@ class ModuleSnapshot:
             if module is not None:
                 self.state[name] = _module_state(name, module)
         self.threads = {t.ident for t in threading.enumerate()}
+        self.tasks = _os_threads()  # every OS thread, Python's or not
         self.config = _jax_config_values()
 
     def restore_config(self) -> tuple[list[str], bool]:
@@ -261,8 +263,36 @@ class ModuleSnapshot:
         return changes
 
     def new_threads(self) -> list[str]:
-        return [t.name for t in threading.enumerate()
-                if t.ident not in self.threads and t.is_alive()]
+        """Threads started since the snapshot and still running: Python's (by name),
+        and native ones the ``threading`` module never sees (a ``pthread_create``
+        through ``ctypes``), counted from ``/proc/self/task``. A native thread keeps its
+        creator's name unless it sets its own: the runtime's pools name theirs (XLA's
+        ``tf_*``, LLVM's ``llvm-worker-*``) and grow as programs compile; an unnamed one
+        carries the process's name, and that is what a candidate's would."""
+        found = [t.name for t in threading.enumerate()
+                 if t.ident not in self.threads and t.is_alive()]
+        python = {t.native_id for t in threading.enumerate()}
+        own = _os_threads().get(os.getpid(), "")
+        for tid, comm in _os_threads().items():
+            if tid not in self.tasks and tid not in python and comm in (own, ""):
+                found.append(f"native thread {tid} ({comm or 'unnamed'})")
+        return found
+
+
+def _os_threads() -> dict[int, str]:
+    """This process's OS threads: tid -> its name (``/proc/self/task``)."""
+    found: dict[int, str] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return found
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as fh:
+                found[int(tid)] = fh.read().strip()
+        except (OSError, ValueError):
+            continue
+    return found
 
 
 def _jax_config_values() -> dict[str, Any]:
@@ -302,6 +332,8 @@ FULL_SIZE_SHARE = 0.25  # an operand this share of the largest input/output is "
 
 
 WHILE_REPEATS = 4  # a while loop's trip count is unknown: its body counts this often
+# ... but a matrix product in such a loop counts as full size (its work is unbounded).
+UNBOUNDED_IN_LOOPS = frozenset({"dot_general", "conv_general_dilated", "ragged_dot"})
 
 
 def outside_compute(jaxpr: Any, filename: str) -> list[str]:
@@ -325,7 +357,7 @@ def outside_compute(jaxpr: Any, filename: str) -> list[str]:
         return []
     budget = [20000]  # equations visited at most (shared sub-jaxprs are walked per use)
 
-    def walk(current: Any, weight: int) -> list[tuple[int, str]]:
+    def walk(current: Any, weight: int, in_while: bool = False) -> list[tuple[int, str]]:
         items: list[tuple[int, str]] = []
         for eqn in current.eqns:
             budget[0] -= 1
@@ -335,7 +367,8 @@ def outside_compute(jaxpr: Any, filename: str) -> list[str]:
             if name in ("pallas_call", "core_map"):
                 continue
             if name == "cond":  # one branch runs: count the heavier one
-                options = [walk(b.jaxpr, weight) for b in eqn.params.get("branches", ())]
+                options = [walk(b.jaxpr, weight, in_while)
+                           for b in eqn.params.get("branches", ())]
                 items.extend(max(options, key=lambda found: sum(n for n, _ in found),
                                  default=[]))
                 continue
@@ -344,9 +377,17 @@ def outside_compute(jaxpr: Any, filename: str) -> list[str]:
             nested = [j for p in eqn.params.values() for j in _sub_jaxprs(p)]
             if nested:  # pjit, scan, while, custom_jvp...: look inside, not at the wrapper
                 for inner in nested:
-                    items.extend(walk(inner, weight * repeat))
+                    items.extend(walk(inner, weight * repeat, in_while or name == "while"))
                 continue
             if name in MOVEMENT:
+                continue
+            if in_while and name in UNBOUNDED_IN_LOOPS:
+                # A matrix product in a loop whose trip count is known only at run time
+                # (many tiny dots can add up to the whole matmul): its work cannot be
+                # bounded, so it counts as full size.
+                shapes = " ".join(_aval_text(v.aval) for v in eqn.invars if hasattr(v, "aval"))
+                items.append((int(threshold) + 1, f"{name}({shapes}){_line_of(eqn, filename)}"
+                              " in a while loop of run-time length"))
                 continue
             avals = [v.aval for v in (*eqn.invars, *eqn.outvars) if hasattr(v, "aval")]
             biggest = max((_numel(a) for a in avals), default=0)

@@ -101,6 +101,10 @@ class _StderrPump:
     def __init__(self, pipe: Any) -> None:
         self.tail = bytearray()
         self.forwarded = 0
+        # Once a held-out shape configuration runs, what the process writes is withheld
+        # from the request's capture (which the agent reads) and kept here for the person.
+        self.holding = False
+        self.held = bytearray()
         self._pipe = pipe
         self._fd = pipe.fileno()
         self._lock = threading.Lock()  # held from a read until its bytes are written
@@ -126,12 +130,28 @@ class _StderrPump:
             with contextlib.suppress(OSError):
                 self._pipe.close()
             return
-        if self.forwarded < _FORWARD_LIMIT:
+        if self.holding:
+            self.held += chunk[:max(_TAIL_BYTES - len(self.held), 0)]
+        elif self.forwarded < _FORWARD_LIMIT:
             with contextlib.suppress(OSError):
                 os.write(2, chunk[:_FORWARD_LIMIT - self.forwarded])
             self.forwarded += len(chunk)
         self.tail += chunk
         del self.tail[:-_TAIL_BYTES]
+
+    def hold(self) -> None:
+        """From now on, withhold what the process writes (``held``): a held-out shape
+        configuration runs, and whatever the candidate prints from here (its shapes, its
+        element counts, even later) must not reach the agent."""
+        self.sync()
+        with self._lock:
+            self.holding = True
+
+    def release(self) -> None:
+        """Pass output on again (a new evaluation begins), forgetting what was held."""
+        with self._lock:
+            self.holding = False
+            self.held.clear()
 
     def sync(self, timeout: float = 0.5) -> None:
         """Return once what the process wrote so far is passed on (the judge calls it
@@ -378,25 +398,70 @@ def pickled(dyn: tuple, static: tuple) -> bytes:
     return pickle.dumps((host, tuple(static)), protocol=5)
 
 
-_PROCESS: CandidateProcess | None = None
+class _Candidates:
+    """The candidate process serving the current candidate, the source it has run (its
+    sha256), and a spare that no candidate has run in, started ahead for the next one.
+    (One object: the judge's module snapshot watches its modules' attributes.)"""
+
+    def __init__(self) -> None:
+        self.current: CandidateProcess | None = None
+        self.served: str | None = None
+        self.spare: CandidateProcess | None = None
+
+
+_CANDIDATES = _Candidates()
 
 
 def process() -> CandidateProcess:
-    """This worker's candidate process (one per judge, reused while trustworthy)."""
-    global _PROCESS
-    if _PROCESS is None:
-        _PROCESS = CandidateProcess()
-    return _PROCESS
+    """The candidate process of the candidate being judged (``assign`` chooses it)."""
+    if _CANDIDATES.current is None:
+        _CANDIDATES.current = CandidateProcess()
+    return _CANDIDATES.current
+
+
+def assign(source: str) -> CandidateProcess:
+    """The candidate process ``source`` is judged in: the one that already ran this very
+    source (evaluated again, then profiled), else a process no candidate has run in (the
+    spare, warm since the last candidate finished). A candidate never inherits what an
+    earlier one left in a process: a patched JAX function, a native thread, a cache."""
+    import hashlib
+
+    c = _CANDIDATES
+    digest = hashlib.sha256(source.encode()).hexdigest()
+    if c.current is not None and c.served == digest and c.current.proc is not None:
+        return c.current
+    if c.current is not None and c.served is None and c.current.proc is not None:
+        fresh = c.current  # started, never given a candidate (the worker's first)
+    else:
+        if c.current is not None:
+            c.current.kill()
+        fresh, c.spare = (c.spare or CandidateProcess()), None
+    fresh.start()
+    c.current, c.served = fresh, digest
+    return fresh
+
+
+def prepare_spare() -> None:
+    """Start the next candidate's process now (it imports JAX and warms up while the
+    agent thinks), unless one is ready."""
+    if _CANDIDATES.spare is None:
+        _CANDIDATES.spare = CandidateProcess()
+    _CANDIDATES.spare.start()
 
 
 def recycle_candidate(reason: str) -> None:
-    """Replace the warm candidate process (a fresh one starts warming up at once)."""
-    if _PROCESS is not None and _PROCESS.proc is not None:
-        _PROCESS.kill()
-        _PROCESS.start()
+    """Replace the current candidate process (a fresh one starts warming up at once);
+    the next candidate, even the same source, gets a clean one."""
+    current = _CANDIDATES.current
+    if current is not None and current.proc is not None:
+        current.kill()
+        current.start()
+    _CANDIDATES.served = None
 
 
 def kept_pids() -> list[int]:
-    """The candidate process's pid (of this namespace), which the worker's after-request
-    cleanup must spare (as it spares the compile processes, ``compile_pool.kept_pids``)."""
-    return [_PROCESS.pid] if _PROCESS is not None and _PROCESS.pid is not None else []
+    """The candidate processes' pids (of this namespace), which the worker's
+    after-request cleanup must spare (as it spares the compile processes,
+    ``compile_pool.kept_pids``)."""
+    return [p.pid for p in (_CANDIDATES.current, _CANDIDATES.spare)
+            if p is not None and p.pid is not None]

@@ -127,7 +127,7 @@ def run_profile(spec: dict[str, Any], source: str, filename: str,
         task_flops = runtime.flops(config, dyn)
     phases["inputs_s"] = time.perf_counter() - t0
 
-    proc = judge.process()
+    proc = judge.assign(source)  # the candidate's own process (never another's)
     proc.memory_limit_mb = int(options.get("memory_limit_mb") or proc.memory_limit_mb)
     try:
         return _profile(out, proc, spec, source, filename, options, target, measured_chip,

@@ -521,6 +521,10 @@ def production_verdict(production: ProductionRun | None, checked: list[list[Any]
     section = production.section(verdict_only=not apply)
     differs = production.structure_differs(checked)
     flags = ["production_program_differs"] if differs else []
+    outside = production.reply.outside_compute if production.reply is not None else ()
+    if outside:  # the program that will run does its work outside the kernels
+        flags.append("compute_outside_kernel")
+        section["outside_compute"] = list(outside)[:20]
     if not apply:
         return section, flags
     where = production.where()
