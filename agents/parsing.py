@@ -41,12 +41,18 @@ def fenced_python(text: str) -> list[str]:
 
 def check_kernel_source(source: str, entry: str, require_pallas: bool) -> str | None:
     """What is wrong with a proposed kernel module, or None when it may be evaluated."""
+    from kernels.printable import controls_text, source_controls
     from kernels.tunables import MAX_PARSE_CHARS
 
     if len(source) > MAX_PARSE_CHARS:  # parsing it would stall the app for minutes
         return (f"The kernel is {len(source):,} characters; a kernel module is at most "
                 f"{MAX_PARSE_CHARS:,}. Send the complete module itself, without generated "
                 "data.")
+    controls = source_controls(source)
+    if controls:  # a terminal showing the kernel would obey them
+        return (f"The kernel holds raw control characters ({controls_text(controls)}). "
+                "Write them as escapes inside strings (`\\x1b`), drop them from comments, "
+                "and send the complete module.")
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:

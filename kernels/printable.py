@@ -37,6 +37,21 @@ def one_line(text: str) -> str:
     return " ".join(printable(text).split())
 
 
+def visible(text: str) -> str:
+    """``text`` for a screen that shows code as it is: each control character but newline
+    and tab drawn as its Unicode control picture (ESC as ␛, a lone carriage return
+    as ␍), so a reader sees it is there and the terminal is never told to act on it."""
+    if not isinstance(text, str):
+        text = str(text)
+    text = text.replace("\r\n", "\n")
+    return _SEPARATORS.sub("\n", _CONTROL.sub(_picture, text))
+
+
+def _picture(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return chr(0x2400 + code) if code < 0x20 else "\u2421" if code == 0x7F else "\ufffd"
+
+
 def printable_fields(value: Any) -> Any:
     """``value`` (an event, a JSON object) with every string in it ``printable``."""
     if isinstance(value, str):
@@ -63,3 +78,58 @@ class PrintableStream:
 
     def isatty(self) -> bool:
         return bool(getattr(self.stream, "isatty", lambda: False)())
+
+
+def source_controls(source: str) -> list[tuple[int, str]]:
+    """Raw control characters in a Python source (``(line, name)`` each, at most 8):
+    everything ``printable`` would remove but a carriage return ending a line (``\\r\\n``)
+    and a form feed (Python's own page break)."""
+    found: list[tuple[int, str]] = []
+    for number, line in enumerate(source.split("\n"), start=1):
+        for char in _CONTROL.findall(line.removesuffix("\r").replace("\x0c", "")):
+            found.append((number, _NAMES.get(char, f"U+{ord(char):04X}")))
+            if len(found) == 8:
+                return found
+    return found
+
+
+_NAMES = {"\x1b": "ESC", "\x07": "BEL", "\r": "CR", "\x00": "NUL", "\x08": "BS",
+          "\x7f": "DEL", "\x9b": "CSI", "\x9d": "OSC", "\x85": "NEL"}
+
+
+def controls_text(found: list[tuple[int, str]]) -> str:
+    """``source_controls``'s findings in words: "ESC at line 5, BEL at line 5"."""
+    return ", ".join(f"{name} at line {line}" for line, name in found)
+
+
+def comments_printable(source: str) -> str:
+    """``source`` with its line breaks written as newlines and the control characters in
+    its comments removed (neither changes the program). Raises ``ValueError`` naming the lines when
+    raw control characters remain elsewhere (in a string literal, where removing one
+    would change what the program does)."""
+    import io
+    import tokenize
+
+    # Python reads a lone carriage return as a line break (in strings too): say so
+    source = source.replace("\r\n", "\n").replace("\r", "\n")
+    if not source_controls(source):
+        return source
+    lines = io.StringIO(source).readlines()  # split at \n only, as tokenize reads it
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError) as exc:
+        raise ValueError(f"the source does not tokenize: {exc}") from exc
+    for token in reversed(tokens):  # right to left: earlier columns stay valid
+        if token.type != tokenize.COMMENT:
+            continue
+        row, start = token.start
+        _, end = token.end
+        line = lines[row - 1]
+        lines[row - 1] = line[:start] + printable(line[start:end]).replace("\n", " ") \
+            + line[end:]
+    cleaned = "".join(lines)
+    left = source_controls(cleaned)
+    if left:
+        raise ValueError(f"raw control characters outside comments ({controls_text(left)}); "
+                         "write them as escapes in the string (\\x1b)")
+    return cleaned

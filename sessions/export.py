@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from kernels.errors import Advised
-from kernels.printable import one_line
+from kernels.printable import comments_printable, one_line
 from kernels.result import EvalResult
 from sessions.log import LoadedSession, read_text_blob
 from sessions.state import SessionState
@@ -358,7 +358,12 @@ async def export(loaded: LoadedSession, state: SessionState, which: str | int | 
     simplification is never written)."""
     number = pick_version(state, which)
     v = state.versions[number]
-    source = read_text_blob(loaded.path, v.source_blob)
+    try:  # what a terminal would obey, or a line break a reader misses, written plainly
+        source = comments_printable(read_text_blob(loaded.path, v.source_blob))
+    except ValueError as exc:
+        raise ExportError(f"v{number}'s source cannot be written as it is: {exc}",
+                          "edit the kernel in the workbench (or pick another version) and "
+                          "export again") from exc
     from sessions.log import read_json_blob
 
     result = read_json_blob(loaded.path, v.result_blob) if v.result_blob else None

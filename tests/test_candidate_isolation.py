@@ -69,6 +69,14 @@ POISONER = candidate("2.0 * (1.0 - 2.0 / (jnp.exp(2.0 * x_ref[...]) + 1.0))", te
     _tanh = _lax.tanh
     _lax.tanh = lambda x, _t=_tanh: _t(x) * 1.001
 """))
+# Correct itself, it makes every later kernel trace with its own honest body: a wrong
+# kernel after it would read as correct.
+BODY_SWAPPER = candidate(preamble=textwrap.dedent("""
+    import jax._src.pallas.pallas_call as _pc
+    _trace = _pc._trace_kernel_to_jaxpr
+    _pc._trace_kernel_to_jaxpr = lambda fun, *a, _t=_trace, **k: _t(_body, *a, **k)
+"""))
+WRONG = candidate("x_ref[...]")  # not 2*tanh at all
 # A native thread no ``threading`` module sees, started at import.
 NATIVE_THREAD = candidate(preamble=textwrap.dedent("""
     import ctypes, time
@@ -91,7 +99,8 @@ SHAPE_LEAK = candidate(preamble=textwrap.dedent("""
     "    if x.shape[0] == 128:\n        raise ValueError(f'cannot do shape {x.shape}')\n")
 # Escapes a terminal obeys: OSC 52 (clipboard), clear screen, a window title.
 ESCAPES = "\x1b]52;c;cm0gLXJmIH4=\x07\x1bc\x1b]0;pwned\x07"
-NOISY = candidate(preamble=f"print({ESCAPES!r} + 'NOISY')")
+# ... printed at import, and raw in a comment of its source (which the workbench shows).
+NOISY = candidate(preamble=f"print({ESCAPES!r} + 'NOISY')  # {ESCAPES}")
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +158,17 @@ async def test_a_candidate_cannot_decide_the_next_ones_verdict(tmp_path, task_di
     assert version(c, "poisoner").status == "correct"
     # judged in a process the poisoner never ran in: JAX's tanh is JAX's own
     assert version(c, "honest").status == "correct"
+
+
+@ON_MODULE_LOOP
+async def test_a_candidate_cannot_make_the_next_one_correct(tmp_path, task_dir,
+                                                             worker_pool) -> None:
+    c, _agent = await session(tmp_path, task_dir, worker_pool, (BODY_SWAPPER, "swapper"),
+                              (WRONG, "wrong"))
+    assert version(c, "swapper").status == "correct"
+    wrong = version(c, "wrong")
+    assert wrong.status == "incorrect" and not wrong.crownable
+    assert c.state.best == version(c, "swapper").number
 
 
 @ON_MODULE_LOOP
@@ -218,11 +238,56 @@ async def test_control_characters_never_reach_a_terminal_or_a_file(tmp_path, tas
     assert exported.returncode == 0, exported.stdout + exported.stderr
     for path in (out, tmp_path / "test_exported.py"):
         text = path.read_text()
-        assert "\r" not in text and "\x1b" not in text
+        assert "\r" not in text and "\x1b" not in text and "\x07" not in text
+    assert "NOISY" in out.read_text()  # the kernel itself is all there
     # importing what was written runs no statement the summary smuggled in
-    subprocess.run([sys.executable, "-c", "import exported"], cwd=tmp_path, env=env,
-                   capture_output=True, text=True, timeout=300)
+    for module in ("exported", "test_exported"):
+        subprocess.run([sys.executable, "-c", f"import {module}"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
     assert not (tmp_path / "PWNED").exists()
+    # the workbench replays it in a real terminal: the source and the chat are shown, the
+    # escapes are not sent
+    screen = _replayed_in_a_terminal(c.log.path, env)
+    assert "\u241b]52;c;".encode() in screen  # the source's comment, its ESC drawn
+    for escape in (b"\x1b]52;", b"\x1bc", b"\x1b]0;pwned"):
+        assert escape not in screen, escape
+
+
+def _replayed_in_a_terminal(path: Path, env: dict[str, str]) -> bytes:
+    """What ``tilewright replay PATH`` writes to a pseudo-terminal, from its first screen
+    to its last event."""
+    import re
+    import time
+
+    pexpect = pytest.importorskip("pexpect")
+    child = pexpect.spawn(str(Path(sys.executable).parent / "tilewright"),
+                          ["replay", str(path)], env={**env, "TERM": "xterm-256color"},
+                          cwd=str(ROOT), dimensions=(40, 160), timeout=5)
+    output = bytearray()
+
+    def until(pattern: bytes, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while re.search(pattern, output) is None:
+            assert time.monotonic() < end and child.isalive(), bytes(output[-2000:])
+            try:
+                output.extend(child.read_nonblocking(1 << 16, timeout=0.2))
+            except (pexpect.TIMEOUT, pexpect.EOF):
+                pass
+
+    try:
+        until(rb"start of the session", 60)
+        child.send("\x1b[F")  # End: the last event, its version's source on screen
+        until(rb"event (\d+)/\1", 30)
+        child.send("q")
+        end = time.monotonic() + 20
+        while child.isalive() and time.monotonic() < end:
+            try:
+                output.extend(child.read_nonblocking(1 << 16, timeout=0.2))
+            except (pexpect.TIMEOUT, pexpect.EOF):
+                pass
+    finally:
+        child.close(force=True)
+    return bytes(output)
 
 
 def test_replay_verify_rejudges_each_version_on_its_own(tmp_path, task_dir) -> None:

@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from kernels.printable import printable_fields, visible
 from kernels.result import is_interpret
 from tui import problems as problem_rows
 from tui.problems import Problem
@@ -42,8 +43,10 @@ class BlobCache:
         return self._cache[sha]
 
     def text(self, sha: str | None) -> str | None:
+        """The blob as text to show: its control characters drawn, never sent
+        (``kernels.printable.visible``)."""
         raw = self.raw(sha)
-        return raw.decode(errors="replace") if raw is not None else None
+        return visible(raw.decode(errors="replace")) if raw is not None else None
 
     def json(self, sha: str | None) -> Any:
         """Parsed once per sha: the same object every time (panes compare identity)."""
@@ -52,7 +55,8 @@ class BlobCache:
         if sha not in self._parsed:
             raw = self.raw(sha)
             try:
-                self._parsed[sha] = json.loads(raw) if raw is not None else None
+                self._parsed[sha] = printable_fields(json.loads(raw)) \
+                    if raw is not None else None
             except ValueError:
                 self._parsed[sha] = None
         return self._parsed[sha]

@@ -27,6 +27,7 @@ from textual.screen import Screen
 from textual.widgets import Header, Static, Tree
 from textual.widgets.tree import TreeNode
 
+from kernels.printable import visible
 from sessions.log import load, read_blob
 from sessions.search.graph import SearchState, fold_search
 from sessions.search.link import SearchLink
@@ -197,7 +198,8 @@ class SearchScreen(Screen):
             lines.append(f"error: {error}")
         self.query_one("#search-detail", Static).update(Text("\n".join(lines)))
         try:
-            source = read_blob(self.session_path, version.source_blob).decode()
+            source = visible(read_blob(self.session_path, version.source_blob).decode(
+                errors="replace"))
         except Exception as exc:  # a missing blob is shown, not raised
             source = f"(source unavailable: {exc})"
         self.query_one("#search-source", Static).update(Text(source))

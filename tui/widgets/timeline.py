@@ -18,6 +18,8 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from kernels.printable import printable_fields
+
 PALETTE = ("#5f87d7", "#d7875f", "#87af5f", "#af87d7", "#d7af5f", "#5fafaf", "#d75f87",
            "#87afd7")
 LABEL_W = 14
@@ -74,7 +76,7 @@ def spans_from_profile(profile: dict, base: Path | None = None) -> tuple[list[st
 
 def _spans_from_chrome_trace(path: Path) -> tuple[list[str], list[Span]]:
     try:
-        data = json.loads(path.read_text())
+        data = printable_fields(json.loads(path.read_text()))  # op names are the program's
     except (OSError, ValueError):
         return [], []
     names: dict[tuple[int, int], str] = {}
