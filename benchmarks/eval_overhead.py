@@ -119,15 +119,27 @@ def script_path(task, source: str, shape: str, reps: int) -> dict:
     return {"wall_s": statistics.median(walls)}
 
 
+# How the warm path's candidates arrive (set by --candidates and --gap): "distinct" is a
+# session's case, each a different source judged in a process no candidate ran in (the
+# spare started after the last one); "same" re-evaluates one source in its own process.
+CANDIDATES = {"kind": "distinct", "gap_s": 2.0}
+
+
 async def warm_runs(task, source: str, options: EvalOptions, reps: int
                     ) -> tuple[float, list[tuple[float, EvalResult]]]:
     """A started WorkerPool's first evaluation (it also compiles the task's reference)
-    and ``reps`` more: (first wall time, [(wall time, result)])."""
+    and ``reps`` more: (first wall time, [(wall time, result)]). Distinct candidates
+    differ by a comment and come ``gap_s`` apart (the time an agent takes to answer)."""
     async with WorkerPool(size=1) as pool:
         first, runs = 0.0, []
         for rep in range(reps + 1):
+            this = source
+            if CANDIDATES["kind"] == "distinct":
+                this = f"{source.rstrip()}\n# candidate {rep}\n"
+                if rep:
+                    await asyncio.sleep(CANDIDATES["gap_s"])
             start = time.perf_counter()
-            result = await pool.evaluate(task, source, options, filename=str(task.kernel_path))
+            result = await pool.evaluate(task, this, options, filename=str(task.kernel_path))
             wall = time.perf_counter() - start
             assert result.status == "correct", (result.status, result.error)
             if rep == 0:
@@ -231,6 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only-script", action="store_true",
                         help="run only that comparison")
     parser.add_argument("--chip", default=DEFAULT_TPU, help="TPU chip our evaluation compiles for")
+    parser.add_argument("--candidates", choices=("distinct", "same"), default="distinct",
+                        help="warm path: a different source each time (a session's case, "
+                        "each in a fresh candidate process) or the same one again")
+    parser.add_argument("--gap", type=float, default=2.0,
+                        help="seconds between distinct candidates (an agent's answer time)")
     parser.add_argument("--smoke", action="store_true",
                         help="that it runs: tiny sizes, one repetition (tests/test_benchmarks.py)")
     args = parser.parse_args(argv)
@@ -238,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         args.tasks, args.reps, args.iters = args.tasks[:1], 1, 1
         args.overrides = args.overrides or ["rows=8", "cols=128"]
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    CANDIDATES.update(kind=args.candidates, gap_s=0.0 if args.smoke else args.gap)
     options = EvalOptions(trials=args.trials, iters=args.iters, shapes=[args.shape],
                           timeout_s=600.0, lowering=not args.smoke)
     overrides = dict(o.split("=", 1) for o in (args.overrides or ["rows=64", "cols=256"]))
@@ -246,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"eval overhead: trials={args.trials}, timing iters={args.iters}, shape "
           f"{args.shape!r} with {overrides}, median of {args.reps}, JAX_PLATFORMS={os.environ['JAX_PLATFORMS']}, "
-          f"{os.cpu_count()} CPUs")
+          f"{os.cpu_count()} CPUs; warm candidates: {args.candidates}"
+          + (f", {args.gap:g} s apart" if args.candidates == "distinct" else ""))
     _table(f"{'task':<10} {'warm s':>7} {'(first)':>8} {'fresh s':>8} {'fresh/warm':>10} "
            f"{'kernel s':>9} {'overhead':>9} {'harness s':>10} {'transport s':>12}")
     for name, task, source in _tasks(args.tasks, overrides):

@@ -438,6 +438,7 @@ def assign(source: str) -> CandidateProcess:
         fresh, c.spare = (c.spare or CandidateProcess()), None
     fresh.start()
     c.current, c.served = fresh, digest
+    prepare_spare()  # the next candidate's process imports JAX while this one is judged
     return fresh
 
 
