@@ -502,11 +502,12 @@ async def test_attention_template_reads_grouped_heads_layout_and_scale(
 
 
 def test_a_template_that_does_not_fit_moves_on_to_the_next_family() -> None:
-    """A reference without `x @ w` of two arguments cannot take the matmul template: the
-    agent writes the next family's kernel instead of failing the turn."""
+    """A reference whose matmul is not `x @ w` of two of its arguments (here `(2 * x) @ w`)
+    cannot take the matmul template: the agent writes the next family's kernel instead of
+    failing the turn. (`x @ w.T` does fit since the template takes a transposed weight.)"""
     brief = replace(agents.brief(load_task("matmul_bias_gelu")), family=None,
                     reference_source="import jax.numpy as jnp\n\n"
-                                     "def reference(x, w):\n    return jnp.tanh(x @ w.T)\n")
+                                     "def reference(x, w):\n    return jnp.tanh((2 * x) @ w)\n")
     outcome = decide(AgentRequest("implement", brief, None))
     assert isinstance(outcome, Proposal), outcome
     assert not outcome.summary.startswith("matmul")

@@ -216,7 +216,9 @@ async def test_a_compile_over_its_memory_limit_costs_the_estimate_not_the_worker
         assert "memory limit" in starved.tpu["estimate_unavailable"]
         assert ranking(starved.to_json()).source != "tpu_estimate"
         fine = await evaluate(pool, task_dir, tiled("starved"))  # the same worker goes on
-        assert fine.status == "correct" and fine.tpu["estimate"]["cycles"] > 0
+        assert fine.status == "correct", fine.error
+        assert fine.tpu["estimate"] is not None, fine.tpu  # the limit was this request's only
+        assert fine.tpu["estimate"]["cycles"] > 0
 
 
 @ON_MODULE_LOOP

@@ -115,7 +115,8 @@ class Server:
         source = blob.decode()
         self.source = source
         try:
-            self.entry = self.runtime.load_candidate(source, self.filename)
+            with integrity.candidate_code():
+                self.entry = self.runtime.load_candidate(source, self.filename)
         except SyntaxError as exc:
             error = self._describe(exc, "syntax")
             error["message"] = f"SyntaxError: {exc.msg} (line {exc.lineno})"
@@ -496,9 +497,12 @@ def trace(fn: Any, args: tuple[Any, ...], chip: str | None) -> Any:
         except BaseException as exc:  # re-raised in the caller, SystemExit included
             found["error"] = exc
 
+    from kernels.harness import integrity
+
     thread = threading.Thread(target=traced, name="tw-trace", daemon=True)
-    thread.start()
-    thread.join()
+    with integrity.candidate_code():
+        thread.start()
+        thread.join()
     if "error" in found:
         raise found["error"]
     return found["traced"]

@@ -164,8 +164,10 @@ class Compilers:
         reference's estimates: ``reference``); ``fingerprint`` identifies the program
         instead of its bytes (which name the files it was traced from)."""
         what = fingerprint.encode() if fingerprint else blob
-        key = hashlib.sha256(b"|".join([kind.encode(), chip.encode(), self.libtpu.encode(),
-                                        what])).hexdigest()
+        parts = [kind.encode(), chip.encode(), self.libtpu.encode(), what]
+        if memory_mb != COMPILE_MEMORY_MB:  # a crash under a lowered limit is that limit's
+            parts.insert(0, f"memory={memory_mb}".encode())
+        key = hashlib.sha256(b"|".join(parts)).hexdigest()
         cached = self.cache.get(key)
         if cached is not None:
             return {**cached, "cached": True}

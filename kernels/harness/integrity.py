@@ -66,6 +66,7 @@ MUTABLE_GLOBALS = {
     "kernels.harness.execution": {"_RUNTIMES"},
     "kernels.harness.tpu_compile": {"_TARGETS", "_EXECUTOR"},
     "kernels.harness.judge": {"_PROCESS"},
+    "kernels.harness.integrity": {"_BORN_IN_CANDIDATE"},
     "kernels.harness.verdict": {"_POOL", "_REFERENCE_PLANS", "_REFERENCE_RESULTS"},
     "kernels.confinement.processes": {"_HOST_PID", "_APP_PROTECTED"},
 }
@@ -265,18 +266,33 @@ class ModuleSnapshot:
     def new_threads(self) -> list[str]:
         """Threads started since the snapshot and still running: Python's (by name),
         and native ones the ``threading`` module never sees (a ``pthread_create``
-        through ``ctypes``), counted from ``/proc/self/task``. A native thread keeps its
-        creator's name unless it sets its own: the runtime's pools name theirs (XLA's
-        ``tf_*``, LLVM's ``llvm-worker-*``) and grow as programs compile; an unnamed one
-        carries the process's name, and that is what a candidate's would."""
+        through ``ctypes``), counted from ``/proc/self/task``. A native thread counts
+        when it was born while candidate Python ran (``candidate_code``: its import and
+        its traces): the runtime starts threads of its own as programs compile and run
+        (XLA's CPU client, interpret mode's callbacks), named like the process, and
+        those are not the candidate's."""
         found = [t.name for t in threading.enumerate()
                  if t.ident not in self.threads and t.is_alive()]
         python = {t.native_id for t in threading.enumerate()}
-        own = _os_threads().get(os.getpid(), "")
         for tid, comm in _os_threads().items():
-            if tid not in self.tasks and tid not in python and comm in (own, ""):
+            if tid in _BORN_IN_CANDIDATE and tid not in self.tasks and tid not in python:
                 found.append(f"native thread {tid} ({comm or 'unnamed'})")
         return found
+
+
+# OS threads born while candidate Python ran (its import, its traces), this process.
+_BORN_IN_CANDIDATE: set[int] = set()
+
+
+@contextlib.contextmanager
+def candidate_code() -> Iterator[None]:
+    """Around every stretch of candidate Python: the OS threads born in it are noted
+    (``ModuleSnapshot.new_threads`` reports those still running at the end)."""
+    before = set(_os_threads())
+    try:
+        yield
+    finally:
+        _BORN_IN_CANDIDATE.update(set(_os_threads()) - before)
 
 
 def _os_threads() -> dict[int, str]:
