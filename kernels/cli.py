@@ -19,7 +19,7 @@ from typing import Any
 EXIT_USAGE = 2
 
 MODULES = ("kernels.cli_tasks", "kernels.cli_eval", "kernels.cli_estimate", "kernels.cli_profile",
-           "kernels.cli_calibrate", "kernels.cli_new")
+           "kernels.cli_calibrate", "kernels.cli_new", "kernels.cli_chips")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -54,7 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--chip", default=None, metavar="CHIP",
                         help="TPU generation to compile for with the real TPU compiler, "
                              f"whose static estimate ranks kernels off-TPU: {DEFAULT_TPU} "
-                             "(default off-TPU), v5p, v6e, v4, v7x; on a TPU host, its own "
+                             "(default off-TPU), v5p, v6e; v4 and v7x compile without an "
+                             "estimate (`tilewright chips` says why); on a TPU host, its own "
                              "chip")
     parser.add_argument("--chips", default=None, metavar="LIST",
                         help="comma-separated generations (e.g. v5e,v6e,v5p): evaluate "

@@ -177,6 +177,11 @@ class Rank:
       at the chip's peak, its compulsory bytes at the HBM bandwidth), where the
       estimator cannot price the reference; ``value`` is roofline time / kernel time, a
       lower bound of the speedup (XLA is never faster than its roofline).
+    - ``bound``: the compiler's estimate was not believed (``tpu.unpriced``: a kernel
+      whose loop length is read at run time priced at 0 cycles); ``value`` is the
+      reference's time over the least time the kernel can take (its own work at the
+      chip's peak, its memory floor), an upper bound of the speedup, ranked below every
+      compiler figure and above host simulation.
     - ``host_simulation``: only where no compiler figure exists: the CPU interpreter's
       time ratio, which predicts nothing about a TPU (``value`` is that ratio).
     - ``disqualified`` (correct, but an integrity flag forbids ranking it) and ``none``.
@@ -222,6 +227,8 @@ class Rank:
                         -float(self.kernel_cycles))
             if self.value is not None:  # a log older than kernel times
                 return (3, 0, self.value, 0.0)
+        if self.source == "bound" and self.kernel_s is not None:
+            return (2, 1, -self.kernel_s, 0.0)
         if self.source == "host_simulation" and self.value is not None:
             return (1, 1, self.value, 0.0)
         return (0, 0, 0.0, 0.0)
@@ -280,6 +287,14 @@ class Rank:
             why = f"; no XLA estimate: {self.why_none}" if self.why_none else ""
             return (f"≥{v:.2f}x vs XLA's roofline{on}{self._at()} ({kernel} "
                     f"against the reference's roofline{ref}{why})")
+        if self.source == "bound" and v is not None:
+            if short:
+                return f"≤{v:.2f}x bound"
+            kernel = f"the kernel's least time {_ms(self.kernel_s)}" if self.kernel_s \
+                else "the kernel's least time"
+            ref = f" against XLA's {_ms(self.reference_s)}" if self.reference_s else ""
+            why = f"; the estimate is not believed: {self.why_none}" if self.why_none else ""
+            return f"≤{v:.2f}x bound{on}{self._at()} ({kernel}{ref}{why})"
         if self.source == "host_simulation" and v is not None:
             if short:
                 return f"host sim {v:.3g}"
@@ -415,6 +430,13 @@ def ranking(result: dict[str, Any]) -> Rank:
         return Rank("device_time", measured, estimate=estimate, measured=measured,
                     device=backend.get("device_kind") or "TPU",
                     **{**common, "shape": timing.get("shape_label") or shape})
+    bound = tpu.get("bound") if isinstance(tpu.get("bound"), dict) else {}
+    doubt = next((tpu[k] for k in ("implausible", "unpriced") if isinstance(tpu.get(k), str)),
+                 None)
+    if doubt and _num(bound.get("speedup")):
+        return Rank("bound", _num(bound.get("speedup")),
+                    reference_s=_num(bound.get("reference_s")), why_none=doubt,
+                    **{**common, "kernel_s": _num(bound.get("kernel_s"))})
     if estimate is not None:
         ref = _num((tpu.get("reference_estimate") or {}).get("seconds"))
         return Rank("tpu_estimate", estimate, estimate=estimate, reference_s=ref,

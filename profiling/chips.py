@@ -152,6 +152,28 @@ DEFAULT_TPU = "v5e"
 # abstract device off-TPU must say so that Pallas lowers as it would on that chip.
 DEVICE_KINDS: dict[str, str] = {"v4": "TPU v4", "v5e": "TPU v5 lite", "v5p": "TPU v5",
                                 "v6e": "TPU v6 lite", "v7x": "TPU7x"}
+# What libtpu's static estimator (the figure that ranks kernels off-TPU) does for each
+# TPU generation, measured here with libtpu 0.0.42.1 compiling for an abstract topology:
+# None where it estimates; else why it does not, and the chip then only compiles
+# (verdicts, VMEM, Mosaic's refusals) without an estimate.
+ESTIMATOR_REFUSALS: dict[str, str | None] = {
+    "v5e": None, "v5p": None, "v6e": None,
+    "v4": "libtpu's estimator aborts the whole process on a v4 program (its DMA model "
+          "knows v5e, v5p and v6e only)",
+    "v7x": "libtpu's estimator fails an internal check on every v7x program tried (a "
+           "plain XLA add, an XLA matmul, a Pallas matmul: LLO_CHECK "
+           "LloOpcodeIsScalarBranch, then abort), so v7x compiles without an estimate",
+}
+
+
+def estimator_refusal(name: str) -> str | None:
+    """Why libtpu's estimator gives no figure for this chip (None: it does). Chips it was
+    never tried on say so."""
+    if name in ESTIMATOR_REFUSALS:
+        return ESTIMATOR_REFUSALS[name]
+    return "not a TPU generation the estimator was tried on"
+
+
 # Chips whose TensorCores JAX shows as separate devices (no megacore fusion): v7x's two
 # cores are two devices, each with one core (see its entry above).
 _CORES_ARE_DEVICES = frozenset({"v7x"})

@@ -306,3 +306,64 @@ async def test_the_production_verdict_is_streamed_before_the_result(worker_pool,
     from kernels.result import production_note
 
     assert production_note(final).startswith("at 2048x2048 on v5e: compiles (VMEM ")
+
+
+PIPELINED = """
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+RUN_TIME = LENGTH
+
+def _inner(x_ref, o_ref):
+    o_ref[...] = jnp.tanh(x_ref[...]) * 2.0
+
+def kernel(x):
+    rows, cols = x.shape
+    br = min(64, rows)
+
+    def body(n_ref, x_hbm, o_hbm):
+        steps = n_ref[0] if RUN_TIME else rows // br  # read from SMEM, or known now
+        pltpu.emit_pipeline(_inner, grid=(steps,),
+                            in_specs=[pl.BlockSpec((br, cols), lambda i: (i, 0))],
+                            out_specs=[pl.BlockSpec((br, cols), lambda i: (i, 0))])(x_hbm, o_hbm)
+
+    n = jnp.full((1,), rows // br, jnp.int32)
+    return pl.pallas_call(
+        body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec(memory_space=pl.ANY))(n, x)
+"""
+
+
+@ON_MODULE_LOOP
+async def test_a_loop_of_run_time_length_is_never_ranked_on_its_estimate(worker_pool,
+                                                                          task_dir) -> None:
+    """An emit_pipeline whose grid is read from SMEM traces to a while loop: the estimator
+    prices it at a trip count of its own choosing (or at 0 cycles, as tokamax's grouped
+    matmul), so the kernel ranks on its least time (its memory floor, the reference's
+    work at the peak) against the reference: a labeled upper bound below every compiler
+    estimate. The same pipeline over a grid known at trace time ranks on its estimate."""
+    run_time = await evaluate(worker_pool, task_dir, PIPELINED.replace("LENGTH", "True"),
+                              rows="128")
+    assert run_time.status == "correct", run_time.error
+    tpu = run_time.tpu
+    assert tpu["kernels"][0]["run_time_loops"] >= 1
+    assert "known only at run time" in tpu["unpriced"]
+    assert tpu["estimate"] is not None and tpu["estimated_speedup"] is None
+    rank = ranking(run_time.to_json())
+    assert rank.source == "bound", rank
+    assert rank.value == pytest.approx(tpu["bound"]["speedup"])
+    assert rank.kernel_s == pytest.approx(tpu["bound"]["kernel_s"])
+    assert rank.words(short=True).startswith("≤") and "not believed" in rank.words()
+    assert "integrity" not in (run_time.error or "")  # not the kernel's fault: unflagged
+    assert "estimate_below_roofline" not in run_time.integrity["flags"]
+
+    known = await evaluate(worker_pool, task_dir, PIPELINED.replace("LENGTH", "False"),
+                           rows="128")
+    assert known.status == "correct", known.error
+    assert known.tpu["kernels"][0]["run_time_loops"] == 0 and known.tpu["unpriced"] is None
+    priced = ranking(known.to_json())
+    assert priced.source == "tpu_estimate", priced
+    assert priced.better_than(rank) and not rank.better_than(priced)

@@ -176,8 +176,11 @@ def refusal(answer: dict[str, Any]) -> dict[str, Any] | None:
 
 def estimates_possible(chip: str) -> tuple[bool, str | None]:
     if chip not in tpu_compile.ESTIMATE_CHIPS:
-        return False, (f"the TPU compiler's estimator knows {', '.join(tpu_compile.ESTIMATE_CHIPS)} "
-                       f"only (it crashes libtpu on {chip})")
+        from profiling.chips import estimator_refusal
+
+        return False, (f"no estimate for {chip}: {estimator_refusal(chip)} (estimates: "
+                       f"{', '.join(tpu_compile.ESTIMATE_CHIPS)}; `tilewright chips` lists "
+                       "what each chip gets)")
     state = tpu_compile.libtpu_path()
     if state is None:
         return False, tpu_compile.STATE_REASONS["no_libtpu"]

@@ -28,6 +28,7 @@ Worker-side (imports JAX); runs in the confined candidate process.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass, field
@@ -77,6 +78,9 @@ class KernelPlan:
     work_exact: bool = False  # no run-time data decided what the body does
     uneven: str | None = None
     unpriceable: str | None = None  # too long to estimate whole, too uneven to shorten
+    # ``while`` loops in the body (a fori_loop of run-time length, an emit_pipeline over
+    # a grid read from SMEM): the estimator cannot see their trip counts
+    run_time_loops: int = 0
 
     def vmem_at_least(self) -> int:
         """VMEM the kernel needs at the very least: every VMEM block once (the pipeline
@@ -102,7 +106,7 @@ class KernelPlan:
                 "vmem_limit": self.vmem_limit, "vmem_at_least": self.vmem_at_least(),
                 "coverage": self.coverage, "dot_flops": self.dot_flops,
                 "work_exact": self.work_exact, "uneven": self.uneven,
-                "unpriceable": self.unpriceable}
+                "unpriceable": self.unpriceable, "run_time_loops": self.run_time_loops}
 
 
 # -- walking jaxprs --------------------------------------------------------------------
@@ -118,6 +122,18 @@ def _sub_jaxprs(params: dict[str, Any]) -> list[tuple[str, Any]]:
                 and all(isinstance(v, ClosedJaxpr | Jaxpr) for v in value)):
             found.append((key, value))
     return found
+
+
+def while_loops(jaxpr: Any) -> int:
+    """``while`` eqns in a program, nested programs included: loops whose trip count is
+    a run-time value (a fori_loop with static bounds traces to ``scan``)."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        count += eqn.primitive.name == "while"
+        for _, sub in _sub_jaxprs(eqn.params):
+            for one in sub if isinstance(sub, tuple) else (sub,):
+                count += while_loops(getattr(one, "jaxpr", one))
+    return count
 
 
 def pallas_eqns(jaxpr: Any) -> list[Any]:
@@ -435,6 +451,9 @@ def plan(closed: Any, budget: int = STEP_BUDGET) -> list[KernelPlan]:
                        declared_bytes=float(declared) if isinstance(declared, int | float)
                        else None, scratch_bytes=_scratch_bytes(gm),
                        vmem_limit=int(limit) if isinstance(limit, int) else None)
+        with contextlib.suppress(Exception):  # a body that cannot be walked: none seen
+            body = eqn.params["jaxpr"]
+            p.run_time_loops = while_loops(getattr(body, "jaxpr", body))
         if grid and min(grid) > 0 and p.steps > budget:
             found = _shortenings(grid, budget)
             if found:

@@ -17,9 +17,9 @@ Facts this module is built around (measured with jax 0.10.2 and libtpu 0.0.42):
   libtpu binary contains its name. The flag is undocumented: anything missing
   degrades to ``estimate: null`` with a reason, never to a crash.
 - With the flag, compiling for v4 aborts the whole process (the estimator's DMA model
-  knows v5e/v5p/v6e only) and a v7x compile crashed it (stack overflow in the
-  estimator): such a compile in a worker with estimates on is refused as
-  ``unavailable`` instead of being attempted.
+  knows v5e/v5p/v6e only) and a v7x compile fails an internal check of the estimator
+  (``profiling.chips.ESTIMATOR_REFUSALS``): such a compile in a worker with estimates
+  on is refused as ``unavailable`` instead of being attempted.
 - The estimator recurses deeply: compiles run on one thread with a large stack.
 - Files from successive compiles accumulate in the one directory (named per op, a
   later op of the same name overwrites): it is emptied before each compile and read
@@ -46,12 +46,14 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from profiling.chips import estimator_refusal
+
 # Abstract topologies libtpu accepts for each chip of the table (smallest that worked).
 TOPOLOGIES = {"v4": "v4:2x2x1", "v5e": "v5e:2x2", "v5p": "v5p:2x2x1", "v6e": "v6e:2x2",
               "v7x": "tpu7x:2x2x1"}
-# Chips whose compile survives the estimate flag: with it, v4 aborts the process and a
-# v7x (tpu7x) compile of a plain XLA add overflowed the compiler thread's stack.
-ESTIMATE_CHIPS = ("v5e", "v5p", "v6e")
+# Chips whose compile survives the estimate flag (``profiling.chips.ESTIMATOR_REFUSALS``
+# says why the others do not: v4 aborts the process, v7x fails a check in the estimator).
+ESTIMATE_CHIPS = tuple(c for c in TOPOLOGIES if estimator_refusal(c) is None)
 FLAG = "--xla_jf_dump_static_llo_profile_to"
 DISABLE_ENV = "TILEWRIGHT_TPU_ESTIMATE"  # "0": start libtpu without the estimate flag
 DUMP_ENV = "TILEWRIGHT_LLO_DUMP_DIR"  # where this process's libtpu writes estimates
@@ -285,10 +287,9 @@ def compile_lowered(lowered: Any, where: Target) -> dict[str, Any]:
     want_estimate, reason = estimate_state()
     if where.chip not in ESTIMATE_CHIPS and want_estimate:
         return {"compile": "unavailable", "kind": None, "vmem_bytes": None, "estimate": None,
-                "message": f"compiling for {where.chip} with the TPU compiler's estimator "
-                           "on crashes libtpu (the estimator knows v5e/v5p/v6e only); start "
-                           f"the worker with {DISABLE_ENV}=0 to compile for {where.chip} "
-                           "without estimates", "estimate_unavailable": None, "compile_s": 0.0}
+                "message": f"no estimate for {where.chip}: "
+                           f"{estimator_refusal(where.chip)}; start the worker with "
+                           f"{DISABLE_ENV}=0 to compile for {where.chip} without estimates", "estimate_unavailable": None, "compile_s": 0.0}
     dump = os.environ.get(DUMP_ENV) if want_estimate else None
     started = time.perf_counter()
     with _LOCK:

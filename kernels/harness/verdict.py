@@ -306,14 +306,15 @@ class ProductionRun:
             "input_shapes": [array_text(s, d) for s, d in self.inputs],
             "params": self.config.params,
             "kernels": [{k: p.get(k) for k in ("name", "grid", "steps", "semantics", "axis",
-                                               "units_full", "units", "data_dependent")}
+                                               "units_full", "units", "data_dependent",
+                                               "run_time_loops")}
                         for p in plans],
             "grid_steps": sum(int(p.get("steps") or 0) for p in plans),
             "estimate": None, "reference_estimate": None, "estimated_speedup": None,
             "basis": None, "compiler_speedup": None, "floor": None, "fidelity": None,
             "estimate_unavailable": None, "reference_roofline": None,
             "kernel_time_s": None, "roofline_ratio": None, "reference_pending": None,
-            "kernel_bound_s": None, "implausible": None,
+            "kernel_bound_s": None, "implausible": None, "unpriced": None, "bound": None,
             "reference_record": None,
             "deadline_s": self.deadline_s, "deadline_why": self.deadline_why,
             "cached": None, "compile_s": None, "verdict_s": None, "compile_peak_mb": None,
@@ -370,6 +371,7 @@ class ProductionRun:
         else:
             section["kernel_time_s"] = fidelity.kernel_time(estimate, section["floor"])
             section["implausible"] = self._implausible(estimate, plans)
+            section["unpriced"] = self._unpriced(estimate, plans)
         if estimate is not None and ref is not None and ref.get("cycles") \
                 and estimate.get("cycles"):
             section["compiler_speedup"] = ref["cycles"] / estimate["cycles"]
@@ -386,6 +388,9 @@ class ProductionRun:
             roof = section["reference_roofline"]
             if roof and roof.get("seconds") and section["kernel_time_s"]:
                 section["roofline_ratio"] = roof["seconds"] / section["kernel_time_s"]
+        if section["implausible"] or section["unpriced"]:  # ranked on the least time
+            section.update(estimated_speedup=None, basis=None, roofline_ratio=None,
+                           bound=self._bound(section, plans))
         klass = fidelity.program_class(record.get("cost"), record.get("opcodes"),
                                        verdict.get("opcodes"), plans, self._dtype(), self.chip)
         section["fidelity"] = fidelity.lookup(self.chip, klass, section["basis"])
@@ -406,6 +411,51 @@ class ProductionRun:
         compute = flops / peak if peak else 0.0
         bound = max(compute, float((found or {}).get("kernel_s") or 0.0))
         return bound or None
+
+    def _bound(self, section: dict[str, Any], plans: list[dict[str, Any]]
+               ) -> dict[str, Any] | None:
+        """What ranks a kernel whose estimate is not believed: the reference's time (its
+        estimate, else its roofline, each at least its memory floor) over the least time
+        the kernel can take: its own dots at the chip's peak, its memory floor, and, when
+        its work is not known exactly (a loop of run-time length), the reference's FLOPs
+        at the peak (a kernel computing the same product does that work)."""
+        roof = section.get("reference_roofline") or {}
+        ref_est = (section.get("reference_estimate") or {}).get("seconds")
+        floor = section.get("floor") or {}
+        reference_s = max(float(ref_est or roof.get("seconds") or 0.0),
+                          float(floor.get("reference_s") or 0.0))
+        least = float(section.get("kernel_bound_s") or 0.0)
+        work = "its own work and memory floor"
+        exact = plans and all(p.get("work_exact") for p in plans)
+        if not exact and roof.get("compute_s") and roof["compute_s"] > least:
+            least = float(roof["compute_s"])
+            work = (f"the reference's {float(roof.get('flops') or 0) / 1e9:,.0f} GFLOP at "
+                    f"{self.chip}'s peak (the kernel's own work is not known exactly)")
+        if not least or not reference_s:
+            return None
+        return {"kernel_s": least, "reference_s": reference_s,
+                "speedup": reference_s / least, "work": work,
+                "reference": "estimate" if ref_est else "roofline"}
+
+    @staticmethod
+    def _unpriced(estimate: dict[str, Any], plans: list[dict[str, Any]]) -> str | None:
+        """Why the estimate prices nothing of a kernel whose work depends on values read
+        at run time (a loop whose length is in SMEM, scalar-prefetched indices): the
+        estimator gives such a kernel 0 cycles, a blind spot of the static estimate, not
+        the kernel's doing, so it is not flagged, only never ranked on."""
+        pallas = [op for op in estimate.get("ops") or [] if op.get("kind") == "pallas"]
+        unpriced = sorted({str(op.get("name")) for op in pallas if not op.get("cycles")})
+        if unpriced and any(p.get("data_dependent") for p in plans):
+            return (f"the estimator prices {', '.join(unpriced)[:120]} at 0 cycles: its "
+                    "work depends on values read at run time (scalar prefetch, a loop "
+                    "whose length is in SMEM), which a static estimate does not see")
+        looped = [p for p in plans if p.get("run_time_loops")]
+        if looped:
+            names = ", ".join(sorted({str(p.get("name")) for p in looped}))[:120]
+            return (f"{names} loops a number of times known only at run time (a while "
+                    "loop: a fori_loop or emit_pipeline whose length is a traced value); "
+                    "the estimator prices such a loop at a trip count of its own choosing")
+        return None
 
     def _implausible(self, estimate: dict[str, Any], plans: list[dict[str, Any]]
                      ) -> str | None:

@@ -1,0 +1,44 @@
+"""`tilewright chips`: which TPU generations estimate and which only compile, and why."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from kernels.harness import tpu_compile
+from profiling.chips import CHIPS, estimator_refusal
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _chips(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tui.cli", "chips", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "80"})
+
+
+def test_every_tpu_generation_says_whether_it_estimates() -> None:
+    done = _chips("--json")
+    assert done.returncode == 0, done.stderr
+    rows = {r["chip"]: r for r in json.loads(done.stdout)["chips"]}
+    assert set(rows) == {c.name for c in CHIPS.values() if c.kind == "tpu"}
+    assert rows["v5e"]["estimates"] and rows["v5e"]["default"]
+    assert rows["v6e"]["measured_rows"].get("compute_bound", 0) > 0
+    for name in ("v4", "v7x"):  # measured: the estimator aborts on them
+        assert rows[name]["compiles"] and not rows[name]["estimates"]
+        assert rows[name]["why_not"] == estimator_refusal(name)
+    # the worker refuses estimates exactly where the listing says there are none
+    assert set(tpu_compile.ESTIMATE_CHIPS) == {n for n, r in rows.items() if r["estimates"]}
+
+
+def test_the_listing_fits_80_columns_and_names_the_reason() -> None:
+    done = _chips()
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), max(lines, key=len)
+    text = " ".join(line.strip() for line in lines)
+    assert "v7x: TPU v7x" in text and "compiles only" in text
+    assert "v5e (default off-TPU)" in text and "compiles and estimates" in text
