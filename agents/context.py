@@ -286,6 +286,15 @@ def ranking_text(request: AgentRequest) -> str:
             f"No TPU estimate is available ({why}), so kernels are ranked by the host "
             "simulation ratio (XLA's time / the interpreted kernel's on this CPU), which "
             "predicts nothing about a TPU: treat any ranking here as weak.")
+    if source == "bound":
+        why = n.get("unpriced") or n.get("implausible") or "no reason given"
+        return head + (
+            f"The TPU compiler's estimate of your kernel for TPU {chip} at {shape} is not "
+            f"believed ({neutralize(why)}), so it is ranked by an upper bound: the XLA "
+            "reference's time over the least time your kernel can take (its work at the "
+            "chip's peak, its memory floor). \"≤5.6x bound\" means at most 5.6x; kernels "
+            "ranked this way tie on their work, so their tiling choices are not told apart; "
+            "a loop whose length is known at trace time (static bounds) is estimated.")
     if source == "roofline":
         why = n.get("estimate_unavailable") or "no reason given"
         text = (f"The TPU compiler's estimate of your kernel, compiled for TPU {chip} at "

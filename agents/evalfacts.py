@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kernels.printable import printable
 from kernels.result import Rank, array_text, is_interpret, ranking
 
 
@@ -140,6 +141,11 @@ def version_numbers(result: dict[str, Any] | None) -> dict[str, Any]:
         "fidelity": fidelity,
         "estimate_unavailable": tpu.get("estimate_unavailable")
         if isinstance(tpu.get("estimate_unavailable"), str) else None,
+        # why the estimate is not ranked on (a loop of run-time length; below its work)
+        "unpriced": printable(tpu["unpriced"]) if isinstance(tpu.get("unpriced"), str)
+        else None,
+        "implausible": printable(tpu["implausible"]) if isinstance(tpu.get("implausible"), str)
+        else None,
         "tpu_message": tpu.get("message") if isinstance(tpu.get("message"), str) else None,
         "atol": _num(corr.get("atol")), "rtol": _num(corr.get("rtol")),
         "atol_effective": _num(corr.get("atol_effective")),

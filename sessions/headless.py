@@ -107,6 +107,11 @@ def _what_numbers_are(rank: Rank | None) -> str | None:
         return (f"≥ roofline: the kernel's TPU compiler estimate against the XLA "
                 f"reference's roofline on {where} (the reference has no estimate); a lower "
                 "bound of the speedup, not a measurement")
+    if rank.source == "bound":
+        return (f"≤ bound: the XLA reference's time over the least time the kernel can take "
+                f"on {where} (its work at the chip's peak, its memory floor); its own "
+                "estimate is not believed (a loop whose length is read at run time); an "
+                "upper bound of the speedup, not a measurement")
     if rank.source == "host_simulation":
         return "host sim: the CPU interpreter's time ratio; it predicts nothing about a TPU"
     return None
