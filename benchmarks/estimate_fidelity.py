@@ -56,6 +56,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 DATA = ROOT / "benchmarks" / "data"
 JAXBENCH_COMMIT = "999e01e96c8b"
 # The guide's times are wall clock per call: below this a call is dispatch-bound (its
@@ -66,6 +67,8 @@ SOURCES = {
                 "profiler, median of 50 after 5 warm-ups)",
     "guide": "jax-ml/jax@ee6cce5 docs/pallas/tpu/matmul.ipynb outputs (TPU v5e, wall clock, "
              "mean of 100 calls)",
+    "tokamax": "tokamax wheel data/autotuning/<chip>/*.json evaluation_times_ms (its "
+               "autotuner on TPU v5e and TPU7x; median of the fastest config's times)",
 }
 
 
@@ -137,6 +140,135 @@ def guide_task(root: Path, m: int, k: int, n: int, epilogue: str) -> Path:
     return task
 
 
+RAGGED_REFERENCE = textwrap.dedent("""
+    import jax
+    import jax.numpy as jnp
+
+    GROUP_SIZES = {sizes}  # tokamax's measured spec
+
+    def make_inputs(key, m, k, n, groups):
+        a, b = jax.random.split(key)
+        return (jax.random.normal(a, (m, k), jnp.{dtype}),
+                jax.random.normal(b, (groups, k, n), jnp.{dtype}),
+                jnp.asarray(GROUP_SIZES, jnp.int32))
+
+    def reference(lhs, rhs, group_sizes):
+        return jax.lax.ragged_dot(lhs, rhs, group_sizes)
+""")
+# tokamax's own kernel, called as its op calls it (imported from the installed wheel).
+RAGGED_KERNEL = textwrap.dedent("""
+    import jax
+    import jax.numpy as jnp
+    from tokamax._src.ops.ragged_dot import pallas_mosaic_tpu_kernel as tk
+
+    def kernel(lhs, rhs, group_sizes):
+        return tk.gmm(lhs, rhs, group_sizes,
+                      precision=(jax.lax.Precision.DEFAULT, jax.lax.Precision.DEFAULT),
+                      out_dtype=lhs.dtype, tiling=({tm}, {tk}, {tn}),
+                      input_buffer_count={buffers})
+""")
+_DTYPES = {"bf16": "bfloat16", "f32": "float32"}
+
+
+def ragged_task(root: Path, index: int, spec: dict[str, Any]) -> Path | None:
+    """A task at one of tokamax's ragged-dot specs (its group sizes kept), or None for a
+    spec this layout does not express (other dimension numbers, other dtypes)."""
+    from tokamax_data import array
+
+    lhs, rhs = array(spec.get("lhs")), array(spec.get("rhs"))
+    dims = (spec.get("ragged_dot_dimension_numbers") or {})
+    if not lhs or not rhs or len(lhs[1]) != 2 or len(rhs[1]) != 3 or lhs[0] != rhs[0] \
+            or lhs[0] not in _DTYPES or dims.get("lhs_ragged_dimensions") != [0] \
+            or dims.get("rhs_group_dimensions") != [0] \
+            or dims.get("dot_dimension_numbers") != [[[1], [1]], [[], []]]:
+        return None
+    (m, k), (groups, _k, n) = lhs[1], rhs[1]
+    task = root / f"ragged_{index}"
+    task.mkdir(parents=True, exist_ok=True)
+    (task / "task.toml").write_text(
+        f'name = "{task.name}"\natol = 5e-2\nrtol = 5e-2\n[shapes.spec]\nm = {m}\n'
+        f'k = {k}\nn = {n}\ngroups = {groups}\nsize = "large"\nproduction = true\n')
+    (task / "reference.py").write_text(RAGGED_REFERENCE.format(
+        sizes=list(spec.get("group_sizes") or []), dtype=_DTYPES[lhs[0]]))
+    return task
+
+
+async def tokamax_rows(args: argparse.Namespace, pool: Any, scratch: Path
+                       ) -> list[dict[str, Any]]:
+    """tokamax's measured pairs: the v5e grouped matmul estimated (tokamax's kernel at its
+    fastest measured tiling, XLA's ragged_dot), the rest listed with why not (a chip the
+    estimator refuses: its rows are counted, never compiled)."""
+    import tokamax_data
+
+    from kernels.workers import EvalOptions
+    from profiling.chips import estimator_refusal
+
+    root = args.tokamax if isinstance(args.tokamax, Path) else tokamax_data.find()
+    if root is None:
+        print("tokamax rows skipped: not installed (./dev setup tokamax) and no --tokamax DIR")
+        return []
+    found, problems = tokamax_data.pairs(root)
+    for problem in problems:
+        print(f"tokamax: {problem}")
+    rows, done = [], 0
+    for index, pair in enumerate(found):
+        workload = f"{pair.what} {pair.spec.get('lhs')} x {pair.spec.get('rhs')}"
+        common = {"source": "tokamax", "chip": pair.chip, "workload": workload,
+                  "provenance": pair.provenance, "tokamax_op": pair.op}
+        base = {**common, "variant": "baseline", "program": f"XLA {workload}",
+                "measured_s": pair.xla.median_ms / 1e3}
+        opt = {**common, "variant": "optimized", "program": f"tokamax {workload}",
+               "measured_s": pair.pallas.median_ms / 1e3,
+               "config": pair.pallas.config}
+        refusal = estimator_refusal(pair.chip)
+        task_dir = None
+        if refusal is None and pair.op == "pallas_mosaic_tpu_ragged_dot":
+            task_dir = ragged_task(scratch / "tokamax", index, pair.spec)
+        limit = args.tokamax_limit is not None and done >= args.tokamax_limit
+        if refusal or task_dir is None or limit:
+            why = (refusal or ("not run: --tokamax-limit reached" if limit else
+                               f"not run: no task layout here for {pair.op}'s spec"))
+            base["why"] = opt["why"] = why
+            rows += [base, opt]
+            continue
+        from kernels.loaders import load_task
+
+        task = load_task(task_dir)
+        config = pair.pallas.config
+        source = RAGGED_KERNEL.format(tm=config.get("tile_m"), tk=config.get("tile_k"),
+                                      tn=config.get("tile_n"),
+                                      buffers=config.get("input_buffer_count", 2))
+        for row, run in ((base, None), (opt, source)):
+            started = time.perf_counter()
+            try:
+                if run is None:
+                    got = await pool.request("reference_estimate", {
+                        "task": task.to_spec(), "chip": pair.chip, "timeout_s": args.timeout,
+                        "compile_memory_mb": args.compile_memory_mb},
+                        timeout=args.timeout + 60)
+                    row.update(_from_reference(got))
+                else:
+                    got = await pool.estimate(task, run, EvalOptions(
+                        timeout_s=args.timeout, chip=pair.chip,
+                        compile_memory_mb=args.compile_memory_mb),
+                        filename=str(task_dir / "tokamax_gmm.py"))
+                    row.update(_from_candidate(got))
+            except Exception as exc:  # a task that cannot even be loaded or run
+                row["why"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            row["estimate_s_wall"] = time.perf_counter() - started
+            rows.append(row)
+            _print_row(row)
+        done += 1
+    counted: dict[tuple[str, str], int] = {}
+    for row in rows:
+        if row["variant"] == "optimized":
+            key = (row["chip"], row["tokamax_op"])
+            counted[key] = counted.get(key, 0) + 1
+    for (chip, op), count in sorted(counted.items()):
+        print(f"tokamax {op} on {chip}: {count} measured pairs")
+    return rows
+
+
 def clock(chip: str) -> float:
     from profiling.chips import get_chip
 
@@ -184,6 +316,8 @@ async def estimate_rows(args: argparse.Namespace, scratch: Path) -> list[dict[st
                 out["estimate_s_wall"] = time.perf_counter() - started
                 rows.append(out)
                 _print_row(out)
+        if args.tokamax:
+            rows += await tokamax_rows(args, pool, scratch)
         if not args.skip_guide:
             for row in read_csv(DATA / "pallas_matmul_guide_v5e.csv"):
                 m, k, n = int(row["m"]), int(row["k"]), int(row["n"])
@@ -380,6 +514,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", help="workload name prefixes (mm1024... for "
                                                   "the guide's rows)")
     parser.add_argument("--skip-guide", action="store_true")
+    parser.add_argument("--tokamax", nargs="?", const=True, type=Path, default=None,
+                        metavar="DIR", help="tokamax's measured TPU times (from the installed "
+                        "package, or DIR: a tokamax package folder of an extracted wheel)")
+    parser.add_argument("--tokamax-limit", type=int, default=None, metavar="N",
+                        help="estimate at most N of tokamax's pairs (the rest are listed)")
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--compile-memory-mb", type=int, default=4096)
     parser.add_argument("--worker-memory-mb", type=int, default=12288)
@@ -399,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
         print("JAXBench workloads skipped: a smoke run reads no checkout"
               if args.jaxbench else "JAXBench workloads skipped: no checkout (--jaxbench DIR)")
         args.only, args.skip_guide, args.jaxbench = ["mm1024"], False, None
-    if not args.jaxbench and args.skip_guide and not args.rows:
+    if not args.jaxbench and args.skip_guide and not args.rows and not args.tokamax:
         parser.error("nothing to do: give --jaxbench and/or leave out --skip-guide")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     started = time.perf_counter()
