@@ -455,8 +455,9 @@ def report(rows: list[dict[str, Any]], efficiency: float = 1.0) -> dict[str, Any
             entry[key] = {k: summarize(v) for k, v in sorted(classes.items())}
             entry[key]["all"] = summarize([value(r) / r["measured_s"] for r in mine]) \
                 if mine else {}
-            rho = spearman([value(r) for r in mine], [r["measured_s"] for r in mine])
-            entry[key]["all"]["spearman"] = round(rho, 3) if rho is not None else None
+            if mine:
+                rho = spearman([value(r) for r in mine], [r["measured_s"] for r in mine])
+                entry[key]["all"]["spearman"] = round(rho, 3) if rho is not None else None
         out[chip] = entry
     return out
 
@@ -562,9 +563,11 @@ def main(argv: list[str] | None = None) -> int:
     for chip, entry in figures.items():
         for key in ("compiler", "with_floor"):
             print(f"\n{chip}, {key.replace('_', ' ')}:")
+            if not any(entry[key].values()):
+                print("  no program estimated")
             for klass, s in entry[key].items():
                 extra = f", Spearman {s['spearman']}" if "spearman" in s else ""
-                if not s:
+                if not s.get("rows"):
                     continue
                 print(f"  {klass:<18} rows {s['rows']:>3}  median {s['median_ratio']:6.3f}  "
                       f"middle half {s['middle_half'][0]:.3f}-{s['middle_half'][1]:.3f}  "
@@ -578,8 +581,16 @@ def main(argv: list[str] | None = None) -> int:
     failed = [r for r in rows if not r.get("estimate_s")]
     if failed:
         print("\nnot estimated:")
+        by_why: dict[str, list[dict[str, Any]]] = {}
         for r in failed:
-            print(f"  {r['program']}: {r.get('why')}")
+            by_why.setdefault(str(r.get("why")), []).append(r)
+        for why, these in by_why.items():
+            if len(these) <= 3:
+                for r in these:
+                    print(f"  {r['program']}: {why}")
+            else:
+                chips = ", ".join(sorted({r["chip"] for r in these}))
+                print(f"  {len(these)} programs on {chips}: {why}")
     efficiency = None
     if args.fit_efficiency:
         efficiency, train, test = fit_efficiency(kept)

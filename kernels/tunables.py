@@ -224,7 +224,7 @@ def config_of(source: str) -> dict[str, Any]:
 
 _SPEC_CALLS = {"BlockSpec"}
 # Names that say "a block size": BLOCK_M, TILE, bm, block_rows, CHUNK_SIZE, tq, ...
-_BLOCKISH = re.compile(r"(BLOCK|TILE|CHUNK)|^(B|T)(M|N|K|Q|KV|R|C|ROWS?|COLS?)$",
+_BLOCKISH = re.compile(r"(BLOCK|TILE|TILING|CHUNK)|^(B|T)(M|N|K|Q|KV|R|C|ROWS?|COLS?)$",
                        re.IGNORECASE)
 _MIN_BLOCK = 8  # smaller ints in a shape are broadcast dims or counts, not block sizes
 
