@@ -13,6 +13,14 @@ their sources (the programs are not vendored: point the script at the checkouts)
   TPU v5e, wall clock over 100 calls. Its kernel is a standard blocked matmul written
   here from the guide's description.
 
+- tokamax (``--tokamax``, read from the installed wheel by ``benchmarks/tokamax_data.py``):
+  Google's kernel library ships its autotuner's measured times per input spec; specs
+  timed for a Pallas op and its XLA counterpart are a measured speedup. Its grouped
+  matmul on v5e (16 pairs) is estimated with tokamax's own kernel at the fastest
+  measured tiling against ``jax.lax.ragged_dot``; the v7x pairs (attention, its backward
+  pass, the fused cross-entropy loss and its backward pass) are counted and listed with
+  why they are not estimated (``tilewright chips``: the estimator aborts on v7x).
+
 Every program is estimated the way every evaluation estimates it (a worker's
 ``reference_estimate`` and ``estimate`` ops: production shape, shortened grids or a
 scaled reference where the estimator would be too costly, the memory floor), then
