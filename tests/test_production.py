@@ -329,7 +329,7 @@ def kernel(x):
                             in_specs=[pl.BlockSpec((br, cols), lambda i: (i, 0))],
                             out_specs=[pl.BlockSpec((br, cols), lambda i: (i, 0))])(x_hbm, o_hbm)
 
-    n = jnp.full((1,), rows // br, jnp.int32)
+    n = STEPS
     return pl.pallas_call(
         body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
         in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), pl.BlockSpec(memory_space=pl.ANY)],
@@ -337,20 +337,50 @@ def kernel(x):
 """
 
 
+def pipelined(run_time: bool, steps: str = "jnp.full((1,), rows // br, jnp.int32)") -> str:
+    return PIPELINED.replace("LENGTH", str(run_time)).replace("STEPS", steps)
+
+
 @ON_MODULE_LOOP
-async def test_a_loop_of_run_time_length_is_never_ranked_on_its_estimate(worker_pool,
-                                                                          task_dir) -> None:
-    """An emit_pipeline whose grid is read from SMEM traces to a while loop: the estimator
-    prices it at a trip count of its own choosing (or at 0 cycles, as tokamax's grouped
-    matmul), so the kernel ranks on its least time (its memory floor, the reference's
-    work at the peak) against the reference: a labeled upper bound below every compiler
-    estimate. The same pipeline over a grid known at trace time ranks on its estimate."""
-    run_time = await evaluate(worker_pool, task_dir, PIPELINED.replace("LENGTH", "True"),
-                              rows="128")
+async def test_a_loop_of_run_time_length_is_priced_at_the_length_the_inputs_give(
+        worker_pool, task_dir) -> None:
+    """An emit_pipeline whose grid is read from SMEM traces to a while loop, which the
+    estimator prices at a trip count of its own choosing. Its bound follows from what
+    the program computes before the kernel (here a constant; group sizes in a grouped
+    matmul), so the kernel is estimated alone with that bound pinned: close to the same
+    pipeline over a grid known at trace time, and ranked on it."""
+    known = await evaluate(worker_pool, task_dir, pipelined(False), rows="128")
+    assert known.status == "correct", known.error
+    assert known.tpu["kernels"][0]["run_time_loops"] == 0
+    assert known.tpu["estimate"]["method"] != "pinned"
+    run_time = await evaluate(worker_pool, task_dir, pipelined(True), rows="128")
     assert run_time.status == "correct", run_time.error
     tpu = run_time.tpu
     assert tpu["kernels"][0]["run_time_loops"] >= 1
-    assert "known only at run time" in tpu["unpriced"]
+    assert tpu["estimate"]["method"] == "pinned" and tpu["estimate"]["pinned"] == [0]
+    assert "pinned" in tpu["estimate"]["detail"] and tpu["unpriced"] is None
+    kernel = lambda t: sum(op["cycles"] for op in t["estimate"]["ops"]  # noqa: E731
+                           if op["kind"] == "pallas")
+    assert 0.8 < kernel(tpu) / kernel(known.tpu) < 1.25, (kernel(tpu), kernel(known.tpu))
+    assert ranking(run_time.to_json()).source == "tpu_estimate"
+
+
+@ON_MODULE_LOOP
+async def test_a_loop_of_run_time_length_is_never_ranked_on_its_estimate(worker_pool,
+                                                                          task_dir) -> None:
+    """An emit_pipeline whose grid is read from SMEM, computed from the input's values
+    (which nothing knows before it runs): the estimator prices the loop at a trip count
+    of its own choosing (or at 0 cycles, as tokamax's grouped matmul without its group
+    sizes), so the kernel ranks on its least time (its memory floor, the reference's
+    work at the peak) against the reference: a labeled upper bound below every compiler
+    estimate. The same pipeline over a grid known at trace time ranks on its estimate."""
+    # the bound depends on the values of x (unknown until it runs): nothing can pin it
+    steps = "jnp.where(x[0, 0] > -1e30, rows // br, 1).astype(jnp.int32).reshape(1)"
+    run_time = await evaluate(worker_pool, task_dir, pipelined(True, steps), rows="128")
+    assert run_time.status == "correct", run_time.error
+    tpu = run_time.tpu
+    assert tpu["kernels"][0]["run_time_loops"] >= 1
+    assert "known only at run time" in (tpu["unpriced"] or ""), (tpu["estimate"], tpu["estimate_unavailable"], run_time.integrity)
     assert tpu["estimate"] is not None and tpu["estimated_speedup"] is None
     rank = ranking(run_time.to_json())
     assert rank.source == "bound", rank
@@ -360,8 +390,7 @@ async def test_a_loop_of_run_time_length_is_never_ranked_on_its_estimate(worker_
     assert "integrity" not in (run_time.error or "")  # not the kernel's fault: unflagged
     assert "estimate_below_roofline" not in run_time.integrity["flags"]
 
-    known = await evaluate(worker_pool, task_dir, PIPELINED.replace("LENGTH", "False"),
-                           rows="128")
+    known = await evaluate(worker_pool, task_dir, pipelined(False), rows="128")
     assert known.status == "correct", known.error
     assert known.tpu["kernels"][0]["run_time_loops"] == 0 and known.tpu["unpriced"] is None
     priced = ranking(known.to_json())

@@ -21,8 +21,9 @@ Worker-side (the judge).
 
 from __future__ import annotations
 
+import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn
 
 import numpy as np
@@ -164,6 +165,9 @@ class ProductionReply:
     unavailable: str | None
     programs: dict[str, bytes]
     outside_compute: tuple[str, ...] = ()  # work outside the kernels at production
+    # kernel index -> the values its loop bounds were pinned to (``pinned<index>``: a
+    # program of that kernel alone, bounds read from the production inputs)
+    pinned: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, reply: dict[str, Any], blob: bytes) -> ProductionReply | str:
@@ -183,8 +187,11 @@ class ProductionReply:
         programs: dict[str, bytes] = {}
         offset = 0
         for item in listed:
-            if (not isinstance(item, list) or len(item) != 2 or item[0] not in
-                    PRODUCTION_PROGRAMS or _int(item[1]) is None or item[1] < 0):
+            if (not isinstance(item, list) or len(item) != 2
+                    or not isinstance(item[0], str)
+                    or (item[0] not in PRODUCTION_PROGRAMS
+                        and not re.fullmatch(r"pinned\d{1,3}(_\d{1,6})?", item[0]))
+                    or _int(item[1]) is None or item[1] < 0):
                 return "a malformed production program list"
             programs[item[0]] = blob[offset:offset + item[1]]
             offset += item[1]
@@ -193,7 +200,11 @@ class ProductionReply:
         if ("scaled0" in programs) != ("scaled1" in programs):  # one short grid: no scaling
             programs.pop("scaled0", None)
             programs.pop("scaled1", None)
-        return cls(**common, unavailable=None, programs=programs)
+        said = reply.get("pinned") if isinstance(reply.get("pinned"), dict) else {}
+        pinned = {str(k)[:4]: _strings(v, 16) for k, v in list(said.items())[:16]
+                  if isinstance(v, list) and any(p == f"pinned{k}" or p.startswith(f"pinned{k}_")
+                                                 for p in programs)}
+        return cls(**common, unavailable=None, programs=programs, pinned=pinned)
 
 
 @dataclass(frozen=True)

@@ -103,10 +103,117 @@ def estimate_of(records: list[dict[str, Any]], chip: str, method: str = "full",
 
 def candidate_estimate(programs: dict[str, bytes], plans: list[dict[str, Any]], chip: str,
                        deadline: float, memory_mb: int,
-                       on_verdict: Any = None) -> dict[str, Any]:
+                       on_verdict: Any = None,
+                       pinned_counts: dict[int, int] | None = None) -> dict[str, Any]:
     """The verdict and the estimate of the candidate's production program:
     ``{verdict: <compiler answer>, estimate: {...} | None, unavailable: reason | None,
-    cached: bool}``; ``on_verdict(answer)`` as soon as the verdict is known."""
+    cached: bool}``; ``on_verdict(answer)`` as soon as the verdict is known.
+
+    A kernel whose loops run a number of times read at run time comes with a program of
+    its own (``pinned<index>``: the kernel alone, those bounds fixed to what the
+    production inputs make them): its cycles replace the kernel's in the program's
+    estimate, or, where the estimator gives the whole program no figure (it aborts on
+    XLA's scatter/gather bookkeeping on v5e), are the estimate, the XLA ops outside the
+    kernel said to be unpriced."""
+    out = _program_estimate(programs, plans, chip, deadline, memory_mb, on_verdict)
+    pinned: dict[int, dict[int | None, bytes]] = {}
+    for key, blob in programs.items():
+        if key.startswith("pinned"):
+            index, _, short = key[len("pinned"):].partition("_")
+            pinned.setdefault(int(index), {})[int(short) if short else None] = blob
+    if not pinned or out["verdict"].get("compile") != "ok" or out.get("refusal") \
+            or not estimates_possible(chip)[0]:
+        return out
+    comp = compile_pool.compilers()
+    names = {p["index"]: p["name"] for p in plans}
+    full_counts = pinned_counts or {}
+    cycles: dict[int, int] = {}
+    why, scaled = [], []
+    for index, blobs in sorted(pinned.items()):
+        got: dict[int | None, int] = {}
+        for short, blob in sorted(blobs.items(), key=lambda kv: kv[0] or 0):
+            answer = comp.compile(blob, chip, "estimate", deadline, memory_mb)
+            if answer.get("compile") != "ok" or answer.get("records") is None:
+                why.append(f"{names.get(index, index)}"
+                           f"{f' at {short}' if short else ''}: {why_no_records(answer)}")
+                break
+            kernels, _others = split_records(answer["records"], answer.get("kernels"))
+            got[short] = int(kernels.get(index) or 0)
+        full = full_counts.get(index)
+        if got.get(None):
+            cycles[index] = got[None]
+        elif len(got) == 2 and full:
+            (u1, c1), (u2, c2) = sorted((k, v) for k, v in got.items() if k is not None)
+            cycles[index], how = scale(c1, c2, u1, u2, full)
+            scaled.append(f"{names.get(index, index)}: at {u1} and {u2} of {full} ({how})")
+        elif len(got) == 1 and full and next(iter(got)) and next(iter(got.values())):
+            # the longer one needed more than the estimator's memory: proportional to the
+            # shorter (its fixed cost counted once per repeat: a little high)
+            (u1, c1), = got.items()
+            cycles[index] = round(c1 * full / u1)
+            scaled.append(f"{names.get(index, index)}: at {u1} of {full}, proportional (the "
+                          f"longer estimate: {why[-1].split(': ', 1)[-1][:120]})")
+    if not cycles:
+        if why and out.get("estimate") is None:
+            out["unavailable"] = (out.get("unavailable") or "no estimate") + \
+                "; with its loop bounds pinned: " + "; ".join(why)
+        return out
+    pinned_names = {names.get(i, f"kernel {i}") for i in cycles}
+    base = out.get("estimate")
+    note = ("loop bounds read at run time pinned to the production inputs' values, the "
+            f"kernel estimated alone ({', '.join(sorted(pinned_names))})"
+            + (f"; shortened and scaled: {'; '.join(scaled)}" if scaled else ""))
+    if base is not None:
+        ops = [dict(op) for op in base.get("ops") or []]
+        total = int(base["cycles"])
+        for op in ops:
+            if op.get("kind") == "pallas" and op.get("name") in pinned_names:
+                index = next(i for i in cycles if names.get(i, f"kernel {i}") == op["name"])
+                total += cycles[index] - int(op.get("cycles") or 0)
+                op["cycles"] = cycles[index]
+        found = tpu_compile.estimate(total, chip)
+        found.update(method="pinned", ops=ops, incomplete=base.get("incomplete"),
+                     detail="; ".join(x for x in (note, base.get("detail")) if x),
+                     pinned=sorted(cycles))
+    else:
+        unpriced = out.get("unavailable") or "no figure"
+        ops = [{"name": names.get(i, f"kernel {i}"), "kind": "pallas", "cycles": c}
+               for i, c in sorted(cycles.items())]
+        found = tpu_compile.estimate(sum(cycles.values()), chip)
+        found.update(method="pinned", ops=ops, incomplete=None, pinned=sorted(cycles),
+                     detail=f"{note}; the XLA ops outside the kernel are not priced (the "
+                            f"whole program: {unpriced[:300]})",
+                     outside_unpriced=unpriced[:500])
+        out["unavailable"] = None
+    out["estimate"] = found
+    return out
+
+
+def pinned_counts(pinned: dict[str, Any]) -> dict[int, int]:
+    """Kernel index -> the one count its loops were pinned to (what a shortened pinned
+    program is scaled to), from a production reply's ``pinned``."""
+    import json
+
+    out = {}
+    for key, values in (pinned or {}).items():
+        if not str(key).isdigit() or len(values or ()) != 1:
+            continue
+        try:
+            value = json.loads(values[0])
+        except (ValueError, TypeError):
+            continue
+        while isinstance(value, list) and len(value) == 1:
+            value = value[0]
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            out[int(key)] = value
+    return out
+
+
+def _program_estimate(programs: dict[str, bytes], plans: list[dict[str, Any]], chip: str,
+                      deadline: float, memory_mb: int,
+                      on_verdict: Any = None) -> dict[str, Any]:
+    """The verdict and the estimate of the production program as traced (whole, or its
+    grids shortened and scaled)."""
     comp = compile_pool.compilers()
     verdict = comp.compile(programs["full"], chip, "verdict", deadline, memory_mb)
     if on_verdict is not None:

@@ -129,6 +129,29 @@ class TaskRuntime:
             how = "concrete"
         return list(dyn), list(static), how
 
+    def small_integer_inputs(self, config: ShapeConfig, dyn: list[Any],
+                             limit: int = 1 << 16) -> dict[int, Any]:
+        """The values of the inputs that are small integer arrays (group sizes, offsets,
+        lengths: what a kernel's loop bounds are computed from), built at ``config`` from
+        the task's own recipe with a fixed key; nothing else is built (the input builder
+        runs under ``jit`` returning only those, so XLA never makes the big arrays).
+        Empty when there are none or the builder cannot run that way."""
+        wanted = [i for i, a in enumerate(dyn)
+                  if np.issubdtype(np.dtype(a.dtype), np.integer)
+                  and int(np.prod(a.shape)) <= limit]
+        if not wanted:
+            return {}
+
+        def build(key: Any) -> tuple:
+            made, _static = self.make_inputs(config, key)
+            return tuple(made[i] for i in wanted)
+
+        try:
+            values = jax.jit(build)(jax.random.PRNGKey(0))
+        except Exception:  # Python control flow on values, a builder that needs more
+            return {}
+        return {i: np.asarray(v) for i, v in zip(wanted, values, strict=True)}
+
     def flops(self, config: ShapeConfig, inputs: tuple) -> float | None:
         return None
 

@@ -139,10 +139,13 @@ class ProductionRun:
                               f"inputs failed: {type(exc).__name__}: {exc}")
             raise task_failure(error, str(error)) from exc
         self.inputs = [(tuple(int(d) for d in a.shape), str(a.dtype)) for a in dyn]
+        # the bookkeeping inputs' values at production (group sizes): a kernel whose loops
+        # run as many times as they say is estimated with them
+        known = runtime.small_integer_inputs(self.config, dyn)
         try:
             reply = self.channel.production(
                 self.spec, self.chip, self.where(),
-                pickle.dumps(([(list(s), d) for s, d in self.inputs], tuple(static))))
+                pickle.dumps(([(list(s), d) for s, d in self.inputs], tuple(static), known)))
         except Stopped as stop:
             if stop.error.kind == "lowering":  # the TPU lowering refused
                 stop.lowering = {"tpu": "error", "message": stop.error.message,
@@ -233,8 +236,10 @@ class ProductionRun:
 
         # The compiles are bounded by the evaluation's deadline until the program's size
         # is known (then by the production deadline, which may be later).
+        counts = estimates.pinned_counts(self.reply.pinned if self.reply else {})
         out = estimates.candidate_estimate(programs, plans, self.chip, self.deadline,
-                                           self.memory_mb, on_verdict=verdict_known)
+                                           self.memory_mb, on_verdict=verdict_known,
+                                           pinned_counts=counts)
         if not self.verdict.done():
             self.verdict.set_result(out["verdict"])
         self.reference_known.wait(max(self.deadline - time.monotonic(), 0.0))
@@ -445,11 +450,13 @@ class ProductionRun:
         the kernel's doing, so it is not flagged, only never ranked on."""
         pallas = [op for op in estimate.get("ops") or [] if op.get("kind") == "pallas"]
         unpriced = sorted({str(op.get("name")) for op in pallas if not op.get("cycles")})
-        if unpriced and any(p.get("data_dependent") for p in plans):
+        if unpriced and any(p.get("data_dependent") for p in plans) \
+                and estimate.get("method") != "pinned":
             return (f"the estimator prices {', '.join(unpriced)[:120]} at 0 cycles: its "
                     "work depends on values read at run time (scalar prefetch, a loop "
                     "whose length is in SMEM), which a static estimate does not see")
-        looped = [p for p in plans if p.get("run_time_loops")]
+        pinned = set(estimate.get("pinned") or ())  # their bounds were known: priced
+        looped = [p for p in plans if p.get("run_time_loops") and p.get("index") not in pinned]
         if looped:
             names = ", ".join(sorted({str(p.get("name")) for p in looped}))[:120]
             return (f"{names} loops a number of times known only at run time (a while "
