@@ -11,7 +11,9 @@ what the benchmark measured for that class (median ratio estimate / measured, th
 within 2x, how many rows, the source), read from ``kernels/data/fidelity.json`` (the
 benchmark's last run, shipped with the package) plus the user's calibration file.
 
-Classes (``program_class``): ``collective`` (all-reduce and kin), ``pallas_manual_dma``
+Classes (``program_class``): ``collective`` (all-reduce and kin), ``grouped_matmul``
+(the reference is a ragged dot: an MoE layer's matmul, measured against tokamax's TPU
+times), ``pallas_manual_dma``
 (a kernel with memory_space=ANY operands or scalar-prefetch-indexed blocks),
 ``gather_scatter`` (the reference gathers or scatters), else ``compute_bound`` or
 ``memory_bound`` by the reference's FLOP per byte against the chip's ridge point for
@@ -40,7 +42,7 @@ from kernels.worker_env import CALIBRATION
 TABLE = Path(__file__).resolve().parent.parent / "data" / "fidelity.json"
 CALIBRATION_ENV = CALIBRATION  # the user's calibration pairs (JSON lines)
 CLASSES = ("compute_bound", "memory_bound", "pallas_manual_dma", "gather_scatter",
-           "collective")
+           "collective", "grouped_matmul")
 _COLLECTIVES = {"all-reduce", "all-gather", "reduce-scatter", "all-to-all",
                 "collective-permute"}
 
@@ -53,6 +55,8 @@ def program_class(reference_cost: dict[str, Any] | None,
     ops = {**(reference_opcodes or {}), **(kernel_opcodes or {})}
     if _COLLECTIVES & set(ops):
         return "collective"
+    if any(str(op).startswith(("ragged-dot", "ragged_dot")) for op in reference_opcodes or {}):
+        return "grouped_matmul"  # an MoE layer's matmul: tokamax's measured v5e pairs
     if any(p.get("data_dependent") for p in plans):
         return "pallas_manual_dma"
     if {"gather", "scatter"} & set(reference_opcodes or {}):
