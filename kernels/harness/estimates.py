@@ -131,19 +131,23 @@ def candidate_estimate(programs: dict[str, bytes], plans: list[dict[str, Any]], 
     why, scaled = [], []
     for index, blobs in sorted(pinned.items()):
         got: dict[int | None, int] = {}
+        longer = "not run"
         for short, blob in sorted(blobs.items(), key=lambda kv: kv[0] or 0):
             answer = comp.compile(blob, chip, "estimate", deadline, memory_mb)
             if answer.get("compile") != "ok" or answer.get("records") is None:
-                why.append(f"{names.get(index, index)}"
-                           f"{f' at {short}' if short else ''}: {why_no_records(answer)}")
+                if short is None or not got:  # (a longer short one: scaled from shorter)
+                    why.append(f"{names.get(index, index)}"
+                               f"{f' at {short}' if short else ''}: {why_no_records(answer)}")
+                else:
+                    longer = why_no_records(answer)
                 break
             kernels, _others = split_records(answer["records"], answer.get("kernels"))
             got[short] = int(kernels.get(index) or 0)
         full = full_counts.get(index)
         if got.get(None):
             cycles[index] = got[None]
-        elif len(got) == 2 and full:
-            (u1, c1), (u2, c2) = sorted((k, v) for k, v in got.items() if k is not None)
+        elif len(got) >= 2 and full:  # the two longest the estimator could price
+            (u1, c1), (u2, c2) = sorted((k, v) for k, v in got.items() if k is not None)[-2:]
             cycles[index], how = scale(c1, c2, u1, u2, full)
             scaled.append(f"{names.get(index, index)}: at {u1} and {u2} of {full} ({how})")
         elif len(got) == 1 and full and next(iter(got)) and next(iter(got.values())):
@@ -152,7 +156,7 @@ def candidate_estimate(programs: dict[str, bytes], plans: list[dict[str, Any]], 
             (u1, c1), = got.items()
             cycles[index] = round(c1 * full / u1)
             scaled.append(f"{names.get(index, index)}: at {u1} of {full}, proportional (the "
-                          f"longer estimate: {why[-1].split(': ', 1)[-1][:120]})")
+                          f"longer estimate: {longer[:120]})")
     if not cycles:
         if why and out.get("estimate") is None:
             out["unavailable"] = (out.get("unavailable") or "no estimate") + \

@@ -664,7 +664,16 @@ def _static_read(value: Any, eqn: Any) -> Any:
     return array[tuple(index)].reshape(aval.shape)
 
 
-PIN_SHORT = (1, 2)  # a single pinned count above these is estimated at them, then scaled
+def pin_shortened(count: int) -> tuple[int, ...] | None:
+    """The shorter counts a long pinned loop is estimated at, in order (then scaled from
+    the two longest the estimator could price, as a shortened grid is): 1 and 2 (a count
+    of tiles whose each step is a long loop: the estimator's memory bounds it), and an
+    eighth and a quarter of it, at most 32 and 64 (single steps: past the pipeline's
+    first ones); None: estimated as it is."""
+    if count <= 2:
+        return None
+    u2 = min(max(2, count // 4), 64)
+    return tuple(sorted({1, 2, max(1, u2 // 2), u2} - {count}))
 
 
 def pinned_programs(closed: Any, plans: list[KernelPlan], known: dict[int, Any]
@@ -673,8 +682,8 @@ def pinned_programs(closed: Any, plans: list[KernelPlan], known: dict[int, Any]
     production inputs' known values: programs of that kernel alone, its operands as the
     program's inputs (the XLA bookkeeping around it, which the estimator may not price,
     stays out), by name: ``pinned<index>`` with the bounds as the inputs make them, or,
-    when one count decides them and it is above ``PIN_SHORT`` (the estimator's memory
-    grows with the loop: a grouped matmul's 896 steps need more than 4 GB),
+    when one count decides them and it is long (``pin_shortened``: the estimator's
+    memory grows with the loop, a grouped matmul's 896 steps need more than 4 GB),
     ``pinned<index>_<u>`` at each shorter count ``u``, scaled to the real one as
     shortened grids are. Each with (program, avals, what was pinned: the real values)."""
     import jax
@@ -695,9 +704,10 @@ def pinned_programs(closed: Any, plans: list[KernelPlan], known: dict[int, Any]
             continue
         bodies = {f"pinned{index}": new}
         count = _single_count(pinned)
-        if count is not None and count > PIN_SHORT[-1]:
+        shorter = pin_shortened(count) if count is not None else None
+        if shorter is not None:
             bodies = {f"pinned{index}_{u}": pinned_body(inner, values[index], u)[0]
-                      for u in PIN_SHORT}
+                      for u in shorter}
         avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in eqn.invars]
         for key, one in bodies.items():
             new_body = ClosedJaxpr(one, body.consts) if isinstance(body, ClosedJaxpr) \
