@@ -193,6 +193,12 @@ class Controller:
         prop = self.state.pending_proposal
         if prop is None:
             self._check_idle("apply an edit")
+            current = self.state.current
+            if current is not None and source == self.core.source_of(current):
+                # Not a version of its own: v2 "edited by the user: no change" would be
+                # a run of v1 under another name.
+                raise ControllerError(f"nothing to submit: the editor holds v{current} "
+                                      "unchanged")
         self.core.record(prop.id if prop else None, Decision("edit", "user", source=source))
         if prop is None:
             version = self.core.new_version(source, origin="user-edit", proposal=None,

@@ -9,9 +9,11 @@ closes it on quit.
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from textual import events, work
@@ -39,16 +41,23 @@ FULL_GC_QUIET_S = 1.0  # a full collection waits for this long without a key
 FULL_GC_AFTER_YOUNG = 10  # ...and for as many generation-1 collections as CPython's own
 FULL_GC_MAX_WAIT_S = 30.0  # but never longer than this
 
-HELP_EXTRA = "\n".join((
-    "Panes: Source (the editor; a pending proposal shows as a diff, F3 toggles the full "
-    "source), Chat (Enter sends), Problems (Enter jumps to the line), Profile (the "
-    "timeline: ←/→ pan, +/- zoom, [ ] select an event, 0 fits), History (Enter views, d "
-    "diffs against the current version, r reverts, x exports it as a module for your "
-    "code).",
-    "Chat: /plan [wishes] asks for a plan, /explain [vN] [question] for an explanation.",
-    "The approval keys are ignored for half a second after a proposal appears.",
-    "Remap any key in the config file's [keys] table (`tilewright config` shows it).",
-))
+def help_extra(app: App) -> str:
+    """The help screen's text below the key table, naming the keys in force."""
+    say = partial(keymap.say, app)
+    return "\n".join((
+        f"Panes: Source (the editor; a pending proposal shows as a diff, {say('toggle_diff')} "
+        "toggles the full source; Esc leaves an edit without recording it), Chat (Enter "
+        "sends), Problems (Enter jumps to the line), Profile (the timeline: ←/→ pan, +/- "
+        "zoom, [ ] select an event, 0 fits), History (Enter views, d diffs against the "
+        "current version, r reverts, x exports it as a module for your code).",
+        "Chat: /plan [wishes] asks for a plan, /explain [vN] [question] for an explanation.",
+        "The approval keys are ignored for half a second after a proposal appears.",
+        f"Every action is in the command palette ({say('command_palette', most=1)}, or "
+        f"{say('palette', most=1)} where ctrl+p is taken), help included. Over SSH, "
+        "when function keys do not arrive, use the ctrl and alt keys above (alt+letter "
+        "needs the terminal to send Option/Alt as Meta).",
+        "Remap any key in the config file's [keys] table (`tilewright config` shows it).",
+    ))
 
 
 class TilewrightApp(App):
@@ -58,7 +67,8 @@ class TilewrightApp(App):
 
     def __init__(self, config: Config | dict[str, Any] | None = None,
                  opener: Opener | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 term: str | None = None) -> None:
         super().__init__()
         self.config = config or {}
         self.opener = opener
@@ -72,12 +82,16 @@ class TilewrightApp(App):
         self._gc_threshold: tuple[int, ...] | None = None  # CPython's, while ours is set
         self._theme_error = apply_theme(self, self.config)
         self._keymap_error: str | None = None
+        # The terminal: which codes its shifted function keys send (Linux console, rxvt).
+        self.term = term if term is not None else os.environ.get("TERM", "")
+        keymap.install_terminal_keys(self.term)
         self.keymap_overrides: dict[str, str] = {}  # read by keymap.remapped
         try:
             self.keymap_overrides = keymap.keymap_from_config(self.config)
-            self.set_keymap(self.keymap_overrides)
         except keymap.KeymapError as exc:  # a typo in the config must not stop the app
             self._keymap_error = str(exc)
+        self.keymap_overrides = keymap.terminal_keymap(self.keymap_overrides, self.term)
+        self.set_keymap(self.keymap_overrides)
 
     async def on_mount(self) -> None:
         await self.push_screen(WorkbenchScreen(self.clock))  # mounted before a session lands
@@ -147,7 +161,8 @@ class TilewrightApp(App):
 
         error = event.worker.error
         self.workbench.query_one(ActivityLine).stop()
-        next_step = getattr(error, "next_step", "") or "quit with ctrl+q and try again"
+        next_step = getattr(error, "next_step", "") or \
+            f"quit with {keymap.say(self, 'quit')} and try again"
         title = "Could not open the session" if isinstance(error, LaunchError) \
             else "Could not open the session (unexpected error)"
         message = str(error) if isinstance(error, LaunchError) \
@@ -171,7 +186,11 @@ class TilewrightApp(App):
         if isinstance(self.screen, HelpScreen):
             self.pop_screen()
             return
-        self.push_screen(HelpScreen(keymap.describe(self.keymap_overrides), HELP_EXTRA))
+        self.push_screen(HelpScreen(
+            keymap.describe(self.keymap_overrides), help_extra(self),
+            close_keys=["escape", *keymap.keys_of(self, "help"), "q"],
+            palette_keys=keymap.say(self, "command_palette", most=1) + " or "
+            + keymap.say(self, "palette", most=1)))
 
     async def action_quit(self) -> None:
         link, self.link = self.link, None

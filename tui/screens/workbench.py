@@ -81,6 +81,7 @@ class WorkbenchScreen(Screen):
         self.chip_label, self.vmem_capacity = chip_label, vmem_capacity
         self.worker_state = "starting"
         self._cancel_armed_at: float | None = None
+        self._leave_armed_at: float | None = None  # Esc once over changes: armed
         self._draw_scheduled = False
         self._unsubscribe: Callable[[], None] | None = None
         # Queued, still open to more text (a copy: the batch grows in place).
@@ -94,6 +95,8 @@ class WorkbenchScreen(Screen):
         yield KeyFooter()
 
     def on_mount(self) -> None:
+        self.query_one(ActivityLine).cancel_hint = \
+            f"{keymap.say(self.app, 'cancel', joiner='/')} twice cancels"
         self.presenter = Presenter(self.query_one(PaneGrid))
         self.query_one(ProfilePane).set_chip(self.chip_label, self.vmem_capacity)
         self.query_one(PaneGrid).show("source")  # the keyboard starts in the editor
@@ -215,7 +218,7 @@ class WorkbenchScreen(Screen):
         self.app.push_screen(ErrorModal(
             title, f"{type(error).__name__}: {error}",
             "The session log keeps everything so far; you can keep working, or quit "
-            "(ctrl+q) and resume it with --resume."))
+            f"({keymap.say(self.app, 'quit')}) and resume it with --resume."))
 
     def _draw_status(self) -> None:
         view = self.view()
@@ -233,13 +236,9 @@ class WorkbenchScreen(Screen):
         bar.ask(pending["id"], f"{what} proposal {pending['id']}: {pending['summary']}", keys)
 
     def _keys(self, *ids: str) -> str:
-        current = keymap.remapped(self.app)
-        parts = []
-        for bid in ids:
-            keys, _, label, _ = keymap.ACTIONS[bid]
-            key = current.get(bid, keys).split(",")[0]
-            parts.append(f"{key} {label.lower()}")
-        return "  ".join(parts)
+        """"ctrl+y approve  F2/ctrl+o edit": the keys in force, as remapped."""
+        return "  ".join(f"{keymap.say(self.app, bid, joiner='/')} "
+                         f"{keymap.ACTIONS[bid][2].lower()}" for bid in ids)
 
     # -- actions (routed here by the bindings) ----------------------------------------
     @property
@@ -261,9 +260,11 @@ class WorkbenchScreen(Screen):
 
     def action_approve(self) -> None:
         source = self.source
-        if source.editing and (source.proposal is not None or source.is_modified()):
-            self._submit_edit()
-            return
+        if source.in_edit():
+            if source.is_modified() or source.proposal is None:
+                self._submit_edit()
+                return
+            source.end_edit()  # the proposal as it is: approved, not "edited"
         if self._decision_allowed():
             self._command(lambda link: link.approve())
 
@@ -283,7 +284,7 @@ class WorkbenchScreen(Screen):
         if self._pending_plan() is None:
             # The editor is where F2 works: on a narrow screen its tab comes forward.
             self.query_one(PaneGrid).show("source")
-        if source.editing:
+        if source.in_edit():
             self._submit_edit()
         elif self._pending_plan() is not None:
             if self._decision_allowed():
@@ -291,12 +292,14 @@ class WorkbenchScreen(Screen):
         elif source.proposal is not None:
             if self._decision_allowed():
                 source.begin_edit()
-                self.notify("editing the proposal: F2 or ctrl+y submits it, it then runs",
-                            timeout=5)
-        elif self.link is not None and source.is_modified():
-            self._submit_edit()
+                self.notify(f"editing the proposal: {keymap.say(self.app, 'edit')} or "
+                            f"{keymap.say(self.app, 'approve', most=1)} submits it, it then "
+                            "runs; Esc leaves it as it was", timeout=5)
         else:
             source.begin_edit()
+            what = f"v{source.version}" if source.version is not None else "the source"
+            self.notify(f"editing {what}: {keymap.say(self.app, 'edit')} "
+                        "submits it as a new version, Esc leaves it as it was", timeout=5)
 
     def _pending_plan(self) -> dict[str, Any] | None:
         view = self.view()
@@ -319,12 +322,40 @@ class WorkbenchScreen(Screen):
                                         pending["plan"] or "", keys), done)
 
     def _key_list(self, bid: str) -> list[str]:
-        current = keymap.remapped(self.app)
-        return current.get(bid, keymap.ACTIONS[bid][0]).split(",")
+        return keymap.keys_of(self.app, bid)
 
     def _submit_edit(self) -> None:
-        text = self.source.edited_source()
+        source = self.source
+        if not source.is_modified():
+            # Nothing typed: no "edited by the user: no change" version or decision.
+            what = f"proposal {source.proposal}" if source.proposal is not None \
+                else f"v{source.version}"
+            approve = f"; {keymap.say(self.app, 'approve', most=1)} approves it as it is" \
+                if source.proposal is not None else ""
+            source.end_edit()
+            self.notify(f"nothing to submit: {what} is unchanged{approve}", timeout=4)
+            return
+        text = source.edited_source()
         self._command(lambda link: link.edit(text))
+
+    @on(SourcePane.LeaveRequested)
+    def _leave_edit(self, _message: SourcePane.LeaveRequested) -> None:
+        """Esc in an edit leaves it and records nothing; changes are dropped on a second
+        Esc only (one stray Esc must not throw away typing)."""
+        source = self.source
+        if source.is_modified():
+            now = self.clock()
+            armed = self._leave_armed_at
+            if armed is None or now - armed > CANCEL_WINDOW_S:
+                self._leave_armed_at = now
+                self.notify("press Esc again to leave the editor and drop your changes "
+                            "(nothing is recorded)", timeout=CANCEL_WINDOW_S + 1)
+                return
+        self._leave_armed_at = None
+        what = f"proposal {source.proposal} still waits, unchanged" \
+            if source.proposal is not None else f"v{source.version} is as it was"
+        source.end_edit()
+        self.notify(f"left the editor, nothing recorded: {what}", timeout=4)
 
     def action_toggle_diff(self) -> None:
         self.source.toggle_view()
@@ -349,7 +380,7 @@ class WorkbenchScreen(Screen):
             self._command(lambda link: link.cancel())
             return
         self._cancel_armed_at = now
-        self.notify(f"press {self._keys('cancel').split()[0]} again to cancel the {busy}",
+        self.notify(f"press {keymap.say(self.app, 'cancel')} again to cancel the {busy}",
                     timeout=CANCEL_WINDOW_S)
 
     def action_cycle_pane(self, step: int) -> None:
