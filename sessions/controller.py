@@ -112,14 +112,18 @@ class Controller:
         """Return once no job runs (tests and the headless CLI wait on this)."""
         await self.engine.wait_idle()
 
-    async def close(self, reason: str = "closed") -> None:
-        """Stop any job and write ``session.end``; the session stays resumable."""
+    async def close(self, reason: str = "closed", cause: str | None = None) -> None:
+        """Stop any job and write ``session.end``; the session stays resumable.
+        ``cause`` (``disconnect``, ``terminated``): the app is stopped by its terminal
+        or a signal, not by the person; a run cut short and autonomous mode's stop say
+        so."""
         if self.engine.closed:
             return
+        self.core.stopping = cause
         await self.engine.cancel_job()
         if self.state.mode == "auto":
-            self._emit(ev.AutoStop(type="auto.stop", reason="user"))
-            self._emit(ev.ModeChange(type="mode.change", mode="step", by="user"))
+            self._emit(ev.AutoStop(type="auto.stop", reason=cause or "user"))
+            self._emit(ev.ModeChange(type="mode.change", mode="step", by=cause or "user"))
         self.record_lesson()
         self.core.end(reason)
         self.engine.closed = True

@@ -8,9 +8,12 @@ closes it on quit.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -40,6 +43,12 @@ FULL_GC_CHECK_S = 1.0
 FULL_GC_QUIET_S = 1.0  # a full collection waits for this long without a key
 FULL_GC_AFTER_YOUNG = 10  # ...and for as many generation-1 collections as CPython's own
 FULL_GC_MAX_WAIT_S = 30.0  # but never longer than this
+
+# The signals that stop the app with nothing lost, and what the session records as
+# their cause: the terminal went away (the SSH connection dropped), or a stop request.
+STOP_SIGNALS = {"SIGHUP": "disconnect", "SIGTERM": "terminated"}
+STOP_CLOSE_S = 20.0  # the session's close (a run cancelled, the worker stopped) at most
+EXIT_CODES = {"disconnect": 128 + 1, "terminated": 128 + 15}
 
 def help_extra(app: App) -> str:
     """The help screen's text below the key table, naming the keys in force."""
@@ -78,6 +87,9 @@ class TilewrightApp(App):
         self.session_task: str | None = None
         self.exit_message: str | None = None  # printed after the screen is gone
         self.last_key_at = float("-inf")  # time.monotonic() of the newest key event
+        self.stop_cause: str | None = None  # disconnect | terminated, once signalled
+        self.kept_draft_at: Any = None  # where an unsaved edit was kept on leaving
+        self._signals: list[int] = []
         self._full_gc_at = time.monotonic()
         self._gc_threshold: tuple[int, ...] | None = None  # CPython's, while ours is set
         self._theme_error = apply_theme(self, self.config)
@@ -94,6 +106,7 @@ class TilewrightApp(App):
         self.set_keymap(self.keymap_overrides)
 
     async def on_mount(self) -> None:
+        self._install_stop_signals()
         await self.push_screen(WorkbenchScreen(self.clock))  # mounted before a session lands
         for error in (self._keymap_error, self._theme_error):
             if error:
@@ -135,6 +148,10 @@ class TilewrightApp(App):
         self.set_interval(FULL_GC_CHECK_S, self._collect_when_quiet)
 
     def on_unmount(self) -> None:
+        loop = asyncio.get_running_loop()
+        for number in self._signals:
+            loop.remove_signal_handler(number)
+        self._signals = []
         if self._gc_threshold is not None:  # the process may live on (tests, replay)
             gc.set_threshold(*self._gc_threshold)
             self._gc_threshold = None
@@ -193,6 +210,7 @@ class TilewrightApp(App):
             + keymap.say(self, "palette", most=1)))
 
     async def action_quit(self) -> None:
+        self.keep_draft("quit")
         link, self.link = self.link, None
         if link is not None:
             try:
@@ -200,6 +218,102 @@ class TilewrightApp(App):
             except Exception as exc:  # quitting must always work; say what was lost
                 self.log.error(f"closing the session failed: {exc!r}")
         self.exit()
+
+    # -- stopped from outside: the terminal hung up (SIGHUP) or SIGTERM ----------------
+    def _install_stop_signals(self) -> None:
+        """SIGHUP and SIGTERM close the session as a quit does, with what they cut short
+        recorded as theirs. Not in a headless test run (the test process keeps its
+        own signals), nor where the loop cannot take them."""
+        if self.is_headless:
+            return
+        loop = asyncio.get_running_loop()
+        for name, cause in STOP_SIGNALS.items():
+            number = getattr(signal, name, None)
+            if number is None:
+                continue
+            try:
+                loop.add_signal_handler(number, self.stop_for, cause)
+            except (NotImplementedError, RuntimeError, ValueError):
+                continue
+            self._signals.append(number)
+
+    def stop_for(self, cause: str) -> None:
+        """A stop signal: keep the unsaved edit first (synchronous, before anything can
+        fail), then close the session (its run recorded as interrupted by ``cause``,
+        autonomous mode stopped by it, the worker and its scratch folder gone) and
+        leave, restoring the terminal where it still exists. A second signal while
+        that runs leaves at once."""
+        if self.stop_cause is not None:
+            self.exit(return_code=EXIT_CODES.get(cause, 1))
+            return
+        self.stop_cause = cause
+        self.keep_draft(cause)
+        closed = threading.Event()
+        # A plain task, not a Textual worker: the app's own shutdown (its input thread
+        # sees the hangup too) must not cancel the close half-way.
+        self._stop_task = asyncio.get_running_loop().create_task(
+            self._close_for(cause, closed))
+        threading.Thread(target=self._leave_without_terminal, args=(cause, closed),
+                         name="tilewright-stop", daemon=True).start()
+
+    async def _close_for(self, cause: str, closed: threading.Event) -> None:
+        link, self.link = self.link, None
+        try:
+            if link is not None:
+                await asyncio.wait_for(link.close(cause), STOP_CLOSE_S)
+        except Exception as exc:  # leaving must always work; the log says the rest
+            self.log.error(f"closing the session on {cause} failed: {exc!r}")
+        finally:
+            closed.set()
+        self.exit(return_code=EXIT_CODES.get(cause, 1))
+
+    @staticmethod
+    def _leave_without_terminal(cause: str, closed: threading.Event) -> None:
+        """Once the session is closed (or the close ran out of time), leave at once if
+        the terminal is gone: Textual's shutdown writes its restoring sequences to it
+        and, after a hangup (SIGHUP, then SIGCONT), waits forever on its output queue.
+        The session is saved and its worker, with its scratch folder, stopped; there is
+        no one to tell. Where the terminal still exists, Textual restores it."""
+        closed.wait(STOP_CLOSE_S + 5)
+        if not terminal_alive():
+            os._exit(EXIT_CODES.get(cause, 1))
+
+    def keep_draft(self, why: str) -> None:
+        """The Source editor's unsaved text, kept in the session's folder (a resumed
+        session offers it back). Nothing when nothing was typed."""
+        link = self.link
+        if link is None:
+            return
+        try:
+            source = self.workbench.source
+            if not (source.in_edit() and source.is_modified()):
+                return
+            proposal = source.proposal if source.editing else None
+            self.kept_draft_at = link.save_draft(source.edited_source(),
+                                                 version=source.version,
+                                                 proposal=proposal, why=why)
+        except Exception as exc:  # a full disk must not stop the close
+            self.log.error(f"keeping the draft failed: {exc!r}")
+
+
+def terminal_alive() -> bool:
+    """Whether the app's terminal still exists: after a hangup its settings cannot be
+    read (EIO; ``isatty`` then says False as well, so it cannot tell). Standard input
+    that never was a terminal counts as alive: nothing to restore, nothing to hang on."""
+    import errno
+    import termios
+
+    try:
+        fd = sys.__stdin__.fileno() if sys.__stdin__ is not None else -1
+    except (OSError, ValueError):
+        return True
+    if fd < 0:
+        return True
+    try:
+        termios.tcgetattr(fd)
+    except (termios.error, OSError) as exc:
+        return exc.args[0] not in (errno.EIO, errno.ENXIO)
+    return True
 
 
 def apply_theme(app: App, config: Config | dict[str, Any]) -> str | None:
@@ -225,12 +339,21 @@ def run_app(options: LaunchOptions, config: Config | dict[str, Any]) -> int:
 
     app = TilewrightApp(config, opener)
     app.run()
-    if app.exit_message:
-        print(app.exit_message, file=sys.stderr)
-        return 1
-    if app.session_path is not None:
-        print(quit_lines(app.session_path, app.session_task))
-    return 0
+    try:  # the terminal may be gone (a dropped connection): nobody to tell
+        if app.exit_message:
+            print(app.exit_message, file=sys.stderr)
+            return 1
+        if app.stop_cause is not None:
+            print(f"tilewright: stopped ({app.stop_cause}); the session is saved",
+                  file=sys.stderr)
+        if app.session_path is not None:
+            print(quit_lines(app.session_path, app.session_task))
+        if app.kept_draft_at is not None:
+            print(f"  your unsaved edit is kept in {app.kept_draft_at}; the resumed "
+                  "session offers it back")
+    except OSError:
+        pass
+    return EXIT_CODES.get(app.stop_cause or "", 0)
 
 
 def quit_lines(path: Any, task_name: str | None = None) -> str:

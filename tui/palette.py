@@ -74,6 +74,10 @@ class WorkbenchCommands(Provider):
                 out.append(Command(f"Show {prop.id} as a diff or in full",
                                    f"({key('toggle_diff')})", partial(run, "toggle_diff"),
                                    "toggle_diff"))
+        kept = getattr(screen, "kept_draft", None)
+        if kept is not None and not editing:
+            out.append(Command("Open the kept draft", f"{kept.words()}, kept when the app "
+                               f"last stopped ({key('edit')})", screen.open_draft, "edit"))
         if editing:
             out.append(Command("Submit the edit", f"it then runs ({key('edit')}); Esc "
                                "leaves the editor, recording nothing",

@@ -82,6 +82,7 @@ class WorkbenchScreen(Screen):
         self.worker_state = "starting"
         self._cancel_armed_at: float | None = None
         self._leave_armed_at: float | None = None  # Esc once over changes: armed
+        self.kept_draft: Any = None  # a ``sessions.drafts.Draft`` offered back on resume
         self._draw_scheduled = False
         self._unsubscribe: Callable[[], None] | None = None
         # Queued, still open to more text (a copy: the batch grows in place).
@@ -122,6 +123,54 @@ class WorkbenchScreen(Screen):
             self.notify(f"could not show the session's history: {exc}", severity="warning")
         self._unsubscribe = link.subscribe(self._deliver)
         self._schedule_draw()
+        self._say_what_a_stop_left(link)
+
+    def _say_what_a_stop_left(self, link: LiveLink) -> None:
+        """On resume: what the last stop by a signal cut short, and the kept draft."""
+        chat = self.query_one(ChatPane)
+        try:
+            stop = link.last_stop()
+            draft = link.kept_draft()
+        except Exception as exc:  # a session's history must not stop it from opening
+            self.notify(f"could not read how the session last stopped: {exc}",
+                        severity="warning")
+            return
+        if stop is not None:
+            again = f"; {keymap.say(self.app, 'run', most=1)} runs the current version " \
+                "again" if stop.runs else ""
+            chat.add_notice(f"last time {stop.words()}{again}", "warning")
+        if draft is not None:
+            self.kept_draft = draft
+            lines = draft.text.count("\n") + 1
+            why = {"disconnect": "when the connection dropped",
+                   "terminated": "when the app was stopped",
+                   "quit": "when you quit"}.get(draft.why, "")
+            text = (f"a draft was kept {why} ({draft.words()}, {lines} lines): "
+                    f"{keymap.say(self.app, 'edit')} opens it in the editor (or \"Open the "
+                    "kept draft\" in the command palette)")
+            chat.add_notice(text, "warning")
+            self.notify(text, title="draft kept", timeout=12)
+
+    def open_draft(self) -> None:
+        """The kept draft into the editor, as the edit it was; its file is then removed
+        (a later stop keeps the editor's text again)."""
+        draft, source = self.kept_draft, self.source
+        if draft is None or self.link is None:
+            self.notify("no draft is kept", timeout=3)
+            return
+        if source.proposal is not None and draft.proposal != source.proposal:
+            self.notify(f"proposal {source.proposal} waits for a decision: decide it, then "
+                        "open the draft (it stays kept)", severity="warning", timeout=6)
+            return
+        self.query_one(PaneGrid).show("source")
+        source.load_draft(draft.text)
+        self.kept_draft = None
+        self.link.drop_draft()
+        base = "" if draft.proposal or draft.version in (None, source.version) \
+            else f" (it was an edit of v{draft.version}; the editor now edits " \
+            f"v{source.version})"
+        self.notify(f"the draft is in the editor{base}: {keymap.say(self.app, 'edit')} "
+                    "submits it, Esc twice drops it", timeout=8)
 
     def _deliver(self, event: ev.AnyEvent) -> None:
         """Controller event -> message. Streamed text joins the delta still waiting in
@@ -281,6 +330,9 @@ class WorkbenchScreen(Screen):
 
     def action_edit(self) -> None:
         source = self.source
+        if self.kept_draft is not None and not source.in_edit():
+            self.open_draft()
+            return
         if self._pending_plan() is None:
             # The editor is where F2 works: on a narrow screen its tab comes forward.
             self.query_one(PaneGrid).show("source")
