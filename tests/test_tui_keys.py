@@ -269,3 +269,40 @@ async def test_shifted_function_keys_of_a_linux_console(tmp_path) -> None:
     finally:
         constants.DISABLE_KITTY_KEY = kitty  # type: ignore[misc]
     assert "f16" not in keymap.keys_of(TilewrightApp({}, term="xterm"), "prev_pane")
+
+
+@pytest.mark.parametrize(("environ", "said"), [
+    ({"SSH_CONNECTION": "10.0.0.2 51000 10.0.0.1 22", "SSH_TTY": "/dev/pts/3"}, True),
+    ({"SSH_CONNECTION": "10.0.0.2 51000 10.0.0.1 22", "TMUX": "/tmp/tmux-0/default,1,0"},
+     False),
+    ({"SSH_TTY": "/dev/pts/3", "STY": "123.pts-3.host"}, False),
+    ({}, False),
+], ids=["ssh", "ssh-in-tmux", "ssh-in-screen", "local"])
+async def test_a_remote_user_is_told_once_what_a_drop_does(tmp_path, environ, said) -> None:
+    from tui.widgets.chat import ChatPane
+
+    path = tmp_path / FIXTURE.name
+    shutil.copytree(FIXTURE, path)
+
+    async def opener():
+        log, loaded = SessionLog.open(path)
+        link = await start_session(load_task("gelu"), ScriptedAgent([]), RefusingJudge(),
+                                   {}, sessions_dir=tmp_path, backend=None, chip=CHIP,
+                                   log=log, loaded=loaded)
+        return link, CHIP
+
+    app = TilewrightApp({"keys": {"cancel": "f10,ctrl+k"}}, opener, clock=FakeClock(),
+                        environ=environ)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await opened(app, pilot)
+        chat = app.workbench.query_one(ChatPane)
+        chat.flush()
+        await pilot.pause()
+        text = "\n".join(str(n.render()) for n in chat.query(".notice"))
+        assert ("if the connection drops, this workbench ends" in text) is said
+        if said:
+            assert text.count("Over SSH") == 1 and any("over SSH" in n for n in notes(app))
+            assert f"tilewright --resume {FIXTURE.name}" in text and "tmux new" in text
+            assert "F10/ctrl+k cancel" in text and "F8" not in text  # the keys in force
+            assert "tilewright auto --resume" in text
+        await app.action_quit()

@@ -77,7 +77,7 @@ class TilewrightApp(App):
     def __init__(self, config: Config | dict[str, Any] | None = None,
                  opener: Opener | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 term: str | None = None) -> None:
+                 term: str | None = None, environ: Any = None) -> None:
         super().__init__()
         self.config = config or {}
         self.opener = opener
@@ -88,6 +88,10 @@ class TilewrightApp(App):
         self.exit_message: str | None = None  # printed after the screen is gone
         self.last_key_at = float("-inf")  # time.monotonic() of the newest key event
         self.stop_cause: str | None = None  # disconnect | terminated, once signalled
+        # The environment the SSH notice reads: the process's, except in a headless
+        # test run (whose machine may be reached over SSH), unless a test passes one.
+        self._environ = environ
+        self._ssh_said = False
         self.kept_draft_at: Any = None  # where an unsaved edit was kept on leaving
         self._signals: list[int] = []
         self._full_gc_at = time.monotonic()
@@ -128,6 +132,15 @@ class TilewrightApp(App):
         link, chip = await (self.opener(agent) if agent else self.opener())
         self.link = link
         self.session_path = link.path
+        environ = self._environ if self._environ is not None else \
+            ({} if self.is_headless else os.environ)
+        if remote_without_multiplexer(environ) and not self._ssh_said:
+            self._ssh_said = True
+            keys = ", ".join(f"{keymap.say(self, bid, joiner='/')} "
+                             f"{keymap.ACTIONS[bid][2].lower()}"
+                             for bid in ("edit", "toggle_diff", "cancel", "next_pane",
+                                         "help", "palette"))
+            self.call_after_refresh(self._say_over_ssh, ssh_words(link.path, keys))
         self.session_task = (link.state.header.get("task") or {}).get("name")
         screen = self.workbench
         screen.chip_label, screen.vmem_capacity = chip.label, chip.vmem_bytes
@@ -146,6 +159,14 @@ class TilewrightApp(App):
         self._gc_threshold = gc.get_threshold()
         gc.set_threshold(*self._gc_threshold[:2], FULL_GC_NEVER)
         self.set_interval(FULL_GC_CHECK_S, self._collect_when_quiet)
+
+    def _say_over_ssh(self, text: str) -> None:
+        from tui.widgets.chat import ChatPane
+
+        self.workbench.query_one(ChatPane).add_notice(text, "warning")
+        self.notify("over SSH: a dropped connection ends this app (the session is kept); "
+                    "tmux keeps it running (see the chat)", title="remote session",
+                    timeout=10)
 
     def on_unmount(self) -> None:
         loop = asyncio.get_running_loop()
@@ -294,6 +315,29 @@ class TilewrightApp(App):
                                                  proposal=proposal, why=why)
         except Exception as exc:  # a full disk must not stop the close
             self.log.error(f"keeping the draft failed: {exc!r}")
+
+
+def remote_without_multiplexer(environ: Any = None) -> bool:
+    """Started over SSH (``SSH_CONNECTION`` or ``SSH_TTY``) and not inside tmux or
+    screen (``TMUX``, ``STY``): a dropped connection ends this app."""
+    env = os.environ if environ is None else environ
+    over_ssh = bool(env.get("SSH_CONNECTION") or env.get("SSH_TTY"))
+    return over_ssh and not (env.get("TMUX") or env.get("STY"))
+
+
+def ssh_words(session: Any, keys: str) -> str:
+    """What a remote user reads once, in the chat: what a drop does and how to keep
+    the work alive."""
+    from pathlib import Path
+
+    sid = Path(session).name if session is not None else "SESSION"
+    return (f"Over SSH without tmux or screen: if the connection drops, this workbench "
+            f"ends. The session is saved (a run it cuts short is marked interrupted) and "
+            f"an unsaved edit is kept as a draft; `tilewright --resume {sid}` brings it "
+            f"back. To keep working through a drop, start tilewright inside tmux "
+            f"(`tmux new -s tw`, back with `tmux attach -t tw`), or let the loop run "
+            f"headless (`nohup tilewright auto --resume {sid} &`) and reopen the session "
+            f"here once it stops. Keys without function keys: {keys}.")
 
 
 def terminal_alive() -> bool:
