@@ -25,6 +25,7 @@ from textual.binding import Binding
 from textual.worker import Worker, WorkerState
 
 from tui import keymap
+from tui.look import Look, choose_look
 from tui.palette import WorkbenchCommands
 from tui.screens.modals import ErrorModal, HelpScreen
 from tui.screens.workbench import WorkbenchScreen
@@ -97,6 +98,11 @@ class TilewrightApp(App):
         self._full_gc_at = time.monotonic()
         self._gc_threshold: tuple[int, ...] | None = None  # CPython's, while ours is set
         self._theme_error = apply_theme(self, self.config)
+        # Colours and characters for the terminal (16 colours, the Linux console): chosen
+        # on mount, once it is known whether there is one (a headless test run has none).
+        self.look = Look()
+        self._look_error: str | None = None
+        self._term_given = term
         self._keymap_error: str | None = None
         # The terminal: which codes its shifted function keys send (Linux console, rxvt).
         self.term = term if term is not None else os.environ.get("TERM", "")
@@ -110,9 +116,18 @@ class TilewrightApp(App):
         self.set_keymap(self.keymap_overrides)
 
     async def on_mount(self) -> None:
+        from agents.config import coerce
+
+        ui = coerce(self.config).ui
+        if self.is_headless:  # no terminal: only what the config asks for by hand
+            self.look, self._look_error = choose_look(ui, "", "truecolor", "utf-8")
+        else:
+            term = self._term_given if self._term_given is not None else \
+                os.environ.get("TERM")
+            self.look, self._look_error = choose_look(ui, term, self.console.color_system)
         self._install_stop_signals()
         await self.push_screen(WorkbenchScreen(self.clock))  # mounted before a session lands
-        for error in (self._keymap_error, self._theme_error):
+        for error in (self._keymap_error, self._theme_error, self._look_error):
             if error:
                 self.notify(error, title="config", severity="error", timeout=15)
         if self.opener is not None:

@@ -96,6 +96,10 @@ class WorkbenchScreen(Screen):
         yield KeyFooter()
 
     def on_mount(self) -> None:
+        look = getattr(self.app, "look", None)
+        if look is not None and look.ascii:
+            self.add_class("-ascii")  # ASCII pane borders (PaneGrid's CSS)
+            self.query_one(ActivityLine).SPINNER = look.spinner
         self.query_one(ActivityLine).cancel_hint = \
             f"{keymap.say(self.app, 'cancel', joiner='/')} twice cancels"
         self.presenter = Presenter(self.query_one(PaneGrid))
