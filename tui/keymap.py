@@ -126,12 +126,15 @@ def say(app: object, bid: str, *, most: int = 2, joiner: str = " or ") -> str:
 
 def describe(keymap: dict[str, str]) -> list[tuple[str, str, str]]:
     """(keys, label, description) rows for the help screen, with remaps applied."""
-    rows = [(", ".join(key_name(k) for k in keymap.get(bid, keys).split(",") if k),
-             label, description)
-            for bid, (keys, _, label, description) in ACTIONS.items()]
-    rows.append((", ".join(key_name(k) for k in keymap.get(
-        "command_palette", TEXTUAL_IDS["command_palette"]).split(",") if k),
-        "Commands", "Every action by name, and help (type to search)"))
+    def names(bid: str, default: str) -> list[str]:
+        return [key_name(k) for k in keymap.get(bid, default).split(",") if k]
+
+    rows = [(", ".join(names(bid, keys)), label, description)
+            for bid, (keys, _, label, description) in ACTIONS.items() if bid != "palette"]
+    rows.append((", ".join(names("command_palette", TEXTUAL_IDS["command_palette"])
+                           + names("palette", ACTIONS["palette"][0])),
+                 "Commands", "The command palette: every action by name, help included "
+                 "(alt+p where the terminal's host takes ctrl+p)"))
     rows.append((", ".join(key_name(k) for k in keymap.get(
         "quit", TEXTUAL_IDS["quit"]).split(",") if k), "Quit",
         "Save and leave (the session can be resumed)"))

@@ -147,11 +147,12 @@ class LiveLink:
 
         drop_draft(self.path)
 
-    def last_stop(self) -> Stop | None:
-        """How the app's last run on this session was stopped by a signal, if it was."""
+    def last_stop(self, events: list[ev.Event] | None = None) -> Stop | None:
+        """How the app's last run on this session was stopped by a signal, if it was
+        (``events``: the recorded ones, when the caller has read them already)."""
         from sessions.drafts import last_stop
 
-        return last_stop(list(self.recorded_events()))
+        return last_stop(list(self.recorded_events() if events is None else events))
 
     async def close(self, cause: str | None = None) -> None:
         """Close the session: the person quit, or ``cause`` (``disconnect``,

@@ -120,20 +120,22 @@ class WorkbenchScreen(Screen):
         self.worker_state = link.worker_state
         self.query_one(ActivityLine).stop()
         # Anything already in the log (a resumed session) first, then live events.
+        recorded: list[ev.Event] | None = None
         try:
-            for event in link.recorded_events():
+            recorded = link.recorded_events()
+            for event in recorded:
                 self.presenter.chat_entry(event)
         except Exception as exc:  # the log is readable by the controller; say what broke
             self.notify(f"could not show the session's history: {exc}", severity="warning")
         self._unsubscribe = link.subscribe(self._deliver)
         self._schedule_draw()
-        self._say_what_a_stop_left(link)
+        self._say_what_a_stop_left(link, recorded)
 
-    def _say_what_a_stop_left(self, link: LiveLink) -> None:
+    def _say_what_a_stop_left(self, link: LiveLink, recorded: list[ev.Event] | None) -> None:
         """On resume: what the last stop by a signal cut short, and the kept draft."""
         chat = self.query_one(ChatPane)
         try:
-            stop = link.last_stop()
+            stop = link.last_stop(recorded)
             draft = link.kept_draft()
         except Exception as exc:  # a session's history must not stop it from opening
             self.notify(f"could not read how the session last stopped: {exc}",
