@@ -102,6 +102,12 @@ class UIConfig:
     """``[ui]``."""
 
     theme: str = "textual-dark"
+    # "auto" (16 colours when the terminal says no more: TERM xterm, linux, vt100),
+    # "16", or "full"; with 16, diffs and marks use colour and weight, not backgrounds.
+    colors: str = "auto"
+    # "auto" (yes on the Linux console and vt terminals), "yes" or "no": an ASCII
+    # spinner, borders and marks instead of braille, rounded corners and symbols.
+    ascii: str = "auto"
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,49 @@ class WorkerStartError(Exception):
 
 
 
+SCRATCH_PREFIX = "tilewright-scratch-"
+_SCRATCH_NAME = re.compile(re.escape(SCRATCH_PREFIX) + r"(\d+)-")
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def sweep_scratch(parent: str | None = None) -> list[str]:
+    """Remove the scratch folders (``tilewright-scratch-<pid>-*`` in the temp dir) of
+    this user's apps that are no longer running; the folders removed. A folder of a
+    running app (this one's included) stays, and so does one named without a pid."""
+    parent = parent or tempfile.gettempdir()
+    removed = []
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    uid = os.getuid()
+    for entry in entries:
+        match = _SCRATCH_NAME.match(entry.name)
+        if match is None:
+            continue
+        try:
+            if not entry.is_dir(follow_symlinks=False) or \
+                    entry.stat(follow_symlinks=False).st_uid != uid:
+                continue
+        except OSError:
+            continue
+        if _running(int(match.group(1))):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        if not os.path.exists(entry.path):
+            removed.append(entry.path)
+    return removed
+
+
 class WorkerProcess:
     """One worker process and its channel."""
 
@@ -104,7 +147,9 @@ class WorkerProcess:
         self.killed_for: str | None = None  # why we killed it, if we did
         self.startup_log = ""
         self._request_ids = itertools.count(1)
-        self.scratch = tempfile.mkdtemp(prefix="tilewright-scratch-")
+        # The app's pid in the name: a folder whose app is gone (killed, or its terminal
+        # hung up before it could clean up) is removed by the next pool (sweep_scratch).
+        self.scratch = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
         # Tasks reach the worker as copies in its scratch dir (it cannot read the user's
         # files); the judge gives its candidate process this directory to read.
         self.tasks = TaskCopies(os.path.join(self.scratch, TASKS_DIRNAME))

@@ -37,6 +37,7 @@ from kernels.worker_process import (
     WorkerOpError,
     WorkerProcess,
     WorkerStartError,
+    sweep_scratch,
 )
 
 if TYPE_CHECKING:
@@ -145,6 +146,8 @@ class WorkerPool:
             return
         self._started = True
         self._closed = False
+        # What apps that died without closing left in the temp dir (a dropped terminal).
+        await asyncio.to_thread(sweep_scratch)
         self._idle = asyncio.Queue()
         self._starting = self.size
         self._update_state()

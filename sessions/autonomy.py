@@ -40,6 +40,8 @@ STOP_REASONS = {
     "task_error": "the task itself failed, not the kernel (see Problems): fix the task "
                   "or make it smaller with --set",
     "interrupted": "the app stopped while it ran",
+    "disconnect": "the connection to the terminal dropped",
+    "terminated": "the app was told to stop (SIGTERM)",
     "user": "you switched it off",
 }
 

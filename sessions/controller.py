@@ -112,14 +112,18 @@ class Controller:
         """Return once no job runs (tests and the headless CLI wait on this)."""
         await self.engine.wait_idle()
 
-    async def close(self, reason: str = "closed") -> None:
-        """Stop any job and write ``session.end``; the session stays resumable."""
+    async def close(self, reason: str = "closed", cause: str | None = None) -> None:
+        """Stop any job and write ``session.end``; the session stays resumable.
+        ``cause`` (``disconnect``, ``terminated``): the app is stopped by its terminal
+        or a signal, not by the person; a run cut short and autonomous mode's stop say
+        so."""
         if self.engine.closed:
             return
+        self.core.stopping = cause
         await self.engine.cancel_job()
         if self.state.mode == "auto":
-            self._emit(ev.AutoStop(type="auto.stop", reason="user"))
-            self._emit(ev.ModeChange(type="mode.change", mode="step", by="user"))
+            self._emit(ev.AutoStop(type="auto.stop", reason=cause or "user"))
+            self._emit(ev.ModeChange(type="mode.change", mode="step", by=cause or "user"))
         self.record_lesson()
         self.core.end(reason)
         self.engine.closed = True
@@ -193,6 +197,12 @@ class Controller:
         prop = self.state.pending_proposal
         if prop is None:
             self._check_idle("apply an edit")
+            current = self.state.current
+            if current is not None and source == self.core.source_of(current):
+                # Not a version of its own: v2 "edited by the user: no change" would be
+                # a run of v1 under another name.
+                raise ControllerError(f"nothing to submit: the editor holds v{current} "
+                                      "unchanged")
         self.core.record(prop.id if prop else None, Decision("edit", "user", source=source))
         if prop is None:
             version = self.core.new_version(source, origin="user-edit", proposal=None,

@@ -130,6 +130,9 @@ class RunResult(TypedDict):
     result_blob: str | None
     cancelled: bool
     interrupted: NotRequired[bool]
+    # what interrupted it: ``disconnect`` (the terminal went away: SIGHUP) or
+    # ``terminated`` (SIGTERM); absent when the app died and the resume settled it
+    cause: NotRequired[str]
     flags: NotRequired[list[str]]
     error: NotRequired[str | None]
     # EvalError.kind when the evaluation failed with one; "task" means the task itself
@@ -186,7 +189,7 @@ class Diagnosis(TypedDict):
 class ModeChange(TypedDict):
     type: Literal["mode.change"]
     mode: Literal["step", "auto"]
-    by: str  # user | auto | resume | search
+    by: str  # user | auto | resume | search | disconnect | terminated
     seq: NotRequired[int]
     t: NotRequired[float]
 

@@ -256,7 +256,7 @@ async def test_cancel_needs_two_presses(tmp_path, gelu, pool):
         assert app.link.busy == "agent"
         activity = app.workbench.query_one(ActivityLine)
         assert activity.display and "is replying" in str(activity.render())
-        assert "F8 twice cancels" in str(activity.render())
+        assert "F8/alt+x twice cancels" in str(activity.render())
         await pilot.press("f8")
         await pilot.pause()
         assert app.link.busy == "agent"  # one press only arms the cancel

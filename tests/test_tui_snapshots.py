@@ -140,7 +140,7 @@ async def test_palette_offers_what_the_session_allows(tmp_path) -> None:
         assert any("Approve p4" in n for n in names)
         await pilot.press("escape")
         await pilot.pause()
-        provider_names = [c[0] for c in WorkbenchCommands(app.screen)._commands()]
+        provider_names = [c[0] for c in WorkbenchCommands(app.screen).commands()]
         assert "Switch to autonomous mode" in provider_names
         assert "Revert to v2" in provider_names and "Revert to v3" not in provider_names
         assert not any(n.startswith("Cancel") for n in provider_names)

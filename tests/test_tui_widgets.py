@@ -218,7 +218,7 @@ async def test_a_remapped_key_drives_its_action() -> None:
         console = Console(width=100, record=True, file=io.StringIO())
         console.print(app.screen.query("Static")[1].content)
         help_text = console.export_text()
-        assert "f9" in help_text and "Show keys and what they do" in help_text
+        assert "F9" in help_text and "Show keys and what they do" in help_text
 
 
 async def test_an_unknown_key_id_is_reported_not_fatal() -> None:

@@ -20,6 +20,7 @@ from sessions.errors import ControllerError as CommandRefused
 if TYPE_CHECKING:  # the controller module is imported once a session opens, not at start
     from kernels.result import EvalResult
     from sessions.controller import Controller
+    from sessions.drafts import Draft, Stop
     from sessions.state import SessionState
 
 __all__ = ["CommandRefused", "LiveLink"]
@@ -129,8 +130,34 @@ class LiveLink:
         test = path.with_name(f"test_{path.stem}.py") if exported.test is not None else None
         return exported, ex.write(exported, path, test)
 
-    async def close(self) -> None:
-        await self._controller.close("user quit")
+    # -- what a stop left: the person's unsaved text, the runs it cut short -------------
+    def save_draft(self, text: str, *, version: int | None, proposal: str | None,
+                   why: str) -> Path:
+        from sessions.drafts import save_draft
+
+        return save_draft(self.path, text, version=version, proposal=proposal, why=why)
+
+    def kept_draft(self) -> Draft | None:
+        from sessions.drafts import load_draft
+
+        return load_draft(self.path)
+
+    def drop_draft(self) -> None:
+        from sessions.drafts import drop_draft
+
+        drop_draft(self.path)
+
+    def last_stop(self, events: list[ev.Event] | None = None) -> Stop | None:
+        """How the app's last run on this session was stopped by a signal, if it was
+        (``events``: the recorded ones, when the caller has read them already)."""
+        from sessions.drafts import last_stop
+
+        return last_stop(list(self.recorded_events() if events is None else events))
+
+    async def close(self, cause: str | None = None) -> None:
+        """Close the session: the person quit, or ``cause`` (``disconnect``,
+        ``terminated``) stopped the app; then release its worker."""
+        await self._controller.close(f"stopped: {cause}" if cause else "user quit", cause)
         if self._on_close is not None:
             import inspect
 

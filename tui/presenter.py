@@ -40,7 +40,11 @@ def describe_result(event: ev.RunResult) -> tuple[str, str]:
     if event.get("status") == "error":  # the evaluator failed, not the kernel
         return f"evaluation of v{v} failed (see the error below)", "error"
     if event.get("cancelled"):
-        return f"run {event.get('run')} on v{v} cancelled", "warning"
+        why = {"disconnect": "interrupted: the connection dropped",
+               "terminated": "interrupted: the app was stopped (SIGTERM)"}.get(
+            str(event.get("cause")), "interrupted: the app stopped" if event.get("interrupted")
+            else "cancelled")
+        return f"run {event.get('run')} on v{v} {why}", "warning"
     status = event.get("status", "?")
     if event.get("correct"):
         # The ranking number in words (``Rank.words``): an estimate says it is one, host

@@ -26,7 +26,9 @@ REPLAY_HELP = [
     ("+ / -", "Speed", "Faster / slower"),
     ("home / end", "Seek", "Start / end of the session"),
     ("c", "Continue", "Continue live from here as a new session branch"),
-    ("f6 / f7", "Panes", "Next pane / maximize"),
+    ("F6 or alt+n", "Pane", "Next pane"),
+    ("F7 or alt+z", "Zoom", "Maximize or restore the focused pane"),
+    ("F1 or alt+h", "Help", "This help"),
     ("ctrl+q", "Quit", "Leave the replay"),
 ]
 
@@ -34,7 +36,7 @@ REPLAY_HELP = [
 class ReplayApp(App):
     TITLE = "tilewright replay"
     BINDINGS = [Binding("ctrl+q", "quit", "Quit", id="quit", priority=True),
-                Binding("f1", "help", "Help", id="help", priority=True)]
+                Binding("f1,alt+h", "help", "Help", id="help", priority=True)]
 
     def __init__(self, path: Path, config: dict[str, Any] | None = None,
                  sessions_dir: Path | None = None) -> None:
@@ -64,7 +66,8 @@ class ReplayApp(App):
         if isinstance(self.screen, HelpScreen):
             self.pop_screen()
         else:
-            self.push_screen(HelpScreen(REPLAY_HELP))
+            self.push_screen(HelpScreen(REPLAY_HELP, close_keys=["escape", "f1", "alt+h",
+                                                                 "q"]))
 
     def branch_from(self, path: Path, seq: int) -> None:
         from sessions.branch import branch_session

@@ -67,14 +67,18 @@ def finished_result(run: str, version: int, result: EvalResult, blob: str) -> ev
     return event
 
 
-def cancelled_result(run: str, version: int, *, interrupted: bool = False) -> ev.RunResult:
+def cancelled_result(run: str, version: int, *, interrupted: bool = False,
+                     cause: str | None = None) -> ev.RunResult:
     """The ``run.result`` of a run stopped by the person, or (``interrupted``) by the
-    app dying while it ran (settled when the session is reopened)."""
+    app dying while it ran (settled when the session is reopened) or being stopped
+    (``cause``: ``disconnect`` when the terminal went away, ``terminated`` on SIGTERM)."""
     event = ev.RunResult(type="run.result", run=run, version=version, status="cancelled",
                          correct=False, median_ms=None, result_blob=None,
                          cancelled=True)
-    if interrupted:
+    if interrupted or cause:
         event["interrupted"] = True
+    if cause:
+        event["cause"] = cause
     return event
 
 
@@ -107,6 +111,9 @@ class SessionCore:
         self.judge: PoolEvaluator = judge if isinstance(judge, PoolEvaluator) else \
             PoolEvaluator(judge, options, chip=options.chip if options else None)
         self.writer = ev.EventWriter(log, state)
+        # Why the session is being stopped under a run (``disconnect``, ``terminated``):
+        # the run's result says it was interrupted, and by what.
+        self.stopping: str | None = None
 
     @property
     def session(self) -> SessionState:
@@ -312,7 +319,7 @@ class SessionCore:
             result = await self.judge.evaluate(self.task, self.source_of(number),
                                                on_progress=progress)
         except asyncio.CancelledError:
-            self.emit(cancelled_result(rid, number))
+            self.emit(cancelled_result(rid, number, cause=self.stopping))
             raise
         except Exception as exc:  # the judge failed, not the kernel
             self.emit(failed_result(rid, number))
@@ -355,8 +362,9 @@ class SessionCore:
         try:
             data = await call()
         except asyncio.CancelledError:
+            error = f"interrupted ({self.stopping})" if self.stopping else "cancelled"
             self.emit(ev.ProfileResult(type="profile.result", run=rid, version=number,
-                                       profile_blob=None, logdir=None, error="cancelled",
+                                       profile_blob=None, logdir=None, error=error,
                                        **static))  # type: ignore[typeddict-item]
             raise
         except Exception as exc:  # a failed profile costs the version its diagnosis only

@@ -9,6 +9,8 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Input, Static, TextArea
 
+from tui.keymap import key_name, spoken
+
 
 class NotePrompt(ModalScreen[str | None]):
     """Ask for a note; Enter returns it (may be empty), Escape returns None."""
@@ -51,7 +53,7 @@ class PlanEditor(ModalScreen[str | None]):
         with Vertical(classes="dialog -wide"):
             yield Static(self.title_text, classes="dialog-title", markup=False)
             yield TextArea(self.plan, id="plan-text", soft_wrap=True, show_line_numbers=False)
-            keys = " or ".join(self.submit_keys.split(","))
+            keys = " or ".join(key_name(k) for k in self.submit_keys.split(",") if k)
             yield Static(f"{keys} approves the plan as edited · Esc goes back (the plan "
                          "stays pending)", classes="dialog-hint", markup=False)
 
@@ -97,12 +99,19 @@ class ErrorModal(ModalScreen[str | None]):
 
 
 class HelpScreen(ModalScreen[None]):
-    CSS_PATH = "modals.tcss"
-    BINDINGS = [Binding("escape,f1,q", "dismiss(None)", "Close", id="modal.close_help")]
+    """Every key in force and what it does. ``close_keys`` close it (Esc, the help
+    keys as remapped, q); the hint names them and the palette's keys."""
 
-    def __init__(self, rows: list[tuple[str, str, str]], extra: str = "") -> None:
+    CSS_PATH = "modals.tcss"
+
+    def __init__(self, rows: list[tuple[str, str, str]], extra: str = "",
+                 close_keys: list[str] | None = None, palette_keys: str = "ctrl+p") -> None:
         super().__init__()
         self.rows, self.extra = rows, extra
+        self.close_keys = [k for k in (close_keys or ["escape", "f1", "q"]) if k]
+        self.palette_keys = palette_keys
+        self._bindings.bind(",".join(dict.fromkeys(self.close_keys)), "dismiss(None)",
+                            "Close", show=False)
 
     def compose(self) -> ComposeResult:
         from rich.table import Table
@@ -120,8 +129,10 @@ class HelpScreen(ModalScreen[None]):
                 yield Static(keys)
                 if self.extra:
                     yield Static("\n" + self.extra, markup=False)
-            yield Static("↑/↓ PgUp/PgDn scroll · Esc or F1 closes · ctrl+p opens the "
-                         "command palette", classes="dialog-hint")
+            closing = spoken([key_name(k) for k in dict.fromkeys(self.close_keys)
+                              if k != "q"])
+            yield Static(f"↑/↓ PgUp/PgDn scroll · {closing} closes · {self.palette_keys} "
+                         "opens the command palette", classes="dialog-hint", markup=False)
 
     def on_mount(self) -> None:
         # The text scrolls from the keyboard at once (at 80x24 it is longer than the

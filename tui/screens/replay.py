@@ -48,8 +48,8 @@ class ReplayScreen(Screen):
         Binding("home", "seek(0)", "Start", show=False, priority=True, id="replay.start"),
         Binding("end", "seek(-1)", "End", show=False, priority=True, id="replay.end"),
         Binding("c", "branch", "Continue live", priority=True, id="replay.branch"),
-        Binding("f6", "cycle_pane(1)", "Pane", priority=True, id="next_pane"),
-        Binding("f7", "maximize", "Zoom", priority=True, id="maximize"),
+        Binding("f6,alt+n", "cycle_pane(1)", "Pane", priority=True, id="next_pane"),
+        Binding("f7,alt+z", "maximize", "Zoom", priority=True, id="maximize"),
     ]
 
     def __init__(self, loaded: LoadedSession) -> None:

@@ -81,6 +81,8 @@ class WorkbenchScreen(Screen):
         self.chip_label, self.vmem_capacity = chip_label, vmem_capacity
         self.worker_state = "starting"
         self._cancel_armed_at: float | None = None
+        self._leave_armed_at: float | None = None  # Esc once over changes: armed
+        self.kept_draft: Any = None  # a ``sessions.drafts.Draft`` offered back on resume
         self._draw_scheduled = False
         self._unsubscribe: Callable[[], None] | None = None
         # Queued, still open to more text (a copy: the batch grows in place).
@@ -94,6 +96,12 @@ class WorkbenchScreen(Screen):
         yield KeyFooter()
 
     def on_mount(self) -> None:
+        look = getattr(self.app, "look", None)
+        if look is not None and look.ascii:
+            self.add_class("-ascii")  # ASCII pane borders (PaneGrid's CSS)
+            self.query_one(ActivityLine).SPINNER = look.spinner
+        self.query_one(ActivityLine).cancel_hint = \
+            f"{keymap.say(self.app, 'cancel', joiner='/')} twice cancels"
         self.presenter = Presenter(self.query_one(PaneGrid))
         self.query_one(ProfilePane).set_chip(self.chip_label, self.vmem_capacity)
         self.query_one(PaneGrid).show("source")  # the keyboard starts in the editor
@@ -112,13 +120,63 @@ class WorkbenchScreen(Screen):
         self.worker_state = link.worker_state
         self.query_one(ActivityLine).stop()
         # Anything already in the log (a resumed session) first, then live events.
+        recorded: list[ev.Event] | None = None
         try:
-            for event in link.recorded_events():
+            recorded = link.recorded_events()
+            for event in recorded:
                 self.presenter.chat_entry(event)
         except Exception as exc:  # the log is readable by the controller; say what broke
             self.notify(f"could not show the session's history: {exc}", severity="warning")
         self._unsubscribe = link.subscribe(self._deliver)
         self._schedule_draw()
+        self._say_what_a_stop_left(link, recorded)
+
+    def _say_what_a_stop_left(self, link: LiveLink, recorded: list[ev.Event] | None) -> None:
+        """On resume: what the last stop by a signal cut short, and the kept draft."""
+        chat = self.query_one(ChatPane)
+        try:
+            stop = link.last_stop(recorded)
+            draft = link.kept_draft()
+        except Exception as exc:  # a session's history must not stop it from opening
+            self.notify(f"could not read how the session last stopped: {exc}",
+                        severity="warning")
+            return
+        if stop is not None:
+            again = f"; {keymap.say(self.app, 'run', most=1)} runs the current version " \
+                "again" if stop.runs else ""
+            chat.add_notice(f"last time {stop.words()}{again}", "warning")
+        if draft is not None:
+            self.kept_draft = draft
+            lines = draft.text.count("\n") + 1
+            why = {"disconnect": "when the connection dropped",
+                   "terminated": "when the app was stopped",
+                   "quit": "when you quit"}.get(draft.why, "")
+            text = (f"a draft was kept {why} ({draft.words()}, {lines} lines): "
+                    f"{keymap.say(self.app, 'edit')} opens it in the editor (or \"Open the "
+                    "kept draft\" in the command palette)")
+            chat.add_notice(text, "warning")
+            self.notify(text, title="draft kept", timeout=12)
+
+    def open_draft(self) -> None:
+        """The kept draft into the editor, as the edit it was; its file is then removed
+        (a later stop keeps the editor's text again)."""
+        draft, source = self.kept_draft, self.source
+        if draft is None or self.link is None:
+            self.notify("no draft is kept", timeout=3)
+            return
+        if source.proposal is not None and draft.proposal != source.proposal:
+            self.notify(f"proposal {source.proposal} waits for a decision: decide it, then "
+                        "open the draft (it stays kept)", severity="warning", timeout=6)
+            return
+        self.query_one(PaneGrid).show("source")
+        source.load_draft(draft.text)
+        self.kept_draft = None
+        self.link.drop_draft()
+        base = "" if draft.proposal or draft.version in (None, source.version) \
+            else f" (it was an edit of v{draft.version}; the editor now edits " \
+            f"v{source.version})"
+        self.notify(f"the draft is in the editor{base}: {keymap.say(self.app, 'edit')} "
+                    "submits it, Esc twice drops it", timeout=8)
 
     def _deliver(self, event: ev.AnyEvent) -> None:
         """Controller event -> message. Streamed text joins the delta still waiting in
@@ -215,7 +273,7 @@ class WorkbenchScreen(Screen):
         self.app.push_screen(ErrorModal(
             title, f"{type(error).__name__}: {error}",
             "The session log keeps everything so far; you can keep working, or quit "
-            "(ctrl+q) and resume it with --resume."))
+            f"({keymap.say(self.app, 'quit')}) and resume it with --resume."))
 
     def _draw_status(self) -> None:
         view = self.view()
@@ -233,13 +291,9 @@ class WorkbenchScreen(Screen):
         bar.ask(pending["id"], f"{what} proposal {pending['id']}: {pending['summary']}", keys)
 
     def _keys(self, *ids: str) -> str:
-        current = keymap.remapped(self.app)
-        parts = []
-        for bid in ids:
-            keys, _, label, _ = keymap.ACTIONS[bid]
-            key = current.get(bid, keys).split(",")[0]
-            parts.append(f"{key} {label.lower()}")
-        return "  ".join(parts)
+        """"ctrl+y approve  F2/ctrl+o edit": the keys in force, as remapped."""
+        return "  ".join(f"{keymap.say(self.app, bid, joiner='/')} "
+                         f"{keymap.ACTIONS[bid][2].lower()}" for bid in ids)
 
     # -- actions (routed here by the bindings) ----------------------------------------
     @property
@@ -261,9 +315,11 @@ class WorkbenchScreen(Screen):
 
     def action_approve(self) -> None:
         source = self.source
-        if source.editing and (source.proposal is not None or source.is_modified()):
-            self._submit_edit()
-            return
+        if source.in_edit():
+            if source.is_modified() or source.proposal is None:
+                self._submit_edit()
+                return
+            source.end_edit()  # the proposal as it is: approved, not "edited"
         if self._decision_allowed():
             self._command(lambda link: link.approve())
 
@@ -280,10 +336,13 @@ class WorkbenchScreen(Screen):
 
     def action_edit(self) -> None:
         source = self.source
+        if self.kept_draft is not None and not source.in_edit():
+            self.open_draft()
+            return
         if self._pending_plan() is None:
             # The editor is where F2 works: on a narrow screen its tab comes forward.
             self.query_one(PaneGrid).show("source")
-        if source.editing:
+        if source.in_edit():
             self._submit_edit()
         elif self._pending_plan() is not None:
             if self._decision_allowed():
@@ -291,12 +350,14 @@ class WorkbenchScreen(Screen):
         elif source.proposal is not None:
             if self._decision_allowed():
                 source.begin_edit()
-                self.notify("editing the proposal: F2 or ctrl+y submits it, it then runs",
-                            timeout=5)
-        elif self.link is not None and source.is_modified():
-            self._submit_edit()
+                self.notify(f"editing the proposal: {keymap.say(self.app, 'edit')} or "
+                            f"{keymap.say(self.app, 'approve', most=1)} submits it, it then "
+                            "runs; Esc leaves it as it was", timeout=5)
         else:
             source.begin_edit()
+            what = f"v{source.version}" if source.version is not None else "the source"
+            self.notify(f"editing {what}: {keymap.say(self.app, 'edit')} "
+                        "submits it as a new version, Esc leaves it as it was", timeout=5)
 
     def _pending_plan(self) -> dict[str, Any] | None:
         view = self.view()
@@ -319,12 +380,40 @@ class WorkbenchScreen(Screen):
                                         pending["plan"] or "", keys), done)
 
     def _key_list(self, bid: str) -> list[str]:
-        current = keymap.remapped(self.app)
-        return current.get(bid, keymap.ACTIONS[bid][0]).split(",")
+        return keymap.keys_of(self.app, bid)
 
     def _submit_edit(self) -> None:
-        text = self.source.edited_source()
+        source = self.source
+        if not source.is_modified():
+            # Nothing typed: no "edited by the user: no change" version or decision.
+            what = f"proposal {source.proposal}" if source.proposal is not None \
+                else f"v{source.version}"
+            approve = f"; {keymap.say(self.app, 'approve', most=1)} approves it as it is" \
+                if source.proposal is not None else ""
+            source.end_edit()
+            self.notify(f"nothing to submit: {what} is unchanged{approve}", timeout=4)
+            return
+        text = source.edited_source()
         self._command(lambda link: link.edit(text))
+
+    @on(SourcePane.LeaveRequested)
+    def _leave_edit(self, _message: SourcePane.LeaveRequested) -> None:
+        """Esc in an edit leaves it and records nothing; changes are dropped on a second
+        Esc only (one stray Esc must not throw away typing)."""
+        source = self.source
+        if source.is_modified():
+            now = self.clock()
+            armed = self._leave_armed_at
+            if armed is None or now - armed > CANCEL_WINDOW_S:
+                self._leave_armed_at = now
+                self.notify("press Esc again to leave the editor and drop your changes "
+                            "(nothing is recorded)", timeout=CANCEL_WINDOW_S + 1)
+                return
+        self._leave_armed_at = None
+        what = f"proposal {source.proposal} still waits, unchanged" \
+            if source.proposal is not None else f"v{source.version} is as it was"
+        source.end_edit()
+        self.notify(f"left the editor, nothing recorded: {what}", timeout=4)
 
     def action_toggle_diff(self) -> None:
         self.source.toggle_view()
@@ -349,7 +438,7 @@ class WorkbenchScreen(Screen):
             self._command(lambda link: link.cancel())
             return
         self._cancel_armed_at = now
-        self.notify(f"press {self._keys('cancel').split()[0]} again to cancel the {busy}",
+        self.notify(f"press {keymap.say(self.app, 'cancel')} again to cancel the {busy}",
                     timeout=CANCEL_WINDOW_S)
 
     def action_cycle_pane(self, step: int) -> None:

@@ -99,11 +99,15 @@ class HistoryPane(Vertical):
         cursor = table.cursor_row
         table.clear()
         for row in reversed(self.rows):  # newest first
-            mark = ("▶" if row.current else " ") + ("★" if row.best else " ")
-            status = f"{STATUS_MARK.get(row.status, '?')} {row.status or 'not run'}"
+            look = getattr(self.app, "look", None)
+            draw = look.mark if look is not None else str
+            mark = draw(("▶" if row.current else " ") + ("★" if row.best else " "))
+            status = f"{draw(STATUS_MARK.get(row.status, '?'))} {row.status or 'not run'}"
             speed = row.rank.words(short=True) if row.rank is not None else "-"
-            summary = row.summary if len(row.summary) <= 48 else row.summary[:47] + "…"
-            table.add_row(f"{mark}v{row.version}", row.origin, status, speed, tpu_cell(row),
+            summary = row.summary if len(row.summary) <= 48 else \
+                row.summary[:47] + draw("…")
+            table.add_row(f"{mark}v{row.version}", row.origin, status, speed,
+                          draw(tpu_cell(row)),
                           Text(summary), key=str(row.version))  # never read as markup
         if self.rows:
             table.move_cursor(row=min(cursor, len(self.rows) - 1))

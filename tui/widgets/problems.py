@@ -63,9 +63,11 @@ class ProblemsPane(Vertical):
         table = self.query_one(DataTable)
         table.clear()
         rows = []
+        look = getattr(self.app, "look", None)
+        draw = look.mark if look is not None else str
         for p in self.problems:
             where = f"{self.filename}:{p.line}" if p.line else (f"v{p.version}" if p.version else "")
-            rows.append((p.icon, p.kind, where, p.message))
+            rows.append((draw(p.icon), p.kind, where, p.message))
         fixed = sum(max([len(r[c]) for r in rows] + [len(h)]) + 2
                     for c, h in enumerate((" ", "kind", "where")))
         width = max(20, (self.content_size.width or 80) - fixed - 3)

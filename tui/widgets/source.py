@@ -3,13 +3,16 @@
 While a proposal is pending the editor is read-only and the pane shows the proposal as
 a highlighted diff against the current version (``toggle_view`` shows the full
 proposed source instead). ``begin_edit`` loads the proposal into the editor so the
-person can change it before it runs.
+person can change it before it runs; Esc leaves the editor again, recording nothing
+(``LeaveRequested`` asks the screen, which confirms when there are changes to drop).
 """
 
 from __future__ import annotations
 
+from textual import events
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.message import Message
 from textual.widgets import ContentSwitcher, TextArea
 
 from tui.widgets.diffview import DiffView
@@ -37,9 +40,24 @@ class Editor(TextArea):
         else:
             super(TextArea, self).notify_style_update()  # the rest, lines kept
 
+    async def _on_key(self, event: events.Key) -> None:
+        # Esc leaves an edit (the pane decides); elsewhere it keeps TextArea's meaning
+        # (the focus moves on, out of the editor's hold on Tab).
+        if event.key == "escape":
+            pane = next((a for a in self.ancestors if isinstance(a, SourcePane)), None)
+            if pane is not None and pane.in_edit():
+                event.stop()
+                event.prevent_default()
+                pane.post_message(SourcePane.LeaveRequested())
+                return
+        await super()._on_key(event)
+
 
 class SourcePane(Vertical):
     ALLOW_MAXIMIZE = True  # F7 zooms a whole pane
+
+    class LeaveRequested(Message):
+        """Esc in an edit: the screen leaves it (after a confirmation if it changed)."""
     DEFAULT_CSS = """
     SourcePane ContentSwitcher { height: 1fr; }
     SourcePane TextArea, SourcePane TextArea:focus { height: 1fr; border: none; padding: 0; }
@@ -114,6 +132,30 @@ class SourcePane(Vertical):
             if first:  # start where the proposal changes the code
                 self.editor.move_cursor((first - 1, 0), center=True)
         self.editor.focus()
+        self._retitle()
+
+    def in_edit(self) -> bool:
+        """An edit is open: the edit key opened one, or the current version's text was
+        typed over (its editor is always writable)."""
+        return self.editing or (self.proposal is None and self.is_modified())
+
+    def end_edit(self) -> None:
+        """Leave the edit: the proposal (read-only, as a diff) or the current version
+        comes back as it was. Nothing is recorded."""
+        self.editing = False
+        if self.proposal is not None and self.proposed_source is not None:
+            self.query_one(DiffView).show(self.current_source, self.proposed_source)
+            self._load_editor(self.proposed_source, read_only=True)
+            self._switch("diff")
+        else:
+            self._load_editor(self.current_source, read_only=False)
+            self._switch("editor")
+        self._retitle()
+
+    def load_draft(self, text: str) -> None:
+        """Open an edit of the current version holding ``text`` (a kept draft)."""
+        self.begin_edit()
+        self.editor.load_text(text)
         self._retitle()
 
     def edited_source(self) -> str:

@@ -192,7 +192,8 @@ class ActivityLine(Static):
         if self._label is None:
             return
         self._tick += 1
-        spin = self.SPINNER[self._tick % len(self.SPINNER)] if self.show_elapsed else "…"
+        spin = self.SPINNER[self._tick % len(self.SPINNER)] if self.show_elapsed else \
+            ("..." if self.SPINNER.isascii() else "…")
         elapsed = f" · {self.clock() - self._since:.1f}s" if self.show_elapsed else ""
         hint = f" · {self.cancel_hint}" if self._cancellable else ""
         # One fixed-height line: a repaint, not a relayout of the whole screen (a
