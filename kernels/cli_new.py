@@ -93,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
             summary = _from_benchmark(args)
         else:
             summary = _from_function(args)
+            _note_integer_inputs(summary)
             if args.kernel and not args.no_check:
                 _fit_to_kernel(args, summary)
     except NewTaskError as exc:
@@ -103,6 +104,26 @@ def run(args: argparse.Namespace) -> int:
             summary["removed"] = _remove(Path(summary["directory"]), existed)
     summary.pop("_made", None)
     return _report(summary, args.json)
+
+
+def _note_integer_inputs(summary: dict[str, Any]) -> None:
+    """Integer inputs get random values: say so where their values decide the work (a
+    grouped matmul's group sizes: the kernel's loops are estimated with the values the
+    task's make_inputs gives at the production shape)."""
+    from kernels.new_shapes import DEFAULT_INT_RANGE
+
+    made = summary.get("_made") or {}
+    shapes = made.get("shapes")
+    for spec in getattr(shapes, "inputs", ()):
+        if not str(spec.dtype).startswith(("int", "uint")) or spec.low is not None \
+                or spec.high is not None:
+            continue
+        low, high = DEFAULT_INT_RANGE
+        summary.setdefault("notes", []).append(
+            f"{spec.name} ({spec.dtype}) gets random values in [{low}, {high}) at every "
+            "shape; where they decide the work (group sizes, lengths: a kernel's loops are "
+            "estimated with the values at the production shape), write the values you run "
+            "into reference.py's make_inputs")
 
 
 def _remove(directory: Path, existed: bool) -> bool:
