@@ -53,6 +53,12 @@ HELP_EXTRA = "\n".join((
 
 class TilewrightApp(App):
     TITLE = "tilewright"
+    # Notifications at the top right: at the bottom (Textual's place) they cover the
+    # decision bar, the status line and the keys exactly when a decision is due.
+    CSS = """
+    ToastRack { dock: top; align: right top; margin-bottom: 0; margin-top: 1;
+                max-height: 55%; }
+    """
     COMMANDS = App.COMMANDS | {WorkbenchCommands}
     BINDINGS = [Binding("ctrl+q", "quit", "Quit", id="quit", priority=True)]
 
@@ -174,6 +180,26 @@ class TilewrightApp(App):
         self.push_screen(HelpScreen(keymap.describe(self.keymap_overrides), HELP_EXTRA))
 
     async def action_quit(self) -> None:
+        busy = self.link.busy if self.link is not None else None
+        if busy in ("run", "profile") and not isinstance(self.screen, ErrorModal):
+            # An evaluation is running: quitting stops it, so the person is asked first.
+            what = "an evaluation" if busy == "run" else "a profile"
+
+            def chosen(choice: str | None) -> None:
+                if choice == "y":
+                    self.run_worker(self._quit(), group="quit")
+
+            quit_keys = self.keymap_overrides.get("quit", "ctrl+q")
+            self.push_screen(ErrorModal(
+                f"Quit while {what} runs?",
+                f"{what.capitalize()} is running. Quitting stops it; the session records it "
+                "as interrupted and can be resumed (tilewright --resume).",
+                f"y quits now; or wait for it to finish and press {quit_keys} again.",
+                {"y": "quit anyway"}, close_hint="Enter or Esc stays"), chosen)
+            return
+        await self._quit()
+
+    async def _quit(self) -> None:
         link, self.link = self.link, None
         if link is not None:
             try:

@@ -47,7 +47,11 @@ def describe_result(event: ev.RunResult) -> tuple[str, str]:
         # simulation time is not called a speedup (and its milliseconds are the CPU's).
         rank = event_rank(dict(event))
         if rank is not None and rank.source != "none":  # disqualified: says why
-            return f"v{v} correct · {rank.words()}", "information"
+            # Beside a compiler figure, how far such figures hold for its chip and class
+            # (and, in its words, when the memory floor decided it, both figures).
+            trust = rank.trust_words()
+            return f"v{v} correct · {rank.words()}" + (f" · trust: {trust}" if trust else ""), \
+                "information"
         ms = event.get("median_ms")
         timing = f" · {ms:.3f} ms" if isinstance(ms, int | float) else ""
         return f"v{v} correct{timing}", "information"
@@ -104,7 +108,8 @@ class Presenter:
         source.show_version(current, view.version_source(current) or "" if current else "")
         pending = view.pending()
         if pending and pending["kind"] in ("kernel", "tuning") and pending["source"]:
-            source.show_proposal(pending["id"], pending["source"])
+            source.show_proposal(pending["id"], pending["source"], pending.get("base"),
+                                 pending.get("base_source"))
         elif not pending or pending["kind"] == "plan":
             source.clear_proposal()
         self.grid.query_one(HistoryPane).show(view.history())
@@ -160,10 +165,15 @@ class Presenter:
         note = f" — {e['note']}" if e.get("note") else ""
         by = " (auto)" if e.get("by") == "auto" else ""
         word = PAST.get(e.get("decision", ""), str(e.get("decision")))
+        if not e.get("proposal"):  # the person's own edit, with nothing pending
+            self.chat.add_notice("you edited the kernel (F2): it becomes a version of yours")
+            return
         self.chat.add_notice(f"{word} {e.get('proposal')}{by}{note}")
 
     def _version(self, e: ev.KernelVersion) -> None:
-        self.chat.add_notice(f"→ v{e.get('version')} ({e.get('origin')}): "
+        origin = "your edit" if e.get("origin") == "user-edit" else e.get("origin")
+        parent = f" from v{e['parent']}" if e.get("parent") else ""
+        self.chat.add_notice(f"→ v{e.get('version')} ({origin}{parent}): "
                              f"{e.get('summary', '')}")
 
     def _checkout(self, e: ev.KernelCheckout) -> None:

@@ -1,0 +1,141 @@
+"""The workbench at 80x24 (issue 35): notifications never cover the decision bar, the
+status line or the keys; a proposal that applies to another version than the shown one
+is drawn against that version and says so; ctrl+q during an evaluation asks first.
+The real app through ``run_test`` with the real controller and the in-process
+``MarkedJudge`` (its verdict is a marker in the source: no worker needed)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from judges import MarkedJudge
+from scripted_agent import ScriptedAgent, kernel
+from textual.widgets._toast import Toast
+
+from kernels.loaders import load_task
+from tui.app import TilewrightApp
+from tui.launch import start_session
+from tui.screens.modals import ErrorModal
+from tui.widgets.diffview import DiffView
+from tui.widgets.footer import KeyFooter
+from tui.widgets.source import SourcePane
+from tui.widgets.status import ApprovalBar, StatusBar
+
+pytestmark = pytest.mark.asyncio
+SIZE = (80, 24)
+
+SOURCE = """import jax
+BLOCK_ROWS = {rows}
+TUNABLES = {{"BLOCK_ROWS": [8, 16, 32, 64, 128]}}
+
+def kernel(x):
+    return x  # eval: correct {speed} {tag}
+"""
+
+
+def tunable(rows: int, speed: float, tag: str = "") -> str:
+    return SOURCE.format(rows=rows, speed=speed, tag=tag)
+
+
+def make_app(tmp_path: Path, agent: ScriptedAgent, judge: MarkedJudge) -> TilewrightApp:
+    from test_tui_flow import CHIP
+
+    config = {"controller": {"propose_after_run": False}}
+
+    async def opener():
+        link = await start_session(load_task("gelu", {"rows": "64", "cols": "256"}), agent,
+                                   judge, config, sessions_dir=tmp_path, chip=CHIP,
+                                   backend={"platform": "cpu", "mode": "tpu-interpret",
+                                            "label": "CPU (TPU interpret)"})
+        return link, CHIP
+
+    return TilewrightApp(config, opener)
+
+
+async def opened(app: TilewrightApp, pilot) -> None:
+    await app.workers.wait_for_complete()
+    while app.link is None:
+        await pilot.pause(0.02)
+    await app.link.wait_idle()
+    for _ in range(3):
+        await pilot.pause()
+
+
+async def test_notifications_never_cover_the_decision_bar_or_the_keys(tmp_path: Path) -> None:
+    app = make_app(tmp_path, ScriptedAgent([kernel(tunable(32, 2.0), "rows 32")]),
+                   MarkedJudge())
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await opened(app, pilot)
+        controller = app.link._controller
+        controller.request_proposal("tune")
+        await opened(app, pilot)
+        for i in range(3):  # several at once, long ones
+            app.workbench.notify(f"notice {i}: " + "words " * 30, timeout=30)
+        for _ in range(5):
+            await pilot.pause(0.05)
+        assert list(app.screen.query(Toast))
+        bars = [app.workbench.query_one(w) for w in (ApprovalBar, StatusBar, KeyFooter)]
+        assert app.workbench.query_one(ApprovalBar).region.height > 0  # a decision is due
+        # What is drawn on every cell of the bars is the bar, never a notification.
+        for bar in bars:
+            region = bar.region
+            for y in range(region.y, region.bottom):
+                for x in range(region.x, region.right):
+                    top, _ = app.screen.get_widget_at(x, y)
+                    assert not isinstance(top, Toast) and \
+                        not any(isinstance(n, Toast) for n in top.ancestors), (x, y, top)
+
+
+async def test_a_proposal_on_another_version_is_drawn_against_it(tmp_path: Path) -> None:
+    agent = ScriptedAgent([kernel(tunable(32, 2.0, "a"), "rows 32"),
+                           kernel(tunable(128, 1.5, "b"), "rows 128"),
+                           kernel(tunable(64, 2.5, "c"), "rows 64")])
+    app = make_app(tmp_path, agent, MarkedJudge())
+    async with app.run_test(size=SIZE) as pilot:
+        await opened(app, pilot)
+        controller = app.link._controller
+        for _ in range(2):
+            controller.request_proposal("tune")
+            await opened(app, pilot)
+            controller.approve()
+            await opened(app, pilot)
+        assert controller.state.best == 2 and controller.state.current == 3
+        controller.request_proposal("tune")
+        await opened(app, pilot)
+        pane = app.workbench.query_one(SourcePane)
+        assert controller.state.current == 3  # the shown version did not move
+        assert pane.version == 3 and pane.proposal_base == 2
+        assert "proposal p3 on v2 pending" in str(pane.border_title)
+        # The diff is drawn from v2 (rows 32), not the shown v3 (rows 128).
+        drawn = str(app.workbench.query_one(DiffView).query_one("#diff-body").render())
+        assert "BLOCK_ROWS = 32" in drawn and "BLOCK_ROWS = 64" in drawn
+        assert "BLOCK_ROWS = 128" not in drawn
+
+
+async def test_quitting_during_an_evaluation_asks(tmp_path: Path) -> None:
+    gate = asyncio.Event()
+    judge = MarkedJudge(gate=gate)
+    app = make_app(tmp_path, ScriptedAgent([]), judge)
+    async with app.run_test(size=SIZE) as pilot:
+        await app.workers.wait_for_complete()
+        while app.link is None:
+            await pilot.pause(0.02)
+        await pilot.press("ctrl+r")
+        await asyncio.wait_for(judge.started.wait(), 10)
+        await pilot.pause()
+        assert app.link.busy == "run"
+        await pilot.press("ctrl+q")
+        await pilot.pause()
+        assert isinstance(app.screen, ErrorModal) and "Quit while an evaluation runs" in \
+            app.screen.title_text
+        await pilot.press("escape")  # stays
+        await pilot.pause()
+        assert not isinstance(app.screen, ErrorModal) and app.link is not None
+        gate.set()
+        await app.link.wait_idle()
+        await pilot.pause()
+        await pilot.press("ctrl+q")  # idle: quits without asking
+        await pilot.pause()
+        assert app.link is None
