@@ -35,3 +35,38 @@ def test_tasks_at_80_columns_stack_whole_words() -> None:
 def test_tasks_on_a_wide_terminal_keep_the_table() -> None:
     out = _tasks(200)
     assert "┃ name" in out and "causal_attention" in out
+
+
+def test_auto_progress_lines_fit_the_width_at_word_ends() -> None:
+    from sessions.headless import abbreviate, step_lines
+
+    summary = ("tune to the largest legal blocks that fit VMEM on v3 (BLOCK_ROWS=512 "
+               "BLOCK_COLS=2048), from the diagnosis: BLOCK_ROWS 256 -> 512")
+    for width in (80, 100, 60, 40):
+        lines = step_lines(width, 12, 13, summary, "correct", "est. 4.00x",
+                           "est. 4.00x (v13)", 123456, 812.3)
+        assert all(len(line) <= width for line in lines), (width, lines)
+        shown = lines[0].split("v13 ", 1)[1].strip()
+        words = shown.split("  ")[0].removesuffix("…").split()
+        # every word shown is a whole word of the summary
+        assert words and all(w in summary.split() for w in words), (width, shown)
+        assert "est. 4.00x" in "\n".join(lines)
+    assert abbreviate("one two three", 9) == "one two…"
+    assert abbreviate("unbreakable", 4) == "unbreakable…"  # never cut inside a word
+
+
+def test_sessions_with_no_steps_are_not_listed_as_text(tmp_path: Path, capsys) -> None:
+    import json
+
+    from sessions.log import SessionLog
+    from tui.cli import main
+
+    log = SessionLog.create(tmp_path, task={"name": "gelu", "root": str(ROOT), "layout": "native"},
+                            backend=None, agent="offline", app_version="test")
+    log.close()
+    assert main(["sessions", "--session-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert log.path.name not in out and "1 with no steps; --json lists them" in out
+    assert main(["sessions", "--session-dir", str(tmp_path), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["id"] for r in rows] == [log.path.name] and rows[0]["steps"] == 0
