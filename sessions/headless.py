@@ -112,11 +112,9 @@ def abbreviate(text: str, room: int) -> str:
     text = " ".join(str(text).split())
     if len(text) <= room:
         return text
-    cut = text[:max(1, room - 1)]
-    if " " in cut:
-        cut = cut[:cut.rindex(" ")]
-    else:
-        cut = text.split(" ", 1)[0]
+    # the words that end within room - 1 characters (the "…" takes the last one)
+    cut = text[:max(1, room - 1) + 1]
+    cut = cut[:cut.rindex(" ")] if " " in cut else text.split(" ", 1)[0]
     return cut.rstrip(" ,;:(") + "…"
 
 
