@@ -40,8 +40,8 @@ def test_tasks_on_a_wide_terminal_keep_the_table() -> None:
 def test_auto_progress_lines_fit_the_width_at_word_ends() -> None:
     from sessions.headless import abbreviate, step_lines
 
-    summary = ("tune to the largest legal blocks that fit VMEM on v3 (BLOCK_ROWS=512 "
-               "BLOCK_COLS=2048), from the diagnosis: BLOCK_ROWS 256 -> 512")
+    summary = ("tune BLOCK_ROWS 256 -> 512, BLOCK_COLS 512 -> 2048 on v3 (largest legal "
+               "blocks that fit VMEM, from the diagnosis)")
     for width in (80, 100, 60, 40):
         lines = step_lines(width, 12, 13, summary, "correct", "est. 4.00x",
                            "est. 4.00x (v13)", 123456, 812.3)

@@ -139,3 +139,35 @@ async def test_quitting_during_an_evaluation_asks(tmp_path: Path) -> None:
         await pilot.press("ctrl+q")  # idle: quits without asking
         await pilot.pause()
         assert app.link is None
+
+
+async def test_the_first_screen_says_what_to_press_next(tmp_path: Path) -> None:
+    agent = ScriptedAgent([kernel(tunable(32, 2.0), "rows 32")])
+    app = make_app(tmp_path, agent, MarkedJudge())
+    async with app.run_test(size=SIZE) as pilot:
+        await opened(app, pilot)
+        bar = app.workbench.query_one(ApprovalBar)
+        said = str(bar.render())
+        assert said.startswith("next ctrl+r evaluates v1") and "/plan" in said, said
+        assert bar.region.height == 1 and bar.proposal is None  # one line; takes no key
+        await pilot.press("ctrl+r")
+        await opened(app, pilot)
+        assert app.link.state.versions[1].status == "correct"
+        # v1 is evaluated (and no proposal is asked for in this config): the hint is gone
+        assert not bar.has_class("-pending") and not bar.has_class("-hint")
+        app.link._controller.request_proposal("tune")
+        await opened(app, pilot)
+        assert bar.has_class("-pending") and not bar.has_class("-hint")
+        assert str(bar.render()).startswith("decide ")
+
+
+async def test_after_the_persons_failing_edit_the_bar_says_the_way_back(tmp_path: Path) -> None:
+    app = make_app(tmp_path, ScriptedAgent([]), MarkedJudge())
+    async with app.run_test(size=SIZE) as pilot:
+        await opened(app, pilot)
+        app.link._controller.edit(SOURCE.format(rows=8, speed=1.0, tag="").replace(
+            "eval: correct", "eval: compile_error"))
+        await opened(app, pilot)
+        said = str(app.workbench.query_one(ApprovalBar).render())
+        assert said.startswith("next v2, your edit, failed: f2 edits it again"), said
+        assert "goes back to v1" in said

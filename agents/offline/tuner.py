@@ -412,7 +412,6 @@ def diagnosed_step(source: str, obs: Observations, dims: dict[str, tuple[int, ..
     current = tunables.config_of(source)
     parent, parent_version = _parent(obs, best, current)
     changes = {k: v for k, v in config.items() if parent.get(k) != v}
-    full = " ".join(f"{k}={v}" for k, v in config.items())
     verb = ("largest legal blocks that fit VMEM" if move == "grow" and vmem is not None
             else "largest legal blocks" if move == "grow" else "one notch smaller blocks")
     said = str(diagnosis.get("summary") or "").rstrip()
@@ -423,8 +422,8 @@ def diagnosed_step(source: str, obs: Observations, dims: dict[str, tuple[int, ..
             f"{name} {op} {value}" for name, bounds in constraints.items()
             for op, value in bounds) + ")."
     moves = ", ".join(f"{k} {parent.get(k)} -> {v}" for k, v in changes.items())
-    return Step(changes, config, f"tune to the {verb}{_from(parent_version)} ({full}), from "
-                f"the diagnosis: {moves}",
+    return Step(changes, config, f"tune {moves}{_from(parent_version)} ({verb}, from the "
+                "diagnosis)",
                 f"The profile of v{diagnosis.get('version')} says {said} "
                 f"So every tunable moves at once to its {verb}{fitted} from the best "
                 "configuration "
