@@ -171,3 +171,34 @@ async def test_after_the_persons_failing_edit_the_bar_says_the_way_back(tmp_path
         said = str(app.workbench.query_one(ApprovalBar).render())
         assert said.startswith("next v2, your edit, failed: f2 edits it again"), said
         assert "goes back to v1" in said
+
+
+async def test_problems_show_the_whole_tpu_line_and_hint_at_80_columns() -> None:
+    from textual.app import App
+    from textual.widgets import Static
+
+    from tui.problems import Problem
+    from tui.widgets.problems import ProblemsPane
+
+    tpu = ("v5e: compiles · VMEM 0.2/16.0 MiB · est. 0.35x on v5e at 8192x8192 (TPU "
+           "compiler, scaled, memory floor decided; its cycles alone say 0.20x) · "
+           "memory-bound v6e: median 0.81 of measured, 4 programs, 100% within 2x")
+    hint = ("shrink the block: " + "the footprint is about twice the sum of the blocks " * 4
+            + "END-OF-HINT")
+
+    class Host(App):
+        def compose(self):
+            yield ProblemsPane()
+
+    app = Host()
+    async with app.run_test(size=SIZE) as pilot:
+        pane = app.query_one(ProblemsPane)
+        pane.show([Problem("error", "compile", "out of VMEM", hint=hint)], tpu)
+        await pilot.pause()
+        await pilot.pause()
+        assert pane.border_subtitle == "v5e: compiles · VMEM 0.2/16.0 MiB"
+        below = pane.query_one("#problems-tpu", Static)
+        assert below.display and str(below.render()) == tpu
+        shown = pane.query_one("#problems-hint", Static)
+        assert shown.region.height * shown.region.width >= len(hint)  # not cut at 3 lines
+        assert "END-OF-HINT" in str(shown.render())
