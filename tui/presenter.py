@@ -74,6 +74,16 @@ def chip_line(chip: str, result: dict[str, Any]) -> str:
     return line
 
 
+def clip_words(text: str, room: int) -> str:
+    """``text`` in at most ``room`` characters, cut at a word's end with "…"."""
+    text = " ".join(str(text).split())
+    if len(text) <= room:
+        return text
+    cut = text[:room]
+    cut = cut[:cut.rindex(" ")] if " " in cut else cut[:room - 1]
+    return cut.rstrip(" ,;:(") + "…"
+
+
 def _tool_body(call: dict[str, Any]) -> str:
     """A read-only tool call's entry: what was asked, then what came back."""
     import json
@@ -154,7 +164,7 @@ class Presenter:
                                            "base_version", "role") if fields.get(k)}
         key, self._live_proposal = self._live_proposal or f"proposal:{pid}", None
         self.chat.tool_call(key, f"propose_{e.get('kind', 'kernel')}", body,
-                            f"{pid}: {e.get('summary', '')}"[:70])
+                            clip_words(f"{pid}: {e.get('summary', '')}", 70))
         plan = e.get("plan")
         if e.get("kind") == "plan" and plan:
             # A plan is read before it is approved: show it, not just a tool entry.
