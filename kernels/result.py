@@ -301,14 +301,15 @@ class Rank:
 
     def how(self) -> str:
         """How an estimate was had: "TPU compiler", "TPU compiler, scaled", "TPU
-        compiler, memory floor" (the floor decided)."""
+        compiler, memory floor; cycles alone 1.72x" (the floor decided, and what the
+        compiler's cycles alone say beside it)."""
         words = ["TPU compiler"]
         if self.derived:
             words.append("scaled")
         if self.basis == "memory_floor":
-            alone = f"; its cycles alone say {times(self.compiler_value)}" \
+            alone = f"; cycles alone {times(self.compiler_value)}" \
                 if self.compiler_value is not None else ""
-            words.append(f"memory floor decided{alone}")
+            words.append(f"memory floor{alone}")
         return ", ".join(words)
 
     def floor_words(self) -> str | None:

@@ -159,7 +159,7 @@ def test_an_estimate_the_floor_decided_says_so_with_both_figures() -> None:
     rank = ranking(floored(4.000648498535156, 1.7198, 184_352))
     words = rank.words()
     assert words.startswith("est. 4.00x on v5e at 4096x4096")
-    assert "memory floor decided; its cycles alone say 1.72x" in words
+    assert "(TPU compiler, memory floor; cycles alone 1.72x)" in words
     assert rank.floor_words() == ("the memory floor decided it (est. 4.00x); the compiler's "
                                   "cycles alone say 1.72x")
     assert "memory-bound v5e: median 0.90 of measured, 12 programs" in rank.trust_words()
@@ -174,7 +174,7 @@ def test_the_workbench_result_line_carries_the_trust() -> None:
     text, severity = describe_result(event)  # type: ignore[arg-type]
     assert severity == "information"
     assert text.startswith("v3 correct · est. 4.00x")
-    assert "its cycles alone say 1.72x" in text
+    assert "memory floor; cycles alone 1.72x" in text
     assert "trust: memory-bound v5e: median 0.90 of measured" in text
 
 
