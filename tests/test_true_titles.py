@@ -197,3 +197,12 @@ def test_the_tuner_says_when_the_floor_hides_a_difference() -> None:
     note = floor_note(obs)
     assert "3 configurations tie at est. 4.00x on the memory floor" in note
     assert "v1: 184,352 cycles" in note and note.index("v1") < note.index("v3")
+
+
+def test_replay_verify_writes_a_speedup_band_with_the_one_formatter() -> None:
+    from sessions.replay import _figure
+
+    band = ("estimated_speedup", 3.6005, 4.4)
+    assert _figure(band, 4.000648498535156) == "4.00x"  # not 4.000648498535156
+    assert _figure(("kernel_time_s", 1e-3, 2e-3), 0.0012345678) == "0.001235"
+    assert _figure(band, None) == "-"
