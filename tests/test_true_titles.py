@@ -206,3 +206,24 @@ def test_replay_verify_writes_a_speedup_band_with_the_one_formatter() -> None:
     assert _figure(band, 4.000648498535156) == "4.00x"  # not 4.000648498535156
     assert _figure(("kernel_time_s", 1e-3, 2e-3), 0.0012345678) == "0.001235"
     assert _figure(band, None) == "-"
+
+
+def test_a_tuning_proposal_says_when_the_floor_hides_a_difference() -> None:
+    from agents import brief
+    from agents.base import AgentRequest, Proposal
+    from agents.offline import decide
+    from kernels.result import ranking
+
+    task = load_task("gelu", {"rows": "1024", "cols": "1024"})
+    source = task.starting_source()
+    current = tunables.config_of(source)
+    rows = [current["BLOCK_ROWS"], 128, 256]
+    assert len(set(rows)) == 3
+    history = tuple({"version": i + 1, "status": "correct",
+                     "rank": ranking(floored(4.0, 1.7, 184_352 + 1000 * i)).to_json(),
+                     "tunables": {**current, "BLOCK_ROWS": r}} for i, r in enumerate(rows))
+    request = AgentRequest("tune", brief(task), source, 1, history=history,
+                           last_eval={"status": "correct"})
+    proposal = decide(request)
+    assert isinstance(proposal, Proposal) and proposal.kind == "tuning"
+    assert "Note: 3 configurations tie at est. 4.00x on the memory floor" in proposal.rationale

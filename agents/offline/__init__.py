@@ -357,7 +357,7 @@ def _tune(request: AgentRequest, lessons: list[Lesson]) -> Proposal | Failure | 
                         "of the best configuration has been measured. Try a structural change "
                         "(edit, or Claude) to go further.")
     hidden = floor_note(_observations(request, source, set(tunables.read(source))))
-    rationale = step.rationale + (f" Note{hidden[1:]}." if hidden else "")
+    rationale = step.rationale + (f" Note:{hidden[1:]}." if hidden else "")
     return Proposal("tuning", step.summary, rationale=rationale, tuning=step.changes,
                     meta=_step_meta(step))
 
