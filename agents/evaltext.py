@@ -13,7 +13,7 @@ from typing import Any
 
 from agents.evalfacts import rank_of, version_numbers
 from agents.untrusted import bounded, defuse, fence, neutralize
-from kernels.result import Rank
+from kernels.result import Rank, times
 
 _MAX_TRACEBACK_LINES = 20
 _MAX_STDERR_LINES = 15
@@ -206,7 +206,7 @@ def _floor_text(n: dict[str, Any]) -> str:
     if n.get("basis") == "memory_floor":
         above = [f"{who} floor {t(floor)} is above its compiler estimate {t(est)}"
                  for who, floor, est in sides if floor > est]
-        alone = (f" (the compiler's cycles alone say {n['compiler_ratio']:.3g}x)"
+        alone = (f" (the compiler's cycles alone say {times(n['compiler_ratio'])})"
                  if n.get("compiler_ratio") else "")
         return text + " It decided the ranking number" + alone + (
             ": " + "; ".join(above) if above else "") + "."

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernels import cli
 from kernels.options import MIN_TRIALS, EvalOptions
+from kernels.result import times
 from profiling.chips import DEFAULT_TPU, TPU_INTERPRET
 
 EXIT_CORRECT, EXIT_OTHER, EXIT_USAGE = 0, 1, 2
@@ -259,7 +260,7 @@ def print_summary(result: Any, task_name: str, kernel: str) -> None:
             ratio = f" · host ratio {host:.3g} (not a speedup)" if host else ""
         else:
             speedup = timing.get("speedup")
-            ratio = f" · speedup {'n/a' if speedup is None else f'{speedup:.3g}x'}"
+            ratio = f" · speedup {'n/a' if speedup is None else times(speedup)}"
         table.add_row("host sim." if interpret else "timing", escape(
             f"{timing['median_ms']:.3f} ms median (p10 {timing['p10_ms']:.3f}, p90 "
             f"{timing['p90_ms']:.3f}; {timing['iters']} iters on {timing.get('shape')}) · "

@@ -168,6 +168,13 @@ def _table(rows: list[dict[str, Any]], directory: str | None) -> None:
     from rich.table import Table
 
     console = Console()
+    if console.width < STACK_BELOW and rows:
+        # A narrow terminal: one block per task, values wrapped at spaces (a table's
+        # eight columns would cut names and shapes into 7-character pieces).
+        for line in stacked(rows, console.width):
+            console.print(line, highlight=False, markup=False, soft_wrap=True)
+        _notes(console, rows, directory)
+        return
     table = Table(title="tilewright tasks", title_justify="left", expand=False)
     for column in ("name", "layout", "family", "shapes", "check inputs", "production",
                    "kernel", "path"):
@@ -189,6 +196,52 @@ def _table(rows: list[dict[str, Any]], directory: str | None) -> None:
         console.print(table)
     elif not directory:
         console.print("no tasks")
+    _notes(console, rows, directory)
+
+
+# Below this many columns ``tilewright tasks`` prints one block per task, not a table.
+STACK_BELOW = 120
+
+
+def stacked(rows: list[dict[str, Any]], width: int) -> list[str]:
+    """Each task as a block of lines no wider than ``width``: its name with layout,
+    family and whether it has a starting kernel, then labelled values wrapped at spaces
+    (a shape such as ``f32[4,32,4096,128]`` is never cut)."""
+    import textwrap
+
+    width = max(40, width)
+    out: list[str] = []
+    for row in rows:
+        if row["error"]:
+            out += textwrap.wrap(f"✗ {row['name'] or 'broken'} ({row['layout'] or '—'}): "
+                                 f"{row['path']}", width, break_long_words=False,
+                                 break_on_hyphens=False, subsequent_indent="    ")
+            out.append("")
+            continue
+        s = row["shapes"]
+        shapes = " · ".join(f"{n} {label}" for n, label in (
+            (s["small"], "small"), (s["large"], "large"), (s["held_out"], "held-out")) if n)
+        head = (f"{row['name']}  ({row['layout']}, {row['family'] or 'no family'}, "
+                f"{'starting kernel' if row['starting_kernel'] else 'no starting kernel'})")
+        out += textwrap.wrap(head, width, break_long_words=False, break_on_hyphens=False,
+                             subsequent_indent="    ")
+        inputs = _inputs_text(row.get("inputs"))
+        fields = [("shapes", shapes or "—")]
+        for i, line in enumerate(inputs.splitlines() or (["—"] if row.get("inputs_checked")
+                                                          is None else [])):
+            fields.append(("inputs" if i == 0 else "", line))
+        fields += [("production", _production_text(row.get("production"))),
+                   ("path", row["path"])]
+        for label, value in fields:
+            first = f"  {label:<11} "
+            out += textwrap.wrap(value, width, initial_indent=first,
+                                 subsequent_indent=" " * (len(first) + 2), break_long_words=False,
+                                 break_on_hyphens=False) or [first.rstrip()]
+        out.append("")
+    return out
+
+
+def _notes(console: Any, rows: list[dict[str, Any]], directory: str | None) -> None:
     for row in rows:
         if row["error"]:
             console.print(f"[red]✗[/] {row['error']}", highlight=False)

@@ -205,6 +205,9 @@ class Rank:
     estimate: float | None = None  # the estimated speedup, also beside a measurement
     measured: float | None = None  # measured on a TPU
     fidelity: dict[str, Any] | None = None  # {class, chip, median_ratio, within_2x, rows}
+    # The speedup the compiler's cycles alone say (kernel vs reference), beside an
+    # estimate the memory floor decided: both figures are shown.
+    compiler_value: float | None = None
     why_none: str | None = None  # why there is no better number (no estimate: the reason)
     status: str | None = None  # the evaluation's status
     flags: tuple[str, ...] = ()  # the disqualifying flags
@@ -266,26 +269,26 @@ class Rank:
         on = f" on {self.chip}" if chip and self.chip else ""
         if self.source == "device_time" and v is not None:
             if short:
-                return f"{v:.2f}x meas."
+                return f"{times(v)} meas."
             where = f" at {self.shape}" if self.shape else ""
-            beside = f", est. {self.estimate:.2f}x" if self.estimate is not None else ""
+            beside = f", est. {times(self.estimate)}" if self.estimate is not None else ""
             device = f" on {self.device or 'TPU'}" if chip else ""
-            return f"{v:.2f}x measured{device}{where}{beside}"
+            return f"{times(v)} measured{device}{where}{beside}"
         if self.source == "tpu_estimate" and v is not None:
             if short:
-                return f"est. {v:.2f}x"
+                return f"est. {times(v)}"
             if self.legacy_label:  # a log older than ranks: its own words
                 return self.legacy_label if on or not self.chip else \
                     self.legacy_label.replace(f" on {self.chip}", "")
-            return f"est. {v:.2f}x{on}{self._at()} ({self.how()})"
+            return f"est. {times(v)}{on}{self._at()} ({self.how()})"
         if self.source == "roofline" and v is not None:
             if short:
-                return f"≥{v:.2f}x roofline"
+                return f"≥{times(v)} roofline"
             kernel = f"kernel {_ms(self.kernel_s)} by the TPU compiler" if self.kernel_s \
                 else "the kernel's compiler cycles"
             ref = f" {_ms(self.reference_s)}" if self.reference_s else ""
             why = f"; no XLA estimate: {self.why_none}" if self.why_none else ""
-            return (f"≥{v:.2f}x vs XLA's roofline{on}{self._at()} ({kernel} "
+            return (f"≥{times(v)} vs XLA's roofline{on}{self._at()} ({kernel} "
                     f"against the reference's roofline{ref}{why})")
         if self.source == "bound" and v is not None:
             if short:
@@ -313,13 +316,26 @@ class Rank:
 
     def how(self) -> str:
         """How an estimate was had: "TPU compiler", "TPU compiler, scaled", "TPU
-        compiler, memory floor" (the floor decided)."""
+        compiler, memory floor; cycles alone 1.72x" (the floor decided, and what the
+        compiler's cycles alone say beside it)."""
         words = ["TPU compiler"]
         if self.derived:
             words.append("scaled")
         if self.basis == "memory_floor":
-            words.append("memory floor")
+            alone = f"; cycles alone {times(self.compiler_value)}" \
+                if self.compiler_value is not None else ""
+            words.append(f"memory floor{alone}")
         return ", ".join(words)
+
+    def floor_words(self) -> str | None:
+        """When the memory floor decided an estimate, both figures in a sentence: "the
+        memory floor decided it (est. 4.00x); the compiler's cycles alone say 1.72x";
+        None otherwise."""
+        if self.source != "tpu_estimate" or self.basis != "memory_floor" or self.value is None:
+            return None
+        alone = f"; the compiler's cycles alone say {times(self.compiler_value)}" \
+            if self.compiler_value is not None else ""
+        return f"the memory floor decided it (est. {times(self.value)}){alone}"
 
     def time_words(self) -> str | None:
         """The kernel's figure in cycles and time side by side: "1,196,542 cycles =
@@ -373,6 +389,13 @@ class Rank:
         if not source:
             return None
         return cls(source, _num(value), chip, shape, legacy_label=label)
+
+
+def times(x: float | None) -> str:
+    """The one way a speedup is written: "4.00x" (two decimals); "-" for none."""
+    if not isinstance(x, int | float) or isinstance(x, bool):
+        return "-"
+    return f"{x:.2f}x"
 
 
 def _ms(seconds: float | None) -> str:
@@ -440,7 +463,8 @@ def ranking(result: dict[str, Any]) -> Rank:
     if estimate is not None:
         ref = _num((tpu.get("reference_estimate") or {}).get("seconds"))
         return Rank("tpu_estimate", estimate, estimate=estimate, reference_s=ref,
-                    basis=tpu.get("basis"), **common)
+                    basis=tpu.get("basis"), compiler_value=_num(tpu.get("compiler_speedup")),
+                    **common)
     roofline = _num(tpu.get("roofline_ratio"))
     if roofline is not None:
         ref = _num((tpu.get("reference_roofline") or {}).get("seconds"))

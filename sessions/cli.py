@@ -153,8 +153,13 @@ def _sessions(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
+    # Sessions in which nothing was done (opened and closed: no decision, no
+    # evaluation) are not listed as text; --json still has them.
+    empty = [r for r in rows if "error" not in r and not r["steps"]]
+    rows = [r for r in rows if "error" in r or r["steps"]]
     if not rows:
-        print(f"no sessions in {base}")
+        print(f"no sessions in {base}" + (f" ({len(empty)} with no steps; --json lists them)"
+                                          if empty else ""))
         return 0
     from kernels.result import Rank
 
@@ -174,6 +179,9 @@ def _sessions(args: argparse.Namespace) -> int:
         print(f"{r['id']:<36} {(r['task'] or '?')[:18]:<18} {started:<20} {r['steps']:>5} "
               f"{r['evaluations']:>5} {best:>22}  {(r['best_shape'] or '-')[:12]:<12} "
               f"{r['ended'] or 'resumable'}")
+    if empty:
+        print(f"({len(empty)} session{'s' if len(empty) != 1 else ''} with no steps not "
+              "listed; --json lists them)")
     if "tpu_estimate" in chips:
         print(f"est.: the TPU compiler's estimated speedup over the XLA reference on "
               f"{', '.join(sorted(chips['tpu_estimate']))}, for the task's shape named under "

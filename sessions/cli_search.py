@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kernels.cli import subcommand
-from kernels.result import Rank
+from kernels.result import Rank, times
 from sessions import events as ev
 from sessions.core.logs import backend_json
 from sessions.state import event_rank
@@ -370,11 +370,11 @@ def _totals_line(totals: dict[str, Any]) -> str:
     geo = totals["geomean"]
     fast = " · ".join(f"fast_{p:g} {totals[f'fast_{p:g}']:.0%}" for p in FAST_P)
     line = (f"{totals['correct']}/{totals['tasks']} correct ({totals['correct_rate']:.0%}) · "
-            f"geomean speedup {'-' if geo is None else f'{geo:.3g}x'} over "
+            f"geomean speedup {'-' if geo is None else times(geo)} over "
             f"{totals['counted']} task(s) ({_counted_words(totals)}) · {fast}")
     if totals.get("roofline_counted"):
         line += (f" · apart: {totals['roofline_counted']} ranked against XLA's roofline "
-                 f"only (lower bounds, geomean ≥{totals['roofline_geomean']:.3g}x)")
+                 f"only (lower bounds, geomean ≥{times(totals['roofline_geomean'])})")
     if totals.get("host_simulation"):
         line += (f" · {totals['host_simulation']} with no TPU estimate (host simulation "
                  "only: not counted)")

@@ -132,9 +132,11 @@ def _tunables_of(blob: str, read: Callable[[], str]) -> dict[str, Any] | None:
 
 def build_request(state: SessionState, log: SessionLog, brief: TaskBrief, role: str,
                   message: str | None, chip: str, *, version: int | None = None,
-                  tools: Any = None, lessons: tuple[str, ...] = ()) -> AgentRequest:
-    """The request for ``role``; ``version`` (``/explain v3``) puts that version in the
-    place of the current one."""
+                  tools: Any = None, lessons: tuple[str, ...] = (),
+                  why: str | None = None) -> AgentRequest:
+    """The request for ``role``; ``version`` (``/explain v3``, or the best version a
+    step-mode proposal starts from after a regression: ``why`` says so) puts that
+    version in the place of the current one."""
     from profiling.diagnose import check_with_estimates
 
     number = version if version is not None else state.current
@@ -160,7 +162,7 @@ def build_request(state: SessionState, log: SessionLog, brief: TaskBrief, role: 
         profile_summary=profile, user_message=message, notes=notes, history=rows,
         chip=chip, diagnosis=diagnosis, tools=tools, lessons=lessons,
         best_version=state.best, latest_version=max(state.versions, default=None),
-        base_reason=base_reason(state, number, explain=version is not None),
+        base_reason=why or base_reason(state, number, explain=version is not None),
         lookups=tuple(state.lookups), backend=state.header.get("backend"),
         rejected=rejected(state, lambda sha: log.get_blob(sha).decode()))
 

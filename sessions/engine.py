@@ -190,15 +190,23 @@ class Engine:
 
     async def _ask(self, role: str, message: str | None,
                    version: int | None = None) -> Action | None:
+        # In step mode the shown version never moves without the person: after a
+        # regression the agent is asked about the best version, and its proposal applies
+        # to it (its base, named in the chat) once the person approves. Autonomous mode
+        # checks the best version out itself, said in the log.
+        back_to: tuple[int, str] | None = None
         if version is None and role in ("tune", "implement") \
                 and not self.state.plan_to_implement:
             back = regression_base(self.state)
-            if back is not None:  # the best version is the base again, said in the log
+            if back is not None and self.state.mode == "auto":
                 self._emit(ev.KernelCheckout(type="kernel.checkout", version=back[0],
                                              by="auto", reason=back[1]))
+            elif back is not None:
+                back_to = back
         core = self.core
         request = build_request(self.state, self.log, core.brief, role, message, core.chip,
-                                version=version, tools=self.tools)
+                                version=back_to[0] if back_to else version, tools=self.tools,
+                                why=back_to[1] if back_to else None)
         # Notes that arrive while the agent answers are kept for its next request.
         notes_seen = len(self.state.notes)
         turn = AgentTurn()
@@ -215,7 +223,12 @@ class Engine:
             self._emit(ev.AgentMessage(type="agent.message", text=turn.text(), role=role,
                                        proposal=None, usage=turn.usage_json(),
                                        **_tools_field(turn)))
-            self._emit(ev.AgentFinished(type="agent.finished", message=turn.finished, role=role))
+            finished = turn.finished
+            if back_to is not None:  # said about the best version; the shown one stays
+                finished += (f" (The shown version stays v{self.state.current}; the best is "
+                             f"v{back_to[0]}: select it in History and press enter to "
+                             "continue from it.)")
+            self._emit(ev.AgentFinished(type="agent.finished", message=finished, role=role))
             return None  # in autonomous mode the loop then stops: agent_finished
         if turn.answer is not None and problem is None and turn.proposal is None:
             # A text-only reply to a question or an explanation: an answer, not a failure.
@@ -251,8 +264,18 @@ class Engine:
         pid = core.next_proposal_id()
         named = proposal.meta.get("base") if isinstance(proposal.meta.get("base"), int) \
             and proposal.meta.get("base") in self.state.versions else None
+        if named is None and back_to is not None:
+            named = back_to[0]
         chosen = {"base_chosen": True} if named is not None else {}
-        self._emit(ev.AgentMessage(type="agent.message", text=turn.text(), role=role, proposal=pid,
+        text = turn.text()
+        if named is not None and named != self.state.current and self.state.mode != "auto":
+            # A move back is the person's decision: said with the proposal it comes with.
+            why = back_to[1] if back_to is not None and back_to[0] == named else \
+                f"v{named} is the best version so far"
+            note = (f"({pid} applies to v{named}, not the shown v{self.state.current}: {why}. "
+                    f"Approve to build on v{named}; reject to stay on v{self.state.current}.)")
+            text = f"{text.rstrip()}\n\n{note}" if text.strip() else note
+        self._emit(ev.AgentMessage(type="agent.message", text=text, role=role, proposal=pid,
                                    usage=turn.usage_json(), **_tools_field(turn)))
         core.propose(proposal, role=role, base=named if named is not None else self.state.current,
                      pid=pid, notes_seen=notes_seen, **chosen)
@@ -331,11 +354,41 @@ class Engine:
             return None
         if s.agent_finished:
             return None  # it said it has nothing more to try: asking again repeats that
+        if version.status in FAILED_STATUSES and version.origin == "user-edit":
+            # The person's own edit: theirs to fix, said plainly with the way back (the
+            # agent is not asked, and nothing of it is put down to the agent).
+            self._live("notice", text=self._own_edit_failed(number), level="warning")
+            return None
         if version.status in FAILED_STATUSES:
             if s.fix_streak < self.settings.auto_fix_attempts:
                 return ask("fix")
             return None  # the user decides: request_proposal("fix"), an edit, a revert
         return ask(next_role(self.state)) if self.settings.propose_after_run else None
+
+    def _own_edit_failed(self, number: int) -> str:
+        """"v2 (your edit) does not compile: line 15: ... Edit it again (F2), go back to
+        v1 (History: select it, enter), or ask the agent to fix it (a chat message)."""
+        from sessions.log import read_json_blob
+
+        s = self.state
+        version = s.versions[number]
+        error: dict[str, Any] = {}
+        if version.result_blob:
+            try:
+                error = (read_json_blob(self.log.path, version.result_blob) or {}).get(
+                    "error") or {}
+            except (OSError, ValueError):
+                error = {}
+        status = {"compile_error": "does not compile", "incorrect": "is not correct",
+                  "runtime_error": "fails when it runs", "timeout": "timed out",
+                  "crashed": "crashed", "rejected": "was rejected by the judge"}.get(
+            str(version.status), str(version.status))
+        where = f"line {error['line']}: " if error.get("line") else ""
+        message = " ".join(str(error.get("message") or "").split())[:160]
+        back = version.parent if version.parent in s.versions else s.best
+        way_back = f", go back to v{back} (History: select it, enter)" if back else ""
+        return (f"v{number} (your edit) {status}" + (f": {where}{message}" if message else "")
+                + f". Edit it again (F2){way_back}, or ask the agent to fix it in the chat.")
 
     async def _run_profile(self, number: int, by: str = "user") -> None:
         await self.core.profile(number, by)

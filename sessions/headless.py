@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import signal
 import sys
 from dataclasses import replace
@@ -41,10 +42,12 @@ class Progress:
     """Prints one line per finished evaluation, plus stops and errors."""
 
     def __init__(self, state: SessionState, out: TextIO,
-                 settings: ControllerSettings | None = None) -> None:
+                 settings: ControllerSettings | None = None, width: int | None = None) -> None:
         self.state = state
         self.out = out
         self.settings = settings
+        # The terminal's width (COLUMNS, else the terminal, else 100): every line fits it.
+        self.width = width or shutil.get_terminal_size((100, 24)).columns
         self._explained: set[str] = set()  # each kind of number is said once, at its first
 
     def __call__(self, event: ev.AnyEvent) -> None:
@@ -57,18 +60,26 @@ class Progress:
         elif persisted["type"] == "auto.stop":
             from sessions.autonomy import stop_words
 
-            print(f"stop: {stop_words(persisted['reason'], self.settings)} "
-                  f"({persisted['reason']})", file=self.out, flush=True)
+            self._say(f"stop: {stop_words(persisted['reason'], self.settings)} "
+                      f"({persisted['reason']})")
         elif persisted["type"] == "kernel.checkout" and persisted.get("by") == "auto":
             v = self.state.versions.get(persisted["version"])
             label = f" ({v.rank.words(short=True)})" if v is not None and v.rank else ""
-            print(f"current: v{persisted['version']}, the best version{label}", file=self.out,
-                  flush=True)
+            self._say(f"current: v{persisted['version']}, the best version{label}")
         elif persisted["type"] == "error":
-            print(f"error ({persisted.get('where')}): {persisted['message']}", file=self.out,
-                  flush=True)
+            self._say(f"error ({persisted.get('where')}): {persisted['message']}")
         elif persisted["type"] == "agent.finished":
-            print(f"agent finished: {persisted['message']}", file=self.out, flush=True)
+            self._say(f"agent finished: {persisted['message']}")
+
+    def _say(self, text: str, indent: str = "") -> None:
+        """A message wrapped at spaces to the terminal's width (continued indented)."""
+        import textwrap
+
+        lines = textwrap.wrap(text, max(40, self.width), initial_indent=indent,
+                              subsequent_indent=indent + "    ", break_long_words=False,
+                              break_on_hyphens=False) or [indent]
+        for line in lines:
+            print(line, file=self.out, flush=True)
 
     def _step(self, event: ev.RunResult) -> None:
         s = self.state
@@ -76,7 +87,7 @@ class Progress:
         explained = _what_numbers_are(rank)
         if explained and explained not in self._explained:
             self._explained.add(explained)  # each kind of number once, at its first
-            print(f"  ({explained})", file=self.out, flush=True)
+            self._say(f"({explained})", indent="  ")
         v = s.versions.get(event["version"])
         # Every number says what it is (Rank.words): "est. 1.34x" (the TPU compiler's
         # estimate), "≥0.87x roofline", "1.20x meas." (a TPU), "host sim 0.01" (the CPU
@@ -84,15 +95,49 @@ class Progress:
         speed = rank.words(short=True) if rank is not None else "-"
         best = f"{s.best_rank.words(short=True) if s.best_rank else '-'} (v{s.best})" \
             if s.best is not None else "none yet"
-        summary = (v.summary if v else "")[:40]
-        print(f"[{s.auto_spent.iterations:>3}] v{event['version']:<3} {summary:<40} "
-              f"{event['status']:<13} {speed:>16}  best {best}  "
-              f"tok {s.spent.tokens}  t {event['t']:.1f}s", file=self.out, flush=True)
+        for line in step_lines(self.width, s.auto_spent.iterations, event["version"],
+                               v.summary if v else "", str(event["status"]), speed, best,
+                               s.spent.tokens, float(event["t"])):
+            print(line, file=self.out, flush=True)
         if event.get("status") not in ("correct", None) and event.get("error"):
             # why it failed, in one line (the report and the session have it whole)
             why = " ".join(str(event["error"]).split())
-            print(f"      {why[:110]}{'…' if len(why) > 110 else ''}", file=self.out,
+            print(f"      {abbreviate(why, max(20, self.width - 7))}", file=self.out,
                   flush=True)
+
+
+def abbreviate(text: str, room: int) -> str:
+    """``text`` in at most ``room`` characters, cut at a word's end with "…" (a single
+    word longer than the room is kept whole: never cut mid-word)."""
+    text = " ".join(str(text).split())
+    if len(text) <= room:
+        return text
+    # the words that end within room - 1 characters (the "…" takes the last one)
+    cut = text[:max(1, room - 1) + 1]
+    cut = cut[:cut.rindex(" ")] if " " in cut else text.split(" ", 1)[0]
+    return cut.rstrip(" ,;:(") + "…"
+
+
+def step_lines(width: int, iteration: int, version: int, summary: str, status: str,
+               speed: str, best: str, tokens: int, t: float) -> list[str]:
+    """One evaluation's progress, fitting ``width``: "[  3] v3   tune BLOCK_ROWS 32 -> 64…
+    correct  est. 4.00x  best est. 4.00x (v3)  tok 0  t 2.1s"; the summary is
+    abbreviated at a word's end, and on a terminal too narrow for one line the numbers
+    go to a second, indented line."""
+    head = f"[{iteration:>3}] v{version:<3} "
+    tail = f"  {status} {speed}  best {best}  tok {tokens}  t {t:.1f}s"
+    room = width - len(head) - len(tail)
+    if room >= 16:
+        return [head + abbreviate(summary, room).ljust(min(room, 40)) + tail]
+    lines = [head + abbreviate(summary, max(10, width - len(head)))]
+    line = ""
+    for part in (f"{status} {speed}", f"best {best}", f"tok {tokens}", f"t {t:.1f}s"):
+        if line and 6 + len(line) + 2 + len(part) > width:
+            lines.append("      " + line)
+            line = ""
+        line = f"{line}  {part}" if line else part
+    lines.append("      " + line)
+    return lines
 
 
 def _what_numbers_are(rank: Rank | None) -> str | None:

@@ -462,7 +462,8 @@ async def verify(loaded: LoadedSession, state: SessionState, evaluate: Any,
                 timing_ok = rank_agrees(v.rank, result.rank)
             if timing_ok or result.status != v.status or attempt == ATTEMPTS - 1:
                 break
-            print(f"v{v.number:<3} {band[0] if band else 'timing'} {value} outside the band; "
+            print(f"v{v.number:<3} {band[0] if band else 'timing'} {_figure(band, value)} "
+                  "outside the band; "
                   "measuring again", file=out, flush=True)
         check = Check(version=v.number, recorded_status=v.status, status=result.status,
                       recorded_correct=v.correct, correct=result.correct,
@@ -471,8 +472,18 @@ async def verify(loaded: LoadedSession, state: SessionState, evaluate: Any,
         checks.append(check)
         rec = f"{check.recorded_ms:.3f}" if check.recorded_ms is not None else "-"
         new = f"{median:.3f}" if median is not None else "-"
-        judged = (f"{band[0]} {value if value is not None else '-'} in "
-                  f"[{band[1]:.4g}, {band[2]:.4g}]") if band else "no timing"
+        judged = (f"{band[0]} {_figure(band, value)} in "
+                  f"[{_figure(band, band[1])}, {_figure(band, band[2])}]") if band else "no timing"
         print(f"v{v.number:<3} {v.status:<13} -> {result.status:<13} median {rec} -> {new} ms; "
               f"{judged}  {'ok' if check.ok else 'MISMATCH'}", file=out, flush=True)
     return checks
+
+
+def _figure(band: Any, value: float | None) -> str:
+    """A band's figure as every other screen writes it: a speedup by the one formatter
+    ("4.00x"), a time to four figures; "-" for none."""
+    from kernels.result import times
+
+    if value is None:
+        return "-"
+    return times(value) if band and "speedup" in str(band[0]) else f"{value:.4g}"

@@ -14,13 +14,13 @@ import html
 import itertools
 from typing import Any
 
-from kernels.result import Rank, is_interpret
+from kernels.result import Rank, is_interpret, times
 from sessions.log import LoadedSession, read_text_blob
 from sessions.state import SessionState
 
 
 def _fmt(x: float | None) -> str:
-    return f"{x:.3f}x" if x is not None else "-"
+    return times(x)
 
 
 def _rank_of(data: Any) -> Rank | None:
@@ -116,8 +116,8 @@ CHAIN_HEAD = ("version", "diagnosis before the change", "change", "result",
 def _chain_cells(r: dict[str, Any]) -> list[str]:
     d = r["diagnosis"]
     said = f"{d.get('kind')} (v{d.get('version')}): {d.get('summary')}" if d else "-"
-    gain = f"{r['gain']:.3f}x" if r["gain"] else "-"
-    total = f"{r['cumulative']:.3f}x" if r["cumulative"] else "-"
+    gain = times(r["gain"]) if r["gain"] else "-"
+    total = times(r["cumulative"]) if r["cumulative"] else "-"
     return [f"v{r['version']} (from v{r['parent']})", said, str(r["change"]), r["result"],
             gain, total]
 
@@ -251,7 +251,7 @@ def svg_chart(state: SessionState, width: int = 640, height: int = 240) -> str:
              f'stroke="#ccc" stroke-dasharray="4 3"/>',
              f'<text x="{pad - 4}" y="{y(1.0) + 4:.1f}" font-size="10" text-anchor="end">1x</text>',
              f'<text x="{pad - 4}" y="{pad + 4}" font-size="10" text-anchor="end">'
-             f'{top:.2f}x</text>']
+             f'{times(top)}</text>']
     path, last = [], None
     for i, value in enumerate(best):
         if value is None:

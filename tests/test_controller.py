@@ -122,7 +122,7 @@ async def test_step_mode_waits_for_a_decision_then_applies_runs_and_asks_again(
     await c.close()
 
 
-async def test_compile_error_goes_to_the_fixer_then_revert(
+async def test_the_persons_compile_error_waits_for_them_then_fixer_or_revert(
         tmp_path: Path, gelu: Task, pool: WorkerPool) -> None:
     agent = ScriptedAgent([kernel(gelu.starting_source(), "fixed")])
     c, seen = make(tmp_path, gelu, agent, pool_evaluator(pool),
@@ -134,7 +134,14 @@ async def test_compile_error_goes_to_the_fixer_then_revert(
     await c.wait_idle()
     v2 = c.state.versions[2]
     assert v2.origin == "user-edit" and v2.status == "compile_error"
-    # One automatic fix attempt: the fixer got the error and its proposal waits.
+    # The person's own edit: no automatic fix behind their back; they are told it is
+    # theirs, where it fails and the way back (issue 35).
+    assert not agent.requests and c.state.pending is None
+    told = [e["text"] for e in seen if e["type"] == "notice"
+            and e["text"].startswith("v2 (your edit) does not compile")]
+    assert told and "line" in told[0] and "go back to v1" in told[0]
+    c.request_proposal()  # the person asks the fixer
+    await c.wait_idle()
     assert agent.requests[-1].role == "fix"
     assert agent.requests[-1].last_eval["status"] == "compile_error"
     assert agent.requests[-1].current_source == broken
@@ -143,9 +150,6 @@ async def test_compile_error_goes_to_the_fixer_then_revert(
     c.reject()  # no note: the agent is not asked again
     await c.wait_idle()
     assert len(agent.requests) == 1 and c.state.pending is None
-    c.request_proposal()  # the user sends the failure back to the fixer
-    await c.wait_idle()
-    assert agent.requests[-1].role == "fix"
     c.revert(1)
     assert c.state.current == 1
     assert types(seen)[-1] == "kernel.checkout"

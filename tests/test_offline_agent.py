@@ -240,9 +240,13 @@ def test_a_fix_that_would_repeat_a_measured_configuration_searches_on() -> None:
                 "tunables": {"BLOCK_M": 1024, "BLOCK_N": 128, "BLOCK_K": 128}})
     request = AgentRequest("fix", agents.brief(task), source, 2, last_eval=vmem, history=history)
     proposal = decide(request)
-    # Shrinking BLOCK_M back to 512 would only repeat v1: move on from v1 instead.
+    # Shrinking BLOCK_M back to 512 would only repeat v1: move on from v1 instead. The
+    # step applies to v1 (its base), so its change and title are read against v1's values.
     assert proposal.kind == "tuning" and proposal.meta["via"] == "tuner"
-    assert proposal.tuning["BLOCK_M"] == 512 and len(proposal.tuning) == 2
+    assert proposal.meta["base"] == 1 and len(proposal.tuning) == 1
+    (name, value), = proposal.tuning.items()
+    v1 = history[0]["tunables"]
+    assert proposal.summary.startswith(f"tune {name} {v1[name]} -> {value} on v1 (")
 
 
 # -- through the real harness ----------------------------------------------------------

@@ -86,8 +86,8 @@ def test_report_words_todays_ranks_with_their_trust_and_gains(tmp_path: Path) ->
     assert "| ≥0.90x roofline (v2) |" in text  # best so far, in short words
     chain = text.split("## Profile → diagnose → optimize", 1)[1].split("\n## ", 1)[0]
     v2 = next(line for line in chain.splitlines() if line.startswith("| v2 (from v1)"))
-    assert "| 1.250x | 1.250x |" in v2  # by the kernel's time: 1 ms -> 0.8 ms
+    assert "| 1.25x | 1.25x |" in v2  # by the kernel's time: 1 ms -> 0.8 ms (one formatter)
     v3 = next(line for line in chain.splitlines() if line.startswith("| v3 (from v2)"))
-    assert v3.endswith("| - | 1.250x |")  # no gain across kinds of number
+    assert v3.endswith("| - | 1.25x |")  # no gain across kinds of number
     page = html_report(loaded, state)
     assert "≥0.90x roofline" in page and "host sim 0.02" in page

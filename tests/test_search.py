@@ -516,7 +516,8 @@ async def test_search_profiles_new_bests_and_the_next_request_carries_the_diagno
     # the offline tuner moves on it: memory-bound -> every tunable to its largest block
     assert diagnosis["kind"] in ("memory_bound", "per_step_overhead")
     first = next(e for e in events if e["type"] == "agent.proposal")
-    assert first["summary"].startswith("tune to the largest legal blocks")
+    assert "(largest legal blocks" in first["summary"] and "from the diagnosis" in \
+        first["summary"]
     state = search.state
     for start in profiles:  # only correct versions, never twice
         assert state.is_correct(start["version"])

@@ -72,6 +72,12 @@ def help_extra(app: App) -> str:
 
 class TilewrightApp(App):
     TITLE = "tilewright"
+    # Notifications at the top right: at the bottom (Textual's place) they cover the
+    # decision bar, the status line and the keys exactly when a decision is due.
+    CSS = """
+    ToastRack { dock: top; align: right top; margin-bottom: 0; margin-top: 1;
+                max-height: 55%; }
+    """
     COMMANDS = App.COMMANDS | {WorkbenchCommands}
     BINDINGS = [Binding("ctrl+q", "quit", "Quit", id="quit", priority=True)]
 
@@ -246,6 +252,26 @@ class TilewrightApp(App):
             + keymap.say(self, "palette", most=1)))
 
     async def action_quit(self) -> None:
+        busy = self.link.busy if self.link is not None else None
+        if busy in ("run", "profile") and not isinstance(self.screen, ErrorModal):
+            # An evaluation is running: quitting stops it, so the person is asked first.
+            what = "an evaluation" if busy == "run" else "a profile"
+
+            def chosen(choice: str | None) -> None:
+                if choice == "y":
+                    self.run_worker(self._quit(), group="quit")
+
+            quit_keys = keymap.say(self, "quit", most=1)
+            self.push_screen(ErrorModal(
+                f"Quit while {what} runs?",
+                f"{what.capitalize()} is running. Quitting stops it; the session records it "
+                "as interrupted and can be resumed (tilewright --resume).",
+                f"y quits now; or wait for it to finish and press {quit_keys} again.",
+                {"y": "quit anyway"}, close_hint="Enter or Esc stays"), chosen)
+            return
+        await self._quit()
+
+    async def _quit(self) -> None:
         self.keep_draft("quit")
         link, self.link = self.link, None
         if link is not None:

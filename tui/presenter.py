@@ -51,7 +51,11 @@ def describe_result(event: ev.RunResult) -> tuple[str, str]:
         # simulation time is not called a speedup (and its milliseconds are the CPU's).
         rank = event_rank(dict(event))
         if rank is not None and rank.source != "none":  # disqualified: says why
-            return f"v{v} correct · {rank.words()}", "information"
+            # Beside a compiler figure, how far such figures hold for its chip and class
+            # (and, in its words, when the memory floor decided it, both figures).
+            trust = rank.trust_words()
+            return f"v{v} correct · {rank.words()}" + (f" · trust: {trust}" if trust else ""), \
+                "information"
         ms = event.get("median_ms")
         timing = f" · {ms:.3f} ms" if isinstance(ms, int | float) else ""
         return f"v{v} correct{timing}", "information"
@@ -72,6 +76,16 @@ def chip_line(chip: str, result: dict[str, Any]) -> str:
         first = str(tpu.get("message") or (result.get("error") or {}).get("message") or "")
         line += f": {first.strip().splitlines()[0][:160]}" if first.strip() else ""
     return line
+
+
+def clip_words(text: str, room: int) -> str:
+    """``text`` in at most ``room`` characters, cut at a word's end with "…"."""
+    text = " ".join(str(text).split())
+    if len(text) <= room:
+        return text
+    cut = text[:room]
+    cut = cut[:cut.rindex(" ")] if " " in cut else cut[:room - 1]
+    return cut.rstrip(" ,;:(") + "…"
 
 
 def _tool_body(call: dict[str, Any]) -> str:
@@ -108,7 +122,8 @@ class Presenter:
         source.show_version(current, view.version_source(current) or "" if current else "")
         pending = view.pending()
         if pending and pending["kind"] in ("kernel", "tuning") and pending["source"]:
-            source.show_proposal(pending["id"], pending["source"])
+            source.show_proposal(pending["id"], pending["source"], pending.get("base"),
+                                 pending.get("base_source"))
         elif not pending or pending["kind"] == "plan":
             source.clear_proposal()
         self.grid.query_one(HistoryPane).show(view.history())
@@ -153,7 +168,7 @@ class Presenter:
                                            "base_version", "role") if fields.get(k)}
         key, self._live_proposal = self._live_proposal or f"proposal:{pid}", None
         self.chat.tool_call(key, f"propose_{e.get('kind', 'kernel')}", body,
-                            f"{pid}: {e.get('summary', '')}"[:70])
+                            clip_words(f"{pid}: {e.get('summary', '')}", 70))
         plan = e.get("plan")
         if e.get("kind") == "plan" and plan:
             # A plan is read before it is approved: show it, not just a tool entry.
@@ -164,10 +179,15 @@ class Presenter:
         note = f" — {e['note']}" if e.get("note") else ""
         by = " (auto)" if e.get("by") == "auto" else ""
         word = PAST.get(e.get("decision", ""), str(e.get("decision")))
+        if not e.get("proposal"):  # the person's own edit, with nothing pending
+            self.chat.add_notice("you edited the kernel (F2): it becomes a version of yours")
+            return
         self.chat.add_notice(f"{word} {e.get('proposal')}{by}{note}")
 
     def _version(self, e: ev.KernelVersion) -> None:
-        self.chat.add_notice(f"→ v{e.get('version')} ({e.get('origin')}): "
+        origin = "your edit" if e.get("origin") == "user-edit" else e.get("origin")
+        parent = f" from v{e['parent']}" if e.get("parent") else ""
+        self.chat.add_notice(f"→ v{e.get('version')} ({origin}{parent}): "
                              f"{e.get('summary', '')}")
 
     def _checkout(self, e: ev.KernelCheckout) -> None:

@@ -116,12 +116,19 @@ class SessionView:
         prop = self.state.pending_proposal
         if prop is None:
             return None
+        s = self.state
+        # The version it applies to (as the engine applies it): the one it names, else the
+        # current one. Its diff is drawn against that version's source.
+        base = prop.base_version if prop.base_chosen and prop.base_version in s.versions \
+            else s.current
+        base_source = (self.version_source(base) or "") if base is not None else ""
         source = self.blobs.text(prop.source_blob)
         if prop.kind == "tuning" and source is None and prop.tuning:
-            source = _tuned(self.current_source(), prop.tuning)
+            source = _tuned(base_source, prop.tuning)
         return {"id": prop.id, "kind": prop.kind, "summary": prop.summary,
                 "rationale": prop.rationale, "plan": prop.plan, "tuning": prop.tuning,
-                "source": source, "role": prop.role}
+                "source": source, "role": prop.role, "base": base,
+                "base_source": base_source}
 
     # -- history, problems, profile ---------------------------------------------------
     def history(self) -> list[VersionRow]:

@@ -17,9 +17,9 @@ from agents import base as events  # what ``propose`` streams
 from agents import memory
 from agents.base import AgentRequest, Answer, Failure, Finished, Proposal
 from agents.memory import Lesson
-from agents.offline import fixes, templates, tuner
+from agents.offline import fixes, templates, tuner, words
 from kernels import tunables
-from kernels.result import Rank, ranking
+from kernels.result import Rank, ranking, times
 
 CONVERGED = "tuning converged"
 
@@ -38,10 +38,14 @@ class OfflineAgent:
         self.remember = coerce(config).agent.remember_lessons
 
     async def propose(self, request: AgentRequest) -> AsyncIterator[events.AgentEvent]:
-        if request.user_message and request.role != "analyze":
-            yield events.Notice("The offline agent does not read chat messages; it follows its "
-                                "rules (template, fixes, tuning). Set ANTHROPIC_API_KEY to "
-                                "talk to Claude.")
+        if request.user_message and request.role not in ("analyze", "plan"):
+            heard = _heard(request)
+            yield events.Notice(
+                f"The offline agent took from your words: {heard.took()}." if heard else
+                "The offline agent took nothing from your words: it reads block sizes "
+                "(\"256 rows\", \"BLOCK_ROWS=256\"), \"larger\"/\"smaller\" and named "
+                "techniques, and follows its rules (template, fixes, tuning). Set "
+                "ANTHROPIC_API_KEY to talk to Claude.")
         lessons = _lessons(request) if self.remember else []
         outcome = decide(request, lessons)
         if isinstance(outcome, Answer):
@@ -87,9 +91,126 @@ def _decide(request: AgentRequest, lessons: list[Lesson]
         retry = _template(request)
         if isinstance(retry, Proposal):
             return retry
-    if request.role == "fix" or failed:
-        return _fix(request)
-    return _tune(request, lessons)
+    asked = _as_asked(request)
+    if isinstance(asked, Proposal):
+        return asked
+    made = _fix(request) if request.role == "fix" or failed else _tune(request, lessons)
+    if asked and isinstance(made, Proposal):  # what was heard, and why it was not done
+        return Proposal(made.kind, made.summary, rationale=f"{asked} {made.rationale}",
+                        source=made.source, plan=made.plan, tuning=made.tuning,
+                        meta=made.meta)
+    return made
+
+
+def _heard(request: AgentRequest) -> words.Wishes:
+    source = request.current_source or ""
+    try:
+        names = list(tunables.read(source)) if source else []
+    except (tunables.TunablesError, SyntaxError):
+        names = []
+    return words.read(words.person_texts(request.notes, request.user_message), names)
+
+
+def _as_asked(request: AgentRequest) -> Proposal | str | None:
+    """The person's words made into the next proposal: the block sizes they named, or
+    one legal notch in the direction they said, from the version the request is about.
+    A string when something was heard that cannot be done (said in the next proposal's
+    rationale); None when nothing was heard."""
+    wishes = _heard(request)
+    if not wishes:
+        return None
+    quoted = f"You said “{words_clip(wishes.quoted)}”"
+    source = request.current_source or ""
+    declared = tunables.read(source)
+    cannot: list[str] = []
+    if wishes.techniques:
+        cannot.append("the offline agent has no rule for " + ", ".join(wishes.techniques)
+                      + " (a change of the kernel's structure): edit the kernel (F2) or use "
+                      "Claude for that")
+    if not declared or not (wishes.sizes or wishes.directions):
+        return f"{quoted}; took: {wishes.took()}; " + "; ".join(cannot) + "." if cannot \
+            else None
+    production = (request.task.production,) if request.task.production else ()
+    dims = tuner.tiled_dims(list(declared), (*request.task.shapes, *production))
+    aligns = tunables.alignment(source)
+    current = tunables.config_of(source)
+    space = tuner.search_space(source, dims)
+    config = dict(current)
+    widened: dict[str, list[Any]] = {}
+    for name, value in wishes.sizes.items():
+        choices = declared[name][1]
+        why = words.legal_size(name, value, choices, dims.get(name, ()), aligns.get(name, 1))
+        if why is not None:
+            cannot.append(why)
+            continue
+        if value not in choices:
+            widened[name] = sorted({*choices, value}, key=lambda v: (not isinstance(v, int), v))
+        config[name] = value
+    for name, way in wishes.directions.items():
+        values = [v for v in space.get(name, []) if isinstance(v, int)]
+        if name in wishes.sizes or current.get(name) not in values:
+            continue
+        i = values.index(current[name])
+        j = i + 1 if way == "up" else i - 1
+        if 0 <= j < len(values):
+            config[name] = values[j]
+        else:
+            cannot.append(f"no {'larger' if way == 'up' else 'smaller'} legal {name} than "
+                          f"{current[name]}")
+    obs = _observations(request, source, set(declared))
+    known = obs.score.get(tuner.config_key(config))
+    took = f"{quoted}; took: {wishes.took()}"
+    if config == current:
+        return f"{took}; " + ("; ".join(cannot) if cannot else
+                              f"that is the kernel as it is (v{request.current_version})") + "."
+    if known is not None:
+        version = obs.version.get(tuner.config_key(config))
+        said = obs.said(tuner.config_key(config))
+        what = "failed" if known == tuner.FAILED else (said or "measured")
+        return (f"{took}; " + " ".join(f"{k}={v}" for k, v in config.items())
+                + f" was tried already ({f'v{version}, ' if version else ''}{what}), so the "
+                "search goes on from what is known.")
+    too_big = _known_not_to_fit(request, config)
+    if too_big is not None:
+        return f"{took}; it would not fit VMEM ({too_big}), so the search goes on."
+    moves = ", ".join(f"{k} {current.get(k)} -> {v}" for k, v in config.items()
+                      if current.get(k) != v)
+    label = f"v{request.current_version}" if request.current_version else "the kernel"
+    rationale = (f"{took}. This sets {moves} on {label}"
+                 + (", adding the value to TUNABLES" if widened else "")
+                 + ("; " + "; ".join(cannot) if cannot else "") + ".")
+    summary = f"tune {moves} (as you asked)"
+    if widened:
+        new_source = tunables.apply(tunables.widen(source, widened), config)
+        return Proposal("kernel", summary, rationale=rationale, source=new_source,
+                        meta={"via": "words", "config": config})
+    changes = {k: v for k, v in config.items() if current.get(k) != v}
+    return Proposal("tuning", summary, rationale=rationale, tuning=changes,
+                    meta={"via": "words", "config": config})
+
+
+def words_clip(text: str, limit: int = 120) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _known_not_to_fit(request: AgentRequest, config: dict[str, Any]) -> str | None:
+    """A configuration measured not to fit VMEM that ``config`` is at least as large as in
+    every block (so it cannot fit either): its version in words; None when none is."""
+    for entry in request.history:
+        measured = entry.get("tunables")
+        if not isinstance(measured, dict) or set(measured) != set(config):
+            continue
+        numbers = entry.get("numbers") or {}
+        text = " ".join(str(x) for x in (numbers.get("tpu_message"), entry.get("summary")) if x)
+        failed = entry.get("status") != "correct" or numbers.get("compile") == "error"
+        if not failed or not fixes._VMEM_MSG.search(text):
+            continue
+        if all(not isinstance(v, int) or not isinstance(measured[k], int) or v >= measured[k]
+               for k, v in config.items()):
+            return f"v{entry.get('version')} with " + " ".join(
+                f"{k}={v}" for k, v in measured.items()) + " did not"
+    return None
 
 
 def _template(request: AgentRequest) -> Proposal | Failure:
@@ -156,6 +277,8 @@ def _fix(request: AgentRequest) -> Proposal | Failure:
     fix = fixes.suggest_fix(source, result)
     if fix is not None and fix.tuning is not None and _measured(request, fix.tuning):
         fix = None  # that configuration was measured already: search on instead of repeating it
+    if fix is not None and fix.tuning is not None and fix.rule == "vmem":
+        fix = _fitting_vmem_fix(request, source, fix)
     if fix is not None:
         if fix.tuning is not None:
             proposal = Proposal("tuning", fix.summary, rationale=fix.rationale,
@@ -174,7 +297,7 @@ def _fix(request: AgentRequest) -> Proposal | Failure:
                         rationale=f"The current version failed ({_clip(what)}), and no repair "
                                   f"rule yields a configuration not yet measured; the failed one "
                                   f"is now excluded. {step.rationale}",
-                        tuning=step.changes, meta={"via": "tuner", "config": step.config})
+                        tuning=step.changes, meta=_step_meta(step))
     if not tunables.read(source) and not _has_correct(request):
         template = _template(request)  # a user's kernel that fails and cannot be tuned
         if isinstance(template, Proposal):
@@ -187,6 +310,34 @@ def _fix(request: AgentRequest) -> Proposal | Failure:
     return Failure(f"offline agent: no rule-based fix for this failure ({_clip(what)}). Revert to "
                    "an earlier version, edit the kernel yourself, or use Claude (set "
                    "ANTHROPIC_API_KEY).")
+
+
+def _fitting_vmem_fix(request: AgentRequest, source: str, fix: fixes.Fix) -> fixes.Fix | None:
+    """A VMEM fix that does not repeat a size already known not to fit: when the one-notch
+    shrink is at least as large as a configuration that ran out of VMEM, shrink further
+    (the largest block first) to the first configuration neither measured nor known too
+    large; None when there is none."""
+    current = tunables.config_of(source)
+    target = {**current, **(fix.tuning or {})}
+    if _known_not_to_fit(request, target) is None:
+        return fix
+    declared = tunables.read(source)
+    aligns = tunables.alignment(source)
+    for name, (value, choices) in sorted(declared.items(), key=lambda kv: -(
+            kv[1][0] if isinstance(kv[1][0], int) else 0)):
+        if not isinstance(value, int):
+            continue
+        for smaller in sorted((c for c in choices if isinstance(c, int) and c < value
+                               and tunables.is_legal(name, c, aligns[name])), reverse=True):
+            config = {**current, name: smaller}
+            if _known_not_to_fit(request, config) is None and not _measured(
+                    request, {name: smaller}):
+                known = _known_not_to_fit(request, target)
+                return fixes.Fix("vmem", f"shrink {name} {value} -> {smaller} to fit VMEM",
+                                 f"{fix.rationale} A one-notch shrink would not fit either "
+                                 f"({known}), so {name} goes to {smaller}.",
+                                 tuning={name: smaller})
+    return None
 
 
 def _tune(request: AgentRequest, lessons: list[Lesson]) -> Proposal | Failure | Finished:
@@ -205,8 +356,20 @@ def _tune(request: AgentRequest, lessons: list[Lesson]) -> Proposal | Failure | 
         return Finished(f"offline agent: {CONVERGED}{_best_text(request)}: every neighbour "
                         "of the best configuration has been measured. Try a structural change "
                         "(edit, or Claude) to go further.")
-    return Proposal("tuning", step.summary, rationale=step.rationale, tuning=step.changes,
-                    meta={"via": "tuner", "config": step.config})
+    hidden = floor_note(_observations(request, source, set(tunables.read(source))))
+    rationale = step.rationale + (f" Note:{hidden[1:]}." if hidden else "")
+    return Proposal("tuning", step.summary, rationale=rationale, tuning=step.changes,
+                    meta=_step_meta(step))
+
+
+def _step_meta(step: tuner.Step) -> dict[str, Any]:
+    """A tuner step's proposal meta: its configuration, and the version it applies to
+    (``base``) when that is not the current one, so the change is made to the source its
+    title and diff describe."""
+    meta: dict[str, Any] = {"via": "tuner", "config": step.config}
+    if step.base is not None:
+        meta["base"] = step.base
+    return meta
 
 
 def _make_tunable(request: AgentRequest, source: str) -> Proposal | Failure | None:
@@ -421,7 +584,31 @@ def _best_text(request: AgentRequest) -> str:
     version = obs.version.get(best[0])
     said = obs.said(best[0])
     return (f" at {config}{f' (v{version}' if version else ' ('}"
-            f"{f', {said}' if said else ''}) after {len(obs.score)} measured configurations")
+            f"{f', {said}' if said else ''}) after {len(obs.score)} measured configurations"
+            + floor_note(obs))
+
+
+def floor_note(obs: tuner.Observations) -> str:
+    """When the memory floor hides a difference: "; 3 configurations tie at est. 4.00x
+    on the memory floor, so the compiler's cycles ordered them (v1: 184,352 cycles, ...)";
+    "" when no two ranked configurations tie there."""
+    best = obs.best()
+    if best is None:
+        return ""
+    top = obs.rank.get(best[0])
+    if top is None or top.basis != "memory_floor" or top.value is None:
+        return ""
+    tied = [(k, r) for k, r in obs.rank.items() if r is not None and r.basis == "memory_floor"
+            and r.value is not None and times(r.value) == times(top.value)]
+    if len(tied) < 2:
+        return ""
+    tied.sort(key=lambda kr: obs.score[kr[0]], reverse=True)
+    listed = ", ".join(
+        (f"v{obs.version[k]}" if obs.version.get(k) else " ".join(f"{n}={v}" for n, v in k))
+        + (f": {r.kernel_cycles:,} cycles" if r.kernel_cycles else "") for k, r in tied[:4])
+    return (f"; {len(tied)} configurations tie at est. {times(top.value)} on the memory floor "
+            f"(the estimate cannot tell them apart), so the compiler's cycles ordered them "
+            f"({listed})")
 
 
 def _measured(request: AgentRequest, changes: dict[str, Any]) -> bool:
@@ -454,9 +641,25 @@ def _plan(request: AgentRequest) -> Proposal:
     if ranked:  # the one ordering (Rank.key), earliest on ties
         rank, top = max(ranked, key=lambda pair: pair[0].key())
         steps.append(f"Best so far: v{top.get('version')}, {rank.words()}.")
+    heard = _heard(request) if request.user_message else None
+    summary = "offline plan: template, rule-based fixes, tuning"
+    if request.user_message:
+        asked = _as_asked(request) if request.current_source is not None else None
+        if isinstance(asked, Proposal):
+            steps.insert(0, f"0. First, as you asked: {asked.summary.removesuffix(' (as you asked)')}.")
+            summary = f"offline plan: {asked.summary}, then tuning"
+        took = heard.took() if heard else ""
+        said = f"You asked: “{words_clip(request.user_message)}”. " + (
+            f"Taken: {took}." if took else "Nothing in it is something the offline agent's "
+            "rules can do (it reads block sizes, \"larger\"/\"smaller\" and techniques).")
+        if heard and heard.techniques:
+            said += (" The offline agent has no rule for " + ", ".join(heard.techniques)
+                     + ": that is a change of the kernel's structure; edit the kernel (F2) "
+                     "or use Claude for it. Its own steps follow.")
+            summary = f"offline plan: no rule for {', '.join(heard.techniques)}; tuning"
+        steps.insert(0, said)
     plan = "\n".join(steps)
-    return Proposal("plan", "offline plan: template, rule-based fixes, tuning", plan=plan,
-                    rationale=plan, meta={"via": "offline"})
+    return Proposal("plan", summary, plan=plan, rationale=plan, meta={"via": "offline"})
 
 
 def explain(request: AgentRequest) -> str:

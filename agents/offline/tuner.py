@@ -36,10 +36,30 @@ Config = tuple[tuple[str, Any], ...]
 class Step:
     """The next configuration to measure, as a change to the current source."""
 
-    changes: dict[str, Any]  # relative to the current source (may revert to the best config)
+    changes: dict[str, Any]  # relative to the version it applies to (``base``)
     config: dict[str, Any]
     summary: str
     rationale: str
+    # The version the change applies to when it is not the current one: the best version
+    # so far, whose configuration the step starts from. Its "A -> B" is read from that
+    # version, so the title says what the diff against it shows.
+    base: int | None = None
+
+
+def _parent(obs: Observations, best: tuple[Config, Score] | None,
+            current: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+    """The configuration a step starting from ``best`` is applied to, and its version:
+    the best version's own when it differs from the current kernel's (and its version is
+    known), else the current kernel's (version None: the current one)."""
+    if best is not None and dict(best[0]) != current:
+        version = obs.version.get(best[0])
+        if isinstance(version, int):
+            return dict(best[0]), version
+    return dict(current), None
+
+
+def _from(base: int | None) -> str:
+    return f" on v{base}" if base is not None else ""
 
 
 def config_key(config: dict[str, Any]) -> Config:
@@ -243,17 +263,19 @@ def next_step(source: str, obs: Observations,
             numeric = [v for v in values if isinstance(v, int)]
             if numeric:
                 moved[name] = min(numeric, key=lambda v: (abs(v - base[name]), v))
+    parent, parent_version = _parent(obs, best, current)
     if moved:  # a note rules the current value out: go to the nearest value it allows
         config = {**base, **moved}
         if config_key(config) not in obs.score:
-            changes = {k: v for k, v in config.items() if current.get(k) != v}
+            changes = {k: v for k, v in config.items() if parent.get(k) != v}
             name = next(iter(moved))
             full = " ".join(f"{k}={v}" for k, v in config.items())
-            return Step(changes, config, f"tune {name} {base[name]} -> {moved[name]} ({full})",
+            return Step(changes, config, f"tune {name} {parent.get(name)} -> {moved[name]}"
+                        f"{_from(parent_version)} ({full})",
                         "Your rejection note rules out the current "
                         + ", ".join(f"{k}={base[k]}" for k in moved) + "; this moves "
                         + ", ".join(f"{k} to {v}" for k, v in moved.items())
-                        + ", the nearest value the note allows.")
+                        + ", the nearest value the note allows.", parent_version)
         base = config
     probes = [_probe(space, obs, base, name, up=True) for name in space]
     probes += [_probe(space, obs, base, name, up=False) for name in space]
@@ -264,12 +286,13 @@ def next_step(source: str, obs: Observations,
         config = {**base, name: value}
         if vmem is not None and not vmem.fits(config):
             continue  # would not fit VMEM at the production shape: not worth a run
-        changes = {k: v for k, v in config.items() if current.get(k) != v}
+        changes = {k: v for k, v in config.items() if parent.get(k) != v}
         rationale = _rationale(name, base, value, why, best, obs, current)
         if constraints:
             rationale += " It stays within what your rejection notes allow (" + "; ".join(
                 f"{n} {op} {v}" for n, bounds in constraints.items() for op, v in bounds) + ")."
-        return Step(changes, config, _summary(name, base[name], value, config), rationale)
+        return Step(changes, config, _summary(name, parent.get(name), value, config,
+                                              parent_version), rationale, parent_version)
     return None
 
 
@@ -300,9 +323,12 @@ def _probe(space: dict[str, list[Any]], obs: Observations, base: dict[str, Any],
     return None
 
 
-def _summary(name: str, old: Any, new: Any, config: dict[str, Any]) -> str:
+def _summary(name: str, old: Any, new: Any, config: dict[str, Any],
+             base: int | None = None) -> str:
+    """"tune BLOCK_ROWS 128 -> 64 (BLOCK_ROWS=64 BLOCK_COLS=256)": ``old`` is the value in
+    the version the change applies to (" on v3" when that is not the current one)."""
     full = " ".join(f"{k}={v}" for k, v in config.items())
-    return f"tune {name} {old} -> {new} ({full})"
+    return f"tune {name} {old} -> {new}{_from(base)} ({full})"
 
 
 def _rationale(name: str, base: dict[str, Any], value: Any, why: str,
@@ -314,7 +340,9 @@ def _rationale(name: str, base: dict[str, Any], value: Any, why: str,
         said = obs.said(best[0])
         label = f"v{version}" if version else "the best version so far"
         parts.append(f"Starting from the best configuration measured so far ({label}"
-                     f"{f', {said}' if said else ''}) rather than the current kernel.")
+                     f"{f', {said}' if said else ''}) rather than the current kernel"
+                     + (f": the change applies to v{version}, and the new version is its "
+                        "child." if isinstance(version, int) else "."))
     if why == "largest":
         parts.append(f"No larger {name} has been measured yet: jump to the largest legal value, "
                      f"{value}. Larger blocks mean fewer grid steps, and each step pays a fixed "
@@ -382,8 +410,8 @@ def diagnosed_step(source: str, obs: Observations, dims: dict[str, tuple[int, ..
     if config == base or config_key(config) in obs.score:
         return None
     current = tunables.config_of(source)
-    changes = {k: v for k, v in config.items() if current.get(k) != v}
-    full = " ".join(f"{k}={v}" for k, v in config.items())
+    parent, parent_version = _parent(obs, best, current)
+    changes = {k: v for k, v in config.items() if parent.get(k) != v}
     verb = ("largest legal blocks that fit VMEM" if move == "grow" and vmem is not None
             else "largest legal blocks" if move == "grow" else "one notch smaller blocks")
     said = str(diagnosis.get("summary") or "").rstrip()
@@ -393,12 +421,14 @@ def diagnosed_step(source: str, obs: Observations, dims: dict[str, tuple[int, ..
         bounded = " Within what your rejection notes allow (" + "; ".join(
             f"{name} {op} {value}" for name, bounds in constraints.items()
             for op, value in bounds) + ")."
-    return Step(changes, config, f"tune to the {verb} ({full}), from the diagnosis",
+    moves = ", ".join(f"{k} {parent.get(k)} -> {v}" for k, v in changes.items())
+    return Step(changes, config, f"tune {moves}{_from(parent_version)} ({verb}, from the "
+                "diagnosis)",
                 f"The profile of v{diagnosis.get('version')} says {said} "
                 f"So every tunable moves at once to its {verb}{fitted} from the best "
                 "configuration "
                 "measured so far; if that is not better, the coordinate search continues "
-                f"from the best one.{bounded}")
+                f"from the best one.{bounded}", parent_version)
 
 
 # -- what the person said no to ---------------------------------------------------------

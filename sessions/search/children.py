@@ -182,6 +182,7 @@ class ChildMaker:
             return None
         p = turn.proposal
         assert p is not None
+        p = _onto(p, parent, self._source)
         strategy = str(p.meta.get("strategy") or p.summary)
         source = p.source
         if p.kind == "tuning" and parent is not None:
@@ -201,6 +202,24 @@ class ChildMaker:
                                          role="implement")
         return pid
 
+
+def _onto(p: Proposal, parent: int | None, source_of: Any) -> Proposal:
+    """A tuning the agent made for another version (``meta["base"]``, the best so far)
+    rewritten as a change to the slot's ``parent``: a search child is always its slot's
+    child, and its title names the values in the parent it is applied to."""
+    base, config = p.meta.get("base"), p.meta.get("config")
+    if p.kind != "tuning" or parent is None or not isinstance(base, int) or base == parent \
+            or not isinstance(config, dict):
+        return p
+    try:
+        have = tunables.config_of(source_of(parent))
+    except Exception:
+        return p
+    changes = {k: v for k, v in config.items() if have.get(k) != v}
+    full = " ".join(f"{k}={v}" for k, v in config.items())
+    moves = ", ".join(f"{k} {have.get(k)} -> {v}" for k, v in changes.items())
+    return replace(p, tuning=changes, summary=f"tune {moves} ({full})",
+                   meta={k: v for k, v in p.meta.items() if k != "base"})
 
 
 def _tried(number: int, strategy: str | None, version: Any) -> str:

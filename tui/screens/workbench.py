@@ -21,6 +21,7 @@ from textual.widget import Widget
 from textual.worker import Worker, WorkerState
 
 from sessions import events as ev
+from sessions.state import FAILED_STATUSES
 from tui import keymap
 from tui.link import CommandRefused, LiveLink
 from tui.presenter import Presenter, chip_line, describe_result, describe_stop
@@ -220,6 +221,9 @@ class WorkbenchScreen(Screen):
                                f"({live.get('role', '')})")
             elif live["type"] == "controller.idle":
                 activity.stop()
+                self._schedule_draw()  # what to press next, now that nothing runs
+            elif live["type"] == "controller.busy":
+                self._schedule_draw()
             return
         e = cast("ev.Event", event)
         presenter.chat_entry(e)
@@ -284,11 +288,37 @@ class WorkbenchScreen(Screen):
         bar = self.query_one(ApprovalBar)
         pending = view.pending()
         if pending is None or view.state.mode == "auto":
-            bar.clear()
+            hint = self._next_hint(view) if view.state.mode != "auto" else None
+            if hint:
+                bar.hint(hint)
+            else:
+                bar.clear()
             return
         keys = self._keys("approve", "reject", "edit", "toggle_diff")
         what = {"plan": "plan", "tuning": "tuning", "kernel": "kernel"}.get(pending["kind"], "")
         bar.ask(pending["id"], f"{what} proposal {pending['id']}: {pending['summary']}", keys)
+
+    def _next_hint(self, view: SessionView) -> str | None:
+        """What to press next when no decision is due and nothing runs: on the first
+        screen (a version not evaluated yet), and after the person's own edit failed."""
+        s = view.state
+        if self.link is None or self.link.busy or s.current is None:
+            return None
+        v = s.versions.get(s.current)
+        if v is None:
+            return None
+        if v.status is None:
+            return (f"{self._key('run')} evaluates v{v.number} · {self._key('chat')} chat "
+                    f"(/plan, /tune) · {self._key('auto')} autonomous")
+        if v.origin == "user-edit" and v.status in FAILED_STATUSES:
+            back = f" · History (enter) goes back to v{v.parent}" if v.parent else ""
+            return (f"v{v.number}, your edit, failed: {self._key('edit')} edits it "
+                    f"again{back} · {self._key('chat')} asks the agent to fix it")
+        return None
+
+    def _key(self, bid: str) -> str:
+        keys = keymap.ACTIONS[bid][0]
+        return keymap.remapped(self.app).get(bid, keys).split(",")[0]
 
     def _keys(self, *ids: str) -> str:
         """"ctrl+y approve  F2/ctrl+o edit": the keys in force, as remapped."""

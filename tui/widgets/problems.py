@@ -23,7 +23,10 @@ class ProblemsPane(Vertical):
     MAX_LINES = 4  # lines a message may take in the pane (zoomed: many more)
     DEFAULT_CSS = """
     ProblemsPane DataTable { height: 1fr; }
-    ProblemsPane #problems-hint { color: $text-muted; height: auto; max-height: 3; }
+    ProblemsPane #problems-hint { color: $text-muted; height: auto; max-height: 50%; }
+    ProblemsPane #problems-tpu { color: $text-muted; height: auto; max-height: 50%;
+                                 display: none; }
+    ProblemsPane #problems-tpu.-shown { display: block; }
     """
 
     class Jump(Message):
@@ -42,18 +45,37 @@ class ProblemsPane(Vertical):
         table.add_columns(" ", "kind", "where", "message")
         yield table
         yield Static("", id="problems-hint", markup=False)
+        yield Static("", id="problems-tpu", markup=False)
 
     def show(self, problems: list[Problem], tpu: str | None = None) -> None:
         """``tpu``: the current version's TPU compile in one line (chip, verdict, VMEM of
-        the limit, ranking number in words), shown under the table's border."""
+        the limit, ranking number in words, trust), under the table's border when it fits
+        there, else its start there and the whole of it wrapped below the table (a
+        border cuts what is longer than the pane)."""
         if tpu is not None:
-            self.border_subtitle = tpu
+            self.tpu = tpu
+            self._place_tpu()
         if problems == self.problems:
             return
         self.problems = list(problems)
         self._fill()
 
+    tpu = ""
+
+    def _place_tpu(self) -> None:
+        room = (self.size.width or 80) - 6
+        below = self.query_one("#problems-tpu", Static)
+        if len(self.tpu) <= room:
+            self.border_subtitle = self.tpu
+            below.remove_class("-shown")
+            return
+        self.border_subtitle = " · ".join(self.tpu.split(" · ")[:2])
+        below.update(self.tpu)
+        below.add_class("-shown")
+
     def on_resize(self) -> None:
+        if self.tpu:
+            self._place_tpu()
         if self.problems:
             self._fill()  # messages wrap to the new width
 

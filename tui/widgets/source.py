@@ -69,6 +69,8 @@ class SourcePane(Vertical):
         self.version: int | None = None
         self.current_source = ""
         self.proposal: str | None = None  # id of the pending kernel proposal
+        self.proposal_base: int | None = None  # the version it applies to, when not shown
+        self.base_source: str | None = None  # that version's source (the diff's left side)
         self.proposed_source: str | None = None
         self.editing = False
         self.shown = "editor"
@@ -97,11 +99,16 @@ class SourcePane(Vertical):
             self._switch("editor")
         self._retitle()
 
-    def show_proposal(self, proposal: str, source: str) -> None:
+    def show_proposal(self, proposal: str, source: str, base: int | None = None,
+                      base_source: str | None = None) -> None:
+        """A pending proposal, drawn as a diff against the version it applies to
+        (``base``, when it is not the shown one: the best version a tuning starts from)."""
         if self.proposal == proposal:
             return
         self.proposal, self.proposed_source, self.editing = proposal, source, False
-        self.query_one(DiffView).show(self.current_source, source)
+        self.proposal_base = base if base is not None and base != self.version else None
+        self.base_source = base_source if self.proposal_base is not None else None
+        self.query_one(DiffView).show(self._diff_base(), source)
         self._load_editor(source, read_only=True)
         self._switch("diff")
         self._retitle()
@@ -110,6 +117,7 @@ class SourcePane(Vertical):
         if self.proposal is None:
             return
         self.proposal = self.proposed_source = None
+        self.proposal_base = self.base_source = None
         self.editing = False
         self._load_editor(self.current_source, read_only=False)
         self._switch("editor")
@@ -127,7 +135,7 @@ class SourcePane(Vertical):
         self.editor.read_only = False
         self._switch("editor")
         if self.proposal is not None and self.proposed_source is not None:
-            first = self.query_one(DiffView).first_change_line(self.current_source,
+            first = self.query_one(DiffView).first_change_line(self._diff_base(),
                                                                self.proposed_source)
             if first:  # start where the proposal changes the code
                 self.editor.move_cursor((first - 1, 0), center=True)
@@ -173,6 +181,9 @@ class SourcePane(Vertical):
         self._retitle()
 
     # -- internals --------------------------------------------------------------------
+    def _diff_base(self) -> str:
+        return self.base_source if self.base_source is not None else self.current_source
+
     def _load_editor(self, source: str, read_only: bool) -> None:
         editor = self.editor
         editor.load_text(source)
@@ -190,7 +201,8 @@ class SourcePane(Vertical):
                 title += f", editing proposal {self.proposal}"
             else:
                 shown = "diff" if self.shown == "diff" else "full source"
-                title += f", proposal {self.proposal} pending: {shown}"
+                on = f" on v{self.proposal_base}" if self.proposal_base is not None else ""
+                title += f", proposal {self.proposal}{on} pending: {shown}"
         elif self.editing:
             title += ", edited"
         self.border_title = title + ")"

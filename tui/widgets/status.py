@@ -210,6 +210,7 @@ class ApprovalBar(Static):
     ApprovalBar { height: auto; max-height: 3; padding: 0 1;
                   background: $warning 30%; color: $text; display: none; }
     ApprovalBar.-pending { display: block; }
+    ApprovalBar.-hint { background: $boost; color: $text-muted; }
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, **kwargs) -> None:
@@ -225,12 +226,19 @@ class ApprovalBar(Static):
             self._shown_at = self.clock()
         self.proposal = proposal
         self.update(Text.assemble(("decide ", "bold"), (text, ""), ("  ·  " + keys, "dim")))
+        self.remove_class("-hint")
         self.add_class("-pending")
         return new
 
+    def hint(self, text: str) -> None:
+        """No decision is due: say what to press next (no key is taken by it)."""
+        self.proposal = None
+        self.update(Text.assemble(("next ", "bold"), (text, "")))
+        self.add_class("-pending", "-hint")
+
     def clear(self) -> None:
         self.proposal = None
-        self.remove_class("-pending")
+        self.remove_class("-pending", "-hint")
 
     def accepts_keys(self) -> bool:
         return self.proposal is not None and self.clock() - self._shown_at >= self.GUARD_S
