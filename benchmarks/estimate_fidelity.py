@@ -237,6 +237,8 @@ async def tokamax_rows(args: argparse.Namespace, pool: Any, scratch: Path
         if refusal is None and pair.op == "pallas_mosaic_tpu_ragged_dot":
             task_dir = ragged_task(scratch / "tokamax", index, pair.spec)
         limit = args.tokamax_limit is not None and done >= args.tokamax_limit
+        if args.tokamax_only and not any(x in workload for x in args.tokamax_only):
+            limit = True
         if refusal or task_dir is None or limit:
             why = (refusal or ("not run: --tokamax-limit reached" if limit else
                                f"not run: no task layout here for {pair.op}'s spec"))
@@ -533,6 +535,9 @@ def main(argv: list[str] | None = None) -> int:
                         "package, or DIR: a tokamax package folder of an extracted wheel)")
     parser.add_argument("--tokamax-limit", type=int, default=None, metavar="N",
                         help="estimate at most N of tokamax's pairs (the rest are listed)")
+    parser.add_argument("--tokamax-only", nargs="*", metavar="TEXT",
+                        help="estimate only tokamax pairs whose workload contains TEXT "
+                             "(e.g. 'bf16[131072,2048]')")
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--compile-memory-mb", type=int, default=4096)
     parser.add_argument("--worker-memory-mb", type=int, default=12288)
