@@ -237,10 +237,11 @@ async def tokamax_rows(args: argparse.Namespace, pool: Any, scratch: Path
         if refusal is None and pair.op == "pallas_mosaic_tpu_ragged_dot":
             task_dir = ragged_task(scratch / "tokamax", index, pair.spec)
         limit = args.tokamax_limit is not None and done >= args.tokamax_limit
-        if args.tokamax_only and not any(x in workload for x in args.tokamax_only):
-            limit = True
-        if refusal or task_dir is None or limit:
+        skipped = bool(args.tokamax_only) and not any(x in workload
+                                                      for x in args.tokamax_only)
+        if refusal or task_dir is None or limit or skipped:
             why = (refusal or ("not run: --tokamax-limit reached" if limit else
+                               "not run: not chosen by --tokamax-only" if skipped else
                                f"not run: no task layout here for {pair.op}'s spec"))
             base["why"] = opt["why"] = why
             rows += [base, opt]
