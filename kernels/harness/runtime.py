@@ -141,6 +141,11 @@ class TaskRuntime:
                   and int(np.prod(a.shape)) <= limit]
         if not wanted:
             return {}
+        cache = self.__dict__.setdefault("_tilewright_small_inputs", {})
+        key = (config.name, json.dumps(config.params, sort_keys=True, default=str),
+               tuple(wanted))
+        if key in cache:  # the same every evaluation: built once per runtime
+            return cache[key]
 
         def build(key: Any) -> tuple:
             made, _static = self.make_inputs(config, key)
@@ -149,8 +154,10 @@ class TaskRuntime:
         try:
             values = jax.jit(build)(jax.random.PRNGKey(0))
         except Exception:  # Python control flow on values, a builder that needs more
-            return {}
-        return {i: np.asarray(v) for i, v in zip(wanted, values, strict=True)}
+            values = None
+        cache[key] = {} if values is None else \
+            {i: np.asarray(v) for i, v in zip(wanted, values, strict=True)}
+        return cache[key]
 
     def flops(self, config: ShapeConfig, inputs: tuple) -> float | None:
         return None
