@@ -13,7 +13,7 @@ their sources (the programs are not vendored: point the script at the checkouts)
   TPU v5e, wall clock over 100 calls. Its kernel is a standard blocked matmul written
   here from the guide's description.
 
-- tokamax (``--tokamax``, read from the installed wheel by ``benchmarks/tokamax_data.py``):
+- tokamax (``--tokamax``, read from the installed wheel by ``benchmarks/lib/tokamax_data.py``):
   Google's kernel library ships its autotuner's measured times per input spec; specs
   timed for a Pallas op and its XLA counterpart are a measured speedup. Its grouped
   matmul on v5e (16 pairs) is estimated with tokamax's own kernel at the fastest
@@ -64,7 +64,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "lib"))  # helpers, not benchmarks
 DATA = ROOT / "benchmarks" / "data"
 JAXBENCH_COMMIT = "999e01e96c8b"
 # The guide's times are wall clock per call: below this a call is dispatch-bound (its
