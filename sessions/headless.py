@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import signal
 import sys
@@ -47,7 +48,10 @@ class Progress:
         self.out = out
         self.settings = settings
         # The terminal's width (COLUMNS, else the terminal, else 100): every line fits it.
-        self.width = width or shutil.get_terminal_size((100, 24)).columns
+        # Written to a file or a pipe (a log, --json's progress) without COLUMNS: one
+        # line per step, as long as it is (a reader greps it; nothing wraps it).
+        piped = not getattr(out, "isatty", lambda: False)() and "COLUMNS" not in os.environ
+        self.width = width or (10_000 if piped else shutil.get_terminal_size((100, 24)).columns)
         self._explained: set[str] = set()  # each kind of number is said once, at its first
 
     def __call__(self, event: ev.AnyEvent) -> None:

@@ -281,7 +281,7 @@ def _replayed_in_a_terminal(path: Path, env: dict[str, str], shown: bytes) -> by
         until(rb"start of the session", 60)
         child.send("\x1b[F")  # End: the last event, its version's source on screen
         until(rb"event (\d+)/\1", 30)
-        until(re.escape(shown), 30)
+        until(re.escape(shown), 90)
         child.send("q")
         end = time.monotonic() + 20
         while child.isalive() and time.monotonic() < end:
