@@ -31,6 +31,9 @@ FAST = ["--trials", "1", "--time-budget", "0.2", "--set", "rows=64", "--set", "c
 def _env() -> dict[str, str]:
     env = dict(os.environ, JAX_PLATFORMS="cpu", TILEWRIGHT_CONFIG="/nonexistent/config.toml")
     env.pop("ANTHROPIC_API_KEY", None)
+    # pytest-xdist's workers set COLUMNS=80; these runs write to pipes, read line by line
+    env.pop("COLUMNS", None)
+    env.pop("LINES", None)
     return env
 
 
