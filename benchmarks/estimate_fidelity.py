@@ -644,7 +644,8 @@ def main(argv: list[str] | None = None) -> int:
             for key, classes in entry.items():
                 mine = {k: v for k, v in classes.items() if v and (k != "all" or chip
                                                                     not in chips)}
-                chips.setdefault(chip, {}).setdefault(key, {}).update(mine)
+                if mine:  # a chip with nothing estimated adds nothing
+                    chips.setdefault(chip, {}).setdefault(key, {}).update(mine)
         sources = [x for x in str(old.get("source") or "").split("; ") if x]
         sources += [SOURCES[s] for s in sorted({r["source"] for r in kept})
                     if SOURCES[s] not in sources]
