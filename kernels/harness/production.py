@@ -580,7 +580,9 @@ def kernel_operands(closed: Any, known: dict[int, Any]) -> dict[int, list[Any]]:
                 if inner is not None:
                     outs = evaluate(getattr(inner, "jaxpr", inner),
                                     getattr(inner, "consts", ()), invals)
-            elif all(v is not None for v in invals) and not _sub_jaxprs(eqn.params):
+            elif all(v is not None for v in invals) and not _sub_jaxprs(eqn.params) \
+                    and all(_elements(v.aval) <= PIN_MAX_ELEMENTS for v in eqn.outvars):
+                # bookkeeping-sized only: a constant broadcast to a big array is not made
                 try:
                     with eqn.ctx.manager:
                         got = eqn.primitive.bind(*invals, **eqn.params)
@@ -597,6 +599,13 @@ def kernel_operands(closed: Any, known: dict[int, Any]) -> dict[int, list[Any]]:
     args = [known.get(i) for i in range(len(closed.jaxpr.invars))]
     evaluate(closed.jaxpr, closed.consts, args)
     return found
+
+
+def _elements(aval: Any) -> int:
+    shape = getattr(aval, "shape", None)
+    if shape is None:
+        return PIN_MAX_ELEMENTS + 1  # not an array (a token, a ref): not evaluated
+    return int(math.prod(int(d) for d in shape))
 
 
 def pinned_body(body: Any, values: list[Any], short: int | None = None
