@@ -263,7 +263,10 @@ def _replayed_in_a_terminal(path: Path, env: dict[str, str], shown: bytes) -> by
 
     pexpect = pytest.importorskip("pexpect")
     child = pexpect.spawn(str(Path(sys.executable).parent / "tilewright"),
-                          ["replay", str(path)], env={**env, "TERM": "xterm-256color"},
+                          ["replay", str(path)],
+                          # without pytest-xdist's COLUMNS=80/LINES=24: the pty's size rules
+                          env={**{k: v for k, v in env.items() if k not in ("COLUMNS", "LINES")},
+                               "TERM": "xterm-256color"},
                           cwd=str(ROOT), dimensions=(40, 160), timeout=5)
     output = bytearray()
 
