@@ -64,7 +64,7 @@ def mm(x, y):
 GUIDE_KERNEL = """
 from jax.experimental.pallas.ops.tpu import matmul as pallas_matmul
 
-def mm(x, y):
+def kernel(x, y):
     return pallas_matmul.matmul(x, y, block_shape=({bm}, {bn}), block_k={bk})
 """
 # the Pallas TPU matmul guide's block sizes (bm, bn, bk), first the one that finds the
@@ -116,7 +116,7 @@ def _guide_task(work: Path) -> tuple[Any, list[str]] | None:
     (work / "mine.py").write_text(GUIDE_KERNEL.format(bm=bm, bn=bn, bk=bk))
     made = subprocess.run([sys.executable, "-m", "tui.cli", "new", "guide", "--from",
                            "model.py:mm", "--shape", "x=bf16[4096,4096]", "--shape",
-                           "y=bf16[4096,4096]", "--kernel", "mine.py:mm", "--force"],
+                           "y=bf16[4096,4096]", "--kernel", "mine.py:kernel", "--force"],
                           cwd=work, capture_output=True, text=True, timeout=600)
     if made.returncode != 0:
         print(f"guide: `tilewright new` failed:\n{made.stdout}{made.stderr}")
@@ -165,6 +165,8 @@ async def _candidates(name: str, task: Any, sources: list[str], reps: int, chip:
                   f"verdict+estimate {_s(row['compile_s'])} eval {wall:6.1f} s  "
                   f"{row['rank']:<14} {row['cycles'] or '-':>10} cycles{first}"
                   + (f"  [{row['why']}]" if row["why"] and not rank.compiler else ""))
+            if result.error is not None:
+                print(f"    {result.error.kind}: {result.error.message[:300]}")
     return rows
 
 

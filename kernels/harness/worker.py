@@ -161,13 +161,15 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = socket.socket(fileno=args.fd)
     sock.setblocking(True)
+    from kernels.harness import compile_pool, judge, reference  # none imports JAX
+
+    # The candidate process first: it imports JAX while we do (on two cores the two
+    # imports overlap; its readiness is what the first evaluation waits for).
+    judge.process().start()
     import jax  # noqa: F401  -- once, up front: this is what makes the worker warm
 
-    warm_up()
-    from kernels.harness import compile_pool, judge, reference
-
-    judge.process().start()  # the candidate process imports JAX while we wait for work
-    # The compile processes too: the first evaluation's production verdict would wait
+    warm_up(kernel=False)
+    # The compile processes next: the first evaluation's production verdict would wait
     # for them otherwise (a CLI `eval` starts everything at once).
     compile_pool.compilers().start()
     reference.BOOK.start()
