@@ -646,10 +646,12 @@ def main(argv: list[str] | None = None) -> int:
                                                                     not in chips)}
                 if mine:  # a chip with nothing estimated adds nothing
                     chips.setdefault(chip, {}).setdefault(key, {}).update(mine)
-        sources = [x for x in str(old.get("source") or "").split("; ") if x]
-        sources += [SOURCES[s] for s in sorted({r["source"] for r in kept})
-                    if SOURCES[s] not in sources]
-        table = {"schema": "tilewright.fidelity/1", "source": "; ".join(sources),
+        # (a source's own text may hold "; ": found whole, never split)
+        source = str(old.get("source") or "")
+        for s in sorted({r["source"] for r in kept}):
+            if SOURCES[s] not in source:
+                source = f"{source}; {SOURCES[s]}" if source else SOURCES[s]
+        table = {"schema": "tilewright.fidelity/1", "source": source,
                  "generated": time.strftime("%Y-%m-%d"),
                  "benchmark": "benchmarks/estimate_fidelity.py", "chips": chips}
         if old.get("efficiency"):
