@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from agents.base import Agent, TaskBrief
-    from agents.config import Config
-    from kernels.task import Task
+    from tilewright.agents.base import Agent, TaskBrief
+    from tilewright.agents.config import Config
+    from tilewright.kernels.task import Task
 
 AgentKind = Literal["offline", "anthropic", "openai", "auto"]
 AGENT_KINDS = ("offline", "anthropic", "openai", "auto")  # the --agent choices
@@ -31,29 +31,29 @@ def make_agent(kind: AgentKind, config: Config | dict[str, Any] | None = None) -
     listens at a key-less (local) one. ``auto`` picks ``[agent] provider`` (anthropic
     unless set) when it is usable (a key, or a key-less endpoint), else the offline agent.
     """
-    from agents.config import coerce
+    from tilewright.agents.config import coerce
 
     config = coerce(config)  # a dict is validated like the file: unknown keys refused
     if kind == "auto":
         kind = resolve_auto(config)
     if kind == "offline":
-        from agents.offline import OfflineAgent
+        from tilewright.agents.offline import OfflineAgent
 
         return OfflineAgent(config)
     if kind == "anthropic":
-        from agents.claude import AnthropicProvider
-        from agents.llm_agent import LLMAgent
+        from tilewright.agents.claude import AnthropicProvider
+        from tilewright.agents.llm_agent import LLMAgent
 
         return LLMAgent(AnthropicProvider(config), followups=config.agent.followups)
     if kind == "openai":
-        from agents.llm_agent import LLMAgent
-        from agents.openai_chat import OpenAIProvider
+        from tilewright.agents.llm_agent import LLMAgent
+        from tilewright.agents.openai_chat import OpenAIProvider
 
         provider = OpenAIProvider(config)
         agent = LLMAgent(provider, followups=config.agent.followups)
         agent.label = provider.label  # "gpt-4.1", or "qwen3 at 127.0.0.1" for a local server
         return agent
-    from agents.errors import AgentError
+    from tilewright.agents.errors import AgentError
 
     raise AgentError(f"unknown agent kind {kind!r}: use {', '.join(AGENT_KINDS[:-1])} or "
                      f"{AGENT_KINDS[-1]}")
@@ -61,11 +61,11 @@ def make_agent(kind: AgentKind, config: Config | dict[str, Any] | None = None) -
 
 def configured_provider(config: Config | dict[str, Any] | None) -> str:
     """``[agent] provider`` (anthropic unless set); an unknown name is a clear error."""
-    from agents.config import coerce
+    from tilewright.agents.config import coerce
 
     provider = coerce(config).agent.provider or "anthropic"
     if provider not in PROVIDERS:
-        from agents.errors import AgentError
+        from tilewright.agents.errors import AgentError
 
         raise AgentError(f"[agent] provider = {provider!r} is not one tilewright knows: "
                          f"use {' or '.join(PROVIDERS)}")
@@ -76,10 +76,10 @@ def resolve_auto(config: Config | dict[str, Any] | None) -> str:
     """What ``auto`` means here: the configured provider when usable, else offline."""
     provider = configured_provider(config)
     if provider == "openai":
-        from agents.openai_chat import usable
+        from tilewright.agents.openai_chat import usable
 
         return "openai" if usable(config) else "offline"
-    from agents.claude import api_key_from_env
+    from tilewright.agents.claude import api_key_from_env
 
     return "anthropic" if api_key_from_env() else "offline"
 
@@ -87,21 +87,21 @@ def resolve_auto(config: Config | dict[str, Any] | None) -> str:
 def describe_agent(kind: str | None, config: Config | dict[str, Any] | None) -> dict[str, Any]:
     """The agent a session would get, for ``tilewright config``: provider, model,
     endpoint and where the key comes from. Never the key itself; no network."""
-    from agents.config import coerce
+    from tilewright.agents.config import coerce
 
     config = coerce(config)
     kind = kind or config.agent.kind or "auto"
     chosen = resolve_auto(config) if kind == "auto" else kind
     info: dict[str, Any] = {"kind": kind, "provider": chosen}
     if chosen == "openai":
-        from agents.openai_chat import endpoint
+        from tilewright.agents.openai_chat import endpoint
 
         ep = endpoint(config)
         info.update(model=ep.model, endpoint=ep.base_url,
                     key=ep.key_source or ("missing: set OPENAI_API_KEY" if ep.key_required
                                           else "none (key-less local server)"))
     elif chosen == "anthropic":
-        from agents.claude import DEFAULT_MODEL, api_key_from_env
+        from tilewright.agents.claude import DEFAULT_MODEL, api_key_from_env
 
         info.update(model=config.agent.model or DEFAULT_MODEL,
                     endpoint=config.base_url("anthropic") or "https://api.anthropic.com",
@@ -112,7 +112,7 @@ def describe_agent(kind: str | None, config: Config | dict[str, Any] | None) -> 
 
 def brief(task: Task) -> TaskBrief:
     """What an agent may know of a task: everything but the held-out shape configuration."""
-    from agents.base import TaskBrief
+    from tilewright.agents.base import TaskBrief
 
     source = task.reference_source()
     meta = task.meta or {}

@@ -21,13 +21,18 @@ import warnings
 from collections.abc import AsyncIterator
 from typing import Any
 
-from agents.base import Failure, Notice, TextDelta, ToolCall, ToolCallDelta, Usage
-from agents.config import Config, coerce
-from agents.errors import NoApiKey
-from agents.prices import PRICES_AS_OF, assumed_price, cost_usd, price_for
-from agents.provider import FinalMessage, MalformedToolCall, ProviderEvent, parse_tool_input
-from agents.retry import Judged, retrying
-from agents.retry import short as _short
+from tilewright.agents.base import Failure, Notice, TextDelta, ToolCall, ToolCallDelta, Usage
+from tilewright.agents.config import Config, coerce
+from tilewright.agents.errors import NoApiKey
+from tilewright.agents.prices import PRICES_AS_OF, assumed_price, cost_usd, price_for
+from tilewright.agents.provider import (
+    FinalMessage,
+    MalformedToolCall,
+    ProviderEvent,
+    parse_tool_input,
+)
+from tilewright.agents.retry import Judged, retrying
+from tilewright.agents.retry import short as _short
 
 DEFAULT_MODEL = "claude-sonnet-4-6"
 

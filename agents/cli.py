@@ -14,7 +14,7 @@ import shlex
 import subprocess
 import sys
 
-from kernels.cli import subcommand
+from tilewright.kernels.cli import subcommand
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agents import memory
+    from tilewright.agents import memory
 
     path = memory.lessons_path()
     if args.action == "path":

@@ -26,13 +26,13 @@ import json
 from dataclasses import asdict, is_dataclass
 from typing import Any
 
-from agents.base import AgentRequest, TaskBrief
-from agents.evalfacts import array_text, fidelity_text, rank_of, version_numbers
-from agents.evaltext import cycles_text, eval_text
-from agents.roles import SYSTEM_TEXT, pallas_guide, role_spec
-from agents.untrusted import bounded, defuse, fence, neutralize
-from kernels.result import Rank
-from profiling.chips import DEFAULT_TPU
+from tilewright.agents.base import AgentRequest, TaskBrief
+from tilewright.agents.evalfacts import array_text, fidelity_text, rank_of, version_numbers
+from tilewright.agents.evaltext import cycles_text, eval_text
+from tilewright.agents.roles import SYSTEM_TEXT, pallas_guide, role_spec
+from tilewright.agents.untrusted import bounded, defuse, fence, neutralize
+from tilewright.kernels.result import Rank
+from tilewright.profiling.chips import DEFAULT_TPU
 
 CACHE = {"type": "ephemeral"}
 # Requests stay bounded whatever a candidate or a task file holds (a 50 MB kernel would
@@ -445,7 +445,7 @@ def evidence_text(e: dict[str, Any]) -> str:
 
 def stored_lessons(request: AgentRequest) -> tuple[str, ...]:
     """Lessons from ``agents.memory`` when the caller passed none; a broken file gives none."""
-    from agents import memory
+    from tilewright.agents import memory
 
     try:
         return memory.relevant(family=request.task.family, chip=request.chip,
@@ -546,7 +546,7 @@ def lookups_text(lookups: tuple[dict[str, Any], ...]) -> str:
 
 
 def _tunables_text(source: str) -> str:
-    from kernels import tunables
+    from tilewright.kernels import tunables
 
     try:
         declared = tunables.read(source)
@@ -590,7 +590,7 @@ def _describe_chip(f: dict[str, Any]) -> str:
 
 def chip_figures(chip: str) -> dict[str, Any]:
     try:
-        from profiling import chips  # the profiling layer's table; optional here
+        from tilewright.profiling import chips  # the profiling layer's table; optional here
     except ImportError:
         return {}
     spec: Any = None
@@ -617,7 +617,7 @@ def profile_text(profile: dict[str, Any]) -> str:
     ops only when they were measured on a device (an interpret-mode trace is host
     noise). Whole lines only, bounded."""
     try:
-        from profiling.digest import digest
+        from tilewright.profiling.digest import digest
 
         text = digest(profile)
     except Exception:  # a profile from another version of the schema: say what we can

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernels.printable import printable
-from kernels.result import Rank, array_text, is_interpret, ranking
+from tilewright.kernels.printable import printable
+from tilewright.kernels.result import Rank, array_text, is_interpret, ranking
 
 
 def _num(value: Any) -> float | None:

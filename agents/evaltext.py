@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from agents.evalfacts import rank_of, version_numbers
-from agents.untrusted import bounded, defuse, fence, neutralize
-from kernels.result import Rank, times
+from tilewright.agents.evalfacts import rank_of, version_numbers
+from tilewright.agents.untrusted import bounded, defuse, fence, neutralize
+from tilewright.kernels.result import Rank, times
 
 _MAX_TRACEBACK_LINES = 20
 _MAX_STDERR_LINES = 15

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from agents.base import (
+from tilewright.agents.base import (
     AgentEvent,
     AgentRequest,
     Answer,
@@ -24,11 +24,11 @@ from agents.base import (
     ToolResult,
     UsageReport,
 )
-from agents.context import first_user_message, system_blocks
-from agents.parsing import parse_reply
-from agents.provider import FinalMessage, Provider
-from agents.roles import TOOL_KIND, TOOLS
-from agents.tools import READ_TOOL_NAMES, run_tool_calls
+from tilewright.agents.context import first_user_message, system_blocks
+from tilewright.agents.parsing import parse_reply
+from tilewright.agents.provider import FinalMessage, Provider
+from tilewright.agents.roles import TOOL_KIND, TOOLS
+from tilewright.agents.tools import READ_TOOL_NAMES, run_tool_calls
 
 
 class LLMAgent:

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kernels.result import Rank
+from tilewright.kernels.result import Rank
 
 FILENAME = "lessons.jsonl"
 

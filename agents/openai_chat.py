@@ -35,12 +35,17 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from agents.base import Failure, Notice, TextDelta, ToolCall, ToolCallDelta, Usage
-from agents.config import Config, coerce
-from agents.errors import AgentError
-from agents.prices import PRICES_AS_OF, cost_usd, price_for
-from agents.provider import FinalMessage, MalformedToolCall, ProviderEvent, parse_tool_input
-from agents.retry import Again, Judged, retrying, short, status_kind
+from tilewright.agents.base import Failure, Notice, TextDelta, ToolCall, ToolCallDelta, Usage
+from tilewright.agents.config import Config, coerce
+from tilewright.agents.errors import AgentError
+from tilewright.agents.prices import PRICES_AS_OF, cost_usd, price_for
+from tilewright.agents.provider import (
+    FinalMessage,
+    MalformedToolCall,
+    ProviderEvent,
+    parse_tool_input,
+)
+from tilewright.agents.retry import Again, Judged, retrying, short, status_kind
 
 DEFAULT_MODEL = "gpt-4.1"
 OPENAI_ENDPOINT = "https://api.openai.com/v1"

@@ -16,10 +16,10 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from agents.base import AgentRequest, Proposal, ToolCall
-from agents.provider import FinalMessage
-from agents.roles import TOOL_KIND, role_spec
-from agents.tools import READ_TOOL_NAMES
+from tilewright.agents.base import AgentRequest, Proposal, ToolCall
+from tilewright.agents.provider import FinalMessage
+from tilewright.agents.roles import TOOL_KIND, role_spec
+from tilewright.agents.tools import READ_TOOL_NAMES
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
@@ -41,8 +41,8 @@ def fenced_python(text: str) -> list[str]:
 
 def check_kernel_source(source: str, entry: str, require_pallas: bool) -> str | None:
     """What is wrong with a proposed kernel module, or None when it may be evaluated."""
-    from kernels.printable import controls_text, source_controls
-    from kernels.tunables import MAX_PARSE_CHARS
+    from tilewright.kernels.printable import controls_text, source_controls
+    from tilewright.kernels.tunables import MAX_PARSE_CHARS
 
     if len(source) > MAX_PARSE_CHARS:  # parsing it would stall the app for minutes
         return (f"The kernel is {len(source):,} characters; a kernel module is at most "
@@ -165,7 +165,7 @@ def _kernel(source: str, summary: str, rationale: str, request: AgentRequest, vi
 
 
 def _tuning(call: ToolCall, text: str, request: AgentRequest) -> Parsed:
-    from kernels import tunables
+    from tilewright.kernels import tunables
 
     changes = call.input.get("changes")
     if not isinstance(changes, dict) or not changes:

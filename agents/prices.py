@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.base import Usage
+from tilewright.agents.base import Usage
 
 PRICES_AS_OF = "2025-11"
 

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agents.base import Failure, Notice, TextDelta, ToolCall, ToolCallDelta, Usage
+from tilewright.agents.base import Failure, Notice, TextDelta, ToolCall, ToolCallDelta, Usage
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from agents.base import Failure, Notice
+from tilewright.agents.base import Failure, Notice
 
 if TYPE_CHECKING:
-    from agents.provider import ProviderEvent
+    from tilewright.agents.provider import ProviderEvent
 
 
 def status_kind(status: int | None) -> str | None:

@@ -12,8 +12,8 @@ from functools import cache
 from importlib.resources import files
 from typing import Any
 
-from agents.tools import READ_TOOLS, tool_schema
-from agents.untrusted import RULE as UNTRUSTED_RULE
+from tilewright.agents.tools import READ_TOOLS, tool_schema
+from tilewright.agents.untrusted import RULE as UNTRUSTED_RULE
 
 SYSTEM_TEXT = """\
 You are a kernel engineer working inside tilewright, a workbench where a person and an \
@@ -148,4 +148,4 @@ def role_spec(role: str) -> RoleSpec:
 @cache
 def pallas_guide() -> str:
     """Our Pallas-on-TPU guide (agents/guide.md), part of the cached prompt prefix."""
-    return files("agents").joinpath("guide.md").read_text()
+    return files("tilewright.agents").joinpath("guide.md").read_text()

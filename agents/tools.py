@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Protocol, runtime_checkable
 
-from agents.base import ToolCall, ToolResult
+from tilewright.agents.base import ToolCall, ToolResult
 
 MAX_OUTPUT_CHARS = 12000
 

@@ -47,11 +47,11 @@ from typing import Any
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import agents
-from agents.base import AgentRequest, Failure
-from agents.offline import decide, tuner
-from kernels import tunables
-from kernels.loaders import load_task
+from tilewright import agents
+from tilewright.agents.base import AgentRequest, Failure
+from tilewright.agents.offline import decide, tuner
+from tilewright.kernels import tunables
+from tilewright.kernels.loaders import load_task
 
 DEFAULT_CACHE = Path(__file__).with_name("autotune_grid.json")
 TASKS = ("gelu", "softmax", "rmsnorm", "matmul_bias_gelu", "causal_attention")
@@ -92,7 +92,7 @@ def _speedup(entry: dict[str, Any]) -> float | None:
 
 async def measure_grid(names: list[str], cache: dict[str, Any], remeasure: bool,
                        shape_of: dict[str, str], passes: int) -> None:
-    from kernels.workers import EvalOptions, WorkerPool
+    from tilewright.kernels.workers import EvalOptions, WorkerPool
 
     async with WorkerPool(size=1) as pool:
         backend = await pool.backend()
@@ -146,7 +146,7 @@ class Diagnoser:
 
     def __call__(self, name: str, slot: dict[str, Any], source: str, config: dict[str, Any]
                  ) -> dict[str, Any] | None:
-        from profiling.diagnose import diagnose
+        from tilewright.profiling.diagnose import diagnose
 
         known = slot.setdefault("diagnoses", {})
         key = _key(config)
@@ -158,7 +158,7 @@ class Diagnoser:
         return known[key]["diagnosis"]
 
     def _profile(self, task: Any, source: str, shape: str) -> dict[str, Any]:
-        from kernels.workers import WorkerPool
+        from tilewright.kernels.workers import WorkerPool
 
         if self.loop is None:
             self.loop = asyncio.new_event_loop()
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
               f"({total / total_distinct:.0%}); {sum(r['proposals'] is None for r in rows)} "
               "task(s) not within 5%")
     if guided:
-        print("\nwith the diagnosis (profile of each new best -> profiling.diagnose -> the "
+        print("\nwith the diagnosis (profile of each new best -> tilewright.profiling.diagnose -> the "
               "offline tuner's diagnosed move), same grid, same cost (min_ms):")
         print(f"{'task':18} {'grid':>4} {'plain':>5} {'diag':>5}  last diagnosis  (path)")
         for plain, r in zip(rows, guided, strict=True):

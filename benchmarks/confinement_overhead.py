@@ -30,9 +30,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from kernels.confinement import descendants
-from kernels.loaders import load_task, parse_overrides
-from kernels.workers import EvalOptions, WorkerPool
+from tilewright.kernels.confinement import descendants
+from tilewright.kernels.loaders import load_task, parse_overrides
+from tilewright.kernels.workers import EvalOptions, WorkerPool
 
 
 async def main(args: argparse.Namespace) -> None:

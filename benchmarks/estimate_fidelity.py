@@ -212,8 +212,8 @@ async def tokamax_rows(args: argparse.Namespace, pool: Any, scratch: Path
     estimator refuses: its rows are counted, never compiled)."""
     import tokamax_data
 
-    from kernels.workers import EvalOptions
-    from profiling.chips import estimator_refusal
+    from tilewright.kernels.workers import EvalOptions
+    from tilewright.profiling.chips import estimator_refusal
 
     root = args.tokamax if isinstance(args.tokamax, Path) else tokamax_data.find()
     if root is None:
@@ -246,7 +246,7 @@ async def tokamax_rows(args: argparse.Namespace, pool: Any, scratch: Path
             base["why"] = opt["why"] = why
             rows += [base, opt]
             continue
-        from kernels.loaders import load_task
+        from tilewright.kernels.loaders import load_task
 
         task = load_task(task_dir)
         config = pair.pallas.config
@@ -286,14 +286,14 @@ async def tokamax_rows(args: argparse.Namespace, pool: Any, scratch: Path
 
 
 def clock(chip: str) -> float:
-    from profiling.chips import get_chip
+    from tilewright.profiling.chips import get_chip
 
     return get_chip(chip).clock_hz or float("nan")
 
 
 async def estimate_rows(args: argparse.Namespace, scratch: Path) -> list[dict[str, Any]]:
-    from kernels.loaders import load_task
-    from kernels.workers import EvalOptions, WorkerPool
+    from tilewright.kernels.loaders import load_task
+    from tilewright.kernels.workers import EvalOptions, WorkerPool
 
     rows: list[dict[str, Any]] = []
     async with WorkerPool(size=1, memory_limit_mb=args.worker_memory_mb) as pool:
@@ -399,7 +399,7 @@ def _from_candidate(found: dict[str, Any]) -> dict[str, Any]:
 
 def with_floor(row: dict[str, Any], efficiency: float = 1.0) -> float | None:
     """The estimate with the memory floor: max(compiler, bytes / bandwidth)."""
-    from profiling.chips import get_chip
+    from tilewright.profiling.chips import get_chip
 
     est = row.get("estimate_s")
     if not est:
@@ -510,7 +510,7 @@ def fit_efficiency(rows: list[dict[str, Any]]
     price (their bytes and measured times are all the fit needs) and checked on the ones
     it priced, which the fit never saw. Returns it, the rows it was fitted on and the
     rows it is checked on."""
-    from profiling.chips import get_chip
+    from tilewright.profiling.chips import get_chip
 
     memory = sorted((r for r in rows if r.get("class") == "memory_bound"
                      and r.get("measured_s") and r.get("bytes")

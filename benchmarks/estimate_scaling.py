@@ -48,8 +48,8 @@ SMOKE_CASE = ("gelu 256x1024 (64x256 blocks, smoke)", "gelu", {"rows": 256, "col
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kernels.worker_env import ESTIMATE_CACHE
-    from profiling.chips import DEFAULT_TPU
+    from tilewright.kernels.worker_env import ESTIMATE_CACHE
+    from tilewright.profiling.chips import DEFAULT_TPU
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chip", default=DEFAULT_TPU)
@@ -67,15 +67,15 @@ def main(argv: list[str] | None = None) -> int:
     os.environ[ESTIMATE_CACHE] = cache
     cases = [SMOKE_CASE] if args.smoke else CASES
 
-    from kernels.harness import tpu_compile
+    from tilewright.kernels.harness import tpu_compile
 
     tpu_compile.prepare_environment(estimates=False)
     import jax
 
-    from kernels import tunables
-    from kernels.harness import compile_pool, estimates, production, reference, shrink
-    from kernels.harness.execution import task_runtime
-    from kernels.loaders import PRODUCTION_PREFIX, load_task
+    from tilewright.kernels import tunables
+    from tilewright.kernels.harness import compile_pool, estimates, production, reference, shrink
+    from tilewright.kernels.harness.execution import task_runtime
+    from tilewright.kernels.loaders import PRODUCTION_PREFIX, load_task
 
     chip = args.chip
     comp = compile_pool.compilers()

@@ -60,7 +60,7 @@ DEFAULT_SETS = [
 
 def tw(*args: str, timeout: float = 7200.0) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
-    return subprocess.run([sys.executable, "-m", "tui.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "tilewright.tui.cli", *args], capture_output=True,
                           text=True, env=env, cwd=ROOT, timeout=timeout)
 
 
@@ -81,9 +81,9 @@ def suite_dir(directory: Path, only: list[str] | None, scratch: Path) -> Path:
 
 def recheck(session: str, task_root: str, overrides: dict[str, str]) -> dict[str, Any]:
     """Re-evaluate a search session's best version with fresh inputs and five trials."""
-    from kernels.result import disqualifying_flags
-    from sessions.log import load, read_text_blob
-    from sessions.search.graph import fold_search
+    from tilewright.kernels.result import disqualifying_flags
+    from tilewright.sessions.log import load, read_text_blob
+    from tilewright.sessions.search.graph import fold_search
 
     loaded = load(Path(session))
     state = fold_search(loaded.header, loaded.events)
@@ -101,7 +101,7 @@ def recheck(session: str, task_root: str, overrides: dict[str, str]) -> dict[str
         data = json.loads(proc.stdout)
     except json.JSONDecodeError:
         return {"truly_correct": False, "recheck": proc.stderr[-300:]}
-    from kernels.result import ranking
+    from tilewright.kernels.result import ranking
 
     ok = data.get("status") == "correct" and not disqualifying_flags(data)
     tpu = data.get("tpu") or {}
@@ -120,7 +120,7 @@ def recheck(session: str, task_root: str, overrides: dict[str, str]) -> dict[str
 
 def lowerable(session: str) -> bool:
     """Whether any version of the task passed the TPU lowering check."""
-    from sessions.log import load, read_json_blob
+    from tilewright.sessions.log import load, read_json_blob
 
     loaded = load(Path(session))
     for event in loaded.events:
@@ -140,8 +140,8 @@ def per_task_sets(suite: Path, sets: list[str]) -> list[str]:
     gets the same value, which is the only way the literal can be rewritten."""
     import re
 
-    from kernels.loaders import find_tasks, load_with_shared
-    from kernels.task import TaskError
+    from tilewright.kernels.loaders import find_tasks, load_with_shared
+    from tilewright.kernels.task import TaskError
 
     shared = dict(s.split("=", 1) for s in sets)
     extra: list[str] = []
@@ -208,13 +208,13 @@ def run_suite(label: str, directory: Path, args: argparse.Namespace, scratch: Pa
         raise
     rows = []
     for task in report["tasks"]:
-        from kernels.loaders import load_task
+        from tilewright.kernels.loaders import load_task
 
         crowned = task["best_status"] == "correct" and task["best_version"] is not None
         root = next((str(Path(suite) / d.name) for d in Path(suite).iterdir()
                      if d.is_dir() and load_task(d).name == task["task"]), None)
         overrides = {}
-        from sessions.log import load
+        from tilewright.sessions.log import load
 
         overrides = (load(Path(task["session"])).header.get("task") or {}).get("overrides") or {}
         try:

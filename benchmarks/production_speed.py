@@ -48,9 +48,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kernels.loaders import load_task  # noqa: E402
-from kernels.workers import EvalOptions, WorkerPool  # noqa: E402
-from profiling.chips import DEFAULT_TPU  # noqa: E402
+from tilewright.kernels.loaders import load_task  # noqa: E402
+from tilewright.kernels.workers import EvalOptions, WorkerPool  # noqa: E402
+from tilewright.profiling.chips import DEFAULT_TPU  # noqa: E402
 
 VERDICT_TARGET_S = 3.0
 ESTIMATE_TARGET_S = 10.0
@@ -114,7 +114,7 @@ def _guide_task(work: Path) -> tuple[Any, list[str]] | None:
     (work / "model.py").write_text(GUIDE_MODEL)
     bm, bn, bk = GUIDE_BLOCKS[0]
     (work / "mine.py").write_text(GUIDE_KERNEL.format(bm=bm, bn=bn, bk=bk))
-    made = subprocess.run([sys.executable, "-m", "tui.cli", "new", "guide", "--from",
+    made = subprocess.run([sys.executable, "-m", "tilewright.tui.cli", "new", "guide", "--from",
                            "model.py:mm", "--shape", "x=bf16[4096,4096]", "--shape",
                            "y=bf16[4096,4096]", "--kernel", "mine.py:kernel", "--force"],
                           cwd=work, capture_output=True, text=True, timeout=600)
@@ -232,7 +232,7 @@ def _small(args: argparse.Namespace, cache: str) -> None:
         path.write_text(base)
         env = {**os.environ, "TILEWRIGHT_CACHE_DIR": cache, "JAX_PLATFORMS": "cpu"}
         start = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "tui.cli", "eval", "--task", "gelu",
+        done = subprocess.run([sys.executable, "-m", "tilewright.tui.cli", "eval", "--task", "gelu",
                                "--set", "rows=64", "--set", "cols=256", "--kernel", str(path),
                                "--json", "--chip", args.chip], capture_output=True,
                               text=True, cwd=ROOT, env=env, timeout=600)

@@ -49,14 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     import jax
     from jax.experimental.pallas import tpu as pltpu
 
-    from kernels.harness import timing
-    from kernels.harness.backend import backend_info
-    from kernels.harness.runtime import load_runtime
-    from kernels.loaders import load_task
-    from profiling import convert
-    from profiling.capture import capture
-    from profiling.chips import DEFAULT_TPU, get_chip
-    from profiling.static import analyze_callable
+    from tilewright.kernels.harness import timing
+    from tilewright.kernels.harness.backend import backend_info
+    from tilewright.kernels.harness.runtime import load_runtime
+    from tilewright.kernels.loaders import load_task
+    from tilewright.profiling import convert
+    from tilewright.profiling.capture import capture
+    from tilewright.profiling.chips import DEFAULT_TPU, get_chip
+    from tilewright.profiling.static import analyze_callable
 
     backend = backend_info()
     interpret = backend["mode"] == "tpu-interpret"

@@ -28,10 +28,10 @@ import os
 import statistics
 import time
 
-from kernels import tunables
-from kernels.executors import LocalExecutor, RayExecutor, usable_cores
-from kernels.loaders import load_task
-from kernels.workers import EvalOptions
+from tilewright.kernels import tunables
+from tilewright.kernels.executors import LocalExecutor, RayExecutor, usable_cores
+from tilewright.kernels.loaders import load_task
+from tilewright.kernels.workers import EvalOptions
 
 
 def candidates(source: str, count: int) -> list[str]:

@@ -29,9 +29,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kernels.result import ranking
-from sessions.log import SessionLog, load
-from sessions.state import fold
+from tilewright.kernels.result import ranking
+from tilewright.sessions.log import SessionLog, load
+from tilewright.sessions.state import fold
 
 KERNEL = '''"""A tiled elementwise kernel (synthetic benchmark source, version {n})."""
 import jax

@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agents.base import (  # noqa: E402
+from tilewright.agents.base import (  # noqa: E402
     AgentEvent,
     AgentRequest,
     Proposal,
@@ -81,12 +81,12 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def latency(smoke: bool = False) -> dict[str, float]:
-    from kernels.loaders import load_task
-    from kernels.workers import EvalOptions, WorkerPool
-    from sessions.evaluator import PoolEvaluator
-    from tui.app import TilewrightApp
-    from tui.launch import ChipChoice, start_session
-    from tui.widgets.panes import PaneGrid
+    from tilewright.kernels.loaders import load_task
+    from tilewright.kernels.workers import EvalOptions, WorkerPool
+    from tilewright.sessions.evaluator import PoolEvaluator
+    from tilewright.tui.app import TilewrightApp
+    from tilewright.tui.launch import ChipChoice, start_session
+    from tilewright.tui.widgets.panes import PaneGrid
 
     chip = ChipChoice("v5e", "TPU v5e", 16 * 2**20)
     gelu, softmax = load_task("gelu"), load_task("softmax")

@@ -18,8 +18,8 @@ from typing import Any
 
 EXIT_USAGE = 2
 
-MODULES = ("kernels.cli_tasks", "kernels.cli_eval", "kernels.cli_estimate", "kernels.cli_profile",
-           "kernels.cli_calibrate", "kernels.cli_new", "kernels.cli_chips")
+MODULES = ("tilewright.kernels.cli_tasks", "tilewright.kernels.cli_eval", "tilewright.kernels.cli_estimate", "tilewright.kernels.cli_profile",
+           "tilewright.kernels.cli_calibrate", "tilewright.kernels.cli_new", "tilewright.kernels.cli_chips")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -100,8 +100,8 @@ def task_and_candidate(task_spec: str, overrides: list[str] | None,
     Without ``--kernel`` the task's own ``kernel.py`` is the candidate. Raises
     ``ValueError`` with a message fit for the user (bad task, unreadable kernel).
     """
-    from kernels.loaders import load_task, parse_overrides
-    from kernels.task import TaskError
+    from tilewright.kernels.loaders import load_task, parse_overrides
+    from tilewright.kernels.task import TaskError
 
     try:
         task = load_task(task_spec, parse_overrides(overrides))
@@ -113,7 +113,7 @@ def task_and_candidate(task_spec: str, overrides: list[str] | None,
         path = task.kernel_path
     else:
         raise ValueError(f"task {task.name} has no kernel.py; pass --kernel FILE")
-    from kernels.source_files import read_kernel_file
+    from tilewright.kernels.source_files import read_kernel_file
 
     # The task's own kernel.py must stay inside the task (a symlink out is refused); a
     # --kernel FILE may link within its own directory. Both are size-limited.

@@ -22,8 +22,8 @@ import json
 import sys
 from typing import Any
 
-from kernels.calibration import calibration_path, pairs, record
-from kernels.cli import kernel_command, overrides_argument
+from tilewright.kernels.calibration import calibration_path, pairs, record
+from tilewright.kernels.cli import kernel_command, overrides_argument
 
 __all__ = ["calibration_path", "pairs", "record", "register", "run"]
 
@@ -43,11 +43,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kernels.cli import task_and_candidate
-    from kernels.executors import LocalExecutor
-    from kernels.loaders import bundled_names
-    from kernels.options import EvalOptions
-    from kernels.workers import WorkerStartError
+    from tilewright.kernels.cli import task_and_candidate
+    from tilewright.kernels.executors import LocalExecutor
+    from tilewright.kernels.loaders import bundled_names
+    from tilewright.kernels.options import EvalOptions
+    from tilewright.kernels.workers import WorkerStartError
 
     names = args.task or list(bundled_names())
 

@@ -16,8 +16,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from kernels.cli import subcommand
-from profiling.chips import CHIPS, DEFAULT_TPU, estimator_refusal
+from tilewright.kernels.cli import subcommand
+from tilewright.profiling.chips import CHIPS, DEFAULT_TPU, estimator_refusal
 
 SCHEMA = "tilewright.chips/1"
 FIDELITY = Path(__file__).resolve().parent / "data" / "fidelity.json"

@@ -18,8 +18,8 @@ import json
 import sys
 from typing import Any
 
-from kernels.cli import kernel_command, named_candidate, overrides_argument
-from profiling.chips import DEFAULT_TPU
+from tilewright.kernels.cli import kernel_command, named_candidate, overrides_argument
+from tilewright.profiling.chips import DEFAULT_TPU
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,9 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kernels.executors import LocalExecutor
-    from kernels.options import EvalOptions
-    from kernels.workers import WorkerStartError
+    from tilewright.kernels.executors import LocalExecutor
+    from tilewright.kernels.options import EvalOptions
+    from tilewright.kernels.workers import WorkerStartError
 
     found = named_candidate("estimate", args)
     if isinstance(found, int):
@@ -93,7 +93,7 @@ def estimate_rows(tpu: dict[str, Any], rank: Any = None) -> list[tuple[str, str]
     compiler's figure when the evaluation ranks by none), the kernel's and the
     reference's cycles with their time (``Rank.time_words``), the memory floor, how far
     such figures are trusted (``Rank.trust_words``); or why there is no estimate."""
-    from kernels.result import ranking
+    from tilewright.kernels.result import ranking
 
     figure = ranking({"status": "correct", "tpu": tpu, "integrity": {}})
     shown = rank if rank is not None and (rank.compiler or rank.source == "device_time") \

@@ -17,17 +17,17 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kernels import cli
-from kernels.options import MIN_TRIALS, EvalOptions
-from kernels.result import times
-from profiling.chips import DEFAULT_TPU, TPU_INTERPRET
+from tilewright.kernels import cli
+from tilewright.kernels.options import MIN_TRIALS, EvalOptions
+from tilewright.kernels.result import times
+from tilewright.profiling.chips import DEFAULT_TPU, TPU_INTERPRET
 
 EXIT_CORRECT, EXIT_OTHER, EXIT_USAGE = 0, 1, 2
 DEFAULTS = EvalOptions()  # the one home of the defaults the flags show
 
 if TYPE_CHECKING:
-    from kernels.result import EvalResult
-    from kernels.task import Task
+    from tilewright.kernels.result import EvalResult
+    from tilewright.kernels.task import Task
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -100,7 +100,7 @@ def _evaluate_candidate(args: argparse.Namespace, task: Task, path: Path, source
         return _usage_error(f"unknown --shape {unknown[0]!r}; task {task.name} has "
                             f"{', '.join(sorted(known))}")
 
-    from kernels.workers import WorkerStartError
+    from tilewright.kernels.workers import WorkerStartError
 
     try:
         chips = _chips(args.chips) if args.chips else (_chips(args.chip) if args.chip
@@ -133,14 +133,14 @@ async def _evaluate_all(task: Task, source: str, options: list[EvalOptions],
                         filename: str) -> list[EvalResult]:
     """One worker, one evaluation per options (per chip): a warm worker compiles each
     reference once."""
-    from kernels.executors import LocalExecutor
+    from tilewright.kernels.executors import LocalExecutor
 
     async with LocalExecutor(workers=1) as judge:
         return [await judge.evaluate(task, source, o, filename=filename) for o in options]
 
 
 def _chips(text: str) -> list[str]:
-    from profiling.chips import get_chip
+    from tilewright.profiling.chips import get_chip
 
     names = [c.strip() for c in text.split(",") if c.strip()]
     if not names:
@@ -244,7 +244,7 @@ def print_summary(result: Any, task_name: str, kernel: str) -> None:
         table.add_row("TPU compile", escape(f"{tpu.get('chip')}{at}: {verdict}{vmem}"))
         if tpu.get("compile") != "ok" and tpu.get("message"):
             table.add_row("", escape(tpu["message"].splitlines()[0][:200]))
-        from kernels.cli_estimate import estimate_rows
+        from tilewright.kernels.cli_estimate import estimate_rows
 
         for label, text in estimate_rows(tpu, result.rank):
             table.add_row(label, escape(text))

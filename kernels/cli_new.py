@@ -77,7 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kernels.new_task import NewTaskError
+    from tilewright.kernels.new_task import NewTaskError
 
     if args.source is None and args.name and (":" in args.name or Path(args.name).is_dir()):
         args.source, args.name = args.name, None  # `tilewright new model.py:fn --shape ...`
@@ -110,7 +110,7 @@ def _note_integer_inputs(summary: dict[str, Any]) -> None:
     """Integer inputs get random values: say so where their values decide the work (a
     grouped matmul's group sizes: the kernel's loops are estimated with the values the
     task's make_inputs gives at the production shape)."""
-    from kernels.new_shapes import DEFAULT_INT_RANGE
+    from tilewright.kernels.new_shapes import DEFAULT_INT_RANGE
 
     made = summary.get("_made") or {}
     shapes = made.get("shapes")
@@ -143,8 +143,8 @@ def _fit_to_kernel(args: argparse.Namespace, summary: dict[str, Any]) -> None:
     candidate process) decide which sizes the check shapes stay whole multiples of. The
     task is written again when that changes them; ``summary["shrunk"]`` says why each
     check size is what it is."""
-    from kernels import new_task as nt
-    from kernels.loaders import load_task
+    from tilewright.kernels import new_task as nt
+    from tilewright.kernels.loaders import load_task
 
     made = summary["_made"]
     try:
@@ -170,8 +170,8 @@ def _fit_to_kernel(args: argparse.Namespace, summary: dict[str, Any]) -> None:
 def _kernel_operands(task: Any, source: str) -> list[dict[str, Any]]:
     """The operands (array shape and block) of every ``pallas_call`` of ``source`` at the
     task's production shape: the static analysis, in a worker's candidate process."""
-    from kernels.executors import LocalExecutor
-    from kernels.options import ProfileOptions
+    from tilewright.kernels.executors import LocalExecutor
+    from tilewright.kernels.options import ProfileOptions
 
     async def go() -> dict[str, Any]:
         async with LocalExecutor(workers=1) as judge:
@@ -202,7 +202,7 @@ def _destination(args: argparse.Namespace, name: str) -> Path:
 # -- from a function -------------------------------------------------------------------------
 
 def _from_function(args: argparse.Namespace) -> dict[str, Any]:
-    from kernels import new_task as nt
+    from tilewright.kernels import new_task as nt
 
     path, fn_name = nt.parse_target(args.source)
     fn, tree, text = nt.read_function(path, fn_name)
@@ -261,7 +261,7 @@ def _from_function(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _sizes(pairs: list[str], flag: str) -> dict[str, int]:
-    from kernels.new_task import NewTaskError
+    from tilewright.kernels.new_task import NewTaskError
 
     out = {}
     for pair in pairs:
@@ -275,9 +275,9 @@ def _sizes(pairs: list[str], flag: str) -> dict[str, int]:
 def _shapes_of_example(spec: str, fn: Any, bound: dict[str, Any]) -> Any:
     """Run the example-inputs function in a worker (under ``jax.eval_shape``: nothing
     is allocated) and read back its arrays' shapes and dtypes."""
-    from kernels import new_task as nt
-    from kernels.loaders import load_task
-    from kernels.task import TaskError
+    from tilewright.kernels import new_task as nt
+    from tilewright.kernels.loaders import load_task
+    from tilewright.kernels.task import TaskError
 
     path, ex_name = nt.parse_target(spec, "--example")
     ex, tree, text = nt.read_function(path, ex_name)
@@ -324,7 +324,7 @@ def _shapes_of_example(spec: str, fn: Any, bound: dict[str, Any]) -> Any:
 
 
 def _example_names(reply: dict[str, Any], params: list[str], count: int) -> list[str]:
-    from kernels.new_task import NewTaskError
+    from tilewright.kernels.new_task import NewTaskError
 
     if count > len(params):
         raise NewTaskError(f"--example returned {count} arrays, but the function takes "
@@ -335,8 +335,8 @@ def _example_names(reply: dict[str, Any], params: list[str], count: int) -> list
 # -- from a benchmark task -----------------------------------------------------------------
 
 def _from_benchmark(args: argparse.Namespace) -> dict[str, Any]:
-    from kernels import convert_task
-    from kernels.new_task import NewTaskError
+    from tilewright.kernels import convert_task
+    from tilewright.kernels.new_task import NewTaskError
 
     if args.shape or args.example or args.arg:
         raise NewTaskError("--shape, --example and --arg are for a function; a benchmark "
@@ -353,8 +353,8 @@ def _from_benchmark(args: argparse.Namespace) -> dict[str, Any]:
 
 def _worker_request(op: str, payload: dict[str, Any], timeout: float = 300.0) -> dict[str, Any]:
     """Worker op ``op`` on a one-off local judge (``inputs``, ``task_check``)."""
-    from kernels.executors import LocalExecutor
-    from kernels.workers import WorkerStartError
+    from tilewright.kernels.executors import LocalExecutor
+    from tilewright.kernels.workers import WorkerStartError
 
     async def go() -> dict[str, Any]:
         async with LocalExecutor(workers=1) as judge:
@@ -363,7 +363,7 @@ def _worker_request(op: str, payload: dict[str, Any], timeout: float = 300.0) ->
     try:
         return asyncio.run(go())
     except WorkerStartError as exc:
-        from kernels.new_task import NewTaskError
+        from tilewright.kernels.new_task import NewTaskError
 
         raise NewTaskError(f"could not start a JAX worker: {exc}",
                            "run `tilewright eval --task softmax` to see why, or pass "
@@ -373,9 +373,9 @@ def _worker_request(op: str, payload: dict[str, Any], timeout: float = 300.0) ->
 def _check(directory: Path) -> dict[str, Any]:
     """Load the task as any task is loaded, then build inputs and trace the reference
     at every shape in a worker."""
-    from kernels.loaders import load_task
-    from kernels.task import TaskError
-    from kernels.workers import WorkerFailure, WorkerOpError
+    from tilewright.kernels.loaders import load_task
+    from tilewright.kernels.task import TaskError
+    from tilewright.kernels.workers import WorkerFailure, WorkerOpError
 
     try:
         task = load_task(directory)
@@ -463,6 +463,6 @@ def _report(summary: dict[str, Any], as_json: bool) -> int:
 
 
 def _dt(dtype: str) -> str:
-    from kernels.new_task import SHORT
+    from tilewright.kernels.new_task import SHORT
 
     return SHORT.get(dtype, dtype)

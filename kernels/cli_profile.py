@@ -19,18 +19,18 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kernels import cli
+from tilewright.kernels import cli
 
 if TYPE_CHECKING:
-    from kernels.executors import Judge
-    from kernels.options import ProfileOptions
-    from kernels.task import Task
+    from tilewright.kernels.executors import Judge
+    from tilewright.kernels.options import ProfileOptions
+    from tilewright.kernels.task import Task
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from profiling.chips import CHIPS
+    from tilewright.profiling.chips import CHIPS
 
     parser = cli.kernel_command(
         sub, "profile", "profile a kernel: trace, op table, static pallas_call analysis, roofline",
@@ -83,7 +83,7 @@ def _profile_candidate(args: argparse.Namespace, task: Task, path: Path, source:
     except OSError as exc:
         return _usage_error(f"cannot create the profile directory {keep}: "
                             f"{exc.strerror or exc}")
-    from kernels.options import ProfileOptions
+    from tilewright.kernels.options import ProfileOptions
 
     # The worker writes the trace in its own scratch (a confined candidate may not write
     # elsewhere); it is copied to ``keep`` before the worker, and its scratch, go away.
@@ -91,7 +91,7 @@ def _profile_candidate(args: argparse.Namespace, task: Task, path: Path, source:
                              python_tracer=args.python_tracer, static_only=args.static_only,
                              timeout_s=args.timeout, stderr=True)
 
-    from kernels.workers import WorkerFailure, WorkerOpError, WorkerStartError
+    from tilewright.kernels.workers import WorkerFailure, WorkerOpError, WorkerStartError
 
     try:
         result = asyncio.run(profile(task, source, str(path.resolve()), options, keep=keep))
@@ -121,7 +121,7 @@ def _profile_candidate(args: argparse.Namespace, task: Task, path: Path, source:
         print(json.dumps(result, indent=2, default=str))
         _remove_if_empty(keep)
         return EXIT_OK if result.get("status") == "ok" else EXIT_FAILED
-    from profiling.report import print_report
+    from tilewright.profiling.report import print_report
 
     print_report(result)
     if result.get("logdir"):
@@ -171,7 +171,7 @@ async def profile(task: Task, source: str, filename: str, options: ProfileOption
     if judge is not None:
         result = await judge.profile(task, source, None, options, filename=filename)
         return keep_trace(result, keep) if keep is not None else result
-    from kernels.executors import LocalExecutor
+    from tilewright.kernels.executors import LocalExecutor
 
     async with LocalExecutor(workers=1) as own:
         result = await own.profile(task, source, None, options, filename=filename)
@@ -208,7 +208,7 @@ def _relocate(value: Any, old: str, new: str) -> Any:
 
 
 def _failure(kind: str, message: str) -> dict[str, Any]:
-    from profiling import SCHEMA
+    from tilewright.profiling import SCHEMA
 
     return {"schema": SCHEMA, "status": "error", "backend": None,
             "error": {"kind": kind, "message": message, "line": None, "traceback": None,

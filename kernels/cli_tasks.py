@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kernels.cli import overrides_argument, subcommand
+from tilewright.kernels.cli import overrides_argument, subcommand
 
 SCHEMA = "tilewright.tasks/1"
 SUMMARY = "list bundled tasks and the tasks found under DIR"
@@ -41,8 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kernels.loaders import BUNDLED_DIR, find_tasks, parse_overrides
-    from kernels.task import Task, TaskError
+    from tilewright.kernels.loaders import BUNDLED_DIR, find_tasks, parse_overrides
+    from tilewright.kernels.task import Task, TaskError
 
     try:
         overrides = parse_overrides(args.overrides)
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _row(origin: str, item: Any) -> dict[str, Any]:
-    from kernels.task import TaskError
+    from tilewright.kernels.task import TaskError
 
     if isinstance(item, TaskError):
         return {"origin": origin, "name": None, "layout": None, "family": None,
@@ -111,8 +111,8 @@ def _row(origin: str, item: Any) -> dict[str, Any]:
 
 async def _check_inputs(tasks: list[Any]) -> list[dict[str, Any] | None]:
     """Ask one worker for every task's input signature (``kernels.harness.inputs_op``)."""
-    from kernels.executors import LocalExecutor
-    from kernels.workers import WorkerFailure, WorkerOpError
+    from tilewright.kernels.executors import LocalExecutor
+    from tilewright.kernels.workers import WorkerFailure, WorkerOpError
 
     results: list[dict[str, Any] | None] = []
     async with LocalExecutor(workers=1) as judge:
@@ -256,7 +256,7 @@ def _production_text(production: dict[str, Any] | None) -> str:
     """``tpu_4k: f32[4096,4096]``: the production configuration and its inputs."""
     if not production:
         return "—"
-    from kernels.result import array_text
+    from tilewright.kernels.result import array_text
 
     arrays = " ".join(array_text(s, d) for s, d in production.get("inputs") or [])
     return f"{production['name']}: {arrays}" if arrays else production["name"]
@@ -266,7 +266,7 @@ def _inputs_text(inputs: dict[str, Any] | None) -> str:
     """``config_0: bf16[2,64,256] bf16[256]`` lines: the effective input shapes."""
     if not inputs:
         return ""
-    from kernels.result import array_text
+    from tilewright.kernels.result import array_text
 
     lines = []
     for name, info in inputs.items():

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kernels.new_task import CHECK_ELEMENTS, LANE, SUBLANE, NewTaskError, prepare
+from tilewright.kernels.new_task import CHECK_ELEMENTS, LANE, SUBLANE, NewTaskError, prepare
 
 Request = Callable[[str, dict[str, Any]], dict[str, Any]]
 PREAMBLE = ("import json\nimport os\nimport time\n\nimport jax\nimport jax.numpy as jnp\n"
@@ -40,8 +40,8 @@ def convert(source: Path, dest: Path, name: str, production_set: list[str],
             family: str | None = None, description: str | None = None,
             force: bool = False) -> dict[str, Any]:
     """Write the native task; returns the summary ``tilewright new`` prints."""
-    from kernels.loaders import load_task, parse_overrides
-    from kernels.task import TaskError
+    from tilewright.kernels.loaders import load_task, parse_overrides
+    from tilewright.kernels.task import TaskError
 
     try:
         production_overrides = parse_overrides(production_set)
@@ -104,7 +104,7 @@ def convert(source: Path, dest: Path, name: str, production_set: list[str],
     (dest / "task.toml").write_text(_toml(name, task, source, configs, family, description))
     written.append(dest / "task.toml")
     if kernel:
-        from kernels.new_task import starting_kernel
+        from tilewright.kernels.new_task import starting_kernel
 
         text, _siblings = starting_kernel(kernel, entries=("kernel", task.entry))
         (dest / "kernel.py").write_text(text)
@@ -147,8 +147,8 @@ def _size_keys(task: Any) -> dict[str, int]:
     (JAXBench), named literals of ``input_gen_code`` (MaxKernel)."""
     import ast
 
-    from kernels.literals import literal_sites
-    from kernels.loaders.pysource import PySource
+    from tilewright.kernels.literals import literal_sites
+    from tilewright.kernels.loaders.pysource import PySource
 
     out: dict[str, int] = {}
     if task.layout == "jaxbench":
@@ -221,7 +221,7 @@ def _variant_source(task: Any, variant: str, source: Path) -> str:
         return head + text
     import yaml
 
-    from kernels.literals import replace_literals
+    from tilewright.kernels.literals import replace_literals
 
     code = yaml.safe_load(task.input_gen_path.read_text())["input_gen_code"]
     if params:
@@ -269,7 +269,7 @@ def _index_of(config: dict[str, Any], position: int) -> int:
 
 def _toml(name: str, task: Any, source: Path, configs: list[dict[str, Any]],
           family: str | None, description: str | None) -> str:
-    from kernels.new_task import _toml_str, _toml_value
+    from tilewright.kernels.new_task import _toml_str, _toml_value
 
     desc = description or task.description or f"{task.layout} task {source.name}"
     lines = [f"# Written by `tilewright new` from the {task.layout} task {source}.",
@@ -375,7 +375,7 @@ def _reference_text(task: Any, source: Path, signatures: dict[str, list[dict[str
 
 
 def _takes_dtype(task: Any) -> bool:
-    from kernels.loaders.pysource import PySource
+    from tilewright.kernels.loaders.pysource import PySource
 
     fn = PySource.parse(task.reference_path).functions().get("create_inputs")
     return bool(fn and fn.accepts_keyword("dtype"))

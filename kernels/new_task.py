@@ -40,7 +40,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kernels.new_shapes import (
+from tilewright.kernels.new_shapes import (
     CHECK_ELEMENTS,
     DEFAULT_INT_RANGE,
     DTYPES,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from profiling.chips import TPU_INTERPRET, backend_is_interpret
+from tilewright.profiling.chips import TPU_INTERPRET, backend_is_interpret
 
 __all__ = ["TPU_INTERPRET"]  # re-exported: the app side reads the mode from here
 

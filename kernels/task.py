@@ -127,7 +127,7 @@ class Task:
         text = self.reference_path.read_text()
         rewrites = self.meta.get("literal_rewrites")
         if rewrites:
-            from kernels.literals import rewrite_numbers
+            from tilewright.kernels.literals import rewrite_numbers
 
             text = rewrite_numbers(text, rewrites)
         return text
@@ -135,7 +135,7 @@ class Task:
     def starting_source(self) -> str | None:
         """The task's kernel.py; a symlink out of the task or an oversized file raises
         ``KernelFileError`` (a ValueError) with the reason."""
-        from kernels.source_files import read_kernel_file
+        from tilewright.kernels.source_files import read_kernel_file
 
         return read_kernel_file(self.kernel_path, (self.root,)) if self.kernel_path else None
 

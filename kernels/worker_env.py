@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from pathlib import Path
 
 # A variable whose name contains one of these (any case) never reaches a worker.
 SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH",
@@ -231,15 +230,15 @@ def worker_environment(base: Mapping[str, str] | None = None,
     for key, value in (overrides or {}).items():  # the app's own: allowlist not needed
         if not is_secret(key) and not looks_like_credential(value):
             env[key] = value
-    # The worker runs ``python -m kernels.harness.worker``: make the package importable
-    # even when tilewright is not installed (running from a checkout).
+    # The worker runs ``python -m tilewright.kernels.harness.worker`` with the app's own
+    # interpreter, which has tilewright installed (a checkout: ``pip install -e``).
     # Relative entries (and empty ones, which mean the current directory) are dropped:
     # a worker's imports never depend on where the app was started.
-    root = str(Path(__file__).resolve().parent.parent)
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.isabs(p)]
-    if root not in paths:
-        paths.insert(0, root)
-    env["PYTHONPATH"] = os.pathsep.join(paths)
+    if paths:
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+    else:
+        env.pop("PYTHONPATH", None)
     # Python processes below a worker (a candidate's subprocess) do not put their
     # working or script directory on sys.path either (python -P for the workers).
     env["PYTHONSAFEPATH"] = "1"

@@ -30,12 +30,12 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from kernels import confinement
-from kernels.harness import protocol
-from kernels.printable import printable
-from kernels.process_failure import exited, signal_death
-from kernels.task_copy import TASKS_DIRNAME, TaskCopies
-from kernels.worker_env import redact, secret_values
+from tilewright.kernels import confinement
+from tilewright.kernels.harness import protocol
+from tilewright.kernels.printable import printable
+from tilewright.kernels.process_failure import exited, signal_death
+from tilewright.kernels.task_copy import TASKS_DIRNAME, TaskCopies
+from tilewright.kernels.worker_env import redact, secret_values
 
 STDERR_LIMIT = 64 * 1024  # keep the tail of what a request printed
 STRING_LIMIT = 64 * 1024  # any one string in a reply (an error message, a traceback)
@@ -174,7 +174,7 @@ class WorkerProcess:
             # sys.path (``cd task && tilewright eval --task .`` with an argparse.py in
             # the task imported that file before any confinement); cwd: its scratch.
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-P", "-m", "kernels.harness.worker",
+                sys.executable, "-P", "-m", "tilewright.kernels.harness.worker",
                 "--fd", str(child_sock.fileno()), "--parent", str(os.getpid()),
                 "--scratch", self.scratch,
                 pass_fds=(child_sock.fileno(),), stdin=asyncio.subprocess.DEVNULL,

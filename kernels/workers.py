@@ -24,15 +24,15 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from kernels import confinement as _confinement
-from kernels.calibration import calibration_path
-from kernels.options import EvalOptions
-from kernels.process_failure import FAILURE_HINTS
-from kernels.result import ESTIMATE_SCHEMA, Backend, EvalError, EvalResult
-from kernels.task import Task
-from kernels.task_copy import TaskCopyError, restore
-from kernels.worker_env import CALIBRATION, ESTIMATE_CACHE, worker_environment
-from kernels.worker_process import (
+from tilewright.kernels import confinement as _confinement
+from tilewright.kernels.calibration import calibration_path
+from tilewright.kernels.options import EvalOptions
+from tilewright.kernels.process_failure import FAILURE_HINTS
+from tilewright.kernels.result import ESTIMATE_SCHEMA, Backend, EvalError, EvalResult
+from tilewright.kernels.task import Task
+from tilewright.kernels.task_copy import TaskCopyError, restore
+from tilewright.kernels.worker_env import CALIBRATION, ESTIMATE_CACHE, worker_environment
+from tilewright.kernels.worker_process import (
     WorkerFailure,
     WorkerOpError,
     WorkerProcess,
@@ -41,7 +41,7 @@ from kernels.worker_process import (
 )
 
 if TYPE_CHECKING:
-    from kernels.executors.protocol import ProgressListener
+    from tilewright.kernels.executors.protocol import ProgressListener
 
 __all__ = ["EvalOptions", "WorkerFailure", "WorkerOpError", "WorkerPool", "WorkerStartError"]
 

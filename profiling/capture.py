@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from profiling.convert import ITERATION, MEASURED, captured_stderr
+from tilewright.profiling.convert import ITERATION, MEASURED, captured_stderr
 
 
 def capture(fn: Callable[..., Any], args: tuple[Any, ...], logdir: str | Path, *,

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from profiling.timeline import Event, Timeline, Track
+from tilewright.profiling.timeline import Event, Timeline, Track
 
 MEASURED = "tilewright.measured"
 ITERATION = "tilewright.iter"

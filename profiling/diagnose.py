@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from profiling.static_rules import STEP_OVERHEAD_S
+from tilewright.profiling.static_rules import STEP_OVERHEAD_S
 
 VMEM_PRESSURE = 0.75
 OVERHEAD_SHARE = 0.25

@@ -27,7 +27,7 @@ def digest(profile: dict[str, Any], top: int = 5) -> str:
     chip = (profile.get("chip") or {}).get("label", "?")
     backend = profile.get("backend") or {}
     interpret = backend.get("mode") == "tpu-interpret"
-    from profiling.diagnose import shape_words
+    from tilewright.profiling.diagnose import shape_words
 
     where = shape_words(profile.get("shape"))
     lines.append(f"analyzed for {chip}{' ' + where if where else ''}; "

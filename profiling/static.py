@@ -19,10 +19,16 @@ import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from profiling.chips import Chip, device_facts
-from profiling.static_blocks import SUBLANES, alignment, block_dim, count_fetches, padded_bytes
-from profiling.static_rules import kernel_warnings
-from profiling.static_walk import count_kernel_work, prefetch_values
+from tilewright.profiling.chips import Chip, device_facts
+from tilewright.profiling.static_blocks import (
+    SUBLANES,
+    alignment,
+    block_dim,
+    count_fetches,
+    padded_bytes,
+)
+from tilewright.profiling.static_rules import kernel_warnings
+from tilewright.profiling.static_walk import count_kernel_work, prefetch_values
 
 
 def analyze_callable(fn: Callable[..., Any], dynamic: tuple, static: tuple = (), *,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from profiling.static_walk import evaluate_index_map
+from tilewright.profiling.static_walk import evaluate_index_map
 
 MAX_STEPS = 1 << 20  # grids longer than this are sampled, and the total extrapolated
 LANES, SUBLANES = 128, 8

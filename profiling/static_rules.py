@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from profiling.chips import Chip, MiB
+from tilewright.profiling.chips import Chip, MiB
 
 # Fixed cost of one grid step on a TensorCore (pipeline bookkeeping, DMA issue and
 # wait), as measured in the Pallas TPU pipelining guide: about 0.35 us.

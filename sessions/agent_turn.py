@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from agents.base import (
+from tilewright.agents.base import (
     Agent,
     AgentRequest,
     Answer,

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from agents.config import Budgets, Config, ControllerConfig, coerce
-from sessions.state import SessionState
+from tilewright.agents.config import Budgets, Config, ControllerConfig, coerce
+from tilewright.sessions.state import SessionState
 
 __all__ = ["STOP_REASONS", "TARGET_SOURCES", "Budgets", "ControllerSettings",
            "budget_exhausted", "duplicate_of", "should_profile", "stop_rule", "stop_words",

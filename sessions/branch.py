@@ -14,9 +14,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from sessions.log import load, read_blob
-from sessions.opening import create_log
-from sessions.state import fold
+from tilewright.sessions.log import load, read_blob
+from tilewright.sessions.opening import create_log
+from tilewright.sessions.state import fold
 
 _SHA = re.compile(r"[0-9a-f]{64}")
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from agents.base import TaskBrief
-from kernels.task import Task
+from tilewright.agents.base import TaskBrief
+from tilewright.kernels.task import Task
 
 INPUTS_TIMEOUT_S = 120.0
 

@@ -98,9 +98,9 @@ def _fail(command: str, message: str, hint: str | None = None, code: int = 2) ->
 
 
 def _auto(args: argparse.Namespace) -> int:
-    from sessions.headless import run_auto
-    from sessions.log import SessionError
-    from sessions.opening import OpenError, parse_set
+    from tilewright.sessions.headless import run_auto
+    from tilewright.sessions.log import SessionError
+    from tilewright.sessions.opening import OpenError, parse_set
 
     if bool(args.task) == bool(args.resume):
         return _fail("auto", "give --task DIR|NAME (a new session) or --resume SESSION")
@@ -114,8 +114,8 @@ def _auto(args: argparse.Namespace) -> int:
 
 
 def _sessions(args: argparse.Namespace) -> int:
-    from sessions.log import SessionError, default_sessions_dir, list_session_dirs, load
-    from sessions.state import fold
+    from tilewright.sessions.log import SessionError, default_sessions_dir, list_session_dirs, load
+    from tilewright.sessions.state import fold
 
     base = Path(args.session_dir).expanduser() if args.session_dir else default_sessions_dir()
     rows: list[dict[str, Any]] = []
@@ -132,7 +132,7 @@ def _sessions(args: argparse.Namespace) -> int:
         if best is not None and rank is not None and rank.compiler:
             shape = rank.shape or best.production_shape
             if shape is None and best.result_blob:  # a log older than recorded shapes
-                from sessions.log import read_json_blob
+                from tilewright.sessions.log import read_json_blob
 
                 try:
                     tpu = (read_json_blob(path, best.result_blob) or {}).get("tpu") or {}
@@ -161,7 +161,7 @@ def _sessions(args: argparse.Namespace) -> int:
         print(f"no sessions in {base}" + (f" ({len(empty)} with no steps; --json lists them)"
                                           if empty else ""))
         return 0
-    from kernels.result import Rank
+    from tilewright.kernels.result import Rank
 
     print(f"{'SESSION':<36} {'TASK':<18} {'STARTED':<20} {'STEPS':>5} {'EVALS':>5} "
           f"{'BEST':>22}  {'EST. FOR':<12} STATE")
@@ -194,9 +194,9 @@ def _sessions(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from sessions import report
-    from sessions.log import SessionError, load, resolve
-    from sessions.state import fold
+    from tilewright.sessions import report
+    from tilewright.sessions.log import SessionError, load, resolve
+    from tilewright.sessions.state import fold
 
     try:
         loaded = load(resolve(args.session, args.session_dir))
@@ -214,7 +214,7 @@ def _report(args: argparse.Namespace) -> int:
                          f"tilewright export {loaded.header.get('id')} best -o {out} --test")
         else:
             return _fail("report", f"{out}: unknown format (use .md or .html)")
-        from kernels.printable import printable
+        from tilewright.kernels.printable import printable
 
         text = printable(text)  # a log's text, without control characters
     except SessionError as exc:
@@ -228,9 +228,9 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from sessions import export as ex
-    from sessions.log import SessionError, load, resolve
-    from sessions.state import fold
+    from tilewright.sessions import export as ex
+    from tilewright.sessions.log import SessionError, load, resolve
+    from tilewright.sessions.state import fold
 
     try:
         loaded = load(resolve(args.session, args.session_dir))
@@ -286,9 +286,9 @@ def _slug(name: str) -> str:
 
 async def _export_async(loaded: Any, state: Any, number: int, module: str, with_test: bool,
                         verify: bool) -> Any:
-    from kernels.task import TaskError
-    from sessions import export as ex
-    from sessions.tasks import task_for_header
+    from tilewright.kernels.task import TaskError
+    from tilewright.sessions import export as ex
+    from tilewright.sessions.tasks import task_for_header
 
     try:
         task = task_for_header(loaded.header)
@@ -300,7 +300,7 @@ async def _export_async(loaded: Any, state: Any, number: int, module: str, with_
         task = None
     if not verify:
         return await ex.export(loaded, state, number, module, task=task, with_test=with_test)
-    from kernels.workers import EvalOptions, WorkerPool, WorkerStartError
+    from tilewright.kernels.workers import EvalOptions, WorkerPool, WorkerStartError
 
     recorded = {k: v for k, v in (loaded.header.get("eval_options") or {}).items()
                 if k in EvalOptions.__dataclass_fields__}
@@ -327,9 +327,9 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_headless_replay(args: argparse.Namespace) -> int:
-    from sessions.log import SessionError, load, resolve
-    from sessions.replay import print_session
-    from sessions.state import fold
+    from tilewright.sessions.log import SessionError, load, resolve
+    from tilewright.sessions.replay import print_session
+    from tilewright.sessions.state import fold
 
     try:
         loaded = load(resolve(args.session, getattr(args, "session_dir", None)))
@@ -346,7 +346,7 @@ def run_headless_replay(args: argparse.Namespace) -> int:
             print(json.dumps({"session": str(loaded.path), "state": state.snapshot()},
                              default=str))
         return 0
-    from sessions.replay import audit
+    from tilewright.sessions.replay import audit
 
     problems = audit(loaded, state)
     for problem in problems:
@@ -354,7 +354,7 @@ def run_headless_replay(args: argparse.Namespace) -> int:
     try:
         checks = asyncio.run(_verify(loaded, state, out))
     except Exception as exc:
-        from kernels.task import TaskError
+        from tilewright.kernels.task import TaskError
 
         if isinstance(exc, TaskError | SessionError):
             return _fail("replay", str(exc))
@@ -371,9 +371,9 @@ def run_headless_replay(args: argparse.Namespace) -> int:
 
 
 async def _verify(loaded: Any, state: Any, out: Any) -> list[Any]:
-    from kernels.workers import EvalOptions, WorkerPool
-    from sessions.replay import verify
-    from sessions.tasks import task_for_header
+    from tilewright.kernels.workers import EvalOptions, WorkerPool
+    from tilewright.sessions.replay import verify
+    from tilewright.sessions.tasks import task_for_header
 
     task = task_for_header(loaded.header)
     options = EvalOptions(**(loaded.header.get("eval_options") or {}))

@@ -21,11 +21,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from kernels.cli import subcommand
-from kernels.result import Rank, times
-from sessions import events as ev
-from sessions.core.logs import backend_json
-from sessions.state import event_rank
+from tilewright.kernels.cli import subcommand
+from tilewright.kernels.result import Rank, times
+from tilewright.sessions import events as ev
+from tilewright.sessions.core.logs import backend_json
+from tilewright.sessions.state import event_rank
 
 SCHEMA = "tilewright.search/1"
 
@@ -81,8 +81,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _handler(args: argparse.Namespace) -> int:
-    from kernels.executors import ExecutorError
-    from sessions.opening import OpenError
+    from tilewright.kernels.executors import ExecutorError
+    from tilewright.sessions.opening import OpenError
 
     try:
         overrides = _parse_overrides(args.overrides)
@@ -127,7 +127,7 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.address and args.executor != "ray":
         raise ValueError("--address needs --executor ray")
     if args.suite == "bundled" and not Path(args.suite).is_dir():
-        from kernels.loaders import BUNDLED_DIR
+        from tilewright.kernels.loaders import BUNDLED_DIR
 
         args.suite = str(BUNDLED_DIR)
     if not Path(args.suite).is_dir():
@@ -137,7 +137,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 def _parse_overrides(items: list[str]) -> dict[str | None, dict[str, str]]:
     """``[TASK:]KEY=VALUE`` pairs, grouped by task (None: every task)."""
-    from kernels.loaders import parse_overrides
+    from tilewright.kernels.loaders import parse_overrides
 
     out: dict[str | None, dict[str, str]] = {}
     for item in items:
@@ -151,7 +151,7 @@ def _parse_overrides(items: list[str]) -> dict[str | None, dict[str, str]]:
 
 def _load(root: Path, overrides: dict[str | None, dict[str, str]]) -> tuple[Any, list[str]]:
     """The task with the overrides that apply to it (a shared key it lacks is skipped)."""
-    from kernels.loaders import load_task, load_with_shared
+    from tilewright.kernels.loaders import load_task, load_with_shared
 
     name = load_task(root).name
     return load_with_shared(root, overrides.get(None), overrides.get(name))
@@ -159,7 +159,7 @@ def _load(root: Path, overrides: dict[str | None, dict[str, str]]) -> tuple[Any,
 
 def _find_session(base: Path, task: Any) -> Path | None:
     """The latest search session in ``base`` for this task (same root and overrides)."""
-    from sessions.log import list_session_dirs
+    from tilewright.sessions.log import list_session_dirs
 
     found = None
     for path in list_session_dirs(base):
@@ -179,15 +179,15 @@ def _find_session(base: Path, task: Any) -> Path | None:
 
 async def _search_suite(args: argparse.Namespace,
                         overrides: dict[str | None, dict[str, str]]) -> dict[str, Any]:
-    from agents import make_agent
-    from agents.errors import NoApiKey
-    from kernels.executors import make_executor
-    from kernels.loaders import find_tasks
-    from kernels.task import TaskError
-    from kernels.workers import EvalOptions
-    from sessions.log import default_sessions_dir, load
-    from sessions.search import summarize
-    from sessions.search.graph import Budget, SearchConfig, fold_search
+    from tilewright.agents import make_agent
+    from tilewright.agents.errors import NoApiKey
+    from tilewright.kernels.executors import make_executor
+    from tilewright.kernels.loaders import find_tasks
+    from tilewright.kernels.task import TaskError
+    from tilewright.kernels.workers import EvalOptions
+    from tilewright.sessions.log import default_sessions_dir, load
+    from tilewright.sessions.search import summarize
+    from tilewright.sessions.search.graph import Budget, SearchConfig, fold_search
 
     try:
         agent = make_agent(args.agent, getattr(args, "config", None) or {})
@@ -195,7 +195,7 @@ async def _search_suite(args: argparse.Namespace,
         raise _UsageError(str(exc)) from exc
     base = Path(args.session_dir) if args.session_dir else default_sessions_dir()
     base.mkdir(parents=True, exist_ok=True)
-    from agents.config import coerce
+    from tilewright.agents.config import coerce
 
     controller = coerce(getattr(args, "config", None)).controller
     config = SearchConfig(
@@ -261,7 +261,7 @@ async def _search_suite(args: argparse.Namespace,
 
 async def _run_one(task: Any, existing: Path | None, base: Path, agent: Any, executor: Any,
                    config: Any, options: Any, backend: dict[str, Any] | None) -> Any:
-    from sessions.opening import open_task_search
+    from tilewright.sessions.opening import open_task_search
 
     search = await open_task_search(task, agent, executor, config, sessions_dir=base,
                                     existing=existing, options=options, backend=backend,
@@ -277,7 +277,7 @@ async def _run_one(task: Any, existing: Path | None, base: Path, agent: Any, exe
 
 def _budget_grew(state: Any, config: Any) -> bool:
     """A search that stopped on a budget continues when this command allows more."""
-    from sessions.search.plan import budget_reason
+    from tilewright.sessions.search.plan import budget_reason
 
     if not (state.ended or "").startswith("budget:") or state.config is None:
         return False

@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from agents.base import AgentRequest, TaskBrief
-from agents.evalfacts import version_numbers
-from sessions.log import SessionLog, read_json_blob
-from sessions.state import FAILED_STATUSES, SessionState, Version, outranks
+from tilewright.agents.base import AgentRequest, TaskBrief
+from tilewright.agents.evalfacts import version_numbers
+from tilewright.sessions.log import SessionLog, read_json_blob
+from tilewright.sessions.state import FAILED_STATUSES, SessionState, Version, outranks
 
 
 def agent_result(log_path: Any, blob: str) -> dict[str, Any] | None:
@@ -113,7 +113,7 @@ def _steps(numbers: dict[str, Any], diagnosis: dict[str, Any] | None
 
 def _tunables_of(blob: str, read: Callable[[], str]) -> dict[str, Any] | None:
     if blob not in _TUNABLES:
-        from kernels import tunables
+        from tilewright.kernels import tunables
 
         try:
             source = read()
@@ -137,7 +137,7 @@ def build_request(state: SessionState, log: SessionLog, brief: TaskBrief, role: 
     """The request for ``role``; ``version`` (``/explain v3``, or the best version a
     step-mode proposal starts from after a regression: ``why`` says so) puts that
     version in the place of the current one."""
-    from profiling.diagnose import check_with_estimates
+    from tilewright.profiling.diagnose import check_with_estimates
 
     number = version if version is not None else state.current
     current = state.versions.get(number) if number is not None else None
@@ -229,7 +229,7 @@ def rejected(state: SessionState, read: Callable[[str], str]) -> tuple[dict[str,
         base = state.versions.get(prop.base_version) if prop.base_version is not None \
             else None
         if prop.kind == "tuning" and prop.tuning and base is not None:
-            from kernels import tunables
+            from tilewright.kernels import tunables
 
             try:
                 tuned = tunables.apply(read(base.source_blob), prop.tuning)

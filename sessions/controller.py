@@ -21,19 +21,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from agents.base import Agent, TaskBrief
-from kernels.executors import Judge as Evaluator
-from kernels.result import EvalResult
-from kernels.task import Task
-from sessions import events as ev
-from sessions.actions import Action, ask
-from sessions.autonomy import ControllerSettings
-from sessions.context import next_role
-from sessions.core import Decision, SessionCore
-from sessions.engine import Engine
-from sessions.errors import ApprovalRequired, ControllerBusy, ControllerError
-from sessions.log import SessionLog
-from sessions.state import ProposalInfo, SessionState, fold
+from tilewright.agents.base import Agent, TaskBrief
+from tilewright.kernels.executors import Judge as Evaluator
+from tilewright.kernels.result import EvalResult
+from tilewright.kernels.task import Task
+from tilewright.sessions import events as ev
+from tilewright.sessions.actions import Action, ask
+from tilewright.sessions.autonomy import ControllerSettings
+from tilewright.sessions.context import next_role
+from tilewright.sessions.core import Decision, SessionCore
+from tilewright.sessions.engine import Engine
+from tilewright.sessions.errors import ApprovalRequired, ControllerBusy, ControllerError
+from tilewright.sessions.log import SessionLog
+from tilewright.sessions.state import ProposalInfo, SessionState, fold
 
 __all__ = ["ApprovalRequired", "Controller", "ControllerBusy", "ControllerError",
            "ControllerSettings"]
@@ -48,7 +48,7 @@ class Controller:
     def __init__(self, log: SessionLog, task: Task, brief: TaskBrief, agent: Agent,
                  evaluator: Evaluator, settings: ControllerSettings | None = None,
                  state: SessionState | None = None, chip: str = "cpu") -> None:
-        from sessions.tools import SessionTools
+        from tilewright.sessions.tools import SessionTools
 
         self.task = task
         self.brief = brief
@@ -277,8 +277,8 @@ class Controller:
         lesson for this family and chip (``agents.memory``), unless switched off."""
         if not self.settings.record_lessons:
             return None
-        from agents import memory
-        from sessions.context import history
+        from tilewright.agents import memory
+        from tilewright.sessions.context import history
 
         state, log = self.state, self.log
         rows = history(state.versions, lambda n: log.get_blob(state.versions[n].source_blob)

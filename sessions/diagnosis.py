@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sessions import events as ev
-from sessions.log import read_json_blob
+from tilewright.sessions import events as ev
+from tilewright.sessions.log import read_json_blob
 
 
 def diagnose_version(log_path: Path, result_blob: str | None, profile: dict[str, Any],
@@ -25,7 +25,7 @@ def diagnose_version(log_path: Path, result_blob: str | None, profile: dict[str,
     profile has nothing to judge. A failure of the diagnosis itself is emitted as an
     ``error`` event (``where: diagnosis``) instead of raised: a bug there must not stop
     the autonomous loop or the search, which go on without the diagnosis."""
-    from profiling.diagnose import diagnose
+    from tilewright.profiling.diagnose import diagnose
 
     result = read_json_blob(log_path, result_blob) if result_blob else None
     try:

@@ -15,18 +15,18 @@ import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from sessions import autonomy
-from sessions import events as ev
-from sessions.actions import Action, ask
-from sessions.agent_turn import AgentTurn
-from sessions.autonomy import ControllerSettings
-from sessions.context import build_request, next_role, regression_base
-from sessions.core import AutoApproval, Decision, Halt, JudgeFailed, SessionCore
-from sessions.errors import ApprovalRequired, ControllerError
-from sessions.state import FAILED_STATUSES
+from tilewright.sessions import autonomy
+from tilewright.sessions import events as ev
+from tilewright.sessions.actions import Action, ask
+from tilewright.sessions.agent_turn import AgentTurn
+from tilewright.sessions.autonomy import ControllerSettings
+from tilewright.sessions.context import build_request, next_role, regression_base
+from tilewright.sessions.core import AutoApproval, Decision, Halt, JudgeFailed, SessionCore
+from tilewright.sessions.errors import ApprovalRequired, ControllerError
+from tilewright.sessions.state import FAILED_STATUSES
 
 if TYPE_CHECKING:
-    from sessions.tools import SessionTools
+    from tilewright.sessions.tools import SessionTools
 
 
 class Engine:
@@ -368,7 +368,7 @@ class Engine:
     def _own_edit_failed(self, number: int) -> str:
         """"v2 (your edit) does not compile: line 15: ... Edit it again (F2), go back to
         v1 (History: select it, enter), or ask the agent to fix it (a chat message)."""
-        from sessions.log import read_json_blob
+        from tilewright.sessions.log import read_json_blob
 
         s = self.state
         version = s.versions[number]

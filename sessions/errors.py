@@ -3,7 +3,7 @@ catches them from its first paint, before any session is open)."""
 
 from __future__ import annotations
 
-from kernels.errors import Advised
+from tilewright.kernels.errors import Advised
 
 
 class ControllerError(Exception):

@@ -22,18 +22,24 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from kernels.executors import Judge, LocalExecutor, ProgressListener, StateListener, on_chips
-from kernels.executors.protocol import (
+from tilewright.kernels.executors import (
+    Judge,
+    LocalExecutor,
+    ProgressListener,
+    StateListener,
+    on_chips,
+)
+from tilewright.kernels.executors.protocol import (
     ApiAnswer,
     EstimateJSON,
     InputsJSON,
     JudgeState,
     ProfileJSON,
 )
-from kernels.options import EvalOptions, ProfileOptions
-from kernels.result import Backend, EvalResult
-from kernels.task import Task
-from kernels.workers import WorkerPool
+from tilewright.kernels.options import EvalOptions, ProfileOptions
+from tilewright.kernels.result import Backend, EvalResult
+from tilewright.kernels.task import Task
+from tilewright.kernels.workers import WorkerPool
 
 __all__ = ["PoolEvaluator"]
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal, NotRequired, Protocol, TypedDict, cast, get_args
 
-from kernels.printable import printable_fields
+from tilewright.kernels.printable import printable_fields
 
 # -- persisted events -----------------------------------------------------------------
 

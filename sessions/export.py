@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernels.errors import Advised
-from kernels.printable import comments_printable, one_line
-from kernels.result import EvalResult
-from sessions.log import LoadedSession, read_text_blob
-from sessions.state import SessionState
+from tilewright.kernels.errors import Advised
+from tilewright.kernels.printable import comments_printable, one_line
+from tilewright.kernels.result import EvalResult
+from tilewright.sessions.log import LoadedSession, read_text_blob
+from tilewright.sessions.state import SessionState
 
 Evaluate = Callable[[str], Awaitable[EvalResult]]
 PLUMBING = ("_split_static", "_merge", "_widen")
@@ -364,7 +364,7 @@ async def export(loaded: LoadedSession, state: SessionState, which: str | int | 
         raise ExportError(f"v{number}'s source cannot be written as it is: {exc}",
                           "edit the kernel in the workbench (or pick another version) and "
                           "export again") from exc
-    from sessions.log import read_json_blob
+    from tilewright.sessions.log import read_json_blob
 
     result = read_json_blob(loaded.path, v.result_blob) if v.result_blob else None
     entry = task.entry if task is not None else "kernel"

@@ -25,14 +25,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO, cast
 
-from agents.config import Config
-from kernels.printable import PrintableStream
-from kernels.result import Rank, is_interpret
-from sessions import events as ev
-from sessions.autonomy import ControllerSettings
-from sessions.errors import ControllerError
-from sessions.log import SessionWriteError
-from sessions.state import SessionState, event_rank
+from tilewright.agents.config import Config
+from tilewright.kernels.printable import PrintableStream
+from tilewright.kernels.result import Rank, is_interpret
+from tilewright.sessions import events as ev
+from tilewright.sessions.autonomy import ControllerSettings
+from tilewright.sessions.errors import ControllerError
+from tilewright.sessions.log import SessionWriteError
+from tilewright.sessions.state import SessionState, event_rank
 
 AUTO_SCHEMA = "tilewright.auto/1"
 # A headless run times each version briefly (the config's [eval] and the flags override).
@@ -62,7 +62,7 @@ class Progress:
             if not persisted.get("cancelled"):
                 self._step(persisted)
         elif persisted["type"] == "auto.stop":
-            from sessions.autonomy import stop_words
+            from tilewright.sessions.autonomy import stop_words
 
             self._say(f"stop: {stop_words(persisted['reason'], self.settings)} "
                       f"({persisted['reason']})")
@@ -195,7 +195,7 @@ def summary(log_path: Path, state: SessionState, interrupted: bool) -> dict[str,
 
 def print_summary(data: dict[str, Any], out: TextIO,
                   settings: ControllerSettings | None = None) -> None:
-    from sessions.autonomy import stop_words
+    from tilewright.sessions.autonomy import stop_words
 
     speed = data.get("best_words") or "-"
     if data.get("best_trust"):
@@ -221,8 +221,8 @@ def print_summary(data: dict[str, Any], out: TextIO,
 
 
 async def run_auto(args: Any, config: Config | dict[str, Any]) -> int:
-    from agents.config import coerce
-    from sessions.opening import SessionRequest, open_session
+    from tilewright.agents.config import coerce
+    from tilewright.sessions.opening import SessionRequest, open_session
 
     out = PrintableStream(sys.stderr if args.json else sys.stdout)
     config = coerce(config)

@@ -36,10 +36,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from kernels.printable import printable_fields
+from tilewright.kernels.printable import printable_fields
 
 if TYPE_CHECKING:
-    from sessions import events as ev
+    from tilewright.sessions import events as ev
 
 SCHEMA = "tilewright.session/1"
 SCHEMA_NAME, _, _SCHEMA_VERSION = SCHEMA.rpartition("/")
@@ -85,7 +85,7 @@ class MissingBlobError(SessionError):
 
 def default_sessions_dir() -> Path:
     """``<user data dir>/sessions``; the data dir honours ``TILEWRIGHT_DATA_DIR`` like lessons do."""
-    from agents.memory import data_dir
+    from tilewright.agents.memory import data_dir
 
     return data_dir() / "sessions"
 

@@ -29,24 +29,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agents.config import Config, ConfigError, coerce
-from kernels.result import Backend
-from kernels.task import Task, TaskError
-from profiling.chips import DEFAULT_TPU
-from sessions.core.logs import create_log, options_from, reopen_log
-from sessions.errors import OpenError
-from sessions.log import LoadedSession, SessionLog, default_sessions_dir
-from sessions.tasks import task_for_header
+from tilewright.agents.config import Config, ConfigError, coerce
+from tilewright.kernels.result import Backend
+from tilewright.kernels.task import Task, TaskError
+from tilewright.profiling.chips import DEFAULT_TPU
+from tilewright.sessions.core.logs import create_log, options_from, reopen_log
+from tilewright.sessions.errors import OpenError
+from tilewright.sessions.log import LoadedSession, SessionLog, default_sessions_dir
+from tilewright.sessions.tasks import task_for_header
 
 if TYPE_CHECKING:
-    from agents.base import Agent
-    from kernels.executors import Judge as Evaluator
-    from kernels.executors import Judge as Executor
-    from kernels.workers import EvalOptions, WorkerPool
-    from sessions.autonomy import ControllerSettings
-    from sessions.controller import Controller
-    from sessions.search.driver import Search
-    from sessions.search.graph import SearchConfig
+    from tilewright.agents.base import Agent
+    from tilewright.kernels.executors import Judge as Evaluator
+    from tilewright.kernels.executors import Judge as Executor
+    from tilewright.kernels.workers import EvalOptions, WorkerPool
+    from tilewright.sessions.autonomy import ControllerSettings
+    from tilewright.sessions.controller import Controller
+    from tilewright.sessions.search.driver import Search
+    from tilewright.sessions.search.graph import SearchConfig
 
 DEFAULT_TASK = "softmax"
 CPU_TARGET_CHIP = DEFAULT_TPU  # what interpret mode on a CPU host is judged against
@@ -80,7 +80,7 @@ def choose_chip(config: Config | Mapping[str, Any] | None,
                 backend: Backend | None = None) -> ChipChoice:
     """The chip the gauges and roofline use: the config's, else the device's, else (on a
     CPU host, where kernels run in TPU interpret mode) a TPU v5e target."""
-    from profiling.chips import chip_for_device, get_chip
+    from tilewright.profiling.chips import chip_for_device, get_chip
 
     name = coerce(config).backend.chip
     try:
@@ -111,8 +111,8 @@ def eval_options(config: Config | Mapping[str, Any] | None,
 
 def make_session_agent(kind: str | None, config: Config | Mapping[str, Any] | None
                        ) -> Agent:
-    from agents import make_agent
-    from agents.errors import AgentError
+    from tilewright.agents import make_agent
+    from tilewright.agents.errors import AgentError
 
     config = coerce(config)
     try:
@@ -125,7 +125,7 @@ def make_session_agent(kind: str | None, config: Config | Mapping[str, Any] | No
 
 def parse_set(items: list[str] | None) -> dict[str, str]:
     """``--set KEY=VALUE`` pairs; a malformed one is an ``OpenError``."""
-    from kernels.loaders import parse_overrides
+    from tilewright.kernels.loaders import parse_overrides
 
     try:
         return parse_overrides(items)
@@ -137,8 +137,8 @@ def agent_in_effect(config: Config | Mapping[str, Any] | None,
                     kind: str | None = None) -> dict[str, Any]:
     """The agent a session would open with: provider, model, endpoint and where its key
     comes from (never the key), or ``{"error": ...}`` saying why it cannot be made."""
-    from agents import describe_agent
-    from agents.errors import AgentError
+    from tilewright.agents import describe_agent
+    from tilewright.agents.errors import AgentError
 
     try:
         return describe_agent(kind, coerce(config))
@@ -149,7 +149,7 @@ def agent_in_effect(config: Config | Mapping[str, Any] | None,
 def load_request_task(request: SessionRequest, header: Mapping[str, Any] | None = None
                       ) -> Task:
     """The task a new session names, or the one a resumed session's header records."""
-    from kernels.loaders import load_task
+    from tilewright.kernels.loaders import load_task
 
     try:
         if header is not None and request.task is None:
@@ -215,11 +215,11 @@ async def start_controller(task: Task, agent: Agent, evaluator: Evaluator,
                            options: EvalOptions | None = None,
                            settings: ControllerSettings | None = None) -> Controller:
     """A controller over a new (or reopened) session log, started."""
-    from agents import brief
-    from sessions.autonomy import ControllerSettings
-    from sessions.brief import with_inputs
-    from sessions.controller import Controller
-    from sessions.state import fold
+    from tilewright.agents import brief
+    from tilewright.sessions.autonomy import ControllerSettings
+    from tilewright.sessions.brief import with_inputs
+    from tilewright.sessions.controller import Controller
+    from tilewright.sessions.state import fold
 
     # The task's own code first: a reference that fails leaves no session behind.
     problems: list[dict[str, Any]] = []
@@ -250,8 +250,8 @@ async def open_session(request: SessionRequest, config: Config | Mapping[str, An
                        *, settings: ControllerSettings | None = None,
                        eval_defaults: Mapping[str, Any] | None = None) -> Session:
     """Open (or resume) a session with one worker process; the caller closes it."""
-    from kernels.workers import WorkerPool
-    from sessions.evaluator import PoolEvaluator
+    from tilewright.kernels.workers import WorkerPool
+    from tilewright.sessions.evaluator import PoolEvaluator
 
     config = coerce(config)
     sessions_dir = sessions_dir_for(request.sessions_dir)
@@ -315,9 +315,9 @@ async def open_search(request: SessionRequest, config: Config | Mapping[str, Any
     """A new search over ``request.task`` on local worker processes (``tilewright
     review``); ``tilewright search`` runs suites and opens each task's search with
     ``Search.create`` / ``Search.open`` over its own executor."""
-    from agents import brief
-    from kernels.executors import LocalExecutor
-    from sessions.search.driver import Search
+    from tilewright.agents import brief
+    from tilewright.kernels.executors import LocalExecutor
+    from tilewright.sessions.search.driver import Search
 
     config = coerce(config)
     task = load_request_task(request)
@@ -326,7 +326,7 @@ async def open_search(request: SessionRequest, config: Config | Mapping[str, Any
     executor = LocalExecutor(workers=workers)
     try:
         await executor.start()
-        from sessions.brief import with_inputs
+        from tilewright.sessions.brief import with_inputs
 
         task_brief = await with_inputs(brief(task), task, executor)
         search = Search.create(sessions_dir_for(request.sessions_dir), task, task_brief,
@@ -346,9 +346,9 @@ async def open_task_search(task: Task, agent: Agent, executor: Executor,
     """One task's search over a started executor (``tilewright search``): ``existing``
     resumed with the recorded search shape and this command's budget (also when it had
     ended on a smaller one), or a new search session under ``sessions_dir``."""
-    from agents import brief
-    from sessions.brief import with_inputs
-    from sessions.search.driver import Search
+    from tilewright.agents import brief
+    from tilewright.sessions.brief import with_inputs
+    from tilewright.sessions.search.driver import Search
 
     task_brief = await with_inputs(brief(task), task, executor)
     if existing is not None:

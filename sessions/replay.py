@@ -46,11 +46,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from kernels.printable import PrintableStream
-from kernels.result import Rank, is_interpret, ranking
-from sessions import events as ev
-from sessions.log import LoadedSession, SessionError, read_blob
-from sessions.state import SessionState, event_rank
+from tilewright.kernels.printable import PrintableStream
+from tilewright.kernels.result import Rank, is_interpret, ranking
+from tilewright.sessions import events as ev
+from tilewright.sessions.log import LoadedSession, SessionError, read_blob
+from tilewright.sessions.state import SessionState, event_rank
 
 INTERPRET_FACTOR = 3.0
 NATIVE_WIDEN = 1.5
@@ -482,7 +482,7 @@ async def verify(loaded: LoadedSession, state: SessionState, evaluate: Any,
 def _figure(band: Any, value: float | None) -> str:
     """A band's figure as every other screen writes it: a speedup by the one formatter
     ("4.00x"), a time to four figures; "-" for none."""
-    from kernels.result import times
+    from tilewright.kernels.result import times
 
     if value is None:
         return "-"

@@ -14,9 +14,9 @@ import html
 import itertools
 from typing import Any
 
-from kernels.result import Rank, is_interpret, times
-from sessions.log import LoadedSession, read_text_blob
-from sessions.state import SessionState
+from tilewright.kernels.result import Rank, is_interpret, times
+from tilewright.sessions.log import LoadedSession, read_text_blob
+from tilewright.sessions.state import SessionState
 
 
 def _fmt(x: float | None) -> str:

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kernels.result import DISQUALIFYING_FLAGS, EvalResult, Rank
-from sessions import events as ev
+from tilewright.kernels.result import DISQUALIFYING_FLAGS, EvalResult, Rank
+from tilewright.sessions import events as ev
 
 
 def error_line(result: EvalResult) -> str | None:

@@ -13,12 +13,12 @@ import difflib
 import json
 from typing import TYPE_CHECKING, Any
 
-from agents.untrusted import defuse
-from sessions.context import agent_result
-from sessions.log import read_json_blob
+from tilewright.agents.untrusted import defuse
+from tilewright.sessions.context import agent_result
+from tilewright.sessions.log import read_json_blob
 
 if TYPE_CHECKING:
-    from sessions.core import SessionCore
+    from tilewright.sessions.core import SessionCore
 
 
 class SessionTools:
@@ -53,7 +53,7 @@ class SessionTools:
                  + (f", ranked by {v.rank.words()}" if v.rank and v.rank.ranked else ""),
                  "```python\n" + defuse(log.get_blob(v.source_blob).decode().rstrip())
                  + "\n```"]
-        from agents.context import diagnosis_text, eval_text, profile_text
+        from tilewright.agents.context import diagnosis_text, eval_text, profile_text
 
         if v.result_blob:
             result = agent_result(log.path, v.result_blob)
@@ -78,7 +78,7 @@ class SessionTools:
         return defuse(diff) or f"v{old} and v{new} have the same source", False
 
     async def _chip_info(self, chip: str | None = None) -> tuple[str, bool]:
-        from agents.context import chip_text
+        from tilewright.agents.context import chip_text
 
         return chip_text(chip or self.core.chip), False
 

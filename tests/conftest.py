@@ -29,7 +29,7 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def worker_pool() -> AsyncIterator[object]:
     """A started ``kernels.workers.WorkerPool`` (size 1), shared by one test module."""
-    from kernels.workers import WorkerPool
+    from tilewright.kernels.workers import WorkerPool
 
     async with WorkerPool(size=1) as pool:
         yield pool

@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kernels.executors import JudgeState, ProgressListener, StateListener, on_chips
-from kernels.options import EvalOptions, ProfileOptions
-from kernels.result import ESTIMATE_SCHEMA, Backend, EvalResult
-from kernels.task import Task
+from tilewright.kernels.executors import JudgeState, ProgressListener, StateListener, on_chips
+from tilewright.kernels.options import EvalOptions, ProfileOptions
+from tilewright.kernels.result import ESTIMATE_SCHEMA, Backend, EvalResult
+from tilewright.kernels.task import Task
 
 CPU = Backend(platform="cpu", mode="tpu-interpret", device_kind="cpu", jax_version="test")
 _MARK = re.compile(r"# eval: (\w+) ([\d.]+)(?: (host|roofline)\b)?")

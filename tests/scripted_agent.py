@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Iterable
 
-from agents.base import (
+from tilewright.agents.base import (
     AgentEvent,
     AgentRequest,
     Failure,

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from sizes import load_small
 
-from kernels.result import EvalResult
-from kernels.workers import EvalOptions, WorkerPool
+from tilewright.kernels.result import EvalResult
+from tilewright.kernels.workers import EvalOptions, WorkerPool
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

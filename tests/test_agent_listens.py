@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from agents import brief
-from agents.base import AgentRequest, Proposal
-from agents.offline import decide, words
-from kernels import tunables
-from kernels.loaders import load_task
-from kernels.result import Rank
+from tilewright.agents import brief
+from tilewright.agents.base import AgentRequest, Proposal
+from tilewright.agents.offline import decide, words
+from tilewright.kernels import tunables
+from tilewright.kernels.loaders import load_task
+from tilewright.kernels.result import Rank
 
 
 def est(speedup: float) -> dict[str, Any]:

@@ -22,8 +22,8 @@ from anthropic_server import (
     tool_reply,
 )
 
-import agents
-from agents.base import (
+from tilewright import agents
+from tilewright.agents.base import (
     AgentRequest,
     Failure,
     Notice,
@@ -33,8 +33,8 @@ from agents.base import (
     ToolCallDelta,
     UsageReport,
 )
-from agents.errors import NoApiKey
-from kernels.loaders import load_task
+from tilewright.agents.errors import NoApiKey
+from tilewright.kernels.loaders import load_task
 
 KERNEL = '''import jax
 from jax.experimental import pallas as pl
@@ -321,7 +321,7 @@ async def test_request_caches_the_stable_prefix_and_hides_the_held_out_shape(
 
 
 async def test_lessons_reach_the_prompt(server: MessagesServer) -> None:
-    from agents import memory
+    from tilewright.agents import memory
 
     memory.add_lesson("prefer 512-wide column blocks", family="elementwise", outcome="helped")
     memory.add_lesson("matmul only: BLOCK_K=512", family="matmul")
@@ -332,7 +332,7 @@ async def test_lessons_reach_the_prompt(server: MessagesServer) -> None:
 
 
 def test_turn_context_quotes_the_error_line_and_fences_what_the_candidate_wrote() -> None:
-    from agents.context import turn_text
+    from tilewright.agents.context import turn_text
 
     source = load_task("softmax").starting_source()
     last_eval = {"status": "compile_error", "lowering": {"tpu": "error", "message": "bad block"},
@@ -365,7 +365,7 @@ def test_the_sdk_is_imported_only_when_a_reply_is_requested() -> None:
     import sys
 
     code = ("import sys, agents\n"
-            "agents.make_agent('anthropic', {}); agents.make_agent('offline', {})\n"
+            "tilewright.agents.make_agent('anthropic', {}); tilewright.agents.make_agent('offline', {})\n"
             "print(sorted(m for m in ('anthropic', 'jax', 'textual') if m in sys.modules))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**os.environ, "ANTHROPIC_API_KEY": "sk-x"})
@@ -374,7 +374,7 @@ def test_the_sdk_is_imported_only_when_a_reply_is_requested() -> None:
 
 
 def test_unknown_agent_kind_is_a_clear_error() -> None:
-    from agents.errors import AgentError
+    from tilewright.agents.errors import AgentError
 
     with pytest.raises(AgentError, match="use offline, anthropic, openai or auto"):
         agents.make_agent("gpt", {})  # type: ignore[arg-type]
@@ -395,7 +395,7 @@ def test_tilewright_auto_with_claude_evaluates_and_records_the_proposal(
     env = {**os.environ, "ANTHROPIC_API_KEY": "sk-test-local", "ANTHROPIC_BASE_URL": server.url,
            "JAX_PLATFORMS": "cpu", "TILEWRIGHT_CONFIG": str(tmp_path / "none.toml"),
            "TILEWRIGHT_DATA_DIR": str(tmp_path / "data")}
-    proc = subprocess.run([sys.executable, "-m", "tui.cli", "auto", "--task", "softmax",
+    proc = subprocess.run([sys.executable, "-m", "tilewright.tui.cli", "auto", "--task", "softmax",
                            "--agent", "anthropic", "--budget", "1", "--trials", "1",
                            "--session-dir", str(tmp_path / "sessions"), "--json"],
                           capture_output=True, text=True, env=env, timeout=600)

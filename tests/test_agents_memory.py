@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from agents import memory
-from kernels.result import Rank
+from tilewright.agents import memory
+from tilewright.kernels.result import Rank
 
 
 @pytest.fixture(autouse=True)
@@ -86,7 +86,7 @@ def test_lesson_from_history_names_the_best_configuration() -> None:
 
 def test_cli_lessons_subcommand(tmp_path) -> None:
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "tui.cli", "lessons", *args],
+        return subprocess.run([sys.executable, "-m", "tilewright.tui.cli", "lessons", *args],
                               capture_output=True, text=True,
                               env={"TILEWRIGHT_DATA_DIR": str(tmp_path), "PATH": "/usr/bin"})
 

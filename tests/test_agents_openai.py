@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from openai_server import ChatServer, Stream, error_status, text_reply, tool_reply
 
-import agents
-from agents.base import (
+from tilewright import agents
+from tilewright.agents.base import (
     AgentRequest,
     Failure,
     Notice,
@@ -32,8 +32,8 @@ from agents.base import (
     ToolCallDelta,
     UsageReport,
 )
-from agents.errors import AgentError
-from kernels.loaders import load_task
+from tilewright.agents.errors import AgentError
+from tilewright.kernels.loaders import load_task
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -330,7 +330,7 @@ def test_auto_follows_the_configured_provider(monkeypatch, server: ChatServer) -
 
 def test_the_sdk_is_imported_only_when_a_reply_is_requested(server: ChatServer) -> None:
     code = ("import sys, agents\n"
-            f"agents.make_agent('openai', {{'agent': {{'base_url': {server.url!r}}}}})\n"
+            f"tilewright.agents.make_agent('openai', {{'agent': {{'base_url': {server.url!r}}}}})\n"
             "print(sorted(m for m in ('openai', 'anthropic', 'jax', 'textual') "
             "if m in sys.modules))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -346,7 +346,7 @@ def test_config_shows_the_effective_provider_model_and_endpoint_never_the_key(
                       f'base_url = "{server.url}"\n')
     env = {"TILEWRIGHT_CONFIG": str(config), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
            "OPENAI_API_KEY": "sk-secret-value"}
-    out = subprocess.run([sys.executable, "-m", "tui.cli", "config"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "tilewright.tui.cli", "config"], capture_output=True,
                          text=True, env=env, cwd=ROOT, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "sk-secret-value" not in out.stdout
@@ -369,10 +369,10 @@ def _proposed(task_name: str = "gelu") -> str:
 async def test_the_tui_opened_with_agent_openai_streams_applies_and_evaluates(
         tmp_path, monkeypatch, server: ChatServer) -> None:
     """Through the real launch path (open_live: make_agent, worker pool, session log)."""
-    from tui.app import TilewrightApp
-    from tui.launch import LaunchOptions, open_live
-    from tui.screens.modals import ErrorModal
-    from tui.widgets.chat import ChatPane
+    from tilewright.tui.app import TilewrightApp
+    from tilewright.tui.launch import LaunchOptions, open_live
+    from tilewright.tui.screens.modals import ErrorModal
+    from tilewright.tui.widgets.chat import ChatPane
 
     monkeypatch.setenv("OPENAI_BASE_URL", server.url)
     server.script(tool_reply("propose_kernel", {"summary": "taller blocks",
@@ -419,10 +419,10 @@ async def test_the_chat_shows_a_tool_call_while_it_streams(tmp_path, monkeypatch
     proposing tool call whose reply stops before its last chunk; the chat already shows
     the call (its arguments so far) while the agent is still replying, and the proposal
     then fills in that same entry."""
-    from tui.app import TilewrightApp
-    from tui.launch import LaunchOptions, open_live
-    from tui.screens.modals import ErrorModal
-    from tui.widgets.chat import ChatPane
+    from tilewright.tui.app import TilewrightApp
+    from tilewright.tui.launch import LaunchOptions, open_live
+    from tilewright.tui.screens.modals import ErrorModal
+    from tilewright.tui.widgets.chat import ChatPane
 
     monkeypatch.setenv("OPENAI_BASE_URL", server.url)
     arguments = {"summary": "taller blocks", "rationale": "fewer grid steps",
@@ -482,7 +482,7 @@ def test_tilewright_auto_with_agent_openai_evaluates_records_and_replays(
            "TILEWRIGHT_DATA_DIR": str(tmp_path / "data")}
     env.pop("OPENAI_API_KEY", None)
     sessions = tmp_path / "sessions"
-    proc = subprocess.run([sys.executable, "-m", "tui.cli", "auto", "--task", "gelu",
+    proc = subprocess.run([sys.executable, "-m", "tilewright.tui.cli", "auto", "--task", "gelu",
                            "--agent", "openai", "--budget", "1", "--trials", "1",
                            "--session-dir", str(sessions), "--json"],
                           capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
@@ -498,7 +498,7 @@ def test_tilewright_auto_with_agent_openai_evaluates_records_and_replays(
     assert "agent.proposal" in [e.get("type") for e in events]
     usage = next(e["usage"] for e in events if e.get("type") == "agent.message")
     assert usage["input_tokens"] == 1500 - 1024 and usage["cost_usd"] > 0
-    replay = subprocess.run([sys.executable, "-m", "tui.cli", "replay", summary["session_id"],
+    replay = subprocess.run([sys.executable, "-m", "tilewright.tui.cli", "replay", summary["session_id"],
                              "--session-dir", str(sessions), "--headless"],
                             capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
     assert replay.returncode == 0, replay.stderr
@@ -508,9 +508,9 @@ def test_tilewright_auto_with_agent_openai_evaluates_records_and_replays(
 def test_a_session_with_an_unpriced_model_shows_its_cost_as_unknown() -> None:
     from dataclasses import asdict
 
-    from agents.base import Usage
-    from agents.provider import add_usage
-    from sessions.state import fold
+    from tilewright.agents.base import Usage
+    from tilewright.agents.provider import add_usage
+    from tilewright.sessions.state import fold
 
     priced = Usage(input_tokens=10, cost_usd=0.25)
     unpriced = Usage(input_tokens=10, cost_known=False)
@@ -533,7 +533,7 @@ def test_auto_without_a_server_or_key_says_what_to_set_and_offers_offline(tmp_pa
     for extra, names in (({"OPENAI_BASE_URL": url}, (url, "OPENAI_BASE_URL")),
                          ({}, ("OPENAI_API_KEY",))):
         proc = subprocess.run(
-            [sys.executable, "-m", "tui.cli", "auto", "--task", "gelu", "--agent", "openai",
+            [sys.executable, "-m", "tilewright.tui.cli", "auto", "--task", "gelu", "--agent", "openai",
              "--session-dir", str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
             env={**base, **extra, "TILEWRIGHT_CONFIG": str(tmp_path / "none.toml")},
             timeout=120)
@@ -545,9 +545,9 @@ def test_auto_without_a_server_or_key_says_what_to_set_and_offers_offline(tmp_pa
 
 async def test_the_tui_offers_the_offline_agent_when_no_server_listens(tmp_path,
                                                                       monkeypatch) -> None:
-    from tui.app import TilewrightApp
-    from tui.launch import LaunchOptions, open_live
-    from tui.screens.modals import ErrorModal
+    from tilewright.tui.app import TilewrightApp
+    from tilewright.tui.launch import LaunchOptions, open_live
+    from tilewright.tui.screens.modals import ErrorModal
 
     with ChatServer() as srv:
         url = srv.url

@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 from scripted_agent import ScriptedAgent, kernel
 
-from agents import brief
-from kernels.loaders import load_task
-from kernels.workers import EvalOptions
-from sessions.autonomy import Budgets, ControllerSettings
-from sessions.controller import Controller
-from sessions.evaluator import PoolEvaluator
-from sessions.log import SessionLog, load, read_json_blob
-from sessions.state import fold
+from tilewright.agents import brief
+from tilewright.kernels.loaders import load_task
+from tilewright.kernels.workers import EvalOptions
+from tilewright.sessions.autonomy import Budgets, ControllerSettings
+from tilewright.sessions.controller import Controller
+from tilewright.sessions.evaluator import PoolEvaluator
+from tilewright.sessions.log import SessionLog, load, read_json_blob
+from tilewright.sessions.state import fold
 
 ON_MODULE_LOOP = pytest.mark.asyncio(loop_scope="module")
 ROOT = Path(__file__).resolve().parent.parent
@@ -225,13 +225,13 @@ async def test_control_characters_never_reach_a_terminal_or_a_file(tmp_path, tas
     raw = (c.log.path / "events.jsonl").read_text()
     assert "\\u001b" not in raw and "\\r" not in raw  # nothing raw in the log either
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    replayed = subprocess.run([sys.executable, "-m", "tui.cli", "replay", str(c.log.path),
+    replayed = subprocess.run([sys.executable, "-m", "tilewright.tui.cli", "replay", str(c.log.path),
                                "--headless"], capture_output=True, text=True, env=env,
                               cwd=ROOT, timeout=300)
     assert replayed.returncode == 0, replayed.stderr
     assert "\x1b" not in replayed.stdout and "\x07" not in replayed.stdout
     out = tmp_path / "exported.py"
-    exported = subprocess.run([sys.executable, "-m", "tui.cli", "export", str(c.log.path),
+    exported = subprocess.run([sys.executable, "-m", "tilewright.tui.cli", "export", str(c.log.path),
                                f"v{v.number}", "-o", str(out), "--test"],
                               capture_output=True, text=True, env=env, cwd=tmp_path,
                               timeout=600)
@@ -309,7 +309,7 @@ def test_replay_verify_rejudges_each_version_on_its_own(tmp_path, task_dir) -> N
     """A log whose honest-looking record came from an order-dependent judgement (an
     honest kernel after a poisoner, recorded wrong; a wrong kernel recorded right) is
     re-judged version by version, each in a process no other candidate ran in."""
-    from sessions.replay import verify  # noqa: F401  (the command is what is exercised)
+    from tilewright.sessions.replay import verify  # noqa: F401  (the command is what is exercised)
 
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     wrong = candidate("x_ref[...] * 2.0")  # not tanh at all
@@ -334,7 +334,7 @@ def test_replay_verify_rejudges_each_version_on_its_own(tmp_path, task_dir) -> N
                    median_ms=None, result_blob=log.put_blob(json.dumps(result).encode()),
                    cancelled=False, flags=[])
     log.close()
-    checked = subprocess.run([sys.executable, "-m", "tui.cli", "replay", str(log.path),
+    checked = subprocess.run([sys.executable, "-m", "tilewright.tui.cli", "replay", str(log.path),
                               "--verify"], capture_output=True, text=True, env=env, cwd=ROOT,
                              timeout=900)
     assert checked.returncode != 0, checked.stdout

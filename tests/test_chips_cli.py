@@ -8,14 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kernels.harness import tpu_compile
-from profiling.chips import CHIPS, estimator_refusal
+from tilewright.kernels.harness import tpu_compile
+from tilewright.profiling.chips import CHIPS, estimator_refusal
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _chips(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tui.cli", "chips", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "tilewright.tui.cli", "chips", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, "COLUMNS": "80"})
 

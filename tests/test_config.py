@@ -12,9 +12,9 @@ from typing import get_type_hints
 
 import pytest
 
-from agents import make_agent
-from agents.config import EVAL_KEYS, Config, ConfigError, coerce, load
-from sessions.autonomy import ControllerSettings
+from tilewright.agents import make_agent
+from tilewright.agents.config import EVAL_KEYS, Config, ConfigError, coerce, load
+from tilewright.sessions.autonomy import ControllerSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def _tw(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {"TILEWRIGHT_CONFIG": str(config), "PATH": "/usr/bin:/bin",
            "HOME": str(config.parent), "JAX_PLATFORMS": "cpu", "TERM": "dumb"}
-    return subprocess.run([sys.executable, "-m", "tui.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "tilewright.tui.cli", *args], capture_output=True,
                           text=True, env=env, cwd=ROOT, timeout=60, stdin=subprocess.DEVNULL)
 
 
@@ -122,7 +122,7 @@ def test_one_set_of_defaults_for_every_reader(monkeypatch) -> None:
 
 
 def test_eval_keys_follow_eval_options() -> None:
-    from kernels.workers import EvalOptions
+    from tilewright.kernels.workers import EvalOptions
 
     hints = get_type_hints(EvalOptions)
     assert list(EVAL_KEYS) == [f.name for f in fields(EvalOptions)]

@@ -20,12 +20,12 @@ import pytest
 import pytest_asyncio
 from sizes import load_small
 
-from agents.context import MAX_TURN_CHARS, bounded
-from kernels.cli import task_and_candidate
-from kernels.loaders import load_task
-from kernels.source_files import KERNEL_SIZE_LIMIT, KernelFileError, read_kernel_file
-from kernels.worker_env import redact, secret_values, worker_environment
-from kernels.workers import EvalOptions, WorkerPool
+from tilewright.agents.context import MAX_TURN_CHARS, bounded
+from tilewright.kernels.cli import task_and_candidate
+from tilewright.kernels.loaders import load_task
+from tilewright.kernels.source_files import KERNEL_SIZE_LIMIT, KernelFileError, read_kernel_file
+from tilewright.kernels.worker_env import redact, secret_values, worker_environment
+from tilewright.kernels.workers import EvalOptions, WorkerPool
 
 ON_MODULE_LOOP = pytest.mark.asyncio(loop_scope="module")
 
@@ -165,7 +165,7 @@ async def test_setsid_and_double_forked_children_die_with_the_evaluation(pool, t
     assert result.extra["leftover_processes"] >= 1
     # The printed pid is namespace-local when a PID namespace is active; either way no
     # process of the pool's tree may be left but the worker itself.
-    from kernels.confinement import descendants
+    from tilewright.kernels.confinement import descendants
 
     for worker in pool._workers.values():
         left = [p for p in descendants(worker.proc.pid) if p != worker.pid]
@@ -174,7 +174,7 @@ async def test_setsid_and_double_forked_children_die_with_the_evaluation(pool, t
 
 def _worker_chain(worker) -> set[int]:
     """The shim, the namespace's init and the serving process."""
-    from kernels.confinement import descendants
+    from tilewright.kernels.confinement import descendants
 
     chain = {worker.proc.pid, worker.pid}
     for pid in descendants(worker.proc.pid):
@@ -192,7 +192,7 @@ def _worker_chain(worker) -> set[int]:
 
 
 def _parents() -> dict[int, int]:
-    from kernels.confinement import _process_table
+    from tilewright.kernels.confinement import _process_table
 
     return _process_table()
 
@@ -201,8 +201,8 @@ def _is_judge_helper(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             cmdline = fh.read()
-            return b"kernels.harness.candidate" in cmdline \
-                or b"kernels.harness.compiler" in cmdline
+            return b"tilewright.kernels.harness.candidate" in cmdline \
+                or b"tilewright.kernels.harness.compiler" in cmdline
     except OSError:
         return False
 
@@ -230,7 +230,7 @@ async def test_three_hundred_children_are_refused_or_reaped(pool, task) -> None:
     assert result.extra.get("leftover_processes", 0) >= min(made, 1)
     for worker in pool._workers.values():
         chain = _worker_chain(worker)
-        from kernels.confinement import descendants
+        from tilewright.kernels.confinement import descendants
 
         assert [p for p in descendants(worker.proc.pid) if p not in chain and _alive(p)] == []
 
@@ -360,9 +360,9 @@ def test_kernel_files_that_leave_the_task_or_are_huge_are_refused(tmp_path) -> N
 
 
 def test_requests_to_a_model_are_bounded() -> None:
-    import agents
-    from agents.base import AgentRequest
-    from agents.context import turn_text
+    from tilewright import agents
+    from tilewright.agents.base import AgentRequest
+    from tilewright.agents.context import turn_text
 
     huge = "x = 1\n" * 5_000_000  # a 30 MB "kernel"
     error = {"status": "runtime_error", "error": {"kind": "runtime", "message": "E" * 10**6,
@@ -375,8 +375,8 @@ def test_requests_to_a_model_are_bounded() -> None:
     # Nothing in the app parses a source that size (CPython's parser took over a minute
     # on it, on the event loop the UI shares): the tunables view and the reply check
     # refuse it with the reason.
-    from agents.parsing import check_kernel_source
-    from kernels import tunables
+    from tilewright.agents.parsing import check_kernel_source
+    from tilewright.kernels import tunables
 
     with pytest.raises(tunables.TunablesError, match="too large"):
         tunables.read(huge)

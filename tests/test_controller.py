@@ -24,16 +24,21 @@ from judges import MarkedJudge as MarkedEvaluator
 from scripted_agent import ScriptedAgent, kernel, plan, tuning
 from sizes import load_small
 
-from agents import brief
-from agents.base import Failure, Finished, Usage
-from kernels.result import Backend
-from kernels.task import Task
-from kernels.workers import EvalOptions, WorkerPool
-from sessions.autonomy import Budgets, ControllerSettings
-from sessions.controller import ApprovalRequired, Controller, ControllerBusy, ControllerError
-from sessions.evaluator import PoolEvaluator
-from sessions.log import SessionLog, load
-from sessions.state import fold
+from tilewright.agents import brief
+from tilewright.agents.base import Failure, Finished, Usage
+from tilewright.kernels.result import Backend
+from tilewright.kernels.task import Task
+from tilewright.kernels.workers import EvalOptions, WorkerPool
+from tilewright.sessions.autonomy import Budgets, ControllerSettings
+from tilewright.sessions.controller import (
+    ApprovalRequired,
+    Controller,
+    ControllerBusy,
+    ControllerError,
+)
+from tilewright.sessions.evaluator import PoolEvaluator
+from tilewright.sessions.log import SessionLog, load
+from tilewright.sessions.state import fold
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -41,7 +46,7 @@ CPU = Backend(platform="cpu", mode="tpu-interpret", device_kind="cpu", jax_versi
 
 
 async def test_the_test_evaluator_is_an_evaluator() -> None:
-    from kernels.executors import Judge
+    from tilewright.kernels.executors import Judge
 
     assert isinstance(MarkedEvaluator(), Judge)  # the protocol the controller takes
 

@@ -22,20 +22,20 @@ from anthropic_server import MessagesServer, text_reply, tool_reply
 from scripted_agent import ScriptedAgent, kernel, plan
 from test_controller import MarkedEvaluator, assert_replay_matches, make, src, types
 
-import agents
-from agents import memory
-from agents.base import AgentRequest
-from agents.context import turn_text
-from agents.offline import OfflineAgent
-from kernels.loaders import load_task
-from kernels.options import ProfileOptions
-from kernels.task import Task
-from kernels.workers import EvalOptions, WorkerPool
-from sessions.autonomy import Budgets, ControllerSettings
-from sessions.context import build_request
-from sessions.evaluator import PoolEvaluator
-from sessions.log import load
-from sessions.report import markdown
+from tilewright import agents
+from tilewright.agents import memory
+from tilewright.agents.base import AgentRequest
+from tilewright.agents.context import turn_text
+from tilewright.agents.offline import OfflineAgent
+from tilewright.kernels.loaders import load_task
+from tilewright.kernels.options import ProfileOptions
+from tilewright.kernels.task import Task
+from tilewright.kernels.workers import EvalOptions, WorkerPool
+from tilewright.sessions.autonomy import Budgets, ControllerSettings
+from tilewright.sessions.context import build_request
+from tilewright.sessions.evaluator import PoolEvaluator
+from tilewright.sessions.log import load
+from tilewright.sessions.report import markdown
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -25,13 +25,13 @@ from judges import MarkedJudge
 from scripted_agent import ScriptedAgent, kernel
 from sizes import load_small
 
-from agents import brief
-from kernels.task import Task
-from kernels.worker_process import SCRATCH_PREFIX, sweep_scratch
-from sessions.autonomy import ControllerSettings
-from sessions.controller import Controller
-from sessions.drafts import drop_draft, last_stop, load_draft, save_draft
-from sessions.log import SessionLog, load
+from tilewright.agents import brief
+from tilewright.kernels.task import Task
+from tilewright.kernels.worker_process import SCRATCH_PREFIX, sweep_scratch
+from tilewright.sessions.autonomy import ControllerSettings
+from tilewright.sessions.controller import Controller
+from tilewright.sessions.drafts import drop_draft, last_stop, load_draft, save_draft
+from tilewright.sessions.log import SessionLog, load
 
 ROOT = Path(__file__).resolve().parent.parent
 

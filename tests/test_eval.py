@@ -14,9 +14,9 @@ import jsonschema
 import pytest
 from sizes import load_small
 
-from kernels.loaders import load_task
-from kernels.result import EvalResult
-from kernels.workers import EvalOptions, WorkerPool
+from tilewright.kernels.loaders import load_task
+from tilewright.kernels.result import EvalResult
+from tilewright.kernels.workers import EvalOptions, WorkerPool
 
 ROOT = Path(__file__).resolve().parent.parent
 CANDIDATES = ROOT / "tests" / "fixtures" / "candidates"
@@ -194,7 +194,7 @@ async def test_jaxbench_layout(worker_pool) -> None:
 def tilewright(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu"),
            "COLUMNS": "120"}
-    return subprocess.run([sys.executable, "-m", "tui.cli", "eval", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "tilewright.tui.cli", "eval", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
 
 

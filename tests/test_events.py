@@ -17,10 +17,10 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 import pytest
 
-from sessions import events as ev
-from sessions import replay, state
-from sessions.search import graph
-from tui import presenter
+from tilewright.sessions import events as ev
+from tilewright.sessions import replay, state
+from tilewright.sessions.search import graph
+from tilewright.tui import presenter
 
 ROOT = Path(__file__).resolve().parents[1]
 WRITERS = ("sessions", "tui")  # the packages that write or publish events
@@ -81,7 +81,7 @@ def written_kinds(source: str, where: str) -> tuple[set[str], set[str], list[str
                 kind = _const(value) if key is not None and _const(key) == "type" else None
                 if kind is not None:
                     problems.append(f"{where}:{node.lineno}: event {kind!r} written as a "
-                                    "plain dict; build it with its sessions.events TypedDict")
+                                    "plain dict; build it with its tilewright.sessions.events TypedDict")
                     persisted.add(kind)
         if not isinstance(node, ast.Call):
             continue
@@ -94,7 +94,7 @@ def written_kinds(source: str, where: str) -> tuple[set[str], set[str], list[str
             typed = TYPED.get(name)
             if typed is None:
                 problems.append(f"{where}:{node.lineno}: {name}(type={kind!r}) is not an "
-                                "event TypedDict of sessions.events")
+                                "event TypedDict of tilewright.sessions.events")
             elif _kind(typed) != kind:
                 problems.append(f"{where}:{node.lineno}: {name} built with type={kind!r}, "
                                 f"but its kind is {_kind(typed)!r}")
@@ -160,11 +160,11 @@ def _event_param(handler: Callable[..., Any]) -> Any:
 
 
 TABLES = {
-    "sessions.state fold": (state._HANDLERS, PERSISTED),
-    "sessions.search.graph fold": (graph._HANDLERS, PERSISTED),
-    "sessions.replay timeline lines": (replay._DESCRIBE, PERSISTED),
-    "tui.presenter conversation": (presenter._CHAT, PERSISTED),
-    "tui.presenter live": (presenter._LIVE, LIVE),
+    "tilewright.sessions.state fold": (state._HANDLERS, PERSISTED),
+    "tilewright.sessions.search.graph fold": (graph._HANDLERS, PERSISTED),
+    "tilewright.sessions.replay timeline lines": (replay._DESCRIBE, PERSISTED),
+    "tilewright.tui.presenter conversation": (presenter._CHAT, PERSISTED),
+    "tilewright.tui.presenter live": (presenter._LIVE, LIVE),
 }
 
 
@@ -197,8 +197,8 @@ def test_a_timeline_line_for_every_session_kind() -> None:
 
 
 def test_search_progress_reads_the_typed_events(capsys: pytest.CaptureFixture[str]) -> None:
-    from kernels.result import Rank
-    from sessions.cli_search import _progress
+    from tilewright.kernels.result import Rank
+    from tilewright.sessions.cli_search import _progress
 
     rank = Rank("tpu_estimate", 1.234, "v5e", "4096x4096", kernel_s=1e-3).to_json()
     for event in (ev.RunStart(type="run.start", run="r1", version=2, kind="eval", by="search"),

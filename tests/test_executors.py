@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels.executors import (
+from tilewright.kernels.executors import (
     ExecutorError,
     Judge,
     LocalExecutor,
@@ -26,11 +26,11 @@ from kernels.executors import (
     make_executor,
     usable_cores,
 )
-from kernels.executors.conformance import CHECKS, ConformanceCase, run_conformance
-from kernels.executors.ray import _pack_task, _unpack_task
-from kernels.loaders import load_task
-from kernels.result import Backend
-from kernels.workers import EvalOptions, WorkerPool
+from tilewright.kernels.executors.conformance import CHECKS, ConformanceCase, run_conformance
+from tilewright.kernels.executors.ray import _pack_task, _unpack_task
+from tilewright.kernels.loaders import load_task
+from tilewright.kernels.result import Backend
+from tilewright.kernels.workers import EvalOptions, WorkerPool
 
 SUITE = Path(__file__).parent / "fixtures" / "suite"
 FAST = EvalOptions(trials=1, time_budget_s=0.2, timeout_s=60.0)
@@ -67,7 +67,7 @@ def test_several_pools_report_their_most_pressing_state() -> None:
 
 
 def test_every_judge_follows_its_protocol() -> None:
-    from sessions.evaluator import PoolEvaluator
+    from tilewright.sessions.evaluator import PoolEvaluator
 
     assert isinstance(LocalExecutor(1), Judge)
     assert isinstance(RayExecutor(workers=1), Judge)
@@ -103,7 +103,7 @@ async def test_local_executor_runs_evaluations_side_by_side(task) -> None:
 
 
 async def test_an_executor_over_a_pool_leaves_the_pool_to_its_owner(task) -> None:
-    from sessions.evaluator import PoolEvaluator
+    from tilewright.sessions.evaluator import PoolEvaluator
 
     theirs: list[str] = []
     async with WorkerPool() as pool:
@@ -213,10 +213,10 @@ def test_ray_conforms(ray_executor, ray_loop, task) -> None:
 def test_search_evaluates_through_ray(ray_executor, ray_loop, tmp_path) -> None:
     """The controller side (agent, decisions, session log) stays in this process; only
     the evaluations go to Ray."""
-    from agents import brief, make_agent
-    from sessions.log import load
-    from sessions.search import Search
-    from sessions.search.graph import Budget, SearchConfig
+    from tilewright.agents import brief, make_agent
+    from tilewright.sessions.log import load
+    from tilewright.sessions.search import Search
+    from tilewright.sessions.search.graph import Budget, SearchConfig
 
     task = load_task("softmax", {"rows": 16, "cols": 256})  # a bundled task, shrunk
     config = SearchConfig(beam_width=2, branching=2, max_rounds=1, budget=Budget(nodes=2))

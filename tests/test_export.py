@@ -11,10 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import agents
-from agents.offline import templates
-from kernels.loaders import load_task
-from sessions.export import PLUMBING, rename, simplify
+from tilewright import agents
+from tilewright.agents.offline import templates
+from tilewright.kernels.loaders import load_task
+from tilewright.sessions.export import PLUMBING, rename, simplify
 
 ROOT = Path(__file__).resolve().parent.parent
 USER = ROOT / "tests" / "fixtures" / "user_code"
@@ -25,7 +25,7 @@ def tw(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None,
     full = dict(os.environ, JAX_PLATFORMS="cpu", TILEWRIGHT_CONFIG="/nonexistent/config.toml",
                 **(env or {}))
     full.pop("ANTHROPIC_API_KEY", None)
-    return subprocess.run([sys.executable, "-m", "tui.cli", *args], cwd=cwd, env=full,
+    return subprocess.run([sys.executable, "-m", "tilewright.tui.cli", *args], cwd=cwd, env=full,
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kernels.cli_calibrate import pairs, record
-from kernels.harness import fidelity, reference
+from tilewright.kernels.cli_calibrate import pairs, record
+from tilewright.kernels.harness import fidelity, reference
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -87,7 +87,7 @@ def test_calibration_pairs_are_recorded_and_reported(tmp_path, monkeypatch) -> N
 
 
 def test_calibrate_refuses_off_tpu(tmp_path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "tui.cli", "calibrate", "--task", "gelu"],
+    proc = subprocess.run([sys.executable, "-m", "tilewright.tui.cli", "calibrate", "--task", "gelu"],
                           capture_output=True, text=True, cwd=ROOT, timeout=300,
                           env={**__import__("os").environ, "JAX_PLATFORMS": "cpu",
                                "TILEWRIGHT_DATA_DIR": str(tmp_path)})

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from judges import MarkedJudge, RefusingJudge
 
-from kernels.executors import LocalExecutor
-from kernels.executors.conformance import CHECKS, ConformanceCase, run_conformance
-from kernels.loaders import load_task
-from sessions.evaluator import PoolEvaluator
+from tilewright.kernels.executors import LocalExecutor
+from tilewright.kernels.executors.conformance import CHECKS, ConformanceCase, run_conformance
+from tilewright.kernels.loaders import load_task
+from tilewright.sessions.evaluator import PoolEvaluator
 
 SUITE = Path(__file__).parent / "fixtures" / "suite"
 KERNELS = Path(__file__).resolve().parent.parent / "kernels"
@@ -54,7 +54,7 @@ async def test_the_marked_double_conforms(marked_case: ConformanceCase) -> None:
 
 async def test_a_session_binding_conforms(marked_case: ConformanceCase) -> None:
     """``PoolEvaluator`` binds options over any judge and is one itself."""
-    from kernels.options import EvalOptions
+    from tilewright.kernels.options import EvalOptions
 
     passed = await run_conformance(
         lambda: PoolEvaluator(MarkedJudge(), EvalOptions(trials=1)), marked_case)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from kernels.loaders import load_task
-from kernels.result import ranking
-from kernels.workers import EvalOptions, WorkerPool
+from tilewright.kernels.loaders import load_task
+from tilewright.kernels.result import ranking
+from tilewright.kernels.workers import EvalOptions, WorkerPool
 
 ON_MODULE_LOOP = pytest.mark.asyncio(loop_scope="module")
 QUICK = EvalOptions(trials=3, timeout_s=60.0, timing=False)
@@ -129,7 +129,7 @@ async def test_xla_compute_then_copy_is_flagged_and_never_ranked(worker_pool, lo
 def test_the_enforced_absolute_tolerance_is_the_capped_one() -> None:
     import numpy as np
 
-    from kernels.harness.compare import Host, compare, effective_atol
+    from tilewright.kernels.harness.compare import Host, compare, effective_atol
 
     ref = Host([np.array([0.004, 0.002, -0.001], np.float32),
                 np.array([3.0, -5.0], np.float32)], "t", "float32")
@@ -145,7 +145,7 @@ def test_the_enforced_absolute_tolerance_is_the_capped_one() -> None:
 def test_a_flagged_version_is_never_best() -> None:
     """The fold that every view, report and stop rule reads: a correct version with a
     disqualifying flag is not crowned, however fast it looks."""
-    from sessions.state import fold
+    from tilewright.sessions.state import fold
 
     def version(n: int, seq: int) -> dict:
         return {"type": "kernel.version", "seq": seq, "t": 0.0, "version": n,

@@ -18,9 +18,9 @@ from rich.segment import Segment
 from textual.app import App, ComposeResult
 from textual.containers import VerticalScroll
 
-from tui.markdown_stream import BLOCK, MarkdownPiece, above, block_starts, continues_list
-from tui.widgets import chat
-from tui.widgets.chat import Reply
+from tilewright.tui.markdown_stream import BLOCK, MarkdownPiece, above, block_starts, continues_list
+from tilewright.tui.widgets import chat
+from tilewright.tui.widgets.chat import Reply
 
 WIDTH = 60
 

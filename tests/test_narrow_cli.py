@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _tasks(columns: int) -> str:
-    code = "import sys\nfrom tui.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    code = "import sys\nfrom tilewright.tui.cli import main\nsys.exit(main(sys.argv[1:]))\n"
     proc = subprocess.run([sys.executable, "-c", code, "tasks"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120,
                           env={"PATH": "/usr/bin:/bin", "COLUMNS": str(columns),
@@ -38,7 +38,7 @@ def test_tasks_on_a_wide_terminal_keep_the_table() -> None:
 
 
 def test_auto_progress_lines_fit_the_width_at_word_ends() -> None:
-    from sessions.headless import abbreviate, step_lines
+    from tilewright.sessions.headless import abbreviate, step_lines
 
     summary = ("tune BLOCK_ROWS 256 -> 512, BLOCK_COLS 512 -> 2048 on v3 (largest legal "
                "blocks that fit VMEM, from the diagnosis)")
@@ -58,8 +58,8 @@ def test_auto_progress_lines_fit_the_width_at_word_ends() -> None:
 def test_sessions_with_no_steps_are_not_listed_as_text(tmp_path: Path, capsys) -> None:
     import json
 
-    from sessions.log import SessionLog
-    from tui.cli import main
+    from tilewright.sessions.log import SessionLog
+    from tilewright.tui.cli import main
 
     log = SessionLog.create(tmp_path, task={"name": "gelu", "root": str(ROOT), "layout": "native"},
                             backend=None, agent="offline", app_version="test")

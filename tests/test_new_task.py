@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels import new_task as nt
+from tilewright.kernels import new_task as nt
 
 ROOT = Path(__file__).resolve().parent.parent
 USER = ROOT / "tests" / "fixtures" / "user_code"
@@ -25,7 +25,7 @@ LN_SHAPES = ["--shape", "x=f32[4096,1024]", "--shape", "res=f32[4096,1024]",
 
 def tw(*args: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, JAX_PLATFORMS="cpu", TILEWRIGHT_CONFIG="/nonexistent/config.toml")
-    return subprocess.run([sys.executable, "-m", "tui.cli", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "tilewright.tui.cli", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -150,7 +150,7 @@ def test_a_users_block_tuple_kernel_is_tuned_by_the_offline_agent(tmp_path: Path
     assert made.returncode == 0, made.stderr
     env_dir = tmp_path / "data"
     proc = subprocess.run(
-        [sys.executable, "-m", "tui.cli", "auto", "--task", str(tmp_path / "sa"), "--agent",
+        [sys.executable, "-m", "tilewright.tui.cli", "auto", "--task", str(tmp_path / "sa"), "--agent",
          "offline", "--budget", "3", "--time-budget", "0.2", "--json"], cwd=ROOT,
         env=dict(os.environ, JAX_PLATFORMS="cpu", TILEWRIGHT_DATA_DIR=str(env_dir),
                  TILEWRIGHT_CONFIG="/nonexistent/config.toml"),

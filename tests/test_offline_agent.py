@@ -17,13 +17,20 @@ from typing import Any
 import pytest
 from sizes import load_small, load_small_production
 
-import agents
-from agents.base import AgentRequest, Failure, Finished, Proposal, ProposalReady, TextDelta
-from agents.offline import OfflineAgent, decide, tuner
-from kernels import tunables
-from kernels.loaders import load_task
-from kernels.result import Rank
-from kernels.workers import EvalOptions
+from tilewright import agents
+from tilewright.agents.base import (
+    AgentRequest,
+    Failure,
+    Finished,
+    Proposal,
+    ProposalReady,
+    TextDelta,
+)
+from tilewright.agents.offline import OfflineAgent, decide, tuner
+from tilewright.kernels import tunables
+from tilewright.kernels.loaders import load_task
+from tilewright.kernels.result import Rank
+from tilewright.kernels.workers import EvalOptions
 
 QUICK = EvalOptions(trials=1, timing=False)
 
@@ -157,7 +164,7 @@ def test_tuner_only_proposes_blocks_that_divide_the_dims_they_tile() -> None:
 def test_family_order_is_inferred_and_ends_with_the_fallback() -> None:
     """Every family is tried, the likely ones first, the universal fallback before the
     families that cannot fit; a declared family leads."""
-    from agents.offline.templates import FALLBACK, infer_families
+    from tilewright.agents.offline.templates import FALLBACK, infer_families
 
     attention = agents.brief(load_task("causal_attention"))
     assert infer_families(attention)[:2] == ("attention", "matmul")
@@ -193,7 +200,7 @@ def test_vmem_overflow_shrinks_the_largest_block() -> None:
 
 
 async def test_convergence_is_remembered_and_seeds_the_next_session() -> None:
-    from agents import memory
+    from tilewright.agents import memory
 
     task = load_task("softmax")
     source = tunables.apply(task.starting_source(), {"BLOCK_ROWS": 256})
@@ -358,7 +365,7 @@ FIXTURE_TASKS = __import__("pathlib").Path(__file__).parent / "fixtures" / "task
     ("maxkernel_gemm_relu", "matmul"),        # relu(x @ w + b)
 ])
 def test_a_family_is_inferred_from_the_reference(task_dir: str, family: str) -> None:
-    from agents.offline.templates import infer_families
+    from tilewright.agents.offline.templates import infer_families
 
     brief = agents.brief(load_task(FIXTURE_TASKS / task_dir))
     assert brief.family is None
@@ -421,7 +428,7 @@ async def test_universal_fallback_handles_a_scalar_output(worker_pool: Any,
     """A loss (0-d output) after a matmul fits no family template; the fallback puts the
     reference's math in one whole-array block and is correct, and carries only what the
     reference uses (no benchmark helper)."""
-    from agents.offline.templates import FALLBACK, write_template
+    from tilewright.agents.offline.templates import FALLBACK, write_template
 
     root = tmp_path / "loss"
     root.mkdir()
@@ -492,7 +499,7 @@ def workload(q, k, v):
 @pytest.mark.parametrize("variant", sorted(ATTENTION_GQA))
 async def test_attention_template_reads_grouped_heads_layout_and_scale(
         worker_pool: Any, tmp_path: Any, variant: str) -> None:
-    from agents.offline.templates import write_template
+    from tilewright.agents.offline.templates import write_template
 
     root = tmp_path / variant
     root.mkdir()

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from agents import brief
-from kernels.executors import LocalExecutor
-from kernels.workers import EvalOptions
-from sessions.branch import branch_session
-from sessions.opening import (
+from tilewright.agents import brief
+from tilewright.kernels.executors import LocalExecutor
+from tilewright.kernels.workers import EvalOptions
+from tilewright.sessions.branch import branch_session
+from tilewright.sessions.opening import (
     OpenError,
     SessionRequest,
     create_log,
@@ -28,8 +28,8 @@ from sessions.opening import (
     parse_set,
     reopen_log,
 )
-from sessions.search import Search
-from sessions.search.graph import SearchConfig
+from tilewright.sessions.search import Search
+from tilewright.sessions.search.graph import SearchConfig
 
 
 async def test_one_header_for_every_front_end_and_resume_follows_it(tmp_path: Path) -> None:

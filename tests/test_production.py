@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from kernels.harness import tpu_compile
-from kernels.loaders import load_task
-from kernels.result import ranking
-from kernels.workers import EvalOptions, WorkerPool
+from tilewright.kernels.harness import tpu_compile
+from tilewright.kernels.loaders import load_task
+from tilewright.kernels.result import ranking
+from tilewright.kernels.workers import EvalOptions, WorkerPool
 
 pytestmark = pytest.mark.skipif(tpu_compile.libtpu_path() is None,
                                 reason="libtpu not installed (pip install 'jax[tpu]')")
@@ -112,7 +112,7 @@ def test_set_shrinks_check_shapes_only(task_dir: Path) -> None:
     moved = load_task(str(task_dir), {"production.rows": "1024"})
     assert moved.production.params == {"rows": 1024, "cols": 2048}
     assert {s.name: s.params["rows"] for s in moved.shapes} == {"small": 64, "prod": 2048}
-    from sessions.tasks import task_header
+    from tilewright.sessions.tasks import task_header
 
     header = task_header(task, {"rows": "32"})
     assert header["production"]["params"] == {"rows": 2048, "cols": 2048}
@@ -136,7 +136,7 @@ def test_jaxbench_production_is_config_as_written(tmp_path: Path) -> None:
     assert task.shapes[0].params == {"batch": 64, "dtype": "bfloat16"}
     assert task.production.params == {"dtype": "bfloat16"}  # dtype is not a size
     assert task.production_task().meta["config"]["batch"] == 4096
-    listed = subprocess.run([sys.executable, "-m", "tui.cli", "tasks", str(task_dir),
+    listed = subprocess.run([sys.executable, "-m", "tilewright.tui.cli", "tasks", str(task_dir),
                              "--no-bundled", "--json", "--set", "batch=64"],
                             capture_output=True, text=True, cwd=ROOT, timeout=300)
     row = json.loads(listed.stdout)["tasks"][0]
@@ -236,9 +236,9 @@ async def test_a_kernel_name_too_long_for_a_file_name_is_estimated(worker_pool,
 
 def test_repeated_ops_count_every_op() -> None:
     """A record stands for ``num_equivalent_hlos`` identical ops, with cycles per op."""
-    from kernels.harness.compiler import op_bytes
-    from kernels.harness.estimates import estimate_of
-    from kernels.harness.tpu_compile import records
+    from tilewright.kernels.harness.compiler import op_bytes
+    from tilewright.kernels.harness.estimates import estimate_of
+    from tilewright.kernels.harness.tpu_compile import records
 
     text = textwrap.dedent("""
         hlo_op_estimate {
@@ -280,7 +280,7 @@ def test_no_estimator_dump_dirs_are_left_behind(task_dir, tmp_path) -> None:
            "TILEWRIGHT_CACHE_DIR": str(tmp_path / "cache")}
     kernel = tmp_path / "k.py"
     kernel.write_text(tiled())
-    proc = subprocess.run([sys.executable, "-m", "tui.cli", "eval", "--task", str(task_dir),
+    proc = subprocess.run([sys.executable, "-m", "tilewright.tui.cli", "eval", "--task", str(task_dir),
                            "--kernel", str(kernel), "--json", "--no-timing"],
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -303,7 +303,7 @@ async def test_the_production_verdict_is_streamed_before_the_result(worker_pool,
     final = next(h["tpu"] for h in heard if h.get("final"))
     assert final["compile"] == "ok" and final["shape_label"] == "2048x2048"
     assert final["estimated_speedup"] == result.tpu["estimated_speedup"]
-    from kernels.result import production_note
+    from tilewright.kernels.result import production_note
 
     assert production_note(final).startswith("at 2048x2048 on v5e: compiles (VMEM ")
 

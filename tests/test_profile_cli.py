@@ -30,7 +30,7 @@ def test_profile_paths_exist_after_the_command(tmp_path: Path) -> None:
     env = dict(os.environ, JAX_PLATFORMS="cpu", TILEWRIGHT_DATA_DIR=str(tmp_path / "data"),
                TILEWRIGHT_CONFIG="/nonexistent/config.toml")
     def profile(*extra: str) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([sys.executable, "-m", "tui.cli", "profile", "--task", "gelu",
+        proc = subprocess.run([sys.executable, "-m", "tilewright.tui.cli", "profile", "--task", "gelu",
                                *SMALL, *extra], cwd=ROOT, env=env, capture_output=True,
                               text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from profiling import SCHEMA, chips
-from profiling.convert import (
+from tilewright.profiling import SCHEMA, chips
+from tilewright.profiling.convert import (
     module_times,
     pallas_share,
     timeline_from_trace,
     top_ops,
 )
-from profiling.timeline import Event, Timeline, Track
+from tilewright.profiling.timeline import Event, Timeline, Track
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILES = Path(__file__).resolve().parent / "fixtures" / "profiles"
@@ -123,7 +123,7 @@ def test_constructed_gpu_trace_uses_the_stream_line() -> None:
 
 
 def test_xprof_converts_the_constructed_xplane_quietly(capfd: pytest.CaptureFixture[str]) -> None:
-    from profiling.convert import trace_events
+    from tilewright.profiling.convert import trace_events
 
     trace, log = trace_events(PROFILES / "constructed_tpu_v5e.xplane.pb")
     expected = json.loads((PROFILES / "constructed_tpu_v5e.trace.json").read_text())
@@ -138,7 +138,7 @@ def test_xprof_converts_the_constructed_xplane_quietly(capfd: pytest.CaptureFixt
 @pytest.mark.slow
 @pytest.mark.asyncio(loop_scope="module")
 async def test_profile_op_captures_a_real_cpu_trace(worker_pool, tmp_path: Path) -> None:
-    from kernels.loaders import load_task
+    from tilewright.kernels.loaders import load_task
 
     task = load_task("rmsnorm")
     # As the session controller sends it: logdir at the payload's top level.
@@ -168,7 +168,7 @@ async def test_profile_op_captures_a_real_cpu_trace(worker_pool, tmp_path: Path)
     # The kernel author's report renders it: kernel, VMEM bar, roofline, ops, raw trace.
     from rich.console import Console
 
-    from profiling.report import print_report
+    from tilewright.profiling.report import print_report
 
     console = Console(record=True, width=120)
     print_report({**result, "task": "rmsnorm", "kernel": "kernel.py"}, console)
@@ -181,10 +181,10 @@ async def test_profile_op_captures_a_real_cpu_trace(worker_pool, tmp_path: Path)
 @pytest.mark.slow
 @pytest.mark.asyncio(loop_scope="module")
 async def test_static_only_profile_runs_nothing(worker_pool) -> None:
-    from kernels.cli_profile import profile
-    from kernels.executors import LocalExecutor
-    from kernels.loaders import load_task
-    from kernels.options import ProfileOptions
+    from tilewright.kernels.cli_profile import profile
+    from tilewright.kernels.executors import LocalExecutor
+    from tilewright.kernels.loaders import load_task
+    from tilewright.kernels.options import ProfileOptions
 
     task = load_task("causal_attention")
     result = await profile(task, task.starting_source(), "kernel.py",
@@ -231,10 +231,10 @@ def kernel(x):
 @pytest.mark.slow
 @pytest.mark.asyncio(loop_scope="module")
 async def test_emit_pipeline_kernel_profiles_on_a_cpu_host(worker_pool) -> None:
-    from kernels.cli_profile import profile
-    from kernels.executors import LocalExecutor
-    from kernels.loaders import load_task
-    from kernels.options import ProfileOptions
+    from tilewright.kernels.cli_profile import profile
+    from tilewright.kernels.executors import LocalExecutor
+    from tilewright.kernels.loaders import load_task
+    from tilewright.kernels.options import ProfileOptions
 
     result = await profile(load_task("gelu"), PIPELINED_GELU, "pipelined.py",
                            ProfileOptions(iters=1), judge=LocalExecutor.over(worker_pool))
@@ -252,7 +252,7 @@ def test_cli_profile_json_and_quiet_stderr(tmp_path: Path) -> None:
     # written, and still none may reach the CLI process's stderr.
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "0",
            "GLOG_minloglevel": "0", "ABSL_MIN_LOG_LEVEL": "0"}
-    cmd = [sys.executable, "-m", "tui.cli", "profile", "--task", "gelu", "--json",
+    cmd = [sys.executable, "-m", "tilewright.tui.cli", "profile", "--task", "gelu", "--json",
            "--iters", "2", "--logdir", str(tmp_path / "p"), "--trace-out",
            str(tmp_path / "timeline.json")]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
@@ -278,7 +278,7 @@ def test_cli_profile_json_and_quiet_stderr(tmp_path: Path) -> None:
 
 def test_cli_profile_bad_input(tmp_path: Path) -> None:
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    base = [sys.executable, "-m", "tui.cli", "profile", "--task", "gelu"]
+    base = [sys.executable, "-m", "tilewright.tui.cli", "profile", "--task", "gelu"]
     missing = subprocess.run([*base, "--kernel", str(tmp_path / "nope.py")], cwd=ROOT,
                              capture_output=True, text=True, env=env)
     assert missing.returncode == 2 and "cannot read kernel" in missing.stderr
@@ -290,10 +290,10 @@ def test_cli_profile_bad_input(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.asyncio(loop_scope="module")
 async def test_profile_of_a_broken_candidate_says_why(worker_pool) -> None:
-    from kernels.cli_profile import profile
-    from kernels.executors import LocalExecutor
-    from kernels.loaders import load_task
-    from kernels.options import ProfileOptions
+    from tilewright.kernels.cli_profile import profile
+    from tilewright.kernels.executors import LocalExecutor
+    from tilewright.kernels.loaders import load_task
+    from tilewright.kernels.options import ProfileOptions
 
     task = load_task("gelu")
     result = await profile(task, "def kernel(x):\n    return x +\n", "broken.py",
@@ -309,10 +309,10 @@ async def test_a_tampering_candidate_gets_its_candidate_process_recycled(worker_
     # Profiling runs the candidate in the judge's candidate process, never in the judge:
     # a candidate that patches numpy is refused there and that process replaced; the
     # judge (the worker) stays.
-    from kernels.cli_profile import profile
-    from kernels.executors import LocalExecutor
-    from kernels.loaders import load_task
-    from kernels.options import ProfileOptions
+    from tilewright.kernels.cli_profile import profile
+    from tilewright.kernels.executors import LocalExecutor
+    from tilewright.kernels.loaders import load_task
+    from tilewright.kernels.options import ProfileOptions
 
     task = load_task("gelu")
     await worker_pool.request("hello", {})
@@ -332,8 +332,8 @@ async def test_a_tampering_candidate_gets_its_candidate_process_recycled(worker_
 def test_report_and_digest_of_a_device_profile() -> None:
     from rich.console import Console
 
-    from profiling.digest import digest
-    from profiling.report import print_report
+    from tilewright.profiling.digest import digest
+    from tilewright.profiling.report import print_report
 
     trace = json.loads((PROFILES / "constructed_tpu_v5e.trace.json").read_text())
     tl = timeline_from_trace(trace)

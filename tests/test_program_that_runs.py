@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from kernels.harness import tpu_compile
-from kernels.loaders import load_task
-from kernels.result import ranking
-from kernels.workers import EvalOptions
+from tilewright.kernels.harness import tpu_compile
+from tilewright.kernels.loaders import load_task
+from tilewright.kernels.result import ranking
+from tilewright.kernels.workers import EvalOptions
 
 pytestmark = pytest.mark.skipif(tpu_compile.libtpu_path() is None,
                                 reason="libtpu not installed (pip install 'jax[tpu]')")
@@ -237,7 +237,7 @@ async def test_work_behind_a_late_grid_step_is_priced(worker_pool, matmul_task) 
 
 
 def test_an_estimate_below_the_kernels_own_work_is_not_believed() -> None:
-    from kernels.harness.verdict import ProductionRun
+    from tilewright.kernels.harness.verdict import ProductionRun
 
     run = ProductionRun.__new__(ProductionRun)
     run.chip = "v5e"
@@ -260,11 +260,11 @@ async def test_auto_never_crowns_a_rejected_program(worker_pool, tanh_task,
                                                     tmp_path: Path) -> None:
     from scripted_agent import ScriptedAgent, kernel
 
-    from agents import brief
-    from sessions.autonomy import Budgets, ControllerSettings
-    from sessions.controller import Controller
-    from sessions.evaluator import PoolEvaluator
-    from sessions.log import SessionLog
+    from tilewright.agents import brief
+    from tilewright.sessions.autonomy import Budgets, ControllerSettings
+    from tilewright.sessions.controller import Controller
+    from tilewright.sessions.evaluator import PoolEvaluator
+    from tilewright.sessions.log import SessionLog
 
     task = load_task(str(tanh_task))
     agent = ScriptedAgent([kernel(SHAPE_BRANCH, "one row of blocks at production"),

@@ -18,13 +18,13 @@ import pytest
 from scripted_agent import ScriptedAgent, kernel
 from test_controller import MarkedEvaluator, assert_replay_matches, make, src
 
-from agents.base import AgentRequest, Proposal
-from agents.context import turn_text
-from kernels.loaders import load_task
-from kernels.result import Rank
-from kernels.task import Task
-from profiling.diagnose import check_with_estimates
-from sessions.autonomy import Budgets, ControllerSettings
+from tilewright.agents.base import AgentRequest, Proposal
+from tilewright.agents.context import turn_text
+from tilewright.kernels.loaders import load_task
+from tilewright.kernels.result import Rank
+from tilewright.kernels.task import Task
+from tilewright.profiling.diagnose import check_with_estimates
+from tilewright.sessions.autonomy import Budgets, ControllerSettings
 
 
 @pytest.fixture(scope="module")
@@ -123,8 +123,8 @@ async def test_a_version_the_person_checked_out_stays_the_base(tmp_path: Path,
 @pytest.mark.asyncio
 async def test_a_proposal_may_name_its_base(tmp_path: Path, gelu: Task) -> None:
     """propose_tuning with ``base``: applied to that version's source, a child of it."""
-    from agents.base import ToolCall
-    from agents.parsing import _tuning
+    from tilewright.agents.base import ToolCall
+    from tilewright.agents.parsing import _tuning
 
     agent = ScriptedAgent([kernel(tunable(8, 2.0, "a"), "rows 8"),
                            kernel(tunable(16, 3.0, "b"), "rows 16")])
@@ -137,7 +137,7 @@ async def test_a_proposal_may_name_its_base(tmp_path: Path, gelu: Task) -> None:
         c.approve()
         await c.wait_idle()
     assert c.state.current == 3 and c.state.best == 3
-    from sessions.context import build_request
+    from tilewright.sessions.context import build_request
 
     request = build_request(c.state, c.log, c.brief, "tune", None, "v5e")
     parsed = _tuning(ToolCall("propose_tuning", {"changes": {"BLOCK_ROWS": 32}, "base": 2,
@@ -167,7 +167,14 @@ async def test_a_proposal_may_name_its_base(tmp_path: Path, gelu: Task) -> None:
 @pytest.mark.asyncio
 async def test_read_only_tool_answers_stay_for_the_session(tmp_path: Path, gelu: Task) -> None:
     """A lookup made while proposing v2 is in the requests for v3 and later."""
-    from agents.base import ProposalReady, TextDelta, ToolCall, ToolResult, Usage, UsageReport
+    from tilewright.agents.base import (
+        ProposalReady,
+        TextDelta,
+        ToolCall,
+        ToolResult,
+        Usage,
+        UsageReport,
+    )
 
     class Looking(ScriptedAgent):
         async def propose(self, request: AgentRequest):  # type: ignore[override]
@@ -199,7 +206,7 @@ async def test_read_only_tool_answers_stay_for_the_session(tmp_path: Path, gelu:
 
 
 def test_lookups_keep_the_newest_within_the_budget() -> None:
-    from agents.context import MAX_LOOKUP_CHARS, lookups_text
+    from tilewright.agents.context import MAX_LOOKUP_CHARS, lookups_text
 
     calls = tuple({"name": "lookup_api", "input": {"name": f"n{i}"}, "output": "x" * 5000}
                   for i in range(10))
@@ -244,7 +251,7 @@ def test_a_heuristic_the_estimator_contradicts_is_marked_and_no_longer_leads() -
     assert "[CONTRADICTED by the estimator: the TPU compiler estimates v2" in text
     assert "1 step 2,916 (v2), 2 steps 2,616 (v1), 4 steps 4,122 (v3)" in text
     # The offline tuner does not grow the blocks on a contradicted per-step finding.
-    from agents.offline import tuner
+    from tilewright.agents.offline import tuner
 
     obs = tuner.Observations()
     obs.add({"BLOCK_ROWS": 128}, "correct", Rank("tpu_estimate", 1.26, "v5e", kernel_s=2e-6),
@@ -256,7 +263,7 @@ def test_a_heuristic_the_estimator_contradicts_is_marked_and_no_longer_leads() -
 
 
 def _brief():
-    from agents import brief
+    from tilewright.agents import brief
 
     return brief(load_task("gelu"))
 
@@ -269,7 +276,7 @@ RECORDED = Path(__file__).parent / "fixtures" / "evals" / "matmul_gelu_softmax_v
 def test_an_evaluation_says_its_numbers_and_never_a_host_speedup() -> None:
     import json
 
-    from agents.context import eval_text
+    from tilewright.agents.context import eval_text
 
     result = json.loads(RECORDED.read_text())
     text = eval_text(result, version=4)
@@ -289,7 +296,7 @@ def test_an_evaluation_says_its_numbers_and_never_a_host_speedup() -> None:
 def _floor_line(tpu: dict) -> str:
     import json
 
-    from agents.context import eval_text
+    from tilewright.agents.context import eval_text
 
     result = json.loads(RECORDED.read_text())
     result["tpu"].update(tpu)
@@ -340,7 +347,7 @@ def test_a_roofline_rank_says_what_the_reference_is_priced_by_and_why() -> None:
     the reference's roofline, and the text says so, with the reason and the figures."""
     import json
 
-    from agents.context import eval_text, ranking_text
+    from tilewright.agents.context import eval_text, ranking_text
 
     result = json.loads(RECORDED.read_text())
     why = "the estimator aborted on the XLA reference (Check failed)"
@@ -370,8 +377,8 @@ def test_the_production_shape_fields_are_read_when_present() -> None:
     evaluation in the documented format, reach the evaluation, the table and the rule."""
     import json
 
-    from agents.context import eval_text, history_text, ranking_text
-    from agents.evalfacts import version_numbers
+    from tilewright.agents.context import eval_text, history_text, ranking_text
+    from tilewright.agents.evalfacts import version_numbers
 
     result = json.loads(RECORDED.read_text())
     tpu = result["tpu"]

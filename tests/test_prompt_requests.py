@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from openai_server import ChatServer, tool_reply
 
-from kernels.result import ranking
+from tilewright.kernels.result import ranking
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -111,7 +111,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     with server:
         env["OPENAI_BASE_URL"] = server.url
         proc = subprocess.run(
-            [sys.executable, "-m", "tui.cli", "auto", "--task", str(task), "--set", "rows=64",
+            [sys.executable, "-m", "tilewright.tui.cli", "auto", "--task", str(task), "--set", "rows=64",
              "--set", "cols=256", "--agent", "openai", "--budget", "5",
              "--session-dir", str(tmp / "sessions"), "--json"],
             capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from kernels.harness import tpu_compile
-from kernels.loaders import load_task
-from kernels.result import Rank, ranking
-from kernels.workers import EvalOptions, WorkerPool
+from tilewright.kernels.harness import tpu_compile
+from tilewright.kernels.loaders import load_task
+from tilewright.kernels.result import Rank, ranking
+from tilewright.kernels.workers import EvalOptions, WorkerPool
 
 pytestmark = pytest.mark.skipif(tpu_compile.libtpu_path() is None,
                                 reason="libtpu not installed (pip install 'jax[tpu]')")
@@ -104,7 +104,7 @@ def new_task(where: Path, name: str, fn: str, shapes: list[str], kernel: str) ->
     where.mkdir(parents=True, exist_ok=True)
     (where / "model.py").write_text(MODEL)
     (where / "mine.py").write_text(kernel)
-    args = [sys.executable, "-m", "tui.cli", "new", name, "--from", f"model.py:{fn}",
+    args = [sys.executable, "-m", "tilewright.tui.cli", "new", name, "--from", f"model.py:{fn}",
             "--kernel", f"mine.py:{fn}"]
     for shape in shapes:
         args += ["--shape", shape]
@@ -200,7 +200,7 @@ def test_batch_axes_find_the_size_that_halves_the_output() -> None:
     import jax
     import jax.numpy as jnp
 
-    from kernels.harness import shrink
+    from tilewright.kernels.harness import shrink
 
     def avals(*shapes):
         return [jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes]

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sessions.log import load
-from sessions.report import html_report, markdown
-from sessions.state import fold
+from tilewright.sessions.log import load
+from tilewright.sessions.report import html_report, markdown
+from tilewright.sessions.state import fold
 
 FIXTURE = Path(__file__).resolve().parent / "snapshots" / "session_gelu"
 
@@ -35,8 +35,8 @@ def _session(tmp_path: Path) -> Path:
     """A session written through the real log with today's ranks: v1 the TPU compiler's
     estimate, v2 a faster kernel ranked against XLA's roofline (the reference had no
     estimate), v3 ranked by host simulation only (the compiler gave nothing)."""
-    from kernels.result import Rank
-    from sessions.log import SessionLog
+    from tilewright.kernels.result import Rank
+    from tilewright.sessions.log import SessionLog
 
     fidelity = {"class": "memory_bound", "chip": "v5e", "median_ratio": 0.93,
                 "within_2x": 0.9, "rows": 12}

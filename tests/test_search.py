@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from agents import brief, make_agent
-from kernels.executors import LocalExecutor
-from kernels.loaders import load_task
-from kernels.result import Rank
-from kernels.workers import EvalOptions
-from sessions.log import load
-from sessions.search import Search
-from sessions.search.graph import Budget, SearchConfig, fold_search
-from sessions.search.plan import finish_reason, plan, select_beam
+from tilewright.agents import brief, make_agent
+from tilewright.kernels.executors import LocalExecutor
+from tilewright.kernels.loaders import load_task
+from tilewright.kernels.result import Rank
+from tilewright.kernels.workers import EvalOptions
+from tilewright.sessions.log import load
+from tilewright.sessions.search import Search
+from tilewright.sessions.search.graph import Budget, SearchConfig, fold_search
+from tilewright.sessions.search.plan import finish_reason, plan, select_beam
 
 SUITE = Path(__file__).parent / "fixtures" / "suite"
 FAST = EvalOptions(trials=1, time_budget_s=0.2, timeout_s=60.0)
@@ -221,7 +221,7 @@ def test_beam_and_best_follow_rank_key_not_the_value() -> None:
     assert info.beam == [3, 5, 2]  # v1 (the slowest kernel) and v4 (host sim) left out
     assert info.best_version == 3 and state.best() == 3
     state.apply({"seq": seq, "t": 4, "type": "search.round", **info.event_fields()})
-    from sessions.search.plan import lineage_done
+    from tilewright.sessions.search.plan import lineage_done
 
     assert lineage_done(state, 0) is None  # round 1 improved on round 0 (by key)
 
@@ -293,7 +293,7 @@ def test_a_task_error_ends_the_search() -> None:
 
 
 def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "tui.cli", "search", *args]
+    return [sys.executable, "-m", "tilewright.tui.cli", "search", *args]
 
 
 def test_suite_resumes_after_kill_9(tmp_path) -> None:
@@ -359,7 +359,7 @@ def test_suite_resumes_after_kill_9(tmp_path) -> None:
 
 def test_budgets_for_tokens_cost_and_wall_time() -> None:
     """Each budget stops new expansions; wall time counts only while a search ran."""
-    from sessions.search.plan import budget_reason
+    from tilewright.sessions.search.plan import budget_reason
 
     def state_with(budget: Budget, events: list[dict]):
         cfg = SearchConfig(budget=budget).to_json()
@@ -428,7 +428,7 @@ def test_suite_totals_are_the_figures_the_field_reports() -> None:
     """Correct rate over every task (unloaded ones count as failures), the geometric mean
     over correct tasks, fast_p over all tasks; the table and Markdown say what the
     speedup is and why tasks failed."""
-    from sessions.cli_search import markdown, suite_totals
+    from tilewright.sessions.cli_search import markdown, suite_totals
 
     def task(name: str, status: str | None, speed: float | None, note: str | None = None,
              source: str = "tpu_estimate"):

@@ -10,16 +10,16 @@ from pathlib import Path
 from textual.app import App
 from textual.widgets import Static, Tree
 
-from agents import brief, make_agent
-from kernels.executors import LocalExecutor
-from kernels.loaders import load_task
-from kernels.result import Rank
-from kernels.workers import EvalOptions
-from sessions.log import SessionLog, load
-from sessions.search import Search
-from sessions.search.graph import Budget, SearchConfig
-from tui.screens.search_view import SearchScreen
-from tui.widgets.footer import KeyFooter
+from tilewright.agents import brief, make_agent
+from tilewright.kernels.executors import LocalExecutor
+from tilewright.kernels.loaders import load_task
+from tilewright.kernels.result import Rank
+from tilewright.kernels.workers import EvalOptions
+from tilewright.sessions.log import SessionLog, load
+from tilewright.sessions.search import Search
+from tilewright.sessions.search.graph import Budget, SearchConfig
+from tilewright.tui.screens.search_view import SearchScreen
+from tilewright.tui.widgets.footer import KeyFooter
 
 SUITE = Path(__file__).parent / "fixtures" / "suite"
 
@@ -144,7 +144,7 @@ async def test_human_in_the_loop_approve_reject_prune(tmp_path) -> None:
 
 
 async def test_review_app_hosts_a_recorded_search_and_escape_quits(tmp_path) -> None:
-    from tui.review import ReviewApp
+    from tilewright.tui.review import ReviewApp
 
     path = _recorded_session(tmp_path)
     app = ReviewApp(SearchScreen(session=path))
@@ -161,6 +161,6 @@ def test_review_needs_a_session_or_a_task() -> None:
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "tui.cli", "review"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "tilewright.tui.cli", "review"], capture_output=True,
                           text=True)
     assert proc.returncode == 2 and "either a SESSION" in proc.stderr

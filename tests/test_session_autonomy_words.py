@@ -11,14 +11,14 @@ import pytest
 from scripted_agent import ScriptedAgent, kernel
 from test_controller import NO_LIMITS, MarkedEvaluator, assert_replay_matches, make, src
 
-import agents
-from agents.base import AgentRequest, Finished, Proposal
-from agents.offline import decide
-from kernels.loaders import load_task
-from kernels.task import Task
-from sessions.autonomy import Budgets, ControllerSettings, stop_words
-from sessions.controller import ControllerError
-from sessions.edits import describe_edit
+from tilewright import agents
+from tilewright.agents.base import AgentRequest, Finished, Proposal
+from tilewright.agents.offline import decide
+from tilewright.kernels.loaders import load_task
+from tilewright.kernels.task import Task
+from tilewright.sessions.autonomy import Budgets, ControllerSettings, stop_words
+from tilewright.sessions.controller import ControllerError
+from tilewright.sessions.edits import describe_edit
 
 ASYNC = pytest.mark.asyncio(loop_scope="module")
 
@@ -121,7 +121,7 @@ def test_stop_reasons_in_words() -> None:
 
 def _estimated(speedup: float) -> dict:
     """A history entry's rank: the TPU compiler's estimate against a 1 ms reference."""
-    from kernels.result import Rank
+    from tilewright.kernels.result import Rank
 
     return Rank("tpu_estimate", speedup, "v5e", kernel_s=1e-3 / speedup).to_json()
 
@@ -154,7 +154,7 @@ def test_a_rejection_note_binds_the_offline_agent() -> None:
 def test_a_diagnosis_asking_for_larger_blocks_widens_the_choices() -> None:
     """Every declared choice measured, the best at the largest, and the profile says the
     step overhead dominates: a proposal that widens TUNABLES, not a stop."""
-    from kernels import tunables
+    from tilewright.kernels import tunables
 
     task = load_task("softmax")
     source = task.starting_source().replace("BLOCK_ROWS = 32", "BLOCK_ROWS = 512")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from kernels.result import Rank
-from sessions.context import history
-from sessions.state import Version
+from tilewright.kernels.result import Rank
+from tilewright.sessions.context import history
+from tilewright.sessions.state import Version
 
 
 def _version(number: int, parent: int | None, blob: str, estimate: float | None) -> Version:

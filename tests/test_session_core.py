@@ -12,11 +12,11 @@ from judges import MarkedJudge
 from scripted_agent import ScriptedAgent
 from sizes import load_small
 
-from agents import brief
-from agents.base import Proposal
-from kernels.task import Task
-from sessions.autonomy import Budgets, ControllerSettings
-from sessions.core import (
+from tilewright.agents import brief
+from tilewright.agents.base import Proposal
+from tilewright.kernels.task import Task
+from tilewright.sessions.autonomy import Budgets, ControllerSettings
+from tilewright.sessions.core import (
     AutoApproval,
     Decision,
     Halt,
@@ -25,10 +25,10 @@ from sessions.core import (
     SearchRules,
     SessionCore,
 )
-from sessions.errors import ApprovalRequired
-from sessions.log import SessionLog, load
-from sessions.search.graph import fold_search
-from sessions.state import fold
+from tilewright.sessions.errors import ApprovalRequired
+from tilewright.sessions.log import SessionLog, load
+from tilewright.sessions.search.graph import fold_search
+from tilewright.sessions.state import fold
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sessions import log as slog
-from sessions.log import MissingBlobError, NewerSchemaError, SessionError, SessionLog
-from sessions.state import fold
+from tilewright.sessions import log as slog
+from tilewright.sessions.log import MissingBlobError, NewerSchemaError, SessionError, SessionLog
+from tilewright.sessions.state import fold
 
 
 def _new(tmp_path: Path, name: str = "gelu") -> SessionLog:

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from sessions.log import (
+from tilewright.sessions.log import (
     SessionLockedError,
     SessionLog,
     SessionWriteError,
     load,
 )
-from sessions.replay import audit
-from sessions.state import fold
+from tilewright.sessions.replay import audit
+from tilewright.sessions.state import fold
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = ["--trials", "1", "--time-budget", "0.2", "--set", "rows=64", "--set", "cols=256"]
@@ -33,7 +33,7 @@ FAST = ["--trials", "1", "--time-budget", "0.2", "--set", "rows=64", "--set", "c
 def tw(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, JAX_PLATFORMS="cpu", TILEWRIGHT_CONFIG="/nonexistent/config.toml")
     env.pop("ANTHROPIC_API_KEY", None)
-    return subprocess.run([sys.executable, "-m", "tui.cli", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "tilewright.tui.cli", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from sessions.log import load
-from sessions.state import fold
+from tilewright.sessions.log import load
+from tilewright.sessions.state import fold
 
 ROOT = Path(__file__).resolve().parent.parent
 # One trial, short timing, every shape shrunk to 64x256 (recorded in the header).
@@ -38,12 +38,12 @@ def _env() -> dict[str, str]:
 
 
 def tw(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tui.cli", *args], cwd=ROOT, env=_env(),
+    return subprocess.run([sys.executable, "-m", "tilewright.tui.cli", *args], cwd=ROOT, env=_env(),
                           capture_output=True, text=True, timeout=timeout)
 
 
 def start(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "tui.cli", *args], cwd=ROOT, env=_env(),
+    return subprocess.Popen([sys.executable, "-m", "tilewright.tui.cli", *args], cwd=ROOT, env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -80,7 +80,7 @@ def worker_pids(parent: int) -> list[int]:
             cmd = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"kernels.harness.worker" in cmd and b"--parent" in cmd \
+        if b"tilewright.kernels.harness.worker" in cmd and b"--parent" in cmd \
                 and cmd[cmd.index(b"--parent") + 1] == str(parent).encode():
             found.append(int(entry.name))
     return found

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from profiling import chips
+from tilewright.profiling import chips
 
 KiB, MiB = 1024, 1024 * 1024
 
@@ -51,7 +51,7 @@ def _matmul(bm: int, bk: int, bn: int, dtype: str = "bfloat16", semantics: bool 
 def test_static_matmul_by_hand() -> None:
     import jax
 
-    from profiling.static import analyze_callable
+    from tilewright.profiling.static import analyze_callable
 
     fn, dt = _matmul(128, 256, 128)
     x = jax.ShapeDtypeStruct((256, 512), dt)
@@ -112,7 +112,7 @@ def test_static_elementwise_by_hand() -> None:
     import jax
     import jax.numpy as jnp
 
-    from profiling.static import analyze_callable
+    from tilewright.profiling.static import analyze_callable
 
     fn = _elementwise(64, 128)
     x = jax.ShapeDtypeStruct((512, 256), jnp.float32)
@@ -137,7 +137,7 @@ def test_misaligned_block_is_an_error_the_lowering_agrees_with() -> None:
     import jax
     import jax.numpy as jnp
 
-    from profiling.static import analyze_callable
+    from tilewright.profiling.static import analyze_callable
 
     fn = _elementwise(8, 64)  # last dim 64: not a multiple of 128, not the full 256
     x = jax.ShapeDtypeStruct((512, 256), jnp.float32)
@@ -163,7 +163,7 @@ def test_misaligned_block_is_an_error_the_lowering_agrees_with() -> None:
 def test_vmem_overflow_warnings() -> None:
     import jax
 
-    from profiling.static import analyze_callable
+    from tilewright.profiling.static import analyze_callable
 
     fn, dt = _matmul(2048, 2048, 2048, dtype="float32")
     x = jax.ShapeDtypeStruct((4096, 4096), dt)
@@ -181,7 +181,7 @@ def test_vmem_overflow_warnings() -> None:
 def test_grid_too_small_for_two_cores() -> None:
     import jax
 
-    from profiling.static import analyze_callable
+    from tilewright.profiling.static import analyze_callable
 
     fn, dt = _matmul(256, 256, 256)
     x = jax.ShapeDtypeStruct((256, 256), dt)  # grid (1, 1, 1)
@@ -201,7 +201,7 @@ def test_tiny_blocks_warn_about_step_overhead() -> None:
     import jax
     import jax.numpy as jnp
 
-    from profiling.static import analyze_callable
+    from tilewright.profiling.static import analyze_callable
 
     fn = _elementwise(8, 128)  # 4 KiB blocks over a 16 MiB array: 4096 steps
     x = jax.ShapeDtypeStruct((4096, 1024), jnp.float32)
@@ -223,7 +223,7 @@ def test_prefetch_hbm_scan_and_buffering_are_read() -> None:
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
 
-    from profiling.static import analyze_callable
+    from tilewright.profiling.static import analyze_callable
 
     v5e = chips.get_chip("v5e")
 
@@ -338,7 +338,7 @@ def test_alignment_rule_matches_the_tpu_lowering(shape: tuple, block: tuple) -> 
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
 
-    from profiling.static import analyze_callable
+    from tilewright.profiling.static import analyze_callable
 
     def kernel(x_ref, o_ref):
         o_ref[...] = x_ref[...] + 1.0
@@ -374,7 +374,7 @@ def test_alignment_rule_matches_the_tpu_lowering(shape: tuple, block: tuple) -> 
 def test_mxu_width_and_bf16_packing_by_chip() -> None:
     import jax
 
-    from profiling.static import analyze_callable
+    from tilewright.profiling.static import analyze_callable
 
     fn, dt = _matmul(8, 128, 128)  # bf16 (8, 128) x (128, 128) blocks
     x = jax.ShapeDtypeStruct((64, 256), dt)
@@ -396,7 +396,7 @@ def test_out_of_bounds_block_index_is_an_error() -> None:
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
 
-    from profiling.static import analyze_callable
+    from tilewright.profiling.static import analyze_callable
 
     def copy(x_ref, o_ref):
         o_ref[...] = x_ref[...]
@@ -436,7 +436,7 @@ def test_reduction_axis_marked_parallel() -> None:
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
 
-    from profiling.static import analyze_callable
+    from tilewright.profiling.static import analyze_callable
 
     def row_sum(x_ref, o_ref):
         @pl.when(pl.program_id(1) == 0)
@@ -482,7 +482,7 @@ def test_no_grid_is_one_step() -> None:
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
 
-    from profiling.static import analyze_callable
+    from tilewright.profiling.static import analyze_callable
 
     def axpy(x_ref, y_ref, o_ref):
         o_ref[...] = 2.0 * x_ref[...] + y_ref[...]
@@ -564,7 +564,7 @@ def test_a_dot_in_two_exclusive_when_branches_counts_once_per_step() -> None:
     import jax
     import jax.numpy as jnp
 
-    from profiling.static import analyze_callable
+    from tilewright.profiling.static import analyze_callable
 
     m, kd, n = 256, 512, 256
     x = jax.ShapeDtypeStruct((m, kd), jnp.float32)
@@ -584,7 +584,7 @@ def test_a_when_on_runtime_data_is_an_upper_bound_and_says_so() -> None:
     import jax
     import jax.numpy as jnp
 
-    from profiling.static import analyze_callable
+    from tilewright.profiling.static import analyze_callable
 
     x = jax.ShapeDtypeStruct((256, 256), jnp.float32)
     w = jax.ShapeDtypeStruct((256, 256), jnp.float32)

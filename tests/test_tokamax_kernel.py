@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from kernels import tunables
-from kernels.loaders import load_task
-from kernels.result import ranking
-from kernels.workers import EvalOptions
+from tilewright.kernels import tunables
+from tilewright.kernels.loaders import load_task
+from tilewright.kernels.result import ranking
+from tilewright.kernels.workers import EvalOptions
 
 pytest.importorskip("tokamax")
 
@@ -53,7 +53,7 @@ async def test_new_from_a_function_calling_tokamax_is_judged_and_estimated(
     (tmp_path / "gmm.py").write_text(KERNEL)
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     made = subprocess.run(
-        [sys.executable, "-m", "tui.cli", "new", "moe", "--from", "model.py:moe_matmul",
+        [sys.executable, "-m", "tilewright.tui.cli", "new", "moe", "--from", "model.py:moe_matmul",
          "--shape", "lhs=bf16[2048,512]", "--shape", "rhs=bf16[4,512,1024]",
          "--shape", "group_sizes=int32[4]", "--kernel", "gmm.py:moe_matmul",
          "--check", "lhs_0=1024", "--check", "lhs_1=512", "--check", "rhs_2=512",

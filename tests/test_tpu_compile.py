@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from agents.offline.tuner import observations_from
-from kernels.harness import tpu_compile
-from kernels.loaders import load_task
-from kernels.result import ranking
-from kernels.workers import EvalOptions, WorkerPool
+from tilewright.agents.offline.tuner import observations_from
+from tilewright.kernels.harness import tpu_compile
+from tilewright.kernels.loaders import load_task
+from tilewright.kernels.result import ranking
+from tilewright.kernels.workers import EvalOptions, WorkerPool
 
 pytestmark = pytest.mark.skipif(tpu_compile.libtpu_path() is None,
                                 reason="libtpu not installed (pip install 'jax[tpu]')")
@@ -234,7 +234,7 @@ async def test_an_estimator_abort_costs_the_estimate_not_the_kernel(worker_pool,
     assert fixed.status == "correct", fixed.error
     assert fixed.tpu["compile"] == "ok" and fixed.tpu["estimate"]["cycles"] > 0
     # The offline agent's fixer makes that change itself: blocks widened, stores cast back.
-    from agents.offline.fixes import suggest_fix
+    from tilewright.agents.offline.fixes import suggest_fix
 
     fix = suggest_fix(BF16_ROW_BROADCAST.replace(" CAST", ""), crashed.to_json())
     assert fix is not None and fix.rule == "half_precision" and fix.source

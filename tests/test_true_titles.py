@@ -16,12 +16,12 @@ import pytest
 from scripted_agent import ScriptedAgent, kernel
 from test_controller import MarkedEvaluator, assert_replay_matches, make, src
 
-from agents.offline import tuner
-from kernels import tunables
-from kernels.loaders import load_task
-from kernels.result import Rank
-from kernels.task import Task
-from sessions.autonomy import ControllerSettings
+from tilewright.agents.offline import tuner
+from tilewright.kernels import tunables
+from tilewright.kernels.loaders import load_task
+from tilewright.kernels.result import Rank
+from tilewright.kernels.task import Task
+from tilewright.sessions.autonomy import ControllerSettings
 
 SOURCE = """import jax
 BLOCK_ROWS = {rows}
@@ -154,7 +154,7 @@ def floored(value: float, alone: float, cycles: int) -> dict:
 
 
 def test_an_estimate_the_floor_decided_says_so_with_both_figures() -> None:
-    from kernels.result import ranking, times
+    from tilewright.kernels.result import ranking, times
 
     rank = ranking(floored(4.000648498535156, 1.7198, 184_352))
     words = rank.words()
@@ -167,7 +167,7 @@ def test_an_estimate_the_floor_decided_says_so_with_both_figures() -> None:
 
 
 def test_the_workbench_result_line_carries_the_trust() -> None:
-    from tui.presenter import describe_result
+    from tilewright.tui.presenter import describe_result
 
     event = {"type": "run.result", "version": 3, "status": "correct", "correct": True,
              "rank": ranking_json(floored(4.0, 1.72, 184_352))}
@@ -179,14 +179,14 @@ def test_the_workbench_result_line_carries_the_trust() -> None:
 
 
 def ranking_json(result: dict) -> dict:
-    from kernels.result import ranking
+    from tilewright.kernels.result import ranking
 
     return ranking(result).to_json()
 
 
 def test_the_tuner_says_when_the_floor_hides_a_difference() -> None:
-    from agents.offline import floor_note
-    from kernels.result import ranking
+    from tilewright.agents.offline import floor_note
+    from tilewright.kernels.result import ranking
 
     obs = tuner.Observations()
     for version, rows, cycles in ((1, 32, 184_352), (2, 64, 190_000), (3, 128, 317_079)):
@@ -200,7 +200,7 @@ def test_the_tuner_says_when_the_floor_hides_a_difference() -> None:
 
 
 def test_replay_verify_writes_a_speedup_band_with_the_one_formatter() -> None:
-    from sessions.replay import _figure
+    from tilewright.sessions.replay import _figure
 
     band = ("estimated_speedup", 3.6005, 4.4)
     assert _figure(band, 4.000648498535156) == "4.00x"  # not 4.000648498535156
@@ -209,10 +209,10 @@ def test_replay_verify_writes_a_speedup_band_with_the_one_formatter() -> None:
 
 
 def test_a_tuning_proposal_says_when_the_floor_hides_a_difference() -> None:
-    from agents import brief
-    from agents.base import AgentRequest, Proposal
-    from agents.offline import decide
-    from kernels.result import ranking
+    from tilewright.agents import brief
+    from tilewright.agents.base import AgentRequest, Proposal
+    from tilewright.agents.offline import decide
+    from tilewright.kernels.result import ranking
 
     task = load_task("gelu", {"rows": "1024", "cols": "1024"})
     source = task.starting_source()

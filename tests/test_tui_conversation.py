@@ -12,12 +12,12 @@ from scripted_agent import ScriptedAgent, kernel, plan
 from test_tui_flow import FakeClock, kinds, make_app, persisted, settle
 from textual.widgets import TextArea
 
-import agents
-from kernels.loaders import load_task
-from kernels.workers import WorkerPool
-from tui.screens.modals import PlanEditor
-from tui.screens.workbench import slash_command
-from tui.widgets.chat import ChatPane
+from tilewright import agents
+from tilewright.kernels.loaders import load_task
+from tilewright.kernels.workers import WorkerPool
+from tilewright.tui.screens.modals import PlanEditor
+from tilewright.tui.screens.workbench import slash_command
+from tilewright.tui.widgets.chat import ChatPane
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -17,21 +17,21 @@ import pytest_asyncio
 from anthropic_server import MessagesServer, tool_reply
 from scripted_agent import ScriptedAgent, kernel, tuning
 
-import agents
-from kernels.loaders import load_task
-from kernels.result import Rank
-from kernels.workers import EvalOptions, WorkerPool
-from sessions.evaluator import PoolEvaluator
-from sessions.log import load
-from tui.app import TilewrightApp
-from tui.format import rank_at_length
-from tui.launch import ChipChoice, start_session
-from tui.screens.modals import ErrorModal
-from tui.widgets.chat import ChatPane
-from tui.widgets.history import HistoryPane
-from tui.widgets.problems import ProblemsPane
-from tui.widgets.source import SourcePane
-from tui.widgets.status import ActivityLine, ApprovalBar, StatusBar
+from tilewright import agents
+from tilewright.kernels.loaders import load_task
+from tilewright.kernels.result import Rank
+from tilewright.kernels.workers import EvalOptions, WorkerPool
+from tilewright.sessions.evaluator import PoolEvaluator
+from tilewright.sessions.log import load
+from tilewright.tui.app import TilewrightApp
+from tilewright.tui.format import rank_at_length
+from tilewright.tui.launch import ChipChoice, start_session
+from tilewright.tui.screens.modals import ErrorModal
+from tilewright.tui.widgets.chat import ChatPane
+from tilewright.tui.widgets.history import HistoryPane
+from tilewright.tui.widgets.problems import ProblemsPane
+from tilewright.tui.widgets.source import SourcePane
+from tilewright.tui.widgets.status import ActivityLine, ApprovalBar, StatusBar
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -338,7 +338,7 @@ async def test_full_collections_wait_for_a_quiet_keyboard(tmp_path, gelu, pool, 
     import gc
     import time
 
-    from tui import app as app_module
+    from tilewright.tui import app as app_module
 
     before = gc.get_threshold()
     full: list[int] = []
@@ -372,7 +372,7 @@ async def test_full_collections_wait_for_a_quiet_keyboard(tmp_path, gelu, pool, 
 
 
 async def test_a_missing_key_offers_to_open_with_the_offline_agent(tmp_path, gelu, pool):
-    from tui.launch import LaunchError
+    from tilewright.tui.launch import LaunchError
 
     evaluator = PoolEvaluator(pool, EvalOptions(trials=1, time_budget_s=0.05, timeout_s=120))
     asked: list[str | None] = []

@@ -14,14 +14,14 @@ from judges import MarkedJudge
 from scripted_agent import ScriptedAgent, kernel
 from textual.widgets._toast import Toast
 
-from kernels.loaders import load_task
-from tui.app import TilewrightApp
-from tui.launch import start_session
-from tui.screens.modals import ErrorModal
-from tui.widgets.diffview import DiffView
-from tui.widgets.footer import KeyFooter
-from tui.widgets.source import SourcePane
-from tui.widgets.status import ApprovalBar, StatusBar
+from tilewright.kernels.loaders import load_task
+from tilewright.tui.app import TilewrightApp
+from tilewright.tui.launch import start_session
+from tilewright.tui.screens.modals import ErrorModal
+from tilewright.tui.widgets.diffview import DiffView
+from tilewright.tui.widgets.footer import KeyFooter
+from tilewright.tui.widgets.source import SourcePane
+from tilewright.tui.widgets.status import ApprovalBar, StatusBar
 
 pytestmark = pytest.mark.asyncio
 SIZE = (80, 24)
@@ -177,8 +177,8 @@ async def test_problems_show_the_whole_tpu_line_and_hint_at_80_columns() -> None
     from textual.app import App
     from textual.widgets import Static
 
-    from tui.problems import Problem
-    from tui.widgets.problems import ProblemsPane
+    from tilewright.tui.problems import Problem
+    from tilewright.tui.widgets.problems import ProblemsPane
 
     tpu = ("v5e: compiles · VMEM 0.2/16.0 MiB · est. 0.35x on v5e at 8192x8192 (TPU "
            "compiler, scaled, memory floor decided; its cycles alone say 0.20x) · "

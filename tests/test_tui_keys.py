@@ -18,17 +18,17 @@ import pytest
 from judges import RefusingJudge
 from scripted_agent import ScriptedAgent
 
-from kernels.loaders import load_task
-from sessions.log import SessionLog, load
-from tui import keymap
-from tui.app import TilewrightApp
-from tui.launch import ChipChoice, start_session
-from tui.link import CommandRefused, LiveLink
-from tui.palette import WorkbenchCommands
-from tui.screens.modals import HelpScreen
-from tui.widgets.panes import PaneGrid
-from tui.widgets.source import SourcePane
-from tui.widgets.status import ActivityLine, ApprovalBar
+from tilewright.kernels.loaders import load_task
+from tilewright.sessions.log import SessionLog, load
+from tilewright.tui import keymap
+from tilewright.tui.app import TilewrightApp
+from tilewright.tui.launch import ChipChoice, start_session
+from tilewright.tui.link import CommandRefused, LiveLink
+from tilewright.tui.palette import WorkbenchCommands
+from tilewright.tui.screens.modals import HelpScreen
+from tilewright.tui.widgets.panes import PaneGrid
+from tilewright.tui.widgets.source import SourcePane
+from tilewright.tui.widgets.status import ActivityLine, ApprovalBar
 
 FIXTURE = Path(__file__).resolve().parent / "snapshots" / "session_gelu"
 CHIP = ChipChoice("v5e", "TPU v5e", 16 * 2**20)
@@ -279,7 +279,7 @@ async def test_shifted_function_keys_of_a_linux_console(tmp_path) -> None:
     ({}, False),
 ], ids=["ssh", "ssh-in-tmux", "ssh-in-screen", "local"])
 async def test_a_remote_user_is_told_once_what_a_drop_does(tmp_path, environ, said) -> None:
-    from tui.widgets.chat import ChatPane
+    from tilewright.tui.widgets.chat import ChatPane
 
     path = tmp_path / FIXTURE.name
     shutil.copytree(FIXTURE, path)

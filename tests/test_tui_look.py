@@ -14,15 +14,15 @@ from judges import RefusingJudge
 from rich.color import ColorType
 from scripted_agent import ScriptedAgent
 
-from agents.config import UIConfig
-from kernels.loaders import load_task
-from sessions.log import SessionLog
-from tui.app import TilewrightApp
-from tui.launch import ChipChoice, start_session
-from tui.look import Look, choose_look
-from tui.widgets.diffview import render_diff
-from tui.widgets.history import HistoryPane
-from tui.widgets.status import ActivityLine
+from tilewright.agents.config import UIConfig
+from tilewright.kernels.loaders import load_task
+from tilewright.sessions.log import SessionLog
+from tilewright.tui.app import TilewrightApp
+from tilewright.tui.launch import ChipChoice, start_session
+from tilewright.tui.look import Look, choose_look
+from tilewright.tui.widgets.diffview import render_diff
+from tilewright.tui.widgets.history import HistoryPane
+from tilewright.tui.widgets.status import ActivityLine
 
 FIXTURE = Path(__file__).resolve().parent / "snapshots" / "session_gelu"
 CHIP = ChipChoice("v5e", "TPU v5e", 16 * 2**20)

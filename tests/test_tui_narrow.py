@@ -15,12 +15,12 @@ from test_tui_flow import FakeClock, make_app, settle
 from textual.containers import VerticalScroll
 from textual.widgets import Input, Tabs
 
-from kernels.loaders import load_task
-from kernels.workers import WorkerPool
-from tui.screens.modals import HelpScreen, NotePrompt
-from tui.widgets.footer import KeyFooter
-from tui.widgets.history import HistoryPane
-from tui.widgets.status import StatusBar
+from tilewright.kernels.loaders import load_task
+from tilewright.kernels.workers import WorkerPool
+from tilewright.tui.screens.modals import HelpScreen, NotePrompt
+from tilewright.tui.widgets.footer import KeyFooter
+from tilewright.tui.widgets.history import HistoryPane
+from tilewright.tui.widgets.status import StatusBar
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 SIZE = (80, 24)

@@ -7,14 +7,14 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from sessions.branch import branch_session
-from sessions.log import load
-from sessions.state import fold
-from tui.replay_app import ReplayApp
-from tui.screens.replay import SPEEDS, ReplayScreen
-from tui.widgets.chat import ChatPane
-from tui.widgets.history import HistoryPane
-from tui.widgets.source import SourcePane
+from tilewright.sessions.branch import branch_session
+from tilewright.sessions.log import load
+from tilewright.sessions.state import fold
+from tilewright.tui.replay_app import ReplayApp
+from tilewright.tui.screens.replay import SPEEDS, ReplayScreen
+from tilewright.tui.widgets.chat import ChatPane
+from tilewright.tui.widgets.history import HistoryPane
+from tilewright.tui.widgets.source import SourcePane
 
 FIXTURE = Path(__file__).resolve().parent / "snapshots" / "session_gelu"
 

@@ -20,13 +20,13 @@ import pytest
 from judges import RefusingJudge
 from scripted_agent import ScriptedAgent
 
-from kernels.loaders import load_task
-from sessions.log import SessionLog, load
-from tui.app import TilewrightApp
-from tui.launch import ChipChoice, start_session
-from tui.palette import WorkbenchCommands
-from tui.replay_app import ReplayApp
-from tui.screens.replay import ReplayScreen
+from tilewright.kernels.loaders import load_task
+from tilewright.sessions.log import SessionLog, load
+from tilewright.tui.app import TilewrightApp
+from tilewright.tui.launch import ChipChoice, start_session
+from tilewright.tui.palette import WorkbenchCommands
+from tilewright.tui.replay_app import ReplayApp
+from tilewright.tui.screens.replay import ReplayScreen
 
 FIXTURE = Path(__file__).resolve().parent / "snapshots" / "session_gelu"
 CHIP = ChipChoice("v5e", "TPU v5e", 16 * 2**20)

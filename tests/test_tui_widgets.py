@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 from textual.app import App, ComposeResult
 
-from kernels.result import Rank
-from tui import keymap
-from tui.app import TilewrightApp
-from tui.problems import from_eval, from_profile
-from tui.screens.modals import HelpScreen
-from tui.widgets.diffview import diff_lines
-from tui.widgets.panes import PaneGrid
-from tui.widgets.status import StatusBar, StatusInfo
-from tui.widgets.timeline import Span, Timeline
+from tilewright.kernels.result import Rank
+from tilewright.tui import keymap
+from tilewright.tui.app import TilewrightApp
+from tilewright.tui.problems import from_eval, from_profile
+from tilewright.tui.screens.modals import HelpScreen
+from tilewright.tui.widgets.diffview import diff_lines
+from tilewright.tui.widgets.panes import PaneGrid
+from tilewright.tui.widgets.status import StatusBar, StatusInfo
+from tilewright.tui.widgets.timeline import Span, Timeline
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -93,7 +93,7 @@ async def test_the_status_bar_says_how_far_a_compiler_rank_holds_where_there_is_
 
 
 def test_the_problems_summary_says_the_rank_and_how_far_it_holds() -> None:
-    from tui.problems import tpu_summary
+    from tilewright.tui.problems import tpu_summary
 
     result = {"status": "correct", "tpu": {
         "chip": "v5e", "compile": "ok", "vmem_bytes": 2 * 2**20, "vmem_limit_bytes": 16 * 2**20,
@@ -165,8 +165,8 @@ def test_problems_from_eval_and_profile() -> None:
 
 class ProblemsApp(App):
     def compose(self) -> ComposeResult:
-        from tui.widgets.chat import ChatPane
-        from tui.widgets.problems import ProblemsPane
+        from tilewright.tui.widgets.chat import ChatPane
+        from tilewright.tui.widgets.problems import ProblemsPane
 
         yield ProblemsPane()
         yield ChatPane()
@@ -182,8 +182,8 @@ async def test_candidate_text_is_plain_text_in_problems_chat_and_toasts() -> Non
     from textual.widgets import DataTable
     from textual.widgets._data_table import default_cell_formatter
 
-    from tui.widgets.chat import ChatPane
-    from tui.widgets.problems import ProblemsPane
+    from tilewright.tui.widgets.chat import ChatPane
+    from tilewright.tui.widgets.problems import ProblemsPane
 
     result = {"status": "runtime_error", "lowering": {"tpu": "ok"},
               "error": {"kind": "runtime", "message": HOSTILE, "line": 7}}
@@ -254,7 +254,7 @@ def test_config_command_prints_path_and_values(tmp_path: Path) -> None:
     config.write_text('[keys]\napprove = "f9"\n[ui]\ntheme = "nord"\n')
     env = {"TILEWRIGHT_CONFIG": str(config), "PATH": "/usr/bin:/bin",
            "HOME": str(tmp_path), "JAX_PLATFORMS": "cpu"}
-    out = subprocess.run([sys.executable, "-m", "tui.cli", "config"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "tilewright.tui.cli", "config"], capture_output=True,
                          text=True, env=env, cwd=ROOT, timeout=60)
     assert out.returncode == 0, out.stderr
     assert str(config) in out.stdout
@@ -282,8 +282,8 @@ async def test_theme_from_config_and_an_unknown_one_reported() -> None:
 ])
 async def test_launch_failures_are_a_modal_with_a_next_step(tmp_path, monkeypatch, options,
                                                             expected) -> None:
-    from tui.launch import LaunchOptions, open_live
-    from tui.screens.modals import ErrorModal
+    from tilewright.tui.launch import LaunchOptions, open_live
+    from tilewright.tui.screens.modals import ErrorModal
 
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     monkeypatch.delenv("ANTHROPIC_AUTH_TOKEN", raising=False)
@@ -301,7 +301,7 @@ async def test_launch_failures_are_a_modal_with_a_next_step(tmp_path, monkeypatc
 async def test_the_editor_keeps_its_highlighted_lines_when_focus_moves(monkeypatch):
     from textual.widgets import Input
 
-    from tui.widgets.source import Editor
+    from tilewright.tui.widgets.source import Editor
 
     source = "".join(f"def f{i}(x):\n    return x * {i}\n" for i in range(12))
 

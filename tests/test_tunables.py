@@ -6,8 +6,8 @@ import textwrap
 
 import pytest
 
-from kernels import tunables
-from kernels.loaders import load_task
+from tilewright.kernels import tunables
+from tilewright.kernels.loaders import load_task
 
 SOURCE = '''"""A kernel."""
 import jax
@@ -109,9 +109,9 @@ def test_an_unhashable_key_is_a_tunables_error_not_a_crash() -> None:
 def test_a_kernel_without_tunables_gets_them_from_its_blockspecs() -> None:
     """A user's own kernel: constants and literals in BlockSpec shapes become tunables,
     the grid's matching literal follows, and the offline agent proposes that first."""
-    import agents
-    from agents.base import AgentRequest, Proposal
-    from agents.offline import decide
+    from tilewright import agents
+    from tilewright.agents.base import AgentRequest, Proposal
+    from tilewright.agents.offline import decide
 
     source = textwrap.dedent('''
         import jax

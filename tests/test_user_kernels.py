@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from kernels import new_shapes, tunables
-from kernels.harness import tpu_compile
+from tilewright.kernels import new_shapes, tunables
+from tilewright.kernels.harness import tpu_compile
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_libtpu = pytest.mark.skipif(tpu_compile.libtpu_path() is None,
@@ -74,7 +74,7 @@ def mm_bias_gelu(x, w, b):
 
 def tw(*args: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    return subprocess.run([sys.executable, "-m", "tui.cli", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "tilewright.tui.cli", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -143,8 +143,8 @@ def test_jax_matmul_with_512_blocks_is_judged_correct_without_set(tmp_path: Path
 @ON_MODULE_LOOP
 async def test_jax_flash_attention_custom_vjp_runs_interpreted(tmp_path: Path,
                                                                 worker_pool) -> None:
-    from kernels.loaders import load_task
-    from kernels.workers import EvalOptions
+    from tilewright.kernels.loaders import load_task
+    from tilewright.kernels.workers import EvalOptions
 
     made = new(tmp_path, "fa", ATTENTION_MODEL, JAX_FLASH, "attention",
                ["q=bf16[2,4,1024,128]", "k=bf16[2,4,1024,128]", "v=bf16[2,4,1024,128]"])
@@ -162,7 +162,7 @@ async def test_jax_flash_attention_custom_vjp_runs_interpreted(tmp_path: Path,
 @ON_MODULE_LOOP
 async def test_two_tasks_from_one_module_stay_apart_in_one_worker(tmp_path: Path,
                                                                   worker_pool) -> None:
-    from kernels.loaders import load_task
+    from tilewright.kernels.loaders import load_task
 
     new(tmp_path, "add_scale", TWO_FUNCTIONS, None, "add_scale", ["x=f32[256,512]",
                                                                  "r=f32[256,512]"])
@@ -182,11 +182,11 @@ async def test_the_offline_agents_first_matmul_is_correct_at_4096(tmp_path: Path
                                                                   worker_pool) -> None:
     """A user's matmul + bias + gelu, f32 at 4096: the offline agent reads the copied
     function (the reference only calls it) and writes its tiled matmul template."""
-    from agents import brief
-    from agents.base import AgentRequest, ProposalReady
-    from agents.offline import OfflineAgent
-    from kernels.loaders import load_task
-    from kernels.workers import EvalOptions
+    from tilewright.agents import brief
+    from tilewright.agents.base import AgentRequest, ProposalReady
+    from tilewright.agents.offline import OfflineAgent
+    from tilewright.kernels.loaders import load_task
+    from tilewright.kernels.workers import EvalOptions
 
     new(tmp_path, "mbg", TWO_FUNCTIONS, None, "mm_bias_gelu",
         ["x=f32[4096,4096]", "w=f32[4096,4096]", "b=f32[4096]"])

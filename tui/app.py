@@ -24,17 +24,17 @@ from textual.app import App
 from textual.binding import Binding
 from textual.worker import Worker, WorkerState
 
-from tui import keymap
-from tui.look import Look, choose_look
-from tui.palette import WorkbenchCommands
-from tui.screens.modals import ErrorModal, HelpScreen
-from tui.screens.workbench import WorkbenchScreen
-from tui.widgets.status import ActivityLine
+from tilewright.tui import keymap
+from tilewright.tui.look import Look, choose_look
+from tilewright.tui.palette import WorkbenchCommands
+from tilewright.tui.screens.modals import ErrorModal, HelpScreen
+from tilewright.tui.screens.workbench import WorkbenchScreen
+from tilewright.tui.widgets.status import ActivityLine
 
 if TYPE_CHECKING:  # sessions and kernels load after the first paint, in the opener
-    from agents.config import Config
-    from tui.launch import ChipChoice, LaunchOptions
-    from tui.link import LiveLink
+    from tilewright.agents.config import Config
+    from tilewright.tui.launch import ChipChoice, LaunchOptions
+    from tilewright.tui.link import LiveLink
 
 # Called with no argument, or with an agent kind ("offline") to open with another agent.
 Opener = Callable[..., Awaitable[tuple["LiveLink", "ChipChoice"]]]
@@ -122,7 +122,7 @@ class TilewrightApp(App):
         self.set_keymap(self.keymap_overrides)
 
     async def on_mount(self) -> None:
-        from agents.config import coerce
+        from tilewright.agents.config import coerce
 
         ui = coerce(self.config).ui
         if self.is_headless:  # no terminal: only what the config asks for by hand
@@ -165,7 +165,7 @@ class TilewrightApp(App):
         self.session_task = (link.state.header.get("task") or {}).get("name")
         screen = self.workbench
         screen.chip_label, screen.vmem_capacity = chip.label, chip.vmem_bytes
-        from tui.widgets.profile import ProfilePane
+        from tilewright.tui.widgets.profile import ProfilePane
 
         screen.query_one(ProfilePane).set_chip(chip.label, chip.vmem_bytes)
         screen.attach(link)
@@ -182,7 +182,7 @@ class TilewrightApp(App):
         self.set_interval(FULL_GC_CHECK_S, self._collect_when_quiet)
 
     def _say_over_ssh(self, text: str) -> None:
-        from tui.widgets.chat import ChatPane
+        from tilewright.tui.widgets.chat import ChatPane
 
         self.workbench.query_one(ChatPane).add_notice(text, "warning")
         self.notify("over SSH: a dropped connection ends this app (the session is kept); "
@@ -216,7 +216,7 @@ class TilewrightApp(App):
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.state != WorkerState.ERROR or event.worker.group != "open":
             return
-        from tui.launch import LaunchError
+        from tilewright.tui.launch import LaunchError
 
         error = event.worker.error
         self.workbench.query_one(ActivityLine).stop()
@@ -403,7 +403,7 @@ def terminal_alive() -> bool:
 
 def apply_theme(app: App, config: Config | dict[str, Any]) -> str | None:
     """The config's ``[ui] theme``; an unknown name keeps the default and says so."""
-    from agents.config import coerce
+    from tilewright.agents.config import coerce
 
     name = coerce(config).ui.theme
     if name in app.available_themes:
@@ -414,7 +414,7 @@ def apply_theme(app: App, config: Config | dict[str, Any]) -> str | None:
 
 
 def run_app(options: LaunchOptions, config: Config | dict[str, Any]) -> int:
-    from tui.launch import open_live
+    from tilewright.tui.launch import open_live
 
     async def opener(agent: str | None = None) -> tuple[LiveLink, ChipChoice]:
         from dataclasses import replace

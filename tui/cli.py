@@ -12,10 +12,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from agents import config as settings
+from tilewright.agents import config as settings
 
-SUBCOMMAND_MODULES = ("kernels.cli", "agents.cli", "sessions.cli", "sessions.cli_search",
-                      "tui.commands")
+SUBCOMMAND_MODULES = ("tilewright.kernels.cli", "tilewright.agents.cli", "tilewright.sessions.cli", "tilewright.sessions.cli_search",
+                      "tilewright.tui.commands")
 
 
 def build_parser() -> argparse.ArgumentParser:

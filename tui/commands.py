@@ -64,21 +64,21 @@ def _review_arguments(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _review(args: argparse.Namespace) -> int:
-    from tui.review import run
+    from tilewright.tui.review import run
 
     return run(args)
 
 
 def _headless_arguments(parser: argparse.ArgumentParser) -> None:
-    from sessions.cli import add_replay_arguments
+    from tilewright.sessions.cli import add_replay_arguments
 
     add_replay_arguments(parser)
 
 
 def _open(args: argparse.Namespace) -> int:
-    from sessions.opening import OpenError, parse_set
-    from tui.app import run_app
-    from tui.launch import LaunchOptions
+    from tilewright.sessions.opening import OpenError, parse_set
+    from tilewright.tui.app import run_app
+    from tilewright.tui.launch import LaunchOptions
 
     try:
         overrides = parse_set(args.overrides)
@@ -97,25 +97,25 @@ def _open(args: argparse.Namespace) -> int:
 
 def _replay(args: argparse.Namespace) -> int:
     if args.headless or args.verify or args.json:  # --verify and --json answer: no screen
-        from sessions.cli import run_headless_replay
+        from tilewright.sessions.cli import run_headless_replay
 
         return int(run_headless_replay(args) or 0)
-    from sessions.log import SessionError, resolve
+    from tilewright.sessions.log import SessionError, resolve
 
     try:
         path = resolve(args.session, args.session_dir)
     except SessionError as exc:
         print(f"tilewright replay: {exc}", file=sys.stderr)
         return 2
-    from tui.replay_app import run_replay
+    from tilewright.tui.replay_app import run_replay
 
     return run_replay(path, args.config, session_dir=args.session_dir)
 
 
 def _config(args: argparse.Namespace) -> int:
-    from agents.config import coerce, config_path
-    from sessions.opening import agent_in_effect
-    from tui import keymap
+    from tilewright.agents.config import coerce, config_path
+    from tilewright.sessions.opening import agent_in_effect
+    from tilewright.tui import keymap
 
     loaded = coerce(args.config)
     path = loaded.path or str(config_path())

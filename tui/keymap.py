@@ -18,7 +18,7 @@ from typing import Any
 
 from textual.binding import Binding
 
-from agents.config import Config
+from tilewright.agents.config import Config
 
 # id -> (default keys, action, footer label, description for help and the palette)
 ACTIONS: dict[str, tuple[str, str, str, str]] = {
@@ -62,7 +62,7 @@ class KeymapError(ValueError):
 
 def keymap_from_config(config: Config | dict[str, Any]) -> dict[str, str]:
     """The config's ``[keys]`` table, checked: unknown ids are an error naming them."""
-    from agents.config import coerce
+    from tilewright.agents.config import coerce
 
     keys = coerce(config).keys
     known = set(ACTIONS) | set(TEXTUAL_IDS) | _pane_binding_ids()
@@ -77,8 +77,8 @@ def keymap_from_config(config: Config | dict[str, Any]) -> dict[str, str]:
 
 
 def _pane_binding_ids() -> set[str]:
-    from tui.widgets.history import HistoryTable
-    from tui.widgets.timeline import Timeline
+    from tilewright.tui.widgets.history import HistoryTable
+    from tilewright.tui.widgets.timeline import Timeline
 
     return {b.id for b in (*HistoryTable.BINDINGS, *Timeline.BINDINGS)
             if isinstance(b, Binding) and b.id}

@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agents.config import Config
-from sessions.opening import DEFAULT_TASK, ChipChoice, SessionRequest
-from sessions.opening import OpenError as LaunchError
-from tui.link import LiveLink
+from tilewright.agents.config import Config
+from tilewright.sessions.opening import DEFAULT_TASK, ChipChoice, SessionRequest
+from tilewright.sessions.opening import OpenError as LaunchError
+from tilewright.tui.link import LiveLink
 
 if TYPE_CHECKING:
-    from sessions.opening import Session
+    from tilewright.sessions.opening import Session
 
 __all__ = ["ChipChoice", "LaunchError", "LaunchOptions", "open_live", "start_session"]
 
@@ -50,7 +50,7 @@ async def open_live(options: LaunchOptions, config: Config | dict[str, Any]
                     ) -> tuple[LiveLink, ChipChoice]:
     """Start (or resume) a session; the caller owns the returned link and closes it.
     Every expected failure is a ``LaunchError`` with a next step."""
-    from sessions.opening import open_session
+    from tilewright.sessions.opening import open_session
 
     session = await open_session(options.request(), config)
     return link_for(session), session.chip
@@ -62,7 +62,7 @@ async def start_session(task: Any, agent: Any, evaluator: Any,
                         log: Any = None, loaded: Any = None, on_close: Any = None) -> LiveLink:
     """A session over an evaluator the caller owns (tests and benchmarks script the
     agent and the evaluator); the same controller ``open_live`` starts."""
-    from sessions.opening import start_controller
+    from tilewright.sessions.opening import start_controller
 
     controller = await start_controller(task, agent, evaluator, config,
                                         sessions_dir=sessions_dir, backend=backend, chip=chip,

@@ -14,14 +14,14 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sessions import events as ev
-from sessions.errors import ControllerError as CommandRefused
+from tilewright.sessions import events as ev
+from tilewright.sessions.errors import ControllerError as CommandRefused
 
 if TYPE_CHECKING:  # the controller module is imported once a session opens, not at start
-    from kernels.result import EvalResult
-    from sessions.controller import Controller
-    from sessions.drafts import Draft, Stop
-    from sessions.state import SessionState
+    from tilewright.kernels.result import EvalResult
+    from tilewright.sessions.controller import Controller
+    from tilewright.sessions.drafts import Draft, Stop
+    from tilewright.sessions.state import SessionState
 
 __all__ = ["CommandRefused", "LiveLink"]
 
@@ -84,7 +84,7 @@ class LiveLink:
 
     def recorded_events(self) -> list[ev.Event]:
         """The events on disk (a resumed session's history), read from the log file."""
-        from sessions.log import load
+        from tilewright.sessions.log import load
 
         return load(self.path).events
 
@@ -108,8 +108,8 @@ class LiveLink:
         it, ``test_<name>.py``), as ``tilewright export`` does: the template plumbing is
         taken out only where the simplified module is judged correct again by the
         session's own evaluator. Returns (``sessions.export.Exported``, files)."""
-        from sessions import export as ex
-        from sessions.log import load
+        from tilewright.sessions import export as ex
+        from tilewright.sessions.log import load
 
         if self.busy:
             raise CommandRefused(f"the session is busy ({self.busy}); export when it is done")
@@ -133,24 +133,24 @@ class LiveLink:
     # -- what a stop left: the person's unsaved text, the runs it cut short -------------
     def save_draft(self, text: str, *, version: int | None, proposal: str | None,
                    why: str) -> Path:
-        from sessions.drafts import save_draft
+        from tilewright.sessions.drafts import save_draft
 
         return save_draft(self.path, text, version=version, proposal=proposal, why=why)
 
     def kept_draft(self) -> Draft | None:
-        from sessions.drafts import load_draft
+        from tilewright.sessions.drafts import load_draft
 
         return load_draft(self.path)
 
     def drop_draft(self) -> None:
-        from sessions.drafts import drop_draft
+        from tilewright.sessions.drafts import drop_draft
 
         drop_draft(self.path)
 
     def last_stop(self, events: list[ev.Event] | None = None) -> Stop | None:
         """How the app's last run on this session was stopped by a signal, if it was
         (``events``: the recorded ones, when the caller has read them already)."""
-        from sessions.drafts import last_stop
+        from tilewright.sessions.drafts import last_stop
 
         return last_stop(list(self.recorded_events() if events is None else events))
 

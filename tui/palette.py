@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
-from tui import keymap
+from tilewright.tui import keymap
 
 # The generations the palette's chip check compiles for (abstract topologies off-TPU).
 CHECK_CHIPS = ("v5e", "v6e", "v5p")
@@ -31,7 +31,7 @@ class WorkbenchCommands(Provider):
     def commands(self) -> list[Command]:
         """What the palette offers now. Every action on a key is here, its keys said in
         the help line, so no action needs a function key (nor any key: help too)."""
-        from tui.screens.workbench import WorkbenchScreen
+        from tilewright.tui.screens.workbench import WorkbenchScreen
 
         screen = self.screen
         if not isinstance(screen, WorkbenchScreen):
@@ -129,7 +129,7 @@ class WorkbenchCommands(Provider):
         return out
 
     def _version_tree(self, session: object) -> None:
-        from tui.screens.search_view import SearchScreen
+        from tilewright.tui.screens.search_view import SearchScreen
 
         self.app.push_screen(SearchScreen(session=session))
 

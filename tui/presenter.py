@@ -12,16 +12,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sessions import events as ev
-from sessions.autonomy import stop_words
-from sessions.state import event_rank
-from tui.view import SessionView
-from tui.widgets.chat import ChatPane
-from tui.widgets.history import HistoryPane
-from tui.widgets.panes import PaneGrid
-from tui.widgets.problems import ProblemsPane
-from tui.widgets.profile import ProfilePane
-from tui.widgets.source import SourcePane
+from tilewright.sessions import events as ev
+from tilewright.sessions.autonomy import stop_words
+from tilewright.sessions.state import event_rank
+from tilewright.tui.view import SessionView
+from tilewright.tui.widgets.chat import ChatPane
+from tilewright.tui.widgets.history import HistoryPane
+from tilewright.tui.widgets.panes import PaneGrid
+from tilewright.tui.widgets.problems import ProblemsPane
+from tilewright.tui.widgets.profile import ProfilePane
+from tilewright.tui.widgets.source import SourcePane
 
 PAST = {"approve": "approved", "reject": "rejected", "edit": "edited"}
 
@@ -65,7 +65,7 @@ def describe_result(event: ev.RunResult) -> tuple[str, str]:
 def chip_line(chip: str, result: dict[str, Any]) -> str:
     """One chip of a chip check: "v5e accepted · VMEM 0.2/16.0 MiB · est. 0.61x on v5e
     (TPU compiler)", or "v5e refused: <the compiler's first line>"."""
-    from tui.problems import tpu_summary
+    from tilewright.tui.problems import tpu_summary
 
     tpu = result.get("tpu") or {}
     verdict = {"ok": "accepted", "error": "refused", "unavailable": "not compiled"}.get(
@@ -270,7 +270,7 @@ class Presenter:
 
     def _run_progress(self, e: ev.RunProgress) -> None:
         """The production verdict (then its estimate) while the trials still run."""
-        from kernels.result import production_note
+        from tilewright.kernels.result import production_note
 
         if not e.get("final"):  # the verdict alone: the estimate follows in seconds
             return

@@ -12,11 +12,11 @@ from typing import Any
 from textual.app import App
 from textual.binding import Binding
 
-from sessions.log import SessionError, load
-from tui import keymap
-from tui.app import apply_theme
-from tui.screens.modals import ErrorModal, HelpScreen
-from tui.screens.replay import ReplayScreen
+from tilewright.sessions.log import SessionError, load
+from tilewright.tui import keymap
+from tilewright.tui.app import apply_theme
+from tilewright.tui.screens.modals import ErrorModal, HelpScreen
+from tilewright.tui.screens.replay import ReplayScreen
 
 REPLAY_HELP = [
     ("space", "Play", "Play or pause at the recorded pace times the speed"),
@@ -70,7 +70,7 @@ class ReplayApp(App):
                                                                  "q"]))
 
     def branch_from(self, path: Path, seq: int) -> None:
-        from sessions.branch import branch_session
+        from tilewright.sessions.branch import branch_session
 
         try:
             branch = branch_session(path, seq, self.sessions_dir)
@@ -85,8 +85,8 @@ def run_replay(path: Path, config: dict[str, Any], session_dir: str | None = Non
     branch = ReplayApp(path, config, sessions_dir).run()
     if not branch:
         return 0
-    from tui.app import run_app
-    from tui.launch import LaunchOptions
+    from tilewright.tui.app import run_app
+    from tilewright.tui.launch import LaunchOptions
 
     print(f"continuing live in the branch {branch}")
     return run_app(LaunchOptions(resume=str(branch), session_dir=str(Path(branch).parent)),

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from textual.app import App
 
-from tui.screens.search_view import SearchScreen
+from tilewright.tui.screens.search_view import SearchScreen
 
 if TYPE_CHECKING:
-    from sessions.opening import SearchSession
+    from tilewright.sessions.opening import SearchSession
 
 
 class ReviewApp(App):
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     if args.session:
-        from sessions.log import SessionError, resolve
+        from tilewright.sessions.log import SessionError, resolve
 
         try:
             path = resolve(args.session, args.session_dir)
@@ -71,9 +71,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _live(args: argparse.Namespace) -> int:
-    from agents.config import coerce
-    from sessions.opening import OpenError, SessionRequest, open_search, parse_set
-    from sessions.search.graph import Budget, SearchConfig
+    from tilewright.agents.config import coerce
+    from tilewright.sessions.opening import OpenError, SessionRequest, open_search, parse_set
+    from tilewright.sessions.search.graph import Budget, SearchConfig
 
     controller = coerce(args.config).controller
     config = SearchConfig(beam_width=args.beam_width, branching=args.branching,

@@ -11,15 +11,15 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from kernels.printable import printable_fields, visible
-from kernels.result import is_interpret
-from tui import problems as problem_rows
-from tui.problems import Problem
-from tui.widgets.history import VersionRow
-from tui.widgets.status import StatusInfo
+from tilewright.kernels.printable import printable_fields, visible
+from tilewright.kernels.result import is_interpret
+from tilewright.tui import problems as problem_rows
+from tilewright.tui.problems import Problem
+from tilewright.tui.widgets.history import VersionRow
+from tilewright.tui.widgets.status import StatusInfo
 
 if TYPE_CHECKING:
-    from sessions.state import SessionState
+    from tilewright.sessions.state import SessionState
 
 BlobReader = Callable[[str], bytes]
 
@@ -185,7 +185,7 @@ def _backend_label(backend: dict[str, Any]) -> str:
 def _tuned(source: str, tuning: dict[str, Any]) -> str | None:
     """What a tuning proposal would make of the current source (None if it cannot
     apply: the controller reports why when it is approved)."""
-    from kernels import tunables  # a pure text rewrite (no JAX), allowed by the contract
+    from tilewright.kernels import tunables  # a pure text rewrite (no JAX), allowed by the contract
 
     try:
         return tunables.apply(source, tuning)

@@ -13,13 +13,13 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any
 
-from agents import base as events  # what ``propose`` streams
-from agents import memory
-from agents.base import AgentRequest, Answer, Failure, Finished, Proposal
-from agents.memory import Lesson
-from agents.offline import fixes, templates, tuner, words
-from kernels import tunables
-from kernels.result import Rank, ranking, times
+from tilewright.agents import base as events  # what ``propose`` streams
+from tilewright.agents import memory
+from tilewright.agents.base import AgentRequest, Answer, Failure, Finished, Proposal
+from tilewright.agents.memory import Lesson
+from tilewright.agents.offline import fixes, templates, tuner, words
+from tilewright.kernels import tunables
+from tilewright.kernels.result import Rank, ranking, times
 
 CONVERGED = "tuning converged"
 
@@ -33,7 +33,7 @@ class OfflineAgent:
         # Lessons: read to seed the tuner, written when tuning converges (agents.memory).
         # Opt-in ([agent] remember_lessons = true): an agent built without configuration
         # (tests, scripts) must not read or write the user's lessons file behind their back.
-        from agents.config import coerce
+        from tilewright.agents.config import coerce
 
         self.remember = coerce(config).agent.remember_lessons
 

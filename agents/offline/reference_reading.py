@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ast
 
-from agents.base import TaskBrief
+from tilewright.agents.base import TaskBrief
 
 # The reference's function name per task layout.
 REFERENCE_NAMES = {"native": "reference", "jaxbench": "workload", "maxkernel": "computation"}

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import ast
 
-from agents.base import TaskBrief
+from tilewright.agents.base import TaskBrief
 
 # infer_families, REFERENCE_NAMES and TemplateError are part of this module's interface.
-from agents.offline.reference_reading import (  # noqa: F401
+from tilewright.agents.offline.reference_reading import (  # noqa: F401
     _IMPORTS,
     FALLBACK,
     FAMILIES,

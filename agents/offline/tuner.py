@@ -26,8 +26,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from kernels import tunables
-from kernels.result import Rank, ranking
+from tilewright.kernels import tunables
+from tilewright.kernels.result import Rank, ranking
 
 Config = tuple[tuple[str, Any], ...]
 

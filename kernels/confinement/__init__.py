@@ -52,16 +52,16 @@ import resource
 import sys
 from typing import Any
 
-from kernels.confinement.landlock import landlock_abi, read_allowlist, restrict
-from kernels.confinement.linux import (
+from tilewright.kernels.confinement.landlock import landlock_abi, read_allowlist, restrict
+from tilewright.kernels.confinement.linux import (
     PR_SET_CHILD_SUBREAPER,
     PR_SET_DUMPABLE,
     PR_SET_NO_NEW_PRIVS,
     errno_name,
     prctl,
 )
-from kernels.confinement.namespaces import ENV_MOUNTS, ENV_PRIVATE_SHM, enter_namespaces
-from kernels.confinement.processes import (
+from tilewright.kernels.confinement.namespaces import ENV_MOUNTS, ENV_PRIVATE_SHM, enter_namespaces
+from tilewright.kernels.confinement.processes import (
     _process_table,
     descendants,
     find_in_subtree,

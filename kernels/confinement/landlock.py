@@ -18,7 +18,7 @@ import struct
 import sys
 from typing import Any
 
-from kernels.confinement.linux import (
+from tilewright.kernels.confinement.linux import (
     LANDLOCK_CREATE_RULESET_VERSION,
     LANDLOCK_RULE_PATH_BENEATH,
     NET_BIND_TCP,
@@ -32,7 +32,7 @@ from kernels.confinement.linux import (
     last_error,
     libc_handle,
 )
-from kernels.confinement.namespaces import ENV_PRIVATE_SHM
+from tilewright.kernels.confinement.namespaces import ENV_PRIVATE_SHM
 
 
 def landlock_abi() -> int:
@@ -64,10 +64,14 @@ DEVICE_GLOBS = ("/dev/accel[0-9]*", "/dev/vfio", "/dev/nvidia*")
 
 
 def _package_dirs() -> list[str]:
-    """tilewright's own packages a worker imports (an editable install maps them from a
-    checkout whose root also holds .git, .env files and the like: only these)."""
+    """tilewright's own code a worker imports: the package's ``__init__.py`` and its
+    ``kernels`` and ``profiling`` rooms, and the package's folder itself, which import
+    lists to find a room (an editable install maps the package onto a checkout whose
+    root also holds .git, .env files and the like: that root is listable only, and
+    only these files are read)."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../kernels
-    return [here, os.path.join(os.path.dirname(here), "profiling")]
+    root = os.path.dirname(here)
+    return [root, os.path.join(root, "__init__.py"), here, os.path.join(root, "profiling")]
 
 
 def _is_checkout_root(path: str) -> bool:

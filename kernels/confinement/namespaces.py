@@ -22,7 +22,7 @@ import struct
 import time
 from typing import Any
 
-from kernels.confinement.linux import (
+from tilewright.kernels.confinement.linux import (
     CLONE_NEWNET,
     CLONE_NEWNS,
     CLONE_NEWPID,
@@ -37,7 +37,7 @@ from kernels.confinement.linux import (
     libc_handle,
     prctl,
 )
-from kernels.confinement.processes import _process_table, ns_pids, set_host_pid
+from tilewright.kernels.confinement.processes import _process_table, ns_pids, set_host_pid
 
 SHM_BYTES = 64 << 20  # the private /dev/shm: room for semaphores, not for a memory bomb
 ENV_MOUNTS = "TILEWRIGHT_CONFINE_MOUNTS"  # "off": no mount namespace (host /proc, /dev/shm)

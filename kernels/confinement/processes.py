@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 
-from kernels.confinement.linux import PR_SET_DUMPABLE, last_error, prctl
+from tilewright.kernels.confinement.linux import PR_SET_DUMPABLE, last_error, prctl
 
 # -- app side ----------------------------------------------------------------------------
 

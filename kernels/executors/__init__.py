@@ -18,14 +18,14 @@ App-side package: nothing here imports JAX, and nothing here may import ``sessio
 
 from __future__ import annotations
 
-from kernels.executors.local import (
+from tilewright.kernels.executors.local import (
     LocalExecutor,
     chip_env,
     local_tpu_chips,
     local_worker_count,
     usable_cores,
 )
-from kernels.executors.protocol import (
+from tilewright.kernels.executors.protocol import (
     STATES,
     ExecutorError,
     Judge,
@@ -36,7 +36,7 @@ from kernels.executors.protocol import (
     combined_state,
     on_chips,
 )
-from kernels.executors.ray import RayExecutor
+from tilewright.kernels.executors.ray import RayExecutor
 
 EXECUTORS = ("local", "ray")
 

@@ -27,17 +27,17 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kernels.executors.protocol import (
+from tilewright.kernels.executors.protocol import (
     ESTIMATE_STATUSES,
     STATES,
     Judge,
     JudgeState,
     ProgressFrame,
 )
-from kernels.options import EvalOptions, ProfileOptions
-from kernels.result import ESTIMATE_SCHEMA, Backend, EvalResult
-from kernels.task import Task
-from profiling import SCHEMA as PROFILE_SCHEMA
+from tilewright.kernels.options import EvalOptions, ProfileOptions
+from tilewright.kernels.result import ESTIMATE_SCHEMA, Backend, EvalResult
+from tilewright.kernels.task import Task
+from tilewright.profiling import SCHEMA as PROFILE_SCHEMA
 
 
 @dataclass(frozen=True)

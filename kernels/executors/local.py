@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kernels.executors.protocol import (
+from tilewright.kernels.executors.protocol import (
     ApiAnswer,
     EstimateJSON,
     ExecutorError,
@@ -32,12 +32,12 @@ from kernels.executors.protocol import (
     on_chips,
     public,
 )
-from kernels.options import EvalOptions, ProfileOptions
-from kernels.result import Backend, EvalResult
-from kernels.task import Task
+from tilewright.kernels.options import EvalOptions, ProfileOptions
+from tilewright.kernels.result import Backend, EvalResult
+from tilewright.kernels.task import Task
 
 if TYPE_CHECKING:
-    from kernels.workers import WorkerPool
+    from tilewright.kernels.workers import WorkerPool
 
 LOOKUP_TIMEOUT_S = 60.0  # a name lookup in the worker's JAX
 INPUTS_TIMEOUT_S = 120.0  # a task's input builder, run abstractly
@@ -123,7 +123,7 @@ class LocalExecutor:
         return executor
 
     async def start(self) -> None:
-        from kernels.workers import WorkerPool
+        from tilewright.kernels.workers import WorkerPool
 
         if self._pools:
             if not self._owned:

@@ -48,9 +48,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypedDict, runtime_checkable
 
-from kernels.options import EvalOptions, ProfileOptions
-from kernels.result import Backend, EvalResult
-from kernels.task import Task
+from tilewright.kernels.options import EvalOptions, ProfileOptions
+from tilewright.kernels.result import Backend, EvalResult
+from tilewright.kernels.task import Task
 
 JudgeState = Literal["stopped", "idle", "busy", "starting", "restarting"]
 # From least to most pressing: several pools combine to the most pressing of their

@@ -34,15 +34,21 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from kernels.executors import protocol
-from kernels.executors.local import local_worker_count
-from kernels.executors.protocol import ExecutorError, JudgeState, StateListener, on_chips, public
-from kernels.options import EvalOptions, ProfileOptions
-from kernels.result import ESTIMATE_SCHEMA, Backend, EvalError, EvalResult
-from kernels.task import Task
+from tilewright.kernels.executors import protocol
+from tilewright.kernels.executors.local import local_worker_count
+from tilewright.kernels.executors.protocol import (
+    ExecutorError,
+    JudgeState,
+    StateListener,
+    on_chips,
+    public,
+)
+from tilewright.kernels.options import EvalOptions, ProfileOptions
+from tilewright.kernels.result import ESTIMATE_SCHEMA, Backend, EvalError, EvalResult
+from tilewright.kernels.task import Task
 
 if TYPE_CHECKING:
-    from kernels.workers import WorkerPool
+    from tilewright.kernels.workers import WorkerPool
 
 LOOPBACK = "127.0.0.1"
 LOOKUP_TIMEOUT_S = 60.0
@@ -133,7 +139,7 @@ class _EvalHost:
         """``work(pool)`` on this node's worker pool (started on first use), from the Ray
         task's thread."""
         async def run() -> _T:
-            from kernels.workers import WorkerPool
+            from tilewright.kernels.workers import WorkerPool
 
             if self.pool is None:
                 pool = WorkerPool(size=1)
@@ -506,6 +512,6 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
 
 def _failure(exc: BaseException) -> Exception:
     """A failed Ray task as the protocol's failure of the worker that served it."""
-    from kernels.worker_process import WorkerFailure
+    from tilewright.kernels.worker_process import WorkerFailure
 
     return WorkerFailure("crashed", f"Ray task failed: {type(exc).__name__}: {exc}")

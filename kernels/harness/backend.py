@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from profiling.chips import TPU_INTERPRET
+from tilewright.profiling.chips import TPU_INTERPRET
 
 
 def backend_info() -> dict[str, Any]:

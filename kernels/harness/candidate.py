@@ -34,9 +34,9 @@ import threading
 import time
 from typing import Any
 
-from kernels import confinement
-from kernels.harness import wire
-from profiling.chips import DEFAULT_TPU
+from tilewright.kernels import confinement
+from tilewright.kernels.harness import wire
+from tilewright.profiling.chips import DEFAULT_TPU
 
 HLO_TEXT_LIMIT = 8 << 20  # the TPU lowering's text sent to the judge
 _CROSS_PLATFORM_CALLBACK = "is different from the lowering platform"
@@ -75,7 +75,7 @@ class Server:
 
     # -- helpers -----------------------------------------------------------------------
     def _describe(self, exc: BaseException, kind: str) -> dict[str, Any]:
-        from kernels.harness import errors
+        from tilewright.kernels.harness import errors
 
         return errors.describe(exc, kind, self.filename)
 
@@ -96,9 +96,9 @@ class Server:
 
     # -- ops -----------------------------------------------------------------------------
     def load(self, header: dict[str, Any], blob: bytes) -> dict[str, Any]:
-        from kernels.harness import integrity
-        from kernels.harness.execution import task_runtime
-        from kernels.harness.runtime import MissingEntryPoint
+        from tilewright.kernels.harness import integrity
+        from tilewright.kernels.harness.execution import task_runtime
+        from tilewright.kernels.harness.runtime import MissingEntryPoint
 
         self.reset()
         self.filename = header.get("filename") or "kernel.py"
@@ -108,7 +108,7 @@ class Server:
         self.check_compile = bool(header.get("check_compile", False))
         self.runtime = task_runtime(header["spec"])  # the task's code: not the candidate's
         if self.lowering and self.check_compile:
-            from kernels.harness import tpu_compile
+            from tilewright.kernels.harness import tpu_compile
 
             tpu_compile.start()  # before the snapshot: its thread is not the candidate's
         self.snapshot = integrity.ModuleSnapshot()
@@ -140,8 +140,8 @@ class Server:
         import jax
         from jax.extend.core import jaxpr_as_fun
 
-        from kernels.harness import errors, integrity, tpu_compile
-        from kernels.harness.execution import execution_mode, reset_interpret_state
+        from tilewright.kernels.harness import errors, integrity, tpu_compile
+        from tilewright.kernels.harness.execution import execution_mode, reset_interpret_state
 
         name = header["config"]
         dyn, static = pickle.loads(blob)  # from the judge: trusted direction
@@ -158,7 +158,7 @@ class Server:
         refused = integrity.program_refusal(closed, self.filename)  # estimated == run
         if refused is not None:
             raise _Failure("rejected", refused)
-        from kernels.harness.production import structure
+        from tilewright.kernels.harness.production import structure
 
         facts: dict[str, Any] = {
             "empty_grids": empty_grids(closed),
@@ -209,9 +209,9 @@ class Server:
         about them: the kernels and their grids, the structure of their bodies."""
         import jax
 
-        from kernels.harness import errors
-        from kernels.harness import production as prod
-        from kernels.harness.execution import task_runtime
+        from tilewright.kernels.harness import errors
+        from tilewright.kernels.harness import production as prod
+        from tilewright.kernels.harness.execution import task_runtime
 
         where = header.get("where") or "at the production shape"
         chip = header.get("chip") or self.chip or DEFAULT_TPU
@@ -239,7 +239,7 @@ class Server:
         # Traced again after the check shapes (``retrace``): a program that depends on
         # when or from where it is traced is not the program that was checked.
         self.production_trace = (fn, (*avals, *static), chip, fingerprint(closed))
-        from kernels.harness import integrity
+        from tilewright.kernels.harness import integrity
 
         refused = integrity.program_refusal(closed, self.filename)  # estimated == run
         if refused is not None:
@@ -307,7 +307,7 @@ class Server:
         return facts, b"".join(chunks)
 
     def _submit(self, name: str, program: Any, flat: list[Any]) -> None:
-        from kernels.harness import tpu_compile
+        from tilewright.kernels.harness import tpu_compile
 
         where, why = tpu_compile.target(self.chip or DEFAULT_TPU)
         if where is None:
@@ -326,7 +326,7 @@ class Server:
     def _execute(self, name: str, flat: list[Any]) -> list[Any]:
         import jax
 
-        from kernels.harness.execution import execution_mode, reset_interpret_state
+        from tilewright.kernels.harness.execution import execution_mode, reset_interpret_state
 
         compiled = self.programs[name]["compiled"]
         try:
@@ -368,7 +368,7 @@ class Server:
         return {"arrays": meta}, data
 
     def verdicts(self, header: dict[str, Any], blob: bytes) -> dict[str, Any]:
-        from kernels.harness import errors
+        from tilewright.kernels.harness import errors
 
         found = []
         for name, job in self.jobs:
@@ -418,7 +418,7 @@ class Server:
     def profile(self, header: dict[str, Any], blob: bytes) -> dict[str, Any]:
         """The profile op's candidate half (``kernels.harness.profile_op``): the loaded
         candidate analyzed and run under the profiler here, never in the judge."""
-        from kernels.harness import profile_op
+        from tilewright.kernels.harness import profile_op
 
         try:
             reply = profile_op.run_in_candidate(self.entry, header, blob)
@@ -440,7 +440,7 @@ def interpreted(closed: Any) -> Any:
     ``expand``). Nothing else changes and no candidate Python runs."""
     from jax.experimental.pallas import tpu as pltpu
 
-    from kernels.harness.execution import bind_as_traced, rebound
+    from tilewright.kernels.harness.execution import bind_as_traced, rebound
 
     params = pltpu.InterpretParams()
 
@@ -505,7 +505,7 @@ def trace(fn: Any, args: tuple[Any, ...], chip: str | None) -> Any:
     of one name, with nothing of the harness on its stack. The candidate cannot tell a
     production trace from a checked one by its caller (a frame named "production", the
     op being served): only by the shapes, and what it does with those is compared."""
-    from kernels.harness import tpu_compile
+    from tilewright.kernels.harness import tpu_compile
 
     found: dict[str, Any] = {}
 
@@ -516,7 +516,7 @@ def trace(fn: Any, args: tuple[Any, ...], chip: str | None) -> Any:
         except BaseException as exc:  # re-raised in the caller, SystemExit included
             found["error"] = exc
 
-    from kernels.harness import integrity
+    from tilewright.kernels.harness import integrity
 
     thread = threading.Thread(target=traced, name="tw-trace", daemon=True)
     with integrity.candidate_code():
@@ -530,7 +530,7 @@ def trace(fn: Any, args: tuple[Any, ...], chip: str | None) -> Any:
 def empty_grids(closed: Any) -> list[str]:
     """Kernels whose grid has no step (a block larger than the array it tiles, floor-
     divided: ``rows // BLOCK`` = 0), in words."""
-    from kernels.harness.production import kernel_name, pallas_eqns
+    from tilewright.kernels.harness.production import kernel_name, pallas_eqns
 
     found = []
     for eqn in pallas_eqns(closed.jaxpr):
@@ -556,9 +556,9 @@ def fingerprint(closed: Any) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kernels.harness.startup import child_main
+    from tilewright.kernels.harness.startup import child_main
 
-    return child_main(argv, "python -m kernels.harness.candidate", serve, confine=True,
+    return child_main(argv, "python -m tilewright.kernels.harness.candidate", serve, confine=True,
                       warm=True)
 
 

@@ -28,11 +28,11 @@ from typing import Any, Literal, NoReturn
 
 import numpy as np
 
-from kernels.harness import judge, wire
-from kernels.harness.compare import Host
-from kernels.harness.errors import Stopped
-from kernels.process_failure import FAILURE_HINTS
-from kernels.result import EvalError
+from tilewright.kernels.harness import judge, wire
+from tilewright.kernels.harness.compare import Host
+from tilewright.kernels.harness.errors import Stopped
+from tilewright.kernels.process_failure import FAILURE_HINTS
+from tilewright.kernels.result import EvalError
 
 TEXT_LIMIT = 64 * 1024  # any string the candidate process reports
 LIST_LIMIT = 50  # lines, names and descriptions kept from one report

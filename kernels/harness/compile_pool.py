@@ -27,8 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kernels.harness import tpu_compile
-from kernels.worker_env import ESTIMATE_CACHE
+from tilewright.kernels.harness import tpu_compile
+from tilewright.kernels.worker_env import ESTIMATE_CACHE
 
 CACHE_ENV = ESTIMATE_CACHE  # the on-disk cache (a directory); unset: none
 COMPILE_MEMORY_MB = 4096  # per compile process; an estimator above it costs the estimate
@@ -131,14 +131,14 @@ class Compilers:
     on its first compile: most evaluations find the reference on disk."""
 
     def __init__(self) -> None:
-        from kernels.harness.judge import CandidateProcess
+        from tilewright.kernels.harness.judge import CandidateProcess
 
         # Always for an abstract topology: on a TPU host the device is the candidate's.
         cpu = {"JAX_PLATFORMS": "cpu"}
-        self.procs = {"verdict": CandidateProcess("kernels.harness.compiler",
+        self.procs = {"verdict": CandidateProcess("tilewright.kernels.harness.compiler",
                                                   env={**cpu, tpu_compile.DISABLE_ENV: "0"}),
-                      "estimate": CandidateProcess("kernels.harness.compiler", env=cpu),
-                      "reference": CandidateProcess("kernels.harness.compiler", env=cpu)}
+                      "estimate": CandidateProcess("tilewright.kernels.harness.compiler", env=cpu),
+                      "reference": CandidateProcess("tilewright.kernels.harness.compiler", env=cpu)}
         self.locks = {k: threading.Lock() for k in self.procs}
         root = os.environ.get(CACHE_ENV) or None
         self.cache = DiskCache(root)
@@ -175,7 +175,7 @@ class Compilers:
         until = min(deadline, started_at + COMPILE_TIMEOUT_S)
         which = process or kind
         proc = self.procs[which]
-        from kernels.harness.judge import CandidateFailure
+        from tilewright.kernels.harness.judge import CandidateFailure
 
         try:
             with self.locks[which], (self.slots.hold(until) if kind == "estimate"

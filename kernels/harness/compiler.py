@@ -33,8 +33,8 @@ import sys
 import time
 from typing import Any
 
-from kernels.harness import wire
-from profiling.chips import DEFAULT_TPU
+from tilewright.kernels.harness import wire
+from tilewright.profiling.chips import DEFAULT_TPU
 
 _CUSTOM_CALL = re.compile(r"%([\w.\-]+) = [^\n]*custom_call_target=\"tpu_custom_call\"[^\n]*")
 _SHORT = re.compile(r"tw_pallas_(\d+)")
@@ -117,7 +117,7 @@ def compile_exported(blob: bytes, chip: str) -> dict[str, Any]:
     """Compile an exported program for ``chip``; never raises for the program's faults."""
     import jax
 
-    from kernels.harness import tpu_compile
+    from tilewright.kernels.harness import tpu_compile
 
     started = time.perf_counter()
     where, why = tpu_compile.target(chip)
@@ -164,7 +164,7 @@ def compile_exported(blob: bytes, chip: str) -> dict[str, Any]:
 
 
 def serve(sock: socket.socket) -> None:
-    from kernels.harness import tpu_compile
+    from tilewright.kernels.harness import tpu_compile
 
     wire.send(sock, {"type": "ready", "libtpu": tpu_compile.libtpu_version(),
                      "estimates": tpu_compile.estimate_state()[0]})
@@ -189,13 +189,13 @@ def serve(sock: socket.socket) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kernels.harness.startup import child_main
+    from tilewright.kernels.harness.startup import child_main
 
     # Inside the worker's confinement already; it compiles data, never runs candidate
     # Python, and has no kernel to warm up.
     # The estimate flag unless the judge started this one as a verdict compiler
     # (TILEWRIGHT_TPU_ESTIMATE=0 in its environment).
-    return child_main(argv, "python -m kernels.harness.compiler", serve, confine=False,
+    return child_main(argv, "python -m tilewright.kernels.harness.compiler", serve, confine=False,
                       warm=False, estimates=True)
 
 

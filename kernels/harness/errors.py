@@ -11,7 +11,7 @@ import traceback as tb_module
 from types import TracebackType
 from typing import Any
 
-from kernels.result import EvalError
+from tilewright.kernels.result import EvalError
 
 TRACEBACK_LIMIT = 12_000
 
@@ -131,7 +131,7 @@ def task_failure(exc: BaseException | None, message: str, hint: str | None = Non
     """The task's own code failed (loading it, building inputs, the reference): not the
     candidate's fault. ``runtime_error`` of kind ``task``, at the task file's line when
     ``exc`` is a ``TaskError`` that names one."""
-    from kernels.task import TaskError
+    from tilewright.kernels.task import TaskError
 
     error = describe(exc, "task", "") if exc is not None else {
         "kind": "task", "message": message, "line": None, "traceback": None, "hint": hint}

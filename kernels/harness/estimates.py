@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from kernels.harness import compile_pool, tpu_compile
+from tilewright.kernels.harness import compile_pool, tpu_compile
 
 # -- reading the estimator's records --------------------------------------------------------
 
@@ -38,7 +38,7 @@ def split_records(records: list[dict[str, Any]], kernels_by_op: dict[str, int] |
                   ) -> tuple[dict[int, int], list[dict[str, Any]]]:
     """(cycles per kernel index, the other ops with their totals). ``kernels_by_op`` maps
     the compiled program's HLO op names to the renamed kernels (``tw_pallas_<i>``)."""
-    from kernels.harness.compiler import kernel_ops
+    from tilewright.kernels.harness.compiler import kernel_ops
 
     kernels: dict[int, int] = {}
     others: list[dict[str, Any]] = []
@@ -287,7 +287,7 @@ def refusal(answer: dict[str, Any]) -> dict[str, Any] | None:
 
 def estimates_possible(chip: str) -> tuple[bool, str | None]:
     if chip not in tpu_compile.ESTIMATE_CHIPS:
-        from profiling.chips import estimator_refusal
+        from tilewright.profiling.chips import estimator_refusal
 
         return False, (f"no estimate for {chip}: {estimator_refusal(chip)} (estimates: "
                        f"{', '.join(tpu_compile.ESTIMATE_CHIPS)}; `tilewright chips` lists "

@@ -37,23 +37,29 @@ from typing import Any
 
 import numpy as np
 
-from kernels.harness import integrity, judge, timing, tpu_compile, verdict
-from kernels.harness.backend import backend_info
-from kernels.harness.channel import CandidateChannel, CompilerAborted, PrepareFacts
-from kernels.harness.compare import Host, compare, effective_atol, finite_or_none, to_host
-from kernels.harness.errors import Stopped, short_message, task_failure
-from kernels.harness.execution import (
+from tilewright.kernels.harness import integrity, judge, timing, tpu_compile, verdict
+from tilewright.kernels.harness.backend import backend_info
+from tilewright.kernels.harness.channel import CandidateChannel, CompilerAborted, PrepareFacts
+from tilewright.kernels.harness.compare import (
+    Host,
+    compare,
+    effective_atol,
+    finite_or_none,
+    to_host,
+)
+from tilewright.kernels.harness.errors import Stopped, short_message, task_failure
+from tilewright.kernels.harness.execution import (
     execution_mode,
     jitted_reference,
     reset_interpret_state,
     task_runtime,
 )
-from kernels.harness.ops import op
-from kernels.harness.verdict import ProductionRun
-from kernels.options import MIN_TRIALS, EvalOptions
-from kernels.result import ESTIMATE_SCHEMA, Backend, EvalError, EvalResult, shape_label
-from kernels.task import ShapeConfig, Task, TaskError
-from profiling.chips import DEFAULT_TPU, backend_is_interpret
+from tilewright.kernels.harness.ops import op
+from tilewright.kernels.harness.verdict import ProductionRun
+from tilewright.kernels.options import MIN_TRIALS, EvalOptions
+from tilewright.kernels.result import ESTIMATE_SCHEMA, Backend, EvalError, EvalResult, shape_label
+from tilewright.kernels.task import ShapeConfig, Task, TaskError
+from tilewright.profiling.chips import DEFAULT_TPU, backend_is_interpret
 
 KEEP_INPUT_BYTES = 256 << 20  # trial inputs kept between the reference and candidate passes
 
@@ -558,7 +564,7 @@ def _own_chip(backend: dict[str, Any]) -> str | None:
     """On a TPU host: the device's own chip (its device time ranks kernels)."""
     if backend.get("platform") != "tpu":
         return None
-    from profiling.chips import chip_for_device
+    from tilewright.profiling.chips import chip_for_device
 
     try:
         return chip_for_device("tpu", backend.get("device_kind") or "").name

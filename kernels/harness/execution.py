@@ -25,7 +25,7 @@ _RUNTIME_CACHE_SIZE = 8
 
 
 def task_runtime(spec: dict[str, Any]) -> Any:
-    from kernels.harness.runtime import load_runtime
+    from tilewright.kernels.harness.runtime import load_runtime
 
     stamps = []
     for key in ("reference_path", "input_gen_path"):
@@ -90,7 +90,7 @@ _FORWARD = {"custom_vjp_call": "call_jaxpr", "custom_jvp_call": "call_jaxpr",
 
 def has_pallas(jaxpr: Any) -> bool:
     """Whether a ``pallas_call`` is anywhere in ``jaxpr`` (nested programs included)."""
-    from kernels.harness.integrity import contains_pallas_call
+    from tilewright.kernels.harness.integrity import contains_pallas_call
 
     return contains_pallas_call(jaxpr)
 

@@ -37,7 +37,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from kernels.worker_env import CALIBRATION
+from tilewright.kernels.worker_env import CALIBRATION
 
 TABLE = Path(__file__).resolve().parent.parent / "data" / "fidelity.json"
 CALIBRATION_ENV = CALIBRATION  # the user's calibration pairs (JSON lines)
@@ -62,7 +62,7 @@ def program_class(reference_cost: dict[str, Any] | None,
     if {"gather", "scatter"} & set(reference_opcodes or {}):
         return "gather_scatter"
     cost = reference_cost or {}
-    from profiling.chips import bound_by, get_chip
+    from tilewright.profiling.chips import bound_by, get_chip
 
     try:
         spec = get_chip(chip)
@@ -176,7 +176,7 @@ def floor(chip: str, kernel_bytes: float, reference_bytes: float | None,
     """The memory system's floor for the kernel's program and for the reference: the
     seconds their bytes take at the chip's HBM bandwidth (times ``efficiency``, the share
     of it a program achieves: 1.0, the physical bound, unless measured)."""
-    from profiling.chips import get_chip
+    from tilewright.profiling.chips import get_chip
 
     try:
         bandwidth = get_chip(chip).hbm_bytes_per_s * efficiency

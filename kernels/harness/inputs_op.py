@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernels.harness.ops import op
+from tilewright.kernels.harness.ops import op
 
 
 @op("inputs")
@@ -20,8 +20,8 @@ def input_shapes(payload: dict[str, Any]) -> dict[str, Any]:
     """``{task}`` -> ``{configs: [{name, inputs: [[shape, dtype]], outputs, static,
     how}]}`` (``outputs``: the reference's, from its shapes alone; None when it cannot
     tell) or ``{error: {message, file, line}}`` when the task's own code fails."""
-    from kernels.harness.execution import task_runtime
-    from kernels.task import TaskError
+    from tilewright.kernels.harness.execution import task_runtime
+    from tilewright.kernels.task import TaskError
 
     try:
         runtime = task_runtime(payload["task"])

@@ -50,27 +50,27 @@ SUSPICIOUS_SPEEDUP = 10.0
 GUARDED_MODULES = (
     "builtins", "numpy", "numpy.random", "jax", "jax.numpy", "jax.lax", "jax.random",
     "jax.experimental.pallas", "jax.experimental.pallas.tpu", "time", "math",
-    "kernels.harness.evaluate", "kernels.harness.integrity", "kernels.harness.timing",
-    "kernels.harness.compare", "kernels.harness.runtime", "kernels.harness.execution",
-    "kernels.harness.candidate", "kernels.harness.wire", "kernels.harness.errors",
-    "kernels.harness.tpu_compile", "kernels.harness.judge", "kernels.harness.channel",
-    "kernels.harness.verdict", "kernels.confinement", "kernels.confinement.linux",
-    "kernels.confinement.processes", "kernels.confinement.namespaces",
-    "kernels.confinement.landlock", "kernels.result", "kernels.options",
-    "kernels.process_failure", "__main__",
+    "tilewright.kernels.harness.evaluate", "tilewright.kernels.harness.integrity", "tilewright.kernels.harness.timing",
+    "tilewright.kernels.harness.compare", "tilewright.kernels.harness.runtime", "tilewright.kernels.harness.execution",
+    "tilewright.kernels.harness.candidate", "tilewright.kernels.harness.wire", "tilewright.kernels.harness.errors",
+    "tilewright.kernels.harness.tpu_compile", "tilewright.kernels.harness.judge", "tilewright.kernels.harness.channel",
+    "tilewright.kernels.harness.verdict", "tilewright.kernels.confinement", "tilewright.kernels.confinement.linux",
+    "tilewright.kernels.confinement.processes", "tilewright.kernels.confinement.namespaces",
+    "tilewright.kernels.confinement.landlock", "tilewright.kernels.result", "tilewright.kernels.options",
+    "tilewright.kernels.process_failure", "__main__",
 )
 # Harness globals that change by design (caches, helper processes and executors made
 # on first use): not compared. A guarded module's cache missing here would make every
 # request look like tampering (the judge recycled after each one).
 MUTABLE_GLOBALS = {
-    "kernels.harness.execution": {"_RUNTIMES"},
-    "kernels.harness.tpu_compile": {"_TARGETS", "_EXECUTOR"},
-    "kernels.harness.judge": {"_PROCESS"},
-    "kernels.harness.integrity": {"_BORN_IN_CANDIDATE"},
-    "kernels.harness.verdict": {"_POOL", "_REFERENCE_PLANS", "_REFERENCE_RESULTS"},
-    "kernels.confinement.processes": {"_HOST_PID", "_APP_PROTECTED"},
+    "tilewright.kernels.harness.execution": {"_RUNTIMES"},
+    "tilewright.kernels.harness.tpu_compile": {"_TARGETS", "_EXECUTOR"},
+    "tilewright.kernels.harness.judge": {"_PROCESS"},
+    "tilewright.kernels.harness.integrity": {"_BORN_IN_CANDIDATE"},
+    "tilewright.kernels.harness.verdict": {"_POOL", "_REFERENCE_PLANS", "_REFERENCE_RESULTS"},
+    "tilewright.kernels.confinement.processes": {"_HOST_PID", "_APP_PROTECTED"},
 }
-_HARNESS = ("kernels.", "profiling.", "__main__")
+_HARNESS = ("tilewright.kernels.", "tilewright.profiling.", "__main__")
 _PLAIN = (str, bytes, int, float, complex, bool, type(None))
 
 
@@ -216,7 +216,7 @@ class ModuleSnapshot:
 
         self.state: dict[str, dict[str, Any]] = {}
         for name in modules:
-            if name.startswith("kernels.") and name not in sys.modules:
+            if name.startswith("tilewright.kernels.") and name not in sys.modules:
                 # Our own harness modules are imported now, so that one a candidate
                 # imports (to patch it) is already covered.
                 with contextlib.suppress(Exception):

@@ -42,12 +42,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from kernels import confinement
-from kernels.harness import wire
-from kernels.harness.protocol import ProtocolError
-from kernels.process_failure import exited, signal_death
-from kernels.task_copy import TASKS_DIRNAME
-from kernels.worker_env import ESTIMATE_CACHE
+from tilewright.kernels import confinement
+from tilewright.kernels.harness import wire
+from tilewright.kernels.harness.protocol import ProtocolError
+from tilewright.kernels.process_failure import exited, signal_death
+from tilewright.kernels.task_copy import TASKS_DIRNAME
+from tilewright.kernels.worker_env import ESTIMATE_CACHE
 
 STARTUP_TIMEOUT_S = 180.0
 DEFAULT_MEMORY_MB = 16 * 1024
@@ -187,7 +187,7 @@ class CandidateProcess:
     (``kernels.harness.compiler``, kept apart for libtpu's aborts); ``env`` is added to
     its environment."""
 
-    def __init__(self, module: str = "kernels.harness.candidate",
+    def __init__(self, module: str = "tilewright.kernels.harness.candidate",
                  env: dict[str, str] | None = None) -> None:
         self.module = module
         self.env = dict(env or {})  # added to the child's environment
@@ -373,8 +373,8 @@ def _candidate_env(scratch: str) -> dict[str, str]:
     """The judge's (already allowlisted) environment, with the candidate's own scratch
     and without the judge's libtpu dump directory (the candidate cannot write there; it
     prepares its own, ``kernels.harness.tpu_compile.prepare_environment``)."""
-    from kernels.confinement import ENV_WRITABLE
-    from kernels.harness import tpu_compile
+    from tilewright.kernels.confinement import ENV_WRITABLE
+    from tilewright.kernels.harness import tpu_compile
 
     env = {**os.environ, "TMPDIR": scratch}
     # The judge's estimate cache is the judge's: a child could plant an answer there.

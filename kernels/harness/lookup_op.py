@@ -26,7 +26,7 @@ import os
 import sys
 from typing import Any
 
-from kernels.harness.ops import op
+from tilewright.kernels.harness.ops import op
 
 ALIASES = {"pl": "jax.experimental.pallas", "pltpu": "jax.experimental.pallas.tpu",
            "jnp": "jax.numpy", "lax": "jax.lax", "np": "numpy"}

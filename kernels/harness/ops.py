@@ -20,9 +20,9 @@ Handler = Callable[[dict[str, Any]], dict[str, Any]]
 OPS: dict[str, Handler] = {}
 
 # Worker-side modules that register more ops; a missing one is skipped.
-PLUGIN_MODULES = ("kernels.harness.evaluate", "kernels.harness.verdict",
-                  "kernels.harness.profile_op", "kernels.harness.inputs_op",
-                  "kernels.harness.lookup_op", "kernels.harness.task_check_op")
+PLUGIN_MODULES = ("tilewright.kernels.harness.evaluate", "tilewright.kernels.harness.verdict",
+                  "tilewright.kernels.harness.profile_op", "tilewright.kernels.harness.inputs_op",
+                  "tilewright.kernels.harness.lookup_op", "tilewright.kernels.harness.task_check_op")
 
 
 # Progress of the request being served (``progress``): set by the worker's serve loop
@@ -59,8 +59,8 @@ def op(name: str) -> Callable[[Handler], Handler]:
 
 @op("hello")
 def hello(payload: dict[str, Any]) -> dict[str, Any]:
-    from kernels import confinement
-    from kernels.harness.backend import backend_info
+    from tilewright.kernels import confinement
+    from tilewright.kernels.harness.backend import backend_info
 
     # The pid as the app sees it (getpid() is 2 inside the worker's PID namespace, and
     # the namespace's own /proc numbers it that way too).

@@ -299,7 +299,7 @@ def _scratch_bytes(gm: Any) -> int:
 def _coverage(eqn: Any, grid: tuple[int, ...]) -> list[dict[str, Any]]:
     """Per output written through blocks: the distinct blocks the grid visits against
     the blocks that tile the array (``profiling.static_blocks.count_fetches``)."""
-    from profiling.static_blocks import MAX_STEPS, count_fetches
+    from tilewright.profiling.static_blocks import MAX_STEPS, count_fetches
 
     gm = eqn.params["grid_mapping"]
     aliased = {int(o) for _, o in eqn.params.get("input_output_aliases") or ()}
@@ -330,7 +330,7 @@ def _coverage(eqn: Any, grid: tuple[int, ...]) -> list[dict[str, Any]]:
 def _total_work(body: Any, grid: tuple[int, ...]) -> tuple[float, bool] | None:
     """(FLOPs of the body over the whole ``grid``, whether no run-time data decided
     them): ``pl.when`` predicates on grid positions evaluated step by step."""
-    from profiling.static_walk import count_kernel_work
+    from tilewright.profiling.static_walk import count_kernel_work
 
     try:
         work = count_kernel_work(body, list(grid))
@@ -385,7 +385,7 @@ def _check_even(p: KernelPlan, body: Any) -> None:
     shortened along an outer axis whose repeats are alike (``UNEVEN_STEP_BUDGET``),
     else estimated whole within ``FULL_GRID_BUDGET`` steps, else not at all
     (``unpriceable``)."""
-    from profiling.static_walk import count_kernel_work
+    from tilewright.profiling.static_walk import count_kernel_work
 
     full = _total_work(body, p.grid)
     try:
@@ -496,7 +496,7 @@ def _named_evaluator(closed: Any) -> Any:
     ``tw_pallas_<i>...`` and its estimator records can be told apart."""
     import jax
 
-    from kernels.harness.execution import bind_as_traced, rebound
+    from tilewright.kernels.harness.execution import bind_as_traced, rebound
 
     counter = [0]
 
@@ -528,7 +528,7 @@ def export(closed: Any, avals: list[Any], chip: str) -> bytes:
     kernels, compiled elsewhere without running any Python of the candidate's."""
     import jax
 
-    from kernels.harness import tpu_compile
+    from tilewright.kernels.harness import tpu_compile
 
     fn = jax.jit(_named_evaluator(closed))
     with tpu_compile.abstract_device(chip):
@@ -554,7 +554,7 @@ def kernel_operands(closed: Any, known: dict[int, Any]) -> dict[int, list[Any]]:
     import numpy as np
     from jax.extend.core import Literal
 
-    from kernels.harness.execution import _FORWARD
+    from tilewright.kernels.harness.execution import _FORWARD
 
     found: dict[int, list[Any]] = {}
     counter = [0]

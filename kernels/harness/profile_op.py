@@ -32,9 +32,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from kernels.harness.ops import op
-from profiling import SCHEMA
-from profiling.chips import DEFAULT_TPU, backend_is_interpret
+from tilewright.kernels.harness.ops import op
+from tilewright.profiling import SCHEMA
+from tilewright.profiling.chips import DEFAULT_TPU, backend_is_interpret
 
 TRACE_BYTES_LIMIT = 512 << 20  # a profile's files copied out of the candidate's scratch
 TRACE_FILES_LIMIT = 200
@@ -73,10 +73,10 @@ def run_profile(spec: dict[str, Any], source: str, filename: str,
                 options: dict[str, Any], deadline: float | None = None) -> dict[str, Any]:
     import jax
 
-    from kernels.harness import errors, judge
-    from kernels.harness.backend import backend_info
-    from kernels.harness.execution import task_runtime
-    from profiling import chips
+    from tilewright.kernels.harness import errors, judge
+    from tilewright.kernels.harness.backend import backend_info
+    from tilewright.kernels.harness.execution import task_runtime
+    from tilewright.profiling import chips
 
     started = time.perf_counter()
     deadline = deadline if deadline is not None else time.monotonic() + 300.0
@@ -105,7 +105,7 @@ def run_profile(spec: dict[str, Any], source: str, filename: str,
     # bytes describe the program that will run. A trace runs the kernel: a check shape.
     production = None
     if options.get("static_only") and not options.get("shape"):
-        from kernels.task import Task
+        from tilewright.kernels.task import Task
 
         production = Task.from_spec(spec).production_task()
     try:  # the task's code, in the judge: inputs, flops
@@ -140,7 +140,7 @@ def _profile(out: dict[str, Any], proc: Any, spec: dict[str, Any], source: str,
              filename: str, options: dict[str, Any], target: Any, measured_chip: Any,
              dyn: Any, static: Any, task_flops: float | None, interpret: bool,
              phases: dict[str, float], started: float, deadline: float) -> dict[str, Any]:
-    from kernels.harness import judge
+    from tilewright.kernels.harness import judge
 
     iters = int(options.get("iters") or (3 if interpret else 20))
     static_only = bool(options.get("static_only"))
@@ -209,8 +209,8 @@ def _in_candidate_process(proc: Any, spec: dict[str, Any], source: str, filename
                           deadline: float) -> dict[str, Any]:
     """Load the candidate in the candidate process and profile it there; then the
     ``finish`` report decides whether that process stays warm."""
-    from kernels.harness import judge
-    from kernels.harness.channel import CandidateError
+    from tilewright.kernels.harness import judge
+    from tilewright.kernels.harness.channel import CandidateError
 
     def ask(name: str, head: dict[str, Any], data: bytes) -> dict[str, Any]:
         try:
@@ -244,8 +244,8 @@ def _in_candidate_process(proc: Any, spec: dict[str, Any], source: str, filename
 
 
 def _finish_candidate(proc: Any, deadline: float) -> None:
-    from kernels.harness import judge
-    from kernels.harness.channel import FinishReport
+    from tilewright.kernels.harness import judge
+    from tilewright.kernels.harness.channel import FinishReport
 
     if proc.proc is None or not proc.ready:
         return
@@ -337,11 +337,11 @@ def run_in_candidate(entry: Any, header: dict[str, Any], blob: bytes) -> dict[st
     dir (its TMPDIR). Candidate failures raise ``CandidateFault``."""
     import jax
 
-    from kernels.harness import protocol
-    from kernels.harness.execution import execution_mode, reset_interpret_state
-    from profiling import chips
-    from profiling.capture import capture
-    from profiling.static import analyze_callable, tpu_context
+    from tilewright.kernels.harness import protocol
+    from tilewright.kernels.harness.execution import execution_mode, reset_interpret_state
+    from tilewright.profiling import chips
+    from tilewright.profiling.capture import capture
+    from tilewright.profiling.static import analyze_callable, tpu_context
 
     dyn, static = pickle.loads(blob)  # from the judge: trusted direction
     target = chips.get_chip(str(header["chip"]))
@@ -394,7 +394,7 @@ def _finish_safely(out: dict[str, Any], analysis: dict[str, Any], dyn: Any,
         return _finish(out, analysis, dyn, outputs, target, measured_chip, task_flops,
                        interpret, phases, started)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        from kernels.harness import judge
+        from tilewright.kernels.harness import judge
 
         judge.recycle_candidate("it reported a malformed analysis")
         return _error(out, "crashed", f"the candidate process's analysis was malformed "
@@ -404,7 +404,7 @@ def _finish_safely(out: dict[str, Any], analysis: dict[str, Any], dyn: Any,
 def _finish(out: dict[str, Any], analysis: dict[str, Any], dyn: Any, outputs: list[Any],
             target: Any, measured_chip: Any, task_flops: float | None, interpret: bool,
             phases: dict[str, float], started: float) -> dict[str, Any]:
-    from profiling.digest import digest
+    from tilewright.profiling.digest import digest
 
     out["roofline"] = _roofline(out, analysis, dyn, outputs, target, measured_chip, task_flops,
                                 interpret)
@@ -415,7 +415,7 @@ def _finish(out: dict[str, Any], analysis: dict[str, Any], dyn: Any, outputs: li
 
 
 def _convert(out: dict[str, Any], cap: dict[str, Any], analysis: dict[str, Any]) -> None:
-    from profiling import convert
+    from tilewright.profiling import convert
 
     names = [k["name"] for k in analysis["kernels"]]
     if not cap["xplane"]:
@@ -441,7 +441,7 @@ def _roofline(out: dict[str, Any], analysis: dict[str, Any], dyn: Any, outputs: 
               interpret: bool) -> dict[str, Any]:
     import numpy as np
 
-    from profiling import chips
+    from tilewright.profiling import chips
 
     flops = task_flops or analysis["totals"]["flops"] or None
     # Compulsory traffic: every input read once, every output written once.
@@ -457,7 +457,7 @@ def _roofline(out: dict[str, Any], analysis: dict[str, Any], dyn: Any, outputs: 
     if target.kind == "tpu" and analysis["kernels"]:
         # A static estimate for the target chip: the blocking's bound plus the fixed
         # per-grid-step cost (STEP_OVERHEAD_S). Labeled as an estimate everywhere.
-        from profiling.static_rules import STEP_OVERHEAD_S
+        from tilewright.profiling.static_rules import STEP_OVERHEAD_S
 
         steps = sum((k["steps"] or 1) * k["calls"] for k in analysis["kernels"])
         roof["step_overhead_ms"] = steps * STEP_OVERHEAD_S * 1e3
@@ -478,7 +478,7 @@ def _roofline(out: dict[str, Any], analysis: dict[str, Any], dyn: Any, outputs: 
 
 
 def _native_chip(backend: dict[str, Any]) -> Any:
-    from profiling import chips
+    from tilewright.profiling import chips
 
     if backend["mode"] != "native":
         return None

@@ -46,7 +46,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernels.harness import compile_pool, estimates, shrink, tpu_compile
+from tilewright.kernels.harness import compile_pool, estimates, shrink, tpu_compile
 
 # The reference is estimated whole when its XLA cost analysis is within these; else it
 # is scaled along a batch-like size (measured here with the estimate flag: f32
@@ -114,8 +114,8 @@ class _Program:
     def __init__(self, spec: dict[str, Any]) -> None:
         import jax
 
-        from kernels.harness.execution import jitted_reference, task_runtime
-        from kernels.task import Task
+        from tilewright.kernels.harness.execution import jitted_reference, task_runtime
+        from tilewright.kernels.task import Task
 
         runtime = task_runtime(spec)
         self.config = Task.from_spec(spec).shapes[0]
@@ -196,7 +196,7 @@ def reference_plan(spec: dict[str, Any], chip: str,
     """Export the reference at the production shape (``full``, when already exported)
     and, when it is too costly to estimate whole, at smaller sizes of a batch-like size.
     Raises what the task's code raises."""
-    from kernels.task import Task
+    from tilewright.kernels.task import Task
 
     program = _Program(spec)
     if full is None:
@@ -276,7 +276,7 @@ def flops_budget() -> float:
 def _bound(cost: dict[str, float], chip: str) -> str | None:
     """compute | memory: XLA's FLOP per byte of the program's inputs and outputs (the
     traffic it cannot avoid) against the chip's ridge point for its dtype."""
-    from profiling.chips import bound_by, get_chip
+    from tilewright.profiling.chips import bound_by, get_chip
 
     try:
         spec = get_chip(chip)
@@ -289,7 +289,7 @@ def roofline(cost: dict[str, float], chip: str) -> dict[str, Any] | None:
     """The reference's roofline on ``chip``: its FLOPs (XLA's count) at the chip's peak
     for the inputs' dtype, its compulsory bytes at the HBM bandwidth; the larger is the
     time no program computing it can beat. None without FLOPs or bytes."""
-    from profiling.chips import bound, get_chip
+    from tilewright.profiling.chips import bound, get_chip
 
     flops, moved = cost.get("flops"), cost.get("io_bytes")
     try:

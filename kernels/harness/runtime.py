@@ -40,8 +40,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels.literals import replace_literals
-from kernels.task import ShapeConfig, Task, TaskError
+from tilewright.kernels.literals import replace_literals
+from tilewright.kernels.task import ShapeConfig, Task, TaskError
 
 _module_ids = itertools.count(1)
 SIGNATURES = {"computation": "computation(*dynamic_args, *static_args)"}

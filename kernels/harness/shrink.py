@@ -19,7 +19,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from kernels.task import ShapeConfig, Task
+from tilewright.kernels.task import ShapeConfig, Task
 
 MIN_SIZE = 16  # a parameter smaller than this is not a batch worth scaling
 
@@ -35,7 +35,7 @@ def size_parameters(task: Task, config: ShapeConfig) -> dict[str, int]:
     if task.layout == "jaxbench":
         return sizes(task.meta.get("config") or {})
     if task.layout == "maxkernel" and task.input_gen_path is not None:
-        from kernels.loaders.maxkernel import named_sizes
+        from tilewright.kernels.loaders.maxkernel import named_sizes
 
         return sizes(named_sizes(task.input_gen_path))
     return {}
@@ -47,7 +47,7 @@ def with_size(task: Task, config: ShapeConfig, param: str, value: int) -> Task:
         scaled = ShapeConfig(f"{config.name}@{param}={value}", {**config.params, param: value},
                              "large", atol=config.atol, rtol=config.rtol)
         return replace(task, shapes=(scaled,), production=None, production_meta=None)
-    from kernels.loaders import load_task
+    from tilewright.kernels.loaders import load_task
 
     overrides: dict[str, Any] = {param: value}
     if "dtype" in config.params:
@@ -64,7 +64,7 @@ def output_elements(task: Task) -> int | None:
     """Elements of the reference's output at the task's first configuration (abstract)."""
     import jax
 
-    from kernels.harness.execution import jitted_reference, task_runtime
+    from tilewright.kernels.harness.execution import jitted_reference, task_runtime
 
     try:
         runtime = task_runtime(task.to_spec())

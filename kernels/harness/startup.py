@@ -25,8 +25,8 @@ import time
 import traceback
 from typing import Any
 
-from kernels import confinement
-from kernels.harness.tpu_compile import prepare_environment
+from tilewright.kernels import confinement
+from tilewright.kernels.harness.tpu_compile import prepare_environment
 
 PR_SET_PDEATHSIG = 1
 WATCHDOG_PERIOD_S = 0.5

@@ -12,7 +12,7 @@ from __future__ import annotations
 import traceback
 from typing import Any
 
-from kernels.harness.ops import op
+from tilewright.kernels.harness.ops import op
 
 
 @op("task_check")
@@ -22,8 +22,8 @@ def task_check(payload: dict[str, Any]) -> dict[str, Any]:
     configuration whose inputs or reference failed."""
     import jax
 
-    from kernels.harness.execution import task_runtime
-    from kernels.task import TaskError
+    from tilewright.kernels.harness.execution import task_runtime
+    from tilewright.kernels.task import TaskError
 
     name = None
     try:

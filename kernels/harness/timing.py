@@ -23,12 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from kernels.harness import judge
-from kernels.harness.channel import CandidateChannel
-from kernels.harness.compare import Host, compare, to_host
-from kernels.harness.errors import short_message, task_failure
-from kernels.harness.execution import execution_mode, reset_interpret_state
-from profiling.chips import TPU_INTERPRET
+from tilewright.kernels.harness import judge
+from tilewright.kernels.harness.channel import CandidateChannel
+from tilewright.kernels.harness.compare import Host, compare, to_host
+from tilewright.kernels.harness.errors import short_message, task_failure
+from tilewright.kernels.harness.execution import execution_mode, reset_interpret_state
+from tilewright.profiling.chips import TPU_INTERPRET
 
 MIN_ITERS = 3
 MAX_ITERS = 1000

@@ -46,7 +46,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from profiling.chips import estimator_refusal
+from tilewright.profiling.chips import estimator_refusal
 
 # Abstract topologies libtpu accepts for each chip of the table (smallest that worked).
 TOPOLOGIES = {"v4": "v4:2x2x1", "v5e": "v5e:2x2", "v5p": "v5p:2x2x1", "v6e": "v6e:2x2",
@@ -190,7 +190,7 @@ def target(chip: str) -> tuple[Target | None, str | None]:
         return _TARGETS[chip]
     device = jax.devices()[0]
     if device.platform == "tpu":
-        from profiling.chips import chip_for_device
+        from tilewright.profiling.chips import chip_for_device
 
         try:
             own = chip_for_device("tpu", device.device_kind).name
@@ -224,7 +224,7 @@ def abstract_device(chip: str | None) -> Iterator[None]:
     import jax
     from jax.sharding import AbstractDevice, AbstractMesh
 
-    from profiling.chips import DEFAULT_TPU, device_facts
+    from tilewright.profiling.chips import DEFAULT_TPU, device_facts
 
     if chip is None or jax.devices()[0].platform == "tpu":
         yield
@@ -388,7 +388,7 @@ def libtpu_version() -> str | None:
 
 def estimate(cycles: int, chip: str) -> dict[str, Any]:
     """``{cycles, seconds, source}``; seconds only where the chip table has a clock."""
-    from profiling.chips import get_chip
+    from tilewright.profiling.chips import get_chip
 
     clock = getattr(get_chip(chip), "clock_hz", None)
     return {"cycles": int(cycles), "seconds": cycles / clock if clock else None,

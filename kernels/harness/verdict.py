@@ -38,13 +38,20 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from kernels.harness import compile_pool, estimates, fidelity, ops, reference, tpu_compile
-from kernels.harness.channel import CandidateChannel, CheckVerdict, ProductionReply
-from kernels.harness.errors import Stopped, task_failure
-from kernels.harness.ops import op
-from kernels.result import EvalError, array_text, shape_label
-from kernels.task import ShapeConfig, Task, TaskError
-from profiling.chips import DEFAULT_TPU
+from tilewright.kernels.harness import (
+    compile_pool,
+    estimates,
+    fidelity,
+    ops,
+    reference,
+    tpu_compile,
+)
+from tilewright.kernels.harness.channel import CandidateChannel, CheckVerdict, ProductionReply
+from tilewright.kernels.harness.errors import Stopped, task_failure
+from tilewright.kernels.harness.ops import op
+from tilewright.kernels.result import EvalError, array_text, shape_label
+from tilewright.kernels.task import ShapeConfig, Task, TaskError
+from tilewright.profiling.chips import DEFAULT_TPU
 
 _POOL: ThreadPoolExecutor | None = None
 # The production compiles of a program may take this long at least (the evaluation's
@@ -122,7 +129,7 @@ class ProductionRun:
     def start(self) -> None:
         """Signature (the task's code), the candidate's export (its process), the
         reference's export (here), then the compiles in the background."""
-        from kernels.harness.execution import task_runtime
+        from tilewright.kernels.harness.execution import task_runtime
 
         self.started = time.perf_counter()
         # The compile processes import JAX while the candidate traces (started on the
@@ -406,7 +413,7 @@ class ProductionRun:
         """The least time the kernel's program can take at the production shape: its
         kernels' dot FLOPs (each ``pl.when`` counted on the steps where it runs) at the
         chip's bf16 peak, or its memory floor, whichever is larger."""
-        from profiling.chips import get_chip
+        from tilewright.profiling.chips import get_chip
 
         try:
             peak = get_chip(self.chip).bf16_flops
@@ -469,7 +476,7 @@ class ProductionRun:
         """Why the estimate cannot be right: its kernels' cycles take less time than
         their own work at the chip's bf16 peak (work the estimate did not price: a grid
         step it never compiled, a loop it counted as not run)."""
-        from profiling.chips import get_chip
+        from tilewright.profiling.chips import get_chip
 
         try:
             peak = get_chip(self.chip).bf16_flops
@@ -689,7 +696,7 @@ def _mib(value: int | None) -> str:
 
 def _capacity(chip: str) -> int | None:
     """The VMEM a core of ``chip`` has (what no limit can raise)."""
-    from profiling.chips import get_chip
+    from tilewright.profiling.chips import get_chip
 
     try:
         return get_chip(chip).vmem_bytes
@@ -698,7 +705,7 @@ def _capacity(chip: str) -> int | None:
 
 
 def _scoped_limit(chip: str) -> int | None:
-    from profiling.chips import get_chip
+    from tilewright.profiling.chips import get_chip
 
     try:
         return get_chip(chip).scoped_vmem_bytes
@@ -713,7 +720,7 @@ def reference_request(payload: dict[str, Any]) -> dict[str, Any]:
     ``kernels.harness.reference``, waited for up to ``timeout_s``): ``{estimate, cost,
     opcodes, compile, why, roofline, flops, io_bytes, scaling, cached, shape_label,
     input_shapes, class}``."""
-    from kernels.harness.execution import task_runtime
+    from tilewright.kernels.harness.execution import task_runtime
 
     task = production_task(Task.from_spec(payload["task"]))
     chip = str(payload.get("chip") or DEFAULT_TPU)

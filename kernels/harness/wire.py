@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels.harness.protocol import HEADER, ProtocolError, decode
+from tilewright.kernels.harness.protocol import HEADER, ProtocolError, decode
 
 ALLOWED_DTYPES = frozenset({
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",

@@ -29,11 +29,11 @@ import time
 import traceback
 from typing import Any
 
-from kernels import confinement
-from kernels.harness import protocol
-from kernels.harness.startup import die_with_parent, isolate_path, warm_up, watch_parent
-from kernels.harness.tpu_compile import prepare_environment
-from kernels.worker_env import scrub_current_process
+from tilewright.kernels import confinement
+from tilewright.kernels.harness import protocol
+from tilewright.kernels.harness.startup import die_with_parent, isolate_path, warm_up, watch_parent
+from tilewright.kernels.harness.tpu_compile import prepare_environment
+from tilewright.kernels.worker_env import scrub_current_process
 
 
 def _send(sock: socket.socket, message: dict[str, Any]) -> None:
@@ -52,7 +52,7 @@ def _flush_stdio() -> None:
 
 
 def serve(sock: socket.socket, confined: dict[str, Any] | None = None) -> None:
-    from kernels.harness import compile_pool, integrity, judge, ops
+    from tilewright.kernels.harness import compile_pool, integrity, judge, ops
 
     ops.load_plugins()
     # The serving process's pid as the app sees it (inside a PID namespace getpid() is 2,
@@ -143,7 +143,7 @@ def _withhold_verdict(request: dict[str, Any], reply: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kernels.harness.worker")
+    parser = argparse.ArgumentParser(prog="python -m tilewright.kernels.harness.worker")
     parser.add_argument("--fd", type=int, required=True, help="inherited socket for requests")
     parser.add_argument("--parent", type=int, required=True, help="pid of the app process")
     parser.add_argument("--scratch", default=None, help="the only writable directory")
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = socket.socket(fileno=args.fd)
     sock.setblocking(True)
-    from kernels.harness import compile_pool, judge, reference  # none imports JAX
+    from tilewright.kernels.harness import compile_pool, judge, reference  # none imports JAX
 
     # The candidate process first: it imports JAX while we do (on two cores the two
     # imports overlap; its readiness is what the first evaluation waits for).

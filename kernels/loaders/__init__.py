@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from kernels.loaders import jaxbench, maxkernel, native
-from kernels.task import ShapeConfig, Task, TaskError, UnknownOverride
+from tilewright.kernels.loaders import jaxbench, maxkernel, native
+from tilewright.kernels.task import ShapeConfig, Task, TaskError, UnknownOverride
 
 BUNDLED_DIR = Path(__file__).resolve().parent.parent / "bundled"
 

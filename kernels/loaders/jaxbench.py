@@ -30,9 +30,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kernels.literals import number_sites
-from kernels.loaders.pysource import PySource, parse_literal
-from kernels.task import ShapeConfig, Task, TaskError, UnknownOverride
+from tilewright.kernels.literals import number_sites
+from tilewright.kernels.loaders.pysource import PySource, parse_literal
+from tilewright.kernels.task import ShapeConfig, Task, TaskError, UnknownOverride
 
 DEFAULT_TOL = 1e-2  # JAXBench's harness: np.allclose(atol=rtol=1e-2)
 DTYPES = ("float32", "bfloat16", "float16")

@@ -34,9 +34,9 @@ from typing import Any
 
 import yaml
 
-from kernels.literals import literal_sites
-from kernels.loaders.pysource import PySource, parse_literal
-from kernels.task import ShapeConfig, Task, TaskError, UnknownOverride
+from tilewright.kernels.literals import literal_sites
+from tilewright.kernels.loaders.pysource import PySource, parse_literal
+from tilewright.kernels.task import ShapeConfig, Task, TaskError, UnknownOverride
 
 DEFAULT_TOL = 1e-2
 

@@ -54,8 +54,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from kernels.loaders.pysource import PySource, parse_literal
-from kernels.task import ShapeConfig, Task, TaskError, UnknownOverride
+from tilewright.kernels.loaders.pysource import PySource, parse_literal
+from tilewright.kernels.task import ShapeConfig, Task, TaskError, UnknownOverride
 
 TOP_LEVEL_KEYS = {"name", "description", "family", "require_pallas", "atol", "rtol",
                   "tolerance", "shapes"}

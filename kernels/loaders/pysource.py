@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kernels.task import TaskError
+from tilewright.kernels.task import TaskError
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ proposal; ``logs`` writes and reopens session logs. The ``Controller``
 core. Nothing here imports a front end or a scheduler (an import contract says so).
 """
 
-from sessions.core.approval import (
+from tilewright.sessions.core.approval import (
     ApprovalPolicy,
     AutoApproval,
     Decision,
@@ -16,14 +16,14 @@ from sessions.core.approval import (
     SearchRules,
     Verdict,
 )
-from sessions.core.core import (
+from tilewright.sessions.core.core import (
     JudgeFailed,
     SessionCore,
     cancelled_result,
     failed_result,
     finished_result,
 )
-from sessions.core.logs import backend_json, create_log, recorded_options, reopen_log
+from tilewright.sessions.core.logs import backend_json, create_log, recorded_options, reopen_log
 
 __all__ = [
     "ApprovalPolicy",

@@ -24,11 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from sessions.autonomy import ControllerSettings, budget_exhausted, duplicate_of
-from sessions.state import ProposalInfo, SessionState
+from tilewright.sessions.autonomy import ControllerSettings, budget_exhausted, duplicate_of
+from tilewright.sessions.state import ProposalInfo, SessionState
 
 if TYPE_CHECKING:
-    from sessions.search.graph import SearchState
+    from tilewright.sessions.search.graph import SearchState
 
 __all__ = ["ApprovalPolicy", "AutoApproval", "Decision", "Halt", "PersonApproval",
            "SearchRules", "Verdict"]

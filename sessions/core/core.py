@@ -26,19 +26,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agents.base import Agent, AgentRequest, Proposal, TaskBrief
-from kernels.executors import Judge
-from kernels.options import EvalOptions
-from kernels.result import EvalResult
-from kernels.task import Task
-from sessions import events as ev
-from sessions.agent_turn import AgentTurn, stream_turn
-from sessions.core.approval import ApprovalPolicy, Decision, Verdict
-from sessions.diagnosis import diagnose_version
-from sessions.errors import ApprovalRequired
-from sessions.evaluator import PoolEvaluator
-from sessions.log import SessionLog
-from sessions.state import ProposalInfo, SessionState, error_line, rank_fields
+from tilewright.agents.base import Agent, AgentRequest, Proposal, TaskBrief
+from tilewright.kernels.executors import Judge
+from tilewright.kernels.options import EvalOptions
+from tilewright.kernels.result import EvalResult
+from tilewright.kernels.task import Task
+from tilewright.sessions import events as ev
+from tilewright.sessions.agent_turn import AgentTurn, stream_turn
+from tilewright.sessions.core.approval import ApprovalPolicy, Decision, Verdict
+from tilewright.sessions.diagnosis import diagnose_version
+from tilewright.sessions.errors import ApprovalRequired
+from tilewright.sessions.evaluator import PoolEvaluator
+from tilewright.sessions.log import SessionLog
+from tilewright.sessions.state import ProposalInfo, SessionState, error_line, rank_fields
 
 __all__ = ["JudgeFailed", "SessionCore", "cancelled_result", "failed_result",
            "finished_result"]
@@ -250,7 +250,7 @@ class SessionCore:
     def _made_by(self, prop: ProposalInfo, parent: int | None) -> tuple[str, str, str]:
         """(source, origin, summary) of the version ``prop`` makes from ``parent``."""
         if prop.decision == "edit":
-            from sessions.edits import describe_edit
+            from tilewright.sessions.edits import describe_edit
 
             source = self.log.get_blob(prop.edit_blob or "").decode()
             change = describe_edit(self.proposed_source(prop), source)
@@ -261,7 +261,7 @@ class SessionCore:
                 if not prop.source_blob:
                     raise ValueError("a tuning proposal needs a kernel to tune")
             else:
-                from kernels import tunables
+                from tilewright.kernels import tunables
 
                 try:
                     return tunables.apply(self.source_of(parent), prop.tuning), "tuning", \
@@ -286,7 +286,7 @@ class SessionCore:
             return ""
         text = self.log.get_blob(base.source_blob).decode()
         if prop.kind == "tuning" and prop.tuning:
-            from kernels import tunables
+            from tilewright.kernels import tunables
 
             try:
                 return tunables.apply(text, prop.tuning)

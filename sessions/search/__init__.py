@@ -8,6 +8,6 @@ children of one slot (agent proposals, tuning steps, fixes). ``Search``,
 ``from sessions.search import Search``.
 """
 
-from sessions.search.driver import Search, SearchSummary, summarize
+from tilewright.sessions.search.driver import Search, SearchSummary, summarize
 
 __all__ = ["Search", "SearchSummary", "summarize"]

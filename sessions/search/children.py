@@ -16,17 +16,17 @@ import hashlib
 from dataclasses import replace
 from typing import Any
 
-from agents.base import AgentRequest, Proposal
-from agents.offline.templates import infer_families
-from kernels import tunables
-from profiling.diagnose import check_with_estimates
-from sessions import events as ev
-from sessions.actions import Action
-from sessions.agent_turn import AgentTurn
-from sessions.context import history
-from sessions.core import Decision, SessionCore
-from sessions.log import read_json_blob
-from sessions.search.graph import SearchState
+from tilewright.agents.base import AgentRequest, Proposal
+from tilewright.agents.offline.templates import infer_families
+from tilewright.kernels import tunables
+from tilewright.profiling.diagnose import check_with_estimates
+from tilewright.sessions import events as ev
+from tilewright.sessions.actions import Action
+from tilewright.sessions.agent_turn import AgentTurn
+from tilewright.sessions.context import history
+from tilewright.sessions.core import Decision, SessionCore
+from tilewright.sessions.log import read_json_blob
+from tilewright.sessions.search.graph import SearchState
 
 AGENT_TIMEOUT_S = 600.0
 # First kernels of a task that names no family: one per template family, in the order

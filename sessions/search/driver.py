@@ -26,20 +26,20 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from agents.base import Agent, TaskBrief
-from kernels import tunables
-from kernels.executors import Judge as Executor
-from kernels.options import EvalOptions
-from kernels.result import Backend, Rank
-from kernels.task import Task
-from sessions import events as ev
-from sessions.actions import Action
-from sessions.core import Decision, JudgeFailed, PersonApproval, SearchRules, SessionCore
-from sessions.core.logs import create_log, recorded_options, reopen_log
-from sessions.log import SessionLog
-from sessions.search.children import ROOT_FAMILY_CANDIDATES, ChildMaker
-from sessions.search.graph import Budget, SearchConfig, SearchState, fold_search
-from sessions.search.plan import finish_reason, plan, select_beam
+from tilewright.agents.base import Agent, TaskBrief
+from tilewright.kernels import tunables
+from tilewright.kernels.executors import Judge as Executor
+from tilewright.kernels.options import EvalOptions
+from tilewright.kernels.result import Backend, Rank
+from tilewright.kernels.task import Task
+from tilewright.sessions import events as ev
+from tilewright.sessions.actions import Action
+from tilewright.sessions.core import Decision, JudgeFailed, PersonApproval, SearchRules, SessionCore
+from tilewright.sessions.core.logs import create_log, recorded_options, reopen_log
+from tilewright.sessions.log import SessionLog
+from tilewright.sessions.search.children import ROOT_FAMILY_CANDIDATES, ChildMaker
+from tilewright.sessions.search.graph import Budget, SearchConfig, SearchState, fold_search
+from tilewright.sessions.search.plan import finish_reason, plan, select_beam
 
 
 @dataclass

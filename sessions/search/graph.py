@@ -25,10 +25,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from kernels.result import Rank
-from sessions import events as ev
-from sessions.actions import SlotKey
-from sessions.state import SessionState
+from tilewright.kernels.result import Rank
+from tilewright.sessions import events as ev
+from tilewright.sessions.actions import SlotKey
+from tilewright.sessions.state import SessionState
 
 # The key of a version that ranks nothing (not crownable, or no rank): below any rank.
 UNRANKED = (-1, 0, 0.0, 0.0)

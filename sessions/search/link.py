@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from sessions import events as ev
-from sessions.search.graph import SearchState
+from tilewright.sessions import events as ev
+from tilewright.sessions.search.graph import SearchState
 
 __all__ = ["SearchLink"]
 

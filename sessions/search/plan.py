@@ -11,8 +11,8 @@ the same decisions from the same events.
 
 from __future__ import annotations
 
-from sessions.actions import Action, SlotKey
-from sessions.search.graph import RoundInfo, SearchState
+from tilewright.sessions.actions import Action, SlotKey
+from tilewright.sessions.search.graph import RoundInfo, SearchState
 
 
 def budget_reason(s: SearchState, live_wall: float = 0.0, inflight_nodes: int = 0,

@@ -22,13 +22,13 @@ sys.path.insert(0, str(HERE.parent))
 
 from scripted_agent import ScriptedAgent, kernel, tuning  # noqa: E402
 
-from agents import brief  # noqa: E402
-from kernels.loaders import load_task  # noqa: E402
-from kernels.workers import EvalOptions, WorkerPool  # noqa: E402
-from sessions.autonomy import ControllerSettings  # noqa: E402
-from sessions.controller import Controller  # noqa: E402
-from sessions.evaluator import PoolEvaluator  # noqa: E402
-from sessions.log import SessionLog  # noqa: E402
+from tilewright.agents import brief  # noqa: E402
+from tilewright.kernels.loaders import load_task  # noqa: E402
+from tilewright.kernels.workers import EvalOptions, WorkerPool  # noqa: E402
+from tilewright.sessions.autonomy import ControllerSettings  # noqa: E402
+from tilewright.sessions.controller import Controller  # noqa: E402
+from tilewright.sessions.evaluator import PoolEvaluator  # noqa: E402
+from tilewright.sessions.log import SessionLog  # noqa: E402
 
 TARGET = HERE / "session_gelu"
 TRACE_EVENTS = 400  # enough to draw the timeline; keeps the fixture small

@@ -8,7 +8,7 @@ from textual.binding import Binding
 from textual.screen import ModalScreen
 from textual.widgets import Static, TextArea
 
-from tui.widgets.diffview import DiffView
+from tilewright.tui.widgets.diffview import DiffView
 
 
 class DiffScreen(ModalScreen[None]):

@@ -9,7 +9,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Input, Static, TextArea
 
-from tui.keymap import key_name, spoken
+from tilewright.tui.keymap import key_name, spoken
 
 
 class NotePrompt(ModalScreen[str | None]):

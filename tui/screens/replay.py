@@ -18,16 +18,16 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Input, Static
 
-from sessions import events as ev
-from sessions.log import LoadedSession, read_blob
-from sessions.state import event_rank, fold
-from tui.presenter import Presenter
-from tui.view import BlobCache, SessionView
-from tui.widgets.chat import ChatPane
-from tui.widgets.footer import KeyFooter
-from tui.widgets.panes import PaneGrid
-from tui.widgets.source import SourcePane
-from tui.widgets.status import StatusBar
+from tilewright.sessions import events as ev
+from tilewright.sessions.log import LoadedSession, read_blob
+from tilewright.sessions.state import event_rank, fold
+from tilewright.tui.presenter import Presenter
+from tilewright.tui.view import BlobCache, SessionView
+from tilewright.tui.widgets.chat import ChatPane
+from tilewright.tui.widgets.footer import KeyFooter
+from tilewright.tui.widgets.panes import PaneGrid
+from tilewright.tui.widgets.source import SourcePane
+from tilewright.tui.widgets.status import StatusBar
 
 SPEEDS = (0.5, 1.0, 2.0, 4.0, 8.0, 32.0)
 MAX_GAP_S = 1.5  # the longest pause between two events while playing (before speed)

@@ -27,12 +27,12 @@ from textual.screen import Screen
 from textual.widgets import Header, Static, Tree
 from textual.widgets.tree import TreeNode
 
-from kernels.printable import visible
-from sessions.log import load, read_blob
-from sessions.search.graph import SearchState, fold_search
-from sessions.search.link import SearchLink
-from tui.format import rank_at_length
-from tui.widgets.footer import KeyFooter
+from tilewright.kernels.printable import visible
+from tilewright.sessions.log import load, read_blob
+from tilewright.sessions.search.graph import SearchState, fold_search
+from tilewright.sessions.search.link import SearchLink
+from tilewright.tui.format import rank_at_length
+from tilewright.tui.widgets.footer import KeyFooter
 
 _ICONS = {"correct": "✓", "incorrect": "✗", "compile_error": "✗", "runtime_error": "✗",
           "timeout": "⏱", "crashed": "☠", "rejected": "⚑", None: "…"}

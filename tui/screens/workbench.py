@@ -20,22 +20,22 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.worker import Worker, WorkerState
 
-from sessions import events as ev
-from sessions.state import FAILED_STATUSES
-from tui import keymap
-from tui.link import CommandRefused, LiveLink
-from tui.presenter import Presenter, chip_line, describe_result, describe_stop
-from tui.screens.diff import DiffScreen, SourceScreen
-from tui.screens.modals import ErrorModal, NotePrompt, PlanEditor
-from tui.view import BlobCache, SessionView
-from tui.widgets.chat import ChatPane
-from tui.widgets.footer import KeyFooter
-from tui.widgets.history import HistoryPane
-from tui.widgets.panes import PaneGrid
-from tui.widgets.problems import ProblemsPane
-from tui.widgets.profile import ProfilePane
-from tui.widgets.source import SourcePane
-from tui.widgets.status import ActivityLine, ApprovalBar, StatusBar
+from tilewright.sessions import events as ev
+from tilewright.sessions.state import FAILED_STATUSES
+from tilewright.tui import keymap
+from tilewright.tui.link import CommandRefused, LiveLink
+from tilewright.tui.presenter import Presenter, chip_line, describe_result, describe_stop
+from tilewright.tui.screens.diff import DiffScreen, SourceScreen
+from tilewright.tui.screens.modals import ErrorModal, NotePrompt, PlanEditor
+from tilewright.tui.view import BlobCache, SessionView
+from tilewright.tui.widgets.chat import ChatPane
+from tilewright.tui.widgets.footer import KeyFooter
+from tilewright.tui.widgets.history import HistoryPane
+from tilewright.tui.widgets.panes import PaneGrid
+from tilewright.tui.widgets.problems import ProblemsPane
+from tilewright.tui.widgets.profile import ProfilePane
+from tilewright.tui.widgets.source import SourcePane
+from tilewright.tui.widgets.status import ActivityLine, ApprovalBar, StatusBar
 
 CANCEL_WINDOW_S = 1.5
 

@@ -24,7 +24,7 @@ from textual.message import Message
 from textual.reactive import Reactive
 from textual.widgets import Collapsible, Input, Static
 
-from tui.markdown_stream import MarkdownPiece, above, block_starts
+from tilewright.tui.markdown_stream import MarkdownPiece, above, block_starts
 
 FLUSH_INTERVAL_S = 0.1
 KEY_QUIET_S = 0.05  # a flush waits this long after a key event (the key's frame first)

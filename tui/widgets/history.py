@@ -16,8 +16,8 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import DataTable
 
-from sessions.state import Rank
-from tui.format import format_vmem, rank_at_length
+from tilewright.sessions.state import Rank
+from tilewright.tui.format import format_vmem, rank_at_length
 
 STATUS_MARK = {"correct": "✓", "incorrect": "✗", "compile_error": "✗", "runtime_error": "✗",
                "timeout": "⏱", "crashed": "✗", "rejected": "⊘", None: "·"}

@@ -17,11 +17,11 @@ from textual.geometry import Region
 from textual.widget import Widget
 from textual.widgets import Tab, Tabs
 
-from tui.widgets.chat import ChatPane
-from tui.widgets.history import HistoryPane
-from tui.widgets.problems import ProblemsPane
-from tui.widgets.profile import ProfilePane
-from tui.widgets.source import SourcePane
+from tilewright.tui.widgets.chat import ChatPane
+from tilewright.tui.widgets.history import HistoryPane
+from tilewright.tui.widgets.problems import ProblemsPane
+from tilewright.tui.widgets.profile import ProfilePane
+from tilewright.tui.widgets.source import SourcePane
 
 WIDE_COLUMNS = 120
 ORDER = ("source", "chat", "problems", "profile", "history")

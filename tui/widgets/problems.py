@@ -15,7 +15,7 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
-from tui.problems import Problem
+from tilewright.tui.problems import Problem
 
 
 class ProblemsPane(Vertical):

@@ -14,8 +14,8 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
-from kernels.result import is_interpret
-from tui.widgets.timeline import Timeline, spans_from_profile
+from tilewright.kernels.result import is_interpret
+from tilewright.tui.widgets.timeline import Timeline, spans_from_profile
 
 GAUGE_W = 16
 

@@ -15,7 +15,7 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import ContentSwitcher, TextArea
 
-from tui.widgets.diffview import DiffView
+from tilewright.tui.widgets.diffview import DiffView
 
 
 class Editor(TextArea):

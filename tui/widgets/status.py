@@ -11,8 +11,8 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from sessions.state import Rank
-from tui.format import format_vmem, rank_at_length
+from tilewright.sessions.state import Rank
+from tilewright.tui.format import format_vmem, rank_at_length
 
 # The TPU compiler's verdict in words: "refused" is the kernel's fault, "unavailable"
 # means this host could not ask the compiler (the reason is in Problems).
