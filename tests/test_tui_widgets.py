@@ -333,3 +333,40 @@ async def test_the_editor_keeps_its_highlighted_lines_when_focus_moves(monkeypat
         editor.theme = "dracula"  # a real style change still redraws every line
         await pilot.pause()
         assert len(rendered) >= visible
+
+
+def test_session_events_arrive_as_one_message_class_per_family() -> None:
+    """The link posts each event as its family's message; streamed text of one stream
+    is joined by ``can_replace`` (the newer message carries both texts, in order), and
+    the published event is left as it was."""
+    from tilewright.tui.link import (
+        AgentSaid,
+        AgentStreamed,
+        DecisionMade,
+        ProposalMade,
+        RunChanged,
+        SessionStatus,
+        VersionMade,
+        session_message,
+    )
+
+    families = {"agent.proposal": ProposalMade, "user.decision": DecisionMade,
+                "kernel.version": VersionMade, "kernel.checkout": VersionMade,
+                "run.start": RunChanged, "run.progress": RunChanged, "run.result": RunChanged,
+                "profile.result": RunChanged, "agent.delta": AgentStreamed,
+                "agent.tool_delta": AgentStreamed, "agent.message": AgentSaid,
+                "agent.tool": AgentSaid, "user.message": AgentSaid,
+                "worker.state": SessionStatus, "controller.idle": SessionStatus,
+                "auto.stop": SessionStatus, "error": SessionStatus, "marker": SessionStatus}
+    for kind, family in families.items():
+        assert type(session_message({"type": kind})) is family, kind  # type: ignore[typeddict-item]
+
+    first = {"type": "agent.delta", "live": True, "text": "Taller "}
+    older = session_message(first)  # type: ignore[arg-type]
+    newer = session_message({"type": "agent.delta", "live": True, "text": "blocks"})  # type: ignore[arg-type]
+    assert older.can_replace(newer)  # Textual then drops ``older``
+    assert newer.event["text"] == "Taller blocks" and first["text"] == "Taller "
+    tool = session_message({"type": "agent.tool_delta", "id": "t1", "text": "{"})  # type: ignore[arg-type]
+    other = session_message({"type": "agent.tool_delta", "id": "t2", "text": "}"})  # type: ignore[arg-type]
+    assert not tool.can_replace(other) and not newer.can_replace(tool)  # another stream
+    assert not newer.can_replace(session_message({"type": "run.start"}))  # type: ignore[arg-type]

@@ -29,7 +29,6 @@ from tilewright.tui.look import Look, choose_look
 from tilewright.tui.palette import WorkbenchCommands
 from tilewright.tui.screens.modals import ErrorModal, HelpScreen
 from tilewright.tui.screens.workbench import WorkbenchScreen
-from tilewright.tui.widgets.status import ActivityLine
 
 if TYPE_CHECKING:  # sessions and kernels load after the first paint, in the opener
     from tilewright.agents.config import Config
@@ -148,8 +147,7 @@ class TilewrightApp(App):
     async def _open_session(self, agent: str | None = None) -> None:
         assert self.opener is not None
         if agent is not None:
-            self.workbench.query_one(ActivityLine).start(
-                f"opening the session with the {agent} agent", cancellable=False)
+            self.workbench.opening(f"opening the session with the {agent} agent")
         link, chip = await (self.opener(agent) if agent else self.opener())
         self.link = link
         self.session_path = link.path
@@ -164,10 +162,7 @@ class TilewrightApp(App):
             self.call_after_refresh(self._say_over_ssh, ssh_words(link.path, keys))
         self.session_task = (link.state.header.get("task") or {}).get("name")
         screen = self.workbench
-        screen.chip_label, screen.vmem_capacity = chip.label, chip.vmem_bytes
-        from tilewright.tui.widgets.profile import ProfilePane
-
-        screen.query_one(ProfilePane).set_chip(chip.label, chip.vmem_bytes)
+        screen.chip = (chip.label, chip.vmem_bytes)
         screen.attach(link)
         # Everything built so far lives as long as the app: move it out of the garbage
         # collector's sight, so later collections stay short (they were the long tail
@@ -182,9 +177,7 @@ class TilewrightApp(App):
         self.set_interval(FULL_GC_CHECK_S, self._collect_when_quiet)
 
     def _say_over_ssh(self, text: str) -> None:
-        from tilewright.tui.widgets.chat import ChatPane
-
-        self.workbench.query_one(ChatPane).add_notice(text, "warning")
+        self.workbench.add_notice(text, "warning")
         self.notify("over SSH: a dropped connection ends this app (the session is kept); "
                     "tmux keeps it running (see the chat)", title="remote session",
                     timeout=10)
@@ -219,7 +212,7 @@ class TilewrightApp(App):
         from tilewright.tui.launch import LaunchError
 
         error = event.worker.error
-        self.workbench.query_one(ActivityLine).stop()
+        self.workbench.open_failed()
         next_step = getattr(error, "next_step", "") or \
             f"quit with {keymap.say(self, 'quit')} and try again"
         title = "Could not open the session" if isinstance(error, LaunchError) \
@@ -347,13 +340,12 @@ class TilewrightApp(App):
         if link is None:
             return
         try:
-            source = self.workbench.source
-            if not (source.in_edit() and source.is_modified()):
+            edit = self.workbench.unsaved_edit()
+            if edit is None:
                 return
-            proposal = source.proposal if source.editing else None
-            self.kept_draft_at = link.save_draft(source.edited_source(),
-                                                 version=source.version,
-                                                 proposal=proposal, why=why)
+            text, version, proposal = edit
+            self.kept_draft_at = link.save_draft(text, version=version, proposal=proposal,
+                                                 why=why)
         except Exception as exc:  # a full disk must not stop the close
             self.log.error(f"keeping the draft failed: {exc!r}")
 

@@ -6,13 +6,24 @@ a subscription to new ones, and one method per command (approve, reject, edit, r
 into a running ``sessions`` controller. A command that cannot run now raises
 ``CommandRefused`` (the controller's ``ControllerError``) whose message the screen
 shows. The replay screen folds recorded events itself and needs no link.
+
+What the session says reaches a screen as Textual messages, one class per family of
+events (``ProposalMade``, ``DecisionMade``, ``VersionMade``, ``RunChanged``,
+``AgentStreamed``, ``AgentSaid``, ``SessionStatus``): ``LiveLink.post_to(screen)``
+subscribes the screen, and the screen handles each family with an ``@on`` handler.
+Streamed text (``AgentStreamed``) is joined by Textual's ``Message.can_replace``: a
+newer piece of the same stream replaces one still waiting in the queue and carries
+both texts, so an agent's ~150 pieces a second cost one message per screen turn.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from textual.message import Message
+from textual.message_pump import MessagePump
 
 from tilewright.sessions import events as ev
 from tilewright.sessions.errors import ControllerError as CommandRefused
@@ -23,7 +34,102 @@ if TYPE_CHECKING:  # the controller module is imported once a session opens, not
     from tilewright.sessions.drafts import Draft, Stop
     from tilewright.sessions.state import SessionState
 
-__all__ = ["CommandRefused", "LiveLink"]
+__all__ = ["AgentSaid", "AgentStreamed", "CommandRefused", "DecisionMade", "LiveLink",
+           "ProposalMade", "RunChanged", "SessionMessage", "SessionStatus", "VersionMade",
+           "session_message"]
+
+
+class SessionMessage(Message):
+    """One event of the session (persisted or live-only), as a message to a screen.
+    Each subclass is a family of event kinds (``KINDS``); ``event`` is the event as
+    the controller published it."""
+
+    KINDS: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, event: ev.AnyEvent) -> None:
+        super().__init__()
+        self.event = event
+
+    @property
+    def kind(self) -> str:
+        return str(self.event["type"])
+
+    @property
+    def live(self) -> bool:
+        """A live-only notification (never in the log)."""
+        return self.event["type"] in ev.LIVE_TYPES
+
+
+class ProposalMade(SessionMessage):
+    """The agent (or the search's own step) proposed something: a decision is due."""
+
+    KINDS = frozenset({"agent.proposal"})
+
+
+class DecisionMade(SessionMessage):
+    """A proposal was approved, rejected or edited (by the person or the rules)."""
+
+    KINDS = frozenset({"user.decision"})
+
+
+class VersionMade(SessionMessage):
+    """The current kernel changed: a new version, or a checkout of an older one."""
+
+    KINDS = frozenset({"kernel.version", "kernel.checkout"})
+
+
+class RunChanged(SessionMessage):
+    """An evaluation, analysis or profile started, progressed or finished."""
+
+    KINDS = frozenset({"run.start", "run.progress", "run.result", "profile.result",
+                       "diagnosis"})
+
+
+class AgentStreamed(SessionMessage):
+    """A piece of streamed text: the agent's reply, or a tool call's arguments.
+
+    A newer piece of the same stream (same kind; same call ``id``) replaces this one
+    while it still waits in the queue, carrying this one's text before its own: the
+    screen handles one message with all the text that came meanwhile, in order."""
+
+    KINDS = frozenset(ev.DELTA_TYPES)
+
+    def can_replace(self, message: Message) -> bool:
+        if not isinstance(message, AgentStreamed) or message.kind != self.kind \
+                or message.event.get("id") != self.event.get("id"):
+            return False
+        # Textual drops this message when True: its text goes into the newer one (a new
+        # dict: the published event is shared with other subscribers).
+        message.event = {**message.event,  # type: ignore[assignment]
+                         "text": str(self.event.get("text", ""))
+                         + str(message.event.get("text", ""))}
+        return True
+
+
+class AgentSaid(SessionMessage):
+    """The conversation: the person's message, the agent's start, tool calls and their
+    results, its notices, usage and finished replies."""
+
+    KINDS = frozenset({"user.message", "agent.message", "agent.finished", "agent.start",
+                       "agent.tool", "agent.tool_result", "agent.notice", "agent.usage"})
+
+
+class SessionStatus(SessionMessage):
+    """Everything else: the worker's and the controller's state, mode changes,
+    autonomous mode's stop, errors, notices and markers."""
+
+
+_FAMILIES: dict[str, type[SessionMessage]] = {
+    kind: family
+    for family in (ProposalMade, DecisionMade, VersionMade, RunChanged, AgentStreamed,
+                   AgentSaid)
+    for kind in family.KINDS
+}
+
+
+def session_message(event: ev.AnyEvent) -> SessionMessage:
+    """The message of ``event``'s family (``SessionStatus`` for any other kind)."""
+    return _FAMILIES.get(str(event["type"]), SessionStatus)(event)
 
 
 class LiveLink:
@@ -90,6 +196,11 @@ class LiveLink:
 
     def subscribe(self, callback: ev.Subscriber) -> Callable[[], None]:
         return self._controller.subscribe(callback)
+
+    def post_to(self, target: MessagePump) -> Callable[[], None]:
+        """Post every event from now on to ``target`` as its family's message (see
+        ``session_message``); returns the unsubscribe call."""
+        return self.subscribe(lambda event: target.post_message(session_message(event)))
 
     def toggle_auto(self) -> None:
         """Step -> auto, auto -> step."""

@@ -1,8 +1,9 @@
 """The live workbench: the five panes, the decision bar, long-work progress, status.
 
 The screen turns keys into controller commands (through ``LiveLink``) and controller
-events into pane updates (through ``Presenter``). Controller callbacks only post a
-message; all drawing happens in the message handler, on the UI's own schedule.
+events into pane updates (through ``Presenter``). The link posts each event as its
+family's message (``tui.link``); all drawing happens in the ``@on`` handlers, on the
+UI's own schedule.
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ from typing import Any, cast
 
 from textual import on, work
 from textual.app import ComposeResult
-from textual.message import Message
-from textual.reactive import Reactive
+from textual.reactive import Reactive, var
 from textual.screen import Screen
 from textual.widget import Widget
 from textual.worker import Worker, WorkerState
@@ -23,7 +23,17 @@ from textual.worker import Worker, WorkerState
 from tilewright.sessions import events as ev
 from tilewright.sessions.state import FAILED_STATUSES
 from tilewright.tui import keymap
-from tilewright.tui.link import CommandRefused, LiveLink
+from tilewright.tui.link import (
+    AgentSaid,
+    AgentStreamed,
+    CommandRefused,
+    DecisionMade,
+    LiveLink,
+    ProposalMade,
+    RunChanged,
+    SessionStatus,
+    VersionMade,
+)
 from tilewright.tui.presenter import Presenter, chip_line, describe_result, describe_stop
 from tilewright.tui.screens.diff import DiffScreen, SourceScreen
 from tilewright.tui.screens.modals import ErrorModal, NotePrompt, PlanEditor
@@ -58,12 +68,6 @@ def slash_command(text: str) -> tuple[Any, ...] | None:
                        "/explain [vN] [question]")
 
 
-class SessionEvent(Message):
-    def __init__(self, event: ev.AnyEvent) -> None:
-        super().__init__()
-        self.event = event
-
-
 class WorkbenchScreen(Screen):
     CSS_PATH = "workbench.tcss"
     BINDINGS = keymap.global_bindings()
@@ -71,6 +75,10 @@ class WorkbenchScreen(Screen):
     # the widgets whose look depends on focus restyle and repaint themselves anyway, so
     # a focus move here repaints those alone (about half the work of F6 on 2 cores).
     focused: Reactive[Widget | None] = Reactive(None, repaint=False)
+    # The worker's state and the chip (its label, its VMEM bytes) the session is judged
+    # for: set by the session's events and the app; their watchers redraw what shows them.
+    worker_state: var[str] = var("starting", init=False, always_update=True)
+    chip: var[tuple[str | None, float | None]] = var((None, None), init=False)
 
     def __init__(self, clock: Callable[[], float] = time.monotonic,
                  chip_label: str | None = None, vmem_capacity: float | None = None) -> None:
@@ -79,15 +87,12 @@ class WorkbenchScreen(Screen):
         self.link: LiveLink | None = None
         self.presenter: Presenter | None = None
         self.blobs: BlobCache | None = None
-        self.chip_label, self.vmem_capacity = chip_label, vmem_capacity
-        self.worker_state = "starting"
+        self.set_reactive(WorkbenchScreen.chip, (chip_label, vmem_capacity))
         self._cancel_armed_at: float | None = None
         self._leave_armed_at: float | None = None  # Esc once over changes: armed
         self.kept_draft: Any = None  # a ``sessions.drafts.Draft`` offered back on resume
         self._draw_scheduled = False
         self._unsubscribe: Callable[[], None] | None = None
-        # Queued, still open to more text (a copy: the batch grows in place).
-        self._waiting_delta: ev.AgentDelta | ev.AgentToolDelta | None = None
 
     def compose(self) -> ComposeResult:
         yield PaneGrid(id="grid")
@@ -104,11 +109,43 @@ class WorkbenchScreen(Screen):
         self.query_one(ActivityLine).cancel_hint = \
             f"{keymap.say(self.app, 'cancel', joiner='/')} twice cancels"
         self.presenter = Presenter(self.query_one(PaneGrid))
-        self.query_one(ProfilePane).set_chip(self.chip_label, self.vmem_capacity)
+        self.query_one(ProfilePane).set_chip(*self.chip)
         self.query_one(PaneGrid).show("source")  # the keyboard starts in the editor
         if self.link is None:
-            self.query_one(ActivityLine).start("opening the session (starting the JAX worker)",
-                                               cancellable=False)
+            self.opening("opening the session (starting the JAX worker)")
+
+    @property
+    def chip_label(self) -> str | None:
+        return self.chip[0]
+
+    def watch_chip(self, chip: tuple[str | None, float | None]) -> None:
+        self.query_one(ProfilePane).set_chip(*chip)
+        self._draw_status()
+
+    def watch_worker_state(self) -> None:
+        self._draw_status()
+
+    # -- what the app asks of the screen ----------------------------------------------
+    def opening(self, what: str) -> None:
+        """A session is being opened: say so on the activity line until it lands."""
+        self.query_one(ActivityLine).start(what, cancellable=False)
+
+    def open_failed(self) -> None:
+        """Opening the session failed (the app says why in a modal)."""
+        self.query_one(ActivityLine).stop()
+
+    def add_notice(self, text: str, level: str = "info") -> None:
+        """A line in the conversation from the app itself."""
+        self.query_one(ChatPane).add_notice(text, level)
+
+    def unsaved_edit(self) -> tuple[str, int | None, str | None] | None:
+        """The Source editor's unsaved text (the text, the version it edits, the
+        proposal it edits), or None when nothing was typed."""
+        source = self.source
+        if not (source.in_edit() and source.is_modified()):
+            return None
+        return (source.edited_source(), source.version,
+                source.proposal if source.editing else None)
 
     # -- attaching a live session -----------------------------------------------------
     def attach(self, link: LiveLink) -> None:
@@ -128,7 +165,7 @@ class WorkbenchScreen(Screen):
                 self.presenter.chat_entry(event)
         except Exception as exc:  # the log is readable by the controller; say what broke
             self.notify(f"could not show the session's history: {exc}", severity="warning")
-        self._unsubscribe = link.subscribe(self._deliver)
+        self._unsubscribe = link.post_to(self)
         self._schedule_draw()
         self._say_what_a_stop_left(link, recorded)
 
@@ -179,78 +216,93 @@ class WorkbenchScreen(Screen):
         self.notify(f"the draft is in the editor{base}: {keymap.say(self.app, 'edit')} "
                     "submits it, Esc twice drops it", timeout=8)
 
-    def _deliver(self, event: ev.AnyEvent) -> None:
-        """Controller event -> message. Streamed text joins the delta still waiting in
-        the queue (an agent sends ~150 a second; one message per screen turn is
-        enough), and any other event ends that batch, so the order is kept. A tool
-        call's streamed arguments batch the same way, per call."""
-        if event["type"] in ev.DELTA_TYPES:
-            delta = cast("ev.AgentDelta | ev.AgentToolDelta", event)
-            waiting = self._waiting_delta
-            if waiting is not None and waiting["type"] == delta["type"] \
-                    and waiting.get("id") == delta.get("id"):
-                waiting["text"] = waiting.get("text", "") + str(delta.get("text", ""))
-                return
-            event = self._waiting_delta = cast("ev.AgentDelta | ev.AgentToolDelta",
-                                               dict(delta))
-        else:
-            self._waiting_delta = None
-        self.post_message(SessionEvent(event))
-
     def view(self) -> SessionView | None:
         if self.link is None or self.blobs is None:
             return None
         return SessionView(self.link.state, self.blobs)
 
-    # -- events from the controller ---------------------------------------------------
-    @on(SessionEvent)
-    def _session_event(self, message: SessionEvent) -> None:
-        event, presenter = message.event, self.presenter
-        if event is self._waiting_delta:
-            self._waiting_delta = None  # handled: later text starts a new message
-        assert presenter is not None
-        activity = self.query_one(ActivityLine)
-        if event["type"] in ev.LIVE_TYPES:
-            live = cast("ev.LiveEvent", event)
-            presenter.live(live)
-            if live["type"] == "worker.state":
-                self.worker_state = str(live.get("state"))
-                self._draw_status()
-            elif live["type"] == "agent.start":
-                activity.start(f"{live.get('agent', 'agent')} is replying "
-                               f"({live.get('role', '')})")
-            elif live["type"] == "controller.idle":
-                activity.stop()
-                self._schedule_draw()  # what to press next, now that nothing runs
-            elif live["type"] == "controller.busy":
-                self._schedule_draw()
+    # -- events from the controller: one handler per family (``tui.link``) -----------
+    # Notifications that may carry the candidate's words (an error line, a profile
+    # failure) are plain text: markup=False, never console markup or links.
+    @on(ProposalMade)
+    def _proposal_made(self, message: ProposalMade) -> None:
+        self._presenter.chat_entry(cast("ev.AgentProposal", message.event))
+        if self.link and self.link.state.mode == "step":
+            self.app.bell()  # a decision is awaited
+        self._schedule_draw()
+
+    @on(DecisionMade)
+    @on(VersionMade)
+    def _kernel_changed(self, message: DecisionMade | VersionMade) -> None:
+        self._presenter.chat_entry(cast("ev.Event", message.event))
+        self._schedule_draw()
+
+    @on(RunChanged)
+    def _run_changed(self, message: RunChanged) -> None:
+        e = message.event
+        if message.live:  # run.progress: the production verdict, while trials go on
+            self._presenter.live(cast("ev.RunProgress", e))
             return
-        e = cast("ev.Event", event)
-        presenter.chat_entry(e)
-        # Notifications that may carry the candidate's words (an error line, a profile
-        # failure) are plain text: markup=False, never console markup or links.
+        self._presenter.chat_entry(cast("ev.Event", e))
         if e["type"] == "run.start":
             what = {"profile": "profiling", "analysis": "analyzing"}.get(
                 str(e.get("kind")), "evaluating")
-            activity.start(f"{what} v{e.get('version')}")
+            self.query_one(ActivityLine).start(f"{what} v{e.get('version')}")
         elif e["type"] == "run.result":
-            text, severity = describe_result(e)
+            text, severity = describe_result(cast("ev.RunResult", e))
             self.notify(text, severity=severity, timeout=5, markup=False)  # type: ignore[arg-type]
         elif e["type"] == "profile.result":
             if e.get("error"):
                 what = "static analysis" if e.get("static") else "profile"
-                self.notify(f"{what} failed: {e['error']}", severity="error", markup=False)
+                self.notify(f"{what} failed: {e.get('error')}", severity="error",
+                            markup=False)
             elif not e.get("static"):
                 self.notify(f"profiled v{e.get('version')}", timeout=4)
-        elif e["type"] == "agent.proposal" and self.link and self.link.state.mode == "step":
-            self.app.bell()  # a decision is awaited
-        elif e["type"] == "auto.stop":
-            text, severity = describe_stop(e)
+        self._schedule_draw()
+
+    @on(AgentStreamed)
+    def _agent_streamed(self, message: AgentStreamed) -> None:
+        # Joined already: a piece that came while this one waited replaced it.
+        self._presenter.live(cast("ev.AgentDelta | ev.AgentToolDelta", message.event))
+
+    @on(AgentSaid)
+    def _agent_said(self, message: AgentSaid) -> None:
+        e = message.event
+        if not message.live:  # a persisted reply, message or the agent's last word
+            self._presenter.chat_entry(cast("ev.Event", e))
+            self._schedule_draw()
+            return
+        self._presenter.live(cast("ev.LiveEvent", e))
+        if e["type"] == "agent.start":
+            self.query_one(ActivityLine).start(f"{e.get('agent', 'agent')} is replying "
+                                               f"({e.get('role', '')})")
+
+    @on(SessionStatus)
+    def _session_status(self, message: SessionStatus) -> None:
+        e = message.event
+        if message.live:
+            self._presenter.live(cast("ev.LiveEvent", e))
+            if e["type"] == "worker.state":
+                self.worker_state = str(e.get("state"))  # its watcher draws the status
+            elif e["type"] == "controller.idle":
+                self.query_one(ActivityLine).stop()
+                self._schedule_draw()  # what to press next, now that nothing runs
+            elif e["type"] == "controller.busy":
+                self._schedule_draw()
+            return
+        self._presenter.chat_entry(cast("ev.Event", e))
+        if e["type"] == "auto.stop":
+            text, severity = describe_stop(cast("ev.AutoStop", e))
             self.notify(text, severity=severity, timeout=8)  # type: ignore[arg-type]
         elif e["type"] == "error":
             self.notify(str(e.get("message")), title=f"error ({e.get('where')})",
                         severity="error", timeout=10, markup=False)
         self._schedule_draw()
+
+    @property
+    def _presenter(self) -> Presenter:
+        assert self.presenter is not None
+        return self.presenter
 
     def _schedule_draw(self) -> None:
         # Bursts of events draw once: the render runs after the current batch.
