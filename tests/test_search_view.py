@@ -116,10 +116,13 @@ async def test_human_in_the_loop_approve_reject_prune(tmp_path) -> None:
             job = asyncio.ensure_future(search.run())
             await until(lambda: search.awaiting() == ["p1"])
             await pilot.pause()
-            assert "p1 from v1" in str(screen.query_one("#search-pending", Static).render())
+            pending = str(screen.query_one("#search-pending", Static).render())
+            assert "p1 from v1" in pending
+            # The workbench's approve and reject keys, named as the keymap says them.
+            assert "ctrl+y approve · ctrl+n reject" in pending
             footer = [item.description for item in screen.query_one(KeyFooter).items]
             assert {"Approve", "Reject", "Prune branch", "Next pending"} <= set(footer)
-            await pilot.press("a")  # approve the agent's child
+            await pilot.press("ctrl+y")  # approve the agent's child
             await until(lambda: 2 in search.state.session.versions
                         and search.state.session.versions[2].status is not None)
             await until(lambda: search.awaiting() == ["p2"])
@@ -129,7 +132,7 @@ async def test_human_in_the_loop_approve_reject_prune(tmp_path) -> None:
             await pilot.pause()
             assert screen.selected == 2
             await pilot.press("p")  # prune v2: it may not enter the beam
-            await pilot.press("r")  # reject the second child
+            await pilot.press("ctrl+n")  # reject the second child
             summary = await asyncio.wait_for(job, 60)
             await pilot.pause()
             assert "pruned" in str(screen.tree_nodes[2].label)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from textual.app import App
 
+from tilewright.tui import keymap
 from tilewright.tui.screens.search_view import SearchScreen
 
 if TYPE_CHECKING:
@@ -26,17 +27,29 @@ class ReviewApp(App):
 
     TITLE = "tilewright review"
 
-    def __init__(self, screen: SearchScreen, opened: SearchSession | None = None) -> None:
+    def __init__(self, screen: SearchScreen, opened: SearchSession | None = None,
+                 config: Any = None) -> None:
         super().__init__()
         self._screen = screen
         self._opened = opened
         self._search = opened.search if opened is not None else None
         self.summary: Any = None
+        # The config's [keys] remaps, as in the workbench (approve and reject are the
+        # same keys in both); a typo is said on mount, the defaults kept.
+        self.keymap_overrides: dict[str, str] = {}  # read by keymap.remapped
+        self._keymap_error: str | None = None
+        try:
+            self.keymap_overrides = keymap.keymap_from_config(config or {})
+        except keymap.KeymapError as exc:
+            self._keymap_error = str(exc)
+        self.set_keymap(self.keymap_overrides)
 
     def get_default_screen(self) -> SearchScreen:
         return self._screen
 
     def on_mount(self) -> None:
+        if self._keymap_error:
+            self.notify(self._keymap_error, title="config", severity="error", timeout=15)
         if self._search is not None:
             self.run_worker(self._run_search(), exit_on_error=False, name="search")
 
@@ -65,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         except SessionError as exc:
             print(f"tilewright review: {exc}", file=sys.stderr)
             return 2
-        ReviewApp(SearchScreen(session=path)).run()
+        ReviewApp(SearchScreen(session=path), config=args.config).run()
         return 0
     return asyncio.run(_live(args))
 
@@ -90,7 +103,7 @@ async def _live(args: argparse.Namespace) -> int:
         if exc.next_step:
             print(f"  next: {exc.next_step}", file=sys.stderr)
         return 2
-    app = ReviewApp(SearchScreen(search=opened.search), opened=opened)
+    app = ReviewApp(SearchScreen(search=opened.search), opened=opened, config=args.config)
     await app.run_async()
     print(f"session saved: {opened.search.log.path}")
     return 0

@@ -31,6 +31,7 @@ from tilewright.kernels.printable import visible
 from tilewright.sessions.log import load, read_blob
 from tilewright.sessions.search.graph import SearchState, fold_search
 from tilewright.sessions.search.link import SearchLink
+from tilewright.tui import keymap
 from tilewright.tui.format import rank_at_length
 from tilewright.tui.widgets.footer import KeyFooter
 
@@ -42,9 +43,11 @@ class SearchScreen(Screen):
     """A search's version tree; approve, reject and prune in human-in-the-loop mode."""
 
     CSS_PATH = "search_view.tcss"
+    # Approve and reject are the workbench's keys (``tui.keymap``: one key each
+    # everywhere, remapped by the same ``[keys]`` ids).
     BINDINGS = [
-        Binding("a", "approve", "Approve", id="search.approve"),
-        Binding("r", "reject", "Reject", id="search.reject"),
+        *(binding for binding in keymap.global_bindings()
+          if binding.id in ("approve", "reject")),
         Binding("p", "prune", "Prune branch", id="search.prune"),
         Binding("n", "next_pending", "Next pending", id="search.next"),
         Binding("escape", "close", "Back", id="search.close"),
@@ -163,7 +166,8 @@ class SearchScreen(Screen):
         waiting = self.search.awaiting() if self.search is not None else []
         if not waiting:
             return ""
-        lines = ["Waiting for your decision (a approve · r reject · n next):"]
+        lines = [f"Waiting for your decision ({keymap.say(self.app, 'approve', most=1)} "
+                 f"approve · {keymap.say(self.app, 'reject', most=1)} reject · n next):"]
         for pid in waiting:
             prop = state.session.proposals[pid]
             lines.append(f"  {pid} from v{prop.base_version}: {prop.summary}")
