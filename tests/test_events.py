@@ -20,7 +20,7 @@ import pytest
 from tilewright.sessions import events as ev
 from tilewright.sessions import replay, state
 from tilewright.sessions.search import graph
-from tilewright.tui import presenter
+from tilewright.tui.session import presenter
 
 ROOT = Path(__file__).resolve().parents[1]
 WRITERS = ("sessions", "tui")  # the packages that write or publish events
@@ -163,8 +163,8 @@ TABLES = {
     "tilewright.sessions.state fold": (state._HANDLERS, PERSISTED),
     "tilewright.sessions.search.graph fold": (graph._HANDLERS, PERSISTED),
     "tilewright.sessions.replay timeline lines": (replay._DESCRIBE, PERSISTED),
-    "tilewright.tui.presenter conversation": (presenter._CHAT, PERSISTED),
-    "tilewright.tui.presenter live": (presenter._LIVE, LIVE),
+    "tilewright.tui.session.presenter conversation": (presenter._CHAT, PERSISTED),
+    "tilewright.tui.session.presenter live": (presenter._LIVE, LIVE),
 }
 
 

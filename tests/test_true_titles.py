@@ -167,7 +167,7 @@ def test_an_estimate_the_floor_decided_says_so_with_both_figures() -> None:
 
 
 def test_the_workbench_result_line_carries_the_trust() -> None:
-    from tilewright.tui.presenter import describe_result
+    from tilewright.tui.session.presenter import describe_result
 
     event = {"type": "run.result", "version": 3, "status": "correct", "correct": True,
              "rank": ranking_json(floored(4.0, 1.72, 184_352))}

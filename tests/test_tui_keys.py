@@ -23,9 +23,9 @@ from tilewright.sessions.log import SessionLog, load
 from tilewright.tui import keymap
 from tilewright.tui.app import TilewrightApp
 from tilewright.tui.launch import ChipChoice, start_session
-from tilewright.tui.link import CommandRefused, LiveLink
 from tilewright.tui.palette import WorkbenchCommands
 from tilewright.tui.screens.modals import HelpScreen
+from tilewright.tui.session.link import CommandRefused, LiveLink
 from tilewright.tui.widgets.panes import PaneGrid
 from tilewright.tui.widgets.source import SourcePane
 from tilewright.tui.widgets.status import ActivityLine, ApprovalBar

@@ -339,7 +339,7 @@ def test_session_events_arrive_as_one_message_class_per_family() -> None:
     """The link posts each event as its family's message; streamed text of one stream
     is joined by ``can_replace`` (the newer message carries both texts, in order), and
     the published event is left as it was."""
-    from tilewright.tui.link import (
+    from tilewright.tui.session.link import (
         AgentSaid,
         AgentStreamed,
         DecisionMade,

@@ -33,7 +33,7 @@ from tilewright.tui.screens.workbench import WorkbenchScreen
 if TYPE_CHECKING:  # sessions and kernels load after the first paint, in the opener
     from tilewright.agents.config import Config
     from tilewright.tui.launch import ChipChoice, LaunchOptions
-    from tilewright.tui.link import LiveLink
+    from tilewright.tui.session.link import LiveLink
 
 # Called with no argument, or with an agent kind ("offline") to open with another agent.
 Opener = Callable[..., Awaitable[tuple["LiveLink", "ChipChoice"]]]

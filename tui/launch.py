@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from tilewright.agents.config import Config
 from tilewright.sessions.opening import DEFAULT_TASK, ChipChoice, SessionRequest
 from tilewright.sessions.opening import OpenError as LaunchError
-from tilewright.tui.link import LiveLink
+from tilewright.tui.session.link import LiveLink
 
 if TYPE_CHECKING:
     from tilewright.sessions.opening import Session

@@ -21,8 +21,8 @@ from textual.widgets import Input, Static
 from tilewright.sessions import events as ev
 from tilewright.sessions.log import LoadedSession, read_blob
 from tilewright.sessions.state import event_rank, fold
-from tilewright.tui.presenter import Presenter
-from tilewright.tui.view import BlobCache, SessionView
+from tilewright.tui.session.presenter import Presenter
+from tilewright.tui.session.view import BlobCache, SessionView
 from tilewright.tui.widgets.chat import ChatPane
 from tilewright.tui.widgets.footer import KeyFooter
 from tilewright.tui.widgets.panes import PaneGrid

@@ -2,8 +2,8 @@
 
 The screen turns keys into controller commands (through ``LiveLink``) and controller
 events into pane updates (through ``Presenter``). The link posts each event as its
-family's message (``tui.link``); all drawing happens in the ``@on`` handlers, on the
-UI's own schedule.
+family's message (``tui.session.link``); all drawing happens in the ``@on`` handlers,
+on the UI's own schedule.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from textual.worker import Worker, WorkerState
 from tilewright.sessions import events as ev
 from tilewright.sessions.state import FAILED_STATUSES
 from tilewright.tui import keymap
-from tilewright.tui.link import (
+from tilewright.tui.screens.diff import DiffScreen, SourceScreen
+from tilewright.tui.screens.modals import ErrorModal, NotePrompt, PlanEditor
+from tilewright.tui.session.link import (
     AgentSaid,
     AgentStreamed,
     CommandRefused,
@@ -34,10 +36,8 @@ from tilewright.tui.link import (
     SessionStatus,
     VersionMade,
 )
-from tilewright.tui.presenter import Presenter, chip_line, describe_result, describe_stop
-from tilewright.tui.screens.diff import DiffScreen, SourceScreen
-from tilewright.tui.screens.modals import ErrorModal, NotePrompt, PlanEditor
-from tilewright.tui.view import BlobCache, SessionView
+from tilewright.tui.session.presenter import Presenter, chip_line, describe_result, describe_stop
+from tilewright.tui.session.view import BlobCache, SessionView
 from tilewright.tui.widgets.chat import ChatPane
 from tilewright.tui.widgets.footer import KeyFooter
 from tilewright.tui.widgets.history import HistoryPane
@@ -221,7 +221,7 @@ class WorkbenchScreen(Screen):
             return None
         return SessionView(self.link.state, self.blobs)
 
-    # -- events from the controller: one handler per family (``tui.link``) -----------
+    # -- events from the controller: one handler per family (``tui.session.link``) ---
     # Notifications that may carry the candidate's words (an error line, a profile
     # failure) are plain text: markup=False, never console markup or links.
     @on(ProposalMade)

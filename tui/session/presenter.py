@@ -15,7 +15,7 @@ from typing import Any
 from tilewright.sessions import events as ev
 from tilewright.sessions.autonomy import stop_words
 from tilewright.sessions.state import event_rank
-from tilewright.tui.view import SessionView
+from tilewright.tui.session.view import SessionView
 from tilewright.tui.widgets.chat import ChatPane
 from tilewright.tui.widgets.history import HistoryPane
 from tilewright.tui.widgets.panes import PaneGrid
