@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from tilewright.agents.base import Agent, TaskBrief
     from tilewright.agents.config import Config
-    from tilewright.kernels.task import Task
+    from tilewright.kernels.tasks.task import Task
 
 AgentKind = Literal["offline", "anthropic", "openai", "auto"]
 AGENT_KINDS = ("offline", "anthropic", "openai", "auto")  # the --agent choices

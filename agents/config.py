@@ -136,7 +136,7 @@ class Config:
     budgets: Budgets = Budgets()
     controller: ControllerConfig = ControllerConfig()
     backend: BackendConfig = BackendConfig()
-    # Overrides of kernels.workers.EvalOptions (trials, time_budget_s, timeout_s...),
+    # Overrides of kernels.pool.workers.EvalOptions (trials, time_budget_s, timeout_s...),
     # checked against its fields; the defaults are EvalOptions' own.
     eval: dict[str, Any] = field(default_factory=dict)
     keys: dict[str, str] = field(default_factory=dict)  # action id -> keys (tui.keymap)
@@ -228,7 +228,7 @@ def _section(cls: type, table: dict[str, Any], source: str, section: str) -> Any
     return cls(**values)
 
 
-# ``[eval]`` keys and their types: kernels.workers.EvalOptions' fields, whose defaults stay
+# ``[eval]`` keys and their types: kernels.pool.workers.EvalOptions' fields, whose defaults stay
 # there. Not imported from it: that module reaches the worker side (JAX), which the app
 # layers must never import; tests/test_config.py keeps the two in step.
 EVAL_KEYS: dict[str, Any] = {

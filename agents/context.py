@@ -31,7 +31,7 @@ from tilewright.agents.evalfacts import array_text, fidelity_text, rank_of, vers
 from tilewright.agents.evaltext import cycles_text, eval_text
 from tilewright.agents.roles import SYSTEM_TEXT, pallas_guide, role_spec
 from tilewright.agents.untrusted import bounded, defuse, fence, neutralize
-from tilewright.kernels.result import Rank
+from tilewright.kernels.judge.result import Rank
 from tilewright.profiling.chips import DEFAULT_TPU
 
 CACHE = {"type": "ephemeral"}
@@ -156,7 +156,7 @@ def _inputs(inputs: Any, names: tuple[str, ...]) -> str:
 
 
 def tolerance_rule(atol: float, rtol: float, effective: float | None = None) -> str:
-    """The correctness rule as ``kernels.harness.compare`` enforces it."""
+    """The correctness rule as ``kernels.worker.evaluation.compare`` enforces it."""
     cap = (f"{effective:.3g} at the check shapes so far" if effective is not None else
            "for small outputs far below the stated atol: about 1e-4 for a softmax over a "
            "few hundred columns")
@@ -546,7 +546,7 @@ def lookups_text(lookups: tuple[dict[str, Any], ...]) -> str:
 
 
 def _tunables_text(source: str) -> str:
-    from tilewright.kernels import tunables
+    from tilewright.kernels.source import tunables
 
     try:
         declared = tunables.read(source)

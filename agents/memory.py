@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tilewright.kernels.result import Rank
+from tilewright.kernels.judge.result import Rank
 
 FILENAME = "lessons.jsonl"
 

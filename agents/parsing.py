@@ -41,8 +41,8 @@ def fenced_python(text: str) -> list[str]:
 
 def check_kernel_source(source: str, entry: str, require_pallas: bool) -> str | None:
     """What is wrong with a proposed kernel module, or None when it may be evaluated."""
-    from tilewright.kernels.printable import controls_text, source_controls
-    from tilewright.kernels.tunables import MAX_PARSE_CHARS
+    from tilewright.kernels.source.printable import controls_text, source_controls
+    from tilewright.kernels.source.tunables import MAX_PARSE_CHARS
 
     if len(source) > MAX_PARSE_CHARS:  # parsing it would stall the app for minutes
         return (f"The kernel is {len(source):,} characters; a kernel module is at most "
@@ -165,7 +165,7 @@ def _kernel(source: str, summary: str, rationale: str, request: AgentRequest, vi
 
 
 def _tuning(call: ToolCall, text: str, request: AgentRequest) -> Parsed:
-    from tilewright.kernels import tunables
+    from tilewright.kernels.source import tunables
 
     changes = call.input.get("changes")
     if not isinstance(changes, dict) or not changes:

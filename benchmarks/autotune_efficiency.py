@@ -50,8 +50,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 from tilewright import agents
 from tilewright.agents.base import AgentRequest, Failure
 from tilewright.agents.offline import decide, tuner
-from tilewright.kernels import tunables
-from tilewright.kernels.loaders import load_task
+from tilewright.kernels.source import tunables
+from tilewright.kernels.tasks.loaders import load_task
 
 DEFAULT_CACHE = Path(__file__).with_name("autotune_grid.json")
 TASKS = ("gelu", "softmax", "rmsnorm", "matmul_bias_gelu", "causal_attention")
@@ -92,7 +92,7 @@ def _speedup(entry: dict[str, Any]) -> float | None:
 
 async def measure_grid(names: list[str], cache: dict[str, Any], remeasure: bool,
                        shape_of: dict[str, str], passes: int) -> None:
-    from tilewright.kernels.workers import EvalOptions, WorkerPool
+    from tilewright.kernels.pool.workers import EvalOptions, WorkerPool
 
     async with WorkerPool(size=1) as pool:
         backend = await pool.backend()
@@ -158,7 +158,7 @@ class Diagnoser:
         return known[key]["diagnosis"]
 
     def _profile(self, task: Any, source: str, shape: str) -> dict[str, Any]:
-        from tilewright.kernels.workers import WorkerPool
+        from tilewright.kernels.pool.workers import WorkerPool
 
         if self.loop is None:
             self.loop = asyncio.new_event_loop()

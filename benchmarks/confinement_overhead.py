@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from tilewright.kernels.confinement import descendants
-from tilewright.kernels.loaders import load_task, parse_overrides
-from tilewright.kernels.workers import EvalOptions, WorkerPool
+from tilewright.kernels.pool.workers import EvalOptions, WorkerPool
+from tilewright.kernels.tasks.loaders import load_task, parse_overrides
 
 
 async def main(args: argparse.Namespace) -> None:

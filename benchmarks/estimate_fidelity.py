@@ -212,7 +212,7 @@ async def tokamax_rows(args: argparse.Namespace, pool: Any, scratch: Path
     estimator refuses: its rows are counted, never compiled)."""
     import tokamax_data
 
-    from tilewright.kernels.workers import EvalOptions
+    from tilewright.kernels.pool.workers import EvalOptions
     from tilewright.profiling.chips import estimator_refusal
 
     root = args.tokamax if isinstance(args.tokamax, Path) else tokamax_data.find()
@@ -246,7 +246,7 @@ async def tokamax_rows(args: argparse.Namespace, pool: Any, scratch: Path
             base["why"] = opt["why"] = why
             rows += [base, opt]
             continue
-        from tilewright.kernels.loaders import load_task
+        from tilewright.kernels.tasks.loaders import load_task
 
         task = load_task(task_dir)
         config = pair.pallas.config
@@ -292,8 +292,8 @@ def clock(chip: str) -> float:
 
 
 async def estimate_rows(args: argparse.Namespace, scratch: Path) -> list[dict[str, Any]]:
-    from tilewright.kernels.loaders import load_task
-    from tilewright.kernels.workers import EvalOptions, WorkerPool
+    from tilewright.kernels.pool.workers import EvalOptions, WorkerPool
+    from tilewright.kernels.tasks.loaders import load_task
 
     rows: list[dict[str, Any]] = []
     async with WorkerPool(size=1, memory_limit_mb=args.worker_memory_mb) as pool:

@@ -3,9 +3,9 @@
 The TPU compiler's estimator simulates every grid step: at production sizes it is too
 slow and too hungry to run whole (minutes and many GB for a 2,048-step matmul). The
 harness therefore estimates a candidate from two shortened grids and scales the
-kernel's cycles to the production grid (``kernels.harness.production`` /
-``kernels.harness.estimates``), and an XLA reference that is too costly from two
-smaller values of a batch-like size (``kernels.harness.shrink``). This benchmark runs
+kernel's cycles to the production grid (``kernels.worker.candidate.production`` /
+``kernels.worker.tpu.estimates``), and an XLA reference that is too costly from two
+smaller values of a batch-like size (``kernels.worker.tpu.shrink``). This benchmark runs
 both ways on cases where the full estimate is still affordable here and prints, per
 case, the full and the derived cycles, their ratio, and the wall time of each.
 
@@ -48,7 +48,7 @@ SMOKE_CASE = ("gelu 256x1024 (64x256 blocks, smoke)", "gelu", {"rows": 256, "col
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tilewright.kernels.worker_env import ESTIMATE_CACHE
+    from tilewright.kernels.pool.env import ESTIMATE_CACHE
     from tilewright.profiling.chips import DEFAULT_TPU
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -67,15 +67,16 @@ def main(argv: list[str] | None = None) -> int:
     os.environ[ESTIMATE_CACHE] = cache
     cases = [SMOKE_CASE] if args.smoke else CASES
 
-    from tilewright.kernels.harness import tpu_compile
+    from tilewright.kernels.worker.tpu import tpu_compile
 
     tpu_compile.prepare_environment(estimates=False)
     import jax
 
-    from tilewright.kernels import tunables
-    from tilewright.kernels.harness import compile_pool, estimates, production, reference, shrink
-    from tilewright.kernels.harness.execution import task_runtime
-    from tilewright.kernels.loaders import PRODUCTION_PREFIX, load_task
+    from tilewright.kernels.source import tunables
+    from tilewright.kernels.tasks.loaders import PRODUCTION_PREFIX, load_task
+    from tilewright.kernels.worker.candidate import production
+    from tilewright.kernels.worker.execution import task_runtime
+    from tilewright.kernels.worker.tpu import compile_pool, estimates, reference, shrink
 
     chip = args.chip
     comp = compile_pool.compilers()

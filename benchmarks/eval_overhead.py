@@ -54,17 +54,17 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tilewright.kernels.loaders import load_task  # noqa: E402
-from tilewright.kernels.result import EvalResult  # noqa: E402
-from tilewright.kernels.worker_env import worker_environment  # noqa: E402
-from tilewright.kernels.workers import EvalOptions, WorkerPool  # noqa: E402
+from tilewright.kernels.judge.result import EvalResult  # noqa: E402
+from tilewright.kernels.pool.env import worker_environment  # noqa: E402
+from tilewright.kernels.pool.workers import EvalOptions, WorkerPool  # noqa: E402
+from tilewright.kernels.tasks.loaders import load_task  # noqa: E402
 from tilewright.profiling.chips import DEFAULT_TPU  # noqa: E402
 
 KERNEL_PHASES = ("trace_lower_s", "kernel_run_s", "kernel_timing_s")
 
 FRESH_SCRIPT = (
     "import json, sys\n"
-    "from tilewright.kernels.harness.evaluate import evaluate_request\n"
+    "from tilewright.kernels.worker.evaluation.evaluate import evaluate_request\n"
     "print(json.dumps(evaluate_request(json.load(sys.stdin))))\n"
 )
 
@@ -80,7 +80,7 @@ def _interpret(*a, **k):
     k["interpret"] = True  # plain interpret mode, as a MaxKernel candidate runs off-TPU
     return _original(*a, **k)
 pl.pallas_call = _interpret
-from tilewright.kernels.harness.runtime import load_runtime
+from tilewright.kernels.worker.runtime import load_runtime
 runtime = load_runtime(spec["task"])
 config = [c for c in runtime.configs() if c.name == spec["shape"]][0]
 dyn, static = runtime.make_inputs(config, jax.random.PRNGKey(0))

@@ -81,7 +81,7 @@ def suite_dir(directory: Path, only: list[str] | None, scratch: Path) -> Path:
 
 def recheck(session: str, task_root: str, overrides: dict[str, str]) -> dict[str, Any]:
     """Re-evaluate a search session's best version with fresh inputs and five trials."""
-    from tilewright.kernels.result import disqualifying_flags
+    from tilewright.kernels.judge.result import disqualifying_flags
     from tilewright.sessions.log import load, read_text_blob
     from tilewright.sessions.search.graph import fold_search
 
@@ -101,7 +101,7 @@ def recheck(session: str, task_root: str, overrides: dict[str, str]) -> dict[str
         data = json.loads(proc.stdout)
     except json.JSONDecodeError:
         return {"truly_correct": False, "recheck": proc.stderr[-300:]}
-    from tilewright.kernels.result import ranking
+    from tilewright.kernels.judge.result import ranking
 
     ok = data.get("status") == "correct" and not disqualifying_flags(data)
     tpu = data.get("tpu") or {}
@@ -140,8 +140,8 @@ def per_task_sets(suite: Path, sets: list[str]) -> list[str]:
     gets the same value, which is the only way the literal can be rewritten."""
     import re
 
-    from tilewright.kernels.loaders import find_tasks, load_with_shared
-    from tilewright.kernels.task import TaskError
+    from tilewright.kernels.tasks.loaders import find_tasks, load_with_shared
+    from tilewright.kernels.tasks.task import TaskError
 
     shared = dict(s.split("=", 1) for s in sets)
     extra: list[str] = []
@@ -208,7 +208,7 @@ def run_suite(label: str, directory: Path, args: argparse.Namespace, scratch: Pa
         raise
     rows = []
     for task in report["tasks"]:
-        from tilewright.kernels.loaders import load_task
+        from tilewright.kernels.tasks.loaders import load_task
 
         crowned = task["best_status"] == "correct" and task["best_version"] is not None
         root = next((str(Path(suite) / d.name) for d in Path(suite).iterdir()
@@ -224,7 +224,7 @@ def run_suite(label: str, directory: Path, args: argparse.Namespace, scratch: Pa
             check = {"truly_correct": False, "recheck": f"{type(exc).__name__}: {exc}"}
         rows.append({"task": task["task"], "generates": generates.get(task["task"], True),
                      "crowned": crowned, **check, "lowerable": lowerable(task["session"]),
-                     "best_rank": task.get("best_rank"),  # kernels.result.Rank as JSON
+                     "best_rank": task.get("best_rank"),  # kernels.judge.result.Rank as JSON
                      "evaluations": task["evaluations"]})
     for error in report["errors"]:
         rows.append({"task": Path(error["path"]).name, "generates": False, "crowned": False,

@@ -48,8 +48,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tilewright.kernels.loaders import load_task  # noqa: E402
-from tilewright.kernels.workers import EvalOptions, WorkerPool  # noqa: E402
+from tilewright.kernels.pool.workers import EvalOptions, WorkerPool  # noqa: E402
+from tilewright.kernels.tasks.loaders import load_task  # noqa: E402
 from tilewright.profiling.chips import DEFAULT_TPU  # noqa: E402
 
 VERDICT_TARGET_S = 3.0

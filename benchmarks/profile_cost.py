@@ -4,7 +4,7 @@ For each task (default: the bundled gelu, softmax and matmul_bias_gelu at their 
 small shape) the task's starting kernel is jitted and warmed up once, then, in the
 same process and on the same inputs, alternately:
 
-(a) plain: ``iters`` timed calls (``kernels.harness.timing.measure``, fixed count,
+(a) plain: ``iters`` timed calls (``kernels.worker.evaluation.timing.measure``, fixed count,
     one warm-up call, as the eval harness times a candidate);
 (b) profiled: the same warm-up + ``iters`` calls under ``jax.profiler.trace``
     (``profiling.capture``), then xprof's conversion into our Timeline with the op
@@ -49,10 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     import jax
     from jax.experimental.pallas import tpu as pltpu
 
-    from tilewright.kernels.harness import timing
-    from tilewright.kernels.harness.backend import backend_info
-    from tilewright.kernels.harness.runtime import load_runtime
-    from tilewright.kernels.loaders import load_task
+    from tilewright.kernels.tasks.loaders import load_task
+    from tilewright.kernels.worker.backend import backend_info
+    from tilewright.kernels.worker.evaluation import timing
+    from tilewright.kernels.worker.runtime import load_runtime
     from tilewright.profiling import convert
     from tilewright.profiling.capture import capture
     from tilewright.profiling.chips import DEFAULT_TPU, get_chip

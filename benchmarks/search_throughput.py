@@ -28,10 +28,10 @@ import os
 import statistics
 import time
 
-from tilewright.kernels import tunables
-from tilewright.kernels.executors import LocalExecutor, RayExecutor, usable_cores
-from tilewright.kernels.loaders import load_task
-from tilewright.kernels.workers import EvalOptions
+from tilewright.kernels.pool import LocalExecutor, RayExecutor, usable_cores
+from tilewright.kernels.pool.workers import EvalOptions
+from tilewright.kernels.source import tunables
+from tilewright.kernels.tasks.loaders import load_task
 
 
 def candidates(source: str, count: int) -> list[str]:

@@ -81,8 +81,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def latency(smoke: bool = False) -> dict[str, float]:
-    from tilewright.kernels.loaders import load_task
-    from tilewright.kernels.workers import EvalOptions, WorkerPool
+    from tilewright.kernels.pool.workers import EvalOptions, WorkerPool
+    from tilewright.kernels.tasks.loaders import load_task
     from tilewright.sessions.evaluator import PoolEvaluator
     from tilewright.tui.app import TilewrightApp
     from tilewright.tui.launch import ChipChoice, start_session

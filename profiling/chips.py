@@ -37,7 +37,7 @@ GiB = 1024 * MiB
 
 # A worker's mode on a host without a TPU: Pallas kernels run in TPU interpret mode
 # (simulated; timings are host time). Defined here, the lowest layer, so profile
-# reports and ``kernels.result.Backend`` test it the same way.
+# reports and ``kernels.judge.result.Backend`` test it the same way.
 TPU_INTERPRET = "tpu-interpret"
 
 

@@ -28,8 +28,8 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def worker_pool() -> AsyncIterator[object]:
-    """A started ``kernels.workers.WorkerPool`` (size 1), shared by one test module."""
-    from tilewright.kernels.workers import WorkerPool
+    """A started ``kernels.pool.workers.WorkerPool`` (size 1), shared by one test module."""
+    from tilewright.kernels.pool.workers import WorkerPool
 
     async with WorkerPool(size=1) as pool:
         yield pool

@@ -1,5 +1,5 @@
 """In-process judges for tests that need no worker: both implement the judge protocol
-(``kernels.executors.Judge``) and pass its conformance suite
+(``kernels.pool.Judge``) and pass its conformance suite
 (``tests/test_judge_conformance.py``).
 
 - ``MarkedJudge``: a source line ``# eval: STATUS SPEEDUP`` decides the result (default:
@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tilewright.kernels.executors import JudgeState, ProgressListener, StateListener, on_chips
-from tilewright.kernels.options import EvalOptions, ProfileOptions
-from tilewright.kernels.result import ESTIMATE_SCHEMA, Backend, EvalResult
-from tilewright.kernels.task import Task
+from tilewright.kernels.judge.options import EvalOptions, ProfileOptions
+from tilewright.kernels.judge.result import ESTIMATE_SCHEMA, Backend, EvalResult
+from tilewright.kernels.pool import JudgeState, ProgressListener, StateListener, on_chips
+from tilewright.kernels.tasks.task import Task
 
 CPU = Backend(platform="cpu", mode="tpu-interpret", device_kind="cpu", jax_version="test")
 _MARK = re.compile(r"# eval: (\w+) ([\d.]+)(?: (host|roofline)\b)?")
@@ -96,7 +96,7 @@ class MarkedJudge(_InProcess):
             await self.gate.wait()
         status, speedup, kind = self._marked(source)
         timed = options is None or options.timing
-        # TPU interpret mode: the ratio is the host's, never a speedup (kernels.harness.timing)
+        # TPU interpret mode: the ratio is the host's, never a speedup (kernels.worker.evaluation.timing)
         timing = {"method": "wall_clock", "mode": "tpu-interpret", "median_ms": 10.0 / speedup,
                   "p10_ms": 9.0 / speedup, "p90_ms": 11.0 / speedup,
                   "baseline_median_ms": 10.0, "speedup": None,
@@ -140,7 +140,7 @@ class MarkedJudge(_InProcess):
 
 
 def estimated(chip: str, speedup: float, kind: str | None = None) -> dict[str, Any]:
-    """A ``tpu`` section the way the judge writes one (``kernels.harness.verdict``):
+    """A ``tpu`` section the way the judge writes one (``kernels.worker.tpu.verdict``):
     the kernel's estimate ``speedup`` times faster than the XLA reference's at the
     production shape (``kind`` "host": the compiler gave no estimate; "roofline": none
     for the reference, only its roofline)."""

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tilewright.kernels.loaders import PRODUCTION_PREFIX, load_task
-from tilewright.kernels.task import Task
+from tilewright.kernels.tasks.loaders import PRODUCTION_PREFIX, load_task
+from tilewright.kernels.tasks.task import Task
 
 
 def small_overrides(**sizes: Any) -> dict[str, str]:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from sizes import load_small
 
-from tilewright.kernels.result import EvalResult
-from tilewright.kernels.workers import EvalOptions, WorkerPool
+from tilewright.kernels.judge.result import EvalResult
+from tilewright.kernels.pool.workers import EvalOptions, WorkerPool
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

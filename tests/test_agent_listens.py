@@ -12,9 +12,9 @@ import pytest
 from tilewright.agents import brief
 from tilewright.agents.base import AgentRequest, Proposal
 from tilewright.agents.offline import decide, words
-from tilewright.kernels import tunables
-from tilewright.kernels.loaders import load_task
-from tilewright.kernels.result import Rank
+from tilewright.kernels.judge.result import Rank
+from tilewright.kernels.source import tunables
+from tilewright.kernels.tasks.loaders import load_task
 
 
 def est(speedup: float) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from tilewright.agents.base import (
     UsageReport,
 )
 from tilewright.agents.errors import NoApiKey
-from tilewright.kernels.loaders import load_task
+from tilewright.kernels.tasks.loaders import load_task
 
 KERNEL = '''import jax
 from jax.experimental import pallas as pl

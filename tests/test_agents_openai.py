@@ -33,7 +33,7 @@ from tilewright.agents.base import (
     UsageReport,
 )
 from tilewright.agents.errors import AgentError
-from tilewright.kernels.loaders import load_task
+from tilewright.kernels.tasks.loaders import load_task
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -93,7 +93,7 @@ def test_cli_and_app_layers_do_not_import_jax() -> None:
         "import sys, json, importlib\n"
         "import tilewright.tui.cli\n"
         "tilewright.tui.cli.build_parser()\n"
-        "for m in ('tilewright.sessions', 'tilewright.agents', 'tilewright.kernels.loaders', 'tilewright.kernels.workers'):\n"
+        "for m in ('tilewright.sessions', 'tilewright.agents', 'tilewright.kernels.tasks.loaders', 'tilewright.kernels.pool.workers'):\n"
         "    try: importlib.import_module(m)\n"
         "    except ModuleNotFoundError: pass\n"
         "print(json.dumps(sorted(k for k in sys.modules if k == 'jax' or k.startswith('jax.'))))\n"

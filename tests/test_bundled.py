@@ -22,9 +22,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.experimental.pallas import tpu as pltpu  # noqa: E402
 
-from tilewright.kernels import tunables  # noqa: E402
-from tilewright.kernels.loaders import bundled_tasks  # noqa: E402
-from tilewright.kernels.task import ShapeConfig, Task  # noqa: E402
+from tilewright.kernels.source import tunables  # noqa: E402
+from tilewright.kernels.tasks.loaders import bundled_tasks  # noqa: E402
+from tilewright.kernels.tasks.task import ShapeConfig, Task  # noqa: E402
 
 TASKS = {t.name: t for t in bundled_tasks()}
 EXPECTED = {"gelu", "softmax", "rmsnorm", "matmul_bias_gelu", "causal_attention"}

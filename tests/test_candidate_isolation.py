@@ -19,8 +19,8 @@ import pytest
 from scripted_agent import ScriptedAgent, kernel
 
 from tilewright.agents import brief
-from tilewright.kernels.loaders import load_task
-from tilewright.kernels.workers import EvalOptions
+from tilewright.kernels.pool.workers import EvalOptions
+from tilewright.kernels.tasks.loaders import load_task
 from tilewright.sessions.autonomy import Budgets, ControllerSettings
 from tilewright.sessions.controller import Controller
 from tilewright.sessions.evaluator import PoolEvaluator

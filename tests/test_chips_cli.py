@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tilewright.kernels.harness import tpu_compile
+from tilewright.kernels.worker.tpu import tpu_compile
 from tilewright.profiling.chips import CHIPS, estimator_refusal
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,10 +22,10 @@ from sizes import load_small
 
 from tilewright.agents.context import MAX_TURN_CHARS, bounded
 from tilewright.kernels.cli import task_and_candidate
-from tilewright.kernels.loaders import load_task
-from tilewright.kernels.source_files import KERNEL_SIZE_LIMIT, KernelFileError, read_kernel_file
-from tilewright.kernels.worker_env import redact, secret_values, worker_environment
-from tilewright.kernels.workers import EvalOptions, WorkerPool
+from tilewright.kernels.pool.env import redact, secret_values, worker_environment
+from tilewright.kernels.pool.workers import EvalOptions, WorkerPool
+from tilewright.kernels.source.files import KERNEL_SIZE_LIMIT, KernelFileError, read_kernel_file
+from tilewright.kernels.tasks.loaders import load_task
 
 ON_MODULE_LOOP = pytest.mark.asyncio(loop_scope="module")
 
@@ -182,7 +182,7 @@ def _worker_chain(worker) -> set[int]:
             chain.add(pid)
     # The judge's warm candidate process: its shim, the shim's init, the init's server
     # (anything a candidate leaves is below the server, which reaps it after each request);
-    # and its TPU compile processes (kernels.harness.compiler), children of the judge.
+    # and its TPU compile processes (kernels.worker.tpu.compiler), children of the judge.
     level = set(chain)
     for _ in range(3):
         level = {p for p, parent in _parents().items() if parent in level} - chain
@@ -201,8 +201,8 @@ def _is_judge_helper(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             cmdline = fh.read()
-            return b"tilewright.kernels.harness.candidate" in cmdline \
-                or b"tilewright.kernels.harness.compiler" in cmdline
+            return b"tilewright.kernels.worker.candidate.main" in cmdline \
+                or b"tilewright.kernels.worker.tpu.compiler" in cmdline
     except OSError:
         return False
 
@@ -376,7 +376,7 @@ def test_requests_to_a_model_are_bounded() -> None:
     # on it, on the event loop the UI shares): the tunables view and the reply check
     # refuse it with the reason.
     from tilewright.agents.parsing import check_kernel_source
-    from tilewright.kernels import tunables
+    from tilewright.kernels.source import tunables
 
     with pytest.raises(tunables.TunablesError, match="too large"):
         tunables.read(huge)

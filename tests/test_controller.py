@@ -26,9 +26,9 @@ from sizes import load_small
 
 from tilewright.agents import brief
 from tilewright.agents.base import Failure, Finished, Usage
-from tilewright.kernels.result import Backend
-from tilewright.kernels.task import Task
-from tilewright.kernels.workers import EvalOptions, WorkerPool
+from tilewright.kernels.judge.result import Backend
+from tilewright.kernels.pool.workers import EvalOptions, WorkerPool
+from tilewright.kernels.tasks.task import Task
 from tilewright.sessions.autonomy import Budgets, ControllerSettings
 from tilewright.sessions.controller import (
     ApprovalRequired,
@@ -46,7 +46,7 @@ CPU = Backend(platform="cpu", mode="tpu-interpret", device_kind="cpu", jax_versi
 
 
 async def test_the_test_evaluator_is_an_evaluator() -> None:
-    from tilewright.kernels.executors import Judge
+    from tilewright.kernels.pool import Judge
 
     assert isinstance(MarkedEvaluator(), Judge)  # the protocol the controller takes
 

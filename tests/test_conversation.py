@@ -27,10 +27,10 @@ from tilewright.agents import memory
 from tilewright.agents.base import AgentRequest
 from tilewright.agents.context import turn_text
 from tilewright.agents.offline import OfflineAgent
-from tilewright.kernels.loaders import load_task
-from tilewright.kernels.options import ProfileOptions
-from tilewright.kernels.task import Task
-from tilewright.kernels.workers import EvalOptions, WorkerPool
+from tilewright.kernels.judge.options import ProfileOptions
+from tilewright.kernels.pool.workers import EvalOptions, WorkerPool
+from tilewright.kernels.tasks.loaders import load_task
+from tilewright.kernels.tasks.task import Task
 from tilewright.sessions.autonomy import Budgets, ControllerSettings
 from tilewright.sessions.context import build_request
 from tilewright.sessions.evaluator import PoolEvaluator
@@ -232,7 +232,7 @@ async def test_auto_profiles_new_bests_and_the_diagnosis_drives_the_offline_agen
     row = next(line for line in chain.splitlines() if line.startswith("| v2 (from v1)"))
     assert "per_step_overhead (v1)" in row and "from the diagnosis" in row
     v1, v2 = c.state.versions[1].rank.value, c.state.versions[2].rank.value
-    assert f"{v2 / v1:.2f}x" in row  # the one speedup formatter (kernels.result.times)
+    assert f"{v2 / v1:.2f}x" in row  # the one speedup formatter (kernels.judge.result.times)
     assert_replay_matches(c)
     await c.close()
 

@@ -26,8 +26,8 @@ from scripted_agent import ScriptedAgent, kernel
 from sizes import load_small
 
 from tilewright.agents import brief
-from tilewright.kernels.task import Task
-from tilewright.kernels.worker_process import SCRATCH_PREFIX, sweep_scratch
+from tilewright.kernels.pool.process import SCRATCH_PREFIX, sweep_scratch
+from tilewright.kernels.tasks.task import Task
 from tilewright.sessions.autonomy import ControllerSettings
 from tilewright.sessions.controller import Controller
 from tilewright.sessions.drafts import drop_draft, last_stop, load_draft, save_draft

@@ -14,9 +14,9 @@ import jsonschema
 import pytest
 from sizes import load_small
 
-from tilewright.kernels.loaders import load_task
-from tilewright.kernels.result import EvalResult
-from tilewright.kernels.workers import EvalOptions, WorkerPool
+from tilewright.kernels.judge.result import EvalResult
+from tilewright.kernels.pool.workers import EvalOptions, WorkerPool
+from tilewright.kernels.tasks.loaders import load_task
 
 ROOT = Path(__file__).resolve().parent.parent
 CANDIDATES = ROOT / "tests" / "fixtures" / "candidates"
@@ -71,7 +71,7 @@ async def test_bundled_kernel_is_correct_with_timing_and_speedup(worker_pool, ge
     assert timing["iters"] == 5 and timing["warmup"] >= 1
     assert timing["p10_ms"] <= timing["median_ms"] <= timing["p90_ms"]
     assert timing["baseline_median_ms"] > 0
-    # interpret mode: the ratio is the host's, never a speedup (kernels.result.ranking)
+    # interpret mode: the ratio is the host's, never a speedup (kernels.judge.result.ranking)
     assert timing["speedup"] is None
     assert timing["host_ratio"] == pytest.approx(timing["baseline_median_ms"]
                                                  / timing["median_ms"])
@@ -146,7 +146,7 @@ async def test_implausible_speedup_is_flagged(worker_pool, tmp_path) -> None:
         def make_inputs(key, rows=64, cols=256):
             return (jax.random.normal(key, (rows, cols), jnp.float32),)
         def _nap(x):
-            time.sleep(1.0)
+            time.sleep(3.0)  # far above the flag's 10x even when a loaded host slows the kernel
             return x
         def reference(x):
             return jax.pure_callback(_nap, jax.ShapeDtypeStruct(x.shape, x.dtype), x) * 1e-9
@@ -154,9 +154,9 @@ async def test_implausible_speedup_is_flagged(worker_pool, tmp_path) -> None:
     task = load_task(root)
     (tmp_path / "k.py").write_text(IDENTITY_KERNEL)
     result = await run(worker_pool, task, tmp_path / "k.py",
-                       EvalOptions(trials=3, iters=3, timeout_s=60.0))
+                       EvalOptions(trials=1, iters=1, timeout_s=120.0))
     assert result.status == "correct"
-    assert result.timing["host_ratio"] > 10  # interpret mode: the host's ratio
+    assert result.timing["host_ratio"] > 10, result.timing  # interpret mode: the host's ratio
     assert "suspicious_speedup" in result.integrity["flags"]
 
 

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tilewright.kernels.executors import (
+from tilewright.kernels.judge.conformance import CHECKS, ConformanceCase, run_conformance
+from tilewright.kernels.judge.result import Backend
+from tilewright.kernels.pool import (
     ExecutorError,
     Judge,
     LocalExecutor,
@@ -26,11 +28,9 @@ from tilewright.kernels.executors import (
     make_executor,
     usable_cores,
 )
-from tilewright.kernels.executors.conformance import CHECKS, ConformanceCase, run_conformance
-from tilewright.kernels.executors.ray import _pack_task, _unpack_task
-from tilewright.kernels.loaders import load_task
-from tilewright.kernels.result import Backend
-from tilewright.kernels.workers import EvalOptions, WorkerPool
+from tilewright.kernels.pool.ray import _pack_task, _unpack_task
+from tilewright.kernels.pool.workers import EvalOptions, WorkerPool
+from tilewright.kernels.tasks.loaders import load_task
 
 SUITE = Path(__file__).parent / "fixtures" / "suite"
 FAST = EvalOptions(trials=1, time_budget_s=0.2, timeout_s=60.0)

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tilewright.kernels.cli_calibrate import pairs, record
-from tilewright.kernels.harness import fidelity, reference
+from tilewright.kernels.cli.calibrate import pairs, record
+from tilewright.kernels.worker.tpu import fidelity, reference
 
 ROOT = Path(__file__).resolve().parent.parent
 

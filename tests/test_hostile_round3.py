@@ -24,8 +24,8 @@ import pytest
 import pytest_asyncio
 from sizes import small_overrides
 
-from tilewright.kernels.loaders import load_task
-from tilewright.kernels.workers import EvalOptions, WorkerPool
+from tilewright.kernels.pool.workers import EvalOptions, WorkerPool
+from tilewright.kernels.tasks.loaders import load_task
 
 ON_MODULE_LOOP = pytest.mark.asyncio(loop_scope="module")
 ROOT = Path(__file__).resolve().parent.parent
@@ -168,7 +168,7 @@ async def test_what_a_worker_may_read_is_reported_and_excludes_home(pool, task, 
 
 
 def test_redaction_is_a_second_line_for_encoded_secrets(home) -> None:
-    from tilewright.kernels.worker_env import redact, secret_values
+    from tilewright.kernels.pool.env import redact, secret_values
 
     secrets = secret_values({}, str(home))  # the canary files' secrets, read app-side
     blob = "\n".join((home / name).read_text() for name in (
@@ -221,7 +221,7 @@ def test_auto_against_a_model_server_never_sends_the_canaries(home, task_dir,
 # -- no candidate code in the judge ------------------------------------------------------
 
 POISON = '''
-import tilewright.kernels.harness.compare as _compare
+import tilewright.kernels.worker.evaluation.compare as _compare
 # Everywhere it is imported: every comparison "passes" from now on in that process (the
 # swapped code runs with compare's own globals, where Comparison is defined).
 _compare.compare.__code__ = (lambda out, ref, atol, rtol:
@@ -242,9 +242,9 @@ def kernel(x):
 @ON_MODULE_LOOP
 async def test_profile_time_poisoning_leaves_the_next_wrong_kernel_incorrect(pool,
                                                                           task) -> None:
-    from tilewright.kernels.cli_profile import profile
-    from tilewright.kernels.executors import LocalExecutor
-    from tilewright.kernels.options import ProfileOptions
+    from tilewright.kernels.cli.profile import profile
+    from tilewright.kernels.judge.options import ProfileOptions
+    from tilewright.kernels.pool import LocalExecutor
 
     await pool.request("hello", {})
     judges = list(pool.pids)
@@ -253,7 +253,7 @@ async def test_profile_time_poisoning_leaves_the_next_wrong_kernel_incorrect(poo
     # The swap of compare.__code__ is caught where it ran, in the candidate process.
     assert profiled["status"] == "error"
     assert profiled["error"]["kind"] == "harness_tampering"
-    assert "tilewright.kernels.harness.compare.compare" in profiled["error"]["message"]
+    assert "tilewright.kernels.worker.evaluation.compare.compare" in profiled["error"]["message"]
     result = await pool.evaluate(task, WRONG, QUICK)
     assert result.status == "incorrect", result.error
     assert pool.pids == judges  # the judge itself was never exposed
@@ -440,7 +440,7 @@ async def test_two_workers_one_memory_bomb(task, mounts, monkeypatch) -> None:
 
 
 def test_the_capture_file_is_read_from_its_end() -> None:
-    from tilewright.kernels.worker_process import STDERR_LIMIT, WorkerProcess
+    from tilewright.kernels.pool.process import STDERR_LIMIT, WorkerProcess
 
     class Recording:  # the real file, with the sizes of its reads noted
         def __init__(self, real):
@@ -486,7 +486,7 @@ async def test_a_task_that_rewrites_the_harness_in_the_judge_gets_it_replaced(
                                  WRONG, QUICK)
     # The poisoned judge's verdict is not given: the task is blamed, the judge replaced.
     assert result.status == "runtime_error" and result.error.kind == "task", result.error
-    assert "tilewright.kernels.harness.compare.compare" in result.error.message
+    assert "tilewright.kernels.worker.evaluation.compare.compare" in result.error.message
     await pool.request("hello", {})  # waits for the replacement
     assert pool.pids and pool.pids != before
     honest = load_task(str(task_dir), small_overrides(rows=64, cols=256))
@@ -495,8 +495,8 @@ async def test_a_task_that_rewrites_the_harness_in_the_judge_gets_it_replaced(
 
 def test_a_task_reaches_a_worker_as_a_copy_without_links_dotfiles_or_sessions(
         tmp_path, home) -> None:
-    from tilewright.kernels import task_copy
-    from tilewright.kernels.task_copy import TaskCopies, TaskCopyError, restore
+    from tilewright.kernels.tasks import copies as task_copy
+    from tilewright.kernels.tasks.copies import TaskCopies, TaskCopyError, restore
 
     task = tmp_path / "task"
     shutil.copytree(ROOT / "kernels" / "bundled" / "gelu", task)
@@ -534,7 +534,7 @@ def test_a_task_reaches_a_worker_as_a_copy_without_links_dotfiles_or_sessions(
 
 
 def test_snapshots_see_code_swaps_class_members_and_table_contents() -> None:
-    from tilewright.kernels.harness import compare, integrity
+    from tilewright.kernels.worker.evaluation import compare, integrity
 
     snapshot = integrity.ModuleSnapshot()
     saved_code = compare.compare.__code__
@@ -548,9 +548,9 @@ def test_snapshots_see_code_swaps_class_members_and_table_contents() -> None:
         compare.compare.__code__ = saved_code
         integrity.ModuleSnapshot.new_threads = saved_method
         integrity.MOVEMENT.discard("mul")
-    assert "tilewright.kernels.harness.compare.compare" in changed
-    assert "tilewright.kernels.harness.integrity.ModuleSnapshot.new_threads" in changed
-    assert "tilewright.kernels.harness.integrity.MOVEMENT" in changed
+    assert "tilewright.kernels.worker.evaluation.compare.compare" in changed
+    assert "tilewright.kernels.worker.evaluation.integrity.ModuleSnapshot.new_threads" in changed
+    assert "tilewright.kernels.worker.evaluation.integrity.MOVEMENT" in changed
     assert snapshot.changed() == []  # put back: nothing left to report
 
 
@@ -560,7 +560,7 @@ def test_jaxpr_checks_for_platform_branches_interpret_and_chunked_work() -> None
     from jax._src.lax.control_flow.conditionals import platform_index_p
     from jax.experimental import pallas as pl
 
-    from tilewright.kernels.harness import integrity
+    from tilewright.kernels.worker.evaluation import integrity
 
     def body(x_ref, o_ref):
         o_ref[...] = x_ref[...] * 2.0

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 from sizes import load_small
 
-from tilewright.kernels.result import EvalResult
-from tilewright.kernels.workers import EvalOptions, WorkerPool
+from tilewright.kernels.judge.result import EvalResult
+from tilewright.kernels.pool.workers import EvalOptions, WorkerPool
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -52,7 +52,7 @@ async def evaluate(pool: WorkerPool, task, body: str, **options) -> EvalResult:
 async def test_patching_compare_does_not_reach_the_judge(worker_pool, task) -> None:
     # Every comparison "passes" in the process this runs in: not the judge's.
     result = await evaluate(worker_pool, task, '''
-import tilewright.kernels.harness.compare as _c
+import tilewright.kernels.worker.evaluation.compare as _c
 _c.compare.__code__ = (lambda out, ref, atol, rtol: _c.Comparison(True, 0.0, 0.0)).__code__
 
 def kernel(x):
@@ -61,7 +61,7 @@ def kernel(x):
     # The swapped code is caught where it ran (the candidate process's snapshot covers
     # code objects); the judge's own compare never changed: zeros stay wrong.
     assert result.status == "rejected", (result.status, result.error)
-    assert "tilewright.kernels.harness.compare.compare" in result.error.message
+    assert "tilewright.kernels.worker.evaluation.compare.compare" in result.error.message
     after = await evaluate(worker_pool, task, "kernel = zeros\n")
     assert after.status == "incorrect"
     assert "outside atol" in after.correctness["reason"]

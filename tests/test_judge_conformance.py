@@ -1,4 +1,4 @@
-"""Every judge passes the one conformance suite (``kernels.executors.conformance``).
+"""Every judge passes the one conformance suite (``kernels.judge.conformance``).
 
 Here: this machine's worker processes (``LocalExecutor``, for real: JAX workers in TPU
 interpret mode), a session's binding of options (``PoolEvaluator``, over an in-process
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from judges import MarkedJudge, RefusingJudge
 
-from tilewright.kernels.executors import LocalExecutor
-from tilewright.kernels.executors.conformance import CHECKS, ConformanceCase, run_conformance
-from tilewright.kernels.loaders import load_task
+from tilewright.kernels.judge.conformance import CHECKS, ConformanceCase, run_conformance
+from tilewright.kernels.pool import LocalExecutor
+from tilewright.kernels.tasks.loaders import load_task
 from tilewright.sessions.evaluator import PoolEvaluator
 
 SUITE = Path(__file__).parent / "fixtures" / "suite"
@@ -54,7 +54,7 @@ async def test_the_marked_double_conforms(marked_case: ConformanceCase) -> None:
 
 async def test_a_session_binding_conforms(marked_case: ConformanceCase) -> None:
     """``PoolEvaluator`` binds options over any judge and is one itself."""
-    from tilewright.kernels.options import EvalOptions
+    from tilewright.kernels.judge.options import EvalOptions
 
     passed = await run_conformance(
         lambda: PoolEvaluator(MarkedJudge(), EvalOptions(trials=1)), marked_case)

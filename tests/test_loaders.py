@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tilewright.kernels.loaders import (
+from tilewright.kernels.tasks.loaders import (
     bundled_tasks,
     detect_layout,
     find_tasks,
@@ -25,7 +25,7 @@ from tilewright.kernels.loaders import (
     load_with_shared,
     parse_overrides,
 )
-from tilewright.kernels.task import Task, TaskError, UnknownOverride
+from tilewright.kernels.tasks.task import Task, TaskError, UnknownOverride
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "tasks"
@@ -399,7 +399,7 @@ def test_tilewright_tasks_table(tmp_path: Path) -> None:
 
 def _runtime(task: Task):
     pytest.importorskip("jax")
-    from tilewright.kernels.harness.runtime import load_runtime
+    from tilewright.kernels.worker.runtime import load_runtime
 
     return load_runtime(json.loads(json.dumps(task.to_spec())))
 
@@ -451,7 +451,7 @@ def test_reference_that_fails_to_import_names_its_line(tmp_path: Path) -> None:
 def test_candidates_keep_their_filename_and_line_numbers(tmp_path: Path) -> None:
     import traceback
 
-    from tilewright.kernels.harness.runtime import MissingEntryPoint
+    from tilewright.kernels.worker.runtime import MissingEntryPoint
 
     rt = _runtime(load_task(native(tmp_path)))
     with pytest.raises(SyntaxError) as info:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tilewright.kernels.loaders import load_task
-from tilewright.kernels.result import ranking
-from tilewright.kernels.workers import EvalOptions, WorkerPool
+from tilewright.kernels.judge.result import ranking
+from tilewright.kernels.pool.workers import EvalOptions, WorkerPool
+from tilewright.kernels.tasks.loaders import load_task
 
 ON_MODULE_LOOP = pytest.mark.asyncio(loop_scope="module")
 QUICK = EvalOptions(trials=3, timeout_s=60.0, timing=False)
@@ -129,7 +129,7 @@ async def test_xla_compute_then_copy_is_flagged_and_never_ranked(worker_pool, lo
 def test_the_enforced_absolute_tolerance_is_the_capped_one() -> None:
     import numpy as np
 
-    from tilewright.kernels.harness.compare import Host, compare, effective_atol
+    from tilewright.kernels.worker.evaluation.compare import Host, compare, effective_atol
 
     ref = Host([np.array([0.004, 0.002, -0.001], np.float32),
                 np.array([3.0, -5.0], np.float32)], "t", "float32")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tilewright.kernels import new_task as nt
+from tilewright.kernels.tasks import new as nt
 
 ROOT = Path(__file__).resolve().parent.parent
 USER = ROOT / "tests" / "fixtures" / "user_code"

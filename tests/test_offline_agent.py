@@ -27,10 +27,10 @@ from tilewright.agents.base import (
     TextDelta,
 )
 from tilewright.agents.offline import OfflineAgent, decide, tuner
-from tilewright.kernels import tunables
-from tilewright.kernels.loaders import load_task
-from tilewright.kernels.result import Rank
-from tilewright.kernels.workers import EvalOptions
+from tilewright.kernels.judge.result import Rank
+from tilewright.kernels.pool.workers import EvalOptions
+from tilewright.kernels.source import tunables
+from tilewright.kernels.tasks.loaders import load_task
 
 QUICK = EvalOptions(trials=1, timing=False)
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from tilewright.agents import brief
-from tilewright.kernels.executors import LocalExecutor
-from tilewright.kernels.workers import EvalOptions
+from tilewright.kernels.pool import LocalExecutor
+from tilewright.kernels.pool.workers import EvalOptions
 from tilewright.sessions.branch import branch_session
 from tilewright.sessions.opening import (
     OpenError,

@@ -5,6 +5,7 @@ works beside other distributions' ``kernels`` and ``agents`` packages."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -18,12 +19,14 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    build = tmp_path_factory.mktemp("build")
+    # built from a copy: setuptools writes build/ and *.egg-info beside the sources
+    tree = tmp_path_factory.mktemp("tree") / "tilewright"
+    shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(
+        ".venv", ".git", "build", "*.egg-info", "__pycache__", ".*cache*"))
     # setuptools and wheel come with the test extra: no index needed to build
     done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
-                           "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "TMPDIR": str(build)})
+                           "--no-build-isolation", "-q", "-w", str(out), str(tree)],
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     (found,) = out.glob("tilewright-*.whl")
     return found
@@ -87,7 +90,7 @@ def test_tilewright_works_beside_other_kernels_and_agents_packages(wheel: Path,
     env.update(PYTHONPATH=str(site), TILEWRIGHT_DATA_DIR=str(tmp_path / "data"),
                JAX_PLATFORMS="cpu")
     where = subprocess.run(
-        [sys.executable, "-P", "-c", "import tilewright.kernels.result as r, "
+        [sys.executable, "-P", "-c", "import tilewright.kernels.judge.result as r, "
          "tilewright.tui.cli as c; print(r.__file__); print(c.__file__)"],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert where.returncode == 0, where.stderr

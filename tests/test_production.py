@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from tilewright.kernels.harness import tpu_compile
-from tilewright.kernels.loaders import load_task
-from tilewright.kernels.result import ranking
-from tilewright.kernels.workers import EvalOptions, WorkerPool
+from tilewright.kernels.judge.result import ranking
+from tilewright.kernels.pool.workers import EvalOptions, WorkerPool
+from tilewright.kernels.tasks.loaders import load_task
+from tilewright.kernels.worker.tpu import tpu_compile
 
 pytestmark = pytest.mark.skipif(tpu_compile.libtpu_path() is None,
                                 reason="libtpu not installed (pip install 'jax[tpu]')")
@@ -236,9 +236,9 @@ async def test_a_kernel_name_too_long_for_a_file_name_is_estimated(worker_pool,
 
 def test_repeated_ops_count_every_op() -> None:
     """A record stands for ``num_equivalent_hlos`` identical ops, with cycles per op."""
-    from tilewright.kernels.harness.compiler import op_bytes
-    from tilewright.kernels.harness.estimates import estimate_of
-    from tilewright.kernels.harness.tpu_compile import records
+    from tilewright.kernels.worker.tpu.compiler import op_bytes
+    from tilewright.kernels.worker.tpu.estimates import estimate_of
+    from tilewright.kernels.worker.tpu.tpu_compile import records
 
     text = textwrap.dedent("""
         hlo_op_estimate {
@@ -303,7 +303,7 @@ async def test_the_production_verdict_is_streamed_before_the_result(worker_pool,
     final = next(h["tpu"] for h in heard if h.get("final"))
     assert final["compile"] == "ok" and final["shape_label"] == "2048x2048"
     assert final["estimated_speedup"] == result.tpu["estimated_speedup"]
-    from tilewright.kernels.result import production_note
+    from tilewright.kernels.judge.result import production_note
 
     assert production_note(final).startswith("at 2048x2048 on v5e: compiles (VMEM ")
 

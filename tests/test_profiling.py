@@ -138,7 +138,7 @@ def test_xprof_converts_the_constructed_xplane_quietly(capfd: pytest.CaptureFixt
 @pytest.mark.slow
 @pytest.mark.asyncio(loop_scope="module")
 async def test_profile_op_captures_a_real_cpu_trace(worker_pool, tmp_path: Path) -> None:
-    from tilewright.kernels.loaders import load_task
+    from tilewright.kernels.tasks.loaders import load_task
 
     task = load_task("rmsnorm")
     # As the session controller sends it: logdir at the payload's top level.
@@ -181,10 +181,10 @@ async def test_profile_op_captures_a_real_cpu_trace(worker_pool, tmp_path: Path)
 @pytest.mark.slow
 @pytest.mark.asyncio(loop_scope="module")
 async def test_static_only_profile_runs_nothing(worker_pool) -> None:
-    from tilewright.kernels.cli_profile import profile
-    from tilewright.kernels.executors import LocalExecutor
-    from tilewright.kernels.loaders import load_task
-    from tilewright.kernels.options import ProfileOptions
+    from tilewright.kernels.cli.profile import profile
+    from tilewright.kernels.judge.options import ProfileOptions
+    from tilewright.kernels.pool import LocalExecutor
+    from tilewright.kernels.tasks.loaders import load_task
 
     task = load_task("causal_attention")
     result = await profile(task, task.starting_source(), "kernel.py",
@@ -231,10 +231,10 @@ def kernel(x):
 @pytest.mark.slow
 @pytest.mark.asyncio(loop_scope="module")
 async def test_emit_pipeline_kernel_profiles_on_a_cpu_host(worker_pool) -> None:
-    from tilewright.kernels.cli_profile import profile
-    from tilewright.kernels.executors import LocalExecutor
-    from tilewright.kernels.loaders import load_task
-    from tilewright.kernels.options import ProfileOptions
+    from tilewright.kernels.cli.profile import profile
+    from tilewright.kernels.judge.options import ProfileOptions
+    from tilewright.kernels.pool import LocalExecutor
+    from tilewright.kernels.tasks.loaders import load_task
 
     result = await profile(load_task("gelu"), PIPELINED_GELU, "pipelined.py",
                            ProfileOptions(iters=1), judge=LocalExecutor.over(worker_pool))
@@ -290,10 +290,10 @@ def test_cli_profile_bad_input(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.asyncio(loop_scope="module")
 async def test_profile_of_a_broken_candidate_says_why(worker_pool) -> None:
-    from tilewright.kernels.cli_profile import profile
-    from tilewright.kernels.executors import LocalExecutor
-    from tilewright.kernels.loaders import load_task
-    from tilewright.kernels.options import ProfileOptions
+    from tilewright.kernels.cli.profile import profile
+    from tilewright.kernels.judge.options import ProfileOptions
+    from tilewright.kernels.pool import LocalExecutor
+    from tilewright.kernels.tasks.loaders import load_task
 
     task = load_task("gelu")
     result = await profile(task, "def kernel(x):\n    return x +\n", "broken.py",
@@ -309,10 +309,10 @@ async def test_a_tampering_candidate_gets_its_candidate_process_recycled(worker_
     # Profiling runs the candidate in the judge's candidate process, never in the judge:
     # a candidate that patches numpy is refused there and that process replaced; the
     # judge (the worker) stays.
-    from tilewright.kernels.cli_profile import profile
-    from tilewright.kernels.executors import LocalExecutor
-    from tilewright.kernels.loaders import load_task
-    from tilewright.kernels.options import ProfileOptions
+    from tilewright.kernels.cli.profile import profile
+    from tilewright.kernels.judge.options import ProfileOptions
+    from tilewright.kernels.pool import LocalExecutor
+    from tilewright.kernels.tasks.loaders import load_task
 
     task = load_task("gelu")
     await worker_pool.request("hello", {})

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from tilewright.kernels.harness import tpu_compile
-from tilewright.kernels.loaders import load_task
-from tilewright.kernels.result import ranking
-from tilewright.kernels.workers import EvalOptions
+from tilewright.kernels.judge.result import ranking
+from tilewright.kernels.pool.workers import EvalOptions
+from tilewright.kernels.tasks.loaders import load_task
+from tilewright.kernels.worker.tpu import tpu_compile
 
 pytestmark = pytest.mark.skipif(tpu_compile.libtpu_path() is None,
                                 reason="libtpu not installed (pip install 'jax[tpu]')")
@@ -237,7 +237,7 @@ async def test_work_behind_a_late_grid_step_is_priced(worker_pool, matmul_task) 
 
 
 def test_an_estimate_below_the_kernels_own_work_is_not_believed() -> None:
-    from tilewright.kernels.harness.verdict import ProductionRun
+    from tilewright.kernels.worker.tpu.verdict import ProductionRun
 
     run = ProductionRun.__new__(ProductionRun)
     run.chip = "v5e"

@@ -20,9 +20,9 @@ from test_controller import MarkedEvaluator, assert_replay_matches, make, src
 
 from tilewright.agents.base import AgentRequest, Proposal
 from tilewright.agents.context import turn_text
-from tilewright.kernels.loaders import load_task
-from tilewright.kernels.result import Rank
-from tilewright.kernels.task import Task
+from tilewright.kernels.judge.result import Rank
+from tilewright.kernels.tasks.loaders import load_task
+from tilewright.kernels.tasks.task import Task
 from tilewright.profiling.diagnose import check_with_estimates
 from tilewright.sessions.autonomy import Budgets, ControllerSettings
 

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from tilewright.kernels.harness import tpu_compile
-from tilewright.kernels.loaders import load_task
-from tilewright.kernels.result import Rank, ranking
-from tilewright.kernels.workers import EvalOptions, WorkerPool
+from tilewright.kernels.judge.result import Rank, ranking
+from tilewright.kernels.pool.workers import EvalOptions, WorkerPool
+from tilewright.kernels.tasks.loaders import load_task
+from tilewright.kernels.worker.tpu import tpu_compile
 
 pytestmark = pytest.mark.skipif(tpu_compile.libtpu_path() is None,
                                 reason="libtpu not installed (pip install 'jax[tpu]')")
@@ -200,7 +200,7 @@ def test_batch_axes_find_the_size_that_halves_the_output() -> None:
     import jax
     import jax.numpy as jnp
 
-    from tilewright.kernels.harness import shrink
+    from tilewright.kernels.worker.tpu import shrink
 
     def avals(*shapes):
         return [jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes]

@@ -35,7 +35,7 @@ def _session(tmp_path: Path) -> Path:
     """A session written through the real log with today's ranks: v1 the TPU compiler's
     estimate, v2 a faster kernel ranked against XLA's roofline (the reference had no
     estimate), v3 ranked by host simulation only (the compiler gave nothing)."""
-    from tilewright.kernels.result import Rank
+    from tilewright.kernels.judge.result import Rank
     from tilewright.sessions.log import SessionLog
 
     fidelity = {"class": "memory_bound", "chip": "v5e", "median_ratio": 0.93,

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from tilewright.agents import brief, make_agent
-from tilewright.kernels.executors import LocalExecutor
-from tilewright.kernels.loaders import load_task
-from tilewright.kernels.result import Rank
-from tilewright.kernels.workers import EvalOptions
+from tilewright.kernels.judge.result import Rank
+from tilewright.kernels.pool import LocalExecutor
+from tilewright.kernels.pool.workers import EvalOptions
+from tilewright.kernels.tasks.loaders import load_task
 from tilewright.sessions.log import load
 from tilewright.sessions.search import Search
 from tilewright.sessions.search.graph import Budget, SearchConfig, fold_search

@@ -14,8 +14,8 @@ from test_controller import NO_LIMITS, MarkedEvaluator, assert_replay_matches, m
 from tilewright import agents
 from tilewright.agents.base import AgentRequest, Finished, Proposal
 from tilewright.agents.offline import decide
-from tilewright.kernels.loaders import load_task
-from tilewright.kernels.task import Task
+from tilewright.kernels.tasks.loaders import load_task
+from tilewright.kernels.tasks.task import Task
 from tilewright.sessions.autonomy import Budgets, ControllerSettings, stop_words
 from tilewright.sessions.controller import ControllerError
 from tilewright.sessions.edits import describe_edit
@@ -121,7 +121,7 @@ def test_stop_reasons_in_words() -> None:
 
 def _estimated(speedup: float) -> dict:
     """A history entry's rank: the TPU compiler's estimate against a 1 ms reference."""
-    from tilewright.kernels.result import Rank
+    from tilewright.kernels.judge.result import Rank
 
     return Rank("tpu_estimate", speedup, "v5e", kernel_s=1e-3 / speedup).to_json()
 
@@ -154,7 +154,7 @@ def test_a_rejection_note_binds_the_offline_agent() -> None:
 def test_a_diagnosis_asking_for_larger_blocks_widens_the_choices() -> None:
     """Every declared choice measured, the best at the largest, and the profile says the
     step overhead dominates: a proposal that widens TUNABLES, not a stop."""
-    from tilewright.kernels import tunables
+    from tilewright.kernels.source import tunables
 
     task = load_task("softmax")
     source = task.starting_source().replace("BLOCK_ROWS = 32", "BLOCK_ROWS = 512")

@@ -14,7 +14,7 @@ from sizes import load_small
 
 from tilewright.agents import brief
 from tilewright.agents.base import Proposal
-from tilewright.kernels.task import Task
+from tilewright.kernels.tasks.task import Task
 from tilewright.sessions.autonomy import Budgets, ControllerSettings
 from tilewright.sessions.core import (
     AutoApproval,

@@ -80,7 +80,7 @@ def worker_pids(parent: int) -> list[int]:
             cmd = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"tilewright.kernels.harness.worker" in cmd and b"--parent" in cmd \
+        if b"tilewright.kernels.worker.main" in cmd and b"--parent" in cmd \
                 and cmd[cmd.index(b"--parent") + 1] == str(parent).encode():
             found.append(int(entry.name))
     return found

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tilewright.kernels import tunables
-from tilewright.kernels.loaders import load_task
-from tilewright.kernels.result import ranking
-from tilewright.kernels.workers import EvalOptions
+from tilewright.kernels.judge.result import ranking
+from tilewright.kernels.pool.workers import EvalOptions
+from tilewright.kernels.source import tunables
+from tilewright.kernels.tasks.loaders import load_task
 
 pytest.importorskip("tokamax")
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from tilewright.agents.offline.tuner import observations_from
-from tilewright.kernels.harness import tpu_compile
-from tilewright.kernels.loaders import load_task
-from tilewright.kernels.result import ranking
-from tilewright.kernels.workers import EvalOptions, WorkerPool
+from tilewright.kernels.judge.result import ranking
+from tilewright.kernels.pool.workers import EvalOptions, WorkerPool
+from tilewright.kernels.tasks.loaders import load_task
+from tilewright.kernels.worker.tpu import tpu_compile
 
 pytestmark = pytest.mark.skipif(tpu_compile.libtpu_path() is None,
                                 reason="libtpu not installed (pip install 'jax[tpu]')")

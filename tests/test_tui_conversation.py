@@ -13,8 +13,8 @@ from test_tui_flow import FakeClock, kinds, make_app, persisted, settle
 from textual.widgets import TextArea
 
 from tilewright import agents
-from tilewright.kernels.loaders import load_task
-from tilewright.kernels.workers import WorkerPool
+from tilewright.kernels.pool.workers import WorkerPool
+from tilewright.kernels.tasks.loaders import load_task
 from tilewright.tui.screens.modals import PlanEditor
 from tilewright.tui.screens.workbench import slash_command
 from tilewright.tui.widgets.chat import ChatPane

@@ -18,9 +18,9 @@ from anthropic_server import MessagesServer, tool_reply
 from scripted_agent import ScriptedAgent, kernel, tuning
 
 from tilewright import agents
-from tilewright.kernels.loaders import load_task
-from tilewright.kernels.result import Rank
-from tilewright.kernels.workers import EvalOptions, WorkerPool
+from tilewright.kernels.judge.result import Rank
+from tilewright.kernels.pool.workers import EvalOptions, WorkerPool
+from tilewright.kernels.tasks.loaders import load_task
 from tilewright.sessions.evaluator import PoolEvaluator
 from tilewright.sessions.log import load
 from tilewright.tui.app import TilewrightApp

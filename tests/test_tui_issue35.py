@@ -14,7 +14,7 @@ from judges import MarkedJudge
 from scripted_agent import ScriptedAgent, kernel
 from textual.widgets._toast import Toast
 
-from tilewright.kernels.loaders import load_task
+from tilewright.kernels.tasks.loaders import load_task
 from tilewright.tui.app import TilewrightApp
 from tilewright.tui.launch import start_session
 from tilewright.tui.screens.modals import ErrorModal

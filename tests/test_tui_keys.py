@@ -18,7 +18,7 @@ import pytest
 from judges import RefusingJudge
 from scripted_agent import ScriptedAgent
 
-from tilewright.kernels.loaders import load_task
+from tilewright.kernels.tasks.loaders import load_task
 from tilewright.sessions.log import SessionLog, load
 from tilewright.tui import keymap
 from tilewright.tui.app import TilewrightApp

@@ -15,7 +15,7 @@ from rich.color import ColorType
 from scripted_agent import ScriptedAgent
 
 from tilewright.agents.config import UIConfig
-from tilewright.kernels.loaders import load_task
+from tilewright.kernels.tasks.loaders import load_task
 from tilewright.sessions.log import SessionLog
 from tilewright.tui.app import TilewrightApp
 from tilewright.tui.launch import ChipChoice, start_session

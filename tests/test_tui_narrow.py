@@ -15,8 +15,8 @@ from test_tui_flow import FakeClock, make_app, settle
 from textual.containers import VerticalScroll
 from textual.widgets import Input, Tabs
 
-from tilewright.kernels.loaders import load_task
-from tilewright.kernels.workers import WorkerPool
+from tilewright.kernels.pool.workers import WorkerPool
+from tilewright.kernels.tasks.loaders import load_task
 from tilewright.tui.screens.modals import HelpScreen, NotePrompt
 from tilewright.tui.widgets.footer import KeyFooter
 from tilewright.tui.widgets.history import HistoryPane

@@ -20,7 +20,7 @@ import pytest
 from judges import RefusingJudge
 from scripted_agent import ScriptedAgent
 
-from tilewright.kernels.loaders import load_task
+from tilewright.kernels.tasks.loaders import load_task
 from tilewright.sessions.log import SessionLog, load
 from tilewright.tui.app import TilewrightApp
 from tilewright.tui.launch import ChipChoice, start_session

@@ -6,8 +6,8 @@ import textwrap
 
 import pytest
 
-from tilewright.kernels import tunables
-from tilewright.kernels.loaders import load_task
+from tilewright.kernels.source import tunables
+from tilewright.kernels.tasks.loaders import load_task
 
 SOURCE = '''"""A kernel."""
 import jax

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from tilewright.kernels import new_shapes, tunables
-from tilewright.kernels.harness import tpu_compile
+from tilewright.kernels.source import tunables
+from tilewright.kernels.tasks import shapes as new_shapes
+from tilewright.kernels.worker.tpu import tpu_compile
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_libtpu = pytest.mark.skipif(tpu_compile.libtpu_path() is None,
@@ -143,8 +144,8 @@ def test_jax_matmul_with_512_blocks_is_judged_correct_without_set(tmp_path: Path
 @ON_MODULE_LOOP
 async def test_jax_flash_attention_custom_vjp_runs_interpreted(tmp_path: Path,
                                                                 worker_pool) -> None:
-    from tilewright.kernels.loaders import load_task
-    from tilewright.kernels.workers import EvalOptions
+    from tilewright.kernels.pool.workers import EvalOptions
+    from tilewright.kernels.tasks.loaders import load_task
 
     made = new(tmp_path, "fa", ATTENTION_MODEL, JAX_FLASH, "attention",
                ["q=bf16[2,4,1024,128]", "k=bf16[2,4,1024,128]", "v=bf16[2,4,1024,128]"])
@@ -162,7 +163,7 @@ async def test_jax_flash_attention_custom_vjp_runs_interpreted(tmp_path: Path,
 @ON_MODULE_LOOP
 async def test_two_tasks_from_one_module_stay_apart_in_one_worker(tmp_path: Path,
                                                                   worker_pool) -> None:
-    from tilewright.kernels.loaders import load_task
+    from tilewright.kernels.tasks.loaders import load_task
 
     new(tmp_path, "add_scale", TWO_FUNCTIONS, None, "add_scale", ["x=f32[256,512]",
                                                                  "r=f32[256,512]"])
@@ -185,8 +186,8 @@ async def test_the_offline_agents_first_matmul_is_correct_at_4096(tmp_path: Path
     from tilewright.agents import brief
     from tilewright.agents.base import AgentRequest, ProposalReady
     from tilewright.agents.offline import OfflineAgent
-    from tilewright.kernels.loaders import load_task
-    from tilewright.kernels.workers import EvalOptions
+    from tilewright.kernels.pool.workers import EvalOptions
+    from tilewright.kernels.tasks.loaders import load_task
 
     new(tmp_path, "mbg", TWO_FUNCTIONS, None, "mm_bias_gelu",
         ["x=f32[4096,4096]", "w=f32[4096,4096]", "b=f32[4096]"])

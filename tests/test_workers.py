@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from sizes import load_small
 
-from tilewright.kernels.worker_env import is_secret, worker_environment
-from tilewright.kernels.workers import EvalOptions, WorkerOpError, WorkerPool, WorkerStartError
+from tilewright.kernels.pool.env import is_secret, worker_environment
+from tilewright.kernels.pool.workers import EvalOptions, WorkerOpError, WorkerPool, WorkerStartError
 
 # Async tests share the module-scoped pool, so they run on the module's event loop.
 ON_MODULE_LOOP = pytest.mark.asyncio(loop_scope="module")
@@ -141,7 +141,7 @@ def test_no_orphan_worker_after_kill_9_of_the_app(tmp_path) -> None:
     script = tmp_path / "app.py"
     script.write_text(textwrap.dedent("""
         import asyncio, sys
-        from tilewright.kernels.workers import WorkerPool
+        from tilewright.kernels.pool.workers import WorkerPool
 
         async def main():
             async with WorkerPool(size=2) as pool:

@@ -18,8 +18,8 @@ from tilewright.agents import memory
 from tilewright.agents.base import AgentRequest, Answer, Failure, Finished, Proposal
 from tilewright.agents.memory import Lesson
 from tilewright.agents.offline import fixes, templates, tuner, words
-from tilewright.kernels import tunables
-from tilewright.kernels.result import Rank, ranking, times
+from tilewright.kernels.judge.result import Rank, ranking, times
+from tilewright.kernels.source import tunables
 
 CONVERGED = "tuning converged"
 
@@ -678,7 +678,7 @@ def explain(request: AgentRequest) -> str:
     timing = result.get("timing") or {}
     rank = ranking(result) if result else None
     if rank is not None and rank.ranked:
-        # The number that ranks versions, worded as kernels.result says it (Rank.words):
+        # The number that ranks versions, worded as kernels.judge.result says it (Rank.words):
         # an estimate names its chip (and shape), a measurement says so; beside a
         # compiler figure, how far such figures hold.
         trust = rank.trust_words()

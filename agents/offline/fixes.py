@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from tilewright.kernels import tunables
+from tilewright.kernels.source import tunables
 
 _ALIGN_MSG = re.compile(r"divisible by 8 and 128|\(8, ?128\)")
 _BLOCK_SHAPE = re.compile(r"block shape \(([^)]*(?:\([^)]*\)[^)]*)*)\), array shape \(([^)]*)\)")

@@ -1,7 +1,7 @@
 """The offline autotuner: one tunable change per proposal, remembered through the history.
 
 The search space is the kernel's declared ``TUNABLES`` filtered for TPU legality
-(``kernels.tunables``): aligned to (8, 128), and dividing the array dims a tunable tiles
+(``kernels.source.tunables``): aligned to (8, 128), and dividing the array dims a tunable tiles
 (matched by name against the visible shapes' parameters) unless it covers them whole.
 What was measured comes from the request: every history entry with ``tunables`` (and a
 ``rank``, else ``median_ms``) plus the current version's last evaluation, so a resumed
@@ -26,8 +26,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from tilewright.kernels import tunables
-from tilewright.kernels.result import Rank, ranking
+from tilewright.kernels.judge.result import Rank, ranking
+from tilewright.kernels.source import tunables
 
 Config = tuple[tuple[str, Any], ...]
 
@@ -133,7 +133,7 @@ def observations_from(request_history: tuple[dict[str, Any], ...], current_sourc
                 entry.get("median_ms"), entry.get("version"))
     if current_source is not None and last_eval:
         timing = last_eval.get("timing") or {}
-        # what ranks it (kernels.result.ranking): off-TPU the TPU compiler's figures,
+        # what ranks it (kernels.judge.result.ranking): off-TPU the TPU compiler's figures,
         # never the interpreter's time while a compiler figure exists
         obs.add(tunables.config_of(current_source), last_eval.get("status"),
                 ranking(last_eval), timing.get("median_ms"), current_version)

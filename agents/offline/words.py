@@ -130,7 +130,7 @@ def person_texts(notes: tuple[str, ...] | list[str], message: str | None) -> lis
 def legal_size(name: str, value: int, choices: list[Any], dims: tuple[int, ...],
                align: int) -> str | None:
     """Why ``value`` cannot be ``name``'s block size here; None when it can."""
-    from tilewright.kernels import tunables
+    from tilewright.kernels.source import tunables
 
     if value in choices:
         return None

@@ -11,7 +11,7 @@ the same user (a candidate included) can read ``/proc/<app>/environ`` or its mem
 without CAP_SYS_PTRACE; ``kill_tree(pid)`` stops and then kills a worker with every
 process below it (``setsid`` and double-forked children included).
 
-Worker side: ``confine(scratch)`` runs first thing in ``kernels.harness.worker``, while
+Worker side: ``confine(scratch)`` runs first thing in ``kernels.worker.main``, while
 the process is still single-threaded, and applies what the kernel allows, strongest
 first, recording what is active and, for each thing that is not, why:
 

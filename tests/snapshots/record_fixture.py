@@ -23,8 +23,8 @@ sys.path.insert(0, str(HERE.parent))
 from scripted_agent import ScriptedAgent, kernel, tuning  # noqa: E402
 
 from tilewright.agents import brief  # noqa: E402
-from tilewright.kernels.loaders import load_task  # noqa: E402
-from tilewright.kernels.workers import EvalOptions, WorkerPool  # noqa: E402
+from tilewright.kernels.tasks.loaders import load_task  # noqa: E402
+from tilewright.kernels.pool.workers import EvalOptions, WorkerPool  # noqa: E402
 from tilewright.sessions.autonomy import ControllerSettings  # noqa: E402
 from tilewright.sessions.controller import Controller  # noqa: E402
 from tilewright.sessions.evaluator import PoolEvaluator  # noqa: E402

@@ -1,0 +1,89 @@
+"""How thoroughly a kernel is judged: ``EvalOptions`` and ``ProfileOptions``.
+
+The one home of every evaluation and profile default. The app builds them (the CLIs,
+a session's config, a search), the judge protocol carries them typed
+(``kernels.pool.Judge``), they cross to the worker as plain JSON (``to_json``),
+and the harness reads them back with ``from_json`` (``kernels.worker.evaluation.evaluate``):
+no side repeats a default. Pure data: the app and the worker both import this module,
+and it imports nothing of either.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, TypeVar
+
+MIN_TRIALS = 3  # one trial cannot tell a stale cache from a kernel: fewer count as this
+
+_Options = TypeVar("_Options", "EvalOptions", "ProfileOptions")
+
+
+@dataclass
+class EvalOptions:
+    """How thoroughly to evaluate. ``trials`` below 3 count as 3 (the harness's floor);
+    ``shapes`` restricts to named configurations; ``time_budget_s`` bounds the timing
+    of candidate + reference together when ``iters`` is None."""
+
+    trials: int = MIN_TRIALS
+    iters: int | None = None  # None: adaptive, bounded by time_budget_s
+    timeout_s: float = 120.0
+    time_budget_s: float = 3.0
+    lowering: bool = True
+    timing: bool = True
+    shapes: list[str] | None = None
+    # The TPU generation every candidate is compiled for by the real TPU compiler (and
+    # whose static estimate ranks kernels off-TPU); None: the TPU host's own, else
+    # profiling.chips.DEFAULT_TPU.
+    chip: str | None = None
+    # Memory limit of each TPU compile process (kernels.worker.tpu.compile_pool); None: 4 GiB.
+    compile_memory_mb: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> EvalOptions:
+        return _from_json(cls, data)
+
+
+@dataclass
+class ProfileOptions:
+    """How to profile: the chip the static analysis and the roofline are for (None: the
+    device's own, else ``DEFAULT_TPU``), the shape configuration (None: the first small
+    one), the traced iterations (None: 3 in interpret mode, 20 native), the Python
+    tracer, only the static analysis (nothing runs), and the request's deadline.
+    ``stderr``: also return what the worker printed meanwhile, under ``stderr`` (the
+    ``tilewright profile`` command shows it; a session's record of a profile does not
+    keep it)."""
+
+    chip: str | None = None
+    shape: str | None = None
+    iters: int | None = None
+    python_tracer: bool = False
+    static_only: bool = False
+    timeout_s: float = 300.0
+    stderr: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """What the worker's ``profile`` op reads (``stderr`` is the app's business)."""
+        data = asdict(self)
+        data.pop("stderr")
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> ProfileOptions:
+        return _from_json(cls, data)
+
+
+def _from_json(cls: type[_Options], data: dict[str, Any] | None) -> _Options:
+    """``cls`` from JSON another process wrote: unknown keys are left out (the worker's
+    payload carries its own, e.g. ``memory_limit_mb``), and a missing, null or empty
+    value (0, "", []) takes the field's default, as a value the sender did not choose."""
+    data = data or {}
+    given = {}
+    for spec in fields(cls):
+        value = data.get(spec.name)
+        if value is None or (not value and not isinstance(value, bool)):
+            continue
+        given[spec.name] = value
+    return cls(**given)

@@ -1,0 +1,7 @@
+"""The candidate process, and the judge's side of it.
+
+``main`` is the process (``python -m tilewright.kernels.worker.candidate.main``): it
+loads one candidate's code, runs its kernel and exports its production program
+(``production``). The judge (the worker) starts and replaces these processes
+(``judge``), talks to one over a framed socket (``wire``) and parses every reply into
+types (``channel``)."""

@@ -1,0 +1,185 @@
+"""Worker process main loop: ``python -m kernels.worker.main --fd N --parent PID``.
+
+Imports JAX once, then answers requests framed on the inherited socket ``N``
+(``kernels.pool.protocol``) by dispatching to ``kernels.worker.ops.OPS``. Its
+stdout and stderr are a capture file owned by the app, which reads it per request:
+nothing a candidate or XLA prints reaches the user's terminal. The worker dies with
+its parent: PR_SET_PDEATHSIG on Linux, and a watchdog thread that notices a changed
+parent pid (covers other platforms and a parent that died before prctl ran).
+
+It is started with ``python -P`` (no current or script directory on ``sys.path``: a
+planted ``argparse.py`` beside a task never runs) in its scratch directory. Before
+anything else (single-threaded, before JAX) it confines itself
+(``kernels.confinement.confine``: namespaces, Landlock on reads and writes, rlimits;
+the report travels with the "ready" message), and after every request it kills
+whatever processes the candidate left behind, empties its private ``/dev/shm`` and
+checks that its own harness modules are unchanged (``recycle`` in the reply if not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+from tilewright.kernels import confinement
+from tilewright.kernels.pool import protocol
+from tilewright.kernels.pool.env import scrub_current_process
+from tilewright.kernels.worker.startup import die_with_parent, isolate_path, warm_up, watch_parent
+from tilewright.kernels.worker.tpu.tpu_compile import prepare_environment
+
+
+def _send(sock: socket.socket, message: dict[str, Any]) -> None:
+    try:
+        sock.sendall(protocol.encode(message))
+    except OSError:
+        os._exit(0)  # the app is gone
+
+
+def _flush_stdio() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def serve(sock: socket.socket, confined: dict[str, Any] | None = None) -> None:
+    from tilewright.kernels.worker import ops
+    from tilewright.kernels.worker.candidate import judge
+    from tilewright.kernels.worker.evaluation import integrity
+    from tilewright.kernels.worker.tpu import compile_pool
+
+    ops.load_plugins()
+    # The serving process's pid as the app sees it (inside a PID namespace getpid() is 2,
+    # and the namespace's own /proc numbers it that way): the app watches its memory.
+    # ``local_pid`` lets the app find it in its own subtree whatever /proc says.
+    _send(sock, {"type": "ready", **ops.hello({}), "confinement": confined,
+                 "serving_pid": confinement.host_pid(), "local_pid": os.getpid()})
+    # The judge runs no candidate code; its harness modules must stay as they are now.
+    # Anything else (a module rewritten, jax.config changed) means it was exposed to
+    # something unexpected: the app replaces it after the reply.
+    snapshot = integrity.ModuleSnapshot()
+    while True:
+        try:
+            request = protocol.recv_blocking(sock)
+        except (OSError, protocol.ProtocolError):
+            request = None
+        if request is None:
+            return
+        reply: dict[str, Any] = {"id": request.pop("id", None), "nonce": request.pop("nonce", None)}
+        handler = ops.OPS.get(str(request.get("op")))
+        started = time.perf_counter()
+        lock = threading.Lock()  # progress frames come from the judge's compile thread
+        ids = {"id": reply["id"], "nonce": reply["nonce"], "open": True}
+        ops.set_progress(functools.partial(_send_progress, sock, lock, ids))
+        if handler is None:
+            reply.update(ok=False, error={"type": "UnknownOp", "message":
+                         f"unknown op {request.get('op')!r}; known: {sorted(ops.OPS)}"})
+        else:
+            try:
+                reply.update(ok=True, result=handler(request.get("payload") or {}))
+            except BaseException as exc:  # SystemExit from candidate code must not end us
+                reply.update(ok=False, error={
+                    "type": type(exc).__name__, "message": str(exc),
+                    "traceback": "".join(traceback.format_exception(exc)),
+                })
+        with lock:  # no progress frame of this request may follow its reply
+            ids["open"] = False
+            ops.set_progress(None)
+        reply["handler_s"] = time.perf_counter() - started
+        # Whatever the candidate forked (setsid, double fork, a listener) ends with the
+        # request that started it.
+        try:
+            reply["leftover_processes"] = confinement.kill_descendants(
+                keep=judge.kept_pids() + compile_pool.kept_pids())
+        except OSError:
+            reply["leftover_processes"] = None
+        # Shared memory is nobody's resident memory: empty the namespace's /dev/shm, and
+        # replace a candidate process that used it (it may hold deleted files open).
+        if confinement.empty_private_shm():
+            judge.recycle_candidate("it left files in /dev/shm")
+        changed = snapshot.changed()
+        _config, restored = snapshot.restore_config()
+        if changed or not restored:
+            reply["recycle"] = ("the judge's own modules changed: " + ", ".join(changed[:5])
+                                if changed else "the judge's jax.config could not be restored")
+            _withhold_verdict(request, reply)
+        _flush_stdio()
+        _send(sock, reply)
+
+
+def _send_progress(sock: socket.socket, lock: threading.Lock, ids: dict[str, Any],
+                   data: dict[str, Any]) -> None:
+    """A progress frame of the request ``ids`` names (its id and nonce), while that
+    request has not been answered."""
+    with lock:
+        if ids.get("open"):
+            sock.sendall(protocol.encode({"id": ids["id"], "nonce": ids["nonce"],
+                                          "progress": data}))
+
+
+def _withhold_verdict(request: dict[str, Any], reply: dict[str, Any]) -> None:
+    """A judge whose harness changed during an evaluation cannot be believed: only task
+    code runs in it (the reference, the input builder), so the task is blamed and no
+    verdict is given."""
+    result = reply.get("result")
+    if request.get("op") != "eval" or not isinstance(result, dict) or "status" not in result:
+        return
+    result["status"] = "runtime_error"
+    result["error"] = {
+        "kind": "task", "line": None, "traceback": None, "file": None,
+        "message": f"the task's code changed the harness in the judge ({reply['recycle']}): "
+                   "no verdict is given, and the worker is replaced",
+        "hint": "Task files (reference.py, input builders) run in the judge: they must not "
+                "import or patch tilewright's harness."}
+    result["timing"] = None
+    if isinstance(result.get("correctness"), dict):
+        result["correctness"]["correct"] = False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tilewright.kernels.worker.main")
+    parser.add_argument("--fd", type=int, required=True, help="inherited socket for requests")
+    parser.add_argument("--parent", type=int, required=True, help="pid of the app process")
+    parser.add_argument("--scratch", default=None, help="the only writable directory")
+    args = parser.parse_args(argv)
+    die_with_parent(args.parent)
+    isolate_path()
+    scrub_current_process()
+    # Before JAX loads libtpu: no estimate flag here (the judge's estimator processes,
+    # kernels.worker.tpu.compiler, have it: with it every compile pays for the estimator).
+    prepare_environment(dump_parent=args.scratch, estimates=False)
+    scratch = args.scratch or os.environ.get("TMPDIR") or "/tmp"
+    confined = confinement.confine(scratch)  # may fork: we continue as PID 1 of a namespace
+    watch_parent()
+    # Ctrl-C in the user's terminal is the app's business, not ours.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sock = socket.socket(fileno=args.fd)
+    sock.setblocking(True)
+    from tilewright.kernels.worker.candidate import judge  # none imports JAX
+    from tilewright.kernels.worker.tpu import compile_pool, reference
+
+    # The candidate process first: it imports JAX while we do (on two cores the two
+    # imports overlap; its readiness is what the first evaluation waits for).
+    judge.process().start()
+    import jax  # noqa: F401  -- once, up front: this is what makes the worker warm
+
+    warm_up(kernel=False)
+    # The compile processes next: the first evaluation's production verdict would wait
+    # for them otherwise (a CLI `eval` starts everything at once).
+    compile_pool.compilers().start()
+    reference.BOOK.start()
+    serve(sock, confined)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
