@@ -23,7 +23,7 @@ from tilewright.sessions.autonomy import ControllerSettings
 from tilewright.sessions.context import build_request, next_role, regression_base
 from tilewright.sessions.core import AutoApproval, Decision, Halt, JudgeFailed, SessionCore
 from tilewright.sessions.errors import ApprovalRequired, ControllerError
-from tilewright.sessions.state import FAILED_STATUSES
+from tilewright.sessions.state import FAILED_STATUSES, proposal_base
 
 if TYPE_CHECKING:
     from tilewright.sessions.tools import SessionTools
@@ -302,13 +302,12 @@ class Engine:
     def _apply(self, pid: str) -> Action | None:
         s = self.state
         prop = s.proposals[pid]
-        if prop.decision not in ("approve", "edit"):
+        if not prop.approved:
             raise ApprovalRequired(f"{pid} has no approving decision")
         by = "auto" if prop.decided_by == "auto" else "user"
         if prop.kind == "plan" and prop.decision == "approve":
             return ask("implement")
-        parent = prop.base_version if prop.base_chosen and prop.base_version in s.versions \
-            else s.current
+        parent = proposal_base(s, prop)
         version = self.core.apply(pid, parent)
         if version is None:  # an error event says why; autonomy asks for another tuning
             tuning = prop.kind == "tuning" and prop.decision != "edit" and parent is not None

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal, NotRequired, Protocol, TypedDict, cast, get_args
 
-from tilewright.kernels.printable import printable_fields
+from tilewright.kernels.source.printable import printable_fields
 
 # -- persisted events -----------------------------------------------------------------
 
@@ -61,6 +61,7 @@ class AgentProposal(TypedDict):
     role: str
     notes_seen: NotRequired[int]
     base_chosen: NotRequired[bool]  # the agent named ``base_version`` itself
+    via: NotRequired[str]  # how the agent made it (its ``meta["via"]``: template, rule, ...)
     proposer: NotRequired[str]  # search: agent | tuning
     strategy: NotRequired[str]  # search: what the proposer named
     lineage: NotRequired[int]  # search: the slot in the tree
@@ -138,7 +139,7 @@ class RunResult(TypedDict):
     # EvalError.kind when the evaluation failed with one; "task" means the task itself
     # failed (its input builder or reference, or its size under the worker's limits)
     error_kind: NotRequired[str | None]
-    # the ranking fields of sessions.state.rank_fields: the Rank (kernels.result.Rank,
+    # the ranking fields of sessions.state.rank_fields: the Rank (kernels.judge.result.Rank,
     # as JSON), the chip, the compile verdict and VMEM, the production configuration
     rank: NotRequired[dict[str, Any] | None]
     chip: NotRequired[str | None]
@@ -264,7 +265,7 @@ class SearchRound(TypedDict):
     beam: list[int]
     repair: list[int]
     best_version: int | None
-    best_rank: NotRequired[dict[str, Any] | None]  # kernels.result.Rank as JSON
+    best_rank: NotRequired[dict[str, Any] | None]  # kernels.judge.result.Rank as JSON
     best_speedup: NotRequired[float | None]  # logs written before best_rank
     partial: NotRequired[bool]
     seq: NotRequired[int]
@@ -284,7 +285,7 @@ class SearchEnd(TypedDict):
     type: Literal["search.end"]
     reason: str
     best_version: int | None
-    best_rank: NotRequired[dict[str, Any] | None]  # kernels.result.Rank as JSON
+    best_rank: NotRequired[dict[str, Any] | None]  # kernels.judge.result.Rank as JSON
     best_speedup: NotRequired[float | None]  # logs written before best_rank
     evaluations: int
     seq: NotRequired[int]
@@ -461,7 +462,7 @@ class EventWriter:
     def emit(self, event: Event) -> Event:
         """Persist one event, fold it, tell the subscribers; returns it as written (with
         its ``seq`` and ``t``). Its text (a model's summary, a candidate's error, a note)
-        is written without control characters (``kernels.printable``): every screen,
+        is written without control characters (``kernels.source.printable``): every screen,
         report and generated file that shows an event shows it so."""
         fields = printable_fields(dict(event))
         kind = fields.pop("type")

@@ -46,11 +46,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from tilewright.kernels.printable import PrintableStream
-from tilewright.kernels.result import Rank, is_interpret, ranking
+from tilewright.kernels.judge.result import Rank, is_interpret, ranking
+from tilewright.kernels.source.printable import PrintableStream
 from tilewright.sessions import events as ev
 from tilewright.sessions.log import LoadedSession, SessionError, read_blob
-from tilewright.sessions.state import SessionState, event_rank
+from tilewright.sessions.state import SessionState, approving, event_rank
 
 INTERPRET_FACTOR = 3.0
 NATIVE_WIDEN = 1.5
@@ -367,7 +367,7 @@ def audit(loaded: LoadedSession, state: SessionState) -> list[str]:
             if d is None or d.get("seq", 0) > e.get("seq", 0):
                 problems.append(f"v{n}: no user.decision approved it (its decision "
                                 f"{e.get('decision')!r} is missing or comes later)")
-            elif d.get("decision") not in ("approve", "edit") \
+            elif not approving(d.get("decision")) \
                     or d.get("proposal") != e.get("proposal"):
                 problems.append(f"v{n}: its user.decision (seq {d.get('seq')}) is "
                                 f"{d.get('decision')!r} for {d.get('proposal')!r}, not an "
@@ -482,7 +482,7 @@ async def verify(loaded: LoadedSession, state: SessionState, evaluate: Any,
 def _figure(band: Any, value: float | None) -> str:
     """A band's figure as every other screen writes it: a speedup by the one formatter
     ("4.00x"), a time to four figures; "-" for none."""
-    from tilewright.kernels.result import times
+    from tilewright.kernels.judge.result import times
 
     if value is None:
         return "-"

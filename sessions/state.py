@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tilewright.kernels.result import DISQUALIFYING_FLAGS, EvalResult, Rank
+from tilewright.kernels.judge.result import DISQUALIFYING_FLAGS, EvalResult, Rank
 from tilewright.sessions import events as ev
 
 
@@ -79,7 +79,7 @@ class Version:
     t: float
     status: str | None = None  # of the latest finished eval run
     correct: bool = False
-    # Of the latest finished eval run: what ranks it (``kernels.result.Rank``: one
+    # Of the latest finished eval run: what ranks it (``kernels.judge.result.Rank``: one
     # ordering, one wording); None before any evaluation.
     rank: Rank | None = None
     median_ms: float | None = None
@@ -105,6 +105,17 @@ class Version:
     analysis_blob: str | None = None  # the static analysis of an ``analysis`` run
 
 
+# The decisions that let a proposal become a kernel version: the agent's kernel
+# approved, or the person's own source given in its place.
+APPROVING = ("approve", "edit")
+
+
+def approving(decision: str | None) -> bool:
+    """Whether a ``user.decision`` word lets its proposal become a version (approve, or
+    the person's edit): the one test the fold, the schedulers and replay's audit use."""
+    return decision in APPROVING
+
+
 @dataclass
 class ProposalInfo:
     id: str
@@ -124,6 +135,29 @@ class ProposalInfo:
     edit_blob: str | None = None  # the user's source when the decision was an edit
     apply_failed: bool = False  # approved, but could not be applied (error event)
     base_chosen: bool = False  # the agent named its base version (else: the current one)
+    via: str | None = None  # how the agent made it (template, rule, tuner, tool, words)
+
+    @property
+    def approved(self) -> bool:
+        """Decided in a way that makes a version (``approving``)."""
+        return approving(self.decision)
+
+    @property
+    def origin(self) -> str:
+        """The ``origin`` of the version it makes (a person's edit is ``user-edit``): a
+        tuning, the offline agent's template (as the proposal says), else the agent's."""
+        if self.kind == "tuning":
+            return "tuning"
+        return "template" if self.via == "template" else "agent"
+
+
+def proposal_base(state: SessionState, prop: ProposalInfo) -> int | None:
+    """The version a controller proposal applies to: the one the agent named
+    (``base_chosen``) while it exists, else the current one. The version is made from it,
+    the preview's diff is drawn against it and an edit is described against it."""
+    if prop.base_chosen and prop.base_version in state.versions:
+        return prop.base_version
+    return state.current
 
 
 @dataclass
@@ -249,7 +283,7 @@ class SessionState:
         """An approved kernel/tuning proposal whose version was never written (the app
         stopped between the decision and the version): resume finishes applying it."""
         for prop in reversed(list(self.proposals.values())):
-            if prop.decision in ("approve", "edit") and prop.applied_version is None \
+            if prop.approved and prop.applied_version is None \
                     and not prop.apply_failed and (prop.kind != "plan" or prop.decision == "edit"):
                 return prop
         return None
@@ -264,7 +298,7 @@ class SessionState:
         if version.decision_seq is None:
             return False
         # The decision must exist, approve (or edit), and be about this very proposal.
-        return any(d.seq == version.decision_seq and d.decision in ("approve", "edit")
+        return any(d.seq == version.decision_seq and approving(d.decision)
                    and d.proposal == version.proposal for d in self.decisions)
 
     def history(self) -> tuple[dict[str, Any], ...]:
@@ -361,7 +395,8 @@ def _proposal(s: SessionState, e: ev.AgentProposal) -> None:
         rationale=e.get("rationale", ""), role=e.get("role", ""),
         base_version=e.get("base_version"), source_blob=e.get("source_blob"),
         plan=e.get("plan"), tuning=e.get("tuning"), seq=e.get("seq", 0),
-        base_chosen=bool(e.get("base_chosen")))
+        base_chosen=bool(e.get("base_chosen")),
+        via=e["via"] if isinstance(e.get("via"), str) else None)
     s.pending = pid
     seen = e.get("notes_seen")
     s.notes = s.notes[seen:] if isinstance(seen, int) else []
@@ -393,7 +428,7 @@ def _decision(s: SessionState, e: ev.UserDecision) -> None:
         s.notes.append(f"rejected {info.proposal}: {info.note}")
     if info.decision == "reject" and info.by == "auto":
         s.auto_rejections += 1
-    elif info.decision in ("approve", "edit"):
+    elif approving(info.decision):
         s.auto_rejections = 0
 
 

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from tilewright.agents.base import Agent, AgentRequest, Proposal, TaskBrief
-from tilewright.kernels.executors import Judge
-from tilewright.kernels.options import EvalOptions
-from tilewright.kernels.result import EvalResult
-from tilewright.kernels.task import Task
+from tilewright.kernels.judge.options import EvalOptions
+from tilewright.kernels.judge.result import EvalResult
+from tilewright.kernels.pool import Judge
+from tilewright.kernels.tasks.task import Task
 from tilewright.sessions import events as ev
 from tilewright.sessions.agent_turn import AgentTurn, stream_turn
 from tilewright.sessions.core.approval import ApprovalPolicy, Decision, Verdict
@@ -38,7 +38,13 @@ from tilewright.sessions.diagnosis import diagnose_version
 from tilewright.sessions.errors import ApprovalRequired
 from tilewright.sessions.evaluator import PoolEvaluator
 from tilewright.sessions.log import SessionLog
-from tilewright.sessions.state import ProposalInfo, SessionState, error_line, rank_fields
+from tilewright.sessions.state import (
+    ProposalInfo,
+    SessionState,
+    error_line,
+    proposal_base,
+    rank_fields,
+)
 
 __all__ = ["JudgeFailed", "SessionCore", "cancelled_result", "failed_result",
            "finished_result"]
@@ -191,6 +197,9 @@ class SessionCore:
         if pid is not None and pid != number:
             raise ValueError(f"proposal {pid} is not the next one ({number})")
         text = proposal.source if source is None else source
+        via = proposal.meta.get("via")
+        if isinstance(via, str):  # what the version's origin is read from (a template)
+            fields = {"via": via, **fields}
         self.emit(ev.AgentProposal(  # type: ignore[typeddict-item]
             type="agent.proposal", proposal=number, kind=proposal.kind,
             summary=proposal.summary, rationale=proposal.rationale, base_version=base,
@@ -237,7 +246,7 @@ class SessionCore:
         the person's edit, the tuning applied to ``parent``, or the proposal's kernel. Its
         number; None when it cannot be made (an ``error`` event says why)."""
         prop = self.session.proposals[pid]
-        if prop.decision not in ("approve", "edit"):
+        if not prop.approved:
             raise ApprovalRequired(f"{pid} has no approving decision")
         try:
             source, origin, summary = self._made_by(prop, parent)
@@ -261,7 +270,7 @@ class SessionCore:
                 if not prop.source_blob:
                     raise ValueError("a tuning proposal needs a kernel to tune")
             else:
-                from tilewright.kernels import tunables
+                from tilewright.kernels.source import tunables
 
                 try:
                     return tunables.apply(self.source_of(parent), prop.tuning), "tuning", \
@@ -270,23 +279,19 @@ class SessionCore:
                     raise ValueError(f"could not apply the tuning: {exc}") from exc
         if not prop.source_blob:
             raise ValueError("the proposal carries no kernel source")
-        origin = "tuning" if prop.kind == "tuning" else \
-            "template" if prop.role == "implement" and self.agent.name == "offline" else "agent"
-        return self.log.get_blob(prop.source_blob).decode(), origin, prop.summary
+        return self.log.get_blob(prop.source_blob).decode(), prop.origin, prop.summary
 
     def proposed_source(self, prop: ProposalInfo) -> str:
         """What the proposal itself would have made (its kernel, or its tuning applied to
-        the version it was made for): an edit is described against it."""
-        s = self.session
+        the version it applies to, ``proposal_base``): an edit is described against it."""
         if prop.source_blob:
             return self.log.get_blob(prop.source_blob).decode()
-        base = s.versions.get(prop.base_version) if prop.base_version is not None else None
-        base = base or (s.versions.get(s.current) if s.current is not None else None)
+        base = proposal_base(self.session, prop)
         if base is None:
             return ""
-        text = self.log.get_blob(base.source_blob).decode()
+        text = self.source_of(base)
         if prop.kind == "tuning" and prop.tuning:
-            from tilewright.kernels import tunables
+            from tilewright.kernels.source import tunables
 
             try:
                 return tunables.apply(text, prop.tuning)

@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from tilewright.agents.base import Agent, TaskBrief
-from tilewright.kernels import tunables
-from tilewright.kernels.executors import Judge as Executor
-from tilewright.kernels.options import EvalOptions
-from tilewright.kernels.result import Backend, Rank
-from tilewright.kernels.task import Task
+from tilewright.kernels.judge.options import EvalOptions
+from tilewright.kernels.judge.result import Backend, Rank
+from tilewright.kernels.pool import Judge as Executor
+from tilewright.kernels.source import tunables
+from tilewright.kernels.tasks.task import Task
 from tilewright.sessions import events as ev
 from tilewright.sessions.actions import Action
 from tilewright.sessions.core import Decision, JudgeFailed, PersonApproval, SearchRules, SessionCore
@@ -50,7 +50,7 @@ class SearchSummary:
     best_version: int | None
     best_status: str | None
     # What ranks the best version and the first kernel (the task's, or the first
-    # written): kernels.result.Rank as JSON (its source, value, chip, production shape).
+    # written): kernels.judge.result.Rank as JSON (its source, value, chip, production shape).
     best_rank: dict[str, Any] | None
     evaluations: int
     nodes: int
@@ -367,6 +367,6 @@ class Search:
             if not isinstance(verdict, Decision) or verdict.decision != "approve":
                 return
         prop = s.proposals[pid]
-        if prop.decision not in ("approve", "edit") or prop.applied_version is not None:
+        if not prop.approved or prop.applied_version is not None:
             return
         self.core.apply(pid, self.state.proposal_slots[pid][2])

@@ -170,8 +170,7 @@ def _slot_open_proposal(s: SearchState, key: SlotKey) -> str | None:
         prop = s.session.proposals.get(pid)
         if prop is None or prop.kind == "plan":
             continue
-        if prop.decision is None or (prop.decision in ("approve", "edit")
-                                     and prop.applied_version is None):
+        if prop.decision is None or (prop.approved and prop.applied_version is None):
             return pid
     return None
 

@@ -11,8 +11,9 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tilewright.kernels.printable import printable_fields, visible
-from tilewright.kernels.result import is_interpret
+from tilewright.kernels.judge.result import is_interpret
+from tilewright.kernels.source.printable import printable_fields, visible
+from tilewright.sessions.state import proposal_base
 from tilewright.tui import problems as problem_rows
 from tilewright.tui.problems import Problem
 from tilewright.tui.widgets.history import VersionRow
@@ -44,7 +45,7 @@ class BlobCache:
 
     def text(self, sha: str | None) -> str | None:
         """The blob as text to show: its control characters drawn, never sent
-        (``kernels.printable.visible``)."""
+        (``kernels.source.printable.visible``)."""
         raw = self.raw(sha)
         return visible(raw.decode(errors="replace")) if raw is not None else None
 
@@ -117,10 +118,9 @@ class SessionView:
         if prop is None:
             return None
         s = self.state
-        # The version it applies to (as the engine applies it): the one it names, else the
-        # current one. Its diff is drawn against that version's source.
-        base = prop.base_version if prop.base_chosen and prop.base_version in s.versions \
-            else s.current
+        # The version it applies to (the one the controller makes its version from): its
+        # diff is drawn against that version's source.
+        base = proposal_base(s, prop)
         base_source = (self.version_source(base) or "") if base is not None else ""
         source = self.blobs.text(prop.source_blob)
         if prop.kind == "tuning" and source is None and prop.tuning:
@@ -185,7 +185,9 @@ def _backend_label(backend: dict[str, Any]) -> str:
 def _tuned(source: str, tuning: dict[str, Any]) -> str | None:
     """What a tuning proposal would make of the current source (None if it cannot
     apply: the controller reports why when it is approved)."""
-    from tilewright.kernels import tunables  # a pure text rewrite (no JAX), allowed by the contract
+    from tilewright.kernels.source import (
+        tunables,  # a pure text rewrite (no JAX), allowed by the contract
+    )
 
     try:
         return tunables.apply(source, tuning)
