@@ -41,13 +41,13 @@ def make_agent(kind: AgentKind, config: Config | dict[str, Any] | None = None) -
 
         return OfflineAgent(config)
     if kind == "anthropic":
-        from tilewright.agents.claude import AnthropicProvider
         from tilewright.agents.llm_agent import LLMAgent
+        from tilewright.agents.providers.claude import AnthropicProvider
 
         return LLMAgent(AnthropicProvider(config), followups=config.agent.followups)
     if kind == "openai":
         from tilewright.agents.llm_agent import LLMAgent
-        from tilewright.agents.openai_chat import OpenAIProvider
+        from tilewright.agents.providers.openai_chat import OpenAIProvider
 
         provider = OpenAIProvider(config)
         agent = LLMAgent(provider, followups=config.agent.followups)
@@ -76,10 +76,10 @@ def resolve_auto(config: Config | dict[str, Any] | None) -> str:
     """What ``auto`` means here: the configured provider when usable, else offline."""
     provider = configured_provider(config)
     if provider == "openai":
-        from tilewright.agents.openai_chat import usable
+        from tilewright.agents.providers.openai_chat import usable
 
         return "openai" if usable(config) else "offline"
-    from tilewright.agents.claude import api_key_from_env
+    from tilewright.agents.providers.claude import api_key_from_env
 
     return "anthropic" if api_key_from_env() else "offline"
 
@@ -94,14 +94,14 @@ def describe_agent(kind: str | None, config: Config | dict[str, Any] | None) -> 
     chosen = resolve_auto(config) if kind == "auto" else kind
     info: dict[str, Any] = {"kind": kind, "provider": chosen}
     if chosen == "openai":
-        from tilewright.agents.openai_chat import endpoint
+        from tilewright.agents.providers.openai_chat import endpoint
 
         ep = endpoint(config)
         info.update(model=ep.model, endpoint=ep.base_url,
                     key=ep.key_source or ("missing: set OPENAI_API_KEY" if ep.key_required
                                           else "none (key-less local server)"))
     elif chosen == "anthropic":
-        from tilewright.agents.claude import DEFAULT_MODEL, api_key_from_env
+        from tilewright.agents.providers.claude import DEFAULT_MODEL, api_key_from_env
 
         info.update(model=config.agent.model or DEFAULT_MODEL,
                     endpoint=config.base_url("anthropic") or "https://api.anthropic.com",

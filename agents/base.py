@@ -63,7 +63,7 @@ class AgentRequest:
     # entries may also carry "median_ms" and "tunables" ({NAME: value} of that version,
     # kernels.source.tunables.config_of), which the offline autotuner uses to remember what it
     # has tried (ordered by Rank.key), "parent", "origin",
-    # "numbers" (agents.evalfacts.version_numbers of its evaluation), "steps" (grid steps,
+    # "numbers" (agents.prompts.evalfacts.version_numbers of its evaluation), "steps" (grid steps,
     # with "steps_source") and "diagnosis" (its own, never another version's).
     history: tuple[dict[str, Any], ...] = ()
     chip: str = "cpu"
@@ -84,7 +84,7 @@ class AgentRequest:
     best_version: int | None = None
     latest_version: int | None = None
     base_reason: str | None = None
-    # Read-only tool answers earlier in the session, oldest first (agents.context keeps
+    # Read-only tool answers earlier in the session, oldest first (agents.prompts.context keeps
     # the newest within a budget): {"name", "input", "output", "is_error"}.
     lookups: tuple[dict[str, Any], ...] = ()
     backend: dict[str, Any] | None = None  # where evaluations run (the session header's)

@@ -24,10 +24,10 @@ from tilewright.agents.base import (
     ToolResult,
     UsageReport,
 )
-from tilewright.agents.context import first_user_message, system_blocks
-from tilewright.agents.parsing import parse_reply
-from tilewright.agents.provider import FinalMessage, Provider
-from tilewright.agents.roles import TOOL_KIND, TOOLS
+from tilewright.agents.prompts.context import first_user_message, system_blocks
+from tilewright.agents.prompts.parsing import parse_reply
+from tilewright.agents.prompts.roles import TOOL_KIND, TOOLS
+from tilewright.agents.providers.provider import FinalMessage, Provider
 from tilewright.agents.tools import READ_TOOL_NAMES, run_tool_calls
 
 

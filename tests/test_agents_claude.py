@@ -332,7 +332,7 @@ async def test_lessons_reach_the_prompt(server: MessagesServer) -> None:
 
 
 def test_turn_context_quotes_the_error_line_and_fences_what_the_candidate_wrote() -> None:
-    from tilewright.agents.context import turn_text
+    from tilewright.agents.prompts.context import turn_text
 
     source = load_task("softmax").starting_source()
     last_eval = {"status": "compile_error", "lowering": {"tpu": "error", "message": "bad block"},
@@ -364,7 +364,7 @@ def test_the_sdk_is_imported_only_when_a_reply_is_requested() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, agents\n"
+    code = ("import sys\nimport tilewright.agents\n"
             "tilewright.agents.make_agent('anthropic', {}); tilewright.agents.make_agent('offline', {})\n"
             "print(sorted(m for m in ('anthropic', 'jax', 'textual') if m in sys.modules))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -329,7 +329,7 @@ def test_auto_follows_the_configured_provider(monkeypatch, server: ChatServer) -
 
 
 def test_the_sdk_is_imported_only_when_a_reply_is_requested(server: ChatServer) -> None:
-    code = ("import sys, agents\n"
+    code = ("import sys\nimport tilewright.agents\n"
             f"tilewright.agents.make_agent('openai', {{'agent': {{'base_url': {server.url!r}}}}})\n"
             "print(sorted(m for m in ('openai', 'anthropic', 'jax', 'textual') "
             "if m in sys.modules))\n")
@@ -509,7 +509,7 @@ def test_a_session_with_an_unpriced_model_shows_its_cost_as_unknown() -> None:
     from dataclasses import asdict
 
     from tilewright.agents.base import Usage
-    from tilewright.agents.provider import add_usage
+    from tilewright.agents.providers.provider import add_usage
     from tilewright.sessions.state import fold
 
     priced = Usage(input_tokens=10, cost_usd=0.25)

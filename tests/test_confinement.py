@@ -20,7 +20,7 @@ import pytest
 import pytest_asyncio
 from sizes import load_small
 
-from tilewright.agents.context import MAX_TURN_CHARS, bounded
+from tilewright.agents.prompts.context import MAX_TURN_CHARS, bounded
 from tilewright.kernels.cli import task_and_candidate
 from tilewright.kernels.pool.env import redact, secret_values, worker_environment
 from tilewright.kernels.pool.workers import EvalOptions, WorkerPool
@@ -362,7 +362,7 @@ def test_kernel_files_that_leave_the_task_or_are_huge_are_refused(tmp_path) -> N
 def test_requests_to_a_model_are_bounded() -> None:
     from tilewright import agents
     from tilewright.agents.base import AgentRequest
-    from tilewright.agents.context import turn_text
+    from tilewright.agents.prompts.context import turn_text
 
     huge = "x = 1\n" * 5_000_000  # a 30 MB "kernel"
     error = {"status": "runtime_error", "error": {"kind": "runtime", "message": "E" * 10**6,
@@ -375,7 +375,7 @@ def test_requests_to_a_model_are_bounded() -> None:
     # Nothing in the app parses a source that size (CPython's parser took over a minute
     # on it, on the event loop the UI shares): the tunables view and the reply check
     # refuse it with the reason.
-    from tilewright.agents.parsing import check_kernel_source
+    from tilewright.agents.prompts.parsing import check_kernel_source
     from tilewright.kernels.source import tunables
 
     with pytest.raises(tunables.TunablesError, match="too large"):

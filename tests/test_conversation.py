@@ -25,8 +25,8 @@ from test_controller import MarkedEvaluator, assert_replay_matches, make, src, t
 from tilewright import agents
 from tilewright.agents import memory
 from tilewright.agents.base import AgentRequest
-from tilewright.agents.context import turn_text
 from tilewright.agents.offline import OfflineAgent
+from tilewright.agents.prompts.context import turn_text
 from tilewright.kernels.judge.options import ProfileOptions
 from tilewright.kernels.pool.workers import EvalOptions, WorkerPool
 from tilewright.kernels.tasks.loaders import load_task

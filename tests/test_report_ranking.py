@@ -13,7 +13,7 @@ from tilewright.sessions.log import load
 from tilewright.sessions.report import html_report, markdown
 from tilewright.sessions.state import fold
 
-FIXTURE = Path(__file__).resolve().parent / "snapshots" / "session_gelu"
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "session_gelu"
 
 
 def test_report_calls_the_estimate_an_estimate() -> None:

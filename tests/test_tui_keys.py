@@ -30,7 +30,7 @@ from tilewright.tui.widgets.panes import PaneGrid
 from tilewright.tui.widgets.source import SourcePane
 from tilewright.tui.widgets.status import ActivityLine, ApprovalBar
 
-FIXTURE = Path(__file__).resolve().parent / "snapshots" / "session_gelu"
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "session_gelu"
 CHIP = ChipChoice("v5e", "TPU v5e", 16 * 2**20)
 FUNCTION_KEY_ACTIONS = sorted(bid for bid, (keys, *_r) in keymap.ACTIONS.items()
                               if any(k.split("+")[-1][:1] == "f" and

@@ -24,7 +24,7 @@ from tilewright.tui.widgets.diffview import render_diff
 from tilewright.tui.widgets.history import HistoryPane
 from tilewright.tui.widgets.status import ActivityLine
 
-FIXTURE = Path(__file__).resolve().parent / "snapshots" / "session_gelu"
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "session_gelu"
 CHIP = ChipChoice("v5e", "TPU v5e", 16 * 2**20)
 OLD = "a = 1\nb = 2\nc = 3\n"
 NEW = "a = 1\nb = 20\nc = 3\nd = 4\n"

@@ -16,7 +16,7 @@ from tilewright.tui.widgets.chat import ChatPane
 from tilewright.tui.widgets.history import HistoryPane
 from tilewright.tui.widgets.source import SourcePane
 
-FIXTURE = Path(__file__).resolve().parent / "snapshots" / "session_gelu"
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "session_gelu"
 
 
 def copy(tmp_path: Path) -> Path:

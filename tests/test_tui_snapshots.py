@@ -1,7 +1,7 @@
 """Snapshots of the main screens at 120x36 and 80x24, and the screens' invariants.
 
-The content is a recorded session (``tests/snapshots/session_gelu``, made by
-``record_fixture.py`` with the real controller and worker pool), copied to a temporary
+The content is a recorded session (``tests/fixtures/session_gelu``, made by
+``tests/fixtures/record_session_gelu.py`` with the real controller and worker pool), copied to a temporary
 directory and resumed by the real controller, so what is drawn is fixed: no clocks, no
 running work. Nothing is evaluated while a snapshot is taken; the evaluator given to
 the controller refuses to run, which also proves that resuming a session with a
@@ -28,7 +28,7 @@ from tilewright.tui.palette import WorkbenchCommands
 from tilewright.tui.replay_app import ReplayApp
 from tilewright.tui.screens.replay import ReplayScreen
 
-FIXTURE = Path(__file__).resolve().parent / "snapshots" / "session_gelu"
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "session_gelu"
 CHIP = ChipChoice("v5e", "TPU v5e", 16 * 2**20)
 
 

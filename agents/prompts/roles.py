@@ -12,8 +12,8 @@ from functools import cache
 from importlib.resources import files
 from typing import Any
 
+from tilewright.agents.prompts.untrusted import RULE as UNTRUSTED_RULE
 from tilewright.agents.tools import READ_TOOLS, tool_schema
-from tilewright.agents.untrusted import RULE as UNTRUSTED_RULE
 
 SYSTEM_TEXT = """\
 You are a kernel engineer working inside tilewright, a workbench where a person and an \

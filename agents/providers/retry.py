@@ -1,6 +1,6 @@
 """Retrying a model request: how long to wait, and what the user is told meanwhile.
 
-Shared by every provider (``agents.claude``, ``agents.openai_chat``), so a rate limit
+Shared by every provider (``agents.providers.claude``, ``agents.providers.openai_chat``), so a rate limit
 or a server error reads the same whichever model is behind it: a warning ``Notice``
 "rate limited, retrying in 2.0 s (attempt 2/4)" while waiting, and a retryable
 ``Failure`` "...; gave up after 4 attempts: <the server's message>" when the attempts run
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from tilewright.agents.base import Failure, Notice
 
 if TYPE_CHECKING:
-    from tilewright.agents.provider import ProviderEvent
+    from tilewright.agents.providers.provider import ProviderEvent
 
 
 def status_kind(status: int | None) -> str | None:

@@ -1,9 +1,9 @@
 """One evaluation as the model reads it: status, error with its line, correctness, the
 TPU compiler's verdict and numbers at the production shape, the memory floor, host times.
 
-Every number comes from ``agents.evalfacts.version_numbers``; every piece of text that
+Every number comes from ``agents.prompts.evalfacts.version_numbers``; every piece of text that
 came from the candidate (messages, tracebacks, compiler messages, stderr) is fenced as
-untrusted (``agents.untrusted``) and bounded.
+untrusted (``agents.prompts.untrusted``) and bounded.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tilewright.agents.evalfacts import rank_of, version_numbers
-from tilewright.agents.untrusted import bounded, defuse, fence, neutralize
+from tilewright.agents.prompts.evalfacts import rank_of, version_numbers
+from tilewright.agents.prompts.untrusted import bounded, defuse, fence, neutralize
 from tilewright.kernels.judge.result import Rank, times
 
 _MAX_TRACEBACK_LINES = 20

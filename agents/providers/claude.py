@@ -24,15 +24,15 @@ from typing import Any
 from tilewright.agents.base import Failure, Notice, TextDelta, ToolCall, ToolCallDelta, Usage
 from tilewright.agents.config import Config, coerce
 from tilewright.agents.errors import NoApiKey
-from tilewright.agents.prices import PRICES_AS_OF, assumed_price, cost_usd, price_for
-from tilewright.agents.provider import (
+from tilewright.agents.providers.prices import PRICES_AS_OF, assumed_price, cost_usd, price_for
+from tilewright.agents.providers.provider import (
     FinalMessage,
     MalformedToolCall,
     ProviderEvent,
     parse_tool_input,
 )
-from tilewright.agents.retry import Judged, retrying
-from tilewright.agents.retry import short as _short
+from tilewright.agents.providers.retry import Judged, retrying
+from tilewright.agents.providers.retry import short as _short
 
 DEFAULT_MODEL = "claude-sonnet-4-6"
 

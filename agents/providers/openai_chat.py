@@ -2,14 +2,14 @@
 
 One provider reaches OpenAI itself, Gemini's OpenAI-compatible endpoint, routers such as
 OpenRouter, and local inference servers (vLLM, Ollama, SGLang). It speaks the same
-``Provider`` interface as Claude (``agents.claude``): the agent loop, prompts, tool
+``Provider`` interface as Claude (``agents.providers.claude``): the agent loop, prompts, tool
 definitions and reply parsing are shared, and this module only translates. Messages
 arrive in the shared (Anthropic-style) block format and are turned into chat messages;
 the tools become ``function`` tools; the streamed chunks are assembled here (text
 deltas, tool-call argument deltas split across chunks) into one ``FinalMessage``.
 
 The SDK is imported lazily, and its own retries are off: 429, 5xx and connection errors
-are retried here with the same notices as Claude (``agents.retry``). A chunk that is not
+are retried here with the same notices as Claude (``agents.providers.retry``). A chunk that is not
 JSON is skipped with a warning instead of ending the reply; a stream that closes before
 its end is retried. A server that refuses tools (a model without tool support) is asked
 again without them, and the model answers with a fenced block, which the shared parser
@@ -38,14 +38,14 @@ from urllib.parse import urlsplit
 from tilewright.agents.base import Failure, Notice, TextDelta, ToolCall, ToolCallDelta, Usage
 from tilewright.agents.config import Config, coerce
 from tilewright.agents.errors import AgentError
-from tilewright.agents.prices import PRICES_AS_OF, cost_usd, price_for
-from tilewright.agents.provider import (
+from tilewright.agents.providers.prices import PRICES_AS_OF, cost_usd, price_for
+from tilewright.agents.providers.provider import (
     FinalMessage,
     MalformedToolCall,
     ProviderEvent,
     parse_tool_input,
 )
-from tilewright.agents.retry import Again, Judged, retrying, short, status_kind
+from tilewright.agents.providers.retry import Again, Judged, retrying, short, status_kind
 
 DEFAULT_MODEL = "gpt-4.1"
 OPENAI_ENDPOINT = "https://api.openai.com/v1"

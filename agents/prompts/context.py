@@ -17,7 +17,7 @@ Everything comes from the ``AgentRequest``, whose ``TaskBrief`` never holds the 
 shape; evaluation details are copied field by field (never the per-shape ``extra``), so
 nothing the harness keeps private leaks into a prompt. Everything that came from the
 candidate (error messages, tracebacks, compiler messages, stderr) is fenced as untrusted
-(``agents.untrusted``).
+(``agents.prompts.untrusted``).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from dataclasses import asdict, is_dataclass
 from typing import Any
 
 from tilewright.agents.base import AgentRequest, TaskBrief
-from tilewright.agents.evalfacts import array_text, fidelity_text, rank_of, version_numbers
-from tilewright.agents.evaltext import cycles_text, eval_text
-from tilewright.agents.roles import SYSTEM_TEXT, pallas_guide, role_spec
-from tilewright.agents.untrusted import bounded, defuse, fence, neutralize
+from tilewright.agents.prompts.evalfacts import array_text, fidelity_text, rank_of, version_numbers
+from tilewright.agents.prompts.evaltext import cycles_text, eval_text
+from tilewright.agents.prompts.roles import SYSTEM_TEXT, pallas_guide, role_spec
+from tilewright.agents.prompts.untrusted import bounded, defuse, fence, neutralize
 from tilewright.kernels.judge.result import Rank
 from tilewright.profiling.chips import DEFAULT_TPU
 

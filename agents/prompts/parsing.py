@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tilewright.agents.base import AgentRequest, Proposal, ToolCall
-from tilewright.agents.provider import FinalMessage
-from tilewright.agents.roles import TOOL_KIND, role_spec
+from tilewright.agents.prompts.roles import TOOL_KIND, role_spec
+from tilewright.agents.providers.provider import FinalMessage
 from tilewright.agents.tools import READ_TOOL_NAMES
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
