@@ -60,7 +60,7 @@ class WorkbenchCommands(Provider):
         if link is None:
             return out
         state = link.state
-        editing = screen.source.in_edit()
+        editing = screen.editing
         if state.pending:
             prop = state.proposals[state.pending]
             out += [
@@ -91,8 +91,7 @@ class WorkbenchCommands(Provider):
         if link.busy:
             out.append(Command(f"Cancel the {link.busy}", f"stops it now (the key: "
                                f"{key('cancel')} twice)",
-                               partial(screen._command, lambda live: live.cancel()),
-                               "cancel"))
+                               screen.cancel_now, "cancel"))
         else:
             out += [Command("Run the current version", f"evaluate v{state.current} "
                             f"({key('run')})", partial(run, "run"), "run"),
@@ -123,9 +122,8 @@ class WorkbenchCommands(Provider):
         for number in sorted(state.versions, reverse=True):
             version = state.versions[number]
             if number != state.current:
-                out.append(Command(f"Revert to v{number}", version.summary, partial(
-                    screen._command,
-                    lambda live, n=number: live.revert(n))))
+                out.append(Command(f"Revert to v{number}", version.summary,
+                                   partial(screen.revert, number)))
         return out
 
     def _version_tree(self, session: object) -> None:

@@ -138,6 +138,20 @@ class WorkbenchScreen(Screen):
         """A line in the conversation from the app itself."""
         self.query_one(ChatPane).add_notice(text, level)
 
+    @property
+    def editing(self) -> bool:
+        """The Source editor is in an edit (of a proposal or of the current version)."""
+        return self.source.in_edit()
+
+    def cancel_now(self) -> None:
+        """Cancel the agent's reply or the run at once (the palette's command: no
+        second press)."""
+        self._command(lambda link: link.cancel())
+
+    def revert(self, version: int) -> None:
+        """Make ``version`` the current one again."""
+        self._command(lambda link: link.revert(version))
+
     def unsaved_edit(self) -> tuple[str, int | None, str | None] | None:
         """The Source editor's unsaved text (the text, the version it edits, the
         proposal it edits), or None when nothing was typed."""
@@ -564,7 +578,7 @@ class WorkbenchScreen(Screen):
         if view is None or self.presenter is None:
             return
         if message.what == "revert":
-            self._command(lambda link: link.revert(message.version))
+            self.revert(message.version)
         elif message.what == "view":
             version = view.state.versions[message.version]
             self.app.push_screen(SourceScreen(
