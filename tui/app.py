@@ -92,7 +92,11 @@ class TilewrightApp(App):
         self.session_path: Any = None  # the open session's directory, said on quit
         self.session_task: str | None = None
         self.exit_message: str | None = None  # printed after the screen is gone
-        self.last_key_at = float("-inf")  # time.monotonic() of the newest key event
+        # time.monotonic() of the newest key event. Two Textual interval timers read it
+        # as "quiet for how long" (the chat's flush, the full collection below); each
+        # also has a deadline (MAX_WAIT_S, FULL_GC_MAX_WAIT_S) that a debounce timer
+        # restarted on every key would not give, and a stamp costs a key nothing.
+        self.last_key_at = float("-inf")
         self.stop_cause: str | None = None  # disconnect | terminated, once signalled
         # The environment the SSH notice reads: the process's, except in a headless
         # test run (whose machine may be reached over SSH), unless a test passes one.
