@@ -418,9 +418,9 @@ class Server:
         return report
 
     def profile(self, header: dict[str, Any], blob: bytes) -> dict[str, Any]:
-        """The profile op's candidate half (``kernels.worker.requests.profile_op``): the loaded
+        """The profile op's candidate half (``kernels.worker.candidate.profile``): the loaded
         candidate analyzed and run under the profiler here, never in the judge."""
-        from tilewright.kernels.worker.requests import profile_op
+        from tilewright.kernels.worker.candidate import profile as profile_op
 
         try:
             reply = profile_op.run_in_candidate(self.entry, header, blob)

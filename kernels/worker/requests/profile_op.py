@@ -6,7 +6,7 @@ level; ``timeout_s`` is the app's deadline for the request).
 
 Candidate code never runs here, in the judge: the candidate's module is loaded, traced,
 analyzed and run under the profiler in the judge's confined candidate process
-(``kernels.worker.candidate.main``'s ``profile`` op, which calls ``run_in_candidate``). The
+(``kernels.worker.candidate.main``'s ``profile`` op: ``kernels.worker.candidate.profile``). The
 judge builds the inputs (the task's code), sends them, and gets back data: the static
 analysis, the outputs' shapes and the capture's facts, with the trace written in the
 candidate process's scratch dir. The judge copies those files (regular files only,
@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pickle
 import shutil
 import stat
 import tempfile
@@ -42,15 +41,6 @@ TRACE_FILES_LIMIT = 200
 _FAULTS = {"compile_error": frozenset({"syntax", "missing_entry", "trace", "exit"}),
            "runtime_error": frozenset({"import", "exit", "runtime"}),
            "rejected": frozenset({"harness_tampering"})}
-
-
-class CandidateFault(Exception):
-    """Raised in the candidate process: the candidate's code failed (``status``,
-    ``kind``) while being profiled."""
-
-    def __init__(self, status: str, kind: str, exc: BaseException) -> None:
-        super().__init__(str(exc))
-        self.status, self.kind, self.exc = status, kind, exc
 
 
 @op("profile")
@@ -329,60 +319,6 @@ def _take_trace(cap: Any, scratch: str | None, wanted: str | None) -> dict[str, 
             if (new_run / "perfetto_trace.json.gz").is_file() else None,
             "iters": len(iter_ms), "iter_ms": iter_ms,
             "log": [str(x)[:2000] for x in (cap.get("log") or [])[-50:]]}
-
-
-def run_in_candidate(entry: Any, header: dict[str, Any], blob: bytes) -> dict[str, Any]:
-    """In the candidate process (``kernels.worker.candidate.main``'s ``profile`` op): the
-    static analysis of the candidate's pallas_calls, its outputs' shapes and, unless
-    ``static_only``, ``iters`` traced calls, with the trace in this process's scratch
-    dir (its TMPDIR). Candidate failures raise ``CandidateFault``."""
-    import jax
-
-    from tilewright.kernels.pool import protocol
-    from tilewright.kernels.worker.execution import execution_mode, reset_interpret_state
-    from tilewright.profiling import chips
-    from tilewright.profiling.capture import capture
-    from tilewright.profiling.static import analyze_callable, tpu_context
-
-    dyn, static = pickle.loads(blob)  # from the judge: trusted direction
-    target = chips.get_chip(str(header["chip"]))
-    interpret = bool(header.get("interpret"))
-    t0 = time.perf_counter()
-    try:
-        analysis = analyze_callable(entry, tuple(dyn), tuple(static), chip=target,
-                                    task_flops=header.get("task_flops"))
-        with tpu_context(target):
-            outputs = jax.tree_util.tree_leaves(
-                jax.eval_shape(lambda *d: entry(*d, *static), *dyn))
-    except BaseException as exc:
-        raise CandidateFault("compile_error", "exit" if isinstance(exc, SystemExit)
-                             else "trace", exc) from None
-    reply: dict[str, Any] = {
-        # plain JSON (numpy scalars as numbers), as the judge's own reply would encode it
-        "analysis": json.loads(protocol.encode(analysis)[protocol.HEADER.size:]),
-        "outputs": [[list(o.shape), str(o.dtype)] for o in outputs],
-        "static_s": time.perf_counter() - t0, "capture": None}
-    if header.get("static_only"):
-        return reply
-    t0 = time.perf_counter()
-    logdir = tempfile.mkdtemp(prefix="profile-")
-    static_argnums = tuple(range(len(dyn), len(dyn) + len(static))) or None
-    fn = jax.jit(entry, static_argnums=static_argnums)
-    try:
-        # Off a TPU the kernel runs in interpret mode as if on the target chip, so APIs
-        # that ask for the TPU's tiling (emit_pipeline) work there too.
-        with execution_mode(interpret), tpu_context(target) if interpret else \
-                contextlib.nullcontext():
-            cap = capture(fn, (*dyn, *static), logdir, iters=int(header.get("iters") or 3),
-                          python_tracer=bool(header.get("python_tracer")))
-    except BaseException as exc:
-        if interpret:
-            reset_interpret_state()
-        raise CandidateFault("runtime_error", "exit" if isinstance(exc, SystemExit)
-                             else "runtime", exc) from None
-    reply["capture"] = {k: cap.get(k) for k in ("logdir", "run_dir", "iter_ms", "log")}
-    reply["capture_s"] = time.perf_counter() - t0
-    return reply
 
 
 def _finish_safely(out: dict[str, Any], analysis: dict[str, Any], dyn: Any,
