@@ -1,38 +1,45 @@
-"""The steps a session driver takes: one ``Action`` type for the controller and search.
+"""The steps the two schedulers take: one action type each.
 
-The controller's job loop performs ``ask``, ``auto_decide``, ``apply``, ``run`` and
-``profile``; the search driver performs what its planner (``sessions.search.plan``)
-lists: ``evaluate``, ``profile``, ``decide``, ``apply``, ``expand``, ``select``,
-``finish``. Both read the fields they need; ``key`` identifies a search action among
-those in flight.
+``ControllerAction`` is what the controller's planner (``sessions.plan_step``) and its
+commands hand the job loop: ``ask``, ``auto_decide``, ``apply``, ``run`` and
+``profile`` are jobs; ``checkout``, ``stop`` and ``own_edit_failed`` are the planner's
+decisions the loop carries out on the way (a ``kernel.checkout``, autonomous mode's
+stop, the notice about the person's own failed edit).
+
+``SearchAction`` is what the search's planner (``sessions.search.plan``) lists: one
+small type per step (``Evaluate``, ``ProfileNode``, ``Decide``, ``ApplyProposal``,
+``Expand``, ``Select``), each with the fields it needs and a ``key`` that identifies it
+among the actions in flight.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 SlotKey = tuple[int, int, int | None, int]  # lineage, round, parent version, slot
 
-ActionKind = Literal[
-    "ask", "auto_decide", "apply", "run", "profile",  # the controller
-    "evaluate", "decide", "expand", "select", "finish"]  # search (apply is shared)
+# -- the controller -----------------------------------------------------------------------
+
+ControllerKind = Literal["ask", "auto_decide", "apply", "run", "profile",  # jobs
+                         "checkout", "stop", "own_edit_failed"]  # the planner's decisions
+
+# What the loop does without announcing a job (``controller.busy``): it carries them out
+# on the way to the next job.
+DECISIONS: frozenset[str] = frozenset({"checkout", "stop", "own_edit_failed"})
 
 
 @dataclass(frozen=True)
-class Action:
-    """One step a driver may take now."""
+class ControllerAction:
+    """One step of the controller's job loop."""
 
-    kind: ActionKind
-    key: str = ""  # search: identifies the action among those in flight
-    version: int | None = None  # run, profile, evaluate; ask: the version asked about
-    proposal: str | None = None  # auto_decide, apply, decide
-    slot: SlotKey | None = None  # search: expand, select, decide, apply
-    role: str = "tune"  # ask and expand: implement, plan, tune, fix, analyze
-    proposer: str = "agent"  # expand: agent | tuning
-    reason: str | None = None  # finish
+    kind: ControllerKind
+    version: int | None = None  # run, profile, checkout, own_edit_failed; ask: about it
+    proposal: str | None = None  # auto_decide, apply
+    role: str = "tune"  # ask: implement, plan, tune, fix, analyze
     message: str | None = None  # ask: the person's words for the agent
     by: str = "user"  # run, profile: who asked (user, auto)
+    reason: str | None = None  # stop: why autonomous mode stops
 
     @property
     def job(self) -> str:
@@ -40,5 +47,89 @@ class Action:
         return {"ask": "agent", "run": "run", "profile": "profile"}.get(self.kind, "step")
 
 
-def ask(role: str, message: str | None = None, version: int | None = None) -> Action:
-    return Action("ask", role=role, message=message, version=version)
+def ask(role: str, message: str | None = None, version: int | None = None
+        ) -> ControllerAction:
+    return ControllerAction("ask", role=role, message=message, version=version)
+
+
+# -- the search ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Evaluate:
+    """Evaluate a search node that has no result yet."""
+
+    version: int
+    kind: ClassVar[Literal["evaluate"]] = "evaluate"
+
+    @property
+    def key(self) -> str:
+        return f"evaluate:{self.version}"
+
+
+@dataclass(frozen=True)
+class ProfileNode:
+    """Profile a node the planner found due (``plan.profile_due``)."""
+
+    version: int
+    kind: ClassVar[Literal["profile"]] = "profile"
+
+    @property
+    def key(self) -> str:
+        return f"profile:{self.version}"
+
+
+@dataclass(frozen=True)
+class Decide:
+    """Decide a proposal an interruption left undecided."""
+
+    proposal: str
+    slot: SlotKey
+    kind: ClassVar[Literal["decide"]] = "decide"
+
+    @property
+    def key(self) -> str:
+        return f"decide:{self.proposal}"
+
+
+@dataclass(frozen=True)
+class ApplyProposal:
+    """Apply a proposal an interruption left approved but without its version."""
+
+    proposal: str
+    slot: SlotKey
+    kind: ClassVar[Literal["apply"]] = "apply"
+
+    @property
+    def key(self) -> str:
+        return f"apply:{self.proposal}"
+
+
+@dataclass(frozen=True)
+class Expand:
+    """Fill a slot with a child: the agent's (``role``) or the search's own tuning step."""
+
+    slot: SlotKey
+    role: str = "tune"  # implement, tune, fix
+    proposer: str = "agent"  # agent | tuning
+    kind: ClassVar[Literal["expand"]] = "expand"
+
+    @property
+    def key(self) -> str:
+        return f"expand:{self.slot}"
+
+
+@dataclass(frozen=True)
+class Select:
+    """Select a lineage's beam for a round."""
+
+    lineage: int
+    round: int
+    kind: ClassVar[Literal["select"]] = "select"
+
+    @property
+    def key(self) -> str:
+        return f"select:{self.lineage}:{self.round}"
+
+
+SearchAction = Evaluate | ProfileNode | Decide | ApplyProposal | Expand | Select

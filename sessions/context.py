@@ -4,12 +4,12 @@ it is asked to play next.
 Roles follow the state: no kernel yet, or an approved plan waiting, -> ``implement``;
 the current version failed (compile error, runtime error, incorrect, timeout, crash,
 integrity rejection) -> ``fix``; otherwise -> ``tune``. The request carries the base
-version's source (the current one: after a regression the engine checks out the best
+version's source (the current one: after a regression the controller checks out the best
 version first, ``regression_base``), its evaluation, its profile and its own diagnosis
 (never another version's), which versions are best and latest and why the base is what
 it is, the notes since the last proposal (rejection notes, user messages, proposals
 that could not be applied, the approved plan with the one step to carry out now), the
-history of every version with its tunables, its numbers (``agents.evalfacts``), its
+history of every version with its tunables, its numbers (``agents.prompts.evalfacts``), its
 grid steps and its diagnosis, and the session's earlier read-only tool answers.
 """
 
@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tilewright.agents.base import AgentRequest, TaskBrief
-from tilewright.agents.evalfacts import version_numbers
+from tilewright.agents.prompts.evalfacts import version_numbers
 from tilewright.sessions.log import SessionLog, read_json_blob
 from tilewright.sessions.state import FAILED_STATUSES, SessionState, Version, outranks
 
@@ -113,7 +113,7 @@ def _steps(numbers: dict[str, Any], diagnosis: dict[str, Any] | None
 
 def _tunables_of(blob: str, read: Callable[[], str]) -> dict[str, Any] | None:
     if blob not in _TUNABLES:
-        from tilewright.kernels import tunables
+        from tilewright.kernels.source import tunables
 
         try:
             source = read()
@@ -172,7 +172,7 @@ def regression_base(state: SessionState) -> tuple[int, str] | None:
     version, after the current one came out correct but slower (or not ranked). None
     when the current version is the best, failed (the fixer fixes it), is not yet
     measured, or was chosen (checked out, or edited) by the person. Returns the version
-    and the reason, for the ``kernel.checkout`` the engine writes."""
+    and the reason, for the ``kernel.checkout`` the controller writes."""
     number, best = state.current, state.best
     if number is None or best is None or best == number or state.chosen_base == number:
         return None
@@ -229,7 +229,7 @@ def rejected(state: SessionState, read: Callable[[str], str]) -> tuple[dict[str,
         base = state.versions.get(prop.base_version) if prop.base_version is not None \
             else None
         if prop.kind == "tuning" and prop.tuning and base is not None:
-            from tilewright.kernels import tunables
+            from tilewright.kernels.source import tunables
 
             try:
                 tuned = tunables.apply(read(base.source_blob), prop.tuning)

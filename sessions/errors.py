@@ -1,4 +1,4 @@
-"""The errors a session command raises, importable without loading the engine (the TUI
+"""The errors a session command raises, importable without loading the controller (the TUI
 catches them from its first paint, before any session is open)."""
 
 from __future__ import annotations

@@ -242,9 +242,9 @@ async def test_a_run_cannot_start_without_a_decision(tmp_path: Path, gelu: Task)
     with pytest.raises(ApprovalRequired, match="v2 was never approved"):
         c.run(2)
     with pytest.raises(ApprovalRequired):
-        await c.engine._run_eval(1, "user")
+        await c._run_eval(1, "user")
     with pytest.raises(ApprovalRequired):
-        c.engine._apply("p1")
+        c._apply("p1")
     assert evaluator.sources == []
     assert not any(e["type"] == "run.start" for e in load(log.path).events)
     log.close()

@@ -18,10 +18,10 @@ from typing import Any
 
 from tilewright.agents.base import AgentRequest, Proposal
 from tilewright.agents.offline.templates import infer_families
-from tilewright.kernels import tunables
+from tilewright.kernels.source import tunables
 from tilewright.profiling.diagnose import check_with_estimates
 from tilewright.sessions import events as ev
-from tilewright.sessions.actions import Action
+from tilewright.sessions.actions import Expand
 from tilewright.sessions.agent_turn import AgentTurn
 from tilewright.sessions.context import history
 from tilewright.sessions.core import Decision, SessionCore
@@ -48,22 +48,22 @@ class ChildMaker:
         self._source = core.source_of
         self._emit = core.emit
 
-    def _slot_fields(self, action: Action) -> dict[str, Any]:
-        lineage, rnd, _parent, slot = action.slot  # type: ignore[misc]
+    def _slot_fields(self, action: Expand) -> dict[str, Any]:
+        lineage, rnd, _parent, slot = action.slot
         return {"lineage": lineage, "round": rnd, "slot": slot}
 
-    async def expand(self, action: Action) -> str | None:
+    async def expand(self, action: Expand) -> str | None:
         """Fill the slot of an ``expand`` action; the new proposal's id, or None."""
-        parent = action.slot[2]  # type: ignore[index]
+        parent = action.slot[2]
         if action.proposer == "tuning":
             pid = self._tuning_step(action)
             if pid is not None:
                 return pid
         return await self._ask_agent(action, parent)
 
-    def _tuning_step(self, action: Action) -> str | None:
+    def _tuning_step(self, action: Expand) -> str | None:
         """The search's own child: one untried neighbouring value of one tunable."""
-        parent = action.slot[2]  # type: ignore[index]
+        parent = action.slot[2]
         source = self._source(parent)
         try:
             legal = tunables.legal_choices(source)
@@ -72,7 +72,7 @@ class ChildMaker:
             return None
         known = {v.source_blob for v in self.state.session.versions.values()}
         names = sorted(legal)
-        start = action.slot[3] % max(1, len(names))  # type: ignore[index]
+        start = action.slot[3] % max(1, len(names))
         for name in names[start:] + names[:start]:
             choices = legal[name]
             if current[name] not in choices:
@@ -94,12 +94,12 @@ class ChildMaker:
                     **self._slot_fields(action))
         return None
 
-    def _request(self, action: Action, parent: int | None, role: str,
+    def _request(self, action: Expand, parent: int | None, role: str,
                  message: str | None) -> AgentRequest:
         s = self.state.session
         source = self._source(parent) if parent is not None else None
         brief = self.brief
-        _lineage, rnd, _p, slot = action.slot  # type: ignore[misc]
+        _lineage, rnd, _p, slot = action.slot
         hint = None
         if parent is None and brief.family is None and self.agent.name == "offline":
             families = infer_families(brief)
@@ -121,7 +121,7 @@ class ChildMaker:
         if message:
             ask += "\n" + message
         rows = self._history(parent)
-        diagnosis = self._diagnosis(action.slot[0], parent)  # type: ignore[index]
+        diagnosis = self._diagnosis(action.slot[0], parent)
         if diagnosis:
             diagnosis = check_with_estimates(diagnosis, rows)
         reason = None if parent is None else (
@@ -162,7 +162,7 @@ class ChildMaker:
         return history(versions, self._source, path,
                        result_of=lambda blob: read_json_blob(self.log.path, blob))
 
-    async def _ask_agent(self, action: Action, parent: int | None,
+    async def _ask_agent(self, action: Expand, parent: int | None,
                          message: str | None = None, role: str | None = None) -> str | None:
         role = role or action.role
         request = self._request(action, parent, role, message)

@@ -33,7 +33,15 @@ from tilewright.kernels.pool import Judge as Executor
 from tilewright.kernels.source import tunables
 from tilewright.kernels.tasks.task import Task
 from tilewright.sessions import events as ev
-from tilewright.sessions.actions import Action
+from tilewright.sessions.actions import (
+    ApplyProposal,
+    Decide,
+    Evaluate,
+    Expand,
+    ProfileNode,
+    SearchAction,
+    Select,
+)
 from tilewright.sessions.core import Decision, JudgeFailed, PersonApproval, SearchRules, SessionCore
 from tilewright.sessions.core.logs import create_log, recorded_options, reopen_log
 from tilewright.sessions.log import SessionLog
@@ -328,21 +336,20 @@ class Search:
     def _source(self, version: int) -> str:
         return self.core.source_of(version)
 
-    async def _perform(self, action: Action) -> None:
-        if action.kind == "evaluate":
-            await self._evaluate(action.version)  # type: ignore[arg-type]
-        elif action.kind == "profile":
-            await self._profile(action.version)  # type: ignore[arg-type]
-        elif action.kind == "select":
-            lineage, rnd = action.slot[0], action.slot[1]  # type: ignore[index]
-            info = select_beam(self.state, lineage, rnd)
+    async def _perform(self, action: SearchAction) -> None:
+        if isinstance(action, Evaluate):
+            await self._evaluate(action.version)
+        elif isinstance(action, ProfileNode):
+            await self._profile(action.version)
+        elif isinstance(action, Select):
+            info = select_beam(self.state, action.lineage, action.round)
             self._emit(ev.SearchRound(type="search.round", **info.event_fields()))
-        elif action.kind == "expand":
+        elif isinstance(action, Expand):
             pid = await self.children.expand(action)
             if pid is not None:
                 await self._decide_and_apply(pid)
-        elif action.kind in ("decide", "apply"):
-            await self._decide_and_apply(action.proposal)  # type: ignore[arg-type]
+        elif isinstance(action, Decide | ApplyProposal):
+            await self._decide_and_apply(action.proposal)
 
     # -- evaluating, profiling, deciding ---------------------------------------------
 

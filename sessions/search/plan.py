@@ -11,7 +11,16 @@ the same decisions from the same events.
 
 from __future__ import annotations
 
-from tilewright.sessions.actions import Action, SlotKey
+from tilewright.sessions.actions import (
+    ApplyProposal,
+    Decide,
+    Evaluate,
+    Expand,
+    ProfileNode,
+    SearchAction,
+    Select,
+    SlotKey,
+)
 from tilewright.sessions.search.graph import RoundInfo, SearchState
 
 
@@ -176,7 +185,8 @@ def _slot_open_proposal(s: SearchState, key: SlotKey) -> str | None:
 
 
 def plan(s: SearchState, inflight: frozenset[str] | set[str] = frozenset(),
-         live_wall: float = 0.0, has_tunables: dict[int, bool] | None = None) -> list[Action]:
+         live_wall: float = 0.0, has_tunables: dict[int, bool] | None = None,
+         ) -> list[SearchAction]:
     """Every action that may start now, given what is already in flight.
 
     An empty list with nothing in flight means the search is over; the driver then
@@ -187,7 +197,7 @@ def plan(s: SearchState, inflight: frozenset[str] | set[str] = frozenset(),
     if cfg is None or s.ended:
         return []
     tunables = has_tunables or {}
-    actions: list[Action] = []
+    actions: list[SearchAction] = []
     expanding = sum(1 for k in inflight if k.startswith("expand:"))
     stop = budget_reason(s, live_wall, expanding)
     if stop == "budget:wall":
@@ -198,12 +208,12 @@ def plan(s: SearchState, inflight: frozenset[str] | set[str] = frozenset(),
         if node.pruned or not s.pending_eval(number):
             continue
         if s.session.authorized(number):
-            actions.append(Action("evaluate", f"evaluate:{number}", version=number))
+            actions.append(Evaluate(number))
     # Profiles due (each new best of a lineage, every ``profile_every`` evaluations):
     # that lineage asks the agent again only once the diagnosis is recorded.
     due = [v for v in s.search_versions() if profile_due(s, v)]
     if stop is None:
-        actions.extend(Action("profile", f"profile:{v}", version=v) for v in due)
+        actions.extend(ProfileNode(v) for v in due)
     profiling = set(due) | {int(k.split(":")[1]) for k in inflight if k.startswith("profile:")}
     # Proposals left half-way (an interruption between proposal and version).
     for key in list(s.slots):
@@ -212,9 +222,9 @@ def plan(s: SearchState, inflight: frozenset[str] | set[str] = frozenset(),
             continue
         prop = s.session.proposals[pid]
         if prop.decision is None:
-            actions.append(Action("decide", f"decide:{pid}", proposal=pid, slot=key))
+            actions.append(Decide(pid, key))
         else:
-            actions.append(Action("apply", f"apply:{pid}", proposal=pid, slot=key))
+            actions.append(ApplyProposal(pid, key))
     # Round 0: the task's kernel, or first kernels the agent writes, one after the other.
     writing = False
     if s.initial_root() is None and not s.rounds:
@@ -225,7 +235,7 @@ def plan(s: SearchState, inflight: frozenset[str] | set[str] = frozenset(),
             writing = True
             busy = _slot_open_proposal(s, key) is not None or f"expand:{key}" in inflight
             if not busy and stop is None:
-                actions.append(Action("expand", f"expand:{key}", slot=key, role="implement"))
+                actions.append(Expand(key, role="implement"))
             break
         if writing and stop is not None and not any(k.startswith("expand:") for k in inflight):
             writing = False  # out of budget: what was written is round 0
@@ -235,7 +245,7 @@ def plan(s: SearchState, inflight: frozenset[str] | set[str] = frozenset(),
         rounds = s.rounds.get(lineage, [])
         if not rounds:
             if roots_done:
-                actions.append(Action("select", f"select:{lineage}:0", slot=(lineage, 0, None, 0)))
+                actions.append(Select(lineage, 0))
             continue
         if lineage_done(s, lineage):
             continue
@@ -259,7 +269,7 @@ def plan(s: SearchState, inflight: frozenset[str] | set[str] = frozenset(),
                 if not busy and stop is None:
                     tuning = (role == "tune" and tunables.get(parent, False)
                               and slot >= cfg.branching - cfg.tuning_children)
-                    actions.append(Action("expand", f"expand:{key}", slot=key, role=role,
+                    actions.append(Expand(key, role=role,
                                           proposer="tuning" if tuning else "agent"))
                     expanding += 1
                     stop = budget_reason(s, live_wall, expanding)
@@ -268,12 +278,12 @@ def plan(s: SearchState, inflight: frozenset[str] | set[str] = frozenset(),
                     if n.lineage == lineage and n.round == rnd and n.proposer != "root"]
         waiting = any(s.pending_eval(v) and not s.nodes[v].pruned for v in children)
         if complete and not waiting:
-            actions.append(Action("select", f"select:{lineage}:{rnd}",
-                                  slot=(lineage, rnd, None, 0)))
+            actions.append(Select(lineage, rnd))
     return _fresh(actions, inflight)
 
 
-def _fresh(actions: list[Action], inflight: frozenset[str] | set[str]) -> list[Action]:
+def _fresh(actions: list[SearchAction], inflight: frozenset[str] | set[str],
+           ) -> list[SearchAction]:
     return [a for a in actions if a.key not in inflight]
 
 
