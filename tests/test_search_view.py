@@ -11,10 +11,10 @@ from textual.app import App
 from textual.widgets import Static, Tree
 
 from tilewright.agents import brief, make_agent
-from tilewright.kernels.executors import LocalExecutor
-from tilewright.kernels.loaders import load_task
-from tilewright.kernels.result import Rank
-from tilewright.kernels.workers import EvalOptions
+from tilewright.kernels.judge.result import Rank
+from tilewright.kernels.pool import LocalExecutor
+from tilewright.kernels.pool.workers import EvalOptions
+from tilewright.kernels.tasks.loaders import load_task
 from tilewright.sessions.log import SessionLog, load
 from tilewright.sessions.search import Search
 from tilewright.sessions.search.graph import Budget, SearchConfig
@@ -34,7 +34,7 @@ class Host(App):
 
 
 def _estimate(speedup: float | None, status: str = "correct") -> dict:
-    """A run.result's rank (kernels.result.Rank as JSON): the TPU compiler's estimate."""
+    """A run.result's rank (kernels.judge.result.Rank as JSON): the TPU compiler's estimate."""
     if speedup is None:
         return Rank("none", status=status).to_json()
     return Rank("tpu_estimate", speedup, "v5e", "4096x4096", kernel_s=1e-3 / speedup,

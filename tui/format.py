@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tilewright.sessions.state import Rank  # kernels.result's, as the sessions API carries it
+from tilewright.sessions.state import Rank  # kernels.judge.result's, as the sessions API carries it
 
 
 def format_mib(value: Any) -> str:

@@ -27,7 +27,7 @@ from textual.screen import Screen
 from textual.widgets import Header, Static, Tree
 from textual.widgets.tree import TreeNode
 
-from tilewright.kernels.printable import visible
+from tilewright.kernels.source.printable import visible
 from tilewright.sessions.log import load, read_blob
 from tilewright.sessions.search.graph import SearchState, fold_search
 from tilewright.sessions.search.link import SearchLink

@@ -29,7 +29,7 @@ from tilewright.sessions import events as ev
 from tilewright.sessions.errors import ControllerError as CommandRefused
 
 if TYPE_CHECKING:  # the controller module is imported once a session opens, not at start
-    from tilewright.kernels.result import EvalResult
+    from tilewright.kernels.judge.result import EvalResult
     from tilewright.sessions.controller import Controller
     from tilewright.sessions.drafts import Draft, Stop
     from tilewright.sessions.state import SessionState

@@ -14,7 +14,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
-from tilewright.kernels.result import is_interpret
+from tilewright.kernels.judge.result import is_interpret
 from tilewright.tui.widgets.timeline import Timeline, spans_from_profile
 
 GAUGE_W = 16

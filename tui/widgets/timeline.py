@@ -18,7 +18,7 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from tilewright.kernels.printable import printable_fields
+from tilewright.kernels.source.printable import printable_fields
 
 PALETTE = ("#5f87d7", "#d7875f", "#87af5f", "#af87d7", "#d7af5f", "#5fafaf", "#d75f87",
            "#87afd7")
