@@ -1,4 +1,4 @@
-"""The offline agent takes the person's words (issue 35): a rejection note or ``/plan``
+"""The offline agent takes the person's words: a rejection note or ``/plan``
 text shapes the next proposal (sizes, directions, named techniques) and the reply says
 what it took; a VMEM fix never repeats a size already measured not to fit. Pure: the
 agent's ``decide`` on requests as the controller builds them."""

@@ -1,4 +1,4 @@
-"""Command output at 80 columns (issue 35): ``tilewright tasks`` stacks one block per
+"""Command output at 80 columns: ``tilewright tasks`` stacks one block per
 task instead of cutting names into 7-character table columns, and ``auto``'s progress
 lines fit the terminal, abbreviated at word ends, never cut mid-word."""
 

@@ -1,4 +1,4 @@
-"""What a proposal says is what it does (issue 35).
+"""What a proposal says is what it does.
 
 A tuning's "A -> B" reads A from the version the change is applied to, and that version
 is the one the diff is drawn against and the new version's parent. In step mode the shown

@@ -1,4 +1,4 @@
-"""The workbench at 80x24 (issue 35): notifications never cover the decision bar, the
+"""The workbench at 80x24: notifications never cover the decision bar, the
 status line or the keys; a proposal that applies to another version than the shown one
 is drawn against that version and says so; ctrl+q during an evaluation asks first.
 The real app through ``run_test`` with the real controller and the in-process
