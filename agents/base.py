@@ -68,7 +68,7 @@ class AgentRequest:
     history: tuple[dict[str, Any], ...] = ()
     chip: str = "cpu"
     lessons: tuple[str, ...] = ()  # remembered across sessions (agents.memory)
-    # The latest diagnosis of a profile (sessions.engine's ``diagnosis`` event):
+    # The latest diagnosis of a profile (the session core's ``diagnosis`` event):
     # {"version", "kind", "summary", "evidence": {...}, "findings": [...], "advice"}.
     diagnosis: dict[str, Any] | None = None
     # Read-only tools the agent may call mid-reply (agents.tools.Toolbox); None: none.

@@ -7,7 +7,7 @@ None of them changes anything, so no decision is needed: the model calls one, ge
 answer as a ``tool_result``, and carries on with its reply.
 
 The agent layer only defines the tools and the ``Toolbox`` protocol; the session layer
-supplies the implementation (``sessions.tools``), which can read the session log and
+supplies the implementation (``sessions.control.tools``), which can read the session log and
 ask the worker pool. Every provider's agent loop shares ``run_tool_calls``.
 """
 

@@ -1,6 +1,6 @@
 """The steps the two schedulers take: one action type each.
 
-``ControllerAction`` is what the controller's planner (``sessions.plan_step``) and its
+``ControllerAction`` is what the controller's planner (``sessions.control.plan``) and its
 commands hand the job loop: ``ask``, ``auto_decide``, ``apply``, ``run`` and
 ``profile`` are jobs; ``checkout``, ``stop`` and ``own_edit_failed`` are the planner's
 decisions the loop carries out on the way (a ``kernel.checkout``, autonomous mode's

@@ -17,14 +17,14 @@ from dataclasses import replace
 from typing import Any
 
 from tilewright.agents.base import TaskBrief
-from tilewright.kernels.task import Task
+from tilewright.kernels.tasks.task import Task
 
 INPUTS_TIMEOUT_S = 120.0
 
 
 async def with_inputs(brief: TaskBrief, task: Task, judge: Any,
                       problems: list[dict[str, Any]] | None = None) -> TaskBrief:
-    """``brief`` with input arrays from ``judge`` (a ``kernels.executors.Judge``: its
+    """``brief`` with input arrays from ``judge`` (a ``kernels.pool.Judge``: its
     ``inputs(task)``; or anything with ``request(op, payload, timeout)``, e.g. a
     ``WorkerPool``); unchanged when it cannot tell. What is wrong with the task's own code
     (its input builder or its reference failing: ``{message, file, line, where}``) is

@@ -17,7 +17,7 @@ def describe_edit(before: str, after: str) -> str:
         return "no change to the proposal"
     parts = []
     try:
-        from tilewright.kernels import tunables
+        from tilewright.kernels.source import tunables
 
         old, new = tunables.config_of(before), tunables.config_of(after)
         moved = [f"{k} {old[k]!r} -> {new[k]!r}" for k in new if k in old and old[k] != new[k]]

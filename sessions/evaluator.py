@@ -1,5 +1,5 @@
 """How a session has kernels judged: ``PoolEvaluator``, a session's options bound over a
-judge (``kernels.executors.Judge``: this machine's worker processes, a Ray cluster, or a
+judge (``kernels.pool.Judge``: this machine's worker processes, a Ray cluster, or a
 test's double).
 
 A session judges every version with the options it opened with (the config's ``[eval]``,
@@ -22,24 +22,18 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from tilewright.kernels.executors import (
-    Judge,
-    LocalExecutor,
-    ProgressListener,
-    StateListener,
-    on_chips,
-)
-from tilewright.kernels.executors.protocol import (
+from tilewright.kernels.judge.options import EvalOptions, ProfileOptions
+from tilewright.kernels.judge.protocol import (
     ApiAnswer,
     EstimateJSON,
     InputsJSON,
     JudgeState,
     ProfileJSON,
 )
-from tilewright.kernels.options import EvalOptions, ProfileOptions
-from tilewright.kernels.result import Backend, EvalResult
-from tilewright.kernels.task import Task
-from tilewright.kernels.workers import WorkerPool
+from tilewright.kernels.judge.result import Backend, EvalResult
+from tilewright.kernels.pool import Judge, LocalExecutor, ProgressListener, StateListener, on_chips
+from tilewright.kernels.pool.workers import WorkerPool
+from tilewright.kernels.tasks.task import Task
 
 __all__ = ["PoolEvaluator"]
 

@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from tilewright.kernels.printable import printable_fields
+from tilewright.kernels.source.printable import printable_fields
 
 if TYPE_CHECKING:
     from tilewright.sessions import events as ev

@@ -1,9 +1,9 @@
 """Opening, resuming and closing sessions: the one place that builds a session's parts.
 
 Every front end comes here: the TUI (``tui.launch``), ``tilewright auto``
-(``sessions.headless``), the graph search (``open_search`` for ``tilewright review``,
+(``sessions.cli.headless``), the graph search (``open_search`` for ``tilewright review``,
 ``open_task_search`` for ``tilewright search``) and a branch of a recorded session
-(``sessions.branch``). So a session is opened one way whichever front end opened it:
+(``sessions.recorded.branch``). So a session is opened one way whichever front end opened it:
 
 - the task: a new session loads ``--task`` with its ``--set`` overrides; a resumed one
   rebuilds the task its header records (``sessions.tasks.task_for_header``: same
@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tilewright.agents.config import Config, ConfigError, coerce
-from tilewright.kernels.result import Backend
-from tilewright.kernels.task import Task, TaskError
+from tilewright.kernels.judge.result import Backend
+from tilewright.kernels.tasks.task import Task, TaskError
 from tilewright.profiling.chips import DEFAULT_TPU
 from tilewright.sessions.core.logs import create_log, options_from, reopen_log
 from tilewright.sessions.errors import OpenError
@@ -40,11 +40,10 @@ from tilewright.sessions.tasks import task_for_header
 
 if TYPE_CHECKING:
     from tilewright.agents.base import Agent
-    from tilewright.kernels.executors import Judge as Evaluator
-    from tilewright.kernels.executors import Judge as Executor
-    from tilewright.kernels.workers import EvalOptions, WorkerPool
+    from tilewright.kernels.judge.protocol import Judge
+    from tilewright.kernels.pool.workers import EvalOptions, WorkerPool
     from tilewright.sessions.autonomy import ControllerSettings
-    from tilewright.sessions.controller import Controller
+    from tilewright.sessions.control.controller import Controller
     from tilewright.sessions.search.driver import Search
     from tilewright.sessions.search.graph import SearchConfig
 
@@ -125,7 +124,7 @@ def make_session_agent(kind: str | None, config: Config | Mapping[str, Any] | No
 
 def parse_set(items: list[str] | None) -> dict[str, str]:
     """``--set KEY=VALUE`` pairs; a malformed one is an ``OpenError``."""
-    from tilewright.kernels.loaders import parse_overrides
+    from tilewright.kernels.tasks.loaders import parse_overrides
 
     try:
         return parse_overrides(items)
@@ -149,7 +148,7 @@ def agent_in_effect(config: Config | Mapping[str, Any] | None,
 def load_request_task(request: SessionRequest, header: Mapping[str, Any] | None = None
                       ) -> Task:
     """The task a new session names, or the one a resumed session's header records."""
-    from tilewright.kernels.loaders import load_task
+    from tilewright.kernels.tasks.loaders import load_task
 
     try:
         if header is not None and request.task is None:
@@ -206,7 +205,7 @@ class Session:
             await owned.close()
 
 
-async def start_controller(task: Task, agent: Agent, evaluator: Evaluator,
+async def start_controller(task: Task, agent: Agent, evaluator: Judge,
                            config: Config | Mapping[str, Any] | None, *,
                            sessions_dir: str | Path,
                            backend: Backend | Mapping[str, Any] | None, chip: ChipChoice,
@@ -218,7 +217,7 @@ async def start_controller(task: Task, agent: Agent, evaluator: Evaluator,
     from tilewright.agents import brief
     from tilewright.sessions.autonomy import ControllerSettings
     from tilewright.sessions.brief import with_inputs
-    from tilewright.sessions.controller import Controller
+    from tilewright.sessions.control.controller import Controller
     from tilewright.sessions.state import fold
 
     # The task's own code first: a reference that fails leaves no session behind.
@@ -250,7 +249,7 @@ async def open_session(request: SessionRequest, config: Config | Mapping[str, An
                        *, settings: ControllerSettings | None = None,
                        eval_defaults: Mapping[str, Any] | None = None) -> Session:
     """Open (or resume) a session with one worker process; the caller closes it."""
-    from tilewright.kernels.workers import WorkerPool
+    from tilewright.kernels.pool.workers import WorkerPool
     from tilewright.sessions.evaluator import PoolEvaluator
 
     config = coerce(config)
@@ -299,7 +298,7 @@ async def open_session(request: SessionRequest, config: Config | Mapping[str, An
 class SearchSession:
     """An open search and the executor started for it; ``await close()`` releases both."""
 
-    def __init__(self, search: Search, executor: Executor) -> None:
+    def __init__(self, search: Search, executor: Judge) -> None:
         self.search = search
         self.executor = executor
 
@@ -316,7 +315,7 @@ async def open_search(request: SessionRequest, config: Config | Mapping[str, Any
     review``); ``tilewright search`` runs suites and opens each task's search with
     ``Search.create`` / ``Search.open`` over its own executor."""
     from tilewright.agents import brief
-    from tilewright.kernels.executors import LocalExecutor
+    from tilewright.kernels.pool import LocalExecutor
     from tilewright.sessions.search.driver import Search
 
     config = coerce(config)
@@ -338,7 +337,7 @@ async def open_search(request: SessionRequest, config: Config | Mapping[str, Any
     return SearchSession(search, executor)
 
 
-async def open_task_search(task: Task, agent: Agent, executor: Executor,
+async def open_task_search(task: Task, agent: Agent, executor: Judge,
                            config: SearchConfig, *, sessions_dir: str | Path,
                            existing: Path | None, options: EvalOptions | None,
                            backend: Backend | Mapping[str, Any] | None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tilewright.kernels.task import Task, TaskError
+from tilewright.kernels.tasks.task import Task, TaskError
 
 
 def task_header(task: Task, overrides: dict[str, str] | None = None) -> dict[str, Any]:
@@ -42,7 +42,7 @@ def task_header(task: Task, overrides: dict[str, str] | None = None) -> dict[str
 
 def task_for_header(header: dict[str, Any]) -> Task:
     """Load the task a session header names; a ``TaskError`` says why it cannot be."""
-    from tilewright.kernels.loaders import load_task
+    from tilewright.kernels.tasks.loaders import load_task
 
     info = header.get("task") or {}
     overrides = info.get("overrides") or None

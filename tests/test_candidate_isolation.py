@@ -22,7 +22,7 @@ from tilewright.agents import brief
 from tilewright.kernels.pool.workers import EvalOptions
 from tilewright.kernels.tasks.loaders import load_task
 from tilewright.sessions.autonomy import Budgets, ControllerSettings
-from tilewright.sessions.controller import Controller
+from tilewright.sessions.control.controller import Controller
 from tilewright.sessions.evaluator import PoolEvaluator
 from tilewright.sessions.log import SessionLog, load, read_json_blob
 from tilewright.sessions.state import fold
@@ -309,7 +309,7 @@ def test_replay_verify_rejudges_each_version_on_its_own(tmp_path, task_dir) -> N
     """A log whose honest-looking record came from an order-dependent judgement (an
     honest kernel after a poisoner, recorded wrong; a wrong kernel recorded right) is
     re-judged version by version, each in a process no other candidate ran in."""
-    from tilewright.sessions.replay import verify  # noqa: F401  (the command is what is exercised)
+    from tilewright.sessions.recorded.replay import verify  # noqa: F401  (the command is what is exercised)
 
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     wrong = candidate("x_ref[...] * 2.0")  # not tanh at all

@@ -30,7 +30,7 @@ from tilewright.kernels.judge.result import Backend
 from tilewright.kernels.pool.workers import EvalOptions, WorkerPool
 from tilewright.kernels.tasks.task import Task
 from tilewright.sessions.autonomy import Budgets, ControllerSettings
-from tilewright.sessions.controller import (
+from tilewright.sessions.control.controller import (
     ApprovalRequired,
     Controller,
     ControllerBusy,

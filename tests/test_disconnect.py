@@ -29,7 +29,7 @@ from tilewright.agents import brief
 from tilewright.kernels.pool.process import SCRATCH_PREFIX, sweep_scratch
 from tilewright.kernels.tasks.task import Task
 from tilewright.sessions.autonomy import ControllerSettings
-from tilewright.sessions.controller import Controller
+from tilewright.sessions.control.controller import Controller
 from tilewright.sessions.drafts import drop_draft, last_stop, load_draft, save_draft
 from tilewright.sessions.log import SessionLog, load
 

@@ -18,7 +18,8 @@ from typing import Any, get_args, get_origin, get_type_hints
 import pytest
 
 from tilewright.sessions import events as ev
-from tilewright.sessions import replay, state
+from tilewright.sessions import state
+from tilewright.sessions.recorded import replay
 from tilewright.sessions.search import graph
 from tilewright.tui.session import presenter
 
@@ -162,7 +163,7 @@ def _event_param(handler: Callable[..., Any]) -> Any:
 TABLES = {
     "tilewright.sessions.state fold": (state._HANDLERS, PERSISTED),
     "tilewright.sessions.search.graph fold": (graph._HANDLERS, PERSISTED),
-    "tilewright.sessions.replay timeline lines": (replay._DESCRIBE, PERSISTED),
+    "tilewright.sessions.recorded.replay timeline lines": (replay._DESCRIBE, PERSISTED),
     "tilewright.tui.session.presenter conversation": (presenter._CHAT, PERSISTED),
     "tilewright.tui.session.presenter live": (presenter._LIVE, LIVE),
 }
@@ -198,7 +199,7 @@ def test_a_timeline_line_for_every_session_kind() -> None:
 
 def test_search_progress_reads_the_typed_events(capsys: pytest.CaptureFixture[str]) -> None:
     from tilewright.kernels.judge.result import Rank
-    from tilewright.sessions.cli_search import _progress
+    from tilewright.sessions.cli.search import _progress
 
     rank = Rank("tpu_estimate", 1.234, "v5e", "4096x4096", kernel_s=1e-3).to_json()
     for event in (ev.RunStart(type="run.start", run="r1", version=2, kind="eval", by="search"),

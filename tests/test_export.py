@@ -14,7 +14,7 @@ from pathlib import Path
 from tilewright import agents
 from tilewright.agents.offline import templates
 from tilewright.kernels.tasks.loaders import load_task
-from tilewright.sessions.export import PLUMBING, rename, simplify
+from tilewright.sessions.recorded.export import PLUMBING, rename, simplify
 
 ROOT = Path(__file__).resolve().parent.parent
 USER = ROOT / "tests" / "fixtures" / "user_code"

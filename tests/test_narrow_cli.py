@@ -38,7 +38,7 @@ def test_tasks_on_a_wide_terminal_keep_the_table() -> None:
 
 
 def test_auto_progress_lines_fit_the_width_at_word_ends() -> None:
-    from tilewright.sessions.headless import abbreviate, step_lines
+    from tilewright.sessions.cli.headless import abbreviate, step_lines
 
     summary = ("tune BLOCK_ROWS 256 -> 512, BLOCK_COLS 512 -> 2048 on v3 (largest legal "
                "blocks that fit VMEM, from the diagnosis)")

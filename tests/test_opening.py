@@ -17,7 +17,6 @@ import pytest
 from tilewright.agents import brief
 from tilewright.kernels.pool import LocalExecutor
 from tilewright.kernels.pool.workers import EvalOptions
-from tilewright.sessions.branch import branch_session
 from tilewright.sessions.opening import (
     OpenError,
     SessionRequest,
@@ -28,6 +27,7 @@ from tilewright.sessions.opening import (
     parse_set,
     reopen_log,
 )
+from tilewright.sessions.recorded.branch import branch_session
 from tilewright.sessions.search import Search
 from tilewright.sessions.search.graph import SearchConfig
 

@@ -262,7 +262,7 @@ async def test_auto_never_crowns_a_rejected_program(worker_pool, tanh_task,
 
     from tilewright.agents import brief
     from tilewright.sessions.autonomy import Budgets, ControllerSettings
-    from tilewright.sessions.controller import Controller
+    from tilewright.sessions.control.controller import Controller
     from tilewright.sessions.evaluator import PoolEvaluator
     from tilewright.sessions.log import SessionLog
 

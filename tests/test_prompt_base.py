@@ -19,7 +19,7 @@ from scripted_agent import ScriptedAgent, kernel
 from test_controller import MarkedEvaluator, assert_replay_matches, make, src
 
 from tilewright.agents.base import AgentRequest, Proposal
-from tilewright.agents.context import turn_text
+from tilewright.agents.prompts.context import turn_text
 from tilewright.kernels.judge.result import Rank
 from tilewright.kernels.tasks.loaders import load_task
 from tilewright.kernels.tasks.task import Task
@@ -124,7 +124,7 @@ async def test_a_version_the_person_checked_out_stays_the_base(tmp_path: Path,
 async def test_a_proposal_may_name_its_base(tmp_path: Path, gelu: Task) -> None:
     """propose_tuning with ``base``: applied to that version's source, a child of it."""
     from tilewright.agents.base import ToolCall
-    from tilewright.agents.parsing import _tuning
+    from tilewright.agents.prompts.parsing import _tuning
 
     agent = ScriptedAgent([kernel(tunable(8, 2.0, "a"), "rows 8"),
                            kernel(tunable(16, 3.0, "b"), "rows 16")])
@@ -137,7 +137,7 @@ async def test_a_proposal_may_name_its_base(tmp_path: Path, gelu: Task) -> None:
         c.approve()
         await c.wait_idle()
     assert c.state.current == 3 and c.state.best == 3
-    from tilewright.sessions.context import build_request
+    from tilewright.sessions.control.context import build_request
 
     request = build_request(c.state, c.log, c.brief, "tune", None, "v5e")
     parsed = _tuning(ToolCall("propose_tuning", {"changes": {"BLOCK_ROWS": 32}, "base": 2,
@@ -206,7 +206,7 @@ async def test_read_only_tool_answers_stay_for_the_session(tmp_path: Path, gelu:
 
 
 def test_lookups_keep_the_newest_within_the_budget() -> None:
-    from tilewright.agents.context import MAX_LOOKUP_CHARS, lookups_text
+    from tilewright.agents.prompts.context import MAX_LOOKUP_CHARS, lookups_text
 
     calls = tuple({"name": "lookup_api", "input": {"name": f"n{i}"}, "output": "x" * 5000}
                   for i in range(10))
@@ -276,7 +276,7 @@ RECORDED = Path(__file__).parent / "fixtures" / "evals" / "matmul_gelu_softmax_v
 def test_an_evaluation_says_its_numbers_and_never_a_host_speedup() -> None:
     import json
 
-    from tilewright.agents.context import eval_text
+    from tilewright.agents.prompts.context import eval_text
 
     result = json.loads(RECORDED.read_text())
     text = eval_text(result, version=4)
@@ -296,7 +296,7 @@ def test_an_evaluation_says_its_numbers_and_never_a_host_speedup() -> None:
 def _floor_line(tpu: dict) -> str:
     import json
 
-    from tilewright.agents.context import eval_text
+    from tilewright.agents.prompts.context import eval_text
 
     result = json.loads(RECORDED.read_text())
     result["tpu"].update(tpu)
@@ -347,7 +347,7 @@ def test_a_roofline_rank_says_what_the_reference_is_priced_by_and_why() -> None:
     the reference's roofline, and the text says so, with the reason and the figures."""
     import json
 
-    from tilewright.agents.context import eval_text, ranking_text
+    from tilewright.agents.prompts.context import eval_text, ranking_text
 
     result = json.loads(RECORDED.read_text())
     why = "the estimator aborted on the XLA reference (Check failed)"
@@ -377,8 +377,8 @@ def test_the_production_shape_fields_are_read_when_present() -> None:
     evaluation in the documented format, reach the evaluation, the table and the rule."""
     import json
 
-    from tilewright.agents.context import eval_text, history_text, ranking_text
-    from tilewright.agents.evalfacts import version_numbers
+    from tilewright.agents.prompts.context import eval_text, history_text, ranking_text
+    from tilewright.agents.prompts.evalfacts import version_numbers
 
     result = json.loads(RECORDED.read_text())
     tpu = result["tpu"]

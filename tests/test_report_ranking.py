@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tilewright.sessions.log import load
-from tilewright.sessions.report import html_report, markdown
+from tilewright.sessions.recorded.report import html_report, markdown
 from tilewright.sessions.state import fold
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "session_gelu"

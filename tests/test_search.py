@@ -428,7 +428,7 @@ def test_suite_totals_are_the_figures_the_field_reports() -> None:
     """Correct rate over every task (unloaded ones count as failures), the geometric mean
     over correct tasks, fast_p over all tasks; the table and Markdown say what the
     speedup is and why tasks failed."""
-    from tilewright.sessions.cli_search import markdown, suite_totals
+    from tilewright.sessions.cli.search import markdown, suite_totals
 
     def task(name: str, status: str | None, speed: float | None, note: str | None = None,
              source: str = "tpu_estimate"):

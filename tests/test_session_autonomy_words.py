@@ -17,7 +17,7 @@ from tilewright.agents.offline import decide
 from tilewright.kernels.tasks.loaders import load_task
 from tilewright.kernels.tasks.task import Task
 from tilewright.sessions.autonomy import Budgets, ControllerSettings, stop_words
-from tilewright.sessions.controller import ControllerError
+from tilewright.sessions.control.controller import ControllerError
 from tilewright.sessions.edits import describe_edit
 
 ASYNC = pytest.mark.asyncio(loop_scope="module")

@@ -1,9 +1,9 @@
-"""The version history an agent request carries (``sessions.context.history``)."""
+"""The version history an agent request carries (``sessions.control.context.history``)."""
 
 from __future__ import annotations
 
 from tilewright.kernels.judge.result import Rank
-from tilewright.sessions.context import history
+from tilewright.sessions.control.context import history
 from tilewright.sessions.state import Version
 
 

@@ -2,7 +2,7 @@
 
 One real headless run (offline agent, budget 1) is copied and tampered with in each
 test: an edited rank, a deleted approval, a binary line, a deleted blob. The checks
-(``sessions.replay.audit``) need no worker; one end-to-end ``replay --verify`` shows
+(``sessions.recorded.replay.audit``) need no worker; one end-to-end ``replay --verify`` shows
 the exit code and that nothing raises a traceback.
 """
 
@@ -23,7 +23,7 @@ from tilewright.sessions.log import (
     SessionWriteError,
     load,
 )
-from tilewright.sessions.replay import audit
+from tilewright.sessions.recorded.replay import audit
 from tilewright.sessions.state import fold
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -200,7 +200,7 @@ def test_the_tuner_says_when_the_floor_hides_a_difference() -> None:
 
 
 def test_replay_verify_writes_a_speedup_band_with_the_one_formatter() -> None:
-    from tilewright.sessions.replay import _figure
+    from tilewright.sessions.recorded.replay import _figure
 
     band = ("estimated_speedup", 3.6005, 4.4)
     assert _figure(band, 4.000648498535156) == "4.00x"  # not 4.000648498535156

@@ -7,8 +7,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tilewright.sessions.branch import branch_session
 from tilewright.sessions.log import load
+from tilewright.sessions.recorded.branch import branch_session
 from tilewright.sessions.state import fold
 from tilewright.tui.replay_app import ReplayApp
 from tilewright.tui.screens.replay import SPEEDS, ReplayScreen

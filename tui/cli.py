@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from tilewright.agents import config as settings
 
-SUBCOMMAND_MODULES = ("tilewright.kernels.cli", "tilewright.agents.cli", "tilewright.sessions.cli", "tilewright.sessions.cli_search",
+SUBCOMMAND_MODULES = ("tilewright.kernels.cli", "tilewright.agents.cli", "tilewright.sessions.cli", "tilewright.sessions.cli.search",
                       "tilewright.tui.commands")
 
 

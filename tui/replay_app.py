@@ -70,7 +70,7 @@ class ReplayApp(App):
                                                                  "q"]))
 
     def branch_from(self, path: Path, seq: int) -> None:
-        from tilewright.sessions.branch import branch_session
+        from tilewright.sessions.recorded.branch import branch_session
 
         try:
             branch = branch_session(path, seq, self.sessions_dir)

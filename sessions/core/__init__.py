@@ -5,7 +5,7 @@ every act a scheduler combines; the approval policies (``approval``) say who dec
 proposal; ``logs`` writes and reopens session logs. What a proposal's decision and
 base mean is decided once, beside the fold (``approving``, ``ProposalInfo.approved``,
 ``proposal_base``), and re-exported here. The ``Controller``
-(``sessions.controller``) and ``Search`` (``sessions.search``) are schedulers on this
+(``sessions.control.controller``) and ``Search`` (``sessions.search``) are schedulers on this
 core. Nothing here imports a front end or a scheduler (an import contract says so).
 """
 

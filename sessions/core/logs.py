@@ -9,14 +9,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tilewright.kernels.result import Backend
-from tilewright.kernels.task import Task
+from tilewright.kernels.judge.result import Backend
+from tilewright.kernels.tasks.task import Task
 from tilewright.sessions.errors import OpenError
 from tilewright.sessions.log import LoadedSession, SessionError, SessionLog, resolve
 from tilewright.sessions.tasks import task_header
 
 if TYPE_CHECKING:
-    from tilewright.kernels.options import EvalOptions
+    from tilewright.kernels.judge.options import EvalOptions
 
 __all__ = ["app_version", "backend_json", "create_log", "options_from", "recorded_options",
            "reopen_log"]
@@ -75,7 +75,7 @@ def reopen_log(ref: str | Path, sessions_dir: str | Path | None = None
 def options_from(fields: Mapping[str, Any]) -> EvalOptions:
     """``EvalOptions`` from ``fields``; an option this version does not know (a session
     recorded by another) is an ``OpenError``."""
-    from tilewright.kernels.options import EvalOptions
+    from tilewright.kernels.judge.options import EvalOptions
 
     try:
         return EvalOptions(**fields)

@@ -2,7 +2,7 @@
 
 ``Search`` drives ``sessions.search.plan.plan`` against one session: it asks the
 agent (or the search's own tuning steps) for children, decides, applies them as kernel
-versions and has an ``Executor`` evaluate them, several at once. Everything it does is
+versions and has a ``Judge`` evaluate them, several at once. Everything it does is
 an event in the session log, folded into the same ``SearchState`` it plans from, so
 ``Search.open`` on an interrupted session re-folds and carries on: finished nodes are
 skipped, a ``run.start`` without its ``run.result`` is evaluated again, a proposal left
@@ -28,8 +28,8 @@ from typing import Any
 
 from tilewright.agents.base import Agent, TaskBrief
 from tilewright.kernels.judge.options import EvalOptions
+from tilewright.kernels.judge.protocol import Judge
 from tilewright.kernels.judge.result import Backend, Rank
-from tilewright.kernels.pool import Judge as Executor
 from tilewright.kernels.source import tunables
 from tilewright.kernels.tasks.task import Task
 from tilewright.sessions import events as ev
@@ -122,7 +122,7 @@ class Search:
     front end follows and steers it as a ``sessions.search.link.SearchLink``."""
 
     def __init__(self, log: SessionLog, state: SearchState, task: Task, brief: TaskBrief,
-                 agent: Agent, executor: Executor, eval_options: EvalOptions | None = None,
+                 agent: Agent, executor: Judge, eval_options: EvalOptions | None = None,
                  agent_concurrency: int = 4) -> None:
         # agent replies (and human decisions) in flight at once: a big cluster's capacity
         # must not turn into dozens of simultaneous API calls
@@ -148,7 +148,7 @@ class Search:
 
     @classmethod
     def create(cls, sessions_dir: Path | str, task: Task, brief: TaskBrief, agent: Agent,
-               executor: Executor, config: SearchConfig,
+               executor: Judge, config: SearchConfig,
                eval_options: EvalOptions | None = None, meta: dict[str, Any] | None = None,
                backend: Backend | dict[str, Any] | None = None) -> Search:
         """A new session for a new search (its header written by ``create_log``);
@@ -173,7 +173,7 @@ class Search:
 
     @classmethod
     def open(cls, path: Path | str, task: Task, brief: TaskBrief, agent: Agent,
-             executor: Executor, config: SearchConfig | None = None,
+             executor: Judge, config: SearchConfig | None = None,
              eval_options: EvalOptions | None = None, reopen: bool = False,
              budget: Budget | None = None) -> Search:
         """Reopen an interrupted search; ``config`` (when given) replaces the recorded

@@ -30,7 +30,7 @@ from tilewright.sessions.errors import ControllerError as CommandRefused
 
 if TYPE_CHECKING:  # the controller module is imported once a session opens, not at start
     from tilewright.kernels.judge.result import EvalResult
-    from tilewright.sessions.controller import Controller
+    from tilewright.sessions.control.controller import Controller
     from tilewright.sessions.drafts import Draft, Stop
     from tilewright.sessions.state import SessionState
 
@@ -218,9 +218,9 @@ class LiveLink:
         """Write a version as a module for the user's code (and its pytest file beside
         it, ``test_<name>.py``), as ``tilewright export`` does: the template plumbing is
         taken out only where the simplified module is judged correct again by the
-        session's own evaluator. Returns (``sessions.export.Exported``, files)."""
-        from tilewright.sessions import export as ex
+        session's own evaluator. Returns (``sessions.recorded.export.Exported``, files)."""
         from tilewright.sessions.log import load
+        from tilewright.sessions.recorded import export as ex
 
         if self.busy:
             raise CommandRefused(f"the session is busy ({self.busy}); export when it is done")

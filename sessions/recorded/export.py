@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from tilewright.kernels.errors import Advised
-from tilewright.kernels.printable import comments_printable, one_line
-from tilewright.kernels.result import EvalResult
+from tilewright.kernels.judge.result import EvalResult
+from tilewright.kernels.source.printable import comments_printable, one_line
 from tilewright.sessions.log import LoadedSession, read_text_blob
 from tilewright.sessions.state import SessionState
 

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any, TextIO, cast
 
 from tilewright.agents.config import Config
-from tilewright.kernels.printable import PrintableStream
-from tilewright.kernels.result import Rank, is_interpret
+from tilewright.kernels.judge.result import Rank, is_interpret
+from tilewright.kernels.source.printable import PrintableStream
 from tilewright.sessions import events as ev
 from tilewright.sessions.autonomy import ControllerSettings
 from tilewright.sessions.errors import ControllerError
@@ -176,7 +176,7 @@ def summary(log_path: Path, state: SessionState, interrupted: bool) -> dict[str,
         "iterations": state.spent.iterations, "evaluations": state.spent.runs,
         "best_version": best.number if best else None,
         "best_status": best.status if best else (current.status if current else None),
-        # what ranks the best version (kernels.result.Rank as JSON) and in words
+        # what ranks the best version (kernels.judge.result.Rank as JSON) and in words
         "best_rank": best.rank.to_json() if best and best.rank else None,
         "best_words": best.rank.words() if best and best.rank else None,
         "best_trust": best.rank.trust_words() if best and best.rank else None,

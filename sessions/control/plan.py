@@ -15,7 +15,7 @@ from __future__ import annotations
 from tilewright.sessions import autonomy
 from tilewright.sessions.actions import ControllerAction, ask
 from tilewright.sessions.autonomy import ControllerSettings
-from tilewright.sessions.context import next_role
+from tilewright.sessions.control.context import next_role
 from tilewright.sessions.state import FAILED_STATUSES, SessionState
 
 __all__ = ["next_action"]

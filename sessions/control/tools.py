@@ -13,8 +13,8 @@ import difflib
 import json
 from typing import TYPE_CHECKING, Any
 
-from tilewright.agents.untrusted import defuse
-from tilewright.sessions.context import agent_result
+from tilewright.agents.prompts.untrusted import defuse
+from tilewright.sessions.control.context import agent_result
 from tilewright.sessions.log import read_json_blob
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ class SessionTools:
                  + (f", ranked by {v.rank.words()}" if v.rank and v.rank.ranked else ""),
                  "```python\n" + defuse(log.get_blob(v.source_blob).decode().rstrip())
                  + "\n```"]
-        from tilewright.agents.context import diagnosis_text, eval_text, profile_text
+        from tilewright.agents.prompts.context import diagnosis_text, eval_text, profile_text
 
         if v.result_blob:
             result = agent_result(log.path, v.result_blob)
@@ -78,7 +78,7 @@ class SessionTools:
         return defuse(diff) or f"v{old} and v{new} have the same source", False
 
     async def _chip_info(self, chip: str | None = None) -> tuple[str, bool]:
-        from tilewright.agents.context import chip_text
+        from tilewright.agents.prompts.context import chip_text
 
         return chip_text(chip or self.core.chip), False
 

@@ -11,7 +11,7 @@ mode an auto-approver writes those decisions with ``by: auto``.
 
 All work (an agent streaming a reply, a run, a profile) happens in one job task at a
 time, the job loop; what it does next is the pure planner's answer
-(``sessions.plan_step.next_action``), as the search's is ``sessions.search.plan``.
+(``sessions.control.plan.next_action``), as the search's is ``sessions.search.plan``.
 ``cancel`` cancels the job, which closes the agent's stream or makes the worker pool
 kill and replace the worker. Subscribers receive every persisted event and live-only
 notifications (``"live": true``: text deltas, notices, tool calls, worker state,
@@ -26,19 +26,19 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from tilewright.agents.base import Agent, TaskBrief
+from tilewright.kernels.judge.protocol import Judge
 from tilewright.kernels.judge.result import EvalResult
-from tilewright.kernels.pool import Judge as Evaluator
 from tilewright.kernels.tasks.task import Task
 from tilewright.sessions import autonomy
 from tilewright.sessions import events as ev
 from tilewright.sessions.actions import DECISIONS, ControllerAction, ask
 from tilewright.sessions.agent_turn import AgentTurn
 from tilewright.sessions.autonomy import ControllerSettings
-from tilewright.sessions.context import build_request, next_role, regression_base
+from tilewright.sessions.control.context import build_request, next_role, regression_base
+from tilewright.sessions.control.plan import next_action
 from tilewright.sessions.core import AutoApproval, Decision, Halt, JudgeFailed, SessionCore
 from tilewright.sessions.errors import ApprovalRequired, ControllerBusy, ControllerError
 from tilewright.sessions.log import SessionLog
-from tilewright.sessions.plan_step import next_action
 from tilewright.sessions.state import ProposalInfo, SessionState, fold, proposal_base
 
 __all__ = ["ApprovalRequired", "Controller", "ControllerBusy", "ControllerError",
@@ -53,9 +53,9 @@ class Controller:
     come from ``AutoApproval``."""
 
     def __init__(self, log: SessionLog, task: Task, brief: TaskBrief, agent: Agent,
-                 evaluator: Evaluator, settings: ControllerSettings | None = None,
+                 evaluator: Judge, settings: ControllerSettings | None = None,
                  state: SessionState | None = None, chip: str = "cpu") -> None:
-        from tilewright.sessions.tools import SessionTools
+        from tilewright.sessions.control.tools import SessionTools
 
         self.task = task
         self.brief = brief
@@ -298,7 +298,7 @@ class Controller:
         if not self.settings.record_lessons:
             return None
         from tilewright.agents import memory
-        from tilewright.sessions.context import history
+        from tilewright.sessions.control.context import history
 
         state, log = self.state, self.log
         rows = history(state.versions, lambda n: log.get_blob(state.versions[n].source_blob)

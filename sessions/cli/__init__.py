@@ -1,5 +1,5 @@
 """Subcommands of the sessions layer: ``auto``, ``sessions``, ``report`` (``search``
-lives in ``sessions.cli_search``).
+lives in ``sessions.cli.search``).
 
 ``replay`` belongs to the TUI (``tui.commands``), which opens the replay screen; for
 ``replay --headless`` it calls ``add_replay_arguments`` and ``run_headless_replay``
@@ -98,7 +98,7 @@ def _fail(command: str, message: str, hint: str | None = None, code: int = 2) ->
 
 
 def _auto(args: argparse.Namespace) -> int:
-    from tilewright.sessions.headless import run_auto
+    from tilewright.sessions.cli.headless import run_auto
     from tilewright.sessions.log import SessionError
     from tilewright.sessions.opening import OpenError, parse_set
 
@@ -144,7 +144,7 @@ def _sessions(args: argparse.Namespace) -> int:
                      # a step: a decision on a proposal or an evaluation (user or agent)
                      "steps": len(state.decisions) + state.spent.runs,
                      "versions": len(state.versions), "evaluations": state.spent.runs, "best_version": state.best,
-                     # what ranks the best version (kernels.result.Rank as JSON), in words
+                     # what ranks the best version (kernels.judge.result.Rank as JSON), in words
                      "best_rank": rank.to_json() if rank else None,
                      "best_words": rank.words() if rank else None,
                      "best_shape": shape,
@@ -161,7 +161,7 @@ def _sessions(args: argparse.Namespace) -> int:
         print(f"no sessions in {base}" + (f" ({len(empty)} with no steps; --json lists them)"
                                           if empty else ""))
         return 0
-    from tilewright.kernels.result import Rank
+    from tilewright.kernels.judge.result import Rank
 
     print(f"{'SESSION':<36} {'TASK':<18} {'STARTED':<20} {'STEPS':>5} {'EVALS':>5} "
           f"{'BEST':>22}  {'EST. FOR':<12} STATE")
@@ -194,8 +194,8 @@ def _sessions(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from tilewright.sessions import report
     from tilewright.sessions.log import SessionError, load, resolve
+    from tilewright.sessions.recorded import report
     from tilewright.sessions.state import fold
 
     try:
@@ -214,7 +214,7 @@ def _report(args: argparse.Namespace) -> int:
                          f"tilewright export {loaded.header.get('id')} best -o {out} --test")
         else:
             return _fail("report", f"{out}: unknown format (use .md or .html)")
-        from tilewright.kernels.printable import printable
+        from tilewright.kernels.source.printable import printable
 
         text = printable(text)  # a log's text, without control characters
     except SessionError as exc:
@@ -228,8 +228,8 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from tilewright.sessions import export as ex
     from tilewright.sessions.log import SessionError, load, resolve
+    from tilewright.sessions.recorded import export as ex
     from tilewright.sessions.state import fold
 
     try:
@@ -286,8 +286,8 @@ def _slug(name: str) -> str:
 
 async def _export_async(loaded: Any, state: Any, number: int, module: str, with_test: bool,
                         verify: bool) -> Any:
-    from tilewright.kernels.task import TaskError
-    from tilewright.sessions import export as ex
+    from tilewright.kernels.tasks.task import TaskError
+    from tilewright.sessions.recorded import export as ex
     from tilewright.sessions.tasks import task_for_header
 
     try:
@@ -300,7 +300,7 @@ async def _export_async(loaded: Any, state: Any, number: int, module: str, with_
         task = None
     if not verify:
         return await ex.export(loaded, state, number, module, task=task, with_test=with_test)
-    from tilewright.kernels.workers import EvalOptions, WorkerPool, WorkerStartError
+    from tilewright.kernels.pool.workers import EvalOptions, WorkerPool, WorkerStartError
 
     recorded = {k: v for k, v in (loaded.header.get("eval_options") or {}).items()
                 if k in EvalOptions.__dataclass_fields__}
@@ -328,7 +328,7 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_headless_replay(args: argparse.Namespace) -> int:
     from tilewright.sessions.log import SessionError, load, resolve
-    from tilewright.sessions.replay import print_session
+    from tilewright.sessions.recorded.replay import print_session
     from tilewright.sessions.state import fold
 
     try:
@@ -346,7 +346,7 @@ def run_headless_replay(args: argparse.Namespace) -> int:
             print(json.dumps({"session": str(loaded.path), "state": state.snapshot()},
                              default=str))
         return 0
-    from tilewright.sessions.replay import audit
+    from tilewright.sessions.recorded.replay import audit
 
     problems = audit(loaded, state)
     for problem in problems:
@@ -354,7 +354,7 @@ def run_headless_replay(args: argparse.Namespace) -> int:
     try:
         checks = asyncio.run(_verify(loaded, state, out))
     except Exception as exc:
-        from tilewright.kernels.task import TaskError
+        from tilewright.kernels.tasks.task import TaskError
 
         if isinstance(exc, TaskError | SessionError):
             return _fail("replay", str(exc))
@@ -371,8 +371,8 @@ def run_headless_replay(args: argparse.Namespace) -> int:
 
 
 async def _verify(loaded: Any, state: Any, out: Any) -> list[Any]:
-    from tilewright.kernels.workers import EvalOptions, WorkerPool
-    from tilewright.sessions.replay import verify
+    from tilewright.kernels.pool.workers import EvalOptions, WorkerPool
+    from tilewright.sessions.recorded.replay import verify
     from tilewright.sessions.tasks import task_for_header
 
     task = task_for_header(loaded.header)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tilewright.kernels.cli import subcommand
-from tilewright.kernels.result import Rank, times
+from tilewright.kernels.judge.result import Rank, times
 from tilewright.sessions import events as ev
 from tilewright.sessions.core.logs import backend_json
 from tilewright.sessions.state import event_rank
@@ -81,7 +81,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _handler(args: argparse.Namespace) -> int:
-    from tilewright.kernels.executors import ExecutorError
+    from tilewright.kernels.pool import ExecutorError
     from tilewright.sessions.opening import OpenError
 
     try:
@@ -127,7 +127,7 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.address and args.executor != "ray":
         raise ValueError("--address needs --executor ray")
     if args.suite == "bundled" and not Path(args.suite).is_dir():
-        from tilewright.kernels.loaders import BUNDLED_DIR
+        from tilewright.kernels.tasks.loaders import BUNDLED_DIR
 
         args.suite = str(BUNDLED_DIR)
     if not Path(args.suite).is_dir():
@@ -137,7 +137,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 def _parse_overrides(items: list[str]) -> dict[str | None, dict[str, str]]:
     """``[TASK:]KEY=VALUE`` pairs, grouped by task (None: every task)."""
-    from tilewright.kernels.loaders import parse_overrides
+    from tilewright.kernels.tasks.loaders import parse_overrides
 
     out: dict[str | None, dict[str, str]] = {}
     for item in items:
@@ -151,7 +151,7 @@ def _parse_overrides(items: list[str]) -> dict[str | None, dict[str, str]]:
 
 def _load(root: Path, overrides: dict[str | None, dict[str, str]]) -> tuple[Any, list[str]]:
     """The task with the overrides that apply to it (a shared key it lacks is skipped)."""
-    from tilewright.kernels.loaders import load_task, load_with_shared
+    from tilewright.kernels.tasks.loaders import load_task, load_with_shared
 
     name = load_task(root).name
     return load_with_shared(root, overrides.get(None), overrides.get(name))
@@ -181,10 +181,10 @@ async def _search_suite(args: argparse.Namespace,
                         overrides: dict[str | None, dict[str, str]]) -> dict[str, Any]:
     from tilewright.agents import make_agent
     from tilewright.agents.errors import NoApiKey
-    from tilewright.kernels.executors import make_executor
-    from tilewright.kernels.loaders import find_tasks
-    from tilewright.kernels.task import TaskError
-    from tilewright.kernels.workers import EvalOptions
+    from tilewright.kernels.pool import make_executor
+    from tilewright.kernels.pool.workers import EvalOptions
+    from tilewright.kernels.tasks.loaders import find_tasks
+    from tilewright.kernels.tasks.task import TaskError
     from tilewright.sessions.log import default_sessions_dir, load
     from tilewright.sessions.search import summarize
     from tilewright.sessions.search.graph import Budget, SearchConfig, fold_search
