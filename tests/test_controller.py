@@ -4,7 +4,7 @@ Flows that depend on real evaluation (statuses, compile errors, cancelling a run
 switching modes while a run is in flight) run the bundled ``gelu`` task in one real
 ``WorkerPool`` shared by the module (TPU interpret mode on the CPU, one trial, short
 timing). Pure-logic tests (budgets, stop rules, reject notes, streaming cancel, the
-approval gate, resume bookkeeping) use ``MarkedEvaluator`` (``judges.MarkedJudge``), an in-process judge that
+approval gate, resume bookkeeping) use ``MarkedJudge`` (``judges.MarkedJudge``), an in-process judge that
 reads the status and speedup a test wrote into the candidate's source: they need exact,
 repeatable speedups that real interpret-mode timing cannot give, and a real run would
 add nothing to what they check. Every test ends by checking that the live state equals
@@ -16,11 +16,11 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 import pytest_asyncio
-from judges import MarkedJudge as MarkedEvaluator
+from controllers import NO_LIMITS, assert_replay_matches, make, src, types
+from judges import MarkedJudge
 from scripted_agent import ScriptedAgent, kernel, plan, tuning
 from sizes import load_small
 
@@ -48,11 +48,7 @@ CPU = Backend(platform="cpu", mode="tpu-interpret", device_kind="cpu", jax_versi
 async def test_the_test_evaluator_is_an_evaluator() -> None:
     from tilewright.kernels.pool import Judge
 
-    assert isinstance(MarkedEvaluator(), Judge)  # the protocol the controller takes
-
-
-def src(status: str = "correct", speedup: float = 1.0, tag: str = "") -> str:
-    return f"def kernel(x):\n    return x  # eval: {status} {speedup} {tag}\n"
+    assert isinstance(MarkedJudge(), Judge)  # the protocol the controller takes
 
 
 @pytest.fixture(scope="module")
@@ -69,28 +65,6 @@ async def pool():
 
 def pool_evaluator(pool: WorkerPool) -> PoolEvaluator:
     return PoolEvaluator(pool, EvalOptions(trials=1, time_budget_s=0.1, timeout_s=120))
-
-
-def make(tmp_path: Path, task: Task, agent: ScriptedAgent, evaluator: Any,
-         settings: ControllerSettings | None = None) -> tuple[Controller, list[dict]]:
-    log = SessionLog.create(tmp_path, task={"name": task.name, "root": str(task.root),
-                                            "layout": task.layout},
-                            backend=None, agent=agent.name, app_version="test")
-    controller = Controller(log, task, brief(task), agent, evaluator,
-                            settings or ControllerSettings())
-    seen: list[dict] = []
-    controller.subscribe(seen.append)
-    return controller, seen
-
-
-def types(seen: list[dict]) -> list[str]:
-    return [e["type"] for e in seen if not e.get("live")]
-
-
-def assert_replay_matches(controller: Controller) -> None:
-    loaded = load(controller.log.path)
-    assert not loaded.warnings
-    assert fold(loaded.header, loaded.events).snapshot() == controller.state.snapshot()
 
 
 # -- real evaluation -------------------------------------------------------------------
@@ -211,7 +185,7 @@ async def test_switch_to_auto_during_a_run_and_back_to_step(
     await c.close()
 
 
-# -- pure controller logic (MarkedEvaluator) --------------------------------------------
+# -- pure controller logic (MarkedJudge) --------------------------------------------
 
 async def test_a_run_cannot_start_without_a_decision(tmp_path: Path, gelu: Task) -> None:
     """Forge a log in which an agent's kernel became a version without any decision: the
@@ -234,7 +208,7 @@ async def test_a_run_cannot_start_without_a_decision(tmp_path: Path, gelu: Task)
                decision=approval["seq"])
     log.close()
     log, loaded = SessionLog.open(log.path)
-    evaluator = MarkedEvaluator()
+    evaluator = MarkedJudge()
     c = Controller(log, gelu, brief(gelu), ScriptedAgent(), evaluator,
                    state=fold(loaded.header, loaded.events))
     with pytest.raises(ApprovalRequired, match="never approved"):
@@ -252,7 +226,7 @@ async def test_a_run_cannot_start_without_a_decision(tmp_path: Path, gelu: Task)
 
 async def test_a_pending_proposal_never_runs_before_approval(tmp_path: Path,
                                                              gelu: Task) -> None:
-    evaluator = MarkedEvaluator()
+    evaluator = MarkedJudge()
     agent = ScriptedAgent([kernel(src(speedup=2.0, tag="proposed"))])
     c, _ = make(tmp_path, gelu, agent, evaluator)
     await c.start()
@@ -268,7 +242,7 @@ async def test_a_pending_proposal_never_runs_before_approval(tmp_path: Path,
 async def test_reject_with_a_note_reaches_the_next_request(tmp_path: Path,
                                                            gelu: Task) -> None:
     agent = ScriptedAgent([kernel(src(tag="a")), kernel(src(tag="b"))])
-    c, _ = make(tmp_path, gelu, agent, MarkedEvaluator())
+    c, _ = make(tmp_path, gelu, agent, MarkedJudge())
     await c.start()
     c.user_message("make it faster")
     await c.wait_idle()
@@ -285,7 +259,7 @@ async def test_reject_with_a_note_reaches_the_next_request(tmp_path: Path,
 
 async def test_edit_of_a_pending_proposal_runs_the_users_source(tmp_path: Path,
                                                                  gelu: Task) -> None:
-    evaluator = MarkedEvaluator()
+    evaluator = MarkedJudge()
     agent = ScriptedAgent([kernel(src(tag="agent"))])
     c, _ = make(tmp_path, gelu, agent, evaluator, ControllerSettings(propose_after_run=False))
     await c.start()
@@ -304,7 +278,7 @@ async def test_edit_of_a_pending_proposal_runs_the_users_source(tmp_path: Path,
 async def test_plan_approval_asks_the_implementer_with_the_plan(tmp_path: Path,
                                                                 gelu: Task) -> None:
     agent = ScriptedAgent([plan("1. bigger tiles\n2. fuse"), kernel(src(speedup=1.2))])
-    c, _ = make(tmp_path, gelu, agent, MarkedEvaluator(),
+    c, _ = make(tmp_path, gelu, agent, MarkedJudge(),
                 ControllerSettings(propose_after_run=False))
     await c.start()
     c.request_proposal("plan")
@@ -326,7 +300,7 @@ async def test_plan_approval_asks_the_implementer_with_the_plan(tmp_path: Path,
 async def test_cancel_a_streaming_answer(tmp_path: Path, gelu: Task) -> None:
     hold = asyncio.Event()
     agent = ScriptedAgent([kernel(src())], text="thinking about tiles", hold=hold)
-    c, seen = make(tmp_path, gelu, agent, MarkedEvaluator())
+    c, seen = make(tmp_path, gelu, agent, MarkedJudge())
     await c.start()
     c.user_message("go")
     await agent.started.wait()
@@ -342,7 +316,7 @@ async def test_cancel_a_streaming_answer(tmp_path: Path, gelu: Task) -> None:
 
 async def test_busy_commands_are_refused_clearly(tmp_path: Path, gelu: Task) -> None:
     gate = asyncio.Event()
-    c, _ = make(tmp_path, gelu, ScriptedAgent(), MarkedEvaluator(gate))
+    c, _ = make(tmp_path, gelu, ScriptedAgent(), MarkedJudge(gate))
     await c.start()
     c.run()
     with pytest.raises(ControllerBusy, match="run is in progress"):
@@ -369,7 +343,7 @@ def _auto_agent(n: int, speedups: list[float] | None = None,
 
 async def _auto(tmp_path: Path, gelu: Task, agent: ScriptedAgent,
                 settings: ControllerSettings) -> tuple[Controller, list[dict]]:
-    c, seen = make(tmp_path, gelu, agent, MarkedEvaluator(), settings)
+    c, seen = make(tmp_path, gelu, agent, MarkedJudge(), settings)
     await c.start()
     c.set_mode("auto")
     await c.wait_idle()
@@ -382,7 +356,6 @@ def _stops(seen: list[dict]) -> list[str]:
     return [e["reason"] for e in seen if e["type"] == "auto.stop"]
 
 
-NO_LIMITS = Budgets(iterations=None, tokens=None, cost_usd=None, wall_s=None)
 
 
 async def test_auto_iterations_budget(tmp_path: Path, gelu: Task) -> None:
@@ -537,7 +510,7 @@ async def test_auto_fix_streak_returns_to_the_best_version(tmp_path: Path,
 async def test_tuning_that_cannot_be_applied_is_an_error_the_agent_hears_about(
         tmp_path: Path, gelu: Task) -> None:
     agent = ScriptedAgent([tuning(NOT_A_TUNABLE=3), kernel(src())])
-    c, seen = make(tmp_path, gelu, agent, MarkedEvaluator(),
+    c, seen = make(tmp_path, gelu, agent, MarkedJudge(),
                    ControllerSettings(propose_after_run=False))
     await c.start()
     c.request_proposal()
@@ -556,7 +529,7 @@ async def test_tuning_that_cannot_be_applied_is_an_error_the_agent_hears_about(
 async def test_resume_settles_an_interrupted_run_and_applies_an_approved_proposal(
         tmp_path: Path, gelu: Task) -> None:
     agent = ScriptedAgent([kernel(src(speedup=1.7, tag="p1"))])
-    c, _ = make(tmp_path, gelu, agent, MarkedEvaluator(),
+    c, _ = make(tmp_path, gelu, agent, MarkedJudge(),
                 ControllerSettings(propose_after_run=False))
     await c.start()
     c.request_proposal()
@@ -570,7 +543,7 @@ async def test_resume_settles_an_interrupted_run_and_applies_an_approved_proposa
     log, loaded = SessionLog.open(c.log.path)
     state = fold(loaded.header, loaded.events)
     assert state.active_run is not None and state.unapplied_approval().id == "p1"
-    evaluator = MarkedEvaluator()
+    evaluator = MarkedJudge()
     resumed = Controller(log, gelu, brief(gelu), ScriptedAgent(), evaluator,
                          ControllerSettings(propose_after_run=False), state=state)
     await resumed.start()
@@ -590,7 +563,7 @@ async def test_resume_settles_an_interrupted_run_and_applies_an_approved_proposa
 async def test_subscribers_see_live_notifications_and_persisted_events(
         tmp_path: Path, gelu: Task) -> None:
     agent = ScriptedAgent([kernel(src())], text="two words")
-    c, seen = make(tmp_path, gelu, agent, MarkedEvaluator())
+    c, seen = make(tmp_path, gelu, agent, MarkedJudge())
     await c.start()
     c.user_message("hi")
     await c.wait_idle()
@@ -628,7 +601,7 @@ async def test_a_message_sent_while_the_agent_answers_reaches_its_next_request(
         tmp_path: Path, gelu: Task) -> None:
     hold = asyncio.Event()
     agent = ScriptedAgent([kernel(src(tag="a")), kernel(src(tag="b"))], hold=hold)
-    c, seen = make(tmp_path, gelu, agent, MarkedEvaluator(),
+    c, seen = make(tmp_path, gelu, agent, MarkedJudge(),
                    ControllerSettings(propose_after_run=False))
     await c.start()
     c.user_message("first")
@@ -653,7 +626,7 @@ async def test_switch_modes_while_the_agent_streams(tmp_path: Path, gelu: Task) 
                           hold=hold)
     settings = ControllerSettings(budgets=Budgets(iterations=1, tokens=None, cost_usd=None,
                                                   wall_s=None))
-    c, seen = make(tmp_path, gelu, agent, MarkedEvaluator(), settings)
+    c, seen = make(tmp_path, gelu, agent, MarkedJudge(), settings)
     await c.start()
     c.user_message("go")
     await agent.started.wait()

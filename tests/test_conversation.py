@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from anthropic_server import MessagesServer, text_reply, tool_reply
+from controllers import assert_replay_matches, make, src, types
+from judges import MarkedJudge
 from scripted_agent import ScriptedAgent, kernel, plan
-from test_controller import MarkedEvaluator, assert_replay_matches, make, src, types
 
 from tilewright import agents
 from tilewright.agents import memory
@@ -132,7 +133,7 @@ async def test_plan_then_step_by_step_implementation_with_approvals(
                            plan("1. bigger tiles\n2. fuse the epilogue\n3. tune"),
                            kernel(src(speedup=1.2, tag="step1")),
                            kernel(src(speedup=1.5, tag="step2"))])
-    c, _ = make(tmp_path, gelu, agent, MarkedEvaluator(),
+    c, _ = make(tmp_path, gelu, agent, MarkedJudge(),
                    ControllerSettings(propose_after_run=True))
     await c.start()
     c.request_plan("make it faster")
@@ -186,7 +187,7 @@ async def test_explain_answers_about_a_version_without_a_proposal(
 
 async def test_a_new_session_can_open_with_a_plan(tmp_path: Path, gelu: Task) -> None:
     agent = ScriptedAgent([plan("1. write it")])
-    c, _ = make(tmp_path, gelu, agent, MarkedEvaluator(), ControllerSettings(open_with_plan=True))
+    c, _ = make(tmp_path, gelu, agent, MarkedJudge(), ControllerSettings(open_with_plan=True))
     await c.start()
     await c.wait_idle()
     assert agent.requests[0].role == "plan" and c.state.pending == "p1"
@@ -243,7 +244,7 @@ async def test_lessons_are_written_at_session_end_and_read_by_the_next_session(
         tmp_path: Path, gelu: Task, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TILEWRIGHT_DATA_DIR", str(tmp_path / "data"))
     agent = ScriptedAgent([kernel(src(speedup=1.0, tag="a")), kernel(src(speedup=2.0, tag="b"))])
-    c, seen = make(tmp_path / "s1", gelu, agent, MarkedEvaluator(),
+    c, seen = make(tmp_path / "s1", gelu, agent, MarkedJudge(),
                    ControllerSettings(propose_after_run=False))
     await c.start()
     for _ in range(2):
@@ -259,7 +260,7 @@ async def test_lessons_are_written_at_session_end_and_read_by_the_next_session(
     marker = [e for e in seen if e["type"] == "marker" and e.get("label") == "lesson"]
     assert marker and types(seen)[-1] == "session.end"
     # The next session's request for the same family and chip carries it.
-    nxt, _ = make(tmp_path / "s2", gelu, ScriptedAgent(), MarkedEvaluator())
+    nxt, _ = make(tmp_path / "s2", gelu, ScriptedAgent(), MarkedJudge())
     await nxt.start()
     request = build_request(nxt.state, nxt.log, nxt.brief, "tune", None, "cpu")
     assert lessons[0].text in turn_text(request)
@@ -267,7 +268,7 @@ async def test_lessons_are_written_at_session_end_and_read_by_the_next_session(
     # Switched off: nothing more is written.
     off, _ = make(tmp_path / "s3", gelu, ScriptedAgent([kernel(src(speedup=3.0, tag="c")),
                                                        kernel(src(speedup=4.0, tag="d"))]),
-                  MarkedEvaluator(), ControllerSettings(propose_after_run=False,
+                  MarkedJudge(), ControllerSettings(propose_after_run=False,
                                                         record_lessons=False))
     await off.start()
     for _ in range(2):

@@ -6,7 +6,7 @@ checked out stays the base; a proposal that names its own ``base`` is applied to
 version's source and becomes its child. Read-only tool answers are folded into the
 state and carried by every later request. The estimator's verdict overrides the
 per-step heuristic (``check_with_estimates``), with figures recorded from a real run.
-Pure controller logic with the in-process ``MarkedEvaluator`` (its speedups are exact);
+Pure controller logic with the in-process ``MarkedJudge`` (its speedups are exact);
 every test ends by checking the live state against the state replayed from disk.
 """
 
@@ -15,8 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from controllers import assert_replay_matches, make, src
+from judges import MarkedJudge
 from scripted_agent import ScriptedAgent, kernel
-from test_controller import MarkedEvaluator, assert_replay_matches, make, src
 
 from tilewright.agents.base import AgentRequest, Proposal
 from tilewright.agents.prompts.context import turn_text
@@ -58,7 +59,7 @@ async def test_after_a_regression_the_next_request_starts_from_the_best(
     agent = ScriptedAgent([kernel(src(speedup=2.0, tag="a"), "fast"),
                            kernel(src(speedup=1.5, tag="b"), "slower"),
                            kernel(src(speedup=1.2, tag="c"), "from the best again")])
-    c, seen = make(tmp_path, gelu, agent, MarkedEvaluator(), settings(3))
+    c, seen = make(tmp_path, gelu, agent, MarkedJudge(), settings(3))
     await c.start()
     c.set_mode("auto")
     await c.wait_idle()
@@ -100,7 +101,7 @@ async def test_a_version_the_person_checked_out_stays_the_base(tmp_path: Path,
                                                                  gelu: Task) -> None:
     agent = ScriptedAgent([kernel(src(speedup=2.0, tag="a")), kernel(src(speedup=1.5, tag="b")),
                            kernel(src(speedup=1.1, tag="c"))])
-    c, seen = make(tmp_path, gelu, agent, MarkedEvaluator(),
+    c, seen = make(tmp_path, gelu, agent, MarkedJudge(),
                    ControllerSettings(propose_after_run=False, record_lessons=False))
     await c.start()
     for _ in range(2):
@@ -128,7 +129,7 @@ async def test_a_proposal_may_name_its_base(tmp_path: Path, gelu: Task) -> None:
 
     agent = ScriptedAgent([kernel(tunable(8, 2.0, "a"), "rows 8"),
                            kernel(tunable(16, 3.0, "b"), "rows 16")])
-    c, seen = make(tmp_path, gelu, agent, MarkedEvaluator(),
+    c, seen = make(tmp_path, gelu, agent, MarkedJudge(),
                    ControllerSettings(propose_after_run=False, record_lessons=False))
     await c.start()
     for _ in range(2):
@@ -189,7 +190,7 @@ async def test_read_only_tool_answers_stay_for_the_session(tmp_path: Path, gelu:
                                                     tag=str(len(self.requests)))))
 
     agent = Looking()
-    c, _ = make(tmp_path, gelu, agent, MarkedEvaluator(), settings(3))
+    c, _ = make(tmp_path, gelu, agent, MarkedJudge(), settings(3))
     await c.start()
     c.set_mode("auto")
     await c.wait_idle()

@@ -1,15 +1,16 @@
 """After autonomous mode the best version is current; a converged agent is said once and
 in words; a question never replaces a pending proposal; an edited proposal's version
 says what the person changed; rejection notes bind the offline agent. Pure logic: the
-in-process ``MarkedEvaluator`` of test_controller."""
+in-process ``MarkedJudge`` of test_controller."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from controllers import NO_LIMITS, assert_replay_matches, make, src
+from judges import MarkedJudge
 from scripted_agent import ScriptedAgent, kernel
-from test_controller import NO_LIMITS, MarkedEvaluator, assert_replay_matches, make, src
 
 from tilewright import agents
 from tilewright.agents.base import AgentRequest, Finished, Proposal
@@ -34,7 +35,7 @@ async def test_autonomous_mode_ends_on_the_best_version(tmp_path: Path, gelu: Ta
                            for i, s in enumerate([2.0, 1.2, 1.1])])
     settings = ControllerSettings(budgets=Budgets(iterations=3, tokens=None, cost_usd=None,
                                                   wall_s=None))
-    c, seen = make(tmp_path, gelu, agent, MarkedEvaluator(), settings)
+    c, seen = make(tmp_path, gelu, agent, MarkedJudge(), settings)
     await c.start()
     c.set_mode("auto")
     await c.wait_idle()
@@ -49,7 +50,7 @@ async def test_autonomous_mode_ends_on_the_best_version(tmp_path: Path, gelu: Ta
 async def test_a_finished_agent_is_not_asked_again_and_auto_says_why(tmp_path: Path,
                                                                       gelu: Task) -> None:
     agent = ScriptedAgent([Finished("offline agent: tuning converged at BLOCK_ROWS=128.")])
-    c, seen = make(tmp_path, gelu, agent, MarkedEvaluator())
+    c, seen = make(tmp_path, gelu, agent, MarkedJudge())
     await c.start()
     c.run()
     await c.wait_idle()
@@ -67,7 +68,7 @@ async def test_a_finished_agent_is_not_asked_again_and_auto_says_why(tmp_path: P
 async def test_a_question_never_replaces_a_pending_proposal(tmp_path: Path,
                                                             gelu: Task) -> None:
     agent = ScriptedAgent([kernel(src(tag="first"), "first"), kernel(src(tag="2nd"), "second")])
-    c, seen = make(tmp_path, gelu, agent, MarkedEvaluator(),
+    c, seen = make(tmp_path, gelu, agent, MarkedJudge(),
                    ControllerSettings(propose_after_run=False))
     await c.start()
     c.request_proposal()
@@ -87,7 +88,7 @@ async def test_an_edited_proposal_says_what_the_person_changed(tmp_path: Path,
                                                                gelu: Task) -> None:
     proposed = "BLOCK_ROWS = 512\n" + src(tag="agent")
     agent = ScriptedAgent([kernel(proposed, "bigger rows")])
-    c, _ = make(tmp_path, gelu, agent, MarkedEvaluator(),
+    c, _ = make(tmp_path, gelu, agent, MarkedJudge(),
                 ControllerSettings(propose_after_run=False))
     await c.start()
     c.request_proposal()

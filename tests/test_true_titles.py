@@ -13,8 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from controllers import assert_replay_matches, make, src
+from judges import MarkedJudge
 from scripted_agent import ScriptedAgent, kernel
-from test_controller import MarkedEvaluator, assert_replay_matches, make, src
 
 from tilewright.agents.offline import tuner
 from tilewright.kernels.judge.result import Rank
@@ -74,7 +75,7 @@ async def test_step_mode_never_moves_the_shown_version_after_a_regression(
     agent = ScriptedAgent([kernel(tunable(32, 2.0, "a"), "rows 32"),
                            kernel(tunable(128, 1.5, "b"), "rows 128"),
                            lambda request: kernel(tunable(64, 2.5, "c"), "rows 64")])
-    c, seen = make(tmp_path, gelu, agent, MarkedEvaluator(),
+    c, seen = make(tmp_path, gelu, agent, MarkedJudge(),
                    ControllerSettings(propose_after_run=False, record_lessons=False))
     await c.start()
     for _ in range(2):
@@ -106,7 +107,7 @@ async def test_step_mode_never_moves_the_shown_version_after_a_regression(
 async def test_step_mode_rejecting_the_move_back_stays(tmp_path: Path, gelu: Task) -> None:
     agent = ScriptedAgent([kernel(tunable(32, 2.0, "a")), kernel(tunable(128, 1.5, "b")),
                            kernel(tunable(64, 2.5, "c"))])
-    c, seen = make(tmp_path, gelu, agent, MarkedEvaluator(),
+    c, seen = make(tmp_path, gelu, agent, MarkedJudge(),
                    ControllerSettings(propose_after_run=False, record_lessons=False))
     await c.start()
     for _ in range(2):
@@ -126,7 +127,7 @@ async def test_step_mode_rejecting_the_move_back_stays(tmp_path: Path, gelu: Tas
 async def test_the_persons_failing_edit_is_theirs_with_the_way_back(
         tmp_path: Path, gelu: Task) -> None:
     agent = ScriptedAgent([kernel(src(speedup=2.0, tag="fixed"))])
-    c, seen = make(tmp_path, gelu, agent, MarkedEvaluator(),
+    c, seen = make(tmp_path, gelu, agent, MarkedJudge(),
                    ControllerSettings(record_lessons=False))
     await c.start()
     c.edit(src("compile_error", tag="mine"))

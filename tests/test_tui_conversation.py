@@ -9,8 +9,8 @@ import pytest
 import pytest_asyncio
 from anthropic_server import MessagesServer, text_reply, tool_reply
 from scripted_agent import ScriptedAgent, kernel, plan
-from test_tui_flow import FakeClock, kinds, make_app, persisted, settle
 from textual.widgets import TextArea
+from tui_apps import FakeClock, kinds, make_app, persisted, settle
 
 from tilewright import agents
 from tilewright.kernels.pool.workers import WorkerPool

@@ -10,22 +10,20 @@ tested without sleeping.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import pytest_asyncio
 from anthropic_server import MessagesServer, tool_reply
 from scripted_agent import ScriptedAgent, kernel, tuning
+from tui_apps import CHIP, FakeClock, kinds, make_app, persisted, settle
 
 from tilewright import agents
 from tilewright.kernels.judge.result import Rank
 from tilewright.kernels.pool.workers import EvalOptions, WorkerPool
 from tilewright.kernels.tasks.loaders import load_task
 from tilewright.sessions.evaluator import PoolEvaluator
-from tilewright.sessions.log import load
 from tilewright.tui.app import TilewrightApp
 from tilewright.tui.format import rank_at_length
-from tilewright.tui.launch import ChipChoice, start_session
+from tilewright.tui.launch import start_session
 from tilewright.tui.screens.modals import ErrorModal
 from tilewright.tui.widgets.chat import ChatPane
 from tilewright.tui.widgets.history import HistoryPane
@@ -34,17 +32,6 @@ from tilewright.tui.widgets.source import SourcePane
 from tilewright.tui.widgets.status import ActivityLine, ApprovalBar, StatusBar
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
-
-CHIP = ChipChoice("v5e", "TPU v5e", 16 * 2**20)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def pool():
@@ -59,40 +46,6 @@ def gelu():
 
 def faster(source: str, rows: int = 128) -> str:
     return source.replace("BLOCK_ROWS = 64", f"BLOCK_ROWS = {rows}")
-
-
-def make_app(tmp_path: Path, task, agent, pool, clock: FakeClock | None = None,
-             config: dict | None = None) -> TilewrightApp:
-    evaluator = PoolEvaluator(pool, EvalOptions(trials=1, time_budget_s=0.05, timeout_s=120))
-    config = config or {}
-
-    async def opener():
-        link = await start_session(task, agent, evaluator, config, sessions_dir=tmp_path,
-                                   backend={"platform": "cpu", "mode": "tpu-interpret",
-                                            "label": "CPU (TPU interpret)"}, chip=CHIP)
-        return link, CHIP
-
-    return TilewrightApp(config, opener, clock=clock or FakeClock())
-
-
-async def settle(app: TilewrightApp, pilot) -> None:
-    """Wait for the session to open, the controller to go idle, and the UI to catch up."""
-    await app.workers.wait_for_complete()
-    while app.link is None:  # the opener worker has not attached yet
-        await pilot.pause(0.02)
-    await app.link.wait_idle()
-    for _ in range(3):  # events posted by the last step, then the draw they schedule
-        await pilot.pause()
-    modal = app.screen
-    assert not isinstance(modal, ErrorModal), f"{modal.title_text}: {modal.message}"
-
-
-def persisted(app: TilewrightApp) -> list[dict]:
-    return load(app.link.path).events
-
-
-def kinds(app: TilewrightApp) -> list[str]:
-    return [e["type"] for e in persisted(app)]
 
 
 async def test_run_then_approve_respects_the_half_second_guard(tmp_path, gelu, pool):

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from scripted_agent import ScriptedAgent, tuning
-from test_tui_flow import FakeClock, make_app, settle
 from textual.containers import VerticalScroll
 from textual.widgets import Input, Tabs
+from tui_apps import FakeClock, make_app, settle
 
 from tilewright.kernels.pool.workers import WorkerPool
 from tilewright.kernels.tasks.loaders import load_task

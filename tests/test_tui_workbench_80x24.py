@@ -40,7 +40,7 @@ def tunable(rows: int, speed: float, tag: str = "") -> str:
 
 
 def make_app(tmp_path: Path, agent: ScriptedAgent, judge: MarkedJudge) -> TilewrightApp:
-    from test_tui_flow import CHIP
+    from tui_apps import CHIP
 
     config = {"controller": {"propose_after_run": False}}
 
