@@ -146,8 +146,8 @@ async def test_cancel_a_run_replaces_the_worker(tmp_path: Path, gelu: Task,
     c.subscribe(lambda e: started.set() if e["type"] == "run.start" else None)
     c.run()
     await started.wait()
-    await asyncio.sleep(0.3)  # the request is in the worker
-    assert c.busy == "run"
+    await asyncio.sleep(0.3)  # the request is in the worker (nothing says so: the pool is
+    assert c.busy == "run"    # busy from the moment it takes the request)
     assert await c.cancel()
     result = [e for e in seen if e["type"] == "run.result"][-1]
     assert result["cancelled"] and result["status"] == "cancelled"
@@ -167,11 +167,11 @@ async def test_switch_to_auto_during_a_run_and_back_to_step(
     agent = ScriptedAgent([tuning(BLOCK_ROWS=128), tuning(BLOCK_COLS=512)])
     c, seen = make(tmp_path, gelu, agent, pool_evaluator(pool))
     await c.start()
-    second_run = asyncio.Event()
-    c.subscribe(lambda e: second_run.set()
-                if e["type"] == "run.start" and e["version"] == 2 else None)
+    first_run, second_run = asyncio.Event(), asyncio.Event()
+    c.subscribe(lambda e: (first_run if e["version"] == 1 else second_run).set()
+                if e["type"] == "run.start" else None)
     c.run()
-    await asyncio.sleep(0.05)
+    await first_run.wait()
     assert c.busy == "run"
     c.set_mode("auto")  # mid-run: the next proposal is approved by the auto-approver
     await second_run.wait()

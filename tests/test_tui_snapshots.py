@@ -133,8 +133,12 @@ async def test_palette_offers_what_the_session_allows(tmp_path) -> None:
         await pilot.press("ctrl+p")
         await pilot.pause()
         await pilot.press(*"approve")
-        await pilot.pause(0.3)  # the palette searches in a worker
         options = app.screen.query_one("CommandList")
+        for _ in range(300):  # the palette searches in a worker: wait for its hits
+            if any("Approve p4" in str(options.get_option_at_index(i).prompt)
+                   for i in range(options.option_count)):
+                break
+            await pilot.pause(0.01)
         names = [str(options.get_option_at_index(i).prompt)
                  for i in range(options.option_count)]
         assert any("Approve p4" in n for n in names)
