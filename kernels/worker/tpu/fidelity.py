@@ -39,7 +39,7 @@ from typing import Any
 
 from tilewright.kernels.pool.env import CALIBRATION
 
-TABLE = Path(__file__).resolve().parents[3] / "data" / "fidelity.json"  # kernels/data
+TABLE = Path(__file__).resolve().parents[2] / "data" / "fidelity.json"  # kernels/data
 CALIBRATION_ENV = CALIBRATION  # the user's calibration pairs (JSON lines)
 CLASSES = ("compute_bound", "memory_bound", "pallas_manual_dma", "gather_scatter",
            "collective", "grouped_matmul")
