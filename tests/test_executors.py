@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -203,8 +204,10 @@ def test_ray_cancellation_frees_the_slot(ray_executor, ray_loop, task) -> None:
 def test_ray_conforms(ray_executor, ray_loop, task) -> None:
     """The judge protocol's conformance suite, on the Ray instance the module shares (a
     second executor on it, so the first keeps its state)."""
+    # two evaluations at once on two Ray workers of a 2-core machine (the capacity check):
+    # a deadline for a loaded host, not for speed
     case = ConformanceCase(task=task, good=task.starting_source() or "", broken=BROKEN,
-                           options=FAST)
+                           options=replace(FAST, timeout_s=180.0))
     passed = ray_loop.run_until_complete(run_conformance(lambda: RayExecutor(workers=2), case))
     assert passed == ["protocol", *CHECKS, "lifecycle"]
     assert ray.is_initialized()  # not the second executor's to shut down
