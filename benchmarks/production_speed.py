@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tilewright.kernels.pool.workers import EvalOptions, WorkerPool  # noqa: E402
+from tilewright.kernels.source.printable import one_line  # noqa: E402
 from tilewright.kernels.tasks.loaders import load_task  # noqa: E402
 from tilewright.profiling.chips import DEFAULT_TPU  # noqa: E402
 
@@ -166,7 +167,7 @@ async def _candidates(name: str, task: Any, sources: list[str], reps: int, chip:
                   f"{row['rank']:<14} {row['cycles'] or '-':>10} cycles{first}"
                   + (f"  [{row['why']}]" if row["why"] and not rank.compiler else ""))
             if result.error is not None:
-                print(f"    {result.error.kind}: {result.error.message[:300]}")
+                print(f"    {result.error.kind}: {one_line(result.error.message)[:300]}")
     return rows
 
 
