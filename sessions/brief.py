@@ -17,21 +17,17 @@ from dataclasses import replace
 from typing import Any
 
 from tilewright.agents.base import TaskBrief
+from tilewright.kernels.judge.protocol import Judge
 from tilewright.kernels.tasks.task import Task
 
-INPUTS_TIMEOUT_S = 120.0
 
-
-async def with_inputs(brief: TaskBrief, task: Task, judge: Any,
+async def with_inputs(brief: TaskBrief, task: Task, judge: Judge,
                       problems: list[dict[str, Any]] | None = None) -> TaskBrief:
-    """``brief`` with input arrays from ``judge`` (a ``kernels.pool.Judge``: its
-    ``inputs(task)``; or anything with ``request(op, payload, timeout)``, e.g. a
-    ``WorkerPool``); unchanged when it cannot tell. What is wrong with the task's own code
+    """``brief`` with input arrays from ``judge`` (its ``inputs(task)``); unchanged when
+    it cannot tell. What is wrong with the task's own code
     (its input builder or its reference failing: ``{message, file, line, where}``) is
     appended to ``problems``."""
-    request = _requester(judge)
-    if request is None:
-        return brief
+    request = judge.inputs
     checked = await _configs(request, task, problems)
     shapes = tuple({**s, **checked[s["name"]]} if s["name"] in checked else s
                    for s in brief.shapes)
@@ -48,17 +44,6 @@ async def with_inputs(brief: TaskBrief, task: Task, judge: Any,
             if arrays is not None:
                 production = {**production, **arrays}
     return replace(brief, shapes=shapes, production=production)
-
-
-def _requester(judge: Any) -> Any:
-    """``ask(task) -> inputs JSON``: the judge protocol's ``inputs``, else the worker op."""
-    inputs = getattr(judge, "inputs", None)
-    if callable(inputs):
-        return inputs
-    request = getattr(judge, "request", None)
-    if callable(request):
-        return lambda task: request("inputs", {"task": task.to_spec()}, INPUTS_TIMEOUT_S)
-    return None
 
 
 async def _configs(ask: Any, task: Task, problems: list[dict[str, Any]] | None = None

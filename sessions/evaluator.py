@@ -31,8 +31,7 @@ from tilewright.kernels.judge.protocol import (
     ProfileJSON,
 )
 from tilewright.kernels.judge.result import Backend, EvalResult
-from tilewright.kernels.pool import Judge, LocalExecutor, ProgressListener, StateListener, on_chips
-from tilewright.kernels.pool.workers import WorkerPool
+from tilewright.kernels.pool import Judge, ProgressListener, StateListener, on_chips
 from tilewright.kernels.tasks.task import Task
 
 __all__ = ["PoolEvaluator"]
@@ -42,15 +41,13 @@ class PoolEvaluator:
     """A ``Judge`` with a session's options bound: every evaluation with ``options``,
     every profile for ``chip`` (None: the worker's own) within ``profile_timeout_s``.
 
-    ``judge`` is any judge (its caller starts and closes it; ``close`` here closes it
-    too) or a ``WorkerPool``, wrapped with ``LocalExecutor.over`` (the pool's lifetime
-    stays the caller's).
+    ``judge`` is any judge: a ``WorkerPool`` (a session's one worker), an executor, a
+    test's double. Its caller starts it and closes it (``close`` here closes it too).
     """
 
-    def __init__(self, judge: Judge | WorkerPool, options: EvalOptions | None = None,
+    def __init__(self, judge: Judge, options: EvalOptions | None = None,
                  profile_timeout_s: float = 300.0, chip: str | None = None) -> None:
-        self.judge: Judge = LocalExecutor.over(judge) if isinstance(judge, WorkerPool) \
-            else judge
+        self.judge = judge
         self.name = self.judge.name
         self.options = options or EvalOptions()
         self.profile_options = ProfileOptions(chip=chip, timeout_s=profile_timeout_s)

@@ -71,6 +71,7 @@ def test_every_judge_follows_its_protocol() -> None:
     from tilewright.sessions.evaluator import PoolEvaluator
 
     assert isinstance(LocalExecutor(1), Judge)
+    assert isinstance(WorkerPool(1), Judge)  # a session judges through its pool
     assert isinstance(RayExecutor(workers=1), Judge)
     assert isinstance(PoolEvaluator(LocalExecutor(1)), Judge)
     assert RayExecutor(workers=1).state == "stopped"
@@ -101,31 +102,6 @@ async def test_local_executor_runs_evaluations_side_by_side(task) -> None:
         assert again.status == "correct"
     assert executor.state == "stopped" and states[-1] == "stopped"
     assert all(a != b for a, b in itertools.pairwise(states))  # changes only
-
-
-async def test_an_executor_over_a_pool_leaves_the_pool_to_its_owner(task) -> None:
-    from tilewright.sessions.evaluator import PoolEvaluator
-
-    theirs: list[str] = []
-    async with WorkerPool() as pool:
-        evaluator = PoolEvaluator(pool, FAST)
-        assert evaluator.judge.capacity == 1 and evaluator.state == "idle"
-        ours: list[str] = []
-        evaluator.set_state_listener(ours.append)
-        result = await evaluator.evaluate(task, task.starting_source())
-        assert result.status == "correct", result.error
-        assert ours == ["busy", "idle"]
-        backend = await evaluator.backend()
-        assert backend is not None and backend.is_interpret
-        # Another listener took the pool over: detaching ours leaves it in place.
-        pool.on_state_change = theirs.append
-        evaluator.set_state_listener(None)
-        assert pool.on_state_change == theirs.append
-        await evaluator.judge.close()  # not the executor's pool: it keeps running
-        assert pool.state == "idle" and pool.pids
-        answer = await evaluator.lookup_api("pl.BlockSpec")
-        assert not any(key.startswith("_") for key in answer)
-    assert theirs[-1] == "stopped"
 
 
 def test_task_files_travel_to_a_node_without_them(task, tmp_path) -> None:

@@ -244,12 +244,11 @@ async def test_profile_time_poisoning_leaves_the_next_wrong_kernel_incorrect(poo
                                                                           task) -> None:
     from tilewright.kernels.cli.profile import profile
     from tilewright.kernels.judge.options import ProfileOptions
-    from tilewright.kernels.pool import LocalExecutor
 
     await pool.request("hello", {})
     judges = list(pool.pids)
     profiled = await profile(task, POISON + GOOD, "kernel.py", ProfileOptions(iters=1),
-                             judge=LocalExecutor.over(pool))
+                             judge=pool)
     # The swap of compare.__code__ is caught where it ran, in the candidate process.
     assert profiled["status"] == "error"
     assert profiled["error"]["kind"] == "harness_tampering"

@@ -1,7 +1,7 @@
 """Every judge passes the one conformance suite (``kernels.judge.conformance``).
 
-Here: this machine's worker processes (``LocalExecutor``, for real: JAX workers in TPU
-interpret mode), a session's binding of options (``PoolEvaluator``, over an in-process
+Here: this machine's worker processes (a ``WorkerPool``, for real: JAX workers in TPU
+interpret mode; ``LocalExecutor``, which fans out over one pool per chip), a session's binding of options (``PoolEvaluator``, over an in-process
 double: the binding is what is checked, the workers are above) and the in-process
 doubles the controller and snapshot tests use (``tests/judges.py``). Ray passes it in
 ``tests/test_executors.py``, on the Ray instance those tests share. And the CLIs reach
@@ -18,6 +18,7 @@ from judges import MarkedJudge, RefusingJudge
 
 from tilewright.kernels.judge.conformance import CHECKS, ConformanceCase, run_conformance
 from tilewright.kernels.pool import LocalExecutor
+from tilewright.kernels.pool.workers import WorkerPool
 from tilewright.kernels.tasks.loaders import load_task
 from tilewright.sessions.evaluator import PoolEvaluator
 
@@ -43,8 +44,16 @@ def marked_case(case: ConformanceCase) -> ConformanceCase:
 
 
 async def test_local_worker_processes_conform(case: ConformanceCase) -> None:
-    passed = await run_conformance(lambda: LocalExecutor(workers=1), case)
+    """A session's judge is its ``WorkerPool``, bound with its options: no other wrap."""
+    passed = await run_conformance(lambda: WorkerPool(size=1), case)
     assert passed == ["protocol", *CHECKS, "lifecycle"]
+
+
+async def test_the_local_executor_conforms(case: ConformanceCase) -> None:
+    """The CLIs' judge: each request handed to a pool's worker (the operations are the
+    pool's own, checked above; here one of them, its members, state and lifecycle)."""
+    passed = await run_conformance(lambda: LocalExecutor(workers=1), case, checks=["inputs"])
+    assert passed == ["protocol", "inputs", "lifecycle"]
 
 
 async def test_the_marked_double_conforms(marked_case: ConformanceCase) -> None:

@@ -183,13 +183,12 @@ async def test_profile_op_captures_a_real_cpu_trace(worker_pool, tmp_path: Path)
 async def test_static_only_profile_runs_nothing(worker_pool) -> None:
     from tilewright.kernels.cli.profile import profile
     from tilewright.kernels.judge.options import ProfileOptions
-    from tilewright.kernels.pool import LocalExecutor
     from tilewright.kernels.tasks.loaders import load_task
 
     task = load_task("causal_attention")
     result = await profile(task, task.starting_source(), "kernel.py",
                            ProfileOptions(static_only=True, chip="v5p"),
-                           judge=LocalExecutor.over(worker_pool))
+                           judge=worker_pool)
     assert result["status"] == "ok" and result["chip"]["name"] == "v5p"
     assert result["timeline"] is None and result["logdir"] is None and result["top_ops"] == []
     # Nothing runs, so the analysis is made at the production shape (batch 4, 32 heads,
@@ -233,11 +232,10 @@ def kernel(x):
 async def test_emit_pipeline_kernel_profiles_on_a_cpu_host(worker_pool) -> None:
     from tilewright.kernels.cli.profile import profile
     from tilewright.kernels.judge.options import ProfileOptions
-    from tilewright.kernels.pool import LocalExecutor
     from tilewright.kernels.tasks.loaders import load_task
 
     result = await profile(load_task("gelu"), PIPELINED_GELU, "pipelined.py",
-                           ProfileOptions(iters=1), judge=LocalExecutor.over(worker_pool))
+                           ProfileOptions(iters=1), judge=worker_pool)
     assert result["status"] == "ok", result.get("error")
     (k,) = result["analysis"]["kernels"]
     # Its buffers come from emit_pipeline: 2 x (64, 256) f32 per operand = 2 x 128 KiB.
@@ -292,12 +290,11 @@ def test_cli_profile_bad_input(tmp_path: Path) -> None:
 async def test_profile_of_a_broken_candidate_says_why(worker_pool) -> None:
     from tilewright.kernels.cli.profile import profile
     from tilewright.kernels.judge.options import ProfileOptions
-    from tilewright.kernels.pool import LocalExecutor
     from tilewright.kernels.tasks.loaders import load_task
 
     task = load_task("gelu")
     result = await profile(task, "def kernel(x):\n    return x +\n", "broken.py",
-                           ProfileOptions(), judge=LocalExecutor.over(worker_pool))
+                           ProfileOptions(), judge=worker_pool)
     assert result["status"] == "error" and result["error"]["kind"] == "syntax"
     assert "line 2" in result["error"]["message"] or result["error"]["line"] == 2
 
@@ -311,14 +308,13 @@ async def test_a_tampering_candidate_gets_its_candidate_process_recycled(worker_
     # judge (the worker) stays.
     from tilewright.kernels.cli.profile import profile
     from tilewright.kernels.judge.options import ProfileOptions
-    from tilewright.kernels.pool import LocalExecutor
     from tilewright.kernels.tasks.loaders import load_task
 
     task = load_task("gelu")
     await worker_pool.request("hello", {})
     judges = list(worker_pool.pids)
     source = (Path(__file__).parent / "fixtures" / "candidates" / "patches_numpy.py").read_text()
-    judge = LocalExecutor.over(worker_pool)
+    judge = worker_pool
     result = await profile(task, source, "patch.py", ProfileOptions(static_only=True),
                            judge=judge)
     assert result["status"] == "error" and result["error"]["kind"] == "harness_tampering"

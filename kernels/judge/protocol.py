@@ -3,7 +3,8 @@
 One protocol for one act. A session's controller, a search, the CLIs (``tilewright
 eval``, ``estimate``, ``profile``, ``tasks``, ``calibrate``), the benchmarks and the
 test doubles all meet the same ``Judge``: this machine's worker processes
-(``kernels.pool.local.LocalExecutor``), a Ray cluster
+(``kernels.pool.workers.WorkerPool``, and ``kernels.pool.local.LocalExecutor`` over one
+pool per TPU chip), a Ray cluster
 (``kernels.pool.ray.RayExecutor``), a binding of a session's options over either
 (``sessions.evaluator.PoolEvaluator``), or an in-process double in the tests. Every
 implementation passes one reusable conformance suite

@@ -3,8 +3,9 @@
 - ``workers``: ``WorkerPool``, the worker processes (``process``: one of them and its
   private channel, framed by ``protocol``; ``env``: the environment it starts with,
   secrets removed).
-- ``local``: ``LocalExecutor``, the judge protocol (``kernels.judge.protocol``) over this
-  machine's pools, one worker per core or per TPU chip.
+  A pool is itself a judge (``kernels.judge.protocol``): a session judges through one.
+- ``local``: ``LocalExecutor``, the CLIs' judge on this machine: one pool of a worker per
+  core, or one single-worker pool per TPU chip with requests handed to a free one.
 - ``ray``: ``RayExecutor``, each evaluation a Ray task whose node still evaluates in a
   worker process of its own (``ray`` is an optional extra, imported lazily).
 
@@ -26,13 +27,8 @@ from tilewright.kernels.judge.protocol import (
     combined_state,
     on_chips,
 )
-from tilewright.kernels.pool.local import (
-    LocalExecutor,
-    chip_env,
-    local_tpu_chips,
-    local_worker_count,
-    usable_cores,
-)
+from tilewright.kernels.pool.env import chip_env, local_tpu_chips, usable_cores
+from tilewright.kernels.pool.local import LocalExecutor, local_worker_count
 from tilewright.kernels.pool.ray import RayExecutor
 
 EXECUTORS = ("local", "ray")

@@ -10,13 +10,18 @@ user names in ``TILEWRIGHT_WORKER_ENV``) and neither its name (``KEY``, ``TOKEN`
 nor its value (a URL with ``user:password@``, a known token shape) looks like a
 credential. ``secret_values()`` collects what was withheld, so that ``redact`` can
 remove those values from anything that comes back from a candidate.
+
+Also what this host offers the workers, found without JAX: its usable cores and TPU
+chips, and the environment that pins a worker to one chip.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 from collections.abc import Mapping
+from pathlib import Path
 
 # A variable whose name contains one of these (any case) never reaches a worker.
 SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH",
@@ -251,3 +256,37 @@ def scrub_current_process() -> None:
         del os.environ[key]
     for key, value in QUIET.items():
         os.environ.setdefault(key, value)
+
+
+# -- this host: cores and TPU chips (found without JAX) ----------------------------------
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (the affinity mask, not the machine's total)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def local_tpu_chips() -> int:
+    """TPU chips on this host, found without JAX: /dev/accel* (v4, v5e) or /dev/vfio/N."""
+    visible = os.environ.get("TPU_VISIBLE_CHIPS")
+    if visible:
+        return len([c for c in visible.split(",") if c.strip()])
+    accel = glob.glob("/dev/accel[0-9]*")
+    if accel:
+        return len(accel)
+    return len([p for p in glob.glob("/dev/vfio/*") if Path(p).name.isdigit()])
+
+
+def chip_env(chip: int, port: int) -> dict[str, str]:
+    """Environment that pins one worker process to one TPU chip of the host."""
+    return {
+        "TPU_VISIBLE_CHIPS": str(chip),
+        "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1",
+        "TPU_PROCESS_BOUNDS": "1,1,1",
+        "TPU_PROCESS_PORT": str(port),
+        "TPU_PROCESS_ADDRESSES": f"localhost:{port}",
+        "CLOUD_TPU_TASK_ID": "0",
+    }

@@ -2,9 +2,9 @@
 
 N is bounded by the CPU cores this process may use and, on a TPU host, by the chips
 (one chip per worker, ``chip_env`` pins it). The worker processes are
-``kernels.pool.workers.WorkerPool``s; this class is the judge protocol over them
-(``kernels.judge.protocol.Judge``), for a session's controller (through
-``sessions.evaluator.PoolEvaluator``), a search, the CLIs and the benchmarks alike.
+``kernels.pool.workers.WorkerPool``s, each a judge by itself; this class hands each
+request to a pool with a free worker, for a search, the CLIs and the benchmarks (a
+session judges through its own single pool).
 
 App-side module: no JAX here.
 """
@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import glob
-import os
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,47 +29,14 @@ from tilewright.kernels.judge.protocol import (
     StateListener,
     combined_state,
     on_chips,
-    public,
 )
 from tilewright.kernels.judge.result import Backend, EvalResult
+from tilewright.kernels.pool.env import chip_env, local_tpu_chips, usable_cores
 from tilewright.kernels.tasks.task import Task
 
 if TYPE_CHECKING:
     from tilewright.kernels.pool.workers import WorkerPool
 
-LOOKUP_TIMEOUT_S = 60.0  # a name lookup in the worker's JAX
-INPUTS_TIMEOUT_S = 120.0  # a task's input builder, run abstractly
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on (the affinity mask, not the machine's total)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
-
-
-def local_tpu_chips() -> int:
-    """TPU chips on this host, found without JAX: /dev/accel* (v4, v5e) or /dev/vfio/N."""
-    visible = os.environ.get("TPU_VISIBLE_CHIPS")
-    if visible:
-        return len([c for c in visible.split(",") if c.strip()])
-    accel = glob.glob("/dev/accel[0-9]*")
-    if accel:
-        return len(accel)
-    return len([p for p in glob.glob("/dev/vfio/*") if Path(p).name.isdigit()])
-
-
-def chip_env(chip: int, port: int) -> dict[str, str]:
-    """Environment that pins one worker process to one TPU chip of the host."""
-    return {
-        "TPU_VISIBLE_CHIPS": str(chip),
-        "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1",
-        "TPU_PROCESS_BOUNDS": "1,1,1",
-        "TPU_PROCESS_PORT": str(port),
-        "TPU_PROCESS_ADDRESSES": f"localhost:{port}",
-        "CLOUD_TPU_TASK_ID": "0",
-    }
 
 
 def local_worker_count(requested: int | None = None) -> int:
@@ -94,9 +59,8 @@ class LocalExecutor:
     queue hands each submission a pool with an idle worker, so ``capacity`` evaluations
     run at once; a single pool queues its requests itself.
 
-    ``LocalExecutor.over(pool)`` wraps a ``WorkerPool`` its caller starts and closes (a
-    session's controller judges through one: ``sessions.evaluator.PoolEvaluator``); the
-    executor's ``close`` leaves that pool running.
+    On a host with at most one chip a ``WorkerPool`` is a judge by itself (a session
+    judges through one); this class is what fans requests out over one pool per chip.
     """
 
     name = "local"
@@ -106,28 +70,15 @@ class LocalExecutor:
         self.capacity = local_worker_count(workers)
         self._env = dict(env_overrides or {})
         self._pools: list[WorkerPool] = []
-        self._owned = True  # False: the pools are the caller's, close() leaves them
         self._free: asyncio.Queue[WorkerPool] | None = None  # only with several pools
         self._chips = local_tpu_chips()
         self._listener: StateListener | None = None
         self._reported = "stopped"  # the state the listener was last told
 
-    @classmethod
-    def over(cls, pool: WorkerPool) -> LocalExecutor:
-        """An executor over ``pool``, whose lifetime stays the caller's (started or not:
-        its first request starts it)."""
-        executor = cls(workers=1)
-        executor.capacity = pool.size
-        executor._pools = [pool]
-        executor._owned = False
-        return executor
-
     async def start(self) -> None:
         from tilewright.kernels.pool.workers import WorkerPool
 
         if self._pools:
-            if not self._owned:
-                await self._pools[0].start()  # a no-op when the caller started it
             return
         if self._chips > 1 and self.capacity > 1:
             self._pools = [
@@ -156,8 +107,6 @@ class LocalExecutor:
                     self._free.put_nowait(pool)
 
     async def close(self) -> None:
-        if not self._owned:
-            return  # the caller's pool: it closes it
         pools, self._pools, self._free = self._pools, [], None
         for pool in pools:
             await pool.__aexit__(None, None, None)
@@ -204,26 +153,16 @@ class LocalExecutor:
     async def profile(self, task: Task, source: str, logdir: Path | None,
                       options: ProfileOptions | None = None, *,
                       filename: str = "kernel.py") -> ProfileJSON:
-        """Profile one candidate into ``logdir`` on a free worker (the worker's ``profile``
-        op: trace digest, static ``pallas_call`` analysis, roofline for the chip)."""
-        options = options or ProfileOptions()
-        payload: dict[str, Any] = {
-            "task": task.to_spec(), "source": source, "filename": filename,
-            "options": {**options.to_json(), "logdir": str(logdir) if logdir else None}}
-        result = await self.request("profile", payload, options.timeout_s)
-        stderr = result.pop("_stderr", "")
-        if options.stderr:
-            result["stderr"] = stderr
-        return result
+        async with self._slot("profile") as pool:
+            return await pool.profile(task, source, logdir, options, filename=filename)
 
     async def lookup_api(self, name: str) -> ApiAnswer:
-        """The installed JAX's signature and docstring for ``name`` (worker op
-        ``lookup_api``)."""
-        return public(await self.request("lookup_api", {"name": name}, LOOKUP_TIMEOUT_S))
+        async with self._slot("lookup_api") as pool:
+            return await pool.lookup_api(name)
 
     async def inputs(self, task: Task) -> InputsJSON:
-        """The task's input signature per shape (worker op ``inputs``)."""
-        return public(await self.request("inputs", {"task": task.to_spec()}, INPUTS_TIMEOUT_S))
+        async with self._slot("inputs") as pool:
+            return await pool.inputs(task)
 
     async def request(self, op: str, payload: dict[str, Any],
                       timeout: float = 120.0) -> dict[str, Any]:

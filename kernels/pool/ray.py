@@ -41,7 +41,6 @@ from tilewright.kernels.judge.protocol import (
     JudgeState,
     StateListener,
     on_chips,
-    public,
 )
 from tilewright.kernels.judge.result import ESTIMATE_SCHEMA, Backend, EvalError, EvalResult
 from tilewright.kernels.pool.local import local_worker_count
@@ -51,8 +50,6 @@ if TYPE_CHECKING:
     from tilewright.kernels.pool.workers import WorkerPool
 
 LOOPBACK = "127.0.0.1"
-LOOKUP_TIMEOUT_S = 60.0
-INPUTS_TIMEOUT_S = 120.0
 
 # A task directory is shipped along with a Ray task when the remote node does not have
 # it (another host of a cluster); bigger trees must be on a shared filesystem.
@@ -181,15 +178,13 @@ def ray_estimate(packed: dict[str, Any], source: str, options: dict[str, Any],
 
 def ray_lookup(name: str) -> dict[str, Any]:
     """Body of a Ray task that looks ``name`` up in this node's JAX."""
-    return public(_EvalHost.get().call(
-        lambda pool: pool.request("lookup_api", {"name": name}, LOOKUP_TIMEOUT_S)))
+    return dict(_EvalHost.get().call(lambda pool: pool.lookup_api(name)))
 
 
 def ray_inputs(packed: dict[str, Any]) -> dict[str, Any]:
     """Body of a Ray task that runs the task's input builder abstractly on this node."""
     task = _unpack_task(packed)
-    return public(_EvalHost.get().call(
-        lambda pool: pool.request("inputs", {"task": task.to_spec()}, INPUTS_TIMEOUT_S)))
+    return dict(_EvalHost.get().call(lambda pool: pool.inputs(task)))
 
 
 def ray_profile(packed: dict[str, Any], source: str, options: dict[str, Any],

@@ -21,15 +21,30 @@ import asyncio
 import os
 import shutil
 import time
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from tilewright.kernels import confinement as _confinement
 from tilewright.kernels.judge.calibration import calibration_path
-from tilewright.kernels.judge.options import EvalOptions
+from tilewright.kernels.judge.options import EvalOptions, ProfileOptions
 from tilewright.kernels.judge.process_failure import FAILURE_HINTS
+from tilewright.kernels.judge.protocol import (
+    ApiAnswer,
+    InputsJSON,
+    JudgeState,
+    ProfileJSON,
+    StateListener,
+    on_chips,
+    public,
+)
 from tilewright.kernels.judge.result import ESTIMATE_SCHEMA, Backend, EvalError, EvalResult
-from tilewright.kernels.pool.env import CALIBRATION, ESTIMATE_CACHE, worker_environment
+from tilewright.kernels.pool.env import (
+    CALIBRATION,
+    ESTIMATE_CACHE,
+    usable_cores,
+    worker_environment,
+)
 from tilewright.kernels.pool.process import (
     WorkerFailure,
     WorkerOpError,
@@ -48,6 +63,8 @@ __all__ = ["EvalOptions", "WorkerFailure", "WorkerOpError", "WorkerPool", "Worke
 STATES = ("starting", "idle", "busy", "restarting", "stopped")
 _CLOSED = WorkerStartError("the worker pool was closed")  # queue sentinel for waiters
 RECYCLE_FRACTION = 0.5  # a worker above this share of its memory limit is replaced when idle
+LOOKUP_TIMEOUT_S = 60.0  # a name lookup in the worker's JAX
+INPUTS_TIMEOUT_S = 120.0  # a task's input builder, run abstractly
 
 
 def _default_memory_limit_mb() -> int:
@@ -100,10 +117,16 @@ def _calibration_file(env: dict[str, str]) -> None:
 class WorkerPool:
     """Long-lived JAX worker processes. Use ``async with WorkerPool() as pool:``.
 
+    A pool is a judge by itself (``kernels.judge.protocol.Judge``): a session binds its
+    options straight over one (``sessions.evaluator.PoolEvaluator``), and
+    ``LocalExecutor`` fans requests out over one pool per TPU chip.
+
     ``memory_limit_mb`` bounds each worker's resident memory (default: half the RAM,
     at most 16 GiB); ``env_overrides`` are added to the (secret-free) environment.
     ``on_state_change(state)`` is called whenever ``state`` changes.
     """
+
+    name = "local"
 
     def __init__(self, size: int = 1, env_overrides: Mapping[str, str] | None = None, *,
                  memory_limit_mb: int | None = None, startup_timeout_s: float = 180.0,
@@ -204,12 +227,22 @@ class WorkerPool:
         self._update_state()
 
     @property
+    def capacity(self) -> int:
+        return self.size
+
+    def describe(self) -> str:
+        return f"local: {self.size} worker process(es) ({usable_cores()} cores)"
+
+    def set_state_listener(self, callback: StateListener | None) -> None:
+        self.on_state_change = cast("Callable[[str], None] | None", callback)
+
+    @property
     def pids(self) -> list[int]:
         return [w.pid for w in self._workers.values() if w.pid is not None]
 
     @property
-    def state(self) -> str:
-        return self._state
+    def state(self) -> JudgeState:
+        return cast(JudgeState, self._state)
 
     def _update_state(self) -> None:
         if self._closed or not self._started:
@@ -452,6 +485,35 @@ class WorkerPool:
                     "error": {"kind": "harness", "message": f"{error.get('type')}: "
                               f"{error.get('message')}"}, "stderr": stderr}
         return {**reply["result"], "stderr": stderr}
+
+    async def evaluate_on_chips(self, task: Task, source: str, chips: Sequence[str],
+                                options: EvalOptions | None = None) -> list[EvalResult]:
+        return await on_chips(self, task, source, chips, options)
+
+    async def profile(self, task: Task, source: str, logdir: Path | None,
+                      options: ProfileOptions | None = None, *,
+                      filename: str = "kernel.py") -> ProfileJSON:
+        """Profile one candidate into ``logdir`` (the worker's ``profile`` op: trace
+        digest, static ``pallas_call`` analysis, roofline for the chip)."""
+        options = options or ProfileOptions()
+        payload: dict[str, Any] = {
+            "task": task.to_spec(), "source": source, "filename": filename,
+            "options": {**options.to_json(), "logdir": str(logdir) if logdir else None}}
+        result = await self.request("profile", payload, options.timeout_s)
+        stderr = result.pop("_stderr", "")
+        if options.stderr:
+            result["stderr"] = stderr
+        return cast(ProfileJSON, result)
+
+    async def lookup_api(self, name: str) -> ApiAnswer:
+        """The installed JAX's signature and docstring for ``name`` (op ``lookup_api``)."""
+        return cast(ApiAnswer, public(await self.request("lookup_api", {"name": name},
+                                                         LOOKUP_TIMEOUT_S)))
+
+    async def inputs(self, task: Task) -> InputsJSON:
+        """The task's input signature per shape (op ``inputs``)."""
+        return cast(InputsJSON, public(await self.request(
+            "inputs", {"task": task.to_spec()}, INPUTS_TIMEOUT_S)))
 
     async def _blame(self, task: Task, options: EvalOptions, killed: str, message: str
                      ) -> tuple[str, EvalError | None]:
