@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from openai_server import ChatServer, Stream, error_status, text_reply, tool_reply
+from waiting import until
 
 from tilewright import agents
 from tilewright.agents.base import (
@@ -149,11 +150,8 @@ async def test_a_tool_call_streams_in_before_the_reply_completes(server: ChatSer
 
     task = asyncio.create_task(consume())
     try:
-        for _ in range(2000):  # until every piece of the arguments is in
-            pieces = "".join(e.arguments for e in seen if isinstance(e, ToolCallDelta))
-            if pieces == json.dumps(arguments):
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: "".join(e.arguments for e in seen if isinstance(e, ToolCallDelta))
+                    == json.dumps(arguments), "every piece of the arguments", 20)
         deltas = [e for e in seen if isinstance(e, ToolCallDelta)]
         assert {(d.id, d.name) for d in deltas} == {("call_01", "propose_kernel")}
         assert len(deltas) == 6

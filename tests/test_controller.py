@@ -23,6 +23,7 @@ from controllers import NO_LIMITS, assert_replay_matches, make, src, types
 from judges import MarkedJudge
 from scripted_agent import ScriptedAgent, kernel, plan, tuning
 from sizes import load_small
+from waiting import until
 
 from tilewright.agents import brief
 from tilewright.agents.base import Failure, Finished, Usage
@@ -153,10 +154,7 @@ async def test_cancel_a_run_replaces_the_worker(tmp_path: Path, gelu: Task,
     assert result["cancelled"] and result["status"] == "cancelled"
     assert c.state.versions[1].status is None  # a cancelled run measures nothing
     await pool.backend()
-    for _ in range(600):  # the replacement worker imports JAX: wait until it is there
-        if pool.state == "idle":
-            break
-        await asyncio.sleep(0.05)
+    await until(lambda: pool.state == "idle", "the replacement worker (it imports JAX)", 60)
     assert pool.state == "idle" and not (set(pool.pids) & pids_before)
     assert_replay_matches(c)
     await c.close()

@@ -24,6 +24,7 @@ import pytest
 from judges import MarkedJudge
 from scripted_agent import ScriptedAgent, kernel
 from sizes import load_small
+from waiting import until
 
 from tilewright.agents import brief
 from tilewright.kernels.pool.process import SCRATCH_PREFIX, sweep_scratch
@@ -58,8 +59,7 @@ async def test_a_run_cut_short_by_a_disconnect_says_so_on_resume(tmp_path, gelu)
     c = make(tmp_path, gelu, ScriptedAgent(), MarkedJudge(gate))
     await c.start()
     c.run()
-    while not any(r.status is None for r in c.state.runs.values()):
-        await asyncio.sleep(0.01)
+    await until(lambda: any(r.status is None for r in c.state.runs.values()), "a run to start")
     await c.close("stopped: disconnect", "disconnect")
     events = load(c.log.path).events
     result = next(e for e in events if e["type"] == "run.result")
@@ -85,8 +85,7 @@ async def test_autonomous_mode_stopped_by_the_disconnect(tmp_path, gelu) -> None
     c = make(tmp_path, gelu, agent, MarkedJudge(gate))
     await c.start()
     c.set_mode("auto")
-    while not any(r.status is None for r in c.state.runs.values()):
-        await asyncio.sleep(0.01)
+    await until(lambda: any(r.status is None for r in c.state.runs.values()), "a run to start")
     await c.close("stopped: terminated", "terminated")
     events = load(c.log.path).events
     stops = [e for e in events if e["type"] == "auto.stop"]

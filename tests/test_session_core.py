@@ -11,6 +11,7 @@ import pytest
 from judges import MarkedJudge
 from scripted_agent import ScriptedAgent
 from sizes import load_small
+from waiting import until
 
 from tilewright.agents import brief
 from tilewright.agents.base import Proposal
@@ -67,8 +68,7 @@ async def test_seed_decide_apply_evaluate_is_one_chain(tmp_path: Path, gelu: Tas
         core.apply(pid, 1)  # no decision, no version
     person = PersonApproval()
     waiting = asyncio.ensure_future(core.decide(pid, person))
-    await asyncio.sleep(0)
-    assert person.awaiting() == [pid]
+    await until(lambda: person.awaiting() == [pid], "the person to be asked")
     person.resolve(pid, Decision("approve", "user"))
     assert await waiting == Decision("approve", "user") and person.awaiting() == []
     with pytest.raises(ValueError, match="not awaiting"):
@@ -130,7 +130,8 @@ async def test_a_cancelled_evaluation_is_recorded_cancelled(tmp_path: Path, gelu
     core = open_core(tmp_path, gelu, MarkedJudge(gate))
     core.seed()
     job = asyncio.ensure_future(core.evaluate(1, "user"))
-    await asyncio.sleep(0.01)
+    await until(lambda: any(r.status is None for r in core.session.runs.values()),
+                "the run to start")
     job.cancel()
     with pytest.raises(asyncio.CancelledError):
         await job
@@ -198,8 +199,7 @@ async def test_search_rules_reject_by_rule_and_hand_the_rest_to_the_person(
     assert isinstance(verdict, Decision) and verdict.by == "auto"
     child = propose(core, "def kernel(x):\n    return x * 1  # eval: correct 1.2\n")
     waiting = asyncio.ensure_future(core.decide(child, rules))
-    await asyncio.sleep(0)
-    assert person.awaiting() == [child]
+    await until(lambda: person.awaiting() == [child], "the person to be asked")
     person.withdraw(child, "branch v1 pruned")
     assert await waiting == Decision("reject", "user", "branch v1 pruned")
     core.emit({"type": "search.prune", "version": 1, "by": "user", "reason": "x"})  # type: ignore[arg-type]

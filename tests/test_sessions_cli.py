@@ -15,10 +15,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from waiting import until_now
 
 from tilewright.sessions.log import load
 from tilewright.sessions.state import fold
@@ -57,12 +57,7 @@ def events(session: Path) -> list[dict]:
 
 
 def wait_for(predicate, timeout: float = 240.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError("timed out waiting")
+    until_now(predicate, "the session's events", timeout)
 
 
 def only_session(base: Path) -> Path:

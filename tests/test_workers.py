@@ -9,11 +9,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 from sizes import load_small
+from waiting import until, until_now
 
 from tilewright.kernels.pool.env import is_secret, worker_environment
 from tilewright.kernels.pool.workers import EvalOptions, WorkerOpError, WorkerPool, WorkerStartError
@@ -43,12 +43,8 @@ def _alive(pid: int) -> bool:
 
 
 def _wait_gone(pid: int, timeout_s: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not _alive(pid):
-            return True
-        time.sleep(0.05)
-    return False
+    until_now(lambda: not _alive(pid), f"process {pid} to exit", timeout_s)
+    return True
 
 
 def test_secrets_are_stripped_from_the_worker_environment() -> None:
@@ -104,8 +100,7 @@ async def test_cancelling_an_evaluation_kills_and_replaces_the_worker(worker_poo
         old = list(worker_pool.pids)
         source = (CANDIDATES / "infinite_loop.py").read_text()
         task = asyncio.ensure_future(worker_pool.evaluate(gelu, source, QUICK))
-        while worker_pool.state != "busy":
-            await asyncio.sleep(0.01)
+        await until(lambda: worker_pool.state == "busy", "the pool to take the request")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -209,8 +204,7 @@ async def test_closing_the_pool_mid_request_says_so(gelu) -> None:
     source = (CANDIDATES / "infinite_loop.py").read_text()
     running = asyncio.ensure_future(pool.evaluate(gelu, source, QUICK))
     waiting = asyncio.ensure_future(pool.evaluate(gelu, source, QUICK))  # no free worker
-    while pool.state != "busy":
-        await asyncio.sleep(0.01)
+    await until(lambda: pool.state == "busy", "the pool to take the request")
     await pool.close()
     for result in await asyncio.gather(running, waiting):
         assert result.status == "crashed" and result.error.kind == "cancelled"
