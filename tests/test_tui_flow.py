@@ -1,9 +1,13 @@
 """The workbench driven with Pilot against the real controller.
 
 Every test runs the real ``TilewrightApp`` with a real ``sessions`` controller over a
-session log in ``tmp_path``, the bundled ``gelu`` task evaluated by one real
-``WorkerPool`` shared by the module (TPU interpret mode on the CPU, one trial, short
-timing), and the scripted agent (determinism: the test knows which proposal comes).
+session log in ``tmp_path`` on the bundled ``gelu`` task, and the scripted agent
+(determinism: the test knows which proposal comes). Where what the worker says is what
+the test is about (a compile error's line, a profile, the estimate's words, the chip
+check) one real ``WorkerPool`` shared by the module judges (TPU interpret mode on the
+CPU, one trial, short timing); where the test is about keys, decisions and the screen,
+the in-process ``MarkedJudge`` does (every kernel correct), and the test takes
+milliseconds instead of a worker's seconds.
 The app's clock is a ``FakeClock`` so the approval prompt's half-second guard is
 tested without sleeping.
 """
@@ -13,6 +17,7 @@ from __future__ import annotations
 import pytest
 import pytest_asyncio
 from anthropic_server import MessagesServer, tool_reply
+from judges import MarkedJudge
 from scripted_agent import ScriptedAgent, kernel, tuning
 from tui_apps import CHIP, FakeClock, kinds, make_app, persisted, settle
 
@@ -39,6 +44,11 @@ async def pool():
         yield p
 
 
+@pytest.fixture
+def judge() -> MarkedJudge:
+    return MarkedJudge()
+
+
 @pytest.fixture(scope="module")
 def gelu():
     return load_task("gelu")
@@ -48,11 +58,11 @@ def faster(source: str, rows: int = 128) -> str:
     return source.replace("BLOCK_ROWS = 64", f"BLOCK_ROWS = {rows}")
 
 
-async def test_run_then_approve_respects_the_half_second_guard(tmp_path, gelu, pool):
+async def test_run_then_approve_respects_the_half_second_guard(tmp_path, gelu, judge):
     agent = ScriptedAgent([kernel(faster(gelu.starting_source()), "taller row blocks")],
                           text="Taller blocks halve the grid steps.")
     clock = FakeClock()
-    app = make_app(tmp_path, gelu, agent, pool, clock)
+    app = make_app(tmp_path, gelu, agent, judge, clock)
     rings: list[int] = []
     app.bell = lambda: rings.append(1)  # the terminal bell: a decision is awaited
     async with app.run_test(size=(140, 40)) as pilot:
@@ -89,12 +99,12 @@ async def test_run_then_approve_respects_the_half_second_guard(tmp_path, gelu, p
         await app.action_quit()
 
 
-async def test_reject_with_a_note_reaches_the_agent(tmp_path, gelu, pool):
+async def test_reject_with_a_note_reaches_the_agent(tmp_path, gelu, judge):
     start = gelu.starting_source()
     agent = ScriptedAgent([kernel(faster(start), "first try"), kernel(faster(start, 256),
                                                                       "second try")])
     clock = FakeClock()
-    app = make_app(tmp_path, gelu, agent, pool, clock)
+    app = make_app(tmp_path, gelu, agent, judge, clock)
     async with app.run_test(size=(140, 40)) as pilot:
         await settle(app, pilot)
         await pilot.press("ctrl+r")
@@ -111,11 +121,11 @@ async def test_reject_with_a_note_reaches_the_agent(tmp_path, gelu, pool):
         await app.action_quit()
 
 
-async def test_edit_the_proposal_before_it_runs(tmp_path, gelu, pool):
+async def test_edit_the_proposal_before_it_runs(tmp_path, gelu, judge):
     start = gelu.starting_source()
     agent = ScriptedAgent([kernel(faster(start), "taller blocks")])
     clock = FakeClock()
-    app = make_app(tmp_path, gelu, agent, pool, clock)
+    app = make_app(tmp_path, gelu, agent, judge, clock)
     async with app.run_test(size=(140, 40)) as pilot:
         await settle(app, pilot)
         await pilot.press("ctrl+r")
@@ -193,13 +203,13 @@ async def test_profile_then_autonomous_on_and_off(tmp_path, gelu, pool):
         await app.action_quit()
 
 
-async def test_cancel_needs_two_presses(tmp_path, gelu, pool):
+async def test_cancel_needs_two_presses(tmp_path, gelu, judge):
     import asyncio
 
     hold = asyncio.Event()
     agent = ScriptedAgent([kernel(gelu.starting_source())], hold=hold)
     clock = FakeClock()
-    app = make_app(tmp_path, gelu, agent, pool, clock)
+    app = make_app(tmp_path, gelu, agent, judge, clock)
     async with app.run_test(size=(140, 40)) as pilot:
         await settle(app, pilot)
         app.workbench.query_one("#chat-input").focus()
@@ -222,7 +232,7 @@ async def test_cancel_needs_two_presses(tmp_path, gelu, pool):
         await app.action_quit()
 
 
-async def test_claude_through_the_real_sdk_against_a_local_server(tmp_path, gelu, pool,
+async def test_claude_through_the_real_sdk_against_a_local_server(tmp_path, gelu, judge,
                                                                   monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test-local")
     monkeypatch.setenv("TILEWRIGHT_DATA_DIR", str(tmp_path / "data"))
@@ -236,7 +246,7 @@ async def test_claude_through_the_real_sdk_against_a_local_server(tmp_path, gelu
                             "model": "claude-sonnet-4-5"}}
         agent = agents.make_agent("anthropic", config)
         clock = FakeClock()
-        app = make_app(tmp_path, gelu, agent, pool, clock, config=config)
+        app = make_app(tmp_path, gelu, agent, judge, clock, config=config)
         async with app.run_test(size=(140, 40)) as pilot:
             await settle(app, pilot)
             await pilot.press("ctrl+r")
@@ -261,13 +271,13 @@ async def test_claude_through_the_real_sdk_against_a_local_server(tmp_path, gelu
 
 
 async def test_a_plan_is_shown_in_full_and_approving_it_asks_the_implementer(tmp_path, gelu,
-                                                                             pool):
+                                                                             judge):
     from scripted_agent import plan
 
     agent = ScriptedAgent([plan("1. tile rows by 128\n2. fuse the tanh", "two steps"),
                            kernel(faster(gelu.starting_source()), "rows 128")])
     clock = FakeClock()
-    app = make_app(tmp_path, gelu, agent, pool, clock,
+    app = make_app(tmp_path, gelu, agent, judge, clock,
                    config={"controller": {"propose_after_run": False}})
     async with app.run_test(size=(140, 40)) as pilot:
         await settle(app, pilot)
@@ -287,7 +297,7 @@ async def test_a_plan_is_shown_in_full_and_approving_it_asks_the_implementer(tmp
         await app.action_quit()
 
 
-async def test_full_collections_wait_for_a_quiet_keyboard(tmp_path, gelu, pool, monkeypatch):
+async def test_full_collections_wait_for_a_quiet_keyboard(tmp_path, gelu, judge, monkeypatch):
     import gc
     import time
 
@@ -301,7 +311,7 @@ async def test_full_collections_wait_for_a_quiet_keyboard(tmp_path, gelu, pool, 
             full.append(1)
 
     monkeypatch.setattr(app_module, "FULL_GC_AFTER_YOUNG", 0)  # due whenever quiet
-    app = make_app(tmp_path, gelu, ScriptedAgent([]), pool)
+    app = make_app(tmp_path, gelu, ScriptedAgent([]), judge)
     async with app.run_test(size=(140, 40)) as pilot:
         await settle(app, pilot)
         assert gc.get_threshold()[2] == app_module.FULL_GC_NEVER  # none on its own
@@ -324,10 +334,10 @@ async def test_full_collections_wait_for_a_quiet_keyboard(tmp_path, gelu, pool, 
     assert gc.get_threshold() == before
 
 
-async def test_a_missing_key_offers_to_open_with_the_offline_agent(tmp_path, gelu, pool):
+async def test_a_missing_key_offers_to_open_with_the_offline_agent(tmp_path, gelu, judge):
     from tilewright.tui.launch import LaunchError
 
-    evaluator = PoolEvaluator(pool, EvalOptions(trials=1, time_budget_s=0.05, timeout_s=120))
+    evaluator = PoolEvaluator(judge, EvalOptions(trials=1, time_budget_s=0.05, timeout_s=120))
     asked: list[str | None] = []
 
     async def opener(agent: str | None = None):
@@ -355,10 +365,10 @@ async def test_a_missing_key_offers_to_open_with_the_offline_agent(tmp_path, gel
         await app.action_quit()
 
 
-async def test_streamed_text_is_coalesced_into_fewer_messages_in_order(tmp_path, gelu, pool):
+async def test_streamed_text_is_coalesced_into_fewer_messages_in_order(tmp_path, gelu, judge):
     words = " ".join(f"w{i}" for i in range(300))
     agent = ScriptedAgent([kernel(faster(gelu.starting_source()))], text=words)
-    app = make_app(tmp_path, gelu, agent, pool)
+    app = make_app(tmp_path, gelu, agent, judge)
     async with app.run_test(size=(140, 40)) as pilot:
         await settle(app, pilot)
         published: list[str] = []

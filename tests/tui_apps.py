@@ -1,6 +1,7 @@
-"""The real app under test on a live session: made over a worker pool with a scripted
-agent and a fake clock, settled until the controller is idle and the screen has caught
-up, and its recorded events read back."""
+"""The real app under test on a live session: made over a judge (a worker pool, or a
+test double where the worker is not what is tested) with a scripted agent and a fake
+clock, settled until the controller is idle and the screen has caught up, and its
+recorded events read back."""
 
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ class FakeClock:
         return self.now
 
 
-def make_app(tmp_path: Path, task, agent, pool, clock: FakeClock | None = None,
+def make_app(tmp_path: Path, task, agent, judge, clock: FakeClock | None = None,
              config: dict | None = None) -> TilewrightApp:
-    evaluator = PoolEvaluator(pool, EvalOptions(trials=1, time_budget_s=0.05, timeout_s=120))
+    evaluator = PoolEvaluator(judge, EvalOptions(trials=1, time_budget_s=0.05, timeout_s=120))
     config = config or {}
 
     async def opener():
