@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from judges import MarkedJudge
 
 from tilewright.agents import brief, make_agent
 from tilewright.kernels.judge.result import Rank
@@ -100,8 +101,9 @@ async def test_parallel_runs_are_independent_lineages(tmp_path) -> None:
     task = load_task(SUITE / "native_scale_shift", {"rows": 16})
     config = SearchConfig(mode="runs", runs=2, branching=1, max_rounds=1, tuning_children=0,
                           budget=Budget(nodes=4))
-    async with LocalExecutor(workers=2) as executor:
-        search = Search.create(tmp_path, task, brief(task), make_agent("offline"), executor,
+    # The lineages are what is tested, not the worker: the in-process judge.
+    async with MarkedJudge() as judge:
+        search = Search.create(tmp_path, task, brief(task), make_agent("offline"), judge,
                                config, eval_options=FAST)
         summary = await search.run()
         search.close()
@@ -408,8 +410,8 @@ async def test_claude_is_asked_for_a_different_strategy_per_child(tmp_path, monk
                                           "source": tall}))
         agent = make_agent("anthropic", {"agent": {"base_url": server.url,
                                                    "retry_base_s": 0.01, "max_retries": 1}})
-        async with LocalExecutor(workers=2) as executor:
-            search = Search.create(tmp_path, task, brief(task), agent, executor, config,
+        async with MarkedJudge() as judge:  # what is asked is tested, not the worker
+            search = Search.create(tmp_path, task, brief(task), agent, judge, config,
                                    eval_options=FAST)
             summary = await search.run()
             search.close()
