@@ -1,18 +1,18 @@
 """The search view on the real Textual app: a recorded search read-only, and a live
-human-in-the-loop search (real workers, the offline agent) approved, rejected and
-pruned from the keyboard."""
+human-in-the-loop search (the offline agent, judged in-process: the keys are what is
+tested) approved, rejected and pruned from the keyboard."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 
+from judges import MarkedJudge
 from textual.app import App
 from textual.widgets import Static, Tree
 
 from tilewright.agents import brief, make_agent
 from tilewright.kernels.judge.result import Rank
-from tilewright.kernels.pool import LocalExecutor
 from tilewright.kernels.pool.workers import EvalOptions
 from tilewright.kernels.tasks.loaders import load_task
 from tilewright.sessions.log import SessionLog, load
@@ -100,7 +100,7 @@ async def test_human_in_the_loop_approve_reject_prune(tmp_path) -> None:
     task = load_task(SUITE / "native_scale_shift", {"rows": 16})
     config = SearchConfig(beam_width=1, branching=2, max_rounds=1, max_attempts=1,
                           approval="user", budget=Budget(nodes=4))
-    async with LocalExecutor(workers=1) as executor:
+    async with MarkedJudge() as executor:
         search = Search.create(tmp_path, task, brief(task), make_agent("offline"), executor,
                                config, eval_options=EvalOptions(trials=1, time_budget_s=0.2))
         changed = asyncio.Event()
