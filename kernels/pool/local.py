@@ -190,11 +190,8 @@ class LocalExecutor:
             self._hook(pool)
 
     def _hook(self, pool: WorkerPool) -> None:
-        if self._listener is not None:
-            pool.on_state_change = self._pool_changed
-        elif pool.on_state_change == self._pool_changed:
-            # Only our own hook: a pool the caller shares may have another listener now.
-            pool.on_state_change = None
+        # The pools are this executor's own: it alone listens to them.
+        pool.on_state_change = self._pool_changed if self._listener is not None else None
 
     def _pool_changed(self, _pool_state: str) -> None:
         state = self.state

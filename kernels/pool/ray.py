@@ -178,13 +178,13 @@ def ray_estimate(packed: dict[str, Any], source: str, options: dict[str, Any],
 
 def ray_lookup(name: str) -> dict[str, Any]:
     """Body of a Ray task that looks ``name`` up in this node's JAX."""
-    return dict(_EvalHost.get().call(lambda pool: pool.lookup_api(name)))
+    return _EvalHost.get().call(lambda pool: pool.lookup_api(name))
 
 
 def ray_inputs(packed: dict[str, Any]) -> dict[str, Any]:
     """Body of a Ray task that runs the task's input builder abstractly on this node."""
     task = _unpack_task(packed)
-    return dict(_EvalHost.get().call(lambda pool: pool.inputs(task)))
+    return _EvalHost.get().call(lambda pool: pool.inputs(task))
 
 
 def ray_profile(packed: dict[str, Any], source: str, options: dict[str, Any],
