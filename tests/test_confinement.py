@@ -180,11 +180,12 @@ def _worker_chain(worker) -> set[int]:
     for pid in descendants(worker.proc.pid):
         if worker.pid in descendants(pid) or pid == worker.pid:
             chain.add(pid)
-    # The judge's warm candidate process: its shim, the shim's init, the init's server
-    # (anything a candidate leaves is below the server, which reaps it after each request);
-    # and its TPU compile processes (kernels.worker.tpu.compiler), children of the judge.
+    # The judge's zygote (kernels.worker.candidate.zygote) and its forks: the warm
+    # candidate process (with a shim and an init when it makes namespaces of its own;
+    # anything a candidate leaves is below its server, which reaps it after each
+    # request) and the TPU compile processes (kernels.worker.tpu.compiler).
     level = set(chain)
-    for _ in range(3):
+    for _ in range(4):
         level = {p for p, parent in _parents().items() if parent in level} - chain
         chain |= {p for p in level if _is_judge_helper(p)}
         level &= chain
@@ -201,8 +202,10 @@ def _is_judge_helper(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             cmdline = fh.read()
-            return b"tilewright.kernels.worker.candidate.main" in cmdline \
-                or b"tilewright.kernels.worker.tpu.compiler" in cmdline
+            return any(module in cmdline for module in (
+                b"tilewright.kernels.worker.candidate.main",
+                b"tilewright.kernels.worker.candidate.zygote",
+                b"tilewright.kernels.worker.tpu.compiler"))
     except OSError:
         return False
 

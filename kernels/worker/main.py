@@ -165,17 +165,17 @@ def main(argv: list[str] | None = None) -> int:
     sock = socket.socket(fileno=args.fd)
     sock.setblocking(True)
     from tilewright.kernels.worker.candidate import judge  # none imports JAX
-    from tilewright.kernels.worker.tpu import compile_pool, reference
+    from tilewright.kernels.worker.tpu import reference
 
-    # The candidate process first: it imports JAX while we do (on two cores the two
-    # imports overlap; its readiness is what the first evaluation waits for).
+    # The zygote first: it imports JAX while we do (on two cores the two imports
+    # overlap), and the candidate process is its first fork (its readiness is what the
+    # first evaluation waits for).
+    judge.start_zygote()
     judge.process().start()
     import jax  # noqa: F401  -- once, up front: this is what makes the worker warm
 
     warm_up(kernel=False)
-    # The compile processes next: the first evaluation's production verdict would wait
-    # for them otherwise (a CLI `eval` starts everything at once).
-    compile_pool.compilers().start()
+    # (The compile processes start on their first cache miss: forks of the zygote.)
     reference.BOOK.start()
     serve(sock, confined)
     return 0

@@ -127,8 +127,9 @@ class Compilers:
     """The judge's compile processes (verdict: no estimate flag; estimate: with it, for
     the candidates; reference: with it, for the task's XLA reference, so a candidate's
     estimate never waits behind the reference's, which can take minutes), each used by
-    one thread at a time, with the disk cache in front. The reference's process starts
-    on its first compile: most evaluations find the reference on disk."""
+    one thread at a time, with the disk cache in front. Each process starts on its
+    first compile, a fork of the judge's zygote: an evaluation whose programs are all
+    on disk starts none."""
 
     def __init__(self) -> None:
         from tilewright.kernels.worker.candidate.judge import CandidateProcess
@@ -148,12 +149,6 @@ class Compilers:
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs.values() if p.pid is not None]
-
-    def start(self) -> None:
-        """Start the verdict and candidate-estimate processes (not yet started ones)."""
-        for kind in ("verdict", "estimate"):
-            if self.procs[kind].pid is None:
-                self.procs[kind].start()
 
     def compile(self, blob: bytes, chip: str, kind: str, deadline: float,
                 memory_mb: int = COMPILE_MEMORY_MB, process: str | None = None,
@@ -186,7 +181,6 @@ class Compilers:
             return {"compile": "unavailable", "message": str(exc), "kind": None,
                     "why": "busy", "compile_s": time.perf_counter() - started}
         except CandidateFailure as failure:
-            proc.start()  # a fresh one for the next request
             what = {"timeout": f"did not finish within {until - started_at:.0f} s",
                     "memory": f"needed more than its {memory_mb} MB memory limit"
                     }.get(failure.kind)
@@ -210,7 +204,7 @@ class Compilers:
 
 @functools.cache
 def compilers() -> Compilers:
-    """This judge's compile processes (made on first use, started by ``start``)."""
+    """This judge's compile processes (each started on its first cache miss)."""
     return Compilers()
 
 

@@ -130,10 +130,6 @@ class ProductionRun:
         from tilewright.kernels.worker.execution import task_runtime
 
         self.started = time.perf_counter()
-        # The compile processes import JAX while the candidate traces (started on the
-        # first evaluation, not with the worker: three processes importing JAX at once
-        # on a small machine slow the first one down).
-        compile_pool.compilers().start()
         try:
             runtime = task_runtime(self.spec)
             dyn, static, _how = runtime.input_signature(self.config)
@@ -726,7 +722,6 @@ def reference_request(payload: dict[str, Any]) -> dict[str, Any]:
     runtime = task_runtime(spec)
     dyn, _static, _ = runtime.input_signature(task.shapes[0])
     inputs = [(tuple(int(d) for d in a.shape), str(a.dtype)) for a in dyn]
-    compile_pool.compilers().start()
     ticket = reference.BOOK.request(
         spec, chip, int(payload.get("compile_memory_mb") or compile_pool.COMPILE_MEMORY_MB))
     record = ticket.wait(float(payload.get("timeout_s") or 600.0))
