@@ -80,7 +80,6 @@ def main(argv: list[str] | None = None) -> int:
 
     chip = args.chip
     comp = compile_pool.compilers()
-    comp.start()
     print(f"chip {chip}; libtpu {comp.libtpu}; compile processes limited to "
           f"{args.memory_mb} MB; cache {cache} ({'shared' if shared else 'fresh'})")
     print(f"{'case':<42} {'what':<9} {'steps':>6} {'full cycles':>12} {'derived':>12} "

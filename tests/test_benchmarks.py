@@ -44,6 +44,9 @@ SMOKES = {
         "no checkout: the JAXBench and MaxKernel fixtures listed with `tilewright tasks "
         "--no-check`, the shared-size resolution, the table (no search, no re-check)",
         "inputs generate: 2/2"),
+    "process_start.py": (
+        "one candidate process started as a fresh process and one as a fork of the "
+        "judge's zygote", "fresh/fork:"),
     "production_speed.py": (
         "the small task only: distinct gelu kernels through a warm worker without the TPU "
         "compile, against a fresh script per candidate", "script/ours"),
