@@ -200,7 +200,10 @@ def _parents() -> dict[int, int]:
 
 def _is_judge_helper(pid: int) -> bool:
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+        with open(f"/proc/{pid}/comm") as fh:  # a fork of the zygote (forked from the judge)
+            if fh.read().strip() in ("tw-zygote", "tw-candidate", "tw-compiler"):
+                return True
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:  # one started as a process of its own
             cmdline = fh.read()
             return any(module in cmdline for module in (
                 b"tilewright.kernels.worker.candidate.main",

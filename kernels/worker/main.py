@@ -164,16 +164,17 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = socket.socket(fileno=args.fd)
     sock.setblocking(True)
-    from tilewright.kernels.worker.candidate import judge  # none imports JAX
+    from tilewright.kernels.worker.candidate import judge, zygote  # none imports JAX
     from tilewright.kernels.worker.tpu import reference
 
-    # The zygote first: it imports JAX while we do (on two cores the two imports
-    # overlap), and the candidate process is its first fork (its readiness is what the
-    # first evaluation waits for).
-    judge.start_zygote()
-    judge.process().start()
+    before = zygote.import_time(os.environ)
     import jax  # noqa: F401  -- once, up front: this is what makes the worker warm
 
+    # The zygote is a fork of this process, now: JAX imported, no backend and no thread
+    # of ours started yet. The candidate process is its first fork (its readiness is
+    # what the first evaluation waits for); it warms up while we do.
+    judge.fork_zygote(before, args.fd)
+    judge.process().start()
     warm_up(kernel=False)
     # (The compile processes start on their first cache miss: forks of the zygote.)
     reference.BOOK.start()

@@ -392,10 +392,18 @@ def _candidate_env(scratch: str) -> dict[str, str]:
 
 
 def start_zygote() -> None:
-    """Start the judge's fork server (``zygote``), with the candidates' environment
-    (each child's own scratch is set at its fork)."""
+    """Start the judge's fork server (``zygote``) as a process of its own, with the
+    candidates' environment (each child's own scratch is set at its fork)."""
     root = os.environ.get("TMPDIR") or tempfile.gettempdir()
     zygote.start(_candidate_env(root), root)
+
+
+def fork_zygote(before: dict[str, str], fd: int) -> None:
+    """Fork this process (the worker, JAX imported, no backend yet) into the judge's
+    zygote; ``before``: its import-time variables as it started; ``fd``: the number
+    its command line gives its socket (the zygote's children show the same line)."""
+    root = os.environ.get("TMPDIR") or tempfile.gettempdir()
+    zygote.zygote().fork_here(_candidate_env(root), root, before, fd)
 
 
 def pickled(dyn: tuple, static: tuple) -> bytes:

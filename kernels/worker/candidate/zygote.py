@@ -2,12 +2,17 @@
 
 Importing JAX and Pallas costs a new Python process about 1.5 s of CPU, and the judge
 starts many children: a candidate process per distinct candidate (plus the spare that
-waits for the next one) and its TPU compile processes. The zygote
-(``python -P -m tilewright.kernels.worker.candidate.zygote``) is started by the judge
-once, imports JAX, Pallas and the harness modules its children run, initializes no
-backend (so it has no thread of XLA's that a fork could cut in half; the one thread
-besides its own is OpenBLAS's, which shuts down around a fork), and then forks a child
-per request. The child is what ``subprocess.Popen`` would have made: its descriptors
+waits for the next one) and its TPU compile processes. The zygote holds JAX, Pallas and
+the harness modules its children run, imported once, initializes no backend (so it has
+no thread of XLA's that a fork could cut in half; the one thread besides its own is
+OpenBLAS's, which shuts down around a fork), and forks a child per request. The worker
+makes it by forking itself once it has imported JAX, before its backend and its
+threads start (``Zygote.fork_here``: the zygote closes every descriptor of the worker's
+but stdin, stdout and stderr, the app's socket included); a process without JAX, or a
+judge whose zygote died, starts one as ``python -P -m
+tilewright.kernels.worker.candidate.zygote`` (``Zygote.start``). Its processes are named
+``tw-zygote``, ``tw-candidate`` and ``tw-compiler`` in ``top`` and ``ps -o comm`` (their
+command line is the one they were forked from). The child is what ``subprocess.Popen`` would have made: its descriptors
 are the judge's socket end and stderr pipe (passed over the control socket) and the
 zygote's stdin and stdout, nothing else; its environment, working directory and
 arguments are the request's; it runs the module's ``main(argv)`` and exits through the
@@ -56,8 +61,11 @@ PRELOAD = ("jax", "jax.numpy", "jax.experimental.pallas", "jax.experimental.pall
            "tilewright.kernels.worker.runtime", "tilewright.kernels.worker.execution",
            "tilewright.kernels.worker.errors",
            "tilewright.kernels.worker.evaluation.integrity")
-CHILD_MODULES = ("tilewright.kernels.worker.candidate.main",
-                 "tilewright.kernels.worker.tpu.compiler")
+# What it forks, and each one's process name (top, ps -o comm: its command line is the
+# zygote's, which is the worker's when the worker forked it).
+CHILD_MODULES = {"tilewright.kernels.worker.candidate.main": "tw-candidate",
+                 "tilewright.kernels.worker.tpu.compiler": "tw-compiler"}
+NAME = "tw-zygote"
 MESSAGE_LIMIT = 1 << 20
 PR_SET_NAME = 15
 READY_TIMEOUT_S = 180.0
@@ -112,13 +120,43 @@ class Forked:
         return code
 
 
+class _OwnChild:
+    """A zygote this process forked (``Zygote.fork_here``): what the judge needs of a
+    ``Popen`` (``pid``, ``kill``, ``wait``)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError):
+            os.kill(self.pid, signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None) -> int:
+        until = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere (the worker's after-request reap)
+                self.returncode = -int(signal.SIGKILL)
+                break
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+                break
+            if until is not None and time.monotonic() > until:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
+            time.sleep(0.01)
+        return self.returncode
+
+
 class Zygote:
-    """The judge's handle on its fork server: ``start`` it early (it imports JAX while
-    the judge does), ``spawn`` children from it. Thread-safe: compile threads start
-    their processes while the main thread starts a candidate's."""
+    """The judge's handle on its fork server: ``fork_here`` (the worker, once it has
+    imported JAX and before it starts a thread of its own) or ``start`` it (a process
+    that has not imported JAX), then ``spawn`` children from it. Thread-safe: compile
+    threads start their processes while the main thread starts a candidate's."""
 
     def __init__(self) -> None:
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | _OwnChild | None = None
         self.sock: socket.socket | None = None
         self.pid: int | None = None  # the zygote's own pid, once it said it is ready
         self.ids = 0
@@ -165,7 +203,45 @@ class Zygote:
         threading.Thread(target=self._read, args=(proc, mine), daemon=True,
                          name="tilewright-zygote").start()
 
-    def _read(self, proc: subprocess.Popen[bytes], sock: socket.socket) -> None:
+    def fork_here(self, env: dict[str, str], cwd: str, before: dict[str, str],
+                  fd: int | None = None) -> None:
+        """Make this process's fork the zygote: no second import of JAX. Call it after
+        importing JAX and before any thread but the main one can hold a lock (no
+        backend yet); ``before`` is this process's ``import_time`` variables as it
+        started; ``env`` and ``cwd`` are for a zygote ``start``ed if this one dies.
+        Nothing but stdin, stdout, stderr and its control socket stays open in it;
+        ``fd``: the descriptor number this process's command line names (``--fd``),
+        which the control socket, and each child's channel, then take."""
+        import importlib
+
+        with self.start_lock:
+            with self.cond:
+                if self.proc is not None and not self.dead:
+                    return
+                self.dead, self.pid, self.why = False, None, None
+                self.replies.clear()
+                self.started = (dict(env), cwd)
+            for name in PRELOAD:
+                importlib.import_module(name)
+            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            parent = os.getpid()
+            pid = os.fork()
+            if pid == 0:  # the zygote: it never returns
+                control = theirs.detach()
+                mine.detach()
+                if fd is not None and fd > 2 and fd != control:
+                    os.dup2(control, fd)  # (closes what it was: the app's socket)
+                    os.close(control)
+                    control = fd
+                os._exit(_zygote(control, parent, before, close_first=True))
+            theirs.close()
+            proc = _OwnChild(pid)
+            with self.cond:
+                self.proc, self.sock = proc, mine
+            threading.Thread(target=self._read, args=(proc, mine), daemon=True,
+                             name="tilewright-zygote").start()
+
+    def _read(self, proc: subprocess.Popen[bytes] | _OwnChild, sock: socket.socket) -> None:
         while True:
             try:
                 data = sock.recv(MESSAGE_LIMIT)
@@ -364,6 +440,14 @@ def _serve(sock: socket.socket, parent: int, before: dict[str, str]
         _send(sock, {"type": "forked", "id": ident, "pid": pid})
 
 
+def _name(name: str) -> None:
+    """This process's name in top and ``ps -o comm``."""
+    with contextlib.suppress(Exception):
+        from tilewright.kernels.confinement.linux import libc_handle
+
+        libc_handle().prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+
+
 def _become(request: dict[str, Any], fds: list[int], control: int) -> int:
     """In the forked child: take the request's descriptors, environment, directory and
     arguments, and run its module as ``python -m`` would (its ``main(argv)``)."""
@@ -381,12 +465,7 @@ def _become(request: dict[str, Any], fds: list[int], control: int) -> int:
     # 2 the new pipe, ``channel`` the judge's socket end.
     os.closerange(3, channel)
     os.closerange(channel + 1, 65536)
-    # Its name in top and ps -o comm (its command line is the zygote's).
-    name = request["module"].rsplit(".", 1)[-1]
-    with contextlib.suppress(Exception):
-        from tilewright.kernels.confinement.linux import libc_handle
-
-        libc_handle().prctl(PR_SET_NAME, f"tw-{name}".encode()[:15], 0, 0, 0)
+    _name(CHILD_MODULES[request["module"]])
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update({str(k): str(v) for k, v in request["env"].items()})
@@ -397,31 +476,60 @@ def _become(request: dict[str, Any], fds: list[int], control: int) -> int:
     return int(module.main(argv) or 0)
 
 
+def _zygote(control: int, parent: int, before: dict[str, str], close_first: bool) -> int:
+    """The zygote's life: serve fork requests on ``control`` until the judge closes it
+    (0), and in each forked child, become the requested process and exit with its code
+    (never returning: the stack below is the zygote's, or the worker's it was forked
+    from). ``close_first``: close every other descriptor (a zygote forked from the
+    worker holds the worker's, the app's socket among them)."""
+    from tilewright.kernels.confinement.linux import PR_SET_DUMPABLE, prctl
+    from tilewright.kernels.worker.startup import die_with_parent
+
+    die_with_parent(parent)
+    _name(NAME)
+    prctl(PR_SET_DUMPABLE, 0)  # its children's memory is its own: no sibling reads it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if close_first:
+        os.closerange(3, control)
+        os.closerange(control + 1, 65536)
+    child = _serve(socket.socket(fileno=control), parent, before)
+    if child is None:
+        return 0
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in any new Python
+    code = 1
+    try:
+        code = _become(*child, control=control)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    # The end of a process: what it registered to run at exit, its buffered output.
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
+    import importlib
 
-    from tilewright.kernels.confinement.linux import PR_SET_DUMPABLE, prctl
-    from tilewright.kernels.worker.startup import die_with_parent, isolate_path
+    from tilewright.kernels.worker.startup import isolate_path
 
     parser = argparse.ArgumentParser(prog=f"python -m {__name__}")
     parser.add_argument("--fd", type=int, required=True, help="inherited control socket")
     parser.add_argument("--parent", type=int, required=True, help="pid of the judge")
     args = parser.parse_args(argv)
-    die_with_parent(args.parent)
     isolate_path()
-    prctl(PR_SET_DUMPABLE, 0)  # its children's memory is its own: no sibling reads it
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    sock = socket.socket(fileno=args.fd)
-    import importlib
-
     before = import_time(os.environ)
     for name in PRELOAD:
         importlib.import_module(name)
-    child = _serve(sock, args.parent, before)
-    if child is None:
-        return 0
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in any new Python
-    return _become(*child, control=args.fd)
+    return _zygote(args.fd, args.parent, before, close_first=False)
 
 
 if __name__ == "__main__":
