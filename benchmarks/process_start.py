@@ -2,7 +2,7 @@
 
 The judge starts a candidate process per distinct candidate (and a spare for the next
 one) and compile processes on cache misses. Each is either a fork of the judge's zygote
-(``kernels.worker.candidate.zygote``: JAX, Pallas and the harness imported once) or a
+(``kernels.worker.zygote``: JAX, Pallas and the harness imported once) or a
 fresh ``python -P -m ...`` that imports them itself. This starts ``--reps`` candidate
 processes each way, from this process, one at a time, and prints per way the median
 wall time from ``start`` to the process's "ready" (imports, confinement and the
@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tilewright.kernels.confinement import descendants  # noqa: E402
-from tilewright.kernels.worker.candidate import judge, zygote  # noqa: E402
+from tilewright.kernels.pool import forks  # noqa: E402
+from tilewright.kernels.worker.candidate import judge  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -54,10 +55,10 @@ def start_one(expect_fork: bool) -> tuple[float, float]:
     try:
         proc.ensure(time.monotonic() + 300)
         wall = time.perf_counter() - started
-        forked = isinstance(proc.proc, zygote.Forked)
+        forked = isinstance(proc.proc, forks.Forked)
         if forked != expect_fork:
             raise SystemExit(f"expected {'a fork' if expect_fork else 'a fresh process'}, "
-                             f"got the other ({zygote.zygote().why})")
+                             f"got the other ({forks.zygote().why})")
         assert proc.pid is not None
         return wall, cpu_s(proc.pid)
     finally:
@@ -76,12 +77,12 @@ def main() -> int:
     fresh = [start_one(expect_fork=False) for _ in range(reps)]  # no zygote yet
     began = time.perf_counter()
     judge.start_zygote()
-    server = zygote.zygote()
+    server = forks.zygote()
     if not server._ready(time.monotonic() + 300):
         raise SystemExit(f"the zygote did not start: {server.why}")
     assert server.proc is not None
     zygote_wall, zygote_cpu = time.perf_counter() - began, cpu_s(server.proc.pid)
-    forks = [start_one(expect_fork=True) for _ in range(reps)]
+    forked = [start_one(expect_fork=True) for _ in range(reps)]
     server.proc.kill()
 
     def row(name: str, runs: list[tuple[float, float]]) -> tuple[float, float]:
@@ -92,7 +93,7 @@ def main() -> int:
 
     print("candidate process start (imports, confinement, warm-up kernel), median:")
     fresh_wall, fresh_cpu = row("fresh process", fresh)
-    fork_wall, fork_cpu = row("zygote fork", forks)
+    fork_wall, fork_cpu = row("zygote fork", forked)
     print(f"{'zygote itself':<15} {zygote_wall:8.2f} s wall to ready {zygote_cpu:8.2f} s CPU   "
           "(once per judge)")
     print(f"fresh/fork: {fresh_wall / max(fork_wall, 1e-9):.1f}x wall, "

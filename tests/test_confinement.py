@@ -180,7 +180,7 @@ def _worker_chain(worker) -> set[int]:
     for pid in descendants(worker.proc.pid):
         if worker.pid in descendants(pid) or pid == worker.pid:
             chain.add(pid)
-    # The judge's zygote (kernels.worker.candidate.zygote) and its forks: the warm
+    # The judge's zygote (kernels.worker.zygote) and its forks: the warm
     # candidate process (with a shim and an init when it makes namespaces of its own;
     # anything a candidate leaves is below its server, which reaps it after each
     # request) and the TPU compile processes (kernels.worker.tpu.compiler).
@@ -207,7 +207,7 @@ def _is_judge_helper(pid: int) -> bool:
             cmdline = fh.read()
             return any(module in cmdline for module in (
                 b"tilewright.kernels.worker.candidate.main",
-                b"tilewright.kernels.worker.candidate.zygote",
+                b"tilewright.kernels.worker.zygote",
                 b"tilewright.kernels.worker.tpu.compiler"))
     except OSError:
         return False

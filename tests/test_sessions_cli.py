@@ -66,18 +66,19 @@ def only_session(base: Path) -> Path:
 
 
 def worker_pids(parent: int) -> list[int]:
-    """Worker processes started for ``parent`` (they are told its pid)."""
+    """Worker processes below ``parent``: forks of its zygote (named ``tw-worker``) or
+    started as ``python -m tilewright.kernels.worker.main``."""
+    from tilewright.kernels.confinement import descendants
+
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for pid in descendants(parent):
         try:
-            cmd = (entry / "cmdline").read_bytes().split(b"\0")
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"tilewright.kernels.worker.main" in cmd and b"--parent" in cmd \
-                and cmd[cmd.index(b"--parent") + 1] == str(parent).encode():
-            found.append(int(entry.name))
+        if comm == "tw-worker" or b"tilewright.kernels.worker.main" in cmd:
+            found.append(pid)
     return found
 
 
@@ -234,15 +235,22 @@ def test_kill_9_mid_run_then_resume(tmp_path: Path) -> None:
                              for e in events(only_session(tmp_path))))
         workers = worker_pids(proc.pid)
         assert workers
+        from tilewright.kernels.confinement import descendants
+
+        started = descendants(proc.pid)  # the workers, the zygotes and their children
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
         proc.kill()
         proc.communicate()
-    # Workers do not outlive the app.
-    wait_for(lambda: not any(Path(f"/proc/{pid}").exists() and
-                             b"worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
-                             for pid in workers), timeout=30)
+    # Workers (and every process the app started) do not outlive the app.
+    def ours(pid: int) -> bool:
+        try:
+            return b"tilewright" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return False
+
+    wait_for(lambda: not any(ours(pid) for pid in started), timeout=30)
     session = only_session(tmp_path)
     loaded = load(session)
     assert not loaded.warnings or loaded.torn_tail

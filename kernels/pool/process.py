@@ -32,12 +32,13 @@ from typing import Any
 
 from tilewright.kernels import confinement
 from tilewright.kernels.judge.process_failure import exited, signal_death
-from tilewright.kernels.pool import protocol
-from tilewright.kernels.pool.env import redact, secret_values
+from tilewright.kernels.pool import forks, protocol
+from tilewright.kernels.pool.env import redact, secret_values, worker_environment
 from tilewright.kernels.source.printable import printable
 from tilewright.kernels.tasks.copies import TASKS_DIRNAME, TaskCopies
 
 STDERR_LIMIT = 64 * 1024  # keep the tail of what a request printed
+WORKER_MODULE = "tilewright.kernels.worker.main"
 STRING_LIMIT = 64 * 1024  # any one string in a reply (an error message, a traceback)
 MEMORY_POLL_S = 0.2
 # The most a progress frame may extend a request's deadline by (the judge's production
@@ -130,6 +131,43 @@ def sweep_scratch(parent: str | None = None) -> list[str]:
     return removed
 
 
+class _ForkedWorker:
+    """A worker the app's zygote forked: the part of ``asyncio.subprocess.Process`` the
+    pool uses (``pid``, ``returncode``, ``wait``, ``kill``)."""
+
+    def __init__(self, forked: forks.Forked) -> None:
+        self.forked = forked
+        self.pid = forked.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.forked.poll()
+
+    async def wait(self) -> int:
+        while (code := self.forked.poll()) is None:
+            await asyncio.sleep(0.01)
+        return code
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+
+def _fork_worker(env: dict[str, str], scratch: str, fd: int, capture: int
+                 ) -> _ForkedWorker | None:
+    """A worker forked from this app's zygote (started with the workers' default
+    environment, quiet: the app's terminal is a screen), its socket ``fd``, its stdout
+    and stderr the ``capture`` file, in a session of its own; None: start it the
+    ordinary way (an import-time setting of ``env`` differs, or no zygote)."""
+    server = forks.zygote()
+    if server.started is None:
+        server.start(worker_environment(), tempfile.gettempdir(), quiet=True)
+    forked = server.spawn(WORKER_MODULE, ["--scratch", scratch],
+                          {**env, "TMPDIR": scratch}, scratch, fd, output=capture,
+                          session=True)
+    return _ForkedWorker(forked) if forked is not None else None
+
+
 class WorkerProcess:
     """One worker process and its channel."""
 
@@ -137,7 +175,7 @@ class WorkerProcess:
 
     def __init__(self) -> None:
         self.name = f"w{next(self._ids)}"
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: asyncio.subprocess.Process | _ForkedWorker | None = None
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
         # Closed in close_channel(); lives as long as the worker.
@@ -170,11 +208,16 @@ class WorkerProcess:
         parent_sock, child_sock = socket.socketpair()
         os.makedirs(self.tasks.parent, exist_ok=True)  # before it confines itself
         try:
+            # A fork of the app's zygote, which imported JAX once for every worker of
+            # this app (the same process, about 1.5 s of CPU sooner: a worker replaced
+            # after a hang is back at once); else as the zygote would have made it:
             # -P: neither the app's working directory nor a script's directory goes on
             # sys.path (``cd task && tilewright eval --task .`` with an argparse.py in
             # the task imported that file before any confinement); cwd: its scratch.
-            self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-P", "-m", "tilewright.kernels.worker.main",
+            self.proc = await asyncio.to_thread(
+                _fork_worker, env, self.scratch, child_sock.fileno(), self.capture.fileno())
+            self.proc = self.proc or await asyncio.create_subprocess_exec(
+                sys.executable, "-P", "-m", WORKER_MODULE,
                 "--fd", str(child_sock.fileno()), "--parent", str(os.getpid()),
                 "--scratch", self.scratch,
                 pass_fds=(child_sock.fileno(),), stdin=asyncio.subprocess.DEVNULL,

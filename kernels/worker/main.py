@@ -164,10 +164,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = socket.socket(fileno=args.fd)
     sock.setblocking(True)
-    from tilewright.kernels.worker.candidate import judge, zygote  # none imports JAX
+    from tilewright.kernels.worker.candidate import judge  # none imports JAX
     from tilewright.kernels.worker.tpu import reference
 
-    before = zygote.import_time(os.environ)
+    before = dict(os.environ)
     import jax  # noqa: F401  -- once, up front: this is what makes the worker warm
 
     # The zygote is a fork of this process, now: JAX imported, no backend and no thread

@@ -3,5 +3,5 @@
 ``main`` is the process (``python -m tilewright.kernels.worker.candidate.main``): it
 loads one candidate's code, runs its kernel and exports its production program
 (``production``). The judge (the worker) starts and replaces these processes
-(``judge``) as forks of its zygote, which imported JAX once (``zygote``), talks to one
+(``judge``) as forks of its zygote, which imported JAX once (``kernels.worker.zygote``), talks to one
 over a framed socket (``wire``) and parses every reply into types (``channel``)."""

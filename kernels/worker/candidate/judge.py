@@ -44,10 +44,11 @@ from typing import Any
 
 from tilewright.kernels import confinement
 from tilewright.kernels.judge.process_failure import exited, signal_death
+from tilewright.kernels.pool import forks
 from tilewright.kernels.pool.env import ESTIMATE_CACHE
 from tilewright.kernels.pool.protocol import ProtocolError
 from tilewright.kernels.tasks.copies import TASKS_DIRNAME
-from tilewright.kernels.worker.candidate import wire, zygote
+from tilewright.kernels.worker.candidate import wire
 
 STARTUP_TIMEOUT_S = 180.0
 DEFAULT_MEMORY_MB = 16 * 1024
@@ -191,7 +192,7 @@ class CandidateProcess:
                  env: dict[str, str] | None = None) -> None:
         self.module = module
         self.env = dict(env or {})  # added to the child's environment
-        self.proc: subprocess.Popen[bytes] | zygote.Forked | None = None
+        self.proc: subprocess.Popen[bytes] | forks.Forked | None = None
         self.stderr: _StderrPump | None = None
         self.sock: socket.socket | None = None
         self.ready = False
@@ -221,7 +222,7 @@ class CandidateProcess:
             # about 1.5 s of CPU sooner); else, as the zygote would have made it: -P and
             # the scratch dir as its working directory, so nothing beside a task or in
             # the app's directory shadows a module it imports.
-            self.proc = zygote.zygote().spawn(self.module, args, env, scratch,
+            self.proc = forks.zygote().spawn(self.module, args, env, scratch,
                                               theirs.fileno()) or subprocess.Popen(
                 [sys.executable, "-P", "-m", self.module, "--fd", str(theirs.fileno()),
                  "--parent", str(os.getpid()), *args],
@@ -392,18 +393,20 @@ def _candidate_env(scratch: str) -> dict[str, str]:
 
 
 def start_zygote() -> None:
-    """Start the judge's fork server (``zygote``) as a process of its own, with the
+    """Start the judge's fork server (``kernels.worker.zygote``) as a process of its own, with the
     candidates' environment (each child's own scratch is set at its fork)."""
     root = os.environ.get("TMPDIR") or tempfile.gettempdir()
-    zygote.start(_candidate_env(root), root)
+    forks.start(_candidate_env(root), root)
 
 
 def fork_zygote(before: dict[str, str], fd: int) -> None:
     """Fork this process (the worker, JAX imported, no backend yet) into the judge's
-    zygote; ``before``: its import-time variables as it started; ``fd``: the number
+    zygote; ``before``: its environment before it imported JAX; ``fd``: the number
     its command line gives its socket (the zygote's children show the same line)."""
     root = os.environ.get("TMPDIR") or tempfile.gettempdir()
-    zygote.zygote().fork_here(_candidate_env(root), root, before, fd)
+    from tilewright.kernels.worker import zygote
+
+    zygote.fork_here(forks.zygote(), _candidate_env(root), root, before, fd)
 
 
 def pickled(dyn: tuple, static: tuple) -> bytes:
@@ -485,4 +488,4 @@ def kept_pids() -> list[int]:
     after-request cleanup must spare (as it spares the compile processes,
     ``compile_pool.kept_pids``)."""
     return [p.pid for p in (_CANDIDATES.current, _CANDIDATES.spare)
-            if p is not None and p.pid is not None] + zygote.kept_pids()
+            if p is not None and p.pid is not None] + forks.kept_pids()
