@@ -216,19 +216,22 @@ class Zygote:
                 message = None
             with self.cond:
                 if self.proc is not proc:  # replaced meanwhile
-                    return
-                if not isinstance(message, dict):
+                    break
+                try:
+                    kind = message.get("type") if isinstance(message, dict) else None
+                    if kind == "ready":
+                        self.pid = int(message["pid"])
+                    elif kind == "exited":
+                        self.exits[int(message["pid"])] = int(message["status"])
+                    elif kind in ("forked", "refused"):
+                        self.replies[int(message["id"])] = message
+                    else:
+                        raise ValueError("not a message of the zygote's")
+                except (KeyError, TypeError, ValueError):  # gone, or speaking nonsense
                     self.dead = True
                     self.why = self.why or "the zygote exited"
                     self.cond.notify_all()
                     break
-                kind = message.get("type")
-                if kind == "ready":
-                    self.pid = int(message["pid"])
-                elif kind == "exited":
-                    self.exits[int(message["pid"])] = int(message["status"])
-                elif kind in ("forked", "refused"):
-                    self.replies[int(message["id"])] = message
                 self.cond.notify_all()
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
             proc.kill()
