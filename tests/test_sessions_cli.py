@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from waiting import until_now
 
+from tilewright.kernels.confinement import descendants
 from tilewright.sessions.log import load
 from tilewright.sessions.state import fold
 
@@ -68,8 +69,6 @@ def only_session(base: Path) -> Path:
 def worker_pids(parent: int) -> list[int]:
     """Worker processes below ``parent``: forks of its zygote (named ``tw-worker``) or
     started as ``python -m tilewright.kernels.worker.main``."""
-    from tilewright.kernels.confinement import descendants
-
     found = []
     for pid in descendants(parent):
         try:
@@ -235,8 +234,6 @@ def test_kill_9_mid_run_then_resume(tmp_path: Path) -> None:
                              for e in events(only_session(tmp_path))))
         workers = worker_pids(proc.pid)
         assert workers
-        from tilewright.kernels.confinement import descendants
-
         started = descendants(proc.pid)  # the workers, the zygotes and their children
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)

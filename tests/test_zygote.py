@@ -92,26 +92,25 @@ def test_what_the_import_sets_by_default_is_no_difference() -> None:
     assert not forks.same_at_import({}, before, after)
 
 
+def _starts_as(kind: type) -> None:
+    """A candidate process starts as ``kind`` (a fork or a Popen) and answers."""
+    proc = judge.CandidateProcess()
+    proc.start()
+    try:
+        assert isinstance(proc.proc, kind), forks.zygote().why
+        assert _ping(proc)["ok"] is True
+    finally:
+        proc.kill()
+
+
 def test_without_its_zygote_the_judge_starts_children_the_ordinary_way(server) -> None:
     assert server._ready(time.monotonic() + 120)
     server.proc.kill()
     until_now(lambda: server.dead, "the judge to notice the zygote is gone", 30)
-    proc = judge.CandidateProcess()
-    proc.start()
-    try:
-        assert isinstance(proc.proc, subprocess.Popen)
-        assert _ping(proc)["ok"] is True
-    finally:
-        proc.kill()
+    _starts_as(subprocess.Popen)
     # ... and a new zygote is ready for the children after that one.
     until_now(lambda: server.pid is not None and not server.dead, "a new zygote", 120)
-    again = judge.CandidateProcess()
-    again.start()
-    try:
-        assert isinstance(again.proc, forks.Forked)
-        assert _ping(again)["ok"] is True
-    finally:
-        again.kill()
+    _starts_as(forks.Forked)
 
 
 def _comm(pid: int) -> str:

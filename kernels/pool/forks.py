@@ -24,8 +24,8 @@ zygote is gone (a new one is started for the children after) or with
 
 Children are the zygote's, not ours, so the zygote reaps them and reports each one's
 wait status; ``Forked`` gives the caller the part of ``Popen`` it uses (pid, stderr,
-``poll``, ``wait``). The zygote dies with us and the children with the zygote
-(``PR_SET_PDEATHSIG``). It runs no candidate code and keeps no state of a child's: every
+``poll``, ``wait``). The zygote dies with us (a forked one by ``PR_SET_PDEATHSIG``, a
+started one by watching our pid) and the children with the zygote. It runs no candidate code and keeps no state of a child's: every
 child is a copy of the zygote as it was before any child ran. The processes are named
 ``tw-zygote``, ``tw-worker``, ``tw-candidate`` and ``tw-compiler`` in ``top`` and ``ps -o
 comm`` (their command line is the one they were forked from).
@@ -57,7 +57,6 @@ CHILD_MODULES = {"tilewright.kernels.worker.candidate.main": "tw-candidate",
 NAME = "tw-zygote"
 ZYGOTE_MODULE = "tilewright.kernels.worker.zygote"
 MESSAGE_LIMIT = 1 << 20
-PR_SET_NAME = 15
 READY_TIMEOUT_S = 180.0
 REPLY_TIMEOUT_S = 30.0
 OFF_ENV = "TILEWRIGHT_ZYGOTE"  # "off": every process starts the ordinary way (debugging)
@@ -85,7 +84,7 @@ def same_at_import(env: dict[str, str], before: dict[str, str], after: dict[str,
 
 
 class Forked:
-    """A child the zygote forked, as the judge sees it: ``pid`` (of the judge's PID
+    """A child the zygote forked, as its caller sees it: ``pid`` (of the caller's PID
     namespace), ``stderr`` (the read end of its stderr pipe), ``poll`` and ``wait``
     (the exit code as ``Popen`` gives it: negative for a signal)."""
 

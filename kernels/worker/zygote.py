@@ -48,6 +48,8 @@ PRELOAD = ("jax", "jax.numpy", "jax.experimental.pallas", "jax.experimental.pall
            "tilewright.kernels.worker.runtime", "tilewright.kernels.worker.execution",
            "tilewright.kernels.worker.errors",
            "tilewright.kernels.worker.evaluation.integrity")
+
+
 def _send(sock: socket.socket, message: dict[str, Any]) -> None:
     try:
         sock.send(json.dumps(message).encode())
@@ -156,8 +158,8 @@ def _become(request: dict[str, Any], fds: list[int], control: int) -> int:
     os.dup2(channel, control)
     os.close(channel)
     channel = control
-    # Nothing of the zygote's stays open: 0 and 1 are the judge's (as Popen leaves them),
-    # 2 the new pipe, ``channel`` the judge's socket end.
+    # Nothing of the zygote's stays open: 0 is its stdin (as Popen leaves it), 1 and 2
+    # the ones the request passed, ``channel`` the caller's socket end.
     os.closerange(3, channel)
     os.closerange(channel + 1, 65536)
     _name(CHILD_MODULES[request["module"]])
@@ -221,8 +223,7 @@ def fork_here(server: Zygote, env: dict[str, str], cwd: str, before: dict[str, s
               fd: int | None = None) -> None:
     """Fork this process into ``server``'s zygote: no second import of JAX. Call it
     after importing JAX and before any thread but the main one can hold a lock (no
-    backend yet); ``before``: this process's environment as it started (``os.environ``
-    before it imported JAX);
+    backend yet); ``before``: this process's environment before it imported JAX;
     ``env`` and ``cwd``: for a zygote started if this one dies. Nothing but stdin,
     stdout, stderr and its control socket stays open in it; ``fd``: the descriptor
     number this process's command line names (``--fd``), which the control socket,
