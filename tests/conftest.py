@@ -8,7 +8,9 @@ module's event loop and its workers import JAX once for the whole module.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,11 +19,21 @@ import pytest_asyncio
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-# Tests never read the user's config nor write sessions or lessons into the user's data
-# dir; subprocesses (the real `tilewright` in a pty, workers) inherit these too.
-_ISOLATED = tempfile.mkdtemp(prefix="tilewright-tests-")
+# Tests never read the user's config nor write sessions, lessons or compiles into the
+# user's directories; subprocesses (the real `tilewright` in a pty, workers) inherit
+# these too. One root for the run: the first pytest process (xdist's controller, or the
+# only one) makes it, the processes it starts inherit it, and it goes when that one
+# exits. The TPU compile cache under it starts empty, as on a fresh machine, and is
+# shared by the run's processes; each process has its own data dir and config.
+_OWNER = "TILEWRIGHT_TEST_ROOT" not in os.environ
+if _OWNER:
+    os.environ["TILEWRIGHT_TEST_ROOT"] = tempfile.mkdtemp(prefix="tilewright-tests-")
+    atexit.register(shutil.rmtree, os.environ["TILEWRIGHT_TEST_ROOT"], ignore_errors=True)
+_ISOLATED = tempfile.mkdtemp(prefix="process-", dir=os.environ["TILEWRIGHT_TEST_ROOT"])
 os.environ["TILEWRIGHT_DATA_DIR"] = os.path.join(_ISOLATED, "data")
 os.environ["TILEWRIGHT_CONFIG"] = os.path.join(_ISOLATED, "config.toml")
+os.environ.setdefault("TILEWRIGHT_CACHE_DIR",
+                      os.path.join(os.environ["TILEWRIGHT_TEST_ROOT"], "cache"))
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 

@@ -258,15 +258,21 @@ def test_a_fix_that_would_repeat_a_measured_configuration_searches_on() -> None:
 
 # -- through the real harness ----------------------------------------------------------
 
+SMALL_PRODUCTION = {"gelu": {"rows": 1024, "cols": 1024},
+                    "softmax": {"rows": 1024, "cols": 1024},
+                    "rmsnorm": {"rows": 1024, "cols": 1024},
+                    "matmul_bias_gelu": {"m": 512, "k": 512, "n": 512},
+                    "causal_attention": {"batch": 1, "heads": 2, "seq": 512, "head_dim": 128}}
+
+
 @pytest.mark.slow
 @pytest.mark.asyncio(loop_scope="module")
-@pytest.mark.parametrize("name", ["gelu", "softmax", "rmsnorm", "matmul_bias_gelu",
-                                  "causal_attention"])
+@pytest.mark.parametrize("name", sorted(SMALL_PRODUCTION))
 async def test_template_writes_a_correct_first_kernel(worker_pool: Any, name: str) -> None:
-    # A 4096x4096x14336 production compile of a 128-block matmul costs minutes: this test
-    # is about the template's correctness, so its production shape is small.
-    task = load_small_production(name, m=512, k=512, n=512) if name == "matmul_bias_gelu" \
-        else load_task(name)
+    # This test is about the template's correctness, so its production shape is small: a
+    # 4096x4096x14336 production compile of a 128-block matmul costs minutes, the XLA
+    # attention's at 4x32x4096x128 a minute of CPU (cold cache).
+    task = load_small_production(name, **SMALL_PRODUCTION[name])
     proposal, events = await _propose(AgentRequest("implement", agents.brief(task), None))
     assert isinstance(proposal, Proposal) and proposal.kind == "kernel", proposal
     assert any(isinstance(e, TextDelta) for e in events)  # the rationale is streamed

@@ -74,7 +74,7 @@ def test_an_environment_that_differs_at_import_time_starts_the_ordinary_way(serv
     proc.start()
     try:
         assert isinstance(proc.proc, subprocess.Popen)
-        assert server.why == "its environment differs at import time"
+        assert server.why == forks.DIFFERS
         assert _ping(proc)["ok"] is True
     finally:
         proc.kill()
@@ -143,4 +143,4 @@ async def test_a_pool_whose_jax_settings_differ_starts_its_worker_the_ordinary_w
     async with WorkerPool(size=1, env_overrides={"JAX_ENABLE_X64": "1"}) as pool:
         (worker,) = pool._workers.values()
         assert _comm(worker.proc.pid) != "tw-worker"
-        assert forks.zygote().why == "its environment differs at import time"
+        assert forks.zygote().why == forks.DIFFERS

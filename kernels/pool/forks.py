@@ -60,7 +60,10 @@ MESSAGE_LIMIT = 1 << 20
 READY_TIMEOUT_S = 180.0
 REPLY_TIMEOUT_S = 30.0
 OFF_ENV = "TILEWRIGHT_ZYGOTE"  # "off": every process starts the ordinary way (debugging)
-MAX_RESTARTS = 3  # a zygote that keeps dying is given up: children start the ordinary way
+DIFFERS = "its environment differs at import time"  # why such a child is not forked
+# A zygote that dies this many times in a row without forking a child is given up:
+# children start the ordinary way.
+MAX_RESTARTS = 3
 
 
 def import_time(env: dict[str, str] | os._Environ[str]) -> dict[str, str]:
@@ -298,6 +301,8 @@ class Zygote:
             with self.cond:
                 self.why = (reply or {}).get("reason") or self.why or "the zygote did not answer"
             return None
+        with self.cond:
+            self.restarts = 0  # it forks: only a zygote that dies before forking is given up
         return Forked(self, int(reply["pid"]), None if read_end is None
                       else os.fdopen(read_end, "rb", buffering=0))
 

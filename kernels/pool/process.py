@@ -158,10 +158,16 @@ def _fork_worker(env: dict[str, str], scratch: str, fd: int, capture: int
     """A worker forked from this app's zygote (started with the workers' default
     environment, quiet: the app's terminal is a screen), its socket ``fd``, its stdout
     and stderr the ``capture`` file, in a session of its own; None: start it the
-    ordinary way (an import-time setting of ``env`` differs, or no zygote)."""
+    ordinary way (an import-time setting of ``env`` differs, or no zygote; a zygote is
+    not started for a worker it could not fork)."""
     server = forks.zygote()
     if server.started is None:
-        server.start(worker_environment(), tempfile.gettempdir(), quiet=True)
+        default = worker_environment()
+        if forks.import_time(env) != forks.import_time(default):
+            # it would refuse this one: it is started for a worker it can fork
+            server.why = forks.DIFFERS
+            return None
+        server.start(default, tempfile.gettempdir(), quiet=True)
     forked = server.spawn(WORKER_MODULE, ["--scratch", scratch],
                           {**env, "TMPDIR": scratch}, scratch, fd, output=capture,
                           session=True)

@@ -30,6 +30,7 @@ from typing import Any
 
 from tilewright.kernels.pool.forks import (
     CHILD_MODULES,
+    DIFFERS,
     MESSAGE_LIMIT,
     NAME,
     OwnChild,
@@ -47,7 +48,11 @@ PRELOAD = ("jax", "jax.numpy", "jax.experimental.pallas", "jax.experimental.pall
            "tilewright.kernels.worker.tpu.compiler",
            "tilewright.kernels.worker.runtime", "tilewright.kernels.worker.execution",
            "tilewright.kernels.worker.errors",
-           "tilewright.kernels.worker.evaluation.integrity")
+           "tilewright.kernels.worker.evaluation.integrity",
+           "tilewright.kernels.worker.evaluation.evaluate",
+           "tilewright.kernels.worker.candidate.channel",
+           "tilewright.kernels.worker.candidate.production",
+           "tilewright.profiling.static_blocks")
 
 
 def _send(sock: socket.socket, message: dict[str, Any]) -> None:
@@ -113,7 +118,7 @@ def _serve(sock: socket.socket, parent: int, before: dict[str, str]
         elif request.get("module") not in CHILD_MODULES:
             reason = f"not a module the zygote starts: {request.get('module')!r}"
         elif not same_at_import(request.get("env") or {}, import_time(before), after):
-            reason = "its environment differs at import time"
+            reason = DIFFERS
         if reason is not None:
             for fd in fds:
                 os.close(fd)
