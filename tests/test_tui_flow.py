@@ -14,6 +14,8 @@ tested without sleeping.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import pytest_asyncio
 from anthropic_server import MessagesServer, tool_reply
@@ -175,16 +177,26 @@ async def test_problems_pane_shows_a_compile_error_and_jumps_to_its_line(tmp_pat
         await app.action_quit()
 
 
-async def test_profile_then_autonomous_on_and_off(tmp_path, gelu, pool):
-    agent = ScriptedAgent([tuning("rows 128", BLOCK_ROWS=128), tuning("rows 256", BLOCK_ROWS=256),
-                           tuning("cols 512", BLOCK_COLS=512)])
-    app = make_app(tmp_path, gelu, agent, pool, config={
-        "budgets": {"iterations": 2}, "controller": {"propose_after_run": False}})
+async def test_ctrl_t_profiles_the_version_in_a_worker(tmp_path, gelu, pool):
+    app = make_app(tmp_path, gelu, ScriptedAgent([]), pool,
+                   config={"controller": {"propose_after_run": False}})
     async with app.run_test(size=(140, 40)) as pilot:
         await settle(app, pilot)
         await pilot.press("ctrl+t")  # profile v1
         await settle(app, pilot)
-        assert "profile.result" in kinds(app)
+        (profiled,) = [e for e in persisted(app) if e["type"] == "profile.result"]
+        assert profiled["version"] == 1, profiled
+        await app.action_quit()
+
+
+async def test_autonomous_on_and_off(tmp_path, gelu, judge):
+    # What the keys and the budget do, not what the worker says: the in-process judge.
+    agent = ScriptedAgent([tuning("rows 128", BLOCK_ROWS=128), tuning("rows 256", BLOCK_ROWS=256),
+                           tuning("cols 512", BLOCK_COLS=512)])
+    app = make_app(tmp_path, gelu, agent, judge, config={
+        "budgets": {"iterations": 2}, "controller": {"propose_after_run": False}})
+    async with app.run_test(size=(140, 40)) as pilot:
+        await settle(app, pilot)
         await pilot.press("ctrl+g")  # autonomous: runs v1, then two tuned versions
         await settle(app, pilot)
         events = persisted(app)
@@ -194,18 +206,21 @@ async def test_profile_then_autonomous_on_and_off(tmp_path, gelu, pool):
                    for e in events)
         assert app.link.state.mode == "step"
         assert app.workbench.query_one(StatusBar).info.mode == "step"
+        seen = len(persisted(app))
+        judge.gate = asyncio.Event()  # the next run waits: autonomous mode is seen on, then off
         await pilot.press("ctrl+g")  # on again ...
         await pilot.pause()
         assert app.link.state.mode == "auto"
         await pilot.press("ctrl+g")  # ... and off
+        judge.gate.set()
         await settle(app, pilot)
         assert app.link.state.mode == "step"
+        assert [e["mode"] for e in persisted(app)[seen:] if e["type"] == "mode.change"] == \
+            ["auto", "step"]
         await app.action_quit()
 
 
 async def test_cancel_needs_two_presses(tmp_path, gelu, judge):
-    import asyncio
-
     hold = asyncio.Event()
     agent = ScriptedAgent([kernel(gelu.starting_source())], hold=hold)
     clock = FakeClock()
