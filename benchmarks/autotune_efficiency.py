@@ -35,11 +35,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import hashlib
 import itertools
 import json
 import os
 import platform
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -248,10 +250,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="that it runs: tiny sizes, one repetition (tests/test_benchmarks.py)")
     args = parser.parse_args(argv)
     if args.smoke:  # the shipped grid is never rewritten by a smoke run
-        import shutil
         import tempfile
 
         copy = Path(tempfile.mkdtemp(prefix="tw-autotune-")) / DEFAULT_CACHE.name
+        atexit.register(shutil.rmtree, copy.parent, ignore_errors=True)
         shutil.copyfile(args.cache, copy)
         args.tasks, args.cache, args.replay_only = "gelu", copy, True
     names = [n for n in args.tasks.split(",") if n]

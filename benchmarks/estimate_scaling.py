@@ -21,7 +21,9 @@ nothing): that it runs.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -61,8 +63,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="that it runs: tiny sizes, one repetition (tests/test_benchmarks.py)")
     args = parser.parse_args(argv)
     shared = os.environ.get("TILEWRIGHT_CACHE_DIR") if args.smoke else None
-    cache = os.path.join(shared, "estimates") if shared else \
-        tempfile.mkdtemp(prefix="tilewright-bench-cache-")
+    if shared:
+        cache = os.path.join(shared, "estimates")
+    else:
+        cache = tempfile.mkdtemp(prefix="tilewright-bench-cache-")
+        atexit.register(shutil.rmtree, cache, ignore_errors=True)
     os.makedirs(cache, exist_ok=True)
     os.environ[ESTIMATE_CACHE] = cache
     cases = [SMOKE_CASE] if args.smoke else CASES

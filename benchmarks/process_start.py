@@ -18,7 +18,9 @@ few children.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -73,6 +75,7 @@ def main() -> int:
     reps = 1 if args.smoke else max(1, args.reps)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ["TMPDIR"] = tempfile.mkdtemp(prefix="process-start-")
+    atexit.register(shutil.rmtree, os.environ["TMPDIR"], ignore_errors=True)
 
     fresh = [start_one(expect_fork=False) for _ in range(reps)]  # no zygote yet
     began = time.perf_counter()

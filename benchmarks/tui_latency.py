@@ -20,9 +20,11 @@ never started: nothing is evaluated), one first paint: that it runs.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -93,6 +95,7 @@ async def latency(smoke: bool = False) -> dict[str, float]:
     agent = StreamingAgent(seconds=3.0 if smoke else 60.0)
     presses_per_phase, measured = (3, 3) if smoke else (30, PRESSES)
     tmp = Path(tempfile.mkdtemp(prefix="tw-bench-"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
     # A smoke run starts no worker: the controller's pool is never asked to evaluate.
     async with contextlib.AsyncExitStack() as pools:
         pool, load_pool = WorkerPool(), WorkerPool()
@@ -180,6 +183,7 @@ def first_paint(runs: int = 5) -> list[float]:
     times = []
     for _ in range(runs):
         tmp = tempfile.mkdtemp(prefix="tw-paint-")
+        atexit.register(shutil.rmtree, tmp, ignore_errors=True)
         t0 = time.perf_counter()
         child = pexpect.spawn(exe, ["--agent", "offline", "--session-dir", tmp], env=env,
                               dimensions=(40, 140), timeout=30)
