@@ -25,7 +25,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # only one) makes it, the processes it starts inherit it, and it goes when that one
 # exits. The TPU compile cache under it starts empty, as on a fresh machine, and is
 # shared by the run's processes; each process has its own data dir and config.
-_OWNER = "TILEWRIGHT_TEST_ROOT" not in os.environ
+_OWNER = not os.path.isdir(os.environ.get("TILEWRIGHT_TEST_ROOT", ""))  # (a stale one: ours)
 if _OWNER:
     os.environ["TILEWRIGHT_TEST_ROOT"] = tempfile.mkdtemp(prefix="tilewright-tests-")
     atexit.register(shutil.rmtree, os.environ["TILEWRIGHT_TEST_ROOT"], ignore_errors=True)

@@ -165,7 +165,8 @@ def _fork_worker(env: dict[str, str], scratch: str, fd: int, capture: int
         default = worker_environment()
         if forks.import_time(env) != forks.import_time(default):
             # it would refuse this one: it is started for a worker it can fork
-            server.why = forks.DIFFERS
+            with server.cond:
+                server.why = forks.DIFFERS
             return None
         server.start(default, tempfile.gettempdir(), quiet=True)
     forked = server.spawn(WORKER_MODULE, ["--scratch", scratch],
