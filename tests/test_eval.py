@@ -146,8 +146,9 @@ async def test_implausible_speedup_is_flagged(worker_pool, tmp_path) -> None:
         def make_inputs(key, rows=64, cols=256):
             return (jax.random.normal(key, (rows, cols), jnp.float32),)
         def _nap(x):
-            time.sleep(1.0)  # ~70x the identity kernel's timed call (14 ms, the round
-            # trip included): over the flag's 10x even if a loaded host slows it sevenfold
+            time.sleep(1.0)  # ~70x the identity kernel's timed call at 8x128, interpreted
+            # on a CPU host (14 ms, round trip included): over the flag's 10x even if load
+            # slows it sevenfold
             return x
         def reference(x):
             return jax.pure_callback(_nap, jax.ShapeDtypeStruct(x.shape, x.dtype), x) * 1e-9
