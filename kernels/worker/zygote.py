@@ -19,6 +19,7 @@ included).
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import select
@@ -87,6 +88,9 @@ def _serve(sock: socket.socket, parent: int, before: dict[str, str]
     # What the imports set in the environment (libtpu's TPU_SKIP_MDS_QUERY, absl's log
     # level...): a child imports nothing again, so it gets them as a fresh process would.
     added = {k: v for k, v in os.environ.items() if before.get(k) != v}
+    # What is imported by now lives as long as any child: out of the collector's reach,
+    # so a child's collections do not walk (and copy, page by page) the zygote's heap.
+    gc.freeze()
     _send(sock, {"type": "ready", "pid": os.getpid()})
     while True:
         ready, _, _ = select.select([sock, wake_read], [], [], 0.5)
