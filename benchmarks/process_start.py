@@ -6,8 +6,8 @@ one) and compile processes on cache misses. Each is either a fork of the judge's
 fresh ``python -P -m ...`` that imports them itself. This starts ``--reps`` candidate
 processes each way, from this process, one at a time, and prints per way the median
 wall time from ``start`` to the process's "ready" (imports, confinement and the
-warm-up kernel done) and the median CPU time the process tree spent to get there, then
-the ratio; and the zygote's own start (its one-time import), which forks repay after a
+warm-up done: a kernel on a TPU, a jitted program off it) and the median CPU time the
+process tree spent to get there, then the ratio; and the zygote's own start (its one-time import), which forks repay after a
 few children.
 
     python benchmarks/process_start.py [--reps 5] [--smoke]
@@ -94,7 +94,7 @@ def main() -> int:
         print(f"{name:<15} {wall:8.2f} s wall to ready {cpu:8.2f} s CPU   ({len(runs)} runs)")
         return wall, cpu
 
-    print("candidate process start (imports, confinement, warm-up kernel), median:")
+    print("candidate process start (imports, confinement, warm-up), median:")
     fresh_wall, fresh_cpu = row("fresh process", fresh)
     fork_wall, fork_cpu = row("zygote fork", forked)
     print(f"{'zygote itself':<15} {zygote_wall:8.2f} s wall to ready {zygote_cpu:8.2f} s CPU   "

@@ -54,6 +54,14 @@ PRELOAD = ("jax", "jax.numpy", "jax.experimental.pallas", "jax.experimental.pall
            "tilewright.kernels.worker.candidate.channel",
            "tilewright.kernels.worker.candidate.production",
            "tilewright.profiling.static_blocks")
+# What a candidate process imports on its first interpreted kernel (``pallas_call``'s
+# interpret rule imports both interpreters lazily): the zygote itself imports them, not
+# the worker it may be forked from, which interprets no kernel. About 0.3 s of CPU once
+# per zygote instead of once per candidate process. Private paths that move between JAX
+# versions: one that is gone costs only that time.
+CHILD_PRELOAD = ("jax._src.pallas.mosaic.interpret.interpret_pallas_call",
+                 "jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call",
+                 "jaxlib.mlir.dialects.mhlo")
 
 
 def _send(sock: socket.socket, message: dict[str, Any]) -> None:
@@ -205,6 +213,7 @@ def _zygote(control: int, parent: int, before: dict[str, str], close_first: bool
     if close_first:
         os.closerange(3, control)
         os.closerange(control + 1, 65536)
+    _preload_for_children()
     child = _serve(socket.socket(fileno=control), parent, before)
     if child is None:
         return 0
@@ -226,6 +235,14 @@ def _zygote(control: int, parent: int, before: dict[str, str], close_first: bool
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(code)
+
+
+def _preload_for_children() -> None:
+    import importlib
+
+    for name in CHILD_PRELOAD:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
 
 
 def fork_here(server: Zygote, env: dict[str, str], cwd: str, before: dict[str, str],

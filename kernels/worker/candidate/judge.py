@@ -421,12 +421,14 @@ def pickled(dyn: tuple, static: tuple) -> bytes:
 
 class _Candidates:
     """The candidate process serving the current candidate, the source it has run (its
-    sha256), and a spare that no candidate has run in, started ahead for the next one.
+    sha256), how many distinct sources this worker has been given, and a spare that no
+    candidate has run in, started ahead for the next one.
     (One object: the judge's module snapshot watches its modules' attributes.)"""
 
     def __init__(self) -> None:
         self.current: CandidateProcess | None = None
         self.served: str | None = None
+        self.given = 0
         self.spare: CandidateProcess | None = None
 
 
@@ -444,7 +446,10 @@ def assign(source: str) -> CandidateProcess:
     """The candidate process ``source`` is judged in: the one that already ran this very
     source (evaluated again, then profiled), else a process no candidate has run in (the
     spare, warm since the last candidate finished). A candidate never inherits what an
-    earlier one left in a process: a patched JAX function, a native thread, a cache."""
+    earlier one left in a process: a patched JAX function, a native thread, a cache.
+
+    The worker's first candidate gets the process started with the worker; a spare is
+    kept from the second distinct candidate on (``prepare_spare``)."""
     import hashlib
 
     c = _CANDIDATES
@@ -461,13 +466,21 @@ def assign(source: str) -> CandidateProcess:
         fresh.kill()  # it died waiting (killed from outside): this candidate gets a new one
     fresh.start()
     c.current, c.served = fresh, digest
+    c.given += 1
     prepare_spare()  # the next candidate's process imports JAX while this one is judged
     return fresh
 
 
 def prepare_spare() -> None:
     """Start the next candidate's process now (it imports JAX and warms up while the
-    agent thinks), unless one is ready."""
+    agent thinks), unless one is ready, or this worker has been given only one candidate
+    so far: a worker asked to judge once (``tilewright eval``, ``verify``, a pool's
+    worker that gets one candidate of a search) would pay for a process it never uses,
+    about 0.7 s of CPU while it judges. The second distinct candidate starts its own
+    process (the wait for a warm candidate process, once) and from then on a spare waits
+    for the next."""
+    if _CANDIDATES.given < 2:
+        return
     if _CANDIDATES.spare is None:
         _CANDIDATES.spare = CandidateProcess()
     _CANDIDATES.spare.start()
