@@ -2,6 +2,8 @@
 
 - ``execution_mode(interpret)``: TPU interpret mode (``pltpu.force_tpu_interpret_mode``)
   off-TPU, nothing on a TPU; ``reset_interpret_state()`` after an exception there.
+- ``compile_lowered(lowered, interpret)``: the XLA compile of a program to run here; an
+  interpreted one with ``INTERPRETED_COMPILE``.
 - ``task_runtime(spec)``: task runtimes cached per task (and reference file stamps), so
   a warm worker imports a reference once.
 - ``jitted_reference(runtime, ...)``: one jitted reference per runtime and signature, so
@@ -66,6 +68,32 @@ def reset_interpret_state() -> None:
     from jax.experimental.pallas import tpu as pltpu
 
     pltpu.reset_tpu_interpret_mode_state()
+
+
+# XLA's options for a program whose kernels the TPU interpreter simulates on the CPU.
+# Its time goes to the interpreter's callbacks, not to code XLA could optimize, and its
+# speed never ranks a kernel (host simulation time): compiled without the CPU fusion
+# emitters and without LLVM's optimizations, the interpreted programs of the bundled
+# tasks' kernels compiled in a third to a half of the time (gelu's three check shapes:
+# 2.0-2.4 s -> 0.6-0.8 s of CPU) and ran as fast. Their outputs differ from the
+# optimized compile's in the last bits at most (1.4e-6 on gelu's, an ulp; softmax's are
+# identical): far inside every tolerance, and smaller than the gap between the CPU's
+# transcendental functions and a TPU's, which the simulation never closes.
+INTERPRETED_COMPILE: dict[str, Any] = {"xla_cpu_use_fusion_emitters": False,
+                                       "xla_backend_optimization_level": 0}
+
+
+def compile_lowered(lowered: Any, interpret: bool) -> Any:
+    """``lowered.compile()``, with ``INTERPRETED_COMPILE`` when its kernels are
+    interpreted; an XLA that does not know one of those options compiles with its own."""
+    if not interpret:
+        return lowered.compile()
+    try:
+        return lowered.compile(dict(INTERPRETED_COMPILE))
+    except Exception as exc:
+        if "No such compile option" not in str(exc):
+            raise
+        return lowered.compile()
 
 
 Bind = Callable[[Any, list[Any]], list[Any]]

@@ -142,7 +142,11 @@ class Server:
 
         from tilewright.kernels.worker import errors
         from tilewright.kernels.worker.evaluation import integrity
-        from tilewright.kernels.worker.execution import execution_mode, reset_interpret_state
+        from tilewright.kernels.worker.execution import (
+            compile_lowered,
+            execution_mode,
+            reset_interpret_state,
+        )
         from tilewright.kernels.worker.tpu import tpu_compile
 
         name = header["config"]
@@ -195,7 +199,7 @@ class Server:
             program = jax.jit(interpreted(closed))
         try:
             with execution_mode(self.interpret):
-                compiled = program.lower(*flat).compile()
+                compiled = compile_lowered(program.lower(*flat), self.interpret)
         except BaseException as exc:
             if self.interpret:
                 reset_interpret_state()
