@@ -25,6 +25,7 @@ from jax.experimental.pallas import tpu as pltpu  # noqa: E402
 from tilewright.kernels.source import tunables  # noqa: E402
 from tilewright.kernels.tasks.loaders import bundled_tasks  # noqa: E402
 from tilewright.kernels.tasks.task import ShapeConfig, Task  # noqa: E402
+from tilewright.kernels.worker.execution import INTERPRETED_COMPILE  # noqa: E402
 
 TASKS = {t.name: t for t in bundled_tasks()}
 EXPECTED = {"gelu", "softmax", "rmsnorm", "matmul_bias_gelu", "causal_attention"}
@@ -61,9 +62,11 @@ def _check_close(task: Task, shape: ShapeConfig, out, ref) -> None:
 
 
 def _run_interpret(fn, inputs):
+    # compiled with the options the harness compiles interpreted programs with
     try:
         with pltpu.force_tpu_interpret_mode():
-            return jax.block_until_ready(fn(*inputs))
+            compiled = jax.jit(fn).lower(*inputs).compile(dict(INTERPRETED_COMPILE))
+            return jax.block_until_ready(compiled(*inputs))
     except Exception:
         pltpu.reset_tpu_interpret_mode_state()
         raise
