@@ -58,7 +58,7 @@ PRELOAD = ("jax", "jax.numpy", "jax.experimental.pallas", "jax.experimental.pall
 # interpret rule imports both interpreters lazily): the zygote itself imports them, not
 # the worker it may be forked from, which interprets no kernel. About 0.3 s of CPU once
 # per zygote instead of once per candidate process. Private paths that move between JAX
-# versions: one that is gone costs only that time.
+# versions: one that is gone or fails to import costs only that time.
 CHILD_PRELOAD = ("jax._src.pallas.mosaic.interpret.interpret_pallas_call",
                  "jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call",
                  "jaxlib.mlir.dialects.mhlo")
@@ -241,7 +241,7 @@ def _preload_for_children() -> None:
     import importlib
 
     for name in CHILD_PRELOAD:
-        with contextlib.suppress(ImportError):
+        with contextlib.suppress(Exception):  # the child imports it itself, or fails there
             importlib.import_module(name)
 
 

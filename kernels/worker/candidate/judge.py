@@ -476,9 +476,9 @@ def prepare_spare() -> None:
     agent thinks), unless one is ready, or this worker has been given only one candidate
     so far: a worker asked to judge once (``tilewright eval``, ``verify``, a pool's
     worker that gets one candidate of a search) would pay for a process it never uses,
-    about 0.7 s of CPU while it judges. The second distinct candidate starts its own
-    process (the wait for a warm candidate process, once) and from then on a spare waits
-    for the next."""
+    started while it judges. The second distinct candidate starts its own process (the
+    wait for a candidate process to start, once: about 0.15 s of CPU forked from the
+    zygote off a TPU) and from then on a spare waits for the next."""
     if _CANDIDATES.given < 2:
         return
     if _CANDIDATES.spare is None:
