@@ -5,8 +5,9 @@ it dies with its parent (``PR_SET_PDEATHSIG`` on Linux, and a watchdog thread th
 notices a changed parent pid, for other platforms and for a parent that died before
 prctl ran), keeps no relative ``sys.path`` entry (a planted ``argparse.py`` beside a
 task never runs; the processes are started with ``python -P`` in their scratch dirs),
-and, where it runs kernels, warms up with one tiny kernel so the first evaluation does
-not pay for importing Pallas. ``child_main`` is the whole start-up of the judge's
+and warms up before it says it is ready (``warm_up``: its backend; on a TPU, where it
+runs kernels, one tiny kernel too) so the first evaluation does not pay for that.
+``child_main`` is the whole start-up of the judge's
 children: the candidate process (``kernels.worker.candidate.main``, confined on its own)
 and the TPU compile processes (``kernels.worker.tpu.compiler``, inside the judge's
 confinement). The worker's own start-up is ``kernels.worker.main.main``.
