@@ -7,8 +7,8 @@ fresh ``python -P -m ...`` that imports them itself. This starts ``--reps`` cand
 processes each way, from this process, one at a time, and prints per way the median
 wall time from ``start`` to the process's "ready" (imports, confinement and the
 warm-up done: a kernel on a TPU, a jitted program off it) and the median CPU time the
-process tree spent to get there, then the ratio; and the zygote's own start (its one-time import), which forks repay after a
-few children.
+process tree spent to get there, then the ratio; and the zygote's own start (its
+one-time import), which forks repay after a few children.
 
     python benchmarks/process_start.py [--reps 5] [--smoke]
 
