@@ -25,7 +25,7 @@ from jax.experimental.pallas import tpu as pltpu  # noqa: E402
 from tilewright.kernels.source import tunables  # noqa: E402
 from tilewright.kernels.tasks.loaders import bundled_tasks  # noqa: E402
 from tilewright.kernels.tasks.task import ShapeConfig, Task  # noqa: E402
-from tilewright.kernels.worker.execution import INTERPRETED_COMPILE  # noqa: E402
+from tilewright.kernels.worker.execution import compile_lowered  # noqa: E402
 
 TASKS = {t.name: t for t in bundled_tasks()}
 EXPECTED = {"gelu", "softmax", "rmsnorm", "matmul_bias_gelu", "causal_attention"}
@@ -62,10 +62,9 @@ def _check_close(task: Task, shape: ShapeConfig, out, ref) -> None:
 
 
 def _run_interpret(fn, inputs):
-    # compiled with the options the harness compiles interpreted programs with
-    try:
+    try:  # compiled as the harness compiles interpreted programs
         with pltpu.force_tpu_interpret_mode():
-            compiled = jax.jit(fn).lower(*inputs).compile(dict(INTERPRETED_COMPILE))
+            compiled = compile_lowered(jax.jit(fn).lower(*inputs), interpret=True)
             return jax.block_until_ready(compiled(*inputs))
     except Exception:
         pltpu.reset_tpu_interpret_mode_state()
