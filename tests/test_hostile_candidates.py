@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -404,6 +405,57 @@ async def test_dev_shm_is_private_small_and_empty_after_the_request(pool, task) 
     second = await pool.evaluate(task, SHM_LISTER + GOOD, QUICK)
     assert "SHM-LIST []" in second.stderr or "SHM-LIST-DENIED" in second.stderr, \
         second.stderr[-2000:]
+
+
+# A candidate that found the folder where judges keep their compiled XLA programs: it
+# tries to replace one (the next judge would run it as the task's input builder) and to
+# add one.
+PLANT = '''
+import os
+print("PLANT-ENV", os.environ.get("TILEWRIGHT_ESTIMATE_CACHE"))
+for _name in (TARGETS):
+    try:
+        with open(os.path.join(FOLDER, _name), "wb") as _fh:
+            _fh.write(b"planted")
+        print("PLANT-WROTE", _name)
+    except OSError as _exc:
+        print("PLANT-REFUSED", type(_exc).__name__)
+'''
+
+
+@ON_MODULE_LOOP
+async def test_the_judges_compiled_programs_are_kept_where_no_candidate_can_write(
+        task, tmp_path) -> None:
+    cache = {"TILEWRIGHT_CACHE_DIR": str(tmp_path)}  # this test's judges' own
+
+    def last_used(entry: Path) -> int:  # JAX stamps an entry when it writes or reads it
+        stamp = entry.with_name(entry.name.replace("-cache", "-atime"))
+        return int.from_bytes(stamp.read_bytes(), "little")
+
+    async with WorkerPool(size=1, env_overrides=cache) as pool:
+        first = await pool.evaluate(task, GOOD, QUICK)
+        assert first.status == "correct", first.error
+        if not first.confinement["filesystem"].get("active"):
+            pytest.skip("no Landlock here: the judge keeps no compiled program")
+        kept = sorted(tmp_path.rglob("jit__normal-*-cache"))  # the task's input builder
+        assert kept
+        before = {p: p.read_bytes() for p in kept}
+        folder = kept[0].parent
+        source = PLANT.replace("FOLDER", repr(str(folder))).replace(
+            "TARGETS", repr((kept[0].name, "jit__normal-0-cache")))
+        planted = await pool.evaluate(task, source + GOOD, QUICK)
+    assert planted.status == "correct", planted.error
+    assert "PLANT-ENV None" in planted.stderr  # the judge's cache is not named to it
+    assert planted.stderr.count("PLANT-REFUSED PermissionError") >= 2, planted.stderr[-2000:]
+    assert "PLANT-WROTE" not in planted.stderr and not (folder / "jit__normal-0-cache").exists()
+    assert {p: p.read_bytes() for p in kept} == before
+    # The next judge loads the input builder from the folder instead of compiling it.
+    started = time.time_ns()
+    async with WorkerPool(size=1, env_overrides=cache) as fresh:
+        again = await fresh.evaluate(task, GOOD, QUICK)
+    assert again.status == "correct", again.error
+    assert all(last_used(p) >= started for p in kept)
+    assert sorted(tmp_path.rglob("jit__normal-*-cache")) == kept
 
 
 BOMB = '''

@@ -32,6 +32,7 @@ from typing import Any
 from tilewright.kernels import confinement
 from tilewright.kernels.pool import protocol
 from tilewright.kernels.pool.env import scrub_current_process
+from tilewright.kernels.worker.execution import keep_compiled_programs
 from tilewright.kernels.worker.startup import die_with_parent, isolate_path, warm_up, watch_parent
 from tilewright.kernels.worker.tpu.tpu_compile import prepare_environment
 
@@ -175,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     # what the first evaluation waits for); it warms up while we do.
     judge.fork_zygote(before, args.fd)
     judge.process().start()
+    # Set after the fork (the zygote's children compile no program of the judge's) and
+    # before the first compile.
+    keep_compiled_programs(confined)
     warm_up(kernel=False)
     # (The compile processes start on their first cache miss: forks of the zygote.)
     reference.BOOK.start()
