@@ -22,8 +22,12 @@ capture) = wall time minus the worker's handler time.
     python benchmarks/eval_overhead.py [--tasks gelu softmax] [--set rows=64 --set cols=256]
                                        [--reps 3] [--iters 10] [--smoke]
 
+Then, for each task at its own check shapes, a fresh worker's first evaluation with the
+programs an earlier judge kept on disk against none kept (``TILEWRIGHT_KEEP_PROGRAMS=0``),
+alternated: the judge's own CPU and the wall time.
+
 ``--smoke``: an 8x128 gelu, one repetition, one timed iteration, no TPU compile: that
-both paths (and, with ``--script-per-candidate``, the third) run.
+both paths (and, with ``--script-per-candidate``, the third) run; not the kept programs.
 
 Targets: warm >= 5x faster than fresh for small kernels; overhead < 10%.
 
@@ -229,6 +233,61 @@ def fresh_path(task, source: str, options: EvalOptions, reps: int) -> dict:
     return {"wall_s": statistics.median(walls)}
 
 
+def _cpu_s(pid: int) -> float:
+    """A process's own CPU time so far (Linux /proc), seconds."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def first_evaluation(task, source: str, options: EvalOptions, cache: str,
+                           keep: bool) -> dict:
+    """A fresh worker's first evaluation of ``task``: its wall time and the judge's own
+    CPU (inputs, reference, comparisons, timing programs: compiled, or loaded from the
+    programs earlier judges kept in ``cache``)."""
+    env = {"TILEWRIGHT_CACHE_DIR": cache, "TILEWRIGHT_KEEP_PROGRAMS": "1" if keep else "0"}
+    async with WorkerPool(size=1, env_overrides=env) as pool:
+        await pool.request("hello", {})
+        judge = pool.pids[0]
+        before = _cpu_s(judge)
+        start = time.perf_counter()
+        result = await pool.evaluate(task, source, options, filename=str(task.kernel_path))
+        wall = time.perf_counter() - start
+        cpu = _cpu_s(judge) - before
+    assert result.status == "correct", (result.status, result.error)
+    return {"wall": wall, "cpu": cpu}
+
+
+def kept_programs(args: argparse.Namespace) -> None:
+    """The judge's compiled programs kept on disk: a fresh worker's first evaluation of
+    each task at its own check shapes, the folder warm against none kept, alternated."""
+    import tempfile
+
+    options = EvalOptions(trials=args.trials, iters=args.iters, timeout_s=600.0,
+                          chip=args.chip)
+    print(f"\na fresh worker's first evaluation, the task's own check shapes: the judge's "
+          f"programs kept on disk (warm) or not (TILEWRIGHT_KEEP_PROGRAMS=0), median of "
+          f"{args.reps}")
+    _table(f"{'task':<10} {'judge CPU s':>12} {'kept':>6} {'ratio':>6} "
+           f"{'wall s':>7} {'kept':>6}")
+    for name, task, source in _tasks(args.tasks, {}):
+        with tempfile.TemporaryDirectory(prefix="tw-kept-") as cache:
+            asyncio.run(first_evaluation(task, source, options, cache, True))  # fills it
+            runs: dict[bool, list[dict]] = {False: [], True: []}
+            for _ in range(args.reps):
+                for keep in (False, True):
+                    runs[keep].append(asyncio.run(first_evaluation(task, source, options,
+                                                                   cache, keep)))
+        med = {k: {m: statistics.median(r[m] for r in v) for m in ("cpu", "wall")}
+               for k, v in runs.items()}
+        print(f"{name:<10} {med[False]['cpu']:>12.2f} {med[True]['cpu']:>6.2f} "
+              f"{med[False]['cpu'] / max(med[True]['cpu'], 1e-9):>5.1f}x "
+              f"{med[False]['wall']:>7.2f} {med[True]['wall']:>6.2f}")
+    print("judge CPU: the worker process's own CPU during the evaluation (the candidate "
+          "and compile processes are others); kept: with the programs an earlier judge "
+          "kept (where Landlock confines writes; elsewhere both columns compile).")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", nargs="+", default=["gelu", "softmax"])
@@ -282,6 +341,10 @@ def main(argv: list[str] | None = None) -> int:
           "measured in the worker; overhead: share of the warm wall time that is not kernel "
           "(harness: inputs, reference, comparisons, reference timing, checks; transport: "
           "socket, JSON, scheduling).")
+    if args.smoke:
+        print("the judge's kept programs: measured in the full run only")
+    else:
+        kept_programs(args)
     if args.script_per_candidate:
         compare_script(args, overrides)
     return 0
