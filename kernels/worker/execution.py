@@ -71,7 +71,8 @@ def keep_compiled_programs(confined: dict[str, Any] | None) -> str | None:
     from tilewright.kernels.pool.env import ESTIMATE_CACHE
 
     root = os.environ.get(ESTIMATE_CACHE)
-    if not root or os.environ.get(XLA_CACHE_ENV) == "0" or not ((confined or {}).get("filesystem") or {}).get("active"):
+    writes_confined = bool(((confined or {}).get("filesystem") or {}).get("active"))
+    if not root or not writes_confined or os.environ.get(XLA_CACHE_ENV) == "0":
         return None
     try:
         import filelock  # noqa: F401  (the bounded cache locks its folder with it)
