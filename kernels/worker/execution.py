@@ -140,8 +140,9 @@ def reset_interpret_state() -> None:
 # 256x512, 64x2048 and 128x1024 on a 2-core CPU host: 2.0-2.4 s -> 0.6-0.8 s of CPU)
 # and ran as fast. Their outputs differ from the optimized compile's in the last bits at
 # most (each starting kernel at its default check shape, three seeds: 1.4e-6 on gelu's,
-# an ulp; softmax's are identical): far inside every tolerance, and smaller than the gap between the CPU's
-# transcendental functions and a TPU's, which the simulation never closes.
+# an ulp; softmax's are identical): far inside every tolerance, and smaller than the gap
+# between the CPU's transcendental functions and a TPU's, which the simulation never
+# closes.
 INTERPRETED_COMPILE: dict[str, Any] = {"xla_cpu_use_fusion_emitters": False,
                                        "xla_backend_optimization_level": 0}
 

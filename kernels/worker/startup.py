@@ -65,9 +65,10 @@ def warm_up(kernel: bool = True) -> None:
     TPU compiler's first use is paid too. Off a TPU no kernel is interpreted here: the
     interpreter's programs are compiled for each kernel's own shapes, so interpreting a
     tiny one up front cost 0.29 s of CPU and spared the first kernel run after it 0.14 s
-    (a gelu at 64x256, three calls; 2-core CPU host), CPU that the process warming up takes from the evaluation in flight
-    (a spare warms while the last candidate is judged). The Pallas interpreters
-    themselves are imported by the zygote (``zygote.CHILD_PRELOAD``)."""
+    (a gelu at 64x256, three calls; 2-core CPU host): CPU that the process warming up
+    takes from the evaluation in flight (a spare warms while the last candidate is
+    judged). The Pallas interpreters themselves are imported by the zygote
+    (``zygote.CHILD_PRELOAD``)."""
     import jax
     import jax.numpy as jnp
 
