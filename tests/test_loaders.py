@@ -9,13 +9,13 @@ real JAX on the CPU (they stand in for the worker process).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import environments
 import pytest
 
 from tilewright.kernels.tasks.loaders import (
@@ -358,13 +358,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
             "sys.stdout.flush()\n"
             "print('JAX-LOADED' if any(m == 'jax' for m in sys.modules) else 'NO-JAX', "
             "file=sys.stderr)\nsys.exit(rc)\n")
-    # A bare environment, but the run's own directories (conftest): with HOME at the
-    # checkout, the judge's caches would otherwise land in the checkout's .cache.
-    ours = {k: v for k, v in os.environ.items()
-            if k in ("TILEWRIGHT_CACHE_DIR", "TILEWRIGHT_DATA_DIR", "TILEWRIGHT_CONFIG")}
     return subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True,
-                          text=True, env={"PATH": "/usr/bin:/bin", "COLUMNS": "200",
-                                          "HOME": str(ROOT), **ours}, timeout=60)
+                          text=True, env=environments.bare(COLUMNS="200"), timeout=60)
 
 
 def test_tilewright_tasks_json_on_a_mixed_directory(tmp_path: Path) -> None:

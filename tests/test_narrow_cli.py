@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import environments
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -15,8 +17,7 @@ def _tasks(columns: int) -> str:
     code = "import sys\nfrom tilewright.tui.cli import main\nsys.exit(main(sys.argv[1:]))\n"
     proc = subprocess.run([sys.executable, "-c", code, "tasks"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120,
-                          env={"PATH": "/usr/bin:/bin", "COLUMNS": str(columns),
-                               "HOME": str(ROOT), "PYTHONPATH": str(ROOT)})
+                          env=environments.bare(COLUMNS=str(columns), PYTHONPATH=str(ROOT)))
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
