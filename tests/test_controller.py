@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -22,13 +23,14 @@ import pytest_asyncio
 from controllers import NO_LIMITS, assert_replay_matches, make, src, types
 from judges import MarkedJudge
 from scripted_agent import ScriptedAgent, kernel, plan, tuning
-from sizes import load_small
+from sizes import load_small, small_overrides
 from waiting import until
 
 from tilewright.agents import brief
 from tilewright.agents.base import Failure, Finished, Usage
 from tilewright.kernels.judge.result import Backend
 from tilewright.kernels.pool.workers import EvalOptions, WorkerPool
+from tilewright.kernels.tasks.loaders import load_task
 from tilewright.kernels.tasks.task import Task
 from tilewright.sessions.autonomy import Budgets, ControllerSettings
 from tilewright.sessions.control.controller import (
@@ -139,7 +141,14 @@ async def test_the_persons_compile_error_waits_for_them_then_fixer_or_revert(
 
 async def test_cancel_a_run_replaces_the_worker(tmp_path: Path, gelu: Task,
                                                 pool: WorkerPool) -> None:
-    c, seen = make(tmp_path, gelu, ScriptedAgent(), pool_evaluator(pool))
+    # A kernel whose load takes a minute: the run is still going when it is cancelled
+    # (a 64x256 gelu is judged in well under the wait below on a warm worker).
+    slow_dir = tmp_path / "slow_gelu"
+    shutil.copytree(gelu.root, slow_dir, ignore=shutil.ignore_patterns("__pycache__"))
+    kernel_py = slow_dir / "kernel.py"
+    kernel_py.write_text("import time\ntime.sleep(60)\n" + kernel_py.read_text())
+    slow = load_task(str(slow_dir), small_overrides(rows=64, cols=256))
+    c, seen = make(tmp_path / "session", slow, ScriptedAgent(), pool_evaluator(pool))
     await c.start()
     await pool.backend()
     pids_before = set(pool.pids)
