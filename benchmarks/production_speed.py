@@ -154,7 +154,8 @@ async def _candidates(name: str, task: Any, sources: list[str], reps: int, chip:
             tpu = result.tpu or {}
             rank = result.rank
             row = {"task": name, "i": i, "status": result.status, "wall_s": wall,
-                   "verdict_s": tpu.get("verdict_s"), "compile_s": tpu.get("compile_s"),
+                   "verdict_s": tpu.get("verdict_s"), "verdict_by": tpu.get("verdict_by"),
+                   "compile_s": tpu.get("compile_s"),
                    "cached": tpu.get("cached"), "compile": tpu.get("compile"),
                    "rank": rank.words(short=True), "cycles": (tpu.get("estimate") or {}
                                                               ).get("cycles"),
@@ -163,6 +164,7 @@ async def _candidates(name: str, task: Any, sources: list[str], reps: int, chip:
             rows.append(row)
             first = " (first: works out the reference)" if i == 0 else ""
             print(f"  {name} #{i}: {row['status']:<13} verdict {_s(row['verdict_s'])} "
+                  f"({row['verdict_by'] or '-'}) "
                   f"verdict+estimate {_s(row['compile_s'])} eval {wall:6.1f} s  "
                   f"{row['rank']:<14} {row['cycles'] or '-':>10} cycles{first}"
                   + (f"  [{row['why']}]" if row["why"] and not rank.compiler else ""))
@@ -271,7 +273,9 @@ def main(argv: list[str] | None = None) -> int:
             _summary(name, rows)
     print(textwrap.fill(
         "verdict: from the start of the production part of an evaluation to the TPU "
-        "compiler's answer at the production shape (compiles or not); verdict + estimate: "
+        "compiler's answer at the production shape (compiles or not), and which compile "
+        "gave it (estimator: its compile of the whole program answered both; verdict: the "
+        "verdict compiler's); verdict + estimate: "
         "to the compiler's cycle estimate of the candidate and the ranking number (the "
         "reference's record known); eval: the whole evaluation (correctness trials in TPU "
         "interpret mode at the check shapes included).", 100))

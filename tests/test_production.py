@@ -202,6 +202,37 @@ async def test_a_rerun_hits_the_estimate_cache(task_dir, tmp_path) -> None:
 
 
 @ON_MODULE_LOOP
+async def test_one_compile_is_the_verdict_and_the_estimate_of_a_program_estimated_whole(
+        task_dir, tmp_path) -> None:
+    """A grid within the estimator's budget (4x4 steps) is estimated on the program
+    itself: the estimator's compile of it is the verdict too. Told not to wait for the
+    estimator (``TILEWRIGHT_VERDICT_WAIT_S=0``), the verdict compiler judges the same
+    program meanwhile: the same verdict, the same figures, one compile more."""
+    source = tiled("whole").replace("BR, BC = 64, 256", "BR, BC = 512, 512")
+    results, kinds = {}, {}
+    for wait in ("300", "0"):
+        cache = tmp_path / f"cache-{wait}"
+        env = {"TILEWRIGHT_CACHE_DIR": str(cache), "TILEWRIGHT_VERDICT_WAIT_S": wait}
+        async with WorkerPool(size=1, env_overrides=env) as pool:
+            results[wait] = result = await evaluate(pool, task_dir, source)
+        assert result.status == "correct", result.error
+        assert result.tpu["compile"] == "ok" and result.tpu["grid_steps"] == 16
+        assert result.tpu["estimate"]["method"] == "full" and result.tpu["cached"] is False
+        # what was compiled: the cache keeps every compiler's answer (the estimator's
+        # with records), the reference's included, beside the reference's record
+        found = [json.loads(p.read_text()) for p in (cache / "estimates" / "v1").rglob("*.json")]
+        kinds[wait] = sorted("estimate" if a.get("records") is not None else "verdict"
+                             for a in found if "compile_s" in a)
+    shared, both = results["300"], results["0"]
+    assert shared.tpu["verdict_by"] == "estimator" and both.tpu["verdict_by"] == "verdict"
+    assert kinds["300"] == ["estimate", "estimate"], kinds  # the kernel's, the reference's
+    assert kinds["0"] == ["estimate", "estimate", "verdict"], kinds
+    for key in ("vmem_bytes", "estimated_speedup", "kernel_time_s"):
+        assert shared.tpu[key] == both.tpu[key], key
+    assert shared.tpu["estimate"]["cycles"] == both.tpu["estimate"]["cycles"]
+
+
+@ON_MODULE_LOOP
 async def test_a_compile_over_its_memory_limit_costs_the_estimate_not_the_worker(
         worker_pool, task_dir, tmp_path) -> None:
     # A limit below what a compile process needs to import JAX: every compile is killed.

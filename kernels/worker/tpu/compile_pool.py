@@ -152,12 +152,15 @@ class Compilers:
 
     def compile(self, blob: bytes, chip: str, kind: str, deadline: float,
                 memory_mb: int = COMPILE_MEMORY_MB, process: str | None = None,
-                fingerprint: str | None = None) -> dict[str, Any]:
+                fingerprint: str | None = None, wait_for_slot: bool = True
+                ) -> dict[str, Any]:
         """The compiler's answer for an exported program (``kind``: verdict | estimate),
         from the cache when this program was compiled for this chip by this libtpu;
         ``process`` names the compile process when it is not ``kind``'s own (the
         reference's estimates: ``reference``); ``fingerprint`` identifies the program
-        instead of its bytes (which name the files it was traced from)."""
+        instead of its bytes (which name the files it was traced from). Without
+        ``wait_for_slot`` an estimate whose host slots are all taken is not waited for:
+        ``unavailable``, ``why``: ``busy``."""
         what = fingerprint.encode() if fingerprint else blob
         parts = [kind.encode(), chip.encode(), self.libtpu.encode(), what]
         if memory_mb != COMPILE_MEMORY_MB:  # a crash under a lowered limit is that limit's
@@ -173,8 +176,8 @@ class Compilers:
         from tilewright.kernels.worker.candidate.judge import CandidateFailure
 
         try:
-            with self.locks[which], (self.slots.hold(until) if kind == "estimate"
-                                     else contextlib.nullcontext()):
+            with self.locks[which], (self.slots.hold(until if wait_for_slot else 0.0)
+                                     if kind == "estimate" else contextlib.nullcontext()):
                 proc.memory_limit_mb = memory_mb
                 reply, _ = proc.request("compile", {"chip": chip}, blob, until)
         except TimeoutError as exc:

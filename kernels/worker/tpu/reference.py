@@ -338,23 +338,29 @@ def reference_estimate(plan: ReferencePlan, deadline: float, memory_mb: int,
     process the estimates run in (``reference``: its own, beside the candidates')."""
     comp = compile_pool.compilers()
     chip = plan.chip
+    want, reason = estimates.estimates_possible(chip)
+    whole: dict[str, Any] = {}
+    if want and not plan.scaled and not plan.why_not_scaled:
+        # Estimated whole: the estimator's compile says whether it compiles too, so the
+        # verdict compiler compiles it only when that one does not (nobody waits for
+        # this verdict alone: the record is worked out in the background).
+        whole = comp.compile(plan.full.blob, chip, "estimate", deadline, memory_mb,
+                             process=kind, fingerprint=plan.full.fingerprint)
+        if whole.get("compile") == "ok" and whole.get("records") is not None:
+            verdict = {k: v for k, v in whole.items() if k != "records"}
+            return estimates.estimate_of(whole["records"], chip), verdict, None
     verdict = comp.compile(plan.full.blob, chip, "verdict", deadline, memory_mb,
                            fingerprint=plan.full.fingerprint)
     if verdict.get("compile") != "ok":
         return None, verdict, ("the XLA reference does not compile for "
                                f"{chip} at the production shape: "
                                f"{tpu_compile.short(verdict.get('message') or '', 300)}")
-    want, reason = estimates.estimates_possible(chip)
     if not want:
         return None, verdict, reason
     if not plan.scaled:
         if plan.why_not_scaled:
             return None, verdict, plan.why_not_scaled
-        answer = comp.compile(plan.full.blob, chip, "estimate", deadline, memory_mb,
-                              process=kind, fingerprint=plan.full.fingerprint)
-        if answer.get("compile") == "ok" and answer.get("records") is not None:
-            return estimates.estimate_of(answer["records"], chip), verdict, None
-        return None, verdict, _reference_why(answer)
+        return None, verdict, _reference_why(whole)
     # The preferred pair, then the one above, then the one below.
     starts = [plan.start, plan.start + 1, plan.start - 1]
     pairs = [(plan.scaled[i], plan.scaled[i + 1]) for i in starts

@@ -323,7 +323,8 @@ class ProductionRun:
             "kernel_bound_s": None, "implausible": None, "unpriced": None, "bound": None,
             "reference_record": None,
             "deadline_s": self.deadline_s, "deadline_why": self.deadline_why,
-            "cached": None, "compile_s": None, "verdict_s": None, "compile_peak_mb": None,
+            "cached": None, "compile_s": None, "verdict_s": None, "verdict_by": None,
+            "compile_peak_mb": None,
         }
 
     def _filled(self, section: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
@@ -331,6 +332,7 @@ class ProductionRun:
         plans = self._plans()
         section["compile_s"] = time.perf_counter() - self.started
         section["verdict_s"] = self.verdict_s
+        section["verdict_by"] = out["verdict"].get("by")
         section["compile_peak_mb"] = round(compile_pool.compilers().peak_rss_mb) or None
         verdict = out["verdict"]
         section["compile"] = verdict.get("compile") or "unavailable"
