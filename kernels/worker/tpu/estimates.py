@@ -28,6 +28,7 @@ Worker-side (the judge).
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -226,14 +227,12 @@ def pinned_counts(pinned: dict[str, Any]) -> dict[int, int]:
 # ``TILEWRIGHT_VERDICT_WAIT_S`` sets it (0: the verdict compiler always compiles too).
 HEDGE_S = 1.0
 HEDGE_ENV = "TILEWRIGHT_VERDICT_WAIT_S"
-_EARLY: ThreadPoolExecutor | None = None
 
 
+@functools.cache
 def _early() -> ThreadPoolExecutor:
-    global _EARLY
-    if _EARLY is None:
-        _EARLY = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tw-estimate")
-    return _EARLY
+    """The thread the estimator's compile of a whole program runs in, beside the verdict's."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="tw-estimate")
 
 
 def _hedge_s() -> float:
