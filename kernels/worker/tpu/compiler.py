@@ -9,11 +9,13 @@ Two kinds, started with different libtpu flags (libtpu reads them once, when it
 loads): a *verdict* compiler (no estimate flag: a production-size compile takes about
 a second and little memory) and an *estimator* (``--xla_jf_dump_static_llo_profile_to``:
 the TPU compiler's static cycle estimate per HLO op, whose cost grows with the grid, so
-the judge sends it shortened grids). Each is its own process because libtpu takes the
-process down on some programs (a failed internal check, a file name too long, out of
-memory in the dump writer): here that costs one answer, which the judge reports as
-``estimate_unavailable`` with the reason, and a fresh process. The judge bounds each
-with a memory limit and a deadline (``kernels.worker.candidate.judge.CandidateProcess``).
+the judge sends it shortened grids; a program it compiles whole anyway gets its verdict
+from that compile when it is quick: ``kernels.worker.tpu.estimates``). Each is its own
+process because libtpu takes the process down on some programs (a failed internal
+check, a file name too long, out of memory in the dump writer): here that costs one
+answer, which the judge reports as ``estimate_unavailable`` with the reason, and a fresh
+process. The judge bounds each with a memory limit and a deadline
+(``kernels.worker.candidate.judge.CandidateProcess``).
 
 One request: ``{"op": "compile", "id", "chip"}`` with the exported bytes; the reply:
 ``compile`` (ok | error | unavailable), ``message``, ``kind``, ``vmem_bytes``,
