@@ -332,9 +332,9 @@ class ProductionRun:
         plans = self._plans()
         section["compile_s"] = time.perf_counter() - self.started
         section["verdict_s"] = self.verdict_s
-        section["verdict_by"] = out["verdict"].get("by")
         section["compile_peak_mb"] = round(compile_pool.compilers().peak_rss_mb) or None
         verdict = out["verdict"]
+        section["verdict_by"] = verdict.get("by")  # estimator | verdict (which compile)
         section["compile"] = verdict.get("compile") or "unavailable"
         section["kind"] = verdict.get("kind")
         if verdict.get("why") == "crashed":  # libtpu aborted on the kernel: a TPU would too
