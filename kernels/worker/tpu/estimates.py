@@ -219,8 +219,8 @@ def pinned_counts(pinned: dict[str, Any]) -> dict[int, int]:
 
 # How long the verdict waits for the estimator's compile of the whole program before the
 # verdict compiler compiles it too. Most production programs of a grid within the
-# estimator's budget are estimated in under half a second (median 0.46 s, 90% within
-# 2.3 s, over a test run's 208 compiles on 2 busy cores): then the one compile answers
+# estimator's budget are estimated in under half a second (for v5e: median 0.46 s, 90%
+# within 2.3 s, over a test run's 208 compiles on 2 busy cores): then the one compile answers
 # both, and the verdict compiler's (median 0.22 s, and its process's start, about 0.6 s
 # of CPU) is not made. A longer one (big XLA ops beside the kernel) gets the verdict at
 # most this much later than alone, well within the 3 s a verdict aims for.
@@ -278,18 +278,14 @@ def _program_estimate(programs: dict[str, bytes], plans: list[dict[str, Any]], c
     whole = "; ".join(f"{p['name']}: {p['uneven']}" for p in plans if p.get("uneven"))
     names = {p["index"]: p["name"] for p in plans}
     early: Future[dict[str, Any]] | None = None
+    answer: dict[str, Any] | None = None  # the estimator's, when it is the verdict too
     if want and not unpriceable and "scaled0" not in programs:
         early, answer = _whole_estimate(comp, programs["full"], chip, deadline, memory_mb)
-        if answer is not None:
-            verdict = {**{k: v for k, v in answer.items() if k != "records"}, "by": "estimator"}
-            if on_verdict is not None:
-                on_verdict(verdict)
-            return {"verdict": verdict, "unavailable": None,
-                    "estimate": estimate_of(answer["records"], chip, detail=whole or None,
-                                            names=names, kernels_by_op=answer.get("kernels")),
-                    "cached": bool(answer.get("cached"))}
-    verdict = {**comp.compile(programs["full"], chip, "verdict", deadline, memory_mb),
-               "by": "verdict"}
+    if answer is not None:
+        verdict = {**{k: v for k, v in answer.items() if k != "records"}, "by": "estimator"}
+    else:
+        verdict = {**comp.compile(programs["full"], chip, "verdict", deadline, memory_mb),
+                   "by": "verdict"}
     if on_verdict is not None:
         on_verdict(verdict)
     out: dict[str, Any] = {"verdict": verdict, "estimate": None, "unavailable": None}
@@ -302,8 +298,9 @@ def _program_estimate(programs: dict[str, bytes], plans: list[dict[str, Any]], c
         out["unavailable"] = "not estimated: " + "; ".join(unpriceable)
         return out
     if "scaled0" not in programs:  # every grid within the budget: the program itself
-        answer = early.result() if early is not None else comp.compile(
-            programs["full"], chip, "estimate", deadline, memory_mb)
+        if answer is None:
+            answer = early.result() if early is not None else comp.compile(
+                programs["full"], chip, "estimate", deadline, memory_mb)
         if answer.get("compile") != "ok" or answer.get("records") is None:
             out["unavailable"] = why_no_records(answer)
             out["refusal"] = refusal(answer)
