@@ -37,6 +37,11 @@ class EvalOptions:
     chip: str | None = None
     # Memory limit of each TPU compile process (kernels.worker.tpu.compile_pool); None: 4 GiB.
     compile_memory_mb: int | None = None
+    # Who runs the candidate's programs: None chooses by host (on a TPU host the judge
+    # runs them as exported programs, since only it may open the chip; on a CPU host the
+    # candidate process interprets them); "exported" takes the TPU host's route on any
+    # host (on the CPU: kernels in the plain interpreter), to test it without a TPU.
+    route: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -179,7 +179,18 @@ def main(argv: list[str] | None = None) -> int:
     # Set after the fork (the zygote's children compile no program of the judge's) and
     # before the first compile.
     keep_compiled_programs(confined)
-    warm_up(kernel=False)
+    # The backend opens here: on a TPU host this process holds the chip for its life (its
+    # children run on the CPU, kernels.worker.chip), and a first kernel pays Mosaic's start.
+    try:
+        warm_up(kernel=True)
+    except Exception as exc:
+        from tilewright.kernels.worker import chip
+
+        if not chip.is_busy_message(str(exc)):
+            raise
+        # One line the app's start-up error quotes (``WorkerStartError``): who holds it.
+        print(f"ChipBusyError: {chip.busy_error(exc)}", file=sys.stderr, flush=True)
+        return 3
     # (The compile processes start on their first cache miss: forks of the zygote.)
     reference.BOOK.start()
     serve(sock, confined)

@@ -39,6 +39,7 @@ from tilewright.kernels.pool.forks import (
     import_time,
     same_at_import,
 )
+from tilewright.kernels.worker import chip
 
 PR_SET_NAME = 15
 
@@ -263,6 +264,9 @@ def fork_here(server: Zygote, env: dict[str, str], cwd: str, before: dict[str, s
     parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # the zygote: it never returns
+        # The worker may hold a TPU chip; nothing forked from here may open one
+        # (libtpu admits one process per chip): its children run JAX on the CPU.
+        chip.pin_to_cpu()
         control = theirs.detach()
         mine.detach()
         if fd is not None and fd > 2 and fd != control:

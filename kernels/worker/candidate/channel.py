@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, NoReturn
 
 import numpy as np
@@ -33,9 +33,11 @@ from tilewright.kernels.judge.result import EvalError
 from tilewright.kernels.worker.candidate import judge, wire
 from tilewright.kernels.worker.errors import Stopped
 from tilewright.kernels.worker.evaluation.compare import Host
+from tilewright.kernels.worker.evaluation.exported import ExportedPrograms
 
 TEXT_LIMIT = 64 * 1024  # any string the candidate process reports
 LIST_LIMIT = 50  # lines, names and descriptions kept from one report
+EXPORT_LIMIT = 256 << 20  # one check shape's exported program (StableHLO, constants)
 # What the candidate process may report as an evaluation's failure (anything else: a
 # protocol violation).
 EVAL_FAILURES = {
@@ -270,6 +272,9 @@ class CandidateChannel:
         self.leftovers = 0  # processes the candidate forked, killed after each request
         self.recycle = False  # replace the process once this evaluation is done
         self.pallas_line: int | None = None  # the one pallas_call, where a kernel failed
+        # The route of a host with a chip: the candidate exports each check shape's
+        # program and the judge runs it on its own device (kernels.worker.evaluation.exported).
+        self.runner: ExportedPrograms | None = None
 
     def request(self, op: str, header: dict[str, Any], blob: bytes = b"",
                 max_blob: int = 1 << 20) -> tuple[dict[str, Any], bytes]:
@@ -318,35 +323,61 @@ class CandidateChannel:
     # -- the requests of an evaluation ------------------------------------------------------
 
     def load(self, spec: dict[str, Any], filename: str, source: str, *, interpret: bool,
-             chip: str, lowering: bool, check_compile: bool) -> None:
+             chip: str, lowering: bool, check_compile: bool,
+             export_for: str | None = None) -> None:
+        """``export_for``: the platform the judge runs the candidate's programs on
+        itself (the exported route, ``runner``); None: the candidate process runs them."""
+        self.runner = ExportedPrograms(export_for) if export_for else None
+        self.info["route"] = "exported" if export_for else "candidate_process"
         self.request("load", {"spec": spec, "filename": filename, "interpret": interpret,
                               "chip": chip, "lowering": lowering,
-                              "check_compile": check_compile}, source.encode())
+                              "check_compile": check_compile and not export_for,
+                              "export_for": export_for}, source.encode())
 
-    def prepare(self, config: str, inputs: bytes) -> PrepareFacts:
-        reply, _ = self.request("prepare", {"config": config}, inputs)
+    def prepare(self, config: str, dyn: tuple, static: tuple,
+                expected: Host | None = None) -> PrepareFacts:
+        """Trace and lower at ``config`` in the candidate process; on the exported route
+        also take its program, check it and compile it here (``ExportedPrograms.adopt``):
+        the integrity checks then read that program's own text."""
+        reply, data = self.request("prepare", {"config": config}, judge.pickled(dyn, static),
+                                   max_blob=EXPORT_LIMIT if self.runner else 1 << 20)
         facts = PrepareFacts.parse(reply)
         self.pallas_line = facts.pallas_lines[0] if len(facts.pallas_lines) == 1 else None
+        if self.runner is not None and facts.lowering_error is None:
+            if not data:
+                self.violation("no exported program for the judge to run")
+            limit = max_blob(expected) // 2 if expected is not None else 0
+            program = self.runner.adopt(config, data, dyn, self.pallas_line, limit)
+            if self.runner.platform == "tpu":  # what runs is what is read
+                facts = replace(facts, hlo_text=program.text)
         if facts.hlo_text is not None:
             self.info["lowering_checked"] = True
         return facts
 
-    def run(self, config: str, inputs: bytes, expected: Host, tree: str | None) -> Host:
+    def run(self, config: str, dyn: tuple, static: tuple, expected: Host,
+            tree: str | None) -> Host:
         """One trial's outputs, as untrusted data: allowlisted dtypes, exact sizes, at
-        most twice the reference's size."""
-        return self._outputs(*self.request("run", {"config": config}, inputs,
-                                           max_blob(expected)), expected, tree)
+        most twice the reference's size (on the exported route: run here)."""
+        if self.runner is not None:
+            return self.runner.run(config, dyn, expected, tree, self.pallas_line)
+        return self._outputs(*self.request("run", {"config": config},
+                                           judge.pickled(dyn, static), max_blob(expected)),
+                             expected, tree)
 
-    def call(self, config: str, inputs: bytes) -> float:
+    def call(self, config: str, dyn: tuple, static: tuple) -> float:
         """A timed call on inputs staged just before it: the judge's clock around the
         round trip of ``call`` (never the candidate's own word)."""
-        self.request("stage", {"config": config}, inputs)
+        if self.runner is not None:
+            return self.runner.call(config, dyn, self.pallas_line)
+        self.request("stage", {"config": config}, judge.pickled(dyn, static))
         started = time.perf_counter()
         self.request("call", {})
         return time.perf_counter() - started
 
     def fetch(self, expected: Host, tree: str | None) -> Host:
         """The last timed call's outputs."""
+        if self.runner is not None:
+            return self.runner.fetch(expected, tree)
         return self._outputs(*self.request("fetch", {}, b"", max_blob(expected)), expected,
                              tree)
 

@@ -48,6 +48,7 @@ from tilewright.kernels.pool import forks
 from tilewright.kernels.pool.env import ESTIMATE_CACHE
 from tilewright.kernels.pool.protocol import ProtocolError
 from tilewright.kernels.tasks.copies import TASKS_DIRNAME
+from tilewright.kernels.worker import chip
 from tilewright.kernels.worker.candidate import wire
 
 STARTUP_TIMEOUT_S = 180.0
@@ -381,6 +382,9 @@ def _candidate_env(scratch: str) -> dict[str, str]:
     from tilewright.kernels.worker.tpu import tpu_compile
 
     env = {**os.environ, "TMPDIR": scratch}
+    # One process holds each chip, the judge: its children run JAX on the CPU (a
+    # candidate's program reaches the chip exported, kernels.worker.chip).
+    env["JAX_PLATFORMS"] = chip.CHILD_PLATFORMS
     # The judge's estimate cache is the judge's: a child could plant an answer there.
     env.pop(ENV_WRITABLE, None)
     env.pop(ESTIMATE_CACHE, None)

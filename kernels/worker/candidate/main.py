@@ -64,6 +64,9 @@ class Server:
         self.chip: str | None = None
         self.lowering = True
         self.check_compile = False  # compile the check shapes too (a TPU host: what runs)
+        # The judge runs the program itself (a host with a chip, which only the judge may
+        # open): each check shape's program is exported for this platform, not run here.
+        self.export_for: str | None = None
         self.programs: dict[str, dict[str, Any]] = {}
         self.source = ""
         self.structures: dict[str, list[list[str]]] = {}
@@ -106,6 +109,7 @@ class Server:
         self.chip = header.get("chip")
         self.lowering = bool(header.get("lowering", True))
         self.check_compile = bool(header.get("check_compile", False))
+        self.export_for = header.get("export_for") or None
         self.runtime = task_runtime(header["spec"])  # the task's code: not the candidate's
         if self.lowering and self.check_compile:
             from tilewright.kernels.worker.tpu import tpu_compile
@@ -195,6 +199,16 @@ class Server:
             else:
                 if self.check_compile:
                     self._submit(name, program, flat)
+        if self.export_for:  # the judge runs it on its own device: the program, exported
+            try:
+                data = exported_program(closed, flat, self.export_for, self.chip)
+            except BaseException as exc:
+                kind = "exit" if isinstance(exc, SystemExit) else "lowering"
+                error = self._describe(exc, kind)
+                error["message"] = (f"exporting the kernel for {self.export_for.upper()} at "
+                                    f"{name} failed: {error['message']}")
+                raise _Failure("compile_error", error) from None
+            return facts, data
         if self.interpret:  # the same jaxpr, its pallas_calls interpreted
             program = jax.jit(interpreted(closed))
         try:
@@ -457,6 +471,29 @@ def interpreted(closed: Any) -> Any:
 
     # every kernel the program reaches: inside custom_vjp (library kernels), cond, scan
     return rebound(closed, bind, expand=True)
+
+
+def exported_program(closed: Any, flat: list[Any], platform: str, chip: str | None) -> bytes:
+    """The traced program serialized for the judge to run (``jax.export``): for a TPU,
+    StableHLO with its Mosaic kernels (``production.export``, the same export as the
+    production shape's); for the CPU (tests of this route off a TPU), with every
+    ``pallas_call`` in the plain interpreter, which lowers to HLO without callbacks."""
+    import jax
+
+    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in flat]
+    if platform == "tpu":
+        from tilewright.kernels.worker.candidate import production as prod
+
+        return prod.export(closed, avals, chip or DEFAULT_TPU)
+    from tilewright.kernels.worker.execution import bind_as_traced, rebound
+
+    def bind(eqn: Any, invals: list[Any]) -> list[Any]:
+        if eqn.primitive.name != "pallas_call":
+            return bind_as_traced(eqn, invals)
+        return bind_as_traced(eqn, invals, {**eqn.params, "interpret": True})
+
+    fn = jax.jit(rebound(closed, bind, expand=True))
+    return bytes(jax.export.export(fn, platforms=(platform,))(*avals).serialize())
 
 
 def serve(sock: socket.socket) -> None:

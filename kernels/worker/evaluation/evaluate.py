@@ -132,6 +132,9 @@ class Evaluation:
             int(options.get("memory_limit_mb") or judge.DEFAULT_MEMORY_MB))
         self.production: ProductionRun | None = None  # the production-shape verdict
         self.native_checked = False  # a TPU host compiled the check shapes for itself
+        # The platform the judge runs the candidate's exported programs on (a TPU host:
+        # only the judge may open the chip); None: the candidate process runs them.
+        self.export_for = _export_platform(self.backend, self.options.route)
         self.check_structures: list[Any] = []  # what the kernels compute, per check shape
         self.shape_details: list[dict[str, Any]] = []
         self.out_trees: dict[str, str] = {}  # the outputs' structure, per check shape
@@ -220,7 +223,8 @@ class Evaluation:
             proc.stderr.release()  # a new evaluation: its visible part is the agent's
         self.channel.load(self.spec, self.filename, self.source, interpret=self.interpret,
                           chip=self.chip, lowering=self.options.lowering,
-                          check_compile=self._native())  # what runs on a TPU host
+                          check_compile=self._native(),  # what runs on a TPU host
+                          export_for=self.export_for)
         self._phase("load_s", t)
 
         # 3b. its program at the production shape, compiled while the trials run
@@ -322,7 +326,7 @@ class Evaluation:
         dyn, static = self._inputs(runtime, config, seeds[0])
 
         t = time.perf_counter()
-        facts = self.channel.prepare(config.name, judge.pickled(dyn, static))
+        facts = self.channel.prepare(config.name, dyn, static, references[0])
         self._judge_facts(config, facts, dyn, references[0])
         self._phase("trace_lower_s", t)
 
@@ -333,12 +337,11 @@ class Evaluation:
         for trial, (seed, expected) in enumerate(zip(seeds, references, strict=True)):
             if trial:
                 dyn, static = self._inputs(runtime, config, seed)
-            blob = judge.pickled(dyn, static)
             started = time.perf_counter()
-            out = self.channel.run(config.name, blob, expected, tree)
+            out = self.channel.run(config.name, dyn, static, expected, tree)
             self._phase("kernel_run_s", started)
             if trial == 0:
-                again = self.channel.run(config.name, blob, expected, tree)
+                again = self.channel.run(config.name, dyn, static, expected, tree)
                 if not integrity.outputs_identical(out.leaves, again.leaves):
                     self.flags.append("nondeterministic")
             if integrity.is_degenerate(expected.leaves):  # every trial: the same flags each run
@@ -407,7 +410,7 @@ class Evaluation:
                 raise Stopped("compile_error", facts.lowering_error,
                               lowering={**section, "shape": config.name})
             self.result.lowering = section
-            if self._native():  # compiled for the device at this check shape too
+            if self._native() and self.export_for is None:  # compiled at this shape too
                 self.native_checked = True
         if facts.structure is not None:
             self.check_structures.append(facts.structure)
@@ -468,6 +471,9 @@ class Evaluation:
         ref_fn = jitted_reference(runtime, len(dyn), len(static))
         budget = self.options.time_budget_s / 2
         expected = references[config.name][0]
+        if self.channel.runner is not None:
+            self._time_exported(runtime, config, dyn, static, ref_fn, expected)
+            return
         calls = timing.time_candidate(
             self.channel, runtime, config, expected, self.out_trees.get(config.name),
             runtime.tolerance(config, expected.dtype), ref_fn, interpret=self.interpret,
@@ -494,6 +500,74 @@ class Evaluation:
         record["shape_label"] = shape_label([(a.shape, a.dtype) for a in dyn])
         record["checked_calls"] = calls.checked
         # the candidate process was stopped (SIGSTOP) while the baseline was timed
+        record["candidate_paused"] = judge.process().proc is not None
+        if self.interpret:
+            record["label"] = "host simulation time"
+        self.result.timing = record
+        if (record["speedup"] or record["host_ratio"] or 0.0) > integrity.SUSPICIOUS_SPEEDUP:
+            self.flags.append("suspicious_speedup")
+
+    def _time_exported(self, runtime: Any, config: ShapeConfig, dyn: tuple, static: tuple,
+                       ref_fn: Any, expected: Host) -> None:
+        """The exported route: candidate and reference timed on this process's device by
+        device time from the profiler's device plane (``timing.time_on_device``), the
+        pipelined mean where no trace can be had (labelled), per-call wall time beside."""
+        import tempfile
+
+        runner = self.channel.runner
+        assert runner is not None
+        logdir = tempfile.mkdtemp(prefix="tw-device-time-")
+        try:
+            with judge.process().paused():
+                found = timing.time_on_device(
+                    runner.function(config.name), ref_fn, runtime, config, expected,
+                    self.out_trees.get(config.name), runtime.tolerance(config, expected.dtype),
+                    static, iters=self.options.iters, budget_s=self.options.time_budget_s,
+                    logdir=logdir)
+        except Stopped:
+            raise
+        except Exception as exc:
+            raise Stopped("runtime_error", EvalError(
+                kind="runtime", message=f"timing on the {runner.platform.upper()} failed: "
+                f"{short_message(exc)}", line=self._kernel_line())) from None
+        finally:
+            import shutil
+
+            shutil.rmtree(logdir, ignore_errors=True)
+        if found.failure is not None or found.kernel is None or found.baseline is None:
+            self.result.status = "incorrect"
+            self.result.correctness = {**(self.result.correctness or {}), "correct": False,
+                                       "reason": f"{config.name}: timed call: {found.failure}"}
+            return
+        flops = None
+        try:
+            flops = runtime.flops(config, dyn)
+        except Exception:
+            flops = None
+        flops_source = "task"
+        if flops is None:
+            flops, flops_source = _xla_flops(ref_fn, dyn, static), "xla_cost_analysis"
+        record = timing.record(found.kernel, found.baseline, self.backend["mode"], config.name,
+                               flops)
+        record["method"] = found.method
+        record["flops_source"] = flops_source if flops is not None else None
+        record["clock"] = ("the device's own clock (profiler device plane)"
+                           if found.method == "device_trace" else
+                           "the judge's clock around calls issued back to back, one wait "
+                           "(pipelined: no device plane here)")
+        if found.method != "device_trace":
+            record["why_not_device_trace"] = found.why_not_trace
+            if self.backend["platform"] == "tpu":
+                record["label"] = "pipelined wall time (no device trace)"
+        if found.device:
+            record["device"] = found.device
+        record["per_call_wall"] = {**(found.per_call or {}),
+                                   "note": "one call, one wait: host dispatch included"}
+        record["pipelined"] = found.pipelined
+        record["route"] = "exported"
+        record["shape_label"] = shape_label([(a.shape, a.dtype) for a in dyn])
+        record["checked_calls"] = found.checked
+        record["input_sets"] = found.input_sets
         record["candidate_paused"] = judge.process().proc is not None
         if self.interpret:
             record["label"] = "host simulation time"
@@ -570,6 +644,17 @@ class Evaluation:
         if report.threads:
             self.flags.append("background_threads")  # they would run on during the next timing
             self.result.extra["threads_left"] = list(report.threads)[:10]
+
+
+def _export_platform(backend: dict[str, Any], route: str | None) -> str | None:
+    """Where the judge runs the candidate's exported programs itself: on a TPU host
+    always (libtpu admits one process per chip, and the judge holds it), elsewhere only
+    when the options ask for that route (``route = "exported"``: a CPU host runs it with
+    the kernels in the plain interpreter, to test the route without a TPU)."""
+    platform = str(backend.get("platform") or "cpu")
+    if platform == "tpu" or route == "exported":
+        return platform
+    return None
 
 
 def _own_chip(backend: dict[str, Any]) -> str | None:

@@ -66,7 +66,7 @@ def time_candidate(channel: CandidateChannel, runtime: Any, config: Any, expecte
     def one_call(check: bool) -> float:
         nonlocal checked, failure
         fresh = runtime.make_inputs(config, jax.random.PRNGKey(rng.getrandbits(32)))
-        elapsed = channel.call(config.name, judge.pickled(*fresh))
+        elapsed = channel.call(config.name, *fresh)
         if check:
             with execution_mode(interpret):
                 want = to_host(ref_fn(*fresh[0], *fresh[1]))
@@ -186,3 +186,173 @@ def record(kernel: dict[str, Any], baseline: dict[str, Any], mode: str, shape: s
         "gflops_per_s": (flops / (kernel["median_ms"] * 1e6)
                          if flops and kernel["median_ms"] else None),
     }
+
+
+# -- the exported route: the judge's own device, device time from the profiler ----------
+
+INPUT_SET_BYTES = 2 << 30  # fresh input sets kept on the device at once for timed calls
+INPUT_SETS = 4
+PIPELINED_BATCHES = 5  # where no trace can be had: the spread of batch means
+DEVICE_MIN_CALLS = 10
+DEVICE_MAX_CALLS = 200
+CANDIDATE_NAME = "tw_candidate"  # the jitted names the device plane is searched for
+REFERENCE_NAME = "tw_reference"
+
+
+@dataclass
+class DeviceTiming:
+    """Candidate and reference timed on the judge's own device (the exported route):
+    their summaries (``summarize``'s fields) by ``method``: ``device_trace`` (durations
+    of each execution on the chip, from the profiler's device plane) or ``pipelined``
+    (N calls issued back to back, one wait, the mean: where no device plane can be had),
+    per-call wall times beside them (dispatch included, labelled), the first timed
+    output that was wrong (``failure``), and why the device plane was not used."""
+
+    kernel: dict[str, Any] | None
+    baseline: dict[str, Any] | None
+    method: str
+    failure: str | None = None
+    per_call: dict[str, float] | None = None
+    pipelined: dict[str, float] | None = None
+    device: str | None = None
+    why_not_trace: str | None = None
+    checked: int = 0
+    input_sets: int = 0
+
+
+def _named(fn: Callable[..., Any], name: str) -> Any:
+    """``fn`` jitted under ``name``: XLA names the program ``jit_<name>``."""
+    import jax
+
+    def call(*args: Any) -> Any:
+        return fn(*args)
+
+    call.__name__ = call.__qualname__ = name
+    return jax.jit(call)
+
+
+def time_on_device(program: Any, ref_fn: Any, runtime: Any, config: Any, expected: Host,
+                   tree: str | None, tolerance: tuple[float, float], static: tuple, *,
+                   iters: int | None, budget_s: float, logdir: str) -> DeviceTiming:
+    """Time the candidate's compiled exported ``program`` and the XLA reference the same
+    way on this process's device: a few fresh input sets on the device, every set's
+    output checked against the reference, then N calls of each issued back to back
+    under the profiler, cycling through the sets; device time per call from the trace's
+    device plane, else the pipelined mean (labelled). Per-call wall time (one call, one
+    wait) is measured beside, for the record."""
+    import jax
+
+    rng = random.SystemRandom()
+    atol, rtol = tolerance
+    first = runtime.make_inputs(config, jax.random.PRNGKey(rng.getrandbits(32)))
+    set_bytes = max(sum(int(getattr(a, "nbytes", 0)) for a in first[0]), 1)
+    count = max(1, min(INPUT_SETS, INPUT_SET_BYTES // set_bytes))
+    sets = [first] + [runtime.make_inputs(config, jax.random.PRNGKey(rng.getrandbits(32)))
+                      for _ in range(count - 1)]
+    flat_sets = [jax.device_put(jax.tree.leaves(dyn)) for dyn, _ in sets]
+    dyn_sets = [jax.device_put(tuple(dyn)) for dyn, _ in sets]
+    candidate = _named(program, CANDIDATE_NAME)
+    reference = _named(lambda *dyn: ref_fn(*dyn, *static), REFERENCE_NAME)
+    # Every set's output checked (the compiled program is fixed: no Python of the
+    # candidate's runs at call time, so a set checked once is checked for every call).
+    checked = 0
+    for flat, dyn in zip(flat_sets, dyn_sets, strict=True):
+        got = jax.block_until_ready(candidate(*flat))
+        want = to_host(jax.block_until_ready(reference(*dyn)))
+        host = Host([np.asarray(x).astype(np.float32) for x in jax.tree.leaves(got)],
+                    tree or want.tree, want.dtype)
+        verdict = compare(host, want, atol, rtol)
+        checked += 1
+        if not verdict.close:
+            return DeviceTiming(None, None, "none", failure=verdict.reason, checked=checked,
+                                input_sets=count)
+
+    def per_call(fn: Any, args: list[Any], n: int) -> list[float]:
+        out = []
+        for i in range(n):
+            started = time.perf_counter()
+            jax.block_until_ready(fn(*args[i % len(args)]))
+            out.append(time.perf_counter() - started)
+        return out
+
+    def pipelined(fn: Any, args: list[Any], n: int) -> list[float]:
+        """Per-call means of PIPELINED_BATCHES batches of calls issued back to back."""
+        means = []
+        size = max(n // PIPELINED_BATCHES, 1)
+        for _ in range(PIPELINED_BATCHES):
+            started = time.perf_counter()
+            jax.block_until_ready([fn(*args[i % len(args)]) for i in range(size)])
+            means.append((time.perf_counter() - started) / size)
+        return means
+
+    flat_args = [tuple(f) for f in flat_sets]
+    dyn_args = [tuple(d) for d in dyn_sets]
+    single = per_call(candidate, flat_args, 3) + per_call(reference, dyn_args, 3)
+    if iters is None:
+        n = int(budget_s / max(max(single), 1e-6) / 3)
+        n = min(max(n, DEVICE_MIN_CALLS), DEVICE_MAX_CALLS)
+    else:
+        n = max(int(iters), 1)
+    walls = {"kernel": per_call(candidate, flat_args, min(n, 20)),
+             "reference": per_call(reference, dyn_args, min(n, 20))}
+    piped_kernel = pipelined(candidate, flat_args, n)
+    piped_reference = pipelined(reference, dyn_args, n)
+    piped = {"kernel_ms": float(np.median(piped_kernel) * 1e3),
+             "baseline_ms": float(np.median(piped_reference) * 1e3),
+             "batches": PIPELINED_BATCHES, "calls_per_batch": max(n // PIPELINED_BATCHES, 1)}
+    traced, why = _traced_calls(candidate, flat_args, reference, dyn_args, n, logdir)
+    per_call_ms = {"kernel_median_ms": float(np.median(walls["kernel"]) * 1e3),
+                   "baseline_median_ms": float(np.median(walls["reference"]) * 1e3)}
+    if traced is not None:
+        kernel_us, reference_us, device = traced
+        return DeviceTiming(
+            summarize([d / 1e6 for d in kernel_us], warmup=count),
+            summarize([d / 1e6 for d in reference_us], warmup=count), "device_trace",
+            per_call=per_call_ms, pipelined=piped, device=device, checked=checked,
+            input_sets=count)
+    # No device plane: the pipelined mean of n calls stands for each call's time.
+    kernel = summarize(piped_kernel, warmup=count)
+    baseline = summarize(piped_reference, warmup=count)
+    return DeviceTiming(kernel, baseline, "pipelined", per_call=per_call_ms, pipelined=piped,
+                        why_not_trace=why, checked=checked, input_sets=count)
+
+
+def _traced_calls(candidate: Any, flat_args: list[Any], reference: Any, dyn_args: list[Any],
+                  n: int, logdir: str) -> tuple[tuple[list[float], list[float], str] | None,
+                                                str | None]:
+    """N calls of each under the profiler, issued back to back; their device durations
+    (microseconds) from the trace's device plane, or (None, why not)."""
+    import glob
+    import os
+
+    import jax
+
+    from tilewright.profiling import convert, device_time
+
+    os.makedirs(logdir, exist_ok=True)
+    try:
+        jax.profiler.start_trace(logdir)
+    except Exception as exc:  # another trace running, no profiler plugin
+        return None, f"the profiler did not start: {short_message(exc)[:200]}"
+    try:
+        jax.block_until_ready([candidate(*flat_args[i % len(flat_args)]) for i in range(n)])
+        jax.block_until_ready([reference(*dyn_args[i % len(dyn_args)]) for i in range(n)])
+    finally:
+        jax.profiler.stop_trace()
+    planes = sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")))
+    if not planes:
+        return None, "the profiler wrote no trace"
+    try:
+        trace, _log = convert.trace_events(planes[-1])
+        timeline = convert.timeline_from_trace(trace)
+    except Exception as exc:
+        return None, f"the trace could not be read: {short_message(exc)[:200]}"
+    kernel = device_time.program_times(timeline, CANDIDATE_NAME)
+    ref = device_time.program_times(timeline, REFERENCE_NAME)
+    if kernel is None or ref is None:
+        return None, "the trace has no device plane with these programs (no accelerator)"
+    # The executions of these n calls: the last n (the warm-up ran before the trace).
+    if kernel.count < n or ref.count < n:
+        return None, (f"the device plane holds {kernel.count} and {ref.count} executions "
+                      f"of {n} calls each")
+    return (list(kernel.durations_us[-n:]), list(ref.durations_us[-n:]), kernel.device), None
