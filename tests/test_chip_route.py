@@ -1,0 +1,211 @@
+"""The route of a host with a chip, tested where its logic runs without one.
+
+On a TPU host libtpu admits one process per chip: the judge holds it, its children run
+JAX on the CPU, and the candidate's programs reach the chip exported (``jax.export``),
+checked, compiled and run by the judge. Here: that route end to end on the CPU
+(``route = "exported"``: the kernels in the plain interpreter), the checks the judge
+makes on an exported program before it runs anything, the rule that no child of the
+judge opens an accelerator, the busy-chip error, and reading device time from a
+profile's device plane.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from sizes import load_small
+
+from tilewright.kernels.pool.workers import EvalOptions, WorkerPool
+from tilewright.kernels.worker import chip
+from tilewright.kernels.worker.errors import Stopped
+from tilewright.kernels.worker.evaluation.compare import Host
+from tilewright.kernels.worker.evaluation.exported import ExportedPrograms, custom_calls
+from tilewright.profiling import convert, device_time
+
+ON_MODULE_LOOP = pytest.mark.asyncio(loop_scope="module")
+EXPORTED = EvalOptions(trials=3, iters=5, timeout_s=120.0, route="exported", shapes=["small"])
+
+
+@pytest.fixture(scope="module")
+def gelu():
+    return load_small("gelu", rows=64, cols=256)
+
+
+@ON_MODULE_LOOP
+async def test_the_judge_runs_the_exported_program_and_times_it(worker_pool, gelu) -> None:
+    result = await worker_pool.evaluate(gelu, gelu.kernel_path.read_text(), EXPORTED,
+                                        filename=str(gelu.kernel_path))
+    data = result.to_json()
+    assert result.status == "correct", result.error
+    assert data["extra"]["candidate_process"]["route"] == "exported"
+    assert data["extra"]["candidate_process"]["lowering_checked"] is True
+    timing = data["timing"]
+    assert timing["route"] == "exported"
+    # No accelerator here: no device plane, so the pipelined mean, said so.
+    assert timing["method"] == "pipelined"
+    assert "no device plane" in timing["why_not_device_trace"]
+    assert timing["checked_calls"] == timing["input_sets"] >= 1
+    assert timing["per_call_wall"]["kernel_median_ms"] > 0
+    assert timing["p10_ms"] <= timing["median_ms"] <= timing["p90_ms"]
+
+
+@ON_MODULE_LOOP
+async def test_a_wrong_kernel_is_wrong_on_the_exported_route(worker_pool, gelu) -> None:
+    source = gelu.kernel_path.read_text() + textwrap.dedent("""
+
+        _right = kernel
+
+        def kernel(x):
+            return _right(x) * 1.01 + 0.01
+    """)
+    result = await worker_pool.evaluate(gelu, source, EXPORTED, filename="kernel.py")
+    assert result.status == "incorrect"
+    assert "trial 1" in result.correctness["reason"]
+
+
+PLATFORM_PROBE = textwrap.dedent("""
+    import os
+    import jax
+
+    raise RuntimeError(
+        f"env={os.environ.get('JAX_PLATFORMS')!r} config={jax.config.jax_platforms!r} "
+        f"device={jax.devices()[0].platform}")
+""")
+
+
+@ON_MODULE_LOOP
+async def test_no_child_of_the_judge_opens_an_accelerator(gelu) -> None:
+    # The worker is started as on a TPU VM: JAX_PLATFORMS unset (empty), JAX picks the
+    # platform itself. Its candidate process is pinned to the CPU all the same.
+    async with WorkerPool(size=1, env_overrides={"JAX_PLATFORMS": ""}) as pool:
+        result = await pool.evaluate(gelu, PLATFORM_PROBE, EXPORTED, filename="kernel.py")
+    assert result.status == "runtime_error"
+    assert "env='cpu' config='cpu' device=cpu" in result.error.message
+
+
+def _exported(fn, *avals, platforms=("cpu",), **kwargs) -> bytes:
+    return bytes(jax.export.export(jax.jit(fn), platforms=platforms, **kwargs)(*avals)
+                 .serialize())
+
+
+X = jax.ShapeDtypeStruct((8, 128), jnp.float32)
+
+
+def _inputs() -> tuple:
+    return (jnp.ones((8, 128), jnp.float32),)
+
+
+def test_the_runner_runs_a_program_it_checked() -> None:
+    runner = ExportedPrograms("cpu")
+    program = runner.adopt("small", _exported(lambda x: x * 2.0, X), _inputs(), None, 0)
+    assert "stablehlo" in program.text or "func.func" in program.text
+    expected = Host([np.full((8, 128), 2.0, np.float32)], "PyTreeDef(*)", np.float32)
+    out = runner.run("small", _inputs(), expected, None)
+    np.testing.assert_array_equal(out.leaves[0], expected.leaves[0])
+
+
+def test_the_runner_refuses_a_custom_call_outside_the_stable_list() -> None:
+    # What a hostile candidate process can send: a program calling a target of its choice.
+    def planted(x):
+        return jax.ffi.ffi_call("tw_planted", jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    blob = _exported(planted, X, disabled_checks=[
+        jax.export.DisabledSafetyCheck.custom_call("tw_planted")])
+    assert custom_calls(jax.export.deserialize(bytearray(blob)).mlir_module()) == {"tw_planted"}
+    with pytest.raises(Stopped) as stop:
+        ExportedPrograms("cpu").adopt("small", blob, _inputs(), None, 0)
+    assert stop.value.status == "rejected" and "tw_planted" in stop.value.error.message
+
+
+def test_the_runner_refuses_other_inputs_platforms_and_big_outputs() -> None:
+    runner = ExportedPrograms("cpu")
+    other = (jnp.ones((16, 128), jnp.float32),)
+    with pytest.raises(Stopped, match="takes"):
+        runner.adopt("small", _exported(lambda x: x, X), other, None, 0)
+    with pytest.raises(Stopped, match="is for"):
+        runner.adopt("small", _exported(lambda x: x, X, platforms=("tpu",)), _inputs(),
+                     None, 0)
+    with pytest.raises(Stopped, match="outputs take"):
+        runner.adopt("small", _exported(lambda x: jnp.tile(x, (64, 1)), X), _inputs(),
+                     None, 8 * 128 * 4 * 2)
+    with pytest.raises(Stopped, match="does not deserialize"):
+        runner.adopt("small", b"not a program", _inputs(), None, 0)
+
+
+def test_pin_to_cpu_resets_a_process_that_imported_jax_for_any_platform() -> None:
+    code = textwrap.dedent("""
+        import os
+        import jax
+        from tilewright.kernels.worker import chip
+        before = jax.config.jax_platforms
+        chip.pin_to_cpu()
+        print(before, jax.config.jax_platforms, os.environ["JAX_PLATFORMS"],
+              jax.devices()[0].platform)
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["None", "cpu", "cpu", "cpu"]
+
+
+LIBTPU_BUSY = ("Unable to initialize backend 'tpu': ABORTED: Internal error when accessing "
+               "libtpu multi-process lockfile. Run \"$ sudo lsof -w /dev/vfio/1\" to figure "
+               "out which process is using the TPU.")
+
+
+def test_the_busy_chip_error_names_the_process_holding_it(tmp_path) -> None:
+    device = tmp_path / "vfio" / "1"
+    device.parent.mkdir()
+    device.write_text("")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"f = open({str(device)!r}); import time; time.sleep(60)"])
+    try:
+        deadline = time.monotonic() + 30
+        found: list[chip.Holder] = []
+        while time.monotonic() < deadline and not found:
+            found = chip.holders(paths=(str(device.parent) + "/",))
+            time.sleep(0.05)
+        assert [h.pid for h in found] == [holder.pid]
+        assert str(device) == found[0].what and "time.sleep" in found[0].command
+    finally:
+        holder.kill()
+        holder.wait()
+    assert chip.is_busy_message(LIBTPU_BUSY)
+    assert not chip.is_busy_message("Unable to initialize backend 'tpu': NOT_FOUND: no TPU")
+    error = chip.busy_error(LIBTPU_BUSY)
+    assert "chip is busy" in str(error) and "JAX_PLATFORMS=cpu" in str(error)
+    assert "lockfile" in str(error)
+
+
+def _trace(process: str, line: str, names: list[tuple[str, float]]) -> dict:
+    events = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": process}},
+              {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2, "args": {"name": line}}]
+    start = 0.0
+    for name, dur in names:
+        events.append({"ph": "X", "pid": 1, "tid": 2, "name": name, "ts": start, "dur": dur})
+        start += dur + 1.0
+    return {"traceEvents": events}
+
+
+def test_device_time_reads_the_module_line_of_a_device_plane() -> None:
+    trace = _trace("/device:TPU:0", "XLA Modules",
+                   [("jit_tw_candidate(42)", 204.5), ("jit_tw_reference(7)", 296.0),
+                    ("jit_tw_candidate(42)", 205.0), ("jit_other(1)", 5.0)])
+    timeline = convert.timeline_from_trace(trace)
+    kernel = device_time.program_times(timeline, "tw_candidate")
+    assert kernel is not None and kernel.durations_us == (204.5, 205.0)
+    assert kernel.device == "/device:TPU:0"
+    assert device_time.program_times(timeline, "tw_reference").durations_us == (296.0,)
+    # A host's threads are not a device plane: no device time there.
+    host = convert.timeline_from_trace(_trace("/host:CPU", "python",
+                                              [("jit_tw_candidate(42)", 10.0)]))
+    assert device_time.program_times(host, "tw_candidate") is None
