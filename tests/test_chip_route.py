@@ -209,3 +209,18 @@ def test_device_time_reads_the_module_line_of_a_device_plane() -> None:
     host = convert.timeline_from_trace(_trace("/host:CPU", "python",
                                               [("jit_tw_candidate(42)", 10.0)]))
     assert device_time.program_times(host, "tw_candidate") is None
+
+
+@ON_MODULE_LOOP
+async def test_profile_runs_the_exported_program_in_the_judge(worker_pool, gelu) -> None:
+    from tilewright.kernels.judge.options import ProfileOptions
+
+    found = await worker_pool.profile(gelu, gelu.kernel_path.read_text(), None,
+                                      ProfileOptions(route="exported", iters=3))
+    assert found["status"] == "ok", found.get("error")
+    assert found["route"] == "exported"
+    assert found["wall"]["iters"] == 3 and found["timeline"] is not None
+    # The judge ran the exported program (kernels in the plain interpreter: pure HLO),
+    # not the candidate process's TPU interpreter, whose host callbacks would show.
+    assert found["top_ops"] and not any("callback" in op["name"] for op in found["top_ops"])
+    assert found["analysis"]["kernels"], "the candidate process's static analysis is kept"

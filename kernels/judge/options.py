@@ -68,6 +68,9 @@ class ProfileOptions:
     static_only: bool = False
     timeout_s: float = 300.0
     stderr: bool = False
+    # As EvalOptions.route: None chooses by host (the judge runs the exported program
+    # under the profiler on a TPU host); "exported" takes that route on any host.
+    route: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """What the worker's ``profile`` op reads (``stderr`` is the app's business)."""

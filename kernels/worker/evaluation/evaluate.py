@@ -87,6 +87,9 @@ def estimate_request(payload: dict[str, Any]) -> dict[str, Any]:
     result = Evaluation(payload["task"], payload["source"],
                         payload.get("filename") or "kernel.py", options).run().to_json()
     status = "ok" if result["status"] == "correct" else result["status"]
+    if (result.get("extra") or {}).get("measured") is not None and result.get("tpu"):
+        # a TPU host: the production program measured on the chip, beside the estimate
+        result["tpu"]["measured"] = result["extra"]["measured"]
     return {"schema": ESTIMATE_SCHEMA, "status": status, "tpu": result.get("tpu"),
             "error": result.get("error"), "backend": result.get("backend"),
             "integrity": result.get("integrity"), "duration_s": result.get("duration_s"),
@@ -239,6 +242,13 @@ class Evaluation:
             t = time.perf_counter()
             self._tpu_verdict(apply=True)
             self._phase("tpu_wait_s", t)
+            if self.export_for == "tpu" and self.options.timing:  # and measured on the chip
+                t = time.perf_counter()
+                found = self._measure_production()
+                self.result.extra["measured"] = (
+                    _measured_json(found[0], found[1]) if isinstance(found, tuple)
+                    else {"unavailable": found})
+                self._phase("measure_s", t)
             return
 
         # 4 + 5. trace, lower, run, compare: configuration by configuration, the held-out
@@ -472,6 +482,12 @@ class Evaluation:
         budget = self.options.time_budget_s / 2
         expected = references[config.name][0]
         if self.channel.runner is not None:
+            if self.export_for == "tpu":  # what ranks is the program that will run
+                found = self._measure_production()
+                if isinstance(found, tuple):
+                    self._record_device_timing(*found)
+                    return
+                self.result.extra["production_timing"] = {"unavailable": found}
             self._time_exported(runtime, config, dyn, static, ref_fn, expected)
             return
         calls = timing.time_candidate(
@@ -520,7 +536,7 @@ class Evaluation:
         try:
             with judge.process().paused():
                 found = timing.time_on_device(
-                    runner.function(config.name), ref_fn, runtime, config, expected,
+                    runner.function(config.name), ref_fn, runtime, config,
                     self.out_trees.get(config.name), runtime.tolerance(config, expected.dtype),
                     static, iters=self.options.iters, budget_s=self.options.time_budget_s,
                     logdir=logdir)
@@ -534,6 +550,58 @@ class Evaluation:
             import shutil
 
             shutil.rmtree(logdir, ignore_errors=True)
+        self._record_device_timing(found, (runtime, config, dyn, static, ref_fn))
+
+    def _measure_production(self) -> tuple[timing.DeviceTiming, tuple] | str:
+        """On a TPU host: the candidate's production program (the one the verdict and the
+        estimate are for) run on the chip on fresh production inputs, checked against the
+        reference there and timed against it (``timing.time_on_device``). Returns the
+        timing and what it was measured on, or why it could not be (no production
+        program, inputs or outputs that do not fit the chip's HBM, a failure there)."""
+        import tempfile
+
+        production = self.production
+        runner = self.channel.runner
+        if production is None or production.reply is None or runner is None:
+            return "no production program was exported"
+        blob = production.reply.programs.get("full")
+        if not blob:
+            return "the production program could not be exported whole"
+        config = production.config
+        try:
+            runtime = task_runtime(production.spec)
+            import jax
+
+            dyn, static = runtime.make_inputs(config, jax.random.PRNGKey(0))
+            ref_fn = jitted_reference(runtime, len(dyn), len(static))
+            shapes = jax.eval_shape(lambda *d: ref_fn(*d, *static), *dyn)
+            out_dtype = jax.tree.leaves(shapes)[0].dtype
+        except Exception as exc:
+            return f"the production inputs could not be built on the chip: {short_message(exc)}"
+        try:
+            program = runner.adopt(config.name, blob, dyn, self._kernel_line(), 0)
+        except Stopped as stop:
+            return f"the production program did not compile on the chip: {stop.error.message}"
+        logdir = tempfile.mkdtemp(prefix="tw-device-time-")
+        try:
+            with judge.process().paused():
+                found = timing.time_on_device(
+                    program.exported.call, ref_fn, runtime, config, None,
+                    runtime.tolerance(config, out_dtype), static,
+                    iters=self.options.iters, budget_s=self.options.time_budget_s,
+                    logdir=logdir)
+        except Exception as exc:
+            return f"running at the production shape failed: {short_message(exc)}"
+        finally:
+            import shutil
+
+            shutil.rmtree(logdir, ignore_errors=True)
+        return found, (runtime, config, dyn, static, ref_fn)
+
+    def _record_device_timing(self, found: timing.DeviceTiming, where: tuple) -> None:
+        """The ``timing`` section from a device timing at ``where`` (runtime, config,
+        inputs, reference); a wrong timed output makes the kernel incorrect."""
+        runtime, config, dyn, static, ref_fn = where
         if found.failure is not None or found.kernel is None or found.baseline is None:
             self.result.status = "incorrect"
             self.result.correctness = {**(self.result.correctness or {}), "correct": False,
@@ -644,6 +712,21 @@ class Evaluation:
         if report.threads:
             self.flags.append("background_threads")  # they would run on during the next timing
             self.result.extra["threads_left"] = list(report.threads)[:10]
+
+
+def _measured_json(found: timing.DeviceTiming, where: tuple) -> dict[str, Any]:
+    """The ``estimate`` op's measured figures on a TPU host, beside the estimate."""
+    _runtime, config, dyn, _static, _ref = where
+    if found.kernel is None or found.baseline is None:
+        return {"unavailable": f"the kernel's output at {config.name} was wrong: "
+                               f"{found.failure}"}
+    kernel, baseline = found.kernel["median_ms"], found.baseline["median_ms"]
+    return {"method": found.method, "device": found.device, "shape": config.name,
+            "shape_label": shape_label([(a.shape, a.dtype) for a in dyn]),
+            "median_ms": kernel, "p10_ms": found.kernel["p10_ms"],
+            "p90_ms": found.kernel["p90_ms"], "baseline_median_ms": baseline,
+            "speedup": baseline / kernel if kernel else None,
+            "why_not_device_trace": found.why_not_trace, "per_call_wall": found.per_call}
 
 
 def _export_platform(backend: dict[str, Any], route: str | None) -> str | None:

@@ -31,6 +31,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from tilewright.kernels.judge.result import EvalError
+from tilewright.kernels.worker.errors import Stopped
 from tilewright.kernels.worker.ops import op
 from tilewright.profiling import SCHEMA
 from tilewright.profiling.chips import DEFAULT_TPU, backend_is_interpret
@@ -135,11 +137,18 @@ def _profile(out: dict[str, Any], proc: Any, spec: dict[str, Any], source: str,
 
     iters = int(options.get("iters") or (3 if interpret else 20))
     static_only = bool(options.get("static_only"))
+    # A host with a chip: only the judge may open it, so the candidate process analyses
+    # and exports, and the run under the profiler is the judge's, of that program.
+    export_for = _export_platform(out["backend"], options.get("route"))
+    exported: dict[str, Any] = {}
     try:
         reply = _in_candidate_process(proc, spec, source, filename, interpret, target.name, {
             "chip": target.name, "interpret": interpret, "iters": iters,
-            "python_tracer": bool(options.get("python_tracer")), "static_only": static_only,
-            "task_flops": task_flops}, judge.pickled(dyn, static), deadline)
+            "python_tracer": bool(options.get("python_tracer")),
+            "static_only": static_only or export_for is not None,
+            "task_flops": task_flops}, judge.pickled(dyn, static), deadline,
+            export_for=None if static_only else export_for, config=out["shape"]["name"],
+            exported=exported)
     except _Fault as fault:
         out["status"] = "error"
         out["error"] = fault.error
@@ -162,12 +171,26 @@ def _profile(out: dict[str, Any], proc: Any, spec: dict[str, Any], source: str,
                               interpret, phases, started)
 
     t0 = time.perf_counter()
-    try:
-        cap = _take_trace(reply.get("capture"), proc.scratch, options.get("logdir"))
-    except ValueError as exc:
-        judge.recycle_candidate("it reported a trace outside its scratch dir")
-        return _error(out, "crashed", f"the candidate process's trace was refused: {exc}")
-    phases["capture_s"] = _seconds(reply.get("capture_s"))
+    if export_for is not None:  # the judge runs the exported program under the profiler
+        try:
+            cap = _capture_exported(exported, export_for, dyn, out["shape"]["name"], iters,
+                                    options)
+        except Stopped as stop:
+            out["status"] = "error"
+            out["error"] = {"kind": stop.error.kind, "message": stop.error.message,
+                            "line": stop.error.line, "traceback": None,
+                            "hint": stop.error.hint}
+            out["duration_s"] = time.perf_counter() - started
+            return out
+        out["route"] = "exported"
+        phases["capture_s"] = time.perf_counter() - t0
+    else:
+        try:
+            cap = _take_trace(reply.get("capture"), proc.scratch, options.get("logdir"))
+        except ValueError as exc:
+            judge.recycle_candidate("it reported a trace outside its scratch dir")
+            return _error(out, "crashed", f"the candidate process's trace was refused: {exc}")
+        phases["capture_s"] = _seconds(reply.get("capture_s"))
     phases["copy_s"] = time.perf_counter() - t0
     out["logdir"] = cap["logdir"]
     out["run_dir"] = cap["run_dir"]
@@ -195,17 +218,51 @@ class _Fault(Exception):
         self.error = error
 
 
+def _export_platform(backend: dict[str, Any], route: str | None) -> str | None:
+    """Where the judge runs the profiled program itself (as ``eval`` does): a TPU host,
+    or any host asked for the exported route."""
+    platform = str(backend.get("platform") or "cpu")
+    return platform if platform == "tpu" or route == "exported" else None
+
+
+def _capture_exported(exported: dict[str, Any], platform: str, dyn: Any, config: str,
+                      iters: int, options: dict[str, Any]) -> dict[str, Any]:
+    """The candidate's exported program, checked and compiled here
+    (``ExportedPrograms.adopt``), run ``iters`` times under the profiler in this process,
+    on its device: the trace's device plane is the chip's own."""
+    import jax
+
+    from tilewright.kernels.worker.evaluation.exported import ExportedPrograms
+    from tilewright.profiling.capture import capture
+
+    if not exported.get("blob"):
+        raise Stopped("crashed", EvalError(kind="crashed", message="the candidate process "
+                      "sent no exported program to profile"))
+    runner = ExportedPrograms(platform)
+    program = runner.adopt(config, exported["blob"], tuple(dyn), None, 0)
+    logdir = options.get("logdir") or tempfile.mkdtemp(prefix="tilewright-profile-")
+    flat = jax.device_put(jax.tree.leaves(tuple(dyn)))
+    return capture(jax.jit(program.exported.call), tuple(flat), logdir, iters=iters,
+                   python_tracer=False)
+
+
 def _in_candidate_process(proc: Any, spec: dict[str, Any], source: str, filename: str,
                           interpret: bool, chip: str, header: dict[str, Any], blob: bytes,
-                          deadline: float) -> dict[str, Any]:
+                          deadline: float, *, export_for: str | None = None,
+                          config: str = "", exported: dict[str, Any] | None = None,
+                          ) -> dict[str, Any]:
     """Load the candidate in the candidate process and profile it there; then the
-    ``finish`` report decides whether that process stays warm."""
+    ``finish`` report decides whether that process stays warm. ``export_for``: also have
+    it export its program at ``config`` for the judge to run (into ``exported["blob"]``)."""
     from tilewright.kernels.worker.candidate import judge
     from tilewright.kernels.worker.candidate.channel import CandidateError
 
     def ask(name: str, head: dict[str, Any], data: bytes) -> dict[str, Any]:
         try:
-            reply, _ = proc.request(name, head, data, deadline)
+            reply, found = proc.request(name, head, data, deadline,
+                                        max_blob=256 << 20 if name == "prepare" else 1 << 20)
+            if exported is not None and name == "prepare":
+                exported["blob"] = found
         except judge.CandidateFailure as failure:
             proc.start()  # a fresh one warms up for the next request
             raise _Fault({"kind": failure.kind if failure.kind != "protocol" else "crashed",
@@ -227,10 +284,12 @@ def _in_candidate_process(proc: Any, spec: dict[str, Any], source: str, filename
 
     t0 = time.perf_counter()
     ask("load", {"spec": spec, "filename": filename, "interpret": interpret,
-                 "chip": chip, "lowering": False}, source.encode())
+                 "chip": chip, "lowering": False, "export_for": export_for}, source.encode())
     load_s = time.perf_counter() - t0
     reply = ask("profile", header, blob)
     reply["load_s"] = load_s
+    if export_for is not None:
+        ask("prepare", {"config": config}, blob)
     return reply
 
 
