@@ -44,6 +44,9 @@ SMOKES = {
         "no checkout: the JAXBench and MaxKernel fixtures listed with `tilewright tasks "
         "--no-check`, the shared-size resolution, the table (no search, no re-check)",
         "inputs generate: 2/2"),
+    "on_tpu.py": (
+        "gelu with a 256x1024 production shape through one worker's estimate op; off a "
+        "TPU the estimate alone, each measured column saying why it is empty", "est/meas"),
     "process_start.py": (
         "one candidate process started as a fresh process and one as a fork of the "
         "judge's zygote", "fresh/fork:"),

@@ -120,6 +120,9 @@ class Evaluation:
         # False: no correctness check at all, only the production verdict and estimate
         # (the ``estimate`` op: ``tilewright estimate``, benchmarks)
         self.check = bool(options.get("check", True))
+        # The ``estimate`` op on a TPU host also measures the production program on the
+        # chip, beside the estimate (``measure: false`` skips that)
+        self.measure = bool(options.get("measure", True))
         self.backend = backend_info()
         self.interpret = backend_is_interpret(self.backend)
         self.chip = str(self.options.chip or _own_chip(self.backend) or DEFAULT_TPU)
@@ -242,7 +245,7 @@ class Evaluation:
             t = time.perf_counter()
             self._tpu_verdict(apply=True)
             self._phase("tpu_wait_s", t)
-            if self.export_for == "tpu" and self.options.timing:  # and measured on the chip
+            if self.export_for == "tpu" and self.measure:  # and measured on the chip
                 t = time.perf_counter()
                 found = self._measure_production()
                 self.result.extra["measured"] = (
