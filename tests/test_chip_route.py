@@ -224,3 +224,15 @@ async def test_profile_runs_the_exported_program_in_the_judge(worker_pool, gelu)
     # not the candidate process's TPU interpreter, whose host callbacks would show.
     assert found["top_ops"] and not any("callback" in op["name"] for op in found["top_ops"])
     assert found["analysis"]["kernels"], "the candidate process's static analysis is kept"
+
+
+def test_a_candidate_process_that_did_not_start_is_not_the_kernels_fault() -> None:
+    from tilewright.kernels.judge.process_failure import FAILURE_HINTS
+    from tilewright.kernels.worker.candidate import judge
+
+    tail = ("Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+            f"RuntimeError: {LIBTPU_BUSY}\n").encode()
+    said = judge._last_error(tail)
+    assert said is not None and said.startswith("RuntimeError: Unable to initialize")
+    assert chip.is_busy_message(said)
+    assert "Not the kernel" in FAILURE_HINTS["start"]

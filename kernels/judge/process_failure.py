@@ -19,6 +19,9 @@ FAILURE_HINTS = {
     "crashed": "The process died in native code; the captured stderr may say where.",
     "exited": "Kernels must not call os._exit/sys.exit; return the output instead.",
     "memory": "Check the sizes the kernel allocates (scratch shapes, intermediate arrays).",
+    "start": "Not the kernel: the judge's candidate process could not start before any "
+             "kernel was loaded. Its captured stderr says why; evaluate again once that is "
+             "fixed.",
 }
 
 _SIGNAL_MEANING = {

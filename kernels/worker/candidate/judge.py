@@ -172,6 +172,17 @@ class _StderrPump:
         return bytes(self.tail)
 
 
+_ERROR_LINE = re.compile(r"^(?:[\w.]+(?:Error|Exception)|F\d{4} .*?\]|ABORTED|RuntimeError)"
+                         r"[: ].*$", re.MULTILINE)
+
+
+def _last_error(tail: bytes) -> str | None:
+    """The last error line a process wrote before it died (a Python exception's, a
+    native fatal log line's), for the message that says why it did not start."""
+    found = _ERROR_LINE.findall(tail.decode("utf-8", "replace"))
+    return found[-1].strip()[:600] if found else None
+
+
 def _host_pid(pid: int) -> int | None:
     """The /proc entry of ``pid`` (a pid of this process's namespace, below it): found
     through our own subtree, never the first entry anywhere with that namespace pid
@@ -244,11 +255,18 @@ class CandidateProcess:
         self.start()
         if self.ready:
             return
+        pump = self.stderr
         try:
             header, _ = self._recv(max(deadline, time.monotonic() + 1.0), 1 << 16)
         except CandidateFailure as failure:
-            raise CandidateFailure(failure.kind, "the candidate process did not start: "
-                                   + failure.message) from None
+            # No candidate code has run in it yet: whatever stopped it is the host's or
+            # the harness's (a chip it must not open, an import), never the kernel's.
+            said = _last_error(pump.drained(0.5)) if pump is not None else None
+            if said and chip.is_busy_message(said):
+                said = str(chip.busy_error(said))
+            raise CandidateFailure("start", "the candidate process did not start ("
+                                   + failure.message + ")"
+                                   + (f": {said}" if said else "")) from None
         if header.get("type") != "ready":
             self.kill()
             raise CandidateFailure("protocol", "the candidate process did not start (no "
