@@ -249,3 +249,103 @@ def test_rank_orders_by_the_kernel_time_and_says_what_it_is() -> None:
     legacy = Rank.legacy("tpu_estimate", 1.5, "est. 1.50x on v5e (TPU compiler)")
     assert legacy.key() == (3, 0, 1.5, 0.0) and legacy.words() == legacy.legacy_label
     assert textwrap.dedent(Rank("host_simulation", 0.02).words()).startswith("host sim. ratio")
+
+
+def test_batch_axes_skip_a_size_that_is_also_contracted() -> None:
+    """A GEMM whose contracted size equals its output's columns (JAXBench's 41k: x
+    4096x8192 @ w 8192x8192 + bias): halving every 8192 halves the output but quarters the
+    work, so the cost per unit would not extrapolate. The rows of x are the axis."""
+    import jax
+    import jax.numpy as jnp
+
+    from tilewright.kernels.worker.tpu import shrink
+
+    def gemm_add_relu(x, w, b):
+        return jax.nn.relu(x @ w + b)
+
+    avals = [jax.ShapeDtypeStruct(s, jnp.float32) for s in ((512, 1024), (1024, 1024),
+                                                            (1024,))]
+    assert shrink.batch_axes(gemm_add_relu, avals, []) == (((0, 0),), 512)
+
+
+GEMM_BASELINE = '''
+import jax
+import jax.numpy as jnp
+
+CONFIG = {"name": "gemm_add_relu", "batch_size": 512, "in_features": 256,
+          "out_features": 256}
+
+
+def create_inputs(dtype=jnp.float32):
+    key = jax.random.PRNGKey(0)
+    x = jax.random.uniform(key, (512, 256), dtype=dtype)
+    weight = jax.random.uniform(jax.random.fold_in(key, 1), (256, 256), dtype=dtype)
+    bias = jnp.zeros(256, dtype=dtype)
+    return x, weight, bias
+
+
+def workload(x, weight, bias):
+    return jax.nn.relu(jnp.matmul(x, weight) + bias)
+'''
+
+GEMM_KERNEL = '''
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+
+def _body(x_ref, w_ref, b_ref, o_ref):
+    o_ref[...] = jnp.maximum(jnp.dot(x_ref[...], w_ref[...]) + b_ref[...], 0.0)
+
+
+def kernel(x, weight, bias):
+    m, n = x.shape[0], weight.shape[1]
+    bm = min(128, m)
+    return pl.pallas_call(
+        _body, out_shape=jax.ShapeDtypeStruct((m, n), x.dtype), grid=(m // bm,),
+        in_specs=[pl.BlockSpec((bm, x.shape[1]), lambda i: (i, 0)),
+                  pl.BlockSpec(weight.shape, lambda i: (0, 0)),
+                  pl.BlockSpec((1, n), lambda i: (0, 0))],
+        out_specs=pl.BlockSpec((bm, n), lambda i: (i, 0)))(x, weight, bias.reshape(1, n))
+
+
+workload = kernel
+'''
+
+
+@ON_MODULE_LOOP
+async def test_two_layouts_of_one_program_get_one_number_in_either_order(
+        workspace: Path) -> None:
+    """A JAXBench task as published and the same task converted with ``tilewright new
+    --from DIR`` (its inputs written with literal shapes): the reference of each is scaled
+    (a parameter of the raw layout, the rows of x of the converted one), and neither's
+    record answers for the other, whichever was evaluated first."""
+    raw = workspace / "gemm_raw"
+    raw.mkdir()
+    (raw / "baseline.py").write_text(GEMM_BASELINE)
+    made = subprocess.run([sys.executable, "-m", "tilewright.tui.cli", "new", "gemm_conv",
+                           "--from", str(raw)], cwd=workspace, capture_output=True,
+                          text=True, timeout=600)
+    assert made.returncode == 0, made.stdout + made.stderr
+    layouts = {"raw": load_task(str(raw)), "converted": load_task(str(workspace / "gemm_conv"))}
+    found: dict[str, list[dict]] = {"raw": [], "converted": []}
+    for order in (("raw", "converted"), ("converted", "raw")):
+        cache = workspace / f"cache-{order[0]}-first"
+        async with pool(cache, budget_gflop=0.01) as judge:
+            for name in order:
+                reply = await judge.estimate(layouts[name], GEMM_KERNEL,
+                                             EvalOptions(timeout_s=240.0))
+                assert reply["status"] == "ok", reply.get("error")
+                found[name].append(reply["tpu"])
+    for name, (first, second) in found.items():
+        ref = first["reference_estimate"]
+        assert ref is not None and ref["method"] == "scaled", (name, first["estimate_unavailable"])
+        assert second["reference_estimate"]["cycles"] == ref["cycles"], name
+        assert second["estimated_speedup"] == first["estimated_speedup"], name
+    raw_ref = found["raw"][0]["reference_record"]["scaling"]
+    conv_ref = found["converted"][0]["reference_record"]["scaling"]
+    assert raw_ref["kind"] == "param" and raw_ref["name"] == "batch_size"
+    assert conv_ref["kind"] == "axes" and conv_ref["value"] == 512
+    raw_cycles = found["raw"][0]["reference_estimate"]["cycles"]
+    conv_cycles = found["converted"][0]["reference_estimate"]["cycles"]
+    assert abs(raw_cycles / conv_cycles - 1.0) < 0.05

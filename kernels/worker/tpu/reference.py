@@ -57,7 +57,7 @@ REFERENCE_BYTES_BUDGET = 2.0 ** 30
 # A smaller FLOP budget (GFLOP), for a machine that cannot afford the default (and for
 # tests, which scale small programs the way big ones are scaled).
 BUDGET_ENV = "TILEWRIGHT_REFERENCE_BUDGET_GFLOP"
-RECORD_VERSION = 2  # part of a record's key: a new way of computing it is a new record
+RECORD_VERSION = 3  # part of a record's key: a new way of computing it is a new record
 # The most the background may spend on one reference (each compile is also bounded by
 # compile_pool.COMPILE_TIMEOUT_S).
 REFERENCE_TIMEOUT_S = 900.0
@@ -191,28 +191,24 @@ def _export_spec(spec: dict[str, Any], chip: str) -> Exported:
     return export_program(program.fn, program.avals, program.static, chip)
 
 
-def reference_plan(spec: dict[str, Any], chip: str,
-                   full: Exported | None = None) -> ReferencePlan:
-    """Export the reference at the production shape (``full``, when already exported)
-    and, when it is too costly to estimate whole, at smaller sizes of a batch-like size.
-    Raises what the task's code raises."""
+def budget_ratio(cost: dict[str, float]) -> float:
+    """How far XLA's cost analysis puts the full program over the estimator's budget
+    (at most 1.0: it is estimated whole)."""
+    return max(cost.get("flops", 0.0) / flops_budget(),
+               cost.get("bytes accessed", 0.0) / REFERENCE_BYTES_BUDGET)
+
+
+def scaling_options(spec: dict[str, Any], chip: str,
+                    program: _Program | None = None) -> list[tuple[Scaling, Any]]:
+    """The sizes the reference may be scaled along, each with the function exporting it
+    at a given size: a size parameter of the task (what --set names) first, else axes of
+    its inputs (``shrink.batch_axes``: found from the program's own shapes, whatever the
+    layout names them)."""
     from tilewright.kernels.tasks.task import Task
 
-    program = _Program(spec)
-    if full is None:
-        full = export_program(program.fn, program.avals, program.static, chip)
-    cost = full.cost
-    plan = ReferencePlan(full, chip)
-    budget = flops_budget()
-    ratio = max(cost.get("flops", 0.0) / budget,
-                cost.get("bytes accessed", 0.0) / REFERENCE_BYTES_BUDGET)
-    if ratio <= 1.0:
-        return plan
+    program = program or _Program(spec)
     task = Task.from_spec(spec)
     config = task.shapes[0]
-    factor = 2 ** max(1, math.ceil(math.log2(ratio)))
-    # A size parameter of the task (what --set names) first, else axes of its inputs;
-    # either must leave at least one unit at the smaller of the two sizes.
     options: list[tuple[Scaling, Any]] = []
     choice = shrink.batch_parameter(task, config)
     if choice is not None:
@@ -226,6 +222,37 @@ def reference_plan(spec: dict[str, Any], chip: str,
                         lambda n, a=axes: export_program(
                             program.fn, shrink.with_axes(program.avals, a, n),
                             program.static, chip)))
+    return options
+
+
+def scaling_key(options: list[tuple[Scaling, Any]] | None) -> str:
+    """What the record's key holds of the scaling: ``whole`` (estimated whole), or the
+    sizes it may be scaled along (two layouts of one program that scale differently get
+    records of their own: one cannot answer for the other)."""
+    if options is None:
+        return "whole"
+    return json.dumps([scaling.to_json() for scaling, _ in options], sort_keys=True)
+
+
+def reference_plan(spec: dict[str, Any], chip: str, full: Exported | None = None,
+                   options: list[tuple[Scaling, Any]] | None = None) -> ReferencePlan:
+    """Export the reference at the production shape (``full``, when already exported)
+    and, when it is too costly to estimate whole, at smaller sizes of a batch-like size
+    (``options``: ``scaling_options``, when already found). Raises what the task's code
+    raises."""
+    program = _Program(spec)
+    if full is None:
+        full = export_program(program.fn, program.avals, program.static, chip)
+    cost = full.cost
+    plan = ReferencePlan(full, chip)
+    budget = flops_budget()
+    ratio = budget_ratio(cost)
+    if ratio <= 1.0:
+        return plan
+    factor = 2 ** max(1, math.ceil(math.log2(ratio)))
+    # Either scaling must leave at least one unit at the smaller of the two sizes.
+    if options is None:
+        options = scaling_options(spec, chip, program)
     usable = [(scaling, how) for scaling, how in options if scaling.value // (2 * factor) >= 1]
     what = (f"the XLA reference is too costly for the estimator at the production shape "
             f"(XLA counts {cost.get('flops', 0) / 1e9:,.0f} GFLOP, "
@@ -402,9 +429,12 @@ def reference_estimate(plan: ReferencePlan, deadline: float, memory_mb: int,
 
 # -- the record, kept --------------------------------------------------------------------
 
-def record_key(fingerprint: str, chip: str, libtpu: str) -> str:
+def record_key(fingerprint: str, chip: str, libtpu: str, scaling: str = "whole") -> str:
+    """The disk key of a reference record: everything that decides it (the program
+    without source locations, which fixes its production shapes; the chip; libtpu; how
+    it may be scaled, ``scaling_key``; the way records are made)."""
     return hashlib.sha256("|".join(["reference", str(RECORD_VERSION), chip, libtpu,
-                                    fingerprint]).encode()).hexdigest()
+                                    fingerprint, scaling]).encode()).hexdigest()
 
 
 def make_record(plan: ReferencePlan, found: dict[str, Any] | None,
@@ -430,8 +460,11 @@ def _keep(record: dict[str, Any], answer_why: str | None) -> bool:
     if record.get("estimate") is not None:
         return True
     why = answer_why or ""
+    # No way to scale it is no lasting answer either: a better way (another layout's
+    # parameter, an axis found by a later version) must not meet this record.
     return not any(word in why for word in ("did not finish", "busy", "memory limit",
-                                            "deadline", "slot"))
+                                            "deadline", "slot", "no size of it",
+                                            "smaller size"))
 
 
 def reference_memory_mb(memory_mb: int) -> int:
@@ -540,13 +573,22 @@ class ReferenceBook:
                                        f"production shape: {type(exc).__name__}: "
                                        f"{str(exc)[:300]}", "roofline": None, "final": True})
             return self._keep(key, ticket)
-        disk_key = record_key(full.fingerprint, chip, comp.libtpu)
+        options: list[tuple[Scaling, Any]] | None = None
+        options_error: Exception | None = None
+        if budget_ratio(full.cost) > 1.0:  # to be scaled: how is part of what decides it
+            try:
+                options = scaling_options(spec, chip)
+            except Exception as exc:
+                options, options_error = [], exc
+        disk_key = record_key(full.fingerprint, chip, comp.libtpu, scaling_key(options))
         cached = comp.cache.get(disk_key)
         if cached is not None:
             return self._keep(key, Ticket.of({**cached, "cached": True, "final": True},
                                              full.cost))
         try:
-            plan = reference_plan(spec, chip, full)
+            if options_error is not None:
+                raise options_error
+            plan = reference_plan(spec, chip, full, options)
         except Exception as exc:
             plan = ReferencePlan(full, chip)
             plan.why_not_scaled = (f"the XLA reference could not be exported at a smaller "

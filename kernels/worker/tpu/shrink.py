@@ -147,20 +147,49 @@ def _axis_groups(avals: list[Any]) -> list[Axes]:
     return groups
 
 
+def _flops(fn: Any, avals: list[Any], static: list[Any]) -> float | None:
+    """XLA's FLOP count of the program at ``avals`` (its lowering's cost analysis:
+    nothing is compiled or run); None where XLA gives none."""
+    import jax
+
+    try:
+        lowered = (fn if hasattr(fn, "lower") else jax.jit(fn)).lower(*avals, *static)
+        found = lowered.cost_analysis()
+    except Exception:
+        return None
+    if isinstance(found, list | tuple):
+        found = found[0] if found else {}
+    value = (found or {}).get("flops")
+    return float(value) if isinstance(value, int | float) and value > 0 else None
+
+
+FLOPS_HALF_TOLERANCE = 0.05  # a halved axis must halve XLA's FLOP count within this
+
+
 def batch_axes(fn: Any, avals: list[Any], static: list[Any]) -> tuple[Axes, int] | None:
     """(axes, production size) of the reference's inputs whose halving halves its
-    output (a batch, the rows of a matmul, the queries of an attention): the largest such
-    size, the fewest axes on a tie. ``fn(*avals, *static)`` is asked for its output
-    shape only (``jax.eval_shape``: nothing runs). None when no axis does."""
+    output and its work (a batch, the rows of a matmul, the queries of an attention):
+    the largest such size, the fewest axes on a tie. ``fn(*avals, *static)`` is asked for
+    its output shape (``jax.eval_shape``) and XLA's FLOP count (its lowering's cost
+    analysis): nothing runs. An axis that is also contracted (a square matmul's shared
+    size: halving it quarters the work while it halves the output) is not one: the cost
+    per unit would not extrapolate. None when no axis does."""
     base = _out_elements(fn, avals, static)
     if not base:
         return None
+    base_flops = _flops(fn, avals, static)
     found: list[tuple[int, int, Axes]] = []
     for axes in _axis_groups(avals):
         value = int(avals[axes[0][0]].shape[axes[0][1]])
-        half = _out_elements(fn, with_axes(avals, axes, value // 2), static)
-        if half is not None and half * 2 == base:
-            found.append((value, -len(axes), axes))
+        halved = with_axes(avals, axes, value // 2)
+        half = _out_elements(fn, halved, static)
+        if half is None or half * 2 != base:
+            continue
+        if base_flops:
+            flops = _flops(fn, halved, static)
+            if flops is None or abs(flops * 2 / base_flops - 1.0) > FLOPS_HALF_TOLERANCE:
+                continue
+        found.append((value, -len(axes), axes))
     if not found:
         return None
     value, _, axes = max(found, key=lambda item: (item[0], item[1]))
