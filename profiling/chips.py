@@ -67,6 +67,10 @@ class Chip:
     # consistent (v4 gives 1.05 GHz, the figure of the TPU v4 paper). None: unknown;
     # cycle ratios (estimated speedups) do not need it.
     clock_hz: float | None = None
+    # The matrix unit's rate for int8 and fp8 operands where the chip has one (the
+    # product pages' int8 TOPS and fp8 TFLOP/s); None: they run at the bf16 rate.
+    int8_flops: float | None = None
+    fp8_flops: float | None = None
 
     @property
     def ridge_intensity(self) -> float:
@@ -81,18 +85,23 @@ class Chip:
 
 
 CHIPS: dict[str, Chip] = {
-    # TPU v4: 275 TFLOP/s bf16, 32 GiB HBM2 at 1,200 GB/s (cloud.google.com/tpu/docs/v4).
+    # int8 and fp8 rates: the same pages (v4: 275 TFLOP/s for bf16 or int8; v5e 394 int8
+# TOPS; v5p 918; v6e 1,836; TPU7x 4,614 fp8 TFLOP/s).
+# TPU v4: 275 TFLOP/s bf16, 32 GiB HBM2 at 1,200 GB/s (cloud.google.com/tpu/docs/v4).
     # 2 TensorCores in megacore mode; 16 MiB VMEM per core (jax tpu_info).
     "v4": Chip("v4", "TPU v4", "tpu", 275e12, 275e12 / 3, 1200e9, 32 * GiB,
-               16 * MiB, 16 * MiB, 2, True, f32_estimated=True, clock_hz=1.05e9),
+               16 * MiB, 16 * MiB, 2, True, f32_estimated=True, clock_hz=1.05e9,
+               int8_flops=275e12),
     # TPU v5e: 197 TFLOP/s bf16, 16 GiB HBM2 at 819 GB/s (cloud.google.com/tpu/docs/v5e).
     # 1 TensorCore; 128 MiB VMEM (jax tpu_info).
     "v5e": Chip("v5e", "TPU v5e", "tpu", 197e12, 197e12 / 3, 819e9, 16 * GiB,
-                128 * MiB, 16 * MiB, 1, False, f32_estimated=True, clock_hz=1.5e9),
+                128 * MiB, 16 * MiB, 1, False, f32_estimated=True, clock_hz=1.5e9,
+                int8_flops=394e12),
     # TPU v5p: 459 TFLOP/s bf16, 95 GiB HBM2e at 2,765 GB/s (cloud.google.com/tpu/docs/v5p).
     # 2 TensorCores in megacore mode; 64 MiB VMEM per core (jax tpu_info).
     "v5p": Chip("v5p", "TPU v5p", "tpu", 459e12, 459e12 / 3, 2765e9, 95 * GiB,
-                64 * MiB, 16 * MiB, 2, True, f32_estimated=True, clock_hz=1.75e9),
+                64 * MiB, 16 * MiB, 2, True, f32_estimated=True, clock_hz=1.75e9,
+                int8_flops=918e12),
     # TPU v6e (Trillium): 918 TFLOP/s bf16, 32 GiB HBM at 1,640 GB/s
     # (cloud.google.com/tpu/docs/v6e). 1 TensorCore; 128 MiB VMEM (jax tpu_info).
     # Clock 1.75 GHz: not on the product page, and jax tpu_info's MXU count (2 of
@@ -101,7 +110,8 @@ CHIPS: dict[str, Chip] = {
     # the device times upstream JAXBench recorded on v6e-1 (0.99-1.00 of measured;
     # benchmarks/estimate_fidelity.py).
     "v6e": Chip("v6e", "TPU v6e", "tpu", 918e12, 918e12 / 3, 1640e9, 32 * GiB,
-                128 * MiB, 32 * MiB, 1, False, f32_estimated=True, clock_hz=1.75e9),
+                128 * MiB, 32 * MiB, 1, False, f32_estimated=True, clock_hz=1.75e9,
+                int8_flops=1836e12),
     # TPU7x (Ironwood): 2,307 TFLOP/s bf16 (4,614 fp8), 192 GiB HBM3e at 7.37 TB/s
     # (cloud.google.com/tpu/docs/tpu7x; Google's Ironwood announcement says 7.37 TB/s,
     # jax tpu_info uses 7.40e12: the two differ in rounding only). 2 TensorCores per chip, 64 MiB VMEM each
@@ -109,7 +119,7 @@ CHIPS: dict[str, Chip] = {
     # its own device unless the kernel splits work with core_map / CORE_PARALLEL,
     # so a small grid still leaves one of the two cores idle.
     "v7x": Chip("v7x", "TPU v7x", "tpu", 2307e12, 2307e12 / 3, 7.37e12, 192 * GiB,
-                64 * MiB, 32 * MiB, 2, True, f32_estimated=True,
+                64 * MiB, 32 * MiB, 2, True, f32_estimated=True, fp8_flops=4614e12,
                 note="scoped VMEM default (32 MiB) assumed, not published"),
     # H100 SXM5: 989 TFLOP/s bf16 dense, 67 TFLOP/s f32 (non-tensor), 495 TFLOP/s TF32
     # dense; 80 GB HBM3 at 3.35 TB/s; 132 SMs, 228 KiB shared memory per SM

@@ -144,6 +144,27 @@ class Exported:
     fingerprint: str
 
 
+def dot_cost(text: str) -> dict[str, float]:
+    """The program's dots as the matrix unit will run them (``profiling.precision``):
+    FLOPs in bf16 passes (an f32 dot at DEFAULT precision is one, HIGH three, HIGHEST
+    six), int8 and fp8 FLOPs apart (their own rates), and their FLOPs as counted."""
+    from tilewright.profiling.precision import dot_work
+
+    dots = dot_work(text)
+    out = {"dot_flops": 0.0, "dot_bf16_pass_flops": 0.0, "dot_int8_flops": 0.0,
+           "dot_fp8_flops": 0.0, "dot_max_passes": 0.0}
+    for dot in dots:
+        out["dot_flops"] += dot.flops
+        out["dot_max_passes"] = max(out["dot_max_passes"], float(dot.passes))
+        if dot.dtype in ("i8", "ui8", "si8"):
+            out["dot_int8_flops"] += dot.flops
+        elif dot.dtype.startswith("f8"):
+            out["dot_fp8_flops"] += dot.flops
+        else:
+            out["dot_bf16_pass_flops"] += dot.flops * dot.passes
+    return out
+
+
 def strip_locations(text: str) -> str:
     """StableHLO text without its ``loc(...)`` annotations and ``#loc`` definitions (they
     name the files the program was traced from)."""
@@ -182,6 +203,7 @@ def export_program(fn: Any, avals: list[Any], static: list[Any], chip: str) -> E
     cost["io_bytes"] = float(sum(math.prod(a.shape) * a.dtype.itemsize
                                  for a in [*avals, *exported.out_avals]))
     text = strip_locations(exported.mlir_module())
+    cost.update(dot_cost(text))
     return Exported(bytes(exported.serialize()), cost,
                     hashlib.sha256(text.encode()).hexdigest())
 
@@ -303,6 +325,9 @@ def flops_budget() -> float:
 def _bound(cost: dict[str, float], chip: str) -> str | None:
     """compute | memory: XLA's FLOP per byte of the program's inputs and outputs (the
     traffic it cannot avoid) against the chip's ridge point for its dtype."""
+    if cost.get("dot_flops"):  # its dots at the precision XLA runs them
+        roof = roofline(cost, chip)
+        return roof["bound_by"] if roof else None
     from tilewright.profiling.chips import bound_by, get_chip
 
     try:
@@ -327,11 +352,31 @@ def roofline(cost: dict[str, float], chip: str) -> dict[str, Any] | None:
         return None
     dtype = "f32" if cost.get("f32_inputs") else "bf16"
     roof = bound(flops or 0.0, moved, spec, dtype)
-    return {"seconds": roof["bound_ms"] / 1e3, "flops": flops or 0.0, "bytes": moved,
-            "dtype": roof["dtype"], "bound_by": roof["bound_by"],
-            "compute_s": roof["compute_bound_ms"] / 1e3,
-            "memory_s": roof["memory_bound_ms"] / 1e3,
-            "peak_estimated": roof["peak_estimated"]}
+    out = {"seconds": roof["bound_ms"] / 1e3, "flops": flops or 0.0, "bytes": moved,
+           "dtype": roof["dtype"], "bound_by": roof["bound_by"],
+           "compute_s": roof["compute_bound_ms"] / 1e3,
+           "memory_s": roof["memory_bound_ms"] / 1e3,
+           "peak_estimated": roof["peak_estimated"], "precision": None}
+    if "dot_flops" in cost and cost["dot_flops"] > 0:
+        # The dots at the precision XLA runs them (an f32 dot at DEFAULT: one bf16 pass,
+        # not a third of the bf16 peak), the rest of the FLOPs as before.
+        from tilewright.profiling.precision import mxu_rate
+
+        dots_s = (cost.get("dot_bf16_pass_flops", 0.0) / spec.bf16_flops
+                  + cost.get("dot_int8_flops", 0.0) / mxu_rate(spec, "i8")
+                  + cost.get("dot_fp8_flops", 0.0) / mxu_rate(spec, "f8E4M3FN"))
+        rest_s = max((flops or 0.0) - cost["dot_flops"], 0.0) / spec.peak_flops(dtype)
+        compute_s = dots_s + rest_s
+        seconds = max(compute_s, out["memory_s"])
+        passes = int(cost.get("dot_max_passes") or 1)
+        out.update(seconds=seconds, compute_s=compute_s,
+                   bound_by="compute" if compute_s >= out["memory_s"] else "memory",
+                   peak_estimated=False,
+                   precision=("dots at the precision XLA uses: f32 at DEFAULT as one bf16 "
+                              "pass" if passes == 1 else
+                              f"dots at the precision XLA uses: up to {passes} bf16 passes "
+                              "(HIGH 3, HIGHEST 6)"))
+    return out
 
 
 # -- estimating it -----------------------------------------------------------------------
