@@ -25,7 +25,7 @@ releases it in ``close``; ``open_search`` does the same for a search and its exe
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -76,12 +76,15 @@ def sessions_dir_for(value: str | Path | None) -> Path:
 
 
 def choose_chip(config: Config | Mapping[str, Any] | None,
-                backend: Backend | None = None) -> ChipChoice:
-    """The chip the gauges and roofline use: the config's, else the device's, else (on a
-    CPU host, where kernels run in TPU interpret mode) a TPU v5e target."""
+                backend: Backend | None = None, explicit: str | None = None) -> ChipChoice:
+    """The one chip of a session: the judge compiles and estimates for it, and the prompt,
+    the gauges, the diagnosis, the profile and the roofline reason about it. ``explicit``
+    (a flag, or what a resumed session recorded), else the config's (``[eval] chip``,
+    else ``[backend] chip``), else the device's, else (on a CPU host, where kernels run
+    in TPU interpret mode) a TPU v5e target."""
     from tilewright.profiling.chips import chip_for_device, get_chip
 
-    name = coerce(config).backend.chip
+    name = explicit or configured_chip(config)
     try:
         if name:
             chip = get_chip(str(name))
@@ -93,6 +96,22 @@ def choose_chip(config: Config | Mapping[str, Any] | None,
         raise OpenError(str(exc), "set [backend] chip in the config file "
                                   "(`tilewright config` shows where it is)") from None
     return ChipChoice(chip.name, chip.label, float(chip.scoped_vmem_bytes or chip.vmem_bytes))
+
+
+def _is_tpu(name: str) -> bool:
+    from tilewright.profiling.chips import get_chip
+
+    try:
+        return get_chip(name).kind == "tpu"
+    except KeyError:
+        return False
+
+
+def configured_chip(config: Config | Mapping[str, Any] | None) -> str | None:
+    """The chip the config names: ``[eval] chip`` (what the judge compiles for), else
+    ``[backend] chip``; None: the device's own."""
+    config = coerce(config)
+    return (config.eval or {}).get("chip") or config.backend.chip
 
 
 def eval_options(config: Config | Mapping[str, Any] | None,
@@ -271,6 +290,16 @@ async def open_session(request: SessionRequest, config: Config | Mapping[str, An
         await pool.start()
         evaluator = PoolEvaluator(pool, options)
         backend = await evaluator.backend()
+        # One chip for everything: the judge compiles for the chip the session shows.
+        chip = choose_chip(config, backend, options.chip)
+        if _is_tpu(chip.key):
+            evaluator.options = options = replace(options, chip=chip.key)
+            evaluator.profile_options = replace(evaluator.profile_options, chip=chip.key)
+    except OpenError:
+        await pool.close()
+        if log is not None:
+            log.close()
+        raise
     except Exception as exc:
         await pool.close()
         if log is not None:
@@ -279,7 +308,6 @@ async def open_session(request: SessionRequest, config: Config | Mapping[str, An
                         "run `tilewright eval --task softmax` to see the worker's "
                         "own error output") from exc
     try:
-        chip = choose_chip(config, backend)
         controller = await start_controller(
             task, agent, evaluator, config, sessions_dir=sessions_dir, backend=backend,
             chip=chip, log=log, loaded=loaded, options=options, settings=settings)

@@ -104,3 +104,23 @@ def test_failures_are_open_errors_with_a_next_step(tmp_path: Path) -> None:
     log.close()
     assert log.header["backend"]["label"]  # the label is derived when a caller omits it
     assert "eval_options" not in log.header
+
+
+async def test_one_chip_setting_decides_the_judge_and_what_the_session_reasons_for(
+        tmp_path: Path) -> None:
+    from tilewright.sessions.opening import choose_chip
+
+    # a flag (or a resumed session's record) over [eval] chip over [backend] chip
+    assert choose_chip({"backend": {"chip": "v6e"}}).key == "v6e"
+    assert choose_chip({"eval": {"chip": "v5p"}, "backend": {"chip": "v6e"}}).key == "v5p"
+    assert choose_chip({"backend": {"chip": "v6e"}}, None, "v4").key == "v4"
+    assert choose_chip({}).key == "v5e"  # a CPU host's target
+    request = SessionRequest(task="gelu", overrides={"rows": "64"}, sessions_dir=tmp_path,
+                             agent="offline")
+    session = await open_session(request, {"backend": {"chip": "v6e"}})
+    try:
+        # the judge compiles for the chip the gauges, prompt and diagnoses are for
+        assert session.chip.key == session.controller.chip == "v6e"
+        assert session.log.header["eval_options"]["chip"] == "v6e"
+    finally:
+        await session.close("test")

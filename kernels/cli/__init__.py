@@ -49,6 +49,19 @@ def subcommand(sub: argparse._SubParsersAction, name: str, summary: str, descrip
     return parser
 
 
+def configured_chip(args: argparse.Namespace) -> str | None:
+    """The chip the config file names (``tui.cli`` puts the loaded config on ``args``):
+    ``[eval] chip``, else ``[backend] chip``; None: the host's own (a flag still wins).
+    The same rule as a session's (``sessions.opening.configured_chip``), read here
+    without importing the config's layer."""
+    config = getattr(args, "config", None)
+    if config is None:
+        return None
+    table = getattr(config, "eval", None) or {}
+    named = table.get("chip") if hasattr(table, "get") else None
+    return named or getattr(getattr(config, "backend", None), "chip", None)
+
+
 def kernel_command(sub: argparse._SubParsersAction, name: str, summary: str,
                    description: str, handler: Any, *, json_help: str,
                    task_help: str | None = None, kernel_help: str | None = None,

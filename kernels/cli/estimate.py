@@ -18,7 +18,12 @@ import json
 import sys
 from typing import Any
 
-from tilewright.kernels.cli import kernel_command, named_candidate, overrides_argument
+from tilewright.kernels.cli import (
+    configured_chip,
+    kernel_command,
+    named_candidate,
+    overrides_argument,
+)
 from tilewright.profiling.chips import DEFAULT_TPU
 
 
@@ -50,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     async def go() -> dict[str, Any]:
         async with LocalExecutor(workers=1) as judge:
             return await judge.estimate(task, source, EvalOptions(
-                timeout_s=args.timeout, chip=args.chip), filename=str(path.resolve()))
+                timeout_s=args.timeout, chip=args.chip or configured_chip(args)),
+                filename=str(path.resolve()))
 
     try:
         answer = asyncio.run(go())

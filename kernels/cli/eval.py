@@ -103,8 +103,8 @@ def _evaluate_candidate(args: argparse.Namespace, task: Task, path: Path, source
     from tilewright.kernels.pool.workers import WorkerStartError
 
     try:
-        chips = _chips(args.chips) if args.chips else (_chips(args.chip) if args.chip
-                                                        else [None])
+        chip = args.chip or cli.configured_chip(args)
+        chips = _chips(args.chips) if args.chips else (_chips(chip) if chip else [None])
     except ValueError as exc:
         return _usage_error(str(exc))
     if args.chip and args.chips:

@@ -87,7 +87,8 @@ def _profile_candidate(args: argparse.Namespace, task: Task, path: Path, source:
 
     # The worker writes the trace in its own scratch (a confined candidate may not write
     # elsewhere); it is copied to ``keep`` before the worker, and its scratch, go away.
-    options = ProfileOptions(chip=args.chip, iters=args.iters, shape=args.shape,
+    options = ProfileOptions(chip=args.chip or cli.configured_chip(args), iters=args.iters,
+                             shape=args.shape,
                              python_tracer=args.python_tracer, static_only=args.static_only,
                              timeout_s=args.timeout, stderr=True)
 

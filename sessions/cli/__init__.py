@@ -42,6 +42,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     auto.add_argument("--time-budget", type=float, default=None, metavar="S",
                       help="timing budget per evaluation, seconds (default: [eval] "
                            "time_budget_s, else 1)")
+    auto.add_argument("--chip", default=None, metavar="CHIP",
+                      help="the TPU generation to judge and reason for (default: the "
+                           "config's [eval] or [backend] chip, else this host's own, else "
+                           "v5e)")
     auto.add_argument("--set", dest="set", action="append", default=[], metavar="KEY=VALUE",
                       help="shape override, e.g. --set rows=128 (repeatable)")
     _session_dir(auto)

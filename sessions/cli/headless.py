@@ -232,7 +232,7 @@ async def run_auto(args: Any, config: Config | dict[str, Any]) -> int:
     if args.target is not None:
         settings = replace(settings, target_speedup=args.target)
     flags = {"trials": args.trials, "time_budget_s": args.time_budget,
-             "timeout_s": getattr(args, "timeout", None)}
+             "timeout_s": getattr(args, "timeout", None), "chip": getattr(args, "chip", None)}
     request = SessionRequest(task=args.task, overrides=args.overrides, resume=args.resume,
                              sessions_dir=args.session_dir, agent=args.agent,
                              eval={k: v for k, v in flags.items() if v is not None})
