@@ -349,3 +349,32 @@ async def test_two_layouts_of_one_program_get_one_number_in_either_order(
     raw_cycles = found["raw"][0]["reference_estimate"]["cycles"]
     conv_cycles = found["converted"][0]["reference_estimate"]["cycles"]
     assert abs(raw_cycles / conv_cycles - 1.0) < 0.05
+
+
+@ON_MODULE_LOOP
+async def test_a_compile_over_its_memory_limit_is_tried_again_with_what_the_host_allows(
+        workspace: Path) -> None:
+    """The estimator's memory grows with a program's blocks and grid: a compile killed
+    at its limit (here a tiny one) is tried once more with a third of the host's memory
+    (at most 12 GiB) instead of leaving the kernel without a number."""
+    from sizes import load_small
+
+    gelu = load_small("gelu", rows=256, cols=1024)
+    async with pool(workspace / "cache-memory") as judge:
+        reply = await judge.estimate(gelu, gelu.kernel_path.read_text(),
+                                     EvalOptions(timeout_s=240.0, compile_memory_mb=260))
+    tpu = reply["tpu"]
+    assert reply["status"] == "ok" and tpu["compile"] == "ok", tpu.get("message")
+    assert tpu["estimate"] is not None, tpu["estimate_unavailable"]
+
+
+def test_a_missing_figure_says_why_in_its_table_cell_too() -> None:
+    capped = Rank("host_simulation", 0.0314, why_none="the TPU compiler (estimator) "
+                  "needed more than its 4096 MB memory limit")
+    assert capped.words(short=True) == "host sim 0.0314 (estimator memory cap)"
+    assert "4096 MB memory limit" in capped.words()
+    unscalable = Rank("none", None, status="correct",
+                      why_none="the XLA reference is too costly ... and no size of it (a "
+                               "parameter or an input axis) halves its output when halved")
+    assert unscalable.words(short=True) == "no est. (reference unscalable)"
+    assert Rank("none", None, status="incorrect").words(short=True) == "-"

@@ -159,6 +159,28 @@ def shape_label(shapes: list[tuple[Any, Any]], limit: int = 40) -> str:
     return text if len(text) <= limit else text[:limit - 1].rstrip(", ") + "…"
 
 
+# A missing estimate's reason, condensed for a table cell: (words to find, the cell's).
+_WHY_SHORT = (
+    ("memory limit", "estimator memory cap"), ("aborted", "estimator aborted"),
+    ("did not finish", "estimator timed out"), ("deadline", "estimator timed out"),
+    ("busy", "estimator busy"), ("halves its output", "reference unscalable"),
+    ("too costly", "reference too costly"), ("does not compile", "reference won't compile"),
+    ("callback", "host callback"), ("without an estimate", "no estimator for chip"),
+    ("libtpu", "libtpu refused"), ("0 cycles", "priced at 0 cycles"),
+)
+
+
+def why_short(why: str | None) -> str | None:
+    """A missing figure's reason in a few words (None without one)."""
+    if not why:
+        return None
+    lowered = why.lower()
+    for words, short in _WHY_SHORT:
+        if words in lowered:
+            return short
+    return "see why"
+
+
 @dataclass(frozen=True)
 class Rank:
     """The number that ranks an evaluation: where it comes from, its value, the chip and
@@ -299,17 +321,24 @@ class Rank:
             why = f"; the estimate is not believed: {self.why_none}" if self.why_none else ""
             return f"≤{v:.2f}x bound{on}{self._at()} ({kernel}{ref}{why})"
         if self.source == "host_simulation" and v is not None:
-            if short:
-                return f"host sim {v:.3g}"
+            if short:  # the reason there is no compiler figure stands beside it
+                why = self.why_short()
+                return f"host sim {v:.3g}" + (f" ({why})" if why else "")
             reason = f" (no TPU estimate: {self.why_none})" if self.why_none else ""
             return f"host sim. ratio {v:.3g} (CPU interpreter, not TPU performance){reason}"
         if self.source == "disqualified":
             return "disq." if short else "not ranked: " + ", ".join(self.flags)
         if short:
-            return "-"
+            why = self.why_short() if self.status in (None, "correct") else None
+            return f"no est. ({why})" if why else "-"
         if self.status and self.status != "correct":
             return self.status
         return f"no estimate: {self.why_none}" if self.why_none else "no estimate"
+
+    def why_short(self) -> str | None:
+        """Why there is no compiler figure, in a few words for a table cell or a status
+        line (the whole reason is ``why_none``, in ``words()``)."""
+        return why_short(self.why_none)
 
     def _at(self) -> str:
         return f" at {self.shape}" if self.shape else ""

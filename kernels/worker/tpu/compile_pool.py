@@ -69,6 +69,16 @@ class DiskCache:
             os.replace(tmp, path)
 
 
+def raised_memory_mb() -> int:
+    """The most an estimator process may take on this host when the usual limit was not
+    enough: a third of its memory, at most 12 GiB, never below ``COMPILE_MEMORY_MB``."""
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+    except (ValueError, OSError, AttributeError):
+        return COMPILE_MEMORY_MB
+    return max(COMPILE_MEMORY_MB, int(min(total / 3, 12 * 1024)))
+
+
 def _slot_count(memory_mb: int) -> int:
     """Estimator processes this host runs at once: half its memory, one process's limit
     each, at least one."""
@@ -196,6 +206,15 @@ class Compilers:
                                  f" {what}", "compile_s": time.perf_counter() - started}
             if failure.kind == "crashed":  # deterministic: the same program aborts again
                 self.cache.put(key, answer)
+            raised = raised_memory_mb()
+            if failure.kind == "memory" and memory_mb < raised \
+                    and time.monotonic() < deadline - 5.0:
+                # The compiler's memory grows with the program (the estimator's with big
+                # blocks and long grids): once more with what this machine can give it,
+                # rather than no number.
+                again = self.compile(blob, chip, kind, deadline, raised, process,
+                                     fingerprint, wait_for_slot)
+                return {**again, "memory_raised": [memory_mb, raised]}
             return answer
         answer = {k: v for k, v in reply.items() if k not in ("id", "ok", "peak_rss_mb")}
         if isinstance(reply.get("peak_rss_mb"), int | float):
