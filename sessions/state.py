@@ -269,6 +269,18 @@ class SessionState:
         return self.versions[best].rank if best is not None else None
 
     @property
+    def mixed_ranks(self) -> str | None:
+        """Said beside "best" when the crownable versions are ranked by compiler figures
+        of two kinds (estimates against XLA's estimate, and lower bounds against XLA's
+        roofline): one ordering holds them (the kernel's own time), but their numbers do
+        not read alike. None when they are of one kind."""
+        kinds = {v.rank.source for v in self.versions.values()
+                 if v.crownable and v.rank is not None and v.rank.compiler}
+        if kinds >= {"tpu_estimate", "roofline"}:
+            return "ranked among est. and roofline figures, by each kernel's own time"
+        return None
+
+    @property
     def active_run(self) -> RunInfo | None:
         for run in reversed(list(self.runs.values())):
             if run.status is None:

@@ -91,3 +91,16 @@ def test_report_words_todays_ranks_with_their_trust_and_gains(tmp_path: Path) ->
     assert v3.endswith("| - | 1.25x |")  # no gain across kinds of number
     page = html_report(loaded, state)
     assert "≥0.90x roofline" in page and "host sim 0.02" in page
+
+
+def test_best_among_estimates_and_roofline_bounds_says_they_are_mixed(tmp_path: Path) -> None:
+    from tilewright.tui.widgets.status import StatusBar, StatusInfo
+
+    loaded = load(_session(tmp_path))
+    state = fold(loaded.header, loaded.events)
+    assert state.mixed_ranks is not None and "roofline" in state.mixed_ranks
+    info = StatusInfo(task="toy", best_version=state.best, best_rank=state.best_rank,
+                      best_note=state.mixed_ranks)
+    line = StatusBar.compose_line(info, 0).plain
+    assert "best v2" in line and "est. and roofline" in line
+    assert "est. + roofline mixed" in StatusBar.compose_line(info, 5).plain

@@ -31,6 +31,9 @@ class StatusInfo:
     # What ranks the best version (``kernels.judge.result.Rank``), said by ``Rank.words``: an
     # estimate says so, host simulation time is never called a speedup.
     best_rank: Rank | None = None
+    # Said beside it when versions are ranked by compiler figures of two kinds
+    # (``SessionState.mixed_ranks``).
+    best_note: str | None = None
     tokens: int = 0
     cost_usd: float = 0.0
     cost_known: bool = True  # False: a model without a price answered ("$?", not $0)
@@ -132,6 +135,9 @@ class StatusBar(Static):
                 what = rank.words(short=True)
             text.append(f" · best v{i.best_version}{' ' if level >= 5 else ': '}{what}",
                         style="green")
+            if i.best_note:  # estimates and roofline bounds side by side: say so
+                text.append(" (" + (i.best_note if level < 2 else "est. + roofline mixed")
+                            + ")", style="yellow")
         else:
             text.append(" · best —")
         spent = i.tokens > 0 or i.cost_usd > 0 or not i.cost_known
