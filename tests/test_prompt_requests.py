@@ -247,3 +247,18 @@ def test_what_the_candidate_wrote_is_fenced_and_cannot_close_the_fence(run) -> N
     assert len(orders) >= 2 and all(any(a < o < b for a, b in spans) for o in orders)
     kinds = {what for _, what in begins}
     assert {"error message of v4", "stdout/stderr of v4"} <= kinds
+
+
+def test_the_model_reads_the_production_output_shape_and_why_a_figure_is_missing() -> None:
+    from tilewright.agents.prompts.evaltext import eval_text
+
+    result = {"status": "correct", "tpu": {
+        "chip": "v5e", "compile": "ok", "shape": "production",
+        "input_shapes": ["f32[4096,8192]", "f32[8192,8192]"], "output_shapes": ["f32[4096,8192]"],
+        "estimate": None, "reference_estimate": None,
+        "estimate_unavailable": "the TPU compiler (estimator) needed more than its 4096 MB "
+                                "memory limit"}}
+    text = eval_text(result, None, set(), version=7)
+    assert ("At the production shape production: inputs f32[4096,8192], f32[8192,8192] -> "
+            "output f32[4096,8192].") in text
+    assert "unavailable" in text and "4096 MB memory limit" in text

@@ -119,6 +119,7 @@ def version_numbers(result: dict[str, Any] | None) -> dict[str, Any]:
         "shape_label": tpu.get("shape_label") if isinstance(tpu.get("shape_label"), str)
         else None,
         "input_shapes": _arrays(tpu.get("input_shapes")),
+        "output_shapes": _arrays(tpu.get("output_shapes")),
         "cycles": _cycles(estimate),
         "ref_cycles": _cycles(reference),
         "seconds": _seconds(estimate),

@@ -126,6 +126,11 @@ def _compiler_lines(n: dict[str, Any], who: str) -> list[str]:
             lines.append(fence(bounded(n["tpu_message"], MAX_ERROR_CHARS),
                                f"TPU compiler message of {who}"))
     rank = rank_of(n)
+    if n.get("input_shapes") or n.get("output_shapes"):
+        ins = ", ".join(n.get("input_shapes") or []) or "?"
+        outs = ", ".join(n.get("output_shapes") or []) or "?"
+        name = f" {n['shape']}" if n.get("shape") else ""
+        lines.append(f"At the production shape{name}: inputs {ins} -> output {outs}.")
     cycles, ref = n.get("cycles"), n.get("ref_cycles")
     if cycles is not None or ref is not None:
         est = f" -> {rank.words(short=True)}" if rank is not None and rank.compiler else ""

@@ -298,6 +298,19 @@ class ProductionRun:
             return section
         return self._filled(section, out)
 
+    def _output_shapes(self) -> list[str]:
+        """The candidate's outputs at the production shape, as its traced program gives
+        them (``f32[4096,8192]``)."""
+        found = self.reply.out_shapes if self.reply is not None else None
+        out = []
+        for item in found if isinstance(found, list) else []:
+            try:
+                shape, dtype = item
+                out.append(array_text(tuple(int(d) for d in shape), str(dtype)))
+            except (TypeError, ValueError):
+                continue
+        return out[:16]
+
     def _plans(self) -> list[dict[str, Any]]:
         return self.reply.plans if self.reply is not None else []
 
@@ -310,6 +323,7 @@ class ProductionRun:
             "vmem_capacity_bytes": _capacity(self.chip),
             "shape": self.config.name, "shape_label": self.label,
             "input_shapes": [array_text(s, d) for s, d in self.inputs],
+            "output_shapes": self._output_shapes(),
             "params": self.config.params,
             "kernels": [{k: p.get(k) for k in ("name", "grid", "steps", "semantics", "axis",
                                                "units_full", "units", "data_dependent",
