@@ -378,3 +378,80 @@ def test_a_missing_figure_says_why_in_its_table_cell_too() -> None:
                                "parameter or an input axis) halves its output when halved")
     assert unscalable.words(short=True) == "no est. (reference unscalable)"
     assert Rank("none", None, status="incorrect").words(short=True) == "-"
+
+
+RAGGED_MODEL = """
+import jax
+import jax.numpy as jnp
+
+def grouped(x, w, gs):
+    return jax.lax.ragged_dot(x, w, gs)
+
+def make_example():
+    return (jnp.ones((1024, 512), jnp.bfloat16), jnp.ones((8, 512, 256), jnp.bfloat16),
+            jnp.full((8,), 128, jnp.int32))
+"""
+
+RAGGED_KERNEL = """
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+def _mm(x_ref, w_ref, o_ref):
+    o_ref[...] = jnp.dot(x_ref[...], w_ref[0],
+                         preferred_element_type=jnp.float32).astype(o_ref.dtype)
+
+def kernel(x, w, gs):
+    m, k = x.shape
+    g, _, n = w.shape
+    rows = m // g
+    return pl.pallas_call(
+        _mm, out_shape=jax.ShapeDtypeStruct((m, n), x.dtype), grid=(g,),
+        in_specs=[pl.BlockSpec((rows, k), lambda i: (i, 0)),
+                  pl.BlockSpec((1, k, n), lambda i: (i, 0, 0))],
+        out_specs=pl.BlockSpec((rows, n), lambda i: (i, 0)))(x, w)
+"""
+
+
+def test_the_ragged_dot_equivalent_computes_equal_groups_alike() -> None:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from tilewright.kernels.worker.tpu import reference
+
+    def grouped(x, w, gs):
+        return jax.lax.ragged_dot(x, w, gs)
+
+    x = jax.random.normal(jax.random.PRNGKey(0), (96, 32))
+    w = jax.random.normal(jax.random.PRNGKey(1), (4, 32, 16))
+    gs = jnp.full((4,), 24, jnp.int32)
+    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (x, w, gs)]
+    fn, static, note = reference.estimator_equivalent(jax.jit(grouped), avals, [])
+    assert note == reference.RAGGED_EQUIVALENT and static == []
+    np.testing.assert_allclose(fn(x, w, gs), grouped(x, w, gs), rtol=1e-5, atol=1e-5)
+    # a program without one is left as it is
+    plain = jax.jit(lambda a: a * 2)
+    assert reference.estimator_equivalent(plain, avals[:1], [])[2] is None
+
+
+@ON_MODULE_LOOP
+async def test_an_xla_ragged_dot_reference_is_priced_through_its_equivalent(
+        workspace: Path) -> None:
+    """libtpu's estimator cannot price XLA's ragged dot ("Unsupported DMA direction"):
+    the reference is priced as dense per-group matmuls of the same sizes, and says so."""
+    where = workspace / "ragged"
+    where.mkdir()
+    (where / "model.py").write_text(RAGGED_MODEL)
+    made = subprocess.run([sys.executable, "-m", "tilewright.tui.cli", "new", "rd", "--from",
+                           "model.py:grouped", "--example", "model.py:make_example"],
+                          cwd=where, capture_output=True, text=True, timeout=600)
+    assert made.returncode == 0, made.stdout + made.stderr
+    async with pool(workspace / "cache-ragged") as judge:
+        reply = await judge.estimate(load_task(str(where / "rd")), RAGGED_KERNEL,
+                                     EvalOptions(timeout_s=240.0))
+    tpu = reply["tpu"]
+    assert reply["status"] == "ok", reply.get("error")
+    ref = tpu["reference_estimate"]
+    assert ref is not None, tpu["estimate_unavailable"]
+    assert "dense per-group matmuls" in ref["equivalent"] and tpu["estimated_speedup"] > 0

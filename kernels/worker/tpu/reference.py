@@ -142,6 +142,7 @@ class Exported:
     blob: bytes
     cost: dict[str, float]
     fingerprint: str
+    note: str | None = None  # how an equivalent program stands for it (``estimator_equivalent``)
 
 
 def dot_cost(text: str) -> dict[str, float]:
@@ -185,9 +186,12 @@ def strip_locations(text: str) -> str:
 
 
 def export_program(fn: Any, avals: list[Any], static: list[Any], chip: str) -> Exported:
-    """The reference exported for TPU (``Exported``)."""
+    """The reference exported for TPU (``Exported``): the program itself, or where it
+    holds an op the estimator cannot price, its equivalent (``estimator_equivalent``;
+    ``cost["equivalent"]`` is then 1.0 and ``Exported.note`` says how)."""
     import jax
 
+    fn, static, note = estimator_equivalent(fn, avals, static)
     with tpu_compile.abstract_device(chip):
         exported = jax.export.export(fn, platforms=("tpu",))(*avals, *static)
         cost: dict[str, float] = {}
@@ -204,13 +208,99 @@ def export_program(fn: Any, avals: list[Any], static: list[Any], chip: str) -> E
                                  for a in [*avals, *exported.out_avals]))
     text = strip_locations(exported.mlir_module())
     cost.update(dot_cost(text))
+    if note:
+        cost["equivalent"] = 1.0
     return Exported(bytes(exported.serialize()), cost,
-                    hashlib.sha256(text.encode()).hexdigest())
+                    hashlib.sha256(text.encode()).hexdigest(), note)
 
 
 def _export_spec(spec: dict[str, Any], chip: str) -> Exported:
     program = _Program(spec)
     return export_program(program.fn, program.avals, program.static, chip)
+
+
+# -- what the estimator cannot price, priced through an equivalent program -------------
+
+RAGGED_EQUIVALENT = ("ragged_dot priced as dense per-group matmuls of the same sizes (equal "
+                     "groups: the lhs rows split evenly over the groups; the same FLOPs and "
+                     "the whole rhs read), since libtpu's estimator cannot price XLA's "
+                     "ragged dot")
+
+
+def _is_plain_ragged(eqn: Any) -> bool:
+    """``ragged_dot(lhs[m, k], rhs[g, k, n], group_sizes[g])``: the lhs rows ragged over
+    the groups of the rhs (an MoE layer's grouped matmul), no batch dimensions."""
+    numbers = eqn.params.get("ragged_dot_dimension_numbers")
+    lhs, rhs = (v.aval for v in eqn.invars[:2])
+    try:
+        (contract, batch) = numbers.dot_dimension_numbers
+        return (len(lhs.shape) == 2 and len(rhs.shape) == 3
+                and tuple(contract[0]) == (1,) and tuple(contract[1]) == (1,)
+                and not batch[0] and not batch[1]
+                and tuple(numbers.lhs_ragged_dimensions) == (0,)
+                and tuple(numbers.rhs_group_dimensions) == (0,))
+    except (AttributeError, TypeError, ValueError):
+        return False
+
+
+def _dense_groups(lhs: Any, rhs: Any, out_dtype: Any) -> Any:
+    """The grouped matmul with equal groups: lhs rows split evenly over rhs's groups
+    (zero rows pad the last when they do not divide), one dense matmul per group."""
+    import jax.numpy as jnp
+
+    m, k = lhs.shape
+    groups, _, n = rhs.shape
+    rows = -(-m // groups)
+    padded = jnp.pad(lhs, ((0, rows * groups - m), (0, 0))) if rows * groups != m else lhs
+    out = jnp.einsum("gmk,gkn->gmn", padded.reshape(groups, rows, k), rhs,
+                     preferred_element_type=out_dtype)
+    return out.reshape(groups * rows, n)[:m]
+
+
+def estimator_equivalent(fn: Any, avals: list[Any], static: list[Any]
+                         ) -> tuple[Any, list[Any], str | None]:
+    """``(fn, static, note)``: the program as it is, or, where it holds an op the TPU
+    compiler's estimator cannot price (XLA's ragged dot: "Unsupported DMA direction"),
+    an equivalent program of the dynamic inputs it can (static arguments folded in), and
+    the note saying how it was priced. What is estimated is then labelled as such."""
+    import jax
+
+    from tilewright.kernels.worker.execution import bind_as_traced, rebound
+
+    try:
+        closed = jax.make_jaxpr(lambda *dyn: fn(*dyn, *static))(*avals)
+    except Exception:
+        return fn, static, None
+    found = [0]
+
+    def visit(jaxpr: Any) -> None:
+        from jax.extend.core import ClosedJaxpr, Jaxpr
+
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "ragged_dot_general" and _is_plain_ragged(eqn):
+                found[0] += 1
+            for value in eqn.params.values():
+                inner = value.jaxpr if isinstance(value, ClosedJaxpr) else value
+                if isinstance(inner, Jaxpr):
+                    visit(inner)
+
+    visit(closed.jaxpr)
+    if not found[0]:
+        return fn, static, None
+
+    def bind(eqn: Any, invals: list[Any]) -> list[Any]:
+        if eqn.primitive.name == "ragged_dot_general" and _is_plain_ragged(eqn):
+            out_dtype = eqn.outvars[0].aval.dtype
+            return [_dense_groups(invals[0], invals[1], out_dtype)]
+        return bind_as_traced(eqn, invals)
+
+    evaluate = rebound(closed, bind)
+
+    def equivalent(*dyn: Any) -> Any:
+        out = evaluate(*dyn)
+        return out[0] if len(out) == 1 else tuple(out)
+
+    return jax.jit(equivalent), [], RAGGED_EQUIVALENT
 
 
 def budget_ratio(cost: dict[str, float]) -> float:
@@ -420,7 +510,7 @@ def reference_estimate(plan: ReferencePlan, deadline: float, memory_mb: int,
                              process=kind, fingerprint=plan.full.fingerprint)
         if whole.get("compile") == "ok" and whole.get("records") is not None:
             verdict = {k: v for k, v in whole.items() if k != "records"}
-            return estimates.estimate_of(whole["records"], chip), verdict, None
+            return _labelled(estimates.estimate_of(whole["records"], chip), plan), verdict, None
     verdict = comp.compile(plan.full.blob, chip, "verdict", deadline, memory_mb,
                            fingerprint=plan.full.fingerprint)
     if verdict.get("compile") != "ok":
@@ -469,7 +559,16 @@ def reference_estimate(plan: ReferencePlan, deadline: float, memory_mb: int,
     found["seconds"] = tpu_compile.estimate(value, chip)["seconds"]
     found["ops"] = [{"name": f"XLA reference ({len(records[1])} ops, extrapolated)",
                      "kind": "xla", "cycles": value}]
-    return found, verdict, None
+    return _labelled(found, plan), verdict, None
+
+
+def _labelled(found: dict[str, Any], plan: ReferencePlan) -> dict[str, Any]:
+    """The estimate, saying so when an equivalent program was priced in its place."""
+    note = plan.full.note
+    if not note:
+        return found
+    detail = found.get("detail")
+    return {**found, "equivalent": note, "detail": f"{detail}; {note}" if detail else note}
 
 
 # -- the record, kept --------------------------------------------------------------------
@@ -496,6 +595,7 @@ def make_record(plan: ReferencePlan, found: dict[str, Any] | None,
             "flops": cost.get("flops"), "io_bytes": cost.get("io_bytes"),
             "roofline": roofline(cost, plan.chip),
             "scaling": plan.scaling.to_json() if plan.scaling else None,
+            "equivalent": plan.full.note,
             "computed_s": round(took, 2)}
 
 
