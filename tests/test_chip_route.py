@@ -236,3 +236,40 @@ def test_a_candidate_process_that_did_not_start_is_not_the_kernels_fault() -> No
     assert said is not None and said.startswith("RuntimeError: Unable to initialize")
     assert chip.is_busy_message(said)
     assert "Not the kernel" in FAILURE_HINTS["start"]
+
+
+@pytest.mark.parametrize("name", ["gelu", "matmul_bias_gelu", "causal_attention"])
+def test_the_exported_program_reads_as_its_lowering_for_the_integrity_checks(name) -> None:
+    """On a TPU host the judge's integrity checks read the program it runs (the one the
+    candidate exported for the chip), not the lowering text: both must read alike for an
+    honest kernel (its Pallas kernel found, no compute outside it)."""
+    import importlib.util
+
+    from jax.extend.core import jaxpr_as_fun
+
+    from tilewright.kernels.tasks.loaders import load_task
+    from tilewright.kernels.worker.candidate import production as prod
+    from tilewright.kernels.worker.evaluation import integrity
+    from tilewright.kernels.worker.tpu import tpu_compile
+
+    task = load_task(name)
+    modules = []
+    for path in (task.kernel_path, task.reference_path):
+        spec = importlib.util.spec_from_file_location(f"tw_{name}_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        modules.append(module)
+    kernel, ref = modules
+    config = next(c for c in task.shapes if c.size == "small")
+    inputs = ref.make_inputs(jax.random.PRNGKey(0), **config.params)
+    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in inputs]
+    with tpu_compile.abstract_device("v5e"):
+        closed = jax.jit(kernel.kernel).trace(*avals).jaxpr
+        lowered = jax.jit(jaxpr_as_fun(closed)).trace(*avals).lower(
+            lowering_platforms=("tpu",)).as_text()
+    text = jax.export.deserialize(bytearray(prod.export(closed, avals, "v5e"))).mlir_module()
+    outside = integrity.outside_compute(closed, "kernel.py")
+    size = max(int(a.size) for a in inputs)
+    read = [integrity.check_lowering(t, True, outside, size) for t in (lowered, text)]
+    assert [(r.has_pallas, r.contradicted, tuple(r.outside)) for r in read] == \
+        [(True, False, ())] * 2
