@@ -163,3 +163,83 @@ def test_a_flagged_version_is_never_best() -> None:
     assert state.best == 3 and state.best_rank.value == 1.5
     assert state.best_history[1]["flags"] == ["compute_outside_kernel"]
     assert state.best_history[1]["best"] == 1
+
+
+# A user's own bf16 fused residual + layer norm (`tilewright new` writes atol = rtol = 0.02
+# for bf16): the reference as written keeps its statistics in bf16, and with activations
+# around 8 its mean and variance lose digits (bf16 spacing there is 0.06).
+BF16_REFERENCE = """
+    import jax, jax.numpy as jnp
+    def make_inputs(key, rows=64, cols=1024):
+        k1, k2, k3, k4 = jax.random.split(key, 4)
+        x = 8.0 + jax.random.normal(k1, (rows, cols), jnp.bfloat16)  # an offset: bf16 sums lose
+        res = jax.random.normal(k2, (rows, cols), jnp.bfloat16)
+        gamma = 1.0 + 0.1 * jax.random.normal(k3, (cols,), jnp.bfloat16)
+        beta = 0.1 * jax.random.normal(k4, (cols,), jnp.bfloat16)
+        return x, res, gamma, beta
+    def reference(x, res, gamma, beta):
+        h = x + res
+        mean = h.mean(-1, keepdims=True)
+        var = ((h - mean) ** 2).mean(-1, keepdims=True)
+        return (h - mean) * jax.lax.rsqrt(var + 1e-6) * gamma + beta
+"""
+
+F32_STATISTICS = HEADER + """
+    def _ln(x_ref, r_ref, g_ref, b_ref, o_ref):
+        h = x_ref[...].astype(jnp.float32) + r_ref[...].astype(jnp.float32)
+        mean = h.mean(-1, keepdims=True)
+        var = ((h - mean) ** 2).mean(-1, keepdims=True)
+        y = (h - mean) * jax.lax.rsqrt(var + 1e-6) * g_ref[...].astype(jnp.float32)
+        o_ref[...] = (y + BETA * b_ref[...].astype(jnp.float32)).astype(o_ref.dtype)
+
+    BETA = 1.0
+
+    def kernel(x, res, gamma, beta):
+        rows, cols = x.shape
+        return pl.pallas_call(_ln, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(
+            x, res, gamma.reshape(1, cols), beta.reshape(1, cols))
+"""
+
+
+@pytest.fixture(scope="module")
+def bf16_layer_norm(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("bf16") / "fused_ln"
+    root.mkdir()
+    (root / "task.toml").write_text('name = "fused_ln"\natol = 0.02\nrtol = 0.02\n'
+                                    "[shapes.small]\nrows = 64\ncols = 1024\n")
+    (root / "reference.py").write_text(textwrap.dedent(BF16_REFERENCE))
+    return load_task(root)
+
+
+@ON_MODULE_LOOP
+async def test_a_bf16_kernel_more_accurate_than_its_reference_is_correct(
+        worker_pool, bf16_layer_norm, tmp_path) -> None:
+    result = await evaluate(worker_pool, bf16_layer_norm, F32_STATISTICS, tmp_path)
+    assert result.status == "correct", result.correctness
+    assert "f32 from the same inputs" in result.correctness["judged_against"]
+    # one that forgets a term (beta) is far from both references
+    forgot = F32_STATISTICS.replace("BETA = 1.0", "BETA = 0.0")
+    wrong = await evaluate(worker_pool, bf16_layer_norm, forgot, tmp_path)
+    assert wrong.status == "incorrect", wrong.correctness
+
+
+def test_the_written_references_own_error_is_allowed_against_the_precise_one() -> None:
+    import numpy as np
+
+    from tilewright.kernels.worker.evaluation.compare import (
+        AS_WRITTEN,
+        PRECISE,
+        Host,
+        judge_output,
+    )
+
+    precise = Host([np.linspace(-2, 2, 101, dtype=np.float32)], "t", "float32")
+    written = Host([precise.leaves[0] + np.float32(0.06)], "t", "bfloat16")  # its own error
+    better = Host([precise.leaves[0] + np.float32(0.001)], "t", "bfloat16")
+    verdict, basis = judge_output(better, written, precise, 0.02, 0.02)
+    assert verdict.close and basis == PRECISE
+    off = Host([precise.leaves[0] - np.float32(0.1)], "t", "bfloat16")  # a missing term
+    verdict, basis = judge_output(off, written, precise, 0.02, 0.02)
+    assert not verdict.close and basis == AS_WRITTEN
+    # without a precise reference (an f32 task): judged as written only
+    assert judge_output(better, written, None, 0.02, 0.02)[1] == AS_WRITTEN

@@ -257,7 +257,8 @@ def _from_function(args: argparse.Namespace) -> dict[str, Any]:
             "bound": {k: repr(v) for k, v in bound.items()},
             "configs": [{"name": c, "sizes": sizes, **extra} for c, sizes, extra in
                         plan.configs()],
-            "shrunk": nt.check_notes(shapes, plan.check), "_made": made}
+            "shrunk": nt.check_notes(shapes, plan.check),
+            "tolerance": nt.tolerance_note(plan), "_made": made}
 
 
 def _sizes(pairs: list[str], flag: str) -> dict[str, int]:
@@ -430,6 +431,8 @@ def _report(summary: dict[str, Any], as_json: bool) -> int:
         if seen and seen.get("outputs") and not config.get("held_out"):
             outs = ", ".join(f"{_dt(d)}[{','.join(map(str, s))}]" for s, d in seen["outputs"])
             print(f"  {'':<12}reference -> {outs}")
+    if summary.get("tolerance"):
+        print(f"  tolerance {summary['tolerance']}")
     shrunk = summary.get("shrunk") or {}
     if shrunk:
         print("  shrunk   " + "; ".join(f"{d}: {why}" for d, why in shrunk.items()))

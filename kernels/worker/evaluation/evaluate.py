@@ -56,10 +56,13 @@ from tilewright.kernels.worker.candidate.channel import (
 from tilewright.kernels.worker.errors import Stopped, short_message, task_failure
 from tilewright.kernels.worker.evaluation import integrity, timing
 from tilewright.kernels.worker.evaluation.compare import (
+    AS_WRITTEN,
+    PRECISE,
     Host,
-    compare,
     effective_atol,
     finite_or_none,
+    judge_output,
+    precise_reference,
     to_host,
 )
 from tilewright.kernels.worker.execution import (
@@ -144,6 +147,9 @@ class Evaluation:
         self.check_structures: list[Any] = []  # what the kernels compute, per check shape
         self.shape_details: list[dict[str, Any]] = []
         self.out_trees: dict[str, str] = {}  # the outputs' structure, per check shape
+        # Per configuration and trial, the reference computed in f32 from the same inputs
+        # where the written one is low precision (bf16, f16): ``compare.judge_output``.
+        self.precise: dict[str, list[Host | None]] = {}
         self._kept_inputs: dict[tuple[str, int], tuple[tuple, tuple]] = {}
         self._kept_bytes = 0
 
@@ -312,12 +318,16 @@ class Evaluation:
         try:
             for config in configs:
                 references[config.name] = []
+                self.precise[config.name] = []
                 for seed in seeds[config.name]:
                     dyn, static = self._inputs(runtime, config, seed)
                     fn = jitted_reference(runtime, len(dyn), len(static))
                     # same mode as the candidate: a reference may itself use Pallas
                     with execution_mode(self.interpret):
-                        references[config.name].append(to_host(fn(*dyn, *static)))
+                        expected = to_host(fn(*dyn, *static))
+                    references[config.name].append(expected)
+                    self.precise[config.name].append(
+                        precise_reference(fn, dyn, static, expected, self.interpret))
         except Exception as exc:
             if self.interpret:
                 reset_interpret_state()
@@ -347,6 +357,8 @@ class Evaluation:
         worst_abs, worst_rel = 0.0, 0.0
         detail["atol_effective"] = effective_atol(references[0], atol)
         tree = self.out_trees.get(config.name)
+        precise = self.precise.get(config.name) or [None] * len(references)
+        bases: set[str] = set()
         for trial, (seed, expected) in enumerate(zip(seeds, references, strict=True)):
             if trial:
                 dyn, static = self._inputs(runtime, config, seed)
@@ -359,7 +371,8 @@ class Evaluation:
                     self.flags.append("nondeterministic")
             if integrity.is_degenerate(expected.leaves):  # every trial: the same flags each run
                 self.flags.append("degenerate_reference")
-            found = compare(out, expected, atol, rtol)
+            found, basis = judge_output(out, expected, precise[trial], atol, rtol)
+            bases.add(basis)
             detail["trials"] = trial + 1
             if found.max_abs_diff is not None:
                 worst_abs = max(worst_abs, found.max_abs_diff)
@@ -372,7 +385,8 @@ class Evaluation:
                 self._phase("trials_s", t)
                 return detail
         detail.update(correct=True, max_abs_diff=finite_or_none(worst_abs),
-                      max_rel_diff=finite_or_none(worst_rel))
+                      max_rel_diff=finite_or_none(worst_rel),
+                      judged_against=PRECISE if PRECISE in bases else AS_WRITTEN)
         self._phase("trials_s", t)
         return detail
 
@@ -444,6 +458,9 @@ class Evaluation:
             "reason": f"{failed[0]['name']}: {failed[0]['reason']}" if failed else None,
         }
         # The absolute tolerance as enforced (capped at 5% of max|ref|), visible shapes.
+        judged = [d.get("judged_against") for d in details if d.get("judged_against")]
+        self.result.correctness["judged_against"] = PRECISE if PRECISE in judged \
+            else AS_WRITTEN
         caps = [d["atol_effective"] for d in details
                 if not d["held_out"] and d.get("atol_effective") is not None]
         if caps:

@@ -26,7 +26,12 @@ import numpy as np
 from tilewright.kernels.worker.candidate import judge
 from tilewright.kernels.worker.candidate.channel import CandidateChannel
 from tilewright.kernels.worker.errors import short_message, task_failure
-from tilewright.kernels.worker.evaluation.compare import Host, compare, to_host
+from tilewright.kernels.worker.evaluation.compare import (
+    Host,
+    judge_output,
+    precise_reference,
+    to_host,
+)
 from tilewright.kernels.worker.execution import execution_mode, reset_interpret_state
 from tilewright.profiling.chips import TPU_INTERPRET
 
@@ -70,7 +75,8 @@ def time_candidate(channel: CandidateChannel, runtime: Any, config: Any, expecte
         if check:
             with execution_mode(interpret):
                 want = to_host(ref_fn(*fresh[0], *fresh[1]))
-            verdict = compare(channel.fetch(want, tree), want, atol, rtol)
+            precise = precise_reference(ref_fn, fresh[0], fresh[1], want, interpret)
+            verdict, _ = judge_output(channel.fetch(want, tree), want, precise, atol, rtol)
             checked += 1
             if not verdict.close:
                 failure = verdict.reason
@@ -260,7 +266,9 @@ def time_on_device(program: Any, ref_fn: Any, runtime: Any, config: Any, tree: s
         want = to_host(jax.block_until_ready(reference(*dyn)))
         host = Host([np.asarray(x).astype(np.float32) for x in jax.tree.leaves(got)],
                     tree or want.tree, want.dtype)
-        verdict = compare(host, want, atol, rtol)
+        precise = precise_reference(lambda *d: ref_fn(*d, *static), tuple(dyn), (), want,
+                                    False)
+        verdict, _ = judge_output(host, want, precise, atol, rtol)
         checked += 1
         if not verdict.close:
             return DeviceTiming(None, None, "none", failure=verdict.reason, checked=checked,
