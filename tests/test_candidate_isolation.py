@@ -343,3 +343,30 @@ def test_replay_verify_rejudges_each_version_on_its_own(tmp_path, task_dir) -> N
                for line in lines), checked.stdout
     state = fold(*(lambda s: (s.header, s.events))(load(log.path)))
     assert state.versions[2].status == "correct"  # the log is not rewritten
+
+
+# Remembers every shape it is called with, and quotes them when profiled later in the same
+# process (a profile follows an evaluation of the same source there).
+REMEMBERS = candidate(preamble=textwrap.dedent("""
+    import builtins
+    _SEEN = builtins.__dict__.setdefault("_tw_seen", [])  # outlives a reload of the module
+"""), expr="jnp.tanh(x_ref[...]) * 2.0").replace(
+    "def kernel(x):\n",
+    "def kernel(x):\n    _SEEN.append(tuple(x.shape))\n"
+    "    if len(_SEEN) > 4:\n        raise ValueError(f'shapes seen so far: {_SEEN}')\n")
+
+
+@ON_MODULE_LOOP
+async def test_a_held_out_size_remembered_and_quoted_later_is_scrubbed(
+        task_dir, worker_pool) -> None:
+    from tilewright.kernels.judge.options import ProfileOptions
+
+    task = load_task(str(task_dir))
+    result = await worker_pool.evaluate(task, REMEMBERS, EvalOptions(trials=3, timeout_s=120.0,
+                                                                     timing=False))
+    profile = await worker_pool.profile(task, REMEMBERS, None, ProfileOptions(iters=1))
+    told = json.dumps([result.error.__dict__ if result.error else None,
+                       result.correctness, result.extra.get("shapes"), profile.get("error")],
+                      default=str)
+    assert "shapes seen so far" in told  # the failure is said ...
+    assert "128" not in told.replace("<held-out size>", "")  # ... without the held-out rows

@@ -155,3 +155,29 @@ def describe(exc: BaseException, kind: str, filename: str) -> dict[str, Any]:
         "traceback": format_traceback(exc),
         "hint": hint_for(str(exc)),
     }
+
+
+def held_out_scrubber(task: Any) -> Any:
+    """A function replacing, in any text, every size of ``task``'s held-out configurations
+    that no visible configuration has (``rows=384`` -> ``rows=<held-out size>``); None when
+    nothing is held out. A candidate that remembers the shapes it was called with can
+    quote them later (a retrace, a profile in the same process): what the agent reads is
+    passed through it."""
+    import re
+
+    held = [c for c in task.shapes if c.held_out]
+    visible = {v for c in task.shapes if not c.held_out for v in c.params.values()
+               if isinstance(v, int)}
+    secret = {v for c in held for v in c.params.values()
+              if isinstance(v, int) and not isinstance(v, bool) and v not in visible and v > 1}
+    if not secret:
+        return None
+    pattern = re.compile(r"(?<![\w.])(" + "|".join(str(v) for v in sorted(secret))
+                         + r")(?![\w.])")
+
+    def scrub(text: Any) -> Any:
+        if not isinstance(text, str):
+            return text
+        return pattern.sub("<held-out size>", text)
+
+    return scrub

@@ -53,7 +53,12 @@ from tilewright.kernels.worker.candidate.channel import (
     CompilerAborted,
     PrepareFacts,
 )
-from tilewright.kernels.worker.errors import Stopped, short_message, task_failure
+from tilewright.kernels.worker.errors import (
+    Stopped,
+    held_out_scrubber,
+    short_message,
+    task_failure,
+)
 from tilewright.kernels.worker.evaluation import integrity, timing
 from tilewright.kernels.worker.evaluation.compare import (
     AS_WRITTEN,
@@ -187,8 +192,39 @@ class Evaluation:
             result.integrity["outside_compute"] = self.outside_compute[:20]
         result.extra.update(shapes=self.shape_details, phases=self.phases,
                             interpret=self.interpret)
+        self._scrub_held_out()
         result.duration_s = time.perf_counter() - started
         return result
+
+    def _scrub_held_out(self) -> None:
+        """No held-out size in what the agent reads: a candidate that remembers the
+        shapes it was called with can quote them in any later error (a timed call, the
+        retrace), not only at the held-out configuration. Every size of a held-out
+        configuration that no visible one has is replaced in the error, the correctness
+        reason and the shape details (the person's copy stays in ``extra.held_out``)."""
+        scrubber = held_out_scrubber(self.task)
+        if scrubber is None:
+            return
+        found: list[str] = []
+
+        def scrub(text: Any) -> Any:
+            cleaned = scrubber(text)
+            if cleaned != text:
+                found.append(text)
+            return cleaned
+
+        error = self.result.error
+        if error is not None:
+            error.message = scrub(error.message)
+            error.traceback = scrub(error.traceback)
+            error.hint = scrub(error.hint)
+        correctness = self.result.correctness or {}
+        if "reason" in correctness:
+            correctness["reason"] = scrub(correctness["reason"])
+        for detail in self.shape_details:
+            detail["reason"] = scrub(detail.get("reason"))
+        if found:
+            self.result.extra.setdefault("held_out", {})["scrubbed"] = found[:5]
 
     def _apply(self, stop: Stopped) -> None:
         """The one place an early decision meets the result."""

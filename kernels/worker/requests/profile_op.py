@@ -56,9 +56,26 @@ def profile(payload: dict[str, Any]) -> dict[str, Any]:
     if payload.get("memory_limit_mb"):
         options.setdefault("memory_limit_mb", payload["memory_limit_mb"])
     margin = min(max(0.15 * timeout_s, 0.3), 5.0)  # answer before the app kills us
-    return run_profile(payload["task"], payload["source"],
-                       payload.get("filename") or "kernel.py", options,
-                       time.monotonic() + timeout_s - margin)
+    out = run_profile(payload["task"], payload["source"],
+                      payload.get("filename") or "kernel.py", options,
+                      time.monotonic() + timeout_s - margin)
+    return _scrubbed(out, payload["task"])
+
+
+def _scrubbed(out: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    """The profile without a held-out size in its error (a candidate judged in this
+    process may remember the held-out shapes it was called with and quote them here)."""
+    from tilewright.kernels.tasks.task import Task
+    from tilewright.kernels.worker.errors import held_out_scrubber
+
+    error = out.get("error")
+    try:
+        scrub = held_out_scrubber(Task.from_spec(spec)) if isinstance(error, dict) else None
+    except Exception:
+        scrub = None
+    if scrub is not None:
+        out["error"] = {k: scrub(v) for k, v in error.items()}
+    return out
 
 
 def run_profile(spec: dict[str, Any], source: str, filename: str,
