@@ -168,3 +168,31 @@ def test_a_users_block_tuple_kernel_is_tuned_by_the_offline_agent(tmp_path: Path
     assert all(v["status"] in ("correct", "compile_error") for v in tuned), versions
     assert versions[summary["best_version"] - 1]["status"] == "correct"
     assert any("BLOCK_ROWS" in v["summary"] or "BLOCK_COLS" in v["summary"] for v in tuned)
+
+
+def test_every_axis_of_an_input_gets_a_size_name_of_its_own() -> None:
+    split = nt.parse_shapes(["x=bf16[4096,4096]", "res=bf16[4096,4096]", "g=bf16[4096]"],
+                            split=True)
+    assert [s.dims for s in split.inputs] == [["x_0", "x_1"], ["x_0", "x_1"], ["x_1"]]
+    assert split.dims == {"x_0": 4096, "x_1": 4096}
+    check = nt.derive_check(split)
+    assert check["x_0"] != check["x_1"]  # non-square: a row/column mix-up shows
+    shared = nt.parse_shapes(["x=bf16[4096,4096]", "g=bf16[4096]"])
+    assert [s.dims for s in shared.inputs] == [["x_0", "x_0"], ["x_0"]]
+
+
+def test_new_splits_square_sizes_unless_the_reference_needs_them_equal(tmp_path) -> None:
+    (tmp_path / "m.py").write_text(
+        "def ln(x, res, g):\n    h = x + res\n    return (h - h.mean(-1, keepdims=True)) * g\n\n"
+        "def mm(x, y):\n    return x @ y\n")
+    ln = tw("new", "ln", "--from", "m.py:ln", "--shape", "x=bf16[1024,1024]", "--shape",
+            "res=bf16[1024,1024]", "--shape", "g=bf16[1024]", "--json", cwd=tmp_path)
+    assert ln.returncode == 0, ln.stdout + ln.stderr
+    summary = json.loads(ln.stdout)
+    assert summary["inputs"][0] == "x bf16[x_0,x_1]" and summary["check"]["ok"]
+    mm = tw("new", "mm", "--from", "m.py:mm", "--shape", "x=bf16[1024,1024]", "--shape",
+            "y=bf16[1024,1024]", "--json", cwd=tmp_path)
+    assert mm.returncode == 0, mm.stdout + mm.stderr
+    summary = json.loads(mm.stdout)
+    assert summary["inputs"] == ["x bf16[x_0,x_0]", "y bf16[x_0,x_0]"] and summary["check"]["ok"]
+    assert any("share one name" in note for note in summary["notes"])

@@ -92,18 +92,38 @@ def run(args: argparse.Namespace) -> int:
         if Path(args.source).expanduser().is_dir():
             summary = _from_benchmark(args)
         else:
-            summary = _from_function(args)
-            _note_integer_inputs(summary)
-            if args.kernel and not args.no_check:
-                _fit_to_kernel(args, summary)
+            summary = _function_task(args, split=True)
     except NewTaskError as exc:
         return _usage(str(exc), exc.next_step, args.json)
     if not args.no_check:
         summary["check"] = _check(Path(summary["directory"]))
+        if not summary["check"].get("ok") and summary.get("_split"):
+            # The reference needs some axes equal (a square matmul x @ x): one name again.
+            args.force = True
+            try:
+                summary = _function_task(args, split=False)
+            except NewTaskError as exc:
+                return _usage(str(exc), exc.next_step, args.json)
+            summary["check"] = _check(Path(summary["directory"]))
+            summary.setdefault("notes", []).append(
+                "equal sizes share one name: the reference did not run with each axis of "
+                "its own size (a square input it needs square), so those check sizes stay "
+                "equal")
         if not summary["check"].get("ok") and not args.keep_broken:
             summary["removed"] = _remove(Path(summary["directory"]), existed)
     summary.pop("_made", None)
+    summary.pop("_split", None)
     return _report(summary, args.json)
+
+
+def _function_task(args: argparse.Namespace, split: bool) -> dict[str, Any]:
+    """The task from a function, with its integer inputs noted and its check shapes
+    fitted to the user's kernel."""
+    summary = _from_function(args, split)
+    _note_integer_inputs(summary)
+    if args.kernel and not args.no_check:
+        _fit_to_kernel(args, summary)
+    return summary
 
 
 def _note_integer_inputs(summary: dict[str, Any]) -> None:
@@ -201,8 +221,11 @@ def _destination(args: argparse.Namespace, name: str) -> Path:
 
 # -- from a function -------------------------------------------------------------------------
 
-def _from_function(args: argparse.Namespace) -> dict[str, Any]:
+def _from_function(args: argparse.Namespace, split: bool = False) -> dict[str, Any]:
+    """``split``: every axis of an input gets a size name of its own
+    (``shapes.parse_shapes``); ``summary["_split"]`` says whether that changed names."""
     from tilewright.kernels.tasks import new as nt
+    from tilewright.kernels.tasks.shapes import shares_within_an_input
 
     path, fn_name = nt.parse_target(args.source)
     fn, tree, text = nt.read_function(path, fn_name)
@@ -210,9 +233,14 @@ def _from_function(args: argparse.Namespace) -> dict[str, Any]:
     if args.shape and args.example:
         raise nt.NewTaskError("give --shape or --example, not both")
     if args.example:
-        shapes = _shapes_of_example(args.example, fn, bound)
+        if getattr(args, "_example_signature", None) is None:  # run it in a worker once
+            args._example_signature = _shapes_of_example(args.example, fn, bound)
+        signature = args._example_signature
+        specs = [f"{n}={d}[{','.join(str(x) for x in shape)}]" for n, shape, d in signature]
+        shapes = nt.shapes_from_signature(signature, split)
     elif args.shape:
-        shapes = nt.parse_shapes(args.shape)
+        specs = list(args.shape)
+        shapes = nt.parse_shapes(args.shape, split)
     else:
         arrays = [p.name for p in fn.params if p.kind in ("positional", "keyword")
                   and not p.has_default and p.name not in bound]
@@ -258,6 +286,7 @@ def _from_function(args: argparse.Namespace) -> dict[str, Any]:
             "configs": [{"name": c, "sizes": sizes, **extra} for c, sizes, extra in
                         plan.configs()],
             "shrunk": nt.check_notes(shapes, plan.check),
+            "_split": split and shares_within_an_input(specs),
             "tolerance": nt.tolerance_note(plan), "_made": made}
 
 
@@ -273,9 +302,9 @@ def _sizes(pairs: list[str], flag: str) -> dict[str, int]:
     return out
 
 
-def _shapes_of_example(spec: str, fn: Any, bound: dict[str, Any]) -> Any:
+def _shapes_of_example(spec: str, fn: Any, bound: dict[str, Any]) -> list[Any]:
     """Run the example-inputs function in a worker (under ``jax.eval_shape``: nothing
-    is allocated) and read back its arrays' shapes and dtypes."""
+    is allocated) and read back its arrays' (name, shape, dtype)."""
     from tilewright.kernels.tasks import new as nt
     from tilewright.kernels.tasks.loaders import load_task
     from tilewright.kernels.tasks.task import TaskError
@@ -319,9 +348,7 @@ def _shapes_of_example(spec: str, fn: Any, bound: dict[str, Any]) -> Any:
                                   "parameter name) and import with only jax and numpy")
         inputs = reply["configs"][0]["inputs"]
         names_out = _example_names(reply, params, len(inputs))
-    return nt.shapes_from_signature([(n, shape, dtype)
-                                     for n, (shape, dtype) in zip(names_out, inputs,
-                                                                  strict=True)])
+    return [(n, shape, dtype) for n, (shape, dtype) in zip(names_out, inputs, strict=True)]
 
 
 def _example_names(reply: dict[str, Any], params: list[str], count: int) -> list[str]:

@@ -62,9 +62,17 @@ _SPEC = re.compile(r"^\s*(?P<name>[A-Za-z_]\w*)\s*=\s*(?P<dtype>\w+)\s*\[(?P<dim
                    r"\s*(?::\s*(?P<low>[^.\s][^\s]*?)\s*\.\.\s*(?P<high>\S+))?\s*$")
 
 
-def parse_shapes(specs: list[str]) -> Shapes:
+def parse_shapes(specs: list[str], split: bool = False) -> Shapes:
     """``["x=f32[4096,1024]", "w=f32[1024]"]`` -> the inputs and their dimensions.
-    Raises ``NewTaskError`` naming the spec that does not parse."""
+    Raises ``NewTaskError`` naming the spec that does not parse.
+
+    A bare number takes the name of an earlier axis of that size (a matmul's shared
+    size), else one of its own. With ``split``, an input's axes never share a name with
+    each other (a square ``x=f32[4096,4096]`` gets ``x_0`` and ``x_1``, so its check shape
+    can be non-square and a row/column mix-up shows), and a later input's bare number
+    takes the name of the axis it lines up with from the end (``gamma[4096]`` with
+    ``x``'s last axis), as broadcasting does. ``tilewright new`` tries split names first
+    and shares them again where the reference needs equal sizes."""
     parsed: list[tuple[str, str, list[tuple[str | None, int | None]], Any, Any]] = []
     named: dict[str, int] = {}
     for text in specs:
@@ -104,13 +112,23 @@ def parse_shapes(specs: list[str]) -> Shapes:
     by_value: dict[int, list[str]] = {}
     for name, value in named.items():
         by_value.setdefault(value, []).append(name)
+    from_end: dict[str, int] = {}  # a name's axis counted from the end, where it was made
     dims_out: dict[str, int] = {}
     axes: dict[str, list[str]] = {}
     inputs = []
     for input_name, dtype, dims, low, high in parsed:
         names = []
         for axis, (name, value) in enumerate(dims):
-            if name is None:  # a bare number: the named size of that value, else its own
+            if name is None and split:  # an axis of its own within this input
+                assert value is not None
+                free = [c for c in by_value.get(value, []) if c not in names]
+                aligned = [c for c in free if from_end.get(c) == len(dims) - 1 - axis]
+                name = (aligned or free or [f"{input_name}_{axis}"])[0]
+                if name not in named:
+                    by_value.setdefault(value, []).append(name)
+                    named[name] = value
+                    from_end[name] = len(dims) - 1 - axis
+            elif name is None:  # a bare number: the named size of that value, else its own
                 assert value is not None
                 candidates = by_value.get(value, [])
                 if len(candidates) > 1:
@@ -173,11 +191,19 @@ def _raise_bound(text: str) -> Any:
     raise NewTaskError(f"range bound {text!r} is neither a number nor a size name")
 
 
-def shapes_from_signature(inputs: list[tuple[str, list[int], str]]) -> Shapes:
+def shapes_from_signature(inputs: list[tuple[str, list[int], str]],
+                          split: bool = False) -> Shapes:
     """Shapes learned from example inputs (name, shape, dtype), as if given by --shape."""
     specs = [f"{name}={dtype}[{','.join(str(d) for d in shape)}]"
              for name, shape, dtype in inputs]
-    return parse_shapes(specs)
+    return parse_shapes(specs, split)
+
+
+def shares_within_an_input(specs: list[str]) -> bool:
+    """Whether ``parse_shapes`` without ``split`` gives some input one name for two of
+    its axes (a square matrix): splitting them would change the task."""
+    shapes = parse_shapes(specs)
+    return any(len(set(s.dims)) < len(s.dims) for s in shapes.inputs)
 
 
 # -- check shapes -----------------------------------------------------------------------
