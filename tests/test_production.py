@@ -235,8 +235,10 @@ async def test_one_compile_is_the_verdict_and_the_estimate_of_a_program_estimate
 @ON_MODULE_LOOP
 async def test_a_compile_over_its_memory_limit_costs_the_estimate_not_the_worker(
         worker_pool, task_dir, tmp_path) -> None:
-    # A limit below what a compile process needs to import JAX: every compile is killed.
-    env = {"TILEWRIGHT_CACHE_DIR": str(tmp_path / "empty-cache")}
+    # A limit below what a compile process needs to import JAX: every compile is killed
+    # (and not tried again with more: the host's cap is as low).
+    env = {"TILEWRIGHT_CACHE_DIR": str(tmp_path / "empty-cache"),
+           "TILEWRIGHT_COMPILE_MEMORY_MAX_MB": "64"}
     async with WorkerPool(size=1, env_overrides=env) as pool:
         from dataclasses import replace
 

@@ -69,14 +69,24 @@ class DiskCache:
             os.replace(tmp, path)
 
 
+MEMORY_MAX_ENV = "TILEWRIGHT_COMPILE_MEMORY_MAX_MB"  # caps ``raised_memory_mb``
+
+
 def raised_memory_mb() -> int:
-    """The most an estimator process may take on this host when the usual limit was not
-    enough: a third of its memory, at most 12 GiB, never below ``COMPILE_MEMORY_MB``."""
+    """The most a compile process may take on this host when the usual limit was not
+    enough: a third of its memory, at most 12 GiB, never below ``COMPILE_MEMORY_MB``;
+    ``TILEWRIGHT_COMPILE_MEMORY_MAX_MB`` caps it (a shared machine: no second try above
+    the cap)."""
     try:
         total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
     except (ValueError, OSError, AttributeError):
-        return COMPILE_MEMORY_MB
-    return max(COMPILE_MEMORY_MB, int(min(total / 3, 12 * 1024)))
+        total = 3.0 * COMPILE_MEMORY_MB
+    raised = max(COMPILE_MEMORY_MB, int(min(total / 3, 12 * 1024)))
+    try:
+        cap = int(os.environ.get(MEMORY_MAX_ENV) or 0)
+    except ValueError:
+        cap = 0
+    return min(raised, cap) if cap > 0 else raised
 
 
 def _slot_count(memory_mb: int) -> int:
