@@ -269,3 +269,28 @@ def test_kill_9_mid_run_then_resume(tmp_path: Path) -> None:
     assert max(after.versions) == 3 and after.ended == "completed"
     assert [e["seq"] for e in after_loaded.events] == \
         list(range(1, len(after_loaded.events) + 1))
+
+
+def test_printed_commands_run_as_printed(tmp_path, monkeypatch) -> None:
+    """``./dev start`` runs .venv/bin/tilewright, which is not on PATH: the commands
+    printed after a session name the program as it was started; export is offered only
+    when a correct version exists."""
+    import sys
+
+    from tilewright.sessions.cli.invocation import invocation
+    from tilewright.tui.app import quit_lines
+
+    exe = tmp_path / ".venv" / "bin" / "tilewright"
+    exe.parent.mkdir(parents=True)
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    monkeypatch.setattr(sys, "argv", [str(exe)])
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert invocation() == str(exe)
+    said = quit_lines(tmp_path / "s1", "fused ln", has_best=False)
+    assert f"resume: {exe} --resume s1" in said
+    assert "no correct version yet" in said and "export s1 best" not in said
+    monkeypatch.setenv("PATH", str(exe.parent))
+    assert invocation() == "tilewright"  # on PATH (an activated venv): its plain name
+    assert "export: tilewright export s1 best -o fused_ln_kernel.py --test" in quit_lines(
+        tmp_path / "s1", "fused ln")

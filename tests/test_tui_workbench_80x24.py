@@ -170,7 +170,7 @@ async def test_after_the_persons_failing_edit_the_bar_says_the_way_back(tmp_path
         await opened(app, pilot)
         said = str(app.workbench.query_one(ApprovalBar).render())
         assert said.startswith("next v2, your edit, failed: f2 edits it again"), said
-        assert "goes back to v1" in said
+        assert "History: r reverts to v1" in said  # the key that does it, not enter
 
 
 async def test_problems_show_the_whole_tpu_line_and_hint_at_80_columns() -> None:

@@ -428,7 +428,8 @@ def run_app(options: LaunchOptions, config: Config | dict[str, Any]) -> int:
             print(f"tilewright: stopped ({app.stop_cause}); the session is saved",
                   file=sys.stderr)
         if app.session_path is not None:
-            print(quit_lines(app.session_path, app.session_task))
+            best = app.link.state.best if app.link is not None else None
+            print(quit_lines(app.session_path, app.session_task, best is not None))
         if app.kept_draft_at is not None:
             print(f"  your unsaved edit is kept in {app.kept_draft_at}; the resumed "
                   "session offers it back")
@@ -437,15 +438,21 @@ def run_app(options: LaunchOptions, config: Config | dict[str, Any]) -> int:
     return EXIT_CODES.get(app.stop_cause or "", 0)
 
 
-def quit_lines(path: Any, task_name: str | None = None) -> str:
+def quit_lines(path: Any, task_name: str | None = None, has_best: bool = True) -> str:
     """What the terminal says after the workbench closes: the session and how to get
-    back to it, or its kernel out of it."""
+    back to it, or its kernel out of it (only when a correct version exists), each
+    command as it can be run from here (``invocation``)."""
     import re
     from pathlib import Path
 
     sid = Path(path).name
     task = re.sub(r"\W+", "_", task_name or "kernel").strip("_") or "kernel"
+    from tilewright.sessions.cli.invocation import invocation
+
+    tw = invocation()
+    export = (f"  export: {tw} export {sid} best -o {task}_kernel.py --test\n" if has_best
+              else "  export: no correct version yet (nothing to export)\n")
     return (f"session {sid} saved in {path}\n"
-            f"  resume: tilewright --resume {sid}\n"
-            f"  export: tilewright export {sid} best -o {task}_kernel.py --test\n"
-            f"  report: tilewright report {sid} -o {task}.html")
+            f"  resume: {tw} --resume {sid}\n"
+            + export +
+            f"  report: {tw} report {sid} -o {task}.html")

@@ -353,9 +353,9 @@ def _tune(request: AgentRequest, lessons: list[Lesson]) -> Proposal | Failure | 
         grown = _grow_past_choices(request, source)
         if grown is not None:
             return grown
-        return Finished(f"offline agent: {CONVERGED}{_best_text(request)}: every neighbour "
-                        "of the best configuration has been measured. Try a structural change "
-                        "(edit, or Claude) to go further.")
+        return Finished(f"offline agent: {CONVERGED}{_best_text(request)}: "
+                        f"{_tried_text(request, source)}. Try a structural change (edit, or "
+                        "Claude) to go further.")
     hidden = floor_note(_observations(request, source, set(tunables.read(source))))
     rationale = step.rationale + (f" Note:{hidden[1:]}." if hidden else "")
     return Proposal("tuning", step.summary, rationale=rationale, tuning=step.changes,
@@ -488,6 +488,25 @@ def _observations(request: AgentRequest, source: str, names: set[str]) -> tuner.
         if isinstance(config, dict) and set(config) == names:
             obs.add(config, "rejected", None, None)
     return obs
+
+
+def _tried_text(request: AgentRequest, source: str) -> str:
+    """What happened to the configurations around the best, as it happened: measured,
+    failed, rejected by the person (never "measured" for one that never ran)."""
+    names = set(tunables.read(source))
+    rejected = {tuner.config_key(e["config"]) for e in request.rejected
+                if isinstance(e.get("config"), dict) and set(e["config"]) == names}
+    measured = tuner.observations_from(request.history, source, request.last_eval, names,
+                                       request.current_version)
+    ran = {k for k, v in measured.score.items() if v != tuner.FAILED}
+    failed = {k for k, v in measured.score.items() if v == tuner.FAILED} - rejected
+    parts = [f"{len(ran)} measured"]
+    if failed:
+        parts.append(f"{len(failed)} failed")
+    if rejected:
+        parts.append(f"{len(rejected)} rejected by you (not run)")
+    return ("no neighbour of the best configuration is left to try (" + ", ".join(parts)
+            + ")")
 
 
 def _constraints(request: AgentRequest, names: list[str], current: dict[str, Any]

@@ -213,11 +213,15 @@ def print_summary(data: dict[str, Any], out: TextIO,
               file=out)
     print(f"session: {data['session']}", file=out)
     sid = data.get("session_id") or data["session"]
+    from tilewright.sessions.cli.invocation import invocation
+
+    tw = invocation()
     if data["best_version"]:
-        print(f"export:  tilewright export {sid} best -o {data['task']}_kernel.py --test",
+        print(f"export:  {tw} export {sid} best -o {data['task']}_kernel.py --test",
               file=out)
-    print(f"resume:  tilewright --resume {sid}   (or tilewright auto --resume {sid})",
-          file=out)
+    else:
+        print("export:  no correct version yet (nothing to export)", file=out)
+    print(f"resume:  {tw} --resume {sid}   (or {tw} auto --resume {sid})", file=out)
 
 
 async def run_auto(args: Any, config: Config | dict[str, Any]) -> int:

@@ -377,9 +377,16 @@ class WorkbenchScreen(Screen):
             return (f"{self._key('run')} evaluates v{v.number} · {self._key('chat')} chat "
                     f"(/plan, /tune) · {self._key('auto')} autonomous")
         if v.origin == "user-edit" and v.status in FAILED_STATUSES:
-            back = f" · History (enter) goes back to v{v.parent}" if v.parent else ""
+            parent = s.versions.get(v.parent) if v.parent else None
+            revert = keymap.remapped(self.app).get("history.revert", "r").split(",")[0]
+            back = (f" · History: {revert} reverts to v{parent.number}"
+                    if parent is not None and parent.status not in FAILED_STATUSES else "")
+            agent = str((s.header or {}).get("agent") or "")
+            fix = (f"{self._key('chat')} asks the offline agent (its rule-based fixes know "
+                   "alignment, block and shape errors, not every failure)"
+                   if "offline" in agent else f"{self._key('chat')} asks the agent to fix it")
             return (f"v{v.number}, your edit, failed: {self._key('edit')} edits it "
-                    f"again{back} · {self._key('chat')} asks the agent to fix it")
+                    f"again{back} · {fix}")
         return None
 
     def _key(self, bid: str) -> str:
@@ -428,7 +435,19 @@ class WorkbenchScreen(Screen):
                 self._command(lambda link: link.reject(note))
 
         self.app.push_screen(NotePrompt("Reject the proposal — a note for the agent "
-                                        "(optional):", "e.g. keep BLOCK_COLS at 128"), done)
+                                        "(optional):", self._note_example()), done)
+
+    def _note_example(self) -> str:
+        """An example note in the proposal's own words: a tuning's own tunable and value
+        (the rejection bounds the tuner's search), else a change of approach."""
+        link = self.link
+        pending = link.state.pending_proposal if link is not None else None
+        tuning = pending.tuning if pending is not None and pending.tuning else None
+        for name, value in (tuning or {}).items():
+            if isinstance(value, int) and not isinstance(value, bool):
+                return f"e.g. keep {name} at {value * 2} or above"
+            return f"e.g. keep {name} as it was"
+        return "e.g. keep the block sizes; fuse the epilogue into the kernel instead"
 
     def action_edit(self) -> None:
         source = self.source
