@@ -232,6 +232,9 @@ class SessionState:
     evals_without_improvement: int = 0
     best_history: list[dict[str, Any]] = field(default_factory=list)  # per eval run
     errors: list[dict[str, Any]] = field(default_factory=list)
+    # The seq of the event that made the current version current (a new version, a
+    # checkout): errors before it belong to what was current then.
+    current_since: int = 0
     agent_failures: int = 0  # consecutive agent turns without a proposal
     auto_rejections: int = 0  # consecutive proposals the auto-approver turned down
     agent_failure_retryable: bool = True  # whether the latest one may succeed if re-asked
@@ -452,6 +455,7 @@ def _version(s: SessionState, e: ev.KernelVersion) -> None:
         source_blob=e.get("source_blob", ""), summary=e.get("summary", ""),
         decision_seq=e.get("decision"), seq=e.get("seq", 0), t=float(e.get("t", 0.0)))
     s.current = number
+    s.current_since = int(e.get("seq") or 0)
     s.chosen_base = None
     s.base_reason = None
     prop = s.proposals.get(e.get("proposal") or "")
@@ -471,6 +475,7 @@ def _version(s: SessionState, e: ev.KernelVersion) -> None:
 def _checkout(s: SessionState, e: ev.KernelCheckout) -> None:
     if int(e.get("version", -1)) in s.versions:
         s.current = int(e["version"])
+        s.current_since = int(e.get("seq") or 0)
         s.fix_streak = 0
         s.chosen_base = s.current if e.get("by") == "user" else None
         s.base_reason = e.get("reason") if e.get("by") != "user" else None

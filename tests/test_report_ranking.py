@@ -104,3 +104,31 @@ def test_best_among_estimates_and_roofline_bounds_says_they_are_mixed(tmp_path: 
     line = StatusBar.compose_line(info, 0).plain
     assert "best v2" in line and "est. and roofline" in line
     assert "est. + roofline mixed" in StatusBar.compose_line(info, 5).plain
+
+
+def test_a_revert_clears_the_problems_of_the_version_reverted_from(tmp_path: Path) -> None:
+    from tilewright.sessions.log import SessionLog
+    from tilewright.tui.session.view import BlobCache, SessionView
+
+    log = SessionLog.create(tmp_path, task={"name": "toy", "root": "/nowhere",
+                                            "layout": "native"},
+                            backend={"platform": "cpu", "mode": "tpu-interpret"},
+                            agent="offline", app_version="test")
+    for n in (1, 2):
+        log.append("kernel.version", version=n, parent=n - 1 or None,
+                   origin="initial" if n == 1 else "user-edit", proposal=None,
+                   source_blob=log.put_blob(f"def kernel(x):\n    return x * {n}\n"),
+                   summary=f"v{n}", decision=None)
+    log.append("error", where="apply", message="v2 could not be evaluated: worker gone")
+    path = log.path
+    loaded = load(path)
+    state = fold(loaded.header, loaded.events)
+    view = SessionView(state, BlobCache(lambda sha: None))
+    assert any("worker gone" in p.message for p in view.problems())
+    log.append("kernel.checkout", version=1, by="user")
+    log.close()
+    loaded = load(path)
+    state = fold(loaded.header, loaded.events)
+    assert state.current == 1
+    assert not any("worker gone" in p.message
+                   for p in SessionView(state, BlobCache(lambda sha: None)).problems())

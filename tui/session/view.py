@@ -168,7 +168,9 @@ class SessionView:
         number, profile = self.profile(s.current)
         if profile and number == s.current:
             out += problem_rows.from_profile(profile, number)
-        for err in s.errors[-5:]:
+        # a session error stays until another version is made current (a revert clears
+        # what belonged to the version reverted from)
+        for err in [e for e in s.errors if int(e.get("seq") or 0) > s.current_since][-5:]:
             out.append(Problem("error", err.get("where") or "session",
                                str(err.get("message") or "error")))
         return out
