@@ -106,3 +106,35 @@ def test_export_best_and_a_version_then_eval_and_the_test_file_pass(tmp_path: Pa
     assert html.returncode == 0, html.stderr
     page = (out / "report.html").read_text()
     assert "<th>gain vs parent</th>" in page and "|---|" not in page  # a table, not Markdown
+
+
+def test_the_export_header_says_which_floor_ranks_and_its_arithmetic_adds_up(tmp_path) -> None:
+    """A kernel and a reference both at their memory floor (a memory-bound program):
+    the header names the reference's floor beside its estimate, and the division."""
+    from tilewright.kernels.judge.result import Rank
+    from tilewright.sessions.log import SessionLog, load
+    from tilewright.sessions.recorded.export import header
+    from tilewright.sessions.state import fold
+
+    rank = Rank("tpu_estimate", 1.0, "v5e", "4096x4096", kernel_s=0.0615e-3,
+                kernel_cycles=57_900, clock_hz=1.5e9, reference_s=0.0386e-3,
+                basis="memory_floor", status="correct")
+    log = SessionLog.create(tmp_path, task={"name": "toy", "root": "/nowhere",
+                                            "layout": "native"},
+                            backend={"platform": "cpu", "mode": "tpu-interpret",
+                                     "label": "CPU (TPU interpret)"},
+                            agent="offline", app_version="test")
+    log.append("kernel.version", version=1, parent=None, origin="initial", proposal=None,
+               source_blob=log.put_blob("def kernel(x):\n    return x\n"), summary="v1",
+               decision=None)
+    log.append("run.start", run="r1", version=1, kind="eval", by="user")
+    log.append("run.result", run="r1", version=1, status="correct", correct=True,
+               rank=rank.to_json(), chip="v5e", median_ms=1.0, result_blob=None,
+               cancelled=False)
+    log.close()
+    loaded = load(log.path)
+    text = header(loaded, fold(loaded.header, loaded.events), 1, None, None)
+    line = next(ln for ln in text.splitlines() if ln.startswith("# Kernel:"))
+    assert "the XLA reference's estimate 0.0386 ms (its memory floor, 0.0615 ms, ranks it)" \
+        in line
+    assert "0.0615 ms / 0.0615 ms = 1.00x" in line

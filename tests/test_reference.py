@@ -455,3 +455,12 @@ async def test_an_xla_ragged_dot_reference_is_priced_through_its_equivalent(
     ref = tpu["reference_estimate"]
     assert ref is not None, tpu["estimate_unavailable"]
     assert "dense per-group matmuls" in ref["equivalent"] and tpu["estimated_speedup"] > 0
+
+
+def test_trust_borrowed_from_another_chip_says_so() -> None:
+    fidelity = {"class": "memory_bound", "chip": "v6e", "median_ratio": 0.93,
+                "within_2x": 0.9, "rows": 12}
+    borrowed = Rank("tpu_estimate", 1.0, "v5e", fidelity=fidelity).trust_words()
+    assert borrowed.startswith("memory-bound v6e: median 0.93") and "borrowed for v5e" in borrowed
+    own = Rank("tpu_estimate", 1.0, "v6e", fidelity=fidelity).trust_words()
+    assert "borrowed" not in own

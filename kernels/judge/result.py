@@ -389,8 +389,12 @@ class Rank:
             return f"{klass} on {f.get('chip') or self.chip}: no public measurement"
         within = f.get("within_2x")
         share = f", {within:.0%} within 2x" if isinstance(within, int | float) else ""
-        return (f"{klass} {f.get('chip') or self.chip}: median {f['median_ratio']:.2f} of "
-                f"measured, {rows} programs{share}")
+        measured_on = f.get("chip") or self.chip
+        # figures measured on another chip stand in for this one: said so
+        borrowed = (f" (borrowed for {self.chip}: no measurements on {self.chip} for this "
+                    "class)" if self.chip and measured_on and measured_on != self.chip else "")
+        return (f"{klass} {measured_on}: median {f['median_ratio']:.2f} of "
+                f"measured, {rows} programs{share}{borrowed}")
 
     # -- JSON --------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:

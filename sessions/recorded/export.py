@@ -260,8 +260,16 @@ def header(loaded: LoadedSession, state: SessionState, number: int, task: Any,
                 time += f" (its memory floor, {_ms(rank.kernel_s)}, ranks it)"
             ref = "the XLA reference's roofline" if rank.source == "roofline" \
                 else "the XLA reference's estimate"
-            lines.append(f"Kernel: {time}" + (f"; {ref} {_ms(rank.reference_s)}"
-                                              if rank.reference_s else ""))
+            said = f"; {ref} {_ms(rank.reference_s)}" if rank.reference_s else ""
+            # the reference's time the number divides: its estimate, or its memory floor
+            # where that is larger (said, so the arithmetic adds up)
+            used = rank.value * rank.kernel_s if rank.source == "tpu_estimate" \
+                and rank.value and rank.kernel_s else None
+            if said and used and used > rank.reference_s * 1.001:
+                said += f" (its memory floor, {_ms(used)}, ranks it)"
+            if said and used:
+                said += f"; {_ms(used)} / {_ms(rank.kernel_s)} = {rank.value:.2f}x"
+            lines.append(f"Kernel: {time}{said}")
         trust = rank.trust_words()
         if trust:
             lines.append(f"Trust: {trust}")
