@@ -69,6 +69,36 @@ def vmem_gauge(profile: dict[str, Any], vmem_capacity: float | None,
                  f"{static}{_mib(used)}/{_mib(float(budget))} MiB{beside}")
 
 
+def _dims(profile: dict[str, Any] | None) -> str | None:
+    """The profiled shape's first input as "256x512" (None: the profile does not say)."""
+    shape = (profile or {}).get("shape") or {}
+    inputs = shape.get("inputs") if isinstance(shape, dict) else None
+    try:
+        return "x".join(str(int(d)) for d in inputs[0][0]) or "scalar" if inputs else None
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
+def _shape_words(profile: dict[str, Any] | None) -> str:
+    """" · 256x512 check" / " · 4096x4096": the shape the profile's numbers are for (a
+    trace runs at a check shape; the static analysis alone can be at the production
+    shape), so they are never read as the production figures beside them."""
+    dims = _dims(profile)
+    if dims is None:
+        return ""
+    production = ((profile or {}).get("shape") or {}).get("production")
+    return f" · {dims}" + ("" if production else " check")
+
+
+def _shape_note(profile: dict[str, Any]) -> str:
+    """The note line's words on the shape: a check shape's numbers are not production's."""
+    dims = _dims(profile)
+    shape = profile.get("shape") or {}
+    if dims is None or shape.get("production"):
+        return ""
+    return f"at check shape {dims}, not production"
+
+
 def roofline_gauge(profile: dict[str, Any]) -> Text:
     roof = profile.get("roofline") or {}
     bound = roof.get("bound_by") or roof.get("bound") or ""
@@ -145,12 +175,12 @@ class ProfilePane(Vertical):
                           _ms(op.get("total_ms")), _ms(op.get("self_ms")),
                           f"{share * 100:.1f}%" if isinstance(share, int | float) else "")
         self._render_gauges()
-        notes = [str((profile.get("roofline") or {}).get("note") or "")]
+        notes = [_shape_note(profile), str((profile.get("roofline") or {}).get("note") or "")]
         notes = [n for n in notes if n]
         backend = profile.get("backend") or {}
         if is_interpret(backend) and not notes:
             notes.insert(0, "TPU interpret mode on the CPU: timings are not TPU performance")
-        self.query_one("#profile-note", Static).update("\n".join(notes[:2]))
+        self.query_one("#profile-note", Static).update(" · ".join(notes[:3]))
         self._retitle()
 
     def _render_gauges(self) -> None:
@@ -176,4 +206,4 @@ class ProfilePane(Vertical):
         else:
             kind = backend.get("device_kind") or str(backend.get("platform", "")).upper()
             what = f"{kind} trace" + (f" · target {target}" if target not in kind else "")
-        self.border_title = f"Profile{version} · {what}"
+        self.border_title = f"Profile{version}{_shape_words(self.profile)} · {what}"
