@@ -273,3 +273,24 @@ def test_the_exported_program_reads_as_its_lowering_for_the_integrity_checks(nam
     read = [integrity.check_lowering(t, True, outside, size) for t in (lowered, text)]
     assert [(r.has_pallas, r.contradicted, tuple(r.outside)) for r in read] == \
         [(True, False, ())] * 2
+
+
+def test_device_time_reads_an_xspace_directly_and_a_host_plane_is_none() -> None:
+    from tilewright.kernels.worker.evaluation import timing
+
+    planes = [("/host:CPU", "python", [("jit_tw_candidate(1)", 10.0)]),
+              ("/device:TPU:0", "XLA Ops", [("fusion.1", 3.0)]),
+              ("/device:TPU:0", "XLA Modules", [("jit_tw_candidate(42)", 204.5),
+                                                ("jit_tw_reference(7)", 296.0)])]
+    found = device_time.program_times_in_planes(planes, "tw_candidate")
+    assert found is not None and found.durations_us == (204.5,)
+    assert device_time.program_times_in_planes(planes[:2], "tw_candidate") is None
+    # a real trace of this CPU host, read by jax's own reader: host planes, no device one
+    import tempfile
+
+    logdir = tempfile.mkdtemp()
+    fn = jax.jit(lambda x: x * 2.0)
+    x = jnp.ones((64, 128))
+    fn(x).block_until_ready()
+    traced, why = timing._traced_calls(fn, [(x,)], fn, [(x,)], 3, logdir)
+    assert traced is None and "no device plane" in why

@@ -349,13 +349,21 @@ def _traced_calls(candidate: Any, flat_args: list[Any], reference: Any, dyn_args
     planes = sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")))
     if not planes:
         return None, "the profiler wrote no trace"
-    try:
-        trace, _log = convert.trace_events(planes[-1])
-        timeline = convert.timeline_from_trace(trace)
-    except Exception as exc:
-        return None, f"the trace could not be read: {short_message(exc)[:200]}"
-    kernel = device_time.program_times(timeline, CANDIDATE_NAME)
-    ref = device_time.program_times(timeline, REFERENCE_NAME)
+    kernel = ref = None
+    try:  # the XSpace read directly (jax's own reader: no xprof needed)
+        read = _planes(planes[-1])
+        kernel = device_time.program_times_in_planes(read, CANDIDATE_NAME)
+        ref = device_time.program_times_in_planes(read, REFERENCE_NAME)
+    except Exception:  # an older reader: xprof's conversion below
+        kernel = ref = None
+    if kernel is None or ref is None:
+        try:
+            trace, _log = convert.trace_events(planes[-1])
+            timeline = convert.timeline_from_trace(trace)
+        except Exception as exc:
+            return None, f"the trace could not be read: {short_message(exc)[:200]}"
+        kernel = device_time.program_times(timeline, CANDIDATE_NAME)
+        ref = device_time.program_times(timeline, REFERENCE_NAME)
     if kernel is None or ref is None:
         return None, "the trace has no device plane with these programs (no accelerator)"
     # The executions of these n calls: the last n (the warm-up ran before the trace).
@@ -363,3 +371,14 @@ def _traced_calls(candidate: Any, flat_args: list[Any], reference: Any, dyn_args
         return None, (f"the device plane holds {kernel.count} and {ref.count} executions "
                       f"of {n} calls each")
     return (list(kernel.durations_us[-n:]), list(ref.durations_us[-n:]), kernel.device), None
+
+
+def _planes(path: str) -> list[Any]:
+    """An xplane file's planes as ``profiling.device_time.Plane`` tuples (durations in
+    microseconds), read with ``jax.profiler.ProfileData``."""
+    import jax
+
+    data = jax.profiler.ProfileData.from_file(path)
+    return [(plane.name, line.name, [(event.name, event.duration_ns / 1e3)
+                                     for event in line.events])
+            for plane in data.planes for line in plane.lines]
