@@ -59,7 +59,7 @@ from tilewright.kernels.worker.errors import (
     short_message,
     task_failure,
 )
-from tilewright.kernels.worker.evaluation import integrity, timing
+from tilewright.kernels.worker.evaluation import integrity, on_chip, timing
 from tilewright.kernels.worker.evaluation.compare import (
     AS_WRITTEN,
     PRECISE,
@@ -148,7 +148,7 @@ class Evaluation:
         self.native_checked = False  # a TPU host compiled the check shapes for itself
         # The platform the judge runs the candidate's exported programs on (a TPU host:
         # only the judge may open the chip); None: the candidate process runs them.
-        self.export_for = _export_platform(self.backend, self.options.route)
+        self.export_for = on_chip.export_platform(self.backend, self.options.route)
         self.check_structures: list[Any] = []  # what the kernels compute, per check shape
         self.shape_details: list[dict[str, Any]] = []
         self.out_trees: dict[str, str] = {}  # the outputs' structure, per check shape
@@ -289,9 +289,11 @@ class Evaluation:
             self._phase("tpu_wait_s", t)
             if self.export_for == "tpu" and self.measure:  # and measured on the chip
                 t = time.perf_counter()
-                found = self._measure_production()
+                found = on_chip.at_production(self.production, self.channel.runner,
+                                              self._kernel_line(), self.options.iters,
+                                              self.options.time_budget_s)
                 self.result.extra["measured"] = (
-                    _measured_json(found[0], found[1]) if isinstance(found, tuple)
+                    on_chip.measured_json(found) if isinstance(found, on_chip.Measured)
                     else {"unavailable": found})
                 self._phase("measure_s", t)
             return
@@ -538,13 +540,7 @@ class Evaluation:
         budget = self.options.time_budget_s / 2
         expected = references[config.name][0]
         if self.channel.runner is not None:
-            if self.export_for == "tpu":  # what ranks is the program that will run
-                found = self._measure_production()
-                if isinstance(found, tuple):
-                    self._record_device_timing(*found)
-                    return
-                self.result.extra["production_timing"] = {"unavailable": found}
-            self._time_exported(runtime, config, dyn, static, ref_fn, expected)
+            self._time_on_chip(runtime, config, dyn, static, ref_fn, expected)
             return
         calls = timing.time_candidate(
             self.channel, runtime, config, expected, self.out_trees.get(config.name),
@@ -558,13 +554,7 @@ class Evaluation:
         self.phases["kernel_timing_s"] = self.phases.get("kernel_timing_s", 0.0) + calls.loop_s
         baseline = timing.time_reference(ref_fn, (*dyn, *static), interpret=self.interpret,
                                          iters=self.options.iters, budget_s=budget)
-        flops, flops_source = None, "task"
-        try:
-            flops = runtime.flops(config, dyn)
-        except Exception:
-            flops = None
-        if flops is None:  # the task gives none (most JAXBench workloads): ask XLA
-            flops, flops_source = _xla_flops(ref_fn, dyn, static), "xla_cost_analysis"
+        flops, flops_source = _flops(runtime, config, dyn, static, ref_fn)
         record = timing.record(calls.kernel, baseline, self.backend["mode"], config.name,
                                flops)
         record["flops_source"] = flops_source if flops is not None else None
@@ -575,126 +565,40 @@ class Evaluation:
         record["candidate_paused"] = judge.process().proc is not None
         if self.interpret:
             record["label"] = "host simulation time"
-        self.result.timing = record
-        if (record["speedup"] or record["host_ratio"] or 0.0) > integrity.SUSPICIOUS_SPEEDUP:
-            self.flags.append("suspicious_speedup")
+        self._keep_timing(record)
 
-    def _time_exported(self, runtime: Any, config: ShapeConfig, dyn: tuple, static: tuple,
-                       ref_fn: Any, expected: Host) -> None:
-        """The exported route: candidate and reference timed on this process's device by
-        device time from the profiler's device plane (``timing.time_on_device``), the
-        pipelined mean where no trace can be had (labelled), per-call wall time beside."""
-        import tempfile
-
+    def _time_on_chip(self, runtime: Any, config: ShapeConfig, dyn: tuple, static: tuple,
+                      ref_fn: Any, expected: Host) -> None:
+        """The exported route (``kernels.worker.evaluation.on_chip``): on a TPU host the
+        production program's device time against the reference's, else (or where that
+        cannot run) this check shape's, timed the same way."""
         runner = self.channel.runner
         assert runner is not None
-        logdir = tempfile.mkdtemp(prefix="tw-device-time-")
-        try:
-            with judge.process().paused():
-                found = timing.time_on_device(
-                    runner.function(config.name), ref_fn, runtime, config,
-                    self.out_trees.get(config.name), runtime.tolerance(config, expected.dtype),
-                    static, iters=self.options.iters, budget_s=self.options.time_budget_s,
-                    logdir=logdir)
-        except Stopped:
-            raise
-        except Exception as exc:
-            raise Stopped("runtime_error", EvalError(
-                kind="runtime", message=f"timing on the {runner.platform.upper()} failed: "
-                f"{short_message(exc)}", line=self._kernel_line())) from None
-        finally:
-            import shutil
-
-            shutil.rmtree(logdir, ignore_errors=True)
-        self._record_device_timing(found, (runtime, config, dyn, static, ref_fn))
-
-    def _measure_production(self) -> tuple[timing.DeviceTiming, tuple] | str:
-        """On a TPU host: the candidate's production program (the one the verdict and the
-        estimate are for) run on the chip on fresh production inputs, checked against the
-        reference there and timed against it (``timing.time_on_device``). Returns the
-        timing and what it was measured on, or why it could not be (no production
-        program, inputs or outputs that do not fit the chip's HBM, a failure there)."""
-        import tempfile
-
-        production = self.production
-        runner = self.channel.runner
-        if production is None or production.reply is None or runner is None:
-            return "no production program was exported"
-        blob = production.reply.programs.get("full")
-        if not blob:
-            return "the production program could not be exported whole"
-        config = production.config
-        try:
-            runtime = task_runtime(production.spec)
-            import jax
-
-            dyn, static = runtime.make_inputs(config, jax.random.PRNGKey(0))
-            ref_fn = jitted_reference(runtime, len(dyn), len(static))
-            shapes = jax.eval_shape(lambda *d: ref_fn(*d, *static), *dyn)
-            out_dtype = jax.tree.leaves(shapes)[0].dtype
-        except Exception as exc:
-            return f"the production inputs could not be built on the chip: {short_message(exc)}"
-        try:
-            program = runner.adopt(config.name, blob, dyn, self._kernel_line(), 0)
-        except Stopped as stop:
-            return f"the production program did not compile on the chip: {stop.error.message}"
-        logdir = tempfile.mkdtemp(prefix="tw-device-time-")
-        try:
-            with judge.process().paused():
-                found = timing.time_on_device(
-                    program.exported.call, ref_fn, runtime, config, None,
-                    runtime.tolerance(config, out_dtype), static,
-                    iters=self.options.iters, budget_s=self.options.time_budget_s,
-                    logdir=logdir)
-        except Exception as exc:
-            return f"running at the production shape failed: {short_message(exc)}"
-        finally:
-            import shutil
-
-            shutil.rmtree(logdir, ignore_errors=True)
-        return found, (runtime, config, dyn, static, ref_fn)
-
-    def _record_device_timing(self, found: timing.DeviceTiming, where: tuple) -> None:
-        """The ``timing`` section from a device timing at ``where`` (runtime, config,
-        inputs, reference); a wrong timed output makes the kernel incorrect."""
-        runtime, config, dyn, static, ref_fn = where
+        measured: on_chip.Measured | str | None = None
+        if self.export_for == "tpu":  # what ranks is the program that will run
+            measured = on_chip.at_production(self.production, runner, self._kernel_line(),
+                                             self.options.iters, self.options.time_budget_s)
+            if isinstance(measured, str):
+                self.result.extra["production_timing"] = {"unavailable": measured}
+        if not isinstance(measured, on_chip.Measured):
+            measured = on_chip.at_check_shape(
+                runner, runtime, config, dyn, static, ref_fn, self.out_trees.get(config.name),
+                expected.dtype, self.options.iters, self.options.time_budget_s,
+                self._kernel_line())
+        found = measured.found
         if found.failure is not None or found.kernel is None or found.baseline is None:
             self.result.status = "incorrect"
             self.result.correctness = {**(self.result.correctness or {}), "correct": False,
-                                       "reason": f"{config.name}: timed call: {found.failure}"}
+                                       "reason": f"{measured.config.name}: timed call: "
+                                                 f"{found.failure}"}
             return
-        flops = None
-        try:
-            flops = runtime.flops(config, dyn)
-        except Exception:
-            flops = None
-        flops_source = "task"
-        if flops is None:
-            flops, flops_source = _xla_flops(ref_fn, dyn, static), "xla_cost_analysis"
-        record = timing.record(found.kernel, found.baseline, self.backend["mode"], config.name,
-                               flops)
-        record["method"] = found.method
-        record["flops_source"] = flops_source if flops is not None else None
-        record["clock"] = ("the device's own clock (profiler device plane)"
-                           if found.method == "device_trace" else
-                           "the judge's clock around calls issued back to back, one wait "
-                           "(pipelined: no device plane here)")
-        if found.method != "device_trace":
-            record["why_not_device_trace"] = found.why_not_trace
-            if self.backend["platform"] == "tpu":
-                record["label"] = "pipelined wall time (no device trace)"
-        if found.device:
-            record["device"] = found.device
-        record["per_call_wall"] = {**(found.per_call or {}),
-                                   "note": "one call, one wait: host dispatch included"}
-        record["pipelined"] = found.pipelined
-        record["route"] = "exported"
-        record["shape_label"] = shape_label([(a.shape, a.dtype) for a in dyn])
-        record["checked_calls"] = found.checked
-        record["input_sets"] = found.input_sets
-        record["candidate_paused"] = judge.process().proc is not None
-        if self.interpret:
-            record["label"] = "host simulation time"
+        flops, source = _flops(measured.runtime, measured.config, measured.dyn,
+                               measured.static, measured.ref_fn)
+        self._keep_timing(on_chip.record(measured, self.backend["mode"],
+                                         self.backend["platform"], self.interpret, flops,
+                                         source))
+
+    def _keep_timing(self, record: dict[str, Any]) -> None:
         self.result.timing = record
         if (record["speedup"] or record["host_ratio"] or 0.0) > integrity.SUSPICIOUS_SPEEDUP:
             self.flags.append("suspicious_speedup")
@@ -770,32 +674,6 @@ class Evaluation:
             self.result.extra["threads_left"] = list(report.threads)[:10]
 
 
-def _measured_json(found: timing.DeviceTiming, where: tuple) -> dict[str, Any]:
-    """The ``estimate`` op's measured figures on a TPU host, beside the estimate."""
-    _runtime, config, dyn, _static, _ref = where
-    if found.kernel is None or found.baseline is None:
-        return {"unavailable": f"the kernel's output at {config.name} was wrong: "
-                               f"{found.failure}"}
-    kernel, baseline = found.kernel["median_ms"], found.baseline["median_ms"]
-    return {"method": found.method, "device": found.device, "shape": config.name,
-            "shape_label": shape_label([(a.shape, a.dtype) for a in dyn]),
-            "median_ms": kernel, "p10_ms": found.kernel["p10_ms"],
-            "p90_ms": found.kernel["p90_ms"], "baseline_median_ms": baseline,
-            "speedup": baseline / kernel if kernel else None,
-            "why_not_device_trace": found.why_not_trace, "per_call_wall": found.per_call}
-
-
-def _export_platform(backend: dict[str, Any], route: str | None) -> str | None:
-    """Where the judge runs the candidate's exported programs itself: on a TPU host
-    always (libtpu admits one process per chip, and the judge holds it), elsewhere only
-    when the options ask for that route (``route = "exported"``: a CPU host runs it with
-    the kernels in the plain interpreter, to test the route without a TPU)."""
-    platform = str(backend.get("platform") or "cpu")
-    if platform == "tpu" or route == "exported":
-        return platform
-    return None
-
-
 def _own_chip(backend: dict[str, Any]) -> str | None:
     """On a TPU host: the device's own chip (its device time ranks kernels)."""
     if backend.get("platform") != "tpu":
@@ -806,6 +684,19 @@ def _own_chip(backend: dict[str, Any]) -> str | None:
         return chip_for_device("tpu", backend.get("device_kind") or "").name
     except KeyError:
         return None
+
+
+def _flops(runtime: Any, config: ShapeConfig, dyn: tuple, static: tuple,
+           ref_fn: Any) -> tuple[float | None, str]:
+    """The work at ``config``: the task's own count, else XLA's cost analysis of the
+    reference (most JAXBench workloads give none); and which it is."""
+    try:
+        flops = runtime.flops(config, dyn)
+    except Exception:
+        flops = None
+    if flops is not None:
+        return flops, "task"
+    return _xla_flops(ref_fn, dyn, static), "xla_cost_analysis"
 
 
 def _xla_flops(ref_fn: Any, dyn: tuple, static: tuple) -> float | None:
