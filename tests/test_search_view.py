@@ -167,3 +167,34 @@ def test_review_needs_a_session_or_a_task() -> None:
     proc = subprocess.run([sys.executable, "-m", "tilewright.tui.cli", "review"], capture_output=True,
                           text=True)
     assert proc.returncode == 2 and "either a SESSION" in proc.stderr
+
+
+async def test_a_child_the_person_rejected_is_not_proposed_again(tmp_path) -> None:
+    """Review (human-in-the-loop search): the next child of the same version is asked
+    with the rejected proposal in its request, so the offline agent proposes another."""
+    task = load_task(SUITE / "native_scale_shift", {"rows": 16})
+    # one child of v1, two attempts at it: the second is asked after the first's rejection
+    config = SearchConfig(beam_width=1, branching=1, max_rounds=1, max_attempts=2,
+                          approval="user", budget=Budget(nodes=3))
+    async with MarkedJudge() as executor:
+        search = Search.create(tmp_path, task, brief(task), make_agent("offline"), executor,
+                               config, eval_options=EvalOptions(trials=1, time_budget_s=0.2))
+        changed = asyncio.Event()
+        search.subscribe(lambda _e: changed.set())
+
+        async def until(predicate) -> None:
+            while not predicate():
+                changed.clear()
+                await asyncio.wait_for(changed.wait(), 60)
+
+        job = asyncio.ensure_future(search.run())
+        await until(lambda: search.awaiting() == ["p1"])
+        search.reject("p1")
+        await until(lambda: search.awaiting() == ["p2"])
+        search.reject("p2")
+        await asyncio.wait_for(job, 60)
+    proposals = {e["proposal"]: e for e in load(search.log.path).events
+                 if e["type"] == "agent.proposal"}
+    first, second = proposals["p1"], proposals["p2"]
+    assert (first.get("tuning"), first.get("source_blob"), first["summary"]) != \
+        (second.get("tuning"), second.get("source_blob"), second["summary"])

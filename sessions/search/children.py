@@ -23,7 +23,7 @@ from tilewright.profiling.diagnose import check_with_estimates
 from tilewright.sessions import events as ev
 from tilewright.sessions.actions import Expand
 from tilewright.sessions.agent_turn import AgentTurn
-from tilewright.sessions.control.context import history
+from tilewright.sessions.control.context import history, rejected
 from tilewright.sessions.core import Decision, SessionCore
 from tilewright.sessions.log import read_json_blob
 from tilewright.sessions.search.graph import SearchState
@@ -70,7 +70,11 @@ class ChildMaker:
             current = tunables.config_of(source)
         except tunables.TunablesError:
             return None
-        known = {v.source_blob for v in self.state.session.versions.values()}
+        session = self.state.session
+        # measured, or rejected (by the person or the rules): never proposed again
+        known = {v.source_blob for v in session.versions.values()} | {
+            p.source_blob for p in session.proposals.values()
+            if p.decision == "reject" and p.source_blob}
         names = sorted(legal)
         start = action.slot[3] % max(1, len(names))
         for name in names[start:] + names[:start]:
@@ -133,7 +137,9 @@ class ChildMaker:
                             best_version=self.state.best(),
                             latest_version=max(s.versions, default=None),
                             base_reason=reason, lookups=tuple(s.lookups),
-                            backend=s.header.get("backend"))
+                            backend=s.header.get("backend"),
+                            # what the person (or the rules) rejected is never asked again
+                            rejected=rejected(s, lambda sha: self.log.get_blob(sha).decode()))
 
     def _diagnosis(self, lineage: int, parent: int | None) -> dict[str, Any] | None:
         """What the lineage's profiles found: the parent's own diagnosis, else its nearest
