@@ -42,3 +42,22 @@ def test_the_listing_fits_80_columns_and_names_the_reason() -> None:
     text = " ".join(line.strip() for line in lines)
     assert "v7x: TPU v7x" in text and "compiles only" in text
     assert "v5e (default off-TPU)" in text and "compiles and estimates" in text
+
+
+def test_estimate_compiles_for_the_chip_the_config_names(tmp_path) -> None:
+    """One chip setting: `[backend] chip` in the config decides the judge's chip for the
+    kernel commands too (a flag still wins)."""
+    import json
+    import os
+
+    config = tmp_path / "config.toml"
+    config.write_text('[backend]\nchip = "v6e"\n')
+    env = {**os.environ, "TILEWRIGHT_CONFIG": str(config)}
+    base = [sys.executable, "-m", "tilewright.tui.cli", "estimate", "--task", "gelu",
+            "--set", "production.rows=256", "--set", "production.cols=1024", "--json"]
+    said = subprocess.run(base, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert said.returncode == 0, said.stderr[-2000:]
+    assert json.loads(said.stdout)["tpu"]["chip"] == "v6e"
+    flag = subprocess.run([*base, "--chip", "v5e"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert json.loads(flag.stdout)["tpu"]["chip"] == "v5e"
