@@ -510,6 +510,9 @@ def reference_estimate(plan: ReferencePlan, deadline: float, memory_mb: int,
                              process=kind, fingerprint=plan.full.fingerprint)
         if whole.get("compile") == "ok" and whole.get("records") is not None:
             verdict = {k: v for k, v in whole.items() if k != "records"}
+            if _total(whole["records"]) <= 0:
+                return None, verdict, ("the TPU compiler (estimator) priced the XLA reference "
+                                       "at 0 cycles (ops it cannot price)")
             return _labelled(estimates.estimate_of(whole["records"], chip), plan), verdict, None
     verdict = comp.compile(plan.full.blob, chip, "verdict", deadline, memory_mb,
                            fingerprint=plan.full.fingerprint)
@@ -539,14 +542,17 @@ def reference_estimate(plan: ReferencePlan, deadline: float, memory_mb: int,
             if answer.get("compile") != "ok" or answer.get("records") is None:
                 why = why or _reference_why(answer, f" with {name} at {n}")
                 break
+            if _total(answer["records"]) <= 0:  # nothing priced: no figure to scale
+                why = why or (f"the TPU compiler (estimator) priced the XLA reference at 0 "
+                              f"cycles with {name} at {n} (ops it cannot price)")
+                break
             records.append(answer["records"])
         if len(records) == 2 or time.monotonic() > deadline:
             break
     if len(records) != 2:
         return None, verdict, why
     (n1, _), (n2, _) = pair
-    totals = [sum(int(r["cycles"]) * int(r.get("count") or 1) for r in recs)
-              for recs in records]
+    totals = [_total(recs) for recs in records]
     full = int(plan.value or n2)
     value, linear, spread = scale_reference(totals[0], totals[1], n1, n2, full)
     found = estimates.estimate_of(
@@ -560,6 +566,11 @@ def reference_estimate(plan: ReferencePlan, deadline: float, memory_mb: int,
     found["ops"] = [{"name": f"XLA reference ({len(records[1])} ops, extrapolated)",
                      "kind": "xla", "cycles": value}]
     return _labelled(found, plan), verdict, None
+
+
+def _total(records: list[dict[str, Any]]) -> int:
+    """A program's cycles: every op's, times the identical ops its record stands for."""
+    return sum(int(r["cycles"]) * int(r.get("count") or 1) for r in records)
 
 
 def _labelled(found: dict[str, Any], plan: ReferencePlan) -> dict[str, Any]:
