@@ -237,8 +237,9 @@ def _named(fn: Callable[..., Any], name: str) -> Any:
     return jax.jit(call)
 
 
-def time_on_device(program: Any, ref_fn: Any, runtime: Any, config: Any, tree: str | None, tolerance: tuple[float, float], static: tuple, *,
-                   iters: int | None, budget_s: float, logdir: str) -> DeviceTiming:
+def time_on_device(program: Any, ref_fn: Any, runtime: Any, config: Any, tree: str | None,
+                   tolerance: tuple[float, float], static: tuple, *, iters: int | None,
+                   budget_s: float, logdir: str) -> DeviceTiming:
     """Time the candidate's compiled exported ``program`` and the XLA reference the same
     way on this process's device: a few fresh input sets on the device, every set's
     output checked against the reference, then N calls of each issued back to back
