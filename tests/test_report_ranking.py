@@ -132,3 +132,16 @@ def test_a_revert_clears_the_problems_of_the_version_reverted_from(tmp_path: Pat
     assert state.current == 1
     assert not any("worker gone" in p.message
                    for p in SessionView(state, BlobCache(lambda sha: None)).problems())
+
+
+def test_the_report_chart_has_its_legend_and_ticks_and_scaled_is_explained(
+        tmp_path: Path) -> None:
+    from tilewright.sessions.recorded.report import SCALED_WORDS, svg_chart
+
+    loaded = load(_session(tmp_path))
+    state = fold(loaded.header, loaded.events)
+    chart = svg_chart(state)
+    assert "best ranking number so far" in chart and "this evaluation" in chart
+    assert all(f">v{n}</text>" in chart for n in (1, 2, 3))  # an x tick per evaluation
+    page = html_report(loaded, state)
+    assert "extrapolated" in page and SCALED_WORDS.split(":")[0].strip('"') in page

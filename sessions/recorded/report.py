@@ -208,6 +208,8 @@ def markdown(loaded: LoadedSession, state: SessionState) -> str:
                          f"| {best} | {flags} | {error} |")
     else:
         lines.append("Nothing was evaluated.")
+    if "scaled" in "\n".join(lines):
+        lines += ["", SCALED_WORDS]
     lines += _chain_markdown(state)
     if final is not None:
         lines += ["", f"## Final kernel (v{final})", "", "```python",
@@ -269,10 +271,30 @@ def svg_chart(state: SessionState, width: int = 640, height: int = 240) -> str:
             parts.append(f'<circle cx="{x(i):.1f}" cy="{y(rank.value):.1f}" r="3" '
                          f'fill="{colour}"><title>v{p["version"]} {p["status"]} '
                          f'{html.escape(rank.words(short=True))}</title></circle>')
-    parts.append(f'<text x="{width / 2}" y="{height - 8}" font-size="11" '
-                 f'text-anchor="middle">evaluation</text>')
+    # x ticks: each evaluation's version, at most about ten labels
+    step = max(1, -(-n // 10))
+    for i in range(0, n, step):
+        parts.append(f'<line x1="{x(i):.1f}" y1="{y(0)}" x2="{x(i):.1f}" y2="{y(0) + 4}" '
+                     f'stroke="#999"/>')
+        parts.append(f'<text x="{x(i):.1f}" y="{y(0) + 15}" font-size="9" '
+                     f'text-anchor="middle">v{points[i]["version"]}</text>')
+    parts.append(f'<text x="{width / 2}" y="{height - 4}" font-size="11" '
+                 f'text-anchor="middle">evaluation (the version evaluated)</text>')
+    # legend: what the line and the dots are
+    lx = width - pad - 170
+    parts += [f'<line x1="{lx}" y1="{pad - 22}" x2="{lx + 18}" y2="{pad - 22}" '
+              f'stroke="#1f6feb" stroke-width="2"/>',
+              f'<text x="{lx + 22}" y="{pad - 19}" font-size="10">best ranking number so far</text>',
+              f'<circle cx="{lx + 9}" cy="{pad - 9}" r="3" fill="#2da44e"/>',
+              f'<text x="{lx + 22}" y="{pad - 6}" font-size="10">this evaluation (red: not correct)</text>']
     parts.append("</svg>")
     return "\n".join(parts)
+
+
+SCALED_WORDS = ("\"scaled\": a figure the TPU compiler's estimator could not give whole "
+                "(too costly at the production shape) was worked out at smaller sizes of the "
+                "program (a shortened grid, or fewer rows of the reference) and extrapolated "
+                "to the production shape; the detail of each estimate says from which sizes.")
 
 
 def html_report(loaded: LoadedSession, state: SessionState) -> str:
@@ -295,7 +317,8 @@ def html_report(loaded: LoadedSession, state: SessionState) -> str:
              "<table><tr><th>t</th><th>proposal</th><th>kind</th><th>summary</th>"
              "<th>decision</th><th>by</th><th>note</th></tr>" + rows + "</table>"
              if rows else "<p>No decisions were made.</p>",
-             "<h2>Best rank per evaluation</h2>", svg_chart(state)]
+             "<h2>Best rank per evaluation</h2>", svg_chart(state),
+             f"<p><small>{e(SCALED_WORDS)}</small></p>"]
     chain = chain_rows(state)
     if chain:
         head = "".join(f"<th>{e(c)}</th>" for c in CHAIN_HEAD)
