@@ -145,3 +145,18 @@ def test_the_report_chart_has_its_legend_and_ticks_and_scaled_is_explained(
     assert all(f">v{n}</text>" in chart for n in (1, 2, 3))  # an x tick per evaluation
     page = html_report(loaded, state)
     assert "extrapolated" in page and SCALED_WORDS.split(":")[0].strip('"') in page
+
+
+def test_a_result_toast_on_a_narrow_screen_is_one_short_line() -> None:
+    from tilewright.kernels.judge.result import Rank
+    from tilewright.tui.session.presenter import describe_result
+
+    rank = Rank("tpu_estimate", 0.35, "v5e", "8192x8192", kernel_s=1e-3, status="correct",
+                fidelity={"class": "memory_bound", "chip": "v6e", "median_ratio": 0.81,
+                          "within_2x": 1.0, "rows": 4})
+    event = {"type": "run.result", "version": 1, "status": "correct", "correct": True,
+             "rank": rank.to_json()}
+    wide, _ = describe_result(event)
+    narrow, _ = describe_result(event, narrow=True)
+    assert "trust:" in wide and "8192x8192" in wide
+    assert narrow == "v1 correct · est. 0.35x"

@@ -263,7 +263,8 @@ class WorkbenchScreen(Screen):
                 str(e.get("kind")), "evaluating")
             self.query_one(ActivityLine).start(f"{what} v{e.get('version')}")
         elif e["type"] == "run.result":
-            text, severity = describe_result(cast("ev.RunResult", e))
+            text, severity = describe_result(cast("ev.RunResult", e),
+                                             narrow=bool(self.query_one(PaneGrid).narrow))
             self.notify(text, severity=severity, timeout=5, markup=False)  # type: ignore[arg-type]
         elif e["type"] == "profile.result":
             if e.get("error"):

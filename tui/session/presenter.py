@@ -34,8 +34,10 @@ def describe_stop(event: ev.AutoStop) -> tuple[str, str]:
     return text, "information" if calm else "warning"
 
 
-def describe_result(event: ev.RunResult) -> tuple[str, str]:
-    """(toast text, severity) for a run.result event."""
+def describe_result(event: ev.RunResult, narrow: bool = False) -> tuple[str, str]:
+    """(toast text, severity) for a run.result event. ``narrow`` (panes as tabs, under
+    120 columns): the number in short words, one line that covers no pane; the whole
+    wording is in the chat and the History pane."""
     v = event.get("version")
     if event.get("status") == "error":  # the evaluator failed, not the kernel
         return f"evaluation of v{v} failed (see the error below)", "error"
@@ -53,6 +55,8 @@ def describe_result(event: ev.RunResult) -> tuple[str, str]:
         if rank is not None and rank.source != "none":  # disqualified: says why
             # Beside a compiler figure, how far such figures hold for its chip and class
             # (and, in its words, when the memory floor decided it, both figures).
+            if narrow:
+                return f"v{v} correct · {rank.words(short=True)}", "information"
             trust = rank.trust_words()
             return f"v{v} correct · {rank.words()}" + (f" · trust: {trust}" if trust else ""), \
                 "information"
