@@ -94,11 +94,13 @@ class ProblemsPane(Vertical):
                     for c, h in enumerate((" ", "kind", "where")))
         width = max(20, (self.content_size.width or 80) - fixed - 3)
         limit = self.MAX_LINES if not self.is_maximized else 40
+        zoom = _zoom_key(self.app)
         for i, (icon, kind, where, message) in enumerate(rows):
             lines = textwrap.wrap(" ".join(message.split()), width) or [""]
-            if len(lines) > limit:
+            if len(lines) > limit:  # cut: say where the rest is
+                more = f"… ({zoom} shows all)"
                 lines = lines[:limit]
-                lines[-1] = lines[-1][:max(0, width - 1)] + "…"
+                lines[-1] = lines[-1][:max(0, width - len(more))] + more
             # Plain Text cells: a message is often the candidate's own words, and a str
             # cell would be parsed as console markup ([link=...], [bold]...).
             table.add_row(icon, Text(kind), Text(where), Text("\n".join(lines)),
@@ -126,3 +128,13 @@ class ProblemsPane(Vertical):
             self.post_message(self.Jump(problem.line))
         else:
             self.app.notify(problem.message, title=problem.kind, timeout=6, markup=False)
+
+
+def _zoom_key(app: object) -> str:
+    """The key that zooms a pane, as the keymap in force says it."""
+    try:
+        from tilewright.tui import keymap
+
+        return keymap.say(app, "maximize", joiner="/")  # type: ignore[arg-type]
+    except Exception:  # an app without a keymap (a widget test's host)
+        return "zoom"
