@@ -557,3 +557,21 @@ def test_the_diagnosed_grow_stops_at_blocks_that_fit_vmem_at_the_production_shap
     step = tuner.next_step(source, obs, dims, None, model)
     assert step is not None and step.config == {"BLOCK_ROWS": 64}  # 256 would not fit
     assert tuner.next_step(source, obs, dims).config == {"BLOCK_ROWS": 512}  # unmodelled
+
+
+async def test_the_end_of_tuning_says_what_happened_to_each_neighbour() -> None:
+    """A configuration the person rejected never ran: the tuner's last word counts it
+    as rejected, not as measured."""
+    task = load_task("softmax")
+    source = tunables.apply(task.starting_source(), {"BLOCK_ROWS": 256})
+    measured = [(512, 0.5), (128, 0.4), (256, 0.6)]
+    history = tuple({"version": n, "status": "correct", "rank": est(s),
+                     "tunables": {"BLOCK_ROWS": b}} for n, (b, s) in enumerate(measured, 1))
+    rejected = ({"proposal": "p9", "kind": "tuning", "tuning": {"BLOCK_ROWS": 32},
+                 "config": {"BLOCK_ROWS": 32}, "by": "user", "note": None},)
+    done = AgentRequest("tune", agents.brief(task), source, 3, history=history, chip="v5e",
+                        last_eval=estimated(0.6), rejected=rejected)
+    outcome, _events = await _propose(done)
+    assert isinstance(outcome, Finished)
+    assert "(3 measured, 1 rejected by you (not run))" in outcome.message
+    assert "every neighbour" not in outcome.message

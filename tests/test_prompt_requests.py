@@ -262,3 +262,14 @@ def test_the_model_reads_the_production_output_shape_and_why_a_figure_is_missing
     assert ("At the production shape production: inputs f32[4096,8192], f32[8192,8192] -> "
             "output f32[4096,8192].") in text
     assert "unavailable" in text and "4096 MB memory limit" in text
+
+
+def test_the_model_is_told_when_an_f32_reference_judged_its_bf16_output() -> None:
+    from tilewright.agents.prompts.evaltext import eval_text
+
+    result = {"status": "correct", "correctness": {
+        "correct": True, "trials": 3, "atol": 0.02, "rtol": 0.02,
+        "judged_against": "the reference computed in f32 from the same inputs, the written "
+                          "(low-precision) reference's own error there allowed"}}
+    text = eval_text(result, None, set(), version=2)
+    assert "judged against the reference computed in f32" in text

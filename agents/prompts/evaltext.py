@@ -104,6 +104,10 @@ def _correctness_lines(result: dict[str, Any], n: dict[str, Any],
                  f". Enforced: |out - ref| <= min({atol:g}, 5% of max|ref|) + {rtol:g} * |ref|")
         line += ", and rms(out - ref) <= 10% of std(ref) + rtol * rms(ref)"
     lines = [line + "."]
+    judged = corr.get("judged_against")
+    if isinstance(judged, str) and "f32" in judged:
+        lines.append("The task's reference is low precision (bf16/f16): this output was "
+                     f"judged against {judged}.")
     if reason:
         # The harness's words, but they quote the output (its pytree's structure, its
         # values), which the candidate chose: fenced like the rest of its output.

@@ -223,6 +223,9 @@ def print_summary(result: Any, task_name: str, kernel: str) -> None:
             f"rtol {correctness['rtol']:g})"))
         if correctness.get("reason"):
             table.add_row("", escape(correctness["reason"]))
+        judged = correctness.get("judged_against")
+        if judged and "f32" in judged:  # the bf16 reference was the imprecise side
+            table.add_row("", escape(f"judged against {judged}"))
         for shape in result.extra.get("shapes", []):
             mark = "✓" if shape["correct"] else "✗"
             label = "held-out" if shape.get("held_out") else _params(shape.get("params"))
