@@ -89,6 +89,9 @@ class SearchScreen(Screen):
             self._unsubscribe = self.search.subscribe(lambda _e: self.post_message(
                 self.Changed()))
         self.refresh_tree()
+        if self.selected is None and self.tree_nodes:  # the node under the cursor, shown
+            self.selected = next(iter(self.tree_nodes))
+            self.show_detail(self.selected)
         tree.focus()
 
     def on_unmount(self) -> None:
