@@ -143,7 +143,8 @@ def test_report_markdown_and_html(finished: Path, tmp_path: Path) -> None:
     assert tw("report", finished.name, "--session-dir", str(finished.parent),
               "-o", str(html)).returncode == 0
     page = html.read_text()
-    assert "<svg" in page and page.count("<circle") == 3 and "<path d=\"M" in page
+    # a dot per evaluation (each titled with its rank), besides the legend's
+    assert "<svg" in page and page.count("</title></circle>") == 3 and "<path d=\"M" in page
     bad = tw("report", str(finished), "-o", str(tmp_path / "r.pdf"))
     assert bad.returncode == 2 and "unknown format" in bad.stderr
 
