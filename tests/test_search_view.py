@@ -33,6 +33,20 @@ class Host(App):
         self.push_screen(self._search_screen)
 
 
+def waiter(search: Search):
+    """``await until(predicate)``: returns once ``predicate()`` holds, woken by each
+    event the search writes (never a sleep)."""
+    changed = asyncio.Event()
+    search.subscribe(lambda _e: changed.set())
+
+    async def until(predicate) -> None:
+        while not predicate():
+            changed.clear()
+            await asyncio.wait_for(changed.wait(), 60)
+
+    return until
+
+
 def _estimate(speedup: float | None, status: str = "correct") -> dict:
     """A run.result's rank (kernels.judge.result.Rank as JSON): the TPU compiler's estimate."""
     if speedup is None:
@@ -103,13 +117,7 @@ async def test_human_in_the_loop_approve_reject_prune(tmp_path) -> None:
     async with MarkedJudge() as executor:
         search = Search.create(tmp_path, task, brief(task), make_agent("offline"), executor,
                                config, eval_options=EvalOptions(trials=1, time_budget_s=0.2))
-        changed = asyncio.Event()
-        search.subscribe(lambda _e: changed.set())
-
-        async def until(predicate) -> None:
-            while not predicate():
-                changed.clear()
-                await asyncio.wait_for(changed.wait(), 60)
+        until = waiter(search)
 
         screen = SearchScreen(search=search)
         async with Host(screen).run_test(size=(120, 36)) as pilot:
@@ -179,13 +187,7 @@ async def test_a_child_the_person_rejected_is_not_proposed_again(tmp_path) -> No
     async with MarkedJudge() as executor:
         search = Search.create(tmp_path, task, brief(task), make_agent("offline"), executor,
                                config, eval_options=EvalOptions(trials=1, time_budget_s=0.2))
-        changed = asyncio.Event()
-        search.subscribe(lambda _e: changed.set())
-
-        async def until(predicate) -> None:
-            while not predicate():
-                changed.clear()
-                await asyncio.wait_for(changed.wait(), 60)
+        until = waiter(search)
 
         job = asyncio.ensure_future(search.run())
         await until(lambda: search.awaiting() == ["p1"])
