@@ -102,7 +102,7 @@ def analyze_jaxpr(closed: Any, *, chip: Chip, task_flops: float | None = None,
 
 def find_pallas_calls(jaxpr: Any, times: int = 1, where: str = "") -> Iterator[tuple[Any, int, str]]:
     """Every pallas_call eqn, with how many times it runs per call (scan lengths multiply)."""
-    from jax._src import core as jcore
+    from jax.extend import core as jcore
 
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "pallas_call":

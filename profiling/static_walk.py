@@ -73,8 +73,8 @@ def _eval_with_prefetch(closed: Any, grid_indices: list[Any], prefetch: list[Any
     """vmap the index map over the grid with the scalar-prefetch refs bound to values."""
     import jax
     import numpy as np
-    from jax._src import core as jcore
     from jax._src.state import discharge as state_discharge
+    from jax.extend import core as jcore
 
     pure = state_discharge.discharge_state(closed)  # refs in, values (and refs) out
     n_out = len(closed.jaxpr.outvars)
@@ -100,7 +100,7 @@ def prefetch_values(closed: Any, args: list[Any]) -> dict[int, list[Any]]:
 def _eval_prefetch(jaxpr: Any, consts: list[Any], args: list[Any], tainted: list[bool],
                    found: dict[int, list[Any]]) -> tuple[list[Any], list[bool]]:
     import numpy as np
-    from jax._src import core as jcore
+    from jax.extend import core as jcore
 
     env: dict[Any, Any] = {}
     dirty: set[Any] = set()
@@ -145,7 +145,7 @@ def _eval_prefetch(jaxpr: Any, consts: list[Any], args: list[Any], tainted: list
 
 def _eval_numpy(jaxpr: Any, consts: list[Any], args: list[Any]) -> list[Any]:
     import numpy as np
-    from jax._src import core as jcore
+    from jax.extend import core as jcore
 
     table = _np_table()
     env: dict[Any, Any] = {}
@@ -184,7 +184,7 @@ def _eval_numpy(jaxpr: Any, consts: list[Any], args: list[Any]) -> list[Any]:
 def _eval_jax(closed: Any, grid_indices: list[Any]) -> list[Any]:
     import jax
     import numpy as np
-    from jax._src import core as jcore
+    from jax.extend import core as jcore
 
     fn = jax.vmap(jcore.jaxpr_as_fun(closed))
     with jax.default_device(jax.devices("cpu")[0]):
@@ -242,7 +242,7 @@ def _step_value(eqn: Any, env: dict[Any, Any], steps: _StepIndex) -> list[Any] |
     """The outputs of a scalar equation for every grid step, when they follow from
     program ids, grid sizes and literals alone; None otherwise."""
     import numpy as np
-    from jax._src import core as jcore
+    from jax.extend import core as jcore
 
     name = eqn.primitive.name
     if name == "program_id":
@@ -341,7 +341,7 @@ def _walk_cond(eqn: Any, times: float, acc: dict[str, Any], steps: _StepIndex | 
     """A ``cond`` (``pl.when``, ``lax.cond``): each branch on the steps it runs on when
     the predicate is known per grid step, else its costliest branch on every step."""
     import numpy as np
-    from jax._src import core as jcore
+    from jax.extend import core as jcore
 
     branches = eqn.params["branches"]
     index_atom = eqn.invars[0]
@@ -385,7 +385,7 @@ def _walk_cond(eqn: Any, times: float, acc: dict[str, Any], steps: _StepIndex | 
 
 
 def _branch_env(jaxpr: Any, operands: list[Any], env: dict[Any, Any]) -> dict[Any, Any]:
-    from jax._src import core as jcore
+    from jax.extend import core as jcore
 
     inner: dict[Any, Any] = {}
     for var, atom in zip(jaxpr.invars, operands, strict=False):
@@ -395,7 +395,7 @@ def _branch_env(jaxpr: Any, operands: list[Any], env: dict[Any, Any]) -> dict[An
 
 
 def _jaxprs_in(value: Any) -> list[Any]:
-    from jax._src import core as jcore
+    from jax.extend import core as jcore
 
     if isinstance(value, jcore.ClosedJaxpr):
         return [value.jaxpr]
