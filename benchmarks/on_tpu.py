@@ -48,8 +48,9 @@ def _seconds_ms(section: Any) -> float | None:
     return float(seconds) * 1e3 if isinstance(seconds, int | float) else None
 
 
-def row(name: str, reply: dict[str, Any]) -> dict[str, Any]:
-    """One program's figures from an ``estimate`` reply."""
+def row(name: str, reply: dict[str, Any], on_tpu: bool) -> dict[str, Any]:
+    """One program's figures from an ``estimate`` reply (``on_tpu``: this host has a
+    chip, so a missing measurement has another reason than no TPU)."""
     tpu = reply.get("tpu") or {}
     measured = tpu.get("measured") or {}
     kernel_est = _seconds_ms(tpu.get("estimate"))
@@ -61,7 +62,9 @@ def row(name: str, reply: dict[str, Any]) -> dict[str, Any]:
                                             or measured.get("shape_label")) if x),
         "method": measured.get("method"),
         "why_not_measured": measured.get("unavailable")
-        or (None if kernel_ms is not None else "no TPU on this host"),
+        or (None if kernel_ms is not None else
+            f"not measured: the estimate's status was {reply.get('status')}" if on_tpu
+            else "no TPU on this host"),
         "reference_ms": ref_ms, "reference_est_ms": ref_est,
         "reference_est_over_measured": ref_est / ref_ms if ref_est and ref_ms else None,
         "kernel_ms": kernel_ms, "kernel_est_ms": kernel_est,
@@ -154,7 +157,7 @@ async def main(argv: list[str] | None = None) -> int:
                 else f"no TPU ({backend.platform} host)")
         for name, task, source in found:
             reply = await pool.estimate(task, source, EvalOptions(timeout_s=args.timeout))
-            rows.append(row(name, reply))
+            rows.append(row(name, reply, backend.platform == "tpu"))
             print(f"  {name}: {reply.get('status')}", file=sys.stderr, flush=True)
     print_table(rows, chip, when)
     if args.json:

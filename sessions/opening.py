@@ -108,10 +108,11 @@ def _is_tpu(name: str) -> bool:
 
 
 def configured_chip(config: Config | Mapping[str, Any] | None) -> str | None:
-    """The chip the config names: ``[eval] chip`` (what the judge compiles for), else
-    ``[backend] chip``; None: the device's own."""
-    config = coerce(config)
-    return (config.eval or {}).get("chip") or config.backend.chip
+    """The chip the config names (``kernels.judge.options.configured_chip``: ``[eval]
+    chip``, else ``[backend] chip``); None: the device's own."""
+    from tilewright.kernels.judge.options import configured_chip as from_config
+
+    return from_config(coerce(config))
 
 
 def eval_options(config: Config | Mapping[str, Any] | None,

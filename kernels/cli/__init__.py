@@ -50,16 +50,11 @@ def subcommand(sub: argparse._SubParsersAction, name: str, summary: str, descrip
 
 
 def configured_chip(args: argparse.Namespace) -> str | None:
-    """The chip the config file names (``tui.cli`` puts the loaded config on ``args``):
-    ``[eval] chip``, else ``[backend] chip``; None: the host's own (a flag still wins).
-    The same rule as a session's (``sessions.opening.configured_chip``), read here
-    without importing the config's layer."""
-    config = getattr(args, "config", None)
-    if config is None:
-        return None
-    table = getattr(config, "eval", None) or {}
-    named = table.get("chip") if hasattr(table, "get") else None
-    return named or getattr(getattr(config, "backend", None), "chip", None)
+    """The chip the config file names (``tui.cli`` puts the loaded config on ``args``),
+    by the one rule (``kernels.judge.options.configured_chip``); a flag still wins."""
+    from tilewright.kernels.judge.options import configured_chip as from_config
+
+    return from_config(getattr(args, "config", None))
 
 
 def kernel_command(sub: argparse._SubParsersAction, name: str, summary: str,

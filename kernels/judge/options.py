@@ -95,3 +95,15 @@ def _from_json(cls: type[_Options], data: dict[str, Any] | None) -> _Options:
             continue
         given[spec.name] = value
     return cls(**given)
+
+
+def configured_chip(config: Any) -> str | None:
+    """The chip a loaded config names (``agents.config.Config``, read by its fields: this
+    layer does not import the config's): ``[eval] chip`` (what the judge compiles for),
+    else ``[backend] chip``; None: the host's own. The one rule a session
+    (``sessions.opening.choose_chip``) and the kernel commands (``kernels.cli``) follow."""
+    if config is None:
+        return None
+    table = getattr(config, "eval", None) or {}
+    named = table.get("chip") if hasattr(table, "get") else None
+    return named or getattr(getattr(config, "backend", None), "chip", None)

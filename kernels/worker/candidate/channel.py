@@ -366,9 +366,8 @@ class CandidateChannel:
 
     def call(self, config: str, dyn: tuple, static: tuple) -> float:
         """A timed call on inputs staged just before it: the judge's clock around the
-        round trip of ``call`` (never the candidate's own word)."""
-        if self.runner is not None:
-            return self.runner.call(config, dyn, self.pallas_line)
+        round trip of ``call`` (never the candidate's own word). The exported route is
+        timed on the judge's device instead (``evaluation.on_chip``)."""
         self.request("stage", {"config": config}, judge.pickled(dyn, static))
         started = time.perf_counter()
         self.request("call", {})
@@ -376,8 +375,6 @@ class CandidateChannel:
 
     def fetch(self, expected: Host, tree: str | None) -> Host:
         """The last timed call's outputs."""
-        if self.runner is not None:
-            return self.runner.fetch(expected, tree)
         return self._outputs(*self.request("fetch", {}, b"", max_blob(expected)), expected,
                              tree)
 

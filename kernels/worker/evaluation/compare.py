@@ -25,7 +25,8 @@ tolerance while being closer to the truth. So such outputs are also judged again
 reference computed from the same inputs in f32 (``precise``), with the bf16 reference's
 own error at each element allowed on top of the tolerance (``judge_output``): a kernel is
 correct when it is close to the reference as written, or to the f32 one as the written
-one is. A kernel that forgets a term is far from both. ``Verdict.basis`` says which.
+one is. A kernel that forgets a term is far from both. ``judge_output`` also returns
+which reference decided (``AS_WRITTEN`` or ``PRECISE``).
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def is_low_precision(dtype: Any) -> bool:
 
 
 def judge_output(output: Host, expected: Host, precise: Host | None, atol: float,
-          rtol: float) -> tuple[Comparison, str]:
+                 rtol: float) -> tuple[Comparison, str]:
     """``compare`` against the reference as written, else (a low-precision output with a
     ``precise`` f32 reference) against that one with the written reference's own error
     allowed element by element; the comparison that decided, and what it was against."""

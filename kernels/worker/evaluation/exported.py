@@ -80,7 +80,6 @@ class ExportedPrograms:
     platform: str
     output_limit: int = 0  # bytes; 0: no limit (set per configuration by the judge)
     programs: dict[str, Program] = field(default_factory=dict)
-    last: list[Any] | None = None
     adopted_s: float = 0.0
 
     def adopt(self, config: str, blob: bytes, dyn: tuple, kernel_line: int | None,
@@ -146,23 +145,6 @@ class ExportedPrograms:
         import jax
 
         out = self._execute(config, jax.tree.leaves(dyn), kernel_line)
-        dtype = out[0].dtype if out else None
-        return Host([np.asarray(leaf).astype(np.float32) for leaf in out],
-                    tree or expected.tree, dtype)
-
-    def call(self, config: str, dyn: tuple, kernel_line: int | None = None) -> float:
-        """A timed call by the judge's clock (dispatch included: labelled as such where
-        it is used), its outputs kept for ``fetch``."""
-        import jax
-
-        flat = jax.tree.leaves(jax.device_put(dyn))
-        jax.block_until_ready(flat)
-        started = time.perf_counter()
-        self.last = self._execute(config, flat, kernel_line)
-        return time.perf_counter() - started
-
-    def fetch(self, expected: Host, tree: str | None) -> Host:
-        out = self.last or []
         dtype = out[0].dtype if out else None
         return Host([np.asarray(leaf).astype(np.float32) for leaf in out],
                     tree or expected.tree, dtype)

@@ -156,7 +156,9 @@ def _profile(out: dict[str, Any], proc: Any, spec: dict[str, Any], source: str,
     static_only = bool(options.get("static_only"))
     # A host with a chip: only the judge may open it, so the candidate process analyses
     # and exports, and the run under the profiler is the judge's, of that program.
-    export_for = _export_platform(out["backend"], options.get("route"))
+    from tilewright.kernels.worker.evaluation.on_chip import export_platform
+
+    export_for = export_platform(out["backend"], options.get("route"))
     exported: dict[str, Any] = {}
     try:
         reply = _in_candidate_process(proc, spec, source, filename, interpret, target.name, {
@@ -233,13 +235,6 @@ class _Fault(Exception):
     def __init__(self, error: dict[str, Any]) -> None:
         super().__init__(error.get("message"))
         self.error = error
-
-
-def _export_platform(backend: dict[str, Any], route: str | None) -> str | None:
-    """Where the judge runs the profiled program itself (as ``eval`` does): a TPU host,
-    or any host asked for the exported route."""
-    platform = str(backend.get("platform") or "cpu")
-    return platform if platform == "tpu" or route == "exported" else None
 
 
 def _capture_exported(exported: dict[str, Any], platform: str, dyn: Any, config: str,

@@ -625,13 +625,10 @@ def _keep(record: dict[str, Any], answer_why: str | None) -> bool:
 
 def reference_memory_mb(memory_mb: int) -> int:
     """The reference's compile process may use more than a candidate's (it runs once per
-    task and chip, and a big XLA program's estimate needed 5-16 GB here): up to a third of
-    the host's memory, at most 12 GiB, never less than ``memory_mb``."""
-    try:
-        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
-    except (ValueError, OSError, AttributeError):
-        return memory_mb
-    return max(memory_mb, int(min(total / 3, 12 * 1024)))
+    task and chip, and a big XLA program's estimate needed 5-16 GB here): what the host
+    gives a compile that needs more (``compile_pool.raised_memory_mb``: a third of its
+    memory, at most 12 GiB), never less than ``memory_mb``."""
+    return max(memory_mb, compile_pool.raised_memory_mb())
 
 
 @contextlib.contextmanager
