@@ -1,0 +1,178 @@
+"""Device times of a set of programs on this host's chip: the measured side of the
+estimate's fidelity (``benchmarks/estimate_fidelity.py`` reads the rows).
+
+Each program is the XLA reference of a task and one kernel for it, at the task's
+production shape: the bundled tasks' starting kernels across their tunables
+(``bundled:NAME``, up to ``--points`` points of each task's TUNABLES, the starting
+point first), and task directories (``DIR`` or ``DIR:KERNEL.py``; a JAXBench task
+without a kernel is its baseline run as the kernel, and ``DIR:optimized.py`` is
+JAXBench's hand-tuned Pallas kernel). JAXBench tasks run in the dtype JAXBench
+benchmarks them in (``--dtype``, bfloat16 by default).
+
+Timed by the judge's own device timing (``timing.time_on_device``): fresh input sets on
+the chip, every set's output checked against the reference, then N calls of kernel and
+reference under the profiler, each call's duration from the trace's device plane
+(pipelined calls where no trace can be had: the row's ``method`` says which). This
+process holds the chip and runs the kernels' Python itself: a benchmark of programs
+we chose, not the judge (which never runs candidate Python on the chip).
+
+    python benchmarks/measure_on_chip.py bundled:gelu bundled:softmax DIR ... \
+        --out rows.jsonl [--points 12] [--budget 2]
+
+One JSON row per program is appended to ``--out`` as soon as it is measured, so a run
+cut short keeps what it measured. A program that fails to compile (VMEM, HBM) or gives
+a wrong answer is a row too, with its status and the compiler's words.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from tilewright.kernels.source import tunables
+from tilewright.kernels.tasks.loaders import load_task
+
+
+def sweep(source: str, points: int) -> list[dict[str, Any]]:
+    """The starting point, then up to ``points - 1`` others of TUNABLES' product, spread
+    over it (every k-th point), in a fixed order."""
+    table = tunables.read(source)
+    if not table:
+        return [{}]
+    names = sorted(table)
+    start = {n: table[n][0] for n in names}
+    grid = [dict(zip(names, combo, strict=True))
+            for combo in itertools.product(*(table[n][1] for n in names))]
+    others = [p for p in grid if p != start]
+    step = max(1, len(others) // max(points - 1, 1))
+    return [start] + others[::step][: points - 1]
+
+
+def programs(items: list[str], points: int, dtype: str,
+             sets: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """(task, kernel source, label, variant) for each program asked for; ``sets``: the
+    loader's overrides (``production.KEY`` sizes the production shape)."""
+    found = []
+    for item in items:
+        if item.startswith("bundled:"):
+            task = load_task(item.split(":", 1)[1], sets)
+            source = Path(task.kernel_path).read_text()
+            for point in sweep(source, points):
+                label = ",".join(f"{k}={v}" for k, v in sorted(point.items())) or "start"
+                found.append({"task": task, "source": tunables.apply(source, point)
+                              if point else source, "kernel": label, "variant": point})
+            continue
+        directory, _, kernel = item.partition(":")
+        task = load_task(directory, {**(sets or {}), **({"dtype": dtype}
+                                                         if _is_jaxbench(directory) else {})})
+        path = Path(directory) / kernel if kernel else task.kernel_path
+        if path is None or not Path(path).is_file():
+            path = Path(directory) / "baseline.py"
+        found.append({"task": task, "source": Path(path).read_text(),
+                      "kernel": Path(path).name, "variant": {}})
+    return found
+
+
+def _is_jaxbench(directory: str) -> bool:
+    return (Path(directory) / "baseline.py").is_file()
+
+
+def measure(entry: dict[str, Any], budget_s: float) -> dict[str, Any]:
+    import jax
+
+    from tilewright.kernels.judge.result import shape_label
+    from tilewright.kernels.worker.evaluation import timing
+    from tilewright.kernels.worker.execution import execution_mode, jitted_reference
+    from tilewright.kernels.worker.runtime import load_runtime
+
+    task = entry["task"]
+    production = task.production_task() or task
+    runtime = load_runtime(production.to_spec())
+    config = production.shapes[0]
+    dyn, static = runtime.make_inputs(config, jax.random.PRNGKey(0))
+    ref_fn = jitted_reference(runtime, len(dyn), len(static))
+    out = jax.eval_shape(lambda *d: ref_fn(*d, *static), *dyn)
+    kernel_fn = runtime.load_candidate(entry["source"], f"<{entry['kernel']}>")
+    leaves, treedef = jax.tree.flatten(tuple(dyn))
+
+    def program(*flat: Any) -> Any:
+        return kernel_fn(*jax.tree.unflatten(treedef, list(flat)), *static)
+
+    row: dict[str, Any] = {
+        "task": task.name, "family": task.family, "kernel": entry["kernel"],
+        "variant": entry["variant"], "shape": shape_label([(a.shape, a.dtype) for a in dyn]),
+        "config": config.name, "dtype": str(jax.tree.leaves(out)[0].dtype)}
+    interpret = jax.default_backend() == "cpu"
+    with tempfile.TemporaryDirectory(prefix="tw-measure-") as logdir, \
+            execution_mode(interpret):
+        found = timing.time_on_device(
+            jax.jit(program), ref_fn, runtime, config, None,
+            runtime.tolerance(config, jax.tree.leaves(out)[0].dtype), static, iters=None,
+            budget_s=budget_s, logdir=logdir)
+    if found.kernel is None or found.baseline is None:
+        return {**row, "status": "incorrect", "error": found.failure}
+    return {**row, "status": "measured", "method": found.method, "device": found.device,
+            "kernel_ms": found.kernel["median_ms"], "kernel_p10_ms": found.kernel["p10_ms"],
+            "kernel_p90_ms": found.kernel["p90_ms"],
+            "reference_ms": found.baseline["median_ms"],
+            "reference_p10_ms": found.baseline["p10_ms"],
+            "reference_p90_ms": found.baseline["p90_ms"],
+            "speedup": found.baseline["median_ms"] / found.kernel["median_ms"],
+            "pipelined": found.pipelined, "per_call_wall": found.per_call,
+            "why_not_device_trace": found.why_not_trace}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("items", nargs="+", help="bundled:NAME, DIR or DIR:KERNEL.py")
+    parser.add_argument("--out", required=True, help="JSON lines, appended")
+    parser.add_argument("--points", type=int, default=12, help="tunable points per task")
+    parser.add_argument("--dtype", default="bfloat16", help="JAXBench tasks' dtype")
+    parser.add_argument("--budget", type=float, default=2.0,
+                        help="seconds of calls per program (10 to 200 calls)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a loader override for every task (production.KEY=V sizes "
+                        "the production shape; a test off a TPU)")
+    args = parser.parse_args(argv)
+    import jax
+
+    device = jax.devices()[0]
+    chip = getattr(device, "device_kind", str(device))
+    common = {"chip": chip, "platform": device.platform, "date":
+              datetime.date.today().isoformat(), "jax": jax.__version__}
+    sets = dict(item.split("=", 1) for item in args.set)
+    listed = programs(args.items, args.points, args.dtype, sets)
+    print(f"measure_on_chip: {len(listed)} programs on {chip}", file=sys.stderr, flush=True)
+    with open(args.out, "a") as fh:
+        for entry in listed:
+            started = time.perf_counter()
+            try:
+                row = measure(entry, args.budget)
+            except Exception as exc:  # a compile refusal (VMEM, HBM) is a row too
+                words = f"{type(exc).__name__}: {exc}"
+                row = {"task": entry["task"].name, "family": entry["task"].family,
+                       "kernel": entry["kernel"], "variant": entry["variant"],
+                       "status": "failed", "error": words[:2000],
+                       "where": traceback.format_exc(limit=-3)[-800:]}
+            row.update(common, seconds=round(time.perf_counter() - started, 2))
+            fh.write(json.dumps(row) + "\n")
+            fh.flush()
+            print(f"  {row['task']} {row['kernel']}: {row['status']} "
+                  f"ref {row.get('reference_ms')} kernel {row.get('kernel_ms')} "
+                  f"({row.get('method')}, {row['seconds']} s) {row.get('error', '')[:200]}",
+                  file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    sys.exit(main())
