@@ -294,3 +294,16 @@ def test_device_time_reads_an_xspace_directly_and_a_host_plane_is_none() -> None
     fn(x).block_until_ready()
     traced, why = timing._traced_calls(fn, [(x,)], fn, [(x,)], 3, logdir)
     assert traced is None and "no device plane" in why
+
+
+def test_a_quiet_fallback_to_the_cpu_on_a_tpu_host_is_named(monkeypatch) -> None:
+    """With JAX_PLATFORMS unset, JAX records the TPU's failure and opens the CPU: on a
+    host with a chip attached the judge says why instead of judging in the interpreter;
+    on a host without one (a laptop with libtpu installed) it is no failure."""
+    from jax._src import xla_bridge
+
+    monkeypatch.setitem(xla_bridge._backend_errors, "tpu", LIBTPU_BUSY)
+    monkeypatch.setattr(chip, "attached", lambda: True)
+    assert chip.quiet_failure() == LIBTPU_BUSY
+    monkeypatch.setattr(chip, "attached", lambda: False)
+    assert chip.quiet_failure() is None

@@ -34,7 +34,7 @@ async def test_eval_on_the_chip_ranks_by_device_time() -> None:
         result = await pool.evaluate(gelu, gelu.kernel_path.read_text(),
                                      EvalOptions(timeout_s=600.0))
         data = result.to_json()
-        assert result.status == "correct", data.get("error")
+        assert result.status == "correct", (data.get("error"), (data.get("stderr") or "")[-3000:])
         assert data["backend"]["platform"] == "tpu"
         assert data["extra"]["candidate_process"]["route"] == "exported"
         assert data["timing"]["method"] == "device_trace", data["timing"]

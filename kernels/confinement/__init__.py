@@ -86,6 +86,11 @@ __all__ = [
 
 FILE_SIZE_LIMIT = 1 << 30  # 1 GiB: room for a profile, not for filling the disk
 NPROC_MARGIN = 256  # tasks (threads count) a worker may add beyond its own start-up need
+# On a TPU host the worker opens the chip after it is confined, and libtpu then starts
+# its runtime's threads (on the v5e at hand, 13 cores: enough to leave a candidate
+# process under the plain margin unable to start one, "can't start new thread", and
+# XLA's thread pools in it aborting). RLIMIT_NPROC counts every task of the user.
+TPU_RUNTIME_TASKS = 2048
 
 # Environment knobs (documented in docs/SECURITY.md; ENV_MOUNTS and ENV_PRIVATE_SHM are
 # the namespaces').
@@ -137,6 +142,10 @@ def _rlimits(host_uid: int | None = None) -> dict[str, Any]:
     else:
         cores = os.cpu_count() or 1
         limit = _user_tasks(uid) + NPROC_MARGIN + 8 * cores  # XLA starts threads per core
+        if tpu_host():  # room for the TPU runtime the worker starts after this
+            limit += TPU_RUNTIME_TASKS
+            report["nproc_note"] = (f"{TPU_RUNTIME_TASKS} more for the TPU runtime's threads "
+                                    "(started when the worker opens the chip)")
         _soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
         if hard != resource.RLIM_INFINITY:
             limit = min(limit, hard)

@@ -101,6 +101,26 @@ def holders(proc: str = "/proc", paths: tuple[str, ...] = (*CHIP_PATHS, LOCKFILE
     return found
 
 
+def attached() -> bool:
+    """A TPU chip's device node is on this host (/dev/accel*, /dev/vfio/N)."""
+    return bool(glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+def quiet_failure() -> str | None:
+    """Why the TPU backend failed in this process when JAX fell back to the CPU without a
+    word: with ``JAX_PLATFORMS`` unset, JAX tries the TPU, records its failure (libtpu's
+    lockfile message when the chip is held) and opens the CPU instead, so a judge on a
+    TPU host would judge in the interpreter, slowly, unasked. None when the backend is
+    the TPU, no TPU was tried, or none is attached (a laptop with libtpu installed)."""
+    import jax
+    from jax._src import xla_bridge
+
+    if jax.default_backend() == "tpu" or not attached():
+        return None
+    errors = getattr(xla_bridge, "_backend_errors", {}) or {}
+    return errors.get("tpu")
+
+
 def busy_error(exc: BaseException | str, platform: str = "TPU") -> ChipBusyError:
     """The error a judge gives when it cannot open its chip because it is held."""
     text = str(exc)

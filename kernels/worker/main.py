@@ -181,13 +181,21 @@ def main(argv: list[str] | None = None) -> int:
     keep_compiled_programs(confined)
     # The backend opens here: on a TPU host this process holds the chip for its life (its
     # children run on the CPU, kernels.worker.chip), and a first kernel pays Mosaic's start.
+    from tilewright.kernels.worker import chip
+
     try:
         warm_up(kernel=True)
+        failed = chip.quiet_failure()  # JAX fell back to the CPU: say why, do not judge
+        if failed is not None:
+            raise RuntimeError(f"Unable to initialize backend 'tpu': {failed}")
     except Exception as exc:
-        from tilewright.kernels.worker import chip
-
         if not chip.is_busy_message(str(exc)):
-            raise
+            if "backend 'tpu'" not in str(exc):
+                raise
+            print(f"TpuStartError: the TPU is attached but its backend did not start, so "
+                  f"nothing is judged (set JAX_PLATFORMS=cpu to judge on the CPU): {exc}",
+                  file=sys.stderr, flush=True)
+            return 3
         # One line the app's start-up error quotes (``WorkerStartError``): who holds it.
         print(f"ChipBusyError: {chip.busy_error(exc)}", file=sys.stderr, flush=True)
         return 3
