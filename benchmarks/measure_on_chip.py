@@ -74,9 +74,12 @@ def programs(items: list[str], points: int, dtype: str,
         directory, _, kernel = item.partition(":")
         task = load_task(directory, {**(sets or {}), **({"dtype": dtype}
                                                          if _is_jaxbench(directory) else {})})
-        path = Path(directory) / kernel if kernel else task.kernel_path
-        if path is None or not Path(path).is_file():
+        if kernel:
+            path = Path(directory) / kernel
+        elif _is_jaxbench(directory):  # the published program itself, as the kernel
             path = Path(directory) / "baseline.py"
+        else:
+            path = task.kernel_path
         found.append({"task": task, "source": Path(path).read_text(),
                       "kernel": Path(path).name, "variant": {}})
     return found

@@ -61,3 +61,16 @@ def program_times_in_planes(planes: list[Plane], name: str) -> ProgramTimes | No
         if found:
             return ProgramTimes(name, found, plane)
     return None
+
+
+def what_planes_hold(planes: list[Plane]) -> str:
+    """A short account of a trace's device planes, for a message saying why a program
+    was not found there: each plane's lines, and the first module names."""
+    devices = [(p, line, events) for p, line, events in planes if p.startswith("/device:")]
+    if not devices:
+        return "no /device: plane: no accelerator ran these programs"
+    said = []
+    for plane, line, events in devices[:6]:
+        names = sorted({n for n, _ in events})[:3]
+        said.append(f"{plane} {line!r}: {len(events)} events {names}")
+    return "; ".join(said)

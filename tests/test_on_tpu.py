@@ -11,6 +11,7 @@ The same logic is tested without a TPU in ``tests/test_chip_route.py``.
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -34,7 +35,7 @@ async def test_eval_on_the_chip_ranks_by_device_time() -> None:
         result = await pool.evaluate(gelu, gelu.kernel_path.read_text(),
                                      EvalOptions(timeout_s=600.0))
         data = result.to_json()
-        assert result.status == "correct", (data.get("error"), (data.get("stderr") or "")[-3000:])
+        assert result.status == "correct", json.dumps(data.get("error"))[:3000]
         assert data["backend"]["platform"] == "tpu"
         assert data["extra"]["candidate_process"]["route"] == "exported"
         assert data["timing"]["method"] == "device_trace", data["timing"]

@@ -199,6 +199,7 @@ class WorkerProcess:
         # files); the judge gives its candidate process this directory to read.
         self.tasks = TaskCopies(os.path.join(self.scratch, TASKS_DIRNAME))
         self.confinement: dict[str, Any] | None = None
+        self.device_memory_mb = 0
         self.serving_pid: int | None = None  # differs from proc.pid inside a PID namespace
         # Read once: the values a candidate's output must never carry back.
         self.secrets = secret_values()
@@ -251,6 +252,11 @@ class WorkerProcess:
         self.backend = ready["backend"]
         self.ops = ready.get("ops", [])
         self.confinement = ready.get("confinement")
+        # The chip's memory mapped into the worker (kernels.worker.main._device_memory_mb)
+        # is not the host memory the watch is for.
+        device_mb = ready.get("device_memory_mb")
+        self.device_memory_mb = device_mb if isinstance(device_mb, int) and device_mb > 0 \
+            else 0
         # The serving process, found in the subtree of the process we started (its own
         # word for its pid is checked against that subtree, never taken as it is).
         claimed = ready.get("serving_pid") if isinstance(ready.get("serving_pid"), int) \
@@ -296,7 +302,8 @@ class WorkerProcess:
         nonce = secrets.token_hex(16)
         self.writer.write(protocol.encode({"id": request_id, "nonce": nonce, "op": op,
                                            "payload": payload}))
-        watch = asyncio.ensure_future(self._watch_memory(memory_limit_mb))
+        watch = asyncio.ensure_future(self._watch_memory(memory_limit_mb
+                                                         + self.device_memory_mb))
         loop = asyncio.get_running_loop()
         until = loop.time() + timeout_s
         try:

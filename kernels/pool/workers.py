@@ -399,7 +399,7 @@ class WorkerPool:
             self._replace(worker)  # the candidate left it untrustworthy (patched, threads)
         elif reply.get("recycle"):
             self._replace(worker)  # the judge itself changed: never reuse it
-        elif (worker.rss_mb() or 0.0) > RECYCLE_FRACTION * self.memory_limit_mb:
+        elif (worker.rss_mb() or 0.0) > RECYCLE_FRACTION * self.memory_limit_mb + worker.device_memory_mb:
             self._replace(worker)  # caches of many candidates add up: start afresh
         else:
             self._release(worker)

@@ -287,9 +287,10 @@ def time_on_device(program: Any, ref_fn: Any, runtime: Any, config: Any, tree: s
         """Per-call means of PIPELINED_BATCHES batches of calls issued back to back."""
         means = []
         size = max(n // PIPELINED_BATCHES, 1)
+        window = in_flight(fn, args[0])
         for _ in range(PIPELINED_BATCHES):
             started = time.perf_counter()
-            jax.block_until_ready([fn(*args[i % len(args)]) for i in range(size)])
+            issue(fn, args, size, window)
             means.append((time.perf_counter() - started) / size)
         return means
 
@@ -325,6 +326,30 @@ def time_on_device(program: Any, ref_fn: Any, runtime: Any, config: Any, tree: s
                         why_not_trace=why, checked=checked, input_sets=count)
 
 
+IN_FLIGHT_BYTES = 2 << 30  # outputs of calls issued back to back, alive at once
+
+
+def in_flight(fn: Any, args: tuple) -> int:
+    """How many calls of ``fn`` may be in flight at once: their outputs all stay alive
+    until the wait, so a program with a 256 MiB output issued 20 times ran a 16 GiB chip
+    out of memory (JAXBench's 5p_Flex_Attention on the v5e). At least 2."""
+    import jax
+
+    out = jax.eval_shape(fn, *args)
+    size = sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(out))
+    return max(2, IN_FLIGHT_BYTES // max(size, 1))
+
+
+def issue(fn: Any, args: list[Any], n: int, window: int) -> None:
+    """``n`` calls issued back to back, waiting every ``window`` calls (their outputs
+    dropped), cycling through ``args``."""
+    import jax
+
+    for start in range(0, n, window):
+        jax.block_until_ready([fn(*args[i % len(args)])
+                               for i in range(start, min(n, start + window))])
+
+
 def _traced_calls(candidate: Any, flat_args: list[Any], reference: Any, dyn_args: list[Any],
                   n: int, logdir: str) -> tuple[tuple[list[float], list[float], str] | None,
                                                 str | None]:
@@ -343,14 +368,15 @@ def _traced_calls(candidate: Any, flat_args: list[Any], reference: Any, dyn_args
     except Exception as exc:  # another trace running, no profiler plugin
         return None, f"the profiler did not start: {short_message(exc)[:200]}"
     try:
-        jax.block_until_ready([candidate(*flat_args[i % len(flat_args)]) for i in range(n)])
-        jax.block_until_ready([reference(*dyn_args[i % len(dyn_args)]) for i in range(n)])
+        issue(candidate, flat_args, n, in_flight(candidate, flat_args[0]))
+        issue(reference, dyn_args, n, in_flight(reference, dyn_args[0]))
     finally:
         jax.profiler.stop_trace()
     planes = sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")))
     if not planes:
         return None, "the profiler wrote no trace"
     kernel = ref = None
+    read: list[Any] = []
     try:  # the XSpace read directly (jax's own reader: no xprof needed)
         read = _planes(planes[-1])
         kernel = device_time.program_times_in_planes(read, CANDIDATE_NAME)
@@ -366,7 +392,8 @@ def _traced_calls(candidate: Any, flat_args: list[Any], reference: Any, dyn_args
         kernel = device_time.program_times(timeline, CANDIDATE_NAME)
         ref = device_time.program_times(timeline, REFERENCE_NAME)
     if kernel is None or ref is None:
-        return None, "the trace has no device plane with these programs (no accelerator)"
+        return None, ("the trace has no device plane with these programs "
+                      f"({device_time.what_planes_hold(read) if read else 'unread'})")
     # The executions of these n calls: the last n (the warm-up ran before the trace).
     if kernel.count < n or ref.count < n:
         return None, (f"the device plane holds {kernel.count} and {ref.count} executions "
