@@ -54,7 +54,7 @@ def sweep(source: str, points: int) -> list[dict[str, Any]]:
             for combo in itertools.product(*(table[n][1] for n in names))]
     others = [p for p in grid if p != start]
     step = max(1, len(others) // max(points - 1, 1))
-    return [start] + others[::step][: points - 1]
+    return [start, *others[::step][:points - 1]]
 
 
 def programs(items: list[str], points: int, dtype: str,
@@ -105,7 +105,7 @@ def measure(entry: dict[str, Any], budget_s: float) -> dict[str, Any]:
     ref_fn = jitted_reference(runtime, len(dyn), len(static))
     out = jax.eval_shape(lambda *d: ref_fn(*d, *static), *dyn)
     kernel_fn = runtime.load_candidate(entry["source"], f"<{entry['kernel']}>")
-    leaves, treedef = jax.tree.flatten(tuple(dyn))
+    _leaves, treedef = jax.tree.flatten(tuple(dyn))
 
     def program(*flat: Any) -> Any:
         return kernel_fn(*jax.tree.unflatten(treedef, list(flat)), *static)

@@ -11,6 +11,7 @@ profile's device plane.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -307,3 +308,36 @@ def test_a_quiet_fallback_to_the_cpu_on_a_tpu_host_is_named(monkeypatch) -> None
     assert chip.quiet_failure() == LIBTPU_BUSY
     monkeypatch.setattr(chip, "attached", lambda: False)
     assert chip.quiet_failure() is None
+
+
+def test_a_baseline_submitted_as_its_kernel_is_split_by_call_order() -> None:
+    """The v5e's device plane named all 2n executions of a JAXBench baseline run as its
+    own kernel after the candidate's jit (one program, compiled once): the first n are
+    the kernel's calls, the last n the reference's."""
+    plane = [("/device:TPU:0", "XLA Modules",
+              [(f"jit_tw_candidate({i})", float(t)) for i, t in enumerate([9, 1, 2, 3, 4, 5, 6])])]
+    kernel = device_time.program_times_in_planes(plane, "tw_candidate")
+    ref = device_time.program_times_in_planes(plane, "tw_reference")
+    assert ref is None
+    k, r = device_time.one_program_twice(kernel, ref, 3)
+    assert (k.durations_us, r.durations_us) == ((1.0, 2.0, 3.0), (4.0, 5.0, 6.0))
+    assert device_time.one_program_twice(kernel, None, 4) == (kernel, None)  # too few
+    said = device_time.what_planes_hold(plane)
+    assert "XLA Modules" in said and "jit_tw_candidate" in said
+    assert "no accelerator" in device_time.what_planes_hold(
+        [("/host:CPU", "python", [("x", 1.0)])])
+
+
+def test_a_tpu_host_worker_leaves_rlimit_nproc_alone() -> None:
+    """On a TPU host libtpu's runtimes start threads no count foresees (a candidate on
+    the v5e could not start one under a lowered limit): the limit is left as it is."""
+    code = ("import os, resource, json; os.environ['JAX_PLATFORMS'] = 'tpu'\n"
+            "from tilewright.kernels import confinement\n"
+            "before = resource.getrlimit(resource.RLIMIT_NPROC)\n"
+            "report = confinement._rlimits(12345)\n"
+            "print(json.dumps([before == resource.getrlimit(resource.RLIMIT_NPROC), "
+            "report.get('nproc_reason', '')]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={**os.environ, "JAX_PLATFORMS": "tpu"})
+    unchanged, reason = json.loads(out.stdout.strip().splitlines()[-1])
+    assert unchanged and reason.startswith("TPU host")

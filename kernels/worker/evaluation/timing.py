@@ -381,6 +381,7 @@ def _traced_calls(candidate: Any, flat_args: list[Any], reference: Any, dyn_args
         read = _planes(planes[-1])
         kernel = device_time.program_times_in_planes(read, CANDIDATE_NAME)
         ref = device_time.program_times_in_planes(read, REFERENCE_NAME)
+        kernel, ref = device_time.one_program_twice(kernel, ref, n)
     except Exception:  # an older reader: xprof's conversion below
         kernel = ref = None
     if kernel is None or ref is None:
@@ -391,6 +392,7 @@ def _traced_calls(candidate: Any, flat_args: list[Any], reference: Any, dyn_args
             return None, f"the trace could not be read: {short_message(exc)[:200]}"
         kernel = device_time.program_times(timeline, CANDIDATE_NAME)
         ref = device_time.program_times(timeline, REFERENCE_NAME)
+        kernel, ref = device_time.one_program_twice(kernel, ref, n)
     if kernel is None or ref is None:
         return None, ("the trace has no device plane with these programs "
                       f"({device_time.what_planes_hold(read) if read else 'unread'})")
