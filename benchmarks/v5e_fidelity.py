@@ -82,7 +82,8 @@ async def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the compared rows here")
     parser.add_argument("--timeout", type=float, default=1800.0)
     args = parser.parse_args(argv)
-    rows = [json.loads(line) for line in open(args.rows) if line.strip()]
+    with open(args.rows) as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
     if args.only:
         rows = [r for r in rows if r["task"] in args.only]
     jaxbench = Path(args.jaxbench) if args.jaxbench else None

@@ -253,6 +253,19 @@ def test_an_estimate_below_the_kernels_own_work_is_not_believed() -> None:
     assert run._implausible(low, [{**plans[0], "work_exact": False}]) is None
 
 
+def test_a_program_priced_at_zero_cycles_in_all_is_not_ranked_on_it() -> None:
+    """JAXBench's 9p_SwiGLU_MLP baseline submitted as its kernel: the estimator priced
+    its three HBM-moving fusions at 0 cycles, and the estimate read 0.0 s (the reason
+    given was "no estimate for the XLA reference", which had one)."""
+    from tilewright.kernels.worker.tpu.verdict import ProductionRun
+
+    zero = {"cycles": 0, "seconds": 0.0, "ops": [{"name": "fusion", "kind": "xla", "cycles": 0}],
+            "incomplete": {"ops": ["fusion"], "count": 3, "bytes": 939524096}}
+    said = ProductionRun._all_zero(zero)
+    assert said is not None and "0 cycles" in said and "3 ops move 896 MiB" in said
+    assert ProductionRun._all_zero({"cycles": 10, "ops": []}) is None
+
+
 # -- through a session: an agent's proposals in autonomous mode ---------------------------
 
 @ON_MODULE_LOOP

@@ -89,9 +89,13 @@ def kernel_argument(parser: argparse.ArgumentParser,
 
 
 def overrides_argument(parser: argparse.ArgumentParser, help: str | None = None) -> None:
-    """``--set KEY=VALUE`` (repeatable), into ``args.overrides``."""
+    """``--set KEY=VALUE`` (repeatable), into ``args.overrides``; the help says how the
+    production size is set (``production.KEY=VALUE``)."""
+    said = help or "override a parameter (repeatable)"
+    said += ("; KEY=VALUE sizes the check shapes, production.KEY=VALUE the production "
+             "shape (what verdicts, estimates and rankings are for)")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        metavar="KEY=VALUE", help=help)
+                        metavar="KEY=VALUE", help=said)
 
 
 def usage_error(command: str, message: str) -> int:

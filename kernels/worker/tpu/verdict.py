@@ -393,12 +393,14 @@ class ProductionRun:
         else:
             section["kernel_time_s"] = fidelity.kernel_time(estimate, section["floor"])
             section["implausible"] = self._implausible(estimate, plans)
-            section["unpriced"] = self._unpriced(estimate, plans)
+            section["unpriced"] = self._unpriced(estimate, plans) or self._all_zero(estimate)
         if estimate is not None and ref is not None and ref.get("cycles") \
                 and estimate.get("cycles"):
             section["compiler_speedup"] = ref["cycles"] / estimate["cycles"]
             section["estimated_speedup"], section["basis"] = fidelity.floored_speedup(
                 estimate, ref, section["floor"])
+        elif estimate is not None and not estimate.get("cycles"):
+            section["estimate_unavailable"] = section["unpriced"]
         elif estimate is not None:
             pending = not record
             section["reference_pending"] = pending
@@ -458,6 +460,22 @@ class ProductionRun:
         return {"kernel_s": least, "reference_s": reference_s,
                 "speedup": reference_s / least, "work": work,
                 "reference": "estimate" if ref_est else "roofline"}
+
+    @staticmethod
+    def _all_zero(estimate: dict[str, Any]) -> str | None:
+        """Why a kernel's program priced at 0 cycles in all is not ranked on that: the
+        estimator gives ops that move data through HBM (DMA type REMOTE) 0 cycles, and a
+        program made of such ops only (JAXBench's 9p_SwiGLU_MLP baseline submitted as its
+        kernel: three fusions, 896 MiB) would read infinitely fast. It is ranked on its
+        bound instead (its floor against the reference's estimate)."""
+        if estimate.get("cycles"):
+            return None
+        missing = estimate.get("incomplete") or {}
+        count, moved = missing.get("count"), missing.get("bytes")
+        what = (f": its {count} ops move {float(moved) / (1 << 20):,.0f} MiB through HBM, "
+                "which the estimator prices at 0 cycles (DMA type REMOTE)"
+                if count and moved else "")
+        return f"the TPU compiler priced the kernel's whole program at 0 cycles{what}"
 
     @staticmethod
     def _unpriced(estimate: dict[str, Any], plans: list[dict[str, Any]]) -> str | None:
