@@ -19,6 +19,9 @@ we chose, not the judge (which never runs candidate Python on the chip).
     python benchmarks/measure_on_chip.py bundled:gelu bundled:softmax DIR ... \
         --out rows.jsonl [--points 12] [--budget 2]
 
+``--smoke``: the starting gelu kernel with a 256x512 production shape, on whatever host
+this is (off a TPU: interpret mode, pipelined calls, labelled): that it runs.
+
 One JSON row per program is appended to ``--out`` as soon as it is measured, so a run
 cut short keeps what it measured. A program that fails to compile (VMEM, HBM) or gives
 a wrong answer is a row too, with its status and the compiler's words.
@@ -136,8 +139,9 @@ def measure(entry: dict[str, Any], budget_s: float) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("items", nargs="+", help="bundled:NAME, DIR or DIR:KERNEL.py")
-    parser.add_argument("--out", required=True, help="JSON lines, appended")
+    parser.add_argument("items", nargs="*", help="bundled:NAME, DIR or DIR:KERNEL.py")
+    parser.add_argument("--out", help="JSON lines, appended (default: a temporary file)")
+    parser.add_argument("--smoke", action="store_true", help="one small gelu: that it runs")
     parser.add_argument("--points", type=int, default=12, help="tunable points per task")
     parser.add_argument("--dtype", default="bfloat16", help="JAXBench tasks' dtype")
     parser.add_argument("--budget", type=float, default=2.0,
@@ -148,6 +152,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="a loader override for every task (production.KEY=V sizes "
                         "the production shape; a test off a TPU)")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.items, args.points = ["bundled:gelu"], 1
+        args.set += ["production.rows=256", "production.cols=512"]
+    if not args.items:
+        parser.error("name at least one program (bundled:NAME, DIR, DIR:KERNEL.py)")
+    if not args.out:
+        args.out = tempfile.mkstemp(prefix="measure-on-chip-", suffix=".jsonl")[1]
     import jax
 
     device = jax.devices()[0]
@@ -160,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     sets = dict(item.split("=", 1) for item in args.set)
     listed = programs(args.items, args.points, args.dtype, sets)
     print(f"measure_on_chip: {len(listed)} programs on {chip}", file=sys.stderr, flush=True)
+    print(f"measure_on_chip: rows to {args.out}", file=sys.stderr, flush=True)
     with open(args.out, "a") as fh:
         for entry in listed:
             started = time.perf_counter()

@@ -13,6 +13,9 @@ estimated against measured kernel times over the task's measured tunings.
     python benchmarks/v5e_fidelity.py [--rows FILE] [--jaxbench DIR] [--only softmax]
         [--json OUT]
 
+``--smoke``: the first measured softmax row, estimated with its production shape shrunk
+to 256x4096 (its ratios then mean nothing): that it runs.
+
 Rows the chip refused (VMEM at compile) are listed with whether the estimate refused
 them too. Nothing is fitted here: the figures are the estimate's as it stands.
 """
@@ -37,10 +40,12 @@ ROOT = Path(__file__).resolve().parent
 ROWS = ROOT / "data" / "v5e_measured_2026-12-06.jsonl"
 
 
-def program(row: dict[str, Any], jaxbench: Path | None) -> tuple[Any, str] | None:
-    """(task, kernel source) of a measured row, or None where it cannot be rebuilt."""
+def program(row: dict[str, Any], jaxbench: Path | None,
+            sets: dict[str, Any] | None = None) -> tuple[Any, str] | None:
+    """(task, kernel source) of a measured row, or None where it cannot be rebuilt;
+    ``sets``: loader overrides for a bundled task (the smoke run's smaller size)."""
     if row["task"] in bundled_names():
-        task = load_task(row["task"])
+        task = load_task(row["task"], sets)
         source = Path(task.kernel_path).read_text()
         return task, tunables.apply(source, row["variant"]) if row["variant"] else source
     if jaxbench is None or not (jaxbench / row["task"]).is_dir():
@@ -81,16 +86,21 @@ async def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", help="these tasks only")
     parser.add_argument("--json", help="write the compared rows here")
     parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument("--smoke", action="store_true", help="one small row: that it runs")
     args = parser.parse_args(argv)
     with open(args.rows) as fh:
         rows = [json.loads(line) for line in fh if line.strip()]
     if args.only:
         rows = [r for r in rows if r["task"] in args.only]
+    sets = None
+    if args.smoke:
+        rows = [r for r in rows if r["task"] == "softmax" and r["status"] == "measured"][:1]
+        sets = {"production.rows": "256"}
     jaxbench = Path(args.jaxbench) if args.jaxbench else None
     out = []
     async with WorkerPool(size=1) as pool:
         for row in rows:
-            built = program(row, jaxbench)
+            built = program(row, jaxbench, sets)
             if built is None:
                 print(f"  {row['task']}: not rebuilt (give --jaxbench)", file=sys.stderr)
                 continue

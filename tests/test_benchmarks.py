@@ -44,6 +44,9 @@ SMOKES = {
         "no checkout: the JAXBench and MaxKernel fixtures listed with `tilewright tasks "
         "--no-check`, the shared-size resolution, the table (no search, no re-check)",
         "inputs generate: 2/2"),
+    "measure_on_chip.py": (
+        "the starting gelu kernel at a 256x512 production shape timed by the judge's "
+        "device timing (off a TPU: interpret mode, pipelined, labelled)", "gelu BLOCK_"),
     "on_tpu.py": (
         "gelu with a 256x1024 production shape through one worker's estimate op; off a "
         "TPU the estimate alone, each measured column saying why it is empty", "est/meas"),
@@ -61,6 +64,9 @@ SMOKES = {
         "without the TPU compile (no second worker, no Ray)", "local x1"),
     "session_scale.py": (
         "a 200-event session written, loaded and folded", "load + fold:"),
+    "v5e_fidelity.py": (
+        "the first measured softmax row estimated with its production shape shrunk to "
+        "256x4096 (ratios meaningless)", "softmax: 1 tunings estimated"),
     "tui_latency.py": (
         "the real app and controller with a streaming agent, three key presses per phase, "
         "no worker started; one first paint of `tilewright` in a pty", "first paint"),
