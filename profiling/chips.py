@@ -176,9 +176,46 @@ ESTIMATOR_REFUSALS: dict[str, str | None] = {
 }
 
 
-def estimator_refusal(name: str) -> str | None:
-    """Why libtpu's estimator gives no figure for this chip (None: it does). Chips it was
+# The first libtpu whose estimator returned cycles for v7x programs on a CPU host (the
+# version jax 0.12 brings, on Python 3.12: a 4096^3 bf16 XLA matmul for tpu7x:2x2x1,
+# 280,908 cycles, measured 2026-12-06); 0.0.42.1 (jax 0.10.2) aborts on them.
+V7X_ESTIMATING_LIBTPU = (0, 0, 50)
+
+
+def installed_libtpu() -> str | None:
+    """The installed libtpu's version from its package metadata (no JAX, no libtpu
+    loaded: the app's process may ask), or None."""
+    from importlib import metadata
+
+    for name in ("libtpu", "libtpu-nightly"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _release(version: str | None) -> tuple[int, ...]:
+    parts = []
+    for piece in (version or "").split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def estimator_refusal(name: str, libtpu: str | None = None) -> str | None:
+    """Why libtpu's estimator gives no figure for this chip (None: it does), for the
+    libtpu in use (``libtpu``: that version instead of the installed one). Chips it was
     never tried on say so."""
+    if name == "v7x":
+        version = libtpu or installed_libtpu()
+        if version and _release(version) >= V7X_ESTIMATING_LIBTPU:
+            return (f"libtpu {version}'s estimator returns cycles for v7x programs, but no "
+                    "v7x clock is published here to turn cycles into time, so v7x compiles "
+                    "without an estimate (verdicts, VMEM, Mosaic's refusals)")
+        needs = ".".join(str(x) for x in V7X_ESTIMATING_LIBTPU)
+        return (f"{ESTIMATOR_REFUSALS['v7x']} (libtpu {version or 'not installed'}; "
+                f"libtpu {needs} or newer, with jax 0.12 on Python 3.12, returns cycles)")
     if name in ESTIMATOR_REFUSALS:
         return ESTIMATOR_REFUSALS[name]
     return "not a TPU generation the estimator was tried on"
