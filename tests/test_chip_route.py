@@ -341,3 +341,26 @@ def test_a_tpu_host_worker_leaves_rlimit_nproc_alone() -> None:
                          check=True, env={**os.environ, "JAX_PLATFORMS": "tpu"})
     unchanged, reason = json.loads(out.stdout.strip().splitlines()[-1])
     assert unchanged and reason.startswith("TPU host")
+
+
+def test_calls_in_flight_are_bounded_by_their_outputs() -> None:
+    """Calls issued back to back keep their outputs alive until the wait: a program with
+    a 1 GiB output gets two in flight (the v5e ran out of HBM with twenty 256 MiB ones),
+    a small one all of them; ``issue`` makes every call."""
+    from tilewright.kernels.worker.evaluation import timing
+
+    big = jax.ShapeDtypeStruct((16384, 16384), jnp.float32)  # 1 GiB, never allocated
+    assert timing.in_flight(lambda x: x, (big,)) == 2
+    small = jnp.ones((8, 128))
+    assert timing.in_flight(lambda x: x, (small,)) > 1000
+    calls = []
+    timing.issue(lambda x: calls.append(1) or x, [(small,)], 7, 3)
+    assert len(calls) == 7
+
+
+def test_a_cpu_worker_reports_no_chip_memory_to_leave_room_for() -> None:
+    """The memory watch adds the chip's memory the worker maps (gVisor counts it as
+    resident); a CPU host has none to add."""
+    from tilewright.kernels.worker.main import _device_memory_mb
+
+    assert _device_memory_mb() == 0
