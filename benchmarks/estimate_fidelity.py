@@ -51,7 +51,6 @@ import argparse
 import asyncio
 import csv
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -65,6 +64,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks" / "lib"))  # helpers, not benchmarks
+from rank_stats import spearman  # noqa: E402
+
 DATA = ROOT / "benchmarks" / "data"
 JAXBENCH_COMMIT = "999e01e96c8b"
 # The guide's times are wall clock per call: below this a call is dispatch-bound (its
@@ -426,24 +427,6 @@ def _print_row(row: dict[str, Any]) -> None:
     print(f"{row['program'][:52]:<52} {row.get('class') or '-':<17} "
           f"{_ms(m)} {_ms(e)} {ratio} {fratio}  "
           f"{row.get('estimate_s_wall', 0):5.0f}s  {str(note)[:60]}", flush=True)
-
-
-def spearman(xs: list[float], ys: list[float]) -> float | None:
-    if len(xs) < 3:
-        return None
-
-    def ranks(values: list[float]) -> list[float]:
-        order = sorted(range(len(values)), key=lambda i: values[i])
-        out = [0.0] * len(values)
-        for rank, i in enumerate(order):
-            out[i] = float(rank)
-        return out
-
-    rx, ry = ranks(xs), ranks(ys)
-    mx, my = statistics.fmean(rx), statistics.fmean(ry)
-    num = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
-    den = math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
-    return num / den if den else None
 
 
 def summarize(ratios: list[float]) -> dict[str, Any]:

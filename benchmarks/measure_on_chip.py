@@ -84,7 +84,8 @@ def programs(items: list[str], points: int, dtype: str,
         else:
             path = task.kernel_path
         found.append({"task": task, "source": Path(path).read_text(),
-                      "kernel": Path(path).name, "variant": {}})
+                      "kernel": Path(path).name, "variant": {},
+                      "task_dtype": dtype if _is_jaxbench(directory) else None})
     return found
 
 
@@ -115,7 +116,8 @@ def measure(entry: dict[str, Any], budget_s: float) -> dict[str, Any]:
 
     row: dict[str, Any] = {
         "task": task.name, "family": task.family, "kernel": entry["kernel"],
-        "variant": entry["variant"], "shape": shape_label([(a.shape, a.dtype) for a in dyn]),
+        "variant": entry["variant"], "task_dtype": entry.get("task_dtype"),
+        "shape": shape_label([(a.shape, a.dtype) for a in dyn]),
         "config": config.name, "dtype": str(jax.tree.leaves(out)[0].dtype)}
     interpret = jax.default_backend() == "cpu"
     with tempfile.TemporaryDirectory(prefix="tw-measure-") as logdir, \

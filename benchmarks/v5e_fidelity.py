@@ -37,6 +37,9 @@ from tilewright.kernels.source import tunables
 from tilewright.kernels.tasks.loaders import bundled_names, load_task
 
 ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "lib"))  # helpers, not benchmarks
+from rank_stats import spearman  # noqa: E402
+
 ROWS = ROOT / "data" / "v5e_measured_2026-12-06.jsonl"
 
 
@@ -51,8 +54,8 @@ def program(row: dict[str, Any], jaxbench: Path | None,
     if jaxbench is None or not (jaxbench / row["task"]).is_dir():
         return None
     directory = jaxbench / row["task"]
-    dtype = row.get("dtype") or "bfloat16"
-    task = load_task(str(directory), {"dtype": dtype if dtype != "float32" else "float32"})
+    # the dtype the task was loaded in (``dtype`` is the output's: 13p's loss is f32)
+    task = load_task(str(directory), {"dtype": row.get("task_dtype") or "bfloat16"})
     return task, (directory / row["kernel"]).read_text()
 
 
@@ -60,23 +63,6 @@ def _ms(section: Any) -> float | None:
     if isinstance(section, dict) and isinstance(section.get("seconds"), int | float):
         return float(section["seconds"]) * 1e3
     return None
-
-
-def spearman(xs: list[float], ys: list[float]) -> float | None:
-    if len(xs) < 3:
-        return None
-
-    def ranks(v: list[float]) -> list[float]:
-        order = sorted(range(len(v)), key=v.__getitem__)
-        out = [0.0] * len(v)
-        for rank, i in enumerate(order):
-            out[i] = float(rank)
-        return out
-
-    rx, ry = ranks(xs), ranks(ys)
-    n = len(xs)
-    d2 = sum((a - b) ** 2 for a, b in zip(rx, ry, strict=True))
-    return 1 - 6 * d2 / (n * (n * n - 1))
 
 
 async def main(argv: list[str] | None = None) -> int:

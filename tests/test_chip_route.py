@@ -304,9 +304,11 @@ def test_a_quiet_fallback_to_the_cpu_on_a_tpu_host_is_named(monkeypatch) -> None
     from jax._src import xla_bridge
 
     monkeypatch.setitem(xla_bridge._backend_errors, "tpu", LIBTPU_BUSY)
-    monkeypatch.setattr(chip, "attached", lambda: True)
+    from tilewright.kernels import confinement
+
+    monkeypatch.setattr(confinement, "chip_attached", lambda: True)
     assert chip.quiet_failure() == LIBTPU_BUSY
-    monkeypatch.setattr(chip, "attached", lambda: False)
+    monkeypatch.setattr(confinement, "chip_attached", lambda: False)
     assert chip.quiet_failure() is None
 
 

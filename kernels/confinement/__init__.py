@@ -109,6 +109,12 @@ def tpu_host() -> bool:
         return True
     if platforms and "tpu" not in platforms:
         return False
+    return chip_attached()
+
+
+def chip_attached() -> bool:
+    """A TPU chip's device node is on this host: /dev/accel* (v4, v5e on most images) or
+    /dev/vfio/N (v5e/v6e VMs, gVisor)."""
     return bool(glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"))
 
 

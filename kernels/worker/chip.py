@@ -101,11 +101,6 @@ def holders(proc: str = "/proc", paths: tuple[str, ...] = (*CHIP_PATHS, LOCKFILE
     return found
 
 
-def attached() -> bool:
-    """A TPU chip's device node is on this host (/dev/accel*, /dev/vfio/N)."""
-    return bool(glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"))
-
-
 def quiet_failure() -> str | None:
     """Why the TPU backend failed in this process when JAX fell back to the CPU without a
     word: with ``JAX_PLATFORMS`` unset, JAX tries the TPU, records its failure (libtpu's
@@ -115,7 +110,9 @@ def quiet_failure() -> str | None:
     import jax
     from jax._src import xla_bridge
 
-    if jax.default_backend() == "tpu" or not attached():
+    from tilewright.kernels.confinement import chip_attached
+
+    if jax.default_backend() == "tpu" or not chip_attached():
         return None
     errors = getattr(xla_bridge, "_backend_errors", {}) or {}
     return errors.get("tpu")

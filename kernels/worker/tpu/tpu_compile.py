@@ -373,12 +373,13 @@ def read_dump(dump: str) -> list[dict[str, Any]]:
 
 
 def libtpu_version() -> str | None:
-    """The installed libtpu's version (part of every cached compile's key)."""
-    from importlib import metadata
+    """The installed libtpu's version (part of every cached compile's key): its package's
+    (``profiling.chips.installed_libtpu``), else the library file's size and time."""
+    from tilewright.profiling.chips import installed_libtpu
 
-    for name in ("libtpu", "libtpu-nightly"):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            return metadata.version(name)
+    version = installed_libtpu()
+    if version is not None:
+        return version
     path = libtpu_path()
     if path is None:
         return None
