@@ -182,6 +182,24 @@ def test_jaxbench_overrides_config_keys_constants_and_dtype() -> None:
     assert task.shapes[0].params == {"batch_size": 8, "dim": 128}
 
 
+def test_a_jaxbench_task_loads_in_its_published_dtype(tmp_path: Path) -> None:
+    """JAXBench's benchmark() calls create_inputs() with its default: that is the dtype
+    the task runs in, at the check shapes and at production; --set dtype= changes it."""
+    bf16 = load_task(FIXTURES / "jaxbench_scaled_tanh", {"rows": "16", "cols": "256"})
+    assert bf16.meta["dtype"] == "bfloat16"
+    assert bf16.production_task().meta["dtype"] == "bfloat16"
+    assert load_task(FIXTURES / "jaxbench_scaled_tanh",
+                     {"dtype": "float32"}).meta["dtype"] == "float32"
+    text = (FIXTURES / "jaxbench_scaled_tanh" / "baseline.py").read_text()
+    for default, expected in (("jnp.float32", "float32"), ("None", "float32"),
+                              ("jnp.float16", "float16")):
+        root = tmp_path / expected / default
+        root.mkdir(parents=True)
+        (root / "baseline.py").write_text(text.replace("dtype=jnp.bfloat16",
+                                                       f"dtype={default}"))
+        assert load_task(root).meta["dtype"] == expected, default
+
+
 def test_maxkernel_overrides_input_gen_constants() -> None:
     task = load_task(FIXTURES / "maxkernel_row_scale", {"ROWS": "16"})
     assert [s.params for s in task.shapes] == [{"index": 0, "ROWS": 16}, {"index": 1, "ROWS": 16}]
@@ -475,6 +493,7 @@ def test_candidates_keep_their_filename_and_line_numbers(tmp_path: Path) -> None
 
 def test_jaxbench_runtime_overrides_reach_baseline_and_candidate() -> None:
     import jax
+    import jax.numpy as jnp
     import numpy as np
     from jax.experimental.pallas import tpu as pltpu
 
@@ -483,7 +502,8 @@ def test_jaxbench_runtime_overrides_reach_baseline_and_candidate() -> None:
     original_key, original_prng_key = jax.random.key, jax.random.PRNGKey
     config = rt.configs()[0]
     (x, w), static = rt.make_inputs(config, _key(1))
-    assert (x.shape, w.shape, x.dtype, static) == ((16, 256), (1, 256), np.float32, ())
+    # the dtype JAXBench benchmarks it in: create_inputs(dtype=jnp.bfloat16)'s default
+    assert (x.shape, w.shape, x.dtype, static) == ((16, 256), (1, 256), jnp.bfloat16, ())
     # create_inputs seeds itself with key(42): the trial key still yields fresh inputs.
     x2, _ = rt.make_inputs(config, _key(2))[0]
     x1, _ = rt.make_inputs(config, _key(1))[0]

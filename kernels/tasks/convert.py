@@ -304,8 +304,8 @@ def _reference_text(task: Any, source: Path, signatures: dict[str, list[dict[str
         f"    {k!r}: ({''.join(s + ', ' for s in info['static'])})"
         for k, info in by_key.items())
     signature_lines = ",\n".join(f"    {k!r}: {info['inputs']!r}" for k, info in by_key.items())
-    dtype = (task.shapes[0].params.get("dtype") or "float32") if task.layout == "jaxbench" \
-        else None
+    dtype = (task.shapes[0].params.get("dtype") or task.meta.get("dtype") or "float32") \
+        if task.layout == "jaxbench" else None
     if task.layout == "jaxbench":
         build = (f"        out = module.create_inputs(dtype=jnp.{dtype})\n"
                  if _takes_dtype(task) else "        out = module.create_inputs()\n")

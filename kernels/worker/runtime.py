@@ -226,7 +226,8 @@ class JaxBenchRuntime(TaskRuntime):
         fn = self.ref_module.create_inputs
         kwargs = {}
         if _accepts(fn, "dtype"):
-            kwargs["dtype"] = jnp.dtype(config.params.get("dtype", "float32"))
+            kwargs["dtype"] = jnp.dtype(config.params.get(
+                "dtype", self.task.meta.get("dtype", "float32")))
         with _seeded_by(key):
             out = _task_call(fn, self.task.reference_path, **kwargs)
         # Trailing Python scalars (a group count, a flag) are static arguments of workload.
