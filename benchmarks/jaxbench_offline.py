@@ -79,7 +79,8 @@ def suite_dir(directory: Path, only: list[str] | None, scratch: Path) -> Path:
     return copy
 
 
-def recheck(session: str, task_root: str, overrides: dict[str, str]) -> dict[str, Any]:
+def recheck(session: str, task_root: str, overrides: dict[str, str],
+            chip: str) -> dict[str, Any]:
     """Re-evaluate a search session's best version with fresh inputs and five trials."""
     from tilewright.kernels.judge.result import disqualifying_flags
     from tilewright.sessions.log import load, read_text_blob
@@ -93,7 +94,8 @@ def recheck(session: str, task_root: str, overrides: dict[str, str]) -> dict[str
     source = read_text_blob(loaded.path, state.session.versions[best].source_blob)
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as handle:
         handle.write(source)
-    args = ["eval", "--task", task_root, "--kernel", handle.name, "--json", "--trials", "5"]
+    args = ["eval", "--task", task_root, "--kernel", handle.name, "--json", "--trials", "5",
+            "--chip", chip]
     args += sets_args([f"{k}={v}" for k, v in overrides.items()])
     proc = tw(*args, timeout=600)
     os.unlink(handle.name)
@@ -199,6 +201,7 @@ def run_suite(label: str, directory: Path, args: argparse.Namespace, scratch: Pa
                               for row in again})
     search = tw("search", "--suite", str(suite), "--agent", "offline", "--budget",
                 str(args.budget), "--json", "--fresh", "--workers", str(args.workers),
+                "--chip", args.chip,
                 "--session-dir", str(scratch / f"sessions-{label}"),
                 *sets_args(args.sets + resolved))
     try:
@@ -218,7 +221,7 @@ def run_suite(label: str, directory: Path, args: argparse.Namespace, scratch: Pa
 
         overrides = (load(Path(task["session"])).header.get("task") or {}).get("overrides") or {}
         try:
-            check = recheck(task["session"], root, overrides) if crowned and root else \
+            check = recheck(task["session"], root, overrides, args.chip) if crowned and root else \
                 {"truly_correct": False}
         except Exception as exc:  # a re-check that cannot run counts as not correct
             check = {"truly_correct": False, "recheck": f"{type(exc).__name__}: {exc}"}
@@ -308,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=6, help="versions per task (default 6)")
     parser.add_argument("--workers", type=int, default=1,
                         help="worker processes of the search (default 1)")
+    parser.add_argument("--chip", default="v5e",
+                        help="the TPU generation kernels are compiled, estimated and ranked "
+                             "for (default v5e)")
     parser.add_argument("--only", nargs="*", help="task folder names to run (default: all)")
     parser.add_argument("--set", dest="sets", action="append", default=None,
                         metavar="KEY=VALUE", help="scaling override (default: a preset)")

@@ -68,6 +68,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    metavar="[TASK:]KEY=VALUE",
                    help="shape override for every task that has KEY (or only TASK)")
+    p.add_argument("--chip", default=None, metavar="CHIP",
+                   help="the TPU generation every kernel is compiled, estimated and ranked "
+                        "for (default: the config's [eval] or [backend] chip, else this "
+                        "host's own, else v5e)")
     p.add_argument("--trials", type=int, default=3, metavar="N",
                    help="correctness trials per shape (default 3)")
     p.add_argument("--time-budget", type=float, default=3.0, metavar="S",
@@ -204,7 +208,17 @@ async def _search_suite(args: argparse.Namespace,
         profile_every=controller.profile_every,
         budget=Budget(nodes=args.budget, tokens=args.tokens, cost_usd=args.cost,
                       wall_s=args.wall))
-    options = EvalOptions(trials=args.trials, time_budget_s=args.time_budget)
+    from tilewright.kernels.judge.options import configured_chip
+
+    chip = args.chip or configured_chip(coerce(getattr(args, "config", None)))
+    if chip:
+        from tilewright.profiling.chips import get_chip
+
+        try:
+            chip = get_chip(str(chip)).name
+        except KeyError as exc:
+            raise _UsageError(f"--chip {chip}: {exc.args[0]}") from None
+    options = EvalOptions(trials=args.trials, time_budget_s=args.time_budget, chip=chip)
     report: dict[str, Any] = {"schema": SCHEMA, "suite": str(Path(args.suite).resolve()),
                               "executor": args.executor, "agent": agent.name,
                               "session_dir": str(base), "tasks": [], "errors": []}
