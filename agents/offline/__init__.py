@@ -471,7 +471,7 @@ def _tuner_step(request: AgentRequest, lessons: list[Lesson] | None = None
     constraints = _constraints(request, list(declared), tunables.config_of(source))
     # What fits VMEM at the production shape, scaled from the compiler's own figure there.
     vmem = tuner.vmem_model(request.history, request.last_eval, request.current_source,
-                            tuner.tiled_dims(list(declared), production)) \
+                            tuner.tiled_dims(list(declared), production), request.chip) \
         if production else None
     return (_seed(source, obs, lessons or [], dims)
             or tuner.diagnosed_step(source, obs, dims, request.diagnosis, constraints, vmem)

@@ -105,7 +105,7 @@ def _blockwise_entry(entry: str, driver: str) -> str:
 def _body(static, *refs):
     *in_refs, o_ref = refs
     args = _merge(static, [_widen(r[...]) for r in in_refs])
-    o_ref[...] = _reference_math(*args).astype(o_ref.dtype)
+    o_ref[...] = _reference_math(*args).reshape(o_ref.shape).astype(o_ref.dtype)
 
 
 def {entry}(*inputs):
@@ -119,12 +119,11 @@ def _elementwise(brief: TaskBrief) -> tuple[str, str]:
     src += '''
 
 
-BLOCK_ROWS = 128
-BLOCK_COLS = 512
-TUNABLES = {"BLOCK_ROWS": [8, 16, 32, 64, 128, 256, 512],
-            "BLOCK_COLS": [128, 256, 512, 1024, 2048]}
-
-''' + _OPERAND_SPECS + _blockwise_entry(brief.entry, "_tiled") + '''
+BLOCK_ROWS = 512
+BLOCK_COLS = 1024
+TUNABLES = {"BLOCK_ROWS": [8, 16, 32, 64, 128, 256, 512, 1024, 2048],
+            "BLOCK_COLS": [128, 256, 512, 1024, 2048, 4096]}
+''' + _VMEM_HELPERS + _OPERAND_SPECS + _blockwise_entry(brief.entry, "_tiled") + '''
 
 @functools.partial(jax.jit, static_argnums=0)
 def _tiled(static, *arrays):
@@ -139,20 +138,26 @@ def _tiled(static, *arrays):
         c = bc if a.shape[1] == cols else 1
         return pl.BlockSpec((r, c), lambda i, j: (i if r == br else 0, j if c == bc else 0))
 
+    # double-buffered blocks of every operand and the output, and one f32 working tile
+    need = 2 * (sum(br * bc * a.dtype.itemsize for a in operands)
+                + br * bc * out.dtype.itemsize) + br * bc * 4
     result = pl.pallas_call(
         functools.partial(_body, static),
         out_shape=jax.ShapeDtypeStruct((rows, cols), out.dtype),
         grid=(pl.cdiv(rows, br), pl.cdiv(cols, bc)),
         in_specs=[spec(a) for a in operands],
         out_specs=pl.BlockSpec((br, bc), lambda i, j: (i, j)),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel"),
+                                             vmem_limit_bytes=_vmem_limit(need)),
     )(*operands)
     return result.reshape(out.shape)
 '''
     why = ("Elementwise: every output element depends only on the same element of the inputs, "
            "so the reference's own math is correct on any (BLOCK_ROWS, BLOCK_COLS) tile. The "
-           "kernel streams 2-D tiles through VMEM (both grid axes parallel); 128x512 f32 tiles "
-           "are (8,128)-aligned and small enough for any TPU's VMEM; the tuner sizes them next.")
+           "kernel streams 2-D tiles through VMEM (both grid axes parallel); 512x1024 tiles "
+           "(2 MiB in f32) are (8,128)-aligned and large enough that each grid step's fixed "
+           "cost is small beside its HBM traffic; the kernel asks for the scoped VMEM they "
+           "need (vmem_limit_bytes) and the tuner sizes them next.")
     return src, why
 
 
@@ -161,18 +166,33 @@ def _rowwise(brief: TaskBrief) -> tuple[str, str]:
     src += '''
 
 
-BLOCK_ROWS = 32
-TUNABLES = {"BLOCK_ROWS": [8, 16, 32, 64, 128, 256, 512]}
-
-''' + _OPERAND_SPECS + _blockwise_entry(brief.entry, "_row_blocks") + '''
+BLOCK_ROWS = 256
+TUNABLES = {"BLOCK_ROWS": [8, 16, 32, 64, 128, 256, 512, 1024, 2048]}
+''' + _VMEM_HELPERS + _OPERAND_SPECS + _blockwise_entry(brief.entry, "_row_blocks") + '''
 
 @functools.partial(jax.jit, static_argnums=0)
 def _row_blocks(static, *arrays):
     out = jax.eval_shape(lambda *a: _reference_math(*_merge(static, a)), *arrays)
-    cols = out.shape[-1]
-    rows = out.size // cols
+    # Rows and columns of the largest operand: the rows are what the grid splits; an
+    # output that reduces each row (a norm's statistics, a logsumexp, a per-row loss)
+    # keeps the rows and has fewer columns.
+    widest = max(arrays, key=lambda a: a.size)
+    cols = widest.shape[-1] if widest.ndim else 1
+    rows = widest.size // cols
+    if out.size % rows:
+        raise ValueError(f"the output {out.shape} does not keep the {rows} rows of the "
+                         f"input {widest.shape}: not a row-wise computation")
+    out_cols = out.size // rows
     operands = [_as_2d(a, rows, cols) for a in arrays]
     br = min(BLOCK_ROWS, rows)
+
+    def need(br):  # double-buffered blocks and output, and one f32 working block
+        return 2 * (sum((br if a.shape[0] == rows else 1) * a.shape[1] * a.dtype.itemsize
+                        for a in operands) + br * out_cols * out.dtype.itemsize) \
+            + br * cols * 4
+
+    while need(br) > VMEM_CAP and br > 8 and rows % (br // 2) == 0:
+        br //= 2
 
     def spec(a):
         # Whole rows per block, so row reductions (max, sum, mean) see the full row.
@@ -181,18 +201,21 @@ def _row_blocks(static, *arrays):
 
     result = pl.pallas_call(
         functools.partial(_body, static),
-        out_shape=jax.ShapeDtypeStruct((rows, cols), out.dtype),
+        out_shape=jax.ShapeDtypeStruct((rows, out_cols), out.dtype),
         grid=(pl.cdiv(rows, br),),
         in_specs=[spec(a) for a in operands],
-        out_specs=pl.BlockSpec((br, cols), lambda i: (i, 0)),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        out_specs=pl.BlockSpec((br, out_cols), lambda i: (i, 0)),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",),
+                                             vmem_limit_bytes=_vmem_limit(need(br))),
     )(*operands)
     return result.reshape(out.shape)
 '''
     why = ("Row-wise: each output row depends only on its own input row (reductions run along "
-           "the last axis), so the reference's math is correct on a block of whole rows. Each "
+           "the last axis), so the reference's math is correct on a block of whole rows; an "
+           "output that reduces the row (a per-row statistic or loss) keeps the rows. Each "
            "grid step takes BLOCK_ROWS full rows into VMEM; rows are independent, so the axis "
-           "is parallel. Whole rows must fit VMEM (2 buffers x BLOCK_ROWS x cols x 4 B).")
+           "is parallel. The kernel asks for the scoped VMEM its blocks need "
+           "(vmem_limit_bytes, up to VMEM_CAP) and takes fewer rows when they would not fit.")
     return src, why
 
 
@@ -204,6 +227,8 @@ class _CutMatmul(ast.NodeTransformer):
     def __init__(self) -> None:
         self.operands: tuple[str, str] | None = None
         self.transposed = False
+        # the reference's ``precision=`` on its product (``lax.Precision.HIGHEST``), kept
+        self.precision: str | None = None
 
     @staticmethod
     def _untransposed(node: ast.AST) -> str | None:
@@ -236,9 +261,131 @@ class _CutMatmul(ast.NodeTransformer):
     def visit_Call(self, node: ast.Call) -> ast.AST:
         fn = node.func
         name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+        left = right = None
         if name in ("dot", "matmul") and len(node.args) >= 2:
-            return self._cut(node.args[0], node.args[1], node)
-        return self.generic_visit(node)
+            left, right = node.args[0], node.args[1]
+        elif name == "dot_general" and len(node.args) >= 2:
+            numbers = node.args[2] if len(node.args) > 2 else next(
+                (k.value for k in node.keywords if k.arg == "dimension_numbers"), None)
+            contract = _literal(numbers)
+            if contract == (((1,), (0,)), ((), ())):  # x @ w
+                left, right = node.args[0], node.args[1]
+            elif contract == (((1,), (1,)), ((), ())) and isinstance(node.args[1], ast.Name):
+                # x @ w.T with w stored (n, k): the transposed form _cut knows
+                left, right = node.args[0], ast.Attribute(node.args[1], "T", ast.Load())
+        if left is None or right is None or self.operands is not None:
+            return self.generic_visit(node)
+        cut = self._cut(left, right, node)
+        if self.operands is not None:  # this is the product cut out: keep its precision
+            precision = next((k.value for k in node.keywords if k.arg == "precision"), None)
+            self.precision = ast.unparse(precision) if precision is not None else None
+        return cut
+
+
+_VMEM_HELPERS = """
+
+# A kernel may use the chip's default scoped VMEM (16 MiB on v5e, 32 MiB on v6e) unless it
+# asks for more. This one asks for what its blocks need, up to VMEM_CAP: 64 MiB, the VMEM
+# of one v7x TensorCore (v5e, v5p and v6e have more).
+VMEM_CAP = 64 * 2**20
+
+
+def _vmem_limit(need):
+    \"\"\"vmem_limit_bytes for blocks that need ``need`` bytes: None (the chip's default)
+    while they fit the smallest default, else the need plus a quarter, within VMEM_CAP.\"\"\"
+    if need <= 12 * 2**20:
+        return None
+    return int(min(VMEM_CAP, need + need // 4 + (2 << 20)))
+"""
+
+_EPILOGUE_MIXING = """
+
+_REDUCING = {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and",
+             "reduce_or", "reduce_xor", "argmax", "argmin"}
+_ALONG_AXIS = {"cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", "sort"}
+_MIXES_ALL = {"dot_general", "conv_general_dilated", "gather", "scatter", "scatter-add",
+              "scatter_add", "dynamic_slice", "dynamic_update_slice", "reduce_window_sum",
+              "reduce_window_max", "reduce_window_min", "reduce_window", "fft", "while",
+              "scan", "cond", "top_k", "rng_bit_generator"}
+
+
+def _mixing(fn, *args):
+    \"\"\"(rows mixed, columns mixed): whether ``fn`` combines values across the first or
+    the last axis of its arrays (a reduction, a cumulative op, a reshape or transpose
+    that moves it, an iota along it), read from its jaxpr. Conservative: an operation
+    it does not know mixes both, so such an epilogue gets the whole product in one block.\"\"\"
+    jaxpr = jax.make_jaxpr(fn)(*args).jaxpr
+    first = last = False
+
+    def walk(jaxpr):
+        nonlocal first, last
+        for eqn in jaxpr.eqns:
+            name = eqn.primitive.name
+            subs = [p for v in eqn.params.values() for p in (v if isinstance(v, (tuple, list))
+                                                             else (v,))
+                    if hasattr(p, "eqns") or hasattr(getattr(p, "jaxpr", None), "eqns")]
+            if subs and name not in _MIXES_ALL:
+                for sub in subs:
+                    walk(sub if hasattr(sub, "eqns") else sub.jaxpr)
+                continue
+            shape = tuple(getattr(eqn.invars[0].aval, "shape", ())) if eqn.invars else ()
+            out = tuple(getattr(eqn.outvars[0].aval, "shape", ())) if eqn.outvars else ()
+            nd = len(shape)
+            axes = ()
+            if name in _REDUCING:
+                axes = tuple(eqn.params.get("axes", ()))
+            elif name in _ALONG_AXIS:
+                axes = (eqn.params.get("axis", eqn.params.get("dimension", 0)),)
+            elif name == "iota":
+                axes, nd = (eqn.params.get("dimension", 0),), len(out)
+            elif name == "reshape":
+                first |= not shape or not out or shape[0] != out[0]
+                last |= not shape or not out or shape[-1] != out[-1]
+            elif name == "transpose":
+                perm = tuple(eqn.params.get("permutation", ()))
+                first |= bool(perm) and perm[0] != 0
+                last |= bool(perm) and perm[-1] != len(perm) - 1
+            elif name in ("concatenate", "pad", "slice", "rev", "squeeze", "expand_dims"):
+                if name == "concatenate":
+                    axes = (eqn.params.get("dimension", 0),)
+                elif name == "rev":
+                    axes = tuple(eqn.params.get("dimensions", ()))
+                elif out != shape and len(out) == len(shape):  # a slice or pad changes sizes
+                    axes = tuple(i for i, (a, b) in enumerate(zip(shape, out)) if a != b)
+                elif len(out) != len(shape) and name in ("squeeze", "expand_dims"):
+                    first |= bool(shape) and bool(out) and shape[0] != out[0]
+                    last |= bool(shape) and bool(out) and shape[-1] != out[-1]
+            elif name in _MIXES_ALL:
+                first = last = True
+            elif name != "broadcast_in_dim" and any(
+                    _resized(tuple(getattr(v.aval, "shape", ())), out)
+                    for v in eqn.invars if hasattr(v, "aval")):
+                first = last = True  # an op it does not know changes the sizes
+            for a in axes:
+                a = a % nd if nd else 0
+                first |= a == 0
+                last |= a == nd - 1
+
+    walk(jaxpr)
+    return first, last
+
+
+def _resized(shape, out):
+    # An operand that is neither a scalar nor out's shape with size-1 dims broadcast
+    # (x + bias with a (1, n) bias keeps every row its own).
+    if not shape:
+        return False
+    if len(shape) != len(out):
+        return True
+    return any(a != b and a != 1 for a, b in zip(shape, out))
+"""
+
+
+def _literal(node: ast.AST | None) -> object:
+    try:
+        return ast.literal_eval(node) if node is not None else None
+    except ValueError:
+        return None
 
 
 def _matmul(brief: TaskBrief) -> tuple[str, str]:
@@ -263,29 +410,36 @@ def _matmul(brief: TaskBrief) -> tuple[str, str]:
     rest_tuple = "(" + ", ".join(rest) + ("," if len(rest) == 1 else "") + ")"
     unpack = f"\n    x, w = {lhs}, {rhs}" if (lhs, rhs) != ("x", "w") else ""
     bm, bn, bk = _matmul_blocks(brief)
+    # the reference's precision, for float32 operands (Mosaic takes it for f32 only)
+    precision = (", precision=PRECISION if x_ref.dtype == jnp.float32 else None"
+                 if cutter.precision else "")
     if cutter.transposed:  # w is (n, k): contract both operands' last axes on the MXU
         dot = ("jax.lax.dot_general(x_ref[...], w_ref[...], (((1,), (1,)), ((), ())),\n"
-               "                                  preferred_element_type=jnp.float32)")
-        n_of_w, w_spec = "w.shape[0]", "pl.BlockSpec((bn, bk), lambda i, j, kk: (j, kk))"
+               f"                                  preferred_element_type=jnp.float32{precision})")
+        n_of_w, w_block = "w.shape[0]", "pl.BlockSpec((bn, bk), lambda i, j, kk: (j, kk))"
+        w_bytes = "bn * bk"
     else:
-        dot = "jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)"
-        n_of_w, w_spec = "w.shape[1]", "pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))"
+        dot = f"jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32{precision})"
+        n_of_w, w_block = "w.shape[1]", "pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))"
+        w_bytes = "bk * bn"
     src = _preamble(brief, "tiled matmul with a fused epilogue") + _IMPORTS + "\n"
     src += "\n\n\n".join(x for x in ("# From the task's reference.\n" + head if head else "",
                                      *helpers) if x)
-    src += f'''
+    src += f"""
 
 
 # The reference with its matmul replaced by the accumulated tile `_acc`.
 {epilogue}
 
 
+{"PRECISION = " + cutter.precision + "  # the reference's, kept on float32 operands"
+ if cutter.precision else ""}
 BLOCK_M = {bm}
 BLOCK_N = {bn}
 BLOCK_K = {bk}
-TUNABLES = {{"BLOCK_M": [128, 256, 512, 1024], "BLOCK_N": [128, 256, 512, 1024],
-             "BLOCK_K": [128, 256, 512, 1024]}}
-
+TUNABLES = {{"BLOCK_M": [128, 256, 512, 1024, 2048], "BLOCK_N": [128, 256, 512, 1024, 2048],
+             "BLOCK_K": [128, 256, 512, 1024, 2048]}}
+""" + _VMEM_HELPERS + _EPILOGUE_MIXING + f"""
 
 def _body(x_ref, w_ref, *refs):
     *extra_refs, o_ref, acc_ref = refs
@@ -299,75 +453,131 @@ def _body(x_ref, w_ref, *refs):
 
     @pl.when(k == pl.num_programs(2) - 1)
     def _finish():
-        o_ref[...] = _epilogue(acc_ref[...], *(r[...] for r in extra_refs)).astype(o_ref.dtype)
+        out = _epilogue(acc_ref[...], *(r[...] for r in extra_refs))
+        o_ref[...] = out.reshape(o_ref.shape).astype(o_ref.dtype)
 
 
 def _k_block(k, want):
-    """A K block that divides k: a ragged last K block would add padding into the sum."""
+    \"\"\"A K block that divides k: a ragged last K block would add padding into the sum.\"\"\"
     bk = min(want, k)
     while k % bk and bk > 128:
         bk //= 2
     return bk if k % bk == 0 and (bk % 128 == 0 or bk == k) else k
 
 
-def _tile_spec(a, m, n, bm, bn):
-    """Epilogue operands: (m, n) tiles, (1, n) row vectors, (m, 1) column vectors."""
+def _as_operand(a, m, n):
+    \"\"\"Epilogue operands as 2-D: (m, n) tiles, (1, n) rows, (m, 1) columns.\"\"\"
     a = a.reshape(1, n) if a.ndim == 1 and a.shape[0] == n else a
-    if a.shape == (m, n):
-        return a, pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j))
-    if a.shape == (1, n):
-        return a, pl.BlockSpec((1, bn), lambda i, j, kk: (0, j))
-    if a.shape == (m, 1):
-        return a, pl.BlockSpec((bm, 1), lambda i, j, kk: (i, 0))
+    a = a.reshape(1, 1) if a.size == 1 else a
+    if a.shape in ((m, n), (1, n), (m, 1), (1, 1)):
+        return a
     raise ValueError(f"epilogue operand of shape {{a.shape}} does not broadcast to ({{m}}, {{n}})")
+
+
+def _operand_spec(a, m, n, bm, bn):
+    rows = bm if a.shape[0] == m else 1
+    cols = bn if a.shape[1] == n else 1
+    return pl.BlockSpec((rows, cols), lambda i, j, kk: (i if rows == bm else 0,
+                                                        j if cols == bn else 0))
 
 
 @jax.jit
 def {brief.entry}({order}):{unpack}
     m, k = x.shape
     n = {n_of_w}
-    out = jax.eval_shape(_epilogue, jax.ShapeDtypeStruct((m, n), jnp.float32),
-                         *{rest_tuple})
-    if out.shape != (m, n):
-        raise ValueError(f"the epilogue turns the ({{m}}, {{n}}) product into {{out.shape}}: "
-                         "a reduction over the output, which this template cannot apply "
-                         "tile by tile")
-    bm, bn, bk = min(BLOCK_M, m), min(BLOCK_N, n), _k_block(k, BLOCK_K)
-    extras = [_tile_spec(a, m, n, bm, bn) for a in {rest_tuple}]
-    return pl.pallas_call(
+    extras = [_as_operand(a, m, n) for a in {rest_tuple}]
+    # Which axes the epilogue reduces or moves (a row sum, a softmax, a batch norm): an
+    # axis it mixes is not split, its whole length is one block.
+    rows_mixed, cols_mixed = _mixing(_epilogue, jax.ShapeDtypeStruct((m, n), jnp.float32),
+                                     *extras)
+    bm = m if rows_mixed else min(BLOCK_M, m)
+    bn = n if cols_mixed else min(BLOCK_N, n)
+    bk = _k_block(k, BLOCK_K)
+    item = x.dtype.itemsize
+
+    def tile_shapes(bm, bn):
+        return [jax.ShapeDtypeStruct((bm if a.shape[0] == m else 1, bn if a.shape[1] == n else 1),
+                                     a.dtype) for a in extras]
+
+    full = jax.eval_shape(_epilogue, jax.ShapeDtypeStruct((m, n), jnp.float32), *extras)
+
+    def need(bm, bn, bk):
+        # double-buffered x, w, operand and output blocks, the f32 accumulator, and room
+        # for one f32 intermediate tile (the compiler keeps most of an epilogue's work in
+        # registers: a row-sum epilogue's kernel compiled to its blocks' bytes alone)
+        tile = jax.eval_shape(_epilogue, jax.ShapeDtypeStruct((bm, bn), jnp.float32),
+                              *tile_shapes(bm, bn))
+        blocks = (bm * bk + {w_bytes}) * item + sum(
+            s.size * s.dtype.itemsize for s in tile_shapes(bm, bn)) + tile.size * 4
+        return 2 * blocks + 2 * bm * bn * 4
+
+    # Shrink K first (it moves no extra HBM traffic), then the axes the epilogue leaves free.
+    while need(bm, bn, bk) > VMEM_CAP and bk > 128 and k % (bk // 2) == 0:
+        bk //= 2
+    while need(bm, bn, bk) > VMEM_CAP and not rows_mixed and bm > 8 and m % (bm // 2) == 0:
+        bm //= 2
+    while need(bm, bn, bk) > VMEM_CAP and not cols_mixed and bn > 128 and n % (bn // 2) == 0:
+        bn //= 2
+    tile = jax.eval_shape(_epilogue, jax.ShapeDtypeStruct((bm, bn), jnp.float32),
+                          *tile_shapes(bm, bn))
+    if full.shape == (m, n):
+        out_shape, out_block, out_index = (m, n), (bm, bn), lambda i, j, kk: (i, j)
+    elif not rows_mixed and full.size % m == 0 and tile.size == bm * (full.size // m):
+        # a row-wise epilogue that reduces the row (a row sum, a logsumexp): (m, r)
+        r = full.size // m
+        out_shape, out_block, out_index = (m, r), (bm, r), lambda i, j, kk: (i, 0)
+    elif not cols_mixed and full.size % n == 0 and tile.size == bn * (full.size // n):
+        r = full.size // n  # a column-wise one (a column statistic): (r, n)
+        out_shape, out_block, out_index = (r, n), (r, bn), lambda i, j, kk: (0, j)
+    else:  # both axes mixed: one block holds the whole product
+        cols = full.shape[-1] if full.shape else 1
+        out_shape = (full.size // cols, cols)
+        out_block, out_index = out_shape, lambda i, j, kk: (0, 0)
+    out = pl.pallas_call(
         _body,
-        out_shape=jax.ShapeDtypeStruct((m, n), out.dtype),
+        out_shape=jax.ShapeDtypeStruct(out_shape, full.dtype),
         grid=(pl.cdiv(m, bm), pl.cdiv(n, bn), pl.cdiv(k, bk)),
         in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
-                  {w_spec},
-                  *(spec for _a, spec in extras)],
-        out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
+                  {w_block},
+                  *(_operand_spec(a, m, n, bm, bn) for a in extras)],
+        out_specs=pl.BlockSpec(out_block, out_index),
         scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary")),
-    )(x, w, *(a for a, _spec in extras))
-'''
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            vmem_limit_bytes=_vmem_limit(need(bm, bn, bk))),
+    )(x, w, *extras)
+    return out.reshape(full.shape)
+"""
     why = (f"Matmul with an epilogue: the reference's `{lhs} @ {rhs}` becomes a tiled MXU matmul "
            "over a (m/BLOCK_M, n/BLOCK_N, k/BLOCK_K) grid with k innermost and 'arbitrary'; a "
            "float32 VMEM accumulator is zeroed at k == 0 and, at the last k step, the rest of "
            f"the reference ({', '.join(rest) or 'no extra operands'}) is applied to the finished "
-           f"tile before one write to HBM. Blocks ({bm}, {bn}, {bk}) are chosen for the MXU "
-           "and the scoped VMEM at the production shape's dtype (the Pallas TPU guide's "
-           "best for bf16; half of it for f32, whose blocks take twice the bytes); the tuner "
+           "tile before one write to HBM. An epilogue that reduces or normalizes along an axis "
+           "(a row sum, a logsumexp, a softmax, a group norm; a batch norm down the columns) "
+           "gets that whole axis in one block, read from the epilogue's own operations when "
+           f"the kernel is traced. Blocks ({bm}, {bn}, {bk}) start large for the dtype; the "
+           "kernel asks for the scoped VMEM its blocks need (vmem_limit_bytes, up to "
+           "VMEM_CAP) and shrinks K, then the free axes, when they would not fit; the tuner "
            "moves them next." + (" The weight is stored (n, k): both operands contract "
-                                 "their last axes." if cutter.transposed else ""))
+                                 "their last axes." if cutter.transposed else "")
+           + (f" The product keeps the reference's precision ({cutter.precision})."
+              if cutter.precision else ""))
     return src, why
 
 
 def _matmul_blocks(brief: TaskBrief) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K) to start from: for 16-bit inputs the Pallas TPU guide's
-    fastest at 4096^3 on v5e, (512, 1024, 1024); for float32 (512, 512, 512), which with
-    double buffering and the f32 accumulator stays within the default scoped VMEM."""
-    inputs = ((brief.production or {}).get("inputs") or [])
+    fastest at 4096^3 on v5e, (512, 1024, 1024); for float32 (1024, 1024, 512): output
+    tiles as large, so each operand is re-read from HBM as few times, with a K block half
+    as long for the doubled bytes (about 32 MiB with double buffering and the epilogue's
+    room, which the kernel asks for with vmem_limit_bytes)."""
+    inputs = ((brief.production or {}).get("inputs") or next(
+        (s["inputs"] for s in brief.shapes if s.get("inputs")), []))
     dtypes = {str(d) for _shape, d in inputs} if inputs else set()
+    dtypes -= {"int32", "i32", "int64", "i64"}  # labels and indices: not the operands
     if dtypes and dtypes <= {"bfloat16", "float16", "int8", "bf16", "f16", "i8"}:
         return 512, 1024, 1024
-    return 512, 512, 512
+    return 1024, 1024, 512
 
 
 def _whole(brief: TaskBrief) -> tuple[str, str]:

@@ -191,11 +191,63 @@ class VmemModel:
         return self.bytes_for(config) <= self.limit
 
 
+def vmem_cap(source: str | None, chip: str | None) -> int | None:
+    """The VMEM a kernel that sizes its own scoped limit may grow to: its ``VMEM_CAP``
+    (the offline templates ask the compiler for what their blocks need,
+    ``vmem_limit_bytes``, up to it), within the chip's own VMEM per core. None for a
+    kernel that declares no cap: it lives within the limit its compile reported."""
+    if not source:
+        return None
+    cap = _module_int(source, "VMEM_CAP")
+    if cap is None:
+        return None
+    from tilewright.profiling.chips import get_chip
+
+    try:
+        capacity = get_chip(chip).vmem_bytes if chip and chip != "cpu" else None
+    except KeyError:
+        capacity = None
+    return min(cap, capacity) if capacity else cap
+
+
+def _module_int(source: str, name: str) -> int | None:
+    """A module-level ``NAME = <integer arithmetic>`` (``64 * 2**20``), or None."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    ops = {ast.Mult: lambda a, b: a * b, ast.Pow: lambda a, b: a ** b,
+           ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
+           ast.LShift: lambda a, b: a << b}
+
+    def value(node: ast.AST) -> int:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in ops:
+            return ops[type(node.op)](value(node.left), value(node.right))
+        raise ValueError(name)
+
+    found = None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name
+                                                for t in node.targets):
+            try:
+                found = value(node.value)
+            except (ValueError, OverflowError):
+                found = None
+    return found
+
+
 def vmem_model(history: tuple[dict[str, Any], ...], last_eval: dict[str, Any] | None,
-               current_source: str | None, dims: dict[str, tuple[int, ...]]
-               ) -> VmemModel | None:
+               current_source: str | None, dims: dict[str, tuple[int, ...]],
+               chip: str | None = None) -> VmemModel | None:
     """A ``VmemModel`` from the newest evaluation that has the compiler's VMEM figure at
-    the production shape and the tunables it ran with; None when none has."""
+    the production shape and the tunables it ran with; None when none has. Its limit is
+    the scoped limit that compile reported, or, for a kernel that raises its own limit
+    as its blocks grow (``vmem_cap``), that cap on ``chip``."""
+    cap = vmem_cap(current_source, chip)
     found: list[tuple[dict[str, Any], dict[str, Any]]] = []
     for entry in history:
         numbers = entry.get("numbers") or {}
@@ -214,7 +266,7 @@ def vmem_model(history: tuple[dict[str, Any], ...], last_eval: dict[str, Any] | 
         vmem, limit = numbers.get("vmem_bytes"), numbers.get("vmem_limit_bytes")
         if numbers.get("compile") == "ok" and isinstance(vmem, int | float) and vmem > 0 \
                 and isinstance(limit, int | float) and limit > 0 and config:
-            return VmemModel(dict(config), float(vmem), float(limit), dims)
+            return VmemModel(dict(config), float(vmem), float(max(limit, cap or 0)), dims)
     return None
 
 

@@ -1,0 +1,138 @@
+"""The offline templates on the shapes of the public tasks, in float32 and bfloat16.
+
+Each reference is a small JAXBench-layout task written the way JAXBench writes its
+workloads (``lax.dot_general`` with ``precision=HIGHEST``, a weight stored (n, k), a row
+sum with ``keepdims``, a batch norm down the columns, a softmax, a per-row logsumexp).
+The dtype is the one ``create_inputs`` declares, as JAXBench benchmarks it. Blocks are
+set small, so that a template that split an axis its epilogue reduces would be wrong
+here (the check shape would otherwise fit one block and hide it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tilewright import agents
+from tilewright.agents.offline.templates import write_template
+from tilewright.kernels.pool.workers import EvalOptions
+from tilewright.kernels.source import tunables
+from tilewright.kernels.tasks.loaders import load_task
+
+QUICK = EvalOptions(trials=1, timing=False)
+
+_HEAD = """
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+CONFIG = {{'name': 'probe', 'rows': 256, 'k': 256, 'cols': 384, 'atol': 1e-2, 'rtol': 1e-2}}
+
+
+def create_inputs(dtype=jnp.{dtype}):
+    ks = jax.random.split(jax.random.key(0), 4)
+    return {inputs}
+
+"""
+
+MATMUL_INPUTS = ("(jax.random.normal(ks[0], (256, 256), dtype),\n"
+                 "            jax.random.normal(ks[1], (384, 256), dtype) * 0.05,\n"
+                 "            jax.random.normal(ks[2], (384,), dtype))")
+ROW_INPUTS = ("(jax.random.normal(ks[0], (2, 128, 384), dtype),\n"
+              "            1.0 + 0.1 * jax.random.normal(ks[1], (384,), dtype))")
+
+# (family, inputs, workload, small blocks)
+CASES: dict[str, tuple[str, str, str, dict[str, int]]] = {
+    # 21k's form: the weight stored (n, k), contracted by dot_general, then a row sum
+    "matmul_row_sum": ("matmul", MATMUL_INPUTS, """
+def workload(x, weight, bias):
+    x = lax.dot_general(x, weight, dimension_numbers=(((1,), (1,)), ((), ())),
+                        precision=lax.Precision.HIGHEST)
+    x = (x + bias) / 2.0
+    return jnp.sum(x, axis=1, keepdims=True) * 1.5
+""", {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128}),
+    # 31k's: a training-mode batch norm reduces down the columns (over the rows)
+    "matmul_batch_norm": ("matmul", MATMUL_INPUTS, """
+def workload(x, weight, bias):
+    x = jnp.matmul(x, weight.T) + bias
+    mean = jnp.mean(x, axis=0, keepdims=True)
+    var = jnp.mean((x - mean) ** 2, axis=0, keepdims=True)
+    return jax.nn.relu((x - mean) / jnp.sqrt(var + 1e-5))
+""", {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128}),
+    # 38k's and 50k's: a softmax along the output row
+    "matmul_softmax": ("matmul", MATMUL_INPUTS, """
+def workload(x, weight, bias):
+    return jax.nn.softmax(jax.nn.gelu(x @ weight.T + bias), axis=1)
+""", {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128}),
+    # a per-row statistic: the output keeps the rows, not the columns
+    "row_logsumexp": ("rowwise", ROW_INPUTS, """
+def workload(x, scale):
+    return jax.scipy.special.logsumexp(x * scale, axis=-1)
+""", {"BLOCK_ROWS": 8}),
+    "row_layer_norm": ("rowwise", ROW_INPUTS, """
+def workload(x, scale):
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.var(x, axis=-1, keepdims=True)
+    return (x - mean) * lax.rsqrt(var + 1e-5) * scale
+""", {"BLOCK_ROWS": 8}),
+    "elementwise_gelu": ("elementwise", ROW_INPUTS, """
+def workload(x, scale):
+    return jax.nn.gelu(x) * scale
+""", {"BLOCK_ROWS": 8, "BLOCK_COLS": 128}),
+}
+
+
+def _task(tmp_path: Any, name: str, dtype: str) -> Any:
+    family, inputs, body, _blocks = CASES[name]
+    root = tmp_path / f"{name}_{dtype}"
+    root.mkdir()
+    (root / "baseline.py").write_text(_HEAD.format(dtype=dtype, inputs=inputs) + body)
+    return load_task(root)
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", sorted(CASES))
+async def test_each_template_is_correct_in_f32_and_bf16(worker_pool: Any, tmp_path: Any,
+                                                        name: str, dtype: str) -> None:
+    task = _task(tmp_path, name, dtype)
+    assert task.meta["dtype"] == dtype  # the dtype create_inputs declares
+    family, _inputs, _body, blocks = CASES[name]
+    source, why = write_template(agents.brief(task), family)
+    assert "TUNABLES" in source and "pallas_call" in source and why
+    source = tunables.apply(source, blocks)  # small blocks: a wrongly split axis shows
+    result = await worker_pool.evaluate(task, source, QUICK)
+    assert result.status == "correct", (result.error, result.correctness)
+    assert result.lowering["tpu"] == "ok"
+
+
+def test_the_matmul_template_reads_dot_general_and_keeps_its_precision(tmp_path: Any) -> None:
+    task = _task(tmp_path, "matmul_row_sum", "float32")
+    source, why = write_template(agents.brief(task), "matmul")
+    assert "PRECISION = lax.Precision.HIGHEST" in source and "HIGHEST" in why
+    assert "precision=PRECISION if x_ref.dtype == jnp.float32 else None" in source
+    assert "(((1,), (1,)), ((), ()))" in source  # the weight stays stored (n, k)
+    assert "VMEM_CAP" in source and "vmem_limit_bytes=_vmem_limit(" in source
+
+
+def test_the_epilogue_mixing_is_read_from_its_operations(tmp_path: Any) -> None:
+    """Which axes an epilogue reduces decides the blocks: read from its jaxpr."""
+    import jax
+    import jax.numpy as jnp
+
+    namespace: dict[str, Any] = {}
+    exec(compile(write_template(agents.brief(_task(tmp_path, "matmul_softmax", "float32")),
+                                "matmul")[0], "kernel.py", "exec"), namespace)
+    mixing = namespace["_mixing"]
+    tile = jax.ShapeDtypeStruct((64, 256), jnp.float32)
+    row = jax.ShapeDtypeStruct((1, 256), jnp.float32)
+    assert mixing(lambda a, b: jax.nn.relu(a + b) * 2.0, tile, row) == (False, False)
+    assert mixing(lambda a: jnp.sum(a, axis=1, keepdims=True), tile) == (False, True)
+    assert mixing(lambda a: jax.nn.softmax(a, axis=-1), tile) == (False, True)
+    assert mixing(lambda a: a - a.mean(axis=0), tile) == (True, False)
+    assert mixing(lambda a: a.reshape(64, 4, 64).mean(-1), tile) == (False, True)
+    assert mixing(lambda a: jnp.cumsum(a, axis=0), tile) == (True, False)
+    assert mixing(lambda a: a @ jnp.ones((256, 8)), tile) == (True, True)  # unknown: both
+    assert mixing(lambda a: a.T, tile) == (True, True)
