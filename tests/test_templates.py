@@ -42,6 +42,10 @@ MATMUL_INPUTS = ("(jax.random.normal(ks[0], (256, 256), dtype),\n"
 ROW_INPUTS = ("(jax.random.normal(ks[0], (2, 128, 384), dtype),\n"
               "            1.0 + 0.1 * jax.random.normal(ks[1], (384,), dtype))")
 
+CONV_INPUTS = ("(jax.random.normal(ks[0], (2, 8, 18, 20), dtype),\n"
+               "            jax.random.normal(ks[1], (16, 8, 3, 3), dtype) * 0.1,\n"
+               "            jax.random.normal(ks[2], (16,), dtype))")
+
 # (family, inputs, workload, small blocks)
 CASES: dict[str, tuple[str, str, str, dict[str, int]]] = {
     # 21k's form: the weight stored (n, k), contracted by dot_general, then a row sum
@@ -76,6 +80,16 @@ def workload(x, scale):
     var = jnp.var(x, axis=-1, keepdims=True)
     return (x - mean) * lax.rsqrt(var + 1e-5) * scale
 """, {"BLOCK_ROWS": 8}),
+    # 18k's form: NCHW in and out, the convolution in NHWC/HWIO, VALID, then a bias
+    "conv_nhwc": ("conv", CONV_INPUTS, """
+def workload(x, weight, bias):
+    x = jnp.transpose(x, (0, 2, 3, 1))
+    kernel = jnp.transpose(weight, (2, 3, 1, 0))
+    x = lax.conv_general_dilated(x, kernel, window_strides=(1, 1), padding='VALID',
+                                 dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+    x = jax.nn.relu(x + bias.reshape(1, 1, 1, -1))
+    return jnp.transpose(x, (0, 3, 1, 2))
+""", {"BLOCK_ROWS": 4}),
     "elementwise_gelu": ("elementwise", ROW_INPUTS, """
 def workload(x, scale):
     return jax.nn.gelu(x) * scale
@@ -136,3 +150,10 @@ def test_the_epilogue_mixing_is_read_from_its_operations(tmp_path: Any) -> None:
     assert mixing(lambda a: jnp.cumsum(a, axis=0), tile) == (True, False)
     assert mixing(lambda a: a @ jnp.ones((256, 8)), tile) == (True, True)  # unknown: both
     assert mixing(lambda a: a.T, tile) == (True, True)
+
+
+def test_a_convolution_is_read_as_the_conv_family_first(tmp_path: Any) -> None:
+    from tilewright.agents.offline.templates import infer_families
+
+    families = infer_families(agents.brief(_task(tmp_path, "conv_nhwc", "float32")))
+    assert families[0] == "conv" and "whole" in families
