@@ -46,6 +46,12 @@ CONV_INPUTS = ("(jax.random.normal(ks[0], (2, 8, 18, 20), dtype),\n"
                "            jax.random.normal(ks[1], (16, 8, 3, 3), dtype) * 0.1,\n"
                "            jax.random.normal(ks[2], (16,), dtype))")
 
+GROUPED_INPUTS = ("(jax.random.normal(ks[0], (2, 128, 256), dtype),\n"
+                  "            jax.random.normal(ks[1], (2, 256, 384), dtype) * 0.05)")
+SEQUENCE_INPUTS = ("(jax.random.normal(ks[0], (2, 64, 256), dtype),\n"
+                   "            jax.random.normal(ks[1], (256, 384), dtype) * 0.05,\n"
+                   "            jax.random.normal(ks[2], (384,), dtype))")
+
 # (family, inputs, workload, small blocks)
 CASES: dict[str, tuple[str, str, str, dict[str, int]]] = {
     # 21k's form: the weight stored (n, k), contracted by dot_general, then a row sum
@@ -69,6 +75,16 @@ def workload(x, weight, bias):
 def workload(x, weight, bias):
     return jax.nn.softmax(jax.nn.gelu(x @ weight.T + bias), axis=1)
 """, {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128}),
+    # 14p's ragged dot with equal groups: a batched product written as an einsum
+    "matmul_grouped_einsum": ("matmul", GROUPED_INPUTS, """
+def workload(x, weights):
+    return jnp.einsum('gmk,gkn->gmn', x, weights)
+""", {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128}),
+    # 9p's and 13p's layout: a (batch, seq, d) activation by a (d, n) weight
+    "matmul_sequence": ("matmul", SEQUENCE_INPUTS, """
+def workload(x, w, b):
+    return jax.nn.silu(jnp.dot(x, w) + b)
+""", {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128}),
     # a per-row statistic: the output keeps the rows, not the columns
     "row_logsumexp": ("rowwise", ROW_INPUTS, """
 def workload(x, scale):

@@ -266,6 +266,13 @@ class _CutMatmul(ast.NodeTransformer):
         left = right = None
         if name in ("dot", "matmul") and len(node.args) >= 2:
             left, right = node.args[0], node.args[1]
+        elif name == "einsum" and len(node.args) == 3 and all(
+                isinstance(a, ast.Name) for a in node.args[1:]):
+            form = _einsum_form(_literal(node.args[0]))
+            if form is not None:
+                left, right = node.args[1], node.args[2]
+                if form == "transposed":
+                    right = ast.Attribute(right, "T", ast.Load())
         elif name == "dot_general" and len(node.args) >= 2:
             numbers = node.args[2] if len(node.args) > 2 else next(
                 (k.value for k in node.keywords if k.arg == "dimension_numbers"), None)
@@ -383,6 +390,33 @@ def _resized(shape, out):
 """
 
 
+def _einsum_form(spec: object) -> str | None:
+    """What the matmul template can do with an einsum of two operands: ``plain`` for a
+    product over the lhs's last axis by a (k, n) or batched (g, k, n) rhs
+    (``'bsd,df->bsf'``, ``'gmk,gkn->gmn'``), ``transposed`` for a (n, k) rhs
+    (``'mk,nk->mn'``); None for anything else."""
+    if not isinstance(spec, str) or "->" not in spec or "." in spec:
+        return None
+    inputs, out = "".join(spec.split()).split("->")
+    if inputs.count(",") != 1:
+        return None
+    a, b = inputs.split(",")
+    shared = set(a) & set(b) - set(out)
+    if len(shared) != 1 or len(set(a)) != len(a) or len(set(b)) != len(b):
+        return None
+    c = shared.pop()
+    if not a or a[-1] != c:
+        return None
+    if len(b) == 2 and b[0] == c and out == a[:-1] + b[1]:
+        return "plain"
+    if len(b) == 2 and b[1] == c and out == a[:-1] + b[0]:
+        return "transposed"
+    if len(b) == 3 == len(a) and b[0] == a[0] == out[0] and b[1] == c \
+            and out == a[:-1] + b[2]:
+        return "plain"  # batched: (g, m, k) by (g, k, n)
+    return None
+
+
 def _literal(node: ast.AST | None) -> object:
     try:
         return ast.literal_eval(node) if node is not None else None
@@ -418,11 +452,15 @@ def _matmul(brief: TaskBrief) -> tuple[str, str]:
     if cutter.transposed:  # w is (n, k): contract both operands' last axes on the MXU
         dot = ("jax.lax.dot_general(x_ref[...], w_ref[...], (((1,), (1,)), ((), ())),\n"
                f"                                  preferred_element_type=jnp.float32{precision})")
-        n_of_w, w_block = "w.shape[0]", "pl.BlockSpec((bn, bk), lambda i, j, kk: (j, kk))"
+        n_of_w = "w.shape[-2]"
+        w_block = "pl.BlockSpec((None, bn, bk), lambda b, i, j, kk: (b, j, kk))"
+        w_block_2d = "pl.BlockSpec((bn, bk), lambda b, i, j, kk: (j, kk))"
         w_bytes = "bn * bk"
     else:
         dot = f"jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32{precision})"
-        n_of_w, w_block = "w.shape[1]", "pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))"
+        n_of_w = "w.shape[-1]"
+        w_block = "pl.BlockSpec((None, bk, bn), lambda b, i, j, kk: (b, kk, j))"
+        w_block_2d = "pl.BlockSpec((bk, bn), lambda b, i, j, kk: (kk, j))"
         w_bytes = "bk * bn"
     src = _preamble(brief, "tiled matmul with a fused epilogue") + _IMPORTS + "\n"
     src += "\n\n\n".join(x for x in ("# From the task's reference.\n" + head if head else "",
@@ -445,7 +483,7 @@ TUNABLES = {{"BLOCK_M": [128, 256, 512, 1024, 2048], "BLOCK_N": [128, 256, 512, 
 
 def _body(x_ref, w_ref, *refs):
     *extra_refs, o_ref, acc_ref = refs
-    k = pl.program_id(2)
+    k = pl.program_id(3)
 
     @pl.when(k == 0)
     def _init():
@@ -453,7 +491,7 @@ def _body(x_ref, w_ref, *refs):
 
     acc_ref[...] += {dot}
 
-    @pl.when(k == pl.num_programs(2) - 1)
+    @pl.when(k == pl.num_programs(3) - 1)
     def _finish():
         out = _epilogue(acc_ref[...], *(r[...] for r in extra_refs))
         o_ref[...] = out.reshape(o_ref.shape).astype(o_ref.dtype)
@@ -479,19 +517,32 @@ def _as_operand(a, m, n):
 def _operand_spec(a, m, n, bm, bn):
     rows = bm if a.shape[0] == m else 1
     cols = bn if a.shape[1] == n else 1
-    return pl.BlockSpec((rows, cols), lambda i, j, kk: (i if rows == bm else 0,
-                                                        j if cols == bn else 0))
+    return pl.BlockSpec((rows, cols), lambda b, i, j, kk: (i if rows == bm else 0,
+                                                           j if cols == bn else 0))
 
 
 @jax.jit
 def {brief.entry}({order}):{unpack}
-    m, k = x.shape
+    # A batched product ((g, m, k) by (g, k, n)) walks the groups as the outer grid axis;
+    # otherwise the lhs's leading axes are flattened into the rows.
+    batched = w.ndim == 3
+    if batched and (x.ndim != 3 or x.shape[0] != w.shape[0]):
+        raise ValueError(f"x {{x.shape}} by w {{w.shape}}: a batched product needs (g, m, k) "
+                         "by (g, k, n)")
+    g = x.shape[0] if batched else 1
+    lead = x.shape[:-1]
+    x = x if batched else x.reshape(1, -1, x.shape[-1])
+    m, k = x.shape[1:]
     n = {n_of_w}
-    extras = [_as_operand(a, m, n) for a in {rest_tuple}]
+    extras = [_as_operand(a.reshape(m, n) if a.ndim > 2 and a.size == m * n and not batched
+                          else a, m, n) for a in {rest_tuple}]
     # Which axes the epilogue reduces or moves (a row sum, a softmax, a batch norm): an
     # axis it mixes is not split, its whole length is one block.
     rows_mixed, cols_mixed = _mixing(_epilogue, jax.ShapeDtypeStruct((m, n), jnp.float32),
                                      *extras)
+    if batched and (rows_mixed or cols_mixed):
+        raise ValueError("the epilogue of a batched product reduces an axis: this template "
+                         "fuses only elementwise epilogues there")
     bm = m if rows_mixed else min(BLOCK_M, m)
     bn = n if cols_mixed else min(BLOCK_N, n)
     bk = _k_block(k, BLOCK_K)
@@ -522,33 +573,40 @@ def {brief.entry}({order}):{unpack}
         bn //= 2
     tile = jax.eval_shape(_epilogue, jax.ShapeDtypeStruct((bm, bn), jnp.float32),
                           *tile_shapes(bm, bn))
-    if full.shape == (m, n):
-        out_shape, out_block, out_index = (m, n), (bm, bn), lambda i, j, kk: (i, j)
+    if batched:
+        out_shape, out_block, out_index = (g, m, n), (None, bm, bn), \
+            lambda b, i, j, kk: (b, i, j)
+    elif full.shape == (m, n):
+        out_shape, out_block, out_index = (m, n), (bm, bn), lambda b, i, j, kk: (i, j)
     elif not rows_mixed and full.size % m == 0 and tile.size == bm * (full.size // m):
         # a row-wise epilogue that reduces the row (a row sum, a logsumexp): (m, r)
         r = full.size // m
-        out_shape, out_block, out_index = (m, r), (bm, r), lambda i, j, kk: (i, 0)
+        out_shape, out_block, out_index = (m, r), (bm, r), lambda b, i, j, kk: (i, 0)
     elif not cols_mixed and full.size % n == 0 and tile.size == bn * (full.size // n):
         r = full.size // n  # a column-wise one (a column statistic): (r, n)
-        out_shape, out_block, out_index = (r, n), (r, bn), lambda i, j, kk: (0, j)
+        out_shape, out_block, out_index = (r, n), (r, bn), lambda b, i, j, kk: (0, j)
     else:  # both axes mixed: one block holds the whole product
         cols = full.shape[-1] if full.shape else 1
         out_shape = (full.size // cols, cols)
-        out_block, out_index = out_shape, lambda i, j, kk: (0, 0)
+        out_block, out_index = out_shape, lambda b, i, j, kk: (0, 0)
+    w_block = {w_block} if batched else {w_block_2d}
     out = pl.pallas_call(
         _body,
         out_shape=jax.ShapeDtypeStruct(out_shape, full.dtype),
-        grid=(pl.cdiv(m, bm), pl.cdiv(n, bn), pl.cdiv(k, bk)),
-        in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
-                  {w_block},
+        grid=(g, pl.cdiv(m, bm), pl.cdiv(n, bn), pl.cdiv(k, bk)),
+        in_specs=[pl.BlockSpec((None, bm, bk), lambda b, i, j, kk: (b, i, kk)),
+                  w_block,
                   *(_operand_spec(a, m, n, bm, bn) for a in extras)],
         out_specs=pl.BlockSpec(out_block, out_index),
         scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
             vmem_limit_bytes=_vmem_limit(need(bm, bn, bk))),
     )(x, w, *extras)
-    return out.reshape(full.shape)
+    if batched:
+        return out.reshape(g, m, n) if full.shape == (m, n) else out
+    return out.reshape(*lead, n) if full.shape == (m, n) and len(lead) > 1 else \
+        out.reshape(full.shape)
 """
     why = (f"Matmul with an epilogue: the reference's `{lhs} @ {rhs}` becomes a tiled MXU matmul "
            "over a (m/BLOCK_M, n/BLOCK_N, k/BLOCK_K) grid with k innermost and 'arbitrary'; a "
