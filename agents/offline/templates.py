@@ -765,9 +765,9 @@ def _flash(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *, scale, bq, bk):
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
     def _step():
-        q = q_ref[0].astype(jnp.float32) * scale
-        s = jax.lax.dot_general(q, k_ref[0].astype(jnp.float32), (((1,), (1,)), ((), ())),
-                                preferred_element_type=jnp.float32)
+        # q and k go to the MXU in their own dtype (bf16 stays bf16), scores in f32
+        s = jax.lax.dot_general(q_ref[0], k_ref[0], (((1,), (1,)), ((), ())),
+                                preferred_element_type=jnp.float32) * scale
         if CAUSAL:
             row = qi * bq + jax.lax.broadcasted_iota(jnp.int32, s.shape, 0)
             col = ki * bk + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
@@ -778,7 +778,7 @@ def _flash(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *, scale, bq, bk):
         alpha = jnp.exp(m_prev - m_new)
         l_ref[...] = alpha * l_ref[...] + p.sum(axis=-1, keepdims=True)
         acc_ref[...] = alpha * acc_ref[...] + jnp.dot(
-            p, v_ref[0].astype(jnp.float32), preferred_element_type=jnp.float32)
+            p.astype(v_ref.dtype), v_ref[0], preferred_element_type=jnp.float32)
         m_ref[...] = m_new
 
     if CAUSAL:  # key blocks entirely above the diagonal contribute nothing
