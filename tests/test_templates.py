@@ -52,6 +52,10 @@ SEQUENCE_INPUTS = ("(jax.random.normal(ks[0], (2, 64, 256), dtype),\n"
                    "            jax.random.normal(ks[1], (256, 384), dtype) * 0.05,\n"
                    "            jax.random.normal(ks[2], (384,), dtype))")
 
+LABEL_INPUTS = ("(jax.random.normal(ks[0], (64, 128), dtype),\n"
+                "            jax.random.normal(ks[1], (128, 320), dtype) * 0.2,\n"
+                "            jax.random.randint(ks[2], (64,), 0, 320))")
+
 # (family, inputs, workload, small blocks)
 CASES: dict[str, tuple[str, str, str, dict[str, int]]] = {
     # 21k's form: the weight stored (n, k), contracted by dot_general, then a row sum
@@ -85,6 +89,15 @@ def workload(x, weights):
 def workload(x, w, b):
     return jax.nn.silu(jnp.dot(x, w) + b)
 """, {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128}),
+    # 13p's: a projection onto a vocabulary, then softmax cross entropy against labels;
+    # 320 columns in blocks of 128: the last block runs past the vocabulary
+    "cross_entropy": ("cross_entropy", LABEL_INPUTS, """
+def workload(hidden, weight, labels):
+    logits = jnp.dot(hidden, weight)
+    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    one_hot = jax.nn.one_hot(labels, logits.shape[-1])
+    return jnp.mean(-jnp.sum(one_hot * log_probs, axis=-1))
+""", {"BLOCK_M": 32, "BLOCK_V": 128}),
     # a per-row statistic: the output keeps the rows, not the columns
     "row_logsumexp": ("rowwise", ROW_INPUTS, """
 def workload(x, scale):
@@ -168,8 +181,10 @@ def test_the_epilogue_mixing_is_read_from_its_operations(tmp_path: Any) -> None:
     assert mixing(lambda a: a.T, tile) == (True, True)
 
 
-def test_a_convolution_is_read_as_the_conv_family_first(tmp_path: Any) -> None:
+def test_a_convolution_and_a_cross_entropy_are_read_as_their_families(tmp_path: Any) -> None:
     from tilewright.agents.offline.templates import infer_families
 
     families = infer_families(agents.brief(_task(tmp_path, "conv_nhwc", "float32")))
     assert families[0] == "conv" and "whole" in families
+    families = infer_families(agents.brief(_task(tmp_path, "cross_entropy", "float32")))
+    assert families[:2] == ("cross_entropy", "matmul")

@@ -12,7 +12,7 @@ from tilewright.agents.base import TaskBrief
 
 # The reference's function name per task layout.
 REFERENCE_NAMES = {"native": "reference", "jaxbench": "workload", "maxkernel": "computation"}
-FAMILIES = ("elementwise", "rowwise", "matmul", "attention", "conv")
+FAMILIES = ("elementwise", "rowwise", "matmul", "attention", "conv", "cross_entropy")
 FALLBACK = "whole"  # the universal fallback, tried after every family
 _SKIP_FUNCTIONS = {"make_inputs", "flops", "create_inputs", "get_flops", "get_inputs",
                    "benchmark", "main"}
@@ -132,7 +132,7 @@ def infer_families(brief: TaskBrief) -> tuple[str, ...]:
     except SyntaxError:
         return (*FAMILIES, FALLBACK)
     matmuls = 0
-    rows = softmax = conv = False
+    rows = softmax = conv = labels = False
     for node in ast.walk(tree):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
             matmuls += 1
@@ -142,9 +142,12 @@ def infer_families(brief: TaskBrief) -> tuple[str, ...]:
             matmuls += name in _MATMUL_CALLS
             conv |= name in ("conv_general_dilated", "conv", "conv_with_general_padding")
             softmax |= name in ("softmax", "log_softmax", "logsumexp")
+            labels |= name in ("one_hot", "take_along_axis")
             rows |= name in _ROW_CALLS or any(k.arg in ("axis", "axes") for k in node.keywords)
     if conv:
         likely = ("conv",)
+    elif matmuls and softmax and labels:
+        likely = ("cross_entropy", "matmul")
     elif matmuls >= 2 and softmax:
         likely = ("attention", "matmul")
     elif matmuls:

@@ -45,6 +45,8 @@ def write_template(brief: TaskBrief, family: str | None = None) -> tuple[str, st
         return _attention(brief)
     if family == "conv":
         return _conv(brief)
+    if family == "cross_entropy":
+        return _cross_entropy(brief)
     if family == FALLBACK:
         return _whole(brief)
     raise TemplateError(
@@ -973,4 +975,105 @@ def _conv(brief: TaskBrief) -> tuple[str, str]:
            "width is padded to whole sublane tiles so a window flattens without a "
            "relayout; the rest of the reference (its layout changes, bias and activations) "
            "runs as written around the kernel. The tuner sizes BLOCK_ROWS next.")
+    return src, why
+
+
+_CROSS_ENTROPY_KERNEL = '''
+
+BLOCK_M = 512  # rows (tokens) per block; each keeps its whole hidden row in VMEM
+BLOCK_V = 1024  # vocabulary columns per grid step
+TUNABLES = {"BLOCK_M": [128, 256, 512, 1024], "BLOCK_V": [256, 512, 1024, 2048, 4096]}
+''' + _VMEM_HELPERS + '''
+
+def _ce_body(labels_ref, x_ref, w_ref, loss_ref, m_ref, l_ref, t_ref, *, vocab, bv,
+             transposed):
+    """One (rows, vocabulary block) step: the block's logits on the MXU, folded into each
+    row's running max, sum of exponentials and label logit (an online logsumexp), so the
+    (tokens x vocabulary) logits never reach HBM."""
+    j = pl.program_id(1)
+
+    @pl.when(j == 0)
+    def _init():
+        m_ref[...] = jnp.full_like(m_ref, -jnp.inf)
+        l_ref[...] = jnp.zeros_like(l_ref)
+        t_ref[...] = jnp.zeros_like(t_ref)
+
+    dims = (((1,), (1,)), ((), ())) if transposed else (((1,), (0,)), ((), ()))
+    logits = jax.lax.dot_general(x_ref[...], w_ref[...], dims,
+                                 preferred_element_type=jnp.float32)
+    col = j * bv + jax.lax.broadcasted_iota(jnp.int32, logits.shape, 1)
+    logits = jnp.where(col < vocab, logits, -jnp.inf)  # the last block may run past
+    m_prev = m_ref[...]
+    m_new = jnp.maximum(m_prev, logits.max(axis=-1, keepdims=True))
+    l_ref[...] = jnp.exp(m_prev - m_new) * l_ref[...] + jnp.exp(logits - m_new).sum(
+        axis=-1, keepdims=True)
+    m_ref[...] = m_new
+    t_ref[...] += jnp.where(col == labels_ref[...], logits, 0.0).sum(axis=-1, keepdims=True)
+
+    @pl.when(j == pl.num_programs(1) - 1)
+    def _finish():
+        loss_ref[...] = m_ref[...] + jnp.log(l_ref[...]) - t_ref[...]
+
+
+def _row_losses(x, w, labels):
+    """-log softmax(x @ w)[label] per row, for x (rows, d), w (d, vocab) or (vocab, d)."""
+    rows, d = x.shape
+    transposed = w.shape[0] != d
+    vocab = w.shape[0] if transposed else w.shape[1]
+    bm, bv = min(BLOCK_M, rows), min(BLOCK_V, vocab)
+    item = x.dtype.itemsize
+
+    def need(bm, bv):  # double-buffered x rows and w columns, f32 logits and their exps
+        return 2 * (bm * d + d * bv) * w.dtype.itemsize + 3 * bm * bv * 4 + 2 * bm * d * item
+
+    while need(bm, bv) > VMEM_CAP and bv > 128:
+        bv //= 2
+    while need(bm, bv) > VMEM_CAP and bm > 8 and rows % (bm // 2) == 0:
+        bm //= 2
+    w_spec = (pl.BlockSpec((bv, d), lambda i, j: (j, 0)) if transposed
+              else pl.BlockSpec((d, bv), lambda i, j: (0, j)))
+    losses = pl.pallas_call(
+        functools.partial(_ce_body, vocab=vocab, bv=bv, transposed=transposed),
+        out_shape=jax.ShapeDtypeStruct((rows, 1), jnp.float32),
+        grid=(pl.cdiv(rows, bm), pl.cdiv(vocab, bv)),
+        in_specs=[pl.BlockSpec((bm, 1), lambda i, j: (i, 0)),
+                  pl.BlockSpec((bm, d), lambda i, j: (i, 0)),
+                  w_spec],
+        out_specs=pl.BlockSpec((bm, 1), lambda i, j: (i, 0)),
+        scratch_shapes=[pltpu.VMEM((bm, 1), jnp.float32) for _ in range(3)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "arbitrary"),
+            vmem_limit_bytes=_vmem_limit(need(bm, bv))),
+    )(labels.reshape(rows, 1).astype(jnp.int32), x, w)
+    return losses.reshape(rows)
+'''
+
+
+def _cross_entropy(brief: TaskBrief) -> tuple[str, str]:
+    """Linear cross entropy: ``mean(-log_softmax(h @ w)[label])`` (or the per-row losses)
+    for a reference that projects hidden states onto a vocabulary and takes a softmax
+    cross entropy against integer labels. Its own math is not reused (the logits are
+    never formed); the checks decide whether the reference is this computation."""
+    _head, fn, _helpers = reference_parts(brief)
+    params = [a.arg for a in fn.args.args]
+    if len(params) != 3:
+        raise TemplateError("the cross-entropy template needs a reference taking hidden "
+                            "states, a projection weight and integer labels")
+    hidden, weight, labels = params
+    src = _preamble(brief, "linear cross entropy with an online logsumexp") + _IMPORTS
+    src += _CROSS_ENTROPY_KERNEL + f'''
+
+@jax.jit
+def {brief.entry}({hidden}, {weight}, {labels}):
+    x = {hidden}.reshape(-1, {hidden}.shape[-1])
+    losses = _row_losses(x, {weight}, {labels}.reshape(-1))
+    return jnp.mean(losses)
+'''
+    why = ("Cross entropy after a projection: the reference forms the (tokens x vocabulary) "
+           "logits, takes a log-softmax and picks each row's label. The kernel never forms "
+           "them: for each block of BLOCK_M token rows (the whole hidden row in VMEM, read "
+           "once) it walks the vocabulary in BLOCK_V-column blocks (the 'arbitrary' axis), "
+           "computes each block's logits on the MXU in f32 and folds them into the row's "
+           "running max, sum of exponentials and label logit; the last block writes "
+           "max + log(sum) - label logit. Only the mean of the per-row losses runs outside.")
     return src, why
