@@ -183,21 +183,23 @@ def test_jaxbench_overrides_config_keys_constants_and_dtype() -> None:
 
 
 def test_a_jaxbench_task_loads_in_its_published_dtype(tmp_path: Path) -> None:
-    """JAXBench's benchmark() calls create_inputs() with its default: that is the dtype
-    the task runs in, at the check shapes and at production; --set dtype= changes it."""
+    """JAXBench's harness calls create_inputs(dtype=jnp.bfloat16) whenever it takes a
+    dtype, whatever its default: that is the dtype the task runs in, at the check shapes
+    and at production; --set dtype= changes it."""
     bf16 = load_task(FIXTURES / "jaxbench_scaled_tanh", {"rows": "16", "cols": "256"})
     assert bf16.meta["dtype"] == "bfloat16"
     assert bf16.production_task().meta["dtype"] == "bfloat16"
     assert load_task(FIXTURES / "jaxbench_scaled_tanh",
                      {"dtype": "float32"}).meta["dtype"] == "float32"
     text = (FIXTURES / "jaxbench_scaled_tanh" / "baseline.py").read_text()
-    for default, expected in (("jnp.float32", "float32"), ("None", "float32"),
-                              ("jnp.float16", "float16")):
-        root = tmp_path / expected / default
+    for written, expected in (("dtype=jnp.float32", "bfloat16"), ("dtype=None", "bfloat16"),
+                              ("*, dtype=jnp.float16", "bfloat16"), ("", "float32")):
+        root = tmp_path / (written.replace("*", "").replace(",", "").replace("=", "_")
+                           .replace(".", "_").strip() or "no_dtype")
         root.mkdir(parents=True)
-        (root / "baseline.py").write_text(text.replace("dtype=jnp.bfloat16",
-                                                       f"dtype={default}"))
-        assert load_task(root).meta["dtype"] == expected, default
+        (root / "baseline.py").write_text(text.replace("dtype=jnp.bfloat16", written)
+                                          .replace("dtype=dtype", ""))
+        assert load_task(root).meta["dtype"] == expected, written
 
 
 def test_maxkernel_overrides_input_gen_constants() -> None:

@@ -140,8 +140,9 @@ def test_jaxbench_production_is_config_as_written(tmp_path: Path) -> None:
                              "--no-bundled", "--json", "--set", "batch=64"],
                             capture_output=True, text=True, cwd=ROOT, timeout=300)
     row = json.loads(listed.stdout)["tasks"][0]
-    assert row["inputs"]["default"]["inputs"] == [[[64, 1024], "float32"]]
-    assert row["production"]["inputs"] == [[[4096, 1024], "float32"]]
+    # bfloat16, as JAXBench's harness builds them (create_inputs takes a dtype)
+    assert row["inputs"]["default"]["inputs"] == [[[64, 1024], "bfloat16"]]
+    assert row["production"]["inputs"] == [[[4096, 1024], "bfloat16"]]
 
 
 @ON_MODULE_LOOP

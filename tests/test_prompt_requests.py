@@ -1,8 +1,8 @@
 """What the model sees, read off the wire (issue 23, and issue 22's untrusted fences).
 
 One real ``tilewright auto --agent openai`` run against a local chat-completions server
-on a JAXBench-layout task shrunk with ``--set`` (its ``create_inputs`` defaults to
-bfloat16; the harness builds float32): five versions evaluated by a real worker (TPU
+on a JAXBench-layout task shrunk with ``--set`` (its ``create_inputs`` takes no dtype and
+builds float32): five versions evaluated by a real worker (TPU
 interpret mode, the TPU compiler's estimate for v5e), a read-only lookup on the way, a
 regression, and a candidate whose error message and stderr try to give the model
 orders and to close the untrusted fence. Every assertion is on the request bodies the
@@ -40,11 +40,11 @@ import jax.numpy as jnp
 CONFIG = {'name': 'scaled_tanh', 'rows': 512, 'cols': 1024, 'atol': 1e-5, 'rtol': 1e-5}
 
 
-def create_inputs(dtype=jnp.bfloat16):
+def create_inputs():
     key = jax.random.key(42)
     k1, k2 = jax.random.split(key)
-    x = jax.random.normal(k1, (CONFIG['rows'], CONFIG['cols']), dtype=dtype)
-    w = jax.random.normal(k2, (1, CONFIG['cols']), dtype=dtype)
+    x = jax.random.normal(k1, (CONFIG['rows'], CONFIG['cols']), dtype=jnp.float32)
+    w = jax.random.normal(k2, (1, CONFIG['cols']), dtype=jnp.float32)
     return x, w
 
 
@@ -156,7 +156,7 @@ def turn_of(run: dict[str, Any], version_count: int) -> str:
 def test_every_request_names_the_task_as_it_runs_and_the_ranking_rule(run) -> None:
     first = user_text(run["requests"][0])
     # The entry point with its arguments, and the arrays the harness really builds:
-    # float32 at the --set size, though create_inputs defaults to bfloat16.
+    # float32 (create_inputs takes no dtype) at the --set size.
     assert "Entry point: `workload(x, w)`" in first
     assert "- default (rows=64, cols=256): x f32[64,256], w f32[1,256]" in first
     assert "CONFIG overridden by --set rows=64, cols=256" in first

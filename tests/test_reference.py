@@ -276,11 +276,11 @@ CONFIG = {"name": "gemm_add_relu", "batch_size": 512, "in_features": 256,
           "out_features": 256}
 
 
-def create_inputs(dtype=jnp.float32):
+def create_inputs():  # no dtype: float32 (JAXBench's harness would pass bfloat16)
     key = jax.random.PRNGKey(0)
-    x = jax.random.uniform(key, (512, 256), dtype=dtype)
-    weight = jax.random.uniform(jax.random.fold_in(key, 1), (256, 256), dtype=dtype)
-    bias = jnp.zeros(256, dtype=dtype)
+    x = jax.random.uniform(key, (512, 256), dtype=jnp.float32)
+    weight = jax.random.uniform(jax.random.fold_in(key, 1), (256, 256), dtype=jnp.float32)
+    bias = jnp.zeros(256, dtype=jnp.float32)
     return x, weight, bias
 
 

@@ -26,15 +26,9 @@ class Function:
     params: tuple[str, ...]  # positional-or-keyword and keyword-only names, in order
     var_positional: bool
     var_keyword: bool
-    # parameter name -> its default as written (``jnp.bfloat16``), for those that have one
-    defaults: tuple[tuple[str, str], ...] = ()
 
     def accepts_keyword(self, name: str) -> bool:
         return self.var_keyword or name in self.params
-
-    def default(self, name: str) -> str | None:
-        """The default of parameter ``name`` as source text, or None."""
-        return dict(self.defaults).get(name)
 
 
 @dataclass(frozen=True)
@@ -67,15 +61,9 @@ class PySource:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 args = node.args
                 names = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
-                positional = [*args.posonlyargs, *args.args]
-                pairs = list(zip(positional[len(positional) - len(args.defaults):],
-                                 args.defaults, strict=True))
-                pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults,
-                                                 strict=True) if d is not None]
                 found[node.name] = Function(
                     node.name, node.lineno + self.line_offset, tuple(names),
                     args.vararg is not None, args.kwarg is not None,
-                    tuple((a.arg, ast.unparse(d)) for a, d in pairs),
                 )
         return found
 
