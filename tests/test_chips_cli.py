@@ -72,3 +72,26 @@ def test_v7x_says_what_the_libtpu_in_use_does() -> None:
     new = estimator_refusal("v7x", "0.0.50.1")
     assert "returns cycles" in new and "no v7x clock" in new
     assert estimator_refusal("v5e", "0.0.42.1") is None
+
+
+def test_vmem_per_core_agrees_with_pallas_own_tpu_info() -> None:
+    """The table's VMEM per core is what Pallas itself says each generation has
+    (``pltpu.get_tpu_info_for_chip``, on jax 0.10.2 and 0.12 alike): the figure the
+    templates' VMEM_CAP, the tuner's model and the judge's refusals are checked against."""
+    import importlib
+
+    from jax.experimental.pallas import tpu as pltpu
+
+    for where in ("jax._src.tpu_info", "jax._src.pallas.mosaic.tpu_info"):
+        try:
+            versions = importlib.import_module(where).ChipVersion
+            break
+        except (ImportError, AttributeError):
+            continue
+    else:
+        raise AssertionError("no ChipVersion in this jax: where did tpu_info go?")
+    names = {"v4": "TPU_V4", "v5e": "TPU_V5E", "v5p": "TPU_V5P", "v6e": "TPU_V6E",
+             "v7x": "TPU_7X"}
+    for chip, version in names.items():
+        info = pltpu.get_tpu_info_for_chip(versions[version], 1)
+        assert CHIPS[chip].vmem_bytes == info.vmem_capacity_bytes, chip
