@@ -377,8 +377,8 @@ def test_a_family_is_inferred_from_the_reference(task_dir: str, family: str) -> 
     assert brief.family is None
     order = infer_families(brief)
     assert order[0] == family
-    assert sorted(order) == ["attention", "conv", "cross_entropy", "elementwise", "matmul",
-                             "rowwise", "whole"]
+    assert sorted(order) == ["attention", "conv", "cross_entropy", "elementwise",
+                             "gated_mlp", "matmul", "rowwise", "whole"]
 
 
 def test_a_failed_guess_moves_on_to_the_next_family() -> None:

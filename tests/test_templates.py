@@ -56,6 +56,11 @@ LABEL_INPUTS = ("(jax.random.normal(ks[0], (64, 128), dtype),\n"
                 "            jax.random.normal(ks[1], (128, 320), dtype) * 0.2,\n"
                 "            jax.random.randint(ks[2], (64,), 0, 320))")
 
+MLP_INPUTS = ("(jax.random.normal(ks[0], (2, 64, 256), dtype),\n"
+              "            jax.random.normal(ks[1], (256, 384), dtype) * 0.05,\n"
+              "            jax.random.normal(ks[2], (256, 384), dtype) * 0.05,\n"
+              "            jax.random.normal(ks[3], (384, 256), dtype) * 0.05)")
+
 # (family, inputs, workload, small blocks)
 CASES: dict[str, tuple[str, str, str, dict[str, int]]] = {
     # 21k's form: the weight stored (n, k), contracted by dot_general, then a row sum
@@ -98,6 +103,13 @@ def workload(hidden, weight, labels):
     one_hot = jax.nn.one_hot(labels, logits.shape[-1])
     return jnp.mean(-jnp.sum(one_hot * log_probs, axis=-1))
 """, {"BLOCK_M": 32, "BLOCK_V": 128}),
+    # 9p's SwiGLU: both products of x in one kernel, the down projection in a second
+    "gated_mlp": ("gated_mlp", MLP_INPUTS, """
+def workload(x, gate_kernel, up_kernel, down_kernel):
+    gate = jax.nn.silu(jnp.dot(x, gate_kernel))
+    up = jnp.dot(x, up_kernel)
+    return jnp.dot(gate * up, down_kernel)
+""", {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128}),
     # a per-row statistic: the output keeps the rows, not the columns
     "row_logsumexp": ("rowwise", ROW_INPUTS, """
 def workload(x, scale):
@@ -189,3 +201,5 @@ def test_a_convolution_and_a_cross_entropy_are_read_as_their_families(tmp_path: 
     assert families[0] == "conv" and "whole" in families
     families = infer_families(agents.brief(_task(tmp_path, "cross_entropy", "float32")))
     assert families[:2] == ("cross_entropy", "matmul")
+    families = infer_families(agents.brief(_task(tmp_path, "gated_mlp", "float32")))
+    assert families[:2] == ("gated_mlp", "matmul")

@@ -12,7 +12,8 @@ from tilewright.agents.base import TaskBrief
 
 # The reference's function name per task layout.
 REFERENCE_NAMES = {"native": "reference", "jaxbench": "workload", "maxkernel": "computation"}
-FAMILIES = ("elementwise", "rowwise", "matmul", "attention", "conv", "cross_entropy")
+FAMILIES = ("elementwise", "rowwise", "matmul", "attention", "conv", "cross_entropy",
+            "gated_mlp")
 FALLBACK = "whole"  # the universal fallback, tried after every family
 _SKIP_FUNCTIONS = {"make_inputs", "flops", "create_inputs", "get_flops", "get_inputs",
                    "benchmark", "main"}
@@ -148,6 +149,8 @@ def infer_families(brief: TaskBrief) -> tuple[str, ...]:
         likely = ("conv",)
     elif matmuls and softmax and labels:
         likely = ("cross_entropy", "matmul")
+    elif matmuls == 3 and not softmax:
+        likely = ("gated_mlp", "matmul")
     elif matmuls >= 2 and softmax:
         likely = ("attention", "matmul")
     elif matmuls:
