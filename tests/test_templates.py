@@ -61,6 +61,11 @@ MLP_INPUTS = ("(jax.random.normal(ks[0], (2, 64, 256), dtype),\n"
               "            jax.random.normal(ks[2], (256, 384), dtype) * 0.05,\n"
               "            jax.random.normal(ks[3], (384, 256), dtype) * 0.05)")
 
+FLEX_INPUTS = ("(jax.random.normal(ks[0], (1, 2, 256, 128), dtype),\n"
+               "            jax.random.normal(ks[1], (1, 2, 256, 128), dtype),\n"
+               "            jax.random.normal(ks[2], (1, 2, 256, 128), dtype),\n"
+               "            jax.random.normal(ks[3], (2, 256, 256), dtype))")
+
 # (family, inputs, workload, small blocks)
 CASES: dict[str, tuple[str, str, str, dict[str, int]]] = {
     # 21k's form: the weight stored (n, k), contracted by dot_general, then a row sum
@@ -110,6 +115,15 @@ def workload(x, gate_kernel, up_kernel, down_kernel):
     up = jnp.dot(x, up_kernel)
     return jnp.dot(gate * up, down_kernel)
 """, {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128}),
+    # 5p's flex attention: a per-head relative position bias added to the scaled scores
+    "attention_score_bias": ("attention", FLEX_INPUTS, """
+def workload(q, k, v, rel_pos_bias):
+    attn = jnp.einsum('bhqd,bhkd->bhqk', q, k) * q.shape[-1] ** -0.5
+    attn = attn + rel_pos_bias[None, :, :, :]
+    causal = jnp.tril(jnp.ones((256, 256), dtype=jnp.bool_))
+    attn = jnp.where(causal[None, None, :, :], attn, -1e30)
+    return jnp.einsum('bhqk,bhkd->bhqd', jax.nn.softmax(attn, axis=-1), v)
+""", {"BLOCK_Q": 128, "BLOCK_K": 128}),
     # a per-row statistic: the output keeps the rows, not the columns
     "row_logsumexp": ("rowwise", ROW_INPUTS, """
 def workload(x, scale):

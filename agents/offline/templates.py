@@ -738,6 +738,14 @@ def _attention(brief: TaskBrief) -> tuple[str, str]:
     seq_major = "transpose(0,2,1,3)" in "".join(text.split())
     q, k, v = params[:3]
     extra = params[3:]
+    # One more argument added to the scores (flex attention's relative position bias):
+    # a (..., seq_q, seq_k) array whose leading dims are the trailing ones of q's heads.
+    flat = "".join(text.split())
+    bias = next((name for name in extra if any(f"{w}+{name.lower()}" in flat or
+                                               f"+{name.lower()}[" in flat
+                                               for w in ("attn", "scores", "s", "logits"))),
+                None)
+    extra = [name for name in extra if name != bias]
     signature = ", ".join(params)
     src = _preamble(brief, "flash attention (online softmax over key blocks)") + _IMPORTS
     src += f'''
@@ -745,6 +753,7 @@ def _attention(brief: TaskBrief) -> tuple[str, str]:
 CAUSAL = {causal}
 SCALED = {scaled}  # the reference multiplies the scores by head_dim ** -0.5
 SEQ_MAJOR = {seq_major}  # inputs and output are (batch, seq, heads, head_dim)
+BIAS = {bias is not None}  # the reference adds `{bias}` to the (scaled) scores
 BLOCK_Q = 512
 BLOCK_K = 512
 TUNABLES = {{"BLOCK_Q": [128, 256, 512, 1024, 2048], "BLOCK_K": [128, 256, 512, 1024, 2048]}}
@@ -759,7 +768,8 @@ def _block(size, want):
     return b if size % b == 0 else size
 
 
-def _flash(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *, scale, bq, bk):
+def _flash(q_ref, k_ref, v_ref, *refs, scale, bq, bk):
+    *bias_ref, o_ref, m_ref, l_ref, acc_ref = refs
     qi, ki = pl.program_id(1), pl.program_id(2)
 
     @pl.when(ki == 0)
@@ -772,6 +782,8 @@ def _flash(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *, scale, bq, bk):
         # q and k go to the MXU in their own dtype (bf16 stays bf16), scores in f32
         s = jax.lax.dot_general(q_ref[0], k_ref[0], (((1,), (1,)), ((), ())),
                                 preferred_element_type=jnp.float32) * scale
+        if BIAS:
+            s = s + bias_ref[0][0].astype(jnp.float32)
         if CAUSAL:
             row = qi * bq + jax.lax.broadcasted_iota(jnp.int32, s.shape, 0)
             col = ki * bk + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
@@ -799,6 +811,7 @@ def _flash(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *, scale, bq, bk):
 def {brief.entry}({signature}):
     q, k, v = {q}, {k}, {v}
     {"del " + ", ".join(extra) if extra else "pass"}
+    score_bias = {bias if bias else "None"}
     if SEQ_MAJOR and q.ndim == k.ndim == v.ndim == 4:
         q, k, v = (x.transpose(0, 2, 1, 3) for x in (q, k, v))
     # Grouped heads (GQA): k and v have fewer heads than q, each shared by a group of
@@ -825,6 +838,20 @@ def {brief.entry}({signature}):
             j = jnp.minimum(j, (i * bq + bq - 1) // bk)
         return (b // group, j, 0)
 
+    bias_operand, bias_spec = (), ()
+    if BIAS:
+        # (..., sq, sk) with leading dims the trailing ones of q's (batch, heads): the
+        # flattened head b reads bias row b % nb
+        nb = score_bias.size // (sq * sk)
+        if score_bias.shape[-2:] != (sq, sk) or n % nb:
+            raise ValueError(f"score bias {{score_bias.shape}} does not broadcast against "
+                             f"the scores ({{n}}, {{sq}}, {{sk}})")
+        bias_operand = (score_bias.reshape(nb, sq, sk),)
+
+        def bias_block(b, i, j):  # the key block kv_block fetches (causal: clamped)
+            return (b % nb, i, kv_block(b, i, j)[1])
+
+        bias_spec = (pl.BlockSpec((1, bq, bk), bias_block),)
     # double-buffered q, k, v and output blocks, the f32 scores and the scratch
     item = q.dtype.itemsize
     need = (2 * (bq * d + bk * d + bk * dv + bq * dv) * item + 2 * bq * bk * 4
@@ -835,14 +862,15 @@ def {brief.entry}({signature}):
         grid=(n, sq // bq, sk // bk),
         in_specs=[pl.BlockSpec((1, bq, d), lambda b, i, j: (b, i, 0)),
                   pl.BlockSpec((1, bk, d), kv_block),
-                  pl.BlockSpec((1, bk, dv), kv_block)],
+                  pl.BlockSpec((1, bk, dv), kv_block),
+                  *bias_spec],
         out_specs=pl.BlockSpec((1, bq, dv), lambda b, i, j: (b, i, 0)),
         scratch_shapes=[pltpu.VMEM((bq, 1), jnp.float32), pltpu.VMEM((bq, 1), jnp.float32),
                         pltpu.VMEM((bq, dv), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             vmem_limit_bytes=_vmem_limit(need)),
-    )(q3, k3, v3)
+    )(q3, k3, v3, *bias_operand)
     out = out.reshape(*lead, sq, dv)
     return out.transpose(0, 2, 1, 3) if SEQ_MAJOR and out.ndim == 4 else out
 '''
