@@ -602,3 +602,25 @@ def test_a_kernel_that_raises_its_own_vmem_limit_is_tuned_up_to_the_chips_capaci
     obs.add({"BLOCK_ROWS": 32}, "correct", Rank.from_json(est(1.2)), None, 1)
     step = tuner.next_step(source, obs, dims, None, model)
     assert step is not None and step.config == {"BLOCK_ROWS": 512}
+
+
+def test_a_search_sibling_of_the_likely_template_starts_from_larger_blocks() -> None:
+    """A search asks for several first kernels at once. The likely family's template is
+    worth a second starting point (every block a notch larger) while it has not failed;
+    only then, or once it failed, does the next family get a turn."""
+    brief = agents.brief(load_small("matmul_bias_gelu", m=4096, k=4096, n=4096))
+    first = decide(AgentRequest("implement", brief, None))
+    assert isinstance(first, Proposal) and first.summary == "matmul template from the reference"
+    sibling = "already tried: v1: matmul template from the reference (not run)"
+    second = decide(AgentRequest("implement", brief, None, notes=(sibling,)))
+    assert isinstance(second, Proposal)
+    assert second.summary == "matmul template from the reference, larger blocks"
+    before, after = tunables.config_of(first.source), tunables.config_of(second.source)
+    assert after != before and all(after[k] >= before[k] for k in before)
+    both = (sibling, "already tried: v2: matmul template from the reference, larger blocks "
+                     "(correct, est. 1.05x on v5e)")
+    third = decide(AgentRequest("implement", brief, None, notes=both))
+    assert isinstance(third, Proposal) and not third.summary.startswith("matmul")
+    failed = ("already tried: v1: matmul template from the reference (compile_error)",)
+    moved = decide(AgentRequest("implement", brief, None, notes=failed))
+    assert isinstance(moved, Proposal) and not moved.summary.startswith("matmul")

@@ -213,17 +213,48 @@ def _known_not_to_fit(request: AgentRequest, config: dict[str, Any]) -> str | No
     return None
 
 
+_TEMPLATE = " template from the reference"
+_VARIANT = ", larger blocks"
+
+
+def _templates_tried(request: AgentRequest) -> dict[str, list[tuple[str, str | None]]]:
+    """Family -> [(summary, status)] of the template versions proposed so far: evaluated
+    ones (the history, with their status), rejected ones, and siblings a search proposed
+    beside this request ("already tried: v2: matmul template ... (not run)")."""
+    found: dict[str, list[tuple[str, str | None]]] = {}
+    entries = [(str(h.get("summary", "")), h.get("status")) for h in request.history]
+    entries += [(str(h.get("summary", "")), "rejected") for h in request.rejected]
+    for note in request.notes:
+        said = re.match(r"already tried: v\d+: (.*) \((\w[\w ]*?)[,)]", str(note))
+        if said:
+            entries.append((said.group(1), None if said.group(2) == "not run"
+                            else said.group(2)))
+    for summary, status in entries:
+        if _TEMPLATE in summary:
+            found.setdefault(summary.split(" template", 1)[0], []).append((summary, status))
+    return found
+
+
 def _template(request: AgentRequest) -> Proposal | Failure:
     """A first kernel from the family's template. For a task that names no family the
-    family is inferred from the reference, and each failed guess moves to the next."""
-    tried = {str(h.get("summary", "")).split(" template", 1)[0]
-             for h in (*request.history, *request.rejected) if " template from the reference"
-             in str(h.get("summary", ""))}
+    family is inferred from the reference, and each failed guess moves to the next. A
+    family whose template was proposed and has not failed (correct, or not yet run: a
+    search's sibling) gets one variant with every block a notch larger before the next
+    family is tried: the likeliest family is worth two starting points, a less likely
+    one rarely is."""
+    proposed = _templates_tried(request)
+    tried = set(proposed)
     families = templates.infer_families(request.task)
     unfit: list[str] = []
     too_big = _whole_array_too_big(request)
     for family in families:
         if family in tried:
+            entries = proposed[family]
+            failed = all(status not in (None, "correct") for _s, status in entries)
+            if not failed and not any(_VARIANT in summary for summary, _s in entries):
+                variant = _larger_variant(request, family)
+                if variant is not None:
+                    return variant
             continue
         if family == templates.FALLBACK and too_big:
             unfit.append(f"{family}: {too_big}")
@@ -238,12 +269,41 @@ def _template(request: AgentRequest) -> Proposal | Failure:
             earlier = f" (earlier guesses failed: {', '.join(sorted(tried))})" if tried else ""
             why = (f"The task declares no family; its reference reads like {article} "
                    f"{family} computation{earlier}. " + why)
-        return Proposal("kernel", f"{family} template from the reference",
+        return Proposal("kernel", f"{family}{_TEMPLATE}",
                         rationale=why, source=source, meta={"via": "template"})
     why_not = f"; templates that do not fit: {'; '.join(unfit)}" if unfit else ""
     return Failure("offline agent: every template family failed for this task "
                    f"({', '.join(families)}){why_not}; write a first kernel.py, or use "
                    "Claude (set ANTHROPIC_API_KEY)")
+
+
+def _larger_variant(request: AgentRequest, family: str) -> Proposal | None:
+    """The family's template with every tunable one legal notch larger than the
+    template's own choice (at the production shape's dims); None when none can grow."""
+    try:
+        source, why = templates.write_template(request.task, family)
+    except templates.TemplateError:
+        return None
+    declared = tunables.read(source)
+    production = (request.task.production,) if request.task.production else ()
+    dims = tuner.tiled_dims(list(declared), (*request.task.shapes, *production))
+    space = tuner.search_space(source, dims)
+    current = tunables.config_of(source)
+    config = {}
+    for name, value in current.items():
+        larger = [v for v in space.get(name, []) if isinstance(v, int) and isinstance(value, int)
+                  and v > value]
+        if larger:
+            config[name] = min(larger)
+    if not config:
+        return None
+    moves = ", ".join(f"{k} {current[k]} -> {v}" for k, v in config.items())
+    return Proposal("kernel", f"{family}{_TEMPLATE}{_VARIANT}",
+                    rationale=(f"The {family} template is already a starting point of this "
+                               f"search; a second one starts from larger blocks ({moves}): "
+                               "fewer grid steps and less HBM re-reading, if it fits VMEM. "
+                               + why),
+                    source=tunables.apply(source, config), meta={"via": "template"})
 
 
 def _whole_array_too_big(request: AgentRequest) -> str | None:

@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from tilewright.agents.base import AgentRequest, Proposal
-from tilewright.agents.offline.templates import infer_families
+from tilewright.agents.offline.templates import FALLBACK, infer_families
 from tilewright.kernels.source import tunables
 from tilewright.profiling.diagnose import check_with_estimates
 from tilewright.sessions import events as ev
@@ -106,8 +106,11 @@ class ChildMaker:
         _lineage, rnd, _p, slot = action.slot
         hint = None
         if parent is None and brief.family is None and self.agent.name == "offline":
+            # the families the reference reads like (before the whole-array fallback):
+            # each root child starts from one of those, never from an unlikely one
             families = infer_families(brief)
-            hint = families[slot % len(families)]
+            likely = families[:families.index(FALLBACK)] if FALLBACK in families else families
+            hint = (likely or families)[slot % len(likely or families)]
             brief = replace(brief, family=hint)
         version = s.versions.get(parent) if parent is not None else None
         last_eval = (read_json_blob(self.log.path, version.result_blob)
