@@ -125,7 +125,7 @@ def _as_asked(request: AgentRequest) -> Proposal | str | None:
     cannot: list[str] = []
     if wishes.techniques:
         cannot.append("the offline agent has no rule for " + ", ".join(wishes.techniques)
-                      + " (a change of the kernel's structure): edit the kernel (F2) or use "
+                      + " (a change of the kernel's structure): edit the kernel yourself or use "
                       "Claude for that")
     if not declared or not (wishes.sizes or wishes.directions):
         return f"{quoted}; took: {wishes.took()}; " + "; ".join(cannot) + "." if cannot \
@@ -733,7 +733,7 @@ def _plan(request: AgentRequest) -> Proposal:
             "rules can do (it reads block sizes, \"larger\"/\"smaller\" and techniques).")
         if heard and heard.techniques:
             said += (" The offline agent has no rule for " + ", ".join(heard.techniques)
-                     + ": that is a change of the kernel's structure; edit the kernel (F2) "
+                     + ": that is a change of the kernel's structure; edit the kernel yourself "
                      "or use Claude for it. Its own steps follow.")
             summary = f"offline plan: no rule for {', '.join(heard.techniques)}; tuning"
         steps.insert(0, said)

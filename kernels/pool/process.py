@@ -1,6 +1,6 @@
 """One worker process and its private channel, seen from the app: ``WorkerProcess``.
 
-Starts ``python -m kernels.worker.main`` in its own process group with a socketpair
+Starts ``python -m tilewright.kernels.worker.main`` in its own process group with a socketpair
 for requests (``kernels.pool.protocol``) and a capture file as its stdout/stderr,
 sends one request at a time, and kills the process (group) when a request times out,
 is cancelled or the process grows past its memory limit; a process that dies on its

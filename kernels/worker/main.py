@@ -1,4 +1,4 @@
-"""Worker process main loop: ``python -m kernels.worker.main --fd N --parent PID``.
+"""Worker process main loop: ``python -m tilewright.kernels.worker.main --fd N --parent PID``.
 
 Imports JAX once, then answers requests framed on the inherited socket ``N``
 (``kernels.pool.protocol``) by dispatching to ``kernels.worker.ops.OPS``. Its

@@ -590,7 +590,7 @@ class Controller:
         return not (s.mode == "auto" and autonomy.should_profile(s, number, self.settings))
 
     def _own_edit_failed(self, number: int) -> str:
-        """"v2 (your edit) does not compile: line 15: ... Edit it again (F2), go back to
+        """"v2 (your edit) does not compile: line 15: ... Edit it again, go back to
         v1 (History: select it, enter), or ask the agent to fix it (a chat message)."""
         from tilewright.sessions.log import read_json_blob
 
@@ -612,7 +612,7 @@ class Controller:
         back = version.parent if version.parent in s.versions else s.best
         way_back = f", go back to v{back} (History: select it, enter)" if back else ""
         return (f"v{number} (your edit) {status}" + (f": {where}{message}" if message else "")
-                + f". Edit it again (F2){way_back}, or ask the agent to fix it in the chat.")
+                + f". Edit it again{way_back}, or ask the agent to fix it in the chat.")
 
     async def _run_profile(self, number: int, by: str = "user") -> None:
         await self.core.profile(number, by)

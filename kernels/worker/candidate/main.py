@@ -1,4 +1,4 @@
-"""The candidate process: ``python -m kernels.worker.candidate.main --fd N --scratch DIR``.
+"""The candidate process: ``python -m tilewright.kernels.worker.candidate.main --fd N --scratch DIR``.
 
 Started by the judge (the worker, ``kernels.worker.candidate.judge``), confined the same way
 (``kernels.confinement.confine``: its own nested namespaces and Landlock domain, so it

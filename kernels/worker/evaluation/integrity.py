@@ -46,7 +46,7 @@ import numpy as np
 SUSPICIOUS_SPEEDUP = 10.0
 
 # Modules whose attributes the harness and references rely on. ``__main__`` is the
-# process's own harness module (``python -m kernels.worker.candidate.main`` runs it there).
+# process's own harness module (``python -m tilewright.kernels.worker.candidate.main`` runs it there).
 GUARDED_MODULES = (
     "builtins",
     "numpy",

@@ -1,4 +1,4 @@
-"""A TPU compile process: ``python -m kernels.worker.tpu.compiler --fd N ...``.
+"""A TPU compile process: ``python -m tilewright.kernels.worker.tpu.compiler --fd N ...``.
 
 The judge's helper that compiles exported programs (``jax.export`` bytes: a candidate's
 production program from the candidate process, or the task's XLA reference) for a TPU
