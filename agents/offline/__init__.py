@@ -266,7 +266,11 @@ def _template(request: AgentRequest) -> Proposal | Failure:
             continue
         if request.task.family is None:
             article = "an" if family[:1] in "aeiou" else "a"
-            earlier = f" (earlier guesses failed: {', '.join(sorted(tried))})" if tried else ""
+            failed_before = sorted(f for f, entries in proposed.items()
+                                   if all(status not in (None, "correct")
+                                          for _s, status in entries))
+            earlier = (f" (earlier guesses failed: {', '.join(failed_before)})"
+                       if failed_before else "")
             why = (f"The task declares no family; its reference reads like {article} "
                    f"{family} computation{earlier}. " + why)
         return Proposal("kernel", f"{family}{_TEMPLATE}",
