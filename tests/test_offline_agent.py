@@ -585,10 +585,10 @@ def test_a_kernel_that_raises_its_own_vmem_limit_is_tuned_up_to_the_chips_capaci
     from tilewright.profiling.chips import get_chip
 
     source = ('BLOCK_ROWS = 32\nTUNABLES = {"BLOCK_ROWS": [8, 16, 32, 64, 128, 256, 512]}\n'
-              'VMEM_CAP = 64 * 2**20\n')
+              'VMEM_CAP = 67108864  # 64 MiB\n')
     assert tuner.vmem_cap(source, "v5e") == 64 * 2**20
     assert tuner.vmem_cap(source, "v4") == min(64 * 2**20, get_chip("v4").vmem_bytes)
-    assert tuner.vmem_cap(source.replace("VMEM_CAP = 64 * 2**20\n", ""), "v5e") is None
+    assert tuner.vmem_cap(source.replace("VMEM_CAP = 67108864  # 64 MiB\n", ""), "v5e") is None
     dims = {"BLOCK_ROWS": (4096,)}
     # the compile at 32 rows: 2.1 MiB used of the 16 MiB the kernel asked for
     numbers = {"vmem_bytes": 2.1 * 2**20, "vmem_limit_bytes": 16 * 2**20, "compile": "ok"}
@@ -596,7 +596,7 @@ def test_a_kernel_that_raises_its_own_vmem_limit_is_tuned_up_to_the_chips_capaci
     model = tuner.vmem_model(history, None, source, dims, "v5e")
     assert model is not None and model.limit == 64 * 2**20
     assert model.fits({"BLOCK_ROWS": 512})  # ~34 MiB: over 16, within the cap
-    assert not tuner.vmem_model(history, None, source.replace("64 * 2**20", "16 * 2**20"),
+    assert not tuner.vmem_model(history, None, source.replace("67108864", "16777216"),
                                 dims, "v5e").fits({"BLOCK_ROWS": 512})
     obs = tuner.Observations()
     obs.add({"BLOCK_ROWS": 32}, "correct", Rank.from_json(est(1.2)), None, 1)

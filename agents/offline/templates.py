@@ -300,7 +300,7 @@ _VMEM_HELPERS = """
 # A kernel may use the chip's default scoped VMEM (16 MiB on v5e, 32 MiB on v6e) unless it
 # asks for more. This one asks for what its blocks need, up to VMEM_CAP: 64 MiB, the VMEM
 # of one v7x TensorCore (v5e, v5p and v6e have more).
-VMEM_CAP = 64 * 2**20
+VMEM_CAP = 67108864  # 64 MiB
 
 
 def _vmem_limit(need):

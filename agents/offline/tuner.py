@@ -22,6 +22,7 @@ each needs about k * log2(n) evaluations instead of the grid's n ** k.
 
 from __future__ import annotations
 
+import ast
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -211,33 +212,13 @@ def vmem_cap(source: str | None, chip: str | None) -> int | None:
 
 
 def _module_int(source: str, name: str) -> int | None:
-    """A module-level ``NAME = <integer arithmetic>`` (``64 * 2**20``), or None."""
-    import ast
-
+    """A module-level ``NAME = <int literal>``, or None."""
     try:
-        tree = ast.parse(source)
-    except SyntaxError:
+        nodes = tunables._module_assigns(ast.parse(source)).get(name) or []
+        value = ast.literal_eval(nodes[-1].value) if nodes else None
+    except (SyntaxError, ValueError):
         return None
-    ops = {ast.Mult: lambda a, b: a * b, ast.Pow: lambda a, b: a ** b,
-           ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
-           ast.LShift: lambda a, b: a << b}
-
-    def value(node: ast.AST) -> int:
-        if isinstance(node, ast.Constant) and type(node.value) is int:
-            return node.value
-        if isinstance(node, ast.BinOp) and type(node.op) in ops:
-            return ops[type(node.op)](value(node.left), value(node.right))
-        raise ValueError(name)
-
-    found = None
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name
-                                                for t in node.targets):
-            try:
-                found = value(node.value)
-            except (ValueError, OverflowError):
-                found = None
-    return found
+    return value if type(value) is int else None
 
 
 def vmem_model(history: tuple[dict[str, Any], ...], last_eval: dict[str, Any] | None,
