@@ -188,11 +188,16 @@ def _signature(source: str, name: str) -> tuple[str, ...]:
 
 def _production(task: Task) -> dict[str, Any] | None:
     """The production shape as an agent may know it (+ "config": a JAXBench CONFIG as
-    written); None when there is none or it is held out."""
+    written; + "reference_source": the reference as written when ``--set`` rewrote its
+    hard-coded sizes for the check shapes); None when there is none or it is held out."""
     production = getattr(task, "production", None)
     if production is None or getattr(production, "held_out", False):
         return None
     found: dict[str, Any] = {"name": production.name, "params": dict(production.params)}
     if task.production_meta and "config" in task.production_meta:
         found["config"] = task.production_meta["config"]
+    if (task.meta or {}).get("literal_rewrites"):
+        # The reference as written, its hard-coded sizes the production ones (the brief's
+        # reference_source shows them rewritten for the check shapes, same lines).
+        found["reference_source"] = task.reference_path.read_text()
     return found

@@ -204,7 +204,11 @@ def test_the_epilogue_mixing_is_read_from_its_operations(tmp_path: Any) -> None:
     assert mixing(lambda a: a - a.mean(axis=0), tile) == (True, False)
     assert mixing(lambda a: a.reshape(64, 4, 64).mean(-1), tile) == (False, True)
     assert mixing(lambda a: jnp.cumsum(a, axis=0), tile) == (True, False)
-    assert mixing(lambda a: a @ jnp.ones((256, 8)), tile) == (True, True)  # unknown: both
+    # a second layer: the tile's rows by a weight (itself transposed) keep rows apart
+    weight = jax.ShapeDtypeStruct((8, 256), jnp.float32)
+    assert mixing(lambda a, w: jax.nn.sigmoid(a) @ w.T, tile, weight) == (False, True)
+    assert mixing(lambda a: jnp.ones((8, 64)) @ a, tile) == (True, True)  # rows contracted
+    assert mixing(lambda a: jax.lax.top_k(a, 2)[0], tile) == (True, True)  # unknown: both
     assert mixing(lambda a: a.T, tile) == (True, True)
 
 
@@ -217,3 +221,38 @@ def test_a_convolution_and_a_cross_entropy_are_read_as_their_families(tmp_path: 
     assert families[:2] == ("cross_entropy", "matmul")
     families = infer_families(agents.brief(_task(tmp_path, "gated_mlp", "float32")))
     assert families[:2] == ("gated_mlp", "matmul")
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="module")
+async def test_sizes_the_reference_hard_codes_follow_the_shape(worker_pool: Any,
+                                                               tmp_path: Any) -> None:
+    """29k's and 45k's form: the workload hard-codes ``out_features`` (a CONFIG size) for
+    its group norm. ``--set cols=128`` rewrites it for the check shapes; the template's
+    epilogue reads it from the product's size, so one kernel is correct there and traces
+    at the size as written (the production shape)."""
+    import jax
+    import jax.numpy as jnp
+
+    root = tmp_path / "sized"
+    root.mkdir()
+    (root / "baseline.py").write_text(_HEAD.format(dtype="float32", inputs=MATMUL_INPUTS) + """
+def workload(x, weight, bias):
+    out_features = 384
+    num_groups = 4
+    y = lax.dot_general(x, weight, (((1,), (1,)), ((), ()))) + bias
+    g = y.reshape(-1, num_groups, out_features // num_groups)
+    g = (g - g.mean(-1, keepdims=True)) * lax.rsqrt(g.var(-1, keepdims=True) + 1e-5)
+    return g.reshape(-1, out_features)
+""")
+    task = load_task(root, {"cols": 128, "dtype": "float32"})
+    assert task.meta["literal_rewrites"] == [[384, 128]]
+    source, why = write_template(agents.brief(task), "matmul")
+    assert "out_features = _size(128, 384)" in source and "num_groups = 4" in source
+    assert "hard-codes sizes (384" in why
+    result = await worker_pool.evaluate(task, tunables.apply(source, {"BLOCK_M": 64}), QUICK)
+    assert result.status == "correct", (result.error, result.correctness)
+    namespace: dict[str, Any] = {}
+    exec(compile(source, "kernel.py", "exec"), namespace)
+    at_size = [jax.ShapeDtypeStruct(s, jnp.float32) for s in ((256, 256), (384, 256), (384,))]
+    assert jax.eval_shape(namespace["workload"], *at_size).shape == (256, 384)

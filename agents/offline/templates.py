@@ -322,25 +322,38 @@ _MIXES_ALL = {"dot_general", "conv_general_dilated", "gather", "scatter", "scatt
               "scan", "cond", "top_k", "rng_bit_generator"}
 
 
-def _mixing(fn, *args):
-    \"\"\"(rows mixed, columns mixed): whether ``fn`` combines values across the first or
-    the last axis of its arrays (a reduction, a cumulative op, a reshape or transpose
-    that moves it, an iota along it), read from its jaxpr. Conservative: an operation
-    it does not know mixes both, so such an epilogue gets the whole product in one block.\"\"\"
-    jaxpr = jax.make_jaxpr(fn)(*args).jaxpr
-    first = last = False
+def _eqns(jaxpr, derived):
+    \"\"\"(equation, which of its inputs derive from ``derived``) for every equation of
+    ``jaxpr`` and of the jaxprs inside it (a jnp.var's, a where's), in order; the
+    equations inside a known mixing op (a scan, a while) are not entered.\"\"\"
+    for eqn in jaxpr.eqns:
+        touched = [not hasattr(v, "val") and v in derived for v in eqn.invars]
+        if any(touched):
+            derived.update(eqn.outvars)
+        subs = [p for v in eqn.params.values() for p in (v if isinstance(v, (tuple, list))
+                                                         else (v,))
+                if hasattr(p, "eqns") or hasattr(getattr(p, "jaxpr", None), "eqns")]
+        if subs and eqn.primitive.name not in _MIXES_ALL:
+            for sub in subs:
+                inner = sub if hasattr(sub, "eqns") else sub.jaxpr
+                yield from _eqns(inner, {iv for iv, ov, t in zip(inner.invars, eqn.invars,
+                                                                 touched) if t})
+            continue
+        yield eqn, touched
 
-    def walk(jaxpr):
-        nonlocal first, last
-        for eqn in jaxpr.eqns:
+
+def _mixing(fn, *args):
+    \"\"\"(rows mixed, columns mixed): whether ``fn`` combines values of its first argument
+    (the tile) across the first or the last axis (a reduction, a cumulative op, a reshape
+    or transpose that moves it, an iota along it, a product that contracts it), read from
+    its jaxpr. Only what derives from the tile counts (a second layer's weight may be
+    transposed freely). Conservative: an operation it does not know mixes both, so such
+    an epilogue gets the whole product in one block.\"\"\"
+    closed = jax.make_jaxpr(fn)(*args)
+    first = last = False
+    for eqn, touched in _eqns(closed.jaxpr, {closed.jaxpr.invars[0]}):
+        if any(touched):
             name = eqn.primitive.name
-            subs = [p for v in eqn.params.values() for p in (v if isinstance(v, (tuple, list))
-                                                             else (v,))
-                    if hasattr(p, "eqns") or hasattr(getattr(p, "jaxpr", None), "eqns")]
-            if subs and name not in _MIXES_ALL:
-                for sub in subs:
-                    walk(sub if hasattr(sub, "eqns") else sub.jaxpr)
-                continue
             shape = tuple(getattr(eqn.invars[0].aval, "shape", ())) if eqn.invars else ()
             out = tuple(getattr(eqn.outvars[0].aval, "shape", ())) if eqn.outvars else ()
             nd = len(shape)
@@ -368,6 +381,10 @@ def _mixing(fn, *args):
                 elif len(out) != len(shape) and name in ("squeeze", "expand_dims"):
                     first |= bool(shape) and bool(out) and shape[0] != out[0]
                     last |= bool(shape) and bool(out) and shape[-1] != out[-1]
+            elif name == "dot_general" and touched[:2] == [True, False] and nd == 2 and tuple(
+                    eqn.params["dimension_numbers"][0][0]) == (1,) and not any(
+                    eqn.params["dimension_numbers"][1]):
+                last = True  # the tile's rows by a weight (a second layer): rows stay apart
             elif name in _MIXES_ALL:
                 first = last = True
             elif name != "broadcast_in_dim" and any(
@@ -379,7 +396,6 @@ def _mixing(fn, *args):
                 first |= a == 0
                 last |= a == nd - 1
 
-    walk(jaxpr)
     return first, last
 
 
@@ -391,6 +407,36 @@ def _resized(shape, out):
     if len(shape) != len(out):
         return True
     return any(a != b and a != 1 for a, b in zip(shape, out))
+
+
+def _working(fn, *args):
+    \"\"\"VMEM bytes for the intermediates of ``fn`` on one tile (its first argument): two
+    f32 tiles, as the compiler keeps most elementwise work in registers, unless an
+    intermediate of the tile is laid out larger (a group norm's (rows, groups, 64)
+    reshape pads its last axis to 128 lanes): then three of that one (compiled: such an
+    epilogue's scoped VMEM was its blocks plus about three padded intermediates). Plus
+    the largest array made from the other operands alone (a bf16 weight widened to f32
+    for a second product), once.\"\"\"
+    closed = jax.make_jaxpr(fn)(*args)
+    tile = args[0].size * 4
+
+    def padded(aval):
+        shape = tuple(getattr(aval, "shape", ()))
+        if len(shape) < 2:
+            return 0
+        lead = 1
+        for d in shape[:-2]:
+            lead *= d
+        return lead * -(-shape[-2] // 8) * 8 * -(-shape[-1] // 128) * 128 * 4
+
+    ours = other = 0
+    for eqn, touched in _eqns(closed.jaxpr, {closed.jaxpr.invars[0]}):
+        most = max([0, *(padded(v.aval) for v in eqn.outvars if hasattr(v, "aval"))])
+        if any(touched):
+            ours = max(ours, most)
+        else:
+            other = max(other, most)
+    return (3 * ours if ours > tile else 2 * tile) + other
 """
 
 
@@ -432,6 +478,7 @@ def _matmul(brief: TaskBrief) -> tuple[str, str]:
     head, fn, helpers = reference_parts(brief)
     fn = ast.parse(ast.get_source_segment(defining_source(brief)[0], fn)
                    or ast.unparse(fn)).body[0]
+    fn, sized = _sizes_as_written(brief, fn)
     cutter = _CutMatmul()
     fn = cutter.visit(fn)
     if cutter.operands is None:
@@ -474,7 +521,7 @@ def _matmul(brief: TaskBrief) -> tuple[str, str]:
 
 # The reference with its matmul replaced by the accumulated tile `_acc`.
 {epilogue}
-
+{_SIZE_HELPER if sized else ""}
 
 {"PRECISION = " + cutter.precision + "  # the reference's, kept on float32 operands"
  if cutter.precision else ""}
@@ -510,15 +557,20 @@ def _k_block(k, want):
 
 
 def _as_operand(a, m, n):
-    \"\"\"Epilogue operands as 2-D: (m, n) tiles, (1, n) rows, (m, 1) columns.\"\"\"
-    a = a.reshape(1, n) if a.ndim == 1 and a.shape[0] == n else a
-    a = a.reshape(1, 1) if a.size == 1 else a
-    if a.shape in ((m, n), (1, n), (m, 1), (1, 1)):
-        return a
-    raise ValueError(f"epilogue operand of shape {{a.shape}} does not broadcast to ({{m}}, {{n}})")
+    \"\"\"Epilogue operands as 2-D: (m, n) tiles, (1, n) rows, (m, 1) columns; any other
+    array (a second layer's weight and bias) goes whole into every step, a vector as one
+    row (it broadcasts along the last axis, as in the reference).\"\"\"
+    a = a.reshape(1, -1) if a.ndim == 1 else a
+    return a.reshape(1, 1) if a.size == 1 else a
+
+
+def _tiled(a, m, n):
+    return a.shape in ((m, n), (1, n), (m, 1), (1, 1))
 
 
 def _operand_spec(a, m, n, bm, bn):
+    if not _tiled(a, m, n):
+        return pl.BlockSpec(a.shape, lambda b, i, j, kk: (0,) * a.ndim)
     rows = bm if a.shape[0] == m else 1
     cols = bn if a.shape[1] == n else 1
     return pl.BlockSpec((rows, cols), lambda b, i, j, kk: (i if rows == bm else 0,
@@ -537,7 +589,7 @@ def {brief.entry}({order}):{unpack}
     lead = x.shape[:-1]
     x = x if batched else x.reshape(1, -1, x.shape[-1])
     m, k = x.shape[1:]
-    n = {n_of_w}
+    n = {n_of_w}{_SIZE_SET if sized else ""}
     extras = [_as_operand(a.reshape(m, n) if a.ndim > 2 and a.size == m * n and not batched
                           else a, m, n) for a in {rest_tuple}]
     # Which axes the epilogue reduces or moves (a row sum, a softmax, a batch norm): an
@@ -553,8 +605,8 @@ def {brief.entry}({order}):{unpack}
     item = x.dtype.itemsize
 
     def tile_shapes(bm, bn):
-        return [jax.ShapeDtypeStruct((bm if a.shape[0] == m else 1, bn if a.shape[1] == n else 1),
-                                     a.dtype) for a in extras]
+        return [jax.ShapeDtypeStruct((bm if a.shape[0] == m else 1, bn if a.shape[1] == n else 1)
+                                     if _tiled(a, m, n) else a.shape, a.dtype) for a in extras]
 
     full = jax.eval_shape(_epilogue, jax.ShapeDtypeStruct((m, n), jnp.float32), *extras)
 
@@ -562,11 +614,11 @@ def {brief.entry}({order}):{unpack}
         # double-buffered x, w, operand and output blocks, the f32 accumulator, and room
         # for one f32 intermediate tile (the compiler keeps most of an epilogue's work in
         # registers: a row-sum epilogue's kernel compiled to its blocks' bytes alone)
-        tile = jax.eval_shape(_epilogue, jax.ShapeDtypeStruct((bm, bn), jnp.float32),
-                              *tile_shapes(bm, bn))
+        working = _working(_epilogue, jax.ShapeDtypeStruct((bm, bn), jnp.float32),
+                           *tile_shapes(bm, bn))
         blocks = (bm * bk + {w_bytes}) * item + sum(
-            s.size * s.dtype.itemsize for s in tile_shapes(bm, bn)) + tile.size * 4
-        return 2 * blocks + 2 * bm * bn * 4
+            s.size * s.dtype.itemsize for s in tile_shapes(bm, bn))
+        return 2 * blocks + 2 * bm * bn * 4 + working
 
     # Shrink K first (it moves no extra HBM traffic), then the axes the epilogue leaves free.
     while need(bm, bn, bk) > VMEM_CAP and bk > 128 and k % (bk // 2) == 0:
@@ -625,8 +677,72 @@ def {brief.entry}({order}):{unpack}
            "moves them next." + (" The weight is stored (n, k): both operands contract "
                                  "their last axes." if cutter.transposed else "")
            + (f" The product keeps the reference's precision ({cutter.precision})."
-              if cutter.precision else ""))
+              if cutter.precision else "")
+           + (f" The reference hard-codes sizes ({', '.join(sized)}, as written): the "
+              "epilogue reads them from the product's own sizes when it is traced "
+              "(`_size`), so one kernel runs at the check shapes and at production."
+              if sized else ""))
     return src, why
+
+
+_SIZE_HELPER = '''
+
+# The product's full sizes while the kernel is traced (set by the entry point): the sizes
+# the reference hard-codes are read from them (`_size`), not written in.
+_DIMS = {}
+
+
+def _size(check, production):
+    """The product's dimension (n, m or k, in that order) that a size the reference
+    hard-codes stands for: ``production`` as written, ``check`` at the check shapes."""
+    for name in ("n", "m", "k"):
+        if _DIMS.get(name) in (check, production):
+            return _DIMS[name]
+    raise ValueError(f"the reference's hard-coded size {production} ({check} at the check "
+                     f"shapes) is none of the product's sizes {_DIMS}")
+'''
+
+_SIZE_SET = """
+    _DIMS.update(m=m, n=n, k=k)"""
+
+
+def _sizes_as_written(brief: TaskBrief, fn: ast.FunctionDef) -> tuple[ast.FunctionDef, list[str]]:
+    """``fn`` (read from the brief's reference, whose hard-coded sizes ``--set`` rewrote for
+    the check shapes) with each rewritten number replaced by ``_size(check, production)``,
+    and the sizes replaced (``"4096"``). Unchanged without rewrites, or when the reference
+    as written is not in the brief or its function does not line up node for node."""
+    written = (brief.production or {}).get("reference_source")
+    if not brief.literal_rewrites or not written or brief.defining:
+        return fn, []
+    try:
+        tree = ast.parse(written)
+    except SyntaxError:
+        return fn, []
+    twin = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+                 and n.name == fn.name), None)
+    if twin is None:
+        return fn, []
+    ours, theirs = list(ast.walk(fn)), list(ast.walk(twin))
+    if len(ours) != len(theirs) or any(type(a) is not type(b) for a, b in zip(ours, theirs)):
+        return fn, []
+    changed = {id(a): b.value for a, b in zip(ours, theirs) if isinstance(a, ast.Constant)
+               and type(a.value) in (int, float) and a.value != b.value}
+    if not changed:
+        return fn, []
+    sized: list[str] = []
+
+    class _Restore(ast.NodeTransformer):
+        def visit_Constant(self, node: ast.Constant) -> ast.AST:
+            if id(node) not in changed:
+                return node
+            sized.append(repr(changed[id(node)]))
+            call = ast.Call(ast.Name("_size", ast.Load()),
+                            [ast.Constant(node.value), ast.Constant(changed[id(node)])], [])
+            return ast.copy_location(call, node)
+
+    fn = _Restore().visit(fn)
+    ast.fix_missing_locations(fn)
+    return fn, sorted(set(sized), key=sized.index)
 
 
 def _matmul_blocks(brief: TaskBrief) -> tuple[int, int, int]:
