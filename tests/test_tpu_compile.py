@@ -332,3 +332,58 @@ def test_prepare_environment_states(tmp_path) -> None:
     assert tpu_compile.vmem_from_error(
         "RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom: ... Scoped allocation with "
         "size 24.00M and limit 16.00M exceeded") == (24 << 20, 16 << 20)
+
+
+V7X_PROBE = """
+import jax, jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from tilewright.kernels.worker.tpu import tpu_compile as tc
+
+where, why = tc.target("v7x")
+assert where is not None, why
+
+def blocked(x, y):
+    def body(x_ref, y_ref, o_ref, acc_ref):
+        @pl.when(pl.program_id(2) == 0)
+        def _():
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+        acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+        @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+        def _():
+            o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+    b = 512
+    return pl.pallas_call(body, grid=(2, 2, 2),
+        in_specs=[pl.BlockSpec((b, b), lambda i, j, k: (i, k)),
+                  pl.BlockSpec((b, b), lambda i, j, k: (k, j))],
+        out_specs=pl.BlockSpec((b, b), lambda i, j, k: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((1024, 1024), x.dtype),
+        scratch_shapes=[pltpu.VMEM((b, b), jnp.float32)])(x, y)
+
+a = jnp.zeros((1024, 1024), jnp.bfloat16)
+for name, fn in (("xla", jax.jit(lambda x, y: x @ y)), ("pallas", jax.jit(blocked))):
+    out = tc.compile_lowered(tc.lower(fn, (a, a), (), where), where)
+    print(name, out["compile"], (out["estimate"] or {}).get("cycles"),
+          (out["estimate"] or {}).get("seconds"), out["estimate_unavailable"])
+"""
+
+
+@pytest.mark.skipif(tpu_compile.estimator_refusal("v7x") is not None,
+                    reason="this libtpu's estimator gives no v7x figure (tilewright chips)")
+def test_a_v7x_compile_returns_cycles_for_xla_and_pallas(tmp_path) -> None:
+    """Where libtpu's estimator handles v7x (0.0.50 with jax 0.12), an XLA matmul and a
+    blocked Pallas matmul compiled for tpu7x both come back with cycles, and no seconds:
+    the chip table has no v7x clock, so v7x ranks by cycle ratios."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    tpu_compile.prepare_environment(env, str(tmp_path))
+    got = subprocess.run([sys.executable, "-c", V7X_PROBE], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert got.returncode == 0, got.stderr[-2000:]
+    lines = dict(line.split(" ", 1) for line in got.stdout.splitlines() if " " in line)
+    for name in ("xla", "pallas"):
+        compiled, cycles, seconds, _why = lines[name].split(" ", 3)
+        assert compiled == "ok" and int(cycles) > 0 and seconds == "None", lines[name]
