@@ -1,0 +1,258 @@
+"""The TPU compiler's v7x estimates against tokamax's v7x measurements.
+
+tokamax (Google's kernel library) ships what its autotuner measured on TPU7x: for
+flash attention and the fused linear-softmax cross-entropy loss, forward and backward,
+its Pallas kernel at each config and the XLA implementation, per input spec
+(``benchmarks/lib/tokamax_data.py`` reads them from the wheel). libtpu 0.0.50 (jax 0.12,
+Python 3.12) estimates v7x programs in cycles; no v7x clock is published, so this
+compares what a clock does not change:
+
+- **the estimated speedup** (XLA's cycles over tokamax's kernel's, each compiled for
+  ``tpu7x:2x2x1`` with tokamax's own op at the fastest measured config) against the
+  **measured speedup** (XLA's measured median over the kernel's): ratio, direction;
+- **the implied clock** of each program (its cycles over its measured seconds): one
+  clock for all would mean the estimates are proportional to the measured times; the
+  spread says how far they are from that.
+
+Each pair is compiled in a process of its own (libtpu started with the estimate flag;
+an estimator abort costs that pair only), smallest programs first, at most ``--per-op``
+pairs per op (compiling a large XLA attention for v7x takes minutes on a small CPU).
+The backward ops are listed, not compiled (their residual inputs are not built here).
+
+    .venv-current/bin/python benchmarks/tokamax_v7x.py [--per-op 3] [--json OUT]
+        [--report OUT]   (--report: print a run's JSON again)
+
+Needs jax 0.12 with libtpu 0.0.50 or newer and tokamax installed (``pip install
+tokamax==0.0.12`` into the current-JAX venv).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent / "lib"))
+
+FORWARD = {"pallas_mosaic_tpu_flash_attention": "attention",
+           "pallas_mosaic_tpu_linear_softmax_cross_entropy_loss": "fused loss"}
+
+# Run in a fresh process per pair: builds both programs from the spec, compiles them for
+# v7x, prints one JSON line per program.
+PROBE = r"""
+import json, sys, time
+import jax, jax.numpy as jnp
+from tilewright.kernels.worker.tpu import tpu_compile as tc
+
+op_name, spec, config = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+where, why = tc.target("v7x")
+if where is None:
+    print(json.dumps({"error": why})); sys.exit(0)
+DTYPES = {"bf16": jnp.bfloat16, "f32": jnp.float32, "i32": jnp.int32}
+
+def array(text):
+    kind, dims = text.split("[")
+    dims = tuple(int(d) for d in dims.rstrip("]").split(",") if d)
+    return jnp.zeros(dims, DTYPES[kind])
+
+if op_name == "pallas_mosaic_tpu_flash_attention":
+    from tokamax._src.ops.attention import base, pallas_mosaic_tpu as pm
+    from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_kernel as sk
+    args = tuple(array(spec[n]) for n in ("q", "k", "v"))
+    layouts = {k: sk.QKVLayout(v) for k, v in config.items() if k.endswith("_layout")}
+    cfg = pm.Config(**{**config, **layouts})
+    kw = dict(logits_dtype=jnp.dtype(spec["logits_dtype"]), logits_scale=spec["logits_scale"],
+              is_causal=bool((spec.get("mask") or {}).get("is_causal")),
+              normalize_output=spec.get("normalize_output", True))
+    ops = (("xla", base.DotProductAttention()), ("pallas", pm.PallasMosaicTpuFlashAttention(config=cfg)))
+    call = lambda op: jax.jit(lambda q, k, v: op(q, k, v, **kw))
+else:
+    from tokamax._src.ops.linear_softmax_cross_entropy_loss import base, pallas_mosaic_tpu as pm
+    args = (array(spec["x"]), array(spec["labels"]), array(spec["w"]))
+    ops = (("xla", base.LinearSoftmaxCrossEntropyLoss()),
+           ("pallas", pm.PallasMosaicTpuLinearSoftmaxCrossEntropyLoss(config=pm.Config(**config))))
+    call = lambda op: jax.jit(lambda x, l, w: op(x, l, w, reduction=spec.get("reduction", "sum")))
+
+for name, op in ops:
+    started = time.perf_counter()
+    try:
+        out = tc.compile_lowered(tc.lower(call(op), args, (), where), where)
+    except Exception as exc:
+        out = {"compile": "error", "message": f"{type(exc).__name__}: {exc}", "estimate": None}
+    print(json.dumps({"program": name, "compile": out["compile"],
+                      "cycles": (out.get("estimate") or {}).get("cycles"),
+                      "message": (out.get("message") or out.get("estimate_unavailable") or "")[:300],
+                      "compile_s": round(time.perf_counter() - started, 1)}), flush=True)
+"""
+
+
+def _abort_line(stderr: str) -> str:
+    """The estimator's failed check, from a process it aborted."""
+    for line in stderr.splitlines():
+        if "Check failed" in line or "LLO_CHECK" in line:
+            return line.strip()[:300]
+    return (stderr.strip().splitlines() or ["no output"])[-1][:300]
+
+
+def run_pair(pair: Any, timeout: float) -> dict[str, Any]:
+    from tilewright.kernels.worker.tpu import tpu_compile
+
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    with tempfile.TemporaryDirectory() as dump:
+        tpu_compile.prepare_environment(env, dump)
+        try:
+            got = subprocess.run([sys.executable, "-c", PROBE, pair.op, json.dumps(pair.spec),
+                                  json.dumps(pair.pallas.config)], capture_output=True,
+                                 text=True, env=env, timeout=timeout, cwd=ROOT)
+            stdout, stderr, rc = got.stdout, got.stderr, got.returncode
+        except subprocess.TimeoutExpired as exc:
+            stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+            stderr, rc = f"not finished after {timeout:.0f} s", None
+    found: dict[str, Any] = {}
+    for line in stdout.splitlines():
+        if line.strip().startswith("{"):
+            record = json.loads(line)
+            if "error" in record:
+                return {"error": record["error"]}
+            found[record["program"]] = record
+    for name in ("xla", "pallas"):
+        if name not in found:
+            why = (_abort_line(stderr) if rc not in (0, None) else stderr.strip()[:300]
+                   or "no output")
+            found[name] = {"program": name, "compile": "aborted" if rc else "unfinished",
+                           "cycles": None, "message": why}
+    return found
+
+
+def row_of(pair: Any, found: dict[str, Any]) -> dict[str, Any]:
+    xla, pallas = found.get("xla") or {}, found.get("pallas") or {}
+    row: dict[str, Any] = {
+        "op": pair.op, "what": pair.what, "spec": pair.spec, "config": pair.pallas.config,
+        "measured_xla_ms": pair.xla.median_ms, "measured_pallas_ms": pair.pallas.median_ms,
+        "measured_speedup": pair.measured_speedup,
+        "xla_cycles": xla.get("cycles"), "pallas_cycles": pallas.get("cycles"),
+        "xla_note": xla.get("message") if not xla.get("cycles") else None,
+        "pallas_note": pallas.get("message") if not pallas.get("cycles") else None,
+        "compile_s": [xla.get("compile_s"), pallas.get("compile_s")],
+        "provenance": pair.provenance,
+    }
+    if row["xla_cycles"]:
+        row["xla_implied_ghz"] = row["xla_cycles"] / (pair.xla.median_ms / 1e3) / 1e9
+    if row["pallas_cycles"]:
+        row["pallas_implied_ghz"] = row["pallas_cycles"] / (pair.pallas.median_ms / 1e3) / 1e9
+    if row["xla_cycles"] and row["pallas_cycles"]:
+        row["estimated_speedup"] = row["xla_cycles"] / row["pallas_cycles"]
+        row["ratio"] = row["estimated_speedup"] / row["measured_speedup"]
+    return row
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for what in sorted({r["what"] for r in rows}):
+        mine = [r for r in rows if r["what"] == what]
+        ratios = [r["ratio"] for r in mine if r.get("ratio")]
+        clocks = [r[k] for r in mine for k in ("xla_implied_ghz", "pallas_implied_ghz")
+                  if r.get(k)]
+        out[what] = {
+            "pairs": len(mine), "both_estimated": len(ratios),
+            "median_ratio": statistics.median(ratios) if ratios else None,
+            "within_2x": (sum(1 for x in ratios if 0.5 <= x <= 2.0) / len(ratios)
+                          if ratios else None),
+            "direction_right": (sum(1 for r in mine if r.get("ratio") and (
+                (r["estimated_speedup"] >= 1) == (r["measured_speedup"] >= 1)))
+                / len(ratios) if ratios else None),
+            "implied_ghz": ([min(clocks), statistics.median(clocks), max(clocks)]
+                            if clocks else None),
+        }
+    return out
+
+
+def _spec_text(spec: dict[str, Any]) -> str:
+    if "q" in spec:
+        causal = " causal" if (spec.get("mask") or {}).get("is_causal") else ""
+        return f"q {spec['q']} k {spec['k']}{causal}"
+    return f"x {spec.get('x')} w {spec.get('w')}"
+
+
+def report(rows: list[dict[str, Any]], listed: dict[str, int]) -> None:
+    print("v7x (tpu7x:2x2x1, one TensorCore), tokamax 0.0.12's measurements; estimates: "
+          "libtpu's static cycles (no v7x clock: compared as speedups and implied clocks)")
+    for r in rows:
+        est = f"{r['estimated_speedup']:.2f}x" if r.get("estimated_speedup") else "-"
+        ratio = f"{r['ratio']:.2f}" if r.get("ratio") else "-"
+        notes = "; ".join(f"{k.split('_')[0]}: {r[k]}" for k in ("xla_note", "pallas_note")
+                          if r.get(k))
+        print(f"  {r['what']:<11} {_spec_text(r['spec']):<48} measured "
+              f"{r['measured_xla_ms']:.3f}/{r['measured_pallas_ms']:.3f} ms = "
+              f"{r['measured_speedup']:.2f}x  est. {est}  ratio {ratio}"
+              + (f"  ({notes})" if notes else ""))
+    for what, s in summary(rows).items():
+        med = f"{s['median_ratio']:.2f}" if s["median_ratio"] else "-"
+        share = f"{s['within_2x']:.0%}" if s["within_2x"] is not None else "-"
+        right = f"{s['direction_right']:.0%}" if s["direction_right"] is not None else "-"
+        ghz = ("{:.2f} / {:.2f} / {:.2f} GHz".format(*s["implied_ghz"])
+               if s["implied_ghz"] else "-")
+        print(f"{what}: {s['pairs']} pairs run, {s['both_estimated']} estimated both ways; "
+              f"median est/measured speedup {med}, within 2x {share}, direction right "
+              f"{right}; implied clock min/median/max {ghz}")
+    for op, count in sorted(listed.items()):
+        print(f"{op}: {count} measured pairs on v7x not compiled here")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--per-op", type=int, default=3, help="pairs per forward op")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per pair")
+    parser.add_argument("--tokamax", type=Path, help="tokamax package folder (default: installed)")
+    parser.add_argument("--json", type=Path, help="write the rows here")
+    parser.add_argument("--report", type=Path, help="print a run's --json again (no run)")
+    args = parser.parse_args(argv)
+    if args.report:
+        data = json.loads(args.report.read_text())
+        report(data["rows"], data["listed"])
+        return 0
+    import tokamax_data
+
+    from tilewright.profiling.chips import estimator_refusal
+
+    refusal = estimator_refusal("v7x")
+    if refusal:
+        print(f"v7x is not estimated with this libtpu: {refusal}")
+        return 2
+    root = args.tokamax or tokamax_data.find()
+    if root is None:
+        print("tokamax is not installed (pip install tokamax==0.0.12) and no --tokamax DIR")
+        return 2
+    found, problems = tokamax_data.pairs(root)
+    for problem in problems:
+        print(f"tokamax: {problem}")
+    rows, listed, ran = [], {}, set()
+    for op in FORWARD:
+        chosen = [p for p in found if p.chip == "v7x" and p.op == op][:args.per_op]
+        for pair in chosen:
+            ran.add(id(pair))
+            started = time.perf_counter()
+            row = row_of(pair, run_pair(pair, args.timeout))
+            row["wall_s"] = round(time.perf_counter() - started, 1)
+            rows.append(row)
+            print(f"  ran {row['what']} {_spec_text(pair.spec)} in {row['wall_s']} s", flush=True)
+    for pair in found:
+        if pair.chip == "v7x" and id(pair) not in ran:
+            listed[pair.op] = listed.get(pair.op, 0) + 1
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "listed": listed,
+                                         "summary": summary(rows)}, indent=1, default=str))
+    report(rows, listed)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
