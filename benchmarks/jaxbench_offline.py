@@ -296,8 +296,13 @@ def print_suite(result: dict) -> None:
     true = sum(r["truly_correct"] for r in rows)
     low = sum(r["lowerable"] for r in rows)
     true_low = sum(r["truly_correct"] and r["lowerable"] for r in rows)
+    # a re-check that ran out of time says nothing about the kernel (a loaded machine)
+    unchecked = sum(r["crowned"] and not r["truly_correct"]
+                    and r.get("recheck_status") == "timeout" for r in rows)
+    wrong = crowned - true - unchecked
     print(f"inputs generate: {result['inputs_generate']}/{result['tasks_listed']} · crowned "
-          f"{crowned} · truly correct {true} (wrong kernels crowned: {crowned - true}) · "
+          f"{crowned} · truly correct {true} (wrong kernels crowned: {wrong}"
+          f"{f'; re-check timed out: {unchecked}' if unchecked else ''}) · "
           f"lowerable {low} · correct on lowerable {true_low}/{low} "
           f"({(true_low / low if low else 0):.0%}, target >= 67%)")
     # at the production shape: what the crowned bests are worth at the size users run

@@ -16,7 +16,6 @@ Worker-side (the judge).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import hashlib
 import json
@@ -112,23 +111,23 @@ class Slots:
         if self.root is None:
             yield
             return
+        import filelock
+
         with contextlib.suppress(OSError):
             self.root.mkdir(parents=True, exist_ok=True)
         held = None
         while held is None:
             for index in range(self.count):
+                lock = filelock.FileLock(self.root / f"estimator-{index}.lock")
                 try:
-                    fd = os.open(self.root / f"estimator-{index}.lock", os.O_CREAT | os.O_RDWR,
-                                 0o600)
+                    lock.acquire(timeout=0)  # a killed holder's lock goes with its process
+                    held = lock
+                    break
+                except filelock.Timeout:
+                    continue
                 except OSError:
                     yield  # cannot coordinate: go ahead alone
                     return
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    held = fd
-                    break
-                except OSError:
-                    os.close(fd)
             if held is None:
                 if time.monotonic() > deadline:
                     raise TimeoutError("every estimator slot of this host stayed busy")
@@ -137,8 +136,7 @@ class Slots:
             yield
         finally:
             with contextlib.suppress(OSError):
-                fcntl.flock(held, fcntl.LOCK_UN)
-                os.close(held)
+                held.release()
 
 
 # -- the compile processes ------------------------------------------------------------------

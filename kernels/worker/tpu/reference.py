@@ -33,7 +33,6 @@ Worker-side (the judge); imports JAX to export the reference.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import inspect
 import json
@@ -633,32 +632,29 @@ def reference_memory_mb(memory_mb: int) -> int:
 
 @contextlib.contextmanager
 def _host_lock(root: Any, key: str, deadline: float) -> Iterator[None]:
-    """One worker of this host computes a given record; the others wait for it (flock:
-    a killed holder releases it). No cache directory: no coordination."""
+    """One worker of this host computes a given record; the others wait for it (a file
+    lock: a killed holder releases it). No cache directory: no coordination."""
     if root is None:
         yield
         return
+    import filelock
+
     path = root / "references" / f"{key[:32]}.lock"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
-    except OSError:
+        lock = filelock.FileLock(path)
+        lock.acquire(timeout=max(0.0, deadline - time.monotonic()), poll_interval=0.2)
+    except filelock.Timeout:  # go ahead: a stuck holder must not stop this one
+        yield
+        return
+    except OSError:  # cannot coordinate: go ahead alone
         yield
         return
     try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    break  # go ahead: a stuck holder must not stop this one
-                time.sleep(0.2)
         yield
     finally:
         with contextlib.suppress(OSError):
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+            lock.release()
 
 
 # -- the book: one record per task and chip, computed in the background -------------------
