@@ -5,7 +5,8 @@ by ``load`` into a frozen ``Config``. Each section is a dataclass below; its fie
 defaults are the only defaults tilewright has. A key the model does not know, or a
 value of the wrong type, is refused with a ``ConfigError`` naming the file, the section
 and the key (``config.toml: [budgets] iteratons: unknown key (did you mean
-iterations?)``), so a typo never silently falls back to a default.
+iterations?)``), so a typo never silently falls back to a default. Values are checked against the
+fields' types by pydantic in strict mode; the messages are ours.
 
 The environment is read once, by ``Environment.read``, when a ``Config`` is built:
 ``TILEWRIGHT_MODEL`` replaces ``[agent] model``; ``ANTHROPIC_BASE_URL`` and
@@ -22,6 +23,7 @@ the same way, with "config" standing for the file name.
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import tomllib
 import types
@@ -272,31 +274,22 @@ _BAD = object()
 
 
 def _convert(hint: Any, value: Any) -> Any:
-    origin = get_origin(hint)
-    if hint is bool:
-        return value if isinstance(value, bool) else _BAD
-    if hint is int:
-        return value if isinstance(value, int) and not isinstance(value, bool) else _BAD
-    if hint is float:
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-        return float(value) if ok else _BAD
-    if hint is str:
-        return value if isinstance(value, str) else _BAD
-    if hint is Any:
-        return value
-    if origin is list:
-        (item,) = get_args(hint)
-        if not isinstance(value, list):
-            return _BAD
-        items = [_convert(item, v) for v in value]
-        return _BAD if any(i is _BAD for i in items) else items
-    if origin is dict:
-        _, item = get_args(hint)
-        if not isinstance(value, Mapping):
-            return _BAD
-        out = {str(k): _convert(item, v) for k, v in value.items()}
-        return _BAD if any(v is _BAD for v in out.values()) else out
-    return _BAD
+    """``value`` validated as ``hint`` by pydantic in strict mode (no string to number,
+    no boolean as a number; a whole number is a float where a float is wanted), or
+    ``_BAD``."""
+    from pydantic import ValidationError
+
+    try:
+        return _adapter(hint).validate_python(value, strict=True)
+    except ValidationError:
+        return _BAD
+
+
+@functools.cache
+def _adapter(hint: Any) -> Any:
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(hint)
 
 
 def _expected(hint: Any) -> str:
