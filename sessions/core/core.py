@@ -34,7 +34,7 @@ from tilewright.kernels.tasks.task import Task
 from tilewright.sessions import events as ev
 from tilewright.sessions.agent_turn import AgentTurn, stream_turn
 from tilewright.sessions.core.approval import ApprovalPolicy, Decision, Verdict
-from tilewright.sessions.diagnosis import diagnose_version
+from tilewright.sessions.core.diagnosis import diagnose_version
 from tilewright.sessions.errors import ApprovalRequired
 from tilewright.sessions.evaluator import PoolEvaluator
 from tilewright.sessions.log import SessionLog
