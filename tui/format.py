@@ -6,6 +6,16 @@ from typing import Any
 
 from tilewright.sessions.state import Rank  # kernels.judge.result's, as the sessions API carries it
 
+# A version's status as one mark, the same in every pane (the history table, the search
+# tree); tui.look turns each into ASCII on terminals that need it.
+STATUS_MARKS = {"correct": "✓", "incorrect": "✗", "compile_error": "✗", "runtime_error": "✗",
+                "timeout": "⏱", "crashed": "☠", "rejected": "⊘", None: "·"}
+
+
+def status_mark(status: str | None) -> str:
+    """The mark for a version's status ("?" for one this table does not know)."""
+    return STATUS_MARKS.get(status, "?")
+
 
 def format_mib(value: Any) -> str:
     return f"{value / 2**20:.1f}" if isinstance(value, int | float) else "?"

@@ -32,11 +32,8 @@ from tilewright.sessions.log import load, read_blob
 from tilewright.sessions.search.graph import SearchState, fold_search
 from tilewright.sessions.search.link import SearchLink
 from tilewright.tui import keymap
-from tilewright.tui.format import rank_at_length
+from tilewright.tui.format import rank_at_length, status_mark
 from tilewright.tui.widgets.footer import KeyFooter
-
-_ICONS = {"correct": "✓", "incorrect": "✗", "compile_error": "✗", "runtime_error": "✗",
-          "timeout": "⏱", "crashed": "☠", "rejected": "⚑", None: "…"}
 
 
 class SearchScreen(Screen):
@@ -120,7 +117,9 @@ class SearchScreen(Screen):
     def label(self, state: SearchState, number: int) -> str:
         node = state.nodes[number]
         version = state.session.versions[number]
-        icon = _ICONS.get(version.status, "✗")
+        look = getattr(self.app, "look", None)  # ASCII marks where the terminal needs them
+        icon = look.mark(status_mark(version.status)) if look is not None else \
+            status_mark(version.status)
         rank = state.rank(number)
         speed = f" {rank.words(short=True)}" if rank is not None and rank.ranked else ""
         tags = []

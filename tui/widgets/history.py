@@ -17,10 +17,7 @@ from textual.message import Message
 from textual.widgets import DataTable
 
 from tilewright.sessions.state import Rank
-from tilewright.tui.format import format_vmem, rank_at_length
-
-STATUS_MARK = {"correct": "✓", "incorrect": "✗", "compile_error": "✗", "runtime_error": "✗",
-               "timeout": "⏱", "crashed": "✗", "rejected": "⊘", None: "·"}
+from tilewright.tui.format import format_vmem, rank_at_length, status_mark
 
 
 @dataclass(frozen=True)
@@ -102,7 +99,7 @@ class HistoryPane(Vertical):
             look = getattr(self.app, "look", None)
             draw = look.mark if look is not None else str
             mark = draw(("▶" if row.current else " ") + ("★" if row.best else " "))
-            status = f"{draw(STATUS_MARK.get(row.status, '?'))} {row.status or 'not run'}"
+            status = f"{draw(status_mark(row.status))} {row.status or 'not run'}"
             speed = row.rank.words(short=True) if row.rank is not None else "-"
             summary = row.summary if len(row.summary) <= 48 else \
                 row.summary[:47] + draw("…")
