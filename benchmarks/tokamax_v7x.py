@@ -125,8 +125,9 @@ def run_pair(pair: Any, timeout: float) -> dict[str, Any]:
             found[record["program"]] = record
     for name in ("xla", "pallas"):
         if name not in found:
-            why = (_abort_line(stderr) if rc not in (0, None) else stderr.strip()[:300]
-                   or "no output")
+            why = (f"killed by signal {-rc} (9: out of memory)" if rc is not None and rc < 0
+                   and not stderr.strip() else _abort_line(stderr) if rc not in (0, None)
+                   else stderr.strip()[:300] or "no output")
             found[name] = {"program": name, "compile": "aborted" if rc else "unfinished",
                            "cycles": None, "message": why}
     return found
@@ -207,6 +208,30 @@ def report(rows: list[dict[str, Any]], listed: dict[str, int]) -> None:
         print(f"{op}: {count} measured pairs on v7x not compiled here")
 
 
+def _choose(pairs: list[Any], count: int) -> list[Any]:
+    """The ``count`` cheapest distinct programs: one pair per set of array shapes (and
+    causality), shortest sequences and fewest rows first (an XLA attention at 16k tokens
+    materialises 16 GiB of scores; its compile does not fit a small host)."""
+    def key(pair: Any) -> tuple[int, int]:
+        from tokamax_data import array
+
+        first = array(pair.spec.get("q") or pair.spec.get("x") or "") or ("", (0,))
+        dims = first[1]
+        cost = dims[1] if "q" in pair.spec and len(dims) > 1 else dims[0]
+        total = 1
+        for d in dims:
+            total *= d
+        return cost, total
+
+    seen, out = set(), []
+    for pair in sorted(pairs, key=key):
+        shapes = _spec_text(pair.spec)
+        if shapes not in seen:
+            seen.add(shapes)
+            out.append(pair)
+    return out[:count]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--per-op", type=int, default=3, help="pairs per forward op")
@@ -236,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tokamax: {problem}")
     rows, listed, ran = [], {}, set()
     for op in FORWARD:
-        chosen = [p for p in found if p.chip == "v7x" and p.op == op][:args.per_op]
+        chosen = _choose([p for p in found if p.chip == "v7x" and p.op == op], args.per_op)
         for pair in chosen:
             ran.add(id(pair))
             started = time.perf_counter()

@@ -209,6 +209,8 @@ def test_the_epilogue_mixing_is_read_from_its_operations(tmp_path: Any) -> None:
     assert mixing(lambda a, w: jax.nn.sigmoid(a) @ w.T, tile, weight) == (False, True)
     assert mixing(lambda a: jnp.ones((8, 64)) @ a, tile) == (True, True)  # rows contracted
     assert mixing(lambda a: jax.lax.top_k(a, 2)[0], tile) == (True, True)  # unknown: both
+    # an operand split with the tile counts as the tile does: its column sum mixes rows
+    assert mixing(lambda a, r: a + r.sum(axis=0, keepdims=True), tile, tile) == (True, False)
     assert mixing(lambda a: a.T, tile) == (True, True)
 
 

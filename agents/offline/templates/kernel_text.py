@@ -49,16 +49,25 @@ def _eqns(jaxpr, derived):
         yield eqn, touched
 
 
+def _split_like_the_tile(closed, args):
+    \"\"\"The jaxpr inputs that are split as the tile is: the tile itself and the operands
+    cut into blocks with it ((m, n) tiles, (1, n) rows, (m, 1) columns). An operand
+    passed whole (a second layer's weight) is not: what is made of it alone mixes nothing.\"\"\"
+    m, n = tuple(args[0].shape)[0], tuple(args[0].shape)[-1]
+    return {v for i, (v, a) in enumerate(zip(closed.jaxpr.invars, args))
+            if i == 0 or tuple(getattr(a, "shape", ())) in ((m, n), (1, n), (m, 1))}
+
+
 def _mixing(fn, *args):
     \"\"\"(rows mixed, columns mixed): whether ``fn`` combines values of its first argument
     (the tile) across the first or the last axis (a reduction, a cumulative op, a reshape
     or transpose that moves it, an iota along it, a product that contracts it), read from
-    its jaxpr. Only what derives from the tile counts (a second layer's weight may be
-    transposed freely). Conservative: an operation it does not know mixes both, so such
-    an epilogue gets the whole product in one block.\"\"\"
+    its jaxpr. Only what derives from the tile and the operands split with it counts (a
+    second layer's weight may be transposed freely). Conservative: an operation it does
+    not know mixes both, so such an epilogue gets the whole product in one block.\"\"\"
     closed = jax.make_jaxpr(fn)(*args)
     first = last = False
-    for eqn, touched in _eqns(closed.jaxpr, {closed.jaxpr.invars[0]}):
+    for eqn, touched in _eqns(closed.jaxpr, _split_like_the_tile(closed, args)):
         if any(touched):
             name = eqn.primitive.name
             shape = tuple(getattr(eqn.invars[0].aval, "shape", ())) if eqn.invars else ()
@@ -137,7 +146,7 @@ def _working(fn, *args):
         return lead * -(-shape[-2] // 8) * 8 * -(-shape[-1] // 128) * 128 * 4
 
     ours = other = 0
-    for eqn, touched in _eqns(closed.jaxpr, {closed.jaxpr.invars[0]}):
+    for eqn, touched in _eqns(closed.jaxpr, _split_like_the_tile(closed, args)):
         most = max([0, *(padded(v.aval) for v in eqn.outvars if hasattr(v, "aval"))])
         if any(touched):
             ours = max(ours, most)
