@@ -22,6 +22,10 @@ The backward ops are listed, not compiled (their residual inputs are not built h
     .venv-current/bin/python benchmarks/tokamax_v7x.py [--per-op 3] [--json OUT]
         [--report OUT]   (--report: print a run's JSON again)
 
+``--smoke`` compiles nothing: it says whether this libtpu estimates v7x and prints the
+run kept in ``benchmarks/data/tokamax_v7x.json`` (2026-12-06, ``--per-op 3``; the
+table in docs/EVALUATION.md).
+
 Needs jax 0.12 with libtpu 0.0.50 or newer and tokamax installed (``pip install
 tokamax==0.0.12`` into the current-JAX venv).
 """
@@ -42,6 +46,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent / "lib"))
 
+SHIPPED = ROOT / "benchmarks" / "data" / "tokamax_v7x.json"  # the run in docs/EVALUATION.md
 FORWARD = {"pallas_mosaic_tpu_flash_attention": "attention",
            "pallas_mosaic_tpu_linear_softmax_cross_entropy_loss": "fused loss"}
 
@@ -239,7 +244,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokamax", type=Path, help="tokamax package folder (default: installed)")
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("--report", type=Path, help="print a run's --json again (no run)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="print the shipped run (benchmarks/data/tokamax_v7x.json) and "
+                             "whether this libtpu estimates v7x; compiles nothing")
     args = parser.parse_args(argv)
+    if args.smoke:
+        from tilewright.profiling.chips import estimator_refusal
+
+        refusal = estimator_refusal("v7x")
+        print("v7x estimates here: " + ("yes (cycles)" if refusal is None else f"no: {refusal}"))
+        args.report = SHIPPED
     if args.report:
         data = json.loads(args.report.read_text())
         report(data["rows"], data["listed"])

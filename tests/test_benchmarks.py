@@ -67,6 +67,9 @@ SMOKES = {
     "v5e_fidelity.py": (
         "the first measured softmax row estimated with its production shape shrunk to "
         "256x4096 (ratios meaningless)", "softmax: 1 tunings estimated"),
+    "tokamax_v7x.py": (
+        "no compile: whether this libtpu estimates v7x, and the kept run's table "
+        "(benchmarks/data/tokamax_v7x.json)", "v7x estimates here:"),
     "tui_latency.py": (
         "the real app and controller with a streaming agent, three key presses per phase, "
         "no worker started; one first paint of `tilewright` in a pty", "first paint"),
