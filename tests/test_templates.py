@@ -214,6 +214,27 @@ def test_the_epilogue_mixing_is_read_from_its_operations(tmp_path: Any) -> None:
     assert mixing(lambda a: a.T, tile) == (True, True)
 
 
+def test_attention_needs_its_softmax_between_the_products() -> None:
+    """32k's two chained layers end in a logsumexp: a matmul (its epilogue holds the
+    second layer), not attention, whose softmax sits between q @ k.T and the product by v."""
+    from tilewright.agents.base import TaskBrief
+    from tilewright.agents.offline.templates import infer_families
+
+    def likely(source: str) -> str:
+        return infer_families(TaskBrief(
+            name="t", description="", layout="jaxbench", entry="workload", family=None,
+            reference_source=source, shapes=(), atol=0.0, rtol=0.0, require_pallas=False))[0]
+
+    assert likely("def workload(x, w1, b1, w2, b2):\n    x = jnp.matmul(x, w1.T) + b1\n"
+                  "    x = jnp.matmul(jax.nn.sigmoid(x), w2.T) + b2\n"
+                  "    return jax.scipy.special.logsumexp(x, axis=1)\n") == "matmul"
+    assert likely("def workload(q, k, v):\n    return jax.nn.softmax(q @ k.T) @ v\n") \
+        == "attention"
+    assert likely("def workload(q, k, v):\n    s = jnp.einsum('hqd,hkd->hqk', q, k)\n"
+                  "    p = jax.nn.softmax(s, axis=-1)\n"
+                  "    return jnp.einsum('hqk,hkd->hqd', p, v)\n") == "attention"
+
+
 def test_a_convolution_and_a_cross_entropy_are_read_as_their_families(tmp_path: Any) -> None:
     from tilewright.agents.offline.templates import infer_families
 

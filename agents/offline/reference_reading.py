@@ -118,6 +118,16 @@ _ROW_CALLS = {"sum", "max", "min", "mean", "var", "std", "logsumexp", "softmax",
               "log_softmax", "norm", "argmax", "argmin", "prod", "cumsum", "rsqrt_mean"}
 
 
+def _softmax_between(order: list[tuple[int, int, str]]) -> bool:
+    """Whether a softmax finishes after one product and before another (as attention's
+    ``softmax(q @ k.T) @ v`` does; a logsumexp after two chained layers does not)."""
+    kinds = [kind for *_, kind in sorted(order)]
+    if "product" not in kinds:
+        return False
+    first, last = kinds.index("product"), len(kinds) - 1 - kinds[::-1].index("product")
+    return "softmax" in kinds[first + 1:last]
+
+
 def infer_families(brief: TaskBrief) -> tuple[str, ...]:
     """Template families to try, most likely first, then the universal fallback, then
     the remaining families: every family is tried before the offline agent gives up.
@@ -134,15 +144,22 @@ def infer_families(brief: TaskBrief) -> tuple[str, ...]:
         return (*FAMILIES, FALLBACK)
     matmuls = 0
     rows = softmax = conv = labels = False
+    order: list[tuple[int, int, str]] = []  # where products and softmaxes finish, in order
     for node in ast.walk(tree):
+        end = (getattr(node, "end_lineno", 0) or 0, getattr(node, "end_col_offset", 0) or 0)
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
             matmuls += 1
+            order.append((*end, "product"))
         elif isinstance(node, ast.Call):
             name = node.func.attr if isinstance(node.func, ast.Attribute) else \
                 getattr(node.func, "id", "")
             matmuls += name in _MATMUL_CALLS
+            if name in _MATMUL_CALLS:
+                order.append((*end, "product"))
             conv |= name in ("conv_general_dilated", "conv", "conv_with_general_padding")
             softmax |= name in ("softmax", "log_softmax", "logsumexp")
+            if name in ("softmax", "log_softmax", "logsumexp"):
+                order.append((*end, "softmax"))
             labels |= name in ("one_hot", "take_along_axis")
             rows |= name in _ROW_CALLS or any(k.arg in ("axis", "axes") for k in node.keywords)
     if conv:
@@ -151,7 +168,7 @@ def infer_families(brief: TaskBrief) -> tuple[str, ...]:
         likely = ("cross_entropy", "matmul")
     elif matmuls == 3 and not softmax:
         likely = ("gated_mlp", "matmul")
-    elif matmuls >= 2 and softmax:
+    elif matmuls >= 2 and _softmax_between(order):
         likely = ("attention", "matmul")
     elif matmuls:
         likely = ("matmul",)
