@@ -110,7 +110,11 @@ def _abort_line(stderr: str) -> str:
 def run_pair(pair: Any, timeout: float) -> dict[str, Any]:
     from tilewright.kernels.worker.tpu import tpu_compile
 
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    from tilewright.kernels.pool.env import QUIET
+
+    # libtpu's own log files (/tmp/tpu_logs) grow by a GiB per estimator abort unless
+    # quietened, as the judge's processes are
+    env = {**QUIET, **os.environ, "JAX_PLATFORMS": "cpu"}
     with tempfile.TemporaryDirectory() as dump:
         tpu_compile.prepare_environment(env, dump)
         try:

@@ -378,7 +378,9 @@ def test_a_v7x_compile_returns_cycles_for_xla_and_pallas(tmp_path) -> None:
     import subprocess
     import sys
 
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    from tilewright.kernels.pool.env import QUIET
+
+    env = {**QUIET, **os.environ, "JAX_PLATFORMS": "cpu"}  # no libtpu log files in /tmp
     tpu_compile.prepare_environment(env, str(tmp_path))
     got = subprocess.run([sys.executable, "-c", V7X_PROBE], capture_output=True, text=True,
                          env=env, timeout=300)
