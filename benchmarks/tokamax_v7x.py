@@ -108,9 +108,8 @@ def _abort_line(stderr: str) -> str:
 
 
 def run_pair(pair: Any, timeout: float) -> dict[str, Any]:
-    from tilewright.kernels.worker.tpu import tpu_compile
-
     from tilewright.kernels.pool.env import QUIET
+    from tilewright.kernels.worker.tpu import tpu_compile
 
     # libtpu's own log files (/tmp/tpu_logs) grow by a GiB per estimator abort unless
     # quietened, as the judge's processes are
