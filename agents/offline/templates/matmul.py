@@ -257,12 +257,15 @@ def {brief.entry}({order}):{unpack}
 
     full = jax.eval_shape(_epilogue, jax.ShapeDtypeStruct((m, n), jnp.float32), *extras)
 
+    workings = {{}}  # (bm, bn) -> the epilogue's working bytes: one trace per tile size
+
     def need(bm, bn, bk):
-        # double-buffered x, w, operand and output blocks, the f32 accumulator, and room
-        # for one f32 intermediate tile (the compiler keeps most of an epilogue's work in
-        # registers: a row-sum epilogue's kernel compiled to its blocks' bytes alone)
-        working = _working(_epilogue, jax.ShapeDtypeStruct((bm, bn), jnp.float32),
-                           *tile_shapes(bm, bn))
+        # double-buffered x, w, operand and output blocks, the f32 accumulator, and the
+        # epilogue's intermediates on one tile (_working)
+        if (bm, bn) not in workings:
+            workings[bm, bn] = _working(_epilogue, jax.ShapeDtypeStruct((bm, bn), jnp.float32),
+                                        *tile_shapes(bm, bn))
+        working = workings[bm, bn]
         blocks = (bm * bk + {w_bytes}) * item + sum(
             s.size * s.dtype.itemsize for s in tile_shapes(bm, bn))
         return 2 * blocks + 2 * bm * bn * 4 + working
