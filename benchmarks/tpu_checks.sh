@@ -1,34 +1,66 @@
 #!/usr/bin/env bash
 # On a TPU host: the checks that need the chip, in one go, each bounded and logged.
-#   bash benchmarks/tpu_checks.sh OUTDIR [JAXBENCH_BENCHMARK_DIR]
+#   bash benchmarks/tpu_checks.sh OUTDIR [JAXBENCH_BENCHMARK_DIR] [CROWNED_DIR]
 # Run from the project's root with tilewright importable (a TPU VM: the project's wheel
 # and its dependencies installed; jax and libtpu from the image). One program at a time
-# holds the chip, so the steps run one after another:
-#   1. `tilewright eval --task gelu --json` on the chip (the exported route, device time)
-#   2. tests/test_on_tpu.py (eval, estimate and profile in a pool; the busy-chip error)
-#   3. benchmarks/measure_on_chip.py: the bundled softmax and rmsnorm tunings, and the
-#      JAXBench baselines named below when a JAXBench checkout is given
-# Each step's output goes to OUTDIR/<step>.log; the measured rows to OUTDIR/measured.jsonl.
+# holds the chip, so the steps run one after another (STEPS="..." picks some, in order):
+#   eval     `tilewright eval --task gelu --json` on the chip (the exported route, device time)
+#   tests    tests/test_on_tpu.py (eval, estimate and profile in a pool; the busy-chip error)
+#   auto     `tilewright auto` with the offline agent on the bundled causal_attention and
+#            matmul_bias_gelu (AUTO_TASKS; AUTO_BUDGET versions each, default 6): what the
+#            tool finds on the chip, ranked by device time
+#   measure  benchmarks/measure_on_chip.py: the bundled tasks' tunings (MEASURE_TASKS,
+#            default softmax rmsnorm), and the JAXBench baselines named below when a
+#            JAXBench checkout is given
+#   crowned  the same for every CROWNED_DIR/<task>/crowned.py (kernels a search crowned
+#            off a TPU, beside their task's files): their device time against XLA's
+# Each step's time limit: EVAL_TIMEOUT, TESTS_TIMEOUT, AUTO_TIMEOUT (per task), MEASURE_TIMEOUT,
+# CROWNED_TIMEOUT. Each step's output goes to OUTDIR/<step>.log; the measured rows to OUTDIR/measured.jsonl,
+# the sessions of `auto` under OUTDIR/sessions.
 set -u
-out=${1:?usage: tpu_checks.sh OUTDIR [JAXBENCH_BENCHMARK_DIR]}
+out=${1:?usage: tpu_checks.sh OUTDIR [JAXBENCH_BENCHMARK_DIR] [CROWNED_DIR]}
 jb=${2:-}
+crowned=${3:-}
+steps=${STEPS:-eval tests auto measure crowned}
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
+export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3 PYTHONFAULTHANDLER=1
 step() {
   local t=$1 name=$2; shift 2
   echo "=== $name ($(date +%T))"
-  timeout "$t" "$@" > "$out/$name.log" 2>&1
+  # SIGABRT at the limit: Python's fault handler prints where every thread of it was
+  timeout -s ABRT -k 15 "$t" "$@" > "$out/$name.log" 2>&1
   echo "=== $name rc=$? ($(date +%T))"
   tail -c 700 "$out/$name.log"
 }
-step 300 eval_gelu python -m tilewright.tui.cli eval --task gelu --json
-step 300 tests env TILEWRIGHT_TPU_TESTS=1 python -m pytest -q -p no:cacheprovider tests/test_on_tpu.py
-programs=(bundled:softmax bundled:rmsnorm)
-if [ -n "$jb" ]; then
-  for name in 9p_SwiGLU_MLP 12p_RMSNorm 41k_Gemm_Add_ReLU 13p_Cross_Entropy 8p_GEMM \
-      1p_Flash_Attention 5p_Flex_Attention; do
-    programs+=("$jb/$name")
-  done
-fi
-step 400 measure python benchmarks/measure_on_chip.py "${programs[@]}" --points 6 \
-  --budget 1 --out "$out/measured.jsonl"
+for s in $steps; do
+  case $s in
+    eval) step "${EVAL_TIMEOUT:-300}" eval_gelu python -m tilewright.tui.cli eval --task gelu --json ;;
+    tests) step "${TESTS_TIMEOUT:-300}" tests env TILEWRIGHT_TPU_TESTS=1 python -m pytest -q -p no:cacheprovider \
+             tests/test_on_tpu.py ;;
+    auto)
+      for task in ${AUTO_TASKS:-causal_attention matmul_bias_gelu}; do
+        step "${AUTO_TIMEOUT:-240}" "auto_$task" python -m tilewright.tui.cli auto --task "$task" \
+          --agent offline --budget "${AUTO_BUDGET:-6}" --session-dir "$out/sessions" --json
+      done ;;
+    measure)
+      programs=()
+      for task in ${MEASURE_TASKS:-softmax rmsnorm}; do programs+=("bundled:$task"); done
+      if [ -n "$jb" ]; then
+        for name in 9p_SwiGLU_MLP 12p_RMSNorm 41k_Gemm_Add_ReLU 13p_Cross_Entropy 8p_GEMM \
+            1p_Flash_Attention 5p_Flex_Attention; do
+          programs+=("$jb/$name")
+        done
+      fi
+      step "${MEASURE_TIMEOUT:-400}" measure python benchmarks/measure_on_chip.py "${programs[@]}" --points 6 \
+        --budget 1 --out "$out/measured.jsonl" ;;
+    crowned)
+      [ -n "$crowned" ] || { echo "=== crowned: no CROWNED_DIR given"; continue; }
+      programs=()
+      for dir in "$crowned"/*/; do
+        [ -f "$dir/crowned.py" ] && programs+=("${dir%/}:crowned.py")
+      done
+      step "${CROWNED_TIMEOUT:-450}" crowned python benchmarks/measure_on_chip.py "${programs[@]}" \
+        --budget 1 --out "$out/crowned.jsonl" ;;
+    *) echo "=== unknown step $s" ;;
+  esac
+done

@@ -345,6 +345,24 @@ def test_a_tpu_host_worker_leaves_rlimit_nproc_alone() -> None:
     assert unchanged and reason.startswith("TPU host")
 
 
+def test_a_cpu_pinned_candidate_on_a_tpu_host_leaves_rlimit_nproc_alone() -> None:
+    """The candidate process runs with JAX_PLATFORMS=cpu, yet its user's task count holds
+    the judge's libtpu threads: on the v5e it could not start a thread in its trace under
+    a lowered limit. A chip's device node on the host leaves the limit as it is."""
+    code = ("import os, resource, json\n"
+            "from tilewright.kernels import confinement\n"
+            "confinement.chip_attached = lambda: True\n"
+            "before = resource.getrlimit(resource.RLIMIT_NPROC)\n"
+            "report = confinement._rlimits(12345)\n"
+            "print(json.dumps([before == resource.getrlimit(resource.RLIMIT_NPROC), "
+            "report.get('nproc_reason', ''), confinement.tpu_host()]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    unchanged, reason, tpu = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not tpu  # pinned to the CPU, as a candidate process is
+    assert unchanged and reason.startswith("TPU host")
+
+
 def test_calls_in_flight_are_bounded_by_their_outputs() -> None:
     """Calls issued back to back keep their outputs alive until the wait: a program with
     a 1 GiB output gets two in flight (the v5e ran out of HBM with twenty 256 MiB ones),

@@ -92,7 +92,9 @@ NPROC_MARGIN = 256  # tasks (threads count) a worker may add beyond its own star
 # candidate process could not start one thread ("can't start new thread" in its trace)
 # under a limit of the user's tasks + 256 + 8 per core, and again under 2,048 more.
 # RLIMIT_NPROC counts every task of the user, so there the limit is left as it is and
-# the worker's leftovers are killed after every request (process group, subreaper).
+# the worker's leftovers are killed after every request (process group, subreaper). That
+# holds for every process on the host, the CPU-pinned candidate processes too (a lowered
+# limit in the candidate alone still failed on the v5e: the judge's threads count).
 
 # Environment knobs (documented in docs/SECURITY.md; ENV_MOUNTS and ENV_PRIVATE_SHM are
 # the namespaces').
@@ -147,7 +149,9 @@ def _rlimits(host_uid: int | None = None) -> dict[str, Any]:
         report["nproc"] = None
         report["nproc_reason"] = ("running as uid 0: the kernel does not apply RLIMIT_NPROC "
                                   "to root; leftover processes are killed after each request")
-    elif tpu_host():
+    elif tpu_host() or chip_attached():
+        # chip_attached too: a candidate process is pinned to the CPU (JAX_PLATFORMS=cpu)
+        # but counts against the same user's tasks as the judge that holds the chip
         _soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
         report["nproc"] = None if hard == resource.RLIM_INFINITY else hard
         report["nproc_reason"] = ("TPU host: not lowered (libtpu's runtimes, the judge's "
