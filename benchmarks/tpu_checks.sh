@@ -14,6 +14,7 @@
 #            JAXBench checkout is given
 #   crowned  the same for every CROWNED_DIR/<task>/crowned.py (kernels a search crowned
 #            off a TPU, beside their task's files): their device time against XLA's
+#            (CROWNED_ONLY="NAME ...": those tasks, in that order)
 # Each step's time limit: EVAL_TIMEOUT, TESTS_TIMEOUT, AUTO_TIMEOUT (per task), MEASURE_TIMEOUT,
 # CROWNED_TIMEOUT. Each step's output goes to OUTDIR/<step>.log; the measured rows to OUTDIR/measured.jsonl,
 # the sessions of `auto` under OUTDIR/sessions.
@@ -56,8 +57,8 @@ for s in $steps; do
     crowned)
       [ -n "$crowned" ] || { echo "=== crowned: no CROWNED_DIR given"; continue; }
       programs=()
-      for dir in "$crowned"/*/; do
-        [ -f "$dir/crowned.py" ] && programs+=("${dir%/}:crowned.py")
+      for name in ${CROWNED_ONLY:-$(ls "$crowned")}; do  # CROWNED_ONLY: these, in order
+        [ -f "$crowned/$name/crowned.py" ] && programs+=("$crowned/$name:crowned.py")
       done
       step "${CROWNED_TIMEOUT:-450}" crowned python benchmarks/measure_on_chip.py "${programs[@]}" \
         --budget 1 --out "$out/crowned.jsonl" ;;

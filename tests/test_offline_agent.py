@@ -624,3 +624,28 @@ def test_a_search_sibling_of_the_likely_template_starts_from_larger_blocks() -> 
     failed = ("already tried: v1: matmul template from the reference (compile_error)",)
     moved = decide(AgentRequest("implement", brief, None, notes=failed))
     assert isinstance(moved, Proposal) and not moved.summary.startswith("matmul")
+
+
+def test_fixes_float32_products_off_by_the_chips_default_precision() -> None:
+    """On the v5e the starting attention kernel, without ``precision=``, was incorrect
+    (max abs diff 0.0129 against a HIGHEST reference: f32 products run as one bf16 pass
+    there). The fix asks every product in the kernel bodies for HIGHEST; the rule does
+    not fire off the chip (interpret mode computes f32 exactly) nor on bf16 inputs."""
+    from tilewright.agents.offline.fixes import suggest_fix
+
+    source = load_task("causal_attention").starting_source()
+    plain = source.replace("precision=PRECISION, ", "")
+    assert plain != source and "precision=" not in plain.split("def flash_kernel")[1]
+    chip = {"status": "incorrect", "backend": {"platform": "tpu"},
+            "correctness": {"max_abs_diff": 0.0129},
+            "tpu": {"input_shapes": ["f32[4,32,4096,128]"] * 3}}
+    fix = suggest_fix(plain, chip)
+    assert fix is not None and fix.rule == "dot_precision"
+    body = fix.source.split("def flash_kernel")[1].split("@jax.jit")[0]
+    assert body.count("precision=jax.lax.Precision.HIGHEST") == 2
+    compile(fix.source, "kernel.py", "exec")
+    assert suggest_fix(fix.source, chip) is None or suggest_fix(fix.source, chip).rule \
+        != "dot_precision"  # applied once
+    assert suggest_fix(plain, {**chip, "backend": {"platform": "cpu"}}) is None
+    bf16 = {**chip, "tpu": {"input_shapes": ["bf16[4,32,4096,128]"] * 3}}
+    assert suggest_fix(plain, bf16) is None

@@ -9,6 +9,9 @@ returns a ``Fix`` (a tuning change or a whole new source, with its reason) or No
 - Missing accumulator initialisation (NaN / wrong output, and a scratch ref that is
   ``+=``-accumulated but never zeroed under ``pl.when(program_id(k) == 0)``): the init is
   inserted at the top of the kernel body, in the reduction axis the kernel declares.
+- Float32 products at the chip's default precision (incorrect on a TPU, float32 inputs,
+  products in the kernel bodies without ``precision=``): a TPU runs such a product as one
+  bf16 pass (about three significant digits); every product gets ``precision=HIGHEST``.
 - The TPU compiler failing on 16-bit floats (it aborts on some packed bf16 layouts, e.g.
   a bf16 (1, n) row broadcast): every block the kernel bodies read is widened to float32
   (16-bit floats only) and every store is cast back to its ref's dtype.
@@ -30,7 +33,7 @@ _VMEM_MSG = re.compile(r"vmem|scoped memory|resource.?exhausted|exceeds.*memory"
 
 @dataclass(frozen=True)
 class Fix:
-    rule: str  # misalignment | vmem | accumulator_init | half_precision
+    rule: str  # misalignment | vmem | accumulator_init | dot_precision | half_precision
     summary: str
     rationale: str
     tuning: dict[str, Any] | None = None
@@ -47,7 +50,8 @@ def _error_text(result: dict[str, Any]) -> str:
 
 def suggest_fix(source: str, result: dict[str, Any]) -> Fix | None:
     """The first rule that recognises the failure, or None."""
-    for rule in (fix_misalignment, fix_vmem, fix_accumulator_init, fix_half_precision):
+    for rule in (fix_misalignment, fix_vmem, fix_accumulator_init, fix_dot_precision,
+                 fix_half_precision):
         fix = rule(source, result)
         if fix is not None:
             return fix
@@ -175,6 +179,53 @@ def _widen(block):
     bf16 layouts); other dtypes pass through."""
     return block.astype(jnp.float32) if block.dtype in (jnp.bfloat16, jnp.float16) else block
 '''
+
+
+_PRODUCTS = {"dot", "dot_general", "matmul", "einsum"}
+
+
+def fix_dot_precision(source: str, result: dict[str, Any]) -> Fix | None:
+    """Incorrect on a TPU with float32 inputs, and the kernel bodies' products name no
+    precision: each gets ``precision=jax.lax.Precision.HIGHEST`` (Mosaic's full float32
+    contraction; the default is one bf16 pass). Interpret mode on a CPU computes float32
+    products exactly, so a kernel correct there can be off by this rounding on the chip."""
+    if result.get("status") != "incorrect" \
+            or (result.get("backend") or {}).get("platform") != "tpu":
+        return None
+    shapes = [str(s) for s in (result.get("tpu") or {}).get("input_shapes") or []]
+    floats = [s for s in shapes if s[:1] in "fb"]
+    if not floats or any(not s.startswith("f32[") for s in floats):
+        return None
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    starts = [0]
+    for line in source.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    bodies = [fn for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef)
+              and any(a.arg.endswith("_ref") for a in fn.args.args)]
+    inserts = sorted({starts[node.end_lineno - 1] + node.end_col_offset - 1
+                      for fn in bodies for node in ast.walk(fn)
+                      if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                      and node.func.attr in _PRODUCTS
+                      and not any(k.arg == "precision" for k in node.keywords)},
+                     reverse=True)
+    if not inserts or not re.search(r"^import jax$", source, re.M):
+        return None
+    new = source
+    for closing in inserts:  # the call's ")": a keyword goes in just before it
+        head = new[:closing].rstrip()
+        sep = " " if head.endswith(",") else ", "
+        new = head + sep + "precision=jax.lax.Precision.HIGHEST" + new[closing:]
+    corr = result.get("correctness") or {}
+    return Fix("dot_precision", "run the kernel's products at full float32 precision",
+               "Incorrect on the TPU with float32 inputs "
+               f"(max abs diff {corr.get('max_abs_diff')}), and the kernel's products name "
+               "no precision: the chip runs a float32 product at its default precision as "
+               "one bf16 pass, about three significant digits. Each product now asks for "
+               "precision=HIGHEST (Mosaic's float32 contraction), as a float32 reference "
+               "written with full precision computes.", source=new)
 
 
 def fix_half_precision(source: str, result: dict[str, Any]) -> Fix | None:

@@ -33,6 +33,9 @@ def attention(brief: TaskBrief) -> tuple[str, str]:
     # as written; one that transposes (b, s, h, d) inputs to (b, h, s, d) gets the same.
     scaled = any(word in text for word in ("scale", "sqrt", "**-0.5", "** -0.5", "** (-0.5)"))
     seq_major = "transpose(0,2,1,3)" in "".join(text.split())
+    # The reference's products at full precision (``precision=HIGHEST``): kept on float32
+    # operands, where a TPU's default is one bf16 pass (about three digits)
+    highest = "highest" in text
     q, k, v = params[:3]
     extra = params[3:]
     # One more argument added to the scores (flex attention's relative position bias):
@@ -51,6 +54,7 @@ CAUSAL = {causal}
 SCALED = {scaled}  # the reference multiplies the scores by head_dim ** -0.5
 SEQ_MAJOR = {seq_major}  # inputs and output are (batch, seq, heads, head_dim)
 BIAS = {bias is not None}  # the reference adds `{bias}` to the (scaled) scores
+PRECISION = {"jax.lax.Precision.HIGHEST" if highest else None}  # the reference's, on float32 products
 BLOCK_Q = 512
 BLOCK_K = 512
 TUNABLES = {{"BLOCK_Q": [128, 256, 512, 1024, 2048], "BLOCK_K": [128, 256, 512, 1024, 2048]}}
@@ -77,8 +81,9 @@ def _flash(q_ref, k_ref, v_ref, *refs, scale, bq, bk):
 
     def _step():
         # q and k go to the MXU in their own dtype (bf16 stays bf16), scores in f32
+        full = PRECISION if q_ref.dtype == jnp.float32 else None  # Mosaic: f32 only
         s = jax.lax.dot_general(q_ref[0], k_ref[0], (((1,), (1,)), ((), ())),
-                                preferred_element_type=jnp.float32) * scale
+                                precision=full, preferred_element_type=jnp.float32) * scale
         if BIAS:
             s = s + bias_ref[0][0].astype(jnp.float32)
         if CAUSAL:
@@ -91,7 +96,8 @@ def _flash(q_ref, k_ref, v_ref, *refs, scale, bq, bk):
         alpha = jnp.exp(m_prev - m_new)
         l_ref[...] = alpha * l_ref[...] + p.sum(axis=-1, keepdims=True)
         acc_ref[...] = alpha * acc_ref[...] + jnp.dot(
-            p.astype(v_ref.dtype), v_ref[0], preferred_element_type=jnp.float32)
+            p.astype(v_ref.dtype), v_ref[0], precision=full,
+            preferred_element_type=jnp.float32)
         m_ref[...] = m_new
 
     if CAUSAL:  # key blocks entirely above the diagonal contribute nothing
