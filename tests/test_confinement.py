@@ -321,6 +321,9 @@ async def test_a_reference_that_hangs_is_the_tasks_fault(tmp_path) -> None:
         assert result.error.kind == "task", result.error
         assert "not the kernel's" in result.error.message
         assert result.extra["reference_probe"] == "exceeds"
+        # how far the judge got before it was killed: its finished phases, by progress
+        assert result.extra["last_phase"]["phase"] == "runtime_s"
+        assert "reference_s" not in result.extra["phases"]
         # ... whereas a kernel that hangs on a sound task is the kernel's fault
         hang = probe("while True:\n    pass\n")
         task = load_small("gelu", rows=64, cols=256)
@@ -387,3 +390,15 @@ def test_requests_to_a_model_are_bounded() -> None:
     with pytest.raises(tunables.TunablesError, match="too large"):
         tunables.read(huge)
     assert "at most" in (check_kernel_source(huge, "kernel", True) or "")
+
+
+def test_a_timeout_says_how_far_the_judge_got() -> None:
+    """The words a worker killed at its deadline carries (on the v5e a gelu eval at
+    8192x8192 ran past 120 s and said nothing of where)."""
+    from tilewright.kernels.pool.process import how_far
+
+    assert how_far(None) == "it had reported no finished phase"
+    words = how_far({"phase": "trials_s", "shape": "tpu_8k", "at_s": 97.5,
+                     "phases": {"reference_s": 12.0, "trials_s": 80.25}})
+    assert words == ("its last finished phase was trials at the check shape tpu_8k, 97.5 s "
+                     "in (so far: reference 12 s, trials 80.25 s)")

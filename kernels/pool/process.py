@@ -67,11 +67,25 @@ class WorkerFailure(Exception):
     """A request whose worker had to be killed: ``kind`` is timeout, crashed, exited,
     memory or cancelled; ``stderr`` is what the worker printed during the request."""
 
-    def __init__(self, kind: str, message: str, stderr: str = "") -> None:
+    def __init__(self, kind: str, message: str, stderr: str = "",
+                 reached: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.stderr = stderr
+        self.reached = reached  # the last phase the worker said it finished, if any
+
+
+def how_far(reached: dict[str, Any] | None) -> str:
+    """Words for the last phase a killed request had finished (its progress frames)."""
+    if not reached:
+        return "it had reported no finished phase"
+    phases = reached.get("phases") or {}
+    spent = ", ".join(f"{k.removesuffix('_s')} {v:g} s" for k, v in phases.items()
+                      if isinstance(v, int | float))
+    shape = f" at the check shape {reached['shape']}" if reached.get("shape") else ""
+    return (f"its last finished phase was {str(reached.get('phase', '?')).removesuffix('_s')}"
+            f"{shape}, {reached.get('at_s', '?')} s in (so far: {spent})")
 
 
 class WorkerOpError(Exception):
@@ -306,6 +320,7 @@ class WorkerProcess:
                                                          + self.device_memory_mb))
         loop = asyncio.get_running_loop()
         until = loop.time() + timeout_s
+        reached: dict[str, Any] | None = None
         try:
             await self.writer.drain()
             while True:
@@ -315,6 +330,9 @@ class WorkerProcess:
                     break
                 if reply.get("id") != request_id or reply.get("nonce") != nonce \
                         or not isinstance(reply["progress"], dict):
+                    continue
+                if reply["progress"].get("kind") == "phase":  # kept for a timeout's words
+                    reached = clean(reply["progress"], self.secrets)
                     continue
                 # The judge compiling a big program at the production shape says how
                 # long it may still take (its stated deadline): not a hung worker.
@@ -329,7 +347,8 @@ class WorkerProcess:
             await self.kill()
             raise WorkerFailure(
                 "timeout", f"no answer within {timeout_s:g} s (an infinite loop or a very "
-                "slow kernel); the worker was killed and replaced", self.read_capture()) from None
+                f"slow kernel); the worker was killed and replaced; {how_far(reached)}",
+                self.read_capture(), reached) from None
         except asyncio.CancelledError:
             self.killed_for = "cancelled"
             self.kill_now()

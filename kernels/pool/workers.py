@@ -430,6 +430,10 @@ class WorkerPool:
             error = EvalError(kind=failure.kind, message=failure.message,
                               hint=FAILURE_HINTS.get(failure.kind))
             extra: dict[str, Any] = {}
+            if failure.reached:  # how far the judge got before it was killed
+                extra["phases"] = dict(failure.reached.get("phases") or {})
+                extra["last_phase"] = {k: failure.reached.get(k)
+                                       for k in ("phase", "shape", "at_s")}
             if failure.kind in ("timeout", "memory") and not self._closed:
                 extra["reference_probe"], blamed = await self._blame(
                     task, options, failure.kind, failure.message)

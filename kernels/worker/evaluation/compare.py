@@ -156,7 +156,8 @@ def compare(output: Host, expected: Host, atol: float, rtol: float,
         if o.size == 0:
             continue
         ref_finite = np.isfinite(r)
-        bad = ~np.isfinite(o) & ref_finite
+        everywhere = bool(ref_finite.all())  # the common case: no masking, no copies
+        bad = ~np.isfinite(o) if everywhere else ~np.isfinite(o) & ref_finite
         if bad.any():
             count = int(bad.sum())
             first = tuple(int(i) for i in np.argwhere(bad)[0])
@@ -164,12 +165,13 @@ def compare(output: Host, expected: Host, atol: float, rtol: float,
             return Comparison(False, None, None, f"{kind} in {count} of {o.size} values{where}, "
                               f"first at index {first}, where the reference is finite "
                               "(an output block never written reads as NaN)")
-        mismatch_special = ~ref_finite & ~((o == r) | (np.isnan(o) & np.isnan(r)))
-        if mismatch_special.any():
-            return Comparison(False, None, None, f"the reference has NaN/Inf{where} that the "
-                              "output does not reproduce")
-        diff = np.where(ref_finite, np.abs(o - r), 0.0)
-        ref_abs = np.abs(np.where(ref_finite, r, 0.0))
+        if not everywhere:
+            mismatch_special = ~ref_finite & ~((o == r) | (np.isnan(o) & np.isnan(r)))
+            if mismatch_special.any():
+                return Comparison(False, None, None, f"the reference has NaN/Inf{where} that "
+                                  "the output does not reproduce")
+        diff = np.abs(o - r) if everywhere else np.where(ref_finite, np.abs(o - r), 0.0)
+        ref_abs = np.abs(r) if everywhere else np.abs(np.where(ref_finite, r, 0.0))
         scale = float(ref_abs.max())
         max_abs = max(max_abs, float(diff.max()))
         significant = ref_abs > NEGLIGIBLE * scale
@@ -200,17 +202,22 @@ def _spread_reason(o: np.ndarray, r: np.ndarray, finite: np.ndarray, atol: float
     ``allowance``, its rms allowed on top of rule 2's bound)."""
     if finite.sum() < 2:
         return None
-    of, rf = o[finite].astype(np.float64), r[finite].astype(np.float64)
-    allowed = float(np.sqrt(np.mean(allowance[finite].astype(np.float64) ** 2))) \
-        if allowance is not None else 0.0
-    spread = float(rf.max() - rf.min())
+    # float32 values, float64 sums (an 8192x8192 output: 0.4 s here, 1.9 s with float64
+    # copies; the judge on a TPU compares several such outputs per evaluation)
+    everywhere = bool(finite.all())
+    of, rf = (o, r) if everywhere else (o[finite], r[finite])
+    allowed = 0.0
+    if allowance is not None:
+        af = allowance if everywhere else allowance[finite]
+        allowed = float(np.sqrt(np.mean(np.square(af, dtype=np.float64))))
+    spread = float(rf.max()) - float(rf.min())
     magnitude = float(np.abs(rf).max())
-    if float(of.max() - of.min()) == 0.0 and spread > atol + rtol * magnitude:
-        return (f"the output{where} is constant ({float(of[0]):.6g}) where the reference "
+    if float(of.max()) - float(of.min()) == 0.0 and spread > atol + rtol * magnitude:
+        return (f"the output{where} is constant ({float(of.flat[0]):.6g}) where the reference "
                 f"varies over {spread:.3g} (a kernel that ignores its inputs)")
-    err = float(np.sqrt(np.mean((of - rf) ** 2)))
-    std = float(rf.std())
-    rms = float(np.sqrt(np.mean(rf ** 2)))
+    err = float(np.sqrt(np.mean(np.square(of - rf), dtype=np.float64)))
+    std = float(rf.std(dtype=np.float64))
+    rms = float(np.sqrt(np.mean(np.square(rf), dtype=np.float64)))
     if err > SPREAD_SHARE * std + rtol * rms + allowed:
         share = err / std if std > 0 else float("inf")
         return (f"the error{where} is {share:.0%} of the reference's spread (rms error "

@@ -76,6 +76,7 @@ from tilewright.kernels.worker.execution import (
     reset_interpret_state,
     task_runtime,
 )
+from tilewright.kernels.worker import ops
 from tilewright.kernels.worker.ops import op
 from tilewright.kernels.worker.tpu import tpu_compile, verdict
 from tilewright.kernels.worker.tpu.verdict import ProductionRun
@@ -136,6 +137,8 @@ class Evaluation:
         self.chip = str(self.options.chip or _own_chip(self.backend) or DEFAULT_TPU)
         self.result = EvalResult(status="correct", backend=None)
         self.phases: dict[str, float] = {}
+        self.began = time.perf_counter()
+        self.at_shape: str | None = None  # the check shape being judged, for progress
         self.flags: list[str] = []
         self.outside_compute: list[str] = []  # work found outside every pallas_call
         # The candidate runs in another process (kernels.worker.candidate.judge); this one judges.
@@ -238,6 +241,12 @@ class Evaluation:
 
     def _phase(self, name: str, since: float) -> None:
         self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - since
+        # The app hears each finished phase: a request killed at its deadline is then
+        # reported with how far it got (on the v5e a gelu at 8192x8192 ran past 120 s
+        # and said nothing of where)
+        ops.progress({"kind": "phase", "phase": name, "shape": self.at_shape,
+                      "at_s": round(time.perf_counter() - self.began, 2),
+                      "phases": {k: round(v, 2) for k, v in self.phases.items()}})
 
     def _kernel_line(self) -> int | None:
         """The one pallas_call's line, where a failure names no line of its own."""
@@ -301,6 +310,7 @@ class Evaluation:
         # 4 + 5. trace, lower, run, compare: configuration by configuration, the held-out
         # ones last (from their first on, nothing the candidate says reaches the agent)
         for config in sorted(configs, key=lambda c: c.held_out):
+            self.at_shape = config.name
             if config.held_out:
                 self._withhold()
             try:
