@@ -46,6 +46,7 @@ from tilewright.kernels.judge.result import (
     shape_label,
 )
 from tilewright.kernels.tasks.task import ShapeConfig, Task, TaskError
+from tilewright.kernels.worker import ops
 from tilewright.kernels.worker.backend import backend_info
 from tilewright.kernels.worker.candidate import judge
 from tilewright.kernels.worker.candidate.channel import (
@@ -76,7 +77,6 @@ from tilewright.kernels.worker.execution import (
     reset_interpret_state,
     task_runtime,
 )
-from tilewright.kernels.worker import ops
 from tilewright.kernels.worker.ops import op
 from tilewright.kernels.worker.tpu import tpu_compile, verdict
 from tilewright.kernels.worker.tpu.verdict import ProductionRun
