@@ -19,11 +19,14 @@ we chose, not the judge (which never runs candidate Python on the chip).
     python benchmarks/measure_on_chip.py bundled:gelu bundled:softmax DIR ... \
         --out rows.jsonl [--points 12] [--budget 2]
 
-``--smoke``: the starting gelu kernel with a 256x512 production shape, on whatever host
-this is (off a TPU: interpret mode, pipelined calls, labelled): that it runs.
+``--smoke``: a kernel that aborts its process (a ``crashed`` row), then the starting gelu
+kernel with a 256x512 production shape, on whatever host this is (off a TPU: interpret
+mode, pipelined calls, labelled): that it runs and carries on past a crash.
 
 One JSON row per program is appended to ``--out`` as soon as it is measured, so a run
-cut short keeps what it measured. A program that fails to compile (VMEM, HBM) or gives
+cut short keeps what it measured. The programs run in a child process: a program that
+aborts it (libtpu ends the process on some kernels: JAXBench 1p's crowned kernel on the
+v5e) is a ``crashed`` row, and a new child carries on with the next program. A program that fails to compile (VMEM, HBM) or gives
 a wrong answer is a row too, with its status and the compiler's words.
 """
 
@@ -150,17 +153,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds of calls per program (10 to 200 calls)")
     parser.add_argument("--input-sets", type=int, default=2,
                         help="fresh input sets per program (the judge uses up to 4)")
+    parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a loader override for every task (production.KEY=V sizes "
                         "the production shape; a test off a TPU)")
     args = parser.parse_args(argv)
-    if args.smoke:
-        args.items, args.points = ["bundled:gelu"], 1
+    if args.smoke:  # a program that aborts its process, then gelu: the run goes on
+        args.items, args.points = [f"{_aborting_task()}:abort.py", "bundled:gelu"], 1
         args.set += ["production.rows=256", "production.cols=512"]
     if not args.items:
         parser.error("name at least one program (bundled:NAME, DIR, DIR:KERNEL.py)")
     if not args.out:
         args.out = tempfile.mkstemp(prefix="measure-on-chip-", suffix=".jsonl")[1]
+    if args.child is None:
+        return _parent(argv if argv is not None else sys.argv[1:], args.out)
     import jax
 
     device = jax.devices()[0]
@@ -175,7 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"measure_on_chip: {len(listed)} programs on {chip}", file=sys.stderr, flush=True)
     print(f"measure_on_chip: rows to {args.out}", file=sys.stderr, flush=True)
     with open(args.out, "a") as fh:
-        for entry in listed:
+        for index, entry in enumerate(listed):
+            if index < args.child:
+                continue
+            Path(args.out + ".at").write_text(json.dumps(
+                {"index": index, "task": entry["task"].name, "kernel": entry["kernel"],
+                 "variant": entry["variant"], **common}))
             started = time.perf_counter()
             try:
                 row = measure(entry, args.budget)
@@ -193,6 +204,70 @@ def main(argv: list[str] | None = None) -> int:
                   f"({row.get('method')}, {row['seconds']} s) {row.get('error', '')[:200]}",
                   file=sys.stderr, flush=True)
     return 0
+
+
+def _parent(argv: list[str], out: str) -> int:
+    """Run the programs in child processes, from the first not yet measured: a child that
+    dies mid-program leaves a ``crashed`` row for it, and the next child goes on."""
+    import subprocess
+
+    start, marker = 0, Path(out + ".at")
+    while True:
+        marker.unlink(missing_ok=True)
+        code = subprocess.run([sys.executable, __file__, *_without_out(argv), "--out", out,
+                               "--child", str(start)]).returncode
+        if code == 0:
+            marker.unlink(missing_ok=True)
+            _tally(out)
+            return 0
+        try:
+            at = json.loads(marker.read_text())
+        except (OSError, ValueError):
+            return code  # it died before its first program (no chip, bad arguments)
+        how = f"signal {-code}" if code < 0 else f"exit status {code}"
+        row = {k: at.get(k) for k in ("task", "kernel", "variant", "chip", "platform",
+                                      "date", "jax")}
+        row.update(status="crashed", error=f"the measuring process died ({how}) on this "
+                   "program: its output above says why (libtpu aborts end the process)")
+        with open(out, "a") as fh:
+            fh.write(json.dumps(row) + "\n")
+        print(f"  {row['task']} {row['kernel']}: crashed ({how}); going on with the next",
+              file=sys.stderr, flush=True)
+        start = int(at["index"]) + 1
+
+
+def _tally(out: str) -> None:
+    counts: dict[str, int] = {"measured": 0, "failed": 0, "crashed": 0}
+    for line in Path(out).read_text().splitlines():
+        status = json.loads(line).get("status")
+        counts[status] = counts.get(status, 0) + 1
+    print("measure_on_chip: " + ", ".join(f"{k} {v}" for k, v in counts.items()),
+          file=sys.stderr, flush=True)
+
+
+def _aborting_task() -> str:
+    """A copy of the bundled gelu whose ``abort.py`` kernel ends its process (--smoke)."""
+    import shutil
+
+    here = Path(tempfile.gettempdir()) / "measure-on-chip-smoke-abort"
+    if not (here / "abort.py").is_file():
+        shutil.copytree(Path(__file__).resolve().parent.parent / "kernels" / "bundled" / "gelu",
+                        here, dirs_exist_ok=True)
+        (here / "abort.py").write_text("import os\n\n\ndef kernel(x):\n    os.abort()\n")
+    return str(here)
+
+
+def _without_out(argv: list[str]) -> list[str]:
+    """``argv`` less its ``--out PATH`` (the parent passes its own resolved one)."""
+    kept, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--out":
+            skip = True
+        elif not a.startswith("--out="):
+            kept.append(a)
+    return kept
 
 
 if __name__ == "__main__":

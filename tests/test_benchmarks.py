@@ -45,8 +45,9 @@ SMOKES = {
         "--no-check`, the shared-size resolution, the table (no search, no re-check)",
         "inputs generate: 2/2"),
     "measure_on_chip.py": (
-        "the starting gelu kernel at a 256x512 production shape timed by the judge's "
-        "device timing (off a TPU: interpret mode, pipelined, labelled)", "gelu BLOCK_"),
+        "a kernel that aborts its process (a crashed row, a new child), then the starting "
+        "gelu kernel at a 256x512 production shape timed by the judge's device timing (off "
+        "a TPU: interpret mode, pipelined, labelled)", "measured 1, failed 0, crashed 1"),
     "on_tpu.py": (
         "gelu with a 256x1024 production shape through one worker's estimate op; off a "
         "TPU the estimate alone, each measured column saying why it is empty", "est/meas"),
