@@ -324,8 +324,11 @@ class WorkerProcess:
         try:
             await self.writer.drain()
             while True:
-                reply = await asyncio.wait_for(protocol.recv(self.reader),
-                                               max(until - loop.time(), 0.001))
+                # timeout_at, not wait_for: on 3.11 wait_for returns a frame that arrives
+                # as the request is cancelled and drops the cancellation (the judge sends
+                # a frame per finished phase, so this happened)
+                async with asyncio.timeout_at(until):
+                    reply = await protocol.recv(self.reader)
                 if not (isinstance(reply, dict) and "progress" in reply and "ok" not in reply):
                     break
                 if reply.get("id") != request_id or reply.get("nonce") != nonce \
