@@ -113,6 +113,34 @@ def test_the_runner_runs_a_program_it_checked() -> None:
     np.testing.assert_array_equal(out.leaves[0], expected.leaves[0])
 
 
+def test_one_program_exported_twice_is_compiled_once() -> None:
+    """The production shape is also a check shape: its program, exported for both, is
+    compiled on the chip once (a compile at 8192x8192 is seconds there)."""
+    runner = ExportedPrograms("cpu")
+    blob = _exported(lambda x: x * 2.0, X)
+    first = runner.adopt("tpu_8k", blob, _inputs(), None, 0)
+    again = runner.adopt("production", blob, _inputs(), None, 0)
+    assert again.compiled is first.compiled and len(runner.compiled) == 1
+    other = runner.adopt("small", _exported(lambda x: x * 3.0, X), _inputs(), None, 0)
+    assert other.compiled is not first.compiled and len(runner.compiled) == 2
+
+
+def test_the_exported_route_sends_the_candidate_shapes_not_values() -> None:
+    """On the exported route the candidate process only traces and exports: its inputs
+    go as shapes and dtypes (at 8192x8192 the values took about 5 s to pickle and send)."""
+    import pickle
+
+    from tilewright.kernels.worker.candidate import judge
+
+    dyn, static = (jnp.ones((64, 256), jnp.float32), np.zeros((8,), np.int32)), (3,)
+    sent, kept = pickle.loads(judge.pickled(dyn, static, shapes_only=True))
+    assert all(isinstance(a, jax.ShapeDtypeStruct) for a in sent) and kept == (3,)
+    assert [(a.shape, a.dtype) for a in sent] == [((64, 256), jnp.float32), ((8,), np.int32)]
+    assert len(judge.pickled(dyn, static, shapes_only=True)) < 2048
+    values, _ = pickle.loads(judge.pickled(dyn, static))  # the candidate runs them itself
+    assert isinstance(values[0], np.ndarray) and values[0].shape == (64, 256)
+
+
 def test_the_runner_refuses_a_custom_call_outside_the_stable_list() -> None:
     # What a hostile candidate process can send: a program calling a target of its choice.
     def planted(x):

@@ -339,7 +339,8 @@ class CandidateChannel:
         """Trace and lower at ``config`` in the candidate process; on the exported route
         also take its program, check it and compile it here (``ExportedPrograms.adopt``):
         the integrity checks then read that program's own text."""
-        reply, data = self.request("prepare", {"config": config}, judge.pickled(dyn, static),
+        reply, data = self.request("prepare", {"config": config},
+                                   judge.pickled(dyn, static, shapes_only=self.runner is not None),
                                    max_blob=EXPORT_LIMIT if self.runner else 1 << 20)
         facts = PrepareFacts.parse(reply)
         self.pallas_line = facts.pallas_lines[0] if len(facts.pallas_lines) == 1 else None

@@ -52,7 +52,7 @@ def to_host(tree: Any) -> Host:
 
     leaves, treedef = jax.tree.flatten(tree)
     dtype = getattr(leaves[0], "dtype", None) if leaves else None
-    return Host([np.asarray(leaf).astype(np.float32) for leaf in leaves], str(treedef), dtype)
+    return Host([np.asarray(leaf, dtype=np.float32) for leaf in leaves], str(treedef), dtype)
 
 
 ELEMENT_SCALE = 0.05  # the absolute tolerance never exceeds 5% of max|ref|

@@ -23,6 +23,7 @@ interpreter (pure HLO, no callbacks), and the judge runs it on its CPU.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 from dataclasses import dataclass, field
@@ -81,6 +82,9 @@ class ExportedPrograms:
     output_limit: int = 0  # bytes; 0: no limit (set per configuration by the judge)
     programs: dict[str, Program] = field(default_factory=dict)
     adopted_s: float = 0.0
+    # the device's executables by the exported bytes' sha256: the production shape is a
+    # check shape too, and its program, exported twice, is compiled once
+    compiled: dict[str, Any] = field(default_factory=dict)
 
     def adopt(self, config: str, blob: bytes, dyn: tuple, kernel_line: int | None,
               output_limit: int) -> Program:
@@ -126,13 +130,15 @@ class ExportedPrograms:
         if output_limit and out_bytes > output_limit:
             raise _rejected(f"the exported program's outputs take {out_bytes} bytes, more "
                             f"than twice the reference's ({output_limit} allowed)")
+        digest = hashlib.sha256(blob).hexdigest()
         try:
-            compiled = jax.jit(exported.call).lower(*flat).compile()
+            compiled = self.compiled.get(digest) or jax.jit(exported.call).lower(*flat).compile()
         except Exception as exc:
             raise Stopped("compile_error", EvalError(
                 kind="compile", message=f"the {self.platform.upper()} compiler refused the "
                 f"kernel at {config}: {short_message(exc)}", line=kernel_line,
                 hint=_compile_hint(short_message(exc)))) from None
+        self.compiled[digest] = compiled
         program = Program(config, exported, compiled, text[:_TEXT_LIMIT],
                           time.perf_counter() - started, out_bytes)
         self.programs[config] = program
@@ -146,7 +152,7 @@ class ExportedPrograms:
 
         out = self._execute(config, jax.tree.leaves(dyn), kernel_line)
         dtype = out[0].dtype if out else None
-        return Host([np.asarray(leaf).astype(np.float32) for leaf in out],
+        return Host([np.asarray(leaf, dtype=np.float32) for leaf in out],  # no copy of f32
                     tree or expected.tree, dtype)
 
     def function(self, config: str) -> Any:
