@@ -40,6 +40,14 @@ from tilewright.profiling.chips import DEFAULT_TPU
 
 HLO_TEXT_LIMIT = 8 << 20  # the TPU lowering's text sent to the judge
 _CROSS_PLATFORM_CALLBACK = "is different from the lowering platform"
+# jax 0.12's words for the same (a host callback lowered for a TPU that is not here)
+_CALLBACK_NEEDS_DEVICES = "require devices to be present during lowering"
+
+
+def _host_callback_refusal(message: str) -> bool:
+    """The lowering failed because the program calls back to the host and no TPU is
+    here: not the kernel's fault (``skipped``/``unavailable``, never a compile error)."""
+    return _CROSS_PLATFORM_CALLBACK in message or _CALLBACK_NEEDS_DEVICES in message
 
 
 class _Failure(Exception):
@@ -189,7 +197,7 @@ class Server:
                 facts["lowering"] = {"tpu": "ok", "message": None}
             except Exception as exc:
                 message = errors.short_message(exc)
-                if _CROSS_PLATFORM_CALLBACK in message and self.interpret:
+                if _host_callback_refusal(message) and self.interpret:
                     facts["lowering"] = {"tpu": "skipped", "message": "host callbacks cannot "
                                          "be lowered for TPU without a TPU: " + message}
                 else:
@@ -302,7 +310,7 @@ class Server:
                                              for a in flat], chip)
             except Exception as exc:
                 message = errors.short_message(exc)
-                if _CROSS_PLATFORM_CALLBACK in message:  # not a refusal: no TPU here
+                if _host_callback_refusal(message):  # not a refusal: no TPU here
                     facts["unavailable"] = ("host callbacks cannot be compiled for TPU "
                                             "without a TPU: " + message)
                     facts["programs"] = []
@@ -396,7 +404,7 @@ class Server:
                 item = {"compile": "unavailable", "message": job}
             elif isinstance(job, BaseException):
                 message = errors.short_message(job)
-                unavailable = _CROSS_PLATFORM_CALLBACK in message or "callback" in message
+                unavailable = _host_callback_refusal(message) or "callback" in message
                 item = {"compile": "unavailable" if unavailable else "error",
                         "kind": "lowering", "message": message}
             else:

@@ -5,7 +5,6 @@ scratch dir for the judge to copy out. Candidate code runs here, never in the ju
 
 from __future__ import annotations
 
-import contextlib
 import json
 import pickle
 import tempfile
@@ -59,12 +58,20 @@ def run_in_candidate(entry: Any, header: dict[str, Any], blob: bytes) -> dict[st
     logdir = tempfile.mkdtemp(prefix="profile-")
     static_argnums = tuple(range(len(dyn), len(dyn) + len(static))) or None
     fn = jax.jit(entry, static_argnums=static_argnums)
+    run, args = fn, (*dyn, *static)
     try:
-        # Off a TPU the kernel runs in interpret mode as if on the target chip, so APIs
-        # that ask for the TPU's tiling (emit_pipeline) work there too.
-        with execution_mode(interpret), tpu_context(target) if interpret else \
-                contextlib.nullcontext():
-            cap = capture(fn, (*dyn, *static), logdir, iters=int(header.get("iters") or 3),
+        if interpret:
+            # Off a TPU the kernel is traced as if on the target chip, so APIs that ask
+            # for the TPU's tiling (emit_pipeline) work there too, and then run outside
+            # that context with its pallas_calls interpreted (jax 0.12 refuses to run a
+            # program traced under an abstract mesh alone)
+            from tilewright.kernels.worker.candidate.main import interpreted
+
+            with execution_mode(interpret), tpu_context(target):
+                closed = jax.make_jaxpr(lambda *d: entry(*d, *static))(*dyn)
+            run, args = jax.jit(interpreted(closed)), tuple(jax.tree.leaves(dyn))
+        with execution_mode(interpret):
+            cap = capture(run, args, logdir, iters=int(header.get("iters") or 3),
                           python_tracer=bool(header.get("python_tracer")))
     except BaseException as exc:
         if interpret:
