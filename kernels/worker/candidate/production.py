@@ -545,6 +545,19 @@ def any_scaled(plans: list[KernelPlan]) -> bool:
 PIN_MAX_ELEMENTS = 1 << 16  # integer inputs up to this size are bookkeeping (group sizes)
 
 
+def _bind_here(eqn: Any, invals: list[Any]) -> Any:
+    """Run one bookkeeping equation on this host: in the context it was traced in, else
+    (jax 0.12 refuses to run under the abstract TPU mesh a trace off a TPU carries)
+    without it; a small integer op means the same either way."""
+    try:
+        with eqn.ctx.manager:
+            return eqn.primitive.bind(*invals, **eqn.params)
+    except ValueError as exc:
+        if "AbstractMesh" not in str(exc):
+            raise
+        return eqn.primitive.bind(*invals, **eqn.params)
+
+
 def kernel_operands(closed: Any, known: dict[int, Any]) -> dict[int, list[Any]]:
     """Per pallas_call (program order), the values of its operands that follow from the
     inputs ``known`` (input index -> array; the others unknown): the program is
@@ -584,8 +597,7 @@ def kernel_operands(closed: Any, known: dict[int, Any]) -> dict[int, list[Any]]:
                     and all(_elements(v.aval) <= PIN_MAX_ELEMENTS for v in eqn.outvars):
                 # bookkeeping-sized only: a constant broadcast to a big array is not made
                 try:
-                    with eqn.ctx.manager:
-                        got = eqn.primitive.bind(*invals, **eqn.params)
+                    got = _bind_here(eqn, invals)
                     outs = list(got) if eqn.primitive.multiple_results else [got]
                 except Exception:  # an op that cannot run here: its outputs unknown
                     pass
