@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -211,3 +212,25 @@ async def test_closing_the_pool_mid_request_says_so(gelu) -> None:
     for result in await asyncio.gather(running, waiting):
         assert result.status == "crashed" and result.error.kind == "cancelled"
         assert "closed" in result.error.message
+
+
+@ON_MODULE_LOOP
+async def test_the_deadline_bounds_each_phase_not_the_whole_evaluation(worker_pool,
+                                                                       gelu) -> None:
+    """A kernel whose every call takes a second, judged at three shapes with three trials
+    (about 12 calls) under a 5 s deadline: each phase ends well within it, so nothing is
+    killed (on the v5e a sound gelu at 8192x8192 outran 120 s in all); a hung kernel is
+    still stopped within the deadline of its phase."""
+    slow = (CANDIDATES / "good_gelu.py").read_text().replace(
+        "def kernel(x):\n", "def kernel(x):\n"
+        "    import time\n"
+        "    jax.debug.callback(lambda: time.sleep(0.8))\n", 1)
+    assert slow != (CANDIDATES / "good_gelu.py").read_text()
+    started = time.monotonic()
+    result = await worker_pool.evaluate(gelu, slow, EvalOptions(
+        trials=3, timeout_s=5.0, timing=False, lowering=False))
+    assert result.status == "correct", (result.error, result.extra.get("last_phase"))
+    assert len(result.extra["shapes"]) >= 3 and time.monotonic() - started > 5.0
+    hang = await worker_pool.evaluate(gelu, (CANDIDATES / "infinite_loop.py").read_text(),
+                                      EvalOptions(trials=3, timeout_s=5.0, timing=False))
+    assert hang.status == "timeout"

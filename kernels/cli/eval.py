@@ -48,7 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="timing iterations (default: adaptive within a time budget)")
     parser.add_argument("--timeout", type=_positive_float, default=DEFAULTS.timeout_s,
                         metavar="SECONDS",
-                        help=f"kill the evaluation after this long (default {DEFAULTS.timeout_s:g})")
+                        help="kill the evaluation after this long without a finished phase "
+                        f"(reference, trials per shape, timing; default {DEFAULTS.timeout_s:g})")
     parser.add_argument("--shape", dest="shapes", action="append", default=None,
                         metavar="NAME", help="only this shape configuration (repeatable)")
     parser.add_argument("--no-timing", action="store_true", help="skip timing")

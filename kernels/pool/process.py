@@ -336,6 +336,10 @@ class WorkerProcess:
                     continue
                 if reply["progress"].get("kind") == "phase":  # kept for a timeout's words
                     reached = clean(reply["progress"], self.secrets)
+                    # A finished phase is progress: the deadline bounds each phase, not
+                    # the sum (on a chip the judge checks every shape at full size, and a
+                    # gelu at 8192x8192 outran 120 s in all while nothing hung)
+                    until = max(until, loop.time() + timeout_s)
                     continue
                 # The judge compiling a big program at the production shape says how
                 # long it may still take (its stated deadline): not a hung worker.

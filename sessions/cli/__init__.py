@@ -35,8 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     auto.add_argument("--trials", type=int, default=None,
                       help="correctness trials per shape (default: [eval] trials, else 3)")
     auto.add_argument("--timeout", type=float, default=None, metavar="S",
-                      help="each evaluation's deadline for the kernel's own runs, seconds "
-                           "(default: [eval] timeout_s, else 120); the compiles at the "
+                      help="each evaluation phase's deadline (reference, trials per "
+                           "shape, timing), seconds (default: [eval] timeout_s, else 120); "
+                           "a phase that ends renews it; the compiles at the "
                            "production shape may take longer for a big program, as the "
                            "judge states (tpu.deadline_s)")
     auto.add_argument("--time-budget", type=float, default=None, metavar="S",

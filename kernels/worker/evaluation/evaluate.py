@@ -144,8 +144,9 @@ class Evaluation:
         # The candidate runs in another process (kernels.worker.candidate.judge); this one judges.
         timeout_s = float(self.options.timeout_s)
         margin = min(max(0.15 * timeout_s, 0.3), 5.0)  # answer before the app kills us
+        self.phase_window_s = timeout_s - margin  # each phase's: renewed as one finishes
         self.channel = CandidateChannel(
-            time.monotonic() + timeout_s - margin,
+            time.monotonic() + self.phase_window_s,
             int(options.get("memory_limit_mb") or judge.DEFAULT_MEMORY_MB))
         self.production: ProductionRun | None = None  # the production-shape verdict
         self.native_checked = False  # a TPU host compiled the check shapes for itself
@@ -244,6 +245,9 @@ class Evaluation:
         # The app hears each finished phase: a request killed at its deadline is then
         # reported with how far it got (on the v5e a gelu at 8192x8192 ran past 120 s
         # and said nothing of where)
+        # The deadline bounds each phase (the app renews its own as it hears this)
+        self.channel.deadline = max(self.channel.deadline,
+                                    time.monotonic() + self.phase_window_s)
         ops.progress({"kind": "phase", "phase": name, "shape": self.at_shape,
                       "at_s": round(time.perf_counter() - self.began, 2),
                       "phases": {k: round(v, 2) for k, v in self.phases.items()}})
