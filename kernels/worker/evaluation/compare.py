@@ -195,6 +195,18 @@ def compare(output: Host, expected: Host, atol: float, rtol: float,
     return Comparison(reason is None, max_abs, max_rel, reason)
 
 
+def _mean_square(x: np.ndarray) -> float:
+    """mean(x**2) summed in float64 without a float64 copy of ``x``: scaled by max|x|
+    first, so a float32 square cannot overflow (|x| above 1.8e19)."""
+    if x.size == 0:
+        return 0.0
+    peak = float(np.abs(x).max())
+    if peak == 0.0 or not math.isfinite(peak):
+        return peak * peak
+    scaled = x / np.asarray(peak, dtype=x.dtype)
+    return float(np.mean(np.square(scaled), dtype=np.float64)) * peak * peak
+
+
 def _spread_reason(o: np.ndarray, r: np.ndarray, finite: np.ndarray, atol: float,
                    rtol: float, where: str, allowance: np.ndarray | None = None
                    ) -> str | None:
@@ -209,15 +221,15 @@ def _spread_reason(o: np.ndarray, r: np.ndarray, finite: np.ndarray, atol: float
     allowed = 0.0
     if allowance is not None:
         af = allowance if everywhere else allowance[finite]
-        allowed = float(np.sqrt(np.mean(np.square(af, dtype=np.float64))))
+        allowed = math.sqrt(_mean_square(af))
     spread = float(rf.max()) - float(rf.min())
     magnitude = float(np.abs(rf).max())
     if float(of.max()) - float(of.min()) == 0.0 and spread > atol + rtol * magnitude:
         return (f"the output{where} is constant ({float(of.flat[0]):.6g}) where the reference "
                 f"varies over {spread:.3g} (a kernel that ignores its inputs)")
-    err = float(np.sqrt(np.mean(np.square(of - rf), dtype=np.float64)))
+    err = math.sqrt(_mean_square(of - rf))
     std = float(rf.std(dtype=np.float64))
-    rms = float(np.sqrt(np.mean(np.square(rf), dtype=np.float64)))
+    rms = math.sqrt(_mean_square(rf))
     if err > SPREAD_SHARE * std + rtol * rms + allowed:
         share = err / std if std > 0 else float("inf")
         return (f"the error{where} is {share:.0%} of the reference's spread (rms error "
