@@ -243,3 +243,18 @@ def test_the_written_references_own_error_is_allowed_against_the_precise_one() -
     assert not verdict.close and basis == AS_WRITTEN
     # without a precise reference (an f32 task): judged as written only
     assert judge_output(better, written, None, 0.02, 0.02)[1] == AS_WRITTEN
+
+
+def test_mean_squares_are_float64_sums_that_do_not_overflow() -> None:
+    """The spread rule's mean squares come from float32 values without a float64 copy:
+    scaled first, so values above 1.8e19 (whose float32 square is inf) still count."""
+    import numpy as np
+
+    from tilewright.kernels.worker.evaluation.compare import _mean_square
+
+    x = np.array([3e20, -4e20, 0.0, 1e20], np.float32)
+    want = float(np.mean(x.astype(np.float64) ** 2))
+    assert np.isinf(np.mean(np.square(x)))  # what a plain float32 square gives
+    assert abs(_mean_square(x) - want) <= 1e-6 * want
+    assert _mean_square(np.zeros(3, np.float32)) == 0.0
+    assert _mean_square(np.zeros(0, np.float32)) == 0.0
