@@ -218,3 +218,20 @@ def kernel(x):
     assert "compute_outside_kernel" in result.integrity["flags"]
     assert any("TPU lowering" in item for item in result.integrity["outside_compute"])
     assert result.extra["candidate_process"]["lowering_checked"] is True
+
+
+async def test_a_kernel_in_the_older_pallas_style_loads_and_is_judged(worker_pool, task) -> None:
+    """Names later JAX releases dropped (pltpu.TPUCompilerParams, TPUMemorySpace, ANY)
+    are the harness's aliases of the current ones: such a kernel is judged, on either
+    stack, and the aliases are not the candidate's tampering."""
+    from pathlib import Path
+
+    from tilewright.kernels.worker import pallas_compat
+
+    source = (Path(__file__).parent / "fixtures" / "candidates" /
+              "older_pallas_names.py").read_text()
+    result = await worker_pool.evaluate(task, source, EvalOptions(**OPTIONS.__dict__),
+                                        filename="kernel.py")
+    assert result.status == "correct", (result.error, result.lowering)
+    assert result.lowering["tpu"] == "ok"
+    assert set(pallas_compat.RENAMED) == {"TPUCompilerParams", "TPUMemorySpace", "ANY"}

@@ -172,6 +172,9 @@ class TaskRuntime:
             sys.modules.pop(self._candidate_name, None)
         name = f"tilewright_candidate_{next(_module_ids)}"
         self._candidate_name = name
+        from tilewright.kernels.worker import pallas_compat
+
+        pallas_compat.install()  # older Pallas names load (a no-op where already added)
         with task_imports(self.task.root):  # a kernel may import the task's helpers
             module = _exec_source(source, filename, name)
         self._prepare_candidate(module)

@@ -123,6 +123,9 @@ class Server:
             from tilewright.kernels.worker.tpu import tpu_compile
 
             tpu_compile.start()  # before the snapshot: its thread is not the candidate's
+        from tilewright.kernels.worker import pallas_compat
+
+        pallas_compat.install()  # older Pallas names: the harness's aliases, before the snapshot
         self.snapshot = integrity.ModuleSnapshot()
         source = blob.decode()
         self.source = source
