@@ -65,7 +65,7 @@ def run_in_candidate(entry: Any, header: dict[str, Any], blob: bytes) -> dict[st
             # for the TPU's tiling (emit_pipeline) work there too, and then run outside
             # that context with its pallas_calls interpreted (jax 0.12 refuses to run a
             # program traced under an abstract mesh alone)
-            from tilewright.kernels.worker.candidate.main import interpreted
+            from tilewright.kernels.worker.candidate.programs import interpreted
 
             with execution_mode(interpret), tpu_context(target):
                 closed = jax.make_jaxpr(lambda *d: entry(*d, *static))(*dyn)
