@@ -353,8 +353,9 @@ class WorkerProcess:
             self.killed_for = "timeout"
             await self.kill()
             raise WorkerFailure(
-                "timeout", f"no answer within {timeout_s:g} s (an infinite loop or a very "
-                f"slow kernel); the worker was killed and replaced; {how_far(reached)}",
+                "timeout", f"no answer and no finished phase within {timeout_s:g} s (an "
+                "infinite loop or a very slow kernel); the worker was killed and replaced; "
+                f"{how_far(reached)}",
                 self.read_capture(), reached) from None
         except asyncio.CancelledError:
             self.killed_for = "cancelled"
