@@ -12,7 +12,7 @@ Its pids are mapped to /proc entries only through this process's own subtree
 (``kernels.confinement.proc_entry``), so limits, pauses and kills reach its processes
 and no other worker's.
 
-A candidate process that crashes, exits, hangs past the evaluation's deadline, grows
+A candidate process that crashes, exits, hangs past the deadline (per phase), grows
 past the memory limit or breaks the protocol (a forged or oversized reply) is killed
 with every descendant and replaced; ``CandidateFailure.kind`` says which. While the
 judge times the XLA baseline the candidate process tree is stopped (SIGSTOP) and
@@ -362,7 +362,8 @@ class CandidateProcess:
         except wire.ChannelTimeout:
             self.kill()
             raise CandidateFailure("timeout", "the candidate did not finish before the "
-                                   "evaluation's deadline; its process was killed") from None
+                                   "deadline (the evaluation's --timeout, counted from the "
+                                   "last finished phase); its process was killed") from None
         except CandidateFailure as failure:
             self.kill()
             raise CandidateFailure("memory", f"the candidate process exceeded the memory "
