@@ -132,7 +132,9 @@ class ExportedPrograms:
                             f"than twice the reference's ({output_limit} allowed)")
         digest = hashlib.sha256(blob).hexdigest()
         try:
-            compiled = self.compiled.get(digest) or jax.jit(exported.call).lower(*flat).compile()
+            compiled = self.compiled.get(digest)
+            if compiled is None:
+                compiled = jax.jit(exported.call).lower(*flat).compile()
         except Exception as exc:
             raise Stopped("compile_error", EvalError(
                 kind="compile", message=f"the {self.platform.upper()} compiler refused the "
