@@ -242,10 +242,9 @@ class Evaluation:
 
     def _phase(self, name: str, since: float) -> None:
         self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - since
-        # The app hears each finished phase: a request killed at its deadline is then
-        # reported with how far it got (on the v5e a gelu at 8192x8192 ran past 120 s
-        # and said nothing of where)
-        # The deadline bounds each phase (the app renews its own as it hears this)
+        # The deadline bounds each phase, so it starts again here; the app renews its own
+        # as it hears this, and a request killed at its deadline is reported with how far
+        # it got (on the v5e a gelu at 8192x8192 ran past 120 s in all, saying nothing)
         self.channel.deadline = max(self.channel.deadline,
                                     time.monotonic() + self.phase_window_s)
         ops.progress({"kind": "phase", "phase": name, "shape": self.at_shape,
