@@ -3,8 +3,9 @@
 It writes a first kernel from a template for the task's family (``templates``), repairs
 common failures with rules (``fixes``), and tunes the kernel's declared TUNABLES one
 change at a time (``tuner``; its steps as proposals in ``tuning``), remembering what it
-measured through the request's history. It streams its rationale as text like any agent and ends with one
-``ProposalReady`` or a ``Failure`` that says what it cannot do and what to do instead.
+measured through the request's history. It streams its rationale as text like any agent
+and ends with one ``ProposalReady`` or a ``Failure`` that says what it cannot do and what
+to do instead.
 """
 
 from __future__ import annotations
