@@ -19,17 +19,17 @@ from tilewright.agents.base import AgentRequest, Answer, Failure, Finished, Prop
 from tilewright.agents.memory import Lesson
 from tilewright.agents.offline import fixes, templates, tuner, words
 from tilewright.agents.offline.tuning import (
-    _best_text,
-    _grow_past_choices,
-    _is_rejected,
-    _lessons,
-    _measured,
-    _observations,
-    _remember_convergence,
-    _step_meta,
-    _tried_text,
-    _tuner_step,
+    best_text,
     floor_note,
+    grow_past_choices,
+    is_rejected,
+    lessons_for,
+    observations,
+    remember_convergence,
+    step_meta,
+    tried_text,
+    tuner_step,
+    was_measured,
 )
 from tilewright.kernels.judge.result import Rank, ranking
 from tilewright.kernels.source import tunables
@@ -59,7 +59,7 @@ class OfflineAgent:
                 "(\"256 rows\", \"BLOCK_ROWS=256\"), \"larger\"/\"smaller\" and named "
                 "techniques, and follows its rules (template, fixes, tuning). Set "
                 "ANTHROPIC_API_KEY to talk to Claude.")
-        lessons = _lessons(request) if self.remember else []
+        lessons = lessons_for(request) if self.remember else []
         outcome = decide(request, lessons)
         if isinstance(outcome, Answer):
             for piece in re.split(r"(?<=\n)", outcome.text):
@@ -69,7 +69,7 @@ class OfflineAgent:
             return
         if isinstance(outcome, Failure | Finished):
             if self.remember and isinstance(outcome, Finished):
-                stored = _remember_convergence(request)
+                stored = remember_convergence(request)
                 if stored is not None:
                     yield events.Notice(f"remembered for later sessions: {stored.text}")
             yield outcome
@@ -170,7 +170,7 @@ def _as_asked(request: AgentRequest) -> Proposal | str | None:
         else:
             cannot.append(f"no {'larger' if way == 'up' else 'smaller'} legal {name} than "
                           f"{current[name]}")
-    obs = _observations(request, source, set(declared))
+    obs = observations(request, source, set(declared))
     known = obs.score.get(tuner.config_key(config))
     took = f"{quoted}; took: {wishes.took()}"
     if config == current:
@@ -352,7 +352,7 @@ def _fix(request: AgentRequest) -> Proposal | Failure:
     source = request.current_source or ""
     result = request.last_eval or {}
     fix = fixes.suggest_fix(source, result)
-    if fix is not None and fix.tuning is not None and _measured(request, fix.tuning):
+    if fix is not None and fix.tuning is not None and was_measured(request, fix.tuning):
         fix = None  # that configuration was measured already: search on instead of repeating it
     if fix is not None and fix.tuning is not None and fix.rule == "vmem":
         fix = _fitting_vmem_fix(request, source, fix)
@@ -363,10 +363,10 @@ def _fix(request: AgentRequest) -> Proposal | Failure:
         else:
             proposal = Proposal("kernel", fix.summary, rationale=fix.rationale,
                                 source=fix.source, meta={"via": "rule", "rule": fix.rule})
-        if not _is_rejected(request, proposal):
+        if not is_rejected(request, proposal):
             return proposal
     # No rule matched: when a correct configuration exists, keep searching from it.
-    step = _tuner_step(request)
+    step = tuner_step(request)
     error = (result.get("error") or {})
     what = f"{result.get('status', 'failed')}: {error.get('message') or (result.get('correctness') or {}).get('reason') or 'see the evaluation'}"
     if isinstance(step, tuner.Step) and _has_correct(request):
@@ -374,7 +374,7 @@ def _fix(request: AgentRequest) -> Proposal | Failure:
                         rationale=f"The current version failed ({_clip(what)}), and no repair "
                                   f"rule yields a configuration not yet measured; the failed one "
                                   f"is now excluded. {step.rationale}",
-                        tuning=step.changes, meta=_step_meta(step))
+                        tuning=step.changes, meta=step_meta(step))
     if not tunables.read(source) and not _has_correct(request):
         template = _template(request)  # a user's kernel that fails and cannot be tuned
         if isinstance(template, Proposal):
@@ -407,7 +407,7 @@ def _fitting_vmem_fix(request: AgentRequest, source: str, fix: fixes.Fix) -> fix
         for smaller in sorted((c for c in choices if isinstance(c, int) and c < value
                                and tunables.is_legal(name, c, aligns[name])), reverse=True):
             config = {**current, name: smaller}
-            if _known_not_to_fit(request, config) is None and not _measured(
+            if _known_not_to_fit(request, config) is None and not was_measured(
                     request, {name: smaller}):
                 known = _known_not_to_fit(request, target)
                 return fixes.Fix("vmem", f"shrink {name} {value} -> {smaller} to fit VMEM",
@@ -423,20 +423,20 @@ def _tune(request: AgentRequest, lessons: list[Lesson]) -> Proposal | Failure | 
         made = _make_tunable(request, source)
         if made is not None:
             return made
-    step = _tuner_step(request, lessons)
+    step = tuner_step(request, lessons)
     if isinstance(step, Failure):
         return step
     if step is None:
-        grown = _grow_past_choices(request, source)
+        grown = grow_past_choices(request, source)
         if grown is not None:
             return grown
-        return Finished(f"offline agent: {CONVERGED}{_best_text(request)}: "
-                        f"{_tried_text(request, source)}. Try a structural change (edit, or "
+        return Finished(f"offline agent: {CONVERGED}{best_text(request)}: "
+                        f"{tried_text(request, source)}. Try a structural change (edit, or "
                         "Claude) to go further.")
-    hidden = floor_note(_observations(request, source, set(tunables.read(source))))
+    hidden = floor_note(observations(request, source, set(tunables.read(source))))
     rationale = step.rationale + (f" Note:{hidden[1:]}." if hidden else "")
     return Proposal("tuning", step.summary, rationale=rationale, tuning=step.changes,
-                    meta=_step_meta(step))
+                    meta=step_meta(step))
 
 
 def _make_tunable(request: AgentRequest, source: str) -> Proposal | Failure | None:
@@ -454,7 +454,7 @@ def _make_tunable(request: AgentRequest, source: str) -> Proposal | Failure | No
                        "neighbouring choices (TUNABLES, TUNABLE_ALIGN) and changes nothing "
                        "else, so the tuner can size them next."),
             source=new_source, meta={"via": "tuner", "rule": "infer_tunables"})
-        if not _is_rejected(request, proposal):
+        if not is_rejected(request, proposal):
             return proposal
     template = _template(request)
     if isinstance(template, Proposal):

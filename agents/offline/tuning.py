@@ -1,8 +1,8 @@
 """The offline agent's tuning, one change at a time: the tuner's next step as a
-proposal (``_tuner_step``), blocks grown past the declared choices
-(``_grow_past_choices``), what the request's history measured (``_observations``,
-``_measured``), what was refused (``_is_rejected``), and what the agent remembers across
-sessions (``_lessons``, ``_remember_convergence``). ``agents.offline`` decides when to tune."""
+proposal (``tuner_step``), blocks grown past the declared choices
+(``grow_past_choices``), what the request's history measured (``observations``,
+``was_measured``), what was refused (``is_rejected``), and what the agent remembers across
+sessions (``lessons_for``, ``remember_convergence``). ``agents.offline`` decides when to tune."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from tilewright.kernels.judge.result import times
 from tilewright.kernels.source import tunables
 
 
-def _step_meta(step: tuner.Step) -> dict[str, Any]:
+def step_meta(step: tuner.Step) -> dict[str, Any]:
     """A tuner step's proposal meta: its configuration, and the version it applies to
     (``base``) when that is not the current one, so the change is made to the source its
     title and diff describe."""
@@ -26,7 +26,7 @@ def _step_meta(step: tuner.Step) -> dict[str, Any]:
     return meta
 
 
-def _grow_past_choices(request: AgentRequest, source: str) -> Proposal | None:
+def grow_past_choices(request: AgentRequest, source: str) -> Proposal | None:
     """A fresh diagnosis of the best version asks for larger blocks, and every larger
     declared choice is measured: widen the declared choices (twice and four times the
     largest, aligned, while they still tile the task's dims) and move there."""
@@ -34,7 +34,7 @@ def _grow_past_choices(request: AgentRequest, source: str) -> Proposal | None:
     if diagnosis.get("kind") not in ("per_step_overhead", "memory_bound"):
         return None
     declared = tunables.read(source)
-    obs = _observations(request, source, set(declared))
+    obs = observations(request, source, set(declared))
     best = obs.best()
     if best is None or (diagnosis.get("version") is not None
                         and obs.version.get(best[0]) not in (None, diagnosis.get("version"))):
@@ -72,10 +72,10 @@ def _grow_past_choices(request: AgentRequest, source: str) -> Proposal | None:
                    + "; ".join(f"{k}: {v}" for k, v in wider.items())
                    + ") and moves to the first of them; the tuner keeps whichever is best."),
         source=new_source, meta={"via": "tuner", "rule": "widen_choices"})
-    return None if _is_rejected(request, proposal) else proposal
+    return None if is_rejected(request, proposal) else proposal
 
 
-def _tuner_step(request: AgentRequest, lessons: list[Lesson] | None = None
+def tuner_step(request: AgentRequest, lessons: list[Lesson] | None = None
                 ) -> tuner.Step | Failure | None:
     source = request.current_source or ""
     declared = tunables.read(source)
@@ -84,7 +84,7 @@ def _tuner_step(request: AgentRequest, lessons: list[Lesson] | None = None
                        "sizes could be found, so there is nothing to tune. Declare block "
                        "sizes as module constants plus `TUNABLES = {\"NAME\": [choices]}` "
                        "(see docs/INTERFACES.md, Tunables).")
-    obs = _observations(request, source, set(declared))
+    obs = observations(request, source, set(declared))
     # Blocks are chosen for the production shape (the size that is ranked) and must be
     # legal at the check shapes too (where correctness is checked).
     production = (request.task.production,) if request.task.production else ()
@@ -99,7 +99,7 @@ def _tuner_step(request: AgentRequest, lessons: list[Lesson] | None = None
             or tuner.next_step(source, obs, dims, constraints, vmem))
 
 
-def _observations(request: AgentRequest, source: str, names: set[str]) -> tuner.Observations:
+def observations(request: AgentRequest, source: str, names: set[str]) -> tuner.Observations:
     """What was measured, plus every configuration the person rejected (as infinitely
     slow: the search never proposes it again)."""
     obs = tuner.observations_from(request.history, source, request.last_eval, names,
@@ -111,7 +111,7 @@ def _observations(request: AgentRequest, source: str, names: set[str]) -> tuner.
     return obs
 
 
-def _tried_text(request: AgentRequest, source: str) -> str:
+def tried_text(request: AgentRequest, source: str) -> str:
     """What happened to the configurations around the best, as it happened: measured,
     failed, rejected by the person (never "measured" for one that never ran)."""
     names = set(tunables.read(source))
@@ -138,7 +138,7 @@ def _constraints(request: AgentRequest, names: list[str], current: dict[str, Any
     return tuner.constraints_from_notes(notes, names, current)
 
 
-def _is_rejected(request: AgentRequest, proposal: Proposal) -> bool:
+def is_rejected(request: AgentRequest, proposal: Proposal) -> bool:
     """Whether the person (or the auto-approver) already said no to this very change."""
     import hashlib
 
@@ -174,7 +174,7 @@ def _seed(source: str, obs: tuner.Observations, lessons: list[Lesson],
     return None
 
 
-def _lessons(request: AgentRequest) -> list[Lesson]:
+def lessons_for(request: AgentRequest) -> list[Lesson]:
     try:
         return memory.matching(family=request.task.family, chip=request.chip,
                                task=request.task.name)
@@ -182,7 +182,7 @@ def _lessons(request: AgentRequest) -> list[Lesson]:
         return []
 
 
-def _remember_convergence(request: AgentRequest) -> Lesson | None:
+def remember_convergence(request: AgentRequest) -> Lesson | None:
     source = request.current_source or ""
     obs = tuner.observations_from(request.history, source, request.last_eval,
                                   set(tunables.read(source)), request.current_version)
@@ -212,7 +212,7 @@ def _remember_convergence(request: AgentRequest) -> Lesson | None:
         return None
 
 
-def _best_text(request: AgentRequest) -> str:
+def best_text(request: AgentRequest) -> str:
     source = request.current_source or ""
     names = set(tunables.read(source))
     obs = tuner.observations_from(request.history, source, request.last_eval, names,
@@ -251,7 +251,7 @@ def floor_note(obs: tuner.Observations) -> str:
             f"({listed})")
 
 
-def _measured(request: AgentRequest, changes: dict[str, Any]) -> bool:
+def was_measured(request: AgentRequest, changes: dict[str, Any]) -> bool:
     source = request.current_source or ""
     try:
         target = tunables.config_of(tunables.apply(source, changes))
