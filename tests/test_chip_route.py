@@ -358,36 +358,25 @@ def test_a_baseline_submitted_as_its_kernel_is_split_by_call_order() -> None:
         [("/host:CPU", "python", [("x", 1.0)])])
 
 
-def test_a_tpu_host_worker_leaves_rlimit_nproc_alone() -> None:
-    """On a TPU host libtpu's runtimes start threads no count foresees (a candidate on
-    the v5e could not start one under a lowered limit): the limit is left as it is."""
-    code = ("import os, resource, json; os.environ['JAX_PLATFORMS'] = 'tpu'\n"
-            "from tilewright.kernels import confinement\n"
-            "before = resource.getrlimit(resource.RLIMIT_NPROC)\n"
-            "report = confinement._rlimits(12345)\n"
-            "print(json.dumps([before == resource.getrlimit(resource.RLIMIT_NPROC), "
-            "report.get('nproc_reason', '')]))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, env={**os.environ, "JAX_PLATFORMS": "tpu"})
-    unchanged, reason = json.loads(out.stdout.strip().splitlines()[-1])
-    assert unchanged and reason.startswith("TPU host")
-
-
-def test_a_cpu_pinned_candidate_on_a_tpu_host_leaves_rlimit_nproc_alone() -> None:
-    """The candidate process runs with JAX_PLATFORMS=cpu, yet its user's task count holds
-    the judge's libtpu threads: on the v5e it could not start a thread in its trace under
-    a lowered limit. A chip's device node on the host leaves the limit as it is."""
+@pytest.mark.parametrize("platforms, chip_node", [("tpu", False), ("cpu", True)])
+def test_every_process_on_a_tpu_host_leaves_rlimit_nproc_alone(platforms: str,
+                                                                chip_node: bool) -> None:
+    """On a TPU host libtpu's runtimes start threads no count foresees, and RLIMIT_NPROC
+    counts every task of the user: the limit is left as it is by the worker that opens
+    the chip (JAX_PLATFORMS=tpu) and by a candidate process pinned to the CPU on a host
+    with a chip's device node (on the v5e a candidate could not start a thread in its
+    trace under a lowered limit, the judge's threads counted)."""
     code = ("import os, resource, json\n"
             "from tilewright.kernels import confinement\n"
-            "confinement.chip_attached = lambda: True\n"
-            "before = resource.getrlimit(resource.RLIMIT_NPROC)\n"
+            + ("confinement.chip_attached = lambda: True\n" if chip_node else "")
+            + "before = resource.getrlimit(resource.RLIMIT_NPROC)\n"
             "report = confinement._rlimits(12345)\n"
             "print(json.dumps([before == resource.getrlimit(resource.RLIMIT_NPROC), "
             "report.get('nproc_reason', ''), confinement.tpu_host()]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+                         check=True, env={**os.environ, "JAX_PLATFORMS": platforms})
     unchanged, reason, tpu = json.loads(out.stdout.strip().splitlines()[-1])
-    assert not tpu  # pinned to the CPU, as a candidate process is
+    assert tpu == (platforms == "tpu")
     assert unchanged and reason.startswith("TPU host")
 
 

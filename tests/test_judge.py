@@ -234,4 +234,5 @@ async def test_a_kernel_in_the_older_pallas_style_loads_and_is_judged(worker_poo
                                         filename="kernel.py")
     assert result.status == "correct", (result.error, result.lowering)
     assert result.lowering["tpu"] == "ok"
-    assert set(pallas_compat.RENAMED) == {"TPUCompilerParams", "TPUMemorySpace", "ANY"}
+    # the names this JAX lacks, or none: what the fixture above relies on is an alias
+    assert set(pallas_compat.aliases()) <= {"TPUCompilerParams", "TPUMemorySpace", "ANY"}

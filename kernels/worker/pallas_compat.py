@@ -20,13 +20,6 @@ from __future__ import annotations
 import types
 from typing import Any
 
-# old name -> what it is called now (for the words of docs, prompts and tests)
-RENAMED = {
-    "TPUCompilerParams": "pltpu.CompilerParams",
-    "TPUMemorySpace": "pltpu.MemorySpace (ANY: pl.ANY)",
-    "ANY": "pl.ANY",
-}
-
 
 def aliases() -> dict[str, Any]:
     """The old names this JAX lacks, each bound to its current object."""
