@@ -24,10 +24,11 @@ kernel with a 256x512 production shape, on whatever host this is (off a TPU: int
 mode, pipelined calls, labelled): that it runs and carries on past a crash.
 
 One JSON row per program is appended to ``--out`` as soon as it is measured, so a run
-cut short keeps what it measured. The programs run in a child process: a program that
-aborts it (libtpu ends the process on some kernels: JAXBench 1p's crowned kernel on the
-v5e) is a ``crashed`` row, and a new child carries on with the next program. A program that fails to compile (VMEM, HBM) or gives
-a wrong answer is a row too, with its status and the compiler's words.
+cut short keeps what it measured. A program that fails to compile (VMEM, HBM) or gives
+a wrong answer is a row too, with its status and the compiler's words. The programs run
+in a child process: one that aborts it (libtpu ends the process on some kernels:
+JAXBench 1p's crowned kernel on the v5e) is a ``crashed`` row, and a new child carries
+on with the next program.
 """
 
 from __future__ import annotations
@@ -212,13 +213,15 @@ def _parent(argv: list[str], out: str) -> int:
     import subprocess
 
     start, marker = 0, Path(out + ".at")
+    before = len(Path(out).read_text().splitlines()) if Path(out).is_file() else 0
     while True:
         marker.unlink(missing_ok=True)
-        code = subprocess.run([sys.executable, __file__, *_without_out(argv), "--out", out,
+        # the last --out wins: the child appends to the file resolved here
+        code = subprocess.run([sys.executable, __file__, *argv, "--out", out,
                                "--child", str(start)]).returncode
         if code == 0:
             marker.unlink(missing_ok=True)
-            _tally(out)
+            _tally(out, before)
             return 0
         try:
             at = json.loads(marker.read_text())
@@ -236,9 +239,10 @@ def _parent(argv: list[str], out: str) -> int:
         start = int(at["index"]) + 1
 
 
-def _tally(out: str) -> None:
+def _tally(out: str, skip: int) -> None:
+    """This run's rows by status (the file's first ``skip`` rows are earlier runs')."""
     counts: dict[str, int] = {"measured": 0, "failed": 0, "crashed": 0}
-    for line in Path(out).read_text().splitlines():
+    for line in Path(out).read_text().splitlines()[skip:]:
         status = json.loads(line).get("status")
         counts[status] = counts.get(status, 0) + 1
     print("measure_on_chip: " + ", ".join(f"{k} {v}" for k, v in counts.items()),
@@ -255,19 +259,6 @@ def _aborting_task() -> str:
                         here, dirs_exist_ok=True)
         (here / "abort.py").write_text("import os\n\n\ndef kernel(x):\n    os.abort()\n")
     return str(here)
-
-
-def _without_out(argv: list[str]) -> list[str]:
-    """``argv`` less its ``--out PATH`` (the parent passes its own resolved one)."""
-    kept, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a == "--out":
-            skip = True
-        elif not a.startswith("--out="):
-            kept.append(a)
-    return kept
 
 
 if __name__ == "__main__":
