@@ -401,3 +401,42 @@ def test_a_cpu_worker_reports_no_chip_memory_to_leave_room_for() -> None:
     from tilewright.kernels.worker.main import _device_memory_mb
 
     assert _device_memory_mb() == 0
+
+
+def test_the_production_verdict_on_the_chip_is_its_own_compile(gelu) -> None:
+    """On a TPU host the chip's compiler gives the production verdict (no estimator
+    compiles: 60-70 s of every evaluation on the v5e); its executable is kept, so timing
+    at production compiles nothing more; a refusal is the kernel's compile error with
+    the compiler's VMEM figures."""
+    from concurrent.futures import Future
+
+    from tilewright.kernels.worker.tpu.verdict import ProductionRun, production_verdict
+
+    runner = ExportedPrograms("cpu")
+    blob = _exported(lambda x: x * 2.0, X)
+    run = ProductionRun(gelu, "v5e", None, time.monotonic() + 60, on_chip=runner)
+    run.inputs, run.verdict, run.started = [((8, 128), "float32")], Future(), time.perf_counter()
+    out = run._chip_compile(blob)
+    assert out["verdict"]["compile"] == "ok" and out["verdict"]["by"] == "chip"
+    assert "not estimated on a TPU host" in out["unavailable"]
+    assert len(runner.compiled) == 1
+    program = runner.adopt("tpu_8k", blob, _inputs(), None, 0)
+    assert program.compiled is next(iter(runner.compiled.values()))
+
+    class Refusing:
+        def compile_only(self, blob, inputs):
+            raise RuntimeError("RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom: Ran out of "
+                               "memory in memory space vmem. Scoped allocation with size "
+                               "18.01M and limit 16.00M exceeded scoped vmem limit by 2.01M")
+
+    run = ProductionRun(gelu, "v5e", None, time.monotonic() + 60, on_chip=Refusing())
+    run.inputs, run.verdict, run.started = [((8, 128), "float32")], Future(), time.perf_counter()
+    done: Future = Future()
+    done.set_result(run._chip_compile(blob))
+    run.job = done
+    with pytest.raises(Stopped) as stopped:
+        production_verdict(run, [], "v5e", None, apply=True)
+    section = stopped.value.tpu
+    assert stopped.value.status == "compile_error"
+    assert section["compile"] == "error" and section["kind"] == "vmem"
+    assert section["verdict_by"] == "chip" and section["vmem_bytes"] == int(18.01 * 2**20)

@@ -26,7 +26,7 @@ from tilewright.agents.base import (
     ProposalReady,
     TextDelta,
 )
-from tilewright.agents.offline import OfflineAgent, decide, tuner
+from tilewright.agents.offline import OfflineAgent, decide, fixes, tuner
 from tilewright.kernels.judge.result import Rank
 from tilewright.kernels.pool.workers import EvalOptions
 from tilewright.kernels.source import tunables
@@ -649,3 +649,33 @@ def test_fixes_float32_products_off_by_the_chips_default_precision() -> None:
     assert suggest_fix(plain, {**chip, "backend": {"platform": "cpu"}}) is None
     bf16 = {**chip, "tpu": {"input_shapes": ["bf16[4,32,4096,128]"] * 3}}
     assert suggest_fix(plain, bf16) is None
+
+
+def test_blocks_over_the_scoped_limit_but_within_the_core_ask_for_more_vmem() -> None:
+    """On the v5e the bundled matmul at 1024-cubed f32 blocks needs 28 MiB of a 16 MiB
+    default scoped limit (the chip's words, 2026-12-06); a core has 128 MiB, so the fix
+    raises vmem_limit_bytes instead of shrinking the blocks that make it fast."""
+    import ast
+
+    task = load_task("matmul_bias_gelu")
+    source = tunables.apply(task.starting_source(),
+                            {"BLOCK_M": 1024, "BLOCK_N": 1024, "BLOCK_K": 1024})
+    message = ("RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom: Ran out of memory in "
+               "memory space vmem while allocating on stack for %tw_pallas_0.1. Scoped "
+               "allocation with size 28.01M and limit 16.00M exceeded scoped vmem limit by "
+               "12.01M.")
+    result = {"status": "compile_error", "error": {"kind": "compile", "message": message},
+              "tpu": {"chip": "v5e", "vmem_capacity_bytes": 128 * 2**20}}
+    proposal = decide(AgentRequest("fix", agents.brief(task), source, 2, last_eval=result))
+    assert proposal.kind == "kernel" and "raise vmem_limit_bytes to 96 MiB" in proposal.summary
+    assert "vmem_limit_bytes=96 * 2**20" in proposal.source
+    ast.parse(proposal.source)
+    assert tunables.config_of(proposal.source) == tunables.config_of(source)  # blocks kept
+    # asked already: a second refusal at the raised limit shrinks instead
+    again = {**result, "error": {"kind": "compile", "message": message.replace(
+        "limit 16.00M", "limit 96.00M").replace("28.01M", "120.00M")}}
+    shrink = decide(AgentRequest("fix", agents.brief(task), proposal.source, 3, last_eval=again))
+    assert shrink.kind == "tuning" and shrink.summary.startswith("shrink")
+    # a kernel that computes its own limit is not edited
+    computed = source.replace("CompilerParams(", "CompilerParams(vmem_limit_bytes=_limit(), ")
+    assert fixes.fix_vmem_limit(computed, result) is None

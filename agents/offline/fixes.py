@@ -33,7 +33,8 @@ _VMEM_MSG = re.compile(r"vmem|scoped memory|resource.?exhausted|exceeds.*memory"
 
 @dataclass(frozen=True)
 class Fix:
-    rule: str  # misalignment | vmem | accumulator_init | dot_precision | half_precision
+    # misalignment | vmem_limit | vmem | accumulator_init | dot_precision | half_precision
+    rule: str
     summary: str
     rationale: str
     tuning: dict[str, Any] | None = None
@@ -50,8 +51,8 @@ def _error_text(result: dict[str, Any]) -> str:
 
 def suggest_fix(source: str, result: dict[str, Any]) -> Fix | None:
     """The first rule that recognises the failure, or None."""
-    for rule in (fix_misalignment, fix_vmem, fix_accumulator_init, fix_dot_precision,
-                 fix_half_precision):
+    for rule in (fix_misalignment, fix_vmem_limit, fix_vmem, fix_accumulator_init,
+                 fix_dot_precision, fix_half_precision):
         fix = rule(source, result)
         if fix is not None:
             return fix
@@ -113,6 +114,60 @@ def fix_misalignment(source: str, result: dict[str, Any]) -> Fix | None:
         f"{k}={v}" for k, v in changes.items()),
         "TPU lowering rejected a block: the last two dims of every block must be multiples of "
         "(8, 128) or equal the array's dims. " + "; ".join(reasons) + ".", tuning=changes)
+
+
+_SCOPED = re.compile(r"Scoped allocation with size ([\d.]+)([KMG])\w* and limit ([\d.]+)([KMG])")
+_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
+# a literal limit: 100663296, 100_663_296, 96 * 2**20 (then a comma or the call's end)
+_LIMIT_ARG = re.compile(r"vmem_limit_bytes\s*=\s*(?:\d+\s*\*\s*2\s*\*\*\s*\d+|\d[\d_]*)"
+                        r"(?=\s*[,)])")
+# The share of a core's VMEM a kernel asks for when its blocks outgrow the default scoped
+# limit: room for the tuner's larger blocks without asking again, and for Mosaic's own
+# internal scratch beside the kernel's.
+VMEM_SHARE = 0.75
+
+
+def fix_vmem_limit(source: str, result: dict[str, Any]) -> Fix | None:
+    """A kernel refused for scoped VMEM whose blocks would fit the core's VMEM: ask for
+    more (``vmem_limit_bytes``, VMEM_SHARE of the core's capacity) instead of shrinking
+    the blocks. The default scoped limit (16 MiB on v5e, 32 MiB on v6e) is a fraction of
+    the 128 MiB a v5e/v6e core has, and MXU-sized f32 blocks with double buffering need
+    more than 16 MiB (1024-cubed: 28 MiB; on the v5e, 2026-12-06). The limit goes into the
+    kernel's ``pltpu.CompilerParams``; a kernel without one is left to ``fix_vmem``."""
+    text = _error_text(result)
+    found = _SCOPED.search(text)
+    if result.get("status") == "correct" or not found:
+        return None
+    need = float(found.group(1)) * _UNITS[found.group(2)]
+    limit = float(found.group(3)) * _UNITS[found.group(4)]
+    tpu = result.get("tpu") or {}
+    capacity = tpu.get("vmem_capacity_bytes")
+    if not capacity:
+        return None
+    ask = int(capacity * VMEM_SHARE) // 2**20 * 2**20
+    if need >= ask or limit >= ask or source.count("CompilerParams(") != 1:
+        return None
+    mib = ask // 2**20
+    current = _LIMIT_ARG.search(source)
+    if current is None and "vmem_limit_bytes" in source:  # computed by the kernel itself
+        return None
+    if current is not None:
+        edited = source[:current.start()] + f"vmem_limit_bytes={mib} * 2**20" + \
+            source[current.end():]
+    else:
+        at = source.index("CompilerParams(") + len("CompilerParams(")
+        edited = source[:at] + f"vmem_limit_bytes={mib} * 2**20, " + source[at:]
+    if edited == source:
+        return None
+    chip = tpu.get("chip") or "this chip"
+    return Fix("vmem_limit", f"raise vmem_limit_bytes to {mib} MiB (blocks need "
+               f"{need / 2**20:.1f} MiB, the scoped limit is {limit / 2**20:.0f} MiB)",
+               f"The compiler refused the kernel for scoped VMEM ({_first_line(text)}): its "
+               f"blocks need {need / 2**20:.1f} MiB, over the {limit / 2**20:.0f} MiB limit in "
+               f"force, but a {chip} core has {capacity / 2**20:.0f} MiB. Larger blocks are "
+               f"what makes a TPU kernel fast (fewer grid steps, less re-reading from HBM), "
+               f"so the kernel asks for {mib} MiB (pltpu.CompilerParams(vmem_limit_bytes=...)) "
+               "instead of shrinking them.", source=edited)
 
 
 def fix_vmem(source: str, result: dict[str, Any]) -> Fix | None:

@@ -251,6 +251,10 @@ class Evaluation:
                       "at_s": round(time.perf_counter() - self.began, 2),
                       "phases": {k: round(v, 2) for k, v in self.phases.items()}})
 
+    def _count(self, name: str, since: float) -> None:
+        """Time inside a phase (where it goes: inputs, comparisons), no deadline renewed."""
+        self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - since
+
     def _kernel_line(self) -> int | None:
         """The one pallas_call's line, where a failure names no line of its own."""
         return self.channel.pallas_line
@@ -290,9 +294,12 @@ class Evaluation:
         # 3b. its program at the production shape, compiled while the trials run
         if self.options.lowering:
             t = time.perf_counter()
+            # on the chip it runs on, the chip's compiler gives the verdict and the
+            # chip's clock the ranking: no estimate is made (``estimate`` makes one)
+            on_chip = self.channel.runner if self.check and self._native() else None
             self.production = ProductionRun(self.task, self.chip, self.channel,
                                             self.channel.deadline,
-                                            self.options.compile_memory_mb)
+                                            self.options.compile_memory_mb, on_chip=on_chip)
             self.production.start()
             self._phase("production_export_s", t)
         if not self.check:  # the ``estimate`` op: the production verdict and estimate only
@@ -422,7 +429,9 @@ class Evaluation:
                     self.flags.append("nondeterministic")
             if integrity.is_degenerate(expected.leaves):  # every trial: the same flags each run
                 self.flags.append("degenerate_reference")
+            started = time.perf_counter()
             found, basis = judge_output(out, expected, precise[trial], atol, rtol)
+            self._count("compare_s", started)
             bases.add(basis)
             detail["trials"] = trial + 1
             if found.max_abs_diff is not None:
@@ -662,7 +671,9 @@ class Evaluation:
         key = (config.name, seed)
         if key in self._kept_inputs:
             return self._kept_inputs[key]
+        started = time.perf_counter()
         inputs = runtime.make_inputs(config, jax.random.PRNGKey(seed))
+        self._count("inputs_s", started)
         size = sum(int(getattr(a, "nbytes", 0)) for a in inputs[0])
         if self._kept_bytes + size <= KEEP_INPUT_BYTES:
             self._kept_inputs[key] = inputs

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +62,9 @@ def custom_calls(text: str) -> set[str]:
     return {a or b for a, b in _CUSTOM_CALL.findall(text)}
 
 
+_LOCKS_GUARD = threading.Lock()
+
+
 @dataclass
 class Program:
     """One shape configuration's program, deserialized, checked and compiled here."""
@@ -85,6 +89,19 @@ class ExportedPrograms:
     # the device's executables by the exported bytes' sha256: the production shape is a
     # check shape too, and its program, exported twice, is compiled once
     compiled: dict[str, Any] = field(default_factory=dict)
+    # one compile per program at a time: the production verdict compiles in a thread of
+    # its own while the trials adopt the same bytes at the check shape of that size
+    locks: dict[str, threading.Lock] = field(default_factory=dict)
+
+    def _compile_once(self, digest: str, build: Any) -> Any:
+        with _LOCKS_GUARD:
+            lock = self.locks.setdefault(digest, threading.Lock())
+        with lock:
+            compiled = self.compiled.get(digest)
+            if compiled is None:
+                compiled = build()
+                self.compiled[digest] = compiled
+            return compiled
 
     def adopt(self, config: str, blob: bytes, dyn: tuple, kernel_line: int | None,
               output_limit: int) -> Program:
@@ -132,20 +149,30 @@ class ExportedPrograms:
                             f"than twice the reference's ({output_limit} allowed)")
         digest = hashlib.sha256(blob).hexdigest()
         try:
-            compiled = self.compiled.get(digest)
-            if compiled is None:
-                compiled = jax.jit(exported.call).lower(*flat).compile()
+            compiled = self._compile_once(
+                digest, lambda: jax.jit(exported.call).lower(*flat).compile())
         except Exception as exc:
             raise Stopped("compile_error", EvalError(
                 kind="compile", message=f"the {self.platform.upper()} compiler refused the "
                 f"kernel at {config}: {short_message(exc)}", line=kernel_line,
                 hint=_compile_hint(short_message(exc)))) from None
-        self.compiled[digest] = compiled
         program = Program(config, exported, compiled, text[:_TEXT_LIMIT],
                           time.perf_counter() - started, out_bytes)
         self.programs[config] = program
         self.adopted_s += program.compile_s
         return program
+
+    def compile_only(self, blob: bytes, inputs: list[tuple[tuple[int, ...], str]]) -> None:
+        """Compile ``blob`` for inputs of these shapes and dtypes and keep the executable
+        (``adopt`` of the same bytes then compiles nothing): the production verdict on a
+        TPU host, from a thread of its own while the trials run. The compiler's error
+        is raised as it is."""
+        import jax
+
+        digest = hashlib.sha256(blob).hexdigest()
+        exported = jax.export.deserialize(bytearray(blob))
+        avals = [jax.ShapeDtypeStruct(shape, np.dtype(dtype)) for shape, dtype in inputs]
+        self._compile_once(digest, lambda: jax.jit(exported.call).lower(*avals).compile())
 
     def run(self, config: str, dyn: tuple, expected: Host, tree: str | None,
             kernel_line: int | None = None) -> Host:
