@@ -9,6 +9,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tilewright.kernels.judge.result import ranking
@@ -259,3 +260,60 @@ def test_mean_squares_are_float64_sums_that_do_not_overflow() -> None:
     assert abs(_mean_square(x) - want) <= 1e-6 * want
     assert _mean_square(np.zeros(3, np.float32)) == 0.0
     assert _mean_square(np.zeros(0, np.float32)) == 0.0
+
+
+@pytest.fixture
+def on_the_device(monkeypatch):
+    """The comparison a judge holding a TPU makes on the chip, here on the CPU backend."""
+    from tilewright.kernels.worker.evaluation import compare as module
+
+    monkeypatch.setattr(module, "DEVICE_COMPARE", True)
+    monkeypatch.setattr(module, "DEVICE_COMPARE_MIN", 1)
+    return module
+
+
+def _cases(rng: np.random.Generator) -> list[tuple[str, np.ndarray, np.ndarray, float, float]]:
+    ref = rng.standard_normal((64, 256)).astype(np.float32)
+    tiny = (ref * 1e-3).astype(np.float32)
+    out = []
+    out.append(("exact", ref.copy(), ref, 1e-5, 1e-5))
+    out.append(("close", ref + rng.standard_normal(ref.shape).astype(np.float32) * 1e-6, ref,
+                1e-5, 1e-5))
+    out.append(("one element off", _poke(ref, (3, 7), 0.5), ref, 1e-5, 1e-5))
+    out.append(("at the bound", ref + np.float32(9.99e-6), ref, 1e-5, 0.0))
+    out.append(("nan", _poke(ref, (0, 0), np.nan), ref, 1e-5, 1e-5))
+    out.append(("constant", np.zeros_like(ref), ref, 10.0, 0.0))
+    out.append(("off as a whole", ref + np.float32(0.02) * np.sign(ref), ref, 0.05, 0.0))
+    out.append(("capped atol", tiny + np.float32(2e-5), tiny, 1e-2, 0.0))
+    out.append(("inf in the reference", _poke(ref, (1, 1), np.inf), _poke(ref, (1, 1), np.inf),
+                1e-5, 1e-5))
+    return out
+
+
+def _poke(a: np.ndarray, where: tuple[int, int], value: float) -> np.ndarray:
+    b = a.copy()
+    b[where] = value
+    return b
+
+
+def test_the_device_comparison_passes_only_what_the_host_passes(on_the_device) -> None:
+    """Every case judged twice, on the host and with the device deciding the clear
+    passes: the same verdict and reason, the same largest differences (the device's
+    division may differ in the last place)."""
+    from tilewright.kernels.worker.evaluation.compare import Host, compare
+
+    rng = np.random.default_rng(7)
+    for name, out, ref, atol, rtol in _cases(rng):
+        host_out, host_ref = Host([out], "*", np.float32), Host([ref], "*", np.float32)
+        on_the_device.DEVICE_COMPARE = False
+        want = compare(host_out, host_ref, atol, rtol)
+        on_the_device.DEVICE_COMPARE = True
+        got = compare(host_out, host_ref, atol, rtol)
+        assert (got.close, got.reason) == (want.close, want.reason), name
+        if want.max_abs_diff is not None:
+            assert got.max_abs_diff == want.max_abs_diff, name
+            assert got.max_rel_diff == pytest.approx(want.max_rel_diff, rel=1e-5), name
+    # and the device did decide: a clear pass is not sent back to the host
+    ref = rng.standard_normal((64, 256)).astype(np.float32)
+    assert on_the_device.on_device(ref + np.float32(1e-7), ref, 1e-5, 1e-5, None) is not None
+    assert on_the_device.on_device(_poke(ref, (0, 0), 1.0), ref, 1e-5, 1e-5, None) is None

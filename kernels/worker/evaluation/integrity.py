@@ -346,7 +346,8 @@ def _jax_config_values() -> dict[str, Any]:
 def outputs_identical(first: list[np.ndarray], second: list[np.ndarray]) -> bool:
     if len(first) != len(second):
         return False
-    return all(a.shape == b.shape and np.array_equal(a, b, equal_nan=True)
+    return all(a.shape == b.shape and (np.array_equal(a, b)  # one pass when no NaN
+                                       or np.array_equal(a, b, equal_nan=True))
                for a, b in zip(first, second, strict=True))
 
 
@@ -355,6 +356,10 @@ def is_degenerate(reference: list[np.ndarray], atol: float | None = None) -> boo
     returns that constant passes whatever the inputs. (``atol`` is accepted for old
     callers; the loose-tolerance case is handled by the comparison's scale rules.)"""
     for r in reference:
+        if r.size > 1:  # no masked copy where the extremes are finite (at 8192x8192: 1 s)
+            top, bottom = float(r.max()), float(r.min())
+            if np.isfinite(top) and np.isfinite(bottom) and top != bottom:
+                return False
         finite = r[np.isfinite(r)]
         if finite.size == 1 or (finite.size and float(finite.max()) != float(finite.min())):
             return False  # a single value (a loss, a norm) varies across trials instead
