@@ -72,6 +72,30 @@ async def test_a_wrong_kernel_is_wrong_on_the_exported_route(worker_pool, gelu) 
     assert "trial 1" in result.correctness["reason"]
 
 
+@ON_MODULE_LOOP
+async def test_outputs_compared_on_the_device_judge_as_the_host_does(gelu) -> None:
+    """The judge compares large outputs on its device (on a TPU host: the chip; here the
+    CPU backend, forced by TILEWRIGHT_COMPARE_ON_DEVICE): the right kernel is correct and
+    timed, a wrong one is wrong with the host's words; the judge's own modules are left
+    as they were (a rebound global there was once taken for the task tampering)."""
+    wrong = gelu.kernel_path.read_text() + textwrap.dedent("""
+
+        _right = kernel
+
+        def kernel(x):
+            return _right(x) * 1.01 + 0.01
+    """)
+    async with WorkerPool(size=1, env_overrides={"TILEWRIGHT_COMPARE_ON_DEVICE": "1"}) as pool:
+        right = await pool.evaluate(gelu, gelu.kernel_path.read_text(), EXPORTED,
+                                    filename=str(gelu.kernel_path))
+        bad = await pool.evaluate(gelu, wrong, EXPORTED, filename="kernel.py")
+    assert right.status == "correct", (right.error, right.correctness)
+    assert right.timing["checked_calls"] >= 1
+    assert 0 < right.correctness["max_abs_diff"] < 1e-4
+    assert bad.status == "incorrect" and "trial 1" in bad.correctness["reason"]
+    assert "outside atol" in bad.correctness["reason"]
+
+
 PLATFORM_PROBE = textwrap.dedent("""
     import os
     import jax
