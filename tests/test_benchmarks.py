@@ -24,6 +24,9 @@ TIMEOUT_S = 300
 
 # script -> (what its smoke covers, a line its output must hold)
 SMOKES = {
+    "chip_host_costs.py": (
+        "4 MiB copied to and from the default device and compared on the host; gelu's first "
+        "check shape: inputs, one reference call, its output to the host", "compared on the host"),
     "autotune_efficiency.py": (
         "gelu replayed by the offline tuner from a copy of the shipped grid, plain and "
         "diagnosis-guided (cached diagnoses; nothing measured)", "all tasks:"),
