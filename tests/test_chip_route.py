@@ -434,7 +434,8 @@ def test_the_production_verdict_on_the_chip_is_its_own_compile(gelu) -> None:
     the compiler's VMEM figures."""
     from concurrent.futures import Future
 
-    from tilewright.kernels.worker.tpu.verdict import ProductionRun, production_verdict
+    from tilewright.kernels.worker.tpu.production_run import ProductionRun
+    from tilewright.kernels.worker.tpu.verdict import production_verdict
 
     runner = ExportedPrograms("cpu")
     blob = _exported(lambda x: x * 2.0, X)

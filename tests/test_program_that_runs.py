@@ -237,7 +237,7 @@ async def test_work_behind_a_late_grid_step_is_priced(worker_pool, matmul_task) 
 
 
 def test_an_estimate_below_the_kernels_own_work_is_not_believed() -> None:
-    from tilewright.kernels.worker.tpu.verdict import ProductionRun
+    from tilewright.kernels.worker.tpu.production_run import ProductionRun
 
     run = ProductionRun.__new__(ProductionRun)
     run.chip = "v5e"
@@ -257,7 +257,7 @@ def test_a_program_priced_at_zero_cycles_in_all_is_not_ranked_on_it() -> None:
     """JAXBench's 9p_SwiGLU_MLP baseline submitted as its kernel: the estimator priced
     its three HBM-moving fusions at 0 cycles, and the estimate read 0.0 s (the reason
     given was "no estimate for the XLA reference", which had one)."""
-    from tilewright.kernels.worker.tpu.verdict import ProductionRun
+    from tilewright.kernels.worker.tpu.production_run import ProductionRun
 
     zero = {"cycles": 0, "seconds": 0.0, "ops": [{"name": "fusion", "kind": "xla", "cycles": 0}],
             "incomplete": {"ops": ["fusion"], "count": 3, "bytes": 939524096}}

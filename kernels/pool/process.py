@@ -42,7 +42,7 @@ WORKER_MODULE = "tilewright.kernels.worker.main"
 STRING_LIMIT = 64 * 1024  # any one string in a reply (an error message, a traceback)
 MEMORY_POLL_S = 0.2
 # The most a progress frame may extend a request's deadline by (the judge's production
-# compiles of a big program: kernels.worker.tpu.verdict.PRODUCTION_MAX_S and a margin).
+# compiles of a big program: kernels.worker.tpu.production_run.PRODUCTION_MAX_S and a margin).
 MAX_EXTENSION_S = 960.0
 
 

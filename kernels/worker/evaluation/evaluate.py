@@ -79,7 +79,7 @@ from tilewright.kernels.worker.execution import (
 )
 from tilewright.kernels.worker.ops import op
 from tilewright.kernels.worker.tpu import tpu_compile, verdict
-from tilewright.kernels.worker.tpu.verdict import ProductionRun
+from tilewright.kernels.worker.tpu.production_run import ProductionRun
 from tilewright.profiling.chips import DEFAULT_TPU, backend_is_interpret
 
 KEEP_INPUT_BYTES = 256 << 20  # trial inputs kept between the reference and candidate passes
@@ -529,7 +529,7 @@ class Evaluation:
 
     def _tpu_verdict(self, apply: bool) -> None:
         """The ``tpu`` section: the compile and estimate at the production shape
-        (``kernels.worker.tpu.verdict``). With ``apply``, a refusal by the TPU compiler
+        (``kernels.worker.tpu.production_run``, ``kernels.worker.tpu.verdict``). With ``apply``, a refusal by the TPU compiler
         there, or at a check shape on a TPU host, stops the evaluation as a
         compile_error naming the compiler's message."""
         line = self._kernel_line()

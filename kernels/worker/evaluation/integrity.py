@@ -75,6 +75,7 @@ GUARDED_MODULES = (
     "tilewright.kernels.worker.candidate.judge",
     "tilewright.kernels.worker.candidate.channel",
     "tilewright.kernels.worker.tpu.verdict",
+    "tilewright.kernels.worker.tpu.production_run",
     "tilewright.kernels.confinement",
     "tilewright.kernels.confinement.linux",
     "tilewright.kernels.confinement.processes",
@@ -93,7 +94,7 @@ MUTABLE_GLOBALS = {
     "tilewright.kernels.worker.tpu.tpu_compile": {"_TARGETS", "_EXECUTOR"},
     "tilewright.kernels.worker.candidate.judge": {"_PROCESS"},
     "tilewright.kernels.worker.evaluation.integrity": {"_BORN_IN_CANDIDATE"},
-    "tilewright.kernels.worker.tpu.verdict": {"_POOL", "_REFERENCE_PLANS", "_REFERENCE_RESULTS"},
+    "tilewright.kernels.worker.tpu.production_run": {"_POOL"},
     "tilewright.kernels.confinement.processes": {"_HOST_PID", "_APP_PROTECTED"},
 }
 _HARNESS = ("tilewright.kernels.", "tilewright.profiling.", "__main__")

@@ -445,3 +445,22 @@ def short(message: str, limit: int = 600) -> str:
         keep.append(line)
     text = "\n".join(keep).strip() or message.strip()
     return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def vmem_capacity(chip: str) -> int | None:
+    """The VMEM a core of ``chip`` has (what no limit can raise)."""
+    from tilewright.profiling.chips import get_chip
+
+    try:
+        return get_chip(chip).vmem_bytes
+    except KeyError:
+        return None
+
+
+def scoped_vmem_limit(chip: str) -> int | None:
+    from tilewright.profiling.chips import get_chip
+
+    try:
+        return get_chip(chip).scoped_vmem_bytes
+    except KeyError:
+        return None
