@@ -113,7 +113,7 @@ def recheck(session: str, task_root: str, overrides: dict[str, str],
             # the production shape: the task's own size, as written (never --set)
             "production_compile": tpu.get("compile"), "production_shape": tpu.get("shape_label"),
             # the TPU compiler's estimated speedup (a roofline bound is not one)
-            "production_estimate": rank.value if rank.source == "tpu_estimate" else None,
+            "production_estimate": rank.value if rank.is_estimate else None,
             "production_source": rank.source,
             "production_words": rank.words(), "estimate_s": tpu.get("compile_s"),
             "compile_peak_mb": tpu.get("compile_peak_mb"),

@@ -101,3 +101,27 @@ def test_cli_and_app_layers_do_not_import_jax() -> None:
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+
+
+def test_only_the_judge_reads_rank_sources() -> None:
+    """What a rank is (measured, estimated, a bound, disqualified) is asked of ``Rank``'s
+    properties; no module outside ``kernels/judge/`` compares its ``source`` with a
+    source's name (each such copy once had tie and wording rules of its own)."""
+    import re
+
+    from tilewright.kernels.judge.result import RANK_SOURCES
+
+    names = "|".join([*RANK_SOURCES, "bound"])
+    pattern = re.compile(rf"source[\"')\]]* *(==|!=|in) *\(?[^#\n]*\"({names})\""
+                         rf"|\"({names})\" *(==|!=) *[\w.]*source\b")
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        relative = path.relative_to(ROOT).as_posix()
+        # benchmarks read their own stored rows (JSON), not a judgement
+        if relative.startswith(("kernels/judge/", "tests/", "benchmarks/", ".venv", "build/")) or \
+                "/." in f"/{relative}":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if pattern.search(line):
+                found.append(f"{relative}:{number}: {line.strip()}")
+    assert not found, "rank sources read outside kernels/judge:\n" + "\n".join(found)

@@ -268,25 +268,24 @@ def ranking_text(request: AgentRequest) -> str:
     """Which number ranks kernels, in words, for this session's chip and shape."""
     n = _latest_numbers(request)
     rank = rank_of(n)
-    source = rank.source if rank is not None else None
     backend = request.backend or (request.last_eval or {}).get("backend") or {}
     on_tpu = backend.get("platform") == "tpu" and backend.get("mode") == "native"
     chip = n.get("chip") or (request.chip if request.chip not in ("", "cpu", None)
                              else DEFAULT_TPU)
     shape = _estimate_shape(n, request.task)
     head = "## What ranks kernels\n"
-    if on_tpu or source == "device_time":
+    if on_tpu or (rank is not None and rank.on_chip):
         return head + (
             f"The measured device time on this TPU ({backend.get('device_kind') or chip}) "
             f"against the XLA reference's, at {shape}: speedup = reference time / kernel "
             "time, higher is better. The TPU compiler's estimate is recorded beside it.")
-    if source == "host_simulation":
+    if rank is not None and rank.simulated:
         why = n.get("estimate_unavailable") or "the TPU compiler gave no estimate"
         return head + (
             f"No TPU estimate is available ({why}), so kernels are ranked by the host "
             "simulation ratio (XLA's time / the interpreted kernel's on this CPU), which "
             "predicts nothing about a TPU: treat any ranking here as weak.")
-    if source == "bound":
+    if rank is not None and rank.is_bound:
         why = n.get("unpriced") or n.get("implausible") or "no reason given"
         return head + (
             f"The TPU compiler's estimate of your kernel for TPU {chip} at {shape} is not "
@@ -295,7 +294,7 @@ def ranking_text(request: AgentRequest) -> str:
             "chip's peak, its memory floor). \"≤5.6x bound\" means at most 5.6x; kernels "
             "ranked this way tie on their work, so their tiling choices are not told apart; "
             "a loop whose length is known at trace time (static bounds) is estimated.")
-    if source == "roofline":
+    if rank is not None and rank.is_roofline:
         why = n.get("estimate_unavailable") or "no reason given"
         text = (f"The TPU compiler's estimate of your kernel, compiled for TPU {chip} at "
                 f"{shape}, against the XLA reference's roofline: the reference has no "
@@ -370,7 +369,7 @@ def base_text(request: AgentRequest) -> str:
         rank = Rank.from_json(entry.get("rank")) or rank_of(entry.get("numbers"))
         # in short: its source and shape are said once, in "What ranks kernels"
         label = None if rank is None else rank.words(short=True) if rank.ranked else \
-            rank.words() if rank.source == "disqualified" else None
+            rank.words() if rank.disqualified else None
         return f"v{number}, {label or entry.get('status') or 'not evaluated'}"
 
     lines = ["## Where this proposal starts",

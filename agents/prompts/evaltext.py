@@ -181,7 +181,7 @@ def _no_reference_text(n: dict[str, Any], rank: Rank | None) -> str:
     why = n.get("estimate_unavailable") or "no reason given"
     text = f"No TPU compiler estimate for the XLA reference: {neutralize(why)}."
     roof = n.get("roofline")
-    if rank is None or rank.source != "roofline" or not roof:
+    if rank is None or not rank.is_roofline or not roof:
         return text
     flops = f"{roof['flops'] / 1e9:,.3g} GFLOP" if roof.get("flops") else "its FLOPs"
     moved = f"{roof['bytes'] / 2**20:,.0f} MiB" if roof.get("bytes") else "its bytes"

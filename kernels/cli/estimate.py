@@ -102,9 +102,9 @@ def estimate_rows(tpu: dict[str, Any], rank: Any = None) -> list[tuple[str, str]
     from tilewright.kernels.judge.result import ranking
 
     figure = ranking({"status": "correct", "tpu": tpu, "integrity": {}})
-    shown = rank if rank is not None and (rank.compiler or rank.source == "device_time") \
+    shown = rank if rank is not None and (rank.compiler or rank.on_chip) \
         else figure
-    if not (shown.compiler or shown.source == "device_time"):
+    if not (shown.compiler or shown.on_chip):
         why = tpu.get("estimate_unavailable")
         cycles = (tpu.get("estimate") or {}).get("cycles")
         rows = [("estimate", f"unavailable: {why}")] if why else []
@@ -115,7 +115,7 @@ def estimate_rows(tpu: dict[str, Any], rank: Any = None) -> list[tuple[str, str]
     if shown.compiler:
         said += "; a static estimate, not a measurement"
     if rank is not None and shown is not rank:  # the evaluation itself ranks by none
-        said += f" ({rank.words()})" if rank.source == "disqualified" \
+        said += f" ({rank.words()})" if rank.disqualified \
             else f" (not ranked: {rank.words()})"
     rows = [("rank" if shown is rank else "estimate", said)]
     kernel, ref = tpu.get("estimate") or {}, tpu.get("reference_estimate") or {}
@@ -124,7 +124,7 @@ def estimate_rows(tpu: dict[str, Any], rank: Any = None) -> list[tuple[str, str]
     if isinstance(ref.get("cycles"), int):
         rows.append(("XLA ref.", f"{ref['cycles']:,} cycles = {_ms(ref.get('seconds'))}"))
     roof = tpu.get("reference_roofline") or {}
-    if roof.get("seconds") and shown.source == "roofline":
+    if roof.get("seconds") and shown.is_roofline:
         parts = [f"{roof['bound_by']}-bound"] if roof.get("bound_by") else []
         if roof.get("flops"):
             parts.append(f"{float(roof['flops']):.3g} FLOPs")

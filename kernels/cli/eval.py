@@ -177,7 +177,7 @@ def _print_chips(results: list[Any], chips: list[str], as_json: bool) -> int:
             if tpu.get("vmem_bytes"):
                 line += f" · VMEM {_mib(tpu['vmem_bytes'])} of {_mib(tpu.get('vmem_limit_bytes'))}"
             rank = result.rank
-            if rank.compiler or rank.source == "device_time":
+            if rank.compiler or rank.on_chip:
                 line += f" · {escape(rank.words())}"
             elif tpu.get("estimate_unavailable"):
                 line += f" · no estimate: {escape(tpu['estimate_unavailable'])}"

@@ -270,7 +270,44 @@ class Rank:
 
     @property
     def is_estimate(self) -> bool:
+        """The TPU compiler's estimate against XLA's estimate (``tpu_estimate``)."""
         return self.source == "tpu_estimate"
+
+    @property
+    def on_chip(self) -> bool:
+        """Measured on a TPU (``device_time``)."""
+        return self.source == "device_time"
+
+    @property
+    def is_roofline(self) -> bool:
+        """The kernel's estimate against the reference's roofline: a lower bound."""
+        return self.source == "roofline"
+
+    @property
+    def is_bound(self) -> bool:
+        """The reference over the kernel's least time: an upper bound (``bound``)."""
+        return self.source == "bound"
+
+    @property
+    def simulated(self) -> bool:
+        """The CPU interpreter's time ratio, which predicts nothing about a TPU."""
+        return self.source == "host_simulation"
+
+    @property
+    def disqualified(self) -> bool:
+        """Correct, but an integrity flag forbids ranking it (``flags`` say which)."""
+        return self.source == "disqualified"
+
+    @property
+    def said(self) -> bool:
+        """There is something to say: a ranking number, or why a correct kernel has none
+        (disqualified); not for a failed or unevaluated version (``none``)."""
+        return self.source != "none"
+
+    @property
+    def decided(self) -> bool:
+        """Ranked, or disqualified: a verdict on a correct kernel."""
+        return self.ranked or self.disqualified
 
     def better_than(self, other: Rank | None) -> bool:
         return other is None or self.key() > other.key()

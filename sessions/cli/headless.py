@@ -149,19 +149,19 @@ def _what_numbers_are(rank: Rank | None) -> str | None:
     if rank is None or not rank.ranked:
         return None
     where = f"{rank.chip or 'the chip'}" + (f" at {rank.shape}" if rank.shape else "")
-    if rank.source == "tpu_estimate":
+    if rank.is_estimate:
         return (f"est.: the TPU compiler's estimated speedup over the XLA reference on "
                 f"{where}; a prediction, not a measurement")
-    if rank.source == "roofline":
+    if rank.is_roofline:
         return (f"≥ roofline: the kernel's TPU compiler estimate against the XLA "
                 f"reference's roofline on {where} (the reference has no estimate); a lower "
                 "bound of the speedup, not a measurement")
-    if rank.source == "bound":
+    if rank.is_bound:
         return (f"≤ bound: the XLA reference's time over the least time the kernel can take "
                 f"on {where} (its work at the chip's peak, its memory floor); its own "
                 "estimate is not believed (a loop whose length is read at run time); an "
                 "upper bound of the speedup, not a measurement")
-    if rank.source == "host_simulation":
+    if rank.simulated:
         return "host sim: the CPU interpreter's time ratio; it predicts nothing about a TPU"
     return None
 

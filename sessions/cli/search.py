@@ -358,7 +358,7 @@ def suite_totals(report: dict[str, Any]) -> dict[str, Any]:
              and r.value > 0]
     counted = [r for r in ranks if r.source in COUNTED_SOURCES]
     speeds = [float(r.value) for r in counted if r.value is not None]
-    bounds = [float(r.value) for r in ranks if r.source == "roofline" and r.value is not None]
+    bounds = [float(r.value) for r in ranks if r.is_roofline and r.value is not None]
     fast = {f"fast_{p:g}": (sum(1 for x in speeds if x >= p) / total if total else 0.0)
             for p in FAST_P}
     kinds = {source: sum(1 for r in counted if r.source == source)
@@ -368,7 +368,7 @@ def suite_totals(report: dict[str, Any]) -> dict[str, Any]:
             "geomean": _geomean(speeds), "counted": len(speeds),
             "counted_sources": {k: n for k, n in kinds.items() if n},
             "roofline_geomean": _geomean(bounds), "roofline_counted": len(bounds),
-            "host_simulation": sum(1 for r in ranks if r.source == "host_simulation"),
+            "host_simulation": sum(1 for r in ranks if r.simulated),
             **fast}
 
 
@@ -416,7 +416,7 @@ def _rank_cell(rank: Rank | None, shape: bool = True) -> str:
     for; a host-simulation ratio is not TPU performance."""
     if rank is None or not rank.ranked:
         return "-"
-    if rank.source == "host_simulation":
+    if rank.simulated:
         return "no TPU estimate"
     words = rank.words(short=True)
     return f"{words} at {rank.shape}" if shape and rank.shape else words

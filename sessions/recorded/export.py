@@ -241,7 +241,7 @@ def header(loaded: LoadedSession, state: SessionState, number: int, task: Any,
     tpu = (result or {}).get("tpu") or {}
     shape = tpu.get("shape") or ((result or {}).get("timing") or {}).get("shape")
     rank = v.rank
-    if rank is not None and (rank.ranked or rank.source == "disqualified"):
+    if rank is not None and rank.decided:
         where = f" (chip {v.chip}" + (f", shape {shape}" if shape else "") + ")" if v.chip \
             else ""
         kind = {"tpu_estimate": "the TPU compiler's static estimate against the XLA "
@@ -258,12 +258,12 @@ def header(loaded: LoadedSession, state: SessionState, number: int, task: Any,
                 else None
             if rank.kernel_s and own and rank.kernel_s > own * 1.001:
                 time += f" (its memory floor, {_ms(rank.kernel_s)}, ranks it)"
-            ref = "the XLA reference's roofline" if rank.source == "roofline" \
+            ref = "the XLA reference's roofline" if rank.is_roofline \
                 else "the XLA reference's estimate"
             said = f"; {ref} {_ms(rank.reference_s)}" if rank.reference_s else ""
             # the reference's time the number divides: its estimate, or its memory floor
             # where that is larger (said, so the arithmetic adds up)
-            used = rank.value * rank.kernel_s if rank.source == "tpu_estimate" \
+            used = rank.value * rank.kernel_s if rank.is_estimate \
                 and rank.value and rank.kernel_s else None
             if said and used and used > rank.reference_s * 1.001:
                 said += f" (its memory floor, {_ms(used)}, ranks it)"

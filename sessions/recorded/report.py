@@ -359,7 +359,7 @@ def _rank(point: dict[str, Any]) -> str:
     (TPU compiler)", on a TPU "1.80x measured on TPU v5 lite ..., est. 1.75x", beside a
     compiler figure how far it is trusted; "-" for one that ranks nothing."""
     rank = _rank_of(point.get("rank"))
-    if rank is None or not (rank.ranked or rank.source == "disqualified"):
+    if rank is None or not rank.decided:
         return "-"
     return _with_trust(rank).replace("|", "\\|")
 

@@ -191,7 +191,7 @@ def _describe(event: ev.Event) -> str:
         return f"v{event.get('version')} ({event.get('origin')})"
     if event["type"] == "run.result":
         rank = event_rank(dict(event)) if event.get("status") == "correct" else None
-        if rank is not None and rank.source != "none":  # Rank.words: the one wording
+        if rank is not None and rank.said:  # Rank.words: the one wording
             return f"v{event.get('version')} correct · {rank.words()}"
         return f"v{event.get('version')} {event.get('status')}"
     if event["type"] == "mode.change":

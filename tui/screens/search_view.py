@@ -190,7 +190,7 @@ class SearchScreen(Screen):
             return
         rank = version.rank  # disqualified too: its words say why it is not ranked
         lines = [f"v{number}  ·  {version.status or 'not evaluated'}"
-                 + (f"  ·  {rank_at_length(rank)}" if rank and rank.source != "none"
+                 + (f"  ·  {rank_at_length(rank)}" if rank and rank.said
                     else ""),
                  f"parent: {'v' + str(node.parent) if node.parent else '-'}  ·  round "
                  f"{node.round}  ·  run {node.lineage}  ·  by {node.proposer}",

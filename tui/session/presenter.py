@@ -52,7 +52,7 @@ def describe_result(event: ev.RunResult, narrow: bool = False) -> tuple[str, str
         # The ranking number in words (``Rank.words``): an estimate says it is one, host
         # simulation time is not called a speedup (and its milliseconds are the CPU's).
         rank = event_rank(dict(event))
-        if rank is not None and rank.source != "none":  # disqualified: says why
+        if rank is not None and rank.said:  # disqualified: says why
             # Beside a compiler figure, how far such figures hold for its chip and class
             # (and, in its words, when the memory floor decided it, both figures).
             if narrow:

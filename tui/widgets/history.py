@@ -122,7 +122,7 @@ class HistoryPane(Vertical):
         row = next((r for r in self.rows if r.version == version), None)
         rank = row.rank if row is not None else None
         self.border_subtitle = f"v{row.version}: {rank_at_length(rank)}" \
-            if row is not None and rank is not None and rank.source != "none" else ""
+            if row is not None and rank is not None and rank.said else ""
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         event.stop()

@@ -54,7 +54,7 @@ def _rank_medium(rank: Rank) -> str:
     """The rank's words without the chip the backend segment already names ("est. 0.90x
     at 4096x8192 (TPU compiler)"); other ranks (host simulation) in short. The words
     are ``Rank.words``'s, never a number formatted here."""
-    if rank.source in ("tpu_estimate", "roofline", "device_time", "bound"):
+    if rank.compiler or rank.on_chip or rank.is_bound:
         return rank.words(chip=False)
     return rank.words(short=True)
 
