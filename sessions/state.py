@@ -13,7 +13,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tilewright.kernels.judge.result import DISQUALIFYING_FLAGS, EvalResult, Rank
+from tilewright.kernels.judge.result import (
+    DISQUALIFYING_FLAGS,
+    EvalResult,
+    Rank,
+    best_of,
+    rank_key,
+)
 from tilewright.sessions import events as ev
 
 
@@ -260,10 +266,8 @@ class SessionState:
         return self.best_version
 
     def _recompute_best(self) -> None:
-        best: Version | None = None
-        for v in self.versions.values():
-            if v.crownable and (best is None or outranks(v, best)):
-                best = v
+        best = best_of((v for v in self.versions.values() if v.crownable),
+                       lambda v: v.rank)
         self.best_version = best.number if best else None
 
     @property
@@ -512,11 +516,7 @@ def _run_result(s: SessionState, e: ev.RunResult) -> None:
     version.error_kind = e.get("error_kind")
     for name in _RANK_FIELDS:
         setattr(version, name, e.get(name))
-    current_best = s.versions.get(s.best_version) if s.best_version is not None else None
-    if current_best is None or current_best.number == version.number:
-        s._recompute_best()  # the best itself was re-measured: look at every version
-    elif version.crownable and outranks(version, current_best):
-        s.best_version = version.number
+    s._recompute_best()  # every version, one rule (best_of: the earliest of equals)
     for spent in _spent_targets(s):
         spent.runs += 1
     after = s.best_rank
@@ -537,9 +537,7 @@ _RANK_FIELDS = ("chip", "tpu_compile", "vmem_bytes", "vmem_limit_bytes", "produc
 
 def outranks(a: Version, b: Version) -> bool:
     """``a`` ranks above ``b`` (``Rank.key``; a version without a rank ranks lowest)."""
-    ka = a.rank.key() if a.rank else (0, 0, 0.0, 0.0)
-    kb = b.rank.key() if b.rank else (0, 0, 0.0, 0.0)
-    return ka > kb
+    return rank_key(a.rank) > rank_key(b.rank)
 
 
 def _profile_result(s: SessionState, e: ev.ProfileResult) -> None:

@@ -125,3 +125,35 @@ def test_only_the_judge_reads_rank_sources() -> None:
             if pattern.search(line):
                 found.append(f"{relative}:{number}: {line.strip()}")
     assert not found, "rank sources read outside kernels/judge:\n" + "\n".join(found)
+
+
+def test_best_is_decided_by_the_judges_one_rule() -> None:
+    """"Best" (a session's, a search's beam and lineages', the agents' memory and plans)
+    is ``kernels.judge.result.best_of``: no module outside ``kernels/judge/`` orders
+    ranks by ``Rank.key`` itself (each copy once had a tie rule of its own)."""
+    import re
+
+    pattern = re.compile(r"key=lambda[^#\n]*\.key\(\)|\.key\(\) *[<>]=?|[<>]=? *[\w.]*\.key\(\)")
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        relative = path.relative_to(ROOT).as_posix()
+        if relative.startswith(("kernels/judge/", "tests/", "benchmarks/", ".venv", "build/")) or \
+                "/." in f"/{relative}":
+            continue
+        found += [f"{relative}:{n}: {line.strip()}"
+                  for n, line in enumerate(path.read_text().splitlines(), 1)
+                  if pattern.search(line)]
+    assert not found, "ranks ordered outside kernels/judge:\n" + "\n".join(found)
+
+
+def test_best_of_takes_the_highest_rank_and_the_first_of_equals() -> None:
+    from tilewright.kernels.judge.result import Rank, best_of
+
+    est = [Rank("tpu_estimate", 1.2, kernel_s=2e-3), Rank("tpu_estimate", 1.5, kernel_s=1e-3),
+           Rank("tpu_estimate", 1.5, kernel_s=1e-3), Rank("host_simulation", 50.0)]
+    items = list(enumerate(est))
+    assert best_of(items, lambda item: item[1])[0] == 1  # the earlier of two equals
+    assert best_of([(0, None), (1, Rank("none"))], lambda item: item[1])[0] == 1
+    assert best_of([], lambda item: item) is None
+    measured = [*items, (4, Rank("device_time", 0.9))]
+    assert best_of(measured, lambda item: item[1])[0] == 4  # measured above estimated

@@ -31,7 +31,7 @@ from tilewright.agents.offline.tuning import (
     tuner_step,
     was_measured,
 )
-from tilewright.kernels.judge.result import Rank, ranking
+from tilewright.kernels.judge.result import Rank, best_of, ranking
 from tilewright.kernels.source import tunables
 
 CONVERGED = "tuning converged"
@@ -491,7 +491,7 @@ def _plan(request: AgentRequest) -> Proposal:
     ranked = [(rank, h) for h in request.history if h.get("status") == "correct"
               and (rank := Rank.from_json(h.get("rank"))) is not None and rank.ranked]
     if ranked:  # the one ordering (Rank.key), earliest on ties
-        rank, top = max(ranked, key=lambda pair: pair[0].key())
+        rank, top = best_of(ranked, lambda pair: pair[0])
         steps.append(f"Best so far: v{top.get('version')}, {rank.words()}.")
     heard = _heard(request) if request.user_message else None
     summary = "offline plan: template, rule-based fixes, tuning"

@@ -7,8 +7,9 @@ This module is imported by the app process: no JAX here.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from tilewright.profiling.chips import TPU_INTERPRET, backend_is_interpret
 
@@ -125,6 +126,30 @@ DISQUALIFYING_FLAGS = frozenset({
     "production_program_differs", "trace_dependent", "partial_coverage",
     "estimate_below_roofline",
 })
+
+
+_T = TypeVar("_T")
+
+# The key of no rank at all: below every Rank's, the one that ranks nothing included.
+UNRANKED = (-1, 0, 0.0, 0.0)
+
+
+def rank_key(rank: Rank | None) -> tuple[int, int, float, float]:
+    """``Rank.key``, or ``UNRANKED`` for no rank."""
+    return rank.key() if rank is not None else UNRANKED
+
+
+def best_of(items: Iterable[_T], rank: Callable[[_T], Rank | None]) -> _T | None:
+    """The item whose rank is highest (``Rank.key``), the first of equals: the one rule
+    that crowns "best" for a session, a search's beam and lineages, the agents' memory
+    and plans. None for no items."""
+    best: _T | None = None
+    best_key = UNRANKED
+    for item in items:
+        key = rank_key(rank(item))
+        if best is None or key > best_key:
+            best, best_key = item, key
+    return best
 
 
 def is_interpret(backend: Backend | dict[str, Any] | None) -> bool:

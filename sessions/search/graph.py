@@ -25,13 +25,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from tilewright.kernels.judge.result import Rank
+from tilewright.kernels.judge.result import Rank, best_of, rank_key
 from tilewright.sessions import events as ev
 from tilewright.sessions.actions import SlotKey
 from tilewright.sessions.state import SessionState
-
-# The key of a version that ranks nothing (not crownable, or no rank): below any rank.
-UNRANKED = (-1, 0, 0.0, 0.0)
 
 
 @dataclass
@@ -163,8 +160,7 @@ class SearchState:
     def key(self, version: int | None) -> tuple[int, int, float, float]:
         """The one ordering (``Rank.key``, larger is better) for a version; ``UNRANKED``
         for one that ranks nothing."""
-        rank = self.rank(version)
-        return rank.key() if rank is not None else UNRANKED
+        return rank_key(self.rank(version))
 
     def is_correct(self, version: int) -> bool:
         """Correct and not disqualified by an integrity flag: only such nodes enter the
@@ -190,14 +186,9 @@ class SearchState:
         return sum(end - start for start, end in self.segments) + live_extra
 
     def best(self) -> int | None:
-        """The unpruned crownable node ranked highest (``Rank.key``; earliest on ties)."""
-        best: int | None = None
-        for number in self.search_versions():
-            if not self.is_correct(number) or self.nodes[number].pruned:
-                continue
-            if best is None or self.key(number) > self.key(best):
-                best = number
-        return best
+        """The unpruned crownable node ranked highest (``best_of``: earliest on ties)."""
+        return best_of((n for n in self.search_versions()
+                        if self.is_correct(n) and not self.nodes[n].pruned), self.rank)
 
     def evaluations(self) -> int:
         return sum(1 for r in self.session.runs.values()

@@ -11,6 +11,7 @@ the same decisions from the same events.
 
 from __future__ import annotations
 
+from tilewright.kernels.judge.result import best_of
 from tilewright.sessions.actions import (
     ApplyProposal,
     Decide,
@@ -116,8 +117,8 @@ def select_beam(s: SearchState, lineage: int, rnd: int) -> RoundInfo:
 
 
 def _top(s: SearchState, versions: list[int]) -> int | None:
-    """The version ranked highest (``Rank.key``; the earliest on ties)."""
-    return max(versions, key=lambda v: (s.key(v), -v)) if versions else None
+    """The version ranked highest (``best_of``: the earliest on ties)."""
+    return best_of(sorted(versions), s.rank)
 
 
 def _lineage_versions(s: SearchState, lineage: int) -> list[int]:
