@@ -330,7 +330,11 @@ class SessionLog:
 
 
 def lock(path: Path) -> int:
-    """Take the session's writer lock or raise ``SessionLockedError`` naming the holder."""
+    """Take the session's writer lock or raise ``SessionLockedError`` naming the holder.
+
+    A raw ``flock``, not ``filelock``: the lock file holds its holder's pid and command,
+    which a refused writer reads to say who has the session open; filelock manages the
+    file itself (it may truncate or remove it), and the name would be lost."""
     lock_path = path / LOCK_FILE
     try:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)

@@ -384,9 +384,9 @@ async def test_the_tui_opened_with_agent_openai_streams_applies_and_evaluates(
     app = TilewrightApp(config, lambda: open_live(options, config), clock=lambda: now[0])
     async with app.run_test(size=(140, 40)) as pilot:
         await app.workers.wait_for_complete()
-        while app.link is None:
-            assert not isinstance(app.screen, ErrorModal), app.screen.message
-            await pilot.pause(0.05)
+        await until(lambda: app.link is not None or isinstance(app.screen, ErrorModal),
+                    "the session to open")
+        assert not isinstance(app.screen, ErrorModal), app.screen.message
         await app.link.wait_idle()
         assert app.link.agent_label == "gpt-4.1 at 127.0.0.1"
         await pilot.press("ctrl+r")
@@ -436,23 +436,22 @@ async def test_the_chat_shows_a_tool_call_while_it_streams(tmp_path, monkeypatch
     try:
         async with app.run_test(size=(140, 40)) as pilot:
             await app.workers.wait_for_complete()
-            while app.link is None:
-                assert not isinstance(app.screen, ErrorModal), app.screen.message
-                await pilot.pause(0.05)
+            await until(lambda: app.link is not None or isinstance(app.screen, ErrorModal),
+                        "the session to open")
+            assert not isinstance(app.screen, ErrorModal), app.screen.message
             await app.link.wait_idle()
             chat = app.workbench.query_one(ChatPane)
             chat.query_one("#chat-input").focus()
             await pilot.press(*"make it faster", "enter")
             full = len(json.dumps(arguments))
-            title = ""
-            for _ in range(400):
-                await pilot.pause(0.05)
+            want = f"tool: propose_kernel (streaming · {full} chars)"
+
+            def streamed() -> str:
                 chat.flush()
-                titles = [str(c.title) for c in chat.query("Collapsible")]
-                title = next((t for t in titles if "propose_kernel" in t), "")
-                if title == f"tool: propose_kernel (streaming · {full} chars)":
-                    break
-            assert title == f"tool: propose_kernel (streaming · {full} chars)"
+                return next((t for t in (str(c.title) for c in chat.query("Collapsible"))
+                             if "propose_kernel" in t), "")
+
+            await until(lambda: streamed() == want, f"the title {want!r}", timeout=20)
             assert app.link.busy == "agent" and app.link.state.pending is None
             server.release.set()
             await app.link.wait_idle()

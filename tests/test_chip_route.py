@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from sizes import load_small
+from waiting import until_now
 
 from tilewright.kernels.pool.workers import EvalOptions, WorkerPool
 from tilewright.kernels.worker import chip
@@ -222,11 +223,9 @@ def test_the_busy_chip_error_names_the_process_holding_it(tmp_path) -> None:
     holder = subprocess.Popen(
         [sys.executable, "-c", f"f = open({str(device)!r}); import time; time.sleep(60)"])
     try:
-        deadline = time.monotonic() + 30
-        found: list[chip.Holder] = []
-        while time.monotonic() < deadline and not found:
-            found = chip.holders(paths=(str(device.parent) + "/",))
-            time.sleep(0.05)
+        until_now(lambda: chip.holders(paths=(str(device.parent) + "/",)),
+                  "the holder to open the device", timeout=30)
+        found = chip.holders(paths=(str(device.parent) + "/",))
         assert [h.pid for h in found] == [holder.pid]
         assert str(device) == found[0].what and "time.sleep" in found[0].command
     finally:

@@ -88,7 +88,7 @@ async def test_step_mode_waits_for_a_decision_then_applies_runs_and_asks_again(
     assert agent.requests[0].last_eval["status"] == "correct"
     assert agent.requests[0].role == "tune"
     before = len(types(seen))
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one turn of the loop: anything scheduled would start now
     assert len(types(seen)) == before and c.busy is None  # and nothing else happens
 
     c.approve()

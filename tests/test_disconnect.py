@@ -24,7 +24,7 @@ import pytest
 from judges import MarkedJudge
 from scripted_agent import ScriptedAgent, kernel
 from sizes import load_small
-from waiting import until
+from waiting import until, until_now
 
 from tilewright.agents import brief
 from tilewright.kernels.pool.process import SCRATCH_PREFIX, sweep_scratch
@@ -161,10 +161,8 @@ class Terminal:
         """Close the terminal's master side (the kernel sends SIGHUP, as when an SSH
         connection drops) and wait for the app to exit; its exit status."""
         self.child.ptyproc.fileobj.close()
-        end = time.monotonic() + timeout
-        while self.child.ptyproc.isalive():
-            assert time.monotonic() < end, "the app did not exit after the hangup"
-            time.sleep(0.1)
+        until_now(lambda: not self.child.ptyproc.isalive(), "the app to exit after the hangup",
+                  timeout=timeout)
         return self.child.ptyproc.exitstatus if self.child.ptyproc.exitstatus is not None \
             else 128 + (self.child.ptyproc.signalstatus or 0)
 

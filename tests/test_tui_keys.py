@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from judges import RefusingJudge
 from scripted_agent import ScriptedAgent
+from waiting import until
 
 from tilewright.kernels.tasks.loaders import load_task
 from tilewright.sessions.log import SessionLog, load
@@ -63,8 +64,7 @@ def workbench(tmp_path: Path, config: dict | None = None, term: str = "xterm-256
 
 async def opened(app: TilewrightApp, pilot) -> None:
     await app.workers.wait_for_complete()
-    while app.link is None:
-        await pilot.pause(0.02)
+    await until(lambda: app.link is not None, "the session to open")
     await app.link.wait_idle()
     for _ in range(3):
         await pilot.pause()
@@ -120,10 +120,8 @@ async def test_every_function_key_action_is_in_the_palette(tmp_path, monkeypatch
         assert type(app.screen).__name__ == "CommandPalette"
         await pilot.press(*"help")
         options = app.screen.query_one("CommandList")
-        for _ in range(100):  # the palette searches in a worker
-            if options.option_count and "Help" in str(options.get_option_at_index(0).prompt):
-                break
-            await pilot.pause(0.02)
+        await until(lambda: options.option_count and "Help" in str(  # searched in a worker
+            options.get_option_at_index(0).prompt), "the palette's hits", timeout=10)
         await pilot.press("enter")
         await pilot.pause()
         assert isinstance(app.screen, HelpScreen)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from judges import RefusingJudge
 from scripted_agent import ScriptedAgent
+from waiting import until
 
 from tilewright.kernels.tasks.loaders import load_task
 from tilewright.sessions.log import SessionLog, load
@@ -134,11 +135,9 @@ async def test_palette_offers_what_the_session_allows(tmp_path) -> None:
         await pilot.pause()
         await pilot.press(*"approve")
         options = app.screen.query_one("CommandList")
-        for _ in range(300):  # the palette searches in a worker: wait for its hits
-            if any("Approve p4" in str(options.get_option_at_index(i).prompt)
-                   for i in range(options.option_count)):
-                break
-            await pilot.pause(0.01)
+        await until(lambda: any("Approve p4" in str(options.get_option_at_index(i).prompt)
+                                for i in range(options.option_count)),
+                    "the palette's hits (it searches in a worker)", timeout=10)
         names = [str(options.get_option_at_index(i).prompt)
                  for i in range(options.option_count)]
         assert any("Approve p4" in n for n in names)

@@ -13,6 +13,7 @@ import pytest
 from judges import MarkedJudge
 from scripted_agent import ScriptedAgent, kernel
 from textual.widgets._toast import Toast
+from waiting import until
 
 from tilewright.kernels.tasks.loaders import load_task
 from tilewright.tui.app import TilewrightApp
@@ -56,8 +57,7 @@ def make_app(tmp_path: Path, agent: ScriptedAgent, judge: MarkedJudge) -> Tilewr
 
 async def opened(app: TilewrightApp, pilot) -> None:
     await app.workers.wait_for_complete()
-    while app.link is None:
-        await pilot.pause(0.02)
+    await until(lambda: app.link is not None, "the session to open")
     await app.link.wait_idle()
     for _ in range(3):
         await pilot.pause()
@@ -73,9 +73,7 @@ async def test_notifications_never_cover_the_decision_bar_or_the_keys(tmp_path: 
         await opened(app, pilot)
         for i in range(3):  # several at once, long ones
             app.workbench.notify(f"notice {i}: " + "words " * 30, timeout=30)
-        for _ in range(5):
-            await pilot.pause(0.05)
-        assert list(app.screen.query(Toast))
+        await until(lambda: list(app.screen.query(Toast)), "the notices on screen")
         bars = [app.workbench.query_one(w) for w in (ApprovalBar, StatusBar, KeyFooter)]
         assert app.workbench.query_one(ApprovalBar).region.height > 0  # a decision is due
         # What is drawn on every cell of the bars is the bar, never a notification.
@@ -120,8 +118,7 @@ async def test_quitting_during_an_evaluation_asks(tmp_path: Path) -> None:
     app = make_app(tmp_path, ScriptedAgent([]), judge)
     async with app.run_test(size=SIZE) as pilot:
         await app.workers.wait_for_complete()
-        while app.link is None:
-            await pilot.pause(0.02)
+        await until(lambda: app.link is not None, "the session to open")
         await pilot.press("ctrl+r")
         await asyncio.wait_for(judge.started.wait(), 10)
         await pilot.pause()

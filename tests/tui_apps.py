@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from waiting import until
+
 from tilewright.kernels.pool.workers import EvalOptions
 from tilewright.sessions.evaluator import PoolEvaluator
 from tilewright.sessions.log import load
@@ -42,8 +44,7 @@ def make_app(tmp_path: Path, task, agent, judge, clock: FakeClock | None = None,
 async def settle(app: TilewrightApp, pilot) -> None:
     """Wait for the session to open, the controller to go idle, and the UI to catch up."""
     await app.workers.wait_for_complete()
-    while app.link is None:  # the opener worker has not attached yet
-        await pilot.pause(0.02)
+    await until(lambda: app.link is not None, "the opener worker to attach the session")
     await app.link.wait_idle()
     for _ in range(3):  # events posted by the last step, then the draw they schedule
         await pilot.pause()
