@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
                     print(f"tilewright calibrate: {name}: {exc}", file=sys.stderr)
                     continue
                 result = await judge.evaluate(task, source, EvalOptions(
-                    timeout_s=args.timeout), filename=str(path))
+                    timeout_s=args.timeout, estimate_on_tpu=True), filename=str(path))
                 found = pairs(task.name, result.to_json())
                 if not found:
                     print(f"tilewright calibrate: {task.name}: no pair ({result.status}; "

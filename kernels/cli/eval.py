@@ -53,6 +53,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--shape", dest="shapes", action="append", default=None,
                         metavar="NAME", help="only this shape configuration (repeatable)")
     parser.add_argument("--no-timing", action="store_true", help="skip timing")
+    parser.add_argument("--estimate", action="store_true",
+                        help="on a TPU host, also make the TPU compiler's estimate beside the "
+                             "measured device time (off there by default: the chip's compile "
+                             "is the verdict, the estimate costs about a minute)")
     parser.add_argument("--chip", default=None, metavar="CHIP",
                         help="TPU generation to compile for with the real TPU compiler, "
                              f"whose static estimate ranks kernels off-TPU: {DEFAULT_TPU} "
@@ -111,7 +115,8 @@ def _evaluate_candidate(args: argparse.Namespace, task: Task, path: Path, source
     if args.chip and args.chips:
         return _usage_error("give --chip or --chips, not both")
     options = [EvalOptions(trials=args.trials, iters=args.iters, timeout_s=args.timeout,
-                           timing=not args.no_timing, shapes=args.shapes, chip=chip)
+                           timing=not args.no_timing, shapes=args.shapes, chip=chip,
+                           estimate_on_tpu=args.estimate)
                for chip in chips]
     try:
         results = asyncio.run(_evaluate_all(task, source, options, str(path.resolve())))

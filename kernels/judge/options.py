@@ -42,6 +42,11 @@ class EvalOptions:
     # candidate process interprets them); "exported" takes the TPU host's route on any
     # host (on the CPU: kernels in the plain interpreter), to test it without a TPU.
     route: str | None = None
+    # On a TPU host the chip's compiler gives the production verdict and nothing is
+    # estimated (the estimator's compiles cost 60-70 s an evaluation on the v5e); True
+    # estimates there too, beside the measurement (``calibrate``, ``eval --estimate``).
+    # Off a TPU the estimate is what ranks: always made.
+    estimate_on_tpu: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

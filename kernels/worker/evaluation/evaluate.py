@@ -296,7 +296,8 @@ class Evaluation:
             t = time.perf_counter()
             # on the chip it runs on, the chip's compiler gives the verdict and the
             # chip's clock the ranking: no estimate is made (``estimate`` makes one)
-            on_chip = self.channel.runner if self.check and self._native() else None
+            on_chip = self.channel.runner if self.check and self._native() \
+                and not self.options.estimate_on_tpu else None
             self.production = ProductionRun(self.task, self.chip, self.channel,
                                             self.channel.deadline,
                                             self.options.compile_memory_mb, on_chip=on_chip)
