@@ -236,7 +236,7 @@ def _section(cls: type, table: dict[str, Any], source: str, section: str) -> Any
 EVAL_KEYS: dict[str, Any] = {
     "trials": int, "iters": int | None, "timeout_s": float, "time_budget_s": float,
     "lowering": bool, "timing": bool, "shapes": list[str] | None, "chip": str | None,
-    "compile_memory_mb": int | None, "route": str | None,
+    "compile_memory_mb": int | None, "route": str | None, "estimate_on_tpu": bool,
 }
 
 
