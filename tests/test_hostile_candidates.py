@@ -611,7 +611,7 @@ def test_jaxpr_checks_for_platform_branches_interpret_and_chunked_work() -> None
     from jax._src.lax.control_flow.conditionals import platform_index_p
     from jax.experimental import pallas as pl
 
-    from tilewright.kernels.worker.evaluation import integrity
+    from tilewright.kernels.worker.evaluation import integrity, refusals
 
     def body(x_ref, o_ref):
         o_ref[...] = x_ref[...] * 2.0
@@ -633,7 +633,7 @@ def test_jaxpr_checks_for_platform_branches_interpret_and_chunked_work() -> None
     x = jnp.ones((128, 128), jnp.float32)
 
     def refusal(fn):
-        found = integrity.program_refusal(jax.make_jaxpr(fn)(x), __file__)
+        found = refusals.program_refusal(jax.make_jaxpr(fn)(x), __file__)
         return found and found["kind"]
 
     assert refusal(call) is None

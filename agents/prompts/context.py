@@ -27,9 +27,10 @@ from dataclasses import asdict, is_dataclass
 from typing import Any
 
 from tilewright.agents.base import AgentRequest, TaskBrief
-from tilewright.agents.prompts.evalfacts import array_text, fidelity_text, rank_of, version_numbers
+from tilewright.agents.prompts.evalfacts import fidelity_text, rank_of, version_numbers
 from tilewright.agents.prompts.evaltext import cycles_text, eval_text
 from tilewright.agents.prompts.roles import SYSTEM_TEXT, pallas_guide, role_spec
+from tilewright.agents.prompts.tasktext import MAX_SOURCE_CHARS, inputs_text, params_text, task_text
 from tilewright.agents.prompts.untrusted import bounded, defuse, fence, neutralize
 from tilewright.kernels.judge.result import Rank
 from tilewright.profiling.chips import DEFAULT_TPU
@@ -37,7 +38,6 @@ from tilewright.profiling.chips import DEFAULT_TPU
 CACHE = {"type": "ephemeral"}
 # Requests stay bounded whatever a candidate or a task file holds (a 50 MB kernel would
 # otherwise become a 50 MB request): each piece is cut, then the whole turn.
-MAX_SOURCE_CHARS = 64_000
 MAX_TURN_CHARS = 160_000
 MAX_PROFILE_LINES = 40
 # Read-only tool answers kept for the session: the newest first, within this budget
@@ -68,129 +68,6 @@ def system_blocks() -> list[dict[str, Any]]:
 
 
 # -- the task (cached prefix) -------------------------------------------------------------
-
-def task_text(task: TaskBrief) -> str:
-    signature = ", ".join(task.signature) if task.signature else "..."
-    parts = [
-        f"# Task: {task.name}\n\n{task.description.strip()}",
-        f"Entry point: `{task.entry}({signature})`: define it with the reference's "
-        "signature; it must return what the reference returns (same shapes and dtypes).\n"
-        f"Family: {task.family or 'unspecified'}  ·  layout: {task.layout}  ·  Pallas "
-        f"required: {'yes' if task.require_pallas else 'no'}",
-        shapes_text(task),
-        tolerance_rule(task.atol, task.rtol),
-        f"## Reference ({'reference.py' if task.layout == 'native' else 'reference'})\n"
-        + (reference_note(task) + "\n" if reference_note(task) else "")
-        + f"```python\n{defuse(bounded(task.reference_source.rstrip(), MAX_SOURCE_CHARS))}"
-          "\n```\n",
-    ]
-    if task.defining:
-        d = task.defining
-        parts.append(
-            f"## The function that defines the output: `{d['function']}` in {d['module']}\n"
-            "The reference calls it: this is the computation your kernel must reproduce "
-            "(its arguments, their layout, what it returns).\n"
-            f"```python\n{defuse(bounded(d['source'].rstrip(), MAX_SOURCE_CHARS))}\n```\n")
-    return "\n\n".join(parts)
-
-
-def shapes_text(task: TaskBrief) -> str:
-    """The check shapes with their input and output arrays, and the production shape in
-    a section of its own."""
-    prod = task.production
-    hidden = task.hidden_checks
-    checks = [s for s in task.shapes if not prod or s["name"] != prod.get("name")
-              or s.get("size") == "small"]
-    more = (f"; {hidden} more configuration{'s are' if hidden != 1 else ' is'} checked that "
-            "you cannot see" if hidden else "")
-    lines = ["## Shapes",
-             "Check shapes (correctness is checked at these, with fresh random inputs each "
-             f"trial{more}):"]
-    for s in checks:
-        lines.append(f"- {s['name']} ({_params(s['params']) or 'as the task defines it'}): "
-                     f"{_inputs(s.get('inputs'), task.signature)}{_outputs(s)}")
-    if not checks:
-        lines.append("- (none visible)")
-    if prod:
-        inputs = _inputs(prod.get("inputs"), task.signature) + _outputs(prod) \
-            if prod.get("inputs") else "arrays not built here; the evaluation names them"
-        lines.append(f"Production shape (the size the user runs; the TPU compile, the "
-                     f"estimate and the ranking are for it, and --set never changes it): "
-                     f"{prod['name']} ({_params(prod.get('params') or {}) or 'as written'}): "
-                     f"{inputs}")
-    else:
-        lines.append("Production shape: none separate from the check shapes; the "
-                     "evaluation names the shape its estimate is for.")
-    lines.append("Write one kernel for every shape: read sizes and dtypes from the inputs.")
-    return "\n".join(lines)
-
-
-def _outputs(config: dict[str, Any]) -> str:
-    """" -> f32[4096,1024]": the reference's output arrays at a configuration."""
-    outs = config.get("outputs")
-    if not isinstance(outs, list) or not outs:
-        return ""
-    found = []
-    for item in outs:
-        try:
-            shape, dtype = item
-        except (TypeError, ValueError):
-            continue
-        found.append(array_text(shape, dtype))
-    return f" -> {', '.join(found)}" if found else ""
-
-
-def _inputs(inputs: Any, names: tuple[str, ...]) -> str:
-    if not isinstance(inputs, list) or not inputs:
-        return "input arrays not known (the task's builder was not run)"
-    plain = [n for n in names if not n.startswith("*")]
-    out = []
-    for i, item in enumerate(inputs):
-        try:
-            shape, dtype = item
-        except (TypeError, ValueError):
-            continue
-        label = f"{plain[i]} " if i < len(plain) else ""
-        out.append(f"{label}{array_text(shape, dtype)}")
-    return ", ".join(out) or "input arrays not known"
-
-
-def tolerance_rule(atol: float, rtol: float, effective: float | None = None) -> str:
-    """The correctness rule as ``kernels.worker.evaluation.compare`` enforces it."""
-    cap = (f"{effective:.3g} at the check shapes so far" if effective is not None else
-           "for small outputs far below the stated atol: about 1e-4 for a softmax over a "
-           "few hundred columns")
-    return ("## When an output is correct\n"
-            f"Each output array is compared in float32 with the reference (S = max|ref| of "
-            f"that array), with the task's atol={atol:g}, rtol={rtol:g}, and must pass all "
-            "three:\n"
-            f"1. value by value: |out - ref| <= min(atol, 5% of S) + rtol * |ref|; the "
-            f"absolute part is capped at 5% of S ({cap});\n"
-            "2. as a whole: rms(out - ref) <= 10% of std(ref) + rtol * rms(ref);\n"
-            "3. not constant where the reference varies.\n"
-            "NaN/Inf where the reference is finite, or a wrong shape or dtype structure, "
-            "is incorrect.")
-
-
-def reference_note(task: TaskBrief) -> str:
-    """What differs between the source shown and what runs at the check shapes."""
-    notes = []
-    if task.overrides:
-        sets = ", ".join(f"{k}={v}" for k, v in task.overrides.items())
-        if task.layout == "jaxbench":
-            notes.append(f"The check shapes run this file with CONFIG overridden by --set "
-                         f"{sets}; the CONFIG written below is the production size.")
-        else:
-            notes.append(f"The check shapes run with --set {sets}.")
-    if task.literal_rewrites:
-        pairs = ", ".join(f"{old} -> {new}" for old, new in task.literal_rewrites)
-        notes.append(f"Hard-coded sizes are shown rewritten for the check shapes ({pairs}).")
-    return " ".join(notes)
-
-
-def _params(params: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in params.items())
-
 
 def first_user_message(request: AgentRequest) -> dict[str, Any]:
     return {"role": "user", "content": [
@@ -335,23 +212,23 @@ def _estimate_shape(numbers: dict[str, Any], task: TaskBrief) -> str:
     name = numbers.get("shape")
     prod = task.production or {}
     if prod:
-        inputs = _inputs(prod.get("inputs"), task.signature) if prod.get("inputs") else \
-            (", ".join(arrays) if arrays else _params(prod.get("params") or {}))
+        inputs = inputs_text(prod.get("inputs"), task.signature) if prod.get("inputs") else \
+            (", ".join(arrays) if arrays else params_text(prod.get("params") or {}))
         return f"the production shape {prod['name']} ({inputs})"
     if label or arrays:
         what = f"the production shape {label or name}" if label else f"shape {name}"
         return what + (f" ({', '.join(arrays)})" if arrays else "")
     check = next((s for s in task.shapes if s["name"] == name), None)
     if check is not None:
-        return (f"the check shape {name} ({_inputs(check.get('inputs'), task.signature)})"
+        return (f"the check shape {name} ({inputs_text(check.get('inputs'), task.signature)})"
                 if check.get("inputs") else f"the check shape {name} "
-                f"({_params(check['params'])})")
+                f"({params_text(check['params'])})")
     if name:
         return f"shape {name}"
     if len(task.shapes) == 1:  # no production shape: the estimate is for the check shape
         only = task.shapes[0]
-        arrays = _inputs(only.get("inputs"), task.signature) if only.get("inputs") else \
-            _params(only["params"])
+        arrays = inputs_text(only.get("inputs"), task.signature) if only.get("inputs") else \
+            params_text(only["params"])
         return f"the check shape {only['name']} ({arrays})"
     return "the largest check shape"
 

@@ -182,7 +182,9 @@ class Server:
             raise _Failure("compile_error", self._describe(exc, kind)) from None
         self._check_tampering()
         closed = traced.jaxpr
-        refused = integrity.program_refusal(closed, self.filename)  # estimated == run
+        from tilewright.kernels.worker.evaluation import refusals
+
+        refused = refusals.program_refusal(closed, self.filename)  # estimated == run
         if refused is not None:
             raise _Failure("rejected", refused)
         from tilewright.kernels.worker.candidate.production import structure
@@ -276,9 +278,9 @@ class Server:
         # Traced again after the check shapes (``retrace``): a program that depends on
         # when or from where it is traced is not the program that was checked.
         self.production_trace = (fn, (*avals, *static), chip, fingerprint(closed))
-        from tilewright.kernels.worker.evaluation import integrity
+        from tilewright.kernels.worker.evaluation import integrity, refusals
 
-        refused = integrity.program_refusal(closed, self.filename)  # estimated == run
+        refused = refusals.program_refusal(closed, self.filename)  # estimated == run
         if refused is not None:
             raise _Failure("rejected", refused)
         plans = prod.plan(closed)
