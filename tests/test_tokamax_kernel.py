@@ -16,7 +16,7 @@ import pytest
 
 from tilewright.kernels.judge.result import ranking
 from tilewright.kernels.pool.workers import EvalOptions
-from tilewright.kernels.source import tunables
+from tilewright.kernels.source import inferred
 from tilewright.kernels.tasks.loaders import load_task
 
 pytest.importorskip("tokamax")
@@ -69,7 +69,7 @@ async def test_new_from_a_function_calling_tokamax_is_judged_and_estimated(
     reference.write_text(text)  # the group sizes the user runs: even groups
     task = load_task(tmp_path / "moe")
     source = (tmp_path / "moe" / "kernel.py").read_text()
-    found = tunables.infer(source)  # tokamax's tiling= is a block size the tuner moves
+    found = inferred.infer(source)  # tokamax's tiling= is a block size the tuner moves
     assert found is not None and "TILING_0" in found[1], found
     result = await worker_pool.evaluate(task, source, EvalOptions(
         trials=3, timeout_s=900.0, timing=False, chip="v5e"),

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from tilewright.kernels.source import tunables
+from tilewright.kernels.source import inferred, tunables
 from tilewright.kernels.tasks.loaders import load_task
 
 SOURCE = '''"""A kernel."""
@@ -128,13 +128,13 @@ def test_a_kernel_without_tunables_gets_them_from_its_blockspecs() -> None:
                                   in_specs=[spec], out_specs=spec,
                                   out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
     ''')
-    new_source, choices = tunables.infer(source)
+    new_source, choices = inferred.infer(source)
     assert set(choices) == {"BM", "BLOCK_COLS"} and 512 in choices["BLOCK_COLS"]
     assert "x.shape[1] // BLOCK_COLS" in new_source and "(BM, BLOCK_COLS)" in new_source
     assert tunables.alignment(new_source) == {"BM": 8, "BLOCK_COLS": 128}
     changed = tunables.apply(new_source, {"BLOCK_COLS": 256})
     assert "BLOCK_COLS = 256" in changed
-    assert tunables.infer(new_source) is None  # declared now
+    assert inferred.infer(new_source) is None  # declared now
     brief = agents.brief(load_task("gelu"))
     outcome = decide(AgentRequest("tune", brief, source, 1,
                                   last_eval={"status": "correct", "timing": {"host_ratio": 1.0}}))

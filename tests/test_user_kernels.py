@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tilewright.kernels.source import tunables
+from tilewright.kernels.source import inferred, tunables
 from tilewright.kernels.tasks import shapes as new_shapes
 from tilewright.kernels.worker.tpu import tpu_compile
 
@@ -112,12 +112,12 @@ def test_check_shapes_fit_the_kernels_blocks_and_shrink_batches_first() -> None:
 
 
 def test_block_sizes_in_constructors_and_calls_are_tunables() -> None:
-    source, choices = tunables.infer(JAX_FLASH)
+    source, choices = inferred.infer(JAX_FLASH)
     assert {"BLOCK_Q", "BLOCK_K_MAJOR", "BLOCK_K"} <= set(choices)
     assert "block_q=BLOCK_Q" in source and "BLOCK_Q = 128" in source
     again = tunables.apply(source, {"BLOCK_Q": 256})
     assert "BLOCK_Q = 256" in again and "block_q=BLOCK_Q" in again
-    source, choices = tunables.infer(JAX_MATMUL)
+    source, choices = inferred.infer(JAX_MATMUL)
     assert set(choices) == {"BLOCK_SHAPE_ROWS", "BLOCK_SHAPE_COLS", "BLOCK_K"}
     assert "block_shape=(BLOCK_SHAPE_ROWS, BLOCK_SHAPE_COLS), block_k=BLOCK_K" in source
     assert tunables.alignment(source) == {"BLOCK_SHAPE_ROWS": 8, "BLOCK_SHAPE_COLS": 128,

@@ -32,7 +32,7 @@ from tilewright.agents.offline.tuning import (
     was_measured,
 )
 from tilewright.kernels.judge.result import Rank, best_of, ranking
-from tilewright.kernels.source import tunables
+from tilewright.kernels.source import inferred, tunables
 
 CONVERGED = "tuning converged"
 
@@ -443,9 +443,9 @@ def _make_tunable(request: AgentRequest, source: str) -> Proposal | Failure | No
     """A kernel without TUNABLES (a user's own): declare the block sizes it fixes as
     TUNABLES; where none can be found, propose the offline agent's own template for
     the task instead of giving up. None when that was proposed and rejected already."""
-    inferred = tunables.infer(source)
-    if inferred is not None:  # a user's own kernel: make its block sizes tunable first
-        new_source, choices = inferred
+    made = inferred.infer(source)
+    if made is not None:  # a user's own kernel: make its block sizes tunable first
+        new_source, choices = made
         names = ", ".join(f"{k} (now {tunables.config_of(new_source)[k]})" for k in choices)
         proposal = Proposal(
             "kernel", "declare the kernel's block sizes as TUNABLES",
@@ -458,7 +458,7 @@ def _make_tunable(request: AgentRequest, source: str) -> Proposal | Failure | No
             return proposal
     template = _template(request)
     if isinstance(template, Proposal):
-        found = "its block sizes were declined" if inferred is not None else \
+        found = "its block sizes were declined" if made is not None else \
             ("no block sizes could be found in it (no BlockSpec shape literals, block-size "
              "constants, tuples, dicts or parameter defaults)")
         return Proposal(template.kind, template.summary,
