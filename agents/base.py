@@ -59,7 +59,7 @@ class AgentRequest:
     user_message: str | None = None
     notes: tuple[str, ...] = ()  # rejection notes and follow-ups since the last proposal
     # [{"version", "status", "rank", "summary"}], oldest first ("rank": what ranks it,
-    # kernels.judge.result.Rank as JSON, None before an evaluation; Rank.from_json reads it);
+    # kernels.judge.rank.Rank as JSON, None before an evaluation; Rank.from_json reads it);
     # entries may also carry "median_ms" and "tunables" ({NAME: value} of that version,
     # kernels.source.tunables.config_of), which the offline autotuner uses to remember what it
     # has tried (ordered by Rank.key), "parent", "origin",

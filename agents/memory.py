@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tilewright.kernels.judge.result import Rank, best_of
+from tilewright.kernels.judge.rank import Rank, best_of
 
 FILENAME = "lessons.jsonl"
 

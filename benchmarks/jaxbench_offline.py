@@ -82,7 +82,7 @@ def suite_dir(directory: Path, only: list[str] | None, scratch: Path) -> Path:
 def recheck(session: str, task_root: str, overrides: dict[str, str],
             chip: str) -> dict[str, Any]:
     """Re-evaluate a search session's best version with fresh inputs and five trials."""
-    from tilewright.kernels.judge.result import disqualifying_flags
+    from tilewright.kernels.judge.rank import disqualifying_flags
     from tilewright.sessions.log import load, read_text_blob
     from tilewright.sessions.search.graph import fold_search
 
@@ -103,7 +103,7 @@ def recheck(session: str, task_root: str, overrides: dict[str, str],
         data = json.loads(proc.stdout)
     except json.JSONDecodeError:
         return {"truly_correct": False, "recheck": proc.stderr[-300:]}
-    from tilewright.kernels.judge.result import ranking
+    from tilewright.kernels.judge.rank import ranking
 
     ok = data.get("status") == "correct" and not disqualifying_flags(data)
     tpu = data.get("tpu") or {}
@@ -227,7 +227,7 @@ def run_suite(label: str, directory: Path, args: argparse.Namespace, scratch: Pa
             check = {"truly_correct": False, "recheck": f"{type(exc).__name__}: {exc}"}
         rows.append({"task": task["task"], "generates": generates.get(task["task"], True),
                      "crowned": crowned, **check, "lowerable": lowerable(task["session"]),
-                     "best_rank": task.get("best_rank"),  # kernels.judge.result.Rank as JSON
+                     "best_rank": task.get("best_rank"),  # kernels.judge.rank.Rank as JSON
                      "evaluations": task["evaluations"]})
     for error in report["errors"]:
         rows.append({"task": Path(error["path"]).name, "generates": False, "crowned": False,

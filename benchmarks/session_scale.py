@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tilewright.kernels.judge.result import ranking
+from tilewright.kernels.judge.rank import ranking
 from tilewright.sessions.log import SessionLog, load
 from tilewright.sessions.state import fold
 

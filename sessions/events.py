@@ -139,7 +139,7 @@ class RunResult(TypedDict):
     # EvalError.kind when the evaluation failed with one; "task" means the task itself
     # failed (its input builder or reference, or its size under the worker's limits)
     error_kind: NotRequired[str | None]
-    # the ranking fields of sessions.state.rank_fields: the Rank (kernels.judge.result.Rank,
+    # the ranking fields of EvalResult.rank_fields: the Rank (kernels.judge.rank.Rank,
     # as JSON), the chip, the compile verdict and VMEM, the production configuration
     rank: NotRequired[dict[str, Any] | None]
     chip: NotRequired[str | None]
@@ -149,7 +149,7 @@ class RunResult(TypedDict):
     production_shape: NotRequired[str | None]
     # Logs written before ranks were recorded carry these instead of ``rank``: the
     # number that ranked (``speedup``), where it came from and how it read
-    # (``sessions.state.event_rank`` reads them).
+    # (``Rank.from_event`` reads them).
     speedup: NotRequired[float | None]
     rank_source: NotRequired[str | None]
     rank_label: NotRequired[str | None]
@@ -265,7 +265,7 @@ class SearchRound(TypedDict):
     beam: list[int]
     repair: list[int]
     best_version: int | None
-    best_rank: NotRequired[dict[str, Any] | None]  # kernels.judge.result.Rank as JSON
+    best_rank: NotRequired[dict[str, Any] | None]  # kernels.judge.rank.Rank as JSON
     best_speedup: NotRequired[float | None]  # logs written before best_rank
     partial: NotRequired[bool]
     seq: NotRequired[int]
@@ -285,7 +285,7 @@ class SearchEnd(TypedDict):
     type: Literal["search.end"]
     reason: str
     best_version: int | None
-    best_rank: NotRequired[dict[str, Any] | None]  # kernels.judge.result.Rank as JSON
+    best_rank: NotRequired[dict[str, Any] | None]  # kernels.judge.rank.Rank as JSON
     best_speedup: NotRequired[float | None]  # logs written before best_rank
     evaluations: int
     seq: NotRequired[int]

@@ -13,58 +13,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tilewright.kernels.judge.result import (
-    DISQUALIFYING_FLAGS,
-    EvalResult,
-    Rank,
-    best_of,
-    rank_key,
-)
+from tilewright.kernels.judge.rank import DISQUALIFYING_FLAGS, Rank, best_of, rank_key
 from tilewright.sessions import events as ev
 
 
-def error_line(result: EvalResult) -> str | None:
-    """One line saying why an evaluation failed (kind, place, message), for the log,
-    reports and tables; None when it did not fail."""
-    error = result.error
-    if error is None:
-        return (result.correctness or {}).get("reason") if not result.correct else None
-    where = f" line {error.line}" if error.line else ""
-    first = (error.message or error.kind).strip().splitlines()[0] if error.message else error.kind
-    return f"{error.kind}{where}: {first[:300]}"
-
-
-def rank_fields(result: EvalResult) -> dict[str, Any]:
-    """What a ``run.result`` event records about the TPU compile and the ranking number,
-    so panes, reports and tables can say it without reading the eval JSON: the ``Rank``
-    (source, value, chip, production shape, the kernel's time, fidelity), the chip, the
-    compiler's verdict and the VMEM the compiler reports against the limit in force."""
-    rank = result.rank
-    tpu = result.tpu or {}
-    return {"rank": rank.to_json(), "chip": tpu.get("chip") or rank.chip,
-            "tpu_compile": tpu.get("compile"), "vmem_bytes": tpu.get("vmem_bytes"),
-            "vmem_limit_bytes": tpu.get("vmem_limit_bytes"),
-            "production_shape": tpu.get("shape")}
-
-
 def event_rank(e: dict[str, Any], backend: dict[str, Any] | None = None) -> Rank | None:
-    """The ``Rank`` a ``run.result`` recorded. A log written before ranks were recorded
-    gives its source, number and label; one written before the TPU compile existed only
-    its timing ratio, measured on the session's ``backend`` (its header's): device time
-    on a TPU, host simulation elsewhere."""
-    found = Rank.from_json(e.get("rank"))
-    if found is not None:
-        return found
-    source = e.get("rank_source")
-    if not source:
-        if e.get("status") != "correct":
-            source = "none"
-        elif (backend or {}).get("platform") == "tpu" and (backend or {}).get("mode") == "native":
-            source = "device_time"
-        else:
-            source = "host_simulation"
-    return Rank.legacy(source, e.get("speedup"), e.get("rank_label"), e.get("chip"),
-                       e.get("rank_shape"))
+    """``Rank.from_event``: the rank a ``run.result`` recorded, for the screens (which
+    reach the judge's types through the session layer)."""
+    return Rank.from_event(e, backend)
 
 
 # Statuses that mean the candidate needs fixing rather than tuning.
@@ -85,7 +41,7 @@ class Version:
     t: float
     status: str | None = None  # of the latest finished eval run
     correct: bool = False
-    # Of the latest finished eval run: what ranks it (``kernels.judge.result.Rank``: one
+    # Of the latest finished eval run: what ranks it (``kernels.judge.rank.Rank``: one
     # ordering, one wording); None before any evaluation.
     rank: Rank | None = None
     median_ms: float | None = None
@@ -508,7 +464,7 @@ def _run_result(s: SessionState, e: ev.RunResult) -> None:
     before = s.best_rank
     version.status = e.get("status")
     version.correct = bool(e.get("correct"))
-    version.rank = event_rank(e, s.header.get("backend") if isinstance(s.header, dict) else None)
+    version.rank = Rank.from_event(e, s.header.get("backend") if isinstance(s.header, dict) else None)
     version.median_ms = e.get("median_ms")
     version.result_blob = e.get("result_blob")
     version.run = rid

@@ -12,7 +12,7 @@ import pytest
 from tilewright.agents import brief
 from tilewright.agents.base import AgentRequest, Proposal
 from tilewright.agents.offline import decide, words
-from tilewright.kernels.judge.result import Rank
+from tilewright.kernels.judge.rank import Rank
 from tilewright.kernels.source import tunables
 from tilewright.kernels.tasks.loaders import load_task
 

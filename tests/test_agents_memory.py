@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from tilewright.agents import memory
-from tilewright.kernels.judge.result import Rank
+from tilewright.kernels.judge.rank import Rank
 
 
 @pytest.fixture(autouse=True)

@@ -109,7 +109,7 @@ def test_only_the_judge_reads_rank_sources() -> None:
     source's name (each such copy once had tie and wording rules of its own)."""
     import re
 
-    from tilewright.kernels.judge.result import RANK_SOURCES
+    from tilewright.kernels.judge.rank import RANK_SOURCES
 
     names = "|".join([*RANK_SOURCES, "bound"])
     pattern = re.compile(rf"source[\"')\]]* *(==|!=|in) *\(?[^#\n]*\"({names})\""
@@ -129,7 +129,7 @@ def test_only_the_judge_reads_rank_sources() -> None:
 
 def test_best_is_decided_by_the_judges_one_rule() -> None:
     """"Best" (a session's, a search's beam and lineages', the agents' memory and plans)
-    is ``kernels.judge.result.best_of``: no module outside ``kernels/judge/`` orders
+    is ``kernels.judge.rank.best_of``: no module outside ``kernels/judge/`` orders
     ranks by ``Rank.key`` itself (each copy once had a tie rule of its own)."""
     import re
 
@@ -147,7 +147,7 @@ def test_best_is_decided_by_the_judges_one_rule() -> None:
 
 
 def test_best_of_takes_the_highest_rank_and_the_first_of_equals() -> None:
-    from tilewright.kernels.judge.result import Rank, best_of
+    from tilewright.kernels.judge.rank import Rank, best_of
 
     est = [Rank("tpu_estimate", 1.2, kernel_s=2e-3), Rank("tpu_estimate", 1.5, kernel_s=1e-3),
            Rank("tpu_estimate", 1.5, kernel_s=1e-3), Rank("host_simulation", 50.0)]

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tilewright.kernels.judge.result import ranking
+from tilewright.kernels.judge.rank import ranking
 from tilewright.kernels.pool.workers import EvalOptions, WorkerPool
 from tilewright.kernels.tasks.loaders import load_task
 

@@ -71,7 +71,7 @@ async def test_bundled_kernel_is_correct_with_timing_and_speedup(worker_pool, ge
     assert timing["iters"] == 5 and timing["warmup"] >= 1
     assert timing["p10_ms"] <= timing["median_ms"] <= timing["p90_ms"]
     assert timing["baseline_median_ms"] > 0
-    # interpret mode: the ratio is the host's, never a speedup (kernels.judge.result.ranking)
+    # interpret mode: the ratio is the host's, never a speedup (kernels.judge.rank.ranking)
     assert timing["speedup"] is None
     assert timing["host_ratio"] == pytest.approx(timing["baseline_median_ms"]
                                                  / timing["median_ms"])

@@ -198,7 +198,7 @@ def test_a_timeline_line_for_every_session_kind() -> None:
 
 
 def test_search_progress_reads_the_typed_events(capsys: pytest.CaptureFixture[str]) -> None:
-    from tilewright.kernels.judge.result import Rank
+    from tilewright.kernels.judge.rank import Rank
     from tilewright.sessions.cli.search import _progress
 
     rank = Rank("tpu_estimate", 1.234, "v5e", "4096x4096", kernel_s=1e-3).to_json()

@@ -111,7 +111,7 @@ def test_export_best_and_a_version_then_eval_and_the_test_file_pass(tmp_path: Pa
 def test_the_export_header_says_which_floor_ranks_and_its_arithmetic_adds_up(tmp_path) -> None:
     """A kernel and a reference both at their memory floor (a memory-bound program):
     the header names the reference's floor beside its estimate, and the division."""
-    from tilewright.kernels.judge.result import Rank
+    from tilewright.kernels.judge.rank import Rank
     from tilewright.sessions.log import SessionLog, load
     from tilewright.sessions.recorded.export import header
     from tilewright.sessions.state import fold

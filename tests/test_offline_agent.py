@@ -27,7 +27,7 @@ from tilewright.agents.base import (
     TextDelta,
 )
 from tilewright.agents.offline import OfflineAgent, decide, fixes, tuner
-from tilewright.kernels.judge.result import Rank
+from tilewright.kernels.judge.rank import Rank
 from tilewright.kernels.pool.workers import EvalOptions
 from tilewright.kernels.source import tunables
 from tilewright.kernels.tasks.loaders import load_task

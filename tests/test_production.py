@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tilewright.kernels.judge.result import ranking
+from tilewright.kernels.judge.rank import ranking
 from tilewright.kernels.pool.workers import EvalOptions, WorkerPool
 from tilewright.kernels.tasks.loaders import load_task
 from tilewright.kernels.worker.tpu import tpu_compile
@@ -337,7 +337,7 @@ async def test_the_production_verdict_is_streamed_before_the_result(worker_pool,
     final = next(h["tpu"] for h in heard if h.get("final"))
     assert final["compile"] == "ok" and final["shape_label"] == "2048x2048"
     assert final["estimated_speedup"] == result.tpu["estimated_speedup"]
-    from tilewright.kernels.judge.result import production_note
+    from tilewright.kernels.judge.rank import production_note
 
     assert production_note(final).startswith("at 2048x2048 on v5e: compiles (VMEM ")
 

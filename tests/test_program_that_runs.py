@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tilewright.kernels.judge.result import ranking
+from tilewright.kernels.judge.rank import ranking
 from tilewright.kernels.pool.workers import EvalOptions
 from tilewright.kernels.tasks.loaders import load_task
 from tilewright.kernels.worker.tpu import tpu_compile

@@ -21,7 +21,7 @@ from scripted_agent import ScriptedAgent, kernel
 
 from tilewright.agents.base import AgentRequest, Proposal
 from tilewright.agents.prompts.context import turn_text
-from tilewright.kernels.judge.result import Rank
+from tilewright.kernels.judge.rank import Rank
 from tilewright.kernels.tasks.loaders import load_task
 from tilewright.kernels.tasks.task import Task
 from tilewright.profiling.diagnose import check_with_estimates

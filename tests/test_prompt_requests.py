@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from openai_server import ChatServer, tool_reply
 
-from tilewright.kernels.judge.result import ranking
+from tilewright.kernels.judge.rank import ranking
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tilewright.kernels.judge.result import Rank, ranking
+from tilewright.kernels.judge.rank import Rank, ranking
 from tilewright.kernels.pool.workers import EvalOptions, WorkerPool
 from tilewright.kernels.tasks.loaders import load_task
 from tilewright.kernels.worker.tpu import tpu_compile

@@ -35,7 +35,7 @@ def _session(tmp_path: Path) -> Path:
     """A session written through the real log with today's ranks: v1 the TPU compiler's
     estimate, v2 a faster kernel ranked against XLA's roofline (the reference had no
     estimate), v3 ranked by host simulation only (the compiler gave nothing)."""
-    from tilewright.kernels.judge.result import Rank
+    from tilewright.kernels.judge.rank import Rank
     from tilewright.sessions.log import SessionLog
 
     fidelity = {"class": "memory_bound", "chip": "v5e", "median_ratio": 0.93,
@@ -148,7 +148,7 @@ def test_the_report_chart_has_its_legend_and_ticks_and_scaled_is_explained(
 
 
 def test_a_result_toast_on_a_narrow_screen_is_one_short_line() -> None:
-    from tilewright.kernels.judge.result import Rank
+    from tilewright.kernels.judge.rank import Rank
     from tilewright.tui.session.presenter import describe_result
 
     rank = Rank("tpu_estimate", 0.35, "v5e", "8192x8192", kernel_s=1e-3, status="correct",

@@ -20,7 +20,7 @@ import pytest
 from judges import MarkedJudge
 
 from tilewright.agents import brief, make_agent
-from tilewright.kernels.judge.result import Rank
+from tilewright.kernels.judge.rank import Rank
 from tilewright.kernels.pool import LocalExecutor
 from tilewright.kernels.pool.workers import EvalOptions
 from tilewright.kernels.tasks.loaders import load_task

@@ -12,7 +12,7 @@ from textual.app import App
 from textual.widgets import Static, Tree
 
 from tilewright.agents import brief, make_agent
-from tilewright.kernels.judge.result import Rank
+from tilewright.kernels.judge.rank import Rank
 from tilewright.kernels.pool.workers import EvalOptions
 from tilewright.kernels.tasks.loaders import load_task
 from tilewright.sessions.log import SessionLog, load
@@ -48,7 +48,7 @@ def waiter(search: Search):
 
 
 def _estimate(speedup: float | None, status: str = "correct") -> dict:
-    """A run.result's rank (kernels.judge.result.Rank as JSON): the TPU compiler's estimate."""
+    """A run.result's rank (kernels.judge.rank.Rank as JSON): the TPU compiler's estimate."""
     if speedup is None:
         return Rank("none", status=status).to_json()
     return Rank("tpu_estimate", speedup, "v5e", "4096x4096", kernel_s=1e-3 / speedup,

@@ -122,7 +122,7 @@ def test_stop_reasons_in_words() -> None:
 
 def _estimated(speedup: float) -> dict:
     """A history entry's rank: the TPU compiler's estimate against a 1 ms reference."""
-    from tilewright.kernels.judge.result import Rank
+    from tilewright.kernels.judge.rank import Rank
 
     return Rank("tpu_estimate", speedup, "v5e", kernel_s=1e-3 / speedup).to_json()
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tilewright.kernels.judge.result import Rank
+from tilewright.kernels.judge.rank import Rank
 from tilewright.sessions.control.context import history
 from tilewright.sessions.state import Version
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tilewright.kernels.judge.result import ranking
+from tilewright.kernels.judge.rank import ranking
 from tilewright.kernels.pool.workers import EvalOptions
 from tilewright.kernels.source import inferred
 from tilewright.kernels.tasks.loaders import load_task

@@ -18,7 +18,7 @@ from judges import MarkedJudge
 from scripted_agent import ScriptedAgent, kernel
 
 from tilewright.agents.offline import tuner
-from tilewright.kernels.judge.result import Rank
+from tilewright.kernels.judge.rank import Rank
 from tilewright.kernels.source import tunables
 from tilewright.kernels.tasks.loaders import load_task
 from tilewright.kernels.tasks.task import Task
@@ -155,7 +155,7 @@ def floored(value: float, alone: float, cycles: int) -> dict:
 
 
 def test_an_estimate_the_floor_decided_says_so_with_both_figures() -> None:
-    from tilewright.kernels.judge.result import ranking, times
+    from tilewright.kernels.judge.rank import ranking, times
 
     rank = ranking(floored(4.000648498535156, 1.7198, 184_352))
     words = rank.words()
@@ -180,14 +180,14 @@ def test_the_workbench_result_line_carries_the_trust() -> None:
 
 
 def ranking_json(result: dict) -> dict:
-    from tilewright.kernels.judge.result import ranking
+    from tilewright.kernels.judge.rank import ranking
 
     return ranking(result).to_json()
 
 
 def test_the_tuner_says_when_the_floor_hides_a_difference() -> None:
     from tilewright.agents.offline import floor_note
-    from tilewright.kernels.judge.result import ranking
+    from tilewright.kernels.judge.rank import ranking
 
     obs = tuner.Observations()
     for version, rows, cycles in ((1, 32, 184_352), (2, 64, 190_000), (3, 128, 317_079)):
@@ -213,7 +213,7 @@ def test_a_tuning_proposal_says_when_the_floor_hides_a_difference() -> None:
     from tilewright.agents import brief
     from tilewright.agents.base import AgentRequest, Proposal
     from tilewright.agents.offline import decide
-    from tilewright.kernels.judge.result import ranking
+    from tilewright.kernels.judge.rank import ranking
 
     task = load_task("gelu", {"rows": "1024", "cols": "1024"})
     source = task.starting_source()

@@ -24,7 +24,7 @@ from scripted_agent import ScriptedAgent, kernel, tuning
 from tui_apps import CHIP, FakeClock, kinds, make_app, persisted, settle
 
 from tilewright import agents
-from tilewright.kernels.judge.result import Rank
+from tilewright.kernels.judge.rank import Rank
 from tilewright.kernels.pool.workers import EvalOptions, WorkerPool
 from tilewright.kernels.tasks.loaders import load_task
 from tilewright.sessions.evaluator import PoolEvaluator

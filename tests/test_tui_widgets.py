@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from textual.app import App, ComposeResult
 
-from tilewright.kernels.judge.result import Rank
+from tilewright.kernels.judge.rank import Rank
 from tilewright.tui import keymap
 from tilewright.tui.app import TilewrightApp
 from tilewright.tui.problems import from_eval, from_profile

@@ -106,7 +106,7 @@ def tpu_summary(result: dict[str, Any] | None) -> str:
     on v5e (TPU compiler) · compute-bound v5e: median 0.96 of measured, 10 programs"
     (``Rank.words``, and how far a compiler figure can be trusted); empty when no TPU
     compile ran."""
-    from tilewright.kernels.judge.result import ranking
+    from tilewright.kernels.judge.rank import ranking
 
     tpu = (result or {}).get("tpu") or {}
     if not tpu.get("compile"):

@@ -31,7 +31,7 @@ from tilewright.agents.offline.tuning import (
     tuner_step,
     was_measured,
 )
-from tilewright.kernels.judge.result import Rank, best_of, ranking
+from tilewright.kernels.judge.rank import Rank, best_of, ranking
 from tilewright.kernels.source import inferred, tunables
 
 CONVERGED = "tuning converged"

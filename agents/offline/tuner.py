@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from tilewright.kernels.judge.result import Rank, ranking
+from tilewright.kernels.judge.rank import Rank, ranking
 from tilewright.kernels.source import tunables
 
 Config = tuple[tuple[str, Any], ...]
@@ -134,7 +134,7 @@ def observations_from(request_history: tuple[dict[str, Any], ...], current_sourc
                 entry.get("median_ms"), entry.get("version"))
     if current_source is not None and last_eval:
         timing = last_eval.get("timing") or {}
-        # what ranks it (kernels.judge.result.ranking): off-TPU the TPU compiler's figures,
+        # what ranks it (kernels.judge.rank.ranking): off-TPU the TPU compiler's figures,
         # never the interpreter's time while a compiler figure exists
         obs.add(tunables.config_of(current_source), last_eval.get("status"),
                 ranking(last_eval), timing.get("median_ms"), current_version)

@@ -12,7 +12,7 @@ from tilewright.agents import memory
 from tilewright.agents.base import AgentRequest, Failure, Proposal
 from tilewright.agents.memory import Lesson
 from tilewright.agents.offline import tuner
-from tilewright.kernels.judge.result import times
+from tilewright.kernels.judge.rank import times
 from tilewright.kernels.source import tunables
 
 

@@ -32,7 +32,7 @@ from tilewright.agents.prompts.evaltext import cycles_text, eval_text
 from tilewright.agents.prompts.roles import SYSTEM_TEXT, pallas_guide, role_spec
 from tilewright.agents.prompts.tasktext import MAX_SOURCE_CHARS, inputs_text, params_text, task_text
 from tilewright.agents.prompts.untrusted import bounded, defuse, fence, neutralize
-from tilewright.kernels.judge.result import Rank
+from tilewright.kernels.judge.rank import Rank
 from tilewright.profiling.chips import DEFAULT_TPU
 
 CACHE = {"type": "ephemeral"}

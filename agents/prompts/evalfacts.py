@@ -1,7 +1,7 @@
 """The numbers of one evaluation, read once from its eval JSON, for prompts and tables.
 
 Everything a prompt says about an evaluated version's performance comes from
-``version_numbers(result)``: what ranks it (``rank``: ``kernels.judge.result.ranking``'s
+``version_numbers(result)``: what ranks it (``rank``: ``kernels.judge.rank.ranking``'s
 ``Rank`` as JSON; ``rank_of`` reads it back), the TPU compiler's estimate and the XLA
 reference's in cycles and seconds, the reference's roofline, the per-op breakdown of
 both (the Pallas kernel against the XLA ops around it), VMEM used against the chip's
@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tilewright.kernels.judge.result import Rank, array_text, is_interpret, ranking
+from tilewright.kernels.judge.rank import Rank, ranking
+from tilewright.kernels.judge.result import array_text, is_interpret
 from tilewright.kernels.source.printable import printable
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from tilewright.agents.prompts.evalfacts import rank_of, version_numbers
 from tilewright.agents.prompts.untrusted import bounded, defuse, fence, neutralize
-from tilewright.kernels.judge.result import Rank, times
+from tilewright.kernels.judge.rank import Rank, times
 
 _MAX_TRACEBACK_LINES = 20
 _MAX_STDERR_LINES = 15

@@ -99,7 +99,7 @@ def estimate_rows(tpu: dict[str, Any], rank: Any = None) -> list[tuple[str, str]
     compiler's figure when the evaluation ranks by none), the kernel's and the
     reference's cycles with their time (``Rank.time_words``), the memory floor, how far
     such figures are trusted (``Rank.trust_words``); or why there is no estimate."""
-    from tilewright.kernels.judge.result import ranking
+    from tilewright.kernels.judge.rank import ranking
 
     figure = ranking({"status": "correct", "tpu": tpu, "integrity": {}})
     shown = rank if rank is not None and (rank.compiler or rank.on_chip) \

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from tilewright.kernels import cli
 from tilewright.kernels.judge.options import MIN_TRIALS, EvalOptions
-from tilewright.kernels.judge.result import times
+from tilewright.kernels.judge.rank import times
 from tilewright.profiling.chips import DEFAULT_TPU, TPU_INTERPRET
 
 EXIT_CORRECT, EXIT_OTHER, EXIT_USAGE = 0, 1, 2

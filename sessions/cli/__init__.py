@@ -149,7 +149,7 @@ def _sessions(args: argparse.Namespace) -> int:
                      # a step: a decision on a proposal or an evaluation (user or agent)
                      "steps": len(state.decisions) + state.spent.runs,
                      "versions": len(state.versions), "evaluations": state.spent.runs, "best_version": state.best,
-                     # what ranks the best version (kernels.judge.result.Rank as JSON), in words
+                     # what ranks the best version (kernels.judge.rank.Rank as JSON), in words
                      "best_rank": rank.to_json() if rank else None,
                      "best_words": rank.words() if rank else None,
                      "best_shape": shape,
@@ -166,7 +166,7 @@ def _sessions(args: argparse.Namespace) -> int:
         print(f"no sessions in {base}" + (f" ({len(empty)} with no steps; --json lists them)"
                                           if empty else ""))
         return 0
-    from tilewright.kernels.judge.result import Rank
+    from tilewright.kernels.judge.rank import Rank
 
     print(f"{'SESSION':<36} {'TASK':<18} {'STARTED':<20} {'STEPS':>5} {'EVALS':>5} "
           f"{'BEST':>22}  {'EST. FOR':<12} STATE")

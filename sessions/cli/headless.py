@@ -26,13 +26,14 @@ from pathlib import Path
 from typing import Any, TextIO, cast
 
 from tilewright.agents.config import Config
-from tilewright.kernels.judge.result import Rank, is_interpret
+from tilewright.kernels.judge.rank import Rank
+from tilewright.kernels.judge.result import is_interpret
 from tilewright.kernels.source.printable import PrintableStream
 from tilewright.sessions import events as ev
 from tilewright.sessions.autonomy import ControllerSettings
 from tilewright.sessions.errors import ControllerError
 from tilewright.sessions.log import SessionWriteError
-from tilewright.sessions.state import SessionState, event_rank
+from tilewright.sessions.state import SessionState
 
 AUTO_SCHEMA = "tilewright.auto/1"
 # A headless run times each version briefly (the config's [eval] and the flags override).
@@ -87,7 +88,7 @@ class Progress:
 
     def _step(self, event: ev.RunResult) -> None:
         s = self.state
-        rank = event_rank(event)
+        rank = Rank.from_event(event)
         explained = _what_numbers_are(rank)
         if explained and explained not in self._explained:
             self._explained.add(explained)  # each kind of number once, at its first
@@ -176,7 +177,7 @@ def summary(log_path: Path, state: SessionState, interrupted: bool) -> dict[str,
         "iterations": state.spent.iterations, "evaluations": state.spent.runs,
         "best_version": best.number if best else None,
         "best_status": best.status if best else (current.status if current else None),
-        # what ranks the best version (kernels.judge.result.Rank as JSON) and in words
+        # what ranks the best version (kernels.judge.rank.Rank as JSON) and in words
         "best_rank": best.rank.to_json() if best and best.rank else None,
         "best_words": best.rank.words() if best and best.rank else None,
         "best_trust": best.rank.trust_words() if best and best.rank else None,

@@ -41,9 +41,7 @@ from tilewright.sessions.log import SessionLog
 from tilewright.sessions.state import (
     ProposalInfo,
     SessionState,
-    error_line,
     proposal_base,
-    rank_fields,
 )
 
 __all__ = ["JudgeFailed", "SessionCore", "cancelled_result", "failed_result",
@@ -67,7 +65,7 @@ def finished_result(run: str, version: int, result: EvalResult, blob: str) -> ev
                          median_ms=(result.timing or {}).get("median_ms"), result_blob=blob,
                          cancelled=False,
                          flags=list((result.integrity or {}).get("flags") or []),
-                         error=error_line(result), **rank_fields(result))  # type: ignore[typeddict-item]
+                         error=result.error_line(), **result.rank_fields())  # type: ignore[typeddict-item]
     if result.error is not None:
         event["error_kind"] = result.error.kind
     return event

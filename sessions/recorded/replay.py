@@ -46,11 +46,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from tilewright.kernels.judge.result import Rank, is_interpret, ranking
+from tilewright.kernels.judge.rank import Rank, ranking
+from tilewright.kernels.judge.result import is_interpret
 from tilewright.kernels.source.printable import PrintableStream
 from tilewright.sessions import events as ev
 from tilewright.sessions.log import LoadedSession, SessionError, read_blob
-from tilewright.sessions.state import SessionState, approving, event_rank
+from tilewright.sessions.state import SessionState, approving
 
 INTERPRET_FACTOR = 3.0
 NATIVE_WIDEN = 1.5
@@ -99,7 +100,7 @@ def _run_start(e: ev.RunStart) -> str:
 
 
 def _run_result(e: ev.RunResult) -> str:
-    rank = event_rank(e)  # an estimate says so; host sim is no speedup
+    rank = Rank.from_event(e)  # an estimate says so; host sim is no speedup
     speed = f" · {rank.words()}" if rank is not None and rank.ranked else ""
     return f"{e.get('run')} v{e.get('version')} {e.get('status')}{speed}"
 
@@ -482,7 +483,7 @@ async def verify(loaded: LoadedSession, state: SessionState, evaluate: Any,
 def _figure(band: Any, value: float | None) -> str:
     """A band's figure as every other screen writes it: a speedup by the one formatter
     ("4.00x"), a time to four figures; "-" for none."""
-    from tilewright.kernels.judge.result import times
+    from tilewright.kernels.judge.rank import times
 
     if value is None:
         return "-"

@@ -1,7 +1,7 @@
 """Session reports in Markdown and HTML.
 
 What a reader wants after a session: the task and where it ran, every decision in
-order, the best rank after each evaluation (``kernels.judge.result.Rank``, in its own words:
+order, the best rank after each evaluation (``kernels.judge.rank.Rank``, in its own words:
 the compounding-gains curve, a table in Markdown, an inline SVG chart in HTML), the profile -> diagnose -> optimize chain
 (each change with the diagnosis that preceded it, its gain and the cumulative gain),
 the final kernel, and the diffs between the kept versions (each version that became the new best, from the first one on).
@@ -14,7 +14,8 @@ import html
 import itertools
 from typing import Any
 
-from tilewright.kernels.judge.result import Rank, is_interpret, times
+from tilewright.kernels.judge.rank import Rank, times
+from tilewright.kernels.judge.result import is_interpret
 from tilewright.sessions.log import LoadedSession, read_text_blob
 from tilewright.sessions.state import SessionState
 

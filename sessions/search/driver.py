@@ -29,7 +29,8 @@ from typing import Any
 from tilewright.agents.base import Agent, TaskBrief
 from tilewright.kernels.judge.options import EvalOptions
 from tilewright.kernels.judge.protocol import Judge
-from tilewright.kernels.judge.result import Backend, Rank
+from tilewright.kernels.judge.rank import Rank
+from tilewright.kernels.judge.result import Backend
 from tilewright.kernels.source import tunables
 from tilewright.kernels.tasks.task import Task
 from tilewright.sessions import events as ev
@@ -58,7 +59,7 @@ class SearchSummary:
     best_version: int | None
     best_status: str | None
     # What ranks the best version and the first kernel (the task's, or the first
-    # written): kernels.judge.result.Rank as JSON (its source, value, chip, production shape).
+    # written): kernels.judge.rank.Rank as JSON (its source, value, chip, production shape).
     best_rank: dict[str, Any] | None
     evaluations: int
     nodes: int

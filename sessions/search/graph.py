@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from tilewright.kernels.judge.result import Rank, best_of, rank_key
+from tilewright.kernels.judge.rank import Rank, best_of, rank_key
 from tilewright.sessions import events as ev
 from tilewright.sessions.actions import SlotKey
 from tilewright.sessions.state import SessionState
@@ -152,7 +152,7 @@ class SearchState:
     # -- derived ------------------------------------------------------------------------
 
     def rank(self, version: int | None) -> Rank | None:
-        """What ranks a version (``kernels.judge.result.Rank``): None when it is not crownable
+        """What ranks a version (``kernels.judge.rank.Rank``): None when it is not crownable
         (incorrect, flagged, not evaluated) or has no rank."""
         v = self.session.versions.get(version) if version is not None else None
         return v.rank if v is not None and v.crownable else None

@@ -11,7 +11,7 @@ the same decisions from the same events.
 
 from __future__ import annotations
 
-from tilewright.kernels.judge.result import best_of
+from tilewright.kernels.judge.rank import best_of
 from tilewright.sessions.actions import (
     ApplyProposal,
     Decide,

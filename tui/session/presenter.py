@@ -274,7 +274,7 @@ class Presenter:
 
     def _run_progress(self, e: ev.RunProgress) -> None:
         """The production verdict (then its estimate) while the trials still run."""
-        from tilewright.kernels.judge.result import production_note
+        from tilewright.kernels.judge.rank import production_note
 
         if not e.get("final"):  # the verdict alone: the estimate follows in seconds
             return

@@ -26,7 +26,7 @@ class VersionRow:
     origin: str
     summary: str
     status: str | None = None  # latest evaluation status, None when never run
-    # What ranks it (``kernels.judge.result.Rank``), of its latest evaluation; None when never run
+    # What ranks it (``kernels.judge.rank.Rank``), of its latest evaluation; None when never run
     rank: Rank | None = None
     current: bool = False
     best: bool = False

@@ -28,7 +28,7 @@ class StatusInfo:
     mode: str = "step"
     iteration: int = 0
     best_version: int | None = None
-    # What ranks the best version (``kernels.judge.result.Rank``), said by ``Rank.words``: an
+    # What ranks the best version (``kernels.judge.rank.Rank``), said by ``Rank.words``: an
     # estimate says so, host simulation time is never called a speedup.
     best_rank: Rank | None = None
     # Said beside it when versions are ranked by compiler figures of two kinds

@@ -25,7 +25,7 @@
 
 Flags (strings in ``integrity.flags``): no_pallas_call, nondeterministic,
 suspicious_speedup, degenerate_reference, compute_outside_kernel, harness_tampering,
-background_threads, jax_config_changed. ``kernels.judge.result.DISQUALIFYING_FLAGS`` lists the
+background_threads, jax_config_changed. ``kernels.judge.rank.DISQUALIFYING_FLAGS`` lists the
 ones that keep a correct kernel from being ranked "best".
 """
 
@@ -83,6 +83,7 @@ GUARDED_MODULES = (
     "tilewright.kernels.confinement.namespaces",
     "tilewright.kernels.confinement.landlock",
     "tilewright.kernels.judge.result",
+    "tilewright.kernels.judge.rank",
     "tilewright.kernels.judge.options",
     "tilewright.kernels.judge.process_failure",
     "__main__",

@@ -18,7 +18,7 @@ off the candidates' critical path, and kept:
   brought in with ``tilewright new`` from a plain function scales too.
 - **where the estimator cannot price it**, the record still carries the roofline
   (FLOPs at the chip's peak, compulsory bytes at its HBM bandwidth): candidates are then
-  ranked by their own compiler cycles against it (``kernels.judge.result.Rank``, source
+  ranked by their own compiler cycles against it (``kernels.judge.rank.Rank``, source
   ``roofline``), never by host simulation.
 
 ``ReferenceBook`` is the judge's one entry point: ``request(spec, chip)`` in the main

@@ -8,7 +8,7 @@ overflow, Mosaic's refusals, generation limits) and, when libtpu is started with
 ``--xla_jf_dump_static_llo_profile_to=DIR``, the compiler writes its own static cycle
 estimate per HLO op into DIR. The estimate of the candidate against the estimate of
 the XLA reference compiled for the same chip and shapes is the *estimated speedup*:
-the number that ranks kernels off-TPU (``kernels.judge.result.ranking``).
+the number that ranks kernels off-TPU (``kernels.judge.rank.ranking``).
 
 Facts this module is built around (measured with jax 0.10.2 and libtpu 0.0.42):
 - libtpu reads ``LIBTPU_INIT_ARGS`` once, when it loads: ``prepare_environment`` sets
