@@ -317,3 +317,19 @@ def test_the_device_comparison_passes_only_what_the_host_passes(on_the_device) -
     ref = rng.standard_normal((64, 256)).astype(np.float32)
     assert on_the_device.on_device(ref + np.float32(1e-7), ref, 1e-5, 1e-5, None) is not None
     assert on_the_device.on_device(_poke(ref, (0, 0), 1.0), ref, 1e-5, 1e-5, None) is None
+
+
+def test_a_device_that_cannot_compare_leaves_it_to_the_host(on_the_device, monkeypatch) -> None:
+    """Two more copies of a large output may not fit the chip's HBM beside the inputs:
+    the comparison then happens on the host, with the same verdict."""
+    from tilewright.kernels.worker.evaluation.compare import Host, compare
+
+    def full(*_args):
+        raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 268435456 bytes")
+
+    monkeypatch.setattr(on_the_device, "_leaf_stats", lambda: full)
+    ref = np.random.default_rng(3).standard_normal((64, 256)).astype(np.float32)
+    assert on_the_device.on_device(ref, ref, 1e-5, 1e-5, None) is None
+    found = compare(Host([ref + np.float32(1e-7)], "*", np.float32), Host([ref], "*", np.float32),
+                    1e-5, 1e-5)
+    assert found.close and found.max_abs_diff is not None
