@@ -214,7 +214,7 @@ def vmem_cap(source: str | None, chip: str | None) -> int | None:
 def _module_int(source: str, name: str) -> int | None:
     """A module-level ``NAME = <int literal>``, or None."""
     try:
-        nodes = tunables._module_assigns(ast.parse(source)).get(name) or []
+        nodes = tunables.module_assigns(ast.parse(source)).get(name) or []
         value = ast.literal_eval(nodes[-1].value) if nodes else None
     except (SyntaxError, ValueError):
         return None
