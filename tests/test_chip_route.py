@@ -464,3 +464,25 @@ def test_the_production_verdict_on_the_chip_is_its_own_compile(gelu) -> None:
     assert stopped.value.status == "compile_error"
     assert section["compile"] == "error" and section["kind"] == "vmem"
     assert section["verdict_by"] == "chip" and section["vmem_bytes"] == int(18.01 * 2**20)
+
+
+def test_the_chip_verdict_compiles_only_a_program_that_passes_the_judges_checks(gelu) -> None:
+    """The production verdict's compile (a thread of the judge, before the timing's
+    adopt) checks the program first, as adopt does: one exported for another platform or
+    for other inputs is not compiled, and the verdict says why."""
+    from concurrent.futures import Future
+
+    from tilewright.kernels.worker.tpu.production_run import ProductionRun
+
+    runner = ExportedPrograms("cpu")
+    for blob, inputs in ((_exported(lambda x: x * 2.0, X, platforms=("tpu",)),
+                          [((8, 128), "float32")]),
+                         (_exported(lambda x: x * 2.0, X), [((4, 128), "float32")])):
+        with pytest.raises(Stopped) as stopped:
+            runner.compile_only(blob, inputs)
+        assert stopped.value.status == "rejected" and not runner.compiled
+        run = ProductionRun(gelu, "v5e", None, time.monotonic() + 60, on_chip=runner)
+        run.inputs, run.verdict, run.started = inputs, Future(), time.perf_counter()
+        verdict = run._chip_compile(blob)["verdict"]
+        assert verdict["compile"] == "unavailable"
+        assert "not compiled: the exported program" in verdict["message"]

@@ -530,9 +530,9 @@ class Evaluation:
 
     def _tpu_verdict(self, apply: bool) -> None:
         """The ``tpu`` section: the compile and estimate at the production shape
-        (``kernels.worker.tpu.production_run``, ``kernels.worker.tpu.verdict``). With ``apply``, a refusal by the TPU compiler
-        there, or at a check shape on a TPU host, stops the evaluation as a
-        compile_error naming the compiler's message."""
+        (``kernels.worker.tpu.production_run``, joined by ``kernels.worker.tpu.verdict``).
+        With ``apply``, a refusal by the TPU compiler there, or at a check shape on a TPU
+        host, stops the evaluation as a compile_error naming the compiler's message."""
         line = self._kernel_line()
         if self.native_checked and apply:
             verdict.check_shape_refusal(self.channel.verdicts(), self.chip, line)

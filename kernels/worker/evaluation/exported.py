@@ -112,41 +112,9 @@ class ExportedPrograms:
         import jax
 
         started = time.perf_counter()
-        try:
-            exported = jax.export.deserialize(bytearray(blob))
-        except Exception as exc:
-            raise _rejected(f"the candidate process sent a program that does not "
-                            f"deserialize ({short_message(exc)[:200]})") from None
         flat = jax.tree.leaves(dyn)
-        want = [(tuple(a.shape), np.dtype(a.dtype)) for a in flat]
-        try:
-            got = [(tuple(int(d) for d in a.shape), np.dtype(a.dtype))
-                   for a in exported.in_avals]
-        except TypeError:  # a symbolic dimension
-            raise _rejected("the exported program has symbolic shapes; the judge runs "
-                            "programs exported for the exact input shapes") from None
-        if got != want:
-            raise _rejected(f"the exported program takes {got}, the judge's inputs are "
-                            f"{want}")
-        platforms = tuple(str(p).lower() for p in exported.platforms)
-        if self.platform not in platforms:
-            raise _rejected(f"the exported program is for {platforms}, the judge runs on "
-                            f"{self.platform}")
-        if int(getattr(exported, "nr_devices", 1)) != 1:
-            raise _rejected("the exported program is for several devices; the judge runs "
-                            "one chip")
-        text = exported.mlir_module()
-        found = custom_calls(text)
-        foreign = sorted(found - allowed_custom_calls())
-        if foreign:
-            raise _rejected(f"the exported program calls {', '.join(foreign[:5])}: only "
-                            "kernels and the custom calls jax.export guarantees run in the "
-                            "judge (a host callback would run the candidate's Python here)")
-        out_bytes = sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize
-                        for a in exported.out_avals)
-        if output_limit and out_bytes > output_limit:
-            raise _rejected(f"the exported program's outputs take {out_bytes} bytes, more "
-                            f"than twice the reference's ({output_limit} allowed)")
+        exported, text, out_bytes = self._checked(
+            blob, [(tuple(a.shape), np.dtype(a.dtype)) for a in flat], output_limit)
         digest = hashlib.sha256(blob).hexdigest()
         try:
             compiled = self._compile_once(
@@ -165,14 +133,59 @@ class ExportedPrograms:
     def compile_only(self, blob: bytes, inputs: list[tuple[tuple[int, ...], str]]) -> None:
         """Compile ``blob`` for inputs of these shapes and dtypes and keep the executable
         (``adopt`` of the same bytes then compiles nothing): the production verdict on a
-        TPU host, from a thread of its own while the trials run. The compiler's error
-        is raised as it is."""
+        TPU host, from a thread of its own while the trials run. It is checked as
+        ``adopt`` checks it first (``Stopped("rejected")``); the compiler's error is
+        raised as it is."""
         import jax
 
-        digest = hashlib.sha256(blob).hexdigest()
-        exported = jax.export.deserialize(bytearray(blob))
-        avals = [jax.ShapeDtypeStruct(shape, np.dtype(dtype)) for shape, dtype in inputs]
-        self._compile_once(digest, lambda: jax.jit(exported.call).lower(*avals).compile())
+        want = [(tuple(shape), np.dtype(dtype)) for shape, dtype in inputs]
+        exported, _text, _out = self._checked(blob, want, 0)  # what adopt checks, first
+        avals = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in want]
+        self._compile_once(hashlib.sha256(blob).hexdigest(),
+                           lambda: jax.jit(exported.call).lower(*avals).compile())
+
+    def _checked(self, blob: bytes, want: list[tuple[tuple[int, ...], Any]],
+                 output_limit: int) -> tuple[Any, str, int]:
+        """The program in ``blob``, checked before anything compiles or runs it: it
+        deserializes, takes exactly ``want`` (shapes and dtypes), is for this platform and
+        one device, calls no custom call beyond the allowed ones, and (``output_limit``)
+        returns no more bytes than allowed; ``(exported, its text, output bytes)``, or
+        ``Stopped("rejected")``."""
+        import jax
+
+        try:
+            exported = jax.export.deserialize(bytearray(blob))
+        except Exception as exc:
+            raise _rejected(f"the candidate process sent a program that does not "
+                            f"deserialize ({short_message(exc)[:200]})") from None
+        try:
+            got = [(tuple(int(d) for d in a.shape), np.dtype(a.dtype))
+                   for a in exported.in_avals]
+        except TypeError:  # a symbolic dimension
+            raise _rejected("the exported program has symbolic shapes; the judge runs "
+                            "programs exported for the exact input shapes") from None
+        if got != want:
+            raise _rejected(f"the exported program takes {got}, the judge's inputs are "
+                            f"{want}")
+        platforms = tuple(str(p).lower() for p in exported.platforms)
+        if self.platform not in platforms:
+            raise _rejected(f"the exported program is for {platforms}, the judge runs on "
+                            f"{self.platform}")
+        if int(getattr(exported, "nr_devices", 1)) != 1:
+            raise _rejected("the exported program is for several devices; the judge runs "
+                            "one chip")
+        text = exported.mlir_module()
+        foreign = sorted(custom_calls(text) - allowed_custom_calls())
+        if foreign:
+            raise _rejected(f"the exported program calls {', '.join(foreign[:5])}: only "
+                            "kernels and the custom calls jax.export guarantees run in the "
+                            "judge (a host callback would run the candidate's Python here)")
+        out_bytes = sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize
+                        for a in exported.out_avals)
+        if output_limit and out_bytes > output_limit:
+            raise _rejected(f"the exported program's outputs take {out_bytes} bytes, more "
+                            f"than twice the reference's ({output_limit} allowed)")
+        return exported, text, out_bytes
 
     def run(self, config: str, dyn: tuple, expected: Host, tree: str | None,
             kernel_line: int | None = None) -> Host:

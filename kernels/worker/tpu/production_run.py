@@ -243,6 +243,9 @@ class ProductionRun:
         try:
             self.on_chip.compile_only(blob, self.inputs)
             verdict: dict[str, Any] = {"compile": "ok", "kind": None, "message": None}
+        except Stopped as stop:  # refused before compiling: the timing's adopt says so too
+            verdict = {"compile": "unavailable", "kind": None,
+                       "message": f"not compiled: {stop.error.message if stop.error else stop}"}
         except Exception as exc:
             message = str(exc)
             used, limit = tpu_compile.vmem_from_error(message)
