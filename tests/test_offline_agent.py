@@ -357,8 +357,9 @@ async def test_tuning_makes_the_kernel_faster(worker_pool: Any) -> None:
         record()
     best = max((h for h in history[1:] if h["status"] == "correct"),
                key=lambda h: Rank.from_json(h["rank"]).key())  # the one ordering
+    # better by the number that ranks (the TPU compiler's estimate at production); the
+    # interpreter's wall time on this host is no measure of that (and varies with load)
     assert Rank.from_json(best["rank"]).better_than(start.rank), (history, start.timing)
-    assert best["median_ms"] < start.timing["median_ms"]
 
 
 # -- tasks that declare no family (JAXBench, MaxKernel) ---------------------------------

@@ -275,9 +275,10 @@ async def test_estimates_order_blocks_and_rank_off_tpu(worker_pool, tasks) -> No
         assert result.tpu["reference_estimate"]["cycles"] > 0
     cycles = {n: r.tpu["estimate"]["cycles"] for n, r in results.items()}
     assert cycles["large"] < cycles["tiny"] < cycles["wasteful"], cycles
-    # The interpreter disagrees: one big step beats 32 small ones on the host.
+    # The interpreter's times are recorded and labelled, and rank nothing (which of them
+    # is faster on this host depends on its load: no wall-clock comparison here).
     host = {n: r.timing["median_ms"] for n, r in results.items()}
-    assert host["wasteful"] < host["tiny"], host
+    assert all(ms > 0 for ms in host.values()), host
     assert results["tiny"].timing["label"] == "host simulation time"
     # What ranks is the estimate: the result's rank, the tuner's observations.
     for result in results.values():
