@@ -103,27 +103,33 @@ def test_cli_and_app_layers_do_not_import_jax() -> None:
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
 
 
+def _outside_the_judge(pattern: str) -> list[str]:
+    """``path:line: text`` of every line of the packages, ``kernels/judge/`` aside, that
+    ``pattern`` finds (tests and benchmarks read their own stored rows, not judgements)."""
+    import re
+
+    found = re.compile(pattern)
+    hits = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            relative = path.relative_to(ROOT).as_posix()
+            if relative.startswith("kernels/judge/"):
+                continue
+            hits += [f"{relative}:{n}: {line.strip()}"
+                     for n, line in enumerate(path.read_text().splitlines(), 1)
+                     if found.search(line)]
+    return hits
+
+
 def test_only_the_judge_reads_rank_sources() -> None:
     """What a rank is (measured, estimated, a bound, disqualified) is asked of ``Rank``'s
     properties; no module outside ``kernels/judge/`` compares its ``source`` with a
     source's name (each such copy once had tie and wording rules of its own)."""
-    import re
-
     from tilewright.kernels.judge.rank import RANK_SOURCES
 
     names = "|".join([*RANK_SOURCES, "bound"])
-    pattern = re.compile(rf"source[\"')\]]* *(==|!=|in) *\(?[^#\n]*\"({names})\""
-                         rf"|\"({names})\" *(==|!=) *[\w.]*source\b")
-    found = []
-    for path in sorted(ROOT.rglob("*.py")):
-        relative = path.relative_to(ROOT).as_posix()
-        # benchmarks read their own stored rows (JSON), not a judgement
-        if relative.startswith(("kernels/judge/", "tests/", "benchmarks/", ".venv", "build/")) or \
-                "/." in f"/{relative}":
-            continue
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            if pattern.search(line):
-                found.append(f"{relative}:{number}: {line.strip()}")
+    found = _outside_the_judge(rf"source[\"')\]]* *(==|!=|in) *\(?[^#\n]*\"({names})\""
+                               rf"|\"({names})\" *(==|!=) *[\w.]*source\b")
     assert not found, "rank sources read outside kernels/judge:\n" + "\n".join(found)
 
 
@@ -131,18 +137,8 @@ def test_best_is_decided_by_the_judges_one_rule() -> None:
     """"Best" (a session's, a search's beam and lineages', the agents' memory and plans)
     is ``kernels.judge.rank.best_of``: no module outside ``kernels/judge/`` orders
     ranks by ``Rank.key`` itself (each copy once had a tie rule of its own)."""
-    import re
-
-    pattern = re.compile(r"key=lambda[^#\n]*\.key\(\)|\.key\(\) *[<>]=?|[<>]=? *[\w.]*\.key\(\)")
-    found = []
-    for path in sorted(ROOT.rglob("*.py")):
-        relative = path.relative_to(ROOT).as_posix()
-        if relative.startswith(("kernels/judge/", "tests/", "benchmarks/", ".venv", "build/")) or \
-                "/." in f"/{relative}":
-            continue
-        found += [f"{relative}:{n}: {line.strip()}"
-                  for n, line in enumerate(path.read_text().splitlines(), 1)
-                  if pattern.search(line)]
+    found = _outside_the_judge(
+        r"key=lambda[^#\n]*\.key\(\)|\.key\(\) *[<>]=?|[<>]=? *[\w.]*\.key\(\)")
     assert not found, "ranks ordered outside kernels/judge:\n" + "\n".join(found)
 
 

@@ -458,6 +458,7 @@ def vmem_capacity(chip: str) -> int | None:
 
 
 def scoped_vmem_limit(chip: str) -> int | None:
+    """The VMEM a kernel on ``chip`` may use without asking (``vmem_limit_bytes``)."""
     from tilewright.profiling.chips import get_chip
 
     try:
