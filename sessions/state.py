@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tilewright.kernels.judge.rank import DISQUALIFYING_FLAGS, Rank, best_of, rank_key
+from tilewright.kernels.judge.rank import DISQUALIFYING_FLAGS, Rank, best_of, contends, rank_key
 from tilewright.sessions import events as ev
 
 
@@ -218,7 +218,8 @@ class SessionState:
 
     @property
     def best(self) -> int | None:
-        """The crownable version whose rank is highest (``Rank.key``; earliest on ties)."""
+        """The crownable version ``best_of`` crowns: the highest rank (``Rank.key``), the
+        earliest on ties, the least VMEM among estimates within ``ESTIMATE_TIE``."""
         return self.best_version
 
     def _recompute_best(self) -> None:
@@ -473,11 +474,12 @@ def _run_result(s: SessionState, e: ev.RunResult) -> None:
     for name in _RANK_FIELDS:
         setattr(version, name, e.get(name))
     current = s.versions.get(s.best_version) if s.best_version is not None else None
-    if current is None or current.number == version.number:
-        s._recompute_best()  # the best itself was re-measured: look at every version
-    elif version.crownable:  # the same rule on the two, in version order
-        pair = sorted((current, version), key=lambda v: v.number)
-        s.best_version = best_of(pair, lambda v: v.rank).number  # type: ignore[union-attr]
+    # best_of over every version again when the best itself was re-measured, or when the
+    # new one could displace it (ranked higher, or an estimate within ESTIMATE_TIE of
+    # it); a version below that changes nothing
+    if current is None or current.number == version.number or (
+            version.crownable and contends(version.rank, current.rank)):
+        s._recompute_best()
     for spent in _spent_targets(s):
         spent.runs += 1
     after = s.best_rank

@@ -147,6 +147,21 @@ def test_the_tuner_orders_configurations_by_the_rank_key() -> None:
     assert dict(host.best()[0]) == {"B": 128}
 
 
+def test_the_tuner_seeds_from_the_lighter_of_two_tied_estimates() -> None:
+    """The tuner's best is ``best_of``'s: of two tilings estimated within a percent, the
+    one asking less VMEM (on a v5e the 52 MiB one ran 29% slower than the 32 MiB one)."""
+    mib = 1 << 20
+    history = (
+        {"version": 1, "status": "correct", "tunables": {"BLOCK_N": 2048},
+         "rank": Rank("tpu_estimate", 1.12, "v5e", kernel_s=2.8836e-3,
+                      vmem_bytes=52 * mib).to_json()},
+        {"version": 2, "status": "correct", "tunables": {"BLOCK_N": 1024},
+         "rank": Rank("tpu_estimate", 1.12, "v5e", kernel_s=2.8842e-3,
+                      vmem_bytes=32 * mib).to_json()})
+    best = tuner.observations_from(history, None, None, {"BLOCK_N"}).best()
+    assert best is not None and dict(best[0]) == {"BLOCK_N": 1024}
+
+
 def test_tuner_only_proposes_blocks_that_divide_the_dims_they_tile() -> None:
     task = load_task("matmul_bias_gelu", {"k": "384"})  # 256 would leave a ragged K block
     top = {"BLOCK_M": 1024, "BLOCK_N": 1024}

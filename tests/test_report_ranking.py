@@ -183,10 +183,13 @@ def test_the_best_kept_while_folding_is_the_one_rule_over_every_version(tmp_path
                    source_blob=log.put_blob(f"def kernel(x):\n    return x * {n}\n"),
                    summary=f"v{n}", decision=None)
     rng = random.Random(5)
-    for run in range(40):
+    for run in range(80):
         n = rng.randint(1, 5)
         status = rng.choice(["correct", "correct", "correct", "incorrect"])
-        rank = Rank("tpu_estimate", 1.0, "v5e", "4096", kernel_s=rng.choice([1e-3, 2e-3, 3e-3]),
+        # times within ESTIMATE_TIE of each other (the least VMEM wins) and apart
+        rank = Rank("tpu_estimate", 1.0, "v5e", "4096",
+                    kernel_s=rng.choice([1e-3, 0.995e-3, 0.989e-3, 1.02e-3, 2e-3]),
+                    vmem_bytes=rng.choice([None, 30 << 20, 50 << 20, 60 << 20]),
                     status=status) if status == "correct" else Rank("none", status=status)
         log.append("run.start", run=f"r{run}", version=n, kind="eval", by="auto")
         log.append("run.result", run=f"r{run}", version=n, status=status,

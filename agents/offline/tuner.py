@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from tilewright.kernels.judge.rank import Rank, ranking
+from tilewright.kernels.judge.rank import Rank, best_of, ranking
 from tilewright.kernels.source import tunables
 
 Config = tuple[tuple[str, Any], ...]
@@ -118,8 +118,16 @@ class Observations:
 
     def best(self) -> tuple[Config, Score] | None:
         ranked = [(k, s) for k, s in self.score.items() if s != FAILED]
-        # the highest score, the first measured on ties
-        return max(ranked, key=lambda ks: ks[1]) if ranked else None
+        if not ranked:
+            return None
+        # the highest score, the first measured on ties; among ranked configurations the
+        # one rule of "best" (best_of: the least VMEM among estimates within a percent)
+        top = max(ranked, key=lambda ks: ks[1])
+        if self.rank.get(top[0]) is None:
+            return top
+        chosen = best_of((k for k, _s in ranked if self.rank.get(k) is not None),
+                         self.rank.get)
+        return (chosen, self.score[chosen]) if chosen is not None else top
 
 
 def observations_from(request_history: tuple[dict[str, Any], ...], current_source: str | None,

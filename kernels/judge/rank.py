@@ -42,17 +42,58 @@ def rank_key(rank: Rank | None) -> tuple[int, int, float, float]:
     return rank.key() if rank is not None else UNRANKED
 
 
+# Two compiler figures of one task closer than this are one figure: the TPU compiler's
+# estimate prices the MXU work of two tilings alike and not what large blocks cost on the
+# chip. Measured on a v5e (benchmarks/data/v5e_gemm_blocks_2026-12-06.jsonl, 4096x8192 @
+# 8192x8192 bf16 with an epilogue): a 1024x2048x2048 tiling asking 52 MiB of VMEM, estimated
+# 0.02% faster than a 1024x1024x2048 one asking 32 MiB, ran 29% slower (3.74 against 2.89
+# ms); on 16384x4096 @ 4096x4096 the same 52 MiB tiling, estimated 0.9% faster than a 22
+# MiB one, ran 25% slower; a float32 1024-cubed one (44.5 MiB), 0.25% faster by estimate
+# than a 26 MiB one, ran 14% slower. Within this band the tiling asking the least VMEM wins.
+ESTIMATE_TIE = 0.01
+
+
+def _in_band(rank: Rank | None, top: Rank) -> bool:
+    """Whether ``rank`` is a compiler figure within ``ESTIMATE_TIE`` of ``top``'s."""
+    return rank is not None and rank.compiler and rank.kernel_s is not None \
+        and top.kernel_s is not None and rank.kernel_s <= top.kernel_s * (1 + ESTIMATE_TIE)
+
+
+def contends(rank: Rank | None, top: Rank | None) -> bool:
+    """Whether ``rank`` could displace ``top`` as the best (``best_of``): ranked higher,
+    or a compiler figure within ``ESTIMATE_TIE`` of it."""
+    if top is None:
+        return rank is not None
+    return rank_key(rank) > top.key() or (top.compiler and _in_band(rank, top))
+
+
 def best_of(items: Iterable[_T], rank: Callable[[_T], Rank | None]) -> _T | None:
     """The item whose rank is highest (``Rank.key``), the first of equals: the one rule
     that crowns "best" for a session, a search's beam and lineages, the agents' memory
-    and plans. None for no items."""
-    best: _T | None = None
+    and plans. Where the highest is the TPU compiler's figure, the items whose figures
+    are within ``ESTIMATE_TIE`` of it count as equal and the one asking the least VMEM
+    at the production shape (``Rank.vmem_bytes``) wins, the first of equals. None for no
+    items."""
+    pool: list[tuple[_T, Rank | None]] = []
+    best: tuple[_T, Rank | None] | None = None
     best_key = UNRANKED
     for item in items:
-        key = rank_key(rank(item))
+        found = rank(item)
+        pool.append((item, found))
+        key = rank_key(found)
         if best is None or key > best_key:
-            best, best_key = item, key
-    return best
+            best, best_key = (item, found), key
+    if best is None:
+        return None
+    top = best[1]
+    if top is None or not top.compiler or top.kernel_s is None or top.vmem_bytes is None:
+        return best[0]  # nothing to weigh it by
+    chosen, least = best[0], top.vmem_bytes
+    for item, found in pool:
+        if _in_band(found, top) and found is not None and found.vmem_bytes is not None \
+                and found.vmem_bytes < least:
+            chosen, least = item, found.vmem_bytes
+    return chosen
 
 
 _WHY_SHORT = (
@@ -129,6 +170,9 @@ class Rank:
     status: str | None = None  # the evaluation's status
     flags: tuple[str, ...] = ()  # the disqualifying flags
     device: str | None = None  # the TPU the measurement ran on
+    # The scoped VMEM the compiler allotted the kernel at the production shape: decides
+    # between compiler figures within ESTIMATE_TIE of each other (``best_of``).
+    vmem_bytes: int | None = None
     # A log written before this type existed says only how its number read.
     legacy_label: str | None = None
 
@@ -428,6 +472,8 @@ def ranking(result: dict[str, Any]) -> Rank:
     common = {"chip": chip, "shape": shape, "status": status, "kernel_cycles": cycles,
               "kernel_s": kernel_s, "clock_hz": round(clock) if clock else None,
               "fidelity": _fidelity_brief(tpu.get("fidelity")),
+              "vmem_bytes": tpu["vmem_bytes"] if type(tpu.get("vmem_bytes")) is int
+              and tpu["vmem_bytes"] > 0 else None,
               "derived": any((tpu.get(k) or {}).get("method") == "scaled"
                              for k in ("estimate", "reference_estimate"))}
     if status != "correct":
