@@ -695,3 +695,46 @@ def test_blocks_over_the_scoped_limit_but_within_the_core_ask_for_more_vmem() ->
     # a kernel that computes its own limit is not edited
     computed = source.replace("CompilerParams(", "CompilerParams(vmem_limit_bytes=_limit(), ")
     assert fixes.fix_vmem_limit(computed, result) is None
+
+
+def test_pressure_against_a_limit_the_kernel_sized_itself_does_not_shrink_its_blocks() -> None:
+    """A template asks for its blocks' need plus a quarter (``VMEM_CAP`` the ceiling), so
+    the compiler's figure nearly fills the limit it compiled under by design. On a v5e
+    search (20k, 4096x8192 @ 8192x8192 bf16) "VMEM 82% of the 16 MiB scoped budget" for
+    512x1024x1024 blocks (13.1 MiB) shrank them three times in seven evaluations; the
+    cap, 64 MiB, is the wall. Near the cap it still shrinks; a kernel without a cap too."""
+    from tilewright.profiling.diagnose import diagnose
+
+    mib = 2**20
+    capped = ('BLOCK_M = 512\nBLOCK_N = 1024\nVMEM_CAP = 67108864\n'
+              'TUNABLES = {"BLOCK_M": [256, 512, 1024], "BLOCK_N": [512, 1024, 2048]}\n')
+    plain = capped.replace("VMEM_CAP = 67108864\n", "")
+    dims = {"BLOCK_M": (4096,), "BLOCK_N": (8192,)}
+    diagnosis = {"version": 1, "kind": "vmem_pressure", "summary": "VMEM 82% of 16 MiB"}
+
+    def step(source: str, vmem_mib: float):
+        obs = tuner.Observations()
+        config = {"BLOCK_M": 512, "BLOCK_N": 1024}
+        obs.add(config, "correct", Rank.from_json(est(1.09)), None, 1)
+        numbers = {"vmem_bytes": vmem_mib * mib, "vmem_limit_bytes": 16 * mib, "compile": "ok"}
+        model = tuner.vmem_model(({"version": 1, "tunables": config, "numbers": numbers},),
+                                 None, source, dims, "v5e")
+        return tuner.diagnosed_step(source, obs, dims, diagnosis, None, model)
+
+    assert step(capped, 13.1) is None
+    shrink = step(capped, 52.0)  # 52 of 64 MiB: a real wall
+    assert shrink is not None and shrink.config == {"BLOCK_M": 256, "BLOCK_N": 512}
+    assert step(plain, 13.1) is not None  # the default limit is its wall
+
+    # The diagnosis measures the compiler's figure against what the kernel can ask for.
+    profile = {"chip": {"name": "v5e"}, "roofline": {"chip": "v5e", "bound_by": "compute",
+                                                     "intensity": 315.0, "ridge_intensity": 241.0}}
+    own = {"vmem_bytes": int(13.1 * mib), "vmem_limit_bytes": 18 * mib,
+           "vmem_limit_source": "the kernel's vmem_limit_bytes",
+           "vmem_capacity_bytes": 128 * mib}
+    assert diagnose(profile, {"tpu": own})["kind"] == "compute_bound"
+    default = {**own, "vmem_limit_source": "the chip's default scoped limit",
+               "vmem_limit_bytes": 16 * mib}
+    found = diagnose(profile, {"tpu": default})
+    assert found["kind"] == "vmem_pressure"
+    assert "of the 16 MiB scoped limit at the production shape" in found["summary"]
