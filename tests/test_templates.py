@@ -279,3 +279,40 @@ def workload(x, weight, bias):
     exec(compile(source, "kernel.py", "exec"), namespace)
     at_size = [jax.ShapeDtypeStruct(s, jnp.float32) for s in ((256, 256), (384, 256), (384,))]
     assert jax.eval_shape(namespace["workload"], *at_size).shape == (256, 384)
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+async def test_a_batch_norm_of_a_tall_product_runs_as_two_kernels(worker_pool: Any,
+                                                                  tmp_path: Any,
+                                                                  dtype: str) -> None:
+    """SPLIT_ROWS (set for products of 8192 rows or more at production): the product
+    alone, then the row-mixing epilogue on blocks of whole columns; correct with small
+    blocks, in both dtypes."""
+    task = _task(tmp_path, "matmul_batch_norm", dtype)
+    source, _why = write_template(agents.brief(task), "matmul")
+    assert "SPLIT_ROWS = False" in source  # 256 rows: one kernel
+    source = tunables.apply(source.replace("SPLIT_ROWS = False", "SPLIT_ROWS = True"),
+                            {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128})
+    result = await worker_pool.evaluate(task, source, QUICK)
+    assert result.status == "correct", (result.error, result.correctness)
+    assert result.lowering["tpu"] == "ok"
+    names = [k.get("name") for k in (result.tpu or {}).get("kernels") or []]
+    assert not names or set(names) == {"_product_body", "_columns_body"}, names
+
+
+def test_a_tall_product_at_production_splits_a_row_mixing_epilogue(tmp_path: Any) -> None:
+    """The choice is made from the production shape's rows (the brief's, as the app lists
+    them), so every shape runs the same program."""
+    from dataclasses import replace
+
+    brief = agents.brief(_task(tmp_path, "matmul_batch_norm", "bfloat16"))
+
+    def split(rows: int) -> bool:
+        production = {"name": "default", "params": {}, "inputs": [
+            [[rows, 256], "bfloat16"], [[384, 256], "bfloat16"], [[384], "bfloat16"]]}
+        source, _why = write_template(replace(brief, production=production), "matmul")
+        return "SPLIT_ROWS = True" in source
+
+    assert split(16384) and split(8192) and not split(4096)

@@ -144,6 +144,7 @@ def matmul(brief: TaskBrief) -> tuple[str, str]:
     rest_tuple = "(" + ", ".join(rest) + ("," if len(rest) == 1 else "") + ")"
     unpack = f"\n    x, w = {lhs}, {rhs}" if (lhs, rhs) != ("x", "w") else ""
     bm, bn, bk = _matmul_blocks(brief)
+    split_rows = _production_rows(brief, params.index(lhs)) >= SPLIT_ROWS_FROM
     # the reference's precision, for float32 operands (Mosaic takes it for f32 only)
     precision = (", precision=PRECISION if x_ref.dtype == jnp.float32 else None"
                  if cutter.precision else "")
@@ -175,6 +176,9 @@ def matmul(brief: TaskBrief) -> tuple[str, str]:
 BLOCK_M = {bm}
 BLOCK_N = {bn}
 BLOCK_K = {bk}
+# An epilogue that mixes the rows (a batch norm) runs as a second kernel on whole columns
+# when the product is this tall at production ({SPLIT_ROWS_FROM} rows or more): see _split.
+SPLIT_ROWS = {split_rows}
 TUNABLES = {{"BLOCK_M": [128, 256, 512, 1024, 2048], "BLOCK_N": [128, 256, 512, 1024, 2048],
              "BLOCK_K": [128, 256, 512, 1024, 2048]}}
 """ + VMEM_HELPERS + EPILOGUE_MIXING + f"""
@@ -193,6 +197,99 @@ def _body(x_ref, w_ref, *refs):
     def _finish():
         out = _epilogue(acc_ref[...], *(r[...] for r in extra_refs))
         o_ref[...] = out.reshape(o_ref.shape).astype(o_ref.dtype)
+
+
+def _product_body(x_ref, w_ref, o_ref, acc_ref):
+    # the product alone, for an epilogue that mixes the rows (_split)
+    k = pl.program_id(3)
+
+    @pl.when(k == 0)
+    def _init():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    acc_ref[...] += {dot}
+
+    @pl.when(k == pl.num_programs(3) - 1)
+    def _store():
+        o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+
+
+def _columns_body(y_ref, *refs):
+    # the epilogue on a block of whole columns (every row of them)
+    *extra_refs, o_ref = refs
+    out = _epilogue(y_ref[...].astype(jnp.float32), *(r[...] for r in extra_refs))
+    o_ref[...] = out.astype(o_ref.dtype)
+
+
+def _column_spec(a, m, n, cols):
+    if not _tiled(a, m, n):
+        return pl.BlockSpec(a.shape, lambda j: (0,) * a.ndim)
+    return pl.BlockSpec((a.shape[0], cols if a.shape[1] == n else 1),
+                        lambda j: (0, j if a.shape[1] == n else 0))
+
+
+def _split(x, w, extras, m, n, k, out_dtype):
+    \"\"\"An epilogue that mixes the rows (a batch norm's column statistics) of a tall
+    product, in two kernels: the product tiled as a plain matmul (stored in float32),
+    then the epilogue on blocks of whole columns. In one
+    kernel the whole column axis would be one block, leaving room for only narrow column
+    blocks, each re-reading all of x (16384 rows: 128 columns, x read 64 times; 0.54x
+    of XLA measured on a v5e). None when even one 128-column block of every row would
+    not fit VMEM: the caller keeps the fused kernel.\"\"\"
+    # the product kept in float32, as the fused kernel hands its accumulator to the
+    # epilogue: stored in bf16 (the dtype of the reference's own product) a batch norm of
+    # 16384 rows was off by up to 2.7% in 1.5% of its values on a v5e (tolerance 1%)
+    y_dtype = jnp.float32
+    item, y_item = x.dtype.itemsize, 4
+    out_item = jnp.dtype(out_dtype).itemsize
+
+    def columns_need(cols):
+        shapes = [jax.ShapeDtypeStruct((a.shape[0], cols if a.shape[1] == n else 1), a.dtype)
+                  if _tiled(a, m, n) else a for a in extras]
+        working = _working(_epilogue, jax.ShapeDtypeStruct((m, cols), jnp.float32), *shapes)
+        return 2 * m * cols * (y_item + out_item) + 2 * sum(
+            s.size * s.dtype.itemsize for s in shapes) + working
+
+    if n % 128 or columns_need(128) > VMEM_CAP:
+        return None
+    cols = 128  # wider while it fits and a block stays under 8 MiB of f32
+    while (n % (cols * 2) == 0 and m * cols * 2 * 4 <= 8 << 20
+           and columns_need(cols * 2) <= VMEM_CAP):
+        cols *= 2
+    bm, bn, bk = min(BLOCK_M, m), min(BLOCK_N, n), _k_block(k, BLOCK_K)
+
+    def need(bm, bn, bk):
+        return 2 * (bm * bk + {w_bytes}) * item + bm * bn * 4 + 2 * bm * bn * y_item
+
+    while need(bm, bn, bk) > VMEM_CAP and bk > 128 and k % (bk // 2) == 0:
+        bk //= 2
+    while need(bm, bn, bk) > VMEM_CAP and bm > 8 and m % (bm // 2) == 0:
+        bm //= 2
+    while need(bm, bn, bk) > VMEM_CAP and bn > 128 and n % (bn // 2) == 0:
+        bn //= 2
+    y = pl.pallas_call(
+        _product_body,
+        out_shape=jax.ShapeDtypeStruct((m, n), y_dtype),
+        grid=(1, pl.cdiv(m, bm), pl.cdiv(n, bn), pl.cdiv(k, bk)),
+        in_specs=[pl.BlockSpec((None, bm, bk), lambda b, i, j, kk: (b, i, kk)),
+                  {w_block_2d}],
+        out_specs=pl.BlockSpec((bm, bn), lambda b, i, j, kk: (i, j)),
+        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
+            vmem_limit_bytes=_vmem_limit(need(bm, bn, bk))),
+    )(x, w)
+    return pl.pallas_call(
+        _columns_body,
+        out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
+        grid=(n // cols,),
+        in_specs=[pl.BlockSpec((m, cols), lambda j: (0, j)),
+                  *(_column_spec(a, m, n, cols) for a in extras)],
+        out_specs=pl.BlockSpec((m, cols), lambda j: (0, j)),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            vmem_limit_bytes=_vmem_limit(columns_need(cols))),
+    )(y, *extras)
 
 
 def _k_block(k, want):
@@ -277,6 +374,13 @@ def {brief.entry}({order}):{unpack}
         bm //= 2
     while need(bm, bn, bk) > VMEM_CAP and not cols_mixed and bn > 128 and n % (bn // 2) == 0:
         bn //= 2
+    if SPLIT_ROWS and rows_mixed and not cols_mixed and not batched and full.shape == (m, n):
+        # every row in one block would leave room for narrow column blocks only, each
+        # reading all of x again: the product first, then the epilogue on whole columns
+        # (decided for the production size, so the check shapes run the same program)
+        split = _split(x, w, extras, m, n, k, full.dtype)
+        if split is not None:
+            return split.reshape(*lead, n) if len(lead) > 1 else split
     tile = jax.eval_shape(_epilogue, jax.ShapeDtypeStruct((bm, bn), jnp.float32),
                           *tile_shapes(bm, bn))
     if batched:
@@ -393,6 +497,24 @@ def _sizes_as_written(brief: TaskBrief, fn: ast.FunctionDef) -> tuple[ast.Functi
     fn = _Restore().visit(fn)
     ast.fix_missing_locations(fn)
     return fn, sorted(set(sized), key=sized.index)
+
+
+# Rows of the product at production from which a row-mixing epilogue gets its own kernel:
+# with every row in one block the fused kernel needs about rows x 512 x 14 bytes for
+# 512-column blocks (f32 accumulator, output, the epilogue's room), past a 64 MiB VMEM_CAP
+# from about 9,000 rows; 31k's 16384 rows were left 128-column blocks (0.54x measured).
+SPLIT_ROWS_FROM = 8192
+
+
+def _production_rows(brief: TaskBrief, lhs: int) -> int:
+    """The product's rows at production: the lhs's leading axes (0 when not known)."""
+    inputs = (brief.production or {}).get("inputs") or []
+    if lhs >= len(inputs) or len(inputs[lhs][0]) < 2:
+        return 0
+    rows = 1
+    for d in list(inputs[lhs][0])[:-1]:
+        rows *= int(d)
+    return rows
 
 
 def _matmul_blocks(brief: TaskBrief) -> tuple[int, int, int]:
