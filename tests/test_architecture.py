@@ -177,3 +177,11 @@ def test_best_of_takes_the_lighter_of_two_estimates_within_a_percent() -> None:
     assert pick(*chip) == 0
     assert contends(light, heavy) and not contends(lighter_slow, heavy)
     assert contends(heavy, None) and not contends(None, heavy)
+    from tilewright.kernels.judge.rank import tie_note
+
+    named = [("v1", heavy), ("v2", light)]
+    note = tie_note(named, lambda item: item[1], lambda item: item[0])
+    assert note is not None and note.startswith("v1's estimate is 0.02% faster")
+    assert "32 MiB against 52 MiB" in note
+    assert tie_note([("v1", light), ("v2", lighter_slow)], lambda item: item[1],
+                    lambda item: item[0]) is None  # the highest is the choice

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, TextIO, cast
 
 from tilewright.agents.config import Config
-from tilewright.kernels.judge.rank import Rank
+from tilewright.kernels.judge.rank import Rank, tie_note
 from tilewright.kernels.judge.result import is_interpret
 from tilewright.kernels.source.printable import PrintableStream
 from tilewright.sessions import events as ev
@@ -181,6 +181,9 @@ def summary(log_path: Path, state: SessionState, interrupted: bool) -> dict[str,
         "best_rank": best.rank.to_json() if best and best.rank else None,
         "best_words": best.rank.words() if best and best.rank else None,
         "best_trust": best.rank.trust_words() if best and best.rank else None,
+        # why the best is not the highest estimate, when estimates within a percent tied
+        "best_note": tie_note((v for v in state.versions.values() if v.crownable),
+                              lambda v: v.rank, lambda v: f"v{v.number}"),
         "current_version": state.current,
         "stop_reason": state.auto_stops[-1]["reason"] if state.auto_stops else None,
         "interrupted": interrupted,
@@ -204,6 +207,8 @@ def print_summary(data: dict[str, Any], out: TextIO,
     best = f"v{data['best_version']}" if data["best_version"] else "no correct version"
     print(f"\n{data['task']}: {data['iterations']} iterations, {data['evaluations']} "
           f"evaluations; best {best} ({data['best_status'] or '-'}, {speed})", file=out)
+    if data.get("best_note"):
+        print(f"  {data['best_note']}", file=out)
     reason = data["stop_reason"]
     words = f"{stop_words(reason, settings)} ({reason})" if reason else "-"
     print(f"stopped: {words}{' (interrupted)' if data['interrupted'] else ''}"
