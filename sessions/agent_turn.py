@@ -55,6 +55,11 @@ class AgentTurn:
     def usage_json(self) -> dict[str, Any]:
         return asdict(self.usage)
 
+    def tools_field(self) -> dict[str, Any]:
+        """The read-only tool calls of the turn, for its agent.message (absent when none)."""
+        calls = [c for c in self.tools if c.get("output") is not None]
+        return {"tools": calls} if calls else {}
+
     def add_usage(self, more: Usage) -> None:
         u = self.usage
         self.usage = Usage(

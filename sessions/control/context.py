@@ -16,6 +16,7 @@ grid steps and its diagnosis, and the session's earlier read-only tool answers.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from tilewright.agents.base import AgentRequest, TaskBrief
@@ -263,3 +264,26 @@ def plan_notes(state: SessionState) -> tuple[str, ...]:
     return (f"approved plan:\n{plan}",
             f"carry out step {k + 1} of {len(steps)} of the approved plan now, and only that "
             f"step: {steps[k]}{done}")
+
+
+def own_edit_failed(state: SessionState, log_path: Path, number: int) -> str:
+    """What the person is told when their own edit fails its run: "v2 (your edit) does
+    not compile: line 15: ... Edit it again, go back to v1 (History: select it, enter),
+    or ask the agent to fix it in the chat."."""
+    version = state.versions[number]
+    error: dict[str, Any] = {}
+    if version.result_blob:
+        try:
+            error = (read_json_blob(log_path, version.result_blob) or {}).get("error") or {}
+        except (OSError, ValueError):
+            error = {}
+    status = {"compile_error": "does not compile", "incorrect": "is not correct",
+              "runtime_error": "fails when it runs", "timeout": "timed out",
+              "crashed": "crashed", "rejected": "was rejected by the judge"}.get(
+        str(version.status), str(version.status))
+    where = f"line {error['line']}: " if error.get("line") else ""
+    message = " ".join(str(error.get("message") or "").split())[:160]
+    back = version.parent if version.parent in state.versions else state.best
+    way_back = f", go back to v{back} (History: select it, enter)" if back else ""
+    return (f"v{number} (your edit) {status}" + (f": {where}{message}" if message else "")
+            + f". Edit it again{way_back}, or ask the agent to fix it in the chat.")

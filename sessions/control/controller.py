@@ -34,7 +34,12 @@ from tilewright.sessions import events as ev
 from tilewright.sessions.actions import DECISIONS, ControllerAction, ask
 from tilewright.sessions.agent_turn import AgentTurn
 from tilewright.sessions.autonomy import ControllerSettings
-from tilewright.sessions.control.context import build_request, next_role, regression_base
+from tilewright.sessions.control.context import (
+    build_request,
+    next_role,
+    own_edit_failed,
+    regression_base,
+)
 from tilewright.sessions.control.plan import next_action
 from tilewright.sessions.core import AutoApproval, Decision, Halt, JudgeFailed, SessionCore
 from tilewright.sessions.errors import ApprovalRequired, ControllerBusy, ControllerError
@@ -367,7 +372,8 @@ class Controller:
         elif action.kind == "stop" and action.reason is not None:
             self._stop_auto(action.reason)
         elif action.kind == "own_edit_failed" and action.version is not None:
-            self._live("notice", text=self._own_edit_failed(action.version), level="warning")
+            self._live("notice", text=own_edit_failed(self.state, self.log.path, action.version),
+                       level="warning")
         else:
             raise ControllerError(f"cannot carry out {action!r}")
 
@@ -477,13 +483,13 @@ class Controller:
         except asyncio.CancelledError:
             self._emit(ev.AgentMessage(type="agent.message", text=turn.text(), role=role,
                                        proposal=None, usage=turn.usage_json(), cancelled=True,
-                                       **_tools_field(turn)))
+                                       **turn.tools_field()))
             raise
         problem = turn.problem()
         if turn.finished is not None and turn.failure is None:
             self._emit(ev.AgentMessage(type="agent.message", text=turn.text(), role=role,
                                        proposal=None, usage=turn.usage_json(),
-                                       **_tools_field(turn)))
+                                       **turn.tools_field()))
             finished = turn.finished
             if back_to is not None:  # said about the best version; the shown one stays
                 finished += (f" (The shown version stays v{self.state.current}; the best is "
@@ -496,12 +502,12 @@ class Controller:
             self._emit(ev.AgentMessage(type="agent.message", text=turn.text(), role=role,
                                        proposal=None, usage=turn.usage_json(), answer=True,
                                        notes_seen=notes_seen, about=request.current_version,
-                                       **_tools_field(turn)))
+                                       **turn.tools_field()))
             return None
         if problem is not None:
             self._emit(ev.AgentMessage(type="agent.message", text=turn.text(), role=role,
                                        proposal=None, usage=turn.usage_json(),
-                                       **_tools_field(turn)))
+                                       **turn.tools_field()))
             self._emit(ev.Error(type="error", message=problem, where="agent",
                                 retryable=turn.failure is None or turn.retryable))
             return None
@@ -520,7 +526,7 @@ class Controller:
                                        text=f"{text}\n\n{note}" if text else note, role=role,
                                        proposal=None, usage=turn.usage_json(), answer=True,
                                        notes_seen=notes_seen, about=request.current_version,
-                                       **_tools_field(turn)))
+                                       **turn.tools_field()))
             return None
         pid = core.next_proposal_id()
         named = proposal.meta.get("base") if isinstance(proposal.meta.get("base"), int) \
@@ -537,7 +543,7 @@ class Controller:
                     f"Approve to build on v{named}; reject to stay on v{self.state.current}.)")
             text = f"{text.rstrip()}\n\n{note}" if text.strip() else note
         self._emit(ev.AgentMessage(type="agent.message", text=text, role=role, proposal=pid,
-                                   usage=turn.usage_json(), **_tools_field(turn)))
+                                   usage=turn.usage_json(), **turn.tools_field()))
         core.propose(proposal, role=role, base=named if named is not None else self.state.current,
                      pid=pid, notes_seen=notes_seen, **chosen)
         return ControllerAction("auto_decide", proposal=pid) if self.state.mode == "auto" \
@@ -589,36 +595,6 @@ class Controller:
             return False
         return not (s.mode == "auto" and autonomy.should_profile(s, number, self.settings))
 
-    def _own_edit_failed(self, number: int) -> str:
-        """"v2 (your edit) does not compile: line 15: ... Edit it again, go back to
-        v1 (History: select it, enter), or ask the agent to fix it (a chat message)."""
-        from tilewright.sessions.log import read_json_blob
-
-        s = self.state
-        version = s.versions[number]
-        error: dict[str, Any] = {}
-        if version.result_blob:
-            try:
-                error = (read_json_blob(self.log.path, version.result_blob) or {}).get(
-                    "error") or {}
-            except (OSError, ValueError):
-                error = {}
-        status = {"compile_error": "does not compile", "incorrect": "is not correct",
-                  "runtime_error": "fails when it runs", "timeout": "timed out",
-                  "crashed": "crashed", "rejected": "was rejected by the judge"}.get(
-            str(version.status), str(version.status))
-        where = f"line {error['line']}: " if error.get("line") else ""
-        message = " ".join(str(error.get("message") or "").split())[:160]
-        back = version.parent if version.parent in s.versions else s.best
-        way_back = f", go back to v{back} (History: select it, enter)" if back else ""
-        return (f"v{number} (your edit) {status}" + (f": {where}{message}" if message else "")
-                + f". Edit it again{way_back}, or ask the agent to fix it in the chat.")
-
     async def _run_profile(self, number: int, by: str = "user") -> None:
         await self.core.profile(number, by)
 
-
-def _tools_field(turn: AgentTurn) -> dict[str, Any]:
-    """The read-only tool calls of a turn, for its agent.message (absent when none)."""
-    calls = [c for c in turn.tools if c.get("output") is not None]
-    return {"tools": calls} if calls else {}
