@@ -13,7 +13,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tilewright.kernels.judge.rank import DISQUALIFYING_FLAGS, Rank, best_of, contends, rank_key
+from tilewright.kernels.judge.rank import (
+    DISQUALIFYING_FLAGS,
+    Rank,
+    best_of,
+    contends,
+    rank_key,
+    tie_note,
+)
 from tilewright.sessions import events as ev
 
 
@@ -243,6 +250,14 @@ class SessionState:
         if kinds >= {"tpu_estimate", "roofline"}:
             return "ranked among est. and roofline figures, by each kernel's own time"
         return None
+
+    @property
+    def best_tie(self) -> str | None:
+        """Why the best is not the version ranked highest, when estimates within
+        ``ESTIMATE_TIE`` tied and the one asking less VMEM was crowned
+        (``kernels.judge.rank.tie_note``); None otherwise."""
+        return tie_note((v for v in self.versions.values() if v.crownable),
+                        lambda v: v.rank, lambda v: f"v{v.number}")
 
     @property
     def active_run(self) -> RunInfo | None:

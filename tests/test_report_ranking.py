@@ -202,3 +202,37 @@ def test_the_best_kept_while_folding_is_the_one_rule_over_every_version(tmp_path
         state = fold(loaded.header, loaded.events[:end + 1])
         want = best_of([v for v in state.versions.values() if v.crownable], lambda v: v.rank)
         assert state.best == (want.number if want else None), end
+
+
+def test_the_status_bar_says_when_the_tie_rule_crowned_the_best(tmp_path: Path) -> None:
+    """Two tilings estimated 0.5% apart: the lighter is crowned, and the status bar says
+    why (whole at full width, in a few words when narrow)."""
+    from tilewright.kernels.judge.rank import Rank
+    from tilewright.sessions.log import SessionLog
+    from tilewright.tui.session.view import BlobCache, SessionView
+    from tilewright.tui.widgets.status import StatusBar
+
+    log = SessionLog.create(tmp_path, task={"name": "toy", "root": "/nowhere",
+                                            "layout": "native"},
+                            backend={"platform": "cpu", "mode": "tpu-interpret"},
+                            agent="offline", app_version="test")
+    mib = 1 << 20
+    for n, kernel_s, vmem in ((1, 2.9e-3, 52 * mib), (2, 2.914e-3, 32 * mib)):
+        log.append("kernel.version", version=n, parent=n - 1 or None,
+                   origin="initial" if n == 1 else "tuning", proposal=None,
+                   source_blob=log.put_blob(f"def kernel(x):\n    return x * {n}\n"),
+                   summary=f"v{n}", decision=None)
+        rank = Rank("tpu_estimate", 1.1, "v5e", "4096", kernel_s=kernel_s, vmem_bytes=vmem,
+                    status="correct")
+        log.append("run.start", run=f"r{n}", version=n, kind="eval", by="auto")
+        log.append("run.result", run=f"r{n}", version=n, status="correct", correct=True,
+                   rank=rank.to_json(), chip="v5e", median_ms=1.0, result_blob=None,
+                   cancelled=False)
+    log.close()
+    loaded = load(log.path)
+    state = fold(loaded.header, loaded.events)
+    assert state.best == 2 and state.best_tie is not None
+    assert state.best_tie.startswith("v1's estimate is 0.48% faster")
+    info = SessionView(state, BlobCache(log.path)).status("idle", "v5e")
+    assert "asking less VMEM wins (32 MiB against 52 MiB" in StatusBar.compose_line(info, 0).plain
+    assert "a tie within 1%: less VMEM" in StatusBar.compose_line(info, 5).plain

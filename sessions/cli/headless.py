@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, TextIO, cast
 
 from tilewright.agents.config import Config
-from tilewright.kernels.judge.rank import Rank, tie_note
+from tilewright.kernels.judge.rank import Rank
 from tilewright.kernels.judge.result import is_interpret
 from tilewright.kernels.source.printable import PrintableStream
 from tilewright.sessions import events as ev
@@ -182,8 +182,7 @@ def summary(log_path: Path, state: SessionState, interrupted: bool) -> dict[str,
         "best_words": best.rank.words() if best and best.rank else None,
         "best_trust": best.rank.trust_words() if best and best.rank else None,
         # why the best is not the highest estimate, when estimates within a percent tied
-        "best_note": tie_note((v for v in state.versions.values() if v.crownable),
-                              lambda v: v.rank, lambda v: f"v{v.number}"),
+        "best_note": state.best_tie,
         "current_version": state.current,
         "stop_reason": state.auto_stops[-1]["reason"] if state.auto_stops else None,
         "interrupted": interrupted,

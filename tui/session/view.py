@@ -78,7 +78,10 @@ class SessionView:
         return StatusInfo(
             task=(header.get("task") or {}).get("name", "task"), backend=label, chip=chip,
             mode=s.mode, iteration=s.spent.iterations, best_version=best,
-            best_rank=s.best_rank, best_note=s.mixed_ranks, tokens=s.spent.tokens,
+            best_rank=s.best_rank, best_note=s.mixed_ranks or s.best_tie,
+            best_note_short="est. + roofline mixed" if s.mixed_ranks else (
+                "a tie within 1%: less VMEM" if s.best_tie else None),
+            tokens=s.spent.tokens,
             cost_usd=s.spent.cost_usd,
             cost_known=not s.spent.cost_unknown,
             worker=worker, confinement=self._confinement(), **self._compile_status())

@@ -32,8 +32,10 @@ class StatusInfo:
     # estimate says so, host simulation time is never called a speedup.
     best_rank: Rank | None = None
     # Said beside it when versions are ranked by compiler figures of two kinds
-    # (``SessionState.mixed_ranks``).
+    # (``SessionState.mixed_ranks``), or when the tie rule crowned it
+    # (``SessionState.best_tie``); in a few words on a narrow terminal.
     best_note: str | None = None
+    best_note_short: str | None = None
     tokens: int = 0
     cost_usd: float = 0.0
     cost_known: bool = True  # False: a model without a price answered ("$?", not $0)
@@ -135,9 +137,9 @@ class StatusBar(Static):
                 what = rank.words(short=True)
             text.append(f" · best v{i.best_version}{' ' if level >= 5 else ': '}{what}",
                         style="green")
-            if i.best_note:  # estimates and roofline bounds side by side: say so
-                text.append(" (" + (i.best_note if level < 2 else "est. + roofline mixed")
-                            + ")", style="yellow")
+            if i.best_note:  # estimates and roofline bounds side by side, a tie: say so
+                text.append(" (" + (i.best_note if level < 2 else i.best_note_short
+                                    or "est. + roofline mixed") + ")", style="yellow")
         else:
             text.append(" · best —")
         spent = i.tokens > 0 or i.cost_usd > 0 or not i.cost_known
