@@ -67,9 +67,10 @@ def _rank_medium(rank: Rank) -> str:
 # is as it should be ("sandboxed"), 4 the VMEM figures, 5 short numbers ("est. 0.90x"),
 # 6 the word "compile", 7 the token count (and the cost where nothing was spent: the
 # offline agent), 8 a compile verdict of "ok" (a refusal stays), 9 the cost and the
-# word "worker", 10 the end of a long task name. The backend ("CPU interp→v5e": where
-# kernels run and the chip they are judged for) and the worker state stay at 80 columns.
-LEVELS = 11
+# word "worker", 10 the end of a long task name, 11 the note beside "best" (a tie the
+# least VMEM won, figures of two kinds). The backend ("CPU interp→v5e": where kernels run
+# and the chip they are judged for) and the worker state stay at 80 columns.
+LEVELS = 12
 
 # The worker's state and the sandbox in plain words.
 WORKER_WORDS = {"idle": "ready", "busy": "busy", "starting": "starting",
@@ -137,7 +138,7 @@ class StatusBar(Static):
                 what = rank.words(short=True)
             text.append(f" · best v{i.best_version}{' ' if level >= 5 else ': '}{what}",
                         style="green")
-            if i.best_note:  # estimates and roofline bounds side by side, a tie: say so
+            if i.best_note and level < 11:  # figures of two kinds, a tie: say so
                 text.append(" (" + (i.best_note if level < 2 else i.best_note_short
                                     or "est. + roofline mixed") + ")", style="yellow")
         else:
