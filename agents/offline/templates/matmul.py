@@ -231,11 +231,11 @@ def _column_spec(a, m, n, cols):
 def _split(x, w, extras, m, n, k, out_dtype):
     \"\"\"An epilogue that mixes the rows (a batch norm's column statistics) of a tall
     product, in two kernels: the product tiled as a plain matmul (stored in float32),
-    then the epilogue on blocks of whole columns. In one
-    kernel the whole column axis would be one block, leaving room for only narrow column
-    blocks, each re-reading all of x (16384 rows: 128 columns, x read 64 times; 0.54x
-    of XLA measured on a v5e). None when even one 128-column block of every row would
-    not fit VMEM: the caller keeps the fused kernel.\"\"\"
+    then the epilogue on blocks of whole columns. In one kernel every row would be one
+    block, leaving room for only narrow column blocks, each re-reading all of x (16384
+    rows: 128 columns, x read 64 times; 0.54x of XLA measured on a v5e). None when even
+    one 128-column block of every row would not fit VMEM: the caller keeps the fused
+    kernel.\"\"\"
     # the product kept in float32, as the fused kernel hands its accumulator to the
     # epilogue: stored in bf16 (the dtype of the reference's own product) a batch norm of
     # 16384 rows was off by up to 2.7% in 1.5% of its values on a v5e (tolerance 1%)
