@@ -162,7 +162,7 @@ def lesson_from_history(history: tuple[dict[str, Any], ...] | list[dict[str, Any
     if len(ranked) < 2:
         return None
     first_rank, first = ranked[0]
-    best_rank, best = best_of(ranked, lambda pair: pair[0])  # earliest on ties
+    best_rank, best = best_of(ranked, lambda pair: pair[0])  # best_of: earliest on ties
     said_first = f"{first_rank.words(short=True)} for v{first.get('version')}"
     if best is first or not _gained(best_rank, first_rank):
         return Lesson(f"{task}: {len(ranked)} correct versions, none beat v{first.get('version')} "

@@ -15,6 +15,7 @@ from typing import Any
 
 from tilewright.kernels.judge.rank import (
     DISQUALIFYING_FLAGS,
+    ESTIMATE_TIE,
     Rank,
     best_of,
     contends,
@@ -22,6 +23,9 @@ from tilewright.kernels.judge.rank import (
     tie_note,
 )
 from tilewright.sessions import events as ev
+
+# ``SessionState.best_tie`` in a few words (a narrow status bar)
+TIE_WORDS = f"a tie within {ESTIMATE_TIE:.0%}: less VMEM"
 
 
 def event_rank(e: dict[str, Any], backend: dict[str, Any] | None = None) -> Rank | None:

@@ -490,7 +490,7 @@ def _plan(request: AgentRequest) -> Proposal:
                  "measured; a structural change needs a human or Claude.")
     ranked = [(rank, h) for h in request.history if h.get("status") == "correct"
               and (rank := Rank.from_json(h.get("rank"))) is not None and rank.ranked]
-    if ranked:  # the one ordering (Rank.key), earliest on ties
+    if ranked:  # the one rule of "best" (best_of)
         rank, top = best_of(ranked, lambda pair: pair[0])
         steps.append(f"Best so far: v{top.get('version')}, {rank.words()}.")
     heard = _heard(request) if request.user_message else None

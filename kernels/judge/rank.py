@@ -74,15 +74,8 @@ def best_of(items: Iterable[_T], rank: Callable[[_T], Rank | None]) -> _T | None
     are within ``ESTIMATE_TIE`` of it count as equal and the one asking the least VMEM
     at the production shape (``Rank.vmem_bytes``) wins, the first of equals. None for no
     items."""
-    pool: list[tuple[_T, Rank | None]] = []
-    best: tuple[_T, Rank | None] | None = None
-    best_key = UNRANKED
-    for item in items:
-        found = rank(item)
-        pool.append((item, found))
-        key = rank_key(found)
-        if best is None or key > best_key:
-            best, best_key = (item, found), key
+    pool = [(item, rank(item)) for item in items]
+    best = _highest(pool)
     if best is None:
         return None
     top = best[1]
@@ -96,6 +89,17 @@ def best_of(items: Iterable[_T], rank: Callable[[_T], Rank | None]) -> _T | None
     return chosen
 
 
+def _highest(pool: list[tuple[_T, Rank | None]]) -> tuple[_T, Rank | None] | None:
+    """The (item, rank) whose ``rank_key`` is highest, the first of equals."""
+    best: tuple[_T, Rank | None] | None = None
+    best_key = UNRANKED
+    for item, found in pool:
+        key = rank_key(found)
+        if best is None or key > best_key:
+            best, best_key = (item, found), key
+    return best
+
+
 def tie_note(items: Iterable[_T], rank: Callable[[_T], Rank | None],
              name: Callable[[_T], str]) -> str | None:
     """Why ``best_of``'s choice is not the item ranked highest, when the tie rule made it:
@@ -103,15 +107,11 @@ def tie_note(items: Iterable[_T], rank: Callable[[_T], Rank | None],
     against 41 MiB)"; None when the highest is the choice."""
     pool = list(items)
     chosen = best_of(pool, rank)
-    top: _T | None = None
-    top_key = UNRANKED
-    for item in pool:
-        key = rank_key(rank(item))
-        if top is None or key > top_key:
-            top, top_key = item, key
-    if chosen is None or top is None or chosen is top:
+    highest = _highest([(item, rank(item)) for item in pool])
+    if chosen is None or highest is None or chosen is highest[0]:
         return None
-    mine, theirs = rank(chosen), rank(top)
+    top = highest[0]
+    mine, theirs = rank(chosen), highest[1]
     if mine is None or theirs is None or not mine.kernel_s or not theirs.kernel_s \
             or mine.vmem_bytes is None or theirs.vmem_bytes is None:
         return None

@@ -186,7 +186,8 @@ class SearchState:
         return sum(end - start for start, end in self.segments) + live_extra
 
     def best(self) -> int | None:
-        """The unpruned crownable node ranked highest (``best_of``: earliest on ties)."""
+        """The unpruned crownable node ranked highest (``best_of``: earliest on ties,
+        the least VMEM among estimates within a percent)."""
         return best_of((n for n in self.search_versions()
                         if self.is_correct(n) and not self.nodes[n].pruned), self.rank)
 

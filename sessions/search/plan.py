@@ -117,7 +117,8 @@ def select_beam(s: SearchState, lineage: int, rnd: int) -> RoundInfo:
 
 
 def _top(s: SearchState, versions: list[int]) -> int | None:
-    """The version ranked highest (``best_of``: the earliest on ties)."""
+    """The version ``best_of`` crowns (the earliest on ties, the least VMEM among
+    estimates within a percent)."""
     return best_of(sorted(versions), s.rank)
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from tilewright.kernels.judge.result import is_interpret
 from tilewright.kernels.source.printable import printable_fields, visible
-from tilewright.sessions.state import proposal_base
+from tilewright.sessions.state import TIE_WORDS, proposal_base
 from tilewright.tui import problems as problem_rows
 from tilewright.tui.problems import Problem
 from tilewright.tui.widgets.history import VersionRow
@@ -75,12 +75,13 @@ class SessionView:
         backend = header.get("backend") or {}
         label = backend.get("label") or _backend_label(backend)
         best = s.best
+        mixed, tie = s.mixed_ranks, s.best_tie
         return StatusInfo(
             task=(header.get("task") or {}).get("name", "task"), backend=label, chip=chip,
             mode=s.mode, iteration=s.spent.iterations, best_version=best,
-            best_rank=s.best_rank, best_note=s.mixed_ranks or s.best_tie,
-            best_note_short="est. + roofline mixed" if s.mixed_ranks else (
-                "a tie within 1%: less VMEM" if s.best_tie else None),
+            best_rank=s.best_rank, best_note=mixed or tie,
+            best_note_short="est. + roofline mixed" if mixed else (
+                TIE_WORDS if tie else None),
             tokens=s.spent.tokens,
             cost_usd=s.spent.cost_usd,
             cost_known=not s.spent.cost_unknown,
