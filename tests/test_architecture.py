@@ -185,3 +185,31 @@ def test_best_of_takes_the_lighter_of_two_estimates_within_a_percent() -> None:
     assert "32 MiB against 52 MiB" in note
     assert tie_note([("v1", light), ("v2", lighter_slow)], lambda item: item[1],
                     lambda item: item[0]) is None  # the highest is the choice
+
+
+def test_no_function_shadows_a_module_it_imports() -> None:
+    """A local name that is also a module the file imports hides the module for the
+    whole function: ``on_chip = runner if ... else None`` once sat beside
+    ``on_chip.at_production(...)`` in the estimate op, which therefore failed on every
+    TPU host (``'NoneType' object has no attribute 'at_production'``) and nowhere
+    else. Python reads such a name as local in every line of the function."""
+    import ast
+
+    found = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            imported = {(alias.asname or alias.name).split(".")[0]
+                        for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
+                        for alias in node.names}
+            for function in ast.walk(tree):
+                if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                for node in ast.walk(function):
+                    name = (node.id if isinstance(node, ast.Name)
+                            and isinstance(node.ctx, ast.Store)
+                            else node.arg if isinstance(node, ast.arg) else None)
+                    if name in imported:
+                        found.append(f"{path.relative_to(ROOT)}:{node.lineno}: "
+                                     f"{function.name} binds {name}")
+    assert not found, "local names hiding an imported module:\n" + "\n".join(found)

@@ -248,11 +248,11 @@ class _Inference:
         local: dict[str, set[str]] = {}
         for node in ast.walk(self.tree):
             if isinstance(node, ast.Assign):
-                read = {n.id for n in ast.walk(node.value) if isinstance(n, ast.Name)}
+                names = {n.id for n in ast.walk(node.value) if isinstance(n, ast.Name)}
                 for target in node.targets:
                     for leaf in ast.walk(target):
                         if isinstance(leaf, ast.Name):
-                            local.setdefault(leaf.id, set()).update(read)
+                            local.setdefault(leaf.id, set()).update(names)
         found: set[str] = set()
         todo = [n.id for shape in self._spec_shapes() for n in ast.walk(shape)
                 if isinstance(n, ast.Name)]

@@ -89,14 +89,14 @@ class PaneGrid(Vertical):
             self._light(self.pane(name), True)
         self._lit = name
 
-    def _light(self, pane: Widget, on: bool) -> None:
+    def _light(self, pane: Widget, lit: bool) -> None:
         # The focused pane's top edge and title light up. Set as rules and repainted
         # as one row: the style properties would repaint the pane and every
         # descendant (they are shared with ``color``, which children inherit), and a
         # whole-border change would repaint the pane's every row: a frame of
         # ~20 ms per F6 on 2 cores instead of ~10 (benchmarks/tui_latency.py).
         inline = pane.styles.inline
-        if on:
+        if lit:
             colours = self.app.theme_variables
             edge = pane.styles.border_top[0] or "round"
             inline.set_rule("border_top", (edge, Color.parse(colours.get("accent", "orange"))))

@@ -296,11 +296,12 @@ class Evaluation:
             t = time.perf_counter()
             # on the chip it runs on, the chip's compiler gives the verdict and the
             # chip's clock the ranking: no estimate is made (``estimate`` makes one)
-            on_chip = self.channel.runner if self.check and self._native() \
+            chip_runner = self.channel.runner if self.check and self._native() \
                 and not self.options.estimate_on_tpu else None
             self.production = ProductionRun(self.task, self.chip, self.channel,
                                             self.channel.deadline,
-                                            self.options.compile_memory_mb, on_chip=on_chip)
+                                            self.options.compile_memory_mb,
+                                            on_chip=chip_runner)
             self.production.start()
             self._phase("production_export_s", t)
         if not self.check:  # the ``estimate`` op: the production verdict and estimate only
