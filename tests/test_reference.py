@@ -229,6 +229,56 @@ def test_batch_axes_find_the_size_that_halves_the_output() -> None:
     assert shrink.axes_name(((0, 2),), ["q", "k", "v"]) == "q[2]"
 
 
+def test_a_reference_is_priced_per_row_where_its_compute_clearly_dominates(
+        tmp_path: Path) -> None:
+    """XLA's bf16 4096x8192 @ 8192x8192, over the estimator's budget, is priced at two
+    smaller row counts by its cost per row at the larger. At 256 rows reading the
+    weights takes as long as the product (compute / compulsory traffic 1.0): priced
+    there it was 12% over the whole program's estimate and 9% over its time on a v5e.
+    The larger size is the first with compute at least ``CLEARLY_COMPUTE`` times its
+    traffic (1024 rows: 3.4), within 4x the budget; a memory-bound program (gelu) keeps
+    the first pair. Exported only: nothing is compiled."""
+    from tilewright.kernels.worker.tpu import reference
+
+    task = tmp_path / "mm_bf16"
+    task.mkdir()
+    (task / "task.toml").write_text(textwrap.dedent("""
+        name = "mm_bf16"
+        family = "matmul"
+        [shapes.small]
+        m = 64
+        [shapes.production]
+        m = 4096
+        size = "large"
+        production = true
+    """))
+    (task / "reference.py").write_text(textwrap.dedent("""
+        import jax
+        import jax.numpy as jnp
+
+        def make_inputs(key, m=64):
+            kx, kw = jax.random.split(key)
+            return (jax.random.normal(kx, (m, 8192), jnp.bfloat16),
+                    jax.random.normal(kw, (8192, 8192), jnp.bfloat16))
+
+        def reference(x, w):
+            return jnp.dot(x, w)
+    """))
+    (task / "kernel.py").write_text("def kernel(x, w):\n    return x @ w\n")
+    loaded = load_task(str(task))
+    plan = reference.reference_plan(loaded.production_task().to_spec(), "v5e")
+    pair = [n for n, _ in plan.scaled[plan.start:plan.start + 2]]
+    assert pair == [512, 1024], [n for n, _ in plan.scaled]
+    larger = plan.scaled[plan.start + 1][1].cost
+    assert reference._compute_over_memory(larger, "v5e") >= reference.CLEARLY_COMPUTE
+    half = plan.scaled[plan.start][1].cost  # 512 rows: short of it
+    assert reference._compute_over_memory(half, "v5e") < reference.CLEARLY_COMPUTE
+
+    gelu = load_task("gelu")
+    plan = reference.reference_plan(gelu.production_task().to_spec(), "v5e")
+    assert [n for n, _ in plan.scaled[plan.start:plan.start + 2]] == [512, 1024]
+
+
 def test_rank_orders_by_the_kernel_time_and_says_what_it_is() -> None:
     est = Rank("tpu_estimate", 1.2, "v5e", "4096x4096", kernel_s=1e-3, kernel_cycles=1_500_000,
                clock_hz=1.5e9, fidelity={"class": "compute_bound", "chip": "v5e",

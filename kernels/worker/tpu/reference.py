@@ -56,7 +56,11 @@ REFERENCE_BYTES_BUDGET = 2.0 ** 30
 # A smaller FLOP budget (GFLOP), for a machine that cannot afford the default (and for
 # tests, which scale small programs the way big ones are scaled).
 BUDGET_ENV = "TILEWRIGHT_REFERENCE_BUDGET_GFLOP"
-RECORD_VERSION = 3  # part of a record's key: a new way of computing it is a new record
+# A smaller size prices the reference per unit only where its compute is at least this
+# many times its compulsory memory traffic (else a bigger one is exported, within 4x the
+# budget): see reference_plan.
+CLEARLY_COMPUTE = 2.0
+RECORD_VERSION = 4  # part of a record's key: a new way of computing it is a new record
 # The most the background may spend on one reference (each compile is also bounded by
 # compile_pool.COMPILE_TIMEOUT_S).
 REFERENCE_TIMEOUT_S = 900.0
@@ -382,10 +386,13 @@ def reference_plan(spec: dict[str, Any], chip: str, full: Exported | None = None
     larger = exported(value // factor)
     # The cost per unit is taken at the larger size; it must be in the regime the full
     # program is in. A matmul's weights are read once whatever its batch: at a small
-    # batch it is memory-bound where the full one is compute-bound, and a bigger size
-    # (up to 4x the budget) is worth its estimate.
-    while factor > 2 and _bound(cost, chip) == "compute" \
-            and _bound(larger.cost, chip) == "memory" \
+    # batch their read is most of its time where the full one is compute-bound, and a
+    # bigger size (up to 4x the budget) is worth its estimate. Near the ridge is not
+    # far enough: XLA's bf16 4096x8192 @ 8192x8192 priced by its cost per row at 256
+    # rows (compute 1.0x its compulsory traffic) was 12% over its whole estimate and 9%
+    # over its time measured on a v5e; at 1024 rows (3.7x), 0.5% over the whole one.
+    while factor > 2 and (_compute_over_memory(cost, chip) or 0.0) >= 1.0 \
+            and (_compute_over_memory(larger.cost, chip) or 0.0) < CLEARLY_COMPUTE \
             and larger.cost.get("flops", 0.0) * 2 <= 4 * budget:
         factor //= 2
         larger = exported(value // factor)
@@ -411,19 +418,26 @@ def flops_budget() -> float:
     return given * 1e9 if given > 0 else REFERENCE_FLOPS_BUDGET
 
 
-def _bound(cost: dict[str, float], chip: str) -> str | None:
-    """compute | memory: XLA's FLOP per byte of the program's inputs and outputs (the
-    traffic it cannot avoid) against the chip's ridge point for its dtype."""
+def _compute_over_memory(cost: dict[str, float], chip: str) -> float | None:
+    """A program's compute time over its memory time at the chip's peaks (its FLOPs,
+    its dots at the precision XLA runs them, against its compulsory bytes): at least 1
+    on the compute side of the ridge point. None without both figures."""
     if cost.get("dot_flops"):  # its dots at the precision XLA runs them
         roof = roofline(cost, chip)
-        return roof["bound_by"] if roof else None
-    from tilewright.profiling.chips import bound_by, get_chip
+        if not roof or not roof["memory_s"]:
+            return None
+        return roof["compute_s"] / roof["memory_s"]
+    from tilewright.profiling.chips import get_chip
 
     try:
         spec = get_chip(chip)
     except KeyError:
         return None
-    return bound_by(spec, cost.get("flops"), cost.get("io_bytes"), bool(cost.get("f32_inputs")))
+    flops, moved = cost.get("flops"), cost.get("io_bytes")
+    if not flops or not moved:
+        return None
+    peak = spec.f32_flops if cost.get("f32_inputs") else spec.bf16_flops
+    return (flops / peak) / (moved / spec.hbm_bytes_per_s)
 
 
 def roofline(cost: dict[str, float], chip: str) -> dict[str, Any] | None:
