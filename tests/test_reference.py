@@ -229,18 +229,9 @@ def test_batch_axes_find_the_size_that_halves_the_output() -> None:
     assert shrink.axes_name(((0, 2),), ["q", "k", "v"]) == "q[2]"
 
 
-def test_a_reference_is_priced_per_row_where_its_compute_clearly_dominates(
-        tmp_path: Path) -> None:
-    """XLA's bf16 4096x8192 @ 8192x8192, over the estimator's budget, is priced at two
-    smaller row counts by its cost per row at the larger. At 256 rows reading the
-    weights takes as long as the product (compute / compulsory traffic 1.0): priced
-    there it was 12% over the whole program's estimate and 9% over its time on a v5e.
-    The larger size is the first with compute at least ``CLEARLY_COMPUTE`` times its
-    traffic (1024 rows: 3.4), within 4x the budget; a memory-bound program (gelu) keeps
-    the first pair. Exported only: nothing is compiled."""
-    from tilewright.kernels.worker.tpu import reference
-
-    task = tmp_path / "mm_bf16"
+def _bf16_matmul_task(where: Path) -> Path:
+    """x bf16[m, 8192] @ w bf16[8192, 8192], 4096 rows at production."""
+    task = where / "mm_bf16"
     task.mkdir()
     (task / "task.toml").write_text(textwrap.dedent("""
         name = "mm_bf16"
@@ -265,6 +256,21 @@ def test_a_reference_is_priced_per_row_where_its_compute_clearly_dominates(
             return jnp.dot(x, w)
     """))
     (task / "kernel.py").write_text("def kernel(x, w):\n    return x @ w\n")
+    return task
+
+
+def test_a_reference_is_priced_per_row_where_its_compute_clearly_dominates(
+        tmp_path: Path) -> None:
+    """XLA's bf16 4096x8192 @ 8192x8192, over the estimator's budget, is priced at two
+    smaller row counts by its cost per row at the larger. At 256 rows reading the
+    weights takes as long as the product (compute / compulsory traffic 1.0): priced
+    there it was 12% over the whole program's estimate and 9% over its time on a v5e.
+    The larger size is the first with compute at least ``CLEARLY_COMPUTE`` times its
+    traffic (1024 rows: 3.4), within 4x the budget; a memory-bound program (gelu) keeps
+    the first pair. Exported only: nothing is compiled."""
+    from tilewright.kernels.worker.tpu import reference
+
+    task = _bf16_matmul_task(tmp_path)
     loaded = load_task(str(task))
     plan = reference.reference_plan(loaded.production_task().to_spec(), "v5e")
     pair = [n for n, _ in plan.scaled[plan.start:plan.start + 2]]
@@ -276,6 +282,20 @@ def test_a_reference_is_priced_per_row_where_its_compute_clearly_dominates(
 
     gelu = load_task("gelu")
     plan = reference.reference_plan(gelu.production_task().to_spec(), "v5e")
+    assert [n for n, _ in plan.scaled[plan.start:plan.start + 2]] == [512, 1024]
+
+
+def test_a_reference_without_xla_cost_analysis_is_still_scaled(tmp_path: Path,
+                                                               monkeypatch) -> None:
+    """On the v5e's host the reference lowered for the chip came with no cost analysis:
+    the 550 GFLOP product went to the estimator whole and ran out its 150 s. Its dots'
+    FLOPs, read from the program, decide the scaling when XLA's count is missing."""
+    from tilewright.kernels.worker.tpu import reference
+
+    monkeypatch.setattr(reference, "_xla_cost", lambda *a: {})
+    task = _bf16_matmul_task(tmp_path)
+    plan = reference.reference_plan(load_task(str(task)).production_task().to_spec(), "v5e")
+    assert "flops" not in plan.cost and plan.cost["dot_flops"] == 2.0 * 4096 * 8192 * 8192
     assert [n for n, _ in plan.scaled[plan.start:plan.start + 2]] == [512, 1024]
 
 
