@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     from tilewright.kernels.worker.candidate import production
     from tilewright.kernels.worker.execution import task_runtime
     from tilewright.kernels.worker.tpu import compile_pool, estimates, reference, shrink
+    from tilewright.kernels.worker.tpu.reference_programs import export_spec
 
     chip = args.chip
     comp = compile_pool.compilers()
@@ -136,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         param, value = choice
         t = time.perf_counter()
-        full_ref = reference._export_spec(spec, chip)
+        full_ref = export_spec(spec, chip)
         answer = comp.compile(full_ref.blob, chip, "estimate", deadline, args.memory_mb)
         full_s = time.perf_counter() - t
         f = (estimates.estimate_of(answer["records"], chip)["cycles"]
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         totals = []
         for n in (value // 4, value // 2):
             sized = shrink.with_size(ptask, config, param, n).to_spec()
-            blob = reference._export_spec(sized, chip).blob
+            blob = export_spec(sized, chip).blob
             got = comp.compile(blob, chip, "estimate", deadline, args.memory_mb)
             if got.get("records") is None:
                 break

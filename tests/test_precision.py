@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from tilewright.kernels.worker.tpu import reference
+from tilewright.kernels.worker.tpu import reference_programs as reference
 from tilewright.profiling.chips import get_chip
 from tilewright.profiling.precision import dot_work, mxu_seconds
 

@@ -268,7 +268,7 @@ def test_a_reference_is_priced_per_row_where_its_compute_clearly_dominates(
     The larger size is the first with compute at least ``CLEARLY_COMPUTE`` times its
     traffic (1024 rows: 3.4), within 4x the budget; a memory-bound program (gelu) keeps
     the first pair. Exported only: nothing is compiled."""
-    from tilewright.kernels.worker.tpu import reference
+    from tilewright.kernels.worker.tpu import reference_programs as reference
 
     task = _bf16_matmul_task(tmp_path)
     loaded = load_task(str(task))
@@ -290,13 +290,59 @@ def test_a_reference_without_xla_cost_analysis_is_still_scaled(tmp_path: Path,
     """On the v5e's host the reference lowered for the chip came with no cost analysis:
     the 550 GFLOP product went to the estimator whole and ran out its 150 s. Its dots'
     FLOPs, read from the program, decide the scaling when XLA's count is missing."""
-    from tilewright.kernels.worker.tpu import reference
+    from tilewright.kernels.worker.tpu import reference_programs as reference
 
     monkeypatch.setattr(reference, "_xla_cost", lambda *a: {})
     task = _bf16_matmul_task(tmp_path)
     plan = reference.reference_plan(load_task(str(task)).production_task().to_spec(), "v5e")
     assert "flops" not in plan.cost and plan.cost["dot_flops"] == 2.0 * 4096 * 8192 * 8192
     assert [n for n, _ in plan.scaled[plan.start:plan.start + 2]] == [512, 1024]
+
+
+@ON_MODULE_LOOP
+async def test_a_size_the_cost_does_not_grow_with_gives_way_to_one_it_does(
+        workspace: Path) -> None:
+    """Halving ``e`` halves the output, as halving ``t`` does, and ``e`` is the larger:
+    it is tried first. But the work is a tanh over a (t, m) input that does not depend
+    on ``e`` (as 9p's SwiGLU activations do not on its emb_dim, which priced it at 2.2x
+    its v5e time): doubling ``e`` hardly moves the cycles, so ``t`` prices it."""
+    task = workspace / "constant_in_e"
+    task.mkdir(parents=True, exist_ok=True)
+    (task / "task.toml").write_text(textwrap.dedent("""
+        name = "constant_in_e"
+        [shapes.small]
+        t = 64
+        e = 128
+        [shapes.production]
+        t = 1024
+        e = 2048
+        size = "large"
+        production = true
+    """))
+    (task / "reference.py").write_text(textwrap.dedent("""
+        import jax
+        import jax.numpy as jnp
+
+        def make_inputs(key, t=64, e=128):
+            ka, kx = jax.random.split(key)
+            return (jax.random.normal(ka, (t, 4096), jnp.float32),
+                    jax.random.normal(kx, (t, e), jnp.float32))
+
+        def reference(a, x):
+            return x * jnp.sum(jnp.tanh(a) * jnp.exp(a), axis=1, keepdims=True)
+    """))
+    (task / "kernel.py").write_text("def kernel(a, x):\n    return a\n")
+    spec = load_task(str(task)).production_task().to_spec()
+    async with pool(workspace / "cache-linear", budget_gflop=0.002) as judge:
+        found = await judge.request("reference_estimate", {
+            "task": spec, "chip": "v5e", "timeout_s": 240.0, "compile_memory_mb": 4096},
+            timeout=300.0)
+    estimate = found.get("estimate")
+    assert estimate is not None, found.get("why")
+    assert estimate["method"] == "scaled" and "with t at" in estimate["detail"], estimate
+    doubled = float(estimate["detail"].split("not by e (doubling it multiplied the cycles by ")[1]
+                    .split(")")[0])
+    assert doubled < 2 * 0.9 and 2 * estimate["linearity"] > doubled, estimate["detail"]
 
 
 def test_rank_orders_by_the_kernel_time_and_says_what_it_is() -> None:
@@ -488,7 +534,7 @@ def test_the_ragged_dot_equivalent_computes_equal_groups_alike() -> None:
     import jax.numpy as jnp
     import numpy as np
 
-    from tilewright.kernels.worker.tpu import reference
+    from tilewright.kernels.worker.tpu import reference_programs as reference
 
     def grouped(x, w, gs):
         return jax.lax.ragged_dot(x, w, gs)

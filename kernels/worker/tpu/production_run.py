@@ -23,7 +23,14 @@ from tilewright.kernels.tasks.task import ShapeConfig, Task, TaskError
 from tilewright.kernels.worker import ops
 from tilewright.kernels.worker.candidate.channel import CandidateChannel, ProductionReply
 from tilewright.kernels.worker.errors import Stopped, task_failure
-from tilewright.kernels.worker.tpu import compile_pool, estimates, fidelity, reference, tpu_compile
+from tilewright.kernels.worker.tpu import (
+    compile_pool,
+    estimates,
+    fidelity,
+    reference,
+    reference_programs,
+    tpu_compile,
+)
 
 _POOL: ThreadPoolExecutor | None = None
 # The production compiles of a program may take this long at least (the evaluation's
@@ -537,7 +544,7 @@ class ProductionRun:
 
     def _roofline(self) -> dict[str, Any] | None:
         cost = self._cost()
-        return reference.roofline(cost, self.chip) if cost else None
+        return reference_programs.roofline(cost, self.chip) if cost else None
 
     def _limit_in_force(self, plans: list[dict[str, Any]]) -> int | None:
         """The scoped VMEM a kernel may use: the largest a kernel asked for with

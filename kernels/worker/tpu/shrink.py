@@ -76,13 +76,13 @@ def output_elements(task: Task) -> int | None:
     return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(out))
 
 
-def batch_parameter(task: Task, config: ShapeConfig) -> tuple[str, int] | None:
-    """(parameter, production value) whose halving halves the output; the largest such
-    value when several do (more room to scale). None when no parameter does."""
+def batch_parameters(task: Task, config: ShapeConfig) -> list[tuple[str, int]]:
+    """(parameter, production value) of every size whose halving halves the output,
+    the largest value first (more room to scale)."""
     base = output_elements(replace(task, shapes=(config,), production=None,
                                    production_meta=None))
     if not base:
-        return None
+        return []
     found = []
     for param, value in size_parameters(task, config).items():
         if value % 2:
@@ -93,10 +93,13 @@ def batch_parameter(task: Task, config: ShapeConfig) -> tuple[str, int] | None:
             continue
         if half is not None and half * 2 == base:
             found.append((value, param))
-    if not found:
-        return None
-    value, param = max(found)
-    return param, value
+    return [(param, value) for value, param in sorted(found, reverse=True)]
+
+
+def batch_parameter(task: Task, config: ShapeConfig) -> tuple[str, int] | None:
+    """The first of ``batch_parameters``, or None when no parameter halves the output."""
+    found = batch_parameters(task, config)
+    return found[0] if found else None
 
 
 # -- sizes the program has: axes of the reference's inputs ------------------------------

@@ -38,7 +38,13 @@ from tilewright.kernels.tasks.task import Task
 from tilewright.kernels.worker.candidate.channel import CheckVerdict
 from tilewright.kernels.worker.errors import Stopped
 from tilewright.kernels.worker.ops import op
-from tilewright.kernels.worker.tpu import compile_pool, fidelity, reference, tpu_compile
+from tilewright.kernels.worker.tpu import (
+    compile_pool,
+    fidelity,
+    reference,
+    reference_programs,
+    tpu_compile,
+)
 from tilewright.kernels.worker.tpu.production_run import ProductionRun, production_task
 from tilewright.profiling.chips import DEFAULT_TPU
 
@@ -198,7 +204,7 @@ def reference_request(payload: dict[str, Any]) -> dict[str, Any]:
     if record is None:
         record = {"estimate": None, "why": f"not worked out within "
                   f"{float(payload.get('timeout_s') or 600.0):.0f} s (it goes on in the "
-                  "background)", "roofline": reference.roofline(ticket.cost, chip)}
+                  "background)", "roofline": reference_programs.roofline(ticket.cost, chip)}
     import math
 
     dtype = max(inputs, key=lambda i: math.prod(i[0]))[1] if inputs else None
