@@ -84,6 +84,16 @@ def workload(x, weight, bias):
     var = jnp.mean((x - mean) ** 2, axis=0, keepdims=True)
     return jax.nn.relu((x - mean) / jnp.sqrt(var + 1e-5))
 """, {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128}),
+    # 45k's: a group norm of 32-wide groups along the output row, then a swish
+    "matmul_group_norm": ("matmul", MATMUL_INPUTS, """
+def workload(x, weight, bias):
+    x = jnp.matmul(x, weight.T) + bias
+    g = x.reshape(x.shape[0], 12, 32)
+    g = (g - jnp.mean(g, axis=-1, keepdims=True)) / jnp.sqrt(jnp.var(g, axis=-1,
+                                                                      keepdims=True) + 1e-5)
+    x = g.reshape(x.shape[0], 384)
+    return x * jax.nn.sigmoid(x)
+""", {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128}),
     # 38k's and 50k's: a softmax along the output row
     "matmul_softmax": ("matmul", MATMUL_INPUTS, """
 def workload(x, weight, bias):
@@ -314,5 +324,42 @@ def test_a_tall_product_at_production_splits_a_row_mixing_epilogue(tmp_path: Any
             [[rows, 256], "bfloat16"], [[384, 256], "bfloat16"], [[384], "bfloat16"]]}
         source, _why = write_template(replace(brief, production=production), "matmul")
         return "SPLIT_ROWS = True" in source
+
+    assert split(16384) and split(8192) and not split(4096)
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+async def test_a_group_norm_of_a_wide_product_runs_as_two_kernels(worker_pool: Any,
+                                                                 tmp_path: Any,
+                                                                 dtype: str) -> None:
+    """SPLIT_COLS (set for products of 8192 columns or more at production): the product
+    alone, then the column-mixing epilogue (a group norm) on blocks of whole rows;
+    correct with small blocks, in both dtypes."""
+    task = _task(tmp_path, "matmul_group_norm", dtype)
+    source, _why = write_template(agents.brief(task), "matmul")
+    assert "SPLIT_COLS = False" in source  # 384 columns: one kernel
+    source = tunables.apply(source.replace("SPLIT_COLS = False", "SPLIT_COLS = True"),
+                            {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128})
+    result = await worker_pool.evaluate(task, source, QUICK)
+    assert result.status == "correct", (result.error, result.correctness)
+    assert result.lowering["tpu"] == "ok"
+    names = [k.get("name") for k in (result.tpu or {}).get("kernels") or []]
+    assert not names or set(names) == {"_product_body", "_rows_body"}, names
+
+
+def test_a_wide_product_at_production_splits_a_column_mixing_epilogue(tmp_path: Any) -> None:
+    """The choice is made from the production shape's columns (the weight's rows here:
+    it is used transposed), so every shape runs the same program."""
+    from dataclasses import replace
+
+    brief = agents.brief(_task(tmp_path, "matmul_group_norm", "bfloat16"))
+
+    def split(cols: int) -> bool:
+        production = {"name": "default", "params": {}, "inputs": [
+            [[256, 256], "bfloat16"], [[cols, 256], "bfloat16"], [[cols], "bfloat16"]]}
+        source, _why = write_template(replace(brief, production=production), "matmul")
+        return "SPLIT_COLS = True" in source
 
     assert split(16384) and split(8192) and not split(4096)

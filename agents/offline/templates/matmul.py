@@ -145,6 +145,8 @@ def matmul(brief: TaskBrief) -> tuple[str, str]:
     unpack = f"\n    x, w = {lhs}, {rhs}" if (lhs, rhs) != ("x", "w") else ""
     bm, bn, bk = _matmul_blocks(brief)
     split_rows = _production_rows(brief, params.index(lhs)) >= SPLIT_ROWS_FROM
+    split_cols = _production_cols(brief, params.index(rhs),
+                                  cutter.transposed) >= SPLIT_COLS_FROM
     # the reference's precision, for float32 operands (Mosaic takes it for f32 only)
     precision = (", precision=PRECISION if x_ref.dtype == jnp.float32 else None"
                  if cutter.precision else "")
@@ -177,8 +179,11 @@ BLOCK_M = {bm}
 BLOCK_N = {bn}
 BLOCK_K = {bk}
 # An epilogue that mixes the rows (a batch norm) runs as a second kernel on whole columns
-# when the product is this tall at production ({SPLIT_ROWS_FROM} rows or more): see _split.
+# when the product is this tall at production ({SPLIT_ROWS_FROM} rows or more); one that
+# mixes the columns (a group norm), on whole rows when it is this wide
+# ({SPLIT_COLS_FROM} columns or more): see _split.
 SPLIT_ROWS = {split_rows}
+SPLIT_COLS = {split_cols}
 TUNABLES = {{"BLOCK_M": [128, 256, 512, 1024, 2048], "BLOCK_N": [128, 256, 512, 1024, 2048],
              "BLOCK_K": [128, 256, 512, 1024, 2048]}}
 """ + VMEM_HELPERS + EPILOGUE_MIXING + f"""
@@ -200,7 +205,7 @@ def _body(x_ref, w_ref, *refs):
 
 
 def _product_body(x_ref, w_ref, o_ref, acc_ref):
-    # the product alone, for an epilogue that mixes the rows (_split)
+    # the product alone, for an epilogue that mixes one axis (_split)
     k = pl.program_id(3)
 
     @pl.when(k == 0)
@@ -228,14 +233,30 @@ def _column_spec(a, m, n, cols):
                         lambda j: (0, j if a.shape[1] == n else 0))
 
 
-def _split(x, w, extras, m, n, k, out_dtype):
-    \"\"\"An epilogue that mixes the rows (a batch norm's column statistics) of a tall
-    product, in two kernels: the product tiled as a plain matmul (stored in float32),
-    then the epilogue on blocks of whole columns. In one kernel every row would be one
-    block, leaving room for only narrow column blocks, each re-reading all of x (16384
-    rows: 128 columns, x read 64 times; 0.54x of XLA measured on a v5e). None when even
-    one 128-column block of every row would not fit VMEM: the caller keeps the fused
-    kernel.\"\"\"
+def _rows_body(y_ref, *refs):
+    # the epilogue on a block of whole rows (every column of them)
+    *extra_refs, o_ref = refs
+    out = _epilogue(y_ref[...].astype(jnp.float32), *(r[...] for r in extra_refs))
+    o_ref[...] = out.astype(o_ref.dtype)
+
+
+def _row_spec(a, m, n, rows):
+    if not _tiled(a, m, n):
+        return pl.BlockSpec(a.shape, lambda i: (0,) * a.ndim)
+    return pl.BlockSpec((rows if a.shape[0] == m else 1, a.shape[1]),
+                        lambda i: (i if a.shape[0] == m else 0, 0))
+
+
+def _split(x, w, extras, m, n, k, out_dtype, whole):
+    \"\"\"An epilogue that mixes one axis of a large product, in two kernels: the
+    product tiled as a plain matmul (stored in float32), then the epilogue on blocks of
+    ``whole`` columns (a batch norm's column statistics) or rows (a group norm's). In
+    one kernel that whole axis would be one block, leaving room for only narrow blocks
+    of the other, each re-reading an operand: 16384 rows left 128 columns, x read 64
+    times (0.54x of XLA measured on a v5e); 8192 columns of a group norm of 32-wide
+    groups (each padded to 128 lanes) left 64 rows, w read 64 times (0.33x). None when
+    even the narrowest block of the other axis would not fit VMEM: the caller keeps
+    the fused kernel.\"\"\"
     # the product kept in float32, as the fused kernel hands its accumulator to the
     # epilogue: stored in bf16 (the dtype of the reference's own product) a batch norm of
     # 16384 rows was off by up to 2.7% in 1.5% of its values on a v5e (tolerance 1%)
@@ -243,19 +264,24 @@ def _split(x, w, extras, m, n, k, out_dtype):
     item, y_item = x.dtype.itemsize, 4
     out_item = jnp.dtype(out_dtype).itemsize
 
-    def columns_need(cols):
-        shapes = [jax.ShapeDtypeStruct((a.shape[0], cols if a.shape[1] == n else 1), a.dtype)
+    def whole_need(width):  # a block of `width` of the other axis, all of `whole`
+        rows, cols = (m, width) if whole == "columns" else (width, n)
+        shapes = [jax.ShapeDtypeStruct((rows if a.shape[0] == m else 1,
+                                        cols if a.shape[1] == n else 1), a.dtype)
                   if _tiled(a, m, n) else a for a in extras]
-        working = _working(_epilogue, jax.ShapeDtypeStruct((m, cols), jnp.float32), *shapes)
-        return 2 * m * cols * (y_item + out_item) + 2 * sum(
+        working = _working(_epilogue, jax.ShapeDtypeStruct((rows, cols), jnp.float32),
+                           *shapes)
+        return 2 * rows * cols * (y_item + out_item) + 2 * sum(
             s.size * s.dtype.itemsize for s in shapes) + working
 
-    if n % 128 or columns_need(128) > VMEM_CAP:
+    # 128 lanes; else 8 sublanes of f32 (16 of a 16-bit output, whose rows pack in pairs)
+    along, first = (n, 128) if whole == "columns" else (m, max(8, 32 // out_item))
+    if along % first or whole_need(first) > VMEM_CAP:
         return None
-    cols = 128  # wider while it fits and a block stays under 8 MiB of f32
-    while (n % (cols * 2) == 0 and m * cols * 2 * 4 <= 8 << 20
-           and columns_need(cols * 2) <= VMEM_CAP):
-        cols *= 2
+    width = first  # wider while it fits and a block stays under 8 MiB of f32
+    while (along % (width * 2) == 0 and (m * n // along) * width * 2 * 4 <= 8 << 20
+           and whole_need(width * 2) <= VMEM_CAP):
+        width *= 2
     bm, bn, bk = min(BLOCK_M, m), min(BLOCK_N, n), _k_block(k, BLOCK_K)
 
     def need(bm, bn, bk):
@@ -279,16 +305,21 @@ def _split(x, w, extras, m, n, k, out_dtype):
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
             vmem_limit_bytes=_vmem_limit(need(bm, bn, bk))),
     )(x, w)
+    if whole == "columns":
+        body, block, index = _columns_body, (m, width), lambda j: (0, j)
+        specs = [_column_spec(a, m, n, width) for a in extras]
+    else:
+        body, block, index = _rows_body, (width, n), lambda i: (i, 0)
+        specs = [_row_spec(a, m, n, width) for a in extras]
     return pl.pallas_call(
-        _columns_body,
+        body,
         out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
-        grid=(n // cols,),
-        in_specs=[pl.BlockSpec((m, cols), lambda j: (0, j)),
-                  *(_column_spec(a, m, n, cols) for a in extras)],
-        out_specs=pl.BlockSpec((m, cols), lambda j: (0, j)),
+        grid=(along // width,),
+        in_specs=[pl.BlockSpec(block, index), *specs],
+        out_specs=pl.BlockSpec(block, index),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
-            vmem_limit_bytes=_vmem_limit(columns_need(cols))),
+            vmem_limit_bytes=_vmem_limit(whole_need(width))),
     )(y, *extras)
 
 
@@ -374,11 +405,14 @@ def {brief.entry}({order}):{unpack}
         bm //= 2
     while need(bm, bn, bk) > VMEM_CAP and not cols_mixed and bn > 128 and n % (bn // 2) == 0:
         bn //= 2
-    if SPLIT_ROWS and rows_mixed and not cols_mixed and not batched and full.shape == (m, n):
-        # every row in one block would leave room for narrow column blocks only, each
-        # reading all of x again: the product first, then the epilogue on whole columns
-        # (decided for the production size, so the check shapes run the same program)
-        split = _split(x, w, extras, m, n, k, full.dtype)
+    if rows_mixed != cols_mixed and not batched and full.shape == (m, n) and (
+            SPLIT_ROWS if rows_mixed else SPLIT_COLS):
+        # the mixed axis whole in one block would leave room for narrow blocks of the
+        # other only, each reading an operand again: the product first, then the
+        # epilogue on whole columns (or rows) (decided for the production size, so the
+        # check shapes run the same program)
+        split = _split(x, w, extras, m, n, k, full.dtype,
+                       "columns" if rows_mixed else "rows")
         if split is not None:
             return split.reshape(*lead, n) if len(lead) > 1 else split
     tile = jax.eval_shape(_epilogue, jax.ShapeDtypeStruct((bm, bn), jnp.float32),
@@ -516,6 +550,22 @@ def _production_rows(brief: TaskBrief, lhs: int) -> int:
     for d in list(inputs[lhs][0])[:-1]:
         rows *= int(d)
     return rows
+
+
+# Columns of the product at production from which a column-mixing epilogue gets its own
+# kernel: every column in one block, its rows shrink to fit VMEM and w is read once per
+# row block. 45k's group norm (32-wide groups, each padded to 128 lanes) of 4096x8192 @
+# 8192x8192 (bf16) was left 64-row blocks: w read 64 times, 0.33x of XLA on a v5e.
+SPLIT_COLS_FROM = 8192
+
+
+def _production_cols(brief: TaskBrief, rhs: int, transposed: bool) -> int:
+    """The product's columns at production: the rhs's last axis, or its next to last
+    where it is used transposed ((n, k)); 0 when not known."""
+    inputs = (brief.production or {}).get("inputs") or []
+    if rhs >= len(inputs) or len(inputs[rhs][0]) < 2:
+        return 0
+    return int(list(inputs[rhs][0])[-2 if transposed else -1])
 
 
 def _matmul_blocks(brief: TaskBrief) -> tuple[int, int, int]:
