@@ -534,8 +534,10 @@ def main(argv: list[str] | None = None) -> int:
         chips = old.get("chips") or {}
         for chip, entry in figures.items():
             for key, classes in entry.items():
-                mine = {k: v for k, v in classes.items() if v and (k != "all" or chip
-                                                                    not in chips)}
+                # "all" stands for every source's rows: replaced only from all of them
+                # (--rows, the stored record) or for a chip not yet in the file
+                mine = {k: v for k, v in classes.items()
+                        if v and (k != "all" or args.rows or chip not in chips)}
                 if mine:  # a chip with nothing estimated adds nothing
                     chips.setdefault(chip, {}).setdefault(key, {}).update(mine)
         # (a source's own text may hold "; ": found whole, never split)

@@ -340,6 +340,7 @@ async def test_a_size_the_cost_does_not_grow_with_gives_way_to_one_it_does(
     estimate = found.get("estimate")
     assert estimate is not None, found.get("why")
     assert estimate["method"] == "scaled" and "with t at" in estimate["detail"], estimate
+    assert found["scaling"]["name"] == "t"  # the record names the size that priced it
     doubled = float(estimate["detail"].split("not by e (doubling it multiplied the cycles by ")[1]
                     .split(")")[0])
     assert doubled < 2 * 0.9 and 2 * estimate["linearity"] > doubled, estimate["detail"]

@@ -124,7 +124,10 @@ def reference_estimate(plan: ReferencePlan, deadline: float, memory_mb: int,
             return None, verdict, plan.why_not_scaled
         return None, verdict, _reference_why(whole)
     found, why = _scaled(plan, deadline, memory_mb, kind)
-    if found is not None and found["linearity"] < LINEAR_MIN and plan.alternate is not None:
+    if found is None:
+        return None, verdict, why
+    chosen = plan
+    if found["linearity"] < LINEAR_MIN and plan.alternate is not None:
         # Its cost does not grow with this size (9p's SwiGLU along emb_dim: the
         # (tokens, mlp_dim) activations are as large at 16 as at 8192, and the cost per
         # unit at 32 priced it at 2.2x its v5e time): the next size, if it scales better.
@@ -132,10 +135,14 @@ def reference_estimate(plan: ReferencePlan, deadline: float, memory_mb: int,
         if other is not None and other["linearity"] > found["linearity"]:
             other["detail"] += (f"; not by {plan.param} (doubling it multiplied the cycles "
                                 f"by {2 * found['linearity']:.2f})")
-            return _labelled(other, plan.alternate), verdict, None
-    if found is None:
-        return None, verdict, why
-    return _labelled(found, plan), verdict, None
+            found, chosen = other, plan.alternate
+    if chosen.scaling is not None:
+        found["scaling"] = chosen.scaling.to_json()
+    if found["linearity"] < LINEAR_MIN:  # said wherever the figure is shown
+        found["detail"] += (f"; out of proportion (doubling {chosen.param} multiplied the "
+                            f"cycles by {2 * found['linearity']:.2f}): the smaller sizes are "
+                            "not in the full program's regime, likely priced high")
+    return _labelled(found, chosen), verdict, None
 
 
 def _scaled(plan: ReferencePlan, deadline: float, memory_mb: int, kind: str
@@ -225,7 +232,10 @@ def make_record(plan: ReferencePlan, found: dict[str, Any] | None,
             "cost": verdict.get("cost"), "opcodes": verdict.get("opcodes"),
             "flops": cost.get("flops"), "io_bytes": cost.get("io_bytes"),
             "roofline": roofline(cost, plan.chip),
-            "scaling": plan.scaling.to_json() if plan.scaling else None,
+            # the size that priced it (the plan's alternate, when the first was not in
+            # proportion: ``reference_estimate``)
+            "scaling": (found or {}).get("scaling") or (
+                plan.scaling.to_json() if plan.scaling else None),
             "equivalent": plan.full.note,
             "computed_s": round(took, 2)}
 
