@@ -145,3 +145,18 @@ async def stream_turn(agent: Agent, request: AgentRequest, turn: AgentTurn,
         if closer is not None:
             with contextlib.suppress(Exception):
                 await closer()
+
+
+def plan_steps(plan: str) -> list[str]:
+    """The numbered steps of a plan (``1. ...`` or ``1) ...``, continuation lines joined);
+    a plan without numbered lines is one step."""
+    import re
+
+    steps: list[str] = []
+    for line in plan.splitlines():
+        match = re.match(r"\s*(?:[-*]\s*)?(?:step\s*)?\d+[.):]\s+(.*)", line, re.IGNORECASE)
+        if match:
+            steps.append(match.group(1).strip())
+        elif steps and line.strip() and line.startswith((" ", "\t")):
+            steps[-1] += " " + line.strip()
+    return steps or [plan.strip()]

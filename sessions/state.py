@@ -23,6 +23,7 @@ from tilewright.kernels.judge.rank import (
     tie_note,
 )
 from tilewright.sessions import events as ev
+from tilewright.sessions.agent_turn import plan_steps
 
 # ``SessionState.best_tie`` in a few words (a narrow status bar)
 TIE_WORDS = f"a tie within {ESTIMATE_TIE:.0%}: less VMEM"
@@ -361,21 +362,6 @@ def _agent_answer(s: SessionState, e: ev.AgentMessage) -> None:
     seen = e.get("notes_seen")
     s.notes = s.notes[seen:] if isinstance(seen, int) else []
     s.agent_failures = 0
-
-
-def plan_steps(plan: str) -> list[str]:
-    """The numbered steps of a plan (``1. ...`` or ``1) ...``, continuation lines joined);
-    a plan without numbered lines is one step."""
-    import re
-
-    steps: list[str] = []
-    for line in plan.splitlines():
-        match = re.match(r"\s*(?:[-*]\s*)?(?:step\s*)?\d+[.):]\s+(.*)", line, re.IGNORECASE)
-        if match:
-            steps.append(match.group(1).strip())
-        elif steps and line.strip() and line.startswith((" ", "\t")):
-            steps[-1] += " " + line.strip()
-    return steps or [plan.strip()]
 
 
 def _user_message(s: SessionState, e: ev.UserMessage) -> None:
