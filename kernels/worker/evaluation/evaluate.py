@@ -43,7 +43,6 @@ from tilewright.kernels.judge.result import (
     Backend,
     EvalError,
     EvalResult,
-    shape_label,
 )
 from tilewright.kernels.tasks.task import ShapeConfig, Task, TaskError
 from tilewright.kernels.worker import ops
@@ -56,11 +55,10 @@ from tilewright.kernels.worker.candidate.channel import (
 )
 from tilewright.kernels.worker.errors import (
     Stopped,
-    held_out_scrubber,
     short_message,
     task_failure,
 )
-from tilewright.kernels.worker.evaluation import integrity, on_chip, timing
+from tilewright.kernels.worker.evaluation import held_out, integrity, on_chip, timed
 from tilewright.kernels.worker.evaluation.compare import (
     AS_WRITTEN,
     PRECISE,
@@ -196,39 +194,9 @@ class Evaluation:
             result.integrity["outside_compute"] = self.outside_compute[:20]
         result.extra.update(shapes=self.shape_details, phases=self.phases,
                             interpret=self.interpret)
-        self._scrub_held_out()
+        held_out.scrub(self)
         result.duration_s = time.perf_counter() - started
         return result
-
-    def _scrub_held_out(self) -> None:
-        """No held-out size in what the agent reads: a candidate that remembers the
-        shapes it was called with can quote them in any later error (a timed call, the
-        retrace), not only at the held-out configuration. Every size of a held-out
-        configuration that no visible one has is replaced in the error, the correctness
-        reason and the shape details (the person's copy stays in ``extra.held_out``)."""
-        scrubber = held_out_scrubber(self.task)
-        if scrubber is None:
-            return
-        found: list[str] = []
-
-        def scrub(text: Any) -> Any:
-            cleaned = scrubber(text)
-            if cleaned != text:
-                found.append(text)
-            return cleaned
-
-        error = self.result.error
-        if error is not None:
-            error.message = scrub(error.message)
-            error.traceback = scrub(error.traceback)
-            error.hint = scrub(error.hint)
-        correctness = self.result.correctness or {}
-        if "reason" in correctness:
-            correctness["reason"] = scrub(correctness["reason"])
-        for detail in self.shape_details:
-            detail["reason"] = scrub(detail.get("reason"))
-        if found:
-            self.result.extra.setdefault("held_out", {})["scrubbed"] = found[:5]
 
     def _apply(self, stop: Stopped) -> None:
         """The one place an early decision meets the result."""
@@ -324,16 +292,16 @@ class Evaluation:
         for config in sorted(configs, key=lambda c: c.held_out):
             self.at_shape = config.name
             if config.held_out:
-                self._withhold()
+                held_out.withhold()
             try:
                 self.shape_details.append(self._check_config(
                     runtime, config, seeds[config.name], references[config.name]))
             except Stopped as stop:
                 if config.held_out:
-                    raise self._held_out_stop(stop) from None
+                    raise held_out.without_words(self, stop) from None
                 raise
             if config.held_out:
-                self._hide_details(self.shape_details[-1])
+                held_out.hide_details(self, self.shape_details[-1])
         all_correct = self._correctness()
         t = time.perf_counter()
         # Joins the background compiles; a refusal at the production shape stops here. A
@@ -347,7 +315,7 @@ class Evaluation:
         # 6. timing
         if self.options.timing:
             t = time.perf_counter()
-            self._time(runtime, configs, seeds, references)
+            timed.time_kernel(self, runtime, configs, seeds, references)
             self._phase("timing_s", t)
 
     # -- steps -----------------------------------------------------------------------
@@ -545,123 +513,6 @@ class Evaluation:
         self.result.tpu = section
         self.flags += flags
 
-    def _time(self, runtime: Any, configs: list[ShapeConfig],
-              seeds: dict[str, list[int]], references: dict[str, list[Host]]) -> None:
-        """Time candidate and reference (``kernels.worker.evaluation.timing``) on one configuration:
-        on hardware the production shape when it was checked (what is ranked is timed
-        there); else the biggest visible configuration, where the kernel's work
-        dominates."""
-        visible = [c for c in configs if not c.held_out] or configs
-        production = self.task.production
-        chosen = [c for c in visible if not self.interpret and production is not None
-                  and c == production]
-        sized = []
-        for config in chosen or visible:
-            dyn, static = self._inputs(runtime, config, seeds[config.name][0])
-            sized.append((sum(int(np.prod(a.shape)) for a in dyn), config, dyn, static))
-        _, config, dyn, static = max(sized, key=lambda item: item[0])
-        ref_fn = jitted_reference(runtime, len(dyn), len(static))
-        budget = self.options.time_budget_s / 2
-        expected = references[config.name][0]
-        if self.channel.runner is not None:
-            self._time_on_chip(runtime, config, dyn, static, ref_fn, expected)
-            return
-        calls = timing.time_candidate(
-            self.channel, runtime, config, expected, self.out_trees.get(config.name),
-            runtime.tolerance(config, expected.dtype), ref_fn, interpret=self.interpret,
-            iters=self.options.iters, budget_s=budget)
-        if calls.failure is not None or calls.kernel is None:
-            self.result.status = "incorrect"
-            self.result.correctness = {**(self.result.correctness or {}), "correct": False,
-                                       "reason": f"{config.name}: timed call: {calls.failure}"}
-            return
-        self.phases["kernel_timing_s"] = self.phases.get("kernel_timing_s", 0.0) + calls.loop_s
-        baseline = timing.time_reference(ref_fn, (*dyn, *static), interpret=self.interpret,
-                                         iters=self.options.iters, budget_s=budget)
-        flops, flops_source = _flops(runtime, config, dyn, static, ref_fn)
-        record = timing.record(calls.kernel, baseline, self.backend["mode"], config.name,
-                               flops)
-        record["flops_source"] = flops_source if flops is not None else None
-        record["clock"] = "judge (round trip to the candidate process)"
-        record["shape_label"] = shape_label([(a.shape, a.dtype) for a in dyn])
-        record["checked_calls"] = calls.checked
-        # the candidate process was stopped (SIGSTOP) while the baseline was timed
-        record["candidate_paused"] = judge.process().proc is not None
-        if self.interpret:
-            record["label"] = "host simulation time"
-        self._keep_timing(record)
-
-    def _time_on_chip(self, runtime: Any, config: ShapeConfig, dyn: tuple, static: tuple,
-                      ref_fn: Any, expected: Host) -> None:
-        """The exported route (``kernels.worker.evaluation.on_chip``): on a TPU host the
-        production program's device time against the reference's, else (or where that
-        cannot run) this check shape's, timed the same way."""
-        runner = self.channel.runner
-        assert runner is not None
-        measured: on_chip.Measured | str | None = None
-        if self.export_for == "tpu":  # what ranks is the program that will run
-            measured = on_chip.at_production(self.production, runner, self._kernel_line(),
-                                             self.options.iters, self.options.time_budget_s)
-            if isinstance(measured, str):
-                self.result.extra["production_timing"] = {"unavailable": measured}
-        if not isinstance(measured, on_chip.Measured):
-            measured = on_chip.at_check_shape(
-                runner, runtime, config, dyn, static, ref_fn, self.out_trees.get(config.name),
-                expected.dtype, self.options.iters, self.options.time_budget_s,
-                self._kernel_line())
-        found = measured.found
-        if found.failure is not None or found.kernel is None or found.baseline is None:
-            self.result.status = "incorrect"
-            self.result.correctness = {**(self.result.correctness or {}), "correct": False,
-                                       "reason": f"{measured.config.name}: timed call: "
-                                                 f"{found.failure}"}
-            return
-        flops, source = _flops(measured.runtime, measured.config, measured.dyn,
-                               measured.static, measured.ref_fn)
-        self._keep_timing(on_chip.record(measured, self.backend["mode"],
-                                         self.backend["platform"], self.interpret, flops,
-                                         source))
-
-    def _keep_timing(self, record: dict[str, Any]) -> None:
-        self.result.timing = record
-        if (record["speedup"] or record["host_ratio"] or 0.0) > integrity.SUSPICIOUS_SPEEDUP:
-            self.flags.append("suspicious_speedup")
-
-    # -- held-out configurations -----------------------------------------------------
-
-    def _withhold(self) -> None:
-        """What the candidate prints from now on is the person's, not the agent's."""
-        proc = judge.process()
-        if proc.stderr is not None:
-            proc.stderr.hold()
-
-    def _held_out_stop(self, stop: Stopped) -> Stopped:
-        """A failure at a held-out configuration, said without what the candidate said
-        there (its message can name the shape it was traced at): the kind of failure and
-        the kernel's line stay; the whole text is kept for the person
-        (``extra.held_out``)."""
-        error = stop.error
-        if error is not None:
-            self.result.extra.setdefault("held_out", {})["error"] = {
-                "kind": error.kind, "message": error.message, "traceback": error.traceback}
-            stop.error = EvalError(
-                kind=error.kind, message=f"the kernel failed at a held-out shape "
-                f"configuration ({error.kind}); what it said there is withheld from the "
-                "agent (the person sees it in the evaluation's held-out detail)",
-                line=error.line, traceback=None, hint=error.hint)
-        return stop
-
-    def _hide_details(self, detail: dict[str, Any]) -> None:
-        """A held-out configuration's correctness reason, without numbers: the counts in
-        a mismatch message ("NaN in 65536 of 65536 values") tell its size."""
-        reason = detail.get("reason")
-        if reason:
-            self.result.extra.setdefault("held_out", {})["reason"] = reason
-            kind = ("non-finite values" if "NaN" in reason or "inf" in reason.lower() else
-                    "wrong output structure or shape" if "shape" in reason or "tree" in reason
-                    else "wrong values")
-            detail["reason"] = f"a held-out check failed: {kind}"
-
     # -- helpers ---------------------------------------------------------------------
 
     def _inputs(self, runtime: Any, config: ShapeConfig, seed: int) -> tuple[tuple, tuple]:
@@ -710,32 +561,6 @@ def _own_chip(backend: dict[str, Any]) -> str | None:
         return chip_for_device("tpu", backend.get("device_kind") or "").name
     except KeyError:
         return None
-
-
-def _flops(runtime: Any, config: ShapeConfig, dyn: tuple, static: tuple,
-           ref_fn: Any) -> tuple[float | None, str]:
-    """The work at ``config``: the task's own count, else XLA's cost analysis of the
-    reference (most JAXBench workloads give none); and which it is."""
-    try:
-        flops = runtime.flops(config, dyn)
-    except Exception:
-        flops = None
-    if flops is not None:
-        return flops, "task"
-    return _xla_flops(ref_fn, dyn, static), "xla_cost_analysis"
-
-
-def _xla_flops(ref_fn: Any, dyn: tuple, static: tuple) -> float | None:
-    """The reference's floating-point operations as XLA's cost analysis counts them on
-    this host (the reference is plain XLA, so the count is a full one)."""
-    try:
-        analysis = ref_fn.lower(*dyn, *static).compile().cost_analysis()
-    except Exception:
-        return None
-    if isinstance(analysis, list | tuple):
-        analysis = analysis[0] if analysis else {}
-    value = (analysis or {}).get("flops")
-    return float(value) if isinstance(value, int | float) and value > 0 else None
 
 
 def _task_error(exc: BaseException, path: Any, what: str) -> TaskError:
