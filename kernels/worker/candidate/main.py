@@ -249,6 +249,7 @@ class Server:
         import jax
 
         from tilewright.kernels.worker import errors
+        from tilewright.kernels.worker.candidate import pinned as pinning
         from tilewright.kernels.worker.candidate import production as prod
         from tilewright.kernels.worker.execution import task_runtime
 
@@ -302,7 +303,7 @@ class Server:
         flat = [v.aval for v in closed.jaxpr.invars]
         pinned: dict[str, Any] = {}
         try:  # loops of run-time length: their bounds from the production inputs' values
-            found = prod.pinned_programs(closed, plans, known)
+            found = pinning.pinned_programs(closed, plans, known)
         except Exception as exc:  # cannot pin: the kernel is estimated as it is
             found = {}
             facts["pin_error"] = errors.short_message(exc)[:300]
