@@ -309,7 +309,7 @@ async def test_a_batch_norm_of_a_tall_product_runs_as_two_kernels(worker_pool: A
     assert result.status == "correct", (result.error, result.correctness)
     assert result.lowering["tpu"] == "ok"
     names = [k.get("name") for k in (result.tpu or {}).get("kernels") or []]
-    assert not names or set(names) == {"_product_body", "_columns_body"}, names
+    assert not names or set(names) == {"_product_body", "_epilogue_body"}, names
 
 
 def test_a_tall_product_at_production_splits_a_row_mixing_epilogue(tmp_path: Any) -> None:
@@ -346,7 +346,7 @@ async def test_a_group_norm_of_a_wide_product_runs_as_two_kernels(worker_pool: A
     assert result.status == "correct", (result.error, result.correctness)
     assert result.lowering["tpu"] == "ok"
     names = [k.get("name") for k in (result.tpu or {}).get("kernels") or []]
-    assert not names or set(names) == {"_product_body", "_rows_body"}, names
+    assert not names or set(names) == {"_product_body", "_epilogue_body"}, names
 
 
 def test_a_wide_product_at_production_splits_a_column_mixing_epilogue(tmp_path: Any) -> None:

@@ -219,8 +219,8 @@ def _product_body(x_ref, w_ref, o_ref, acc_ref):
         o_ref[...] = acc_ref[...].astype(o_ref.dtype)
 
 
-def _columns_body(y_ref, *refs):
-    # the epilogue on a block of whole columns (every row of them)
+def _epilogue_body(y_ref, *refs):
+    # the epilogue on a block of whole columns (every row of them) or of whole rows
     *extra_refs, o_ref = refs
     out = _epilogue(y_ref[...].astype(jnp.float32), *(r[...] for r in extra_refs))
     o_ref[...] = out.astype(o_ref.dtype)
@@ -231,13 +231,6 @@ def _column_spec(a, m, n, cols):
         return pl.BlockSpec(a.shape, lambda j: (0,) * a.ndim)
     return pl.BlockSpec((a.shape[0], cols if a.shape[1] == n else 1),
                         lambda j: (0, j if a.shape[1] == n else 0))
-
-
-def _rows_body(y_ref, *refs):
-    # the epilogue on a block of whole rows (every column of them)
-    *extra_refs, o_ref = refs
-    out = _epilogue(y_ref[...].astype(jnp.float32), *(r[...] for r in extra_refs))
-    o_ref[...] = out.astype(o_ref.dtype)
 
 
 def _row_spec(a, m, n, rows):
@@ -306,13 +299,13 @@ def _split(x, w, extras, m, n, k, out_dtype, whole):
             vmem_limit_bytes=_vmem_limit(need(bm, bn, bk))),
     )(x, w)
     if whole == "columns":
-        body, block, index = _columns_body, (m, width), lambda j: (0, j)
+        block, index = (m, width), lambda j: (0, j)
         specs = [_column_spec(a, m, n, width) for a in extras]
     else:
-        body, block, index = _rows_body, (width, n), lambda i: (i, 0)
+        block, index = (width, n), lambda i: (i, 0)
         specs = [_row_spec(a, m, n, width) for a in extras]
     return pl.pallas_call(
-        body,
+        _epilogue_body,
         out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
         grid=(along // width,),
         in_specs=[pl.BlockSpec(block, index), *specs],
