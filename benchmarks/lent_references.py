@@ -17,6 +17,8 @@ benchmarks/data/estimate_fidelity_rows.json --write`` recomputes the shipped fig
 
 ``--tasks``: the directory holding the measured tasks (JAXBench's ``benchmark/`` layout,
 one directory per task); a row whose task is not there is skipped and said so.
+``--smoke``: the bundled softmax's reference, measured on the chip in
+``v5e_measured_2026-12-06.jsonl``, estimated at its production shape; nothing written.
 """
 
 from __future__ import annotations
@@ -64,7 +66,10 @@ async def estimate_all(wanted: dict[tuple[str, str, str, str], list[float]], tas
                 print(f"  {name}: not under {tasks}, skipped")
                 continue
             started = time.perf_counter()
-            task = load_task(str(directory), {"dtype": dtype} if dtype else None)
+            try:  # a JAXBench task in the dtype it was measured in
+                task = load_task(str(directory), {"dtype": dtype} if dtype else None)
+            except Exception:  # a native task: its own dtype
+                task = load_task(str(directory))
             found = await pool.request("reference_estimate", {
                 "task": task.to_spec(), "chip": chip, "timeout_s": timeout,
                 "compile_memory_mb": 8192}, timeout=timeout + 60)
@@ -91,12 +96,19 @@ async def estimate_all(wanted: dict[tuple[str, str, str, str], list[float]], tas
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("measured", nargs="+", type=Path)
-    parser.add_argument("--tasks", type=Path, required=True)
+    parser.add_argument("measured", nargs="*", type=Path)
+    parser.add_argument("--tasks", type=Path)
     parser.add_argument("--only", nargs="*", help="task name prefixes")
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--write", action="store_true")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the bundled softmax's reference only, nothing written")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.measured = [ROOT / "benchmarks" / "data" / "v5e_measured_2026-12-06.jsonl"]
+        args.tasks, args.only, args.write = ROOT / "kernels" / "bundled", ["softmax"], False
+    if not args.measured or args.tasks is None:
+        parser.error("give MEASURED.jsonl ... and --tasks DIR (or --smoke)")
     wanted = {k: v for k, v in measured_references(args.measured).items()
               if not args.only or any(k[0].startswith(p) for p in args.only)}
     rows = asyncio.run(estimate_all(wanted, args.tasks, args.timeout))

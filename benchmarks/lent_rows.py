@@ -12,7 +12,9 @@ workload and variant) is left as it is; an XLA reference is one program per work
     python benchmarks/lent_rows.py MEASURED.jsonl OFFLINE.json --kernels DIR [--write]
 
 ``--kernels``: the task directories the measured kernels were read from, for each
-kernel's block sizes (its ``BLOCK_M/N/K``), which name the variant.
+kernel's block sizes (its ``BLOCK_M/N/K``), which name the variant. ``--smoke``: the
+rows this repository keeps (``v5e_searched_2026-12-06.jsonl`` beside the search's JSON),
+printed, nothing written.
 """
 
 from __future__ import annotations
@@ -73,11 +75,20 @@ def rows_from(measured: list[dict[str, Any]], offline: Any,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("measured", type=Path, help="measure_on_chip.py's JSON lines")
-    parser.add_argument("offline", type=Path, help="jaxbench_offline.py's --json")
+    parser.add_argument("measured", type=Path, nargs="?",
+                        help="measure_on_chip.py's JSON lines")
+    parser.add_argument("offline", type=Path, nargs="?", help="jaxbench_offline.py's --json")
     parser.add_argument("--kernels", type=Path, help="the measured kernels' task dirs")
     parser.add_argument("--write", action="store_true", help=f"append to {ROWS.name}")
+    parser.add_argument("--smoke", action="store_true", help="the kept rows, nothing written")
     args = parser.parse_args(argv)
+    if args.smoke:
+        data = ROOT / "benchmarks" / "data"
+        args.measured = data / "v5e_searched_2026-12-06.jsonl"
+        args.offline = data / "jaxbench_offline_gemm_v5e_2026-12-06.json"
+        args.write = False
+    if args.measured is None or args.offline is None:
+        parser.error("give MEASURED.jsonl and OFFLINE.json (or --smoke)")
     measured = [json.loads(line) for line in args.measured.read_text().splitlines()
                 if line.strip()]
     new = rows_from(measured, json.loads(args.offline.read_text()), args.kernels)

@@ -47,6 +47,13 @@ SMOKES = {
         "no checkout: the JAXBench and MaxKernel fixtures listed with `tilewright tasks "
         "--no-check`, the shared-size resolution, the table (no search, no re-check)",
         "inputs generate: 2/2"),
+    "lent_references.py": (
+        "the bundled softmax's XLA reference, measured on the lent v5e, estimated at its "
+        "production shape by a worker's reference_estimate op; nothing written",
+        "1 of 1 estimated"),
+    "lent_rows.py": (
+        "the kept v5e_searched rows beside the kept search JSON, printed; nothing written",
+        "rows (not written)"),
     "measure_on_chip.py": (
         "a kernel that aborts its process (a crashed row, a new child), then the starting "
         "gelu kernel at a 256x512 production shape timed by the judge's device timing (off "
