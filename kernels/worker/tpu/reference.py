@@ -124,10 +124,15 @@ def reference_estimate(plan: ReferencePlan, deadline: float, memory_mb: int,
             return None, verdict, plan.why_not_scaled
         return None, verdict, _reference_why(whole)
     found, why = _scaled(plan, deadline, memory_mb, kind)
+    chosen = plan
+    if found is None and plan.alternate is not None:  # the estimator refused that size
+        found, _ = _scaled(plan.alternate, deadline, memory_mb, kind)
+        if found is not None:
+            found["detail"] += f"; not by {plan.param} ({why})"
+            chosen = plan.alternate
     if found is None:
         return None, verdict, why
-    chosen = plan
-    if found["linearity"] < LINEAR_MIN and plan.alternate is not None:
+    if found["linearity"] < LINEAR_MIN and chosen is plan and plan.alternate is not None:
         # Its cost does not grow with this size (9p's SwiGLU along emb_dim: the
         # (tokens, mlp_dim) activations are as large at 16 as at 8192, and the cost per
         # unit at 32 priced it at 2.2x its v5e time): the next size, if it scales better.
@@ -141,7 +146,8 @@ def reference_estimate(plan: ReferencePlan, deadline: float, memory_mb: int,
     if found["linearity"] < LINEAR_MIN:  # said wherever the figure is shown
         found["detail"] += (f"; out of proportion (doubling {chosen.param} multiplied the "
                             f"cycles by {2 * found['linearity']:.2f}): the smaller sizes are "
-                            "not in the full program's regime, likely priced high")
+                            "not in the full program's regime, likely priced above what "
+                            "the whole program would be")
     return _labelled(found, chosen), verdict, None
 
 
