@@ -291,8 +291,9 @@ def test_a_reference_without_xla_cost_analysis_is_still_scaled(tmp_path: Path,
     the 550 GFLOP product went to the estimator whole and ran out its 150 s. Its dots'
     FLOPs, read from the program, decide the scaling when XLA's count is missing."""
     from tilewright.kernels.worker.tpu import reference_programs as reference
+    from tilewright.kernels.worker.tpu import shrink
 
-    monkeypatch.setattr(reference, "_xla_cost", lambda *a: {})
+    monkeypatch.setattr(shrink, "xla_cost", lambda *a: {})
     task = _bf16_matmul_task(tmp_path)
     plan = reference.reference_plan(load_task(str(task)).production_task().to_spec(), "v5e")
     assert "flops" not in plan.cost and plan.cost["dot_flops"] == 2.0 * 4096 * 8192 * 8192

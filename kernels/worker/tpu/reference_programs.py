@@ -12,7 +12,6 @@ Worker-side (the judge); imports JAX to export.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import inspect
 import json
@@ -172,13 +171,7 @@ def export_program(fn: Any, avals: list[Any], static: list[Any], chip: str) -> E
     fn, static, note = estimator_equivalent(fn, avals, static)
     with tpu_compile.abstract_device(chip):
         exported = jax.export.export(fn, platforms=("tpu",))(*avals, *static)
-        cost = _xla_cost(fn, avals, static)
-    if "flops" not in cost:
-        # On a TPU host the program lowers for the chip, whose client gave no cost
-        # analysis here (the v5e at hand: none, so a 550 GFLOP reference went to the
-        # estimator whole and did not finish in 150 s): XLA's CPU client counts it.
-        with contextlib.suppress(Exception), jax.default_device(jax.devices("cpu")[0]):
-            cost = _xla_cost(fn, avals, static)
+        cost = shrink.xla_cost(fn, avals, static)
     if avals:
         widest = max(avals, key=lambda a: math.prod(a.shape))
         cost["f32_inputs"] = 1.0 if str(widest.dtype) == "float32" else 0.0
@@ -190,18 +183,6 @@ def export_program(fn: Any, avals: list[Any], static: list[Any], chip: str) -> E
         cost["equivalent"] = 1.0
     return Exported(bytes(exported.serialize()), cost,
                     hashlib.sha256(text.encode()).hexdigest(), note)
-
-
-def _xla_cost(fn: Any, avals: list[Any], static: list[Any]) -> dict[str, float]:
-    """XLA's cost analysis of ``fn`` lowered where JAX lowers it now ({} where the
-    client has none)."""
-    found: Any = None
-    with contextlib.suppress(Exception):
-        found = fn.lower(*avals, *static).cost_analysis()
-    if isinstance(found, list | tuple):
-        found = found[0] if found else {}
-    return {k: float(v) for k, v in (found or {}).items()
-            if isinstance(v, int | float) and v >= 0}
 
 
 def export_spec(spec: dict[str, Any], chip: str) -> Exported:
