@@ -3,11 +3,13 @@ offline search estimated for the same programs, appended to
 ``benchmarks/data/estimate_fidelity_rows.json`` as source ``v5e_lent``
 (``estimate_fidelity.py --rows ... --write`` then recomputes the shipped figures).
 
-The estimates are the search's own (``jaxbench_offline.py --json``: each task's crowned
-rank holds the kernel's and the XLA reference's estimated seconds at production); the
+The kernels' estimates are the search's own (``jaxbench_offline.py --json``: each task's
+crowned rank holds the kernel's estimated seconds at production, and its class); the
 measured rows are device-profiled on the chip (``status == "measured"``: every input
-set checked against the reference first). A program already in the rows (the same
-workload and variant) is left as it is; an XLA reference is one program per workload.
+set checked against the reference first). A kernel already in the rows (the same
+workload and variant) is left as it is. The XLA references are not taken from the
+search (its record may predate how the judge prices them now):
+``lent_references.py`` estimates them again.
 
     python benchmarks/lent_rows.py MEASURED.jsonl OFFLINE.json --kernels DIR [--write]
 
@@ -43,8 +45,8 @@ def blocks(path: Path) -> str | None:
 
 def rows_from(measured: list[dict[str, Any]], offline: Any,
               kernels: Path | None) -> list[dict[str, Any]]:
-    """One row for each measured kernel and one for its XLA reference, estimated by the
-    search's crowned rank; kernels measured wrong or not at all are left out.
+    """One row for each measured kernel, estimated by the search's crowned rank; kernels
+    measured wrong or not at all are left out.
     ``offline``: one suite's results or a list of them, as ``--json`` writes."""
     suites = offline if isinstance(offline, list) else [offline]
     ranks = {r["task"]: r.get("best_rank") or {} for s in suites for r in s.get("rows", [])}
@@ -62,11 +64,9 @@ def rows_from(measured: list[dict[str, Any]], offline: Any,
             f", {vmem / 2**20:.1f} MiB VMEM" if vmem else "")
         common = {"source": "v5e_lent", "chip": chip, "workload": m["task"],
                   "method": "scaled" if rank.get("derived") else "compiled", "bytes": None,
-                  "flops": None, "class": "compute_bound", "why": None,
+                  "flops": None, "class": (rank.get("fidelity") or {}).get("class"),
+                  "why": None,
                   "incomplete": False, "shape": m.get("shape")}
-        out.append({**common, "program": f"{m['task']} (XLA)", "variant": "baseline",
-                    "measured_s": m["reference_ms"] / 1e3,
-                    "estimate_s": rank["reference_s"]})
         out.append({**common, "program": f"{m['task']} ({label})",
                     "variant": label.replace("searched, ", "searched ", 1),
                     "measured_s": m["kernel_ms"] / 1e3, "estimate_s": rank["kernel_s"]})
