@@ -13,9 +13,12 @@ import math
 from typing import Any
 
 from tilewright.profiling.static_walk import evaluate_index_map
+from tilewright.profiling.tiling import LANE as LANES
+from tilewright.profiling.tiling import SUBLANE as SUBLANES
+from tilewright.profiling.tiling import misaligned
+from tilewright.profiling.tiling import tile_rows as _tile_rows
 
 MAX_STEPS = 1 << 20  # grids longer than this are sampled, and the total extrapolated
-LANES, SUBLANES = 128, 8
 
 
 def block_dim(b: Any) -> int | None:
@@ -90,8 +93,7 @@ def out_of_bounds(bm: Any, stacked: Any, grid_indices: list[Any],
 
 
 def tile_rows(dtype: Any) -> int:
-    # Sub-32-bit types pack along sublanes: bf16 tiles are (16, 128), int8 (32, 128).
-    return SUBLANES * max(1, 4 // max(1, dtype.itemsize))
+    return _tile_rows(dtype.itemsize)
 
 
 def padded_bytes(ref_shape: list[int], dtype: Any) -> int:
@@ -115,11 +117,9 @@ def alignment(block: list[int | None], shape: list[int], dtype: Any, memory_spac
     dims = [(b if b is not None else 1) for b in block]
     if len(dims) == 1:
         return alignment_rank1(dims[0], shape[0], dtype, out)
-    for axis, unit in ((len(dims) - 2, SUBLANES), (len(dims) - 1, LANES)):
-        b, full = dims[axis], shape[axis]
-        if b != full and b % unit:
-            out["ok"] = False
-            out["problems"].append({"axis": axis, "block": b, "array": full, "unit": unit})
+    for axis, b, full, unit in misaligned(dims, list(shape)):
+        out["ok"] = False
+        out["problems"].append({"axis": axis, "block": b, "array": full, "unit": unit})
     if out["problems"]:
         fixed = list(dims)
         for p in out["problems"]:

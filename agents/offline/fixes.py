@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tilewright.kernels.source import tunables
+from tilewright.profiling.tiling import misaligned
 
 _ALIGN_MSG = re.compile(r"divisible by 8 and 128|\(8, ?128\)")
 _BLOCK_SHAPE = re.compile(r"block shape \(([^)]*(?:\([^)]*\)[^)]*)*)\), array shape \(([^)]*)\)")
@@ -67,14 +68,7 @@ def _parse_block_error(text: str) -> list[tuple[int, int, int]]:
     blocks = [int(n) for n in re.findall(r"block_size=(\d+)", match.group(1))] or \
         [int(n) for n in re.findall(r"\d+", match.group(1))]
     dims = [int(n) for n in re.findall(r"\d+", match.group(2))]
-    if len(blocks) < 2 or len(blocks) != len(dims):
-        return []
-    bad = []
-    for block, dim, align in ((blocks[-2], dims[-2], tunables.SUBLANE),
-                              (blocks[-1], dims[-1], tunables.LANE)):
-        if block != dim and block % align:
-            bad.append((block, dim, align))
-    return bad
+    return [(block, dim, unit) for _axis, block, dim, unit in misaligned(blocks, dims)]
 
 
 def fix_misalignment(source: str, result: dict[str, Any]) -> Fix | None:

@@ -23,8 +23,7 @@ import ast
 import re
 from typing import Any
 
-SUBLANE = 8
-LANE = 128
+from tilewright.profiling.tiling import LANE, SUBLANE
 
 
 class TunablesError(ValueError):

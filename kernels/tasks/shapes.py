@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tilewright.kernels.errors import Advised
+from tilewright.profiling import tiling
+from tilewright.profiling.tiling import LANE, SUBLANE
 
 DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16", "f64": "float64",
           "i8": "int8", "i16": "int16", "i32": "int32", "i64": "int64", "u8": "uint8",
@@ -24,7 +26,6 @@ SHORT = {v: k for k, v in DTYPES.items()}
 # The largest input a check shape may have (elements): 256 x 512, about what the bundled
 # tasks check with, which a Pallas kernel runs through TPU interpret mode in seconds.
 CHECK_ELEMENTS = 256 * 512
-LANE, SUBLANE = 128, 8
 DEFAULT_INT_RANGE = (0, 100)
 
 
@@ -215,8 +216,7 @@ def _floors(shapes: Shapes, granules: dict[str, int] | None = None) -> dict[str,
     floors: dict[str, int] = {}
     for spec in shapes.inputs:
         for back, dim in enumerate(reversed(spec.dims), start=1):
-            unit = LANE if back == 1 else SUBLANE if back == 2 else 1
-            floors[dim] = max(floors.get(dim, 1), unit)
+            floors[dim] = max(floors.get(dim, 1), tiling.unit(back))
     for dim, granule in (granules or {}).items():
         floors[dim] = max(floors.get(dim, 1), granule)
     return {d: min(floors.get(d, 1), v) for d, v in shapes.dims.items()}
