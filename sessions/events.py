@@ -139,7 +139,7 @@ class RunResult(TypedDict):
     # EvalError.kind when the evaluation failed with one; "task" means the task itself
     # failed (its input builder or reference, or its size under the worker's limits)
     error_kind: NotRequired[str | None]
-    # the ranking fields of EvalResult.rank_fields: the Rank (kernels.judge.rank.Rank,
+    # the ranking fields of Judgement.event_fields: the Rank (kernels.judge.rank.Rank,
     # as JSON), the chip, the compile verdict and VMEM, the production configuration
     rank: NotRequired[dict[str, Any] | None]
     chip: NotRequired[str | None]
@@ -149,7 +149,7 @@ class RunResult(TypedDict):
     production_shape: NotRequired[str | None]
     # Logs written before ranks were recorded carry these instead of ``rank``: the
     # number that ranked (``speedup``), where it came from and how it read
-    # (``Rank.from_event`` reads them).
+    # (``Judgement.from_event`` reads them).
     speedup: NotRequired[float | None]
     rank_source: NotRequired[str | None]
     rank_label: NotRequired[str | None]

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tilewright.kernels.judge.judgement import Judgement
 from tilewright.kernels.judge.rank import (
-    DISQUALIFYING_FLAGS,
     ESTIMATE_TIE,
     Rank,
     best_of,
@@ -29,15 +29,30 @@ from tilewright.sessions.agent_turn import plan_steps
 TIE_WORDS = f"a tie within {ESTIMATE_TIE:.0%}: less VMEM"
 
 
-def event_rank(e: dict[str, Any], backend: dict[str, Any] | None = None) -> Rank | None:
-    """``Rank.from_event``: the rank a ``run.result`` recorded, for the screens (which
+def event_judgement(e: dict[str, Any], backend: dict[str, Any] | None = None) -> Judgement:
+    """``Judgement.from_event``: what a ``run.result`` recorded, for the screens (which
     reach the judge's types through the session layer)."""
-    return Rank.from_event(e, backend)
+    return Judgement.from_event(e, backend)
 
 
-# Statuses that mean the candidate needs fixing rather than tuning.
-FAILED_STATUSES = frozenset(
-    {"incorrect", "compile_error", "runtime_error", "timeout", "crashed", "rejected"})
+def _judged(name: str, default: Any = None) -> Any:
+    """A ``Version`` property that reads its judgement's ``name`` (``default`` before
+    any evaluation)."""
+    return property(lambda self: getattr(self.judgement, name) if self.judgement is not None
+                    else default)
+
+
+@dataclass(frozen=True)
+class Milestone:
+    """One finished evaluation in ``SessionState.best_history``: the version, what was
+    judged, and the session's best (version and rank) right after it."""
+
+    run: str
+    version: int
+    judgement: Judgement
+    best: int | None
+    best_rank: Rank | None
+    t: float
 
 
 @dataclass
@@ -51,32 +66,31 @@ class Version:
     decision_seq: int | None  # the user.decision that authorised it (None: initial)
     seq: int
     t: float
-    status: str | None = None  # of the latest finished eval run
-    correct: bool = False
-    # Of the latest finished eval run: what ranks it (``kernels.judge.rank.Rank``: one
-    # ordering, one wording); None before any evaluation.
-    rank: Rank | None = None
-    median_ms: float | None = None
-    result_blob: str | None = None
-    run: str | None = None
-    flags: tuple[str, ...] = ()  # integrity flags of the latest finished eval run
-    error_kind: str | None = None  # of the latest finished eval run ("task": not the kernel's)
-    # Of the latest finished eval run (``rank_fields``); None in logs written before
-    # the TPU compile existed.
-    chip: str | None = None  # the TPU generation the candidate was compiled for
-    tpu_compile: str | None = None  # ok | error | unavailable
-    vmem_bytes: int | None = None  # scoped VMEM the TPU compiler allocated (or refused)
-    vmem_limit_bytes: int | None = None  # the limit it was judged against
-    production_shape: str | None = None  # its configuration's name
-
-    @property
-    def crownable(self) -> bool:
-        """Correct and free of the flags that forbid ranking it (compute outside the
-        kernel, nondeterminism, ...): only such a version can be "best"."""
-        return self.correct and not (set(self.flags) & DISQUALIFYING_FLAGS)
+    # What the latest finished eval run decided (status, rank, flags, compile verdict);
+    # None before any evaluation. The properties below read it.
+    judgement: Judgement | None = None
+    result_blob: str | None = None  # that run's eval JSON
+    run: str | None = None  # that run's id
     profile_blob: str | None = None
     diagnosis: dict[str, Any] | None = None  # the latest ``diagnosis`` event's fields
     analysis_blob: str | None = None  # the static analysis of an ``analysis`` run
+
+    # Its latest judgement's fields (before any evaluation: nothing, not correct).
+    status = _judged("status")
+    correct = _judged("correct", False)
+    # Correct and free of the flags that forbid ranking it (compute outside the kernel,
+    # nondeterminism, ...): only such a version can be "best".
+    crownable = _judged("crownable", False)
+    failed = _judged("failed", False)  # needs fixing rather than tuning
+    rank = _judged("rank")  # what ranks it: one ordering, one wording
+    flags = _judged("flags", ())
+    median_ms = _judged("median_ms")
+    error_kind = _judged("error_kind")
+    chip = _judged("chip")
+    tpu_compile = _judged("tpu_compile")
+    vmem_bytes = _judged("vmem_bytes")
+    vmem_limit_bytes = _judged("vmem_limit_bytes")
+    production_shape = _judged("production_shape")
 
 
 # The decisions that let a proposal become a kernel version: the agent's kernel
@@ -204,7 +218,7 @@ class SessionState:
     fix_streak: int = 0  # fix proposals since the last passing or user-made version
     # Evals in autonomous mode since the best speedup last improved.
     evals_without_improvement: int = 0
-    best_history: list[dict[str, Any]] = field(default_factory=list)  # per eval run
+    best_history: list[Milestone] = field(default_factory=list)  # per eval run
     errors: list[dict[str, Any]] = field(default_factory=list)
     # The seq of the event that made the current version current (a new version, a
     # checkout): errors before it belong to what was current then.
@@ -468,16 +482,10 @@ def _run_result(s: SessionState, e: ev.RunResult) -> None:
     if version is None:
         return
     before = s.best_rank
-    version.status = e.get("status")
-    version.correct = bool(e.get("correct"))
-    version.rank = Rank.from_event(e, s.header.get("backend") if isinstance(s.header, dict) else None)
-    version.median_ms = e.get("median_ms")
+    judged = version.judgement = Judgement.from_event(
+        e, s.header.get("backend") if isinstance(s.header, dict) else None)
     version.result_blob = e.get("result_blob")
     version.run = rid
-    version.flags = tuple(e.get("flags") or ())
-    version.error_kind = e.get("error_kind")
-    for name in _RANK_FIELDS:
-        setattr(version, name, e.get(name))
     current = s.versions.get(s.best_version) if s.best_version is not None else None
     # best_of over every version again when the best itself was re-measured, or when the
     # new one could displace it (ranked higher, or an estimate within ESTIMATE_TIE of
@@ -493,14 +501,8 @@ def _run_result(s: SessionState, e: ev.RunResult) -> None:
         s.fix_streak = 0
     if s.mode == "auto":
         s.evals_without_improvement = 0 if improved else s.evals_without_improvement + 1
-    s.best_history.append({"run": rid, "version": version.number, "status": version.status,
-                           "rank": version.rank.to_json() if version.rank else None,
-                           "best": s.best, "best_rank": after.to_json() if after else None,
-                           "t": float(e.get("t", 0.0)), "flags": list(version.flags),
-                           "error": e.get("error"), "chip": version.chip})
-
-
-_RANK_FIELDS = ("chip", "tpu_compile", "vmem_bytes", "vmem_limit_bytes", "production_shape")
+    s.best_history.append(Milestone(rid, version.number, judged, s.best, after,
+                                    float(e.get("t", 0.0))))
 
 
 def outranks(a: Version, b: Version) -> bool:

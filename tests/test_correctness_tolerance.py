@@ -162,8 +162,8 @@ def test_a_flagged_version_is_never_best() -> None:
               version(3, 5), result(3, 6, 1.5, ["degenerate_reference"])]
     state = fold({"schema": "tilewright.session/1"}, events)
     assert state.best == 3 and state.best_rank.value == 1.5
-    assert state.best_history[1]["flags"] == ["compute_outside_kernel"]
-    assert state.best_history[1]["best"] == 1
+    assert state.best_history[1].judgement.flags == ("compute_outside_kernel",)
+    assert state.best_history[1].best == 1
 
 
 # A user's own bf16 fused residual + layer norm (`tilewright new` writes atol = rtol = 0.02

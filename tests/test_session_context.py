@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tilewright.kernels.judge.judgement import Judgement
 from tilewright.kernels.judge.rank import Rank
 from tilewright.sessions.control.context import history
 from tilewright.sessions.state import Version
@@ -12,7 +13,7 @@ def _version(number: int, parent: int | None, blob: str, estimate: float | None)
         else None
     return Version(number=number, parent=parent, origin="agent", proposal=None,
                    source_blob=blob, summary=f"v{number}", decision_seq=None, seq=number,
-                   t=0.0, status="correct" if estimate else None, rank=rank)
+                   t=0.0, judgement=Judgement("correct", rank) if estimate else None)
 
 
 SOURCES = {

@@ -419,7 +419,7 @@ class Rank:
     @classmethod
     def from_event(cls, e: dict[str, Any], backend: dict[str, Any] | None = None
                    ) -> Rank | None:
-        """The rank a session's ``run.result`` event recorded (``EvalResult.rank_fields``).
+        """The rank a session's ``run.result`` event recorded (``Judgement.event_fields``).
         A log written before ranks were recorded gives its source, number and label; one
         written before the TPU compile existed only its timing ratio, measured on the
         session's ``backend`` (its header's): device time on a TPU, host simulation

@@ -27,6 +27,8 @@ Status = Literal[
 STATUSES: tuple[str, ...] = (
     "correct", "incorrect", "compile_error", "runtime_error", "timeout", "crashed", "rejected",
 )
+# The statuses of a kernel that needs fixing rather than tuning: every one but correct.
+FAILED_STATUSES = frozenset(STATUSES) - {"correct"}
 
 
 
@@ -103,19 +105,6 @@ class EvalResult:
         first = (error.message or error.kind).strip().splitlines()[0] if error.message \
             else error.kind
         return f"{error.kind}{where}: {first[:300]}"
-
-    def rank_fields(self) -> dict[str, Any]:
-        """What a session's ``run.result`` event records about the TPU compile and the
-        ranking number, so panes, reports and tables can say it without reading the eval
-        JSON: the ``Rank`` (source, value, chip, production shape, the kernel's time,
-        fidelity), the chip, the compiler's verdict and the VMEM the compiler reports
-        against the limit in force (``Rank.from_event`` reads them back)."""
-        rank = self.rank
-        tpu = self.tpu or {}
-        return {"rank": rank.to_json(), "chip": tpu.get("chip") or rank.chip,
-                "tpu_compile": tpu.get("compile"), "vmem_bytes": tpu.get("vmem_bytes"),
-                "vmem_limit_bytes": tpu.get("vmem_limit_bytes"),
-                "production_shape": tpu.get("shape")}
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

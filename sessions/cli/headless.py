@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, TextIO, cast
 
 from tilewright.agents.config import Config
+from tilewright.kernels.judge.judgement import Judgement
 from tilewright.kernels.judge.rank import Rank
 from tilewright.kernels.judge.result import is_interpret
 from tilewright.kernels.source.printable import PrintableStream
@@ -88,7 +89,7 @@ class Progress:
 
     def _step(self, event: ev.RunResult) -> None:
         s = self.state
-        rank = Rank.from_event(event)
+        rank = Judgement.from_event(event).rank
         explained = _what_numbers_are(rank)
         if explained and explained not in self._explained:
             self._explained.add(explained)  # each kind of number once, at its first
@@ -303,7 +304,7 @@ async def run_auto(args: Any, config: Config | dict[str, Any]) -> int:
     if data["stop_reason"] == "task_error":  # a broken task, as `tilewright eval` says it
         history = controller.state.best_history
         print("tilewright auto: the task itself failed, not the kernel: "
-              f"{(history[-1].get('error') if history else None) or '(no message)'}\n"
+              f"{(history[-1].judgement.error if history else None) or '(no message)'}\n"
               "  next: fix the task, or make it smaller with --set KEY=VALUE "
               "(`tilewright tasks DIR` shows its shapes)", file=sys.stderr)
         return 2

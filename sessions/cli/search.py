@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tilewright.kernels.cli import subcommand
+from tilewright.kernels.judge.judgement import Judgement
 from tilewright.kernels.judge.rank import Rank, times
 from tilewright.sessions import events as ev
 from tilewright.sessions.core.logs import backend_json
@@ -311,7 +312,7 @@ def _progress(task: str, event: ev.AnyEvent) -> None:
     if event["type"] == "run.start":
         _say(f"{task}: v{event['version']} evaluating ({event['run']})")
     elif event["type"] == "run.result" and not event.get("cancelled"):
-        rank = Rank.from_event(event)
+        rank = Judgement.from_event(event).rank
         tail = f" {rank.words(short=True)}" if rank is not None and rank.ranked else ""
         _say(f"{task}: v{event['version']} {event['status']}{tail}")
     elif event["type"] == "search.round":

@@ -22,7 +22,7 @@ from typing import Any
 from tilewright.agents.base import AgentRequest, TaskBrief
 from tilewright.agents.prompts.evalfacts import version_numbers
 from tilewright.sessions.log import SessionLog, read_json_blob
-from tilewright.sessions.state import FAILED_STATUSES, SessionState, Version, outranks
+from tilewright.sessions.state import SessionState, Version, outranks
 
 
 def agent_result(log_path: Any, blob: str) -> dict[str, Any] | None:
@@ -39,7 +39,7 @@ def agent_result(log_path: Any, blob: str) -> dict[str, Any] | None:
 def next_role(state: SessionState) -> str:
     if state.plan_to_implement is not None or state.current is None:
         return "implement"
-    if state.versions[state.current].status in FAILED_STATUSES:
+    if state.versions[state.current].failed:
         return "fix"
     return "tune"
 
@@ -196,7 +196,7 @@ def base_reason(state: SessionState, number: int | None, explain: bool = False) 
         return f"you asked about v{number}"
     if state.chosen_base == number:
         return f"v{number} was checked out by the person: the proposal starts from it"
-    if v.status in FAILED_STATUSES:
+    if v.failed:
         return f"v{number} failed ({v.status}): fix it"
     if v.status is None:
         return f"v{number} is not evaluated yet"

@@ -16,7 +16,7 @@ from tilewright.sessions import autonomy
 from tilewright.sessions.actions import ControllerAction, ask
 from tilewright.sessions.autonomy import ControllerSettings
 from tilewright.sessions.control.context import next_role
-from tilewright.sessions.state import FAILED_STATUSES, SessionState
+from tilewright.sessions.state import SessionState
 
 __all__ = ["next_action"]
 
@@ -69,7 +69,7 @@ def _auto_continue(s: SessionState, settings: ControllerSettings, now: float
     if reason is not None:
         return ControllerAction("stop", reason=reason)
     current = s.versions.get(s.current) if s.current is not None else None
-    if current is not None and current.status in FAILED_STATUSES \
+    if current is not None and current.failed \
             and s.fix_streak >= max(1, settings.auto_fix_attempts) \
             and s.best is not None and s.best != s.current:
         # Fixing is not converging: go back to the best kernel and improve that.
@@ -99,11 +99,11 @@ def _after_eval(s: SessionState, settings: ControllerSettings, number: int, now:
         return None
     if s.agent_finished:
         return None  # it said it has nothing more to try: asking again repeats that
-    if version.status in FAILED_STATUSES and version.origin == "user-edit":
+    if version.failed and version.origin == "user-edit":
         # The person's own edit: theirs to fix, said plainly with the way back (the
         # agent is not asked, and nothing of it is put down to the agent).
         return ControllerAction("own_edit_failed", version=number)
-    if version.status in FAILED_STATUSES:
+    if version.failed:
         if s.fix_streak < settings.auto_fix_attempts:
             return ask("fix")
         return None  # the user decides: request_proposal("fix"), an edit, a revert

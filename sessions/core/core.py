@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tilewright.agents.base import Agent, AgentRequest, Proposal, TaskBrief
+from tilewright.kernels.judge.judgement import Judgement
 from tilewright.kernels.judge.options import EvalOptions
 from tilewright.kernels.judge.result import EvalResult
 from tilewright.kernels.pool import Judge
@@ -60,15 +61,8 @@ class JudgeFailed:
 
 def finished_result(run: str, version: int, result: EvalResult, blob: str) -> ev.RunResult:
     """The ``run.result`` of an evaluation the judge finished (whatever its verdict)."""
-    event = ev.RunResult(type="run.result", run=run, version=version, status=result.status,
-                         correct=result.correct,
-                         median_ms=(result.timing or {}).get("median_ms"), result_blob=blob,
-                         cancelled=False,
-                         flags=list((result.integrity or {}).get("flags") or []),
-                         error=result.error_line(), **result.rank_fields())  # type: ignore[typeddict-item]
-    if result.error is not None:
-        event["error_kind"] = result.error.kind
-    return event
+    return ev.RunResult(type="run.result", run=run, version=version,  # type: ignore[typeddict-item]
+                        result_blob=blob, cancelled=False, **Judgement.of(result).event_fields())
 
 
 def cancelled_result(run: str, version: int, *, interrupted: bool = False,

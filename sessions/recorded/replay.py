@@ -46,6 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from tilewright.kernels.judge.judgement import Judgement
 from tilewright.kernels.judge.rank import Rank, ranking
 from tilewright.kernels.judge.result import is_interpret
 from tilewright.kernels.source.printable import PrintableStream
@@ -100,7 +101,7 @@ def _run_start(e: ev.RunStart) -> str:
 
 
 def _run_result(e: ev.RunResult) -> str:
-    rank = Rank.from_event(e)  # an estimate says so; host sim is no speedup
+    rank = Judgement.from_event(e).rank  # an estimate says so; host sim is no speedup
     speed = f" · {rank.words()}" if rank is not None and rank.ranked else ""
     return f"{e.get('run')} v{e.get('version')} {e.get('status')}{speed}"
 

@@ -24,14 +24,8 @@ def _fmt(x: float | None) -> str:
     return times(x)
 
 
-def _rank_of(data: Any) -> Rank | None:
-    """A ``best_history`` entry's rank (Rank JSON), ranked or not."""
-    return data if isinstance(data, Rank) else Rank.from_json(data)
-
-
-def _ranked(data: Any) -> Rank | None:
+def _ranked(rank: Rank | None) -> Rank | None:
     """The rank, when it ranks at all (a correct, undisqualified result with a number)."""
-    rank = _rank_of(data)
     return rank if rank is not None and rank.ranked and rank.value is not None else None
 
 
@@ -61,7 +55,7 @@ def kept_versions(state: SessionState) -> list[int]:
     if first is not None:
         kept.append(first)
     for point in state.best_history:
-        best = point.get("best")
+        best = point.best
         if best is not None and best not in kept:
             kept.append(best)
     return kept
@@ -88,11 +82,11 @@ def chain_rows(state: SessionState) -> list[dict[str, Any]]:
     after the first, the diagnosis in force when it was made, the change, its gain over
     its parent and the cumulative gain over the first correct version (the compounding)."""
     rows: list[dict[str, Any]] = []
-    first = next((_ranked(p.get("rank")) for p in state.best_history
-                  if p["status"] == "correct" and _ranked(p.get("rank"))), None)
+    first = next((_ranked(p.judgement.rank) for p in state.best_history
+                  if p.judgement.correct and _ranked(p.judgement.rank)), None)
     seen: set[int] = set()
     for point in state.best_history:
-        number = point["version"]
+        number = point.version
         v = state.versions.get(number)
         if v is None or number in seen or v.parent is None:
             continue
@@ -100,13 +94,14 @@ def chain_rows(state: SessionState) -> list[dict[str, Any]]:
         before = [d for d in state.diagnoses if int(d.get("seq", 0)) < v.seq]
         diagnosis = before[-1] if before else None
         parent = state.versions.get(v.parent)
-        rank = _ranked(point.get("rank"))
+        rank = _ranked(point.judgement.rank)
+        status = point.judgement.status
         rows.append({"version": number, "parent": v.parent, "change": v.summary,
-                     "diagnosis": diagnosis, "status": point["status"], "rank": rank,
+                     "diagnosis": diagnosis, "status": status, "rank": rank,
                      "gain": gain(rank, parent.rank if parent is not None else None),
-                     "cumulative": gain(_ranked(point.get("best_rank")), first),
-                     "result": f"{point['status']} {_rank(point)}"
-                               if rank is not None else point["status"]})
+                     "cumulative": gain(_ranked(point.best_rank), first),
+                     "result": f"{status} {_rank(point.judgement.rank)}"
+                               if rank is not None else status})
     return rows
 
 
@@ -124,7 +119,7 @@ def _chain_cells(r: dict[str, Any]) -> list[str]:
 
 
 def _sources(state: SessionState) -> set[str]:
-    return {r.source for p in state.best_history if (r := _ranked(p.get("rank")))}
+    return {r.source for p in state.best_history if (r := _ranked(p.judgement.rank))}
 
 
 def _ratio_note(state: SessionState) -> str:
@@ -200,12 +195,12 @@ def markdown(loaded: LoadedSession, state: SessionState) -> str:
         lines += ["| # | version | status | rank | best so far | flags | error |",
                   "|---|---|---|---|---|---|---|"]
         for i, p in enumerate(state.best_history, 1):
-            best_rank = _rank_of(p.get("best_rank"))
-            best = f"{best_rank.words(short=True) if best_rank else '-'} (v{p['best']})" \
-                if p["best"] else "-"
-            flags = ", ".join(p.get("flags") or []) or "-"
-            error = (p.get("error") or "-").replace("|", "\\|").replace("\n", " ")
-            lines.append(f"| {i} | v{p['version']} | {p['status']} | {_rank(p)} "
+            best_rank, judged = p.best_rank, p.judgement
+            best = f"{best_rank.words(short=True) if best_rank else '-'} (v{p.best})" \
+                if p.best else "-"
+            flags = ", ".join(judged.flags) or "-"
+            error = (judged.error or "-").replace("|", "\\|").replace("\n", " ")
+            lines.append(f"| {i} | v{p.version} | {judged.status} | {_rank(judged.rank)} "
                          f"| {best} | {flags} | {error} |")
     else:
         lines.append("Nothing was evaluated.")
@@ -231,9 +226,9 @@ def svg_chart(state: SessionState, width: int = 640, height: int = 240) -> str:
     if not points:
         return "<p>Nothing was evaluated.</p>"
     pad = 40
-    ranks = [_ranked(p.get("rank")) for p in points]
+    ranks = [_ranked(p.judgement.rank) for p in points]
     own = [r.value if r is not None else None for r in ranks]
-    best = [r.value if (r := _ranked(p.get("best_rank"))) else None for p in points]
+    best = [r.value if (r := _ranked(p.best_rank)) else None for p in points]
     values = [v for v in own + best if v is not None]
     top = max([*values, 1.0]) * 1.1
     n = len(points)
@@ -268,9 +263,9 @@ def svg_chart(state: SessionState, width: int = 640, height: int = 240) -> str:
                      f'stroke-width="2"/>')
     for i, (p, rank) in enumerate(zip(points, ranks, strict=True)):
         if rank is not None and rank.value is not None:
-            colour = "#2da44e" if p["status"] == "correct" else "#cf222e"
+            colour = "#2da44e" if p.judgement.correct else "#cf222e"
             parts.append(f'<circle cx="{x(i):.1f}" cy="{y(rank.value):.1f}" r="3" '
-                         f'fill="{colour}"><title>v{p["version"]} {p["status"]} '
+                         f'fill="{colour}"><title>v{p.version} {p.judgement.status} '
                          f'{html.escape(rank.words(short=True))}</title></circle>')
     # x ticks: each evaluation's version, at most about ten labels
     step = max(1, -(-n // 10))
@@ -278,7 +273,7 @@ def svg_chart(state: SessionState, width: int = 640, height: int = 240) -> str:
         parts.append(f'<line x1="{x(i):.1f}" y1="{y(0)}" x2="{x(i):.1f}" y2="{y(0) + 4}" '
                      f'stroke="#999"/>')
         parts.append(f'<text x="{x(i):.1f}" y="{y(0) + 15}" font-size="9" '
-                     f'text-anchor="middle">v{points[i]["version"]}</text>')
+                     f'text-anchor="middle">v{points[i].version}</text>')
     parts.append(f'<text x="{width / 2}" y="{height - 4}" font-size="11" '
                  f'text-anchor="middle">evaluation (the version evaluated)</text>')
     # legend: what the line and the dots are
@@ -355,11 +350,10 @@ def _html_diff(diff: str) -> str:
     return "\n".join(out) or "(identical)"
 
 
-def _rank(point: dict[str, Any]) -> str:
+def _rank(rank: Rank | None) -> str:
     """An evaluation's number in words (``Rank.words``): "est. 1.80x on v5e at 4096x4096
     (TPU compiler)", on a TPU "1.80x measured on TPU v5 lite ..., est. 1.75x", beside a
     compiler figure how far it is trusted; "-" for one that ranks nothing."""
-    rank = _rank_of(point.get("rank"))
     if rank is None or not rank.decided:
         return "-"
     return _with_trust(rank).replace("|", "\\|")

@@ -105,13 +105,13 @@ def _failure_note(state: SearchState) -> str | None:
     versions = state.session.versions
     lines: list[str] = []
     for point in state.session.best_history:
-        if point.get("status") == "correct" and not point.get("flags"):
+        judged = point.judgement
+        if judged.crownable:
             continue
-        v = versions.get(point.get("version"))
-        what = f"v{point.get('version')} ({v.summary})" if v is not None else \
-            f"v{point.get('version')}"
-        why = point.get("error") or ", ".join(point.get("flags") or []) or point.get("status")
-        lines.append(f"{what}: {point.get('status')}: {why}")
+        v = versions.get(point.version)
+        what = f"v{point.version} ({v.summary})" if v is not None else f"v{point.version}"
+        why = judged.error or ", ".join(judged.flags) or judged.status
+        lines.append(f"{what}: {judged.status}: {why}")
     for error in state.session.errors:
         lines.append(str(error.get("message")))
     unique = list(dict.fromkeys(line for line in lines if line))

@@ -20,7 +20,7 @@ from textual.widgets import Input, Static
 
 from tilewright.sessions import events as ev
 from tilewright.sessions.log import LoadedSession, read_blob
-from tilewright.sessions.state import event_rank, fold
+from tilewright.sessions.state import event_judgement, fold
 from tilewright.tui.session.presenter import Presenter
 from tilewright.tui.session.view import BlobCache, SessionView
 from tilewright.tui.widgets.chat import ChatPane
@@ -190,7 +190,7 @@ def _describe(event: ev.Event) -> str:
     if event["type"] == "kernel.version":
         return f"v{event.get('version')} ({event.get('origin')})"
     if event["type"] == "run.result":
-        rank = event_rank(dict(event)) if event.get("status") == "correct" else None
+        rank = event_judgement(dict(event)).rank if event.get("status") == "correct" else None
         if rank is not None and rank.said:  # Rank.words: the one wording
             return f"v{event.get('version')} correct · {rank.words()}"
         return f"v{event.get('version')} {event.get('status')}"

@@ -17,7 +17,6 @@ from typing import Any
 
 from textual import work
 
-from tilewright.sessions.state import FAILED_STATUSES
 from tilewright.tui import keymap
 from tilewright.tui.screens.modals import NotePrompt
 from tilewright.tui.session.link import CommandRefused, LiveLink
@@ -151,11 +150,11 @@ class KeyHints:
         if v.status is None:
             return (f"{self._key('run')} evaluates v{v.number} · {self._key('chat')} chat "
                     f"(/plan, /tune) · {self._key('auto')} autonomous")
-        if v.origin == "user-edit" and v.status in FAILED_STATUSES:
+        if v.origin == "user-edit" and v.failed:
             parent = s.versions.get(v.parent) if v.parent else None
             revert = keymap.remapped(self.app).get("history.revert", "r").split(",")[0]
             back = (f" · History: {revert} reverts to v{parent.number}"
-                    if parent is not None and parent.status not in FAILED_STATUSES else "")
+                    if parent is not None and not parent.failed else "")
             agent = str((s.header or {}).get("agent") or "")
             fix = (f"{self._key('chat')} asks the offline agent (its rule-based fixes know "
                    "alignment, block and shape errors, not every failure)"
