@@ -335,31 +335,66 @@ async def test_the_editor_keeps_its_highlighted_lines_when_focus_moves(monkeypat
         assert len(rendered) >= visible
 
 
-def test_session_events_arrive_as_one_message_class_per_family() -> None:
-    """The link posts each event as its family's message; streamed text of one stream
-    is joined by ``can_replace`` (the newer message carries both texts, in order), and
-    the published event is left as it was."""
+def test_session_events_arrive_as_one_message_class_per_fact() -> None:
+    """The link posts each event as its fact's message (a subclass of its family, so a
+    family's handler gets all of them); a finished run carries its ``Judgement``;
+    streamed text of one stream is joined by ``can_replace`` (the newer message carries
+    both texts, in order), and the published event is left as it was."""
     from tilewright.tui.session.link import (
         AgentSaid,
+        AgentStarted,
         AgentStreamed,
+        AutoStopped,
+        ControllerBusy,
+        ControllerIdle,
         DecisionMade,
+        DiagnosisMade,
+        ProfileFinished,
         ProposalMade,
         RunChanged,
+        RunFinished,
+        RunProgressed,
+        RunStarted,
+        SessionError,
         SessionStatus,
         VersionMade,
+        WorkerStateChanged,
         session_message,
     )
 
-    families = {"agent.proposal": ProposalMade, "user.decision": DecisionMade,
-                "kernel.version": VersionMade, "kernel.checkout": VersionMade,
-                "run.start": RunChanged, "run.progress": RunChanged, "run.result": RunChanged,
-                "profile.result": RunChanged, "agent.delta": AgentStreamed,
-                "agent.tool_delta": AgentStreamed, "agent.message": AgentSaid,
-                "agent.tool": AgentSaid, "user.message": AgentSaid,
-                "worker.state": SessionStatus, "controller.idle": SessionStatus,
-                "auto.stop": SessionStatus, "error": SessionStatus, "marker": SessionStatus}
-    for kind, family in families.items():
-        assert type(session_message({"type": kind})) is family, kind  # type: ignore[typeddict-item]
+    facts = {"agent.proposal": (ProposalMade, ProposalMade),
+             "user.decision": (DecisionMade, DecisionMade),
+             "kernel.version": (VersionMade, VersionMade),
+             "kernel.checkout": (VersionMade, VersionMade),
+             "run.start": (RunStarted, RunChanged), "run.progress": (RunProgressed, RunChanged),
+             "run.result": (RunFinished, RunChanged),
+             "profile.result": (ProfileFinished, RunChanged),
+             "diagnosis": (DiagnosisMade, RunChanged),
+             "agent.delta": (AgentStreamed, AgentStreamed),
+             "agent.tool_delta": (AgentStreamed, AgentStreamed),
+             "agent.message": (AgentSaid, AgentSaid), "agent.tool": (AgentSaid, AgentSaid),
+             "user.message": (AgentSaid, AgentSaid), "agent.start": (AgentStarted, AgentSaid),
+             "worker.state": (WorkerStateChanged, SessionStatus),
+             "controller.idle": (ControllerIdle, SessionStatus),
+             "controller.busy": (ControllerBusy, SessionStatus),
+             "auto.stop": (AutoStopped, SessionStatus), "error": (SessionError, SessionStatus),
+             "marker": (SessionStatus, SessionStatus)}
+    for kind, (fact, family) in facts.items():
+        message = session_message({"type": kind})  # type: ignore[typeddict-item]
+        assert type(message) is fact and isinstance(message, family), kind
+
+    finished = session_message({"type": "run.result", "run": "r1", "version": 2,  # type: ignore[typeddict-item]
+                                "status": "correct", "correct": True,
+                                "flags": ["compute_outside_kernel"]})
+    assert isinstance(finished, RunFinished) and finished.version == 2
+    assert finished.judgement is not None and finished.judgement.correct
+    assert not finished.judgement.crownable  # a disqualifying flag, asked of the value
+    cancelled = session_message({"type": "run.result", "version": 2, "cancelled": True})  # type: ignore[typeddict-item]
+    assert isinstance(cancelled, RunFinished) and cancelled.judgement is None
+    started = session_message({"type": "run.start", "version": 3, "kind": "profile"})  # type: ignore[typeddict-item]
+    assert isinstance(started, RunStarted) and started.run_kind == "profile"
+    error = session_message({"type": "error", "where": "agent", "message": "429"})  # type: ignore[typeddict-item]
+    assert isinstance(error, SessionError) and (error.where, error.text) == ("agent", "429")
 
     first = {"type": "agent.delta", "live": True, "text": "Taller "}
     older = session_message(first)  # type: ignore[arg-type]

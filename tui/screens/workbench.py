@@ -26,13 +26,22 @@ from tilewright.tui.screens.modals import ErrorModal, NotePrompt, PlanEditor
 from tilewright.tui.screens.workbench_parts import KeyHints, VersionCommands
 from tilewright.tui.session.link import (
     AgentSaid,
+    AgentStarted,
     AgentStreamed,
+    AutoStopped,
+    ControllerBusy,
+    ControllerIdle,
     DecisionMade,
     LiveLink,
+    ProfileFinished,
     ProposalMade,
     RunChanged,
+    RunFinished,
+    RunStarted,
+    SessionError,
     SessionStatus,
     VersionMade,
+    WorkerStateChanged,
 )
 from tilewright.tui.session.presenter import Presenter, describe_result, describe_stop
 from tilewright.tui.session.view import BlobCache, SessionView
@@ -251,27 +260,32 @@ class WorkbenchScreen(VersionCommands, KeyHints, Screen):
 
     @on(RunChanged)
     def _run_changed(self, message: RunChanged) -> None:
-        e = message.event
+        """Every run's event: a line in the chat, or the live line while it runs."""
         if message.live:  # run.progress: the production verdict, while trials go on
-            self._presenter.live(cast("ev.RunProgress", e))
+            self._presenter.live(cast("ev.RunProgress", message.event))
             return
-        self._presenter.chat_entry(cast("ev.Event", e))
-        if e["type"] == "run.start":
-            what = {"profile": "profiling", "analysis": "analyzing"}.get(
-                str(e.get("kind")), "evaluating")
-            self.query_one(ActivityLine).start(f"{what} v{e.get('version')}")
-        elif e["type"] == "run.result":
-            text, severity = describe_result(cast("ev.RunResult", e),
-                                             narrow=bool(self.query_one(PaneGrid).narrow))
-            self.notify(text, severity=severity, timeout=5, markup=False)  # type: ignore[arg-type]
-        elif e["type"] == "profile.result":
-            if e.get("error"):
-                what = "static analysis" if e.get("static") else "profile"
-                self.notify(f"{what} failed: {e.get('error')}", severity="error",
-                            markup=False)
-            elif not e.get("static"):
-                self.notify(f"profiled v{e.get('version')}", timeout=4)
+        self._presenter.chat_entry(cast("ev.Event", message.event))
         self._schedule_draw()
+
+    @on(RunStarted)
+    def _run_started(self, message: RunStarted) -> None:
+        what = {"profile": "profiling", "analysis": "analyzing"}.get(message.run_kind,
+                                                                     "evaluating")
+        self.query_one(ActivityLine).start(f"{what} v{message.version}")
+
+    @on(RunFinished)
+    def _run_finished(self, message: RunFinished) -> None:
+        text, severity = describe_result(cast("ev.RunResult", message.event),
+                                         narrow=bool(self.query_one(PaneGrid).narrow))
+        self.notify(text, severity=severity, timeout=5, markup=False)  # type: ignore[arg-type]
+
+    @on(ProfileFinished)
+    def _profile_finished(self, message: ProfileFinished) -> None:
+        if message.failed:
+            what = "static analysis" if message.static else "profile"
+            self.notify(f"{what} failed: {message.failed}", severity="error", markup=False)
+        elif not message.static:
+            self.notify(f"profiled v{message.version}", timeout=4)
 
     @on(AgentStreamed)
     def _agent_streamed(self, message: AgentStreamed) -> None:
@@ -280,37 +294,48 @@ class WorkbenchScreen(VersionCommands, KeyHints, Screen):
 
     @on(AgentSaid)
     def _agent_said(self, message: AgentSaid) -> None:
-        e = message.event
-        if not message.live:  # a persisted reply, message or the agent's last word
-            self._presenter.chat_entry(cast("ev.Event", e))
-            self._schedule_draw()
+        if message.live:
+            self._presenter.live(cast("ev.LiveEvent", message.event))
             return
-        self._presenter.live(cast("ev.LiveEvent", e))
-        if e["type"] == "agent.start":
-            self.query_one(ActivityLine).start(f"{e.get('agent', 'agent')} is replying "
-                                               f"({e.get('role', '')})")
+        # a persisted reply, message or the agent's last word
+        self._presenter.chat_entry(cast("ev.Event", message.event))
+        self._schedule_draw()
+
+    @on(AgentStarted)
+    def _agent_started(self, message: AgentStarted) -> None:
+        self.query_one(ActivityLine).start(f"{message.agent} is replying ({message.role})")
 
     @on(SessionStatus)
     def _session_status(self, message: SessionStatus) -> None:
-        e = message.event
+        """Every other event: the live line, or a line in the chat."""
         if message.live:
-            self._presenter.live(cast("ev.LiveEvent", e))
-            if e["type"] == "worker.state":
-                self.worker_state = str(e.get("state"))  # its watcher draws the status
-            elif e["type"] == "controller.idle":
-                self.query_one(ActivityLine).stop()
-                self._schedule_draw()  # what to press next, now that nothing runs
-            elif e["type"] == "controller.busy":
-                self._schedule_draw()
+            self._presenter.live(cast("ev.LiveEvent", message.event))
             return
-        self._presenter.chat_entry(cast("ev.Event", e))
-        if e["type"] == "auto.stop":
-            text, severity = describe_stop(cast("ev.AutoStop", e))
-            self.notify(text, severity=severity, timeout=8)  # type: ignore[arg-type]
-        elif e["type"] == "error":
-            self.notify(str(e.get("message")), title=f"error ({e.get('where')})",
-                        severity="error", timeout=10, markup=False)
+        self._presenter.chat_entry(cast("ev.Event", message.event))
         self._schedule_draw()
+
+    @on(WorkerStateChanged)
+    def _worker_state_changed(self, message: WorkerStateChanged) -> None:
+        self.worker_state = message.state  # its watcher draws the status
+
+    @on(ControllerIdle)
+    def _controller_idle(self, message: ControllerIdle) -> None:
+        self.query_one(ActivityLine).stop()
+        self._schedule_draw()  # what to press next, now that nothing runs
+
+    @on(ControllerBusy)
+    def _controller_busy(self, message: ControllerBusy) -> None:
+        self._schedule_draw()
+
+    @on(AutoStopped)
+    def _auto_stopped(self, message: AutoStopped) -> None:
+        text, severity = describe_stop(cast("ev.AutoStop", message.event))
+        self.notify(text, severity=severity, timeout=8)  # type: ignore[arg-type]
+
+    @on(SessionError)
+    def _session_error(self, message: SessionError) -> None:
+        self.notify(message.text, title=f"error ({message.where})", severity="error",
+                    timeout=10, markup=False)
 
     @property
     def _presenter(self) -> Presenter:

@@ -7,10 +7,14 @@ into a running ``sessions`` controller. A command that cannot run now raises
 ``CommandRefused`` (the controller's ``ControllerError``) whose message the screen
 shows. The replay screen folds recorded events itself and needs no link.
 
-What the session says reaches a screen as Textual messages, one class per family of
-events (``ProposalMade``, ``DecisionMade``, ``VersionMade``, ``RunChanged``,
-``AgentStreamed``, ``AgentSaid``, ``SessionStatus``): ``LiveLink.post_to(screen)``
-subscribes the screen, and the screen handles each family with an ``@on`` handler.
+What the session says reaches a screen as Textual messages: one class per fact a
+screen reacts to (``RunStarted``, ``RunFinished`` with its ``Judgement``,
+``ProfileFinished``, ``AgentStarted``, ``WorkerStateChanged``, ``ControllerIdle``,
+``AutoStopped``, ``SessionError``, ...), each a subclass of its family
+(``ProposalMade``, ``DecisionMade``, ``VersionMade``, ``RunChanged``, ``AgentStreamed``,
+``AgentSaid``, ``SessionStatus``), so a family's ``@on`` handler gets every fact of it
+and a fact's handler only its own: no screen branches on an event's type.
+``LiveLink.post_to(screen)`` subscribes the screen.
 Streamed text (``AgentStreamed``) is joined by Textual's ``Message.can_replace``: a
 newer piece of the same stream replaces one still waiting in the queue and carries
 both texts, so an agent's ~150 pieces a second cost one message per screen turn.
@@ -27,16 +31,19 @@ from textual.message_pump import MessagePump
 
 from tilewright.sessions import events as ev
 from tilewright.sessions.errors import ControllerError as CommandRefused
+from tilewright.sessions.state import event_judgement
 
 if TYPE_CHECKING:  # the controller module is imported once a session opens, not at start
     from tilewright.kernels.judge.result import EvalResult
     from tilewright.sessions.control.controller import Controller
     from tilewright.sessions.drafts import Draft, Stop
-    from tilewright.sessions.state import SessionState
+    from tilewright.sessions.state import Judgement, SessionState
 
-__all__ = ["AgentSaid", "AgentStreamed", "CommandRefused", "DecisionMade", "LiveLink",
-           "ProposalMade", "RunChanged", "SessionMessage", "SessionStatus", "VersionMade",
-           "session_message"]
+__all__ = ["AgentSaid", "AgentStarted", "AgentStreamed", "AutoStopped", "CommandRefused",
+           "ControllerBusy", "ControllerIdle", "DecisionMade", "DiagnosisMade", "LiveLink",
+           "ProfileFinished", "ProposalMade", "RunChanged", "RunFinished", "RunProgressed",
+           "RunStarted", "SessionError", "SessionMessage", "SessionStatus", "VersionMade",
+           "WorkerStateChanged", "session_message"]
 
 
 class SessionMessage(Message):
@@ -79,10 +86,66 @@ class VersionMade(SessionMessage):
 
 
 class RunChanged(SessionMessage):
-    """An evaluation, analysis or profile started, progressed or finished."""
+    """An evaluation, analysis or profile started, progressed or finished (each fact
+    below has its own class; a handler of this one gets them all)."""
 
     KINDS = frozenset({"run.start", "run.progress", "run.result", "profile.result",
                        "diagnosis"})
+
+    @property
+    def version(self) -> int | None:
+        found = self.event.get("version")
+        return int(found) if isinstance(found, int) else None
+
+
+class RunStarted(RunChanged):
+    """A run began: ``run_kind`` eval, profile or analysis."""
+
+    KINDS = frozenset({"run.start"})
+
+    @property
+    def run_kind(self) -> str:
+        return str(self.event.get("kind") or "eval")
+
+
+class RunProgressed(RunChanged):
+    """Live news of a run in progress (the production verdict while trials go on)."""
+
+    KINDS = frozenset({"run.progress"})
+
+
+class RunFinished(RunChanged):
+    """A run's result; ``judgement`` is what the evaluation decided (None for a cancelled
+    or interrupted run, which decided nothing)."""
+
+    KINDS = frozenset({"run.result"})
+
+    @property
+    def judgement(self) -> Judgement | None:
+        if self.event.get("cancelled") or self.event.get("status") == "error":
+            return None
+        return event_judgement(dict(self.event))
+
+
+class ProfileFinished(RunChanged):
+    """A profile or static analysis finished (``failed``: its error, else None)."""
+
+    KINDS = frozenset({"profile.result"})
+
+    @property
+    def static(self) -> bool:
+        return bool(self.event.get("static"))
+
+    @property
+    def failed(self) -> str | None:
+        error = self.event.get("error")
+        return str(error) if error else None
+
+
+class DiagnosisMade(RunChanged):
+    """What a profile or analysis says is holding the version back."""
+
+    KINDS = frozenset({"diagnosis"})
 
 
 class AgentStreamed(SessionMessage):
@@ -114,21 +177,81 @@ class AgentSaid(SessionMessage):
                        "agent.tool", "agent.tool_result", "agent.notice", "agent.usage"})
 
 
+class AgentStarted(AgentSaid):
+    """The agent began a reply (``agent``: who, ``role``: as what)."""
+
+    KINDS = frozenset({"agent.start"})
+
+    @property
+    def agent(self) -> str:
+        return str(self.event.get("agent") or "agent")
+
+    @property
+    def role(self) -> str:
+        return str(self.event.get("role") or "")
+
+
 class SessionStatus(SessionMessage):
-    """Everything else: the worker's and the controller's state, mode changes,
-    autonomous mode's stop, errors, notices and markers."""
+    """Everything else: mode changes, notices and markers; the facts below have their
+    own classes (a handler of this one gets them all)."""
 
 
+class WorkerStateChanged(SessionStatus):
+    """The judge's worker changed state (``state``: starting, ready, busy, ...)."""
+
+    KINDS = frozenset({"worker.state"})
+
+    @property
+    def state(self) -> str:
+        return str(self.event.get("state"))
+
+
+class ControllerIdle(SessionStatus):
+    """Nothing runs any more: the next key is the person's."""
+
+    KINDS = frozenset({"controller.idle"})
+
+
+class ControllerBusy(SessionStatus):
+    """The controller took up work (a run, an agent's turn)."""
+
+    KINDS = frozenset({"controller.busy"})
+
+
+class AutoStopped(SessionStatus):
+    """Autonomous mode stopped (its reason and budgets are in ``event``)."""
+
+    KINDS = frozenset({"auto.stop"})
+
+
+class SessionError(SessionStatus):
+    """Something failed in the session (``where``: which part; ``text``: what)."""
+
+    KINDS = frozenset({"error"})
+
+    @property
+    def where(self) -> str:
+        return str(self.event.get("where") or "session")
+
+    @property
+    def text(self) -> str:
+        return str(self.event.get("message"))
+
+
+# The most specific class of each kind: a family names its kinds, a fact's class its own.
 _FAMILIES: dict[str, type[SessionMessage]] = {
     kind: family
     for family in (ProposalMade, DecisionMade, VersionMade, RunChanged, AgentStreamed,
-                   AgentSaid)
+                   AgentSaid, RunStarted, RunProgressed, RunFinished, ProfileFinished,
+                   DiagnosisMade, AgentStarted, WorkerStateChanged, ControllerIdle,
+                   ControllerBusy, AutoStopped, SessionError)
     for kind in family.KINDS
 }
 
 
 def session_message(event: ev.AnyEvent) -> SessionMessage:
-    """The message of ``event``'s family (``SessionStatus`` for any other kind)."""
+    """The message of ``event``'s kind: its fact's class where it has one, else its
+    family's (``SessionStatus`` for any other kind)."""
     return _FAMILIES.get(str(event["type"]), SessionStatus)(event)
 
 
