@@ -138,7 +138,8 @@ def test_best_is_decided_by_the_judges_one_rule() -> None:
     is ``kernels.judge.rank.best_of``: no module outside ``kernels/judge/`` orders
     ranks by ``Rank.key`` itself (each copy once had a tie rule of its own)."""
     found = _outside_the_judge(
-        r"key=lambda[^#\n]*\.key\(\)|\.key\(\) *[<>]=?|[<>]=? *[\w.]*\.key\(\)")
+        r"key=lambda[^#\n]*\.key\(\)|key=[\w.]+\.key\b|\.key\(\) *[<>]=?"
+        r"|[<>]=? *[\w.]*\.key\(\)")
     assert not found, "ranks ordered outside kernels/judge:\n" + "\n".join(found)
 
 
@@ -211,6 +212,14 @@ def test_best_of_takes_the_lighter_of_two_estimates_within_a_percent() -> None:
     assert "32 MiB against 52 MiB" in note
     assert tie_note([("v1", light), ("v2", lighter_slow)], lambda item: item[1],
                     lambda item: item[0]) is None  # the highest is the choice
+    # A beam cut from ranked_order holds best_of's choice, which Rank.key alone would not
+    # put first: the lighter of the tie leads, then the heavier, then the slower.
+    from tilewright.kernels.judge.rank import ranked_order
+
+    order = ranked_order([("heavy", heavy), ("slow", lighter_slow), ("light", light)],
+                         lambda item: item[1])
+    assert [name for name, _ in order] == ["light", "heavy", "slow"]
+    assert max([heavy, light], key=Rank.key) is heavy  # the raw key's first
 
 
 def test_no_function_shadows_a_module_it_imports() -> None:

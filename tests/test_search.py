@@ -20,7 +20,7 @@ import pytest
 from judges import MarkedJudge
 
 from tilewright.agents import brief, make_agent
-from tilewright.kernels.judge.rank import Rank
+from tilewright.kernels.judge.rank import Rank, best_of, ranked_order
 from tilewright.kernels.pool import LocalExecutor
 from tilewright.kernels.pool.workers import EvalOptions
 from tilewright.kernels.tasks.loaders import load_task
@@ -63,8 +63,9 @@ def _check_recorded_search(path: Path) -> None:
     for rounds in state.rounds.values():
         for info in rounds:  # only correct nodes enter a beam, best first
             assert all(state.is_correct(v) for v in info.beam)
-            keys = [state.key(v) for v in info.beam]  # Rank.key: the one ordering
-            assert keys == sorted(keys, reverse=True)
+            # best first by the judge's one rule: the beam's head is what best_of crowns
+            assert info.beam == ranked_order(info.beam, state.rank)
+            assert info.beam[:1] == ([best_of(info.beam, state.rank)] if info.beam else [])
     assert events[-2]["type"] == "search.end" and events[-1]["type"] == "session.end"
 
 
@@ -85,7 +86,7 @@ async def test_beam_search_on_a_bundled_task(tmp_path) -> None:
     state = search.state
     assert summary.best_rank is not None and summary.best_version is not None
     assert Rank.from_json(summary.best_rank) == state.rank(summary.best_version)
-    assert state.key(summary.best_version) >= state.key(1)  # never worse than the root
+    assert best_of([summary.best_version, 1], state.rank) == summary.best_version  # never worse than the root
     # the children of round 1: one from the agent (tuner), one a tuning step of the search
     first = [n for n in state.nodes.values() if n.round == 1]
     assert {n.proposer for n in first} == {"agent", "tuning"}

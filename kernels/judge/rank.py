@@ -89,6 +89,18 @@ def best_of(items: Iterable[_T], rank: Callable[[_T], Rank | None]) -> _T | None
     return chosen
 
 
+def ranked_order(items: Iterable[_T], rank: Callable[[_T], Rank | None]) -> list[_T]:
+    """The items best first, by ``best_of``'s rule applied again to what is left: the
+    first is the one ``best_of`` crowns, so a beam cut from the front always holds it."""
+    left = list(items)
+    order: list[_T] = []
+    while left:
+        top = best_of(left, rank)
+        index = next(i for i, item in enumerate(left) if item is top)
+        order.append(left.pop(index))
+    return order
+
+
 def _highest(pool: list[tuple[_T, Rank | None]]) -> tuple[_T, Rank | None] | None:
     """The (item, rank) whose ``rank_key`` is highest, the first of equals."""
     best: tuple[_T, Rank | None] | None = None

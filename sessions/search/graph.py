@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from tilewright.kernels.judge.rank import Rank, best_of, rank_key
+from tilewright.kernels.judge.rank import Rank, best_of
 from tilewright.sessions import events as ev
 from tilewright.sessions.actions import SlotKey
 from tilewright.sessions.state import SessionState
@@ -156,11 +156,6 @@ class SearchState:
         (incorrect, flagged, not evaluated) or has no rank."""
         v = self.session.versions.get(version) if version is not None else None
         return v.rank if v is not None and v.crownable else None
-
-    def key(self, version: int | None) -> tuple[int, int, float, float]:
-        """The one ordering (``Rank.key``, larger is better) for a version; ``UNRANKED``
-        for one that ranks nothing."""
-        return rank_key(self.rank(version))
 
     def is_correct(self, version: int) -> bool:
         """Correct and not disqualified by an integrity flag: only such nodes enter the

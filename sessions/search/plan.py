@@ -11,7 +11,7 @@ the same decisions from the same events.
 
 from __future__ import annotations
 
-from tilewright.kernels.judge.rank import best_of
+from tilewright.kernels.judge.rank import best_of, ranked_order
 from tilewright.sessions.actions import (
     ApplyProposal,
     Decide,
@@ -100,8 +100,9 @@ def select_beam(s: SearchState, lineage: int, rnd: int) -> RoundInfo:
         pool = children + (prev[-1].beam if prev else [])
         failed = children
     pool = [v for v in dict.fromkeys(pool) if v is not None and not s.nodes[v].pruned]
-    # Highest rank first (Rank.key), the earlier version first on ties.
-    correct = sorted(sorted(v for v in pool if s.is_correct(v)), key=s.key, reverse=True)
+    # Best first by the judge's one rule (``best_of``: the earlier version on ties, the
+    # least VMEM among estimates within a percent), so the beam holds the round's best.
+    correct = ranked_order(sorted(v for v in pool if s.is_correct(v)), s.rank)
     beam = correct[:width]
     repair: list[int] = []
     if not beam:
