@@ -12,6 +12,20 @@ STATUS_MARKS = {"correct": "✓", "incorrect": "✗", "compile_error": "✗", "r
                 "timeout": "⏱", "crashed": "☠", "rejected": "⊘", None: "·"}
 
 
+# The TPU compiler's verdict at the production shape (``tpu.compile``), the same in every
+# pane: (mark, word, sentence, style). "refused" is the kernel's fault; "unavailable"
+# means this host could not ask the compiler (the reason is in Problems).
+COMPILE_VERDICTS = {"ok": ("✓", "ok", "accepted", "green"),
+                    "error": ("✗ refused", "refused", "refused", "bold red"),
+                    "unavailable": ("? n/a", "unavailable", "not compiled", "yellow")}
+
+
+def compile_verdict(verdict: str | None) -> tuple[str, str, str, str]:
+    """``COMPILE_VERDICTS``' row for a verdict (one it does not know reads as itself)."""
+    found = COMPILE_VERDICTS.get(str(verdict))
+    return found or (str(verdict), str(verdict), f"not compiled ({verdict})", "yellow")
+
+
 def status_mark(status: str | None) -> str:
     """The mark for a version's status ("?" for one this table does not know)."""
     return STATUS_MARKS.get(status, "?")

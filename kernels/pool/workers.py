@@ -1,7 +1,7 @@
 """Worker processes that run JAX for the app: ``WorkerPool``, ``EvalOptions``.
 
 The app never imports JAX. A ``WorkerPool`` keeps long-lived ``python -m
-kernels.worker.main`` processes that import JAX once and evaluate candidates sent
+tilewright.kernels.worker.main`` processes that import JAX once and evaluate candidates sent
 as source text over a private socket. A request that times out, crashes its worker
 (abort, segfault, ``os._exit``), exceeds the memory limit or is cancelled kills that
 worker (its whole process group) and a fresh one is started in the background; the

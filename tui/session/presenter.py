@@ -15,6 +15,8 @@ from typing import Any
 from tilewright.sessions import events as ev
 from tilewright.sessions.autonomy import stop_words
 from tilewright.sessions.state import event_judgement
+from tilewright.tui import keymap
+from tilewright.tui.format import compile_verdict
 from tilewright.tui.session.view import SessionView
 from tilewright.tui.widgets.chat import ChatPane
 from tilewright.tui.widgets.history import HistoryPane
@@ -72,8 +74,8 @@ def chip_line(chip: str, result: dict[str, Any]) -> str:
     from tilewright.tui.problems import tpu_summary
 
     tpu = result.get("tpu") or {}
-    verdict = {"ok": "accepted", "error": "refused", "unavailable": "not compiled"}.get(
-        tpu.get("compile"), f"not compiled ({result.get('status')})")
+    verdict = compile_verdict(tpu.get("compile"))[2] if tpu.get("compile") else \
+        f"not compiled ({result.get('status')})"
     summary = tpu_summary(result).partition(" · ")[2]
     line = f"{chip} {verdict}" + (f" · {summary}" if summary else "")
     if tpu.get("compile") != "ok":
@@ -184,7 +186,8 @@ class Presenter:
         by = " (auto)" if e.get("by") == "auto" else ""
         word = PAST.get(e.get("decision", ""), str(e.get("decision")))
         if not e.get("proposal"):  # the person's own edit, with nothing pending
-            self.chat.add_notice("you edited the kernel (F2): it becomes a version of yours")
+            keys = keymap.say(self.grid.app, "edit")  # the keys in force, remaps included
+            self.chat.add_notice(f"you edited the kernel ({keys}): it becomes a version of yours")
             return
         self.chat.add_notice(f"{word} {e.get('proposal')}{by}{note}")
 

@@ -17,7 +17,7 @@ from textual.message import Message
 from textual.widgets import DataTable
 
 from tilewright.sessions.state import Rank
-from tilewright.tui.format import format_vmem, rank_at_length, status_mark
+from tilewright.tui.format import compile_verdict, format_vmem, rank_at_length, status_mark
 
 
 @dataclass(frozen=True)
@@ -40,8 +40,7 @@ def tpu_cell(row: VersionRow) -> str:
     """"v5e ✓ 2.0/16.0M": the chip, the compiler's verdict, VMEM of the scoped limit."""
     if not row.tpu_compile:
         return ""
-    mark = {"ok": "✓", "error": "✗ refused", "unavailable": "? n/a"}.get(
-        row.tpu_compile, row.tpu_compile)
+    mark = compile_verdict(row.tpu_compile)[0]
     vmem = format_vmem(row.vmem_bytes, row.vmem_limit_bytes).removeprefix("VMEM ")
     return " ".join(x for x in (row.chip, mark, vmem.replace(" MiB", "M")) if x)
 

@@ -12,12 +12,7 @@ from textual.reactive import reactive
 from textual.widgets import Static
 
 from tilewright.sessions.state import Rank
-from tilewright.tui.format import format_vmem, rank_at_length
-
-# The TPU compiler's verdict in words: "refused" is the kernel's fault, "unavailable"
-# means this host could not ask the compiler (the reason is in Problems).
-COMPILE_WORDS = {"ok": ("ok", "green"), "error": ("refused", "bold red"),
-                 "unavailable": ("unavailable", "yellow")}
+from tilewright.tui.format import compile_verdict, format_vmem, rank_at_length
 
 
 @dataclass(frozen=True)
@@ -117,7 +112,7 @@ class StatusBar(Static):
             text.append(" STEP ", style="bold reverse cyan")
         text.append(f" · {'it' if short_words else 'iter'} {i.iteration}")
         if i.tpu_compile and (level < 8 or i.tpu_compile != "ok"):
-            verdict, style = COMPILE_WORDS.get(i.tpu_compile, (i.tpu_compile, "yellow"))
+            _mark, verdict, _sentence, style = compile_verdict(i.tpu_compile)
             if level < 6:
                 text.append(" · compile " if short_words else " · TPU compile ")
             else:
