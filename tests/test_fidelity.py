@@ -61,6 +61,30 @@ def test_the_floor_decides_when_above_the_compiler() -> None:
     assert fidelity.floored_speedup(kernel, reference, fast_floor) == (2.0, "compiler")
 
 
+def test_the_reference_is_never_priced_below_its_roofline() -> None:
+    """18k's XLA convolution on v5e: the compiler's 0.70 ms for 3.02e11 FLOPs is 2.2x
+    below the FLOPs at the chip's bf16 peak (1.53 ms); the reference is priced at its
+    roofline, and the basis says so. Of the 29 measured programs with estimates
+    (benchmarks/data/estimate_fidelity_rows.json) none has its roofline above both its
+    estimate and its memory floor: this changes none of them."""
+    from tilewright.kernels.judge.rank import Rank
+
+    floor = fidelity.floor("v5e", 843_726_848, 788_808_192)
+    kernel = {"cycles": 6_782_057, "seconds": 4.521e-3}
+    reference = {"cycles": 1_050_644, "seconds": 0.7004e-3}
+    plain, basis = fidelity.floored_speedup(kernel, reference, floor)
+    assert basis == "memory_floor" and abs(plain - 0.963 / 4.521) < 1e-3
+    speedup, basis = fidelity.floored_speedup(kernel, reference, floor, 1.5316e-3)
+    assert basis == "roofline" and abs(speedup - 1.5316 / 4.521) < 1e-6
+    # a roofline below the estimate changes nothing
+    assert fidelity.floored_speedup(kernel, reference, floor, 0.5e-3) == (plain, "memory_floor")
+    rank = Rank("tpu_estimate", speedup, "v5e", basis="roofline", compiler_value=0.155)
+    assert rank.floored and "XLA at its roofline; cycles alone 0.15x" in rank.how()
+    assert "roofline decided it" in (rank.floor_words() or "")
+    assert fidelity.lookup("v5e", "compute_bound", "roofline") == \
+        fidelity.lookup("v5e", "compute_bound", "memory_floor")
+
+
 def test_scaled_references_use_the_cost_per_unit_at_the_larger_size() -> None:
     value, line, spread = reference.scale_reference(460_000, 600_000, 256, 512, 4096)
     assert value == 600_000 * 8 and line < value and 0 < spread < 1

@@ -394,3 +394,21 @@ def test_a_wide_row_reduction_keeps_a_k_block_of_512(tmp_path: Any) -> None:
     x_block = calls[0].params["grid_mapping"].block_mappings[0].block_shape
     rows, k_block = (int(getattr(d, "block_size", d)) for d in tuple(x_block)[-2:])
     assert (rows, k_block) == (256, 512), (rows, k_block)
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_bf16_convolution_gets_the_compilers_estimate(worker_pool: Any,
+                                                             tmp_path: Any) -> None:
+    """The column taps shift the float32 products, not the bf16 inputs: a window of packed
+    bf16 rows at an odd column offset made the v5e estimator abort (libtpu 0.0.42:
+    "Expected vector-bf16packed, got vector-int16" in a vmatmul), and the conv tasks had
+    no figure at all."""
+    task = _task(tmp_path, "conv_nhwc", "bfloat16")
+    source, _why = write_template(agents.brief(task), "conv")
+    result = await worker_pool.evaluate(task, source, EvalOptions(trials=1, timing=False,
+                                                                  chip="v5e"))
+    assert result.status == "correct", (result.error, result.correctness)
+    tpu = result.tpu or {}
+    assert tpu.get("compile") == "ok", tpu.get("message")
+    assert (tpu.get("estimate") or {}).get("cycles"), tpu.get("estimate_unavailable")

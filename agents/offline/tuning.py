@@ -236,9 +236,9 @@ def floor_note(obs: tuner.Observations) -> str:
     if best is None:
         return ""
     top = obs.rank.get(best[0])
-    if top is None or top.basis != "memory_floor" or top.value is None:
+    if top is None or not top.floored or top.value is None:
         return ""
-    tied = [(k, r) for k, r in obs.rank.items() if r is not None and r.basis == "memory_floor"
+    tied = [(k, r) for k, r in obs.rank.items() if r is not None and r.floored
             and r.value is not None and times(r.value) == times(top.value)]
     if len(tied) < 2:
         return ""

@@ -197,6 +197,9 @@ def ranking_text(request: AgentRequest) -> str:
     if n.get("basis") == "memory_floor":
         text += " The latest figure rests on the memory system's floor, which was higher " \
                 "than the compiler's count."
+    elif n.get("basis") == "roofline":
+        text += " The latest figure prices the XLA reference at its roofline (its FLOPs " \
+                "at the chip's peak), which was higher than the compiler's count for it."
     text += (" Off a TPU the check shapes run in TPU interpret mode on this CPU: that host "
              "simulation time checks correctness only. It is not a speedup and ranks "
              "nothing.")

@@ -219,6 +219,10 @@ def _floor_text(n: dict[str, Any]) -> str:
                  if n.get("compiler_ratio") else "")
         return text + " It decided the ranking number" + alone + (
             ": " + "; ".join(above) if above else "") + "."
+    if n.get("basis") == "roofline":
+        return (text + " The ranking number prices the XLA reference at its roofline "
+                "instead (its FLOPs at the chip's peak), which is above the compiler's "
+                "figure for it: no program computing it is faster.")
     if len(sides) == 2 and all(floor <= est for _who, floor, est in sides):
         return (text + f" It is below both compiler estimates (kernel {t(k_est)}, XLA "
                 f"reference {t(r_est)}): the compiler's figures rank.")

@@ -124,7 +124,7 @@ def estimate_rows(tpu: dict[str, Any], rank: Any = None) -> list[tuple[str, str]
     if isinstance(ref.get("cycles"), int):
         rows.append(("XLA ref.", f"{ref['cycles']:,} cycles = {_ms(ref.get('seconds'))}"))
     roof = tpu.get("reference_roofline") or {}
-    if roof.get("seconds") and shown.is_roofline:
+    if roof.get("seconds") and (shown.is_roofline or shown.basis == "roofline"):
         parts = [f"{roof['bound_by']}-bound"] if roof.get("bound_by") else []
         if roof.get("flops"):
             parts.append(f"{float(roof['flops']):.3g} FLOPs")
@@ -132,7 +132,10 @@ def estimate_rows(tpu: dict[str, Any], rank: Any = None) -> list[tuple[str, str]
             parts.append(_mib(roof["bytes"]))
         rows.append(("roofline", f"XLA reference {_ms(roof['seconds'])}"
                                  + (f" ({', '.join(parts)})" if parts else "")
-                                 + "; no program computing it is faster"))
+                                 + "; no program computing it is faster"
+                                 + (f" (above XLA's estimate, {_ms(ref.get('seconds'))}: "
+                                    "it decided the estimate)"
+                                    if shown.basis == "roofline" and ref else "")))
     floor = tpu.get("floor") or {}
     if floor.get("kernel_s"):
         decided = " (it decided the estimate)" if shown.basis == "memory_floor" else ""

@@ -196,7 +196,7 @@ class Rank:
     kernel_cycles: int | None = None  # the compiler's cycles for it
     reference_s: float | None = None  # the reference's: estimate, or roofline (roofline)
     clock_hz: float | None = None  # the chip's clock the cycles are counted at
-    basis: str | None = None  # compiler | memory_floor (tpu_estimate)
+    basis: str | None = None  # compiler | memory_floor | roofline (tpu_estimate)
     derived: bool = False  # a figure was scaled from a shorter grid or a smaller size
     estimate: float | None = None  # the estimated speedup, also beside a measurement
     measured: float | None = None  # measured on a TPU
@@ -364,20 +364,31 @@ class Rank:
         words = ["TPU compiler"]
         if self.derived:
             words.append("scaled")
-        if self.basis == "memory_floor":
+        if self.floored:
             alone = f"; cycles alone {times(self.compiler_value)}" \
                 if self.compiler_value is not None else ""
-            words.append(f"memory floor{alone}")
+            what = "XLA at its roofline" if self.basis == "roofline" else "memory floor"
+            words.append(f"{what}{alone}")
         return ", ".join(words)
+
+    @property
+    def floored(self) -> bool:
+        """A floor decided the estimate, not the compiler's cycles: a memory floor (either
+        side's bytes at the HBM bandwidth), or the XLA reference's roofline (its FLOPs at
+        the chip's peak, where the compiler priced it below that)."""
+        return self.basis in ("memory_floor", "roofline")
 
     def floor_words(self) -> str | None:
         """When the memory floor decided an estimate, both figures in a sentence: "the
         memory floor decided it (est. 4.00x); the compiler's cycles alone say 1.72x";
         None otherwise."""
-        if self.source != "tpu_estimate" or self.basis != "memory_floor" or self.value is None:
+        if self.source != "tpu_estimate" or not self.floored or self.value is None:
             return None
         alone = f"; the compiler's cycles alone say {times(self.compiler_value)}" \
             if self.compiler_value is not None else ""
+        if self.basis == "roofline":
+            return (f"the XLA reference's roofline decided it (est. {times(self.value)}: "
+                    f"the compiler priced XLA below its FLOPs at the chip's peak){alone}")
         return f"the memory floor decided it (est. {times(self.value)}){alone}"
 
     def time_words(self) -> str | None:

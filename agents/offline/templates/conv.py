@@ -39,15 +39,20 @@ BLOCK_ROWS = 8  # output rows per grid step
 TUNABLES = {"BLOCK_ROWS": [1, 2, 4, 8, 16, 32, 64]}
 ''' + VMEM_HELPERS + '''
 
-def _conv_body(x_ref, w_ref, o_ref, *, kh, kw, rows, width):
+def _conv_body(x_ref, w_ref, o_ref, *, kh, kw, rows, width, padded):
     r = pl.program_id(1)
-    acc = jnp.zeros((rows * width, o_ref.shape[-1]), jnp.float32)
+    o = o_ref.shape[-1]
+    acc = jnp.zeros((rows, width, o), jnp.float32)
     for i in range(kh):
+        # ``rows`` image rows at every (padded) column: an aligned slab. The column taps
+        # shift the float32 products, not the inputs: a window of packed bf16 rows at an
+        # odd column offset is a sublane shift the TPU compiler's estimator cannot price.
+        slab = x_ref[0, pl.ds(r * rows + i, rows), :, :]
+        flat = slab.reshape(rows * padded, slab.shape[-1])
         for j in range(kw):
-            window = x_ref[0, pl.ds(r * rows + i, rows), pl.ds(j, width), :]
-            acc += jnp.dot(window.reshape(rows * width, window.shape[-1]), w_ref[i, j],
-                           preferred_element_type=jnp.float32)
-    o_ref[0] = acc.reshape(rows, width, o_ref.shape[-1]).astype(o_ref.dtype)
+            product = jnp.dot(flat, w_ref[i, j], preferred_element_type=jnp.float32)
+            acc += product.reshape(rows, padded, o)[:, j:j + width, :]
+    o_ref[0] = acc.astype(o_ref.dtype)
 
 
 def _conv(lhs, rhs, window_strides=(1, 1), padding="VALID", lhs_dilation=None,
@@ -77,18 +82,19 @@ def _conv(lhs, rhs, window_strides=(1, 1), padding="VALID", lhs_dilation=None,
     oh, ow = h + sum(ph) - kh + 1, wd + sum(pw) - kw + 1
     rows = min(BLOCK_ROWS, oh)
     width = -(-ow // 16) * 16  # whole sublane tiles: a window's rows flatten for free
+    padded = -(-(width + kw - 1) // 16) * 16  # the image's columns: every tap's, whole tiles
     oh_pad = -(-oh // rows) * rows
-    x = jnp.pad(x, ((0, 0), (ph[0], ph[1] + oh_pad - oh), (pw[0], pw[1] + width - ow),
-                    (0, 0)))
+    x = jnp.pad(x, ((0, 0), (ph[0], ph[1] + oh_pad - oh),
+                    (pw[0], padded - wd - pw[0]), (0, 0)))
     o = w.shape[-1]
     out_dtype = jnp.result_type(lhs.dtype, rhs.dtype)
     # VMEM holds the channels padded to whole 128-lane vregs (C_in = 64 takes 128)
     lanes = -(-c // 128) * 128
     image = x.shape[1] * x.shape[2] * lanes * x.dtype.itemsize
     need = 2 * (image + w.size * w.dtype.itemsize
-                + rows * width * o * jnp.dtype(out_dtype).itemsize) + 3 * rows * width * o * 4
+                + rows * width * o * jnp.dtype(out_dtype).itemsize) + 3 * rows * padded * o * 4
     out = pl.pallas_call(
-        functools.partial(_conv_body, kh=kh, kw=kw, rows=rows, width=width),
+        functools.partial(_conv_body, kh=kh, kw=kw, rows=rows, width=width, padded=padded),
         out_shape=jax.ShapeDtypeStruct((n, oh_pad, width, o), out_dtype),
         grid=(n, oh_pad // rows),
         in_specs=[pl.BlockSpec((1, *x.shape[1:]), lambda b, r: (b, 0, 0, 0)),

@@ -117,7 +117,7 @@ def lookup(chip: str, klass: str | None, basis: str | None = None) -> dict[str, 
         return None
     table = _table()
     chips = table.get("chips") or {}
-    key = "with_floor" if basis == "memory_floor" else "compiler"
+    key = "with_floor" if basis in ("memory_floor", "roofline") else "compiler"
     found, measured_on = None, chip
     if klass in ((chips.get(chip) or {}).get(key) or {}):
         found = chips[chip][key][klass]
@@ -202,14 +202,20 @@ def kernel_time(kernel: dict[str, Any], found: dict[str, Any] | None) -> float |
 
 
 def floored_speedup(kernel: dict[str, Any], reference: dict[str, Any],
-                    found: dict[str, Any] | None) -> tuple[float, str]:
+                    found: dict[str, Any] | None, reference_roofline_s: float | None = None
+                    ) -> tuple[float, str]:
     """(speedup, basis): the reference's time over the kernel's, each the larger of the
-    compiler's estimate and its memory floor; ``basis`` says which decided: ``compiler``
-    when neither floor is above its estimate, else ``memory_floor``."""
+    compiler's estimate and its memory floor, the reference's also at least its roofline
+    (its FLOPs at the chip's peak: no program computing it is faster); ``basis`` says
+    which decided: ``compiler`` when no floor is above its estimate, ``roofline`` when
+    the reference's roofline is (an XLA convolution of 18k's on v5e was estimated at
+    2.2x below its FLOPs at peak), else ``memory_floor``."""
     k_s, r_s = kernel.get("seconds"), reference.get("seconds")
     if not found or not k_s or not r_s:
         return reference["cycles"] / kernel["cycles"], "compiler"
     k = max(k_s, found.get("kernel_s") or 0.0)
     r = max(r_s, found.get("reference_s") or 0.0)
+    if reference_roofline_s and reference_roofline_s > r:
+        return reference_roofline_s / k, "roofline"
     basis = "memory_floor" if (k > k_s or r > r_s) else "compiler"
     return r / k, basis

@@ -409,7 +409,8 @@ class ProductionRun:
                 and estimate.get("cycles"):
             section["compiler_speedup"] = ref["cycles"] / estimate["cycles"]
             section["estimated_speedup"], section["basis"] = fidelity.floored_speedup(
-                estimate, ref, section["floor"])
+                estimate, ref, section["floor"],
+                (section["reference_roofline"] or {}).get("seconds"))
         elif estimate is not None and not estimate.get("cycles"):
             section["estimate_unavailable"] = section["unpriced"]
         elif estimate is not None:
