@@ -66,3 +66,35 @@ def test_a_version_reads_its_latest_judgement() -> None:
     v.judgement = Judgement.of(_result(flags=("nondeterministic",)))
     assert v.correct and not v.crownable and v.rank is not None and v.rank.disqualified
     assert v.flags == ("nondeterministic",) and v.vmem_bytes == v.judgement.vmem_bytes
+
+
+def test_the_judges_own_amendments_happen_once_each() -> None:
+    """What the worker, the pool and the evaluation add after an evaluation goes through
+    ``EvalResult``'s methods: a withheld verdict, a kill blamed on the task, leftovers."""
+    from tilewright.kernels.worker import main as worker_main
+
+    reply = {"result": _result().to_json(), "recycle": "the judge's own modules changed: x"}
+    worker_main._withhold_verdict({"op": "eval"}, reply)
+    withheld = EvalResult.from_json(reply["result"])
+    assert withheld.status == "runtime_error" and withheld.timing is None
+    assert withheld.error is not None and withheld.error.kind == "task"
+    assert "modules changed: x" in withheld.error.message
+    assert withheld.correctness == {"correct": False}
+    assert Judgement.of(withheld).failed and Judgement.of(withheld).error_kind == "task"
+    other = {"result": {"schema": "x"}, "recycle": "y"}
+    worker_main._withhold_verdict({"op": "profile"}, other)
+    assert other["result"] == {"schema": "x"}  # only an evaluation carries a verdict
+
+    result = _result("timeout", error=EvalError(kind="timeout", message="killed"))
+    result.blame_task(None)
+    assert result.error is not None and result.error.kind == "timeout"
+    result.blame_task(EvalError(kind="task", message="the reference alone ran out of time"))
+    assert result.error.kind == "task"
+
+    result = _result(flags=("degenerate_reference",))
+    result.note_leftovers(0)
+    assert "leftover_processes" not in result.extra
+    result.note_leftovers(2)  # the candidate process's count, then the judge's
+    result.note_leftovers(1)
+    assert result.extra["leftover_processes"] == 3
+    assert result.integrity["flags"] == ["degenerate_reference", "spawned_processes"]

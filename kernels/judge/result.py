@@ -95,6 +95,43 @@ class EvalResult:
 
         return ranking(self.to_json())
 
+    # -- what the judge's own layers add after the evaluation ---------------------------
+    # The worker (a harness changed under it), the pool (a kill to blame on the task) and
+    # the evaluation (processes the candidate left) amend a result only through these.
+
+    def flag(self, *flags: str) -> None:
+        """Add integrity flags (each once; the list kept sorted)."""
+        self.integrity["flags"] = sorted({*(self.integrity.get("flags") or ()), *flags})
+
+    def note_leftovers(self, count: int | None) -> None:
+        """``count`` processes the candidate left behind (killed with its request; the
+        candidate process's and the judge's own counts add up): recorded in
+        ``extra.leftover_processes`` and flagged ``spawned_processes``."""
+        if not count:
+            return
+        self.extra["leftover_processes"] = int(self.extra.get("leftover_processes") or 0) \
+            + int(count)
+        self.flag("spawned_processes")
+
+    def blame_task(self, error: EvalError | None) -> None:
+        """The task's reference alone does not fit the limits the kernel was killed by:
+        ``error`` blames the task instead (None: the kernel's own error stands)."""
+        if error is not None:
+            self.error = error
+
+    def withhold(self, why: str) -> None:
+        """No verdict: the judge's harness changed while task code (the reference, the
+        input builder) ran in it, so the task is blamed and nothing is believed."""
+        self.status = "runtime_error"
+        self.error = EvalError(
+            kind="task", message=f"the task's code changed the harness in the judge ({why}): "
+            "no verdict is given, and the worker is replaced",
+            hint="Task files (reference.py, input builders) run in the judge: they must not "
+                 "import or patch tilewright's harness.")
+        self.timing = None
+        if isinstance(self.correctness, dict):
+            self.correctness["correct"] = False
+
     def error_line(self) -> str | None:
         """One line saying why the evaluation failed (kind, place, message), for the log,
         reports and tables; None when it did not fail."""

@@ -437,11 +437,14 @@ class WorkerPool:
             if failure.kind in ("timeout", "memory") and not self._closed:
                 extra["reference_probe"], blamed = await self._blame(
                     task, options, failure.kind, failure.message)
-                error = blamed or error
-            return EvalResult(
+            else:
+                blamed = None
+            result = EvalResult(
                 status=status, backend=self._backend, error=error,
                 duration_s=time.perf_counter() - started, stderr=failure.stderr,
                 extra=extra, confinement=self.confinement)
+            result.blame_task(blamed)
+            return result
         if not reply.get("ok"):  # the harness itself raised: say so, never blame the kernel
             error = reply.get("error") or {}
             return EvalResult(
@@ -457,15 +460,11 @@ class WorkerPool:
             # alone does not fit either (docs/SECURITY.md, "Errors blame the right party")
             result.extra["reference_probe"], blamed = await self._blame(
                 task, options, killed, result.error.message)
-            result.error = blamed or result.error
+            result.blame_task(blamed)
         result.duration_s = time.perf_counter() - started
         result.extra.setdefault("phases", {})["worker_s"] = reply.get("handler_s")
         result.confinement = self.confinement
-        leftovers = reply.get("leftover_processes")
-        if leftovers:
-            result.extra["leftover_processes"] = leftovers
-            if "spawned_processes" not in result.integrity.setdefault("flags", []):
-                result.integrity["flags"].append("spawned_processes")
+        result.note_leftovers(reply.get("leftover_processes"))
         return result
 
     async def estimate(self, task: Task, source: str, options: EvalOptions | None = None,

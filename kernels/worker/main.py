@@ -30,6 +30,7 @@ import traceback
 from typing import Any
 
 from tilewright.kernels import confinement
+from tilewright.kernels.judge.result import EvalResult
 from tilewright.kernels.pool import protocol
 from tilewright.kernels.pool.env import scrub_current_process
 from tilewright.kernels.worker.execution import keep_compiled_programs
@@ -153,16 +154,9 @@ def _withhold_verdict(request: dict[str, Any], reply: dict[str, Any]) -> None:
     result = reply.get("result")
     if request.get("op") != "eval" or not isinstance(result, dict) or "status" not in result:
         return
-    result["status"] = "runtime_error"
-    result["error"] = {
-        "kind": "task", "line": None, "traceback": None, "file": None,
-        "message": f"the task's code changed the harness in the judge ({reply['recycle']}): "
-                   "no verdict is given, and the worker is replaced",
-        "hint": "Task files (reference.py, input builders) run in the judge: they must not "
-                "import or patch tilewright's harness."}
-    result["timing"] = None
-    if isinstance(result.get("correctness"), dict):
-        result["correctness"]["correct"] = False
+    judged = EvalResult.from_json(result)
+    judged.withhold(reply["recycle"])
+    reply["result"] = judged.to_json()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -186,10 +186,8 @@ class Evaluation:
         self._finish_candidate()
         self.channel.info["started"] = judge.process().started
         result.extra["candidate_process"] = self.channel.info
-        if self.channel.leftovers:
-            result.extra["leftover_processes"] = self.channel.leftovers
-            self.flags.append("spawned_processes")
         result.integrity = {"flags": sorted(set(self.flags))}
+        result.note_leftovers(self.channel.leftovers)
         if self.outside_compute:
             result.integrity["outside_compute"] = self.outside_compute[:20]
         result.extra.update(shapes=self.shape_details, phases=self.phases,
