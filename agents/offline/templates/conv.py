@@ -35,22 +35,29 @@ class _CutConv(ast.NodeTransformer):
 
 _CONV_KERNEL = '''
 
-BLOCK_ROWS = 8  # output rows per grid step
-TUNABLES = {"BLOCK_ROWS": [1, 2, 4, 8, 16, 32, 64]}
+BLOCK_ROWS = 32  # output rows per grid step (one product of rows x width rows each tap)
+TUNABLES = {"BLOCK_ROWS": [1, 2, 4, 8, 16, 32, 64, 128]}
 ''' + VMEM_HELPERS + '''
 
-def _conv_body(x_ref, w_ref, o_ref, *, kh, kw, rows, width, padded):
+def _conv_body(x_ref, w_ref, o_ref, *, kh, kw, rows, width, padded, group):
     r = pl.program_id(1)
     o = o_ref.shape[-1]
+    c = x_ref.shape[-1]
     acc = jnp.zeros((rows, width, o), jnp.float32)
-    for i in range(kh):
-        # ``rows`` image rows at every (padded) column: an aligned slab. The column taps
-        # shift the float32 products, not the inputs: a window of packed bf16 rows at an
-        # odd column offset is a sublane shift the TPU compiler's estimator cannot price.
-        slab = x_ref[0, pl.ds(r * rows + i, rows), :, :]
-        flat = slab.reshape(rows * padded, slab.shape[-1])
+    for g, first in enumerate(range(0, kh, group)):
+        # ``group`` row taps side by side in the contraction: channels fewer than the
+        # MXU's depth (128) share one pass instead of leaving most of it empty. Each tap
+        # is ``rows`` image rows at every (padded) column: an aligned slab.
+        taps = range(first, min(first + group, kh))
+        slabs = [x_ref[0, pl.ds(r * rows + i, rows), :, :] for i in taps]
+        lhs = slabs[0] if len(slabs) == 1 else jnp.concatenate(slabs, axis=-1)
+        lhs = lhs.reshape(rows * padded, len(slabs) * c)
         for j in range(kw):
-            product = jnp.dot(flat, w_ref[i, j], preferred_element_type=jnp.float32)
+            w = w_ref[g, j] if len(slabs) == group else w_ref[g, j, :len(slabs) * c, :]
+            # The column taps shift the float32 products, not the inputs: a window of
+            # packed bf16 rows at an odd column offset is a sublane shift the TPU
+            # compiler's estimator cannot price.
+            product = jnp.dot(lhs, w, preferred_element_type=jnp.float32)
             acc += product.reshape(rows, padded, o)[:, j:j + width, :]
     o_ref[0] = acc.astype(o_ref.dtype)
 
@@ -88,13 +95,21 @@ def _conv(lhs, rhs, window_strides=(1, 1), padding="VALID", lhs_dilation=None,
                     (pw[0], padded - wd - pw[0]), (0, 0)))
     o = w.shape[-1]
     out_dtype = jnp.result_type(lhs.dtype, rhs.dtype)
+    # Row taps grouped into the contraction: (groups, kw, group * c, o), the last group
+    # zero-padded (its kernel reads only its own taps' rows of it).
+    group = min(kh, max(1, 128 // c))
+    groups = -(-kh // group)
+    w = jnp.pad(w, ((0, groups * group - kh), (0, 0), (0, 0), (0, 0)))
+    w = w.reshape(groups, group, kw, c, o).transpose(0, 2, 1, 3, 4).reshape(
+        groups, kw, group * c, o)
     # VMEM holds the channels padded to whole 128-lane vregs (C_in = 64 takes 128)
     lanes = -(-c // 128) * 128
     image = x.shape[1] * x.shape[2] * lanes * x.dtype.itemsize
     need = 2 * (image + w.size * w.dtype.itemsize
                 + rows * width * o * jnp.dtype(out_dtype).itemsize) + 3 * rows * padded * o * 4
     out = pl.pallas_call(
-        functools.partial(_conv_body, kh=kh, kw=kw, rows=rows, width=width, padded=padded),
+        functools.partial(_conv_body, kh=kh, kw=kw, rows=rows, width=width, padded=padded,
+                          group=group),
         out_shape=jax.ShapeDtypeStruct((n, oh_pad, width, o), out_dtype),
         grid=(n, oh_pad // rows),
         in_specs=[pl.BlockSpec((1, *x.shape[1:]), lambda b, r: (b, 0, 0, 0)),
