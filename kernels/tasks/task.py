@@ -106,11 +106,19 @@ class Task:
 
     def production_task(self) -> Task | None:
         """The task at its production shape: one configuration, no ``--set`` overrides
-        (for JAXBench, CONFIG and the hard-coded sizes as written). None without one."""
-        if self.production is None:
-            return None
+        (for JAXBench, CONFIG and the hard-coded sizes as written). A task without one
+        (built by hand, not by a loader) runs at its largest visible check configuration
+        (by the sum of its integer parameters), as docs/EVALUATION.md says; None only for
+        a task with no configuration at all."""
         from dataclasses import replace
 
+        if self.production is None:
+            visible = [s for s in self.shapes if not s.held_out] or list(self.shapes)
+            if not visible:
+                return None
+            largest = max(visible, key=lambda s: sum(
+                v for v in s.params.values() if isinstance(v, int) and not isinstance(v, bool)))
+            return replace(self, shapes=(largest,))
         meta = self.production_meta if self.production_meta is not None else self.meta
         return replace(self, shapes=(self.production,), meta=dict(meta), production=None,
                        production_meta=None)

@@ -52,20 +52,6 @@ def _pool() -> ThreadPoolExecutor:
 
 
 
-def production_task(task: Task) -> Task:
-    """The task at its production shape; a task without one (built by hand, not by a
-    loader) uses its largest visible check configuration."""
-    found = task.production_task()
-    if found is not None:
-        return found
-    from dataclasses import replace
-
-    visible = [s for s in task.shapes if not s.held_out] or list(task.shapes)
-    largest = max(visible, key=lambda s: sum(v for v in s.params.values()
-                                             if isinstance(v, int) and not isinstance(v, bool)))
-    return replace(task, shapes=(largest,))
-
-
 class ProductionRun:
     """The production part of one evaluation of ``task`` for ``chip``: the candidate's
     program comes over ``channel``, every wait ends by ``deadline``, each compile
@@ -87,7 +73,7 @@ class ProductionRun:
         self.reference: reference.Ticket | None = None
         self.reference_known = threading.Event()  # ``reference`` and the deadline are set
         self.verdict_s: float | None = None  # from the start to the compile verdict
-        self.task = production_task(task)
+        self.task = task.production_task() or task
         self.spec = self.task.to_spec()
         self.config: ShapeConfig = self.task.shapes[0]
         self.inputs: list[tuple[tuple[int, ...], str]] = []

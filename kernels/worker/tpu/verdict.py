@@ -45,7 +45,7 @@ from tilewright.kernels.worker.tpu import (
     reference_programs,
     tpu_compile,
 )
-from tilewright.kernels.worker.tpu.production_run import ProductionRun, production_task
+from tilewright.kernels.worker.tpu.production_run import ProductionRun
 from tilewright.profiling.chips import DEFAULT_TPU
 
 
@@ -192,7 +192,8 @@ def reference_request(payload: dict[str, Any]) -> dict[str, Any]:
     input_shapes, class}``."""
     from tilewright.kernels.worker.execution import task_runtime
 
-    task = production_task(Task.from_spec(payload["task"]))
+    given = Task.from_spec(payload["task"])
+    task = given.production_task() or given
     chip = str(payload.get("chip") or DEFAULT_TPU)
     spec = task.to_spec()
     runtime = task_runtime(spec)
