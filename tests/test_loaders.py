@@ -637,3 +637,19 @@ def test_maxkernel_input_code_sees_jax_and_jnp_like_maxkernels_harness(tmp_path:
     assert x.shape == (8, 128) and str(x.dtype) == "bfloat16" and static == ()
     dyn, static, how = rt.input_signature(rt.configs()[0])
     assert how == "abstract" and [tuple(a.shape) for a in dyn] == [(8, 128), (8, 128)]
+
+
+def test_a_task_without_a_production_shape_runs_at_its_largest_visible_one() -> None:
+    """The one rule (docs/EVALUATION.md): the production configuration, else the largest
+    visible check configuration; a held-out one is never chosen."""
+    from dataclasses import replace
+
+    task = load_task(FIXTURES / "jaxbench_scaled_tanh", {"rows": "16", "cols": "256"})
+    small = task.shapes[0]
+    big = replace(small, name="big", params={**small.params, "rows": 64})
+    hidden = replace(small, name="hidden", params={**small.params, "rows": 4096},
+                     held_out=True)
+    by_hand = replace(task, shapes=(small, big, hidden), production=None)
+    found = by_hand.production_task()
+    assert found is not None and [s.name for s in found.shapes] == ["big"]
+    assert replace(task, shapes=(), production=None).production_task() is None
