@@ -155,6 +155,18 @@ def workload(x, weight, bias):
     x = jax.nn.relu(x + bias.reshape(1, 1, 1, -1))
     return jnp.transpose(x, (0, 3, 1, 2))
 """, {"BLOCK_ROWS": 4}),
+    # 39k's form: bias and GELU, then a global average pool over H and W
+    "conv_pool": ("conv", CONV_INPUTS, """
+def workload(x, weight, bias):
+    x = jnp.transpose(x, (0, 2, 3, 1))
+    kernel = jnp.transpose(weight, (2, 3, 1, 0))
+    x = lax.conv_general_dilated(x, kernel, window_strides=(1, 1), padding='VALID',
+                                 dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+    x = x + bias.reshape(1, 1, 1, -1)
+    x = jax.nn.gelu(x)
+    x = jnp.mean(x, axis=(1, 2))
+    return x
+""", {"BLOCK_ROWS": 4}),
     "elementwise_gelu": ("elementwise", ROW_INPUTS, """
 def workload(x, scale):
     return jax.nn.gelu(x) * scale
@@ -412,3 +424,49 @@ async def test_a_bf16_convolution_gets_the_compilers_estimate(worker_pool: Any,
     tpu = result.tpu or {}
     assert tpu.get("compile") == "ok", tpu.get("message")
     assert (tpu.get("estimate") or {}).get("cycles"), tpu.get("estimate_unavailable")
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.parametrize("name", ["conv_nhwc", "conv_pool"])
+async def test_a_convolutions_epilogue_runs_in_its_kernel(worker_pool: Any, tmp_path: Any,
+                                                          name: str) -> None:
+    """The per-channel steps after the convolution (a bias, an activation, the layout
+    changes between them) and a closing mean over the image run in the kernel: no work
+    on full-size arrays is left to XLA, so the kernel is ranked (18k's and 39k's forms;
+    the mean needs its padding rows and columns left out, which 4-row blocks of 16 rows
+    and 18 columns of 32 test)."""
+    task = _task(tmp_path, name, "bfloat16")
+    source, _why = write_template(agents.brief(task), "conv")
+    assert "def _epilogue(" in source and "except _Unfusable:" in source
+    result = await worker_pool.evaluate(task, tunables.apply(source, {"BLOCK_ROWS": 4}),
+                                        QUICK)
+    assert result.status == "correct", (result.error, result.correctness)
+    assert "compute_outside_kernel" not in result.integrity["flags"], result.integrity
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="module")
+async def test_an_operand_not_per_channel_leaves_the_steps_as_written(worker_pool: Any,
+                                                                     tmp_path: Any) -> None:
+    """A step whose operand is a whole image (a residual) is not the kernel's: when traced,
+    the fused call gives way to the convolution alone and the steps as written."""
+    inputs = CONV_INPUTS[:-1] + ",\n            jax.random.normal(ks[3], (2, 16, 18, 16), dtype))"
+    root = tmp_path / "conv_residual"
+    root.mkdir()
+    (root / "baseline.py").write_text(_HEAD.format(dtype="float32", inputs=inputs) + """
+def workload(x, weight, bias, skip):
+    x = jnp.transpose(x, (0, 2, 3, 1))
+    kernel = jnp.transpose(weight, (2, 3, 1, 0))
+    x = lax.conv_general_dilated(x, kernel, window_strides=(1, 1), padding='VALID',
+                                 dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+    x = x + bias.reshape(1, 1, 1, -1)
+    x = x + skip
+    return jnp.transpose(x, (0, 3, 1, 2))
+""")
+    task = load_task(root, {"dtype": "float32"})
+    source, _why = write_template(agents.brief(task), "conv")
+    assert "except _Unfusable:" in source
+    result = await worker_pool.evaluate(task, source, QUICK)
+    assert result.status == "correct", (result.error, result.correctness)
+    assert "compute_outside_kernel" in result.integrity["flags"]  # the residual, by XLA

@@ -12,6 +12,7 @@ from tilewright.agents.offline.reference_reading import (
     defining_source,
     reference_parts,
 )
+from tilewright.agents.offline.templates.conv_epilogue import read_tail
 from tilewright.agents.offline.templates.kernel_text import VMEM_HELPERS
 
 
@@ -39,9 +40,28 @@ BLOCK_ROWS = 32  # output rows per grid step (one product of rows x width rows e
 TUNABLES = {"BLOCK_ROWS": [1, 2, 4, 8, 16, 32, 64, 128]}
 ''' + VMEM_HELPERS + '''
 
-def _conv_body(x_ref, w_ref, o_ref, *, kh, kw, rows, width, padded, group):
+class _Unfusable(Exception):
+    """An operand of the epilogue is not per channel: the statements run as written."""
+
+
+def _per_channel(p, axis, o):
+    """An epilogue operand as a (1, o) float32 row: it must broadcast against the
+    convolution's output along its channel ``axis`` only (a bias, a scale) or be a
+    scalar."""
+    a = jnp.asarray(p)
+    if a.ndim > 4:
+        raise _Unfusable(f"an operand of rank {a.ndim}")
+    shape = (1,) * (4 - a.ndim) + tuple(a.shape)
+    if any(d != 1 for i, d in enumerate(shape) if i != axis) or shape[axis] not in (1, o):
+        raise _Unfusable(f"an operand of shape {a.shape} is not per channel")
+    return jnp.broadcast_to(a.reshape(-1), (o,)).reshape(1, o).astype(jnp.float32)
+
+
+def _conv_body(x_ref, w_ref, *refs, kh, kw, rows, width, padded, group, epilogue, mean,
+               oh, ow):
+    params, o_ref = refs[:-1], refs[-1]
     r = pl.program_id(1)
-    o = o_ref.shape[-1]
+    o = w_ref.shape[-1]
     c = x_ref.shape[-1]
     acc = jnp.zeros((rows, width, o), jnp.float32)
     for g, first in enumerate(range(0, kh, group)):
@@ -59,12 +79,33 @@ def _conv_body(x_ref, w_ref, o_ref, *, kh, kw, rows, width, padded, group):
             # compiler's estimator cannot price.
             product = jnp.dot(lhs, w, preferred_element_type=jnp.float32)
             acc += product.reshape(rows, padded, o)[:, j:j + width, :]
-    o_ref[0] = acc.astype(o_ref.dtype)
+    if epilogue is not None:  # the reference's elementwise steps, on the float32 block
+        acc = epilogue(acc, *[p[...] for p in params])
+    if not mean:
+        o_ref[0] = acc.astype(o_ref.dtype)
+        return
+    # A mean over the image: each block adds its valid rows and columns to the image's
+    # sum (the padding rows and columns hold the epilogue of zeros, not zeros).
+    at_row = r * rows + jax.lax.broadcasted_iota(jnp.int32, (rows, width, 1), 0)
+    at_col = jax.lax.broadcasted_iota(jnp.int32, (rows, width, 1), 1)
+    valid = jnp.where((at_row < oh) & (at_col < ow), acc, 0.0)
+    total = jnp.sum(valid.reshape(rows * width, o), axis=0, keepdims=True)
+
+    @pl.when(r == 0)
+    def _():
+        o_ref[0] = jnp.zeros_like(o_ref[0])
+
+    o_ref[0] += total
 
 
 def _conv(lhs, rhs, window_strides=(1, 1), padding="VALID", lhs_dilation=None,
-          rhs_dilation=None, dimension_numbers=None, feature_group_count=1, **unused):
-    """lax.conv_general_dilated for 2-D, stride 1, undilated, ungrouped convolutions."""
+          rhs_dilation=None, dimension_numbers=None, feature_group_count=1, *,
+          epilogue=None, params=(), channel_axes=(), mean=None, **unused):
+    """lax.conv_general_dilated for 2-D, stride 1, undilated, ungrouped convolutions;
+    with ``epilogue``, the reference's elementwise steps after it (their operands
+    ``params``, each per channel along its ``channel_axes`` entry) run on each block
+    before it is stored, and with ``mean`` (keepdims, the layout it is taken in) the
+    block's mean over the image is all that is stored."""
     layout = tuple(dimension_numbers) if dimension_numbers is not None else (
         "NCHW", "OIHW", "NCHW")
     if len(layout) != 3 or any(not isinstance(s, str) for s in layout) or len(layout[0]) != 4:
@@ -102,28 +143,100 @@ def _conv(lhs, rhs, window_strides=(1, 1), padding="VALID", lhs_dilation=None,
     w = jnp.pad(w, ((0, groups * group - kh), (0, 0), (0, 0), (0, 0)))
     w = w.reshape(groups, group, kw, c, o).transpose(0, 2, 1, 3, 4).reshape(
         groups, kw, group * c, o)
+    rows_in = [_per_channel(p, a, o) for p, a in zip(params, channel_axes, strict=True)]
     # VMEM holds the channels padded to whole 128-lane vregs (C_in = 64 takes 128)
     lanes = -(-c // 128) * 128
     image = x.shape[1] * x.shape[2] * lanes * x.dtype.itemsize
     need = 2 * (image + w.size * w.dtype.itemsize
                 + rows * width * o * jnp.dtype(out_dtype).itemsize) + 3 * rows * padded * o * 4
+    if mean is not None:  # one (1, o) float32 sum per image, added to over its rows
+        out_shape = jax.ShapeDtypeStruct((n, 1, o), jnp.float32)
+        out_spec = pl.BlockSpec((1, 1, o), lambda b, r: (b, 0, 0))
+    else:
+        out_shape = jax.ShapeDtypeStruct((n, oh_pad, width, o), out_dtype)
+        out_spec = pl.BlockSpec((1, rows, width, o), lambda b, r: (b, r, 0, 0))
     out = pl.pallas_call(
         functools.partial(_conv_body, kh=kh, kw=kw, rows=rows, width=width, padded=padded,
-                          group=group),
-        out_shape=jax.ShapeDtypeStruct((n, oh_pad, width, o), out_dtype),
+                          group=group, epilogue=epilogue, mean=mean is not None, oh=oh,
+                          ow=ow),
+        out_shape=out_shape,
         grid=(n, oh_pad // rows),
         in_specs=[pl.BlockSpec((1, *x.shape[1:]), lambda b, r: (b, 0, 0, 0)),
-                  pl.BlockSpec(w.shape, lambda b, r: (0, 0, 0, 0))],
-        out_specs=pl.BlockSpec((1, rows, width, o), lambda b, r: (b, r, 0, 0)),
+                  pl.BlockSpec(w.shape, lambda b, r: (0, 0, 0, 0))]
+                 + [pl.BlockSpec((1, o), lambda b, r: (0, 0)) for _ in rows_in],
+        out_specs=out_spec,
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"),
                                              vmem_limit_bytes=_vmem_limit(need)),
-    )(x, w)
+    )(x, w, *rows_in)
+    if mean is not None:
+        keepdims, taken_in = mean
+        found = (out[:, 0, :] / (oh * ow)).astype(out_dtype)  # (n, o)
+        if [a for a in taken_in if a in "NC"] == ["C", "N"]:
+            found = found.T
+        if keepdims:
+            found = found.reshape([n if a == "N" else o if a == "C" else 1 for a in taken_in])
+        return found
     out = out[:, :oh, :ow, :]
     return jnp.transpose(out, ["NHWC".index(ch) for ch in layout[2]])
 
 
 # The reference, its convolution done by the kernel above.
 '''
+
+
+def _out_layout(call: ast.Call) -> str:
+    """The convolution's output layout as its call names it (default NCHW)."""
+    numbers = next((k.value for k in call.keywords if k.arg == "dimension_numbers"),
+                   call.args[6] if len(call.args) > 6 else None)
+    try:
+        found = ast.literal_eval(numbers) if numbers is not None else None
+    except ValueError:
+        found = None
+    if isinstance(found, tuple | list) and len(found) == 3 and isinstance(found[2], str):
+        return found[2]
+    return "NCHW"
+
+
+def _fuse_tail(fn: ast.FunctionDef) -> str | None:
+    """Take the reference's elementwise steps after its convolution (and a closing mean
+    over the image) into the kernel: the convolution's statement and those steps become
+    one ``_conv`` call with an ``_epilogue`` (returned as text), inside a ``try`` whose
+    ``except _Unfusable`` runs them as written (an operand found not per channel when
+    traced). None when nothing follows that the kernel can take."""
+    body = fn.body
+    conv = next((s for s in body if isinstance(s, ast.Assign) and isinstance(s.value, ast.Call)
+                 and getattr(s.value.func, "id", "") == "_conv"), None)
+    if conv is None or len(conv.targets) != 1 or not isinstance(conv.targets[0], ast.Name):
+        return None
+    tail = read_tail(body, _out_layout(conv.value))  # type: ignore[arg-type]
+    if tail is None or not tail.fused():
+        return None
+    name = tail.name
+    call = conv.value
+    assert isinstance(call, ast.Call)
+    keywords = [*call.keywords,
+                ast.keyword("params", ast.Tuple(list(tail.params), ast.Load())),
+                ast.keyword("channel_axes", ast.Constant(tuple(tail.channel_axes)))]
+    if tail.steps:
+        keywords.append(ast.keyword("epilogue", ast.Name("_epilogue", ast.Load())))
+    if tail.mean is not None:
+        keywords.append(ast.keyword("mean", ast.Constant(tail.mean)))
+    fused: list[ast.stmt] = [ast.Assign([ast.Name(name, ast.Store())],
+                                        ast.Call(call.func, call.args, keywords))]
+    if tail.mean is None:
+        fused += [ast.Assign([ast.Name(name, ast.Store())], ast.Call(
+            ast.Attribute(ast.Name("jnp", ast.Load()), "transpose", ast.Load()),
+            [ast.Name(name, ast.Load()), ast.Constant(perm)], [])) for perm in tail.transposes]
+    guarded = ast.Try(body=fused, handlers=[ast.ExceptHandler(
+        ast.Name("_Unfusable", ast.Load()), None, body[tail.conv:tail.end])], orelse=[],
+        finalbody=[])
+    fn.body = [*body[:tail.conv], guarded, *body[tail.end:]]
+    if not tail.steps:
+        return None
+    args = ", ".join(["_v", *(f"_p{i}" for i in range(len(tail.params)))])
+    steps = "\n".join(f"    _v = {ast.unparse(step)}" for step in tail.steps)
+    return (f"def _epilogue({args}):\n    \"\"\"The reference's steps after its convolution, "
+            f"on a float32 block.\"\"\"\n{steps}\n    return _v")
 
 
 def conv(brief: TaskBrief) -> tuple[str, str]:
@@ -141,12 +254,13 @@ def conv(brief: TaskBrief) -> tuple[str, str]:
     if not cutter.cut:
         raise TemplateError("the conv template needs the reference to call "
                             "`lax.conv_general_dilated` (or `lax.conv`)")
+    epilogue = _fuse_tail(fn)
     ast.fix_missing_locations(fn)
     body = ast.unparse(fn).replace(f"def {fn.name}(", f"def {brief.entry}(", 1)
     src = _preamble(brief, "convolution as shifted MXU matmuls") + _IMPORTS + "\n"
     src += "\n\n\n".join(x for x in ("# From the task's reference.\n" + head if head else "",
                                      *helpers) if x)
-    src += _CONV_KERNEL + body + "\n"
+    src += _CONV_KERNEL + (epilogue + "\n\n\n" if epilogue else "") + body + "\n"
     why = ("Convolution: the reference's conv_general_dilated becomes a Pallas kernel. One "
            "padded image (NHWC) stays in VMEM while the grid walks blocks of BLOCK_ROWS "
            "output rows; each block accumulates KH x KW MXU matmuls of a shifted "
