@@ -1,4 +1,5 @@
-"""Convolutions as KH x KW shifted MXU matmuls over one padded NHWC image in VMEM."""
+"""Convolutions as MXU matmuls over one padded NHWC image in VMEM, with the per-channel
+steps after them (and a mean over the image) in the kernel."""
 
 from __future__ import annotations
 
@@ -242,10 +243,11 @@ def _fuse_tail(fn: ast.FunctionDef) -> str | None:
 def conv(brief: TaskBrief) -> tuple[str, str]:
     """Convolution as matmuls: the reference's ``conv_general_dilated`` (2-D, stride 1,
     VALID or SAME, NHWC/HWIO or NCHW/OIHW) becomes a Pallas kernel that keeps one padded
-    image in VMEM and, for each block of output rows, accumulates ``KH x KW`` MXU
-    matmuls of shifted (rows x width, C_in) windows by the (C_in, C_out) weight slices in
-    float32. The rest of the reference (layout changes, bias, activations, norms) stays
-    as written around it."""
+    image in VMEM and, for each block of output rows, accumulates MXU matmuls of aligned
+    (rows x padded width, taps x C_in) slabs by the weight slices in float32 (row taps
+    side by side in the contraction when C_in is under 128; column taps shift the
+    products). The per-channel elementwise steps after it and a closing mean over the
+    image run on each block in the kernel; what else follows stays as written."""
     head, fn, helpers = reference_parts(brief)
     fn = ast.parse(ast.get_source_segment(defining_source(brief)[0], fn)
                    or ast.unparse(fn)).body[0]
@@ -263,10 +265,14 @@ def conv(brief: TaskBrief) -> tuple[str, str]:
     src += _CONV_KERNEL + (epilogue + "\n\n\n" if epilogue else "") + body + "\n"
     why = ("Convolution: the reference's conv_general_dilated becomes a Pallas kernel. One "
            "padded image (NHWC) stays in VMEM while the grid walks blocks of BLOCK_ROWS "
-           "output rows; each block accumulates KH x KW MXU matmuls of a shifted "
-           "(rows x width, C_in) window by the (C_in, C_out) weight slice in float32 "
-           "(convolution as matmul, without materialising im2col patches in HBM). The "
-           "width is padded to whole sublane tiles so a window flattens without a "
-           "relayout; the rest of the reference (its layout changes, bias and activations) "
-           "runs as written around the kernel. The tuner sizes BLOCK_ROWS next.")
+           "output rows; each block accumulates MXU matmuls of aligned (rows x width, "
+           "C_in) slabs by the weight slices in float32 (convolution as matmul, without "
+           "materialising im2col patches in HBM), with row taps sharing a pass when C_in "
+           "is under 128 and column taps shifting the float32 products. "
+           + ("The reference's per-channel steps after the convolution"
+              + (" and its mean over the image" if "mean=(" in body else "")
+              + " run on each block before it is stored; "
+              if "_conv(" in body and "except _Unfusable" in body else "")
+           + "the rest of the reference runs as written around the kernel. The tuner sizes "
+           "BLOCK_ROWS next.")
     return src, why
