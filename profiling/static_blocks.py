@@ -12,11 +12,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from tilewright.profiling.chips import LANE as LANES
+from tilewright.profiling.chips import SUBLANE as SUBLANES
+from tilewright.profiling.chips import misaligned
+from tilewright.profiling.chips import tile_rows as _tile_rows
 from tilewright.profiling.static_walk import evaluate_index_map
-from tilewright.profiling.tiling import LANE as LANES
-from tilewright.profiling.tiling import SUBLANE as SUBLANES
-from tilewright.profiling.tiling import misaligned
-from tilewright.profiling.tiling import tile_rows as _tile_rows
 
 MAX_STEPS = 1 << 20  # grids longer than this are sampled, and the total extrapolated
 

@@ -145,8 +145,8 @@ def test_best_is_decided_by_the_judges_one_rule() -> None:
 
 def test_the_tiling_rule_is_written_once() -> None:
     """The (8, 128) tile and the rule that a block dim is a multiple of it or the whole
-    dim live in ``profiling/tiling.py``; three copies with different rules were once
-    kept by the task shapes, the tunables and the static analysis."""
+    dim live in the chip table (``profiling/chips.py``); three copies with different
+    rules were once kept by the task shapes, the tunables and the static analysis."""
     import re
 
     found = re.compile(r"^\s*(SUB)?LANES?\s*(,\s*(SUB)?LANES?\s*)?=\s*(128|8)\b"
@@ -155,13 +155,13 @@ def test_the_tiling_rule_is_written_once() -> None:
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
             relative = path.relative_to(ROOT).as_posix()
-            if relative == "profiling/tiling.py" or "/bundled/" in relative:
+            if relative == "profiling/chips.py" or "/bundled/" in relative:
                 continue  # bundled kernels are user code: they spell out their own lanes
             hits += [f"{relative}:{n}: {line.strip()}"
                      for n, line in enumerate(path.read_text().splitlines(), 1)
                      if found.search(line)]
-    assert not hits, "the tiling rule written outside profiling/tiling.py:\n" + "\n".join(hits)
-    from tilewright.profiling import tiling
+    assert not hits, "the tiling rule written outside profiling/chips.py:\n" + "\n".join(hits)
+    from tilewright.profiling import chips as tiling
 
     assert tiling.misaligned([8, 256], [64, 1024]) == []
     assert tiling.misaligned([12, 100], [64, 100]) == [(0, 12, 64, 8)]  # whole dim: fine

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tilewright.kernels.source import tunables
-from tilewright.profiling.tiling import misaligned
+from tilewright.profiling.chips import misaligned
 
 _ALIGN_MSG = re.compile(r"divisible by 8 and 128|\(8, ?128\)")
 _BLOCK_SHAPE = re.compile(r"block shape \(([^)]*(?:\([^)]*\)[^)]*)*)\), array shape \(([^)]*)\)")

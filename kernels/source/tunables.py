@@ -23,7 +23,7 @@ import ast
 import re
 from typing import Any
 
-from tilewright.profiling.tiling import LANE, SUBLANE
+from tilewright.profiling.chips import LANE, SUBLANE
 
 
 class TunablesError(ValueError):

@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tilewright.kernels.errors import Advised
-from tilewright.profiling import tiling
-from tilewright.profiling.tiling import LANE, SUBLANE
+from tilewright.profiling.chips import LANE, SUBLANE, tile_unit
 
 DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16", "f64": "float64",
           "i8": "int8", "i16": "int16", "i32": "int32", "i64": "int64", "u8": "uint8",
@@ -216,7 +215,7 @@ def _floors(shapes: Shapes, granules: dict[str, int] | None = None) -> dict[str,
     floors: dict[str, int] = {}
     for spec in shapes.inputs:
         for back, dim in enumerate(reversed(spec.dims), start=1):
-            floors[dim] = max(floors.get(dim, 1), tiling.unit(back))
+            floors[dim] = max(floors.get(dim, 1), tile_unit(back))
     for dim, granule in (granules or {}).items():
         floors[dim] = max(floors.get(dim, 1), granule)
     return {d: min(floors.get(d, 1), v) for d, v in shapes.dims.items()}
