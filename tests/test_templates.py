@@ -470,3 +470,47 @@ def workload(x, weight, bias, skip):
     result = await worker_pool.evaluate(task, source, QUICK)
     assert result.status == "correct", (result.error, result.correctness)
     assert "compute_outside_kernel" in result.integrity["flags"]  # the residual, by XLA
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_convolution_checked_with_fewer_channels_runs_the_production_program(
+        worker_pool: Any, tmp_path: Any) -> None:
+    """Checked with 8 input channels (``--set``), run at production with 64: the kernel's
+    structure must not depend on the channel count (taps grouped by it made the
+    production program differ, and 18k, 22k and 34k were rejected)."""
+    root = tmp_path / "conv_channels"
+    root.mkdir()
+    (root / "baseline.py").write_text('''
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+CONFIG = {'name': 'probe', 'batch_size': 2, 'in_channels': 64, 'out_channels': 16}
+
+
+def create_inputs(dtype=jnp.bfloat16):
+    ks = jax.random.split(jax.random.key(0), 3)
+    batch_size, in_channels, out_channels = 2, 64, 16
+    x = jax.random.normal(ks[0], (batch_size, in_channels, 18, 20), dtype)
+    weight = jax.random.normal(ks[1], (out_channels, in_channels, 3, 3), dtype) * 0.05
+    bias = jax.random.normal(ks[2], (out_channels,), dtype)
+    return x, weight, bias
+
+
+def workload(x, weight, bias):
+    x = jnp.transpose(x, (0, 2, 3, 1))
+    kernel = jnp.transpose(weight, (2, 3, 1, 0))
+    x = lax.conv_general_dilated(x, kernel, window_strides=(1, 1), padding='VALID',
+                                 dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+    x = jax.nn.relu(x + bias.reshape(1, 1, 1, -1))
+    return jnp.transpose(x, (0, 3, 1, 2))
+''')
+    task = load_task(root, {"in_channels": "8"})
+    source, _why = write_template(agents.brief(task), "conv")
+    result = await worker_pool.evaluate(task, tunables.apply(source, {"BLOCK_ROWS": 4}),
+                                        EvalOptions(trials=1, timing=False, chip="v5e"))
+    assert result.status == "correct", (result.error, result.integrity)
+    assert not {"production_program_differs", "compute_outside_kernel"} & set(
+        result.integrity["flags"]), result.integrity
+    assert (result.tpu or {}).get("compile") == "ok"

@@ -67,7 +67,7 @@ def _conv_body(x_ref, w_ref, *refs, kh, kw, rows, width, padded, group, epilogue
     acc = jnp.zeros((rows, width, o), jnp.float32)
     for g, first in enumerate(range(0, kh, group)):
         # ``group`` row taps side by side in the contraction: channels fewer than the
-        # MXU's depth (128) share one pass instead of leaving most of it empty. Each tap
+        # MXU's depth (128) share a pass instead of leaving most of it empty. Each tap
         # is ``rows`` image rows at every (padded) column: an aligned slab.
         taps = range(first, min(first + group, kh))
         slabs = [x_ref[0, pl.ds(r * rows + i, rows), :, :] for i in taps]
@@ -137,9 +137,13 @@ def _conv(lhs, rhs, window_strides=(1, 1), padding="VALID", lhs_dilation=None,
                     (pw[0], padded - wd - pw[0]), (0, 0)))
     o = w.shape[-1]
     out_dtype = jnp.result_type(lhs.dtype, rhs.dtype)
-    # Row taps grouped into the contraction: (groups, kw, group * c, o), the last group
-    # zero-padded (its kernel reads only its own taps' rows of it).
-    group = min(kh, max(1, 128 // c))
+    # Row taps side by side in the contraction: (groups, kw, group * c, o), the last
+    # group zero-padded (its kernel reads only its own taps' rows of it). All of them in
+    # one group: as few MXU passes as any grouping (ceil(kh * c / 128) per column tap;
+    # v5e estimates: c = 64 two passes as with pairs, c = 128 the same cycles as none),
+    # and the same program whatever c is, so the check shapes' kernel (fewer channels)
+    # is the one that runs at production.
+    group = kh
     groups = -(-kh // group)
     w = jnp.pad(w, ((0, groups * group - kh), (0, 0), (0, 0), (0, 0)))
     w = w.reshape(groups, group, kw, c, o).transpose(0, 2, 1, 3, 4).reshape(
@@ -267,8 +271,9 @@ def conv(brief: TaskBrief) -> tuple[str, str]:
            "padded image (NHWC) stays in VMEM while the grid walks blocks of BLOCK_ROWS "
            "output rows; each block accumulates MXU matmuls of aligned (rows x width, "
            "C_in) slabs by the weight slices in float32 (convolution as matmul, without "
-           "materialising im2col patches in HBM), with row taps sharing a pass when C_in "
-           "is under 128 and column taps shifting the float32 products. "
+           "materialising im2col patches in HBM), with the row taps side by side in the "
+           "contraction (channels under 128 share an MXU pass) and column taps shifting the "
+           "float32 products. "
            + ("The reference's per-channel steps after the convolution"
               + (" and its mean over the image" if "mean=(" in body else "")
               + " run on each block before it is stored; "
