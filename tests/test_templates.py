@@ -514,3 +514,27 @@ def workload(x, weight, bias):
     assert not {"production_program_differs", "compute_outside_kernel"} & set(
         result.integrity["flags"]), result.integrity
     assert (result.tpu or {}).get("compile") == "ok"
+
+
+def test_a_convolution_followed_by_a_norm_keeps_its_steps_as_written(tmp_path: Any) -> None:
+    """22k's form: the bias after the convolution is per channel, but an instance norm
+    over the image follows. Taking the bias in alone would leave the kernel flagged for
+    the norm, and in float32 it rounds differently from the reference's bf16, which
+    the norm magnifies: the steps stay as written."""
+    root = tmp_path / "conv_norm"
+    root.mkdir()
+    (root / "baseline.py").write_text(_HEAD.format(dtype="bfloat16", inputs=CONV_INPUTS) + """
+def workload(x, weight, bias):
+    x = jnp.transpose(x, (0, 2, 3, 1))
+    kernel = jnp.transpose(weight, (2, 3, 1, 0))
+    x = lax.conv_general_dilated(x, kernel, window_strides=(1, 1), padding='VALID',
+                                 dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+    x = x + bias.reshape(1, 1, 1, -1)
+    x = jnp.transpose(x, (0, 3, 1, 2))
+    mean = jnp.mean(x, axis=(2, 3), keepdims=True)
+    var = jnp.var(x, axis=(2, 3), keepdims=True)
+    return (x - mean) / jnp.sqrt(var + 1e-5)
+""")
+    source, _why = write_template(agents.brief(load_task(root)), "conv")
+    assert "_epilogue" not in source and "_Unfusable:" not in source
+    assert "x = x + bias.reshape(1, 1, 1, -1)" in source

@@ -1,7 +1,8 @@
 """What of a reference's code after its convolution the conv kernel can take in: the
 statements that follow it on the same variable and are elementwise with per-channel (or
 scalar) operands, the layout changes between them, and a closing mean over the two
-spatial axes (a global average pool). Pure ``ast``: the reference is read, never run.
+spatial axes (a global average pool). The template takes them only when nothing on the
+whole output is left after them. Pure ``ast``: the reference is read, never run.
 
 The operands are checked again when the kernel is traced (``_per_channel`` in the kernel
 text): one that turns out not to be per channel makes the kernel run the statements as
