@@ -538,3 +538,17 @@ def workload(x, weight, bias):
     source, _why = write_template(agents.brief(load_task(root)), "conv")
     assert "_epilogue" not in source and "_Unfusable:" not in source
     assert "x = x + bias.reshape(1, 1, 1, -1)" in source
+
+
+def test_the_whole_array_fallback_refuses_a_convolution(tmp_path: Any) -> None:
+    """Pallas has no TPU lowering for a convolution: a whole-array kernel around one
+    could never compile at production, and the offline agent spent an evaluation of
+    every conv task's budget on it (22k, 34k and 46k's v3): the template refuses, and
+    the agent moves on without an evaluation."""
+    from tilewright.agents.offline.templates import TemplateError
+
+    with pytest.raises(TemplateError, match="conv_general_dilated"):
+        write_template(agents.brief(_task(tmp_path, "conv_nhwc", "float32")), "whole")
+    source, _why = write_template(agents.brief(_task(tmp_path, "row_layer_norm", "float32")),
+                                  "whole")
+    assert "pallas_call" in source

@@ -3,9 +3,12 @@ universal fallback (whole arrays in one pallas_call)."""
 
 from __future__ import annotations
 
+import ast
+
 from tilewright.agents.base import TaskBrief
 from tilewright.agents.offline.reference_reading import (
     _IMPORTS,
+    TemplateError,
     _preamble,
     _renamed,
     defining_source,
@@ -184,10 +187,24 @@ def _row_blocks(static, *arrays):
 
 
 
+# Calls whose primitive has no Pallas TPU lowering: a kernel that holds them fails to
+# compile at production every time (a budget's evaluation spent for nothing).
+_NO_TPU_LOWERING = frozenset({"conv_general_dilated", "conv", "conv_with_general_padding",
+                              "conv_transpose", "reduce_window"})
+
+
 def whole(brief: TaskBrief) -> tuple[str, str]:
     """The universal fallback: the reference's math inside one pallas_call whose blocks
     hold whole arrays (optionally split along a leading axis every operand shares).
     Any output rank works: 0-d and 1-d arrays travel as (1, n) blocks."""
+    calls = {node.func.attr if isinstance(node.func, ast.Attribute) else
+             getattr(node.func, "id", "")
+             for node in ast.walk(ast.parse(defining_source(brief)[0]))
+             if isinstance(node, ast.Call)}
+    refused = sorted(calls & _NO_TPU_LOWERING)
+    if refused:
+        raise TemplateError(f"the reference calls {', '.join(refused)}, which Pallas does "
+                            "not lower for TPU: inside a kernel it could never compile")
     src = _preamble(brief, "whole-array kernel (universal fallback)") + _IMPORTS + "\n"
     src += _reference_block(brief)
     src += '''
