@@ -81,6 +81,12 @@ def test_the_reference_is_never_priced_below_its_roofline() -> None:
     rank = Rank("tpu_estimate", speedup, "v5e", basis="roofline", compiler_value=0.155)
     assert rank.floored and "XLA at its roofline; cycles alone 0.15x" in rank.how()
     assert "roofline decided it" in (rank.floor_words() or "")
+    roof = {"seconds": 1.5316e-3, "dtype": "bf16", "peak_estimated": False}
+    assert fidelity.roofline_floor(roof) == 1.5316e-3
+    # an f32 roofline's peak is a guess (XLA may run the product as one bf16 pass)
+    assert fidelity.roofline_floor({**roof, "dtype": "f32", "peak_estimated": True}) is None
+    assert fidelity.roofline_floor({**roof, "dtype": "f32"}) is None
+    assert fidelity.roofline_floor(None) is None
     assert fidelity.lookup("v5e", "compute_bound", "roofline") == \
         fidelity.lookup("v5e", "compute_bound", "memory_floor")
 

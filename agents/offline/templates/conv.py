@@ -152,8 +152,10 @@ def _conv(lhs, rhs, window_strides=(1, 1), padding="VALID", lhs_dilation=None,
     # VMEM holds the channels padded to whole 128-lane vregs (C_in = 64 takes 128)
     lanes = -(-c // 128) * 128
     image = x.shape[1] * x.shape[2] * lanes * x.dtype.itemsize
+    taps_lanes = -(-group * c // 128) * 128  # the row taps side by side, lanes padded
     need = 2 * (image + w.size * w.dtype.itemsize
-                + rows * width * o * jnp.dtype(out_dtype).itemsize) + 3 * rows * padded * o * 4
+                + rows * width * o * jnp.dtype(out_dtype).itemsize) \
+        + 3 * rows * padded * o * 4 + rows * padded * taps_lanes * x.dtype.itemsize
     if mean is not None:  # one (1, o) float32 sum per image, added to over its rows
         out_shape = jax.ShapeDtypeStruct((n, 1, o), jnp.float32)
         out_spec = pl.BlockSpec((1, 1, o), lambda b, r: (b, 0, 0))

@@ -201,6 +201,16 @@ def kernel_time(kernel: dict[str, Any], found: dict[str, Any] | None) -> float |
     return max(float(seconds), float((found or {}).get("kernel_s") or 0.0))
 
 
+def roofline_floor(roofline: dict[str, Any] | None) -> float | None:
+    """The reference's roofline as a floor under its estimate, where its peak is known:
+    bf16 FLOPs at the chip's published peak. An f32 roofline's peak is a guess (a third
+    of bf16's, where XLA may run an f32 product as one bf16 pass): no floor from it."""
+    if not roofline or roofline.get("dtype") != "bf16" or roofline.get("peak_estimated"):
+        return None
+    seconds = roofline.get("seconds")
+    return float(seconds) if seconds else None
+
+
 def floored_speedup(kernel: dict[str, Any], reference: dict[str, Any],
                     found: dict[str, Any] | None, reference_roofline_s: float | None = None
                     ) -> tuple[float, str]:

@@ -396,7 +396,7 @@ class ProductionRun:
             section["compiler_speedup"] = ref["cycles"] / estimate["cycles"]
             section["estimated_speedup"], section["basis"] = fidelity.floored_speedup(
                 estimate, ref, section["floor"],
-                (section["reference_roofline"] or {}).get("seconds"))
+                fidelity.roofline_floor(section["reference_roofline"]))
         elif estimate is not None and not estimate.get("cycles"):
             section["estimate_unavailable"] = section["unpriced"]
         elif estimate is not None:
