@@ -99,8 +99,8 @@ def read_tail(body: list[ast.stmt], out_layout: str) -> Tail | None:
                  and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name)
                  and isinstance(s.value, ast.Call)
                  and getattr(s.value.func, "id", "") == "_conv"), None)
-    if conv is None:
-        return None
+    if conv is None or sorted(out_layout) != sorted("NHWC"):
+        return None  # (a layout other than a 2-D image's: nothing is read)
     name = body[conv].targets[0].id  # type: ignore[attr-defined]
     tail = Tail(conv=conv, name=name, end=conv + 1)
     axes = list(out_layout)  # which of N, H, W, C each axis of ``v`` is now
