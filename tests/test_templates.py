@@ -46,6 +46,14 @@ CONV_INPUTS = ("(jax.random.normal(ks[0], (2, 8, 18, 20), dtype),\n"
                "            jax.random.normal(ks[1], (16, 8, 3, 3), dtype) * 0.1,\n"
                "            jax.random.normal(ks[2], (16,), dtype))")
 
+# The convolution every conv case opens with (NCHW in, NHWC/HWIO, VALID), as 18k writes it.
+CONV_HEAD = """
+    x = jnp.transpose(x, (0, 2, 3, 1))
+    kernel = jnp.transpose(weight, (2, 3, 1, 0))
+    x = lax.conv_general_dilated(x, kernel, window_strides=(1, 1), padding='VALID',
+                                 dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+"""
+
 GROUPED_INPUTS = ("(jax.random.normal(ks[0], (2, 128, 256), dtype),\n"
                   "            jax.random.normal(ks[1], (2, 256, 384), dtype) * 0.05)")
 SEQUENCE_INPUTS = ("(jax.random.normal(ks[0], (2, 64, 256), dtype),\n"
@@ -147,22 +155,12 @@ def workload(x, scale):
 """, {"BLOCK_ROWS": 8}),
     # 18k's form: NCHW in and out, the convolution in NHWC/HWIO, VALID, then a bias
     "conv_nhwc": ("conv", CONV_INPUTS, """
-def workload(x, weight, bias):
-    x = jnp.transpose(x, (0, 2, 3, 1))
-    kernel = jnp.transpose(weight, (2, 3, 1, 0))
-    x = lax.conv_general_dilated(x, kernel, window_strides=(1, 1), padding='VALID',
-                                 dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
-    x = jax.nn.relu(x + bias.reshape(1, 1, 1, -1))
+def workload(x, weight, bias):""" + CONV_HEAD + """    x = jax.nn.relu(x + bias.reshape(1, 1, 1, -1))
     return jnp.transpose(x, (0, 3, 1, 2))
 """, {"BLOCK_ROWS": 4}),
     # 39k's form: bias and GELU, then a global average pool over H and W
     "conv_pool": ("conv", CONV_INPUTS, """
-def workload(x, weight, bias):
-    x = jnp.transpose(x, (0, 2, 3, 1))
-    kernel = jnp.transpose(weight, (2, 3, 1, 0))
-    x = lax.conv_general_dilated(x, kernel, window_strides=(1, 1), padding='VALID',
-                                 dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
-    x = x + bias.reshape(1, 1, 1, -1)
+def workload(x, weight, bias):""" + CONV_HEAD + """    x = x + bias.reshape(1, 1, 1, -1)
     x = jax.nn.gelu(x)
     x = jnp.mean(x, axis=(1, 2))
     return x
@@ -471,12 +469,7 @@ async def test_an_operand_not_per_channel_leaves_the_steps_as_written(worker_poo
     root = tmp_path / "conv_residual"
     root.mkdir()
     (root / "baseline.py").write_text(_HEAD.format(dtype="float32", inputs=inputs) + """
-def workload(x, weight, bias, skip):
-    x = jnp.transpose(x, (0, 2, 3, 1))
-    kernel = jnp.transpose(weight, (2, 3, 1, 0))
-    x = lax.conv_general_dilated(x, kernel, window_strides=(1, 1), padding='VALID',
-                                 dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
-    x = x + bias.reshape(1, 1, 1, -1)
+def workload(x, weight, bias, skip):""" + CONV_HEAD + """    x = x + bias.reshape(1, 1, 1, -1)
     x = x + skip
     return jnp.transpose(x, (0, 3, 1, 2))
 """)
@@ -513,15 +506,7 @@ def create_inputs(dtype=jnp.bfloat16):
     bias = jax.random.normal(ks[2], (out_channels,), dtype)
     return x, weight, bias
 
-
-def workload(x, weight, bias):
-    x = jnp.transpose(x, (0, 2, 3, 1))
-    kernel = jnp.transpose(weight, (2, 3, 1, 0))
-    x = lax.conv_general_dilated(x, kernel, window_strides=(1, 1), padding='VALID',
-                                 dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
-    x = jax.nn.relu(x + bias.reshape(1, 1, 1, -1))
-    return jnp.transpose(x, (0, 3, 1, 2))
-''')
+''' + CASES["conv_nhwc"][2])
     task = load_task(root, {"in_channels": "8"})
     source, _why = write_template(agents.brief(task), "conv")
     result = await worker_pool.evaluate(task, tunables.apply(source, {"BLOCK_ROWS": 4}),
@@ -540,12 +525,7 @@ def test_a_convolution_followed_by_a_norm_keeps_its_steps_as_written(tmp_path: A
     root = tmp_path / "conv_norm"
     root.mkdir()
     (root / "baseline.py").write_text(_HEAD.format(dtype="bfloat16", inputs=CONV_INPUTS) + """
-def workload(x, weight, bias):
-    x = jnp.transpose(x, (0, 2, 3, 1))
-    kernel = jnp.transpose(weight, (2, 3, 1, 0))
-    x = lax.conv_general_dilated(x, kernel, window_strides=(1, 1), padding='VALID',
-                                 dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
-    x = x + bias.reshape(1, 1, 1, -1)
+def workload(x, weight, bias):""" + CONV_HEAD + """    x = x + bias.reshape(1, 1, 1, -1)
     x = jnp.transpose(x, (0, 3, 1, 2))
     mean = jnp.mean(x, axis=(2, 3), keepdims=True)
     var = jnp.var(x, axis=(2, 3), keepdims=True)
