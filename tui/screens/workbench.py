@@ -276,7 +276,8 @@ class WorkbenchScreen(VersionCommands, KeyHints, Screen):
     @on(RunFinished)
     def _run_finished(self, message: RunFinished) -> None:
         text, severity = describe_result(cast("ev.RunResult", message.event),
-                                         narrow=bool(self.query_one(PaneGrid).narrow))
+                                         narrow=bool(self.query_one(PaneGrid).narrow),
+                                         judged=message.judgement)
         self.notify(text, severity=severity, timeout=5, markup=False)  # type: ignore[arg-type]
 
     @on(ProfileFinished)

@@ -14,7 +14,7 @@ from typing import Any
 
 from tilewright.sessions import events as ev
 from tilewright.sessions.autonomy import stop_words
-from tilewright.sessions.state import event_judgement
+from tilewright.sessions.state import Judgement, event_judgement
 from tilewright.tui import keymap
 from tilewright.tui.format import compile_verdict
 from tilewright.tui.session.view import SessionView
@@ -36,10 +36,12 @@ def describe_stop(event: ev.AutoStop) -> tuple[str, str]:
     return text, "information" if calm else "warning"
 
 
-def describe_result(event: ev.RunResult, narrow: bool = False) -> tuple[str, str]:
-    """(toast text, severity) for a run.result event. ``narrow`` (panes as tabs, under
-    120 columns): the number in short words, one line that covers no pane; the whole
-    wording is in the chat and the History pane."""
+def describe_result(event: ev.RunResult, narrow: bool = False,
+                    judged: Judgement | None = None) -> tuple[str, str]:
+    """(toast text, severity) for a run.result event (``judged``: its judgement, when the
+    caller has it already). ``narrow`` (panes as tabs, under 120 columns): the number in
+    short words, one line that covers no pane; the whole wording is in the chat and the
+    History pane."""
     v = event.get("version")
     if event.get("status") == "error":  # the evaluator failed, not the kernel
         return f"evaluation of v{v} failed (see the error below)", "error"
@@ -53,7 +55,7 @@ def describe_result(event: ev.RunResult, narrow: bool = False) -> tuple[str, str
     if event.get("correct"):
         # The ranking number in words (``Rank.words``): an estimate says it is one, host
         # simulation time is not called a speedup (and its milliseconds are the CPU's).
-        rank = event_judgement(dict(event)).rank
+        rank = (judged or event_judgement(dict(event))).rank
         if rank is not None and rank.said:  # disqualified: says why
             # Beside a compiler figure, how far such figures hold for its chip and class
             # (and, in its words, when the memory floor decided it, both figures).
