@@ -58,28 +58,23 @@ def _per_channel(p, axis, o):
     return jnp.broadcast_to(a.reshape(-1), (o,)).reshape(1, o).astype(jnp.float32)
 
 
-def _conv_body(x_ref, w_ref, *refs, kh, kw, rows, width, padded, group, epilogue, mean,
-               oh, ow):
+def _conv_body(x_ref, w_ref, *refs, kh, kw, rows, width, padded, epilogue, mean, oh, ow):
     params, o_ref = refs[:-1], refs[-1]
     r = pl.program_id(1)
     o = w_ref.shape[-1]
-    c = x_ref.shape[-1]
+    # The row taps side by side in the contraction (channels fewer than the MXU's depth,
+    # 128, share a pass instead of leaving most of it empty); each tap is ``rows`` image
+    # rows at every (padded) column: an aligned slab.
+    slabs = [x_ref[0, pl.ds(r * rows + i, rows), :, :] for i in range(kh)]
+    lhs = slabs[0] if kh == 1 else jnp.concatenate(slabs, axis=-1)
+    lhs = lhs.reshape(rows * padded, kh * x_ref.shape[-1])
     acc = jnp.zeros((rows, width, o), jnp.float32)
-    for g, first in enumerate(range(0, kh, group)):
-        # ``group`` row taps side by side in the contraction: channels fewer than the
-        # MXU's depth (128) share a pass instead of leaving most of it empty. Each tap
-        # is ``rows`` image rows at every (padded) column: an aligned slab.
-        taps = range(first, min(first + group, kh))
-        slabs = [x_ref[0, pl.ds(r * rows + i, rows), :, :] for i in taps]
-        lhs = slabs[0] if len(slabs) == 1 else jnp.concatenate(slabs, axis=-1)
-        lhs = lhs.reshape(rows * padded, len(slabs) * c)
-        for j in range(kw):
-            w = w_ref[g, j] if len(slabs) == group else w_ref[g, j, :len(slabs) * c, :]
-            # The column taps shift the float32 products, not the inputs: a window of
-            # packed bf16 rows at an odd column offset is a sublane shift the TPU
-            # compiler's estimator cannot price.
-            product = jnp.dot(lhs, w, preferred_element_type=jnp.float32)
-            acc += product.reshape(rows, padded, o)[:, j:j + width, :]
+    for j in range(kw):
+        # The column taps shift the float32 products, not the inputs: a window of packed
+        # bf16 rows at an odd column offset is a sublane shift the TPU compiler's
+        # estimator cannot price.
+        product = jnp.dot(lhs, w_ref[j], preferred_element_type=jnp.float32)
+        acc += product.reshape(rows, padded, o)[:, j:j + width, :]
     if epilogue is not None:  # the reference's elementwise steps, on the float32 block
         acc = epilogue(acc, *[p[...] for p in params])
     if not mean:
@@ -137,22 +132,18 @@ def _conv(lhs, rhs, window_strides=(1, 1), padding="VALID", lhs_dilation=None,
                     (pw[0], padded - wd - pw[0]), (0, 0)))
     o = w.shape[-1]
     out_dtype = jnp.result_type(lhs.dtype, rhs.dtype)
-    # Row taps side by side in the contraction: (groups, kw, group * c, o), the last
-    # group zero-padded (its kernel reads only its own taps' rows of it). All of them in
-    # one group: as few MXU passes as any grouping (ceil(kh * c / 128) per column tap;
-    # v5e estimates: c = 64 two passes as with pairs, c = 128 the same cycles as none),
+    # Every row tap side by side in the contraction, per column tap: (kw, kh * c, o). As
+    # few MXU passes as any grouping of the taps (ceil(kh * c / 128) per column tap; v5e
+    # estimates of a probe of 4 images of 32x128 outputs, 128 channels out: pairs of taps
+    # and all three within 5% at c = 64, the same cycles as one tap a pass at c = 128),
     # and the same program whatever c is, so the check shapes' kernel (fewer channels)
     # is the one that runs at production.
-    group = kh
-    groups = -(-kh // group)
-    w = jnp.pad(w, ((0, groups * group - kh), (0, 0), (0, 0), (0, 0)))
-    w = w.reshape(groups, group, kw, c, o).transpose(0, 2, 1, 3, 4).reshape(
-        groups, kw, group * c, o)
+    w = w.transpose(1, 0, 2, 3).reshape(kw, kh * c, o)
     rows_in = [_per_channel(p, a, o) for p, a in zip(params, channel_axes, strict=True)]
     # VMEM holds the channels padded to whole 128-lane vregs (C_in = 64 takes 128)
     lanes = -(-c // 128) * 128
     image = x.shape[1] * x.shape[2] * lanes * x.dtype.itemsize
-    taps_lanes = -(-group * c // 128) * 128  # the row taps side by side, lanes padded
+    taps_lanes = -(-kh * c // 128) * 128  # the row taps side by side, lanes padded
     need = 2 * (image + w.size * w.dtype.itemsize
                 + rows * width * o * jnp.dtype(out_dtype).itemsize) \
         + 3 * rows * padded * o * 4 + rows * padded * taps_lanes * x.dtype.itemsize
@@ -164,12 +155,11 @@ def _conv(lhs, rhs, window_strides=(1, 1), padding="VALID", lhs_dilation=None,
         out_spec = pl.BlockSpec((1, rows, width, o), lambda b, r: (b, r, 0, 0))
     out = pl.pallas_call(
         functools.partial(_conv_body, kh=kh, kw=kw, rows=rows, width=width, padded=padded,
-                          group=group, epilogue=epilogue, mean=mean is not None, oh=oh,
-                          ow=ow),
+                          epilogue=epilogue, mean=mean is not None, oh=oh, ow=ow),
         out_shape=out_shape,
         grid=(n, oh_pad // rows),
         in_specs=[pl.BlockSpec((1, *x.shape[1:]), lambda b, r: (b, 0, 0, 0)),
-                  pl.BlockSpec(w.shape, lambda b, r: (0, 0, 0, 0))]
+                  pl.BlockSpec(w.shape, lambda b, r: (0, 0, 0))]
                  + [pl.BlockSpec((1, o), lambda b, r: (0, 0)) for _ in rows_in],
         out_specs=out_spec,
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"),
