@@ -1,5 +1,6 @@
-"""Convolutions as MXU matmuls over one padded NHWC image in VMEM, with the per-channel
-steps after them (and a mean over the image) in the kernel."""
+"""Convolutions as MXU matmuls over one NHWC image in VMEM (padded only where the
+convolution pads or its width is not whole sublane tiles), with the per-channel steps
+after them (and a mean over the image) in the kernel."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ class _CutConv(ast.NodeTransformer):
 
 _CONV_KERNEL = '''
 
-BLOCK_ROWS = 32  # output rows per grid step (one product of rows x width rows each tap)
+BLOCK_ROWS = 32  # output rows per grid step (or its largest divisor of the output's rows)
 TUNABLES = {"BLOCK_ROWS": [1, 2, 4, 8, 16, 32, 64, 128]}
 ''' + VMEM_HELPERS + '''
 
@@ -58,40 +59,60 @@ def _per_channel(p, axis, o):
     return jnp.broadcast_to(a.reshape(-1), (o,)).reshape(1, o).astype(jnp.float32)
 
 
-def _conv_body(x_ref, w_ref, *refs, kh, kw, rows, width, padded, epilogue, mean, oh, ow):
+def _conv_body(x_ref, w_ref, *refs, kh, kw, rows, epilogue, mean, oh, ow, clamp):
     params, o_ref = refs[:-1], refs[-1]
     r = pl.program_id(1)
     o = w_ref.shape[-1]
+    cols = x_ref.shape[2]
+    # ``clamp``: the last block of rows ends at the last output row, overlapping the one
+    # before it (only a mean, whose rows are counted once below, reads that way)
+    start = jnp.minimum(r * rows, oh - rows) if clamp else r * rows
     # The row taps side by side in the contraction (channels fewer than the MXU's depth,
     # 128, share a pass instead of leaving most of it empty); each tap is ``rows`` image
-    # rows at every (padded) column: an aligned slab.
-    slabs = [x_ref[0, pl.ds(r * rows + i, rows), :, :] for i in range(kh)]
+    # rows at every column: an aligned slab.
+    slabs = [x_ref[0, pl.ds(start + i, rows), :, :] for i in range(kh)]
     lhs = slabs[0] if kh == 1 else jnp.concatenate(slabs, axis=-1)
-    lhs = lhs.reshape(rows * padded, kh * x_ref.shape[-1])
-    acc = jnp.zeros((rows, width, o), jnp.float32)
+    lhs = lhs.reshape(rows * cols, kh * x_ref.shape[-1])
+    acc = None
     for j in range(kw):
-        # The column taps shift the float32 products, not the inputs: a window of packed
-        # bf16 rows at an odd column offset is a sublane shift the TPU compiler's
-        # estimator cannot price.
+        # A column tap rotates the float32 product of every column by its offset (the
+        # XLU's sublane rotation): the columns it wraps land past the output's width.
+        # Not the packed bf16 inputs: a window of them at an odd column offset is a
+        # sublane shift that libtpu 0.0.42's estimator cannot price.
         product = jnp.dot(lhs, w_ref[j], preferred_element_type=jnp.float32)
-        acc += product.reshape(rows, padded, o)[:, j:j + width, :]
+        if j:
+            product = pltpu.roll(product, rows * cols - j, 0)
+        acc = product if acc is None else acc + product
+    acc = acc.reshape(rows, cols, o)
     if epilogue is not None:  # the reference's elementwise steps, on the float32 block
         acc = epilogue(acc, *[p[...] for p in params])
     if not mean:
-        o_ref[0] = acc.astype(o_ref.dtype)
+        o_ref[0] = acc[:, :ow, :].astype(o_ref.dtype)
         return
     # A mean over the image: each block adds its valid rows and columns to the image's
-    # sum (the padding rows and columns hold the epilogue of zeros, not zeros).
-    at_row = r * rows + jax.lax.broadcasted_iota(jnp.int32, (rows, width, 1), 0)
-    at_col = jax.lax.broadcasted_iota(jnp.int32, (rows, width, 1), 1)
-    valid = jnp.where((at_row < oh) & (at_col < ow), acc, 0.0)
-    total = jnp.sum(valid.reshape(rows * width, o), axis=0, keepdims=True)
+    # sum (padding rows and columns hold the epilogue of zeros, not zeros; a clamped
+    # block's rows that the block before it counted are left out).
+    at_row = start + jax.lax.broadcasted_iota(jnp.int32, (rows, cols, 1), 0)
+    at_col = jax.lax.broadcasted_iota(jnp.int32, (rows, cols, 1), 1)
+    keep = (at_row >= r * rows) & (at_row < oh) & (at_col < ow)
+    total = jnp.sum(jnp.where(keep, acc, 0.0).reshape(rows * cols, o), axis=0, keepdims=True)
 
     @pl.when(r == 0)
     def _():
         o_ref[0] = jnp.zeros_like(o_ref[0])
 
     o_ref[0] += total
+
+
+def _block_rows(oh, mean):
+    """Output rows per grid step, and whether the last block is clamped: BLOCK_ROWS
+    where it divides the output, else its largest divisor down to half of it; a mean
+    clamps its last block instead; else BLOCK_ROWS over rows padded to a multiple."""
+    top = min(BLOCK_ROWS, oh)
+    near = max(d for d in range(1, top + 1) if oh % d == 0)
+    if 2 * near >= top:
+        return near, False
+    return top, mean
 
 
 def _conv(lhs, rhs, window_strides=(1, 1), padding="VALID", lhs_dilation=None,
@@ -124,12 +145,17 @@ def _conv(lhs, rhs, window_strides=(1, 1), padding="VALID", lhs_dilation=None,
         ph, pw = (tuple(p) for p in padding)
     n, h, wd, c = x.shape
     oh, ow = h + sum(ph) - kh + 1, wd + sum(pw) - kw + 1
-    rows = min(BLOCK_ROWS, oh)
-    width = -(-ow // 16) * 16  # whole sublane tiles: a window's rows flatten for free
-    padded = -(-(width + kw - 1) // 16) * 16  # the image's columns: every tap's, whole tiles
-    oh_pad = -(-oh // rows) * rows
-    x = jnp.pad(x, ((0, 0), (ph[0], ph[1] + oh_pad - oh),
-                    (pw[0], padded - wd - pw[0]), (0, 0)))
+    rows, clamp = _block_rows(oh, mean is not None)
+    oh_pad = oh if clamp else -(-oh // rows) * rows
+    # The image's columns in whole (16-row) sublane tiles, so that a slab of rows
+    # flattens for free: no padding at all for a VALID convolution over such a width,
+    # whose output rows the blocks divide (measured on v5e, 18k at 128x64x128x128: the
+    # pad before the kernel and the slice after it took 3.0 of the program's 9.4 ms).
+    cols = -(-(wd + sum(pw)) // 16) * 16
+    extra_rows = oh_pad - oh
+    if ph != (0, 0) or extra_rows or cols != wd:
+        x = jnp.pad(x, ((0, 0), (ph[0], ph[1] + extra_rows),
+                        (pw[0], cols - wd - pw[0]), (0, 0)))
     o = w.shape[-1]
     out_dtype = jnp.result_type(lhs.dtype, rhs.dtype)
     # Every row tap side by side in the contraction, per column tap: (kw, kh * c, o). As
@@ -145,19 +171,19 @@ def _conv(lhs, rhs, window_strides=(1, 1), padding="VALID", lhs_dilation=None,
     image = x.shape[1] * x.shape[2] * lanes * x.dtype.itemsize
     taps_lanes = -(-kh * c // 128) * 128  # the row taps side by side, lanes padded
     need = 2 * (image + w.size * w.dtype.itemsize
-                + rows * width * o * jnp.dtype(out_dtype).itemsize) \
-        + 3 * rows * padded * o * 4 + rows * padded * taps_lanes * x.dtype.itemsize
+                + rows * cols * o * jnp.dtype(out_dtype).itemsize) \
+        + 3 * rows * cols * o * 4 + rows * cols * taps_lanes * x.dtype.itemsize
     if mean is not None:  # one (1, o) float32 sum per image, added to over its rows
         out_shape = jax.ShapeDtypeStruct((n, 1, o), jnp.float32)
         out_spec = pl.BlockSpec((1, 1, o), lambda b, r: (b, 0, 0))
     else:
-        out_shape = jax.ShapeDtypeStruct((n, oh_pad, width, o), out_dtype)
-        out_spec = pl.BlockSpec((1, rows, width, o), lambda b, r: (b, r, 0, 0))
+        out_shape = jax.ShapeDtypeStruct((n, oh_pad, ow, o), out_dtype)
+        out_spec = pl.BlockSpec((1, rows, ow, o), lambda b, r: (b, r, 0, 0))
     out = pl.pallas_call(
-        functools.partial(_conv_body, kh=kh, kw=kw, rows=rows, width=width, padded=padded,
-                          epilogue=epilogue, mean=mean is not None, oh=oh, ow=ow),
+        functools.partial(_conv_body, kh=kh, kw=kw, rows=rows, epilogue=epilogue,
+                          mean=mean is not None, oh=oh, ow=ow, clamp=clamp),
         out_shape=out_shape,
-        grid=(n, oh_pad // rows),
+        grid=(n, -(-oh_pad // rows)),
         in_specs=[pl.BlockSpec((1, *x.shape[1:]), lambda b, r: (b, 0, 0, 0)),
                   pl.BlockSpec(w.shape, lambda b, r: (0, 0, 0))]
                  + [pl.BlockSpec((1, o), lambda b, r: (0, 0)) for _ in rows_in],
@@ -173,7 +199,8 @@ def _conv(lhs, rhs, window_strides=(1, 1), padding="VALID", lhs_dilation=None,
         if keepdims:
             found = found.reshape([n if a == "N" else o if a == "C" else 1 for a in taken_in])
         return found
-    out = out[:, :oh, :ow, :]
+    if oh_pad != oh:
+        out = out[:, :oh]
     return jnp.transpose(out, ["NHWC".index(ch) for ch in layout[2]])
 
 
@@ -255,11 +282,10 @@ def _fuse_tail(fn: ast.FunctionDef) -> str | None:
 
 def conv(brief: TaskBrief) -> tuple[str, str]:
     """Convolution as matmuls: the reference's ``conv_general_dilated`` (2-D, stride 1,
-    VALID or SAME, NHWC/HWIO or NCHW/OIHW) becomes a Pallas kernel that keeps one padded
-    image in VMEM and, for each block of output rows, accumulates MXU matmuls of aligned
-    (rows x padded width, taps x C_in) slabs by the weight slices in float32 (row taps
-    side by side in the contraction when C_in is under 128; column taps shift the
-    products). The per-channel elementwise steps after it and a closing mean over the
+    VALID or SAME, NHWC/HWIO or NCHW/OIHW) becomes a Pallas kernel that keeps one image
+    in VMEM and, for each block of output rows, accumulates MXU matmuls of aligned
+    (rows x width, row taps x C_in) slabs by the weight slices in float32 (column taps
+    rotate the products). The per-channel elementwise steps after it and a closing mean over the
     image run on each block in the kernel; what else follows stays as written."""
     head, fn, helpers = reference_parts(brief)
     fn = ast.parse(ast.get_source_segment(defining_source(brief)[0], fn)
@@ -277,11 +303,11 @@ def conv(brief: TaskBrief) -> tuple[str, str]:
                                      *helpers) if x)
     src += _CONV_KERNEL + (epilogue + "\n\n\n" if epilogue else "") + body + "\n"
     why = ("Convolution: the reference's conv_general_dilated becomes a Pallas kernel. One "
-           "padded image (NHWC) stays in VMEM while the grid walks blocks of BLOCK_ROWS "
+           "image (NHWC, padded only where the convolution pads) stays in VMEM while the grid walks blocks of BLOCK_ROWS "
            "output rows; each block accumulates MXU matmuls of aligned (rows x width, "
            "C_in) slabs by the weight slices in float32 (convolution as matmul, without "
            "materialising im2col patches in HBM), with the row taps side by side in the "
-           "contraction (channels under 128 share an MXU pass) and column taps shifting the "
+           "contraction (channels under 128 share an MXU pass) and column taps rotating the "
            "float32 products. "
            + ("The reference's per-channel steps after the convolution"
               + (" and its mean over the image" if "mean=(" in body else "")
