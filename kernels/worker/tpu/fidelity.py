@@ -13,7 +13,9 @@ benchmark's last run, shipped with the package) plus the user's calibration file
 
 Classes (``program_class``): ``collective`` (all-reduce and kin), ``grouped_matmul``
 (the reference is a ragged dot: an MoE layer's matmul, measured against tokamax's TPU
-times), ``pallas_manual_dma``
+times), ``convolution`` (the reference convolves: the estimator prices XLA's convolutions
+erratically: 0.22 and 3.4 of two references' device times on a v5e, and a kernel's
+program with them), ``pallas_manual_dma``
 (a kernel with memory_space=ANY operands or scalar-prefetch-indexed blocks),
 ``gather_scatter`` (the reference gathers or scatters), else ``compute_bound`` or
 ``memory_bound`` by the reference's FLOP per byte against the chip's ridge point for
@@ -42,7 +44,7 @@ from tilewright.kernels.pool.env import CALIBRATION
 TABLE = Path(__file__).resolve().parents[2] / "data" / "fidelity.json"  # kernels/data
 CALIBRATION_ENV = CALIBRATION  # the user's calibration pairs (JSON lines)
 CLASSES = ("compute_bound", "memory_bound", "pallas_manual_dma", "gather_scatter",
-           "collective", "grouped_matmul")
+           "collective", "grouped_matmul", "convolution")
 _COLLECTIVES = {"all-reduce", "all-gather", "reduce-scatter", "all-to-all",
                 "collective-permute"}
 
@@ -57,6 +59,8 @@ def program_class(reference_cost: dict[str, Any] | None,
         return "collective"
     if any(str(op).startswith(("ragged-dot", "ragged_dot")) for op in reference_opcodes or {}):
         return "grouped_matmul"  # an MoE layer's matmul: tokamax's measured v5e pairs
+    if "convolution" in (reference_opcodes or {}):
+        return "convolution"  # XLA's convolutions: priced at 0.22 and 3.4 of two v5e times
     if any(p.get("data_dependent") for p in plans):
         return "pallas_manual_dma"
     if {"gather", "scatter"} & set(reference_opcodes or {}):
