@@ -19,6 +19,19 @@ from typing import ClassVar, Literal
 
 SlotKey = tuple[int, int, int | None, int]  # lineage, round, parent version, slot
 
+
+class _Keyed:
+    """``key``: the action's kind and the fields (``keyed_by``) that identify it among
+    the actions in flight."""
+
+    kind: ClassVar[str]
+    keyed_by: ClassVar[tuple[str, ...]]
+
+    @property
+    def key(self) -> str:
+        return ":".join([self.kind, *(str(getattr(self, name)) for name in self.keyed_by)])
+
+
 # -- the controller -----------------------------------------------------------------------
 
 ControllerKind = Literal["ask", "auto_decide", "apply", "run", "profile",  # jobs
@@ -56,80 +69,62 @@ def ask(role: str, message: str | None = None, version: int | None = None
 
 
 @dataclass(frozen=True)
-class Evaluate:
+class Evaluate(_Keyed):
     """Evaluate a search node that has no result yet."""
 
     version: int
     kind: ClassVar[Literal["evaluate"]] = "evaluate"
-
-    @property
-    def key(self) -> str:
-        return f"evaluate:{self.version}"
+    keyed_by: ClassVar[tuple[str, ...]] = ("version",)
 
 
 @dataclass(frozen=True)
-class ProfileNode:
+class ProfileNode(_Keyed):
     """Profile a node the planner found due (``plan.profile_due``)."""
 
     version: int
     kind: ClassVar[Literal["profile"]] = "profile"
-
-    @property
-    def key(self) -> str:
-        return f"profile:{self.version}"
+    keyed_by: ClassVar[tuple[str, ...]] = ("version",)
 
 
 @dataclass(frozen=True)
-class Decide:
+class Decide(_Keyed):
     """Decide a proposal an interruption left undecided."""
 
     proposal: str
     slot: SlotKey
     kind: ClassVar[Literal["decide"]] = "decide"
-
-    @property
-    def key(self) -> str:
-        return f"decide:{self.proposal}"
+    keyed_by: ClassVar[tuple[str, ...]] = ("proposal",)
 
 
 @dataclass(frozen=True)
-class ApplyProposal:
+class ApplyProposal(_Keyed):
     """Apply a proposal an interruption left approved but without its version."""
 
     proposal: str
     slot: SlotKey
     kind: ClassVar[Literal["apply"]] = "apply"
-
-    @property
-    def key(self) -> str:
-        return f"apply:{self.proposal}"
+    keyed_by: ClassVar[tuple[str, ...]] = ("proposal",)
 
 
 @dataclass(frozen=True)
-class Expand:
+class Expand(_Keyed):
     """Fill a slot with a child: the agent's (``role``) or the search's own tuning step."""
 
     slot: SlotKey
     role: str = "tune"  # implement, tune, fix
     proposer: str = "agent"  # agent | tuning
     kind: ClassVar[Literal["expand"]] = "expand"
-
-    @property
-    def key(self) -> str:
-        return f"expand:{self.slot}"
+    keyed_by: ClassVar[tuple[str, ...]] = ("slot",)
 
 
 @dataclass(frozen=True)
-class Select:
+class Select(_Keyed):
     """Select a lineage's beam for a round."""
 
     lineage: int
     round: int
     kind: ClassVar[Literal["select"]] = "select"
-
-    @property
-    def key(self) -> str:
-        return f"select:{self.lineage}:{self.round}"
+    keyed_by: ClassVar[tuple[str, ...]] = ("lineage", "round")
 
 
 SearchAction = Evaluate | ProfileNode | Decide | ApplyProposal | Expand | Select
