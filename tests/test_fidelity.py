@@ -30,9 +30,30 @@ def test_program_classes() -> None:
         == "collective"
     assert fidelity.program_class(None, None, None, plans, "f32", "v5e") is None
     # a convolution, compute-bound or not, is its own class: the estimator prices XLA's
-    # convolutions erratically (18k's at 0.22 of its v5e time, 46k's at 3.4)
-    assert fidelity.program_class(matmul, {"convolution": 1, "transpose": 2}, None, plans,
-                                  "bfloat16", "v5e") == "convolution"
+    # convolutions erratically (18k's at 0.22 of its v5e time, 46k's at 3.4). As written:
+    # compiled for a TPU, XLA writes a plain dot as a convolution too (41k's GEMM)
+    assert fidelity.program_class(matmul, {"convolution": 1}, None, plans, "bfloat16",
+                                  "v5e") == "compute_bound"
+    assert fidelity.program_class(matmul, {"convolution": 1}, None, plans, "bfloat16",
+                                  "v5e", convolves=True) == "convolution"
+
+
+def test_a_convolution_is_counted_as_written() -> None:
+    """What tells a convolution task from a GEMM: the reference's own program (its
+    StableHLO), not the compiled one, where XLA writes dots as convolutions."""
+    import jax
+    import jax.numpy as jnp
+
+    from tilewright.kernels.worker.tpu.reference_programs import export_program
+
+    x = jax.ShapeDtypeStruct((2, 8, 16, 16), jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((16, 8, 3, 3), jnp.bfloat16)
+    conv = export_program(jax.jit(lambda x, w: jax.lax.conv(x, w, (1, 1), "VALID")), [x, w], [],
+                          "v5e")
+    assert conv.cost["convolutions"] == 1.0
+    a = jax.ShapeDtypeStruct((256, 512), jnp.bfloat16)
+    b = jax.ShapeDtypeStruct((512, 256), jnp.bfloat16)
+    assert export_program(jax.jit(jnp.dot), [a, b], [], "v5e").cost["convolutions"] == 0.0
 
 
 def test_the_shipped_table_answers_for_every_class() -> None:

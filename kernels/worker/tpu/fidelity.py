@@ -52,14 +52,16 @@ _COLLECTIVES = {"all-reduce", "all-gather", "reduce-scatter", "all-to-all",
 def program_class(reference_cost: dict[str, Any] | None,
                   reference_opcodes: dict[str, int] | None,
                   kernel_opcodes: dict[str, int] | None, plans: list[dict[str, Any]],
-                  dtype: str | None, chip: str) -> str | None:
-    """The class of a program (see the module docstring); None when nothing is known."""
+                  dtype: str | None, chip: str, convolves: bool = False) -> str | None:
+    """The class of a program (see the module docstring); None when nothing is known.
+    ``convolves``: the reference, as written, has a convolution (the compiled opcodes
+    cannot say: compiled for a TPU, XLA writes many dots as convolutions)."""
     ops = {**(reference_opcodes or {}), **(kernel_opcodes or {})}
     if _COLLECTIVES & set(ops):
         return "collective"
     if any(str(op).startswith(("ragged-dot", "ragged_dot")) for op in reference_opcodes or {}):
         return "grouped_matmul"  # an MoE layer's matmul: tokamax's measured v5e pairs
-    if "convolution" in (reference_opcodes or {}):
+    if convolves:
         return "convolution"  # XLA's convolutions: priced at 0.22 and 3.4 of two v5e times
     if any(p.get("data_dependent") for p in plans):
         return "pallas_manual_dma"

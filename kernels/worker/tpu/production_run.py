@@ -414,7 +414,8 @@ class ProductionRun:
             section.update(estimated_speedup=None, basis=None, roofline_ratio=None,
                            bound=self._bound(section, plans))
         klass = fidelity.program_class(record.get("cost"), record.get("opcodes"),
-                                       verdict.get("opcodes"), plans, self._dtype(), self.chip)
+                                       verdict.get("opcodes"), plans, self._dtype(), self.chip,
+                                       convolves=bool(record.get("convolutions")))
         section["fidelity"] = fidelity.lookup(self.chip, klass, section["basis"])
         return section
 

@@ -56,7 +56,7 @@ from tilewright.kernels.worker.tpu.reference_programs import (
     scaling_options,
 )
 
-RECORD_VERSION = 5  # part of a record's key: a new way of computing it is a new record
+RECORD_VERSION = 6  # part of a record's key: a new way of computing it is a new record
 # A scaled estimate's pair whose cycles grow less than this share of its sizes' growth
 # (doubling the size, less than 1.8x the cycles) is not in proportion: the plan's
 # alternate size is tried (``reference_estimate``).
@@ -236,6 +236,7 @@ def make_record(plan: ReferencePlan, found: dict[str, Any] | None,
             "compile": verdict.get("compile"),
             "message": tpu_compile.short(verdict.get("message") or "", 300) or None,
             "cost": verdict.get("cost"), "opcodes": verdict.get("opcodes"),
+            "convolutions": cost.get("convolutions"),  # as written (``export_program``)
             "flops": cost.get("flops"), "io_bytes": cost.get("io_bytes"),
             "roofline": roofline(cost, plan.chip),
             # the size that priced it (the plan's alternate, when the first was not in

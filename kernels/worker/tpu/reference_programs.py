@@ -179,6 +179,9 @@ def export_program(fn: Any, avals: list[Any], static: list[Any], chip: str) -> E
                                  for a in [*avals, *exported.out_avals]))
     text = strip_locations(exported.mlir_module())
     cost.update(dot_cost(text))
+    # convolutions as the program was written: once compiled for a TPU, XLA writes many
+    # dots as convolutions too
+    cost["convolutions"] = float(text.count("stablehlo.convolution"))
     if note:
         cost["equivalent"] = 1.0
     return Exported(bytes(exported.serialize()), cost,

@@ -212,5 +212,6 @@ def reference_request(payload: dict[str, Any]) -> dict[str, Any]:
     return {**record, "shape_label": shape_label(inputs),
             "input_shapes": [array_text(s, d) for s, d in inputs],
             "class": fidelity.program_class(record.get("cost"), record.get("opcodes"), None,
-                                            [], dtype, chip),
+                                            [], dtype, chip,
+                                            convolves=bool(record.get("convolutions"))),
             "compile_peak_mb": round(compile_pool.compilers().peak_rss_mb) or None}
