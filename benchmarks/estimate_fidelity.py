@@ -209,6 +209,31 @@ def ragged_task(root: Path, index: int, spec: dict[str, Any]) -> Path | None:
     return task
 
 
+async def _estimate_into(row: dict[str, Any], pool: Any, args: argparse.Namespace,
+                         chip: str, task: Any, kernel: Any, filename: str) -> None:
+    """Into ``row``: the estimate of the task's XLA reference (``kernel()`` None) or of
+    the kernel source ``kernel()`` returns, with its wall time; what stopped it (a task
+    that cannot even be loaded or run) in ``row["why"]``. ``task`` loads the task."""
+    from tilewright.kernels.pool.workers import EvalOptions
+
+    started = time.perf_counter()
+    try:
+        loaded, source = task(), kernel()
+        if source is None:
+            found = await pool.request("reference_estimate", {
+                "task": loaded.to_spec(), "chip": chip, "timeout_s": args.timeout,
+                "compile_memory_mb": args.compile_memory_mb}, timeout=args.timeout + 60)
+            row.update(_from_reference(found))
+        else:
+            found = await pool.estimate(loaded, source, EvalOptions(
+                timeout_s=args.timeout, chip=chip, compile_memory_mb=args.compile_memory_mb),
+                filename=filename)
+            row.update(_from_candidate(found))
+    except Exception as exc:  # a task that cannot even be loaded or run
+        row["why"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    row["estimate_s_wall"] = time.perf_counter() - started
+
+
 async def tokamax_rows(args: argparse.Namespace, pool: Any, scratch: Path
                        ) -> list[dict[str, Any]]:
     """tokamax's measured pairs: the v5e grouped matmul estimated (tokamax's kernel at its
@@ -216,7 +241,6 @@ async def tokamax_rows(args: argparse.Namespace, pool: Any, scratch: Path
     estimator refuses: its rows are counted, never compiled)."""
     import tokamax_data
 
-    from tilewright.kernels.pool.workers import EvalOptions
     from tilewright.profiling.chips import estimator_refusal
 
     root = args.tokamax if isinstance(args.tokamax, Path) else tokamax_data.find()
@@ -258,23 +282,8 @@ async def tokamax_rows(args: argparse.Namespace, pool: Any, scratch: Path
                                       tn=config.get("tile_n"),
                                       buffers=config.get("input_buffer_count", 2))
         for row, run in ((base, None), (opt, source)):
-            started = time.perf_counter()
-            try:
-                if run is None:
-                    got = await pool.request("reference_estimate", {
-                        "task": task.to_spec(), "chip": pair.chip, "timeout_s": args.timeout,
-                        "compile_memory_mb": args.compile_memory_mb},
-                        timeout=args.timeout + 60)
-                    row.update(_from_reference(got))
-                else:
-                    got = await pool.estimate(task, run, EvalOptions(
-                        timeout_s=args.timeout, chip=pair.chip,
-                        compile_memory_mb=args.compile_memory_mb),
-                        filename=str(task_dir / "tokamax_gmm.py"))
-                    row.update(_from_candidate(got))
-            except Exception as exc:  # a task that cannot even be loaded or run
-                row["why"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-            row["estimate_s_wall"] = time.perf_counter() - started
+            await _estimate_into(row, pool, args, pair.chip, lambda task=task: task,
+                                 lambda run=run: run, str(task_dir / "tokamax_gmm.py"))
             row["class"] = TOKAMAX_CLASSES.get(pair.what, row.get("class"))
             rows.append(row)
             _print_row(row)
@@ -313,27 +322,19 @@ async def estimate_rows(args: argparse.Namespace, scratch: Path) -> list[dict[st
                        "measured_s": float(row["median_ms"]) / 1e3
                        if row.get("status") == "success" and row["median_ms"] else None}
                 directory = workloads / name
-                started = time.perf_counter()
-                try:
+
+                def load(directory: Path = directory) -> Any:
                     takes_dtype = "dtype" in (directory / "baseline.py").read_text().split(
                         "def create_inputs", 1)[-1].split(")", 1)[0]
-                    task = load_task(directory, {"dtype": "bfloat16"} if takes_dtype else None)
+                    return load_task(directory, {"dtype": "bfloat16"} if takes_dtype else None)
+
+                def kernel(directory: Path = directory, variant: str = variant) -> str | None:
                     if variant == "baseline":
-                        found = await pool.request("reference_estimate", {
-                            "task": task.to_spec(), "chip": "v6e", "timeout_s": args.timeout,
-                            "compile_memory_mb": args.compile_memory_mb},
-                            timeout=args.timeout + 60)
-                        out.update(_from_reference(found))
-                    else:
-                        source = (directory / "optimized.py").read_text()
-                        found = await pool.estimate(task, source, EvalOptions(
-                            timeout_s=args.timeout, chip="v6e",
-                            compile_memory_mb=args.compile_memory_mb),
-                            filename=str(directory / "optimized.py"))
-                        out.update(_from_candidate(found))
-                except Exception as exc:  # a task that cannot even be loaded or run
-                    out["why"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-                out["estimate_s_wall"] = time.perf_counter() - started
+                        return None
+                    return (directory / "optimized.py").read_text()
+
+                await _estimate_into(out, pool, args, "v6e", load, kernel,
+                                     str(directory / "optimized.py"))
                 rows.append(out)
                 _print_row(out)
         if args.tokamax:

@@ -188,8 +188,9 @@ TUNABLES = {{"BLOCK_M": [128, 256, 512, 1024, 2048], "BLOCK_N": [128, 256, 512, 
              "BLOCK_K": [128, 256, 512, 1024, 2048]}}
 """ + VMEM_HELPERS + EPILOGUE_MIXING + f"""
 
-def _body(x_ref, w_ref, *refs):
-    *extra_refs, o_ref, acc_ref = refs
+def _accumulate(x_ref, w_ref, acc_ref):
+    \"\"\"The float32 accumulator plus this k step's product (zeroed at the first step);
+    True at the last step, when it holds the whole product.\"\"\"
     k = pl.program_id(3)
 
     @pl.when(k == 0)
@@ -197,8 +198,13 @@ def _body(x_ref, w_ref, *refs):
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
     acc_ref[...] += {dot}
+    return k == pl.num_programs(3) - 1
 
-    @pl.when(k == pl.num_programs(3) - 1)
+
+def _body(x_ref, w_ref, *refs):
+    *extra_refs, o_ref, acc_ref = refs
+
+    @pl.when(_accumulate(x_ref, w_ref, acc_ref))
     def _finish():
         out = _epilogue(acc_ref[...], *(r[...] for r in extra_refs))
         o_ref[...] = out.reshape(o_ref.shape).astype(o_ref.dtype)
@@ -206,15 +212,7 @@ def _body(x_ref, w_ref, *refs):
 
 def _product_body(x_ref, w_ref, o_ref, acc_ref):
     # the product alone, for an epilogue that mixes one axis (_split)
-    k = pl.program_id(3)
-
-    @pl.when(k == 0)
-    def _init():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
-
-    acc_ref[...] += {dot}
-
-    @pl.when(k == pl.num_programs(3) - 1)
+    @pl.when(_accumulate(x_ref, w_ref, acc_ref))
     def _store():
         o_ref[...] = acc_ref[...].astype(o_ref.dtype)
 
