@@ -549,8 +549,9 @@ def main(argv: list[str] | None = None) -> int:
         table = {"schema": "tilewright.fidelity/1", "source": source,
                  "generated": time.strftime("%Y-%m-%d"),
                  "benchmark": "benchmarks/estimate_fidelity.py", "chips": chips}
-        if old.get("efficiency"):
-            table["efficiency"] = old["efficiency"]
+        for kept_key in ("efficiency", "speedups"):  # speedups: benchmarks/tokamax_v7x.py
+            if old.get(kept_key):
+                table[kept_key] = old[kept_key]
         if efficiency:
             table["efficiency"] = {"v6e": round(efficiency, 3)}
         path.parent.mkdir(parents=True, exist_ok=True)

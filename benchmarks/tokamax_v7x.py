@@ -21,6 +21,8 @@ The backward ops are listed, not compiled (their residual inputs are not built h
 
     .venv-current/bin/python benchmarks/tokamax_v7x.py [--per-op 3] [--json OUT]
         [--report OUT]   (--report: print a run's JSON again)
+        [--write]        (the run's summary into kernels/data/fidelity.json's
+                          ``speedups``: what every v7x estimate shows beside its figure)
 
 ``--smoke`` compiles nothing: it says whether this libtpu estimates v7x and prints the
 run kept in ``benchmarks/data/tokamax_v7x.json`` (2026-12-06, ``--per-op 3``; the
@@ -184,6 +186,39 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def speedup_record(rows: list[dict[str, Any]], listed: dict[str, int],
+                   libtpu: str | None) -> dict[str, Any]:
+    """What ``kernels/data/fidelity.json`` keeps of a run for v7x (``speedups.v7x``):
+    over every pair, and per family, the estimated speedup over the measured one."""
+    both = [r for r in rows if r.get("ratio")]
+    ratios = [float(r["ratio"]) for r in both]
+    clocks = [float(r[k]) for r in rows for k in ("xla_implied_ghz", "pallas_implied_ghz")
+              if r.get(k)]
+    return {
+        "source": ("tokamax 0.0.12's autotuner times on TPU7x (its wheel's "
+                   "data/autotuning, median of the fastest config); estimated here in cycles "
+                   f"by libtpu {libtpu or 'unknown'} (benchmarks/tokamax_v7x.py)"),
+        "pairs": len(rows), "estimated": len(both),
+        "median_ratio": round(statistics.median(ratios), 4) if ratios else None,
+        "within_2x": (round(sum(0.5 <= r <= 2 for r in ratios) / len(ratios), 3)
+                      if ratios else None),
+        "implied_ghz": ([round(min(clocks), 2), round(max(clocks), 2)] if clocks else None),
+        "not_compiled": sum(listed.values()),
+        "families": {what: {k: s[k] for k in ("pairs", "both_estimated", "median_ratio",
+                                              "within_2x", "direction_right")}
+                     for what, s in summary(rows).items()},
+    }
+
+
+def write_record(record: dict[str, Any]) -> Path:
+    """``record`` as ``speedups.v7x`` of the shipped fidelity table."""
+    table_path = ROOT / "kernels" / "data" / "fidelity.json"
+    table = json.loads(table_path.read_text())
+    table.setdefault("speedups", {})["v7x"] = record
+    table_path.write_text(json.dumps(table, indent=2) + "\n")
+    return table_path
+
+
 def _spec_text(spec: dict[str, Any]) -> str:
     if "q" in spec:
         causal = " causal" if (spec.get("mask") or {}).get("is_causal") else ""
@@ -247,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokamax", type=Path, help="tokamax package folder (default: installed)")
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("--report", type=Path, help="print a run's --json again (no run)")
+    parser.add_argument("--write", action="store_true",
+                        help="store the run's summary (or --report's) in "
+                             "kernels/data/fidelity.json, beside every v7x estimate")
     parser.add_argument("--smoke", action="store_true",
                         help="print the shipped run (benchmarks/data/tokamax_v7x.json) and "
                              "whether this libtpu estimates v7x; compiles nothing")
@@ -260,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         data = json.loads(args.report.read_text())
         report(data["rows"], data["listed"])
+        if args.write and not args.smoke:
+            record = speedup_record(data["rows"], data["listed"], data.get("libtpu"))
+            print(f"wrote {write_record(record)}")
         return 0
     import tokamax_data
 
@@ -289,10 +330,15 @@ def main(argv: list[str] | None = None) -> int:
     for pair in found:
         if pair.chip == "v7x" and id(pair) not in ran:
             listed[pair.op] = listed.get(pair.op, 0) + 1
+    from tilewright.profiling.chips import installed_libtpu
+
+    libtpu = installed_libtpu()
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "listed": listed,
+        args.json.write_text(json.dumps({"rows": rows, "listed": listed, "libtpu": libtpu,
                                          "summary": summary(rows)}, indent=1, default=str))
     report(rows, listed)
+    if args.write:
+        print(f"wrote {write_record(speedup_record(rows, listed, libtpu))}")
     return 0
 
 

@@ -151,3 +151,21 @@ def test_calibrate_refuses_off_tpu(tmp_path) -> None:
                                "TILEWRIGHT_DATA_DIR": str(tmp_path)})
     assert proc.returncode == 1 and "needs a TPU host" in proc.stderr
     assert not (tmp_path / "calibration.jsonl").exists()
+
+
+def test_a_v7x_estimate_shows_the_measured_v7x_speedups_beside_it() -> None:
+    """v7x has no published clock, so its estimates are cycles and speedups, and no
+    estimated seconds can be held against measured ones. What was measured there
+    (tokamax's TPU7x times, ``benchmarks/tokamax_v7x.py --write``) goes beside every v7x
+    figure: the estimated speedups against the measured ones."""
+    from tilewright.agents.prompts.evalfacts import fidelity_text
+    from tilewright.kernels.judge.rank import Rank, _fidelity_brief
+
+    found = fidelity.lookup("v7x", "compute_bound")
+    speedups = found["speedups"]
+    assert speedups["pairs"] >= 6 and speedups["estimated"] >= 1
+    assert "tokamax" in speedups["source"] and 0 < speedups["median_ratio"] < 2
+    assert "speedups" not in fidelity.lookup("v5e", "compute_bound")
+    words = Rank("tpu_estimate", 1.2, "v7x", fidelity=_fidelity_brief(found)).trust_words()
+    assert words and "v7x speedups: 1 of 6 tokamax pairs estimated, 0.89 of measured" in words
+    assert "against 6 measured ones" in (fidelity_text(found) or "")

@@ -410,16 +410,19 @@ class Rank:
             return None
         klass = str(f.get("class") or "this class").replace("_", "-")
         rows = f.get("rows") or 0
+        speedups = speedup_words(self.chip, f.get("speedups"))
         if not rows or f.get("median_ratio") is None:
-            return f"{klass} on {f.get('chip') or self.chip}: no public measurement"
+            said = f"{klass} on {f.get('chip') or self.chip}: no public measurement"
+            return f"{said}; {speedups}" if speedups else said
         within = f.get("within_2x")
         share = f", {within:.0%} within 2x" if isinstance(within, int | float) else ""
         measured_on = f.get("chip") or self.chip
         # figures measured on another chip stand in for this one: said so
         borrowed = (f" (borrowed for {self.chip}: no measurements on {self.chip} for this "
                     "class)" if self.chip and measured_on and measured_on != self.chip else "")
-        return (f"{klass} {measured_on}: median {f['median_ratio']:.2f} of "
+        said = (f"{klass} {measured_on}: median {f['median_ratio']:.2f} of "
                 f"measured, {rows} programs{share}{borrowed}")
+        return f"{said}; {speedups}" if speedups else said
 
     # -- JSON --------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -490,11 +493,23 @@ def _num(value: Any) -> float | None:
         and value > 0 else None
 
 
+def speedup_words(chip: str | None, found: Any) -> str | None:
+    """A chip's estimated speedups against measured ones (``fidelity.speedups``), in a
+    phrase: "v7x speedups: 1 of 6 tokamax pairs estimated, 0.89 of measured"."""
+    if not isinstance(found, dict) or not found.get("pairs"):
+        return None
+    said = (f"{chip or 'this chip'} speedups: {found.get('estimated') or 0} of "
+            f"{found['pairs']} tokamax pairs estimated")
+    if isinstance(found.get("median_ratio"), int | float):
+        said += f", {found['median_ratio']:.2f} of measured"
+    return said
+
+
 def _fidelity_brief(found: Any) -> dict[str, Any] | None:
     if not isinstance(found, dict):
         return None
     return {k: found.get(k) for k in ("class", "chip", "median_ratio", "within_2x", "rows",
-                                      "note") if found.get(k) is not None} or None
+                                      "note", "speedups") if found.get(k) is not None} or None
 
 
 def ranking(result: dict[str, Any]) -> Rank:

@@ -10,6 +10,9 @@ So every estimate carries ``tpu.fidelity``: the program's class and, for the chi
 what the benchmark measured for that class (median ratio estimate / measured, the share
 within 2x, how many rows, the source), read from ``kernels/data/fidelity.json`` (the
 benchmark's last run, shipped with the package) plus the user's calibration file.
+On v7x, which has no published clock and so no estimated seconds to compare, it also
+carries ``speedups``: the estimated speedups against tokamax's measured ones
+(``benchmarks/tokamax_v7x.py --write``).
 
 Classes (``program_class``): ``collective`` (all-reduce and kin), ``grouped_matmul``
 (the reference is a ragged dot: an MoE layer's matmul, measured against tokamax's TPU
@@ -133,12 +136,20 @@ def lookup(chip: str, klass: str | None, basis: str | None = None) -> dict[str, 
                 found, measured_on = data[key][klass], other
                 break
     own = _calibration(chip, klass)
+    # a chip measured only as speedups (v7x: no published clock, so no seconds to
+    # compare): estimated speedups against measured ones, whatever the class
+    speedups = (table.get("speedups") or {}).get(chip)
     if found is None and not own:
-        return {"class": klass, "chip": chip, "median_ratio": None, "within_2x": None,
-                "rows": 0, "source": table.get("source"),
-                "note": "no public measurement of this class of program"}
+        out = {"class": klass, "chip": chip, "median_ratio": None, "within_2x": None,
+               "rows": 0, "source": table.get("source"),
+               "note": "no public measurement of this class of program"}
+        if speedups:
+            out["speedups"] = speedups
+        return out
     out = {"class": klass, "chip": measured_on, **(found or {}),
            "source": table.get("source")}
+    if speedups:
+        out["speedups"] = speedups
     if measured_on != chip:
         out["note"] = f"measured on {measured_on}; no measurement for {chip}"
     if own:
