@@ -299,8 +299,8 @@ def conv(brief: TaskBrief) -> tuple[str, str]:
     VALID or SAME, NHWC/HWIO or NCHW/OIHW) becomes a Pallas kernel that keeps one image
     in VMEM and, for each block of output rows, accumulates MXU matmuls of aligned
     (rows x width, row taps x C_in) slabs by the weight slices in float32 (column taps
-    rotate the products). The per-channel elementwise steps after it and a closing mean over the
-    image run on each block in the kernel; what else follows stays as written."""
+    rotate the products). The per-channel elementwise steps after it and a closing mean
+    over the image run on each block in the kernel; what else follows stays as written."""
     head, fn, helpers = reference_parts(brief)
     fn = ast.parse(ast.get_source_segment(defining_source(brief)[0], fn)
                    or ast.unparse(fn)).body[0]
@@ -317,10 +317,11 @@ def conv(brief: TaskBrief) -> tuple[str, str]:
                                      *helpers) if x)
     src += _CONV_KERNEL + (epilogue + "\n\n\n" if epilogue else "") + body + "\n"
     why = ("Convolution: the reference's conv_general_dilated becomes a Pallas kernel. One "
-           "image (NHWC, padded only where the convolution pads) stays in VMEM while the grid walks blocks of BLOCK_ROWS "
-           "output rows; each block accumulates MXU matmuls of aligned (rows x width, "
-           "C_in) slabs by the weight slices in float32 (convolution as matmul, without "
-           "materialising im2col patches in HBM), with the row taps side by side in the "
+           "image (NHWC, padded only where the convolution pads) stays in VMEM while the "
+           "grid walks blocks of BLOCK_ROWS output rows; each block accumulates MXU "
+           "matmuls of aligned (rows x width, C_in) slabs by the weight slices in float32 "
+           "(convolution as matmul, without materialising im2col patches in HBM), with "
+           "the row taps side by side in the "
            "contraction (channels under 128 share an MXU pass) and column taps rotating the "
            "float32 products. "
            + ("The reference's per-channel steps after the convolution"
