@@ -588,6 +588,29 @@ def test_the_default_block_is_the_largest_that_fits_vmem(tmp_path: Any, name: st
     assert tuple(calls[0].params["grid_mapping"].grid) == grid
 
 
+def test_after_a_correct_convolution_no_other_family_is_a_starting_point(
+        tmp_path: Any) -> None:
+    """A search asks for several first kernels. Beside a correct conv template (whose
+    blocks cannot grow: 128 rows is the largest), the elementwise template was the next
+    starting point, twice: its kernel leaves the convolution to XLA (never ranked) and
+    failed at production, 2 of 18k's 4 versions in the offline benchmark. Now the agent
+    says there is none, and tuning spends the budget."""
+    from tilewright.agents.base import AgentRequest, Failure, Proposal
+    from tilewright.agents.offline import decide
+
+    brief = agents.brief(_task(tmp_path, "conv_nhwc", "bfloat16"))
+    first = decide(AgentRequest("implement", brief, None))
+    assert isinstance(first, Proposal) and first.summary == "conv template from the reference"
+    done = ("already tried: v1: conv template from the reference (correct, est. 0.73x on "
+            "v5e)",)
+    second = decide(AgentRequest("implement", brief, None, notes=done))
+    assert isinstance(second, Failure), second
+    assert "conv template is this task's starting point" in second.message
+    failed = ("already tried: v1: conv template from the reference (compile_error)",)
+    moved = decide(AgentRequest("implement", brief, None, notes=failed))
+    assert isinstance(moved, Proposal) and not moved.summary.startswith("conv")
+
+
 def test_a_convolution_followed_by_a_norm_keeps_its_steps_as_written(tmp_path: Any) -> None:
     """22k's form: the bias after the convolution is per channel, but an instance norm
     over the image follows. Taking the bias in alone would leave the kernel flagged for
