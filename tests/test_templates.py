@@ -590,9 +590,9 @@ def test_the_default_block_is_the_largest_that_fits_vmem(tmp_path: Any, name: st
 
 def test_after_a_correct_convolution_no_other_family_is_a_starting_point(
         tmp_path: Any) -> None:
-    """A search asks for several first kernels. Beside a correct conv template (whose
-    blocks cannot grow: 128 rows is the largest), the elementwise template was the next
-    starting point, twice: its kernel leaves the convolution to XLA (never ranked) and
+    """A search asks for several first kernels. Beside a conv template that is correct or
+    not yet run (whose blocks cannot grow: 128 rows is the largest), the elementwise
+    template was the next starting point, twice: its kernel leaves the convolution to XLA (never ranked) and
     failed at production, 2 of 18k's 4 versions in the offline benchmark. Now the agent
     says there is none, and tuning spends the budget."""
     from tilewright.agents.base import AgentRequest, Failure, Proposal
@@ -606,6 +606,8 @@ def test_after_a_correct_convolution_no_other_family_is_a_starting_point(
     second = decide(AgentRequest("implement", brief, None, notes=done))
     assert isinstance(second, Failure), second
     assert "conv template is this task's starting point" in second.message
+    pending = ("already tried: v1: conv template from the reference (not run)",)
+    assert isinstance(decide(AgentRequest("implement", brief, None, notes=pending)), Failure)
     failed = ("already tried: v1: conv template from the reference (compile_error)",)
     moved = decide(AgentRequest("implement", brief, None, notes=failed))
     assert isinstance(moved, Proposal) and not moved.summary.startswith("conv")

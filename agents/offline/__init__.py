@@ -254,24 +254,24 @@ def _template(request: AgentRequest) -> Proposal | Failure:
     family whose template was proposed and has not failed (correct, or not yet run: a
     search's sibling) gets one variant with every block a notch larger before the next
     family is tried: the likeliest family is worth two starting points, a less likely
-    one rarely is. Once a family the reference suggests has a correct kernel, the
-    families it does not suggest (listed after the fallback: a convolution's tail in the
-    elementwise template leaves the convolution to XLA, never ranked) are no starting
-    point worth a version beside it."""
+    one rarely is. Once a family the reference suggests has a kernel that has not
+    failed (correct, or not yet run), the families it does not suggest (listed after the
+    fallback: a convolution's tail in the elementwise template leaves the convolution to
+    XLA, never ranked) are no starting point worth a version beside it."""
     proposed = _templates_tried(request)
     tried = set(proposed)
     families = templates.infer_families(request.task)
     likely = families[:families.index(templates.FALLBACK)] \
         if templates.FALLBACK in families else families
-    settled = next((f for f in likely if any(status == "correct"
+    settled = next((f for f in likely if any(status in (None, "correct")
                                               for _s, status in proposed.get(f, []))), None)
     unfit: list[str] = []
     too_big = _whole_array_too_big(request)
     for family in families:
         if settled and family not in likely and family != templates.FALLBACK:
             return Failure(f"offline agent: the {settled} template is this task's starting "
-                           f"point (correct) and no other family fits its reference; "
-                           "tune it instead", retryable=False)
+                           "point (correct or not yet run) and no other family fits its "
+                           "reference; tune it instead", retryable=False)
         if family in tried:
             entries = proposed[family]
             failed = all(status not in (None, "correct") for _s, status in entries)
