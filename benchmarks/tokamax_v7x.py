@@ -195,6 +195,7 @@ def speedup_record(rows: list[dict[str, Any]], listed: dict[str, int],
     clocks = [float(r[k]) for r in rows for k in ("xla_implied_ghz", "pallas_implied_ghz")
               if r.get(k)]
     return {
+        "chip": "v7x",
         "source": ("tokamax 0.0.12's autotuner times on TPU7x (its wheel's "
                    "data/autotuning, median of the fastest config); estimated here in cycles "
                    f"by libtpu {libtpu or 'unknown'} (benchmarks/tokamax_v7x.py)"),

@@ -20,6 +20,7 @@ from typing import Any
 
 from tilewright.kernels.judge.rank import Rank, ranking
 from tilewright.kernels.judge.result import array_text, is_interpret
+from tilewright.kernels.judge.trust import speedup_words
 from tilewright.kernels.source.printable import printable
 
 
@@ -175,12 +176,9 @@ def fidelity_text(fidelity: dict[str, Any] | None) -> str | None:
         parts.append(f"{share:.0%} within 2x" if share <= 1 else f"{share:g} within 2x")
     if fidelity.get("rows"):
         parts.append(f"over {fidelity['rows']} measured programs")
-    speedups = fidelity.get("speedups")
-    if isinstance(speedups, dict) and speedups.get("pairs"):
-        ratio = _num(speedups.get("median_ratio"))
-        parts.append(f"estimated speedups against {speedups['pairs']} measured ones "
-                     f"({speedups.get('estimated') or 0} estimated"
-                     + (f", median {ratio:.2f} of measured" if ratio else "") + ")")
+    speedups = speedup_words(fidelity.get("speedups"))
+    if speedups:
+        parts.append(speedups)
     if fidelity.get("source"):
         parts.append(f"source: {fidelity['source']}")
     return "; ".join(parts) or None

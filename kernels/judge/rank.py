@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
+from tilewright.kernels.judge.trust import fidelity_brief, speedup_words
+
 RANK_SOURCES = ("device_time", "tpu_estimate", "roofline", "host_simulation", "disqualified",
                 "none")
 
@@ -410,7 +412,7 @@ class Rank:
             return None
         klass = str(f.get("class") or "this class").replace("_", "-")
         rows = f.get("rows") or 0
-        speedups = speedup_words(self.chip, f.get("speedups"))
+        speedups = speedup_words(f.get("speedups"))
         if not rows or f.get("median_ratio") is None:
             said = f"{klass} on {f.get('chip') or self.chip}: no public measurement"
             return f"{said}; {speedups}" if speedups else said
@@ -493,25 +495,6 @@ def _num(value: Any) -> float | None:
         and value > 0 else None
 
 
-def speedup_words(chip: str | None, found: Any) -> str | None:
-    """A chip's estimated speedups against measured ones (``fidelity.speedups``), in a
-    phrase: "v7x speedups: 1 of 6 tokamax pairs estimated, 0.89 of measured"."""
-    if not isinstance(found, dict) or not found.get("pairs"):
-        return None
-    said = (f"{chip or 'this chip'} speedups: {found.get('estimated') or 0} of "
-            f"{found['pairs']} tokamax pairs estimated")
-    if isinstance(found.get("median_ratio"), int | float):
-        said += f", {found['median_ratio']:.2f} of measured"
-    return said
-
-
-def _fidelity_brief(found: Any) -> dict[str, Any] | None:
-    if not isinstance(found, dict):
-        return None
-    return {k: found.get(k) for k in ("class", "chip", "median_ratio", "within_2x", "rows",
-                                      "note", "speedups") if found.get(k) is not None} or None
-
-
 def ranking(result: dict[str, Any]) -> Rank:
     """The ranking number of an eval result (its JSON): measured speedup on a TPU; the
     TPU compiler's figures at the production shape elsewhere (estimate, else the
@@ -535,7 +518,7 @@ def ranking(result: dict[str, Any]) -> Rank:
                                                         str) else None
     common = {"chip": chip, "shape": shape, "status": status, "kernel_cycles": cycles,
               "kernel_s": kernel_s, "clock_hz": round(clock) if clock else None,
-              "fidelity": _fidelity_brief(tpu.get("fidelity")),
+              "fidelity": fidelity_brief(tpu.get("fidelity")),
               "vmem_bytes": tpu["vmem_bytes"] if type(tpu.get("vmem_bytes")) is int
               and tpu["vmem_bytes"] > 0 else None,
               "derived": any((tpu.get(k) or {}).get("method") == "scaled"
