@@ -270,6 +270,6 @@ def test_the_model_is_told_when_an_f32_reference_judged_its_bf16_output() -> Non
     result = {"status": "correct", "correctness": {
         "correct": True, "trials": 3, "atol": 0.02, "rtol": 0.02,
         "judged_against": "the reference computed in f32 from the same inputs, the written "
-                          "(low-precision) reference's own error there allowed"}}
+                          "(low-precision) reference's own error allowed"}}
     text = eval_text(result, None, set(), version=2)
     assert "judged against the reference computed in f32" in text

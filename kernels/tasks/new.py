@@ -351,7 +351,7 @@ def toml_text(plan: TaskPlan, origin: str) -> str:
     lines += ["require_pallas = true", why, f"atol = {plan.atol:g}", f"rtol = {plan.rtol:g}",
               "",
               "# bf16 and f16 outputs: also judged against the reference computed in f32 from",
-              "# the same inputs, with the bf16 reference's own error there allowed, so a kernel",
+              "# the same inputs, with the bf16 reference's own error allowed, so a kernel",
               "# more precise than the reference (f32 statistics) is not called wrong.",
               "[tolerance.bfloat16]", "atol = 2e-2", "rtol = 2e-2", "",
               "[tolerance.float16]", "atol = 1e-2", "rtol = 1e-2"]
