@@ -97,8 +97,38 @@ def _is_jaxbench(directory: str) -> bool:
     return (Path(directory) / "baseline.py").is_file()
 
 
-def measure(entry: dict[str, Any], budget_s: float) -> dict[str, Any]:
+def error_rows(want: Any, got: Any, precise: Any, tolerance: tuple[float, float]
+               ) -> dict[str, Any]:
+    """A low-precision output's errors against the f32 reference (``--errors``): the
+    written reference's and the kernel's (rms, 99.9th percentile and max, from at most
+    4M evenly spaced values), the written one's worst in units of the tolerance, and the
+    judge's verdict (``compare.judge_output``)."""
+    import numpy as np
+
+    from tilewright.kernels.worker.evaluation.compare import judge_output, worst_in_tolerances
+
+    if precise is None:
+        return {"errors": "no f32 reference: the output is not low precision"}
+    w, g, p = want.leaves[0], got.leaves[0], precise.leaves[0]
+    step = max(1, w.size // (1 << 22))
+
+    def stats(error: np.ndarray) -> dict[str, float]:
+        sample = np.sort(np.abs(error.reshape(-1)[::step]))
+        return {"rms": float(np.sqrt(np.mean(np.square(sample, dtype=np.float64)))),
+                "q999": float(sample[min(int(0.999 * sample.size), sample.size - 1)]),
+                "max": float(np.abs(error).max())}
+
+    verdict, against = judge_output(got, want, precise, *tolerance)
+    return {"errors": {"written_vs_f32": stats(w - p), "kernel_vs_f32": stats(g - p),
+                       "kernel_vs_written": stats(g - w),
+                       "written_worst_in_tolerances": worst_in_tolerances(
+                           np.abs(w - p), p, *tolerance),
+                       "judged": [verdict.close, against, verdict.reason]}}
+
+
+def measure(entry: dict[str, Any], budget_s: float, errors: bool = False) -> dict[str, Any]:
     import jax
+    import numpy as np
 
     from tilewright.kernels.judge.result import shape_label
     from tilewright.kernels.worker.evaluation import timing
@@ -124,11 +154,28 @@ def measure(entry: dict[str, Any], budget_s: float) -> dict[str, Any]:
         "shape": shape_label([(a.shape, a.dtype) for a in dyn]),
         "config": config.name, "dtype": str(jax.tree.leaves(out)[0].dtype)}
     interpret = jax.default_backend() == "cpu"
+    tolerance = runtime.tolerance(config, jax.tree.leaves(out)[0].dtype)
+    if errors:
+        from tilewright.kernels.worker.evaluation.compare import (
+            Host,
+            precise_reference,
+            to_host,
+        )
+
+        want = to_host(jax.block_until_ready(ref_fn(*dyn, *static)))
+        with execution_mode(interpret):
+            got = jax.block_until_ready(jax.jit(program)(*jax.tree.leaves(tuple(dyn))))
+        got_host = Host([np.asarray(x, np.float32) for x in jax.tree.leaves(got)], want.tree,
+                        want.dtype)
+        precise = precise_reference(lambda *d: ref_fn(*d, *static), tuple(dyn), (), want,
+                                    interpret)
+        row.update(error_rows(want, got_host, precise, tolerance))
+        del want, got, got_host, precise
     with tempfile.TemporaryDirectory(prefix="tw-measure-") as logdir, \
             execution_mode(interpret):
         found = timing.time_on_device(
             jax.jit(program), ref_fn, runtime, config, None,
-            runtime.tolerance(config, jax.tree.leaves(out)[0].dtype), static, iters=None,
+            tolerance, static, iters=None,
             budget_s=budget_s, logdir=logdir)
     if found.kernel is None or found.baseline is None:
         return {**row, "status": "incorrect", "error": found.failure}
@@ -152,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="bfloat16", help="JAXBench tasks' dtype")
     parser.add_argument("--budget", type=float, default=2.0,
                         help="seconds of calls per program (10 to 200 calls)")
+    parser.add_argument("--errors", action="store_true",
+                        help="a low-precision output's errors against the f32 reference, "
+                        "the written reference's beside the kernel's (one input set)")
     parser.add_argument("--input-sets", type=int, default=2,
                         help="fresh input sets per program (the judge uses up to 4)")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
@@ -162,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:  # a program that aborts its process, then gelu: the run goes on
         args.items, args.points = [f"{_aborting_task()}:abort.py", "bundled:gelu"], 1
         args.set += ["production.rows=256", "production.cols=512"]
+        args.errors = True
     if not args.items:
         parser.error("name at least one program (bundled:NAME, DIR, DIR:KERNEL.py)")
     if not args.out:
@@ -190,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                  "variant": entry["variant"], **common}))
             started = time.perf_counter()
             try:
-                row = measure(entry, args.budget)
+                row = measure(entry, args.budget, args.errors)
             except Exception as exc:  # a compile refusal (VMEM, HBM) is a row too
                 words = f"{type(exc).__name__}: {exc}"
                 row = {"task": entry["task"].name, "family": entry["task"].family,

@@ -252,10 +252,11 @@ def test_a_kernel_rounding_at_other_elements_than_the_reference_is_correct(
     """Two bf16 programs of the same norm, rounding an intermediate at different points,
     have the same error level against the f32 answer at different elements (22k's conv
     kernel against XLA's program on the v5e). Judged with the written reference's error
-    only where it made it, such a kernel fails; with its error level (99.9th percentile)
-    as the least allowance value by value it passes, and a shift of 5% of the output's
-    spread, a 3% scale or a block left at zero still fail. The same on the device's
-    comparison (a judge holding a TPU), here on the CPU backend."""
+    only where it made it, such a kernel fails; with the tolerance widened by the written
+    reference's worst error (in units of the tolerance) it passes, and a shift of 5% of
+    the output's spread, a 3% scale, a block left at zero or an error twice the written
+    one's rms still fail. The same on the device's comparison (a judge holding a TPU),
+    here on the CPU backend."""
     import ml_dtypes
 
     from tilewright.kernels.worker.evaluation import compare as module
@@ -294,7 +295,10 @@ def test_a_kernel_rounding_at_other_elements_than_the_reference_is_correct(
     spread = float(precise.leaves[0].std())
     zeroed = kernel.copy()
     zeroed[:, :8] = 0.0
-    for wrong in (kernel + np.float32(0.05 * spread), kernel * np.float32(0.97), zeroed):
+    own = float(np.sqrt(np.mean(error ** 2)))
+    noisy = kernel + (rng.standard_normal(kernel.shape) * 2.2 * own).astype(np.float32)
+    for wrong in (kernel + np.float32(0.05 * spread), kernel * np.float32(0.97), zeroed,
+                  noisy):
         verdict, _ = judge_output(Host([wrong], "t", "bfloat16"), written, precise, 0.01, 0.01)
         assert not verdict.close
 
