@@ -301,6 +301,11 @@ def test_a_kernel_rounding_at_other_elements_than_the_reference_is_correct(
                   noisy):
         verdict, _ = judge_output(Host([wrong], "t", "bfloat16"), written, precise, 0.01, 0.01)
         assert not verdict.close
+        assert module.precise_on_device(wrong, written.leaves[0], precise.leaves[0], 0.01,
+                                        0.01) is None
+    # on the device the clear pass is decided there, without the host's passes
+    decided = module.precise_on_device(kernel, written.leaves[0], precise.leaves[0], 0.01, 0.01)
+    assert (decided is not None) == device
 
 
 def test_mean_squares_are_float64_sums_that_do_not_overflow() -> None:
