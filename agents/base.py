@@ -9,9 +9,11 @@ The controller cancels a reply by cancelling the task that iterates it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
+
+from tilewright.kernels.judge.rank import Rank
 
 Role = Literal["plan", "implement", "fix", "tune", "analyze"]
 ProposalKind = Literal["plan", "kernel", "tuning"]
@@ -49,6 +51,64 @@ class TaskBrief:
 
 
 @dataclass(frozen=True)
+class VersionRow:
+    """One version of the session as an agent sees it (``AgentRequest.history``), built
+    by the session core from its state; its rank is the judge's ``Rank``, read once."""
+
+    version: int
+    status: str | None = None  # None before an evaluation
+    rank: Rank | None = None  # what ranks it; None before an evaluation
+    summary: str = ""
+    median_ms: float | None = None
+    parent: int | None = None
+    origin: str | None = None
+    # {NAME: value} of that version (kernels.source.tunables.config_of): what the
+    # offline autotuner has tried, ordered by Rank.key
+    tunables: dict[str, Any] | None = None
+    # agents.prompts.evalfacts.version_numbers of its evaluation ({} before one)
+    numbers: dict[str, Any] = field(default_factory=dict)
+    flags: tuple[str, ...] = ()
+    diagnosis: dict[str, Any] | None = None  # its own, never another version's
+    steps: int | None = None  # grid steps, counted where ``steps_source`` says
+    steps_source: str | None = None  # "tpu" (the estimate's shape) or "static"
+    on_path: bool | None = None  # a graph search: on the root's path to the version asked
+
+    @classmethod
+    def of(cls, entry: VersionRow | Mapping[str, Any]) -> VersionRow:
+        """A row from its JSON form (a recorded request, a test's literal); the rank
+        from ``rank`` or, without one, from ``numbers``."""
+        if isinstance(entry, VersionRow):
+            return entry
+        numbers = dict(entry.get("numbers") or {})
+        steps = entry.get("steps")
+        return cls(
+            version=int(entry.get("version") or 0), status=entry.get("status"),
+            rank=Rank.from_json(entry.get("rank")) or (
+                numbers["rank"] if isinstance(numbers.get("rank"), Rank) else None),
+            summary=str(entry.get("summary") or ""), median_ms=entry.get("median_ms"),
+            parent=entry.get("parent"), origin=entry.get("origin"),
+            tunables=dict(entry["tunables"]) if isinstance(entry.get("tunables"), dict)
+            else None,
+            numbers=numbers, flags=tuple(str(f) for f in entry.get("flags") or () if f),
+            diagnosis=entry.get("diagnosis") or None,
+            steps=steps if isinstance(steps, int) and not isinstance(steps, bool) else None,
+            steps_source=entry.get("steps_source"), on_path=entry.get("on_path"))
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form ``of`` reads (fields left at their defaults are left out)."""
+        out: dict[str, Any] = {"version": self.version, "status": self.status,
+                               "rank": self.rank.to_json() if self.rank else None,
+                               "summary": self.summary, "median_ms": self.median_ms,
+                               "parent": self.parent, "origin": self.origin}
+        for name in ("tunables", "numbers", "flags", "diagnosis", "steps", "steps_source",
+                     "on_path"):
+            value = getattr(self, name)
+            if value not in (None, {}, ()):
+                out[name] = list(value) if name == "flags" else value
+        return out
+
+
+@dataclass(frozen=True)
 class AgentRequest:
     role: Role
     task: TaskBrief
@@ -58,14 +118,8 @@ class AgentRequest:
     profile_summary: dict[str, Any] | None = None
     user_message: str | None = None
     notes: tuple[str, ...] = ()  # rejection notes and follow-ups since the last proposal
-    # [{"version", "status", "rank", "summary"}], oldest first ("rank": what ranks it,
-    # kernels.judge.rank.Rank as JSON, None before an evaluation; Rank.from_json reads it);
-    # entries may also carry "median_ms" and "tunables" ({NAME: value} of that version,
-    # kernels.source.tunables.config_of), which the offline autotuner uses to remember what it
-    # has tried (ordered by Rank.key), "parent", "origin",
-    # "numbers" (agents.prompts.evalfacts.version_numbers of its evaluation), "steps" (grid steps,
-    # with "steps_source") and "diagnosis" (its own, never another version's).
-    history: tuple[dict[str, Any], ...] = ()
+    # The session's versions, oldest first (rows given as JSON are read by VersionRow.of).
+    history: tuple[VersionRow, ...] = ()
     chip: str = "cpu"
     lessons: tuple[str, ...] = ()  # remembered across sessions (agents.memory)
     # The latest diagnosis of a profile (the session core's ``diagnosis`` event):
@@ -88,6 +142,10 @@ class AgentRequest:
     # the newest within a budget): {"name", "input", "output", "is_error"}.
     lookups: tuple[dict[str, Any], ...] = ()
     backend: dict[str, Any] | None = None  # where evaluations run (the session header's)
+
+    def __post_init__(self) -> None:
+        if any(not isinstance(h, VersionRow) for h in self.history):
+            object.__setattr__(self, "history", tuple(VersionRow.of(h) for h in self.history))
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,12 @@ import json
 import os
 import time
 import warnings
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from tilewright.agents.base import VersionRow
 from tilewright.kernels.judge.rank import Rank, best_of
 
 FILENAME = "lessons.jsonl"
@@ -152,26 +154,27 @@ def _render(lesson: Lesson) -> str:
     return f"[{where}{', ' + tag if tag else ''}] {lesson.text}"
 
 
-def lesson_from_history(history: tuple[dict[str, Any], ...] | list[dict[str, Any]], *,
+def lesson_from_history(history: Iterable[VersionRow], *,
                         task: str, family: str | None, chip: str | None) -> Lesson | None:
     """A session's takeaway, for the controller to store at the end: the best configuration
     (by the one ordering, ``Rank.key``) and what it gained over the first ranked version,
     in ``Rank.words``. None when nothing was learned."""
-    ranked = [(rank, h) for h in history if h.get("status") == "correct"
-              and (rank := Rank.from_json(h.get("rank"))) is not None and rank.ranked]
+    ranked = [h for h in history if h.status == "correct" and h.rank is not None and h.rank.ranked]
     if len(ranked) < 2:
         return None
-    first_rank, first = ranked[0]
-    best_rank, best = best_of(ranked, lambda pair: pair[0])  # best_of: earliest on ties
-    said_first = f"{first_rank.words(short=True)} for v{first.get('version')}"
-    if best is first or not _gained(best_rank, first_rank):
-        return Lesson(f"{task}: {len(ranked)} correct versions, none beat v{first.get('version')} "
-                      f"({first_rank.words(short=True)})", family, chip, task, "failed",
+    first = ranked[0]
+    best = best_of(ranked, lambda h: h.rank)  # best_of: earliest on ties
+    if best is None or best.rank is None or first.rank is None:
+        return None
+    said_first = f"{first.rank.words(short=True)} for v{first.version}"
+    if best is first or not _gained(best.rank, first.rank):
+        return Lesson(f"{task}: {len(ranked)} correct versions, none beat v{first.version} "
+                      f"({first.rank.words(short=True)})", family, chip, task, "failed",
                       source="session")
-    config = best.get("tunables") or {}
-    what = " ".join(f"{k}={v}" for k, v in config.items()) or best.get("summary", "")
-    return Lesson(f"{task}: best v{best.get('version')} {what} at "
-                  f"{best_rank.words(short=True)} vs {said_first}",
+    config = best.tunables or {}
+    what = " ".join(f"{k}={v}" for k, v in config.items()) or best.summary
+    return Lesson(f"{task}: best v{best.version} {what} at "
+                  f"{best.rank.words(short=True)} vs {said_first}",
                   family, chip, task, "helped", source="session", config=config or None)
 
 

@@ -25,7 +25,7 @@ Pure data in, data out: no JAX, any layer may call it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from tilewright.profiling.static_rules import STEP_OVERHEAD_S
 
@@ -209,10 +209,21 @@ def _us(ms: float | None) -> float | None:
 
 # -- against the estimator ---------------------------------------------------------------
 
+class MeasuredVersion(Protocol):
+    """What ``check_with_estimates`` reads of each version (``agents.base.VersionRow``)."""
+
+    version: int
+    status: str | None
+    steps: int | None
+    steps_source: str | None
+    tunables: dict[str, Any] | None
+    numbers: dict[str, Any]
+
+
 def check_with_estimates(diagnosis: dict[str, Any], versions: Any) -> dict[str, Any]:
     """``diagnosis`` (of one version) held against the TPU compiler's estimates of the
-    versions measured so far (history entries: ``version``, ``status``, ``steps`` with
-    ``steps_source``, ``numbers.cycles``, ``tunables``).
+    versions measured so far (``MeasuredVersion`` rows: ``steps`` with ``steps_source``,
+    ``numbers["cycles"]``, ``tunables``).
 
     Comparable versions share the diagnosed one's tunable names (the same kernel with
     other block sizes) and count grid steps the same way. ``evidence.estimator_steps``
@@ -221,42 +232,41 @@ def check_with_estimates(diagnosis: dict[str, Any], versions: Any) -> dict[str, 
     version with fewer steps is estimated slower. A contradicted finding no longer
     leads: ``kind``, ``summary`` and ``advice`` come from the first one that stands (or
     say that none does). Returns a new dict; the recorded event is not changed."""
-    rows = [r for r in versions or [] if isinstance(r, dict)]
+    rows: list[MeasuredVersion] = list(versions or [])
     number = diagnosis.get("version")
-    own = next((r for r in rows if r.get("version") == number), None)
+    own = next((r for r in rows if r.version == number), None)
     out = dict(diagnosis)
-    if own is None or not isinstance(own.get("steps"), int):
+    if own is None or own.steps is None:
         return out
-    cycles = (own.get("numbers") or {}).get("cycles")
-    names = set((own.get("tunables") or {}).keys())
-    same = [r for r in rows if r.get("status") == "correct"
-            and set((r.get("tunables") or {}).keys()) == names
-            and r.get("steps_source") == own.get("steps_source")
-            and isinstance(r.get("steps"), int)
-            and isinstance((r.get("numbers") or {}).get("cycles"), int | float)]
+    cycles = own.numbers.get("cycles")
+    names = set((own.tunables or {}).keys())
+    same = [r for r in rows if r.status == "correct"
+            and set((r.tunables or {}).keys()) == names
+            and r.steps_source == own.steps_source and r.steps is not None
+            and isinstance(r.numbers.get("cycles"), int | float)]
     by_steps: dict[int, tuple[float, int]] = {}
     for r in same:
-        c = float(r["numbers"]["cycles"])
-        if r["steps"] not in by_steps or c < by_steps[r["steps"]][0]:
-            by_steps[r["steps"]] = (c, int(r["version"]))
+        c = float(r.numbers["cycles"])
+        if r.steps not in by_steps or c < by_steps[r.steps][0]:
+            by_steps[r.steps] = (c, int(r.version))
     evidence = dict(out.get("evidence") or {})
     if len(by_steps) >= 2:
         evidence["estimator_steps"] = [
             {"steps": k, "cycles": c, "version": v} for k, (c, v) in sorted(by_steps.items())]
-        evidence["estimator_steps_at"] = ("the estimate's shape" if own.get("steps_source")
+        evidence["estimator_steps_at"] = ("the estimate's shape" if own.steps_source
                                           == "tpu" else "the first check shape")
     out["evidence"] = evidence
     findings = [dict(f) for f in out.get("findings") or []]
     if isinstance(cycles, int | float):
-        fewer = [r for r in same if r["steps"] < own["steps"]
-                 and float(r["numbers"]["cycles"]) > float(cycles)]
+        fewer = [r for r in same if (r.steps or 0) < own.steps
+                 and float(r.numbers["cycles"]) > float(cycles)]
         for f in findings:
             if f.get("kind") == "per_step_overhead" and fewer:
-                r = min(fewer, key=lambda x: x["steps"])
+                r = min(fewer, key=lambda x: x.steps or 0)
                 f["contradicted"] = (
-                    f"the TPU compiler estimates v{r['version']}, with fewer grid steps "
-                    f"({r['steps']} vs {own['steps']}), slower: "
-                    f"{float(r['numbers']['cycles']):,.0f} vs {float(cycles):,.0f} cycles")
+                    f"the TPU compiler estimates v{r.version}, with fewer grid steps "
+                    f"({r.steps} vs {own.steps}), slower: "
+                    f"{float(r.numbers['cycles']):,.0f} vs {float(cycles):,.0f} cycles")
     out["findings"] = findings
     standing = [f for f in findings if not f.get("contradicted")]
     if len(standing) == len(findings):

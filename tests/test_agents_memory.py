@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from tilewright.agents import memory
+from tilewright.agents.base import VersionRow
 from tilewright.kernels.judge.rank import Rank
 
 
@@ -65,7 +66,8 @@ def test_lesson_from_history_names_the_best_configuration() -> None:
                {"version": 2, "status": "incorrect", "rank": None},
                {"version": 3, "status": "correct", "rank": est(1.5, 1e-3),
                 "tunables": {"B": 256}}]
-    lesson = memory.lesson_from_history(history, task="softmax", family="rowwise", chip="cpu")
+    lesson = memory.lesson_from_history([VersionRow.of(h) for h in history], task="softmax",
+                                        family="rowwise", chip="cpu")
     assert lesson is not None and lesson.outcome == "helped"
     assert "B=256" in lesson.text and "est. 1.50x vs est. 0.50x for v1" in lesson.text
     memory.remember(lesson)
@@ -76,11 +78,13 @@ def test_lesson_from_history_names_the_best_configuration() -> None:
     history[2]["rank"] = est(0.4, 2e-3)
     history.append({"version": 4, "status": "correct", "tunables": {"B": 512},
                     "rank": Rank("host_simulation", 9.0).to_json()})
-    lesson = memory.lesson_from_history(history, task="softmax", family="rowwise", chip="cpu")
+    lesson = memory.lesson_from_history([VersionRow.of(h) for h in history], task="softmax",
+                                        family="rowwise", chip="cpu")
     assert lesson is not None and "best v3 B=256 at est. 0.40x" in lesson.text
     # Within 2% of the first's time: nothing was gained.
     history[2]["rank"] = est(0.51, 2.99e-3)
-    lesson = memory.lesson_from_history(history, task="softmax", family="rowwise", chip="cpu")
+    lesson = memory.lesson_from_history([VersionRow.of(h) for h in history], task="softmax",
+                                        family="rowwise", chip="cpu")
     assert lesson is not None and lesson.outcome == "failed"
 
 

@@ -143,6 +143,15 @@ def test_best_is_decided_by_the_judges_one_rule() -> None:
     assert not found, "ranks ordered outside kernels/judge:\n" + "\n".join(found)
 
 
+def test_agents_get_typed_ranks() -> None:
+    """An agent reads each version's rank from its ``VersionRow`` and an evaluation's from
+    ``evalfacts.version_numbers``, both the judge's ``Rank``: no agent module parses rank
+    JSON (``Rank.from_json``) but ``agents/base.py``, where a recorded row is read."""
+    found = [hit for hit in _outside_the_judge(r"Rank\.from_json\(")
+             if hit.startswith("agents/") and not hit.startswith("agents/base.py:")]
+    assert not found, "rank JSON parsed in the agents:\n" + "\n".join(found)
+
+
 def test_the_tiling_rule_is_written_once() -> None:
     """The (8, 128) tile and the rule that a block dim is a multiple of it or the whole
     dim live in the chip table (``profiling/chips.py``); three copies with different

@@ -25,6 +25,7 @@ from tilewright.agents.base import (
     Proposal,
     ProposalReady,
     TextDelta,
+    VersionRow,
 )
 from tilewright.agents.offline import OfflineAgent, decide, fixes, tuner
 from tilewright.kernels.judge.rank import Rank
@@ -33,6 +34,11 @@ from tilewright.kernels.source import tunables
 from tilewright.kernels.tasks.loaders import load_task
 
 QUICK = EvalOptions(trials=1, timing=False)
+
+
+def _rows(entries: Any) -> tuple[VersionRow, ...]:
+    """History rows as the session core builds them, from their JSON form."""
+    return tuple(VersionRow.of(e) for e in entries)
 
 
 @pytest.fixture(autouse=True)
@@ -137,13 +143,13 @@ def test_the_tuner_orders_configurations_by_the_rank_key() -> None:
          "rank": Rank("host_simulation", 40.0).to_json()},
         {"version": 4, "status": "compile_error", "tunables": {"B": 256}, "rank": None},
         {"version": 5, "status": "correct", "tunables": {"B": 512}, "rank": None})
-    obs = tuner.observations_from(history, None, None, {"B"})
+    obs = tuner.observations_from(_rows(history), None, None, {"B"})
     best = obs.best()
     assert best is not None and dict(best[0]) == {"B": 64} and obs.version[best[0]] == 2
     assert obs.said(best[0]).startswith("≥0.90x vs XLA's roofline on v5e")
     assert set(obs.score) == {(("B", b),) for b in (32, 64, 128, 256)}  # 512: untimed
     # Without any compiler figure the host simulation ratio ranks, then the time.
-    host = tuner.observations_from(history[2:], None, None, {"B"})
+    host = tuner.observations_from(_rows(history)[2:], None, None, {"B"})
     assert dict(host.best()[0]) == {"B": 128}
 
 
@@ -158,7 +164,7 @@ def test_the_tuner_seeds_from_the_lighter_of_two_tied_estimates() -> None:
         {"version": 2, "status": "correct", "tunables": {"BLOCK_N": 1024},
          "rank": Rank("tpu_estimate", 1.12, "v5e", kernel_s=2.8842e-3,
                       vmem_bytes=32 * mib).to_json()})
-    best = tuner.observations_from(history, None, None, {"BLOCK_N"}).best()
+    best = tuner.observations_from(_rows(history), None, None, {"BLOCK_N"}).best()
     assert best is not None and dict(best[0]) == {"BLOCK_N": 1024}
 
 
@@ -556,12 +562,12 @@ def test_the_diagnosed_grow_stops_at_blocks_that_fit_vmem_at_the_production_shap
     obs.add({"BLOCK_ROWS": 32}, "correct", Rank.from_json(est(1.2)), None, 1)
     dims = {"BLOCK_ROWS": (4096,)}
     numbers = {"vmem_bytes": 2.1 * 2**20, "vmem_limit_bytes": 16 * 2**20, "compile": "ok"}
-    model = tuner.vmem_model(({"version": 1, "tunables": {"BLOCK_ROWS": 32},
-                               "numbers": numbers},), None, None, dims)
+    model = tuner.vmem_model(_rows(({"version": 1, "tunables": {"BLOCK_ROWS": 32},
+                               "numbers": numbers},)), None, None, dims)
     assert model is not None and not model.fits({"BLOCK_ROWS": 512})
     # Another kernel's figure (other tunables) says nothing of this one.
-    assert tuner.vmem_model(({"version": 1, "tunables": {"BLOCK_M": 128},
-                              "numbers": numbers},), None, source, dims) is None
+    assert tuner.vmem_model(_rows(({"version": 1, "tunables": {"BLOCK_M": 128},
+                              "numbers": numbers},)), None, source, dims) is None
     assert model.fits({"BLOCK_ROWS": 128}) and not model.fits({"BLOCK_ROWS": 256})
     diagnosis = {"version": 1, "kind": "per_step_overhead", "summary": "steps cost"}
     grow = tuner.diagnosed_step(source, obs, dims, diagnosis, None, model)
@@ -608,7 +614,7 @@ def test_a_kernel_that_raises_its_own_vmem_limit_is_tuned_up_to_the_chips_capaci
     dims = {"BLOCK_ROWS": (4096,)}
     # the compile at 32 rows: 2.1 MiB used of the 16 MiB the kernel asked for
     numbers = {"vmem_bytes": 2.1 * 2**20, "vmem_limit_bytes": 16 * 2**20, "compile": "ok"}
-    history = ({"version": 1, "tunables": {"BLOCK_ROWS": 32}, "numbers": numbers},)
+    history = _rows(({"version": 1, "tunables": {"BLOCK_ROWS": 32}, "numbers": numbers},))
     model = tuner.vmem_model(history, None, source, dims, "v5e")
     assert model is not None and model.limit == 64 * 2**20
     assert model.fits({"BLOCK_ROWS": 512})  # ~34 MiB: over 16, within the cap
@@ -717,7 +723,7 @@ def test_pressure_against_a_limit_the_kernel_sized_itself_does_not_shrink_its_bl
         config = {"BLOCK_M": 512, "BLOCK_N": 1024}
         obs.add(config, "correct", Rank.from_json(est(1.09)), None, 1)
         numbers = {"vmem_bytes": vmem_mib * mib, "vmem_limit_bytes": 16 * mib, "compile": "ok"}
-        model = tuner.vmem_model(({"version": 1, "tunables": config, "numbers": numbers},),
+        model = tuner.vmem_model(_rows(({"version": 1, "tunables": config, "numbers": numbers},)),
                                  None, source, dims, "v5e")
         return tuner.diagnosed_step(source, obs, dims, diagnosis, None, model)
 

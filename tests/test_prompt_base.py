@@ -19,7 +19,7 @@ from controllers import assert_replay_matches, make, src
 from judges import MarkedJudge
 from scripted_agent import ScriptedAgent, kernel
 
-from tilewright.agents.base import AgentRequest, Proposal
+from tilewright.agents.base import AgentRequest, Proposal, VersionRow
 from tilewright.agents.prompts.context import turn_text
 from tilewright.kernels.judge.rank import Rank
 from tilewright.kernels.tasks.loaders import load_task
@@ -220,14 +220,14 @@ def test_lookups_keep_the_newest_within_the_budget() -> None:
 
 # Figures recorded from a real run (12p_RMSNorm at batch=2, seq_len=128, emb_dim=256 on
 # v5e): BLOCK_ROWS 128 (2 steps) 2,616 cycles, 256 (1 step) 2,916, 64 (4 steps) 4,122.
-RMSNORM_ROWS = (
+RMSNORM_ROWS = tuple(VersionRow.of(r) for r in (
     {"version": 1, "status": "correct", "steps": 2, "steps_source": "static",
      "tunables": {"BLOCK_ROWS": 128}, "numbers": {"cycles": 2616}},
     {"version": 2, "status": "correct", "steps": 1, "steps_source": "static",
      "tunables": {"BLOCK_ROWS": 256}, "numbers": {"cycles": 2916}},
     {"version": 3, "status": "correct", "steps": 4, "steps_source": "static",
      "tunables": {"BLOCK_ROWS": 64}, "numbers": {"cycles": 4122}},
-)
+))
 
 
 def test_a_heuristic_the_estimator_contradicts_is_marked_and_no_longer_leads() -> None:
@@ -411,8 +411,8 @@ def test_the_production_shape_fields_are_read_when_present() -> None:
     assert "64 grid steps" in text
     numbers = version_numbers(result)
     assert (numbers["pallas_cycles"], numbers["outside_cycles"]) == (2600, 178)
-    row = {"version": 4, "status": "correct", "rank": numbers["rank"], "summary": "k",
-           "parent": 3, "numbers": numbers, "steps": 64, "steps_source": "tpu"}
+    row = VersionRow(4, "correct", numbers["rank"], summary="k", parent=3, numbers=numbers,
+                     steps=64, steps_source="tpu")
     table = history_text((row,), best=4, base=4)
     assert "| v4 (best, base) | v3 | correct | est. 1.11x | 2,778 | 3,080 | 2,600 / 178 | " \
            "0.38 / 16 MiB | 64 | k |" in table

@@ -33,17 +33,17 @@ def test_history_lists_every_version_with_its_tunables_parsed_once_per_source() 
         return SOURCES[versions[number].source_blob]
 
     plain = history(versions, source_of)
-    assert [h["version"] for h in plain] == [1, 2, 3, 4]
-    # what ranks each version, as Rank JSON (None before an evaluation)
-    assert [Rank.from_json(h["rank"]) for h in plain] == [versions[n].rank for n in (1, 2, 3, 4)]
-    assert plain[2]["rank"] is None and "speedup" not in plain[0]
-    assert [h.get("tunables") for h in plain] == [
+    assert [h.version for h in plain] == [1, 2, 3, 4]
+    # what ranks each version, the judge's Rank (None before an evaluation)
+    assert [h.rank for h in plain] == [versions[n].rank for n in (1, 2, 3, 4)]
+    assert plain[2].rank is None
+    assert [h.tunables for h in plain] == [
         {"BLOCK_ROWS": 8}, {"BLOCK_ROWS": 16}, None, {"BLOCK_ROWS": 16}]
-    assert "on_path" not in plain[0]
+    assert plain[0].on_path is None
     reads.clear()
     graph = history(versions, source_of, path=[1, 2, 4])
     assert reads == []  # every source was parsed by the first call
-    assert [(h["version"], h["on_path"], h["parent"]) for h in graph] == [
+    assert [(h.version, h.on_path, h.parent) for h in graph] == [
         (1, True, None), (2, True, 1), (4, True, 2), (3, False, 1)]
-    graph[0]["tunables"]["BLOCK_ROWS"] = 99  # a request's copy, not the cache
-    assert history(versions, source_of)[0]["tunables"] == {"BLOCK_ROWS": 8}
+    graph[0].tunables["BLOCK_ROWS"] = 99  # a request's copy, not the cache
+    assert history(versions, source_of)[0].tunables == {"BLOCK_ROWS": 8}

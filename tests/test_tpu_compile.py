@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tilewright.agents.base import VersionRow
 from tilewright.agents.offline.tuner import observations_from
 from tilewright.kernels.judge.rank import ranking
 from tilewright.kernels.pool.workers import EvalOptions, WorkerPool
@@ -285,8 +286,8 @@ async def test_estimates_order_blocks_and_rank_off_tpu(worker_pool, tasks) -> No
         rank = ranking(result.to_json())
         assert rank.source == "tpu_estimate" and rank.value == result.tpu["estimated_speedup"]
         assert rank.label.startswith("est. ") and "TPU compiler" in rank.label
-    history = tuple({"version": i, "tunables": {"BLOCK": name}, "status": r.status,
-                     "rank": r.rank.to_json(), "median_ms": r.timing["median_ms"]}
+    history = tuple(VersionRow(i, r.status, r.rank, median_ms=r.timing["median_ms"],
+                               tunables={"BLOCK": name})
                     for i, (name, r) in enumerate(results.items()))
     obs = observations_from(history, None, None, {"BLOCK"})
     assert dict(obs.best()[0])["BLOCK"] == "large"

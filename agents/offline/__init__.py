@@ -31,7 +31,7 @@ from tilewright.agents.offline.tuning import (
     tuner_step,
     was_measured,
 )
-from tilewright.kernels.judge.rank import Rank, best_of, ranking
+from tilewright.kernels.judge.rank import best_of, ranking
 from tilewright.kernels.source import inferred, tunables
 
 CONVERGED = "tuning converged"
@@ -211,17 +211,17 @@ def _known_not_to_fit(request: AgentRequest, config: dict[str, Any]) -> str | No
     """A configuration measured not to fit VMEM that ``config`` is at least as large as in
     every block (so it cannot fit either): its version in words; None when none is."""
     for entry in request.history:
-        measured = entry.get("tunables")
-        if not isinstance(measured, dict) or set(measured) != set(config):
+        measured = entry.tunables
+        if measured is None or set(measured) != set(config):
             continue
-        numbers = entry.get("numbers") or {}
-        text = " ".join(str(x) for x in (numbers.get("tpu_message"), entry.get("summary")) if x)
-        failed = entry.get("status") != "correct" or numbers.get("compile") == "error"
+        numbers = entry.numbers
+        text = " ".join(str(x) for x in (numbers.get("tpu_message"), entry.summary) if x)
+        failed = entry.status != "correct" or numbers.get("compile") == "error"
         if not failed or not fixes._VMEM_MSG.search(text):
             continue
         if all(not isinstance(v, int) or not isinstance(measured[k], int) or v >= measured[k]
                for k, v in config.items()):
-            return f"v{entry.get('version')} with " + " ".join(
+            return f"v{entry.version} with " + " ".join(
                 f"{k}={v}" for k, v in measured.items()) + " did not"
     return None
 
@@ -235,7 +235,7 @@ def _templates_tried(request: AgentRequest) -> dict[str, list[tuple[str, str | N
     ones (the history, with their status), rejected ones, and siblings a search proposed
     beside this request ("already tried: v2: matmul template ... (not run)")."""
     found: dict[str, list[tuple[str, str | None]]] = {}
-    entries = [(str(h.get("summary", "")), h.get("status")) for h in request.history]
+    entries = [(h.summary, h.status) for h in request.history]
     entries += [(str(h.get("summary", "")), "rejected") for h in request.rejected]
     for note in request.notes:
         said = re.match(r"already tried: v\d+: (.*) \((\w[\w ]*?)[,)]", str(note))
@@ -484,7 +484,7 @@ def _make_tunable(request: AgentRequest, source: str) -> Proposal | Failure | No
 
 
 def _has_correct(request: AgentRequest) -> bool:
-    return any(h.get("status") == "correct" for h in request.history)
+    return any(h.status == "correct" for h in request.history)
 
 
 def _plan(request: AgentRequest) -> Proposal:
@@ -499,11 +499,11 @@ def _plan(request: AgentRequest) -> Proposal:
                  "largest legal block per tunable, bisect back on a slowdown, then try smaller.")
     steps.append(f"{len(steps) + 1}. Stop when every neighbour of the best configuration is "
                  "measured; a structural change needs a human or Claude.")
-    ranked = [(rank, h) for h in request.history if h.get("status") == "correct"
-              and (rank := Rank.from_json(h.get("rank"))) is not None and rank.ranked]
-    if ranked:  # the one rule of "best" (best_of)
-        rank, top = best_of(ranked, lambda pair: pair[0])
-        steps.append(f"Best so far: v{top.get('version')}, {rank.words()}.")
+    ranked = [h for h in request.history
+              if h.status == "correct" and h.rank is not None and h.rank.ranked]
+    top = best_of(ranked, lambda h: h.rank)  # the one rule of "best"
+    if top is not None and top.rank is not None:
+        steps.append(f"Best so far: v{top.version}, {top.rank.words()}.")
     heard = _heard(request) if request.user_message else None
     summary = "offline plan: template, rule-based fixes, tuning"
     if request.user_message:

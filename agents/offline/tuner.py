@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from tilewright.agents.base import VersionRow
 from tilewright.kernels.judge.rank import Rank, best_of, ranking
 from tilewright.kernels.source import tunables
 from tilewright.profiling.diagnose import VMEM_PRESSURE
@@ -131,16 +132,15 @@ class Observations:
         return (chosen, self.score[chosen]) if chosen is not None else top
 
 
-def observations_from(request_history: tuple[dict[str, Any], ...], current_source: str | None,
+def observations_from(request_history: tuple[VersionRow, ...], current_source: str | None,
                       last_eval: dict[str, Any] | None, names: set[str],
                       current_version: int | None = None) -> Observations:
     obs = Observations()
     for entry in request_history:
-        config = entry.get("tunables")
-        if not isinstance(config, dict) or set(config) != names:
+        config = entry.tunables
+        if config is None or set(config) != names:
             continue
-        obs.add(config, entry.get("status"), Rank.from_json(entry.get("rank")),
-                entry.get("median_ms"), entry.get("version"))
+        obs.add(config, entry.status, entry.rank, entry.median_ms, entry.version)
     if current_source is not None and last_eval:
         timing = last_eval.get("timing") or {}
         # what ranks it (kernels.judge.rank.ranking): off-TPU the TPU compiler's figures,
@@ -230,7 +230,7 @@ def _module_int(source: str, name: str) -> int | None:
     return value if type(value) is int else None
 
 
-def vmem_model(history: tuple[dict[str, Any], ...], last_eval: dict[str, Any] | None,
+def vmem_model(history: tuple[VersionRow, ...], last_eval: dict[str, Any] | None,
                current_source: str | None, dims: dict[str, tuple[int, ...]],
                chip: str | None = None) -> VmemModel | None:
     """A ``VmemModel`` from the newest evaluation that has the compiler's VMEM figure at
@@ -240,9 +240,8 @@ def vmem_model(history: tuple[dict[str, Any], ...], last_eval: dict[str, Any] | 
     cap = vmem_cap(current_source, chip)
     found: list[tuple[dict[str, Any], dict[str, Any]]] = []
     for entry in history:
-        numbers = entry.get("numbers") or {}
-        if isinstance(entry.get("tunables"), dict):
-            found.append((entry["tunables"], numbers))
+        if entry.tunables is not None:
+            found.append((entry.tunables, entry.numbers))
     if last_eval and current_source is not None:
         tpu = last_eval.get("tpu") or {}
         found.append((tunables.config_of(current_source),

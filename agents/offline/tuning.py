@@ -257,4 +257,4 @@ def was_measured(request: AgentRequest, changes: dict[str, Any]) -> bool:
         target = tunables.config_of(tunables.apply(source, changes))
     except tunables.TunablesError:
         return False
-    return any(h.get("tunables") == target for h in request.history)
+    return any(h.tunables == target for h in request.history)

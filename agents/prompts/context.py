@@ -26,13 +26,12 @@ import json
 from dataclasses import asdict, is_dataclass
 from typing import Any
 
-from tilewright.agents.base import AgentRequest, TaskBrief
+from tilewright.agents.base import AgentRequest, TaskBrief, VersionRow
 from tilewright.agents.prompts.evalfacts import fidelity_text, rank_of, version_numbers
 from tilewright.agents.prompts.evaltext import cycles_text, eval_text
 from tilewright.agents.prompts.roles import SYSTEM_TEXT, pallas_guide, role_spec
 from tilewright.agents.prompts.tasktext import MAX_SOURCE_CHARS, inputs_text, params_text, task_text
 from tilewright.agents.prompts.untrusted import bounded, defuse, fence, neutralize
-from tilewright.kernels.judge.rank import Rank
 from tilewright.profiling.chips import DEFAULT_TPU
 
 CACHE = {"type": "ephemeral"}
@@ -135,9 +134,8 @@ def _latest_numbers(request: AgentRequest) -> dict[str, Any]:
     if _ranks(numbers):
         return numbers
     for entry in reversed(request.history):
-        found = entry.get("numbers") or {}
-        if _ranks(found):
-            return found
+        if _ranks(entry.numbers):
+            return entry.numbers
     return numbers
 
 
@@ -242,15 +240,16 @@ def base_text(request: AgentRequest) -> str:
         request.latest_version
     if base is None:
         return "## Where this proposal starts\nNo kernel yet: write the first version."
-    rows = {h.get("version"): h for h in request.history}
+    rows = {h.version: h for h in request.history}
 
     def said(number: int | None) -> str:
-        entry = rows.get(number) or {}
-        rank = Rank.from_json(entry.get("rank")) or rank_of(entry.get("numbers"))
+        entry = rows.get(number) if number is not None else None
+        rank = entry.rank if entry is not None else None
         # in short: its source and shape are said once, in "What ranks kernels"
         label = None if rank is None else rank.words(short=True) if rank.ranked else \
             rank.words() if rank.disqualified else None
-        return f"v{number}, {label or entry.get('status') or 'not evaluated'}"
+        status = entry.status if entry is not None else None
+        return f"v{number}, {label or status or 'not evaluated'}"
 
     lines = ["## Where this proposal starts",
              f"Best so far: {said(best) if best is not None else 'none yet (no correct, ranked version)'}."
@@ -335,14 +334,14 @@ def stored_lessons(request: AgentRequest) -> tuple[str, ...]:
 
 # -- every version ------------------------------------------------------------------------
 
-def history_text(history: tuple[dict[str, Any], ...], limit: int = TABLE_ROWS,
+def history_text(history: tuple[VersionRow, ...], limit: int = TABLE_ROWS,
                  best: int | None = None, base: int | None = None) -> str:
     """A table of the versions with their numbers, then one diagnosis line each."""
     rows = list(history)
     if len(rows) > limit:
         keep = {best, base}
-        rows = [r for r in rows[:-limit] if r.get("version") in keep] + rows[-limit:]
-    ranks = [Rank.from_json(h.get("rank")) or rank_of(h.get("numbers")) for h in rows]
+        rows = [r for r in rows[:-limit] if r.version in keep] + rows[-limit:]
+    ranks = [h.rank for h in rows]
     mhz = {round(r.clock_hz / 1e6) for r in ranks if r is not None and r.clock_hz}
     # one chip's clock (one task, one chip): "1,000,000 cycles = 0.667 ms at 1.5 GHz"
     clock = (f"; 1,000,000 cycles = {1e3 / next(iter(mhz)):.3g} ms at "
@@ -354,47 +353,40 @@ def history_text(history: tuple[dict[str, Any], ...], limit: int = TABLE_ROWS,
             "|---|---|---|---|---|---|---|---|---|---|")
     table = [head]
     for h in rows:
-        n = h.get("numbers") or {}
-        marks = [m for m, on in (("best", h.get("version") == best),
-                                 ("base", h.get("version") == base)) if on]
-        label = f"v{h.get('version')}" + (f" ({', '.join(marks)})" if marks else "")
-        status = str(h.get("status") or "not evaluated")
-        flags = [f for f in h.get("flags") or [] if f]
-        if flags:
-            status += f" [{', '.join(flags)}]"
-        est = _rank_cell(h, n)
+        n = h.numbers
+        marks = [m for m, on in (("best", h.version == best),
+                                 ("base", h.version == base)) if on]
+        label = f"v{h.version}" + (f" ({', '.join(marks)})" if marks else "")
+        status = str(h.status or "not evaluated")
+        if h.flags:
+            status += f" [{', '.join(h.flags)}]"
+        est = h.rank.words(short=True) if h.rank is not None else "-"
         split = (f"{cycles_text(n.get('pallas_cycles'))} / {cycles_text(n.get('outside_cycles'))}"
                  if n.get("ops") else "-")
         vmem = (f"{n['vmem_bytes'] / 2**20:.2f} / {n['vmem_limit_bytes'] / 2**20:.0f} MiB"
                 if n.get("vmem_bytes") is not None and n.get("vmem_limit_bytes") else "-")
-        steps = str(h["steps"]) + ("" if h.get("steps_source") == "tpu" else "*") \
-            if isinstance(h.get("steps"), int) else "-"
-        parent = f"v{h['parent']}" if h.get("parent") else "-"
-        summary = str(h.get("summary") or "").replace("|", "/")[:80]
+        steps = str(h.steps) + ("" if h.steps_source == "tpu" else "*") \
+            if h.steps is not None else "-"
+        parent = f"v{h.parent}" if h.parent else "-"
+        summary = h.summary.replace("|", "/")[:80]
         table.append(f"| {label} | {parent} | {status} | {est} | {cycles_text(n.get('cycles'))} | "
                      f"{cycles_text(n.get('ref_cycles'))} | {split} | {vmem} | {steps} | "
                      f"{summary} |")
-    if any(r.get("steps_source") == "static" for r in rows):
+    if any(r.steps_source == "static" for r in rows):
         table.append("* grid steps from the static analysis at the first check shape.")
-    diagnosed = [r for r in rows if r.get("diagnosis") and r.get("version") != base]
+    diagnosed = [r for r in rows if r.diagnosis and r.version != base]
     if diagnosed:
         table.append("Diagnosis of each other version (static analysis + compiler figures):")
         for r in diagnosed:
-            d = r["diagnosis"]
+            d = r.diagnosis or {}
             marks = [f"{f.get('kind')} contradicted by the estimator"
                      for f in d.get("findings") or [] if f.get("contradicted")]
             others = [f.get("kind") for f in d.get("findings") or []
                       if not f.get("contradicted") and f.get("kind") != d.get("kind")]
             extra = "; ".join([*marks, *(f"also {k}" for k in others)])
-            table.append(f"- v{r['version']}: {d.get('summary', '')}"
+            table.append(f"- v{r.version}: {d.get('summary', '')}"
                          + (f" ({extra})" if extra else ""))
     return "\n".join(table)
-
-
-def _rank_cell(h: dict[str, Any], n: dict[str, Any]) -> str:
-    """The ranking number as the table shows it (``Rank.words``, short)."""
-    rank = Rank.from_json(h.get("rank")) or rank_of(n)
-    return rank.words(short=True) if rank is not None else "-"
 
 
 def lookups_text(lookups: tuple[dict[str, Any], ...]) -> str:

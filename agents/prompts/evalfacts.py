@@ -2,7 +2,7 @@
 
 Everything a prompt says about an evaluated version's performance comes from
 ``version_numbers(result)``: what ranks it (``rank``: ``kernels.judge.rank.ranking``'s
-``Rank`` as JSON; ``rank_of`` reads it back), the TPU compiler's estimate and the XLA
+``Rank``; ``rank_of`` returns it), the TPU compiler's estimate and the XLA
 reference's in cycles and seconds, the reference's roofline, the per-op breakdown of
 both (the Pallas kernel against the XLA ops around it), VMEM used against the chip's
 scoped limit, grid steps, the production shape the estimate is for, the estimate's
@@ -53,7 +53,8 @@ def _roofline(found: Any) -> dict[str, Any] | None:
 
 def rank_of(numbers: dict[str, Any] | None) -> Rank | None:
     """The ``Rank`` ``version_numbers`` recorded (None for none)."""
-    return Rank.from_json((numbers or {}).get("rank"))
+    rank = (numbers or {}).get("rank")
+    return rank if isinstance(rank, Rank) else None
 
 
 def _ops(estimate: Any) -> list[dict[str, Any]]:
@@ -114,7 +115,7 @@ def version_numbers(result: dict[str, Any] | None) -> dict[str, Any]:
     fidelity = tpu.get("fidelity") if isinstance(tpu.get("fidelity"), dict) else None
     numbers: dict[str, Any] = {
         "status": result.get("status"),
-        "rank": rank.to_json(),
+        "rank": rank,
         "chip": tpu.get("chip") or rank.chip,
         "compile": tpu.get("compile"),
         "shape": tpu.get("shape") if isinstance(tpu.get("shape"), str) else None,

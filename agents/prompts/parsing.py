@@ -147,7 +147,7 @@ def _base(data: dict[str, Any], request: AgentRequest) -> tuple[int | None, str 
     base = data.get("base")
     if base is None or base == request.current_version:
         return None, None
-    known = {h.get("version"): h for h in request.history}
+    known = {h.version: h for h in request.history}
     if not isinstance(base, int) or isinstance(base, bool) or base not in known:
         names = ", ".join(f"v{n}" for n in known) or "none"
         return None, (f"`base` must be the number of a version of this session (versions: "
@@ -179,8 +179,8 @@ def _tuning(call: ToolCall, text: str, request: AgentRequest) -> Parsed:
         return Parsed(followup=problem, tool_use_id=call.id)
     if base is not None:
         # Another version's source is not in the request: its recorded tunables are.
-        entry = next(h for h in request.history if h.get("version") == base)
-        declared_there = entry.get("tunables") or {}
+        entry = next(h for h in request.history if h.version == base)
+        declared_there = entry.tunables or {}
         unknown = sorted(set(changes) - set(declared_there))
         if unknown:
             return Parsed(followup=(f"v{base} declares no tunable {', '.join(unknown)} "

@@ -15,12 +15,13 @@ grid steps and its diagnosis, and the session's earlier read-only tool answers.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tilewright.agents.base import AgentRequest, TaskBrief
-from tilewright.agents.prompts.evalfacts import version_numbers
+from tilewright.agents.base import AgentRequest, TaskBrief, VersionRow
+from tilewright.agents.prompts.evalfacts import rank_of, version_numbers
 from tilewright.sessions.log import SessionLog, read_json_blob
 from tilewright.sessions.state import SessionState, Version, outranks
 
@@ -53,7 +54,7 @@ _NUMBERS_KEPT = 4096
 def history(versions: Mapping[int, Version], source_of: Callable[[int], str],
             path: Sequence[int] | None = None,
             result_of: Callable[[str], dict[str, Any] | None] | None = None
-            ) -> tuple[dict[str, Any], ...]:
+            ) -> tuple[VersionRow, ...]:
     """Every version so far with its measurements and tunables (so a tuner never
     proposes a measured configuration twice), its parent and origin, and with
     ``result_of`` (a result blob -> its eval JSON) the numbers of its evaluation, its
@@ -65,27 +66,16 @@ def history(versions: Mapping[int, Version], source_of: Callable[[int], str],
     out = []
     for number in order:
         v = versions[number]
-        entry: dict[str, Any] = {"version": number, "status": v.status,
-                                 "rank": v.rank.to_json() if v.rank else None,
-                                 "summary": v.summary, "median_ms": v.median_ms,
-                                 "parent": v.parent, "origin": v.origin}
-        if path is not None:
-            entry["on_path"] = number in on_path
-        config = _tunables_of(v.source_blob, lambda n=number: source_of(n))
-        if config is not None:
-            entry["tunables"] = config
-        if result_of is not None and v.result_blob:
-            numbers = _numbers_of(v.result_blob, result_of)
-            if numbers:
-                entry["numbers"] = numbers
-        if v.flags:
-            entry["flags"] = list(v.flags)
-        if v.diagnosis:
-            entry["diagnosis"] = v.diagnosis
-        steps, where = _steps(entry.get("numbers") or {}, v.diagnosis)
-        if steps is not None:
-            entry.update(steps=steps, steps_source=where)
-        out.append(entry)
+        numbers = _numbers_of(v.result_blob, result_of) \
+            if result_of is not None and v.result_blob else {}
+        steps, where = _steps(numbers, v.diagnosis)
+        out.append(VersionRow(
+            version=number, status=v.status, rank=v.rank or rank_of(numbers), summary=v.summary,
+            median_ms=v.median_ms, parent=v.parent, origin=v.origin,
+            tunables=_tunables_of(v.source_blob, lambda n=number: source_of(n)),
+            numbers=numbers, flags=tuple(f for f in v.flags or () if f),
+            diagnosis=v.diagnosis or None, steps=steps, steps_source=where,
+            on_path=number in on_path if path is not None else None))
     return tuple(out)
 
 
@@ -152,11 +142,11 @@ def build_request(state: SessionState, log: SessionLog, brief: TaskBrief, role: 
                    lambda n: log.get_blob(state.versions[n].source_blob).decode(),
                    result_of=lambda blob: agent_result(log.path, blob))
     # Every diagnosis is held against the estimates measured since it was made.
-    rows = tuple({**r, "diagnosis": check_with_estimates(r["diagnosis"], rows)}
-                 if r.get("diagnosis") else r for r in rows)
-    diagnosis = next((r["diagnosis"] for r in rows
-                      if current is not None and r["version"] == current.number
-                      and r.get("diagnosis")), None)
+    rows = tuple(dataclasses.replace(r, diagnosis=check_with_estimates(r.diagnosis, rows))
+                 if r.diagnosis else r for r in rows)
+    diagnosis = next((r.diagnosis for r in rows
+                      if current is not None and r.version == current.number
+                      and r.diagnosis), None)
     return AgentRequest(
         role=role, task=brief, current_source=source,  # type: ignore[arg-type]
         current_version=current.number if current else None, last_eval=last_eval,

@@ -16,7 +16,7 @@ import hashlib
 from dataclasses import replace
 from typing import Any
 
-from tilewright.agents.base import AgentRequest, Proposal
+from tilewright.agents.base import AgentRequest, Proposal, VersionRow
 from tilewright.agents.offline.templates import FALLBACK, infer_families
 from tilewright.kernels.source import tunables
 from tilewright.profiling.diagnose import check_with_estimates
@@ -160,7 +160,7 @@ class ChildMaker:
                 return entry
         return None
 
-    def _history(self, parent: int | None) -> tuple[dict[str, Any], ...]:
+    def _history(self, parent: int | None) -> tuple[VersionRow, ...]:
         """Every version so far, the path from the root to ``parent`` first."""
         versions = self.state.session.versions
         path: list[int] = []
