@@ -411,6 +411,12 @@ def test_the_production_shape_fields_are_read_when_present() -> None:
     assert "64 grid steps" in text
     numbers = version_numbers(result)
     assert (numbers["pallas_cycles"], numbers["outside_cycles"]) == (2600, 178)
+    assert numbers["grids"] is None  # this JSON lists no kernels
+    tpu["kernels"] = [{"name": "_kernel", "grid": [8, 8], "steps": 64}]
+    assert version_numbers(result)["grids"] == [[8, 8]]
+    tpu["kernels"] = [{"name": "_kernel", "grid": [8, None]}]  # a grid read at run time
+    assert version_numbers(result)["grids"] is None
+    del tpu["kernels"]
     row = VersionRow(4, "correct", numbers["rank"], summary="k", parent=3, numbers=numbers,
                      steps=64, steps_source="tpu")
     table = history_text((row,), best=4, base=4)

@@ -180,3 +180,43 @@ def test_a_diagnosis_asking_for_larger_blocks_widens_the_choices() -> None:
                                       "kernel_time_s": 1e-3 / 1.512}},
                                   history=history))
     assert isinstance(without, Finished)  # no diagnosis: converged, said in words
+    # The production grids say 512 rows already cover the rows axis (256: two blocks a
+    # row of the grid, 512: one): no wider block can save a step, so none is proposed.
+    grids = {256: [[4, 2]], 512: [[4, 1]]}
+    covered = tuple({**h, "numbers": {"grids": grids[h["tunables"]["BLOCK_ROWS"]]}}
+                    if h["tunables"]["BLOCK_ROWS"] in grids else h for h in history)
+    stopped = decide(AgentRequest("tune", agents.brief(task), source, 7,
+                                  last_eval={"status": "correct", "tpu": {
+                                      "chip": "v5e", "estimated_speedup": 1.512,
+                                      "kernel_time_s": 1e-3 / 1.512}},
+                                  history=covered, diagnosis=diagnosis))
+    assert isinstance(stopped, Finished), stopped
+
+
+def test_blocks_past_the_one_covering_their_grid_axes_are_not_proposed() -> None:
+    """18k's convolution (126 output rows): 64 rows ran as grid (128, 2), 128 rows as
+    (128, 1). BLOCK_ROWS covers its axis at 128; the search never goes past it (it spent
+    two of four evaluations on 256 and 512, the same kernel as 128)."""
+    from tilewright.agents.offline import tuner
+    from tilewright.kernels.judge.rank import Rank
+
+    rows = [({"BLOCK_ROWS": 128}, [[128, 1]]), ({"BLOCK_ROWS": 64}, [[128, 2]]),
+            ({"BLOCK_ROWS": 32}, None)]
+    assert tuner.covering(rows, {"BLOCK_ROWS"}) == {"BLOCK_ROWS": 128}
+    # the same grid at two sizes says nothing of which axis the tunable tiles
+    assert tuner.covering([({"B": 128}, [[4, 1]]), ({"B": 256}, [[4, 1]])], {"B"}) == {}
+    # two tunables moved at once: nothing to learn of either
+    assert tuner.covering([({"B": 64, "C": 8}, [[2, 2]]), ({"B": 128, "C": 16}, [[1, 1]])],
+                          {"B", "C"}) == {}
+    # an axis still split at the larger value: not covered
+    assert tuner.covering([({"B": 64}, [[4, 8]]), ({"B": 128}, [[4, 4]])], {"B"}) == {}
+    space = {"BLOCK_ROWS": [32, 64, 128, 256, 512], "X": [1, 2]}
+    assert tuner.within_cover(space, {"BLOCK_ROWS": 128}) == {
+        "BLOCK_ROWS": [32, 64, 128], "X": [1, 2]}
+    source = ('BLOCK_ROWS = 128\nTUNABLES = {"BLOCK_ROWS": [32, 64, 128, 256, 512]}\n')
+    obs = tuner.Observations()
+    obs.add({"BLOCK_ROWS": 128}, "correct", Rank.from_json(_estimated(0.73)), None, 1)
+    obs.add({"BLOCK_ROWS": 64}, "correct", Rank.from_json(_estimated(0.70)), None, 2)
+    assert tuner.next_step(source, obs).config == {"BLOCK_ROWS": 512}  # without the grids
+    step = tuner.next_step(source, obs, covered={"BLOCK_ROWS": 128})
+    assert step is None or step.config["BLOCK_ROWS"] < 128, step

@@ -23,7 +23,9 @@ each needs about k * log2(n) evaluations instead of the grid's n ** k.
 from __future__ import annotations
 
 import ast
+import itertools
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -259,6 +261,43 @@ def vmem_model(history: tuple[VersionRow, ...], last_eval: dict[str, Any] | None
     return None
 
 
+def covering(rows: Iterable[tuple[dict[str, Any], list[list[int]] | None]], names: set[str]
+             ) -> dict[str, int]:
+    """Per tunable, the least value measured to cover every grid axis it tiles at the
+    production shape: two measured configurations differing in that tunable alone, whose
+    production grids differ on some axes, the larger of them with extent 1 on all of
+    those. A block that covers its axes leaves no grid step to save: larger values run
+    as the same kernel (clamped to the dim) or a padded one. (18k's convolution: 64 and
+    128 rows measured, grids (128, 2) and (128, 1) for its 126 output rows; the search
+    then spent two of its four evaluations on 256 and 512, both the 126-row kernel.)
+    ``rows``: (configuration, grids of its pallas_calls) of each measured version."""
+    kept = [(dict(c), g) for c, g in rows if set(c) == names and g]
+    found: dict[str, int] = {}
+    for (a, ga), (b, gb) in itertools.combinations(kept, 2):
+        moved = [n for n in names if a[n] != b[n]]
+        if len(moved) != 1 or not all(type(c[moved[0]]) is int for c in (a, b)):
+            continue
+        name = moved[0]
+        (_, glo), (hi, ghi) = sorted(((a, ga), (b, gb)), key=lambda pair: pair[0][name])
+        if len(glo) != len(ghi) or any(len(x) != len(y) for x, y in zip(glo, ghi, strict=True)):
+            continue
+        axes = [(i, j) for i, (x, y) in enumerate(zip(glo, ghi, strict=True))
+                for j in range(len(x)) if x[j] != y[j]]
+        if axes and all(ghi[i][j] == 1 for i, j in axes):
+            found[name] = min(found.get(name, hi[name]), hi[name])
+    return found
+
+
+def within_cover(space: dict[str, list[Any]], covered: dict[str, int] | None
+                 ) -> dict[str, list[Any]]:
+    """``space`` without the values above the one that covers a tunable's grid axes."""
+    if not covered:
+        return space
+    return {name: [v for v in values if name not in covered
+                   or not (type(v) is int and v > covered[name])]
+            for name, values in space.items()}
+
+
 def search_space(source: str, dims: dict[str, tuple[int, ...]] | None = None
                  ) -> dict[str, list[Any]]:
     """Legal values per tunable: TPU-aligned, and dividing (or covering) the dims it tiles."""
@@ -281,11 +320,13 @@ def _one_clamped(values: list[Any], dims: tuple[int, ...]) -> list[Any]:
 def next_step(source: str, obs: Observations,
               dims: dict[str, tuple[int, ...]] | None = None,
               constraints: dict[str, list[tuple[str, int]]] | None = None,
-              vmem: VmemModel | None = None) -> Step | None:
+              vmem: VmemModel | None = None, covered: dict[str, int] | None = None
+              ) -> Step | None:
     """The next configuration to try, or None when every neighbour of the best is measured.
     ``constraints`` (``constraints_from_notes``) keep the search inside what the
-    person's rejection notes allow."""
-    space = constrain(search_space(source, dims), constraints or {})
+    person's rejection notes allow; ``covered`` (``covering``) leaves out blocks larger
+    than the one measured to cover their grid axes."""
+    space = within_cover(constrain(search_space(source, dims), constraints or {}), covered)
     if not space:
         return None
     current = tunables.config_of(source)
@@ -410,7 +451,8 @@ _DIAGNOSED_MOVES = {"per_step_overhead": "grow", "memory_bound": "grow",
 def diagnosed_step(source: str, obs: Observations, dims: dict[str, tuple[int, ...]] | None,
                    diagnosis: dict[str, Any] | None,
                    constraints: dict[str, list[tuple[str, int]]] | None = None,
-                   vmem: VmemModel | None = None) -> Step | None:
+                   vmem: VmemModel | None = None, covered: dict[str, int] | None = None
+                   ) -> Step | None:
     """The move a diagnosis of the best version calls for, made on every tunable at once
     (one evaluation instead of one per tunable): per-step overhead or memory-bound ->
     the largest legal blocks; VMEM pressure -> one notch smaller each. None when there
@@ -426,7 +468,7 @@ def diagnosed_step(source: str, obs: Observations, dims: dict[str, tuple[int, ..
     if diagnosis.get("version") is not None and obs.version.get(best[0]) not in (
             None, diagnosis.get("version")):
         return None  # the diagnosis describes a version that is no longer the best
-    space = constrain(search_space(source, dims), constraints or {})
+    space = within_cover(constrain(search_space(source, dims), constraints or {}), covered)
     base = dict(best[0])
     if not space or set(base) != set(space):
         return None

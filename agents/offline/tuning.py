@@ -12,6 +12,7 @@ from tilewright.agents import memory
 from tilewright.agents.base import AgentRequest, Failure, Proposal
 from tilewright.agents.memory import Lesson
 from tilewright.agents.offline import tuner
+from tilewright.agents.prompts.evalfacts import version_numbers
 from tilewright.kernels.judge.rank import times
 from tilewright.kernels.source import tunables
 
@@ -43,12 +44,14 @@ def grow_past_choices(request: AgentRequest, source: str) -> Proposal | None:
     aligns = tunables.alignment(source)
     constraints = _constraints(request, list(declared), tunables.config_of(source))
     base = dict(best[0])
+    cover = covered(request, set(declared))
     wider: dict[str, list[Any]] = {}
     target: dict[str, Any] = {}
     for name, (_current, choices) in declared.items():
         numeric = [c for c in choices if isinstance(c, int) and not isinstance(c, bool)]
-        if not numeric or base.get(name) != max(numeric):
-            continue
+        if not numeric or base.get(name) != max(numeric) or (
+                name in cover and cover[name] <= base[name]):
+            continue  # (a block that covers its grid axes has nothing left to save)
         top = max(numeric)
         limit = max(dims.get(name, ()) or (top * 4,))
         extra = [v for v in (top * 2, top * 4) if v <= limit
@@ -75,6 +78,17 @@ def grow_past_choices(request: AgentRequest, source: str) -> Proposal | None:
     return None if is_rejected(request, proposal) else proposal
 
 
+def covered(request: AgentRequest, names: set[str]) -> dict[str, int]:
+    """``tuner.covering`` over the versions measured so far (their tunables and their
+    pallas_calls' grids at the production shape), the current one included."""
+    rows = [(h.tunables, h.numbers.get("grids")) for h in request.history
+            if h.tunables is not None]
+    if request.current_source is not None and request.last_eval:
+        rows.append((tunables.config_of(request.current_source),
+                     version_numbers(request.last_eval).get("grids")))
+    return tuner.covering(rows, names)
+
+
 def tuner_step(request: AgentRequest, lessons: list[Lesson] | None = None
                 ) -> tuner.Step | Failure | None:
     source = request.current_source or ""
@@ -94,9 +108,11 @@ def tuner_step(request: AgentRequest, lessons: list[Lesson] | None = None
     vmem = tuner.vmem_model(request.history, request.last_eval, request.current_source,
                             tuner.tiled_dims(list(declared), production), request.chip) \
         if production else None
+    cover = covered(request, set(declared))
     return (_seed(source, obs, lessons or [], dims)
-            or tuner.diagnosed_step(source, obs, dims, request.diagnosis, constraints, vmem)
-            or tuner.next_step(source, obs, dims, constraints, vmem))
+            or tuner.diagnosed_step(source, obs, dims, request.diagnosis, constraints, vmem,
+                                    cover)
+            or tuner.next_step(source, obs, dims, constraints, vmem, cover))
 
 
 def observations(request: AgentRequest, source: str, names: set[str]) -> tuner.Observations:

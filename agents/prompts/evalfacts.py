@@ -9,8 +9,8 @@ scoped limit, grid steps, the production shape the estimate is for, the estimate
 fidelity, the tolerance as enforced, and the host simulation times (which rank
 nothing). This module is the one reader of the ``tpu`` section: fields that newer
 harnesses add (``shape_label``, ``input_shapes``, ``estimate.ops``, ``estimate.method``,
-``grid_steps``, ``floor``, ``fidelity``, ``reference_roofline``, ``kernel_time_s``) are
-read here with ``.get`` and fall back to what older eval JSON has, so a change of that
+``grid_steps``, ``kernels`` (their grids), ``floor``, ``fidelity``, ``reference_roofline``,
+``kernel_time_s``) are read here with ``.get`` and fall back to what older eval JSON has, so a change of that
 section is a change here only. Pure data: no JAX.
 """
 
@@ -49,6 +49,17 @@ def _roofline(found: Any) -> dict[str, Any] | None:
     out.update({k: str(found[k]) for k in ("bound_by", "dtype")
                 if isinstance(found.get(k), str)})
     return out
+
+
+def _grids(kernels: Any) -> list[list[int]] | None:
+    """``tpu.kernels[].grid``: each pallas_call's grid at the production shape, or None
+    where one is not all whole numbers."""
+    if not isinstance(kernels, list) or not kernels:
+        return None
+    grids = [k.get("grid") if isinstance(k, dict) else None for k in kernels]
+    if not all(isinstance(g, list) and all(type(x) is int for x in g) for g in grids):
+        return None
+    return [list(g) for g in grids]
 
 
 def rank_of(numbers: dict[str, Any] | None) -> Rank | None:
@@ -138,6 +149,7 @@ def version_numbers(result: dict[str, Any] | None) -> dict[str, Any]:
         "vmem_limit_bytes": _num(tpu.get("vmem_limit_bytes")),
         "grid_steps": int(tpu["grid_steps"]) if isinstance(tpu.get("grid_steps"), int)
         else None,
+        "grids": _grids(tpu.get("kernels")),
         "floor": _floor(tpu),
         # the reference's cycles over the kernel's, the compiler's alone (no floor)
         "compiler_ratio": _num(tpu.get("compiler_speedup")),
