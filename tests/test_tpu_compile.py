@@ -249,7 +249,12 @@ async def test_a_compiler_abort_on_the_reference_costs_its_estimate_only(worker_
                                                                         tasks) -> None:
     """The judge compiles the reference in a helper process: libtpu's abort there costs
     the reference estimate (unavailable, with the check's line), not the worker; the
-    next evaluation says the same (the abort is remembered per task, shape and chip)."""
+    next evaluation says the same (the abort is remembered per task, shape and chip).
+    libtpu 0.0.42 (the TPU VM's) aborts on this attention reference; 0.0.50 (jax 0.12)
+    estimates it, and the estimate is then there both times."""
+    from tilewright.profiling.chips import installed_libtpu
+
+    aborts = (installed_libtpu() or "").startswith("0.0.42")
     result = await evaluate(worker_pool, tasks["attention"], COPY_Q, "v5e")
     assert result.status == "incorrect", result.error  # judged: the worker lived
     assert result.tpu["compile"] == "ok"  # a wrong kernel gets its verdict, no estimate
@@ -259,9 +264,12 @@ async def test_a_compiler_abort_on_the_reference_costs_its_estimate_only(worker_
         assert found["status"] == "ok", found
         tpu = found["tpu"]
         assert tpu["compile"] == "ok" and tpu["estimate"]["cycles"] > 0
-        assert tpu["reference_estimate"] is None
-        assert "aborted on the XLA reference" in tpu["estimate_unavailable"]
-        assert "Check failed" in tpu["estimate_unavailable"]
+        if aborts:
+            assert tpu["reference_estimate"] is None
+            assert "aborted on the XLA reference" in tpu["estimate_unavailable"]
+            assert "Check failed" in tpu["estimate_unavailable"]
+        else:
+            assert tpu["reference_estimate"]["cycles"] > 0, tpu["estimate_unavailable"]
 
 
 @ON_MODULE_LOOP
