@@ -140,3 +140,18 @@ def test_a_kernel_without_tunables_gets_them_from_its_blockspecs() -> None:
                                   last_eval={"status": "correct", "timing": {"host_ratio": 1.0}}))
     assert isinstance(outcome, Proposal) and outcome.kind == "kernel"
     assert outcome.source == new_source
+
+
+def test_sources_differing_only_in_their_declared_choices_read_the_same() -> None:
+    """A widened TUNABLES is the same kernel at the same values: the search's tuning step
+    never runs it again (18k's search ran 128 rows twice, once with 256 and 512 added
+    to the choices)."""
+    source = ('BLOCK_ROWS = 128\nTUNABLES = {"BLOCK_ROWS": [32, 64, 128]}\n'
+              "def kernel(x):\n    return x\n")
+    wider = tunables.widen(source, {"BLOCK_ROWS": [32, 64, 128, 256, 512]})
+    assert wider != source
+    assert tunables.menu_free(wider) == tunables.menu_free(source)
+    assert tunables.menu_free(tunables.apply(wider, {"BLOCK_ROWS": 64})) != \
+        tunables.menu_free(source)
+    assert tunables.menu_free("x = 1\n") == "x = 1\n"  # nothing declared
+    assert tunables.menu_free("def (:\n") == "def (:\n"  # does not parse

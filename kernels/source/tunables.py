@@ -202,6 +202,18 @@ def widen(source: str, choices: dict[str, list[Any]]) -> str:
     return "".join(lines)
 
 
+def menu_free(source: str) -> str:
+    """``source`` with every declared tunable's choices emptied: two sources that differ
+    only in the choices they declare (the menu the tuner reads, not what the kernel
+    runs: a widened ``TUNABLES``) read the same. A source without tunables, or one
+    that does not parse, comes back as it is."""
+    try:
+        declared = read(source)
+    except TunablesError:
+        return source
+    return widen(source, {name: [] for name in declared}) if declared else source
+
+
 def char_offset(line: str, byte_offset: int) -> int:
     # ast reports UTF-8 byte offsets; convert for lines with non-ASCII text.
     return len(line.encode("utf-8")[:byte_offset].decode("utf-8", errors="ignore"))

@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from tilewright.agents.base import AgentRequest, Proposal, VersionRow
+from tilewright.agents.offline import tuner
 from tilewright.agents.offline.templates import FALLBACK, infer_families
 from tilewright.kernels.source import tunables
 from tilewright.profiling.diagnose import check_with_estimates
@@ -71,10 +72,16 @@ class ChildMaker:
         except tunables.TunablesError:
             return None
         session = self.state.session
-        # measured, or rejected (by the person or the rules): never proposed again
+        # measured, or rejected (by the person or the rules): never proposed again, nor
+        # the same kernel with other declared choices (a widened TUNABLES)
         known = {v.source_blob for v in session.versions.values()} | {
             p.source_blob for p in session.proposals.values()
             if p.decision == "reject" and p.source_blob}
+        ran = {_digest(tunables.menu_free(self._source(n))) for n in session.versions}
+        # blocks past the one measured to cover their grid axes run as the same kernel
+        cover = tuner.covering([(r.tunables, r.numbers.get("grids"))
+                                for r in self._history(parent) if r.tunables is not None],
+                               set(current))
         names = sorted(legal)
         start = action.slot[3] % max(1, len(names))
         for name in names[start:] + names[:start]:
@@ -86,8 +93,10 @@ class ChildMaker:
                 if not 0 <= at + step < len(choices):
                     continue
                 value = choices[at + step]
+                if type(value) is int and value > cover.get(name, value):
+                    continue
                 new = tunables.apply(source, {name: value})
-                if hashlib.sha256(new.encode()).hexdigest() in known:
+                if _digest(new) in known or _digest(tunables.menu_free(new)) in ran:
                     continue
                 return self.core.propose(
                     Proposal("tuning", f"tuning step: {name} {current[name]} -> {value}",
@@ -235,3 +244,7 @@ def _tried(number: int, strategy: str | None, version: Any) -> str:
     rank = version.rank
     speed = f", {rank.words(short=True)}" if rank is not None and rank.ranked else ""
     return f"v{number}: {strategy or version.summary} ({version.status or 'not run'}{speed})"
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
