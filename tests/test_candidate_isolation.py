@@ -85,7 +85,7 @@ NATIVE_THREAD = candidate(preamble=textwrap.dedent("""
     _RUN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
     def _spin(_arg):
         while True:
-            time.sleep(0.05)
+            time.sleep(0.05)  # the payload: a native thread that stays alive, idle
     _fn = _RUN(_spin)
     _tid = ctypes.c_ulong()
     _libc.pthread_create(ctypes.byref(_tid), None, _fn, None)

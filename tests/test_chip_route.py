@@ -221,6 +221,7 @@ def test_the_busy_chip_error_names_the_process_holding_it(tmp_path) -> None:
     device.parent.mkdir()
     device.write_text("")
     holder = subprocess.Popen(
+        # the payload: a process that holds the device open (killed below, never waited out)
         [sys.executable, "-c", f"f = open({str(device)!r}); import time; time.sleep(60)"])
     try:
         until_now(lambda: chip.holders(paths=(str(device.parent) + "/",)),

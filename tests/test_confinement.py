@@ -224,7 +224,7 @@ async def test_three_hundred_children_are_refused_or_reaped(pool, task) -> None:
             except OSError:
                 break
             if pid == 0:
-                time.sleep(60)
+                time.sleep(60)  # the payload: forked children that outlive the candidate
                 os._exit(0)
             made += 1
         print("FORKED", made)
@@ -311,7 +311,7 @@ async def test_a_reference_that_hangs_is_the_tasks_fault(tmp_path) -> None:
         def reference(*args):
             import time
             while True:
-                time.sleep(0.05)
+                time.sleep(0.05)  # the payload: a reference that never returns
     """))
     slow = load_task(str(task_dir), {"rows": "64", "cols": "256"})
     async with WorkerPool(size=1) as pool:

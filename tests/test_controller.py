@@ -146,7 +146,8 @@ async def test_cancel_a_run_replaces_the_worker(tmp_path: Path, gelu: Task,
     slow_dir = tmp_path / "slow_gelu"
     shutil.copytree(gelu.root, slow_dir, ignore=shutil.ignore_patterns("__pycache__"))
     kernel_py = slow_dir / "kernel.py"
-    kernel_py.write_text("import time\ntime.sleep(60)\n" + kernel_py.read_text())
+    kernel_py.write_text("import time\ntime.sleep(60)\n"  # the payload: a load that hangs
+                         + kernel_py.read_text())
     slow = load_task(str(slow_dir), small_overrides(rows=64, cols=256))
     c, seen = make(tmp_path / "session", slow, ScriptedAgent(), pool_evaluator(pool))
     await c.start()

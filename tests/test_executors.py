@@ -36,6 +36,7 @@ from tilewright.kernels.tasks.loaders import load_task
 SUITE = Path(__file__).parent / "fixtures" / "suite"
 FAST = EvalOptions(trials=1, time_budget_s=0.2, timeout_s=60.0)
 BROKEN = "def kernel(x):\n    return x +\n"  # a syntax error on line 2
+# the payload: a kernel that hangs (the executor's timeout ends it, never the sleep)
 SLOW = "import time\n\ndef kernel(x):\n    time.sleep(600)\n    return x\n"
 
 

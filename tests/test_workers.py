@@ -142,7 +142,7 @@ def test_no_orphan_worker_after_kill_9_of_the_app(tmp_path) -> None:
         async def main():
             async with WorkerPool(size=2) as pool:
                 print(" ".join(map(str, pool.pids)), flush=True)
-                await asyncio.sleep(3600)
+                await asyncio.sleep(3600)  # the payload: a parent killed while its pool lives
 
         asyncio.run(main())
     """))
