@@ -152,6 +152,14 @@ def test_agents_get_typed_ranks() -> None:
     assert not found, "rank JSON parsed in the agents:\n" + "\n".join(found)
 
 
+def test_a_status_looks_the_same_everywhere() -> None:
+    """Each status's mark and style live in one table (``kernels.judge.result.STATUS_LOOKS``):
+    the TUI's history and search panes once drew them from two tables that disagreed, and
+    ``tilewright eval`` kept a third."""
+    found = _outside_the_judge(r"[\"']correct[\"']: *\(?[\"'][^\"']")
+    assert not found, "status marks or styles outside kernels/judge:\n" + "\n".join(found)
+
+
 def test_the_tiling_rule_is_written_once() -> None:
     """The (8, 128) tile and the rule that a block dim is a multiple of it or the whole
     dim live in the chip table (``profiling/chips.py``); three copies with different

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from tilewright.kernels.judge.result import STATUS_LOOKS
 from tilewright.sessions.state import Rank  # kernels.judge.result's, as the sessions API carries it
 
 # A version's status as one mark, the same in every pane (the history table, the search
-# tree); tui.look turns each into ASCII on terminals that need it.
-STATUS_MARKS = {"correct": "✓", "incorrect": "✗", "compile_error": "✗", "runtime_error": "✗",
-                "timeout": "⏱", "crashed": "☠", "rejected": "⊘", None: "·"}
+# tree) and in ``tilewright eval`` (kernels.judge.result's one table); tui.look turns
+# each into ASCII on terminals that need it.
+STATUS_MARKS = {status: mark for status, (mark, _style) in STATUS_LOOKS.items()}
 
 
 # The TPU compiler's verdict at the production shape (``tpu.compile``), the same in every

@@ -198,9 +198,6 @@ def _mib(value: Any) -> str:
     return "?" if not value else f"{value / (1 << 20):.1f} MiB"
 
 
-STATUS_STYLE = {"correct": "bold green", "incorrect": "bold red", "rejected": "bold magenta"}
-
-
 def print_summary(result: Any, task_name: str, kernel: str) -> None:
     """A readable summary: status, backend, lowering, correctness, timing, error."""
     from rich.console import Console
@@ -208,9 +205,11 @@ def print_summary(result: Any, task_name: str, kernel: str) -> None:
     from rich.table import Table
 
     console = Console(stderr=False, highlight=False)
-    style = STATUS_STYLE.get(result.status, "bold yellow")
+    from tilewright.kernels.judge.result import STATUS_LOOKS
+
+    mark, style = STATUS_LOOKS.get(result.status, ("?", "bold yellow"))
     backend = result.backend.label() if result.backend else "unknown backend"
-    console.print(f"[{style}]{result.status.upper()}[/]  {escape(task_name)} · "
+    console.print(f"[{style}]{mark} {result.status.upper()}[/]  {escape(task_name)} · "
                   f"{escape(kernel)} · [bold]{escape(backend)}[/] · {result.duration_s:.1f} s")
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column(style="dim", no_wrap=True)

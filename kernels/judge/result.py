@@ -29,6 +29,13 @@ STATUSES: tuple[str, ...] = (
 )
 # The statuses of a kernel that needs fixing rather than tuning: every one but correct.
 FAILED_STATUSES = frozenset(STATUSES) - {"correct"}
+# Each status as one mark and one rich style, the same wherever a status is shown (the
+# TUI's panes, ``tilewright eval``'s summary); None: not run yet.
+STATUS_LOOKS: dict[str | None, tuple[str, str]] = {
+    "correct": ("✓", "bold green"), "incorrect": ("✗", "bold red"),
+    "compile_error": ("✗", "bold yellow"), "runtime_error": ("✗", "bold yellow"),
+    "timeout": ("⏱", "bold yellow"), "crashed": ("☠", "bold yellow"),
+    "rejected": ("⊘", "bold magenta"), None: ("·", "dim")}
 
 
 
