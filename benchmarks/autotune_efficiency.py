@@ -50,7 +50,7 @@ from typing import Any
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from tilewright import agents
-from tilewright.agents.base import AgentRequest, Failure
+from tilewright.agents.base import AgentRequest, Failure, VersionRow
 from tilewright.agents.offline import decide, tuner
 from tilewright.kernels.source import tunables
 from tilewright.kernels.tasks.loaders import load_task
@@ -195,9 +195,8 @@ def replay(name: str, slot: dict[str, Any], diagnoser: Diagnoser | None = None
         # The tuner sees the same cost the grid's best is judged by (min_ms, no speedup).
         cost = _cost(measured)
         status = "correct" if cost != float("inf") else "failed"
-        history.append({"version": version, "status": status, "rank": None,
-                        "median_ms": cost, "summary": "",
-                        "tunables": tunables.config_of(current)})
+        history.append(VersionRow(version, status, median_ms=cost,
+                                  tunables=tunables.config_of(current)))
         if cost <= best * (1 + WITHIN):
             reached = proposals
             break
@@ -224,7 +223,7 @@ def replay(name: str, slot: dict[str, Any], diagnoser: Diagnoser | None = None
     return {"task": name, "grid": len(grid), "distinct": len(distinct), "start": start,
             "diagnoses": [d.get("kind") for d in [diagnosis] if d],
             "start_ms": _cost(grid[_key(start)]), "best_ms": best,
-            "best": json.loads(best_key), "path": [h["tunables"] for h in history],
+            "best": json.loads(best_key), "path": [h.tunables for h in history],
             "proposals": reached, "tried": proposals,
             "fraction": None if reached is None else reached / len(grid),
             "fraction_distinct": None if reached is None else reached / len(distinct)}
