@@ -76,6 +76,11 @@ def finite_or_none(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
+def capped_atol(atol: float, scale: float) -> float:
+    """Rule 1's absolute tolerance for an output whose largest magnitude is ``scale``."""
+    return min(atol, ELEMENT_SCALE * scale) if scale > 0 else atol
+
+
 def effective_atol(expected: Host, atol: float) -> float:
     """The absolute tolerance rule 1 applies to this reference: ``min(atol, 5% of
     max|ref|)``, the smallest over the output's arrays (what a prompt should quote)."""
@@ -83,11 +88,11 @@ def effective_atol(expected: Host, atol: float) -> float:
     for r in expected.leaves:
         peak = float(np.abs(r).max()) if r.size else 0.0
         if math.isfinite(peak):  # all finite (the common case): no masked copy
-            caps.append(min(atol, ELEMENT_SCALE * peak) if peak > 0 else atol)
+            caps.append(capped_atol(atol, peak))
             continue
         finite = np.abs(r[np.isfinite(r)]) if r.size else r
         scale = float(finite.max()) if finite.size else 0.0
-        caps.append(min(atol, ELEMENT_SCALE * scale) if scale > 0 else atol)
+        caps.append(capped_atol(atol, scale))
     return min(caps, default=atol)
 
 
@@ -160,7 +165,7 @@ def worst_in_tolerances(error: np.ndarray, precise: np.ndarray, atol: float,
         return 0.0
     magnitude = np.abs(np.where(np.isfinite(precise), precise, 0.0))
     scale = float(magnitude.max())
-    abs_tol = min(atol, ELEMENT_SCALE * scale) if scale > 0 else atol
+    abs_tol = capped_atol(atol, scale)
     if abs_tol <= 0 and rtol <= 0:
         return 0.0
     tolerance = abs_tol + rtol * magnitude
@@ -243,7 +248,7 @@ def compare(output: Host, expected: Host, atol: float, rtol: float,
             max_rel = max(max_rel, float((diff[significant] / ref_abs[significant]).max()))
         if reason is not None:
             continue
-        abs_tol = min(atol, ELEMENT_SCALE * scale) if scale > 0 else atol
+        abs_tol = capped_atol(atol, scale)
         extra = allowance[index] if allowance is not None else 0.0
         tolerance = abs_tol + rtol * ref_abs
         bad = diff > (np.maximum(tolerance * (1 + wider), tolerance + extra) if wider
@@ -333,7 +338,7 @@ def _leaf_stats() -> Any:
     """The jitted per-leaf statistics (compiled once per shape)."""
     import jax
 
-    return jax.jit(_rules)
+    return jax.jit(lambda *args: _rules(*args)[:3])
 
 
 @functools.cache
@@ -346,16 +351,21 @@ def _precise_stats() -> Any:
 
     def stats(o: Any, w: Any, p: Any, atol: Any, rtol: Any) -> Any:
         error = jnp.where(jnp.isfinite(w) & jnp.isfinite(p), jnp.abs(w - p), 0.0)
-        scale = jnp.max(jnp.abs(p))
-        abs_tol = jnp.where(scale > 0, jnp.minimum(atol, ELEMENT_SCALE * scale), atol)
-        tolerance = abs_tol + rtol * jnp.abs(p)
+        tolerance = _device_tolerance(p, atol, rtol)
         widen = jnp.max(error / jnp.where(tolerance > 0, tolerance, jnp.inf))
-        clear, max_abs, max_rel = _rules(o, p, atol, rtol, error, widen)
-        own = jnp.sqrt(_device_mean_square(error))
-        rms = jnp.sqrt(_device_mean_square(o - p))
+        clear, max_abs, max_rel, rms, own = _rules(o, p, atol, rtol, error, widen)
         return clear & (rms <= RMS_SHARE * own * (1 - MARGIN)), max_abs, max_rel
 
     return jax.jit(stats)
+
+
+def _device_tolerance(r: Any, atol: Any, rtol: Any) -> Any:
+    """Rule 1's tolerance at each element, on the device (as ``capped_atol`` + rtol)."""
+    import jax.numpy as jnp
+
+    scale = jnp.max(jnp.abs(r))
+    return jnp.where(scale > 0, jnp.minimum(atol, ELEMENT_SCALE * scale), atol) \
+        + rtol * jnp.abs(r)
 
 
 def _device_mean_square(x: Any) -> Any:  # scaled first, as _mean_square
@@ -368,7 +378,7 @@ def _device_mean_square(x: Any) -> Any:  # scaled first, as _mean_square
 
 def _rules(o: Any, r: Any, atol: Any, rtol: Any, extra: Any, widen: Any) -> Any:
     """Rules 1-3 on the device (traced): whether the leaf is clearly within them, its
-    max_abs and max_rel."""
+    max_abs and max_rel, its rms error and the rms of ``extra``."""
     import jax.numpy as jnp
 
     finite = jnp.all(jnp.isfinite(o)) & jnp.all(jnp.isfinite(r))
@@ -377,8 +387,7 @@ def _rules(o: Any, r: Any, atol: Any, rtol: Any, extra: Any, widen: Any) -> Any:
     scale = jnp.max(ref_abs)
     significant = ref_abs > NEGLIGIBLE * scale
     rel = jnp.where(significant, diff / jnp.where(significant, ref_abs, 1.0), 0.0)
-    abs_tol = jnp.where(scale > 0, jnp.minimum(atol, ELEMENT_SCALE * scale), atol)
-    tolerance = abs_tol + rtol * ref_abs
+    tolerance = _device_tolerance(r, atol, rtol)
     bound = jnp.maximum(tolerance * (1 + widen), tolerance + extra)
     rule1 = jnp.all(diff <= bound * (1 - MARGIN))
     varies = jnp.max(o) > jnp.min(o)
@@ -387,7 +396,7 @@ def _rules(o: Any, r: Any, atol: Any, rtol: Any, extra: Any, widen: Any) -> Any:
     err = jnp.sqrt(_device_mean_square(o - r))
     rule2 = err <= (SPREAD_SHARE * std + rtol * jnp.sqrt(_device_mean_square(r)) + allowed) \
         * (1 - MARGIN)
-    return finite & rule1 & varies & rule2, jnp.max(diff), jnp.max(rel)
+    return finite & rule1 & varies & rule2, jnp.max(diff), jnp.max(rel), err, allowed
 
 
 def _mean_square(x: np.ndarray) -> float:
