@@ -10,6 +10,8 @@ session branch (the app then opens it).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Any
 
 from rich.text import Text
 from textual import work
@@ -181,19 +183,42 @@ class ReplayScreen(Screen):
 
 
 def _describe(event: ev.Event) -> str:
-    """The transport line's words for the event at the cursor."""
-    if event["type"] == "agent.proposal":
-        return f"proposal {event.get('proposal')}: {event.get('summary', '')}"
-    if event["type"] == "user.decision":
-        by = " (auto)" if event.get("by") == "auto" else ""
-        return f"{event.get('decision')} {event.get('proposal')}{by}"
-    if event["type"] == "kernel.version":
-        return f"v{event.get('version')} ({event.get('origin')})"
-    if event["type"] == "run.result":
-        rank = event_judgement(dict(event)).rank if event.get("status") == "correct" else None
-        if rank is not None and rank.said:  # Rank.words: the one wording
-            return f"v{event.get('version')} correct · {rank.words()}"
-        return f"v{event.get('version')} {event.get('status')}"
-    if event["type"] == "mode.change":
-        return f"mode {event.get('mode')}"
-    return event["type"]
+    """The transport line's words for the event at the cursor (its kind where it has no
+    words of its own)."""
+    words = _TRANSPORT.get(event["type"])
+    return words(event) if words is not None else str(event["type"])
+
+
+def _proposal(e: ev.AgentProposal) -> str:
+    return f"proposal {e.get('proposal')}: {e.get('summary', '')}"
+
+
+def _decision(e: ev.UserDecision) -> str:
+    by = " (auto)" if e.get("by") == "auto" else ""
+    return f"{e.get('decision')} {e.get('proposal')}{by}"
+
+
+def _version(e: ev.KernelVersion) -> str:
+    return f"v{e.get('version')} ({e.get('origin')})"
+
+
+def _result(e: ev.RunResult) -> str:
+    rank = event_judgement(dict(e)).rank if e.get("status") == "correct" else None
+    if rank is not None and rank.said:  # Rank.words: the one wording
+        return f"v{e.get('version')} correct · {rank.words()}"
+    return f"v{e.get('version')} {e.get('status')}"
+
+
+def _mode(e: ev.ModeChange) -> str:
+    return f"mode {e.get('mode')}"
+
+
+# The kinds with words of their own (a test checks each entry reads the kind it is filed
+# under).
+_TRANSPORT: dict[str, Callable[[Any], str]] = {
+    "agent.proposal": _proposal,
+    "user.decision": _decision,
+    "kernel.version": _version,
+    "run.result": _result,
+    "mode.change": _mode,
+}

@@ -270,12 +270,16 @@ class Presenter:
         # The whole call, not yet run: no status (its result comes as agent.tool_result).
         self.chat.tool_call(key, str(e.get("name", "tool")), e.get("input") or {}, "")
 
-    def _notice(self, e: ev.AgentNotice | ev.Notice) -> None:
+    def _agent_notice(self, e: ev.AgentNotice) -> None:
+        """The agent's notices are said once a session (an error each time)."""
         text, level = str(e.get("text", "")), str(e.get("level", "info"))
-        if e["type"] == "agent.notice" and level != "error":
+        if level != "error":
             self._once(text, level)
         else:
             self.chat.add_notice(text, level)
+
+    def _notice(self, e: ev.Notice) -> None:
+        self.chat.add_notice(str(e.get("text", "")), str(e.get("level", "info")))
 
     def _run_progress(self, e: ev.RunProgress) -> None:
         """The production verdict (then its estimate) while the trials still run."""
@@ -313,7 +317,7 @@ _LIVE: dict[str, Callable[[Presenter, Any], None]] = {
     "agent.tool_result": Presenter._tool_result,
     "agent.tool_delta": Presenter._tool_delta,
     "agent.tool": Presenter._tool,
-    "agent.notice": Presenter._notice,
+    "agent.notice": Presenter._agent_notice,
     "notice": Presenter._notice,
     "run.progress": Presenter._run_progress,
 }
