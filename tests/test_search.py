@@ -528,3 +528,43 @@ async def test_search_profiles_new_bests_and_the_next_request_carries_the_diagno
     # a version of the last round informs no one: it is not profiled
     assert all(state.nodes[p["version"]].round < config.max_rounds for p in profiles)
     _check_recorded_search(search.log.path)
+
+
+def test_the_search_step_leaves_a_tunable_a_sibling_is_still_measuring() -> None:
+    """From the 128-row kernel, a child at 64 rows not yet measured: the search's own
+    step does not run 256 beside it (64's grid says whether 128 already covers the
+    rows); once 64 has run, or where the sibling was rejected, the tunable is free."""
+    from tilewright.sessions.search.children import in_flight
+
+    def source(rows: int, cols: int = 128) -> str:
+        return (f"BLOCK_ROWS = {rows}\nBLOCK_COLS = {cols}\nTUNABLES = "
+                '{"BLOCK_ROWS": [64, 128, 256], "BLOCK_COLS": [128, 256]}\n')
+
+    blobs = {"a" * 64: source(128), "b" * 64: source(64), "c" * 64: source(128, 256)}
+    events = [
+        {"seq": 1, "t": 0, "type": "kernel.version", "version": 1, "parent": None,
+         "origin": "initial", "proposal": None, "source_blob": "a" * 64, "summary": "128"},
+        {"seq": 2, "t": 1, "type": "agent.proposal", "proposal": "p1", "kind": "tuning",
+         "base_version": 1, "source_blob": "b" * 64, "role": "tune", "summary": "64 rows",
+         "tuning": {"BLOCK_ROWS": 64}},
+        {"seq": 3, "t": 1, "type": "agent.proposal", "proposal": "p2", "kind": "tuning",
+         "base_version": 1, "source_blob": "c" * 64, "role": "tune", "summary": "256 cols",
+         "tuning": {"BLOCK_COLS": 256}},
+        {"seq": 4, "t": 1, "type": "user.decision", "proposal": "p2", "decision": "reject",
+         "by": "user"},
+    ]
+    state = fold_search({"schema": "tilewright.session/1"}, events).session
+    current = {"BLOCK_ROWS": 128, "BLOCK_COLS": 128}
+    assert in_flight(state, 1, current, blobs.__getitem__) == {"BLOCK_ROWS"}
+    assert in_flight(state, 2, current, blobs.__getitem__) == set()  # another parent
+    state.apply({"seq": 5, "t": 2, "type": "user.decision", "proposal": "p1",
+                 "decision": "approve", "by": "auto"})
+    state.apply({"seq": 6, "t": 2, "type": "kernel.version", "version": 2, "parent": 1,
+                 "origin": "tuning", "proposal": "p1", "source_blob": "b" * 64,
+                 "summary": "64 rows", "decision": 5})
+    state.apply({"seq": 7, "t": 3, "type": "run.start", "run": "r1", "version": 2,
+                 "kind": "eval"})
+    assert in_flight(state, 1, current, blobs.__getitem__) == {"BLOCK_ROWS"}  # running
+    state.apply({"seq": 8, "t": 4, "type": "run.result", "run": "r1", "version": 2,
+                 "status": "correct", "correct": True, "rank": _rank(1.0)})
+    assert in_flight(state, 1, current, blobs.__getitem__) == set()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -28,6 +29,7 @@ from tilewright.sessions.control.context import history, rejected
 from tilewright.sessions.core import Decision, SessionCore
 from tilewright.sessions.log import read_json_blob
 from tilewright.sessions.search.graph import SearchState
+from tilewright.sessions.state import SessionState
 
 AGENT_TIMEOUT_S = 600.0
 # First kernels of a task that names no family: one per template family, in the order
@@ -84,9 +86,11 @@ class ChildMaker:
                                set(current))
         names = sorted(legal)
         start = action.slot[3] % max(1, len(names))
+        waiting = in_flight(session, parent, current,
+                            lambda sha: self.log.get_blob(sha).decode())
         for name in names[start:] + names[:start]:
             choices = legal[name]
-            if current[name] not in choices:
+            if current[name] not in choices or name in waiting:
                 continue
             at = choices.index(current[name])
             for step in (1, -1):
@@ -219,6 +223,31 @@ class ChildMaker:
             return await self._ask_agent(action, parent, f"Implement this plan:\n{p.plan}",
                                          role="implement")
         return pid
+
+
+def in_flight(session: SessionState, parent: int | None, current: dict[str, Any],
+              read: Callable[[str], str]) -> set[str]:
+    """Integer tunables that a child of ``parent`` not yet measured moves from ``current``
+    (``parent``'s values; ``read``: a blob's text). Its grid, once known, says whether
+    ``parent``'s block already covers its axes (``tuner.covering``), so the search's own
+    step leaves that tunable until then. (18k's search ran 256 rows beside 64 from the
+    128-row kernel: 256 ran as 128's 126-row kernel again, which 64's grid would have
+    shown.)"""
+    moved: set[str] = set()
+    for p in session.proposals.values():
+        if p.base_version != parent or p.decision == "reject" or not p.source_blob:
+            continue
+        applied = p.applied_version
+        if applied is not None and any(r.version == applied and r.t_end is not None
+                                       for r in session.runs.values()):
+            continue  # ran (``covering`` reads its grid), or ended without a result
+        try:
+            config = tunables.config_of(read(p.source_blob))
+        except (tunables.TunablesError, OSError, KeyError, UnicodeDecodeError):
+            continue
+        moved |= {name for name, value in config.items()
+                  if type(value) is int and current.get(name) != value}
+    return moved
 
 
 def _onto(p: Proposal, parent: int | None, source_of: Any) -> Proposal:
