@@ -16,10 +16,13 @@ compares what a clock does not change:
 
 Each pair is compiled in a process of its own (libtpu started with the estimate flag;
 an estimator abort costs that pair only), smallest programs first, at most ``--per-op``
-pairs per op (compiling a large XLA attention for v7x takes minutes on a small CPU).
-The backward ops are listed, not compiled (their residual inputs are not built here).
+specs per op (compiling a large XLA attention for v7x takes minutes on a small CPU).
+Every program is built from its spec as tokamax's autotuning cache reads it (abstract
+arrays: the backward passes get their residuals, ``out`` and ``dout`` from the spec too).
+tokamax also times its XLA normalization (forward and backward) on TPU7x, with no Pallas
+TPU kernel beside it: those programs have an implied clock and no speedup.
 
-    .venv-current/bin/python benchmarks/tokamax_v7x.py [--per-op 3] [--json OUT]
+    .venv-current/bin/python benchmarks/tokamax_v7x.py [--per-op 3] [--ops OP ...] [--json OUT]
         [--report OUT]   (--report: print a run's JSON again)
         [--write]        (the run's summary into kernels/data/fidelity.json's
                           ``speedups``: what every v7x estimate shows beside its figure)
@@ -49,49 +52,54 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent / "lib"))
 
 SHIPPED = ROOT / "benchmarks" / "data" / "tokamax_v7x.json"  # the run in docs/EVALUATION.md
-FORWARD = {"pallas_mosaic_tpu_flash_attention": "attention",
-           "pallas_mosaic_tpu_linear_softmax_cross_entropy_loss": "fused loss"}
+# The ops compiled, in this order: tokamax's Pallas TPU kernels with their XLA
+# counterparts (forward and backward), then the XLA-only normalization.
+COMPILED = ("pallas_mosaic_tpu_flash_attention",
+            "pallas_mosaic_tpu_linear_softmax_cross_entropy_loss",
+            "pallas_mosaic_tpu_flash_attention_vjp",
+            "pallas_mosaic_tpu_linear_softmax_cross_entropy_loss_vjp",
+            "normalization", "normalization_vjp")
 
-# Run in a fresh process per pair: builds both programs from the spec, compiles them for
-# v7x, prints one JSON line per program.
+# Run in a fresh process per pair: builds the programs of the spec (abstract arrays, as
+# tokamax's own autotuning cache reads its specs), compiles them for v7x, prints one JSON
+# line per program. An op with no Pallas TPU kernel (normalization) has the XLA program only.
 PROBE = r"""
 import json, sys, time
-import jax, jax.numpy as jnp
+import jax, pydantic
+from tokamax._src import pydantic as pydantic_lib
 from tilewright.kernels.worker.tpu import tpu_compile as tc
 
 op_name, spec, config = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
 where, why = tc.target("v7x")
 if where is None:
     print(json.dumps({"error": why})); sys.exit(0)
-DTYPES = {"bf16": jnp.bfloat16, "f32": jnp.float32, "i32": jnp.int32}
-
-def array(text):
-    kind, dims = text.split("[")
-    dims = tuple(int(d) for d in dims.rstrip("]").split(",") if d)
-    return jnp.zeros(dims, DTYPES[kind])
-
-if op_name == "pallas_mosaic_tpu_flash_attention":
-    from tokamax._src.ops.attention import base, pallas_mosaic_tpu as pm
-    from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_kernel as sk
-    args = tuple(array(spec[n]) for n in ("q", "k", "v"))
-    layouts = {k: sk.QKVLayout(v) for k, v in config.items() if k.endswith("_layout")}
-    cfg = pm.Config(**{**config, **layouts})
-    kw = dict(logits_dtype=jnp.dtype(spec["logits_dtype"]), logits_scale=spec["logits_scale"],
-              is_causal=bool((spec.get("mask") or {}).get("is_causal")),
-              normalize_output=spec.get("normalize_output", True))
-    ops = (("xla", base.DotProductAttention()), ("pallas", pm.PallasMosaicTpuFlashAttention(config=cfg)))
-    call = lambda op: jax.jit(lambda q, k, v: op(q, k, v, **kw))
-else:
+if "attention" in op_name:
+    from tokamax._src.ops.attention import base, pallas_mosaic_tpu as fwd, pallas_mosaic_tpu_vjp as bwd
+    ops = {"pallas_mosaic_tpu_flash_attention": (base.DotProductAttention, fwd.PallasMosaicTpuFlashAttention),
+           "pallas_mosaic_tpu_flash_attention_vjp": (base.DotProductAttentionVjp, bwd.PallasMosaicTpuFlashAttentionVjp)}
+elif "cross_entropy" in op_name:
     from tokamax._src.ops.linear_softmax_cross_entropy_loss import base, pallas_mosaic_tpu as pm
-    args = (array(spec["x"]), array(spec["labels"]), array(spec["w"]))
-    ops = (("xla", base.LinearSoftmaxCrossEntropyLoss()),
-           ("pallas", pm.PallasMosaicTpuLinearSoftmaxCrossEntropyLoss(config=pm.Config(**config))))
-    call = lambda op: jax.jit(lambda x, l, w: op(x, l, w, reduction=spec.get("reduction", "sum")))
-
-for name, op in ops:
+    ops = {"pallas_mosaic_tpu_linear_softmax_cross_entropy_loss": (base.LinearSoftmaxCrossEntropyLoss, pm.PallasMosaicTpuLinearSoftmaxCrossEntropyLoss),
+           "pallas_mosaic_tpu_linear_softmax_cross_entropy_loss_vjp": (base.LinearSoftmaxCrossEntropyLossVjp, pm.PallasMosaicTpuLinearSoftmaxCrossEntropyLossVjp)}
+else:
+    from tokamax._src.ops.normalization import base
+    ops = {"normalization": (base.Normalization, None), "normalization_vjp": (base.NormalizationVjp, None)}
+xla_cls, pallas_cls = ops[op_name]
+programs = [("xla", xla_cls())]
+if pallas_cls is not None:
+    cfg = pydantic.TypeAdapter(pallas_cls.config_cls).validate_python(config)
+    programs.append(("pallas", pallas_cls(config=cfg)))
+for name, op in programs:
     started = time.perf_counter()
     try:
-        out = tc.compile_lowered(tc.lower(call(op), args, (), where), where)
+        model = pydantic_lib.get_arg_spec_model(f"{type(op).__name__}Spec", op._fwd_signature)
+        leaves, tree = jax.tree.flatten(dict(pydantic.TypeAdapter(model).validate_python(spec)))
+        arrays = tuple(x for x in leaves if isinstance(x, jax.ShapeDtypeStruct))
+        def call(*given, op=op):
+            it = iter(given)
+            return op(**jax.tree.unflatten(tree, [next(it) if isinstance(x, jax.ShapeDtypeStruct)
+                                                  else x for x in leaves]))
+        out = tc.compile_lowered(tc.lower(jax.jit(call), arrays, (), where), where)
     except Exception as exc:
         out = {"compile": "error", "message": f"{type(exc).__name__}: {exc}", "estimate": None}
     print(json.dumps({"program": name, "compile": out["compile"],
@@ -120,7 +128,8 @@ def run_pair(pair: Any, timeout: float) -> dict[str, Any]:
         tpu_compile.prepare_environment(env, dump)
         try:
             got = subprocess.run([sys.executable, "-c", PROBE, pair.op, json.dumps(pair.spec),
-                                  json.dumps(pair.pallas.config)], capture_output=True,
+                                  json.dumps(_pallas(pair).config if _pallas(pair) else {})],
+                                 capture_output=True,
                                  text=True, env=env, timeout=timeout, cwd=ROOT)
             stdout, stderr, rc = got.stdout, got.stderr, got.returncode
         except subprocess.TimeoutExpired as exc:
@@ -133,7 +142,7 @@ def run_pair(pair: Any, timeout: float) -> dict[str, Any]:
             if "error" in record:
                 return {"error": record["error"]}
             found[record["program"]] = record
-    for name in ("xla", "pallas"):
+    for name in ("xla", "pallas") if _pallas(pair) else ("xla",):
         if name not in found:
             why = (f"killed by signal {-rc} (9: out of memory)" if rc is not None and rc < 0
                    and not stderr.strip() else _abort_line(stderr) if rc not in (0, None)
@@ -143,12 +152,20 @@ def run_pair(pair: Any, timeout: float) -> dict[str, Any]:
     return found
 
 
+def _pallas(pair: Any) -> Any:
+    """The Pallas kernel's timing of a pair (None: an XLA op timed alone)."""
+    return getattr(pair, "pallas", None)
+
+
 def row_of(pair: Any, found: dict[str, Any]) -> dict[str, Any]:
     xla, pallas = found.get("xla") or {}, found.get("pallas") or {}
+    kernel = _pallas(pair)
     row: dict[str, Any] = {
-        "op": pair.op, "what": pair.what, "spec": pair.spec, "config": pair.pallas.config,
-        "measured_xla_ms": pair.xla.median_ms, "measured_pallas_ms": pair.pallas.median_ms,
-        "measured_speedup": pair.measured_speedup,
+        "op": pair.op, "what": pair.what, "spec": pair.spec,
+        "config": kernel.config if kernel else None,
+        "measured_xla_ms": pair.xla.median_ms,
+        "measured_pallas_ms": kernel.median_ms if kernel else None,
+        "measured_speedup": pair.measured_speedup if kernel else None,
         "xla_cycles": xla.get("cycles"), "pallas_cycles": pallas.get("cycles"),
         "xla_note": xla.get("message") if not xla.get("cycles") else None,
         "pallas_note": pallas.get("message") if not pallas.get("cycles") else None,
@@ -158,7 +175,7 @@ def row_of(pair: Any, found: dict[str, Any]) -> dict[str, Any]:
     if row["xla_cycles"]:
         row["xla_implied_ghz"] = row["xla_cycles"] / (pair.xla.median_ms / 1e3) / 1e9
     if row["pallas_cycles"]:
-        row["pallas_implied_ghz"] = row["pallas_cycles"] / (pair.pallas.median_ms / 1e3) / 1e9
+        row["pallas_implied_ghz"] = row["pallas_cycles"] / (kernel.median_ms / 1e3) / 1e9
     if row["xla_cycles"] and row["pallas_cycles"]:
         row["estimated_speedup"] = row["xla_cycles"] / row["pallas_cycles"]
         row["ratio"] = row["estimated_speedup"] / row["measured_speedup"]
@@ -173,7 +190,9 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         clocks = [r[k] for r in mine for k in ("xla_implied_ghz", "pallas_implied_ghz")
                   if r.get(k)]
         out[what] = {
-            "pairs": len(mine), "both_estimated": len(ratios),
+            "pairs": sum(1 for r in mine if r.get("measured_pallas_ms")),
+            "xla_only": sum(1 for r in mine if not r.get("measured_pallas_ms")),
+            "both_estimated": len(ratios),
             "median_ratio": statistics.median(ratios) if ratios else None,
             "within_2x": (sum(1 for x in ratios if 0.5 <= x <= 2.0) / len(ratios)
                           if ratios else None),
@@ -199,7 +218,7 @@ def speedup_record(rows: list[dict[str, Any]], listed: dict[str, int],
         "source": ("tokamax 0.0.12's autotuner times on TPU7x (its wheel's "
                    "data/autotuning, median of the fastest config); estimated here in cycles "
                    f"by libtpu {libtpu or 'unknown'} (benchmarks/tokamax_v7x.py)"),
-        "pairs": len(rows), "estimated": len(both),
+        "pairs": sum(1 for r in rows if r.get("measured_pallas_ms")), "estimated": len(both),
         "median_ratio": round(statistics.median(ratios), 4) if ratios else None,
         "within_2x": (round(sum(0.5 <= r <= 2 for r in ratios) / len(ratios), 3)
                       if ratios else None),
@@ -221,6 +240,8 @@ def write_record(record: dict[str, Any]) -> Path:
 
 
 def _spec_text(spec: dict[str, Any]) -> str:
+    if "scale" in spec:  # normalization
+        return f"x {spec.get('x')} axis {spec.get('axis')}"
     if "q" in spec:
         causal = " causal" if (spec.get("mask") or {}).get("is_causal") else ""
         return f"q {spec['q']} k {spec['k']}{causal}"
@@ -235,9 +256,13 @@ def report(rows: list[dict[str, Any]], listed: dict[str, int]) -> None:
         ratio = f"{r['ratio']:.2f}" if r.get("ratio") else "-"
         notes = "; ".join(f"{k.split('_')[0]}: {r[k]}" for k in ("xla_note", "pallas_note")
                           if r.get(k))
-        print(f"  {r['what']:<11} {_spec_text(r['spec']):<48} measured "
-              f"{r['measured_xla_ms']:.3f}/{r['measured_pallas_ms']:.3f} ms = "
-              f"{r['measured_speedup']:.2f}x  est. {est}  ratio {ratio}"
+        if r.get("measured_pallas_ms"):
+            measured = (f"{r['measured_xla_ms']:.3f}/{r['measured_pallas_ms']:.3f} ms = "
+                        f"{r['measured_speedup']:.2f}x  est. {est}  ratio {ratio}")
+        else:  # an XLA op alone: its implied clock is all there is to compare
+            ghz = f"{r['xla_implied_ghz']:.2f} GHz" if r.get("xla_implied_ghz") else "-"
+            measured = f"{r['measured_xla_ms']:.3f} ms (XLA alone)  implied clock {ghz}"
+        print(f"  {r['what']:<11} {_spec_text(r['spec']):<48} measured {measured}"
               + (f"  ({notes})" if notes else ""))
     for what, s in summary(rows).items():
         med = f"{s['median_ratio']:.2f}" if s["median_ratio"] else "-"
@@ -245,11 +270,12 @@ def report(rows: list[dict[str, Any]], listed: dict[str, int]) -> None:
         right = f"{s['direction_right']:.0%}" if s["direction_right"] is not None else "-"
         ghz = ("{:.2f} / {:.2f} / {:.2f} GHz".format(*s["implied_ghz"])
                if s["implied_ghz"] else "-")
-        print(f"{what}: {s['pairs']} pairs run, {s['both_estimated']} estimated both ways; "
+        alone = f", {s['xla_only']} XLA programs alone" if s["xla_only"] else ""
+        print(f"{what}: {s['pairs']} pairs run{alone}, {s['both_estimated']} estimated both ways; "
               f"median est/measured speedup {med}, within 2x {share}, direction right "
               f"{right}; implied clock min/median/max {ghz}")
     for op, count in sorted(listed.items()):
-        print(f"{op}: {count} measured pairs on v7x not compiled here")
+        print(f"{op}: {count} measured specs on v7x not compiled here")
 
 
 def _choose(pairs: list[Any], count: int) -> list[Any]:
@@ -278,7 +304,9 @@ def _choose(pairs: list[Any], count: int) -> list[Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--per-op", type=int, default=3, help="pairs per forward op")
+    parser.add_argument("--per-op", type=int, default=3, help="specs per op")
+    parser.add_argument("--ops", nargs="+", choices=COMPILED, default=list(COMPILED),
+                        help="compile these ops only (default: all)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per pair")
     parser.add_argument("--tokamax", type=Path, help="tokamax package folder (default: installed)")
     parser.add_argument("--json", type=Path, help="write the rows here")
@@ -316,10 +344,12 @@ def main(argv: list[str] | None = None) -> int:
         print("tokamax is not installed (pip install tokamax==0.0.12) and no --tokamax DIR")
         return 2
     found, problems = tokamax_data.pairs(root)
-    for problem in problems:
+    alone, more = tokamax_data.singles(root)
+    found = [*found, *alone]
+    for problem in [*problems, *more]:
         print(f"tokamax: {problem}")
     rows, listed, ran = [], {}, set()
-    for op in FORWARD:
+    for op in args.ops:
         chosen = _choose([p for p in found if p.chip == "v7x" and p.op == op], args.per_op)
         for pair in chosen:
             ran.add(id(pair))

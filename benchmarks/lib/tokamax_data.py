@@ -39,6 +39,9 @@ OPS = {
     "pallas_mosaic_tpu_linear_softmax_cross_entropy_loss_vjp": (
         "linear_softmax_cross_entropy_loss_vjp", "fused loss backward"),
 }
+# XLA ops tokamax times on a TPU with no Pallas TPU kernel beside them: a program's
+# estimate can only be held against its own measured time (its implied clock).
+XLA_ONLY = {"normalization": "normalization", "normalization_vjp": "normalization backward"}
 _ARRAY = re.compile(r"^([a-z]+\d*)\[([\d,]*)\]$")
 
 
@@ -150,6 +153,39 @@ def pairs(root: Path) -> tuple[list[Pair], list[str]]:
                     "xla_file": f"{folder.name}/{xla_path.name}", "spec": key,
                     "config": json.dumps(pallas[key].config, sort_keys=True)}))
     found.sort(key=lambda p: (p.chip, p.op, _size(p.spec)))  # small programs first
+    return found, problems
+
+
+@dataclass(frozen=True)
+class Single:
+    """A spec tokamax timed for an XLA op alone (``XLA_ONLY``) on one chip."""
+
+    chip: str
+    op: str  # the XLA op's file stem
+    what: str
+    spec: dict[str, Any]
+    xla: Timed
+    provenance: dict[str, str] = field(default_factory=dict)
+
+
+def singles(root: Path) -> tuple[list[Single], list[str]]:
+    """Every spec timed for an ``XLA_ONLY`` op, per chip; and the files not readable."""
+    base = root / "data" / "autotuning"
+    wheel = f"tokamax {version(root)}"
+    found, problems = [], []
+    for folder in sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else ():
+        chip = CHIP_DIRS.get(folder.name)
+        for op, what in XLA_ONLY.items() if chip is not None else ():
+            path = folder / f"{op}.json"
+            if not path.exists():
+                continue
+            timed, why = read(path)
+            if why:
+                problems.append(f"{folder.name}/{why}")
+            found.extend(Single(chip, op, what, json.loads(key), value, {
+                "wheel": wheel, "xla_file": f"{folder.name}/{path.name}", "spec": key})
+                for key, value in sorted(timed.items()))
+    found.sort(key=lambda s: (s.chip, s.op, _size(s.spec)))
     return found, problems
 
 
