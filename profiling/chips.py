@@ -111,7 +111,7 @@ CHIPS: dict[str, Chip] = {
     # 256x256) would give 3.5 GHz; 1.75 GHz is what 918 TFLOP/s means with four such
     # MXUs, and the clock at which the TPU compiler's cycle counts for plain GEMMs match
     # the device times upstream JAXBench recorded on v6e-1 (0.99-1.00 of measured;
-    # benchmarks/estimate_fidelity.py).
+    # benchmarks/estimates/estimate_fidelity.py).
     "v6e": Chip("v6e", "TPU v6e", "tpu", 918e12, 918e12 / 3, 1640e9, 32 * GiB,
                 128 * MiB, 32 * MiB, 1, False, f32_estimated=True, clock_hz=1.75e9,
                 int8_flops=1836e12),

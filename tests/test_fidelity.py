@@ -156,7 +156,7 @@ def test_calibrate_refuses_off_tpu(tmp_path) -> None:
 def test_a_v7x_estimate_shows_the_measured_v7x_speedups_beside_it() -> None:
     """v7x has no published clock, so its estimates are cycles and speedups, and no
     estimated seconds can be held against measured ones. What was measured there
-    (tokamax's TPU7x times, ``benchmarks/tokamax_v7x.py --write``) goes beside every v7x
+    (tokamax's TPU7x times, ``benchmarks/estimates/tokamax_v7x.py --write``) goes beside every v7x
     figure: the estimated speedups against the measured ones."""
     from tilewright.agents.prompts.evalfacts import fidelity_text
     from tilewright.kernels.judge.rank import Rank

@@ -163,7 +163,7 @@ def test_a_result_toast_on_a_narrow_screen_is_one_short_line() -> None:
 
 
 def test_the_best_kept_while_folding_is_the_one_rule_over_every_version(tmp_path: Path) -> None:
-    """Folding keeps "best" incrementally (benchmarks/session_scale.py on a 2-core host:
+    """Folding keeps "best" incrementally (benchmarks/host_speed/session_scale.py on a 2-core host:
     10,000 events fold in 0.27 s, 1.8 s with a full pass per result); after every event
     it is what ``best_of`` says over all crownable versions: ties to the earliest (a version re-measured equal to the best
     takes it back if it came first), a best re-measured lower gives way."""

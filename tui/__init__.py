@@ -11,7 +11,7 @@ import os as _os
 # Textual draws at most MAX_FPS frames a second, and a change waits for the next frame
 # slot: at its default 60 a keypress that lands just after a frame waits up to 17 ms
 # before anything is drawn. 120 halves that wait at no measurable cost while an agent
-# streams (benchmarks/tui_latency.py; the app draws ~24 frames/s either way). Textual
+# streams (benchmarks/host_speed/tui_latency.py; the app draws ~24 frames/s either way). Textual
 # reads TEXTUAL_FPS when it is first imported, which is after this package in every
 # entry point; a value the user set wins.
 _os.environ.setdefault("TEXTUAL_FPS", "120")

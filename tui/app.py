@@ -170,7 +170,7 @@ class TilewrightApp(App):
         screen.attach(link)
         # Everything built so far lives as long as the app: move it out of the garbage
         # collector's sight, so later collections stay short (they were the long tail
-        # of keypress latency: 150-250 ms pauses, see benchmarks/tui_latency.py).
+        # of keypress latency: 150-250 ms pauses, see benchmarks/host_speed/tui_latency.py).
         gc.collect()
         gc.freeze()
         # Full collections still paused the app for 10-60 ms every couple of seconds

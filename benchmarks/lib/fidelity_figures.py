@@ -1,4 +1,4 @@
-"""The figures of ``benchmarks/estimate_fidelity.py`` from its rows: estimate over
+"""The figures of ``benchmarks/estimates/estimate_fidelity.py`` from its rows: estimate over
 measured per chip and class (median, middle half, shares within 1.5x and 2x, Spearman),
 with and without the memory floor; whether each Pallas variant's estimated speedup
 points the measured way; the fitted HBM efficiency. Pure functions of the rows."""

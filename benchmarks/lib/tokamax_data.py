@@ -5,7 +5,7 @@ what its autotuner measured on real TPUs: per input spec (the JSON key: shapes, 
 group sizes, ...) and per config (tile sizes, buffering), ``evaluation_times_ms``. For an
 op with a Pallas implementation and an XLA one (``pallas_mosaic_tpu_ragged_dot`` and
 ``ragged_dot``), the specs timed for both are a measured speedup of a shipped Pallas
-kernel over XLA on that chip: what ``benchmarks/estimate_fidelity.py --tokamax`` checks
+kernel over XLA on that chip: what ``benchmarks/estimates/estimate_fidelity.py --tokamax`` checks
 the TPU compiler's estimates against.
 
 ``pairs(root)`` reads them: each ``Pair`` carries its provenance (wheel version, files,

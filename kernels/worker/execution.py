@@ -48,7 +48,7 @@ def task_runtime(spec: dict[str, Any]) -> Any:
 # a fresh worker compiles a task's inputs and reference once per machine, not once per
 # process. A fresh worker's first evaluation of gelu at its three check shapes costs
 # the judge 0.56 s of CPU with the programs on disk, 1.59 s without (softmax: 0.56 and
-# 1.75 s; `python benchmarks/eval_overhead.py`, 2-core CPU host). Every program is
+# 1.75 s; `python benchmarks/host_speed/eval_overhead.py`, 2-core CPU host). Every program is
 # kept: loading even a tiny one costs less than compiling it, and a worker whose
 # warm-up program is loaded starts no LLVM (140 MB resident when idle instead of 190).
 XLA_CACHE_MIN_COMPILE_S = 0.0

@@ -59,7 +59,7 @@ PRELOAD = ("jax", "jax.numpy", "jax.experimental.pallas", "jax.experimental.pall
 # interpret rule imports both interpreters lazily): the zygote itself imports them, not
 # the worker it may be forked from, which interprets no kernel. About 0.2 s of CPU once
 # per zygote instead of once per candidate process (a fork to ready: 0.60 -> 0.39 s of
-# CPU on a 2-core host, benchmarks/process_start.py). Private paths that move between JAX
+# CPU on a 2-core host, benchmarks/host_speed/process_start.py). Private paths that move between JAX
 # versions: one that is gone or fails to import costs only that time.
 CHILD_PRELOAD = ("jax._src.pallas.mosaic.interpret.interpret_pallas_call",
                  "jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call",

@@ -94,7 +94,7 @@ class PaneGrid(Vertical):
         # as one row: the style properties would repaint the pane and every
         # descendant (they are shared with ``color``, which children inherit), and a
         # whole-border change would repaint the pane's every row: a frame of
-        # ~20 ms per F6 on 2 cores instead of ~10 (benchmarks/tui_latency.py).
+        # ~20 ms per F6 on 2 cores instead of ~10 (benchmarks/host_speed/tui_latency.py).
         inline = pane.styles.inline
         if lit:
             colours = self.app.theme_variables

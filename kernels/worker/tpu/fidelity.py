@@ -1,7 +1,7 @@
 """How far the estimate can be trusted: the program's class and the measured record.
 
 The TPU compiler's static estimate has been compared with public device-time
-measurements (``benchmarks/estimate_fidelity.py``: upstream JAXBench's v6e-1 times, the
+measurements (``benchmarks/estimates/estimate_fidelity.py``: upstream JAXBench's v6e-1 times, the
 Pallas TPU matmul guide's v5e times, and the user's own ``tilewright calibrate`` pairs).
 How good it is depends on the kind of program: compute-bound matmuls land within a few
 percent, memory-bound and manually-DMAing programs come out several times too fast
@@ -12,7 +12,7 @@ within 2x, how many rows, the source), read from ``kernels/data/fidelity.json`` 
 benchmark's last run, shipped with the package) plus the user's calibration file.
 On v7x, which has no published clock and so no estimated seconds to compare, it also
 carries ``speedups``: the estimated speedups against tokamax's measured ones
-(``benchmarks/tokamax_v7x.py --write``).
+(``benchmarks/estimates/tokamax_v7x.py --write``).
 
 Classes (``program_class``): ``collective`` (all-reduce and kin), ``grouped_matmul``
 (the reference is a ragged dot: an MoE layer's matmul, measured against tokamax's TPU

@@ -1,6 +1,6 @@
 """The off-TPU estimate against device times measured on a TPU v5e.
 
-Reads the rows ``benchmarks/measure_on_chip.py`` wrote on a v5e (shipped:
+Reads the rows ``benchmarks/on_chip/measure_on_chip.py`` wrote on a v5e (shipped:
 ``benchmarks/data/v5e_measured_2026-12-06.jsonl``), rebuilds each program here (the
 bundled task's kernel at the row's tunables, or the JAXBench task's file at the row's
 dtype), and estimates it as every evaluation off a TPU does (a worker's ``estimate``
@@ -10,7 +10,7 @@ estimated time of the kernel and of the reference, their ratios, and the speedup
 measured and estimated (its side of 1.0); per task, Spearman's rank correlation of
 estimated against measured kernel times over the task's measured tunings.
 
-    python benchmarks/v5e_fidelity.py [--rows FILE] [--jaxbench DIR] [--only softmax]
+    python benchmarks/estimates/v5e_fidelity.py [--rows FILE] [--jaxbench DIR] [--only softmax]
         [--json OUT]
 
 ``--smoke``: the first measured softmax row, estimated with its production shape shrunk
@@ -36,11 +36,11 @@ from tilewright.kernels.pool.workers import WorkerPool
 from tilewright.kernels.source import tunables
 from tilewright.kernels.tasks.loaders import bundled_names, load_task
 
-ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT / "lib"))  # helpers, not benchmarks
+BENCHMARKS = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(BENCHMARKS / "lib"))  # helpers, not benchmarks
 from rank_stats import spearman  # noqa: E402
 
-ROWS = ROOT / "data" / "v5e_measured_2026-12-06.jsonl"
+ROWS = BENCHMARKS / "data" / "v5e_measured_2026-12-06.jsonl"
 
 
 def program(row: dict[str, Any], jaxbench: Path | None,

@@ -12,7 +12,7 @@
    from spawn to the first output that contains the Source pane's title. Five runs.
 
 Targets (issue 6): p95 latency under 50 ms; first paint under 1 s.
-Run: ``JAX_PLATFORMS=cpu python benchmarks/tui_latency.py [--smoke]``. ``--smoke``: three
+Run: ``JAX_PLATFORMS=cpu python benchmarks/host_speed/tui_latency.py [--smoke]``. ``--smoke``: three
 presses per phase, a short stream, no evaluation load (the controller's worker pool is
 never started: nothing is evaluated), one first paint: that it runs.
 """
@@ -32,10 +32,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from tilewright.agents.base import (  # noqa: E402
+from tilewright.agents.base import (
     AgentEvent,
     AgentRequest,
     Proposal,

@@ -1,7 +1,7 @@
 """Where a judge's host time goes on a chip: the primitives an evaluation repeats at
 TPU sizes, each timed alone on the default device.
 
-    python benchmarks/chip_host_costs.py [--mib 256] [--task matmul_bias_gelu] [--smoke]
+    python benchmarks/on_chip/chip_host_costs.py [--mib 256] [--task matmul_bias_gelu] [--smoke]
 
 Prints one JSON line: device-to-host and host-to-device copies of an f32 array of
 ``--mib`` MiB (the judge takes every reference and every candidate output to the host),

@@ -10,7 +10,7 @@ messages, mode changes and markers. Then measures, in a fresh process state:
 - and, for context, the append rate with fsync.
 
 Targets (issue #3): load + fold under 1 s and under 100 MB. Run:
-``python benchmarks/session_scale.py [--events N] [--dir DIR] [--smoke]`` (``--smoke``:
+``python benchmarks/host_speed/session_scale.py [--events N] [--dir DIR] [--smoke]`` (``--smoke``:
 200 events, that it runs).
 """
 
@@ -21,13 +21,10 @@ import gc
 import hashlib
 import json
 import random
-import sys
 import tempfile
 import time
 import tracemalloc
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tilewright.kernels.judge.rank import ranking
 from tilewright.sessions.log import SessionLog, load

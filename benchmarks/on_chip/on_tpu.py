@@ -11,7 +11,7 @@ Printed per program: the XLA reference and the kernel as measured and as estimat
 estimate over the measurement for each, and the speedup both ways, with the chip, the
 shape and the date.
 
-    python benchmarks/on_tpu.py [DIR[:KERNEL] ...] [--only gelu softmax] [--json OUT]
+    python benchmarks/on_chip/on_tpu.py [DIR[:KERNEL] ...] [--only gelu softmax] [--json OUT]
 
 Off a TPU it still runs (``--allow-cpu``): the estimates only, each measured column
 saying why it is empty; without ``--allow-cpu`` it says it needs a TPU host and exits 2.

@@ -3,7 +3,7 @@
 Point it at your own checkout of the public accelerator-agents repository (nothing of
 it is vendored here):
 
-    python benchmarks/jaxbench_offline.py --jaxbench ~/accelerator-agents/JAXBench/benchmark \
+    python benchmarks/search_quality/jaxbench_offline.py --jaxbench ~/accelerator-agents/JAXBench/benchmark \
         [--maxkernel ~/accelerator-agents/MaxKernel/evaluation/jaxbench_adapted_dataset] \
         [--budget 6] [--only NAME ...] [--set KEY=VALUE ...]
 
@@ -41,8 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 
 # Sizes that make TPU-sized workloads run in TPU interpret mode on a CPU in seconds. A
 # key a task lacks is skipped for that task; sizes two keys share are set together.

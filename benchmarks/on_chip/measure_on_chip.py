@@ -1,5 +1,5 @@
 """Device times of a set of programs on this host's chip: the measured side of the
-estimate's fidelity (``benchmarks/estimate_fidelity.py`` reads the rows).
+estimate's fidelity (``benchmarks/estimates/estimate_fidelity.py`` reads the rows).
 
 Each program is the XLA reference of a task and one kernel for it, at the task's
 production shape: the bundled tasks' starting kernels across their tunables
@@ -16,7 +16,7 @@ reference under the profiler, each call's duration from the trace's device plane
 process holds the chip and runs the kernels' Python itself: a benchmark of programs
 we chose, not the judge (which never runs candidate Python on the chip).
 
-    python benchmarks/measure_on_chip.py bundled:gelu bundled:softmax DIR ... \
+    python benchmarks/on_chip/measure_on_chip.py bundled:gelu bundled:softmax DIR ... \
         --out rows.jsonl [--points 12] [--budget 2]
 
 ``--smoke``: a kernel that aborts its process (a ``crashed`` row), then the starting gelu
@@ -306,7 +306,7 @@ def _aborting_task() -> str:
 
     here = Path(tempfile.gettempdir()) / "measure-on-chip-smoke-abort"
     if not (here / "abort.py").is_file():
-        shutil.copytree(Path(__file__).resolve().parent.parent / "kernels" / "bundled" / "gelu",
+        shutil.copytree(Path(__file__).resolve().parents[2] / "kernels" / "bundled" / "gelu",
                         here, dirs_exist_ok=True)
         (here / "abort.py").write_text("import os\n\n\ndef kernel(x):\n    os.abort()\n")
     return str(here)

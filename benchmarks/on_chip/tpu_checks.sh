@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On a TPU host: the checks that need the chip, in one go, each bounded and logged.
-#   bash benchmarks/tpu_checks.sh OUTDIR [JAXBENCH_BENCHMARK_DIR] [CROWNED_DIR]
+#   bash benchmarks/on_chip/tpu_checks.sh OUTDIR [JAXBENCH_BENCHMARK_DIR] [CROWNED_DIR]
 # Run from the project's root with tilewright importable (a TPU VM: the project's wheel
 # and its dependencies installed; jax and libtpu from the image). One program at a time
 # holds the chip, so the steps run one after another (STEPS="..." picks some, in order):
@@ -9,7 +9,7 @@
 #   auto     `tilewright auto` with the offline agent on the bundled causal_attention and
 #            matmul_bias_gelu (AUTO_TASKS; AUTO_BUDGET versions each, default 6): what the
 #            tool finds on the chip, ranked by device time
-#   measure  benchmarks/measure_on_chip.py: the bundled tasks' tunings (MEASURE_TASKS,
+#   measure  benchmarks/on_chip/measure_on_chip.py: the bundled tasks' tunings (MEASURE_TASKS,
 #            default softmax rmsnorm), and the JAXBench baselines named below when a
 #            JAXBench checkout is given
 #   crowned  the same for every CROWNED_DIR/<task>/crowned.py (kernels a search crowned
@@ -55,7 +55,7 @@ for s in $steps; do
           programs+=("$jb/$name")
         done
       fi
-      step "${MEASURE_TIMEOUT:-400}" measure python benchmarks/measure_on_chip.py "${programs[@]}" --points 6 \
+      step "${MEASURE_TIMEOUT:-400}" measure python benchmarks/on_chip/measure_on_chip.py "${programs[@]}" --points 6 \
         --budget 1 --out "$out/measured.jsonl" ;;
     crowned)
       [ -n "$crowned" ] || { echo "=== crowned: no CROWNED_DIR given"; continue; }
@@ -63,7 +63,7 @@ for s in $steps; do
       for name in ${CROWNED_ONLY:-$(ls "$crowned")}; do  # CROWNED_ONLY: these, in order
         [ -f "$crowned/$name/crowned.py" ] && programs+=("$crowned/$name:crowned.py")
       done
-      step "${CROWNED_TIMEOUT:-450}" crowned python benchmarks/measure_on_chip.py "${programs[@]}" \
+      step "${CROWNED_TIMEOUT:-450}" crowned python benchmarks/on_chip/measure_on_chip.py "${programs[@]}" \
         --budget 1 --out "$out/crowned.jsonl" ;;
     *) echo "=== unknown step $s" ;;
   esac

@@ -6,7 +6,7 @@ the harness in a worker process (``WorkerPool``; on a CPU host that is TPU inter
 mode, one small shape, one trial, wall-clock timing), ``--passes`` times (default 2, a
 whole grid per pass, so a burst of load from other processes hits different points;
 the fastest measurement counts). The measurements are cached in a
-JSON file (``benchmarks/autotune_grid.json`` by default) keyed by task, starting-kernel
+JSON file (``benchmarks/data/autotune_grid.json`` by default) keyed by task, starting-kernel
 hash and configuration, so later runs, and the tuner's replay, use the same measured
 numbers; ``--remeasure`` measures again, and a changed kernel is measured afresh.
 
@@ -25,7 +25,7 @@ its limit, and the request carries that diagnosis, so the offline agent makes it
 diagnosed move (e.g. every block to its largest legal size for per-step overhead).
 Same grid, same cost; reported side by side (``--no-diagnosis`` skips it).
 
-    python benchmarks/autotune_efficiency.py [--tasks gelu,softmax] [--remeasure] [--smoke]
+    python benchmarks/search_quality/autotune_efficiency.py [--tasks gelu,softmax] [--remeasure] [--smoke]
 
 ``--smoke``: gelu only, replayed from a copy of the shipped grid (nothing measured; a
 diagnosis the grid lacks is still profiled in a worker), that it runs.
@@ -55,7 +55,7 @@ from tilewright.agents.offline import decide, tuner
 from tilewright.kernels.source import tunables
 from tilewright.kernels.tasks.loaders import load_task
 
-DEFAULT_CACHE = Path(__file__).with_name("autotune_grid.json")
+DEFAULT_CACHE = Path(__file__).resolve().parents[1] / "data" / "autotune_grid.json"
 TASKS = ("gelu", "softmax", "rmsnorm", "matmul_bias_gelu", "causal_attention")
 WITHIN = 0.05
 # Which shape parameter each bundled kernel clamps a tunable to (`min(BLOCK, dim)`): used

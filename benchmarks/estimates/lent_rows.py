@@ -11,7 +11,7 @@ workload and variant) is left as it is. The XLA references are not taken from th
 search (its record may predate how the judge prices them now):
 ``lent_references.py`` estimates them again.
 
-    python benchmarks/lent_rows.py MEASURED.jsonl OFFLINE.json --kernels DIR [--write]
+    python benchmarks/estimates/lent_rows.py MEASURED.jsonl OFFLINE.json --kernels DIR [--write]
 
 ``--kernels``: the task directories the measured kernels were read from, for each
 kernel's block sizes (its ``BLOCK_M/N/K``), which name the variant. ``--smoke``: the
@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 ROWS = ROOT / "benchmarks" / "data" / "estimate_fidelity_rows.json"
 CHIPS = {"TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v6 lite": "v6e", "TPU v6e": "v6e"}
 

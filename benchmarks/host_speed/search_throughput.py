@@ -14,7 +14,7 @@ Start-up (JAX import in the workers, Ray's own start) is reported apart from the
 batch. On a CPU host the kernels run in TPU interpret mode: the figures describe the
 evaluation pipeline on this machine, not TPU performance.
 
-    JAX_PLATFORMS=cpu python benchmarks/search_throughput.py [--task gelu] [--evals 8] [--smoke]
+    JAX_PLATFORMS=cpu python benchmarks/host_speed/search_throughput.py [--task gelu] [--evals 8] [--smoke]
 
 ``--smoke``: an 8x128 gelu, one evaluation on one local worker, no TPU compile, no Ray:
 that it runs.

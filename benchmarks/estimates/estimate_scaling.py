@@ -9,7 +9,7 @@ smaller values of a batch-like size (``kernels.worker.tpu.shrink``). This benchm
 both ways on cases where the full estimate is still affordable here and prints, per
 case, the full and the derived cycles, their ratio, and the wall time of each.
 
-    python benchmarks/estimate_scaling.py [--chip v5e] [--only NAME ...] [--smoke]
+    python benchmarks/estimates/estimate_scaling.py [--chip v5e] [--only NAME ...] [--smoke]
 
 It uses the harness's own compile processes (memory- and time-bounded) and a fresh
 on-disk cache, so every figure is a real compile. Run it on an idle machine: the
@@ -27,11 +27,9 @@ import shutil
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 # The bundled matmul_bias_gelu kernel (a tiled matmul, bias + GELU fused) with 512 blocks.
 TILED_MATMUL = {"BLOCK_M": 512, "BLOCK_N": 512, "BLOCK_K": 512}

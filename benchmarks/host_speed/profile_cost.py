@@ -15,7 +15,7 @@ Printed per task: both wall times (median of --reps), their ratio, and the profi
 run's phases. On a CPU host the kernels run in TPU interpret mode: the absolute
 times are a simulator's, the ratio is what the profiling machinery adds.
 
-    python benchmarks/profile_cost.py [--tasks gelu softmax] [--reps 3] [--iters 3] [--smoke]
+    python benchmarks/host_speed/profile_cost.py [--tasks gelu softmax] [--reps 3] [--iters 3] [--smoke]
 
 ``--smoke``: gelu, one repetition of one iteration: that it runs.
 """
@@ -28,11 +28,9 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,7 +24,7 @@ Tasks (each skipped when it cannot be had):
   checks it once and times it (MaxKernel's local harness), in the same run; and a cold
   ``tilewright eval`` (every process started afresh) against the same script.
 
-    python benchmarks/production_speed.py [--jaxbench DIR] [--tasks guide 41k small]
+    python benchmarks/host_speed/production_speed.py [--jaxbench DIR] [--tasks guide 41k small]
                                           [--reps 4] [--chip v5e] [--smoke]
 
 ``--smoke``: the small task only, one repetition, no TPU compile (that it runs).
@@ -45,8 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 
 from tilewright.kernels.pool.workers import EvalOptions, WorkerPool  # noqa: E402
 from tilewright.kernels.source.printable import one_line  # noqa: E402

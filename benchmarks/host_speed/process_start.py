@@ -10,7 +10,7 @@ warm-up done: a kernel on a TPU, a jitted program off it) and the median CPU tim
 process tree spent to get there, then the ratio; and the zygote's own start (its
 one-time import), which forks repay after a few children.
 
-    python benchmarks/process_start.py [--reps 5] [--smoke]
+    python benchmarks/host_speed/process_start.py [--reps 5] [--smoke]
 
 ``--smoke``: one process each way.
 """
@@ -25,14 +25,10 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from tilewright.kernels.confinement import descendants  # noqa: E402
-from tilewright.kernels.pool import forks  # noqa: E402
-from tilewright.kernels.worker.candidate import judge  # noqa: E402
+from tilewright.kernels.confinement import descendants
+from tilewright.kernels.pool import forks
+from tilewright.kernels.worker.candidate import judge
 
 TICK = os.sysconf("SC_CLK_TCK")
 

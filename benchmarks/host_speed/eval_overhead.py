@@ -19,7 +19,7 @@ harness's own work in the worker (inputs, reference outputs, comparisons, timing
 XLA reference, integrity checks) and transport (socket, JSON, scheduling, stderr
 capture) = wall time minus the worker's handler time.
 
-    python benchmarks/eval_overhead.py [--tasks gelu softmax] [--set rows=64 --set cols=256]
+    python benchmarks/host_speed/eval_overhead.py [--tasks gelu softmax] [--set rows=64 --set cols=256]
                                        [--reps 3] [--iters 10] [--smoke]
 
 Then, for each task at its own check shapes, a fresh worker's first evaluation with the
@@ -55,8 +55,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 
 from tilewright.kernels.judge.result import EvalResult  # noqa: E402
 from tilewright.kernels.pool.env import worker_environment  # noqa: E402

@@ -9,7 +9,7 @@ their ratio, and the median cost of the after-request descendant scan (measured 
 this process over /proc, the same code the worker runs). Also the start-up time of a
 worker in each mode.
 
-    python benchmarks/confinement_overhead.py [--task gelu] [--set rows=64 --set cols=256]
+    python benchmarks/host_speed/confinement_overhead.py [--task gelu] [--set rows=64 --set cols=256]
                                               [--reps 15] [--timing] [--smoke]
 
 ``--smoke``: an 8x128 gelu, one repetition, no TPU compile: that it runs.
@@ -23,11 +23,8 @@ import argparse
 import asyncio
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from tilewright.kernels.confinement import descendants

@@ -36,7 +36,7 @@ additionally fits the share of that bandwidth memory-bound programs achieve on h
 the memory-bound rows and reports the other half with it. ``--write`` stores the
 per-class figures in ``kernels/data/fidelity.json`` (what ``tpu.fidelity`` reports).
 
-    python benchmarks/estimate_fidelity.py --jaxbench ~/JAXBench [--only 12p 8p] \\
+    python benchmarks/estimates/estimate_fidelity.py --jaxbench ~/JAXBench [--only 12p 8p] \\
         [--skip-guide] [--fit-efficiency] [--write]
 
 ``--smoke``: two of the guide's 1024^3 rows (XLA's matmul and the 512-block kernel, each
@@ -61,8 +61,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 sys.path.insert(0, str(ROOT / "benchmarks" / "lib"))  # helpers, not benchmarks
 from fidelity_figures import directions, fit_efficiency, report, with_floor  # noqa: E402
 
@@ -548,8 +547,8 @@ def main(argv: list[str] | None = None) -> int:
                 source = f"{source}; {SOURCES[s]}" if source else SOURCES[s]
         table = {"schema": "tilewright.fidelity/1", "source": source,
                  "generated": time.strftime("%Y-%m-%d"),
-                 "benchmark": "benchmarks/estimate_fidelity.py", "chips": chips}
-        for kept_key in ("efficiency", "speedups"):  # speedups: benchmarks/tokamax_v7x.py
+                 "benchmark": "benchmarks/estimates/estimate_fidelity.py", "chips": chips}
+        for kept_key in ("efficiency", "speedups"):  # speedups: benchmarks/estimates/tokamax_v7x.py
             if old.get(kept_key):
                 table[kept_key] = old[kept_key]
         if efficiency:

@@ -12,7 +12,7 @@ rows of ``benchmarks/data/estimate_fidelity_rows.json`` (an XLA row already ther
 replaced: the rows hold what the estimator says now), and ``estimate_fidelity.py --rows
 benchmarks/data/estimate_fidelity_rows.json --write`` recomputes the shipped figures.
 
-    python benchmarks/lent_references.py benchmarks/data/v5e_*_2026-12-06.jsonl \\
+    python benchmarks/estimates/lent_references.py benchmarks/data/v5e_*_2026-12-06.jsonl \\
         --tasks DIR [--only 20k 31k] [--write]
 
 ``--tasks``: the directory holding the measured tasks (JAXBench's ``benchmark/`` layout,
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 ROWS = ROOT / "benchmarks" / "data" / "estimate_fidelity_rows.json"
 CHIPS = {"TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v6 lite": "v6e", "TPU v6e": "v6e"}
 

@@ -22,7 +22,8 @@ arrays: the backward passes get their residuals, ``out`` and ``dout`` from the s
 tokamax also times its XLA normalization (forward and backward) on TPU7x, with no Pallas
 TPU kernel beside it: those programs have an implied clock and no speedup.
 
-    .venv-current/bin/python benchmarks/tokamax_v7x.py [--per-op 3] [--ops OP ...] [--json OUT]
+    .venv-current/bin/python benchmarks/estimates/tokamax_v7x.py [--per-op 3] [--ops OP ...]
+        [--json OUT]
         [--report OUT]   (--report: print a run's JSON again)
         [--write]        (the run's summary into kernels/data/fidelity.json's
                           ``speedups``: what every v7x estimate shows beside its figure)
@@ -48,8 +49,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent / "lib"))
+ROOT = Path(__file__).resolve().parents[2]  # the repository
+sys.path.insert(0, str(ROOT / "benchmarks" / "lib"))  # helpers, not benchmarks
 
 SHIPPED = ROOT / "benchmarks" / "data" / "tokamax_v7x.json"  # the run in docs/EVALUATION.md
 # The ops compiled, in this order: tokamax's Pallas TPU kernels with their XLA
@@ -217,7 +218,7 @@ def speedup_record(rows: list[dict[str, Any]], listed: dict[str, int],
         "chip": "v7x",
         "source": ("tokamax 0.0.12's autotuner times on TPU7x (its wheel's "
                    "data/autotuning, median of the fastest config); estimated here in cycles "
-                   f"by libtpu {libtpu or 'unknown'} (benchmarks/tokamax_v7x.py)"),
+                   f"by libtpu {libtpu or 'unknown'} (benchmarks/estimates/tokamax_v7x.py)"),
         "pairs": sum(1 for r in rows if r.get("measured_pallas_ms")), "estimated": len(both),
         "median_ratio": round(statistics.median(ratios), 4) if ratios else None,
         "within_2x": (round(sum(0.5 <= r <= 2 for r in ratios) / len(ratios), 3)
