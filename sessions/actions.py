@@ -1,12 +1,12 @@
 """The steps the two schedulers take: one action type each.
 
-``ControllerAction`` is what the controller's planner (``sessions.control.plan``) and its
+``ControllerAction`` is what the controller's planner (``sessions.control.next_action``) and its
 commands hand the job loop: ``ask``, ``auto_decide``, ``apply``, ``run`` and
 ``profile`` are jobs; ``checkout``, ``stop`` and ``own_edit_failed`` are the planner's
 decisions the loop carries out on the way (a ``kernel.checkout``, autonomous mode's
 stop, the notice about the person's own failed edit).
 
-``SearchAction`` is what the search's planner (``sessions.search.plan``) lists: one
+``SearchAction`` is what the search's planner (``sessions.search.planner``) lists: one
 small type per step (``Evaluate``, ``ProfileNode``, ``Decide``, ``ApplyProposal``,
 ``Expand``, ``Select``), each with the fields it needs and a ``key`` that identifies it
 among the actions in flight.

@@ -33,7 +33,7 @@ from tilewright.agents.config import Config, ConfigError, coerce
 from tilewright.kernels.judge.result import Backend
 from tilewright.kernels.tasks.task import Task, TaskError
 from tilewright.profiling.chips import DEFAULT_TPU
-from tilewright.sessions.core.logs import create_log, options_from, reopen_log
+from tilewright.sessions.core.log_open import create_log, options_from, reopen_log
 from tilewright.sessions.errors import OpenError
 from tilewright.sessions.log import LoadedSession, SessionLog, default_sessions_dir
 from tilewright.sessions.tasks import task_for_header

@@ -233,7 +233,7 @@ class SessionState:
     chosen_base: int | None = None
     base_reason: str | None = None  # why the controller checked a version out (by auto)
     # Read-only tool answers of the session (``agent.message`` ``tools``), oldest first:
-    # the next requests carry them, within a budget (``sessions.control.context.lookups``).
+    # the next requests carry them, within a budget (``sessions.control.agent_request.lookups``).
     lookups: list[dict[str, Any]] = field(default_factory=list)
     unknown_types: dict[str, int] = field(default_factory=dict)
     last_seq: int = 0

@@ -33,7 +33,7 @@ from tilewright.kernels.pool.workers import EvalOptions, WorkerPool
 from tilewright.kernels.tasks.loaders import load_task
 from tilewright.kernels.tasks.task import Task
 from tilewright.sessions.autonomy import Budgets, ControllerSettings
-from tilewright.sessions.control.context import build_request
+from tilewright.sessions.control.agent_request import build_request
 from tilewright.sessions.evaluator import PoolEvaluator
 from tilewright.sessions.log import load
 from tilewright.sessions.recorded.report import markdown

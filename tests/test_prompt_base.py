@@ -138,7 +138,7 @@ async def test_a_proposal_may_name_its_base(tmp_path: Path, gelu: Task) -> None:
         c.approve()
         await c.wait_idle()
     assert c.state.current == 3 and c.state.best == 3
-    from tilewright.sessions.control.context import build_request
+    from tilewright.sessions.control.agent_request import build_request
 
     request = build_request(c.state, c.log, c.brief, "tune", None, "v5e")
     parsed = _tuning(ToolCall("propose_tuning", {"changes": {"BLOCK_ROWS": 32}, "base": 2,

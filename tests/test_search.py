@@ -27,7 +27,7 @@ from tilewright.kernels.tasks.loaders import load_task
 from tilewright.sessions.log import load
 from tilewright.sessions.search import Search
 from tilewright.sessions.search.graph import Budget, SearchConfig, fold_search
-from tilewright.sessions.search.plan import finish_reason, plan, select_beam
+from tilewright.sessions.search.planner import finish_reason, plan, select_beam
 
 SUITE = Path(__file__).parent / "fixtures" / "suite"
 FAST = EvalOptions(trials=1, time_budget_s=0.2, timeout_s=60.0)
@@ -224,7 +224,7 @@ def test_beam_and_best_follow_rank_key_not_the_value() -> None:
     assert info.beam == [3, 5, 2]  # v1 (the slowest kernel) and v4 (host sim) left out
     assert info.best_version == 3 and state.best() == 3
     state.apply({"seq": seq, "t": 4, "type": "search.round", **info.event_fields()})
-    from tilewright.sessions.search.plan import lineage_done
+    from tilewright.sessions.search.planner import lineage_done
 
     assert lineage_done(state, 0) is None  # round 1 improved on round 0 (by key)
 
@@ -362,7 +362,7 @@ def test_suite_resumes_after_kill_9(tmp_path) -> None:
 
 def test_budgets_for_tokens_cost_and_wall_time() -> None:
     """Each budget stops new expansions; wall time counts only while a search ran."""
-    from tilewright.sessions.search.plan import budget_reason
+    from tilewright.sessions.search.planner import budget_reason
 
     def state_with(budget: Budget, events: list[dict]):
         cfg = SearchConfig(budget=budget).to_json()

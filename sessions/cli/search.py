@@ -25,7 +25,7 @@ from tilewright.kernels.cli import subcommand
 from tilewright.kernels.judge.judgement import Judgement
 from tilewright.kernels.judge.rank import Rank, times
 from tilewright.sessions import events as ev
-from tilewright.sessions.core.logs import backend_json
+from tilewright.sessions.core.log_open import backend_json
 
 SCHEMA = "tilewright.search/1"
 
@@ -291,7 +291,7 @@ async def _run_one(task: Any, existing: Path | None, base: Path, agent: Any, exe
 
 def _budget_grew(state: Any, config: Any) -> bool:
     """A search that stopped on a budget continues when this command allows more."""
-    from tilewright.sessions.search.plan import budget_reason
+    from tilewright.sessions.search.planner import budget_reason
 
     if not (state.ended or "").startswith("budget:") or state.config is None:
         return False

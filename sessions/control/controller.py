@@ -11,7 +11,7 @@ mode an auto-approver writes those decisions with ``by: auto``.
 
 All work (an agent streaming a reply, a run, a profile) happens in one job task at a
 time, the job loop; what it does next is the pure planner's answer
-(``sessions.control.plan.next_action``), as the search's is ``sessions.search.plan``.
+(``sessions.control.next_action.next_action``), as the search's is ``sessions.search.planner``.
 ``cancel`` cancels the job, which closes the agent's stream or makes the worker pool
 kill and replace the worker. Subscribers receive every persisted event and live-only
 notifications (``"live": true``: text deltas, notices, tool calls, worker state,
@@ -34,13 +34,13 @@ from tilewright.sessions import events as ev
 from tilewright.sessions.actions import DECISIONS, ControllerAction, ask
 from tilewright.sessions.agent_turn import AgentTurn
 from tilewright.sessions.autonomy import ControllerSettings
-from tilewright.sessions.control.context import (
+from tilewright.sessions.control.agent_request import (
     build_request,
     next_role,
     own_edit_failed,
     regression_base,
 )
-from tilewright.sessions.control.plan import next_action
+from tilewright.sessions.control.next_action import next_action
 from tilewright.sessions.core import AutoApproval, Decision, Halt, JudgeFailed, SessionCore
 from tilewright.sessions.errors import ApprovalRequired, ControllerBusy, ControllerError
 from tilewright.sessions.log import SessionLog
@@ -303,7 +303,7 @@ class Controller:
         if not self.settings.record_lessons:
             return None
         from tilewright.agents import memory
-        from tilewright.sessions.control.context import history
+        from tilewright.sessions.control.agent_request import history
 
         state, log = self.state, self.log
         rows = history(state.versions, lambda n: log.get_blob(state.versions[n].source_blob)

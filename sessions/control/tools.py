@@ -14,7 +14,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from tilewright.agents.prompts.untrusted import defuse
-from tilewright.sessions.control.context import agent_result
+from tilewright.sessions.control.agent_request import agent_result
 from tilewright.sessions.log import read_json_blob
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@
 Autonomous mode and the search both profile a version and then want one thing written
 down: what limits it, with the numbers (``profiling.diagnose`` reads the profile, the
 static analysis and the TPU compiler's figures from the version's eval JSON). The next
-request to the agent carries that version's diagnosis (``sessions.control.context.build_request``),
+request to the agent carries that version's diagnosis (``sessions.control.agent_request.build_request``),
 checked against the compiler's estimates of the versions measured since
 (``profiling.diagnose.check_with_estimates``).
 """

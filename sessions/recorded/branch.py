@@ -4,7 +4,7 @@ The branch is a new session directory whose header names its parent
 (``{"session": id, "seq": n}``) and whose log starts with copies of the parent's first
 ``n`` events (new ``seq``/``t``, same fields), so folding it gives exactly the parent's
 state at that point. Blobs the copied events reference are copied too. Written through
-``sessions.log`` only (the header by ``sessions.core.logs.create_log``, as every session's
+``sessions.log`` only (the header by ``sessions.core.log_open.create_log``, as every session's
 is); the parent is never touched.
 """
 

@@ -25,7 +25,7 @@ from tilewright.profiling.diagnose import check_with_estimates
 from tilewright.sessions import events as ev
 from tilewright.sessions.actions import Expand
 from tilewright.sessions.agent_turn import AgentTurn
-from tilewright.sessions.control.context import history, rejected
+from tilewright.sessions.control.agent_request import history, rejected
 from tilewright.sessions.core import Decision, SessionCore
 from tilewright.sessions.log import read_json_blob
 from tilewright.sessions.search.graph import SearchState

@@ -1,6 +1,6 @@
 """Graph search over kernel versions: beam search and parallel independent runs.
 
-``Search`` drives ``sessions.search.plan.plan`` against one session: it asks the
+``Search`` drives ``sessions.search.planner.plan`` against one session: it asks the
 agent (or the search's own tuning steps) for children, decides, applies them as kernel
 versions and has a ``Judge`` evaluate them, several at once. Everything it does is
 an event in the session log, folded into the same ``SearchState`` it plans from, so
@@ -44,11 +44,11 @@ from tilewright.sessions.actions import (
     Select,
 )
 from tilewright.sessions.core import Decision, JudgeFailed, PersonApproval, SearchRules, SessionCore
-from tilewright.sessions.core.logs import create_log, recorded_options, reopen_log
+from tilewright.sessions.core.log_open import create_log, recorded_options, reopen_log
 from tilewright.sessions.log import SessionLog
 from tilewright.sessions.search.children import ROOT_FAMILY_CANDIDATES, ChildMaker
 from tilewright.sessions.search.graph import Budget, SearchConfig, SearchState, fold_search
-from tilewright.sessions.search.plan import finish_reason, plan, select_beam
+from tilewright.sessions.search.planner import finish_reason, plan, select_beam
 
 
 @dataclass

@@ -6,7 +6,7 @@ own (``search.start``, ``search.resume``, ``search.round``, ``search.prune``,
 ``search.end``, see docs/INTERFACES.md) and a few fields on ``agent.proposal``
 (``lineage``, ``round``, ``slot``, ``strategy``, ``proposer``) and ``error`` (the slot
 an agent failed to fill). ``SearchState.apply`` folds one event; the planner
-(``sessions.search.plan``) reads the state it folds.
+(``sessions.search.planner``) reads the state it folds.
 
 Shape of the search. A *lineage* is one beam: in ``beam`` mode there is one lineage of
 width ``beam_width``; in ``runs`` mode there are ``runs`` independent lineages of width

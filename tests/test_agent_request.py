@@ -1,10 +1,10 @@
-"""The version history an agent request carries (``sessions.control.context.history``)."""
+"""The version history an agent request carries (``sessions.control.agent_request.history``)."""
 
 from __future__ import annotations
 
 from tilewright.kernels.judge.judgement import Judgement
 from tilewright.kernels.judge.rank import Rank
-from tilewright.sessions.control.context import history
+from tilewright.sessions.control.agent_request import history
 from tilewright.sessions.state import Version
 
 

@@ -5,7 +5,7 @@ does next, given what it just finished (``after``: a run, a profile, a ``checkou
 a ``stop`` it carried out; None when it is idle): apply an approval an interruption
 left unapplied, decide or evaluate in autonomous mode, ask the agent, profile, fix, or
 stop autonomous mode on a budget or a rule. Like the search's planner
-(``sessions.search.plan``) it has no side effects: the ``Controller`` performs what it
+(``sessions.search.planner``) it has no side effects: the ``Controller`` performs what it
 returns and folds the events that appends, so a resumed session and a live one take the
 same steps from the same events.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 from tilewright.sessions import autonomy
 from tilewright.sessions.actions import ControllerAction, ask
 from tilewright.sessions.autonomy import ControllerSettings
-from tilewright.sessions.control.context import next_role
+from tilewright.sessions.control.agent_request import next_role
 from tilewright.sessions.state import SessionState
 
 __all__ = ["next_action"]

@@ -1,5 +1,5 @@
-"""What the agent is told: the ``AgentRequest`` built from the folded state, and the role
-it is asked to play next.
+"""The agent's request: the ``AgentRequest`` built from the folded state, and the role it is
+asked to play next (``agents.prompts.context`` words the model's prompt from it).
 
 Roles follow the state: no kernel yet, or an approved plan waiting, -> ``implement``;
 the current version failed (compile error, runtime error, incorrect, timeout, crash,
