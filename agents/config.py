@@ -1,12 +1,14 @@
 """The configuration model: every section, key, type and default in one place.
 
 One TOML file (``config_path``: ``TILEWRIGHT_CONFIG``, else the user config dir) is read
-by ``load`` into a frozen ``Config``. Each section is a dataclass below; its field
-defaults are the only defaults tilewright has. A key the model does not know, or a
-value of the wrong type, is refused with a ``ConfigError`` naming the file, the section
-and the key (``config.toml: [budgets] iteratons: unknown key (did you mean
-iterations?)``), so a typo never silently falls back to a default. Values are checked against the
-fields' types by pydantic in strict mode; the messages are ours.
+by ``load`` into a frozen ``Config``. The file is the pydantic model ``Sections``, one
+model per section below (``[eval]`` and ``[keys]`` are plain tables of known types), and
+their field defaults are the only defaults tilewright has. The whole file is validated
+by one ``model_validate`` in strict mode (no string to number, no boolean as a number; a
+whole number is a float where a float is wanted) with unknown keys forbidden; each of
+pydantic's errors becomes a ``ConfigError`` line naming the file, the section and the key
+(``config.toml: [budgets] iteratons: unknown key (did you mean iterations?)``), so a typo
+never silently falls back to a default.
 
 The environment is read once, by ``Environment.read``, when a ``Config`` is built:
 ``TILEWRIGHT_MODEL`` replaces ``[agent] model``; ``ANTHROPIC_BASE_URL`` and
@@ -23,14 +25,14 @@ the same way, with "config" standing for the file name.
 from __future__ import annotations
 
 import difflib
-import functools
 import os
 import tomllib
-import types
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, get_args, get_origin, get_type_hints
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+from typing_extensions import TypedDict
 
 
 class ConfigError(Exception):
@@ -41,8 +43,18 @@ class ConfigError(Exception):
                  "with its default")
 
 
-@dataclass(frozen=True)
-class AgentConfig:
+_STRICT = ConfigDict(extra="forbid", strict=True)
+# TOML has no null: ``false`` leaves an optional number unset (a limit switched off).
+_OFF = BeforeValidator(lambda value: None if value is False else value)
+OptionalInt = Annotated[int | None, _OFF]
+OptionalFloat = Annotated[float | None, _OFF]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(**_STRICT, frozen=True)
+
+
+class AgentConfig(_Section):
     """``[agent]``: who proposes and how the model is called."""
 
     kind: str = "auto"  # auto | offline | anthropic | openai; auto: the provider if usable
@@ -58,33 +70,31 @@ class AgentConfig:
     tools: bool = True  # OpenAI-compatible servers without tool support: false
     remember_lessons: bool = False  # offline agent: write lessons of its own tuning runs
     # model or family -> {input, output, cache_read, cache_write} USD per MTok
-    prices: dict[str, dict[str, float]] = field(default_factory=dict)
+    prices: dict[str, dict[str, float]] = {}
 
 
-@dataclass(frozen=True)
-class Budgets:
+class Budgets(_Section):
     """``[budgets]``: what one stretch of autonomous mode may spend (false: no limit)."""
 
-    iterations: int | None = 20
-    tokens: int | None = 400_000
-    cost_usd: float | None = 5.0
-    wall_s: float | None = 3600.0
+    iterations: OptionalInt = 20
+    tokens: OptionalInt = 400_000
+    cost_usd: OptionalFloat = 5.0
+    wall_s: OptionalFloat = 3600.0
 
 
-@dataclass(frozen=True)
-class ControllerConfig:
+class ControllerConfig(_Section):
     """``[controller]``: the controller's rules (``sessions.autonomy`` uses them)."""
 
     auto_fix_attempts: int = 2  # step mode: failures sent back to the fixer unasked
-    stop_after_no_improvement: int | None = 5
-    target_speedup: float | None = None
+    stop_after_no_improvement: OptionalInt = 5
+    target_speedup: OptionalFloat = None
     propose_after_run: bool = True  # step mode: ask for the next proposal after a run
     max_agent_failures: int = 3  # auto mode: consecutive agent failures before stopping
     # Auto mode profiles each new best version, and any correct one once this many
     # evaluations passed without a profile (None: only new bests); each profile gives a
     # diagnosis that goes into the next request.
     profile_best: bool = True
-    profile_every: int | None = 5
+    profile_every: OptionalInt = 5
     # Every correct evaluation that is not profiled gets the static analysis (no run,
     # about a second) and its diagnosis, so each request carries its version's own.
     analyze_every_version: bool = True
@@ -92,15 +102,13 @@ class ControllerConfig:
     record_lessons: bool = True  # write a lesson (agents.memory) when the session ends
 
 
-@dataclass(frozen=True)
-class BackendConfig:
+class BackendConfig(_Section):
     """``[backend]``: the chip the gauges and roofline use."""
 
     chip: str | None = None  # None: detect (cpu on hosts without an accelerator)
 
 
-@dataclass(frozen=True)
-class UIConfig:
+class UIConfig(_Section):
     """``[ui]``."""
 
     theme: str = "textual-dark"
@@ -112,8 +120,39 @@ class UIConfig:
     ascii: str = "auto"
 
 
-@dataclass(frozen=True)
-class Environment:
+# ``[eval]`` keys and their types: kernels.pool.workers.EvalOptions' fields, whose defaults stay
+# there. Not imported from it: that module reaches the worker side (JAX), which the app
+# layers must never import; tests/test_config.py keeps the two in step.
+EVAL_KEYS: dict[str, Any] = {
+    "trials": int, "iters": int | None, "timeout_s": float, "time_budget_s": float,
+    "lowering": bool, "timing": bool, "shapes": list[str] | None, "chip": str | None,
+    "compile_memory_mb": int | None, "route": str | None, "estimate_on_tpu": bool,
+}
+# ``[eval]`` as validated: a dict of the keys given (overrides of EvalOptions' defaults).
+EvalTable = TypedDict("EvalTable", {  # type: ignore[misc]
+    key: Annotated[hint, _OFF] if hint in (int | None, float | None) else hint
+    for key, hint in EVAL_KEYS.items()}, total=False)
+EvalTable.__pydantic_config__ = _STRICT  # type: ignore[attr-defined]
+
+
+class Sections(_Section):
+    """The file: its sections, each a table."""
+
+    agent: AgentConfig = AgentConfig()
+    budgets: Budgets = Budgets()
+    controller: ControllerConfig = ControllerConfig()
+    backend: BackendConfig = BackendConfig()
+    # Overrides of kernels.pool.workers.EvalOptions (trials, time_budget_s, timeout_s...),
+    # checked against its fields; the defaults are EvalOptions' own.
+    eval: EvalTable = {}
+    keys: dict[str, str] = {}  # action id -> keys (tui.keymap)
+    ui: UIConfig = UIConfig()
+
+
+SECTIONS = tuple(Sections.model_fields)
+
+
+class Environment(_Section):
     """The environment variables that change configuration, read once."""
 
     model: str | None = None  # TILEWRIGHT_MODEL
@@ -127,22 +166,13 @@ class Environment:
         def get(name: str) -> str | None:
             return env.get(name, "").strip() or None
 
-        return cls(get("TILEWRIGHT_MODEL"), get("ANTHROPIC_BASE_URL"), get("OPENAI_BASE_URL"))
+        return cls(model=get("TILEWRIGHT_MODEL"), anthropic_base_url=get("ANTHROPIC_BASE_URL"),
+                   openai_base_url=get("OPENAI_BASE_URL"))
 
 
-@dataclass(frozen=True)
-class Config:
+class Config(Sections):
     """The whole configuration; ``path`` is the file it came from (None: none read)."""
 
-    agent: AgentConfig = AgentConfig()
-    budgets: Budgets = Budgets()
-    controller: ControllerConfig = ControllerConfig()
-    backend: BackendConfig = BackendConfig()
-    # Overrides of kernels.pool.workers.EvalOptions (trials, time_budget_s, timeout_s...),
-    # checked against its fields; the defaults are EvalOptions' own.
-    eval: dict[str, Any] = field(default_factory=dict)
-    keys: dict[str, str] = field(default_factory=dict)  # action id -> keys (tui.keymap)
-    ui: UIConfig = UIConfig()
     path: str | None = None
     env: Environment = Environment()
 
@@ -154,10 +184,7 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         """The file's sections with their effective values (no path, no environment)."""
-        return {name: _plain(getattr(self, name)) for name in SECTIONS}
-
-
-SECTIONS = ("agent", "budgets", "controller", "backend", "eval", "keys", "ui")
+        return self.model_dump(include=set(SECTIONS))
 
 
 def config_path() -> Path:
@@ -194,112 +221,49 @@ def coerce(config: Config | Mapping[str, Any] | None) -> Config:
 def from_dict(data: Mapping[str, Any], *, source: str = "config", path: str | None = None,
               environ: Mapping[str, str] | None = None) -> Config:
     data = {k: v for k, v in data.items() if k != "_path"}  # older in-memory dicts
-    for name, value in data.items():
-        if name not in SECTIONS:
-            what = "section" if isinstance(value, dict) else "key at the top level"
-            raise ConfigError(f"{source}: [{name}]: unknown {what}{_did_you_mean(name, SECTIONS)}"
-                              f"; the sections are {', '.join(f'[{s}]' for s in SECTIONS)}")
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{source}: {name}: must be a table ([{name}]), "
-                              f"got {_describe(value)}")
-    hints = get_type_hints(Config)
-    sections: dict[str, Any] = {}
-    for name in SECTIONS:
-        table = dict(data.get(name) or {})
-        if name == "eval":
-            sections[name] = _eval_table(table, source)
-        elif name == "keys":
-            sections[name] = {k: _check(str, v, source, name, k) for k, v in table.items()}
-        else:
-            sections[name] = _section(hints[name], table, source, name)
-    env = Environment.read(environ)
-    if env.model:
-        sections["agent"] = _replace(sections["agent"], model=env.model)
-    return Config(**sections, path=path, env=env)
-
-
-def _section(cls: type, table: dict[str, Any], source: str, section: str) -> Any:
-    hints = get_type_hints(cls)
-    known = [f.name for f in fields(cls)]
-    values = {}
-    for key, value in table.items():
-        if key not in hints:
-            raise ConfigError(f"{source}: [{section}] {key}: unknown key"
-                              f"{_did_you_mean(key, known)}; known: {', '.join(known)}")
-        values[key] = _check(hints[key], value, source, section, key)
-    return cls(**values)
-
-
-# ``[eval]`` keys and their types: kernels.pool.workers.EvalOptions' fields, whose defaults stay
-# there. Not imported from it: that module reaches the worker side (JAX), which the app
-# layers must never import; tests/test_config.py keeps the two in step.
-EVAL_KEYS: dict[str, Any] = {
-    "trials": int, "iters": int | None, "timeout_s": float, "time_budget_s": float,
-    "lowering": bool, "timing": bool, "shapes": list[str] | None, "chip": str | None,
-    "compile_memory_mb": int | None, "route": str | None, "estimate_on_tpu": bool,
-}
-
-
-def _eval_table(table: dict[str, Any], source: str) -> dict[str, Any]:
-    hints, known = EVAL_KEYS, list(EVAL_KEYS)
-    out = {}
-    for key, value in table.items():
-        if key not in hints:
-            raise ConfigError(f"{source}: [eval] {key}: unknown key"
-                              f"{_did_you_mean(key, known)}; known: {', '.join(known)}")
-        out[key] = _check(hints[key], value, source, "eval", key)
-    return out
-
-
-def _check(hint: Any, value: Any, source: str, section: str, key: str) -> Any:
-    """``value`` as ``hint`` wants it, or a ConfigError saying what was expected."""
-    args = get_args(hint)
-    optional = get_origin(hint) in (Union, types.UnionType) and type(None) in args
-    if optional:
-        inner = next(a for a in args if a is not type(None))
-        # TOML has no null: ``false`` switches an optional limit off, as it always has.
-        if value is None or (value is False and inner in (int, float)):
-            return None
-        hint = inner
-    ok = _convert(hint, value)
-    if ok is _BAD:
-        wanted = _expected(hint) + (" (or false for none)" if optional and hint in (int, float)
-                                    else "")
-        raise ConfigError(f"{source}: [{section}] {key}: expected {wanted}, "
-                          f"got {_describe(value)}")
-    return ok
-
-
-_BAD = object()
-
-
-def _convert(hint: Any, value: Any) -> Any:
-    """``value`` validated as ``hint`` by pydantic in strict mode (no string to number,
-    no boolean as a number; a whole number is a float where a float is wanted), or
-    ``_BAD``."""
-    from pydantic import ValidationError
-
     try:
-        return _adapter(hint).validate_python(value, strict=True)
-    except ValidationError:
-        return _BAD
+        sections = Sections.model_validate(data)
+    except ValidationError as exc:  # every error, each once (a key's parts are one key)
+        lines = dict.fromkeys(f"{source}: {_message(e, data)}" for e in exc.errors())
+        raise ConfigError("\n".join(lines)) from None
+    env = Environment.read(environ)
+    agent = sections.agent.model_copy(update={"model": env.model or sections.agent.model})
+    return Config(**{**vars(sections), "agent": agent}, path=path, env=env)
 
 
-@functools.cache
-def _adapter(hint: Any) -> Any:
-    from pydantic import TypeAdapter
-
-    return TypeAdapter(hint)
+def _message(error: Any, data: dict[str, Any]) -> str:
+    """One of pydantic's errors in our words, from its ``loc``: section, key, expected."""
+    section, *rest = map(str, error["loc"])
+    unknown = error["type"] == "extra_forbidden"
+    if not rest and unknown:
+        what = "section" if isinstance(error["input"], dict) else "key at the top level"
+        return (f"[{section}]: unknown {what}{_did_you_mean(section, SECTIONS)}"
+                f"; the sections are {', '.join(f'[{s}]' for s in SECTIONS)}")
+    if not rest:
+        return f"{section}: must be a table ([{section}]), got {_describe(error['input'])}"
+    key, table = rest[0], Sections.model_fields[section].annotation
+    if unknown:
+        known = list(getattr(table, "model_fields", None) or get_type_hints(table))
+        return (f"[{section}] {key}: unknown key{_did_you_mean(key, known)}"
+                f"; known: {', '.join(known)}")
+    hint = (get_args(table)[1] if get_origin(table) is dict
+            else get_type_hints(table, include_extras=True)[key])
+    return f"[{section}] {key}: expected {_expected(hint)}, got {_describe(data[section][key])}"
 
 
 def _expected(hint: Any) -> str:
+    """What a key's type wants, in words ("an integer (or false for none)")."""
+    metadata = getattr(hint, "__metadata__", ())
+    args = get_args(get_args(hint)[0] if metadata else hint)
+    if type(None) in args:  # optional: the other type, and false where it means none
+        inner = _expected(next(a for a in args if a is not type(None)))
+        return inner + (" (or false for none)" if _OFF in metadata else "")
     names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
     if hint in names:
         return names[hint]
-    origin, args = get_origin(hint), get_args(hint)
-    if origin is list:
+    if get_origin(hint) is list:
         return f"a list of {_plural(_expected(args[0]))}"
-    if origin is dict:
+    if get_origin(hint) is dict:
         return f"a table of {_plural(_expected(args[1]))}"
     return str(hint)
 
@@ -320,17 +284,3 @@ def _describe(value: Any) -> str:
 def _did_you_mean(name: str, known: Any) -> str:
     close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
     return f" (did you mean {close[0]}?)" if close else ""
-
-
-def _replace(obj: Any, **changes: Any) -> Any:
-    from dataclasses import replace
-
-    return replace(obj, **changes)
-
-
-def _plain(value: Any) -> Any:
-    if is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value

@@ -14,7 +14,6 @@ most every N evaluations otherwise) so that a diagnosis reaches the next request
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
 from typing import Any
 
 from tilewright.agents.config import Budgets, Config, ControllerConfig, coerce
@@ -68,18 +67,16 @@ def stop_words(reason: str | None, settings: ControllerSettings | None = None) -
         reason.replace("_", " ")
 
 
-@dataclass(frozen=True)
 class ControllerSettings(ControllerConfig):
     """``[controller]`` with ``[budgets]``; every default is ``agents.config``'s."""
 
-    budgets: Budgets = field(default_factory=Budgets)
+    budgets: Budgets = Budgets()
 
     @classmethod
     def from_config(cls, config: Config | Mapping[str, Any] | None) -> ControllerSettings:
         """From the validated config (a plain dict is validated the same way)."""
         c = coerce(config)
-        rules = {f.name: getattr(c.controller, f.name) for f in fields(ControllerConfig)}
-        return cls(budgets=c.budgets, **rules)
+        return cls(budgets=c.budgets, **vars(c.controller))
 
 
 def budget_exhausted(state: SessionState, settings: ControllerSettings,

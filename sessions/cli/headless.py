@@ -21,7 +21,6 @@ import os
 import shutil
 import signal
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO, cast
 
@@ -238,9 +237,10 @@ async def run_auto(args: Any, config: Config | dict[str, Any]) -> int:
     config = coerce(config)
     settings = ControllerSettings.from_config(config)
     if args.budget is not None:
-        settings = replace(settings, budgets=replace(settings.budgets, iterations=args.budget))
+        budgets = settings.budgets.model_copy(update={"iterations": args.budget})
+        settings = settings.model_copy(update={"budgets": budgets})
     if args.target is not None:
-        settings = replace(settings, target_speedup=args.target)
+        settings = settings.model_copy(update={"target_speedup": args.target})
     flags = {"trials": args.trials, "time_budget_s": args.time_budget,
              "timeout_s": getattr(args, "timeout", None), "chip": getattr(args, "chip", None)}
     request = SessionRequest(task=args.task, overrides=args.overrides, resume=args.resume,
