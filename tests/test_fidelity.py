@@ -89,6 +89,25 @@ def test_the_floor_decides_when_above_the_compiler() -> None:
     assert fidelity.floored_speedup(kernel, reference, fast_floor) == (2.0, "compiler")
 
 
+def test_without_a_clock_the_floors_count_in_cycles_at_the_slowest_clock() -> None:
+    """v7x has no clock in the table: its speedups were cycles over cycles, unguarded.
+    XLA's normalization over the leading axis of bf16[128,384,384], compiled for v7x by
+    libtpu 0.0.50, is priced at 235 cycles (three of its five fusions at 0); its 75.5 MB
+    take 10.2 us at 7.37 TB/s, 8,700 cycles at 0.85 GHz: the floor prices it."""
+    floor = fidelity.floor("v7x", 75_500_000, 75_500_000)
+    assert floor is not None
+    reference = {"cycles": 235, "seconds": None}
+    kernel = {"cycles": 20_000, "seconds": None}
+    speedup, basis = fidelity.floored_speedup(kernel, reference, floor)
+    assert basis == "memory_floor"
+    assert abs(speedup - 75.5e6 / 7.37e12 * fidelity.SLOWEST_CLOCK_HZ / 20_000) < 1e-9
+    assert abs(speedup - 8_707 / 20_000) < 1e-3
+    # estimates above their floors are compared as they are, as before
+    priced = {"cycles": 40_000, "seconds": None}
+    assert fidelity.floored_speedup(kernel, priced, floor) == (2.0, "compiler")
+    assert fidelity.floored_speedup(kernel, reference, None) == (235 / 20_000, "compiler")
+
+
 def test_the_reference_is_never_priced_below_its_roofline() -> None:
     """18k's XLA convolution on v5e: the compiler's 0.70 ms for 3.02e11 FLOPs is 2.2x
     below the FLOPs at the chip's bf16 peak (1.53 ms); the reference is priced at its

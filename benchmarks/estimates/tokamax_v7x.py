@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -113,8 +114,8 @@ for name, op in programs:
 def _abort_line(stderr: str) -> str:
     """The estimator's failed check, from a process it aborted."""
     for line in stderr.splitlines():
-        if "Check failed" in line or "LLO_CHECK" in line:
-            return line.strip()[:300]
+        if "Check failed" in line or "LLO_CHECK" in line or re.match(r"F\d{4} ", line):
+            return line.strip()[:300]  # (``F1207 ...``: a fatal log line of libtpu's)
     return (stderr.strip().splitlines() or ["no output"])[-1][:300]
 
 
