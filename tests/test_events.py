@@ -21,7 +21,6 @@ from tilewright.sessions import events as ev
 from tilewright.sessions import state
 from tilewright.sessions.recorded import replay
 from tilewright.sessions.search import graph
-from tilewright.tui.screens import replay as replay_screen
 from tilewright.tui.session import presenter
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -167,7 +166,6 @@ TABLES = {
     "tilewright.sessions.recorded.replay timeline lines": (replay._DESCRIBE, PERSISTED),
     "tilewright.tui.session.presenter conversation": (presenter._CHAT, PERSISTED),
     "tilewright.tui.session.presenter live": (presenter._LIVE, LIVE),
-    "tilewright.tui.screens.replay transport line": (replay_screen._TRANSPORT, PERSISTED),
 }
 
 

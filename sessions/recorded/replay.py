@@ -62,9 +62,15 @@ ATTEMPTS = 2  # a timing outlier is measured once more
 def describe(event: ev.Event) -> str:
     """One line for an event in a printed timeline."""
     kind = event["type"]
-    line = _DESCRIBE.get(kind)
-    detail = line(event) if line is not None else "(unknown event type, kept)"
-    return f"{event.get('seq', '-'):>5} {float(event.get('t', 0)):>9.2f}s  {kind:<15} {detail}"
+    words = detail(event) or "(unknown event type, kept)"
+    return f"{event.get('seq', '-'):>5} {float(event.get('t', 0)):>9.2f}s  {kind:<15} {words}"
+
+
+def detail(event: ev.Event) -> str | None:
+    """What an event says, in the words of a timeline line (None for a kind with no
+    words of its own: the search's); the replay screen's transport line shows them too."""
+    line = _DESCRIBE.get(event["type"])
+    return line(event) if line is not None else None
 
 
 def _user_message(e: ev.UserMessage) -> str:

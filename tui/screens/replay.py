@@ -10,8 +10,6 @@ session branch (the app then opens it).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import Any
 
 from rich.text import Text
 from textual import work
@@ -22,7 +20,8 @@ from textual.widgets import Input, Static
 
 from tilewright.sessions import events as ev
 from tilewright.sessions.log import LoadedSession, read_blob
-from tilewright.sessions.state import event_judgement, fold
+from tilewright.sessions.recorded.replay import detail
+from tilewright.sessions.state import fold
 from tilewright.tui.session.presenter import Presenter
 from tilewright.tui.session.view import BlobCache, SessionView
 from tilewright.tui.widgets.chat import ChatPane
@@ -183,42 +182,6 @@ class ReplayScreen(Screen):
 
 
 def _describe(event: ev.Event) -> str:
-    """The transport line's words for the event at the cursor (its kind where it has no
-    words of its own)."""
-    words = _TRANSPORT.get(event["type"])
-    return words(event) if words is not None else str(event["type"])
-
-
-def _proposal(e: ev.AgentProposal) -> str:
-    return f"proposal {e.get('proposal')}: {e.get('summary', '')}"
-
-
-def _decision(e: ev.UserDecision) -> str:
-    by = " (auto)" if e.get("by") == "auto" else ""
-    return f"{e.get('decision')} {e.get('proposal')}{by}"
-
-
-def _version(e: ev.KernelVersion) -> str:
-    return f"v{e.get('version')} ({e.get('origin')})"
-
-
-def _result(e: ev.RunResult) -> str:
-    rank = event_judgement(dict(e)).rank if e.get("status") == "correct" else None
-    if rank is not None and rank.said:  # Rank.words: the one wording
-        return f"v{e.get('version')} correct · {rank.words()}"
-    return f"v{e.get('version')} {e.get('status')}"
-
-
-def _mode(e: ev.ModeChange) -> str:
-    return f"mode {e.get('mode')}"
-
-
-# The kinds with words of their own (a test checks each entry reads the kind it is filed
-# under).
-_TRANSPORT: dict[str, Callable[[Any], str]] = {
-    "agent.proposal": _proposal,
-    "user.decision": _decision,
-    "kernel.version": _version,
-    "run.result": _result,
-    "mode.change": _mode,
-}
+    """The transport line's words for the event at the cursor: the timeline's
+    (``tilewright replay --print``), else its kind."""
+    return detail(event) or str(event["type"])
