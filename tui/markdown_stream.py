@@ -16,7 +16,7 @@ checks that on every prefix of sample replies.
 
 Textual's own streaming, ``Markdown.get_stream`` (Textual 8.2.8: one stream per reply,
 written once per flush tick), was measured against this with
-``JAX_PLATFORMS=cpu python benchmarks/tui_latency.py`` ("streaming only" line; 2 shared
+``JAX_PLATFORMS=cpu python benchmarks/host_speed/tui_latency.py`` ("streaming only" line; 2 shared
 CPUs, medians of 5 alternating runs each). On the benchmark's reply, one long loose
 list, a key waited p50 179 ms, p95 617 ms (ours: 16 ms, 33 ms), the app took 69% of a
 CPU (ours: 22%), and the agent's own 150 tok/s fell to 63-84 (2 runs); writing every
