@@ -119,7 +119,44 @@ def _abort_line(stderr: str) -> str:
     return (stderr.strip().splitlines() or ["no output"])[-1][:300]
 
 
-def run_pair(pair: Any, timeout: float) -> dict[str, Any]:
+def _rss_mb(pid: int) -> int:
+    """A process's resident memory in MB (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _probe(args: list[str], env: dict[str, str], timeout: float, memory_mb: int
+           ) -> tuple[str, str, int | None, str | None]:
+    """(stdout, stderr, returncode, why it was stopped): the probe, killed past its
+    deadline or its memory (a causal attention's XLA program for v7x took 22 GiB of a
+    24 GiB host and starved everything beside it)."""
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=ROOT)
+    started, stopped = time.monotonic(), None
+    while True:
+        try:
+            out, err = proc.communicate(timeout=1.0)
+            return out, err, proc.returncode, stopped
+        except subprocess.TimeoutExpired:
+            pass
+        if stopped is not None:
+            continue
+        rss = _rss_mb(proc.pid)
+        if rss > memory_mb:
+            stopped = f"killed at {rss:,} MB resident (the limit: --memory-mb {memory_mb:,})"
+        elif time.monotonic() - started > timeout:
+            stopped = f"not finished after {timeout:.0f} s"
+        if stopped is not None:
+            proc.kill()
+
+
+def run_pair(pair: Any, timeout: float, memory_mb: int) -> dict[str, Any]:
     from tilewright.kernels.pool.env import QUIET
     from tilewright.kernels.worker.tpu import tpu_compile
 
@@ -128,15 +165,9 @@ def run_pair(pair: Any, timeout: float) -> dict[str, Any]:
     env = {**QUIET, **os.environ, "JAX_PLATFORMS": "cpu"}
     with tempfile.TemporaryDirectory() as dump:
         tpu_compile.prepare_environment(env, dump)
-        try:
-            got = subprocess.run([sys.executable, "-c", PROBE, pair.op, json.dumps(pair.spec),
-                                  json.dumps(_pallas(pair).config if _pallas(pair) else {})],
-                                 capture_output=True,
-                                 text=True, env=env, timeout=timeout, cwd=ROOT)
-            stdout, stderr, rc = got.stdout, got.stderr, got.returncode
-        except subprocess.TimeoutExpired as exc:
-            stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-            stderr, rc = f"not finished after {timeout:.0f} s", None
+        stdout, stderr, rc, stopped = _probe(
+            [sys.executable, "-c", PROBE, pair.op, json.dumps(pair.spec),
+             json.dumps(_pallas(pair).config if _pallas(pair) else {})], env, timeout, memory_mb)
     found: dict[str, Any] = {}
     for line in stdout.splitlines():
         if line.strip().startswith("{"):
@@ -146,10 +177,11 @@ def run_pair(pair: Any, timeout: float) -> dict[str, Any]:
             found[record["program"]] = record
     for name in ("xla", "pallas") if _pallas(pair) else ("xla",):
         if name not in found:
-            why = (f"killed by signal {-rc} (9: out of memory)" if rc is not None and rc < 0
-                   and not stderr.strip() else _abort_line(stderr) if rc not in (0, None)
-                   else stderr.strip()[:300] or "no output")
-            found[name] = {"program": name, "compile": "aborted" if rc else "unfinished",
+            why = stopped or (f"killed by signal {-rc} (9: out of memory)"
+                              if rc is not None and rc < 0 and not stderr.strip()
+                              else _abort_line(stderr) if rc else stderr.strip()[:300]
+                              or "no output")
+            found[name] = {"program": name, "compile": "unfinished" if stopped else "aborted",
                            "cycles": None, "message": why}
     return found
 
@@ -304,12 +336,22 @@ def _choose(pairs: list[Any], count: int) -> list[Any]:
     return out[:count]
 
 
+def _half_the_memory_mb() -> int:
+    try:
+        with open("/proc/meminfo") as meminfo:
+            return int(meminfo.readline().split()[1]) // 2048
+    except (OSError, ValueError, IndexError):
+        return 8192
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--per-op", type=int, default=3, help="specs per op")
     parser.add_argument("--ops", nargs="+", choices=COMPILED, default=list(COMPILED),
                         help="compile these ops only (default: all)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per pair")
+    parser.add_argument("--memory-mb", type=int, default=_half_the_memory_mb(),
+                        help="kill a probe past this resident memory (default: half the RAM)")
     parser.add_argument("--tokamax", type=Path, help="tokamax package folder (default: installed)")
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("--report", type=Path, help="print a run's --json again (no run)")
@@ -356,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
         for pair in chosen:
             ran.add(id(pair))
             started = time.perf_counter()
-            row = row_of(pair, run_pair(pair, args.timeout))
+            row = row_of(pair, run_pair(pair, args.timeout, args.memory_mb))
             row["wall_s"] = round(time.perf_counter() - started, 1)
             rows.append(row)
             print(f"  ran {row['what']} {_spec_text(pair.spec)} in {row['wall_s']} s", flush=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tilewright.kernels.cli import subcommand
-from tilewright.profiling.chips import CHIPS, DEFAULT_TPU, estimator_refusal
+from tilewright.profiling.chips import CHIPS, DEFAULT_TPU, SLOWEST_CLOCK_HZ, estimator_refusal
 
 SCHEMA = "tilewright.chips/1"
 FIDELITY = Path(__file__).resolve().parents[1] / "data" / "fidelity.json"  # kernels/data
@@ -89,7 +89,10 @@ def run(args: argparse.Namespace) -> int:
             measured = r["measured_rows"]
             backing = (", ".join(f"{k.replace('_', '-')} {n}" for k, n in measured.items())
                        or "none yet")
-            seconds = "" if r["clock_ghz"] else " (cycles only: no clock to turn them into time)"
+            seconds = "" if r["clock_ghz"] else (
+                " (cycles only: no clock to turn them into time; memory floors and XLA's "
+                f"roofline are counted at {SLOWEST_CLOCK_HZ / 1e9:g} GHz, a clock no TPU runs "
+                "below)")
             say(f"compiles and estimates{seconds}; public measurements: {backing}")
         else:
             say(f"compiles only (VMEM, Mosaic, verdicts): {r['why_not']}")

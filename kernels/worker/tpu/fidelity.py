@@ -228,12 +228,6 @@ def roofline_floor(roofline: dict[str, Any] | None) -> float | None:
     return float(seconds) if seconds else None
 
 
-# Where the chip table has no clock (v7x), floors are counted in cycles at a clock no TPU
-# runs below: the table's slowest is v4's 1.05 GHz, and the v7x programs tokamax timed
-# imply 0.89-1.76 GHz (their cycles over their measured times; benchmarks/estimates/
-# tokamax_v7x.py). At a lower clock than the chip's, a floor in cycles is lower than the
-# chip's own: it rejects only an estimate below the floor at any clock the chip may run at.
-SLOWEST_CLOCK_HZ = 0.85e9
 
 
 def floored_speedup(kernel: dict[str, Any], reference: dict[str, Any],
@@ -245,13 +239,16 @@ def floored_speedup(kernel: dict[str, Any], reference: dict[str, Any],
     which decided: ``compiler`` when no floor is above its estimate, ``roofline`` when
     the reference's roofline is (an XLA convolution of 18k's on v5e was estimated at
     2.2x below its FLOPs at peak), else ``memory_floor``. On a chip without a clock the
-    same, in cycles, the floors at ``SLOWEST_CLOCK_HZ`` (v7x: XLA's normalization over
-    the leading axis of bf16[128,384,384] is priced at 235 cycles, three of its five
-    fusions at 0; its bytes need 8,700 cycles at 0.85 GHz, and tokamax measured 58 us)."""
+    same, in cycles, the floors at ``profiling.chips.SLOWEST_CLOCK_HZ`` (v7x: XLA's
+    normalization over the leading axis of bf16[128,384,384] is priced at 235 cycles,
+    three of its five fusions at 0; its bytes need 8,700 cycles at 0.85 GHz, and tokamax
+    measured 58 us)."""
     if not found:
         return reference["cycles"] / kernel["cycles"], "compiler"
     k_s, r_s = kernel.get("seconds"), reference.get("seconds")
     if not k_s or not r_s:  # no clock: compare cycles, the floors at the slowest clock
+        from tilewright.profiling.chips import SLOWEST_CLOCK_HZ
+
         k_s, r_s = kernel["cycles"] / SLOWEST_CLOCK_HZ, reference["cycles"] / SLOWEST_CLOCK_HZ
     k = max(k_s, found.get("kernel_s") or 0.0)
     r = max(r_s, found.get("reference_s") or 0.0)
