@@ -90,15 +90,16 @@ class ChildMaker:
                             lambda sha: self.log.get_blob(sha).decode())
         for name in names[start:] + names[:start]:
             choices = legal[name]
-            if current[name] not in choices or name in waiting:
+            if current[name] not in choices:
                 continue
             at = choices.index(current[name])
             for step in (1, -1):
                 if not 0 <= at + step < len(choices):
                     continue
                 value = choices[at + step]
-                if type(value) is int and value > cover.get(name, value):
-                    continue
+                if type(value) is int and (value > cover.get(name, value) or (
+                        name in waiting and value > current[name])):
+                    continue  # covered already, or a sibling's grid will say so
                 new = tunables.apply(source, {name: value})
                 if _digest(new) in known or _digest(tunables.menu_free(new)) in ran:
                     continue
@@ -230,9 +231,9 @@ def in_flight(session: SessionState, parent: int | None, current: dict[str, Any]
     """Integer tunables that a child of ``parent`` not yet measured moves from ``current``
     (``parent``'s values; ``read``: a blob's text). Its grid, once known, says whether
     ``parent``'s block already covers its axes (``tuner.covering``), so the search's own
-    step leaves that tunable until then. (18k's search ran 256 rows beside 64 from the
-    128-row kernel: 256 ran as 128's 126-row kernel again, which 64's grid would have
-    shown.)"""
+    step grows none of them until then; a smaller block changes the grid, and may go
+    ahead. (18k's search ran 256 rows beside 64 from the 128-row kernel: 256 ran as
+    128's 126-row kernel again, which 64's grid would have shown.)"""
     moved: set[str] = set()
     for p in session.proposals.values():
         if p.base_version != parent or p.decision == "reject" or not p.source_blob:
