@@ -63,3 +63,27 @@ def test_the_installed_wheel_has_the_pairs_the_issue_counted() -> None:
     assert all(1.1 < p.measured_speedup < 4.5 for p in ragged)  # Pallas faster in all
     assert len(by[("v7x", "pallas_mosaic_tpu_flash_attention")]) == 76
     assert any("tpu7x/ragged_dot.json" in p for p in problems)
+
+
+def test_xla_ops_timed_alone_are_singles_with_their_fastest_time(tmp_path) -> None:
+    """tokamax times its XLA normalization on TPU7x with no Pallas TPU kernel beside it:
+    each spec is a ``Single`` (its implied clock is all there is to compare), never a
+    pair; an op of no such kind, or a GPU's folder, gives none."""
+    root = tmp_path / "tokamax"
+    v7x = root / "data" / "autotuning" / "tpu7x"
+    v7x.mkdir(parents=True)
+    spec = {"x": "bf16[384,384,64]", "scale": "f32[64]", "offset": "f32[64]", "axis": -1}
+    (v7x / "normalization.json").write_text(json.dumps({
+        json.dumps(spec): {"{}": {"evaluation_times_ms": [0.034, 0.033, 0.035]}},
+        json.dumps({**spec, "axis": 0}): {}}))  # listed, never timed
+    (v7x / "normalization_vjp.json").write_text("{not json")
+    gpu = root / "data" / "autotuning" / "nvidia_h100_80gb_hbm3"
+    gpu.mkdir()
+    (gpu / "normalization.json").write_text(json.dumps({
+        json.dumps(spec): {"{}": {"evaluation_times_ms": [0.01]}}}))
+    found, problems = tokamax_data.singles(root)
+    assert [(s.chip, s.op, s.what) for s in found] == [("v7x", "normalization", "normalization")]
+    assert found[0].spec == spec and found[0].xla.median_ms == pytest.approx(0.034)
+    assert found[0].provenance["xla_file"] == "tpu7x/normalization.json"
+    assert problems and "normalization_vjp.json is not readable JSON" in problems[0]
+    assert tokamax_data.pairs(root)[0] == []  # no Pallas op: no pair
