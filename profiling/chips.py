@@ -89,10 +89,10 @@ class Chip:
 
 # Where the table has no clock (v7x), memory floors and rooflines are counted in cycles
 # at a clock no TPU runs below: the table's slowest is v4's 1.05 GHz, and the v7x programs
-# tokamax timed imply 0.89-1.76 GHz (their cycles over their measured times;
-# benchmarks/estimates/tokamax_v7x.py). A floor counted at a clock lower than the chip's
-# is lower than the chip's own: it rejects only an estimate below the floor at any clock
-# the chip may run at.
+# tokamax timed imply 1.15-1.76 GHz where the estimator priced every op (their cycles
+# over their measured times; benchmarks/estimates/tokamax_v7x.py). A floor counted at a
+# clock lower than the chip's is lower than the chip's own: it rejects only an estimate
+# below the floor at any clock the chip may run at.
 SLOWEST_CLOCK_HZ = 0.85e9
 
 CHIPS: dict[str, Chip] = {

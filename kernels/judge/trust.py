@@ -17,7 +17,7 @@ def fidelity_brief(found: Any) -> dict[str, Any] | None:
 
 def speedup_words(found: Any) -> str | None:
     """A chip's estimated speedups against measured ones (``fidelity.speedups``), in a
-    phrase: "v7x speedups: 1 of 6 tokamax pairs estimated, 0.89 of measured"."""
+    phrase: "v7x speedups: 1 of 12 tokamax pairs estimated, 0.89 of measured"."""
     if not isinstance(found, dict) or not found.get("pairs"):
         return None
     said = (f"{found.get('chip') or 'this chip'} speedups: {found.get('estimated') or 0} "
