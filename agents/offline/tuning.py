@@ -80,13 +80,31 @@ def grow_past_choices(request: AgentRequest, source: str) -> Proposal | None:
 
 def covered(request: AgentRequest, names: set[str]) -> dict[str, int]:
     """``tuner.covering`` over the versions measured so far (their tunables and their
-    pallas_calls' grids at the production shape), the current one included."""
+    pallas_calls' grids at the production shape), the current one included; and, for a
+    tunable that a child of the current version not yet measured moves alone, its
+    current value: that child's grid will say whether the current block already covers
+    its axes, so nothing larger until then. (18k's search: the offline agent widened
+    128 rows to 256 while the search's 64-row child was being measured; 256 ran as the
+    126-row kernel of 128 again.)"""
     rows = [(h.tunables, h.numbers.get("grids")) for h in request.history
             if h.tunables is not None]
-    if request.current_source is not None and request.last_eval:
-        rows.append((tunables.config_of(request.current_source),
-                     version_numbers(request.last_eval).get("grids")))
-    return tuner.covering(rows, names)
+    current = None
+    if request.current_source is not None:
+        try:
+            current = tunables.config_of(request.current_source)
+        except tunables.TunablesError:
+            current = None
+    if current is not None and request.last_eval:
+        rows.append((current, version_numbers(request.last_eval).get("grids")))
+    found = tuner.covering(rows, names)
+    for h in request.history if current is not None else ():
+        if h.status is not None or h.parent != request.current_version or not h.tunables \
+                or set(h.tunables) != set(current):
+            continue
+        moved = [n for n in current if h.tunables[n] != current[n]]
+        if len(moved) == 1 and moved[0] in names and type(current[moved[0]]) is int:
+            found[moved[0]] = min(found.get(moved[0], current[moved[0]]), current[moved[0]])
+    return found
 
 
 def tuner_step(request: AgentRequest, lessons: list[Lesson] | None = None
