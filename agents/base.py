@@ -72,6 +72,9 @@ class VersionRow:
     steps: int | None = None  # grid steps, counted where ``steps_source`` says
     steps_source: str | None = None  # "tpu" (the estimate's shape) or "static"
     on_path: bool | None = None  # a graph search: on the root's path to the version asked
+    # No evaluation of it has ended yet (not run, or running); a cancelled or failed run
+    # has ended. Only where the session's runs were known (``sessions`` builds it).
+    pending: bool = False
 
     @classmethod
     def of(cls, entry: VersionRow | Mapping[str, Any]) -> VersionRow:
@@ -92,7 +95,8 @@ class VersionRow:
             numbers=numbers, flags=tuple(str(f) for f in entry.get("flags") or () if f),
             diagnosis=entry.get("diagnosis") or None,
             steps=steps if isinstance(steps, int) and not isinstance(steps, bool) else None,
-            steps_source=entry.get("steps_source"), on_path=entry.get("on_path"))
+            steps_source=entry.get("steps_source"), on_path=entry.get("on_path"),
+            pending=entry.get("pending") is True)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form ``of`` reads (fields left at their defaults are left out)."""
@@ -101,9 +105,9 @@ class VersionRow:
                                "summary": self.summary, "median_ms": self.median_ms,
                                "parent": self.parent, "origin": self.origin}
         for name in ("tunables", "numbers", "flags", "diagnosis", "steps", "steps_source",
-                     "on_path"):
+                     "on_path", "pending"):
             value = getattr(self, name)
-            if value not in (None, {}, ()):
+            if value not in (None, {}, (), False):
                 out[name] = list(value) if name == "flags" else value
         return out
 

@@ -220,7 +220,9 @@ def coerce(config: Config | Mapping[str, Any] | None) -> Config:
 
 def from_dict(data: Mapping[str, Any], *, source: str = "config", path: str | None = None,
               environ: Mapping[str, str] | None = None) -> Config:
-    data = {k: v for k, v in data.items() if k != "_path"}  # older in-memory dicts
+    # plain dicts all the way down (the models are strict: a read-only mapping given for
+    # a section is a table all the same); "_path": older in-memory dicts
+    data = {k: _plain(v) for k, v in data.items() if k != "_path"}
     try:
         sections = Sections.model_validate(data)
     except ValidationError as exc:  # every error, each once (a key's parts are one key)
@@ -229,6 +231,10 @@ def from_dict(data: Mapping[str, Any], *, source: str = "config", path: str | No
     env = Environment.read(environ)
     agent = sections.agent.model_copy(update={"model": env.model or sections.agent.model})
     return Config(**{**vars(sections), "agent": agent}, path=path, env=env)
+
+
+def _plain(value: Any) -> Any:
+    return {k: _plain(v) for k, v in value.items()} if isinstance(value, Mapping) else value
 
 
 def _message(error: Any, data: dict[str, Any]) -> str:

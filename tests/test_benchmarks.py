@@ -78,6 +78,9 @@ SMOKES = {
     "estimates/v5e_fidelity.py": (
         "the first measured softmax row estimated with its production shape shrunk to "
         "256x4096 (ratios meaningless)", "softmax: 1 tunings estimated"),
+    "estimates/unpriced_ops.py": (
+        "one small layer normalization compiled for v5e, each op's cycles and DMA type",
+        "v5e bf16[8, 128, 256] axis 0:"),
     "estimates/tokamax_v7x.py": (
         "no compile: whether this libtpu estimates v7x, and the kept run's table "
         "(benchmarks/data/tokamax_v7x.json)", "v7x estimates here:"),

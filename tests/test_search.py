@@ -556,6 +556,9 @@ def test_the_search_step_leaves_a_tunable_a_sibling_is_still_measuring() -> None
     state = fold_search({"schema": "tilewright.session/1"}, events).session
     current = {"BLOCK_ROWS": 128, "BLOCK_COLS": 128}
     assert in_flight(state, 1, current, blobs.__getitem__) == {"BLOCK_ROWS"}
+    # a child that moves two tunables at once says nothing of either's cover
+    assert in_flight(state, 1, {"BLOCK_ROWS": 128, "BLOCK_COLS": 256},
+                     blobs.__getitem__) == set()
     assert in_flight(state, 2, current, blobs.__getitem__) == set()  # another parent
     state.apply({"seq": 5, "t": 2, "type": "user.decision", "proposal": "p1",
                  "decision": "approve", "by": "auto"})

@@ -194,13 +194,20 @@ def test_a_diagnosis_asking_for_larger_blocks_widens_the_choices() -> None:
     # A child of v7 at 256 rows not yet measured (a search's sibling): its grid will say
     # whether 512 already covers the rows, so nothing wider is proposed beside it.
     sibling = {"version": 8, "status": None, "summary": "rows 256", "parent": 7,
-               "tunables": {"BLOCK_ROWS": 256}}
-    waiting = decide(AgentRequest("tune", agents.brief(task), source, 7,
-                                  last_eval={"status": "correct", "tpu": {
-                                      "chip": "v5e", "estimated_speedup": 1.512,
-                                      "kernel_time_s": 1e-3 / 1.512}},
-                                  history=(*history, sibling), diagnosis=diagnosis))
+               "tunables": {"BLOCK_ROWS": 256}, "pending": True}
+
+    def beside(row: dict) -> object:
+        return decide(AgentRequest("tune", agents.brief(task), source, 7,
+                                   last_eval={"status": "correct", "tpu": {
+                                       "chip": "v5e", "estimated_speedup": 1.512,
+                                       "kernel_time_s": 1e-3 / 1.512}},
+                                   history=(*history, row), diagnosis=diagnosis))
+
+    waiting = beside(sibling)
     assert not (isinstance(waiting, Proposal) and waiting.summary.startswith("widen")), waiting
+    # its run ended without a result (cancelled, the evaluator failed): nothing is held
+    ended = beside({**sibling, "pending": False})
+    assert isinstance(ended, Proposal) and ended.summary.startswith("widen"), ended
 
 
 def test_blocks_past_the_one_covering_their_grid_axes_are_not_proposed() -> None:

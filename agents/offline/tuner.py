@@ -288,6 +288,24 @@ def covering(rows: Iterable[tuple[dict[str, Any], list[list[int]] | None]], name
     return found
 
 
+def held(current: dict[str, Any], pending: Iterable[dict[str, Any]]) -> set[str]:
+    """Integer tunables that a configuration not yet measured (a child of ``current``
+    still to run, or running) moves alone from ``current``: its production grid, once
+    known, says whether ``current``'s block already covers its axes (``covering``), so
+    no larger value of them until then; a smaller one changes the grid and may go ahead.
+    (18k's search ran 256 rows beside 64 from the 128-row kernel: 256 ran as the 126-row
+    kernel of 128 again, which 64's grid would have shown.)"""
+    names: set[str] = set()
+    for config in pending:
+        if set(config) != set(current):
+            continue
+        moved = [n for n in current if config[n] != current[n]]
+        if len(moved) == 1 and type(current[moved[0]]) is int \
+                and type(config[moved[0]]) is int:
+            names.add(moved[0])
+    return names
+
+
 def within_cover(space: dict[str, list[Any]], covered: dict[str, int] | None
                  ) -> dict[str, list[Any]]:
     """``space`` without the values above the one that covers a tunable's grid axes."""

@@ -80,12 +80,10 @@ def grow_past_choices(request: AgentRequest, source: str) -> Proposal | None:
 
 def covered(request: AgentRequest, names: set[str]) -> dict[str, int]:
     """``tuner.covering`` over the versions measured so far (their tunables and their
-    pallas_calls' grids at the production shape), the current one included; and, for a
-    tunable that a child of the current version not yet measured moves alone, its
-    current value: that child's grid will say whether the current block already covers
-    its axes, so nothing larger until then. (18k's search: the offline agent widened
-    128 rows to 256 while the search's 64-row child was being measured; 256 ran as the
-    126-row kernel of 128 again.)"""
+    pallas_calls' grids at the production shape), the current one included; and the
+    current value of each tunable ``tuner.held`` by a child of the current version whose
+    evaluation has not ended (``VersionRow.pending``). (18k's search: the offline agent
+    widened 128 rows to 256 while the search's 64-row child was being measured.)"""
     rows = [(h.tunables, h.numbers.get("grids")) for h in request.history
             if h.tunables is not None]
     current = None
@@ -97,13 +95,11 @@ def covered(request: AgentRequest, names: set[str]) -> dict[str, int]:
     if current is not None and request.last_eval:
         rows.append((current, version_numbers(request.last_eval).get("grids")))
     found = tuner.covering(rows, names)
-    for h in request.history if current is not None else ():
-        if h.status is not None or h.parent != request.current_version or not h.tunables \
-                or set(h.tunables) != set(current):
-            continue
-        moved = [n for n in current if h.tunables[n] != current[n]]
-        if len(moved) == 1 and moved[0] in names and type(current[moved[0]]) is int:
-            found[moved[0]] = min(found.get(moved[0], current[moved[0]]), current[moved[0]])
+    if current is not None:
+        children = [h.tunables for h in request.history if h.pending and h.tunables
+                    and h.parent == request.current_version]
+        for name in tuner.held(current, children) & names:
+            found[name] = min(found.get(name, current[name]), current[name])
     return found
 
 

@@ -18,8 +18,9 @@ their sources (the programs are not vendored: point the script at the checkouts)
   timed for a Pallas op and its XLA counterpart are a measured speedup. Its grouped
   matmul on v5e (16 pairs) is estimated with tokamax's own kernel at the fastest
   measured tiling against ``jax.lax.ragged_dot``; the v7x pairs (attention, its backward
-  pass, the fused cross-entropy loss and its backward pass) are counted and listed with
-  why they are not estimated (``tilewright chips``: the estimator aborts on v7x).
+  pass, the fused cross-entropy loss and its backward pass) are counted here and
+  estimated by ``benchmarks/estimates/tokamax_v7x.py`` (libtpu 0.0.50 or newer, jax 0.12:
+  the estimator of the TPU VM's libtpu 0.0.42 aborts on v7x, ``tilewright chips``).
 
 Every program is estimated the way every evaluation estimates it (a worker's
 ``reference_estimate`` and ``estimate`` ops: production shape, shortened grids or a

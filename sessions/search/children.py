@@ -183,7 +183,8 @@ class ChildMaker:
             path.insert(0, cursor)
             cursor = versions[cursor].parent
         return history(versions, self._source, path,
-                       result_of=lambda blob: read_json_blob(self.log.path, blob))
+                       result_of=lambda blob: read_json_blob(self.log.path, blob),
+                       runs=self.state.session.runs)
 
     async def _ask_agent(self, action: Expand, parent: int | None,
                          message: str | None = None, role: str | None = None) -> str | None:
@@ -228,27 +229,25 @@ class ChildMaker:
 
 def in_flight(session: SessionState, parent: int | None, current: dict[str, Any],
               read: Callable[[str], str]) -> set[str]:
-    """Integer tunables that a child of ``parent`` not yet measured moves from ``current``
-    (``parent``'s values; ``read``: a blob's text). Its grid, once known, says whether
-    ``parent``'s block already covers its axes (``tuner.covering``), so the search's own
-    step grows none of them until then; a smaller block changes the grid, and may go
-    ahead. (18k's search ran 256 rows beside 64 from the 128-row kernel: 256 ran as
-    128's 126-row kernel again, which 64's grid would have shown.)"""
-    moved: set[str] = set()
+    """The tunables ``tuner.held`` by the children of ``parent`` (at ``current``) not yet
+    measured: proposals still to decide or apply, and versions whose evaluation has not
+    ended (``read``: a blob's text). A rejected proposal, one that could not be applied,
+    and a version whose run ended (measured, cancelled or failed) hold nothing."""
+    ended = {r.version for r in session.runs.values() if r.kind == "eval" and r.t_end is not None}
+    configs = []
     for p in session.proposals.values():
-        if p.base_version != parent or p.decision == "reject" or not p.source_blob:
+        if p.base_version != parent or p.decision == "reject" or p.apply_failed \
+                or not p.source_blob:
             continue
         applied = p.applied_version
-        if applied is not None and any(r.version == applied and r.t_end is not None
-                                       for r in session.runs.values()):
-            continue  # ran (``covering`` reads its grid), or ended without a result
+        if applied is not None and (applied in ended or (
+                applied in session.versions and session.versions[applied].judgement)):
+            continue
         try:
-            config = tunables.config_of(read(p.source_blob))
+            configs.append(tunables.config_of(read(p.source_blob)))
         except (tunables.TunablesError, OSError, KeyError, UnicodeDecodeError):
             continue
-        moved |= {name for name, value in config.items()
-                  if type(value) is int and current.get(name) != value}
-    return moved
+    return tuner.held(current, configs)
 
 
 def _onto(p: Proposal, parent: int | None, source_of: Any) -> Proposal:

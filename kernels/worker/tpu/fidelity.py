@@ -228,8 +228,6 @@ def roofline_floor(roofline: dict[str, Any] | None) -> float | None:
     return float(seconds) if seconds else None
 
 
-
-
 def floored_speedup(kernel: dict[str, Any], reference: dict[str, Any],
                     found: dict[str, Any] | None, reference_roofline_s: float | None = None
                     ) -> tuple[float, str]:
@@ -246,7 +244,7 @@ def floored_speedup(kernel: dict[str, Any], reference: dict[str, Any],
     if not found:
         return reference["cycles"] / kernel["cycles"], "compiler"
     k_s, r_s = kernel.get("seconds"), reference.get("seconds")
-    if not k_s or not r_s:  # no clock: compare cycles, the floors at the slowest clock
+    if k_s is None or r_s is None:  # no clock: compare cycles, floors at the slowest clock
         from tilewright.profiling.chips import SLOWEST_CLOCK_HZ
 
         k_s, r_s = kernel["cycles"] / SLOWEST_CLOCK_HZ, reference["cycles"] / SLOWEST_CLOCK_HZ
