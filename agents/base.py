@@ -74,7 +74,7 @@ class VersionRow:
     on_path: bool | None = None  # a graph search: on the root's path to the version asked
     # No evaluation of it has ended yet (not run, or running); a cancelled or failed run
     # has ended. Only where the session's runs were known (``sessions`` builds it).
-    pending: bool = False
+    awaiting_result: bool = False
 
     @classmethod
     def of(cls, entry: VersionRow | Mapping[str, Any]) -> VersionRow:
@@ -96,7 +96,7 @@ class VersionRow:
             diagnosis=entry.get("diagnosis") or None,
             steps=steps if isinstance(steps, int) and not isinstance(steps, bool) else None,
             steps_source=entry.get("steps_source"), on_path=entry.get("on_path"),
-            pending=entry.get("pending") is True)
+            awaiting_result=entry.get("awaiting_result") is True)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form ``of`` reads (fields left at their defaults are left out)."""
@@ -105,7 +105,7 @@ class VersionRow:
                                "summary": self.summary, "median_ms": self.median_ms,
                                "parent": self.parent, "origin": self.origin}
         for name in ("tunables", "numbers", "flags", "diagnosis", "steps", "steps_source",
-                     "on_path", "pending"):
+                     "on_path", "awaiting_result"):
             value = getattr(self, name)
             if value not in (None, {}, (), False):
                 out[name] = list(value) if name == "flags" else value

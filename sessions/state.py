@@ -29,15 +29,8 @@ from tilewright.sessions.agent_turn import plan_steps
 TIE_WORDS = f"a tie within {ESTIMATE_TIE:.0%}: less VMEM"
 
 
-def event_judgement(e: dict[str, Any], backend: dict[str, Any] | None = None) -> Judgement:
-    """``Judgement.from_event``: what a ``run.result`` recorded, for the screens (which
-    reach the judge's types through the session layer)."""
-    return Judgement.from_event(e, backend)
-
-
 def _judged(name: str, default: Any = None) -> Any:
-    """A ``Version`` property that reads its judgement's ``name`` (``default`` before
-    any evaluation)."""
+    """A ``Version`` property: its judgement's ``name`` (``default`` before an evaluation)."""
     return property(lambda self: getattr(self.judgement, name) if self.judgement is not None
                     else default)
 
@@ -252,6 +245,13 @@ class SessionState:
         best = best_of((v for v in self.versions.values() if v.crownable),
                        lambda v: v.rank)
         self.best_version = best.number if best else None
+
+    def awaiting_result(self, number: int) -> bool:
+        """Version ``number`` has no judgement and no evaluation of it has ended (not run
+        yet, or running); a cancelled or failed run has ended."""
+        return self.versions[number].judgement is None and not any(
+            r.version == number and r.kind == "eval" and r.t_end is not None
+            for r in self.runs.values())
 
     @property
     def best_rank(self) -> Rank | None:

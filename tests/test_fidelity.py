@@ -108,6 +108,11 @@ def test_without_a_clock_the_floors_count_in_cycles_at_the_slowest_clock() -> No
     priced = {"cycles": 40_000, "seconds": None}
     assert fidelity.floored_speedup(kernel, priced, floor) == (2.0, "compiler")
     assert fidelity.floored_speedup(kernel, reference, None) == (235 / 20_000, "compiler")
+    from tilewright.kernels.judge.rank import Rank
+
+    said = Rank("tpu_estimate", speedup, "v7x", basis=basis, compiler_value=235 / 20_000).how()
+    assert "memory floor in cycles at 0.85 GHz; cycles alone 0.01x" in said, said
+    assert "GHz" not in Rank("tpu_estimate", 1.0, "v5e", basis="memory_floor").how()
 
 
 def test_the_reference_is_never_priced_below_its_roofline() -> None:

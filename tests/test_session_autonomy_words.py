@@ -194,7 +194,7 @@ def test_a_diagnosis_asking_for_larger_blocks_widens_the_choices() -> None:
     # A child of v7 at 256 rows not yet measured (a search's sibling): its grid will say
     # whether 512 already covers the rows, so nothing wider is proposed beside it.
     sibling = {"version": 8, "status": None, "summary": "rows 256", "parent": 7,
-               "tunables": {"BLOCK_ROWS": 256}, "pending": True}
+               "tunables": {"BLOCK_ROWS": 256}, "awaiting_result": True}
 
     def beside(row: dict) -> object:
         return decide(AgentRequest("tune", agents.brief(task), source, 7,
@@ -206,7 +206,7 @@ def test_a_diagnosis_asking_for_larger_blocks_widens_the_choices() -> None:
     waiting = beside(sibling)
     assert not (isinstance(waiting, Proposal) and waiting.summary.startswith("widen")), waiting
     # its run ended without a result (cancelled, the evaluator failed): nothing is held
-    ended = beside({**sibling, "pending": False})
+    ended = beside({**sibling, "awaiting_result": False})
     assert isinstance(ended, Proposal) and ended.summary.startswith("widen"), ended
 
 

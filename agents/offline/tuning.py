@@ -82,7 +82,7 @@ def covered(request: AgentRequest, names: set[str]) -> dict[str, int]:
     """``tuner.covering`` over the versions measured so far (their tunables and their
     pallas_calls' grids at the production shape), the current one included; and the
     current value of each tunable ``tuner.held`` by a child of the current version whose
-    evaluation has not ended (``VersionRow.pending``). (18k's search: the offline agent
+    evaluation has not ended (``VersionRow.awaiting_result``). (18k's search: the offline agent
     widened 128 rows to 256 while the search's 64-row child was being measured.)"""
     rows = [(h.tunables, h.numbers.get("grids")) for h in request.history
             if h.tunables is not None]
@@ -96,7 +96,7 @@ def covered(request: AgentRequest, names: set[str]) -> dict[str, int]:
         rows.append((current, version_numbers(request.last_eval).get("grids")))
     found = tuner.covering(rows, names)
     if current is not None:
-        children = [h.tunables for h in request.history if h.pending and h.tunables
+        children = [h.tunables for h in request.history if h.awaiting_result and h.tunables
                     and h.parent == request.current_version]
         for name in tuner.held(current, children) & names:
             found[name] = min(found.get(name, current[name]), current[name])

@@ -370,6 +370,11 @@ class Rank:
             alone = f"; cycles alone {times(self.compiler_value)}" \
                 if self.compiler_value is not None else ""
             what = "XLA at its roofline" if self.basis == "roofline" else "memory floor"
+            from tilewright.profiling.chips import CHIPS, SLOWEST_CLOCK_HZ
+
+            chip = CHIPS.get(str(self.chip))
+            if chip is not None and not chip.clock_hz:  # v7x: the floor counted in cycles
+                what += f" in cycles at {SLOWEST_CLOCK_HZ / 1e9:g} GHz"
             words.append(f"{what}{alone}")
         return ", ".join(words)
 

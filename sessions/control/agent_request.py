@@ -23,7 +23,7 @@ from typing import Any
 from tilewright.agents.base import AgentRequest, TaskBrief, VersionRow
 from tilewright.agents.prompts.evalfacts import rank_of, version_numbers
 from tilewright.sessions.log import SessionLog, read_json_blob
-from tilewright.sessions.state import RunInfo, SessionState, Version, outranks
+from tilewright.sessions.state import SessionState, Version, outranks
 
 
 def agent_result(log_path: Any, blob: str) -> dict[str, Any] | None:
@@ -54,16 +54,15 @@ _NUMBERS_KEPT = 4096
 def history(versions: Mapping[int, Version], source_of: Callable[[int], str],
             path: Sequence[int] | None = None,
             result_of: Callable[[str], dict[str, Any] | None] | None = None,
-            runs: Mapping[str, RunInfo] | None = None) -> tuple[VersionRow, ...]:
+            awaiting_result: Callable[[int], bool] | None = None) -> tuple[VersionRow, ...]:
     """Every version so far with its measurements and tunables (so a tuner never
     proposes a measured configuration twice), its parent and origin, and with
     ``result_of`` (a result blob -> its eval JSON) the numbers of its evaluation, its
     grid steps and its own diagnosis. With ``path`` (a graph search: the root to the
     version asked about) those versions come first and every entry says whether it is
-    on the path. With ``runs`` (the session's), a version without a judgement whose
-    evaluations have not ended is ``pending``. Tunables are parsed, and numbers read,
-    once per blob."""
-    ended = {r.version for r in (runs or {}).values() if r.kind == "eval" and r.t_end is not None}
+    on the path. ``awaiting_result`` (``SessionState.awaiting_result``) marks the versions
+    whose evaluation has not ended. Tunables are parsed, and numbers read, once per
+    blob."""
     on_path = set(path or ())
     order = [*(path or ()), *(n for n in versions if n not in on_path)]
     out = []
@@ -79,7 +78,7 @@ def history(versions: Mapping[int, Version], source_of: Callable[[int], str],
             numbers=numbers, flags=tuple(f for f in v.flags or () if f),
             diagnosis=v.diagnosis or None, steps=steps, steps_source=where,
             on_path=number in on_path if path is not None else None,
-            pending=runs is not None and v.judgement is None and number not in ended))
+            awaiting_result=awaiting_result is not None and awaiting_result(number)))
     return tuple(out)
 
 
@@ -144,7 +143,7 @@ def build_request(state: SessionState, log: SessionLog, brief: TaskBrief, role: 
     notes = tuple(state.notes) + plan_notes(state)
     rows = history(state.versions,
                    lambda n: log.get_blob(state.versions[n].source_blob).decode(),
-                   result_of=lambda blob: agent_result(log.path, blob), runs=state.runs)
+                   result_of=lambda blob: agent_result(log.path, blob), awaiting_result=state.awaiting_result)
     # Every diagnosis is held against the estimates measured since it was made.
     rows = tuple(dataclasses.replace(r, diagnosis=check_with_estimates(r.diagnosis, rows))
                  if r.diagnosis else r for r in rows)

@@ -184,7 +184,7 @@ class ChildMaker:
             cursor = versions[cursor].parent
         return history(versions, self._source, path,
                        result_of=lambda blob: read_json_blob(self.log.path, blob),
-                       runs=self.state.session.runs)
+                       awaiting_result=self.state.session.awaiting_result)
 
     async def _ask_agent(self, action: Expand, parent: int | None,
                          message: str | None = None, role: str | None = None) -> str | None:
@@ -233,15 +233,12 @@ def in_flight(session: SessionState, parent: int | None, current: dict[str, Any]
     measured: proposals still to decide or apply, and versions whose evaluation has not
     ended (``read``: a blob's text). A rejected proposal, one that could not be applied,
     and a version whose run ended (measured, cancelled or failed) hold nothing."""
-    ended = {r.version for r in session.runs.values() if r.kind == "eval" and r.t_end is not None}
     configs = []
     for p in session.proposals.values():
         if p.base_version != parent or p.decision == "reject" or p.apply_failed \
                 or not p.source_blob:
             continue
-        applied = p.applied_version
-        if applied is not None and (applied in ended or (
-                applied in session.versions and session.versions[applied].judgement)):
+        if p.applied_version in session.versions and not session.awaiting_result(p.applied_version):
             continue
         try:
             configs.append(tunables.config_of(read(p.source_blob)))

@@ -31,13 +31,13 @@ from textual.message_pump import MessagePump
 
 from tilewright.sessions import events as ev
 from tilewright.sessions.errors import ControllerError as CommandRefused
-from tilewright.sessions.state import event_judgement
+from tilewright.sessions.state import Judgement
 
 if TYPE_CHECKING:  # the controller module is imported once a session opens, not at start
     from tilewright.kernels.judge.result import EvalResult
     from tilewright.sessions.control.controller import Controller
     from tilewright.sessions.drafts import Draft, Stop
-    from tilewright.sessions.state import Judgement, SessionState
+    from tilewright.sessions.state import SessionState
 
 __all__ = ["AgentSaid", "AgentStarted", "AgentStreamed", "AutoStopped", "CommandRefused",
            "ControllerBusy", "ControllerIdle", "DecisionMade", "DiagnosisMade", "LiveLink",
@@ -124,7 +124,7 @@ class RunFinished(RunChanged):
     def judgement(self) -> Judgement | None:
         if self.event.get("cancelled") or self.event.get("status") == "error":
             return None
-        return event_judgement(dict(self.event))
+        return Judgement.from_event(dict(self.event))
 
 
 class ProfileFinished(RunChanged):

@@ -14,7 +14,7 @@ from typing import Any
 
 from tilewright.sessions import events as ev
 from tilewright.sessions.autonomy import stop_words
-from tilewright.sessions.state import Judgement, event_judgement
+from tilewright.sessions.state import Judgement
 from tilewright.tui import keymap
 from tilewright.tui.format import compile_verdict
 from tilewright.tui.session.view import SessionView
@@ -55,7 +55,7 @@ def describe_result(event: ev.RunResult, narrow: bool = False,
     if event.get("correct"):
         # The ranking number in words (``Rank.words``): an estimate says it is one, host
         # simulation time is not called a speedup (and its milliseconds are the CPU's).
-        rank = (judged or event_judgement(dict(event))).rank
+        rank = (judged or Judgement.from_event(dict(event))).rank
         if rank is not None and rank.said:  # disqualified: says why
             # Beside a compiler figure, how far such figures hold for its chip and class
             # (and, in its words, when the memory floor decided it, both figures).
