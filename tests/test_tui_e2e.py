@@ -25,6 +25,9 @@ pexpect = pytest.importorskip("pexpect", reason="pexpect is needed to drive a ps
 
 ROOT = Path(__file__).resolve().parent.parent
 TILEWRIGHT = str(Path(sys.executable).parent / "tilewright")
+# where the package is only on the path (a copy on a TPU VM), ``python -m`` runs the same CLI
+COMMAND = ((TILEWRIGHT, []) if os.path.exists(TILEWRIGHT)
+           else (sys.executable, ["-m", "tilewright.tui.cli"]))
 CTRL = {"r": "\x12", "y": "\x19", "g": "\x07", "q": "\x11"}
 GUARD_S = 0.7  # the approval prompt ignores keys for 0.5 s after it appears
 JAX_NOISE = (b"Failed to find host bounds", b"TF_CPP", b"absl::", b"libtpu", b"Traceback")
@@ -43,7 +46,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 class Terminal:
     def __init__(self, args: list[str], env: dict[str, str], size=(40, 140)) -> None:
-        self.child = pexpect.spawn(TILEWRIGHT, args, env=env, cwd=str(ROOT),
+        self.child = pexpect.spawn(COMMAND[0], COMMAND[1] + args, env=env, cwd=str(ROOT),
                                    dimensions=size, timeout=5)
         self.output = bytearray()
 

@@ -5,7 +5,11 @@
 # and its dependencies installed; jax and libtpu from the image). One program at a time
 # holds the chip, so the steps run one after another (STEPS="..." picks some, in order):
 #   eval     `tilewright eval --task gelu --json` on the chip (the exported route, device time)
-#   tests    tests/test_on_tpu.py (eval, estimate and profile in a pool; the busy-chip error)
+#   tests    tests/test_on_tpu.py (eval, estimate and profile in a pool; the busy-chip error;
+#            the workbench in a pseudo-terminal)
+#   commands every other command on the chip, one after another, each with its wall time:
+#            estimate, profile and calibrate on softmax; auto (budget 3) on softmax, then
+#            replay --verify and export --test of that session, and the exported test run
 #   auto     `tilewright auto` with the offline agent on the bundled causal_attention and
 #            matmul_bias_gelu (AUTO_TASKS; AUTO_BUDGET versions each, default 6): what the
 #            tool finds on the chip, ranked by device time
@@ -22,7 +26,7 @@ set -u
 out=${1:?usage: tpu_checks.sh OUTDIR [JAXBENCH_BENCHMARK_DIR] [CROWNED_DIR]}
 jb=${2:-}
 crowned=${3:-}
-steps=${STEPS:-eval tests auto measure crowned}
+steps=${STEPS:-eval tests commands auto measure crowned}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3 PYTHONFAULTHANDLER=1
 step() {
@@ -41,6 +45,20 @@ for s in $steps; do
             --json ;;
     tests) step "${TESTS_TIMEOUT:-300}" tests env TILEWRIGHT_TPU_TESTS=1 python -m pytest -q -p no:cacheprovider \
              tests/test_on_tpu.py ;;
+    commands)
+      tw="python -m tilewright.tui.cli"
+      step 300 estimate $tw estimate --task softmax --json
+      step 300 profile $tw profile --task softmax --iters 5
+      step 400 calibrate $tw calibrate --task softmax --json
+      step 400 auto_softmax $tw auto --task softmax --agent offline --budget 3 \
+        --session-dir "$out/cmd_sessions" --json
+      session=$(ls -t "$out/cmd_sessions" 2>/dev/null | head -1)
+      if [ -n "$session" ]; then
+        step 400 replay_verify $tw replay "$session" --session-dir "$out/cmd_sessions" --verify
+        step 300 export $tw export "$session" --session-dir "$out/cmd_sessions" \
+          -o "$out/softmax_best.py" --test "$out/test_softmax_best.py"
+        step 300 export_test python -m pytest -q -p no:cacheprovider "$out/test_softmax_best.py"
+      fi ;;
     auto)
       for task in ${AUTO_TASKS:-causal_attention matmul_bias_gelu}; do
         step "${AUTO_TIMEOUT:-240}" "auto_$task" python -m tilewright.tui.cli auto --task "$task" \
