@@ -140,3 +140,21 @@ def test_tunables_are_declared_and_the_largest_choices_stay_correct(task_name: s
     inputs = ref_mod.make_inputs(jax.random.key(3), **shape.params)
     jax.jit(kernel).trace(*inputs).lower(lowering_platforms=("tpu",))
     _check_close(task, shape, _run_interpret(kernel, inputs), ref_mod.reference(*inputs))
+
+
+@pytest.mark.parametrize("task_name", ["matmul_bias_gelu", "causal_attention"])
+def test_every_value_of_a_switch_stays_correct(task_name: str) -> None:
+    """F32_PASSES=3 (each float32 operand split into two bf16 parts, three MXU products)
+    is written out in the kernel: interpret mode computes what the chip does, within the
+    task's float32 tolerances (on the v5e at the production shape too, 2026-12-07)."""
+    task = TASKS[task_name]
+    source = task.kernel_path.read_text()
+    switches = tunables.switches(source)
+    assert switches == ("F32_PASSES",)
+    ref_mod = _module(task.reference_path)
+    shape = next(s for s in task.shapes_for("cpu") if not s.held_out)
+    inputs = ref_mod.make_inputs(jax.random.key(5), **shape.params)
+    for value in tunables.read(source)["F32_PASSES"][1]:
+        kernel = _module(task.kernel_path, tunables.apply(source, {"F32_PASSES": value})).kernel
+        jax.jit(kernel).trace(*inputs).lower(lowering_platforms=("tpu",))
+        _check_close(task, shape, _run_interpret(kernel, inputs), ref_mod.reference(*inputs))

@@ -172,10 +172,13 @@ def test_tuner_only_proposes_blocks_that_divide_the_dims_they_tile() -> None:
     task = load_task("matmul_bias_gelu", {"k": "384"})  # 256 would leave a ragged K block
     top = {"BLOCK_M": 1024, "BLOCK_N": 1024}
     source = tunables.apply(task.starting_source(), {**top, "BLOCK_K": 1024})
+    top = {**top, "F32_PASSES": 6}  # the switch's other value measured (worse)
     history = ({"version": 1, "status": "correct", "rank": est(0.5),
                 "tunables": {**top, "BLOCK_K": 128}},
                {"version": 2, "status": "correct", "rank": est(0.4),
-                "tunables": {**top, "BLOCK_K": 1024}})
+                "tunables": {**top, "BLOCK_K": 1024}},
+               {"version": 3, "status": "correct", "rank": est(0.3),
+                "tunables": {**top, "BLOCK_K": 1024, "F32_PASSES": 3}})
     request = AgentRequest("tune", agents.brief(task), source, 2, history=history,
                            last_eval=estimated(0.4))
     proposal = decide(request)
@@ -263,9 +266,10 @@ def test_a_fix_that_would_repeat_a_measured_configuration_searches_on() -> None:
     vmem = {"status": "compile_error", "error": {"kind": "compile", "message":
             "RESOURCE_EXHAUSTED: exceeded scoped vmem limit"}}
     history = ({"version": 1, "status": "correct", "rank": est(0.5),
-                "tunables": {"BLOCK_M": 512, "BLOCK_N": 128, "BLOCK_K": 128}},
+                "tunables": {"BLOCK_M": 512, "BLOCK_N": 128, "BLOCK_K": 128, "F32_PASSES": 6}},
                {"version": 2, "status": "compile_error", "rank": None,
-                "tunables": {"BLOCK_M": 1024, "BLOCK_N": 128, "BLOCK_K": 128}})
+                "tunables": {"BLOCK_M": 1024, "BLOCK_N": 128, "BLOCK_K": 128,
+                             "F32_PASSES": 6}})
     request = AgentRequest("fix", agents.brief(task), source, 2, last_eval=vmem, history=history)
     proposal = decide(request)
     # Shrinking BLOCK_M back to 512 would only repeat v1: move on from v1 instead. The
@@ -656,7 +660,12 @@ def test_fixes_float32_products_off_by_the_chips_default_precision() -> None:
     from tilewright.agents.offline.fixes import suggest_fix
 
     source = load_task("causal_attention").starting_source()
-    plain = source.replace("precision=PRECISION, ", "")
+    plain = source.replace(  # its two products as plain float32 dots
+        "_product(q, k_ref[...], (((1,), (1,)), ((), ())))",
+        "jax.lax.dot_general(q, k_ref[...], (((1,), (1,)), ((), ())), "
+        "preferred_element_type=jnp.float32)").replace(
+        "_product(p, v_ref[...], (((1,), (0,)), ((), ())))",
+        "jnp.dot(p, v_ref[...], preferred_element_type=jnp.float32)")
     assert plain != source and "precision=" not in plain.split("def flash_kernel")[1]
     chip = {"status": "incorrect", "backend": {"platform": "tpu"},
             "correctness": {"max_abs_diff": 0.0129},
@@ -744,3 +753,28 @@ def test_pressure_against_a_limit_the_kernel_sized_itself_does_not_shrink_its_bl
     found = diagnose(profile, {"tpu": default})
     assert found["kind"] == "vmem_pressure"
     assert "of the 16 MiB scoped limit at the production shape" in found["summary"]
+
+
+def test_a_switch_is_measured_once_per_value_and_never_grown() -> None:
+    """``TUNABLE_SWITCHES`` names a tunable that sizes nothing (F32_PASSES: 6 or 3 MXU
+    passes per float32 product). Its other value is measured from the best
+    configuration before any block is bisected; afterwards it stays where the best is;
+    a diagnosis that grows the blocks leaves it alone, and it counts for no VMEM."""
+    source = ('BLOCK_M = 128\nF32_PASSES = 6\nTUNABLES = {"BLOCK_M": [128, 256, 512], '
+              '"F32_PASSES": [6, 3]}\nTUNABLE_SWITCHES = ("F32_PASSES",)\n')
+    obs = tuner.Observations()
+    obs.add({"BLOCK_M": 128, "F32_PASSES": 6}, "correct", Rank.from_json(est(0.3)), None, 1)
+    diagnosis = {"version": 1, "kind": "per_step_overhead", "summary": "steps cost"}
+    grow = tuner.diagnosed_step(source, obs, {}, diagnosis)
+    assert grow is not None and grow.config == {"BLOCK_M": 512, "F32_PASSES": 6}
+    obs.add(grow.config, "correct", Rank.from_json(est(1.0)), None, 2)
+    step = tuner.next_step(source, obs)
+    assert step is not None and step.config == {"BLOCK_M": 512, "F32_PASSES": 3}
+    assert "not a block size" in step.rationale
+    obs.add(step.config, "correct", Rank.from_json(est(2.0)), None, 3)
+    step = tuner.next_step(tunables.apply(source, step.changes), obs)
+    # the switch stays at the best's 3 (6 was measured); the blocks are bisected
+    assert step is not None and step.config == {"BLOCK_M": 256, "F32_PASSES": 3}
+    model = tuner.VmemModel({"BLOCK_M": 512, "F32_PASSES": 6}, 8.0 * 2**20, 16.0 * 2**20,
+                            {}, tunables.switches(source))
+    assert model.bytes_for({"BLOCK_M": 512, "F32_PASSES": 3}) == 8.0 * 2**20

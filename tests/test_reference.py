@@ -22,7 +22,7 @@ import pytest
 from tilewright.kernels.judge.rank import Rank, ranking
 from tilewright.kernels.pool.workers import EvalOptions, WorkerPool
 from tilewright.kernels.tasks.loaders import load_task
-from tilewright.kernels.worker.tpu import tpu_compile
+from tilewright.kernels.worker.tpu import reference, tpu_compile
 
 pytestmark = pytest.mark.skipif(tpu_compile.libtpu_path() is None,
                                 reason="libtpu not installed (pip install 'jax[tpu]')")
@@ -342,9 +342,24 @@ async def test_a_size_the_cost_does_not_grow_with_gives_way_to_one_it_does(
     assert estimate is not None, found.get("why")
     assert estimate["method"] == "scaled" and "with t at" in estimate["detail"], estimate
     assert found["scaling"]["name"] == "t"  # the record names the size that priced it
-    doubled = float(estimate["detail"].split("not by e (doubling it multiplied the cycles by ")[1]
-                    .split(")")[0])
+    doubled = float(estimate["detail"].split(
+        "not by e (2 times the size multiplied the cycles by ")[1].split(")")[0])
     assert doubled < 2 * 0.9 and 2 * estimate["linearity"] > doubled, estimate["detail"]
+
+
+def test_a_reference_whose_work_grows_faster_than_its_size_is_scaled_per_flop() -> None:
+    """Attention along its sequence: twice the size, four times the FLOPs. Its cost per
+    FLOP at the larger size scales it (causal_attention's XLA reference on a v5e: per
+    unit 5.2 ms, per FLOP 41.6 ms, measured 39.2 ms); work in proportion to the size, or
+    slower (its bytes still grow with it), keeps the cost per unit."""
+    quadratic = reference.work_units(256, 512, 4096, (1.0e9, 4.0e9, 256.0e9))
+    assert quadratic == (1.0e9, 4.0e9, 256.0e9, "FLOP")
+    value, _line, _spread = reference.scale_reference(297_787, 976_103, *quadratic[:3])
+    assert value == 976_103 * 64
+    assert reference.work_units(256, 512, 4096, (1.0e9, 2.0e9, 16.0e9)) == (256, 512, 4096,
+                                                                             "unit")
+    assert reference.work_units(256, 512, 4096, (1.0e9, 1.1e9, 1.5e9))[3] == "unit"
+    assert reference.work_units(256, 512, 4096, (0.0, 0.0, 0.0))[3] == "unit"
 
 
 def test_rank_orders_by_the_kernel_time_and_says_what_it_is() -> None:

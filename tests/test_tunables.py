@@ -155,3 +155,13 @@ def test_sources_differing_only_in_their_declared_choices_read_the_same() -> Non
         tunables.menu_free(source)
     assert tunables.menu_free("x = 1\n") == "x = 1\n"  # nothing declared
     assert tunables.menu_free("def (:\n") == "def (:\n"  # does not parse
+
+
+def test_switches_name_declared_tunables() -> None:
+    source = SOURCE + 'TUNABLE_SWITCHES = ("MODE",)\n'
+    assert tunables.switches(source) == ("MODE",)
+    assert tunables.switches(SOURCE) == ()
+    with pytest.raises(tunables.TunablesError, match="does not declare: SPEED"):
+        tunables.switches(SOURCE + 'TUNABLE_SWITCHES = ("SPEED",)\n')
+    with pytest.raises(tunables.TunablesError, match="tuple of tunable names"):
+        tunables.switches(SOURCE + 'TUNABLE_SWITCHES = "MODE"\n')

@@ -17,7 +17,11 @@ block that still fits VMEM usually wins on a TPU, and interpret mode is dominate
 step count), then halves the interval between the best value and the nearest measured
 worse one, assuming the time along one tunable is unimodal. Only when no larger value
 is left anywhere does it step to smaller values. A kernel with k tunables of n choices
-each needs about k * log2(n) evaluations instead of the grid's n ** k.
+each needs about k * log2(n) evaluations instead of the grid's n ** k. A switch
+(``TUNABLE_SWITCHES``: a choice of how to compute, not a size) is no axis to bisect:
+each of its values is measured once, from the best configuration then, before any block
+is bisected, and afterwards it stays at the best one's value (on the v5e, 3 MXU passes per float32 product instead of 6 took causal_attention from
+1.59x to 2.73x of XLA and matmul_bias_gelu from 1.06x to 2.09x).
 """
 
 from __future__ import annotations
@@ -182,8 +186,9 @@ class VmemModel:
     that would only say "does not fit"."""
 
     def __init__(self, measured: dict[str, Any], vmem_bytes: float, limit_bytes: float,
-                 dims: dict[str, tuple[int, ...]]) -> None:
+                 dims: dict[str, tuple[int, ...]], switches: Iterable[str] = ()) -> None:
         self.measured, self.vmem, self.limit, self.dims = measured, vmem_bytes, limit_bytes, dims
+        self.switches = frozenset(switches)  # they size no block
 
     def bytes_for(self, config: dict[str, Any]) -> float:
         """The model's VMEM for ``config``. A tunable whose dims are not known (its name
@@ -191,6 +196,8 @@ class VmemModel:
         tile an array larger than any of its values: its bytes grow with it."""
         ratio = 1.0
         for name, value in config.items():
+            if name in self.switches:
+                continue
             old, dims = self.measured.get(name), self.dims.get(name)
             if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
                        for v in (value, old)):
@@ -251,13 +258,15 @@ def vmem_model(history: tuple[VersionRow, ...], last_eval: dict[str, Any] | None
                        "vmem_limit_bytes": tpu.get("vmem_limit_bytes"),
                        "compile": tpu.get("compile")}))
     names = set(tunables.config_of(current_source)) if current_source else None
+    switches = tunables.switches(current_source) if current_source else ()
     for config, numbers in reversed(found):
         if names is not None and set(config) != names:
             continue  # another kernel's tunables: its VMEM says nothing of this one
         vmem, limit = numbers.get("vmem_bytes"), numbers.get("vmem_limit_bytes")
         if numbers.get("compile") == "ok" and isinstance(vmem, int | float) and vmem > 0 \
                 and isinstance(limit, int | float) and limit > 0 and config:
-            return VmemModel(dict(config), float(vmem), float(max(limit, cap or 0)), dims)
+            return VmemModel(dict(config), float(vmem), float(max(limit, cap or 0)), dims,
+                             switches)
     return None
 
 
@@ -377,8 +386,13 @@ def next_step(source: str, obs: Observations,
                         + ", ".join(f"{k} to {v}" for k, v in moved.items())
                         + ", the nearest value the note allows.", parent_version)
         base = config
-    probes = [_probe(space, obs, base, name, up=True) for name in space]
-    probes += [_probe(space, obs, base, name, up=False) for name in space]
+    switches = tunables.switches(source)
+    declared = tunables.read(source)
+    probes = [_switch_probe(declared[name][1], space, obs, base, name) for name in switches
+              if name in space]
+    probes += [_probe(space, obs, base, name, up=True) for name in space if name not in switches]
+    probes += [_probe(space, obs, base, name, up=False) for name in space
+               if name not in switches]
     for probe in probes:
         if probe is None:
             continue
@@ -393,6 +407,17 @@ def next_step(source: str, obs: Observations,
                 f"{n} {op} {v}" for n, bounds in constraints.items() for op, v in bounds) + ")."
         return Step(changes, config, _summary(name, parent.get(name), value, config,
                                               parent_version), rationale, parent_version)
+    return None
+
+
+def _switch_probe(declared: list[Any], space: dict[str, list[Any]], obs: Observations,
+                  base: dict[str, Any], name: str) -> tuple[str, Any, str] | None:
+    """A switch's first value, in its declared order, that no configuration measured so
+    far has: each value is measured once, from ``base``."""
+    seen = {dict(key).get(name) for key in obs.score}
+    for value in declared:
+        if value in space[name] and value not in seen and value != base[name]:
+            return name, value, "switch"
     return None
 
 
@@ -443,7 +468,11 @@ def _rationale(name: str, base: dict[str, Any], value: Any, why: str,
                      f"{f', {said}' if said else ''}) rather than the current kernel"
                      + (f": the change applies to v{version}, and the new version is its "
                         "child." if isinstance(version, int) else "."))
-    if why == "largest":
+    if why == "switch":
+        parts.append(f"{name} chooses how the kernel computes, not a block size: each of its "
+                     f"values is measured once, from the best configuration so far ({name}="
+                     f"{value} not yet), before block sizes are bisected.")
+    elif why == "largest":
         parts.append(f"No larger {name} has been measured yet: jump to the largest legal value, "
                      f"{value}. Larger blocks mean fewer grid steps, and each step pays a fixed "
                      "pipeline overhead (about 0.35 us on a TPU, much more in interpret mode); "
@@ -498,15 +527,18 @@ def diagnosed_step(source: str, obs: Observations, dims: dict[str, tuple[int, ..
         # 64 MiB in three of seven evaluations.)
         return None
     config = {}
+    switches = tunables.switches(source)
     for name, values in space.items():
         i = values.index(base[name]) if base[name] in values else 0
-        config[name] = values[-1] if move == "grow" else values[max(0, i - 1)]
+        config[name] = (base[name] if name in switches else
+                        values[-1] if move == "grow" else values[max(0, i - 1)])
     fitted = ""
     if move == "grow" and vmem is not None:
         # The largest blocks that still fit VMEM at the production shape: step the
         # tunable furthest above its base down a notch until the model says they fit.
         while not vmem.fits(config):
-            above = [n for n, values in space.items() if values.index(config[n]) > (
+            above = [n for n, values in space.items() if n not in switches
+                     and values.index(config[n]) > (
                 values.index(base[n]) if base[n] in values else 0)]
             if not above:
                 return None

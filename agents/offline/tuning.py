@@ -47,9 +47,10 @@ def grow_past_choices(request: AgentRequest, source: str) -> Proposal | None:
     cover = covered(request, set(declared))
     wider: dict[str, list[Any]] = {}
     target: dict[str, Any] = {}
+    switches = tunables.switches(source)
     for name, (_current, choices) in declared.items():
         numeric = [c for c in choices if isinstance(c, int) and not isinstance(c, bool)]
-        if not numeric or base.get(name) != max(numeric) or (
+        if name in switches or not numeric or base.get(name) != max(numeric) or (
                 name in cover and cover[name] <= base[name]):
             continue  # (a block that covers its grid axes has nothing left to save)
         top = max(numeric)

@@ -78,10 +78,8 @@ def suite_dir(directory: Path, only: list[str] | None, scratch: Path) -> Path:
     return copy
 
 
-def recheck(session: str, task_root: str, overrides: dict[str, str],
-            chip: str) -> dict[str, Any]:
-    """Re-evaluate a search session's best version with fresh inputs and five trials."""
-    from tilewright.kernels.judge.rank import disqualifying_flags
+def best_source(session: str | Path) -> str | None:
+    """The source of a search session's best version (None: nothing crowned)."""
     from tilewright.sessions.log import load, read_text_blob
     from tilewright.sessions.search.graph import fold_search
 
@@ -89,8 +87,41 @@ def recheck(session: str, task_root: str, overrides: dict[str, str],
     state = fold_search(loaded.header, loaded.events)
     best = state.best()
     if best is None:
+        return None
+    return read_text_blob(loaded.path, state.session.versions[best].source_blob)
+
+
+def write_crowned(kept: Path, out: Path) -> list[str]:
+    """For every search session under ``kept`` (a run's ``--keep`` folder) whose best
+    version is correct, ``out/<task folder>/``: a copy of the task's files and the crowned
+    kernel as ``crowned.py``, the layout ``benchmarks/on_chip/measure_on_chip.py`` reads
+    (``DIR:crowned.py``) to time it on a chip."""
+    from tilewright.sessions.log import load
+    from tilewright.sessions.search.graph import fold_search
+
+    written = []
+    for events in sorted(kept.glob("sessions-*/*/events.jsonl")):
+        loaded = load(events.parent)
+        state = fold_search(loaded.header, loaded.events)
+        best = state.best()
+        root = Path((loaded.header.get("task") or {}).get("root") or "")
+        if best is None or state.session.versions[best].status != "correct" or not root.is_dir():
+            continue
+        target = out / root.name
+        shutil.copytree(root, target, dirs_exist_ok=True)
+        (target / "crowned.py").write_text(best_source(events.parent) or "")
+        written.append(root.name)
+    return written
+
+
+def recheck(session: str, task_root: str, overrides: dict[str, str],
+            chip: str) -> dict[str, Any]:
+    """Re-evaluate a search session's best version with fresh inputs and five trials."""
+    from tilewright.kernels.judge.rank import disqualifying_flags
+
+    source = best_source(session)
+    if source is None:
         return {"truly_correct": False}
-    source = read_text_blob(loaded.path, state.session.versions[best].source_blob)
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as handle:
         handle.write(source)
     args = ["eval", "--task", task_root, "--kernel", handle.name, "--json", "--trials", "5",
@@ -360,6 +391,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
     parser.add_argument("--keep", type=Path, metavar="DIR",
                         help="keep the search sessions here (default: a temporary folder)")
+    parser.add_argument("--crowned-out", type=Path, metavar="DIR",
+                        help="write each crowned kernel beside a copy of its task "
+                             "(DIR/<task>/crowned.py, for measure_on_chip.py); with --keep "
+                             "alone, from that kept run without searching again")
     parser.add_argument("--report", type=Path, metavar="JSON",
                         help="print the tables again from a run's --json file (no run)")
     parser.add_argument("--smoke", action="store_true",
@@ -370,6 +405,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         for result in json.loads(args.report.read_text()):
             print_suite(result)
+        return 0
+    if args.crowned_out and args.keep and not (args.jaxbench or args.maxkernel):
+        names = write_crowned(args.keep, args.crowned_out)
+        print(f"{len(names)} crowned kernels written under {args.crowned_out}: {' '.join(names)}")
         return 0
     if args.smoke:
         fixtures = ROOT / "tests" / "fixtures" / "suite"
@@ -390,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
             if directory:
                 results.append(run_suite(label, directory.expanduser(), args, Path(scratch)))
                 print_suite(results[-1])
+        if args.crowned_out:
+            write_crowned(Path(scratch), args.crowned_out)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2, default=str))
     return 0

@@ -14,7 +14,13 @@ TPU legality: a block's last two dimensions must be multiples of (8, 128) or equ
 array's dimensions. Which tunable tiles which axis is inferred from its name
 (``*ROWS``/``*_M``/``*_Q``/``*_KV`` tile sublanes: multiples of 8; ``*COLS``/``*_N``/
 ``*_K``/``*LANES`` tile lanes: multiples of 128), or declared explicitly with an optional
-``TUNABLE_ALIGN = {"BLOCK_K": 128}``. App-side module: no JAX.
+``TUNABLE_ALIGN = {"BLOCK_K": 128}``.
+
+A tunable that sizes nothing, a choice between two ways of computing the same thing
+(``F32_PASSES``: a float32 product in 6 bf16 MXU passes or 3), is declared a switch:
+``TUNABLE_SWITCHES = ("F32_PASSES",)``. The tuner measures each of a switch's values once,
+from the best configuration so far, before it bisects block sizes; it never grows one,
+widens its choices or counts it in a block's VMEM. App-side module: no JAX.
 """
 
 from __future__ import annotations
@@ -99,6 +105,29 @@ def read(source: str) -> dict[str, tuple[Any, list[Any]]]:
             raise TunablesError(f"TUNABLES[{name!r}] must be a non-empty list of values")
         out[name] = (current, list(choices))
     return out
+
+
+def switches(source: str) -> tuple[str, ...]:
+    """The declared tunables named in ``TUNABLE_SWITCHES`` (a literal tuple or list of
+    names), in its order; () when there is none."""
+    _tree, assigns = _parse(source)
+    nodes = assigns.get("TUNABLE_SWITCHES")
+    if not nodes:
+        return ()
+    try:
+        value = ast.literal_eval(nodes[-1].value)
+    except (ValueError, TypeError, SyntaxError, RecursionError) as exc:
+        raise TunablesError("TUNABLE_SWITCHES must be a literal tuple of names",
+                            nodes[-1].lineno) from exc
+    if not isinstance(value, tuple | list) or not all(isinstance(v, str) for v in value):
+        raise TunablesError("TUNABLE_SWITCHES must be a tuple of tunable names",
+                            nodes[-1].lineno)
+    declared = read(source)
+    unknown = [v for v in value if v not in declared]
+    if unknown:
+        raise TunablesError(f"TUNABLE_SWITCHES names what TUNABLES does not declare: "
+                            f"{', '.join(unknown)}", nodes[-1].lineno)
+    return tuple(value)
 
 
 def alignment(source: str) -> dict[str, int]:

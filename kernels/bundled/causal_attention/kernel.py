@@ -5,9 +5,15 @@ query block the running max ``m``, normalizer ``l`` and output accumulator ``acc
 live in VMEM scratch across the key/value steps; blocks entirely above the causal
 diagonal skip their compute (but are still fetched: an index_map that clamps them is
 the obvious next step). ``m`` and ``l`` are kept lane-wide (BLOCK_Q, 128) like the
-JAX TPU flash-attention kernel, so every scratch buffer is (8, 128)-tiled. Both
-products run at the reference's precision (HIGHEST): on a TPU a float32 product at the
-default precision is one bf16 pass, about 3 digits, far outside this task's tolerance.
+JAX TPU flash-attention kernel, so every scratch buffer is (8, 128)-tiled.
+
+Both products are float32 at the reference's precision: on a TPU a float32 product at
+the default precision is one bf16 pass, about 3 digits, far outside this task's
+tolerance. ``F32_PASSES`` says how the MXU, which multiplies bf16, makes it: 6 passes
+(``Precision.HIGHEST``, as the reference), or 3: each operand split into a bf16 high
+part and a bf16 remainder, and the three products that matter summed in float32 (the
+remainders' product, about 2**-16 of the whole, is dropped). The split is written out
+in the kernel, so interpret mode on a CPU computes what the chip does.
 """
 
 import functools
@@ -20,11 +26,33 @@ from jax.experimental.pallas import tpu as pltpu
 
 BLOCK_Q = 128
 BLOCK_KV = 128
-TUNABLES = {"BLOCK_Q": [64, 128, 256, 512], "BLOCK_KV": [64, 128, 256, 512]}
+F32_PASSES = 6
+TUNABLES = {"BLOCK_Q": [64, 128, 256, 512], "BLOCK_KV": [64, 128, 256, 512],
+            "F32_PASSES": [6, 3]}
+TUNABLE_SWITCHES = ("F32_PASSES",)  # how the products are made, not a block size
 
 PRECISION = jax.lax.Precision.HIGHEST  # the reference's; the chip's default is one bf16 pass
 LANES = 128
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+
+
+def _split(x):
+    """x as a bf16 high part (its top 16 bits: exact in bf16) and a bf16 remainder
+    (x - high, exact in float32, then rounded: 16 significant bits in all)."""
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32) & jnp.uint32(0xFFFF0000)
+    high = jax.lax.bitcast_convert_type(bits, jnp.float32)
+    return high.astype(jnp.bfloat16), (x - high).astype(jnp.bfloat16)
+
+
+def _product(a, b, dims):
+    """A float32 product on the MXU in F32_PASSES bf16 passes (6: HIGHEST; 3: split)."""
+    if F32_PASSES == 6:
+        return jax.lax.dot_general(a, b, dims, precision=PRECISION,
+                                   preferred_element_type=jnp.float32)
+    (a_hi, a_lo), (b_hi, b_lo) = _split(a), _split(b)
+    def one(x, y):
+        return jax.lax.dot_general(x, y, dims, preferred_element_type=jnp.float32)
+    return one(a_hi, b_hi) + (one(a_hi, b_lo) + one(a_lo, b_hi))
 
 
 def flash_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *, sm_scale):
@@ -41,8 +69,7 @@ def flash_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *, sm_scale)
     @pl.when(ki * bkv <= qi * bq + bq - 1)
     def _compute():
         q = q_ref[...] * sm_scale
-        s = jax.lax.dot_general(q, k_ref[...], (((1,), (1,)), ((), ())),
-                                precision=PRECISION, preferred_element_type=jnp.float32)
+        s = _product(q, k_ref[...], (((1,), (1,)), ((), ())))
         rows = qi * bq + jax.lax.broadcasted_iota(jnp.int32, (bq, bkv), 0)
         cols = ki * bkv + jax.lax.broadcasted_iota(jnp.int32, (bq, bkv), 1)
         s = jnp.where(rows >= cols, s, MASK_VALUE)
@@ -53,7 +80,7 @@ def flash_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *, sm_scale)
         p = jnp.exp(s - m_next[:, :1])
         l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=-1, keepdims=True)
         m_ref[...] = m_next
-        pv = jnp.dot(p, v_ref[...], precision=PRECISION, preferred_element_type=jnp.float32)
+        pv = _product(p, v_ref[...], (((1,), (0,)), ((), ())))
         acc_ref[...] = acc_ref[...] * alpha[:, :1] + pv
 
     @pl.when(ki == pl.num_programs(3) - 1)
