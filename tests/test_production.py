@@ -430,3 +430,30 @@ async def test_a_loop_of_run_time_length_is_never_ranked_on_its_estimate(worker_
     priced = ranking(known.to_json())
     assert priced.source == "tpu_estimate", priced
     assert priced.better_than(rank) and not rank.better_than(priced)
+
+
+def test_a_causal_kernel_is_shortened_along_its_innermost_even_axis() -> None:
+    """The bundled causal attention at 4x32x4096x128 with 1024x512 blocks does work only
+    below the diagonal, so its query and key axes cannot be shortened; its heads repeat
+    alike. It is estimated at one and two heads (32 and 64 steps), not at one and two of
+    its 4 batches (1,024 and 2,048 steps: the estimator ran over its 8 GB on a CPU host;
+    at one and two heads it priced the program at 0.96 of its v5e device time)."""
+    import importlib.util
+
+    import jax
+    import jax.numpy as jnp
+
+    from tilewright.kernels.source import tunables
+    from tilewright.kernels.worker.candidate import production
+
+    path = load_task("causal_attention").kernel_path
+    source = tunables.apply(path.read_text(), {"BLOCK_Q": 1024, "BLOCK_KV": 512})
+    spec = importlib.util.spec_from_file_location("causal_1024x512", path)
+    module = importlib.util.module_from_spec(spec)
+    exec(compile(source, str(path), "exec"), module.__dict__)
+    qkv = [jax.ShapeDtypeStruct((4, 32, 4096, 128), jnp.float32)] * 3
+    closed = jax.make_jaxpr(module.kernel)(*qkv)
+    (plan,) = production.plan(closed)
+    assert plan.grid == (4, 32, 4, 8)
+    assert (plan.axis, plan.units_full, plan.units) == (1, 128, (1, 2)), plan.uneven
+    assert "shortened along axis 1" in plan.uneven
