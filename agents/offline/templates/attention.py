@@ -12,7 +12,11 @@ from tilewright.agents.offline.reference_reading import (
     defining_source,
     reference_parts,
 )
-from tilewright.agents.offline.templates.kernel_text import VMEM_HELPERS
+from tilewright.agents.offline.templates.kernel_text import (
+    F32_PASSES_HELPERS,
+    F32_PASSES_TUNABLE,
+    VMEM_HELPERS,
+)
 
 
 def attention(brief: TaskBrief) -> tuple[str, str]:
@@ -47,6 +51,16 @@ def attention(brief: TaskBrief) -> tuple[str, str]:
                 None)
     extra = [name for name in extra if name != bias]
     signature = ", ".join(params)
+    # q and k go to the MXU in their own dtype (bf16 stays bf16), scores in f32; float32
+    # operands at the reference's precision, HIGHEST in 6 or 3 passes (F32_PASSES)
+    if highest:
+        qk = "_product(q_ref[0], k_ref[0], (((1,), (1,)), ((), ())))"
+        pv = "_product(p.astype(v_ref.dtype), v_ref[0], (((1,), (0,)), ((), ())))"
+    else:
+        qk = ("jax.lax.dot_general(q_ref[0], k_ref[0], (((1,), (1,)), ((), ())),\n"
+              "                                preferred_element_type=jnp.float32)")
+        pv = ("jnp.dot(\n            p.astype(v_ref.dtype), v_ref[0], "
+              "preferred_element_type=jnp.float32)")
     src = _preamble(brief, "flash attention (online softmax over key blocks)") + _IMPORTS
     src += f'''
 
@@ -57,9 +71,13 @@ BIAS = {bias is not None}  # the reference adds `{bias}` to the (scaled) scores
 PRECISION = {"jax.lax.Precision.HIGHEST" if highest else None}  # the reference's, on float32 products
 BLOCK_Q = 512
 BLOCK_K = 512
-TUNABLES = {{"BLOCK_Q": [128, 256, 512, 1024, 2048], "BLOCK_K": [128, 256, 512, 1024, 2048]}}
+{"F32_PASSES = 6  # MXU passes per float32 product: 6 (HIGHEST) or 3 (see _product)"
+ if highest else ""}
+TUNABLES = {{"BLOCK_Q": [128, 256, 512, 1024, 2048], "BLOCK_K": [128, 256, 512, 1024, 2048]{", " + F32_PASSES_TUNABLE if highest else ""}}}
+{'TUNABLE_SWITCHES = ("F32_PASSES",)  # how the products are made, not a block size'
+ if highest else ""}
 _MASKED = -1e9  # what the reference writes where the mask hides a score
-''' + VMEM_HELPERS + f'''
+''' + VMEM_HELPERS + (F32_PASSES_HELPERS if highest else '') + f'''
 
 def _block(size, want):
     """The largest block <= want that divides size (the whole axis when none does)."""
@@ -80,10 +98,7 @@ def _flash(q_ref, k_ref, v_ref, *refs, scale, bq, bk):
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
     def _step():
-        # q and k go to the MXU in their own dtype (bf16 stays bf16), scores in f32
-        full = PRECISION if q_ref.dtype == jnp.float32 else None  # Mosaic: f32 only
-        s = jax.lax.dot_general(q_ref[0], k_ref[0], (((1,), (1,)), ((), ())),
-                                precision=full, preferred_element_type=jnp.float32) * scale
+        s = {qk} * scale
         if BIAS:
             s = s + bias_ref[0][0].astype(jnp.float32)
         if CAUSAL:
@@ -95,9 +110,7 @@ def _flash(q_ref, k_ref, v_ref, *refs, scale, bq, bk):
         p = jnp.exp(s - m_new)
         alpha = jnp.exp(m_prev - m_new)
         l_ref[...] = alpha * l_ref[...] + p.sum(axis=-1, keepdims=True)
-        acc_ref[...] = alpha * acc_ref[...] + jnp.dot(
-            p.astype(v_ref.dtype), v_ref[0], precision=full,
-            preferred_element_type=jnp.float32)
+        acc_ref[...] = alpha * acc_ref[...] + {pv}
         m_ref[...] = m_new
 
     if CAUSAL:  # key blocks entirely above the diagonal contribute nothing

@@ -154,3 +154,40 @@ def _working(fn, *args):
             other = max(other, most)
     return (3 * ours if ours > tile else 2 * tile) + other
 """
+
+
+# A float32 product at HIGHEST (the reference's) is 6 bf16 passes on the MXU; 3 do where
+# the task's tolerance allows (F32_PASSES, a switch the tuner measures: on the v5e the
+# bundled attention went 1.59x -> 2.73x of XLA, the bundled matmul 1.06x -> 2.09x).
+F32_PASSES_HELPERS = """
+
+def _f32_halves(x):
+    \"\"\"x as a bf16 high part (its top 16 bits: exact in bf16) and a bf16 remainder
+    (x - high, exact in float32, then rounded: 16 significant bits in all).\"\"\"
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32) & jnp.uint32(0xFFFF0000)
+    high = jax.lax.bitcast_convert_type(bits, jnp.float32)
+    return high.astype(jnp.bfloat16), (x - high).astype(jnp.bfloat16)
+
+
+def _product(a, b, dims):
+    \"\"\"The product of two blocks on the MXU, in float32. Float32 operands at the
+    reference's PRECISION in F32_PASSES bf16 passes: 6 as PRECISION asks, or 3 (each
+    operand split into a bf16 high part and remainder, the three products that matter
+    summed in float32; the remainders' product, about 2**-16 of the whole, dropped).\"\"\"
+    if a.dtype != jnp.float32 or b.dtype != jnp.float32:
+        return jax.lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
+    if F32_PASSES != 3:
+        return jax.lax.dot_general(a, b, dims, precision=PRECISION,
+                                   preferred_element_type=jnp.float32)
+    (a_hi, a_lo), (b_hi, b_lo) = _f32_halves(a), _f32_halves(b)
+
+    def one(x, y):
+        return jax.lax.dot_general(x, y, dims, preferred_element_type=jnp.float32)
+    return one(a_hi, b_hi) + (one(a_hi, b_lo) + one(a_lo, b_hi))
+"""
+F32_PASSES_TUNABLE = '"F32_PASSES": [6, 3]'
+
+
+def highest(precision: str | None) -> bool:
+    """Whether a reference's ``precision=`` asks for full float32 products (HIGHEST)."""
+    return precision is not None and "highest" in precision.lower()

@@ -14,7 +14,13 @@ from tilewright.agents.offline.reference_reading import (
     defining_source,
     reference_parts,
 )
-from tilewright.agents.offline.templates.kernel_text import EPILOGUE_MIXING, VMEM_HELPERS
+from tilewright.agents.offline.templates.kernel_text import (
+    EPILOGUE_MIXING,
+    F32_PASSES_HELPERS,
+    F32_PASSES_TUNABLE,
+    VMEM_HELPERS,
+    highest,
+)
 
 
 class _CutMatmul(ast.NodeTransformer):
@@ -147,7 +153,11 @@ def matmul(brief: TaskBrief) -> tuple[str, str]:
     split_rows = _production_rows(brief, params.index(lhs)) >= SPLIT_ROWS_FROM
     split_cols = _production_cols(brief, params.index(rhs),
                                   cutter.transposed) >= SPLIT_COLS_FROM
-    # the reference's precision, for float32 operands (Mosaic takes it for f32 only)
+    # a row-reducing epilogue too, when the operands are 4-byte (below)
+    split_reducing = split_cols and not _narrow_operands(brief)
+    # the reference's precision, for float32 operands (Mosaic takes it for f32 only);
+    # at HIGHEST, in 6 or 3 MXU passes (F32_PASSES, a switch the tuner measures)
+    passes = highest(cutter.precision)
     precision = (", precision=PRECISION if x_ref.dtype == jnp.float32 else None"
                  if cutter.precision else "")
     if cutter.transposed:  # w is (n, k): contract both operands' last axes on the MXU
@@ -163,6 +173,9 @@ def matmul(brief: TaskBrief) -> tuple[str, str]:
         w_block = "pl.BlockSpec((None, bk, bn), lambda b, i, j, kk: (b, kk, j))"
         w_block_2d = "pl.BlockSpec((bk, bn), lambda b, i, j, kk: (kk, j))"
         w_bytes = "bk * bn"
+    if passes:
+        dims = "(((1,), (1,)), ((), ()))" if cutter.transposed else "(((1,), (0,)), ((), ()))"
+        dot = f"_product(x_ref[...], w_ref[...], {dims})"
     src = _preamble(brief, "tiled matmul with a fused epilogue") + _IMPORTS + "\n"
     src += "\n\n\n".join(x for x in ("# From the task's reference.\n" + head if head else "",
                                      *helpers) if x)
@@ -184,9 +197,19 @@ BLOCK_K = {bk}
 # ({SPLIT_COLS_FROM} columns or more): see _split.
 SPLIT_ROWS = {split_rows}
 SPLIT_COLS = {split_cols}
+# An epilogue that reduces each row (a row sum, a logsumexp) of such a wide product, when
+# its operands are float32: whole rows of w in a block leave room for 128 rows, and w is
+# read 32 times (MaxKernel's f32 36k, 4096x8192 @ 8192x8192: 0.28x of XLA on a v5e; in
+# two kernels est. 0.97x). In bf16 they leave 256 rows, as fast as XLA in one kernel
+# (JAXBench's 36k: 0.99x measured).
+SPLIT_REDUCING = {split_reducing}
+{"F32_PASSES = 6  # MXU passes per float32 product: 6 (HIGHEST) or 3 (see _product)"
+ if passes else ""}
 TUNABLES = {{"BLOCK_M": [128, 256, 512, 1024, 2048], "BLOCK_N": [128, 256, 512, 1024, 2048],
-             "BLOCK_K": [128, 256, 512, 1024, 2048]}}
-""" + VMEM_HELPERS + EPILOGUE_MIXING + f"""
+             "BLOCK_K": [128, 256, 512, 1024, 2048]{", " + F32_PASSES_TUNABLE if passes else ""}}}
+{'TUNABLE_SWITCHES = ("F32_PASSES",)  # how the product is made, not a block size'
+ if passes else ""}
+""" + VMEM_HELPERS + (F32_PASSES_HELPERS if passes else "") + EPILOGUE_MIXING + f"""
 
 def _accumulate(x_ref, w_ref, acc_ref):
     \"\"\"The float32 accumulator plus this k step's product (zeroed at the first step);
@@ -238,7 +261,7 @@ def _row_spec(a, m, n, rows):
                         lambda i: (i if a.shape[0] == m else 0, 0))
 
 
-def _split(x, w, extras, m, n, k, out_dtype, whole):
+def _split(x, w, extras, m, n, k, out_dtype, whole, out_cols=None):
     \"\"\"An epilogue that mixes one axis of a large product, in two kernels: the
     product tiled as a plain matmul (stored in float32), then the epilogue on blocks of
     ``whole`` columns (a batch norm's column statistics) or rows (a group norm's). In
@@ -247,7 +270,10 @@ def _split(x, w, extras, m, n, k, out_dtype, whole):
     times (0.54x of XLA measured on a v5e); 8192 columns of a group norm of 32-wide
     groups (each padded to 128 lanes) left 64 rows, w read 64 times (0.33x). None when
     even the narrowest block of the other axis would not fit VMEM: the caller keeps
-    the fused kernel.\"\"\"
+    the fused kernel. ``out_cols``: the epilogue's output columns on whole rows, where it
+    reduces them (a row sum: 1; MaxKernel's f32 36k kept all 8192 columns in one block,
+    w read 32 times: 0.28x of XLA on a v5e).\"\"\"
+    out_cols = n if out_cols is None else out_cols
     # the product kept in float32, as the fused kernel hands its accumulator to the
     # epilogue: stored in bf16 (the dtype of the reference's own product) a batch norm of
     # 16384 rows was off by up to 2.7% in 1.5% of its values on a v5e (tolerance 1%)
@@ -302,12 +328,13 @@ def _split(x, w, extras, m, n, k, out_dtype, whole):
     else:
         block, index = (width, n), lambda i: (i, 0)
         specs = [_row_spec(a, m, n, width) for a in extras]
+    out_block = block if whole == "columns" else (width, out_cols)
     return pl.pallas_call(
         _epilogue_body,
-        out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
+        out_shape=jax.ShapeDtypeStruct((m, out_cols), out_dtype),
         grid=(along // width,),
         in_specs=[pl.BlockSpec(block, index), *specs],
-        out_specs=pl.BlockSpec(block, index),
+        out_specs=pl.BlockSpec(out_block, index),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             vmem_limit_bytes=_vmem_limit(whole_need(width))),
@@ -402,16 +429,19 @@ def {brief.entry}({order}):{unpack}
         while (need(bm, bn, bk) > VMEM_CAP and not cols_mixed and bn > max(floor, 128)
                and n % (bn // 2) == 0):
             bn //= 2
-    if rows_mixed != cols_mixed and not batched and full.shape == (m, n) and (
-            SPLIT_ROWS if rows_mixed else SPLIT_COLS):
+    # a row-wise epilogue that reduces each row (a row sum, a logsumexp): (m, r)
+    row_reduced = (SPLIT_REDUCING and cols_mixed and not rows_mixed
+                   and len(full.shape) == 2 and full.shape[0] == m)
+    if rows_mixed != cols_mixed and not batched and (full.shape == (m, n) or row_reduced) \
+            and (SPLIT_ROWS if rows_mixed else SPLIT_COLS):
         # the mixed axis whole in one block would leave room for narrow blocks of the
         # other only, each reading an operand again: the product first, then the
         # epilogue on whole columns (or rows) (decided for the production size, so the
         # check shapes run the same program)
         split = _split(x, w, extras, m, n, k, full.dtype,
-                       "columns" if rows_mixed else "rows")
+                       "columns" if rows_mixed else "rows", full.shape[-1])
         if split is not None:
-            return split.reshape(*lead, n) if len(lead) > 1 else split
+            return split.reshape(*lead, full.shape[-1]) if len(lead) > 1 else split
     tile = jax.eval_shape(_epilogue, jax.ShapeDtypeStruct((bm, bn), jnp.float32),
                           *tile_shapes(bm, bn))
     if batched:
@@ -571,10 +601,13 @@ def _matmul_blocks(brief: TaskBrief) -> tuple[int, int, int]:
     tiles as large, so each operand is re-read from HBM as few times, with a K block half
     as long for the doubled bytes (about 32 MiB with double buffering and the epilogue's
     room, which the kernel asks for with vmem_limit_bytes)."""
+    return (512, 1024, 1024) if _narrow_operands(brief) else (1024, 1024, 512)
+
+
+def _narrow_operands(brief: TaskBrief) -> bool:
+    """Whether the task's operands are 16-bit or narrower (labels and indices aside)."""
     inputs = ((brief.production or {}).get("inputs") or next(
         (s["inputs"] for s in brief.shapes if s.get("inputs")), []))
     dtypes = {str(d) for _shape, d in inputs} if inputs else set()
     dtypes -= {"int32", "i32", "int64", "i64"}  # labels and indices: not the operands
-    if dtypes and dtypes <= {"bfloat16", "float16", "int8", "bf16", "f16", "i8"}:
-        return 512, 1024, 1024
-    return 1024, 1024, 512
+    return bool(dtypes) and dtypes <= {"bfloat16", "float16", "int8", "bf16", "f16", "i8"}
