@@ -76,8 +76,8 @@ SOURCES = {
                 "profiler, median of 50 after 5 warm-ups)",
     "guide": "jax-ml/jax@ee6cce5 docs/pallas/tpu/matmul.ipynb outputs (TPU v5e, wall clock, "
              "mean of 100 calls)",
-    "v5e_lent": "tilewright's own runs on a lent TPU v5e (device profiler, 2026-12-06; "
-                "benchmarks/data/v5e_*_2026-12-06.jsonl), estimated on a CPU host by "
+    "v5e_lent": "tilewright's own runs on a lent TPU v5e (device profiler, 2026-12-06 and "
+                "-07; benchmarks/data/v5e_*.jsonl), estimated on a CPU host by "
                 "`tilewright estimate`",
     "tokamax": "tokamax wheel data/autotuning/<chip>/*.json evaluation_times_ms (its "
                "autotuner on TPU v5e and TPU7x; median of the fastest config's times)",
