@@ -17,7 +17,9 @@
 #            default softmax rmsnorm), and the JAXBench baselines named below when a
 #            JAXBench checkout is given
 #   crowned  the same for every CROWNED_DIR/<task>/crowned.py (kernels a search crowned
-#            off a TPU, beside their task's files): their device time against XLA's
+#            off a TPU, beside their task's files: benchmarks/search_quality/
+#            jaxbench_offline.py --keep RUN --crowned-out CROWNED_DIR writes them): their
+#            device time against XLA's
 #            (CROWNED_ONLY="NAME ...": those tasks, in that order)
 # Each step's time limit: EVAL_TIMEOUT, TESTS_TIMEOUT, AUTO_TIMEOUT (per task), MEASURE_TIMEOUT,
 # CROWNED_TIMEOUT. Each step's output goes to OUTDIR/<step>.log; the measured rows to OUTDIR/measured.jsonl,

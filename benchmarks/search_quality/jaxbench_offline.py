@@ -96,7 +96,7 @@ def write_crowned(kept: Path, out: Path) -> list[str]:
     version is correct, ``out/<task folder>/``: a copy of the task's files and the crowned
     kernel as ``crowned.py``, the layout ``benchmarks/on_chip/measure_on_chip.py`` reads
     (``DIR:crowned.py``) to time it on a chip."""
-    from tilewright.sessions.log import load
+    from tilewright.sessions.log import load, read_text_blob
     from tilewright.sessions.search.graph import fold_search
 
     written = []
@@ -109,7 +109,8 @@ def write_crowned(kept: Path, out: Path) -> list[str]:
             continue
         target = out / root.name
         shutil.copytree(root, target, dirs_exist_ok=True)
-        (target / "crowned.py").write_text(best_source(events.parent) or "")
+        (target / "crowned.py").write_text(
+            read_text_blob(loaded.path, state.session.versions[best].source_blob))
         written.append(root.name)
     return written
 
