@@ -47,7 +47,7 @@ def _split(x):
 
 def _product(a, b):
     """A float32 product on the MXU in F32_PASSES bf16 passes (6: HIGHEST; 3: split)."""
-    if F32_PASSES == 6:
+    if F32_PASSES != 3:  # 6, as the reference asks
         return jnp.dot(a, b, precision=PRECISION, preferred_element_type=jnp.float32)
     (a_hi, a_lo), (b_hi, b_lo) = _split(a), _split(b)
     def one(x, y):
