@@ -148,6 +148,7 @@ def matmul(brief: TaskBrief) -> tuple[str, str]:
     epilogue = ast.unparse(fn)
     order = ", ".join(params)
     rest_tuple = "(" + ", ".join(rest) + ("," if len(rest) == 1 else "") + ")"
+    rest_names = repr(tuple(rest))
     unpack = f"\n    x, w = {lhs}, {rhs}" if (lhs, rhs) != ("x", "w") else ""
     bm, bn, bk = _matmul_blocks(brief)
     split_rows = _production_rows(brief, params.index(lhs)) >= SPLIT_ROWS_FROM
@@ -224,12 +225,12 @@ def _accumulate(x_ref, w_ref, acc_ref):
     return k == pl.num_programs(3) - 1
 
 
-def _body(x_ref, w_ref, *refs):
+def _body(epilogue, x_ref, w_ref, *refs):
     *extra_refs, o_ref, acc_ref = refs
 
     @pl.when(_accumulate(x_ref, w_ref, acc_ref))
     def _finish():
-        out = _epilogue(acc_ref[...], *(r[...] for r in extra_refs))
+        out = epilogue(acc_ref[...], *(r[...] for r in extra_refs))
         o_ref[...] = out.reshape(o_ref.shape).astype(o_ref.dtype)
 
 
@@ -240,10 +241,10 @@ def _product_body(x_ref, w_ref, o_ref, acc_ref):
         o_ref[...] = acc_ref[...].astype(o_ref.dtype)
 
 
-def _epilogue_body(y_ref, *refs):
+def _epilogue_body(epilogue, y_ref, *refs):
     # the epilogue on a block of whole columns (every row of them) or of whole rows
     *extra_refs, o_ref = refs
-    out = _epilogue(y_ref[...].astype(jnp.float32), *(r[...] for r in extra_refs))
+    out = epilogue(y_ref[...].astype(jnp.float32), *(r[...] for r in extra_refs))
     o_ref[...] = out.astype(o_ref.dtype)
 
 
@@ -261,7 +262,7 @@ def _row_spec(a, m, n, rows):
                         lambda i: (i if a.shape[0] == m else 0, 0))
 
 
-def _split(x, w, extras, m, n, k, out_dtype, whole, out_cols=None):
+def _split(epilogue, x, w, extras, m, n, k, out_dtype, whole, out_cols=None):
     \"\"\"An epilogue that mixes one axis of a large product, in two kernels: the
     product tiled as a plain matmul (stored in float32), then the epilogue on blocks of
     ``whole`` columns (a batch norm's column statistics) or rows (a group norm's). In
@@ -286,7 +287,7 @@ def _split(x, w, extras, m, n, k, out_dtype, whole, out_cols=None):
         shapes = [jax.ShapeDtypeStruct((rows if a.shape[0] == m else 1,
                                         cols if a.shape[1] == n else 1), a.dtype)
                   if _tiled(a, m, n) else a for a in extras]
-        working = _working(_epilogue, jax.ShapeDtypeStruct((rows, cols), jnp.float32),
+        working = _working(epilogue, jax.ShapeDtypeStruct((rows, cols), jnp.float32),
                            *shapes)
         return 2 * rows * cols * (y_item + out_item) + 2 * sum(
             s.size * s.dtype.itemsize for s in shapes) + working
@@ -330,7 +331,7 @@ def _split(x, w, extras, m, n, k, out_dtype, whole, out_cols=None):
         specs = [_row_spec(a, m, n, width) for a in extras]
     out_block = block if whole == "columns" else (width, out_cols)
     return pl.pallas_call(
-        _epilogue_body,
+        functools.partial(_epilogue_body, epilogue),
         out_shape=jax.ShapeDtypeStruct((m, out_cols), out_dtype),
         grid=(along // width,),
         in_specs=[pl.BlockSpec(block, index), *specs],
@@ -370,8 +371,32 @@ def _operand_spec(a, m, n, bm, bn):
                                                            j if cols == bn else 0))
 
 
-@jax.jit
+def _bound(static, names):
+    \"\"\"The epilogue with the reference's Python scalars (``static``: name -> value) in
+    their places and the arrays, in order, in the others.\"\"\"
+    fixed = dict(static)
+
+    def epilogue(acc, *arrays):
+        rest = iter(arrays)
+        return _epilogue(acc, *(fixed[n] if n in fixed else next(rest) for n in names))
+    return epilogue
+
+
+_REST = {rest_names}  # the epilogue's arguments beside the product
+
+
 def {brief.entry}({order}):{unpack}
+    # The reference's Python scalars (a task's static arguments: a group count) stay Python
+    # values, bound to the epilogue: traced, a reshape by them is not concrete (MaxKernel's
+    # 45k: x.reshape(batch, num_groups, out_features // num_groups))
+    rest = {rest_tuple}
+    static = tuple((n, a) for n, a in zip(_REST, rest) if not hasattr(a, "shape"))
+    return _matmul(static, x, w, *(a for a in rest if hasattr(a, "shape")))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _matmul(static, x, w, *operands):
+    epilogue = _bound(static, _REST)
     # A batched product ((g, m, k) by (g, k, n)) walks the groups as the outer grid axis;
     # otherwise the lhs's leading axes are flattened into the rows.
     batched = w.ndim == 3
@@ -384,10 +409,10 @@ def {brief.entry}({order}):{unpack}
     m, k = x.shape[1:]
     n = {n_of_w}{_SIZE_SET if sized else ""}
     extras = [_as_operand(a.reshape(m, n) if a.ndim > 2 and a.size == m * n and not batched
-                          else a, m, n) for a in {rest_tuple}]
+                          else a, m, n) for a in operands]
     # Which axes the epilogue reduces or moves (a row sum, a softmax, a batch norm): an
     # axis it mixes is not split, its whole length is one block.
-    rows_mixed, cols_mixed = _mixing(_epilogue, jax.ShapeDtypeStruct((m, n), jnp.float32),
+    rows_mixed, cols_mixed = _mixing(epilogue, jax.ShapeDtypeStruct((m, n), jnp.float32),
                                      *extras)
     if batched and (rows_mixed or cols_mixed):
         raise ValueError("the epilogue of a batched product reduces an axis: this template "
@@ -401,7 +426,7 @@ def {brief.entry}({order}):{unpack}
         return [jax.ShapeDtypeStruct((bm if a.shape[0] == m else 1, bn if a.shape[1] == n else 1)
                                      if _tiled(a, m, n) else a.shape, a.dtype) for a in extras]
 
-    full = jax.eval_shape(_epilogue, jax.ShapeDtypeStruct((m, n), jnp.float32), *extras)
+    full = jax.eval_shape(epilogue, jax.ShapeDtypeStruct((m, n), jnp.float32), *extras)
 
     workings = {{}}  # (bm, bn) -> the epilogue's working bytes: one trace per tile size
 
@@ -409,7 +434,7 @@ def {brief.entry}({order}):{unpack}
         # double-buffered x, w, operand and output blocks, the f32 accumulator, and the
         # epilogue's intermediates on one tile (_working)
         if (bm, bn) not in workings:
-            workings[bm, bn] = _working(_epilogue, jax.ShapeDtypeStruct((bm, bn), jnp.float32),
+            workings[bm, bn] = _working(epilogue, jax.ShapeDtypeStruct((bm, bn), jnp.float32),
                                         *tile_shapes(bm, bn))
         working = workings[bm, bn]
         blocks = (bm * bk + {w_bytes}) * item + sum(
@@ -438,11 +463,11 @@ def {brief.entry}({order}):{unpack}
         # other only, each reading an operand again: the product first, then the
         # epilogue on whole columns (or rows) (decided for the production size, so the
         # check shapes run the same program)
-        split = _split(x, w, extras, m, n, k, full.dtype,
+        split = _split(epilogue, x, w, extras, m, n, k, full.dtype,
                        "columns" if rows_mixed else "rows", full.shape[-1])
         if split is not None:
             return split.reshape(*lead, full.shape[-1]) if len(lead) > 1 else split
-    tile = jax.eval_shape(_epilogue, jax.ShapeDtypeStruct((bm, bn), jnp.float32),
+    tile = jax.eval_shape(epilogue, jax.ShapeDtypeStruct((bm, bn), jnp.float32),
                           *tile_shapes(bm, bn))
     if batched:
         out_shape, out_block, out_index = (g, m, n), (None, bm, bn), \
@@ -462,7 +487,7 @@ def {brief.entry}({order}):{unpack}
         out_block, out_index = out_shape, lambda b, i, j, kk: (0, 0)
     w_block = {w_block} if batched else {w_block_2d}
     out = pl.pallas_call(
-        _body,
+        functools.partial(_body, epilogue),
         out_shape=jax.ShapeDtypeStruct(out_shape, full.dtype),
         grid=(g, pl.cdiv(m, bm), pl.cdiv(n, bn), pl.cdiv(k, bk)),
         in_specs=[pl.BlockSpec((None, bm, bk), lambda b, i, j, kk: (b, i, kk)),
