@@ -20,9 +20,10 @@ is left anywhere does it step to smaller values. A kernel with k tunables of n c
 each needs about k * log2(n) evaluations instead of the grid's n ** k. A switch
 (``TUNABLE_SWITCHES``: a choice of how to compute, not a size) is no axis to bisect:
 each of its values is measured once, from the best configuration then, before any block
-is bisected, and afterwards it stays at the best one's value (on the v5e, 3 MXU passes
-per float32 product instead of 6 took causal_attention from 1.59x to 2.73x of XLA and
-matmul_bias_gelu from 1.06x to 2.09x).
+is bisected, and afterwards it stays at the best one's value (measured on a v5e at the
+production shapes, 3 MXU passes per float32 product instead of 6 took causal_attention,
+4x32x4096x128, from 1.59x to 2.73x of XLA and matmul_bias_gelu, 4096x4096 @ 4096x14336,
+from 1.06x to 2.09x).
 """
 
 from __future__ import annotations
