@@ -180,3 +180,12 @@ def infer_families(brief: TaskBrief) -> tuple[str, ...]:
         likely = (brief.family.lower(), *(f for f in likely if f != brief.family.lower()))
     rest = tuple(f for f in FAMILIES if f not in likely)
     return (*likely, FALLBACK, *rest)
+
+
+def literal_value(node: ast.AST | None) -> object:
+    """The value of a literal node (a number, string, tuple of them); None for anything
+    else, or no node."""
+    try:
+        return ast.literal_eval(node) if node is not None else None
+    except ValueError:
+        return None

@@ -12,6 +12,7 @@ from tilewright.agents import memory
 from tilewright.agents.base import AgentRequest, Failure, Proposal
 from tilewright.agents.memory import Lesson
 from tilewright.agents.offline import tuner
+from tilewright.agents.offline.constraints import allowed, constraints_from_notes
 from tilewright.agents.prompts.evalfacts import version_numbers
 from tilewright.kernels.judge.rank import times
 from tilewright.kernels.source import tunables
@@ -57,7 +58,7 @@ def grow_past_choices(request: AgentRequest, source: str) -> Proposal | None:
         limit = max(dims.get(name, ()) or (top * 4,))
         extra = [v for v in (top * 2, top * 4) if v <= limit
                  and tunables.is_legal(name, v, aligns.get(name, 1), dims.get(name, ()))
-                 and tuner.allowed(v, constraints.get(name, []))]
+                 and allowed(v, constraints.get(name, []))]
         if extra:
             wider[name] = [*choices, *extra]
             target[name] = extra[0]
@@ -166,7 +167,7 @@ def _constraints(request: AgentRequest, names: list[str], current: dict[str, Any
     """Bounds the person's rejection notes put on the tunables (for the whole session)."""
     notes = [str(e.get("note")) for e in request.rejected if e.get("note") and e.get("by") != "auto"]
     notes += [n for n in request.notes if n.startswith("rejected ")]
-    return tuner.constraints_from_notes(notes, names, current)
+    return constraints_from_notes(notes, names, current)
 
 
 def is_rejected(request: AgentRequest, proposal: Proposal) -> bool:

@@ -5,7 +5,7 @@ No model reads them, so only what rules can read is taken, and the agent says wh
 took: block sizes ("256 rows", "BLOCK_ROWS=256", "try 256" when the kernel has one
 tunable), directions ("larger", "smaller blocks", "fewer rows") and named techniques
 ("fuse the reciprocal", "bf16", "an accumulator"). Bounds ("at least 512") are
-``tuner.constraints_from_notes``'s; this reads wishes, not limits.
+``constraints.constraints_from_notes``'s; this reads wishes, not limits.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
+from tilewright.agents.offline.reference_reading import literal_value
+
 # Elementwise functions an epilogue may call (by their last name: jax.nn.relu, jnp.tanh).
 ELEMENTWISE = frozenset({
     "relu", "relu6", "gelu", "silu", "swish", "sigmoid", "tanh", "softplus", "exp", "log",
@@ -39,13 +41,6 @@ class Tail:
 
     def fused(self) -> bool:
         return bool(self.steps or self.mean)
-
-
-def _literal(node: ast.AST | None) -> object:
-    try:
-        return ast.literal_eval(node) if node is not None else None
-    except ValueError:
-        return None
 
 
 def _last_name(fn: ast.expr) -> str:
@@ -84,7 +79,7 @@ class _Rewrite(ast.NodeTransformer):
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
             return ast.UnaryOp(node.op, self.visit(node.operand))
         if isinstance(node, ast.Call) and _last_name(node.func) in ELEMENTWISE and all(
-                _literal(k.value) is not None or isinstance(k.value, ast.Constant)
+                literal_value(k.value) is not None or isinstance(k.value, ast.Constant)
                 for k in node.keywords) and not any(isinstance(a, ast.Starred)
                                                      for a in node.args):
             return ast.Call(node.func, [self.visit(a) for a in node.args], node.keywords)
@@ -113,15 +108,15 @@ def read_tail(body: list[ast.stmt], out_layout: str) -> Tail | None:
         fn = _last_name(value.func) if isinstance(value, ast.Call) else ""
         if fn == "transpose" and isinstance(value, ast.Call) and len(value.args) == 2 \
                 and isinstance(value.args[0], ast.Name) and value.args[0].id == name:
-            perm = _literal(value.args[1])
+            perm = literal_value(value.args[1])
             if not (isinstance(perm, tuple | list) and sorted(perm) == [0, 1, 2, 3]):
                 break
             axes = [axes[p] for p in perm]
             tail.transposes.append(tuple(perm))
         elif fn == "mean" and isinstance(value, ast.Call) and value.args \
                 and isinstance(value.args[0], ast.Name) and value.args[0].id == name:
-            found = {k.arg: _literal(k.value) for k in value.keywords}
-            over = found.get("axis", _literal(value.args[1]) if len(value.args) > 1 else None)
+            found = {k.arg: literal_value(k.value) for k in value.keywords}
+            over = found.get("axis", literal_value(value.args[1]) if len(value.args) > 1 else None)
             spatial = {axes.index("H"), axes.index("W")}
             if not (isinstance(over, tuple | list) and set(over) == spatial
                     and set(found) <= {"axis", "keepdims"}):

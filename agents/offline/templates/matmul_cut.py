@@ -1,0 +1,149 @@
+"""The product inside a matmul task's reference, read with ``ast``: which two of its
+arguments it multiplies (``x @ w``, ``jnp.dot``, ``jnp.matmul``, a two-operand
+``einsum``, a plain ``dot_general``; the rhs possibly transposed), at what precision,
+and which of the sizes the reference hard-codes stand for the product's own. The matmul
+template cuts that product out and fuses what is left of the reference as its epilogue.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from tilewright.agents.base import TaskBrief
+from tilewright.agents.offline.reference_reading import literal_value
+
+
+class CutMatmul(ast.NodeTransformer):
+    """Replaces the first ``a @ b`` / ``jnp.dot(a, b)`` / ``jnp.matmul(a, b)`` with ``_acc``;
+    ``b`` may be transposed (``w.T``, ``jnp.transpose(w)``: a weight stored (n, k), as
+    torch-style linear layers keep it)."""
+
+    def __init__(self) -> None:
+        self.operands: tuple[str, str] | None = None
+        self.transposed = False
+        # the reference's ``precision=`` on its product (``lax.Precision.HIGHEST``), kept
+        self.precision: str | None = None
+
+    @staticmethod
+    def _untransposed(node: ast.AST) -> str | None:
+        if isinstance(node, ast.Attribute) and node.attr == "T" and isinstance(node.value,
+                                                                              ast.Name):
+            return node.value.id
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(
+                node.func, "id", "")) == "transpose" and len(node.args) == 1 \
+                and isinstance(node.args[0], ast.Name) and not node.keywords:
+            return node.args[0].id
+        return None
+
+    def _cut(self, left: ast.AST, right: ast.AST, node: ast.AST) -> ast.AST:
+        if self.operands is None and isinstance(left, ast.Name):
+            if isinstance(right, ast.Name):
+                self.operands = (left.id, right.id)
+            elif self._untransposed(right):
+                self.operands = (left.id, self._untransposed(right) or "")
+                self.transposed = True
+            else:
+                return self.generic_visit(node)
+            return ast.copy_location(ast.Name("_acc", ast.Load()), node)
+        return self.generic_visit(node)
+
+    def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
+        if isinstance(node.op, ast.MatMult):
+            return self._cut(node.left, node.right, node)
+        return self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        fn = node.func
+        name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+        left = right = None
+        if name in ("dot", "matmul") and len(node.args) >= 2:
+            left, right = node.args[0], node.args[1]
+        elif name == "einsum" and len(node.args) == 3 and all(
+                isinstance(a, ast.Name) for a in node.args[1:]):
+            form = einsum_form(literal_value(node.args[0]))
+            if form is not None:
+                left, right = node.args[1], node.args[2]
+                if form == "transposed":
+                    right = ast.Attribute(right, "T", ast.Load())
+        elif name == "dot_general" and len(node.args) >= 2:
+            numbers = node.args[2] if len(node.args) > 2 else next(
+                (k.value for k in node.keywords if k.arg == "dimension_numbers"), None)
+            contract = literal_value(numbers)
+            if contract == (((1,), (0,)), ((), ())):  # x @ w
+                left, right = node.args[0], node.args[1]
+            elif contract == (((1,), (1,)), ((), ())) and isinstance(node.args[1], ast.Name):
+                # x @ w.T with w stored (n, k): the transposed form _cut knows
+                left, right = node.args[0], ast.Attribute(node.args[1], "T", ast.Load())
+        if left is None or right is None or self.operands is not None:
+            return self.generic_visit(node)
+        cut = self._cut(left, right, node)
+        if self.operands is not None:  # this is the product cut out: keep its precision
+            precision = next((k.value for k in node.keywords if k.arg == "precision"), None)
+            self.precision = ast.unparse(precision) if precision is not None else None
+        return cut
+
+
+def einsum_form(spec: object) -> str | None:
+    """What the matmul template can do with an einsum of two operands: ``plain`` for a
+    product over the lhs's last axis by a (k, n) or batched (g, k, n) rhs
+    (``'bsd,df->bsf'``, ``'gmk,gkn->gmn'``), ``transposed`` for a (n, k) rhs
+    (``'mk,nk->mn'``); None for anything else."""
+    if not isinstance(spec, str) or "->" not in spec or "." in spec:
+        return None
+    inputs, out = "".join(spec.split()).split("->")
+    if inputs.count(",") != 1:
+        return None
+    a, b = inputs.split(",")
+    shared = set(a) & set(b) - set(out)
+    if len(shared) != 1 or len(set(a)) != len(a) or len(set(b)) != len(b):
+        return None
+    c = shared.pop()
+    if not a or a[-1] != c:
+        return None
+    if len(b) == 2 and b[0] == c and out == a[:-1] + b[1]:
+        return "plain"
+    if len(b) == 2 and b[1] == c and out == a[:-1] + b[0]:
+        return "transposed"
+    if len(b) == 3 == len(a) and b[0] == a[0] == out[0] and b[1] == c \
+            and out == a[:-1] + b[2]:
+        return "plain"  # batched: (g, m, k) by (g, k, n)
+    return None
+
+
+def sizes_as_written(brief: TaskBrief, fn: ast.FunctionDef) -> tuple[ast.FunctionDef, list[str]]:
+    """``fn`` (read from the brief's reference, whose hard-coded sizes ``--set`` rewrote for
+    the check shapes) with each rewritten number replaced by ``_size(check, production)``,
+    and the sizes replaced (``"4096"``). Unchanged without rewrites, or when the reference
+    as written is not in the brief or its function does not line up node for node."""
+    written = (brief.production or {}).get("reference_source")
+    if not brief.literal_rewrites or not written or brief.defining:
+        return fn, []
+    try:
+        tree = ast.parse(written)
+    except SyntaxError:
+        return fn, []
+    twin = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+                 and n.name == fn.name), None)
+    if twin is None:
+        return fn, []
+    ours, theirs = list(ast.walk(fn)), list(ast.walk(twin))
+    if len(ours) != len(theirs) or any(type(a) is not type(b) for a, b in zip(ours, theirs, strict=True)):
+        return fn, []
+    changed = {id(a): b.value for a, b in zip(ours, theirs, strict=True) if isinstance(a, ast.Constant)
+               and type(a.value) in (int, float) and a.value != b.value}
+    if not changed:
+        return fn, []
+    sized: list[str] = []
+
+    class _Restore(ast.NodeTransformer):
+        def visit_Constant(self, node: ast.Constant) -> ast.AST:
+            if id(node) not in changed:
+                return node
+            sized.append(repr(changed[id(node)]))
+            call = ast.Call(ast.Name("_size", ast.Load()),
+                            [ast.Constant(node.value), ast.Constant(changed[id(node)])], [])
+            return ast.copy_location(call, node)
+
+    fn = _Restore().visit(fn)
+    ast.fix_missing_locations(fn)
+    return fn, sorted(set(sized), key=sized.index)
