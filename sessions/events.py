@@ -18,8 +18,19 @@ subscriber that raises is removed and the failure is recorded as an ``error`` ev
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
-from typing import Any, Literal, NotRequired, Protocol, TypedDict, cast, get_args
+from typing import (
+    Any,
+    Literal,
+    NotRequired,
+    Protocol,
+    TypedDict,
+    TypeVar,
+    cast,
+    get_args,
+    get_type_hints,
+)
 
 from tilewright.kernels.source.printable import printable_fields
 
@@ -422,6 +433,37 @@ Subscriber = Callable[[AnyEvent], None]
 def live(type_: LiveType, **fields: Any) -> LiveEvent:
     """A live-only notification: ``{"type": ..., "live": True, **fields}``."""
     return cast("LiveEvent", {"type": type_, "live": True, **fields})
+
+
+def kinds_read(handler: Callable[..., Any]) -> tuple[str, ...]:
+    """The kinds of event ``handler`` reads: the ``type`` Literal of each TypedDict its
+    last parameter is annotated with (one event type, or a union of them)."""
+    last = list(inspect.signature(handler).parameters)[-1]
+    annotation = get_type_hints(handler)[last]
+    kinds = []
+    for typed in get_args(annotation) or (annotation,):
+        literal = get_type_hints(typed).get("type")
+        if literal is None or not get_args(literal):
+            raise TypeError(f"{handler.__qualname__} reads {typed!r}, not an event type")
+        kinds.extend(get_args(literal))
+    return tuple(kinds)
+
+
+_Handler = TypeVar("_Handler", bound=Callable[..., Any])
+
+
+def by_kind(*handlers: _Handler) -> dict[str, _Handler]:
+    """A reader's dispatch table: each handler filed under the kinds of event it reads
+    (``kinds_read``), so no table spells a kind by hand and none can file a handler
+    under a kind its annotation does not name. Two handlers for one kind are an error."""
+    table: dict[str, _Handler] = {}
+    for handler in handlers:
+        for kind in kinds_read(handler):
+            if kind in table:
+                raise TypeError(f"{kind!r} is read by both {table[kind].__qualname__} and "
+                                f"{handler.__qualname__}")
+            table[kind] = handler
+    return table
 
 
 # -- the writer -----------------------------------------------------------------------

@@ -571,30 +571,17 @@ def _session_end(s: SessionState, e: ev.SessionEnd) -> None:
         active.status, active.cancelled = "cancelled", True
 
 
-def _ignore(s: SessionState, e: ev.Event) -> None:
-    pass
+def _marker(s: SessionState, e: ev.Marker) -> None:
+    pass  # a label in the log (resumed, ...): nothing to fold
 
 
 def _spent_targets(s: SessionState) -> list[Spent]:
     return [s.spent, s.auto_spent] if s.mode == "auto" else [s.spent]
 
 
-# Events come off disk as plain dicts; the type names which TypedDict each one is.
-_HANDLERS: dict[str, Callable[[SessionState, Any], None]] = {
-    "user.message": _user_message,
-    "agent.message": _agent_message,
-    "agent.proposal": _proposal,
-    "user.decision": _decision,
-    "kernel.version": _version,
-    "kernel.checkout": _checkout,
-    "run.start": _run_start,
-    "run.result": _run_result,
-    "profile.result": _profile_result,
-    "diagnosis": _diagnosis,
-    "mode.change": _mode,
-    "auto.stop": _auto_stop,
-    "error": _error,
-    "agent.finished": _agent_finished,
-    "marker": _ignore,
-    "session.end": _session_end,
-}
+# Events come off disk as plain dicts; each handler is filed under the kinds its
+# annotation reads (``ev.by_kind``).
+_HANDLERS: dict[str, Callable[[SessionState, Any], None]] = ev.by_kind(
+    _user_message, _agent_message, _proposal, _decision, _version, _checkout, _run_start,
+    _run_result, _profile_result, _diagnosis, _mode, _auto_stop, _error, _agent_finished,
+    _marker, _session_end)

@@ -141,26 +141,11 @@ def _diagnosis(e: ev.Diagnosis) -> str:
     return f"v{e.get('version')} {e.get('kind')}: {str(e.get('summary'))[:70]!r}"
 
 
-# The kinds a timeline line describes; each function is annotated with the event it
-# reads (a test checks the annotation against the key). Others print as unknown.
-_DESCRIBE: dict[str, Callable[[Any], str]] = {
-    "user.message": _user_message,
-    "agent.message": _agent_message,
-    "agent.proposal": _proposal,
-    "user.decision": _decision,
-    "kernel.version": _version,
-    "kernel.checkout": _checkout,
-    "run.start": _run_start,
-    "run.result": _run_result,
-    "mode.change": _mode,
-    "auto.stop": _reason,
-    "session.end": _reason,
-    "error": _error,
-    "agent.finished": _agent_finished,
-    "marker": _marker,
-    "profile.result": _profile_result,
-    "diagnosis": _diagnosis,
-}
+# The kinds a timeline line describes, each function filed under the event it reads
+# (``ev.by_kind``). Others print as unknown.
+_DESCRIBE: dict[str, Callable[[Any], str]] = ev.by_kind(
+    _user_message, _agent_message, _proposal, _decision, _version, _checkout, _run_start,
+    _run_result, _mode, _reason, _error, _agent_finished, _marker, _profile_result, _diagnosis)
 
 
 def print_session(loaded: LoadedSession, state: SessionState, out: TextIO) -> None:

@@ -33,16 +33,8 @@ from tilewright.kernels.judge.rank import Rank
 from tilewright.kernels.judge.result import Backend
 from tilewright.kernels.source import tunables
 from tilewright.kernels.tasks.task import Task
+from tilewright.sessions import actions as act
 from tilewright.sessions import events as ev
-from tilewright.sessions.actions import (
-    ApplyProposal,
-    Decide,
-    Evaluate,
-    Expand,
-    ProfileNode,
-    SearchAction,
-    Select,
-)
 from tilewright.sessions.core import Decision, JudgeFailed, PersonApproval, SearchRules, SessionCore
 from tilewright.sessions.core.log_open import create_log, recorded_options, reopen_log
 from tilewright.sessions.log import SessionLog
@@ -337,19 +329,19 @@ class Search:
     def _source(self, version: int) -> str:
         return self.core.source_of(version)
 
-    async def _perform(self, action: SearchAction) -> None:
-        if isinstance(action, Evaluate):
+    async def _perform(self, action: act.SearchAction) -> None:
+        if isinstance(action, act.Evaluate):
             await self._evaluate(action.version)
-        elif isinstance(action, ProfileNode):
+        elif isinstance(action, act.ProfileNode):
             await self._profile(action.version)
-        elif isinstance(action, Select):
+        elif isinstance(action, act.Select):
             info = select_beam(self.state, action.lineage, action.round)
             self._emit(ev.SearchRound(type="search.round", **info.event_fields()))
-        elif isinstance(action, Expand):
+        elif isinstance(action, act.Expand):
             pid = await self.children.expand(action)
             if pid is not None:
                 await self._decide_and_apply(pid)
-        elif isinstance(action, Decide | ApplyProposal):
+        elif isinstance(action, act.Decide | act.ApplyProposal):
             await self._decide_and_apply(action.proposal)
 
     # -- evaluating, profiling, deciding ---------------------------------------------

@@ -205,13 +205,17 @@ class SearchState:
 
 
 def _search_start(s: SearchState, e: ev.SearchStart) -> None:
-    _configure(s, e)
+    _configure(s, e.get("config"))
     s.root = e.get("root")
     s.started_seq = e.get("seq")
 
 
-def _configure(s: SearchState, e: ev.SearchStart | ev.SearchResume) -> None:
-    s.config = SearchConfig.from_json(e.get("config") or {})
+def _search_resume(s: SearchState, e: ev.SearchResume) -> None:
+    _configure(s, e.get("config"))
+
+
+def _configure(s: SearchState, config: dict[str, Any] | None) -> None:
+    s.config = SearchConfig.from_json(config or {})
     s.ended = None
 
 
@@ -279,20 +283,11 @@ def _search_end(s: SearchState, e: ev.SearchEnd) -> None:
     s.ended = e.get("reason") or "end"
 
 
-# Events come off disk as plain dicts; the type names which TypedDict each one is (a
-# test checks every handler's annotation against its key). Kinds not here change only
-# the session fold.
-_HANDLERS: dict[str, Callable[[SearchState, Any], None]] = {
-    "search.start": _search_start,
-    "search.resume": _configure,
-    "agent.proposal": _proposal,
-    "user.decision": _decision,
-    "error": _error,
-    "kernel.version": _version,
-    "search.round": _round,
-    "search.prune": _prune,
-    "search.end": _search_end,
-}
+# Events come off disk as plain dicts; each handler is filed under the kinds its
+# annotation reads (``ev.by_kind``). Kinds not here change only the session fold.
+_HANDLERS: dict[str, Callable[[SearchState, Any], None]] = ev.by_kind(
+    _search_start, _search_resume, _proposal, _decision, _error, _version, _round, _prune,
+    _search_end)
 
 
 def _slot_key(event: ev.AgentProposal | ev.Error) -> SlotKey:

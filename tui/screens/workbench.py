@@ -258,15 +258,6 @@ class WorkbenchScreen(VersionCommands, KeyHints, Screen):
         self._presenter.chat_entry(cast("ev.Event", message.event))
         self._schedule_draw()
 
-    @on(RunChanged)
-    def _run_changed(self, message: RunChanged) -> None:
-        """Every run's event: a line in the chat, or the live line while it runs."""
-        if message.live:  # run.progress: the production verdict, while trials go on
-            self._presenter.live(cast("ev.RunProgress", message.event))
-            return
-        self._presenter.chat_entry(cast("ev.Event", message.event))
-        self._schedule_draw()
-
     @on(RunStarted)
     def _run_started(self, message: RunStarted) -> None:
         what = {"profile": "profiling", "analysis": "analyzing"}.get(message.run_kind,
@@ -293,22 +284,17 @@ class WorkbenchScreen(VersionCommands, KeyHints, Screen):
         # Joined already: a piece that came while this one waited replaced it.
         self._presenter.live(cast("ev.AgentDelta | ev.AgentToolDelta", message.event))
 
-    @on(AgentSaid)
-    def _agent_said(self, message: AgentSaid) -> None:
-        if message.live:
-            self._presenter.live(cast("ev.LiveEvent", message.event))
-            return
-        # a persisted reply, message or the agent's last word
-        self._presenter.chat_entry(cast("ev.Event", message.event))
-        self._schedule_draw()
-
     @on(AgentStarted)
     def _agent_started(self, message: AgentStarted) -> None:
         self.query_one(ActivityLine).start(f"{message.agent} is replying ({message.role})")
 
+    @on(RunChanged)
+    @on(AgentSaid)
     @on(SessionStatus)
-    def _session_status(self, message: SessionStatus) -> None:
-        """Every other event: the live line, or a line in the chat."""
+    def _into_chat(self, message: RunChanged | AgentSaid | SessionStatus) -> None:
+        """A run's events, what the agent said (a reply, a message, its last word) and every
+        other event: a line in the chat, or the live line (``run.progress``: the
+        production verdict while trials go on)."""
         if message.live:
             self._presenter.live(cast("ev.LiveEvent", message.event))
             return

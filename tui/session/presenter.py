@@ -293,31 +293,15 @@ class Presenter:
                              "(the check-shape trials go on)", level)
 
 
-# Persisted and live events come as plain dicts; the type names which TypedDict each one
-# is (a test checks every entry's annotation against its key). A kind missing here adds
-# no conversation line: the panes show it from the folded state.
-_CHAT: dict[str, Callable[[Presenter, Any], None]] = {
-    "user.message": Presenter._user_message,
-    "agent.message": Presenter._agent_message,
-    "agent.proposal": Presenter._proposal,
-    "user.decision": Presenter._decision,
-    "kernel.version": Presenter._version,
-    "kernel.checkout": Presenter._checkout,
-    "run.result": Presenter._run_result,
-    "profile.result": Presenter._profile_result,
-    "diagnosis": Presenter._diagnosis,
-    "mode.change": Presenter._mode,
-    "agent.finished": Presenter._agent_finished,
-    "auto.stop": Presenter._auto_stop,
-    "error": Presenter._error,
-}
+# Persisted and live events come as plain dicts; each method is filed under the kinds
+# its annotation reads (``ev.by_kind``). A kind missing here adds no conversation line:
+# the panes show it from the folded state.
+_CHAT: dict[str, Callable[[Presenter, Any], None]] = ev.by_kind(
+    Presenter._user_message, Presenter._agent_message, Presenter._proposal, Presenter._decision,
+    Presenter._version, Presenter._checkout, Presenter._run_result, Presenter._profile_result,
+    Presenter._diagnosis, Presenter._mode, Presenter._agent_finished, Presenter._auto_stop,
+    Presenter._error)
 
-_LIVE: dict[str, Callable[[Presenter, Any], None]] = {
-    "agent.delta": Presenter._delta,
-    "agent.tool_result": Presenter._tool_result,
-    "agent.tool_delta": Presenter._tool_delta,
-    "agent.tool": Presenter._tool,
-    "agent.notice": Presenter._agent_notice,
-    "notice": Presenter._notice,
-    "run.progress": Presenter._run_progress,
-}
+_LIVE: dict[str, Callable[[Presenter, Any], None]] = ev.by_kind(
+    Presenter._delta, Presenter._tool_result, Presenter._tool_delta, Presenter._tool,
+    Presenter._agent_notice, Presenter._notice, Presenter._run_progress)
