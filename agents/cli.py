@@ -19,10 +19,7 @@ from tilewright.kernels.cli import subcommand
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = subcommand(
-        sub, "lessons", "list, add, remove or edit what agents remember across sessions",
-        "Lessons learned across sessions, offered to agents in later sessions (per task "
-        "family and chip). Stored as JSON lines in the user data dir (override with "
-        "TILEWRIGHT_DATA_DIR).", run)
+        sub, "lessons", "list, add, remove or edit what agents remember across sessions", run)
     parser.add_argument("action", nargs="?", default="list",
                         choices=("list", "add", "rm", "edit", "path"))
     parser.add_argument("args", nargs="*", help="add: the lesson text; rm: its number")
@@ -33,6 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Lessons learned across sessions, offered to agents in later sessions (per task family
+    and chip). Stored as JSON lines in the user data dir (override with
+    TILEWRIGHT_DATA_DIR)."""
     from tilewright.agents import memory
 
     path = memory.lessons_path()

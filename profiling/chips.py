@@ -87,6 +87,16 @@ class Chip:
         return {**asdict(self), "ridge_intensity": self.ridge_intensity}
 
 
+
+def _tpu(name: str, bf16_flops: float, hbm_bytes_per_s: float, hbm_bytes: float,
+         vmem_bytes: int, scoped_vmem_bytes: int, *, cores: int, **rest: Any) -> Chip:
+    """A TPU generation's row: "TPU <name>", f32 matmul work at a third of the bf16 rate
+    (``f32_estimated``: see the sources above), and two TensorCores a megacore."""
+    return Chip(name, f"TPU {name}", "tpu", bf16_flops, bf16_flops / 3, hbm_bytes_per_s,
+                hbm_bytes, vmem_bytes, scoped_vmem_bytes, cores, cores == 2,
+                f32_estimated=True, **rest)
+
+
 # Where the table has no clock (v7x), memory floors and rooflines are counted in cycles
 # at a clock no TPU runs below: the table's slowest is v4's 1.05 GHz, and the v7x programs
 # tokamax timed imply 1.15-1.76 GHz where the estimator priced every op (their cycles
@@ -97,21 +107,18 @@ SLOWEST_CLOCK_HZ = 0.85e9
 
 CHIPS: dict[str, Chip] = {
     # int8 and fp8 rates: the same pages (v4: 275 TFLOP/s for bf16 or int8; v5e 394 int8
-# TOPS; v5p 918; v6e 1,836; TPU7x 4,614 fp8 TFLOP/s).
-# TPU v4: 275 TFLOP/s bf16, 32 GiB HBM2 at 1,200 GB/s (cloud.google.com/tpu/docs/v4).
+    # TOPS; v5p 918; v6e 1,836; TPU7x 4,614 fp8 TFLOP/s).
+    # TPU v4: 275 TFLOP/s bf16, 32 GiB HBM2 at 1,200 GB/s (cloud.google.com/tpu/docs/v4).
     # 2 TensorCores in megacore mode; 16 MiB VMEM per core (jax tpu_info).
-    "v4": Chip("v4", "TPU v4", "tpu", 275e12, 275e12 / 3, 1200e9, 32 * GiB,
-               16 * MiB, 16 * MiB, 2, True, f32_estimated=True, clock_hz=1.05e9,
+    "v4": _tpu("v4", 275e12, 1200e9, 32 * GiB, 16 * MiB, 16 * MiB, cores=2, clock_hz=1.05e9,
                int8_flops=275e12),
     # TPU v5e: 197 TFLOP/s bf16, 16 GiB HBM2 at 819 GB/s (cloud.google.com/tpu/docs/v5e).
     # 1 TensorCore; 128 MiB VMEM (jax tpu_info).
-    "v5e": Chip("v5e", "TPU v5e", "tpu", 197e12, 197e12 / 3, 819e9, 16 * GiB,
-                128 * MiB, 16 * MiB, 1, False, f32_estimated=True, clock_hz=1.5e9,
+    "v5e": _tpu("v5e", 197e12, 819e9, 16 * GiB, 128 * MiB, 16 * MiB, cores=1, clock_hz=1.5e9,
                 int8_flops=394e12),
     # TPU v5p: 459 TFLOP/s bf16, 95 GiB HBM2e at 2,765 GB/s (cloud.google.com/tpu/docs/v5p).
     # 2 TensorCores in megacore mode; 64 MiB VMEM per core (jax tpu_info).
-    "v5p": Chip("v5p", "TPU v5p", "tpu", 459e12, 459e12 / 3, 2765e9, 95 * GiB,
-                64 * MiB, 16 * MiB, 2, True, f32_estimated=True, clock_hz=1.75e9,
+    "v5p": _tpu("v5p", 459e12, 2765e9, 95 * GiB, 64 * MiB, 16 * MiB, cores=2, clock_hz=1.75e9,
                 int8_flops=918e12),
     # TPU v6e (Trillium): 918 TFLOP/s bf16, 32 GiB HBM at 1,640 GB/s
     # (cloud.google.com/tpu/docs/v6e). 1 TensorCore; 128 MiB VMEM (jax tpu_info).
@@ -120,18 +127,16 @@ CHIPS: dict[str, Chip] = {
     # MXUs, and the clock at which the TPU compiler's cycle counts for plain GEMMs match
     # the device times upstream JAXBench recorded on v6e-1 (0.99-1.00 of measured;
     # benchmarks/estimates/estimate_fidelity.py).
-    "v6e": Chip("v6e", "TPU v6e", "tpu", 918e12, 918e12 / 3, 1640e9, 32 * GiB,
-                128 * MiB, 32 * MiB, 1, False, f32_estimated=True, clock_hz=1.75e9,
+    "v6e": _tpu("v6e", 918e12, 1640e9, 32 * GiB, 128 * MiB, 32 * MiB, cores=1, clock_hz=1.75e9,
                 int8_flops=1836e12),
     # TPU7x (Ironwood): 2,307 TFLOP/s bf16 (4,614 fp8), 192 GiB HBM3e at 7.37 TB/s
     # (cloud.google.com/tpu/docs/tpu7x; Google's Ironwood announcement says 7.37 TB/s,
-    # jax tpu_info uses 7.40e12: the two differ in rounding only). 2 TensorCores per chip, 64 MiB VMEM each
-    # (jax tpu_info). JAX does not fuse them into one megacore device: each core is
+    # jax tpu_info uses 7.40e12: the two differ in rounding only). 2 TensorCores per chip,
+    # 64 MiB VMEM each (jax tpu_info). JAX does not fuse them into one megacore device: each core is
     # its own device unless the kernel splits work with core_map / CORE_PARALLEL,
     # so a small grid still leaves one of the two cores idle.
-    "v7x": Chip("v7x", "TPU v7x", "tpu", 2307e12, 2307e12 / 3, 7.37e12, 192 * GiB,
-                64 * MiB, 32 * MiB, 2, True, f32_estimated=True, fp8_flops=4614e12,
-                note="scoped VMEM default (32 MiB) assumed, not published"),
+    "v7x": _tpu("v7x", 2307e12, 7.37e12, 192 * GiB, 64 * MiB, 32 * MiB, cores=2,
+                fp8_flops=4614e12, note="scoped VMEM default (32 MiB) assumed, not published"),
     # H100 SXM5: 989 TFLOP/s bf16 dense, 67 TFLOP/s f32 (non-tensor), 495 TFLOP/s TF32
     # dense; 80 GB HBM3 at 3.35 TB/s; 132 SMs, 228 KiB shared memory per SM
     # (NVIDIA H100 datasheet; Hopper tuning guide for shared memory).

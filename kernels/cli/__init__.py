@@ -1,17 +1,18 @@
 """Subcommands of the kernels layer: ``tasks``, ``eval``, ``estimate``, ``profile``,
-``calibrate``.
+``calibrate``, ``new`` and ``chips``.
 
-Each lives in its own module (``cli_tasks``, ``cli_eval``, ``cli_estimate``,
-``cli_profile``, ``cli_calibrate``) exposing ``register(subparsers)``; their handlers
-import loaders lazily and reach worker processes only through a judge
-(``kernels.pool``). What they share is here: the task, kernel and ``--set``
-arguments, and reading the candidate they name (a bad one is exit status 2).
+Each lives in its own module (``kernels.cli.tasks``, ``.eval``, ...; ``MODULES``)
+exposing ``register(subparsers)``; its handler's docstring is the command's ``--help``
+text (``subcommand``). Handlers import loaders lazily and reach worker processes only
+through a judge (``kernels.pool``). What they share is here: the task, kernel and
+``--set`` arguments, and reading the candidate they name (a bad one is exit status 2).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import sys
 from pathlib import Path
 from typing import Any
@@ -40,11 +41,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         module.register(sub)
 
 
-def subcommand(sub: argparse._SubParsersAction, name: str, summary: str, description: str,
+def subcommand(sub: argparse._SubParsersAction, name: str, summary: str,
                handler: Any) -> argparse.ArgumentParser:
-    """``tilewright NAME``: its parser (``summary`` in the command list, ``description``
-    in its help), dispatching to ``handler(args) -> exit status``."""
-    parser = sub.add_parser(name, help=summary, description=description)
+    """``tilewright NAME``: its parser (``summary`` in the command list, the handler's
+    docstring as its help), dispatching to ``handler(args) -> exit status``. The
+    handler is what the command does, so its docstring is what ``--help`` says."""
+    parser = sub.add_parser(name, help=summary, description=inspect.getdoc(handler))
     parser.set_defaults(handler=handler)
     return parser
 
@@ -58,18 +60,20 @@ def configured_chip(args: argparse.Namespace) -> str | None:
 
 
 def kernel_command(sub: argparse._SubParsersAction, name: str, summary: str,
-                   description: str, handler: Any, *, json_help: str,
+                   handler: Any, *, json_help: str,
                    task_help: str | None = None, kernel_help: str | None = None,
-                   **task_options: object) -> argparse.ArgumentParser:
+                   set_help: str | None = None, **task_options: object
+                   ) -> argparse.ArgumentParser:
     """A command about one task and one candidate (``eval``, ``estimate``, ``profile``,
-    ``calibrate``): ``--task``, ``--kernel`` and ``--json`` (what it prints)."""
-    parser = subcommand(sub, name, summary, description, handler)
+    ``calibrate``): ``--task``, ``--kernel``, ``--json`` (what it prints) and ``--set``."""
+    parser = subcommand(sub, name, summary, handler)
     task_argument(parser, task_help, **task_options)
     if kernel_help is None:
         kernel_argument(parser)
     else:
         kernel_argument(parser, kernel_help)
     parser.add_argument("--json", action="store_true", help=json_help)
+    overrides_argument(parser, set_help)
     return parser
 
 

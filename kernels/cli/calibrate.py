@@ -22,7 +22,7 @@ import json
 import sys
 from typing import Any
 
-from tilewright.kernels.cli import kernel_command, overrides_argument
+from tilewright.kernels.cli import kernel_command
 from tilewright.kernels.judge.calibration import calibration_path, pairs, record
 
 __all__ = ["calibration_path", "pairs", "record", "register", "run"]
@@ -30,19 +30,18 @@ __all__ = ["calibration_path", "pairs", "record", "register", "run"]
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = kernel_command(
-        sub, "calibrate", "on a TPU host: record the estimate against measured device time",
-        "Evaluate kernels on this TPU at their production shapes and record the "
-        "TPU compiler's estimate beside the measured time, so tpu.fidelity "
-        "reports how far the estimate is to be trusted on this chip.", run,
+        sub, "calibrate", "on a TPU host: record the estimate against measured device time", run,
         json_help="print the recorded pairs",
         task_help="a task to calibrate on (default: the bundled tasks)",
         kernel_help="the kernel to time (default: each task's kernel.py)",
         required=False, action="append", default=[])
-    overrides_argument(parser)
     parser.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS")
 
 
 def run(args: argparse.Namespace) -> int:
+    """Evaluate kernels on this TPU at their production shapes and record the TPU compiler's
+    estimate beside the measured time, so tpu.fidelity reports how far the estimate is to be
+    trusted on this chip."""
     from tilewright.kernels.cli import task_and_candidate
     from tilewright.kernels.judge.options import EvalOptions
     from tilewright.kernels.pool import LocalExecutor

@@ -25,10 +25,7 @@ FIDELITY = Path(__file__).resolve().parents[1] / "data" / "fidelity.json"  # ker
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = subcommand(
-        sub, "chips", "list the TPU generations: which estimate, which only compile",
-        "List the TPU generations tilewright compiles for (--chip): peak, HBM bandwidth, "
-        "VMEM, and whether the TPU compiler's static estimate (what ranks kernels "
-        "off-TPU) is available for each, or why only the compile verdict is.", run)
+        sub, "chips", "list the TPU generations: which estimate, which only compile", run)
     parser.add_argument("--json", action="store_true", help=f"print {SCHEMA}")
 
 
@@ -68,6 +65,9 @@ def _measured_rows() -> dict[str, dict[str, int]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    """List the TPU generations tilewright compiles for (--chip): peak, HBM bandwidth, VMEM,
+    and whether the TPU compiler's static estimate (what ranks kernels off-TPU) is available
+    for each, or why only the compile verdict is."""
     rows = facts()
     width = max(40, min(shutil.get_terminal_size((100, 24)).columns, 100))
 

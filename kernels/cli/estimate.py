@@ -22,7 +22,6 @@ from tilewright.kernels.cli import (
     configured_chip,
     kernel_command,
     named_candidate,
-    overrides_argument,
 )
 from tilewright.profiling.chips import DEFAULT_TPU
 
@@ -30,19 +29,19 @@ from tilewright.profiling.chips import DEFAULT_TPU
 def register(sub: argparse._SubParsersAction) -> None:
     parser = kernel_command(
         sub, "estimate",
-        "compile a kernel at the production shape and estimate it (no correctness check)",
-        "Compile a candidate at its task's production shape with the real TPU "
-        "compiler and estimate it against the XLA reference, without checking "
-        "correctness (tilewright eval does both). Exit 0 when it compiles.", run,
-        json_help="print tilewright.estimate/1")
+        "compile a kernel at the production shape and estimate it (no correctness check)", run,
+        json_help="print tilewright.estimate/1",
+        set_help="production.KEY=VALUE sets the production shape (repeatable)")
     parser.add_argument("--chip", default=None, metavar="CHIP",
                         help=f"TPU generation (default {DEFAULT_TPU} off-TPU; a TPU host's "
                              "own chip)")
-    overrides_argument(parser, "production.KEY=VALUE sets the production shape (repeatable)")
     parser.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS")
 
 
 def run(args: argparse.Namespace) -> int:
+    """Compile a candidate at its task's production shape with the real TPU compiler and
+    estimate it against the XLA reference, without checking correctness (tilewright eval
+    does both). Exit 0 when it compiles."""
     from tilewright.kernels.judge.options import EvalOptions
     from tilewright.kernels.pool import LocalExecutor
     from tilewright.kernels.pool.workers import WorkerStartError

@@ -32,15 +32,11 @@ if TYPE_CHECKING:
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = cli.kernel_command(
-        sub, "eval", "evaluate a kernel on a task (correctness, TPU lowering, timing)",
-        "Evaluate a candidate kernel in an isolated worker: several trials with "
-        "fresh inputs on every shape configuration for this host, a TPU lowering "
-        "check, integrity checks and timing against the XLA reference. "
-        "Exit 0 only when the status is 'correct'.", run,
+        sub, "eval", "evaluate a kernel on a task (correctness, TPU lowering, timing)", run,
         json_help="print the eval JSON contract",
+        set_help="override a shape parameter (repeatable)",
         task_help="task directory (native, JAXBench or MaxKernel layout) or a bundled "
                   "task name")
-    cli.overrides_argument(parser, "override a shape parameter (repeatable)")
     parser.add_argument("--trials", type=_at_least_3, default=DEFAULTS.trials,
                         help="correctness trials per shape configuration, each with fresh "
                              f"inputs (default and minimum {DEFAULTS.trials})")
@@ -94,6 +90,9 @@ _usage_error = functools.partial(cli.usage_error, "eval")
 
 
 def run(args: argparse.Namespace) -> int:
+    """Evaluate a candidate kernel in an isolated worker: several trials with fresh inputs on
+    every shape configuration for this host, a TPU lowering check, integrity checks and
+    timing against the XLA reference. Exit 0 only when the status is 'correct'."""
     found = cli.named_candidate("eval", args)  # an int: bad usage, already said
     return found if isinstance(found, int) else _evaluate_candidate(args, *found)
 

@@ -33,16 +33,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     from tilewright.profiling.chips import CHIPS
 
     parser = cli.kernel_command(
-        sub, "profile", "profile a kernel: trace, op table, static pallas_call analysis, roofline",
-        "Profile a candidate kernel in an isolated worker: analyze every "
-        "pallas_call (grid, blocks, VMEM, alignment, flops, warnings with fixes) "
-        "for the target chip, trace its timed iterations with the JAX profiler "
-        "and summarize the trace.", run, json_help="print the profile JSON",
+        sub, "profile", "profile a kernel: trace, op table, static pallas_call analysis, roofline", run, json_help="print the profile JSON",
+        set_help="override a shape parameter (repeatable)",
         task_help="task directory or a bundled task name")
     parser.add_argument("--chip", choices=sorted(CHIPS), default=None,
                         help="chip to analyze for (default: the device's own chip; v5e on a "
                              "CPU host)")
-    cli.overrides_argument(parser, "override a shape parameter (repeatable)")
     parser.add_argument("--shape", default=None, metavar="NAME",
                         help="shape configuration to profile (default: the first small one)")
     parser.add_argument("--iters", type=int, default=None,
@@ -66,6 +62,9 @@ _usage_error = functools.partial(cli.usage_error, "profile")
 
 
 def run(args: argparse.Namespace) -> int:
+    """Profile a candidate kernel in an isolated worker: analyze every pallas_call (grid,
+    blocks, VMEM, alignment, flops, warnings with fixes) for the target chip, trace its
+    timed iterations with the JAX profiler and summarize the trace."""
     found = cli.named_candidate("profile", args)  # an int: bad usage, already said
     return found if isinstance(found, int) else _profile_candidate(args, *found)
 

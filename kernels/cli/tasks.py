@@ -24,13 +24,10 @@ from tilewright.kernels.cli import overrides_argument, subcommand
 
 SCHEMA = "tilewright.tasks/1"
 SUMMARY = "list bundled tasks and the tasks found under DIR"
-DESCRIPTION = ("List the bundled tasks and every task under DIR (searched recursively; native, "
-               "JAXBench and MaxKernel layouts). Broken tasks are listed with their error; "
-               "the exit status is then 1.")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = subcommand(sub, "tasks", SUMMARY, DESCRIPTION, run)
+    parser = subcommand(sub, "tasks", SUMMARY, run)
     parser.add_argument("directory", nargs="?", metavar="DIR",
                         help="folder to search for tasks (default: bundled tasks only)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -41,6 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """List the bundled tasks and every task under DIR (searched recursively; native, JAXBench
+    and MaxKernel layouts). Broken tasks are listed with their error; the exit status is
+    then 1."""
     from tilewright.kernels.tasks.loaders import BUNDLED_DIR, find_tasks, parse_overrides
     from tilewright.kernels.tasks.task import Task, TaskError
 

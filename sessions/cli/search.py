@@ -32,10 +32,7 @@ SCHEMA = "tilewright.search/1"
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = subcommand(
-        sub, "search", "graph search (beam or parallel runs) over every task in a suite",
-        "Search over kernel versions for every task under --suite (native, JAXBench and "
-        "MaxKernel layouts), evaluating on local worker processes or a Ray cluster. "
-        "Rerun the same command to resume.", _handler)
+        sub, "search", "graph search (beam or parallel runs) over every task in a suite", _handler)
     p.add_argument("--suite", required=True, metavar="DIR",
                    help="folder of task directories (any layout), or `bundled`")
     p.add_argument("--agent", choices=("offline", "anthropic", "openai", "auto"),
@@ -85,6 +82,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _handler(args: argparse.Namespace) -> int:
+    """Search over kernel versions for every task under --suite (native, JAXBench and MaxKernel
+    layouts), evaluating on local worker processes or a Ray cluster. Rerun the same command
+    to resume."""
     from tilewright.kernels.pool import ExecutorError
     from tilewright.sessions.opening import OpenError
 
