@@ -19,6 +19,8 @@ import pytest
 
 from tilewright.sessions import events as ev
 from tilewright.sessions import state
+from tilewright.sessions.cli import headless
+from tilewright.sessions.cli import search as search_cli
 from tilewright.sessions.recorded import replay
 from tilewright.sessions.search import graph
 from tilewright.tui.session import presenter
@@ -166,6 +168,8 @@ TABLES = {
     "tilewright.sessions.recorded.replay timeline lines": (replay._DESCRIBE, PERSISTED),
     "tilewright.tui.session.presenter conversation": (presenter._CHAT, PERSISTED),
     "tilewright.tui.session.presenter live": (presenter._LIVE, LIVE),
+    "tilewright.sessions.cli.headless progress": (headless._PRINTS, PERSISTED),
+    "tilewright.sessions.cli.search progress": (search_cli._MILESTONES, PERSISTED),
 }
 
 
@@ -223,3 +227,24 @@ def test_search_progress_reads_the_typed_events(capsys: pytest.CaptureFixture[st
         "gelu: v2 evaluating (r1)", "gelu: v2 correct est. 1.23x",
         "gelu: v4 correct host sim 0.0123", "gelu: round 1 beam v2, v4",
         "gelu: done (budget)"]
+
+
+def test_a_table_files_a_handler_by_the_event_it_reads() -> None:
+    """``ev.by_kind`` reads the kind off the annotation: a union files a handler under
+    each of its kinds, a parameter that is no event type is refused, and so is a second
+    handler for a kind already filed."""
+
+    def both(e: ev.AutoStop | ev.SessionEnd) -> str:
+        return e["type"]
+
+    def plain(e: dict) -> str:  # type: ignore[type-arg]
+        return ""
+
+    def again(e: ev.SessionEnd) -> str:
+        return ""
+
+    assert ev.by_kind(both) == {"auto.stop": both, "session.end": both}
+    with pytest.raises(TypeError, match="not an event type"):
+        ev.by_kind(plain)
+    with pytest.raises(TypeError, match="'session.end' is read by both"):
+        ev.by_kind(both, again)

@@ -21,8 +21,9 @@ import os
 import shutil
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO, cast
+from typing import Any, TextIO
 
 from tilewright.agents.config import Config
 from tilewright.kernels.judge.judgement import Judgement
@@ -56,25 +57,31 @@ class Progress:
         self._explained: set[str] = set()  # each kind of number is said once, at its first
 
     def __call__(self, event: ev.AnyEvent) -> None:
-        if event["type"] in ev.LIVE_TYPES:
-            return
-        persisted = cast(ev.Event, event)
-        if persisted["type"] == "run.result":
-            if not persisted.get("cancelled"):
-                self._step(persisted)
-        elif persisted["type"] == "auto.stop":
-            from tilewright.sessions.autonomy import stop_words
+        prints = _PRINTS.get(event["type"])  # live events and the rest print nothing
+        if prints is not None:
+            prints(self, event)
 
-            self._say(f"stop: {stop_words(persisted['reason'], self.settings)} "
-                      f"({persisted['reason']})")
-        elif persisted["type"] == "kernel.checkout" and persisted.get("by") == "auto":
-            v = self.state.versions.get(persisted["version"])
-            label = f" ({v.rank.words(short=True)})" if v is not None and v.rank else ""
-            self._say(f"current: v{persisted['version']}, the best version{label}")
-        elif persisted["type"] == "error":
-            self._say(f"error ({persisted.get('where')}): {persisted['message']}")
-        elif persisted["type"] == "agent.finished":
-            self._say(f"agent finished: {persisted['message']}")
+    def _run_result(self, e: ev.RunResult) -> None:
+        if not e.get("cancelled"):
+            self._step(e)
+
+    def _auto_stop(self, e: ev.AutoStop) -> None:
+        from tilewright.sessions.autonomy import stop_words
+
+        self._say(f"stop: {stop_words(e['reason'], self.settings)} ({e['reason']})")
+
+    def _checkout(self, e: ev.KernelCheckout) -> None:
+        if e.get("by") != "auto":
+            return
+        v = self.state.versions.get(e["version"])
+        label = f" ({v.rank.words(short=True)})" if v is not None and v.rank else ""
+        self._say(f"current: v{e['version']}, the best version{label}")
+
+    def _error(self, e: ev.Error) -> None:
+        self._say(f"error ({e.get('where')}): {e['message']}")
+
+    def _agent_finished(self, e: ev.AgentFinished) -> None:
+        self._say(f"agent finished: {e['message']}")
 
     def _say(self, text: str, indent: str = "") -> None:
         """A message wrapped at spaces to the terminal's width (continued indented)."""
@@ -109,6 +116,12 @@ class Progress:
             why = " ".join(str(event["error"]).split())
             print(f"      {abbreviate(why, max(20, self.width - 7))}", file=self.out,
                   flush=True)
+
+
+# What a headless run prints, filed by the event each method reads (``ev.by_kind``).
+_PRINTS: dict[str, Callable[[Progress, Any], None]] = ev.by_kind(
+    Progress._run_result, Progress._auto_stop, Progress._checkout, Progress._error,
+    Progress._agent_finished)
 
 
 def abbreviate(text: str, room: int) -> str:

@@ -17,6 +17,7 @@ import contextlib
 import json
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -309,17 +310,36 @@ def _say(text: str) -> None:
 
 def _progress(task: str, event: ev.AnyEvent) -> None:
     """One line on stderr for the search's milestones in ``task``."""
-    if event["type"] == "run.start":
-        _say(f"{task}: v{event['version']} evaluating ({event['run']})")
-    elif event["type"] == "run.result" and not event.get("cancelled"):
-        rank = Judgement.from_event(event).rank
-        tail = f" {rank.words(short=True)}" if rank is not None and rank.ranked else ""
-        _say(f"{task}: v{event['version']} {event['status']}{tail}")
-    elif event["type"] == "search.round":
-        beam = ", ".join(f"v{v}" for v in event.get("beam") or []) or "(empty)"
-        _say(f"{task}: round {event['round']} beam {beam}")
-    elif event["type"] == "search.end":
-        _say(f"{task}: done ({event.get('reason')})")
+    line = _MILESTONES.get(event["type"])
+    said = line(event) if line is not None else None
+    if said:
+        _say(f"{task}: {said}")
+
+
+def _run_start(e: ev.RunStart) -> str:
+    return f"v{e['version']} evaluating ({e['run']})"
+
+
+def _run_result(e: ev.RunResult) -> str | None:
+    if e.get("cancelled"):
+        return None
+    rank = Judgement.from_event(e).rank
+    tail = f" {rank.words(short=True)}" if rank is not None and rank.ranked else ""
+    return f"v{e['version']} {e['status']}{tail}"
+
+
+def _search_round(e: ev.SearchRound) -> str:
+    beam = ", ".join(f"v{v}" for v in e.get("beam") or []) or "(empty)"
+    return f"round {e['round']} beam {beam}"
+
+
+def _search_end(e: ev.SearchEnd) -> str:
+    return f"done ({e.get('reason')})"
+
+
+# The search's milestones, filed by the event each reads (``ev.by_kind``).
+_MILESTONES: dict[str, Callable[[Any], str | None]] = ev.by_kind(
+    _run_start, _run_result, _search_round, _search_end)
 
 
 FAST_P = (1.0, 1.5)
