@@ -64,6 +64,12 @@ LABEL_INPUTS = ("(jax.random.normal(ks[0], (64, 128), dtype),\n"
                 "            jax.random.normal(ks[1], (128, 320), dtype) * 0.2,\n"
                 "            jax.random.randint(ks[2], (64,), 0, 320))")
 
+CHAIN_INPUTS = ("(jax.random.normal(ks[0], (256, 256), dtype),\n"
+                "            jax.random.normal(ks[1], (384, 256), dtype) * 0.05,\n"
+                "            jax.random.normal(ks[2], (384,), dtype),\n"
+                "            jax.random.normal(ks[3], (128, 384), dtype) * 0.05,\n"
+                "            jax.random.normal(ks[0], (128,), dtype))")
+
 MLP_INPUTS = ("(jax.random.normal(ks[0], (2, 64, 256), dtype),\n"
               "            jax.random.normal(ks[1], (256, 384), dtype) * 0.05,\n"
               "            jax.random.normal(ks[2], (256, 384), dtype) * 0.05,\n"
@@ -76,6 +82,14 @@ FLEX_INPUTS = ("(jax.random.normal(ks[0], (1, 2, 256, 128), dtype),\n"
 
 # (family, inputs, workload, small blocks)
 CASES: dict[str, tuple[str, str, str, dict[str, int]]] = {
+    # 32k's form: two products in a chain (an MLP), a logsumexp of the second
+    "matmul_mlp_chain": ("matmul", CHAIN_INPUTS, """
+def workload(x, w1, b1, w2, b2):
+    x = jnp.matmul(x, w1.T) + b1
+    x = jax.nn.sigmoid(x)
+    x = jnp.matmul(x, w2.T) + b2
+    return jax.scipy.special.logsumexp(x, axis=1)
+""", {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128}),
     # 21k's form: the weight stored (n, k), contracted by dot_general, then a row sum
     "matmul_row_sum": ("matmul", MATMUL_INPUTS, """
 def workload(x, weight, bias):
@@ -690,3 +704,24 @@ async def test_a_row_sum_of_a_wide_f32_product_runs_as_two_kernels(worker_pool: 
     assert result.status == "correct", (result.error, result.correctness)
     names = [k.get("name") for k in (result.tpu or {}).get("kernels") or []]
     assert not names or set(names) == {"_product_body", "_epilogue_body"}, names
+
+
+def test_a_second_product_in_the_epilogue_runs_as_a_second_stage(tmp_path: Any) -> None:
+    """32k's chain (x @ w1.T, sigmoid, @ w2.T, logsumexp): two stages of the kernel, the
+    first returning h, the second reading only its product and b2. Where the rest reads
+    h itself (a residual), the chain cannot split and the kernel stays one stage."""
+    task = _task(tmp_path, "matmul_mlp_chain", "float32")
+    source, why = write_template(agents.brief(task), "matmul")
+    assert "_EPILOGUES = (_epilogue, _epilogue_2)" in source
+    assert "_RESTS = (('b1',), ('b2',))" in source and "second product" in why
+    residual = tmp_path / "residual"
+    residual.mkdir()
+    (residual / "baseline.py").write_text(_HEAD.format(dtype="float32", inputs=CHAIN_INPUTS) + """
+def workload(x, w1, b1, w2, b2):
+    h = jax.nn.sigmoid(jnp.matmul(x, w1.T) + b1)
+    y = jnp.matmul(h, w2.T) + b2
+    return y + h[:, :128]
+""")
+    source, _why = write_template(agents.brief(load_task(residual, {"dtype": "float32"})),
+                                  "matmul")
+    assert "_EPILOGUES = (_epilogue,)" in source

@@ -21,7 +21,11 @@ from tilewright.agents.offline.templates.kernel_text import (
     VMEM_HELPERS,
     highest,
 )
-from tilewright.agents.offline.templates.matmul_cut import CutMatmul, sizes_as_written
+from tilewright.agents.offline.templates.matmul_cut import (
+    CutMatmul,
+    sizes_as_written,
+    split_chain,
+)
 
 
 def matmul(brief: TaskBrief) -> tuple[str, str]:
@@ -39,13 +43,24 @@ def matmul(brief: TaskBrief) -> tuple[str, str]:
     if lhs not in params or rhs not in params:
         raise TemplateError(f"the matmul operands `{lhs}`, `{rhs}` must be arguments of the reference")
     rest = [p for p in params if p not in (lhs, rhs)]
-    fn.name = "_epilogue"
-    fn.args.args = [ast.arg("_acc")] + [a for a in fn.args.args if a.arg in rest]
-    ast.fix_missing_locations(fn)
-    epilogue = ast.unparse(fn)
+    # A second product in the epilogue (an MLP's h @ w2): two stages of the same kernel,
+    # the first writing h, the second its product with the rest (split_chain)
+    chain = split_chain(fn, params, cutter) if not sized else None
+    if chain is None:
+        fn.name = "_epilogue"
+        fn.args.args = [ast.arg("_acc")] + [a for a in fn.args.args if a.arg in rest]
+        ast.fix_missing_locations(fn)
+        epilogue = ast.unparse(fn)
+        rests: tuple[tuple[str, ...], ...] = (tuple(rest),)
+        stages = f"    return _stage(0, x, w, {_tuple(rest)})"
+    else:
+        one, two, w2 = chain
+        rests = tuple(tuple(a.arg for a in f.args.args[1:]) for f in (one, two))
+        epilogue = (ast.unparse(one) + "\n\n\n# The rest of the reference, on its second "
+                    f"product `_acc` = h @ {w2}.\n" + ast.unparse(two))
+        stages = (f"    h = _stage(0, x, w, {_tuple(rests[0])})\n"
+                  f"    return _stage(1, h, {w2}, {_tuple(rests[1])})")
     order = ", ".join(params)
-    rest_tuple = "(" + ", ".join(rest) + ("," if len(rest) == 1 else "") + ")"
-    rest_names = repr(tuple(rest))
     unpack = f"\n    x, w = {lhs}, {rhs}" if (lhs, rhs) != ("x", "w") else ""
     bm, bn, bk = _matmul_blocks(brief)
     split_rows = _production_rows(brief, params.index(lhs)) >= SPLIT_ROWS_FROM
@@ -268,32 +283,39 @@ def _operand_spec(a, m, n, bm, bn):
                                                            j if cols == bn else 0))
 
 
-def _bound(static, names):
-    \"\"\"The epilogue with the reference's Python scalars (``static``: name -> value) in
-    their places and the arrays, in order, in the others.\"\"\"
-    fixed = dict(static)
+def _bound(static, stage, dtype):
+    \"\"\"The stage's epilogue with the reference's Python scalars (``static``: name ->
+    value) in their places and the arrays, in order, in the others; a stage that feeds
+    the next stores its result in ``dtype`` (the operands'), as the reference's own
+    product would be.\"\"\"
+    fixed, names, fn = dict(static), _RESTS[stage], _EPILOGUES[stage]
 
     def epilogue(acc, *arrays):
         rest = iter(arrays)
-        return _epilogue(acc, *(fixed[n] if n in fixed else next(rest) for n in names))
+        out = fn(acc, *(fixed[n] if n in fixed else next(rest) for n in names))
+        return out if dtype is None else out.astype(dtype)
     return epilogue
 
 
-_REST = {rest_names}  # the epilogue's arguments beside the product
+_EPILOGUES = {_tuple(["_epilogue"] + [f"_epilogue_{i + 1}" for i in range(1, len(rests))])}
+_RESTS = {rests!r}  # each epilogue's arguments beside its product
 
 
 def {brief.entry}({order}):{unpack}
+{stages}
+
+
+def _stage(stage, x, w, rest):
     # The reference's Python scalars (a task's static arguments: a group count) stay Python
     # values, bound to the epilogue: traced, a reshape by them is not concrete (MaxKernel's
     # 45k: x.reshape(batch, num_groups, out_features // num_groups))
-    rest = {rest_tuple}
-    static = tuple((n, a) for n, a in zip(_REST, rest) if not hasattr(a, "shape"))
-    return _matmul(static, x, w, *(a for a in rest if hasattr(a, "shape")))
+    static = tuple((n, a) for n, a in zip(_RESTS[stage], rest) if not hasattr(a, "shape"))
+    return _matmul(stage, static, x, w, *(a for a in rest if hasattr(a, "shape")))
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _matmul(static, x, w, *operands):
-    epilogue = _bound(static, _REST)
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _matmul(stage, static, x, w, *operands):
+    epilogue = _bound(static, stage, x.dtype if stage + 1 < len(_EPILOGUES) else None)
     # A batched product ((g, m, k) by (g, k, n)) walks the groups as the outer grid axis;
     # otherwise the lhs's leading axes are flattened into the rows.
     batched = w.ndim == 3
@@ -415,6 +437,11 @@ def _matmul(static, x, w, *operands):
                                  "their last axes." if cutter.transposed else "")
            + (f" The product keeps the reference's precision ({cutter.precision})."
               if cutter.precision else "")
+           + (" A second product follows in the reference (an MLP's h @ w2): the same "
+              "kernel runs twice, the first stage storing h in the operands' dtype with "
+              "what comes before the second product as its epilogue, the second "
+              "multiplying h with the rest of the reference as its epilogue, so no "
+              "block has to hold the whole hidden width." if chain is not None else "")
            + (f" The reference hard-codes sizes ({', '.join(sized)}, as written): the "
               "epilogue reads them from the product's own sizes when it is traced "
               "(`_size`), so one kernel runs at the check shapes and at production."
@@ -494,3 +521,8 @@ def _narrow_operands(brief: TaskBrief) -> bool:
     dtypes = {str(d) for _shape, d in inputs} if inputs else set()
     dtypes -= {"int32", "i32", "int64", "i64"}  # labels and indices: not the operands
     return bool(dtypes) and dtypes <= {"bfloat16", "float16", "int8", "bf16", "f16", "i8"}
+
+
+def _tuple(names: tuple[str, ...] | list[str]) -> str:
+    """Python text of a tuple of these names: ``(a,)``, ``(a, b)``, ``()``."""
+    return "(" + ", ".join(names) + ("," if len(names) == 1 else "") + ")"

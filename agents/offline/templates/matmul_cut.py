@@ -147,3 +147,66 @@ def sizes_as_written(brief: TaskBrief, fn: ast.FunctionDef) -> tuple[ast.Functio
     fn = _Restore().visit(fn)
     ast.fix_missing_locations(fn)
     return fn, sorted(set(sized), key=sized.index)
+
+
+def split_chain(fn: ast.FunctionDef, params: list[str], first: CutMatmul
+                ) -> tuple[ast.FunctionDef, ast.FunctionDef, str] | None:
+    """A second product in the epilogue (an MLP: ``h = act(x @ w1 + b1)``, then
+    ``h @ w2 + b2`` and what follows), as two epilogues and the second weight: the
+    statements before the statement holding the second product, returning its lhs
+    ``h``; and that statement, the product cut to ``_acc``, with the rest. None where the
+    epilogue holds no such product, where it is not of the same form as the first (both
+    transposed or neither, the same precision), or where the second part reads anything
+    of the first but the product (a residual of ``h``, a size taken from it)."""
+    for at, stmt in enumerate(fn.body):
+        if not any(isinstance(n, ast.BinOp | ast.Call) for n in ast.walk(stmt)):
+            continue
+        cut = CutMatmul()
+        cut_stmt = cut.visit(_copy(stmt))
+        if cut.operands is None:
+            continue
+        h, w2 = cut.operands
+        before = fn.body[:at]
+        assigned = {t.id for s in before for t in ast.walk(s)
+                    if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}
+        if (h not in assigned or w2 not in params or w2 in assigned
+                or cut.transposed != first.transposed or cut.precision != first.precision
+                or not isinstance(cut_stmt, ast.Assign | ast.Return)):
+            return None
+        second = [cut_stmt, *fn.body[at + 1:]]
+        if _reads_before_writing(second) & (assigned | set(first.operands or ())):
+            return None  # reads a value of the first part
+        one = _epilogue_fn("_epilogue", [*before, ast.Return(ast.Name(h, ast.Load()))],
+                           params, exclude=set(first.operands or ()))
+        two = _epilogue_fn("_epilogue_2", second, params, exclude={w2})
+        return one, two, w2
+    return None
+
+
+def _copy(node: ast.stmt) -> ast.stmt:
+    return ast.parse(ast.unparse(node)).body[0]
+
+
+def _reads_before_writing(body: list[ast.stmt]) -> set[str]:
+    """Names ``body`` loads before it assigns them (its free names), statement by
+    statement (the value of an assignment is read before its targets are written)."""
+    written: set[str] = set()
+    free: set[str] = set()
+    for stmt in body:
+        loads = {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name)
+                 and isinstance(n.ctx, ast.Load)}
+        free |= loads - written
+        written |= {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name)
+                    and isinstance(n.ctx, ast.Store)}
+    return free
+
+
+def _epilogue_fn(name: str, body: list[ast.stmt], params: list[str], exclude: set[str]
+                 ) -> ast.FunctionDef:
+    """``def name(_acc, <the reference's arguments the body reads>): body``."""
+    free = _reads_before_writing(body)
+    args = [ast.arg("_acc")] + [ast.arg(p) for p in params if p in free and p not in exclude]
+    fn = ast.FunctionDef(name=name, args=ast.arguments(posonlyargs=[], args=args, kwonlyargs=[],
+                                                       kw_defaults=[], defaults=[]),
+                         body=body, decorator_list=[], returns=None, type_params=[])
+    return ast.fix_missing_locations(fn)
