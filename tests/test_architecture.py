@@ -265,3 +265,21 @@ def test_no_function_shadows_a_module_it_imports() -> None:
                         found.append(f"{path.relative_to(ROOT)}:{node.lineno}: "
                                      f"{function.name} binds {name}")
     assert not found, "local names hiding an imported module:\n" + "\n".join(found)
+
+
+def test_no_module_over_600_lines_and_no_folder_over_14_modules() -> None:
+    """Rooms a reader takes in at once: a module of at most 600 lines, a folder of at
+    most 14 modules (bundled kernels are the users' code, not the house's). The tuner
+    once grew to 644 lines in a round that added to it; this says so at once."""
+    long, crowded = [], []
+    for package in (*PACKAGES, "benchmarks"):
+        for folder in sorted({p.parent for p in (ROOT / package).rglob("*.py")}):
+            if "/bundled/" in folder.as_posix() + "/" or "__pycache__" in folder.parts:
+                continue
+            modules = sorted(folder.glob("*.py"))
+            if len(modules) > 14:
+                crowded.append(f"{folder.relative_to(ROOT)}: {len(modules)} modules")
+            long += [f"{m.relative_to(ROOT)}: {n} lines" for m in modules
+                     if (n := len(m.read_text().splitlines())) > 600]
+    assert not long, "modules over 600 lines:\n" + "\n".join(long)
+    assert not crowded, "folders over 14 modules:\n" + "\n".join(crowded)
