@@ -246,5 +246,5 @@ def test_a_table_files_a_handler_by_the_event_it_reads() -> None:
     assert ev.by_kind(both) == {"auto.stop": both, "session.end": both}
     with pytest.raises(TypeError, match="not an event type"):
         ev.by_kind(plain)
-    with pytest.raises(TypeError, match="'session.end' is read by both"):
+    with pytest.raises(TypeError, match=r"'session\.end' is read by both"):
         ev.by_kind(both, again)
