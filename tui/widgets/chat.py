@@ -22,6 +22,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.geometry import Size
 from textual.message import Message
 from textual.reactive import Reactive
+from textual.widget import Widget
 from textual.widgets import Collapsible, Input, Static
 
 from tilewright.tui.markdown_stream import MarkdownPiece, above, block_starts
@@ -48,6 +49,17 @@ class ChatLog(VerticalScroll):
 
     DEFAULT_CSS = "ChatLog { overflow-y: scroll; }"
     virtual_size = Reactive(Size(0, 0), layout=False)
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        # Entries that came before the log was in the DOM (a session's first events can
+        # reach the screen while it is still being built): mounted when it is.
+        self.early: list[Widget] = []
+
+    def on_mount(self) -> None:
+        early, self.early = self.early, []
+        if early:
+            self.mount_all(early)
 
 
 @dataclass
@@ -330,6 +342,9 @@ class ChatPane(Vertical):
     # -- internals --------------------------------------------------------------------
     def _mount(self, widget) -> None:
         log = self.entries
+        if not log.is_attached:  # not in the DOM yet: it mounts these when it is
+            log.early.append(widget)
+            return
         log.mount(widget)
         extra = len(log.children) - MAX_ENTRIES
         if extra > 0:
