@@ -277,6 +277,8 @@ class RayExecutor:
                 "the ray executor needs Ray: pip install 'tilewright[ray]' "
                 "(or use --executor local)") from exc
         self._ray = ray
+        if self.address:  # asked for a cluster: one nobody answers at fails here, even
+            _check_reachable(self.address)  # while this process holds another one
         if not ray.is_initialized():
             kwargs: dict[str, Any] = {
                 "include_dashboard": False,
@@ -285,7 +287,6 @@ class RayExecutor:
                 "configure_logging": True,
             }
             if self.address:
-                _check_reachable(self.address)
                 kwargs["address"] = self.address
             else:
                 kwargs["num_cpus"] = self.num_cpus or self.requested or local_worker_count()
