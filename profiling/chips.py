@@ -132,9 +132,9 @@ CHIPS: dict[str, Chip] = {
     # TPU7x (Ironwood): 2,307 TFLOP/s bf16 (4,614 fp8), 192 GiB HBM3e at 7.37 TB/s
     # (cloud.google.com/tpu/docs/tpu7x; Google's Ironwood announcement says 7.37 TB/s,
     # jax tpu_info uses 7.40e12: the two differ in rounding only). 2 TensorCores per chip,
-    # 64 MiB VMEM each (jax tpu_info). JAX does not fuse them into one megacore device: each core is
-    # its own device unless the kernel splits work with core_map / CORE_PARALLEL,
-    # so a small grid still leaves one of the two cores idle.
+    # 64 MiB VMEM each (jax tpu_info). JAX does not fuse them into one megacore device:
+    # each core is its own device unless the kernel splits work with core_map /
+    # CORE_PARALLEL, so a small grid still leaves one of the two cores idle.
     "v7x": _tpu("v7x", 2307e12, 7.37e12, 192 * GiB, 64 * MiB, 32 * MiB, cores=2,
                 fp8_flops=4614e12, note="scoped VMEM default (32 MiB) assumed, not published"),
     # H100 SXM5: 989 TFLOP/s bf16 dense, 67 TFLOP/s f32 (non-tensor), 495 TFLOP/s TF32

@@ -33,7 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     from tilewright.profiling.chips import CHIPS
 
     parser = cli.kernel_command(
-        sub, "profile", "profile a kernel: trace, op table, static pallas_call analysis, roofline", run, json_help="print the profile JSON",
+        sub, "profile", "profile a kernel: trace, op table, static pallas_call analysis, roofline",
+        run, json_help="print the profile JSON",
         set_help="override a shape parameter (repeatable)",
         task_help="task directory or a bundled task name")
     parser.add_argument("--chip", choices=sorted(CHIPS), default=None,
