@@ -405,3 +405,26 @@ def test_session_events_arrive_as_one_message_class_per_fact() -> None:
     other = session_message({"type": "agent.tool_delta", "id": "t2", "text": "}"})  # type: ignore[arg-type]
     assert not tool.can_replace(other) and not newer.can_replace(tool)  # another stream
     assert not newer.can_replace(session_message({"type": "run.start"}))  # type: ignore[arg-type]
+
+
+async def test_a_chat_entry_written_before_the_log_is_in_the_dom_waits_for_it() -> None:
+    """A session's first events can reach the workbench while it is still being built:
+    an entry for a chat log not yet in the DOM is held and mounted with the log, not
+    raised as Textual's MountError (the tui_latency smoke once failed on it)."""
+    from textual.containers import Vertical
+    from textual.widgets import Static
+
+    from tilewright.tui.widgets.chat import ChatLog
+
+    log = ChatLog(id="log")
+    log.early.append(Static("first proposal", id="early"))
+
+    class Host(App[None]):
+        def compose(self) -> ComposeResult:
+            yield Vertical(id="host")
+
+    app = Host()
+    async with app.run_test(size=(60, 10)) as pilot:
+        await app.query_one("#host").mount(log)
+        await pilot.pause()
+        assert [w.id for w in log.children] == ["early"] and log.early == []
