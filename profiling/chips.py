@@ -87,7 +87,6 @@ class Chip:
         return {**asdict(self), "ridge_intensity": self.ridge_intensity}
 
 
-
 def _tpu(name: str, bf16_flops: float, hbm_bytes_per_s: float, hbm_bytes: float,
          vmem_bytes: int, scoped_vmem_bytes: int, *, cores: int, **rest: Any) -> Chip:
     """A TPU generation's row: "TPU <name>", f32 matmul work at a third of the bf16 rate

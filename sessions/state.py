@@ -572,7 +572,7 @@ def _session_end(s: SessionState, e: ev.SessionEnd) -> None:
 
 
 def _marker(s: SessionState, e: ev.Marker) -> None:
-    pass  # a label in the log (resumed, ...): nothing to fold
+    """A label in the log (``resumed``, ...): it changes no state."""
 
 
 def _spent_targets(s: SessionState) -> list[Spent]:

@@ -297,7 +297,7 @@ def _bound(static, stage, dtype):
     return epilogue
 
 
-_EPILOGUES = {_tuple(["_epilogue"] + [f"_epilogue_{i + 1}" for i in range(1, len(rests))])}
+_EPILOGUES = {"(_epilogue,)" if chain is None else "(_epilogue, _epilogue_2)"}
 _RESTS = {rests!r}  # each epilogue's arguments beside its product
 
 
