@@ -130,3 +130,44 @@ def test_benchmark_runs_in_smoke_mode(smoke_runs, script: str) -> None:
     tail = run.stdout[-4000:]
     assert run.returncode == 0, f"{script} --smoke exited {run.returncode}:\n{tail}"
     assert SMOKES[script][1] in run.stdout, f"{script} --smoke printed no table:\n{tail}"
+
+
+def test_the_suite_report_merges_runs_and_puts_chip_rows_beside_estimates(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``jaxbench_offline.py --report A.json B.json --measured SUITE=ROWS``: a later run's
+    row replaces an earlier one's for its task; each task's latest chip row for its
+    crowned kernel is the measured column; the totals keep measured and estimated apart."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location(
+        "jaxbench_offline", BENCHMARKS / "search_quality" / "jaxbench_offline.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def row(task: str, estimate: float | None, correct: bool = True) -> dict:
+        return {"task": task, "generates": True, "crowned": correct, "truly_correct": correct,
+                "lowerable": True, "production_compile": "ok", "evaluations": 4,
+                "production_estimate": estimate, "production_source": "tpu_estimate",
+                "best_rank": None}
+
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(json.dumps([{"suite": "MaxKernel", "wall_s": 10, "rows": [
+        row("1k_a", 0.5), row("2k_b", 1.2), row("3k_c", None, correct=False)]}]))
+    second.write_text(json.dumps([{"suite": "MaxKernel", "wall_s": 5, "rows": [
+        row("1k_a", 0.9)]}]))
+    old, new = tmp_path / "old.jsonl", tmp_path / "new.jsonl"
+    chip = {"kernel": "crowned.py", "status": "measured", "chip": "TPU v5 lite"}
+    old.write_text(json.dumps({**chip, "task": "1k_a", "speedup": 0.4}) + "\n"
+                   + json.dumps({**chip, "task": "2k_b", "kernel": "other.py", "speedup": 9}))
+    new.write_text(json.dumps({**chip, "task": "1k_a", "speedup": 1.1}) + "\n")
+    [suite] = module.merged([first, second])
+    assert [r["task"] for r in suite["rows"]] == ["1k_a", "2k_b", "3k_c"]
+    assert suite["rows"][0]["production_estimate"] == 0.9 and suite["wall_s"] == 15
+    measured = module.chip_rows([old, new])
+    assert set(measured) == {"1k_a"} and measured["1k_a"]["speedup"] == 1.1
+    module.print_suite(suite, measured)
+    out = capsys.readouterr().out
+    assert "1/2 correct tasks measured, geomean 1.1x, >= 1.0 on 1 (33% of 3)" in out
+    # best evidence: 1k_a measured 1.1, 2k_b estimated 1.2
+    assert "2 tasks, geomean 1.15x, >= 1.0 on 2 (67% of 3)" in out

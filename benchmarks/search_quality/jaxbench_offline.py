@@ -286,6 +286,45 @@ def handtuned_v6e() -> dict[str, float]:
             if variant == "baseline" and (name, "optimized") in medians}
 
 
+def merged(files: list[Path]) -> list[dict]:
+    """The suites of several runs' --json files as one run each: a later file's row
+    replaces an earlier one's for the same task (a task searched again after a fix),
+    in the first file's order; the search's own totals are dropped (they counted one
+    run), the wall times summed."""
+    suites: dict[str, dict] = {}
+    for path in files:
+        for result in json.loads(path.read_text()):
+            into = suites.setdefault(result["suite"], {
+                "suite": result["suite"], "rows": [], "totals": None, "wall_s": 0.0,
+                "listed": {}})
+            into["wall_s"] += result.get("wall_s") or 0.0
+            for row in result["rows"]:
+                at = next((i for i, r in enumerate(into["rows"]) if r["task"] == row["task"]),
+                          None)
+                if at is None:
+                    into["rows"].append(row)
+                else:
+                    into["rows"][at] = row
+    for into in suites.values():
+        into["tasks_listed"] = len(into["rows"])
+        into["inputs_generate"] = sum(bool(r["generates"]) for r in into["rows"])
+        del into["listed"]
+    return list(suites.values())
+
+
+def chip_rows(files: list[Path]) -> dict[str, dict]:
+    """Each task's latest row of ``measure_on_chip.py`` for its crowned kernel
+    (``crowned.py``), from files oldest first: the device times against XLA's on the
+    chip the row names."""
+    latest: dict[str, dict] = {}
+    for path in files:
+        for line in path.read_text().splitlines():
+            row = json.loads(line) if line.strip() else None
+            if row and row.get("kernel") == "crowned.py":
+                latest[row["task"]] = row
+    return latest
+
+
 def _number(rank: Any) -> str:
     """A crowned kernel's ranking number at the production shape, as the table shows it:
     the estimate ("1.07x") or the bound against XLA's roofline (">=0.88x")."""
@@ -295,15 +334,16 @@ def _number(rank: Any) -> str:
     return f">={value:.2g}x" if rank.get("source") == "roofline" else f"{value:.3g}x"
 
 
-def print_suite(result: dict) -> None:
+def print_suite(result: dict, chip: dict[str, dict] | None = None) -> None:
     import math
     import statistics
 
     rows = result["rows"]
     tuned = handtuned_v6e()
+    chip = chip or {}
     print(f"\n== {result['suite']}: {len(rows)} tasks, {result['wall_s']:.0f} s")
     print(f"{'task':<44} gen crown true lower prod  est.@prod    bound  JB-tuned  "
-          "shape / why no estimate")
+          f"{'  meas.' if chip else ''}shape / why no estimate")
     for r in rows:
         speed = (f"{r['production_estimate']:.3g}x"
                  if isinstance(r.get("production_estimate"), int | float) else "-")
@@ -318,7 +358,8 @@ def print_suite(result: dict) -> None:
         print(f"{r['task'][:44]:<44} {'y' if r['generates'] else 'N':>3} "
               f"{'y' if r['crowned'] else '-':>5} {'y' if r['truly_correct'] else '-':>4} "
               f"{'y' if r['lowerable'] else '-':>5} {prod:>4} {speed:>10}  {bound:>7} "
-              f"{hand:>9}  {note[:70]}")
+              f"{hand:>9}  {_measured(chip.get(r['task'])) + ' ' if chip else ''}"
+              f"{note[:70]}")
     print("est.@prod: the TPU compiler's estimated speedup over XLA at the production shape; "
           "bound: a lower bound against XLA's roofline where XLA has no estimate; JB-tuned: "
           "JAXBench's own hand-tuned Pallas kernel, measured on v6e against its XLA "
@@ -367,12 +408,52 @@ def print_suite(result: dict) -> None:
           f"{statistics.median(times) if times else float('nan'):.1f} s (target 10 s); "
           f"compile processes' peak {max(peaks) if peaks else float('nan'):.0f} MB "
           f"(target < 4096)")
+    if chip:
+        print_measured(rows, chip)
     if result.get("totals"):
         t = result["totals"]
         geo = t["geomean"]
         print(f"suite totals (search): correct rate {t['correct_rate']:.0%}, geomean "
               f"{'-' if geo is None else f'{geo:.3g}x'} over {t['counted']} estimated or "
               f"measured, fast_1 {t['fast_1']:.0%}, fast_1.5 {t['fast_1.5']:.0%}")
+
+
+def _measured(row: dict | None) -> str:
+    if row is None:
+        return "     -"
+    return f"{row['speedup']:5.2f}x" if row.get("speedup") else f"{row['status'][:6]:>6}"
+
+
+def print_measured(rows: list[dict], chip: dict[str, dict]) -> None:
+    """Totals of the crowned kernels' device times on the chip, beside the estimates';
+    and one figure per task by its best evidence (measured where measured, else the
+    estimate), labelled as such: never a figure of one kind called the other."""
+    import math
+
+    def geo(xs: list[float]) -> str:
+        return f"{math.exp(sum(map(math.log, xs)) / len(xs)):.3g}x" if xs else "-"
+
+    correct = [r for r in rows if r["truly_correct"]]
+    timed = [(r, chip[r["task"]]) for r in correct if chip.get(r["task"], {}).get("speedup")]
+    chips = sorted({m.get("chip") or "?" for _, m in timed})
+    failed = [r["task"] for r in correct
+              if r["task"] in chip and not chip[r["task"]].get("speedup")]
+    ratios = [m["speedup"] for _, m in timed]
+    n = len(rows) or 1
+    print(f"measured on {', '.join(chips) or 'no chip'} (meas.: device time of XLA over the "
+          f"crowned kernel's, each at its production shape and dtype): {len(timed)}/"
+          f"{len(correct)} correct tasks measured, geomean {geo(ratios)}, >= 1.0 on "
+          f"{sum(x >= 1.0 for x in ratios)} ({sum(x >= 1.0 for x in ratios) / n:.0%} of "
+          f"{len(rows)}), >= 1.5 on {sum(x >= 1.5 for x in ratios)}"
+          + (f"; not measured: {', '.join(failed)} ({', '.join(chip[t]['status'] for t in failed)})"
+             if failed else ""))
+    best = [chip[r["task"]]["speedup"] if chip.get(r["task"], {}).get("speedup")
+            else r["production_estimate"] for r in correct
+            if chip.get(r["task"], {}).get("speedup")
+            or isinstance(r.get("production_estimate"), int | float)]
+    print(f"by the best evidence (measured where measured, else the compiler's estimate): "
+          f"{len(best)} tasks, geomean {geo(best)}, >= 1.0 on {sum(x >= 1.0 for x in best)} "
+          f"({sum(x >= 1.0 for x in best) / n:.0%} of {len(rows)})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -396,16 +477,28 @@ def main(argv: list[str] | None = None) -> int:
                         help="write each crowned kernel beside a copy of its task "
                              "(DIR/<task>/crowned.py, for measure_on_chip.py); with --keep "
                              "alone, from that kept run without searching again")
-    parser.add_argument("--report", type=Path, metavar="JSON",
-                        help="print the tables again from a run's --json file (no run)")
+    parser.add_argument("--report", type=Path, nargs="+", metavar="JSON",
+                        help="print the tables again from runs' --json files (no run); a "
+                             "later file's row replaces an earlier one's for its task")
+    parser.add_argument("--measured", action="append", default=[], metavar="SUITE=ROWS",
+                        help="with --report: measure_on_chip.py rows of that suite's crowned "
+                             "kernels (repeatable, oldest first), a column and totals beside "
+                             "the estimates")
     parser.add_argument("--smoke", action="store_true",
                         help="no checkout needed: list the fixture suite's tasks and print "
                              "the table (tests/test_benchmarks.py)")
     args = parser.parse_args(argv)
     args.sets = args.sets or DEFAULT_SETS
     if args.report:
-        for result in json.loads(args.report.read_text()):
-            print_suite(result)
+        measured: dict[str, list[Path]] = {}
+        for item in args.measured:
+            suite, sep, rows = item.partition("=")
+            if not sep:
+                parser.error(f"--measured {item!r}: give SUITE=ROWS.jsonl (JAXBench= or "
+                             "MaxKernel=)")
+            measured.setdefault(suite, []).append(Path(rows))
+        for result in merged(args.report):
+            print_suite(result, chip_rows(measured.get(result["suite"], [])))
         return 0
     if args.crowned_out and args.keep and not (args.jaxbench or args.maxkernel):
         names = write_crowned(args.keep, args.crowned_out)
