@@ -98,6 +98,21 @@ def workload(x, weight, bias):
     x = (x + bias) / 2.0
     return jnp.sum(x, axis=1, keepdims=True) * 1.5
 """, {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128}),
+    # 24k's: a logsumexp of each row, then a mish of it (an online logsumexp)
+    "matmul_logsumexp": ("matmul", MATMUL_INPUTS, """
+def workload(x, weight, bias):
+    x = jnp.matmul(x, weight.T) + bias
+    x = jnp.clip(x * 2.0, -1.0, 1.0)
+    x = jax.scipy.special.logsumexp(x, axis=1, keepdims=True)
+    return x * jnp.tanh(jnp.logaddexp(x, 0.0))
+""", {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128}),
+    # 23k's: a row mean, then reductions of the reduced column
+    "matmul_row_mean": ("matmul", MATMUL_INPUTS, """
+def workload(x, weight, bias):
+    x = jax.nn.sigmoid(jnp.matmul(x, weight.T) + bias)
+    x = jnp.mean(x, axis=-1, keepdims=True)
+    return jnp.max(x, axis=1, keepdims=True) * 3.0
+""", {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128}),
     # 31k's: a training-mode batch norm reduces down the columns (over the rows)
     "matmul_batch_norm": ("matmul", MATMUL_INPUTS, """
 def workload(x, weight, bias):
@@ -414,8 +429,33 @@ def test_a_wide_product_at_production_splits_a_column_mixing_epilogue(tmp_path: 
     assert split(16384) and split(8192) and not split(4096)
 
 
+def test_below_that_width_the_split_is_a_switch_the_tuner_measures(tmp_path: Any) -> None:
+    """Narrower than SPLIT_COLS_FROM, a column-mixing epilogue (a group norm, a softmax,
+    a row sum) gets SPLIT_COLS as a switch, False first; not an elementwise one, nor a
+    batch norm (axis 0: it mixes rows), nor a product already split."""
+    from dataclasses import replace
+
+    def switches(name: str, cols: int) -> tuple[str, ...]:
+        brief = agents.brief(_task(tmp_path / f"{name}{cols}", name, "bfloat16"))
+        production = {"name": "default", "params": {}, "inputs": [
+            [[256, 256], "bfloat16"], [[cols, 256], "bfloat16"], [[cols], "bfloat16"]]}
+        source, _why = write_template(replace(brief, production=production), "matmul")
+        declared = tunables.read(source)
+        if "SPLIT_COLS" in tunables.switches(source):
+            assert declared["SPLIT_COLS"] == (False, [False, True])
+        return tunables.switches(source)
+
+    for name in ("matmul_group_norm", "matmul_softmax"):
+        (tmp_path / f"{name}4096").mkdir()
+        (tmp_path / f"{name}8192").mkdir()
+        assert "SPLIT_COLS" in switches(name, 4096), name
+        assert "SPLIT_COLS" not in switches(name, 8192), name  # split already
+    (tmp_path / "matmul_batch_norm4096").mkdir()
+    assert "SPLIT_COLS" not in switches("matmul_batch_norm", 4096)
+
+
 def test_a_wide_row_reduction_keeps_a_k_block_of_512(tmp_path: Any) -> None:
-    """A row sum over 8192 columns holds every column in one block; to fit VMEM the
+    """Not carried online, a row sum over 8192 columns holds every column in one block; to fit VMEM the
     kernel shrinks K to 512, then the rows, and only then K below 512 (36k at
     4096x8192 @ 8192x8192, bf16: 256x8192x128 blocks estimated 7% slower on a v5e than
     the 256x8192x512 this gives). Traced at the production shape: nothing runs."""
@@ -430,6 +470,8 @@ def test_a_wide_row_reduction_keeps_a_k_block_of_512(tmp_path: Any) -> None:
     production = {"name": "default", "params": {}, "inputs": [
         [[4096, 8192], "bfloat16"], [[8192, 8192], "bfloat16"], [[8192], "bfloat16"]]}
     source, _why = write_template(replace(brief, production=production), "matmul")
+    # whole rows in a block: where the row sum is not carried online (ROW_REDUCTION)
+    source = source.replace("ROW_REDUCTION = 'sum'", "ROW_REDUCTION = None")
     namespace: dict[str, Any] = {}
     exec(compile(source, "kernel.py", "exec"), namespace)
     shapes = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in ((4096, 8192), (8192, 8192),
@@ -704,11 +746,35 @@ async def test_a_row_sum_of_a_wide_f32_product_runs_as_two_kernels(worker_pool: 
     narrow = {**production, "inputs": [[s, "bfloat16"] for s, _d in production["inputs"]]}
     assert "SPLIT_REDUCING = False" in write_template(replace(brief, production=narrow),
                                                       "matmul")[0]
-    source = tunables.apply(source, {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128})
+    # carried online by default (below); the two kernels where the online pass is off
+    assert "ROW_REDUCTION = 'sum'" in source
+    source = tunables.apply(source.replace("ROW_REDUCTION = 'sum'", "ROW_REDUCTION = None"),
+                            {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128})
     result = await worker_pool.evaluate(task, source, QUICK)
     assert result.status == "correct", (result.error, result.correctness)
     names = [k.get("name") for k in (result.tpu or {}).get("kernels") or []]
     assert set(names) == {"_product_body", "_epilogue_body"}, names
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.parametrize("name", ["matmul_row_sum", "matmul_logsumexp", "matmul_row_mean"])
+async def test_a_row_reduction_is_carried_across_column_blocks(worker_pool: Any,
+                                                               tmp_path: Any,
+                                                               name: str) -> None:
+    """ROW_REDUCTION: one kernel tiled as a plain matmul, the row's sum (mean, logsumexp)
+    carried across the column blocks in a scratch column, the rest of the epilogue on
+    it at the last block; correct with three column blocks of 128, f32 and no product
+    stored (a single pallas_call, the online one)."""
+    task = _task(tmp_path, name, "float32")
+    source, why = write_template(agents.brief(task), "matmul")
+    assert "ROW_REDUCTION = '" in source and "carried across column blocks" in why
+    source = tunables.apply(source, {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128})
+    result = await worker_pool.evaluate(task, source, QUICK)
+    assert result.status == "correct", (result.error, result.correctness)
+    assert result.lowering["tpu"] == "ok"
+    names = [k.get("name") for k in (result.tpu or {}).get("kernels") or []]
+    assert names == ["_online_body"], names
 
 
 def test_a_second_product_in_the_epilogue_runs_as_a_second_stage(tmp_path: Any) -> None:
@@ -730,3 +796,19 @@ def workload(x, w1, b1, w2, b2):
     source, _why = write_template(agents.brief(load_task(residual, {"dtype": "float32"})),
                                   "matmul")
     assert "_EPILOGUES = (_epilogue,)" in source
+
+
+def test_the_larger_starting_point_grows_blocks_and_leaves_switches(tmp_path: Any) -> None:
+    """The search's second first kernel (every block a notch larger) keeps a switch as
+    written: True is no larger block than False (MaxKernel's 29k had SPLIT_COLS flipped
+    with its blocks there, and the tuner took the switch for measured)."""
+    from tilewright.agents.base import AgentRequest
+    from tilewright.agents.offline import _larger_variant
+
+    brief = agents.brief(_task(tmp_path, "matmul_group_norm", "float32"))
+    first, _why = write_template(brief, "matmul")
+    assert "SPLIT_COLS" in tunables.switches(first)
+    larger = _larger_variant(AgentRequest("implement", brief, None), "matmul")
+    assert larger is not None
+    before, after = tunables.config_of(first), tunables.config_of(larger.source)
+    assert after["SPLIT_COLS"] is False and after["BLOCK_K"] > before["BLOCK_K"]

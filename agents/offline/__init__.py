@@ -306,8 +306,11 @@ def _template(request: AgentRequest) -> Proposal | Failure:
 
 
 def _larger_variant(request: AgentRequest, family: str) -> Proposal | None:
-    """The family's template with every tunable one legal notch larger than the
-    template's own choice (at the production shape's dims); None when none can grow."""
+    """The family's template with every block one legal notch larger than the
+    template's own choice (at the production shape's dims); None when none can grow. A
+    switch stays as written (True is no larger block than False: MaxKernel's 29k got
+    its SPLIT_COLS flipped here with its blocks, and the tuner took the switch for
+    measured)."""
     try:
         source, why = templates.write_template(request.task, family)
     except templates.TemplateError:
@@ -317,10 +320,11 @@ def _larger_variant(request: AgentRequest, family: str) -> Proposal | None:
     dims = tuner.tiled_dims(list(declared), (*request.task.shapes, *production))
     space = tuner.search_space(source, dims)
     current = tunables.config_of(source)
+    switches = tunables.switches(source)
     config = {}
     for name, value in current.items():
-        larger = [v for v in space.get(name, []) if isinstance(v, int) and isinstance(value, int)
-                  and v > value]
+        larger = [v for v in space.get(name, []) if type(v) is int and type(value) is int
+                  and v > value and name not in switches]
         if larger:
             config[name] = min(larger)
     if not config:

@@ -23,9 +23,12 @@ from tilewright.agents.offline.templates.kernel_text import (
 )
 from tilewright.agents.offline.templates.matmul_cut import (
     CutMatmul,
+    may_mix_columns,
     sizes_as_written,
     split_chain,
+    split_row_reduction,
 )
+from tilewright.agents.offline.templates.matmul_online import ONLINE_ROW_REDUCTION
 
 
 def matmul(brief: TaskBrief) -> tuple[str, str]:
@@ -52,8 +55,15 @@ def matmul(brief: TaskBrief) -> tuple[str, str]:
         ast.fix_missing_locations(fn)
         epilogue = ast.unparse(fn)
         rests: tuple[tuple[str, ...], ...] = (tuple(rest),)
+        online = split_row_reduction(fn)
+        if online is not None:
+            pre, reduction, post = online
+            epilogue += ("\n\n\n# The same epilogue taken apart at its row reduction (a "
+                         f"{reduction}), carried across column blocks: see _online.\n"
+                         + ast.unparse(pre) + "\n\n\n" + ast.unparse(post))
         stages = f"    return _stage(0, x, w, {_tuple(rest)})"
     else:
+        online = None
         one, two, w2 = chain
         rests = tuple(tuple(a.arg for a in f.args.args[1:]) for f in (one, two))
         epilogue = (ast.unparse(one) + "\n\n\n# The rest of the reference, on its second "
@@ -68,9 +78,15 @@ def matmul(brief: TaskBrief) -> tuple[str, str]:
                                   cutter.transposed) >= SPLIT_COLS_FROM
     # a row-reducing epilogue too, when the operands are 4-byte (below)
     split_reducing = split_cols and not _narrow_operands(brief)
+    # Below that width the split is a switch the tuner measures: MaxKernel's f32 29k (a
+    # group norm of 8192x4096 @ 4096x4096) left its fused kernel 256-row blocks, w read 32
+    # times: 0.95x of XLA on a v5e, est. 0.83x; in two kernels est. 1.12x
+    # (not where the row reduction is carried online: the product is then never stored)
+    split_switch = not split_cols and online is None and may_mix_columns(fn)
     # the reference's precision, for float32 operands (Mosaic takes it for f32 only);
     # at HIGHEST, in 6 or 3 MXU passes (F32_PASSES, a switch the tuner measures)
     passes = highest(cutter.precision)
+    switches = (("F32_PASSES",) if passes else ()) + (("SPLIT_COLS",) if split_switch else ())
     precision = (", precision=PRECISION if x_ref.dtype == jnp.float32 else None"
                  if cutter.precision else "")
     if cutter.transposed:  # w is (n, k): contract both operands' last axes on the MXU
@@ -107,7 +123,8 @@ BLOCK_K = {bk}
 # An epilogue that mixes the rows (a batch norm) runs as a second kernel on whole columns
 # when the product is this tall at production ({SPLIT_ROWS_FROM} rows or more); one that
 # mixes the columns (a group norm), on whole rows when it is this wide
-# ({SPLIT_COLS_FROM} columns or more): see _split.
+# ({SPLIT_COLS_FROM} columns or more), and where it is narrower as the tuner measures
+# (SPLIT_COLS is then a switch): see _split.
 SPLIT_ROWS = {split_rows}
 SPLIT_COLS = {split_cols}
 # An epilogue that reduces each row (a row sum, a logsumexp) of such a wide product, when
@@ -115,13 +132,18 @@ SPLIT_COLS = {split_cols}
 # read 32 times (MaxKernel's f32 36k, 4096x8192 @ 8192x8192: 0.28x of XLA on a v5e; in
 # two kernels est. 0.97x). In bf16 they leave 256 rows, as fast as XLA in one kernel
 # (JAXBench's bf16 36k at the same size: 0.99x measured on a v5e).
-SPLIT_REDUCING = {split_reducing}
+SPLIT_REDUCING = {"SPLIT_COLS  # narrower: as the SPLIT_COLS switch says" if split_switch
+                   else split_reducing}
+# The reference reduces each row once: the reduction carried across column blocks, the
+# product tiled as a plain matmul's and never stored (_online); None: whole rows, above.
+ROW_REDUCTION = {(online[1] if online else None)!r}
 {"F32_PASSES = 6  # MXU passes per float32 product: 6 (HIGHEST) or 3 (see _product)"
  if passes else ""}
 TUNABLES = {{"BLOCK_M": [128, 256, 512, 1024, 2048], "BLOCK_N": [128, 256, 512, 1024, 2048],
-             "BLOCK_K": [128, 256, 512, 1024, 2048]{", " + F32_PASSES_TUNABLE if passes else ""}}}
-{'TUNABLE_SWITCHES = ("F32_PASSES",)  # how the product is made, not a block size'
- if passes else ""}
+             "BLOCK_K": [128, 256, 512, 1024, 2048]{", " + F32_PASSES_TUNABLE if passes else ""}{
+                 ', "SPLIT_COLS": [False, True]' if split_switch else ""}}}
+{f'TUNABLE_SWITCHES = {switches!r}  # how the product is made, not a block size'
+ if switches else ""}
 """ + VMEM_HELPERS + (F32_PASSES_HELPERS if passes else "") + EPILOGUE_MIXING + f"""
 
 def _accumulate(x_ref, w_ref, acc_ref):
@@ -283,12 +305,12 @@ def _operand_spec(a, m, n, bm, bn):
                                                            j if cols == bn else 0))
 
 
-def _bound(static, stage, dtype):
+def _bound(static, stage, dtype, fn=None):
     \"\"\"The stage's epilogue with the reference's Python scalars (``static``: name ->
     value) in their places and the arrays, in order, in the others; a stage that feeds
     the next stores its result in ``dtype`` (the operands'), as the reference's own
     product would be.\"\"\"
-    fixed, names, fn = dict(static), _RESTS[stage], _EPILOGUES[stage]
+    fixed, names, fn = dict(static), _RESTS[stage], fn or _EPILOGUES[stage]
 
     def epilogue(acc, *arrays):
         rest = iter(arrays)
@@ -373,6 +395,10 @@ def _matmul(stage, static, x, w, *operands):
         while (need(bm, bn, bk) > VMEM_CAP and not cols_mixed and bn > max(floor, 128)
                and n % (bn // 2) == 0):
             bn //= 2
+    if ROW_REDUCTION and cols_mixed and not rows_mixed and not batched and len(_EPILOGUES) == 1:
+        online = _online(static, x, w, extras, m, n, k, full)
+        if online is not None:
+            return online.reshape(full.shape)
     # a row-wise epilogue that reduces each row (a row sum, a logsumexp): (m, r)
     row_reduced = (SPLIT_REDUCING and cols_mixed and not rows_mixed
                    and len(full.shape) == 2 and full.shape[0] == m)
@@ -423,6 +449,8 @@ def _matmul(stage, static, x, w, *operands):
     return out.reshape(*lead, n) if full.shape == (m, n) and len(lead) > 1 else \
         out.reshape(full.shape)
 """
+    if online is not None:
+        src += ONLINE_ROW_REDUCTION.replace("W_BLOCK_2D", w_block_2d).replace("W_BYTES", w_bytes)
     why = (f"Matmul with an epilogue: the reference's `{lhs} @ {rhs}` becomes a tiled MXU matmul "
            "over a (m/BLOCK_M, n/BLOCK_N, k/BLOCK_K) grid with k innermost and 'arbitrary'; a "
            "float32 VMEM accumulator is zeroed at k == 0 and, at the last k step, the rest of "
@@ -437,6 +465,14 @@ def _matmul(stage, static, x, w, *operands):
                                  "their last axes." if cutter.transposed else "")
            + (f" The product keeps the reference's precision ({cutter.precision})."
               if cutter.precision else "")
+           + (f" The epilogue reduces each row (a {online[1]}): the reduction is carried "
+              "across column blocks in a (BLOCK_M, 1) scratch, so the product is tiled as a "
+              "plain matmul's and never stored." if online is not None else "")
+           + (" The epilogue may combine a row's columns and the product is narrower than "
+              f"{SPLIT_COLS_FROM} columns at production: whether it runs as a second kernel "
+              "on whole rows (SPLIT_COLS) is a switch the tuner measures, since in one "
+              "kernel whole rows can leave room for few rows, each block re-reading w."
+              if split_switch else "")
            + (" A second product follows in the reference (an MLP's h @ w2): the same "
               "kernel runs twice, the first stage storing h in the operands' dtype with "
               "what comes before the second product as its epilogue, the second "

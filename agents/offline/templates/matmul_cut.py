@@ -210,3 +210,117 @@ def _epilogue_fn(name: str, body: list[ast.stmt], params: list[str], exclude: se
                                                        kw_defaults=[], defaults=[]),
                          body=body, decorator_list=[], returns=None, type_params=[])
     return ast.fix_missing_locations(fn)
+
+
+# Calls in an epilogue that may combine a row's columns: reductions, normalizations, a
+# reshape (a group norm's), a softmax. Read from the reference's text, so a name, not a
+# proof: the kernel's own trace (_mixing) decides which axes a block must hold whole.
+_MIXING_CALLS = {"sum", "mean", "var", "std", "max", "min", "amax", "amin", "prod",
+                 "logsumexp", "softmax", "log_softmax", "reshape", "norm", "argmax",
+                 "argmin", "cumsum", "standardize", "layer_norm", "group_norm", "sort",
+                 "top_k"}
+
+
+def may_mix_columns(fn: ast.FunctionDef) -> bool:
+    """Whether the epilogue calls something that may combine the columns of a row: a
+    reduction not along axis 0 alone (a batch norm's column statistics mix rows, not
+    columns), a reshape, a softmax."""
+    for node in ast.walk(fn):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if name not in _MIXING_CALLS:
+            continue
+        axis = next((k.value for k in node.keywords if k.arg == "axis"), None)
+        if axis is not None and literal_axes(axis) == (0,):
+            continue
+        return True
+    return False
+
+
+def literal_axes(node: ast.expr) -> tuple[int, ...] | None:
+    """An ``axis=`` argument written as a literal int or tuple of ints, else None."""
+    try:
+        value = ast.literal_eval(node)
+    except ValueError:
+        return None
+    if isinstance(value, int):
+        return (value,)
+    if isinstance(value, tuple) and all(isinstance(v, int) for v in value):
+        return value
+    return None
+
+
+# A row reduction an online pass over column blocks can carry: (name as called, kind)
+_ROW_REDUCTIONS = {"sum": "sum", "mean": "mean", "max": "max", "amax": "max", "min": "min",
+                   "amin": "min", "logsumexp": "logsumexp"}
+_REDUCING_MODULES = ("jnp", "jax.numpy", "np", "jax.scipy.special", "jax.nn")
+
+
+def split_row_reduction(fn: ast.FunctionDef
+                        ) -> tuple[ast.FunctionDef, str, ast.FunctionDef] | None:
+    """An epilogue that reduces each row once, ``jnp.sum(EXPR, axis=1, keepdims=True)``
+    (or mean, max, min, logsumexp; axis 1 or -1) in one of its statements, taken apart:
+    the statements before that one returning EXPR (``_epilogue_pre(_acc, ...)``, a
+    tile's values), the reduction's kind, and that statement with the reduction read
+    as ``_red`` plus the ones after it (``_epilogue_post(_red, ...)``, on the reduced
+    column). Both take the epilogue's own arguments. None where no statement holds one
+    such reduction, or where the rest reads a value of what came before it (then only
+    whole rows can hold it). The kernel checks the rest when it is traced: that the
+    part before mixes no columns."""
+    params = [a.arg for a in fn.args.args[1:]]
+    for at, stmt in enumerate(fn.body):
+        found = [node for node in ast.walk(stmt) if _row_reduction(node)]
+        if not found:
+            continue
+        if len(found) > 1:
+            return None
+        call = found[0]
+        before = fn.body[:at]
+        assigned = {n.id for s in before for n in ast.walk(s)
+                    if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        post_body = [_Replace(call).visit(_copy(stmt)), *(_copy(s) for s in fn.body[at + 1:])]
+        if _reads_before_writing(post_body) & assigned or not isinstance(post_body[-1],
+                                                                         ast.Return):
+            return None
+        pre = _function("_epilogue_pre", "_acc", params,
+                        [*(_copy(s) for s in before), ast.Return(call.args[0])])
+        post = _function("_epilogue_post", "_red", params, post_body)
+        return pre, _ROW_REDUCTIONS[call.func.attr], post
+    return None
+
+
+class _Replace(ast.NodeTransformer):
+    """The one reduction call (matched by its text) read as ``_red``."""
+
+    def __init__(self, call: ast.Call) -> None:
+        self.text = ast.unparse(call)
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        if ast.unparse(node) == self.text:
+            return ast.copy_location(ast.Name("_red", ast.Load()), node)
+        return self.generic_visit(node)
+
+
+def _row_reduction(node: ast.AST) -> bool:
+    """Whether ``node`` is ``<module>.<reduction>(EXPR, axis=1|-1, keepdims=True)``."""
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    if not isinstance(func, ast.Attribute) or func.attr not in _ROW_REDUCTIONS \
+            or ast.unparse(func.value) not in _REDUCING_MODULES or len(node.args) not in (1, 2):
+        return False
+    keywords = {k.arg: k.value for k in node.keywords}
+    axis = node.args[1] if len(node.args) == 2 else keywords.pop("axis", None)
+    keepdims = keywords.pop("keepdims", None)
+    return (axis is not None and literal_axes(axis) in ((1,), (-1,)) and not keywords
+            and isinstance(keepdims, ast.Constant) and keepdims.value is True)
+
+
+def _function(name: str, first: str, params: list[str], body: list[ast.stmt]) -> ast.FunctionDef:
+    args = [ast.arg(first)] + [ast.arg(p) for p in params]
+    fn = ast.FunctionDef(name=name, args=ast.arguments(posonlyargs=[], args=args, kwonlyargs=[],
+                                                       kw_defaults=[], defaults=[]),
+                         body=body, decorator_list=[], returns=None, type_params=[])
+    return ast.fix_missing_locations(fn)
