@@ -571,3 +571,23 @@ def test_the_search_step_leaves_a_tunable_a_sibling_is_still_measuring() -> None
     state.apply({"seq": 8, "t": 4, "type": "run.result", "run": "r1", "version": 2,
                  "status": "correct", "correct": True, "rank": _rank(1.0)})
     assert in_flight(state, 1, current, blobs.__getitem__) == set()
+
+
+def test_the_search_reads_the_configs_eval_table_under_its_flags() -> None:
+    """`tilewright search` takes [eval] (timeout_s, trials, time_budget_s) as `auto` does,
+    the flags over it; --timeout is there (a big program's production deadline named it)."""
+    import argparse
+
+    from tilewright.sessions.cli.search import search_options
+
+    def args(**given: object) -> argparse.Namespace:
+        flags = {"trials": None, "time_budget": None, "timeout": None}
+        return argparse.Namespace(**{**flags, **given})
+
+    plain = search_options(args(), "v5e")
+    assert (plain.trials, plain.time_budget_s, plain.chip) == (3, 3.0, "v5e")
+    table = {"eval": {"timeout_s": 400.0, "trials": 2}}
+    configured = search_options(args(config=table), None)
+    assert (configured.timeout_s, configured.trials) == (400.0, 2)
+    flagged = search_options(args(config=table, timeout=900.0, trials=5), "v6e")
+    assert (flagged.timeout_s, flagged.trials, flagged.chip) == (900.0, 5, "v6e")

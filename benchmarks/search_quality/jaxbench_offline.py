@@ -233,6 +233,7 @@ def run_suite(label: str, directory: Path, args: argparse.Namespace, scratch: Pa
     search = tw("search", "--suite", str(suite), "--agent", "offline", "--budget",
                 str(args.budget), "--json", "--fresh", "--workers", str(args.workers),
                 "--chip", args.chip,
+                *(("--timeout", str(args.timeout)) if args.timeout else ()),
                 "--session-dir", str(scratch / f"sessions-{label}"),
                 *sets_args(args.sets + resolved))
     try:
@@ -468,6 +469,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the TPU generation kernels are compiled, estimated and ranked "
                              "for (default v5e)")
     parser.add_argument("--only", nargs="*", help="task folder names to run (default: all)")
+    parser.add_argument("--timeout", type=float, default=None, metavar="S",
+                        help="the search's evaluation deadline per phase (`tilewright search "
+                             "--timeout`): a slow host's production compiles may need more")
     parser.add_argument("--set", dest="sets", action="append", default=None,
                         metavar="KEY=VALUE", help="scaling override (default: a preset)")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")

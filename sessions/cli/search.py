@@ -70,16 +70,33 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the TPU generation every kernel is compiled, estimated and ranked "
                         "for (default: the config's [eval] or [backend] chip, else this "
                         "host's own, else v5e)")
-    p.add_argument("--trials", type=int, default=3, metavar="N",
-                   help="correctness trials per shape (default 3)")
-    p.add_argument("--time-budget", type=float, default=3.0, metavar="S",
-                   help="timing budget per evaluation, seconds")
+    p.add_argument("--trials", type=int, default=None, metavar="N",
+                   help="correctness trials per shape (default: [eval] trials, else 3)")
+    p.add_argument("--time-budget", type=float, default=None, metavar="S",
+                   help="timing budget per evaluation, seconds (default: [eval] "
+                        "time_budget_s, else 3)")
+    p.add_argument("--timeout", type=float, default=None, metavar="S",
+                   help="each evaluation phase's deadline, seconds (default: [eval] "
+                        "timeout_s, else 120); a big program's compiles at the production "
+                        "shape may take longer, as the judge states (tpu.deadline_s)")
     p.add_argument("--session-dir", default=None, metavar="DIR",
                    help="where the per-task sessions live (default: the user data dir)")
     p.add_argument("--fresh", action="store_true",
                    help="start new searches even where a session for the task exists")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--md", default=None, metavar="FILE", help="also write a Markdown report")
+
+
+def search_options(args: argparse.Namespace, chip: str | None) -> Any:
+    """The evaluation options of every task's search: the config's ``[eval]`` table under
+    the flags given, as ``auto`` and the workbench read it (a search once ignored the
+    table, and its production deadline said "--timeout raises it" of a flag it lacked)."""
+    from tilewright.sessions.opening import eval_options
+
+    explicit = {k: v for k, v in (("trials", args.trials), ("time_budget_s", args.time_budget),
+                                  ("timeout_s", args.timeout), ("chip", chip)) if v is not None}
+    return eval_options(getattr(args, "config", None), None, explicit,
+                        {"trials": 3, "time_budget_s": 3.0})
 
 
 def _handler(args: argparse.Namespace) -> int:
@@ -187,7 +204,6 @@ async def _search_suite(args: argparse.Namespace,
     from tilewright.agents import make_agent
     from tilewright.agents.errors import NoApiKey
     from tilewright.kernels.pool import make_executor
-    from tilewright.kernels.pool.workers import EvalOptions
     from tilewright.kernels.tasks.loaders import find_tasks
     from tilewright.kernels.tasks.task import TaskError
     from tilewright.sessions.log import default_sessions_dir, load
@@ -219,7 +235,7 @@ async def _search_suite(args: argparse.Namespace,
             chip = get_chip(str(chip)).name
         except KeyError as exc:
             raise _UsageError(f"--chip {chip}: {exc.args[0]}") from None
-    options = EvalOptions(trials=args.trials, time_budget_s=args.time_budget, chip=chip)
+    options = search_options(args, chip)
     report: dict[str, Any] = {"schema": SCHEMA, "suite": str(Path(args.suite).resolve()),
                               "executor": args.executor, "agent": agent.name,
                               "session_dir": str(base), "tasks": [], "errors": []}
