@@ -591,3 +591,11 @@ def test_the_search_reads_the_configs_eval_table_under_its_flags() -> None:
     assert (configured.timeout_s, configured.trials) == (400.0, 2)
     flagged = search_options(args(config=table, timeout=900.0, trials=5), "v6e")
     assert (flagged.timeout_s, flagged.trials, flagged.chip) == (900.0, 5, "v6e")
+    # the flags' checks take an unset flag (the table's, or the default) as it is
+    from tilewright.sessions.cli.search import _check_args
+
+    sizes = {"budget": 4, "beam_width": 2, "branching": 2, "runs": 1, "rounds": 3,
+             "address": None, "executor": "local", "suite": str(SUITE)}
+    _check_args(args(**sizes))
+    with pytest.raises(ValueError, match="--timeout must be more than 0"):
+        _check_args(args(**sizes, timeout=0.0))

@@ -144,8 +144,11 @@ class _UsageError(Exception):
 
 def _check_args(args: argparse.Namespace) -> None:
     for name in ("budget", "beam_width", "branching", "runs", "rounds", "trials"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    for name in ("time_budget", "timeout"):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be more than 0 seconds")
     if args.address and args.executor != "ray":
         raise ValueError("--address needs --executor ray")
     if args.suite == "bundled" and not Path(args.suite).is_dir():
