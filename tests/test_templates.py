@@ -233,7 +233,8 @@ def test_the_matmul_template_reads_dot_general_and_keeps_its_precision(tmp_path:
     assert "PRECISION = lax.Precision.HIGHEST" in source and "HIGHEST" in why
     # at HIGHEST, 6 or 3 MXU passes per float32 product: a switch the tuner measures
     assert "_product(x_ref[...], w_ref[...], (((1,), (1,)), ((), ())))" in source
-    assert tunables.switches(source) == ("F32_PASSES",)  # the weight stays stored (n, k)
+    # the weight stays stored (n, k); the row sum carried online or on whole rows: a switch
+    assert tunables.switches(source) == ("F32_PASSES", "ROW_REDUCTION")
     assert "VMEM_CAP" in source and "vmem_limit_bytes=_vmem_limit(" in source
 
 

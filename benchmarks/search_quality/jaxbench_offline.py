@@ -116,8 +116,9 @@ def write_crowned(kept: Path, out: Path) -> list[str]:
 
 
 def recheck(session: str, task_root: str, overrides: dict[str, str],
-            chip: str) -> dict[str, Any]:
-    """Re-evaluate a search session's best version with fresh inputs and five trials."""
+            chip: str, timeout: float | None = None) -> dict[str, Any]:
+    """Re-evaluate a search session's best version with fresh inputs and five trials
+    (``timeout``: the evaluation's deadline per phase, as the search had it)."""
     from tilewright.kernels.judge.rank import disqualifying_flags
 
     source = best_source(session)
@@ -128,7 +129,8 @@ def recheck(session: str, task_root: str, overrides: dict[str, str],
     args = ["eval", "--task", task_root, "--kernel", handle.name, "--json", "--trials", "5",
             "--chip", chip]
     args += sets_args([f"{k}={v}" for k, v in overrides.items()])
-    proc = tw(*args, timeout=600)
+    args += ["--timeout", str(timeout)] if timeout else []
+    proc = tw(*args, timeout=max(600.0, 4 * (timeout or 0)))
     os.unlink(handle.name)
     try:
         data = json.loads(proc.stdout)
@@ -253,7 +255,8 @@ def run_suite(label: str, directory: Path, args: argparse.Namespace, scratch: Pa
 
         overrides = (load(Path(task["session"])).header.get("task") or {}).get("overrides") or {}
         try:
-            check = recheck(task["session"], root, overrides, args.chip) if crowned and root else \
+            check = recheck(task["session"], root, overrides, args.chip, args.timeout) \
+                if crowned and root else \
                 {"truly_correct": False}
         except Exception as exc:  # a re-check that cannot run counts as not correct
             check = {"truly_correct": False, "recheck": f"{type(exc).__name__}: {exc}"}

@@ -86,7 +86,8 @@ def matmul(brief: TaskBrief) -> tuple[str, str]:
     # the reference's precision, for float32 operands (Mosaic takes it for f32 only);
     # at HIGHEST, in 6 or 3 MXU passes (F32_PASSES, a switch the tuner measures)
     passes = highest(cutter.precision)
-    switches = (("F32_PASSES",) if passes else ()) + (("SPLIT_COLS",) if split_switch else ())
+    switches = ((("F32_PASSES",) if passes else ()) + (("SPLIT_COLS",) if split_switch else ())
+                + (("ROW_REDUCTION",) if online is not None else ()))
     precision = (", precision=PRECISION if x_ref.dtype == jnp.float32 else None"
                  if cutter.precision else "")
     if cutter.transposed:  # w is (n, k): contract both operands' last axes on the MXU
@@ -135,13 +136,15 @@ SPLIT_COLS = {split_cols}
 SPLIT_REDUCING = {"SPLIT_COLS  # narrower: as the SPLIT_COLS switch says" if split_switch
                    else split_reducing}
 # The reference reduces each row once: the reduction carried across column blocks, the
-# product tiled as a plain matmul's and never stored (_online); None: whole rows, above.
+# product tiled as a plain matmul's and never stored (_online); None: whole rows, above
+# (a switch the tuner measures: in bf16 whole rows leave room for 256 of them).
 ROW_REDUCTION = {(online[1] if online else None)!r}
 {"F32_PASSES = 6  # MXU passes per float32 product: 6 (HIGHEST) or 3 (see _product)"
  if passes else ""}
 TUNABLES = {{"BLOCK_M": [128, 256, 512, 1024, 2048], "BLOCK_N": [128, 256, 512, 1024, 2048],
              "BLOCK_K": [128, 256, 512, 1024, 2048]{", " + F32_PASSES_TUNABLE if passes else ""}{
-                 ', "SPLIT_COLS": [False, True]' if split_switch else ""}}}
+                 ', "SPLIT_COLS": [False, True]' if split_switch else ""}{
+                 f', "ROW_REDUCTION": [{online[1]!r}, None]' if online is not None else ""}}}
 {f'TUNABLE_SWITCHES = {switches!r}  # how the product is made, not a block size'
  if switches else ""}
 """ + VMEM_HELPERS + (F32_PASSES_HELPERS if passes else "") + EPILOGUE_MIXING + f"""
