@@ -149,7 +149,7 @@ def test_the_suite_report_merges_runs_and_puts_chip_rows_beside_estimates(
         return {"task": task, "generates": True, "crowned": correct, "truly_correct": correct,
                 "lowerable": True, "production_compile": "ok", "evaluations": 4,
                 "production_estimate": estimate, "production_source": "tpu_estimate",
-                "best_rank": None}
+                "best_rank": None, "crowned_sha256": f"sha-{task}" if correct else None}
 
     first, second = tmp_path / "a.json", tmp_path / "b.json"
     first.write_text(json.dumps([{"suite": "MaxKernel", "wall_s": 10, "rows": [
@@ -160,7 +160,8 @@ def test_the_suite_report_merges_runs_and_puts_chip_rows_beside_estimates(
     chip = {"kernel": "crowned.py", "status": "measured", "chip": "TPU v5 lite"}
     old.write_text(json.dumps({**chip, "task": "1k_a", "speedup": 0.4}) + "\n"
                    + json.dumps({**chip, "task": "2k_b", "kernel": "other.py", "speedup": 9}))
-    new.write_text(json.dumps({**chip, "task": "1k_a", "speedup": 1.1}) + "\n")
+    new.write_text(json.dumps({**chip, "task": "1k_a", "speedup": 1.1,
+                               "kernel_sha256": "sha-of-an-older-1k_a"}) + "\n")
     [suite] = module.merged([first, second])
     assert [r["task"] for r in suite["rows"]] == ["1k_a", "2k_b", "3k_c"]
     assert suite["rows"][0]["production_estimate"] == 0.9 and suite["wall_s"] == 15
@@ -171,3 +172,5 @@ def test_the_suite_report_merges_runs_and_puts_chip_rows_beside_estimates(
     assert "1/2 correct tasks measured, geomean 1.1x, >= 1.0 on 1 (33% of 3)" in out
     # best evidence: 1k_a measured 1.1, 2k_b estimated 1.2
     assert "2 tasks, geomean 1.15x, >= 1.0 on 2 (67% of 3)" in out
+    # the row names the kernel it timed by hash, not the one crowned now: marked
+    assert " 1.10x~ " in out and "another kernel than the one crowned now" in out

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import itertools
 import json
 import os
@@ -236,9 +237,12 @@ def main(argv: list[str] | None = None) -> int:
         for index, entry in enumerate(listed):
             if index < args.child:
                 continue
+            # the kernel's text by its hash: a session's blob of the same source has the
+            # same name, so a row says which crowned kernel it timed
+            sha = hashlib.sha256(entry["source"].encode()).hexdigest()
             Path(args.out + ".at").write_text(json.dumps(
                 {"index": index, "task": entry["task"].name, "kernel": entry["kernel"],
-                 "variant": entry["variant"], **common}))
+                 "kernel_sha256": sha, "variant": entry["variant"], **common}))
             started = time.perf_counter()
             try:
                 row = measure(entry, args.budget, args.errors)
@@ -248,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
                        "kernel": entry["kernel"], "variant": entry["variant"],
                        "status": "failed", "error": words[:2000],
                        "where": traceback.format_exc(limit=-3)[-800:]}
-            row.update(common, seconds=round(time.perf_counter() - started, 2))
+            row.update(common, kernel_sha256=sha, seconds=round(time.perf_counter() - started, 2))
             fh.write(json.dumps(row) + "\n")
             fh.flush()
             print(f"  {row['task']} {row['kernel']}: {row['status']} "
@@ -279,8 +283,8 @@ def _parent(argv: list[str], out: str) -> int:
         except (OSError, ValueError):
             return code  # it died before its first program (no chip, bad arguments)
         how = f"signal {-code}" if code < 0 else f"exit status {code}"
-        row = {k: at.get(k) for k in ("task", "kernel", "variant", "chip", "platform",
-                                      "date", "jax")}
+        row = {k: at.get(k) for k in ("task", "kernel", "kernel_sha256", "variant", "chip",
+                                      "platform", "date", "jax")}
         row.update(status="crashed", error=f"the measuring process died ({how}) on this "
                    "program: its output above says why (libtpu aborts end the process)")
         with open(out, "a") as fh:

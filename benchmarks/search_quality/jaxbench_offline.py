@@ -31,6 +31,7 @@ lowerable scaled tasks.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -260,8 +261,13 @@ def run_suite(label: str, directory: Path, args: argparse.Namespace, scratch: Pa
                 {"truly_correct": False}
         except Exception as exc:  # a re-check that cannot run counts as not correct
             check = {"truly_correct": False, "recheck": f"{type(exc).__name__}: {exc}"}
+        source = best_source(task["session"]) if crowned else None
         rows.append({"task": task["task"], "generates": generates.get(task["task"], True),
                      "crowned": crowned, **check, "lowerable": lowerable(task["session"]),
+                     # the crowned kernel's text by its hash (measure_on_chip.py's rows
+                     # carry their kernel's): which chip row is of this very kernel
+                     "crowned_sha256": hashlib.sha256(source.encode()).hexdigest()
+                     if source else None,
                      "best_rank": task.get("best_rank"),  # kernels.judge.rank.Rank as JSON
                      "evaluations": task["evaluations"]})
     for error in report["errors"]:
@@ -362,7 +368,7 @@ def print_suite(result: dict, chip: dict[str, dict] | None = None) -> None:
         print(f"{r['task'][:44]:<44} {'y' if r['generates'] else 'N':>3} "
               f"{'y' if r['crowned'] else '-':>5} {'y' if r['truly_correct'] else '-':>4} "
               f"{'y' if r['lowerable'] else '-':>5} {prod:>4} {speed:>10}  {bound:>7} "
-              f"{hand:>9}  {_measured(chip.get(r['task'])) + ' ' if chip else ''}"
+              f"{hand:>9}  {_measured(chip.get(r['task']), r) + ' ' if chip else ''}"
               f"{note[:70]}")
     print("est.@prod: the TPU compiler's estimated speedup over XLA at the production shape; "
           "bound: a lower bound against XLA's roofline where XLA has no estimate; JB-tuned: "
@@ -422,10 +428,19 @@ def print_suite(result: dict, chip: dict[str, dict] | None = None) -> None:
               f"measured, fast_1 {t['fast_1']:.0%}, fast_1.5 {t['fast_1.5']:.0%}")
 
 
-def _measured(row: dict | None) -> str:
+def _measured(row: dict | None, crowned: dict | None = None) -> str:
+    """A task's chip figure; marked "~" when the row names the kernel it timed by hash
+    and that is not the kernel the task's row crowned (one searched again since)."""
     if row is None:
-        return "     -"
-    return f"{row['speedup']:5.2f}x" if row.get("speedup") else f"{row['status'][:6]:>6}"
+        return "      -"
+    figure = f"{row['speedup']:5.2f}x" if row.get("speedup") else f"{row['status'][:6]:>6}"
+    return figure + ("~" if _another(row, crowned) else " ")
+
+
+def _another(row: dict, crowned: dict | None) -> bool:
+    """Whether a chip row is known to be of another kernel than the one crowned."""
+    have, want = row.get("kernel_sha256"), (crowned or {}).get("crowned_sha256")
+    return bool(have and want and have != want)
 
 
 def print_measured(rows: list[dict], chip: dict[str, dict]) -> None:
@@ -455,6 +470,10 @@ def print_measured(rows: list[dict], chip: dict[str, dict]) -> None:
             else r["production_estimate"] for r in correct
             if chip.get(r["task"], {}).get("speedup")
             or isinstance(r.get("production_estimate"), int | float)]
+    other = [r["task"] for r, m in timed if _another(m, r)]
+    if other:
+        print(f"~: measured, but another kernel than the one crowned now (searched again "
+              f"since): {', '.join(other)}")
     print(f"by the best evidence (measured where measured, else the compiler's estimate): "
           f"{len(best)} tasks, geomean {geo(best)}, >= 1.0 on {sum(x >= 1.0 for x in best)} "
           f"({sum(x >= 1.0 for x in best) / n:.0%} of {len(rows)})")
