@@ -90,6 +90,9 @@ class UserDecision(TypedDict):
     note: str | None
     source_blob: str | None  # the edited source (decision edit)
     plan: NotRequired[str]  # a plan the person reworded
+    # an auto rejection: the proposal is this correct version's program at the production
+    # shape (sessions.core.same_program); its number stands for the proposal's
+    same_as: NotRequired[int]
     seq: NotRequired[int]
     t: NotRequired[float]
 

@@ -184,6 +184,7 @@ class DecisionInfo:
     decision: str
     by: str
     note: str | None
+    same_as: int | None = None  # an auto rejection: that correct version's program
 
 
 @dataclass
@@ -218,6 +219,8 @@ class SessionState:
     current_since: int = 0
     agent_failures: int = 0  # consecutive agent turns without a proposal
     auto_rejections: int = 0  # consecutive proposals the auto-approver turned down
+    # consecutive ones it turned down as a measured version's program (``same_as``)
+    same_program_rejections: int = 0
     agent_failure_retryable: bool = True  # whether the latest one may succeed if re-asked
     agent_finished: str | None = None  # the agent said it has nothing more to try
     best_version: int | None = None  # kept up to date by the fold (see ``best``)
@@ -404,7 +407,8 @@ def _proposal(s: SessionState, e: ev.AgentProposal) -> None:
 def _decision(s: SessionState, e: ev.UserDecision) -> None:
     info = DecisionInfo(seq=e.get("seq", 0), t=float(e.get("t", 0.0)),
                         proposal=e.get("proposal"), decision=e.get("decision", ""),
-                        by=e.get("by", "user"), note=e.get("note"))
+                        by=e.get("by", "user"), note=e.get("note"),
+                        same_as=e["same_as"] if isinstance(e.get("same_as"), int) else None)
     s.decisions.append(info)
     prop = s.proposals.get(info.proposal) if info.proposal else None
     if prop is not None:
@@ -421,10 +425,14 @@ def _decision(s: SessionState, e: ev.UserDecision) -> None:
             s.plan_step = 0
     if info.decision == "reject" and info.note:
         s.notes.append(f"rejected {info.proposal}: {info.note}")
-    if info.decision == "reject" and info.by == "auto":
+    if info.decision == "reject" and info.by == "auto" and info.same_as is not None:
+        # a proposal its kernel's own limits turn into a measured program is not the
+        # agent repeating itself: the tuner learns from it and moves on (within a limit)
+        s.same_program_rejections += 1
+    elif info.decision == "reject" and info.by == "auto":
         s.auto_rejections += 1
     elif approving(info.decision):
-        s.auto_rejections = 0
+        s.auto_rejections = s.same_program_rejections = 0
 
 
 def _version(s: SessionState, e: ev.KernelVersion) -> None:

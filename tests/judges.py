@@ -28,6 +28,7 @@ from tilewright.kernels.tasks.task import Task
 
 CPU = Backend(platform="cpu", mode="tpu-interpret", device_kind="cpu", jax_version="test")
 _MARK = re.compile(r"# eval: (\w+) ([\d.]+)(?: (host|roofline)\b)?")
+_PROGRAM = re.compile(r"# program: (\w+)")  # its program at the production shape
 CLOCK_HZ = 1.5e9  # v5e's
 REFERENCE_CYCLES = 1_500_000  # the XLA reference's estimate: 1 ms at CLOCK_HZ
 
@@ -82,6 +83,7 @@ class MarkedJudge(_InProcess):
         super().__init__()
         self.gate = gate
         self.sources: list[str] = []
+        self.identities: list[str] = []  # the sources asked which program they are
         self.started = asyncio.Event()
 
     async def backend(self) -> Backend:
@@ -113,8 +115,13 @@ class MarkedJudge(_InProcess):
     async def estimate(self, task: Task, source: str, options: EvalOptions | None = None, *,
                        filename: str = "kernel.py") -> dict[str, Any]:
         status, _, _ = self._marked(source)
-        return {"schema": ESTIMATE_SCHEMA, "tpu": None, "error": None,
-                "status": "ok" if status in ("correct", "incorrect") else status}
+        found = {"schema": ESTIMATE_SCHEMA, "tpu": None, "error": None,
+                 "status": "ok" if status in ("correct", "incorrect") else status}
+        if options is not None and options.identity_only:  # ``# program: NAME`` names it
+            self.identities.append(source)
+            program = _PROGRAM.search(source)
+            found["program"] = program.group(1) if program else None
+        return found
 
     async def profile(self, task: Task, source: str, logdir: Path | None,
                       options: ProfileOptions | None = None, *,

@@ -109,6 +109,9 @@ class Observations:
         self.score: dict[Config, Score] = {}
         self.version: dict[Config, int | None] = {}
         self.rank: dict[Config, Rank | None] = {}
+        # configurations never run because they are a measured version's program (its
+        # score is theirs): measured points, never the base a step starts from
+        self.aliases: set[Config] = set()
 
     def said(self, key: Config) -> str | None:
         """How the configuration's number reads (``Rank.words``: "est. 1.34x on v5e
@@ -127,8 +130,17 @@ class Observations:
             self.version[key] = version
             self.rank[key] = rank if found != FAILED else None
 
+    def alias(self, config: dict[str, Any], of: dict[str, Any]) -> None:
+        """``config`` is the program ``of`` was (measured), at the production shape."""
+        key, known = config_key(config), config_key(of)
+        if key not in self.score and known in self.score:
+            self.score[key], self.version[key] = self.score[known], self.version[known]
+            self.rank[key] = self.rank[known]
+            self.aliases.add(key)
+
     def best(self) -> tuple[Config, Score] | None:
-        ranked = [(k, s) for k, s in self.score.items() if s != FAILED]
+        ranked = [(k, s) for k, s in self.score.items() if s != FAILED
+                  and k not in self.aliases]
         if not ranked:
             return None
         # the highest score, the first measured on ties; among ranked configurations the

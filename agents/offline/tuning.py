@@ -136,10 +136,17 @@ def observations(request: AgentRequest, source: str, names: set[str]) -> tuner.O
     slow: the search never proposes it again)."""
     obs = tuner.observations_from(request.history, source, request.last_eval, names,
                                   request.current_version)
+    rows = {row.version: row for row in request.history}
     for entry in request.rejected:
         config = entry.get("config")
         if isinstance(config, dict) and set(config) == names:
-            obs.add(config, "rejected", None, None)
+            same = rows.get(entry.get("same_as"))  # type: ignore[arg-type]
+            if same is not None and same.tunables is not None \
+                    and set(same.tunables) == names:
+                # that version's program: its measurement is this one's
+                obs.alias(config, same.tunables)
+            else:
+                obs.add(config, "rejected", None, None)
     return obs
 
 
@@ -148,7 +155,8 @@ def tried_text(request: AgentRequest, source: str) -> str:
     failed, rejected by the person (never "measured" for one that never ran)."""
     names = set(tunables.read(source))
     rejected = {tuner.config_key(e["config"]) for e in request.rejected
-                if isinstance(e.get("config"), dict) and set(e["config"]) == names}
+                if isinstance(e.get("config"), dict) and set(e["config"]) == names
+                and e.get("same_as") is None}
     measured = tuner.observations_from(request.history, source, request.last_eval, names,
                                        request.current_version)
     ran = {k for k, v in measured.score.items() if v != tuner.FAILED}

@@ -47,6 +47,11 @@ class EvalOptions:
     # estimates there too, beside the measurement (``calibrate``, ``eval --estimate``).
     # Off a TPU the estimate is what ranks: always made.
     estimate_on_tpu: bool = False
+    # ``estimate`` only: the candidate traced at the production shape and nothing more;
+    # the reply's ``program`` is that trace's fingerprint (the same for two sources that
+    # are the same program there: a block size the kernel clamps back, a comment). Seconds
+    # where an evaluation takes minutes: what the search's rules ask before spending one.
+    identity_only: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -235,8 +235,18 @@ def rejected(state: SessionState, read: Callable[[str], str]) -> tuple[dict[str,
                 entry["config"] = config
         if prop.kind == "kernel" and prop.source_blob:
             entry["source_sha256"] = prop.source_blob  # blobs are named by their sha256
+        same = _same_as_of(state, prop.id)
+        if same is not None:  # the same program as that version: measured, not refused
+            entry["same_as"] = same
         out.append(entry)
     return tuple(out)
+
+
+def _same_as_of(state: SessionState, pid: str) -> int | None:
+    for decision in reversed(state.decisions):
+        if decision.proposal == pid and decision.decision == "reject":
+            return decision.same_as
+    return None
 
 
 def _note_of(state: SessionState, pid: str) -> str | None:

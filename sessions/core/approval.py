@@ -20,12 +20,16 @@ the proposal, plus the Future for the person: nothing here writes an event.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from tilewright.sessions.autonomy import ControllerSettings, budget_exhausted, duplicate_of
 from tilewright.sessions.state import ProposalInfo, SessionState
+
+# ``sessions.core.same_program.SameProgram``: the correct version a proposal already is at
+# the production shape, or None
+SameAs = Callable[[SessionState, ProposalInfo], Awaitable[int | None]]
 
 if TYPE_CHECKING:
     from tilewright.sessions.search.graph import SearchState
@@ -43,6 +47,9 @@ class Decision:
     note: str | None = None
     source: str | None = None  # an edit's source (the person's own kernel)
     plan: str | None = None  # a plan approved in the person's own wording
+    # A rejection because the proposal is that correct version's program at the production
+    # shape (``sessions.core.same_program``): measured already, its number stands for it.
+    same_as: int | None = None
 
 
 @dataclass(frozen=True)
@@ -99,11 +106,14 @@ class PersonApproval:
 
 class AutoApproval:
     """Autonomous mode's approver: stop on a used-up budget, reject a kernel identical to
-    one already measured (re-running it measures nothing new), approve the rest."""
+    one already measured, or the same program at the production shape as a correct one
+    (``same_as``; re-running it measures nothing new), approve the rest."""
 
-    def __init__(self, settings: ControllerSettings, now: Callable[[], float]) -> None:
+    def __init__(self, settings: ControllerSettings, now: Callable[[], float],
+                 same_as: SameAs | None = None) -> None:
         self.settings = settings
         self._now = now
+        self.same_as = same_as
 
     async def decide(self, state: SessionState, proposal: ProposalInfo) -> Verdict:
         if state.mode != "auto" or state.pending != proposal.id:
@@ -115,7 +125,22 @@ class AutoApproval:
         if same is not None:
             return Decision("reject", "auto", f"identical to v{same}, which was already "
                                               "measured; propose something different")
-        return Decision("approve", "auto")
+        found = await _same_program(self.same_as, state, proposal)
+        if state.mode != "auto" or state.pending != proposal.id:
+            return None  # switched to step mode while the judge was asked
+        return found or Decision("approve", "auto")
+
+
+async def _same_program(same_as: SameAs | None, state: SessionState,
+                        proposal: ProposalInfo) -> Decision | None:
+    """The rejection of a proposal that is a correct version's production program."""
+    if same_as is None:
+        return None
+    from tilewright.sessions.core.same_program import same_program_note
+
+    number = await same_as(state, proposal)
+    return None if number is None else Decision("reject", "auto", same_program_note(number),
+                                                same_as=number)
 
 
 class SearchRules:
@@ -123,9 +148,11 @@ class SearchRules:
     without source are rejected by rule; the rest is approved (``approval = "auto"``) or
     handed to ``person`` (human-in-the-loop search)."""
 
-    def __init__(self, search: SearchState, person: ApprovalPolicy | None = None) -> None:
+    def __init__(self, search: SearchState, person: ApprovalPolicy | None = None,
+                 same_as: SameAs | None = None) -> None:
         self.search = search
         self.person = person or PersonApproval()
+        self.same_as = same_as
 
     async def decide(self, state: SessionState, proposal: ProposalInfo) -> Verdict:
         base = proposal.base_version
@@ -138,6 +165,9 @@ class SearchRules:
                                               "different")
         if not proposal.source_blob:
             return Decision("reject", "auto", "the proposal carries no kernel source")
+        found = await _same_program(self.same_as, state, proposal)
+        if found is not None:
+            return found
         config = self.search.config
         if config is None or config.approval == "auto":
             return Decision("approve", "auto")

@@ -36,6 +36,7 @@ from tilewright.sessions import events as ev
 from tilewright.sessions.agent_turn import AgentTurn, stream_turn
 from tilewright.sessions.core.approval import ApprovalPolicy, Decision, Verdict
 from tilewright.sessions.core.diagnosis import diagnose_version
+from tilewright.sessions.core.same_program import SameProgram
 from tilewright.sessions.errors import ApprovalRequired
 from tilewright.sessions.evaluator import PoolEvaluator
 from tilewright.sessions.log import SessionLog
@@ -109,6 +110,9 @@ class SessionCore:
         self.judge: PoolEvaluator = judge if isinstance(judge, PoolEvaluator) else \
             PoolEvaluator(judge, options, chip=options.chip if options else None)
         self.writer = ev.EventWriter(log, state)
+        # which correct version a proposal already is at the production shape (the rules
+        # of autonomous mode and of the search reject it before it spends an evaluation)
+        self.same_program = SameProgram(self.judge, task, log.get_blob)
         # Why the session is being stopped under a run (``disconnect``, ``terminated``):
         # the run's result says it was interrupted, and by what.
         self.stopping: str | None = None
@@ -212,7 +216,9 @@ class SessionCore:
     def record(self, pid: str | None, decision: Decision) -> ev.Event:
         """The ``user.decision`` event (``pid`` None: the person's own edit with nothing
         pending, which becomes a version of its own)."""
-        plan = {"plan": decision.plan} if decision.plan is not None else {}
+        plan: dict[str, Any] = {"plan": decision.plan} if decision.plan is not None else {}
+        if decision.same_as is not None:
+            plan["same_as"] = decision.same_as
         return self.emit(ev.UserDecision(
             type="user.decision", proposal=pid, decision=decision.decision, by=decision.by,
             note=decision.note, source_blob=self.log.put_blob(decision.source)

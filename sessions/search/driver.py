@@ -133,7 +133,7 @@ class Search:
         self.core.subscribe(lambda _event: self._wake.set())
         self.children = ChildMaker(self.core, state)
         self.person = PersonApproval(on_wait=lambda _pid: self._wake.set())
-        self.rules = SearchRules(state, self.person)
+        self.rules = SearchRules(state, self.person, same_as=self.core.same_program)
         self._tunable_cache: dict[int, bool] = {}
         self._wake = asyncio.Event()
 

@@ -170,19 +170,27 @@ class ProductionReply:
     # kernel index -> the values its loop bounds were pinned to (``pinned<index>``: a
     # program of that kernel alone, bounds read from the production inputs)
     pinned: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # ``programs.fingerprint`` of the production trace, as the candidate process says
+    program: str | None = None
 
     @classmethod
-    def parse(cls, reply: dict[str, Any], blob: bytes) -> ProductionReply | str:
-        """The reply, or what is wrong with it (a protocol violation)."""
+    def parse(cls, reply: dict[str, Any], blob: bytes,
+              identity: bool = False) -> ProductionReply | str:
+        """The reply, or what is wrong with it (a protocol violation). ``identity``: a
+        reply to a trace-only request, which carries no programs."""
         common = dict(
             pallas_call=reply.get("pallas_call") is True,
             structure=reply["structure"] if isinstance(reply.get("structure"), list) else None,
             plans=[p for p in reply.get("plans") or [] if isinstance(p, dict)],
             out_shapes=reply.get("out_shapes"),
             export_errors=_strings(reply.get("export_errors")),
-            outside_compute=_strings(reply.get("outside_compute"), LIST_LIMIT))
+            outside_compute=_strings(reply.get("outside_compute"), LIST_LIMIT),
+            program=reply["program"][:64] if isinstance(reply.get("program"), str) else None)
         if isinstance(reply.get("unavailable"), str):  # e.g. host callbacks, off-TPU
             return cls(**common, unavailable=reply["unavailable"][:2000], programs={})
+        if identity:
+            return cls(**common, unavailable=None, programs={}) if not blob \
+                else "programs in a reply to a trace-only request"
         listed = reply.get("programs")
         if not isinstance(listed, list):
             return "a production reply without programs"
@@ -380,10 +388,13 @@ class CandidateChannel:
                              tree)
 
     def production(self, spec: dict[str, Any], chip: str, where: str,
-                   signature: bytes) -> ProductionReply:
-        reply, blob = self.request("production", {"spec": spec, "chip": chip, "where": where},
-                                   signature, max_blob=1 << 30)
-        found = ProductionReply.parse(reply, blob)
+                   signature: bytes, identity: bool = False) -> ProductionReply:
+        """The candidate's program at the production shape; with ``identity``, traced
+        only (its facts and ``program``, nothing exported)."""
+        header = {"spec": spec, "chip": chip, "where": where, **({"identity": True}
+                                                                 if identity else {})}
+        reply, blob = self.request("production", header, signature, max_blob=1 << 30)
+        found = ProductionReply.parse(reply, blob, identity)
         if isinstance(found, str):
             self.violation(found)
         return found

@@ -286,6 +286,9 @@ class Server:
             raise _Failure("rejected", refused)
         plans = prod.plan(closed)
         facts: dict[str, Any] = {
+            # the program's identity: another version that traces to it is the same
+            # program (``EvalOptions.identity_only``)
+            "program": self.production_trace[3],
             "pallas_call": integrity.contains_pallas_call(closed),
             # the work outside the kernels of the program that will run (not only of the
             # checked ones)
@@ -295,6 +298,9 @@ class Server:
             "out_shapes": [[list(a.shape), str(a.dtype)]
                            for a in jax.tree.leaves(traced.out_info)],
         }
+        if header.get("identity"):  # the ``identity`` op: which program, nothing exported
+            facts["programs"] = []
+            return facts, b""
         # From here on no candidate Python runs: the jaxpr is re-bound, not re-traced.
         variants = {"full": prod.variant(closed, plans, None)}
         if prod.any_scaled(plans):

@@ -107,7 +107,23 @@ def empty_grids(closed: Any) -> list[str]:
 
 
 def fingerprint(closed: Any) -> str:
-    """A traced program, as a hash of its printed jaxpr (deterministic for one program)."""
+    """A traced program, as a hash of its printed jaxpr and of what that print leaves
+    out of its kernels: each block's index map, buffering and memory space, the scratch
+    and the scalar-prefetch operands (a kernel that walks its grid in another order
+    prints the same jaxpr). Deterministic for one program, and without source
+    locations: the same program traced from another file, or from another version's
+    source whose own limits clamp a block size back (``BLOCK_K = 2048`` in a kernel that
+    halves it until it fits VMEM), has the same one."""
     import hashlib
 
-    return hashlib.sha256(str(closed).encode()).hexdigest()
+    from tilewright.kernels.worker.candidate.production import pallas_eqns
+
+    parts = [str(closed)]
+    for eqn in pallas_eqns(closed.jaxpr):
+        gm = eqn.params["grid_mapping"]
+        parts.append(f"grid {gm.grid} index operands {gm.num_index_operands} scratch "
+                     f"{gm.scratch_avals} vmapped {gm.vmapped_dims}")
+        for bm in gm.block_mappings:
+            parts.append(f"{bm.block_shape} {bm.transformed_block_aval} {bm.array_aval} "
+                         f"{bm.transforms} {bm.pipeline_mode}\n{bm.index_map_jaxpr}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()

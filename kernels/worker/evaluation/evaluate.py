@@ -94,6 +94,10 @@ def estimate_request(payload: dict[str, Any]) -> dict[str, Any]:
     result = Evaluation(payload["task"], payload["source"],
                         payload.get("filename") or "kernel.py", options).run().to_json()
     status = "ok" if result["status"] == "correct" else result["status"]
+    if options.get("identity_only"):  # which program it is, nothing compiled (EvalOptions)
+        return {"schema": ESTIMATE_SCHEMA, "status": status, "tpu": None,
+                "program": (result.get("extra") or {}).get("program"),
+                "error": result.get("error"), "duration_s": result.get("duration_s")}
     if (result.get("extra") or {}).get("measured") is not None and result.get("tpu"):
         # a TPU host: the production program measured on the chip, beside the estimate
         result["tpu"]["measured"] = result["extra"]["measured"]
@@ -130,6 +134,8 @@ class Evaluation:
         # The ``estimate`` op on a TPU host also measures the production program on the
         # chip, beside the estimate (``measure: false`` skips that)
         self.measure = bool(options.get("measure", True))
+        # ``estimate`` with ``identity_only``: the production trace's fingerprint, then stop
+        self.identity = bool(self.options.identity_only) and not self.check
         self.backend = backend_info()
         self.interpret = backend_is_interpret(self.backend)
         self.chip = str(self.options.chip or _own_chip(self.backend) or DEFAULT_TPU)
@@ -268,8 +274,12 @@ class Evaluation:
                                             self.channel.deadline,
                                             self.options.compile_memory_mb,
                                             on_chip=chip_runner)
-            self.production.start()
+            self.production.start(identity=self.identity)
             self._phase("production_export_s", t)
+            if self.identity:
+                reply = self.production.reply
+                self.result.extra["program"] = reply.program if reply is not None else None
+                return
         if not self.check:  # the ``estimate`` op: the production verdict and estimate only
             t = time.perf_counter()
             self._tpu_verdict(apply=True)

@@ -92,9 +92,10 @@ class ProductionRun:
         return f"at the production shape {self.config.name} ({arrays})"
 
     # -- main thread, before the trials --------------------------------------------------
-    def start(self) -> None:
+    def start(self, identity: bool = False) -> None:
         """Signature (the task's code), the candidate's export (its process), the
-        reference's export (here), then the compiles in the background."""
+        reference's export (here), then the compiles in the background. ``identity``:
+        the candidate's trace alone (``reply.program``), nothing exported or compiled."""
         from tilewright.kernels.worker.execution import task_runtime
 
         self.started = time.perf_counter()
@@ -114,13 +115,16 @@ class ProductionRun:
         try:
             reply = self.channel.production(
                 self.spec, self.chip, self.where(),
-                pickle.dumps(([(list(s), d) for s, d in self.inputs], tuple(static), known)))
+                pickle.dumps(([(list(s), d) for s, d in self.inputs], tuple(static), known)),
+                identity=identity)
         except Stopped as stop:
             if stop.error.kind == "lowering":  # the TPU lowering refused
                 stop.lowering = {"tpu": "error", "message": stop.error.message,
                                  "shape": self.config.name}
             raise
         self.reply = reply
+        if identity:
+            return
         plans = reply.plans
         if reply.unavailable is not None:  # e.g. host callbacks, off-TPU
             self.unavailable = reply.unavailable

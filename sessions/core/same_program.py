@@ -1,0 +1,82 @@
+"""Which measured version a proposal already is, where it counts: at the production shape.
+
+A tuning that a kernel's own limits undo (``BLOCK_K 512 -> 2048`` in a kernel that halves
+its K block until its blocks fit VMEM) is a new source but not a new program: evaluated,
+it measures nothing a version did not. The judge says which program a source is without
+compiling or running it (``EvalOptions.identity_only``: the candidate traced at the
+production shape, the trace's fingerprint back in seconds), and ``SameProgram`` keeps
+each source's answer by its blob's hash. The rules of autonomous mode and of the search
+(``sessions.core.approval``) reject such a proposal before it spends an evaluation.
+
+Only versions judged ``correct`` are matched: their production program was checked (its
+kernels are the ones that ran correct at the check shapes), so the same program there has
+the same verdict and the same number. A failed version is not matched: a proposal can
+fail differently at the check shapes and still deserves its own evaluation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from tilewright.kernels.judge.options import EvalOptions
+from tilewright.kernels.tasks.task import Task
+from tilewright.sessions.state import ProposalInfo, SessionState
+
+if TYPE_CHECKING:
+    from tilewright.sessions.evaluator import PoolEvaluator
+
+# The identity is a trace, not a compile: a minute covers a slow host's biggest tasks.
+IDENTITY_TIMEOUT_S = 60.0
+
+
+class SameProgram:
+    """``await same(state, proposal)``: the number of the correct version whose program at
+    the production shape is the proposal's, or None (no such version, no source, or the
+    judge could not say: the proposal is then evaluated as usual)."""
+
+    def __init__(self, judge: PoolEvaluator, task: Task, read: Callable[[str], bytes]) -> None:
+        self.judge, self.task, self.read = judge, task, read
+        self._known: dict[str, str | None] = {}  # source blob -> its program (None: unknown)
+        self._lock = asyncio.Lock()
+
+    async def program(self, blob: str) -> str | None:
+        """The program of the source stored as ``blob`` (asked once per blob)."""
+        async with self._lock:
+            if blob not in self._known:
+                self._known[blob] = await self._ask(blob)
+            return self._known[blob]
+
+    async def _ask(self, blob: str) -> str | None:
+        options = replace(self.judge.options or EvalOptions(), identity_only=True,
+                          timeout_s=IDENTITY_TIMEOUT_S)
+        try:
+            source = self.read(blob).decode()
+            reply = await self.judge.estimate(self.task, source, options)
+        except Exception:  # a judge that cannot say (a fake, a closed pool): evaluate it
+            return None
+        program = reply.get("program") if isinstance(reply, dict) else None
+        return program if reply.get("status") == "ok" and isinstance(program, str) else None
+
+    async def __call__(self, state: SessionState, proposal: ProposalInfo) -> int | None:
+        blob = proposal.source_blob
+        measured = sorted((v for v in state.versions.values()
+                           if v.correct and v.source_blob != blob), key=lambda v: v.number)
+        if not blob or not measured or proposal.kind != "tuning":
+            return None  # (a rewritten kernel is rarely a measured program: not asked)
+        mine = await self.program(blob)
+        if mine is None:
+            return None
+        for version in measured:
+            if await self.program(version.source_blob) == mine:
+                return version.number
+        return None
+
+
+def same_program_note(number: int) -> str:
+    """The auto-approver's words for such a rejection."""
+    return (f"the same program at the production shape as v{number}, which was already "
+            f"measured: the kernel's own limits undo the change there (a block size it "
+            f"clamps, say). Its number is v{number}'s; propose something different")
