@@ -174,3 +174,12 @@ def test_the_suite_report_merges_runs_and_puts_chip_rows_beside_estimates(
     assert "2 tasks, geomean 1.15x, >= 1.0 on 2 (67% of 3)" in out
     # the row names the kernel it timed by hash, not the one crowned now: marked
     assert " 1.10x~ " in out and "another kernel than the one crowned now" in out
+    # A row of the crowned kernel itself, timed under another file name, is found by its
+    # hash and wins over the name's older kernel.
+    split = tmp_path / "split.jsonl"
+    split.write_text(json.dumps({**chip, "task": "1k_a", "kernel": "split2.py",
+                                 "speedup": 1.4, "kernel_sha256": "sha-1k_a"}) + "\n")
+    found = module.chip_rows([old, split, new], {"1k_a": "sha-1k_a"})
+    assert found["1k_a"]["speedup"] == 1.4 and found["1k_a"]["kernel"] == "split2.py"
+    module.print_suite(suite, found)
+    assert " 1.40x " in capsys.readouterr().out

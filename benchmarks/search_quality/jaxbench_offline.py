@@ -322,17 +322,25 @@ def merged(files: list[Path]) -> list[dict]:
     return list(suites.values())
 
 
-def chip_rows(files: list[Path]) -> dict[str, dict]:
-    """Each task's latest row of ``measure_on_chip.py`` for its crowned kernel
-    (``crowned.py``), from files oldest first: the device times against XLA's on the
-    chip the row names."""
-    latest: dict[str, dict] = {}
+def chip_rows(files: list[Path], crowned: dict[str, str] | None = None) -> dict[str, dict]:
+    """Each task's latest row of ``measure_on_chip.py`` for its crowned kernel, from files
+    oldest first: the device times against XLA's on the chip the row names. The kernel is
+    known by its hash where both sides say it (``crowned``: task -> the crowned kernel's
+    ``crowned_sha256``; a row's ``kernel_sha256``), whatever file name it was timed
+    under, and such a row wins over one matched by the name ``crowned.py`` alone."""
+    by_name: dict[str, dict] = {}
+    by_hash: dict[str, dict] = {}
     for path in files:
         for line in path.read_text().splitlines():
             row = json.loads(line) if line.strip() else None
-            if row and row.get("kernel") == "crowned.py":
-                latest[row["task"]] = row
-    return latest
+            if not row or "task" not in row:
+                continue
+            want = (crowned or {}).get(row["task"])
+            if want and row.get("kernel_sha256") == want:
+                by_hash[row["task"]] = row
+            elif row.get("kernel") == "crowned.py":
+                by_name[row["task"]] = row
+    return {**by_name, **by_hash}
 
 
 def _number(rank: Any) -> str:
@@ -524,7 +532,9 @@ def main(argv: list[str] | None = None) -> int:
                              "MaxKernel=)")
             measured.setdefault(suite, []).append(Path(rows))
         for result in merged(args.report):
-            print_suite(result, chip_rows(measured.get(result["suite"], [])))
+            hashes = {r["task"]: r["crowned_sha256"] for r in result["rows"]
+                      if r.get("crowned_sha256")}
+            print_suite(result, chip_rows(measured.get(result["suite"], []), hashes))
         return 0
     if args.crowned_out and args.keep and not (args.jaxbench or args.maxkernel):
         names = write_crowned(args.keep, args.crowned_out)
