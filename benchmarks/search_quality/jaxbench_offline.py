@@ -8,24 +8,21 @@ it is vendored here):
         [--budget 6] [--only NAME ...] [--set KEY=VALUE ...]
 
 For each suite it
-1. lists the tasks with ``tilewright tasks DIR --set ... --json``: the tasks whose
-   inputs generate at the scaled check shapes and at their production shapes (the
-   tasks' own sizes, as written; every task's input builder runs in a worker);
+1. lists the tasks with ``tilewright tasks DIR --set ... --json``: those whose inputs
+   generate at the scaled check shapes and at their production shapes (as written);
 2. runs ``tilewright search --suite DIR --agent offline --budget N --json`` with the
    same ``--set`` (a copy of the chosen tasks when ``--only`` is given);
-3. re-evaluates every crowned kernel from its session with fresh inputs and more
-   trials (``tilewright eval --trials 5``): a task is *truly correct* only when that
-   re-check is correct too and carries no disqualifying integrity flag;
+3. re-evaluates every crowned kernel with fresh inputs and 5 trials (``tilewright
+   eval``): *truly correct* only when that is correct too, with no disqualifying flag;
 4. counts the tasks whose operations Pallas TPU lowers (some version of the task passed
    the TPU lowering check), the denominator of the target.
 
 Printed per task and in total: inputs generate, crowned, truly correct, lowerable,
-rank (the TPU compiler's estimate at the production shape), wall time. ``--smoke`` needs no checkout: the JAXBench and MaxKernel
-tasks of ``tests/fixtures/suite`` are listed (step 1, without running their input
-builders: ``tilewright tasks --no-check``, no worker), the shared-size resolution runs,
-and the table is printed from the listing; no search, no re-check. Targets (issue 11): all tasks generate inputs; no wrong
-kernel crowned (crowned == truly correct); correct on at least two thirds of the
-lowerable scaled tasks.
+rank (the TPU compiler's estimate at the production shape), wall time. ``--smoke`` needs
+no checkout: the tasks of ``tests/fixtures/suite`` are listed (step 1, ``tilewright tasks
+--no-check``, no worker) and the table printed from the listing; no search, no re-check.
+Targets: all tasks generate inputs; no wrong kernel crowned; correct on at least two
+thirds of the lowerable scaled tasks.
 """
 
 from __future__ import annotations
@@ -152,6 +149,31 @@ def recheck(session: str, task_root: str, overrides: dict[str, str],
             "production_words": rank.words(), "estimate_s": tpu.get("compile_s"),
             "compile_peak_mb": tpu.get("compile_peak_mb"),
             "estimate_unavailable": tpu.get("estimate_unavailable")}
+
+
+def estimate_crowned(crowned: Path, chip: str, timeout: float | None) -> list[dict]:
+    """Each ``DIR/<task>/crowned.py`` (``--crowned-out``'s layout) estimated for ``chip`` at
+    its task's production shape (``tilewright estimate``: no search, no correctness
+    check), so a kernel crowned for one chip is priced on another."""
+    from tilewright.kernels.judge.rank import ranking
+
+    rows = []
+    for kernel in sorted(crowned.glob("*/crowned.py")):
+        args = ["estimate", "--task", str(kernel.parent), "--kernel", str(kernel), "--json",
+                "--chip", chip, *(["--timeout", str(timeout)] if timeout else [])]
+        try:
+            data = json.loads(tw(*args, timeout=max(900.0, 4 * (timeout or 0))).stdout)
+        except (json.JSONDecodeError, subprocess.TimeoutExpired):
+            data = {"status": "crashed", "tpu": None}
+        ok = data.get("status") == "ok"
+        rank = ranking({"status": "correct" if ok else data.get("status"), "tpu": data.get("tpu")})
+        rows.append({"task": kernel.parent.name, "chip": chip, "status": data.get("status"),
+                     "kernel_sha256": hashlib.sha256(kernel.read_bytes()).hexdigest(),
+                     "production_estimate": rank.value if rank.is_estimate else None,
+                     "production_source": rank.source, "production_words": rank.words(),
+                     "production_shape": (data.get("tpu") or {}).get("shape_label")})
+        print(f"  {rows[-1]['task'][:44]:44} {rows[-1]['production_words']}"[:170], flush=True)
+    return rows
 
 
 def lowerable(session: str) -> bool:
@@ -511,6 +533,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="write each crowned kernel beside a copy of its task "
                              "(DIR/<task>/crowned.py, for measure_on_chip.py); with --keep "
                              "alone, from that kept run without searching again")
+    parser.add_argument("--estimate-crowned", type=Path, metavar="DIR",
+                        help="no search: estimate every DIR/<task>/crowned.py for --chip "
+                             "(rows as --json)")
     parser.add_argument("--report", type=Path, nargs="+", metavar="JSON",
                         help="print the tables again from runs' --json files (no run); a "
                              "later file's row replaces an earlier one's for its task")
@@ -535,6 +560,11 @@ def main(argv: list[str] | None = None) -> int:
             hashes = {r["task"]: r["crowned_sha256"] for r in result["rows"]
                       if r.get("crowned_sha256")}
             print_suite(result, chip_rows(measured.get(result["suite"], []), hashes))
+        return 0
+    if args.estimate_crowned:
+        rows = estimate_crowned(args.estimate_crowned, args.chip, args.timeout)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=1))
         return 0
     if args.crowned_out and args.keep and not (args.jaxbench or args.maxkernel):
         names = write_crowned(args.keep, args.crowned_out)
