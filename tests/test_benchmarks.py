@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -183,3 +184,34 @@ def test_the_suite_report_merges_runs_and_puts_chip_rows_beside_estimates(
     assert found["1k_a"]["speedup"] == 1.4 and found["1k_a"]["kernel"] == "split2.py"
     module.print_suite(suite, found)
     assert " 1.40x " in capsys.readouterr().out
+
+
+def test_measure_on_chip_can_time_a_kernel_against_another(tmp_path: Path) -> None:
+    """``DIR:KERNEL.py@OTHER.py``: the program list carries the other kernel as the
+    baseline, and the report never takes such a row for a figure against XLA."""
+    import importlib.util
+    import json
+
+    def module(name: str) -> Any:
+        spec = importlib.util.spec_from_file_location(name.replace("/", "_"),
+                                                      BENCHMARKS / name)
+        loaded = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(loaded)
+        return loaded
+
+    task = tmp_path / "double"
+    task.mkdir()
+    (task / "task.toml").write_text('name = "double"\n[shapes.small]\nrows = 8\ncols = 128\n')
+    (task / "reference.py").write_text("def make_inputs(key, rows, cols):\n    import jax\n"
+                                       "    return (jax.random.normal(key, (rows, cols)),)\n"
+                                       "def reference(x):\n    return 2 * x\n")
+    (task / "mine.py").write_text("def kernel(x):\n    return x + x\n")
+    (task / "theirs.py").write_text("def kernel(x):\n    return 2 * x\n")
+    [entry] = module("on_chip/measure_on_chip.py").programs(
+        [f"{task}:mine.py@theirs.py"], 1, "bfloat16")
+    assert entry["kernel"] == "mine.py" and entry["against"] == "theirs.py"
+    assert entry["against_source"] == "def kernel(x):\n    return 2 * x\n"
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"task": "double", "kernel": "crowned.py", "against":
+                                "theirs.py", "speedup": 3.0, "status": "measured"}) + "\n")
+    assert module("search_quality/jaxbench_offline.py").chip_rows([rows]) == {}

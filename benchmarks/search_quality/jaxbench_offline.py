@@ -355,8 +355,8 @@ def chip_rows(files: list[Path], crowned: dict[str, str] | None = None) -> dict[
     for path in files:
         for line in path.read_text().splitlines():
             row = json.loads(line) if line.strip() else None
-            if not row or "task" not in row:
-                continue
+            if not row or "task" not in row or row.get("against"):
+                continue  # (a row against another kernel than XLA's is no such figure)
             want = (crowned or {}).get(row["task"])
             if want and row.get("kernel_sha256") == want:
                 by_hash[row["task"]] = row
