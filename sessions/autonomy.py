@@ -20,8 +20,8 @@ from tilewright.agents.config import Budgets, Config, ControllerConfig, coerce
 from tilewright.sessions.state import SessionState
 
 __all__ = ["STOP_REASONS", "TARGET_SOURCES", "Budgets", "ControllerSettings",
-           "budget_exhausted", "duplicate_of", "should_profile", "stop_rule", "stop_words",
-           "target_reached"]
+           "agent_repeating", "budget_exhausted", "duplicate_of", "should_profile",
+           "stop_rule", "stop_words", "target_reached"]
 
 # ``auto.stop`` reasons in words, for every front end (TUI, auto, replay, reports).
 STOP_REASONS = {
@@ -117,6 +117,19 @@ def stop_rule(state: SessionState, settings: ControllerSettings) -> str | None:
     if k is not None and k > 0 and state.evals_without_improvement >= k:
         return "no_improvement"
     return None
+
+
+# Proposals in a row that autonomous mode rejects as a measured version's program, in
+# multiples of ``max_agent_failures``, before it stops as "agent_repeating": each costs a
+# trace, not an evaluation, and tells the tuner something.
+SAME_PROGRAM_ALLOWANCE = 4
+
+
+def agent_repeating(state: SessionState, settings: ControllerSettings) -> bool:
+    """Whether the auto-approver has turned down enough proposals in a row to stop."""
+    return (state.auto_rejections >= settings.max_agent_failures
+            or state.same_program_rejections >= SAME_PROGRAM_ALLOWANCE
+            * settings.max_agent_failures)
 
 
 def duplicate_of(state: SessionState, source_blob: str | None) -> int | None:

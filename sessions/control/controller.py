@@ -46,11 +46,6 @@ from tilewright.sessions.errors import ApprovalRequired, ControllerBusy, Control
 from tilewright.sessions.log import SessionLog
 from tilewright.sessions.state import ProposalInfo, SessionState, fold, proposal_base
 
-# Proposals in a row that autonomous mode rejects as a measured version's program, in
-# multiples of ``max_agent_failures``, before it stops as "agent_repeating": each costs a
-# trace, not an evaluation, and tells the tuner something.
-SAME_PROGRAM_ALLOWANCE = 4
-
 __all__ = ["ApprovalRequired", "Controller", "ControllerBusy", "ControllerError",
            "ControllerSettings"]
 
@@ -76,8 +71,7 @@ class Controller:
         self.core = SessionCore(log, self.state, task, brief, agent, evaluator, chip=chip)
         self.log = log
         self.tools = SessionTools(self.core)  # read-only tools the agent may call mid-reply
-        self.approver = AutoApproval(self.settings, log.now,  # autonomous mode's rules
-                                     same_as=self.core.same_program)
+        self.approver = AutoApproval(self.settings, log.now, same_as=self.core.same_program)
         self._job: asyncio.Task[None] | None = None
         self._job_kind: str | None = None
         self.closed = False
@@ -565,9 +559,7 @@ class Controller:
         if verdict.decision == "reject":
             # An agent that keeps repeating itself would otherwise burn the whole
             # token budget on rejected proposals.
-            if self.state.auto_rejections >= self.settings.max_agent_failures or \
-                    self.state.same_program_rejections >= SAME_PROGRAM_ALLOWANCE \
-                    * self.settings.max_agent_failures:
+            if autonomy.agent_repeating(self.state, self.settings):
                 return ControllerAction("stop", reason="agent_repeating")
             return None  # the planner asks again (or stops on a budget)
         return ControllerAction("apply", proposal=pid)
