@@ -778,3 +778,27 @@ def test_a_switch_is_measured_once_per_value_and_never_grown() -> None:
     model = tuner.VmemModel({"BLOCK_M": 512, "F32_PASSES": 6}, 8.0 * 2**20, 16.0 * 2**20,
                             {}, tunables.switches(source))
     assert model.bytes_for({"BLOCK_M": 512, "F32_PASSES": 3}) == 8.0 * 2**20
+
+
+def test_no_whole_array_kernel_where_the_production_arrays_exceed_the_chips_vmem() -> None:
+    """Before any evaluation (a search's root candidates, proposed side by side) the
+    brief's production arrays decide: JAXBench's 4096x8192 @ 8192x8192 bf16 GEMM (192 MiB
+    of inputs, 64 MiB out) cannot be one block in a v5e core's 128 MiB of VMEM, so the
+    whole-array fallback is not a starting point; small arrays, or no chip, say nothing."""
+    from tilewright.agents.offline import _whole_array_too_big
+
+    brief = agents.brief(load_task("softmax"))
+
+    def request(arrays: list, outputs: list, chip: str = "v5e") -> AgentRequest:
+        production = {"name": "production", "params": {}, "inputs": arrays,
+                      "outputs": outputs}
+        return AgentRequest("implement", replace(brief, production=production), None,
+                            chip=chip)
+
+    gemm = request([[[4096, 8192], "bfloat16"], [[8192, 8192], "bfloat16"]],
+                   [[[4096, 8192], "bfloat16"]])
+    assert _whole_array_too_big(gemm) == ("its arrays (256 MiB at the production shape) "
+                                          "exceed the 128 MiB of VMEM a v5e core has")
+    assert _whole_array_too_big(request([[[64, 256], "float32"]], [])) is None
+    assert _whole_array_too_big(request([[[8192, 8192], "float32"]], [], chip="cpu")) is None
+    assert _whole_array_too_big(request([[[8192, 8192], "float9"]], [])) is None

@@ -10,6 +10,7 @@ to do instead.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import AsyncIterator
 from typing import Any
@@ -338,29 +339,55 @@ def _larger_variant(request: AgentRequest, family: str) -> Proposal | None:
                     source=tunables.apply(source, config), meta={"via": "template"})
 
 
+# Bytes per element of the dtypes a task's arrays are named by (the brief's and the eval
+# JSON's spellings)
+_ITEM_BYTES = {"f32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "f16": 2, "float16": 2,
+               "i32": 4, "int32": 4, "u32": 4, "uint32": 4, "i8": 1, "int8": 1, "u8": 1,
+               "uint8": 1, "f64": 8, "float64": 8, "i64": 8, "int64": 8, "bool": 1,
+               "i16": 2, "int16": 2}
+
+
 def _whole_array_too_big(request: AgentRequest) -> str | None:
-    """Why the whole-array fallback cannot work at the production shape (its inputs alone
-    exceed the chip's scoped VMEM there, as the last evaluation measured them); None
-    when it may fit or nothing is known yet."""
+    """Why the whole-array fallback cannot work at the production shape: its inputs exceed
+    the scoped VMEM there, as the last evaluation measured them, or (before any: a search's
+    root candidates) the brief's production arrays exceed a core's VMEM. JAXBench's 8192
+    GEMMs spent one of four evaluations on it, refused each time. None when unknown."""
     tpu = (request.last_eval or {}).get("tpu") or {}
     limit = tpu.get("vmem_limit_bytes")
     shapes = tpu.get("input_shapes") or []
     if not limit or not shapes:
-        return None
-    sizes = {"f32": 4, "bf16": 2, "f16": 2, "i32": 4, "i8": 1, "u8": 1, "f64": 8, "i64": 8,
-             "bool": 1, "i16": 2}
+        return _arrays_exceed_vmem(request)
     total = 0
     for text in shapes:
         kind, _, dims = str(text).partition("[")
         count = 1
         for d in dims.rstrip("]").split(","):
             count *= int(d) if d.strip().isdigit() else 1
-        total += count * sizes.get(kind, 4)
+        total += count * _ITEM_BYTES.get(kind, 4)
     if total <= limit:
         return None
     return (f"its inputs alone ({total / 2**20:.0f} MiB at the production shape "
             f"{tpu.get('shape_label') or ''}) exceed the {limit / 2**20:.0f} MiB of scoped VMEM "
             f"a kernel gets on {tpu.get('chip')}")
+
+
+def _arrays_exceed_vmem(request: AgentRequest) -> str | None:
+    """The production arrays' bytes against a whole core's VMEM on the request's chip."""
+    from tilewright.profiling.chips import get_chip
+
+    production = request.task.production or {}
+    arrays = [*(production.get("inputs") or []), *(production.get("outputs") or [])]
+    try:
+        chip = get_chip(request.chip) if request.chip else None
+        capacity = chip.vmem_bytes if chip is not None and chip.kind == "tpu" else None
+        total = sum(math.prod(int(d) for d in shape) * _ITEM_BYTES[str(dtype)]
+                    for shape, dtype in arrays)
+    except (KeyError, TypeError, ValueError):  # an unknown chip or dtype: nothing known
+        return None
+    if not arrays or not capacity or total <= capacity:
+        return None
+    return (f"its arrays ({total / 2**20:.0f} MiB at the production shape) exceed the "
+            f"{capacity / 2**20:.0f} MiB of VMEM a {request.chip} core has")
 
 
 def _fix(request: AgentRequest) -> Proposal | Failure:
