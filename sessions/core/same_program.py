@@ -2,7 +2,8 @@
 
 A tuning that a kernel's own limits undo (``BLOCK_K 512 -> 2048`` in a kernel that halves
 its K block until its blocks fit VMEM) is a new source but not a new program: evaluated,
-it measures nothing a version did not. The judge says which program a source is without
+it measures nothing a version did not. So is a template's "larger blocks" variant that
+the kernel clamps back, or a model's rewrite that changes only comments and names. The judge says which program a source is without
 compiling or running it (``EvalOptions.identity_only``: the candidate traced at the
 production shape, the trace's fingerprint back in seconds), and ``SameProgram`` keeps
 each source's answer by its blob's hash. The rules of autonomous mode and of the search
@@ -64,8 +65,8 @@ class SameProgram:
         blob = proposal.source_blob
         measured = sorted((v for v in state.versions.values()
                            if v.correct and v.source_blob != blob), key=lambda v: v.number)
-        if not blob or not measured or proposal.kind != "tuning":
-            return None  # (a rewritten kernel is rarely a measured program: not asked)
+        if not blob or not measured:
+            return None
         mine = await self.program(blob)
         if mine is None:
             return None
