@@ -516,6 +516,8 @@ async def test_search_profiles_new_bests_and_the_next_request_carries_the_diagno
     diagnosis = before[-1]
     assert agent.requests[0].diagnosis is not None
     assert agent.requests[0].diagnosis["kind"] == diagnosis["kind"]
+    # every request names the chip the search judges for (the tuner's VMEM is that chip's)
+    assert {r.chip for r in agent.requests} == {"v5e"}  # no --chip on a CPU host: v5e
     # the offline tuner moves on it: memory-bound -> every tunable to its largest block
     assert diagnosis["kind"] in ("memory_bound", "per_step_overhead")
     first = next(e for e in events if e["type"] == "agent.proposal")

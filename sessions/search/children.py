@@ -155,8 +155,25 @@ class ChildMaker:
                             latest_version=max(s.versions, default=None),
                             base_reason=reason, lookups=tuple(s.lookups),
                             backend=s.header.get("backend"),
+                            # the chip every figure is for (the VMEM the tuner may fill)
+                            chip=self._chip(s.header.get("backend")),
                             # what the person (or the rules) rejected is never asked again
                             rejected=rejected(s, lambda sha: self.log.get_blob(sha).decode()))
+
+    def _chip(self, backend: Any) -> str:
+        """The chip the search judges for: its evaluations' (``--chip``), else the TPU
+        host's own, else the TPU a CPU host's interpret mode is judged against."""
+        from tilewright.profiling.chips import DEFAULT_TPU, chip_for_device
+
+        if self.core.chip:
+            return self.core.chip
+        backend = backend if isinstance(backend, dict) else {}
+        if backend.get("platform") not in (None, "cpu") and backend.get("device_kind"):
+            try:
+                return chip_for_device(backend["platform"], backend["device_kind"]).name
+            except KeyError:
+                pass
+        return DEFAULT_TPU
 
     def _diagnosis(self, lineage: int, parent: int | None) -> dict[str, Any] | None:
         """What the lineage's profiles found: the parent's own diagnosis, else its nearest
