@@ -294,6 +294,17 @@ def test_the_epilogue_mixing_is_read_from_its_operations(tmp_path: Any) -> None:
     # an operand split with the tile counts as the tile does: its column sum mixes rows
     assert mixing(lambda a, r: a + r.sum(axis=0, keepdims=True), tile, tile) == (True, False)
     assert mixing(lambda a: a.T, tile) == (True, True)
+    # size-1 axes added after the rows' axis move nothing: an instance norm over (m, n, 1,
+    # 1) (MaxKernel's 26k) mixes neither axis; a reduction over the columns there, or one
+    # over the rows once they are no longer the first axis, still counts
+    four = (lambda a: a.reshape(64, 256, 1, 1))
+    norm = (lambda x: (x - x.mean(axis=(2, 3), keepdims=True))
+            / jnp.sqrt(x.var(axis=(2, 3), keepdims=True) + 1e-5))
+    assert mixing(lambda a: jnp.squeeze(norm(jnp.expand_dims(a, (2, 3))), (2, 3)),
+                  tile) == (False, False)
+    assert mixing(lambda a: four(a).sum(axis=1), tile) == (False, True)
+    assert mixing(lambda a: four(a).sum(axis=0), tile) == (True, False)
+    assert mixing(lambda a: a[None].sum(axis=1), tile)[0] is True
 
 
 def test_attention_needs_its_softmax_between_the_products() -> None:

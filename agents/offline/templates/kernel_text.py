@@ -81,8 +81,9 @@ def _mixing(fn, *args):
             elif name == "iota":
                 axes, nd = (eqn.params.get("dimension", 0),), len(out)
             elif name == "reshape":
-                first |= not shape or not out or shape[0] != out[0]
-                last |= not shape or not out or shape[-1] != out[-1]
+                if not _only_ones(shape, out):
+                    first |= not shape or not out or shape[0] != out[0]
+                    last |= not shape or not out or shape[-1] != out[-1]
             elif name == "transpose":
                 perm = tuple(eqn.params.get("permutation", ()))
                 first |= bool(perm) and perm[0] != 0
@@ -95,24 +96,40 @@ def _mixing(fn, *args):
                 elif out != shape and len(out) == len(shape):  # a slice or pad changes sizes
                     axes = tuple(i for i, (a, b) in enumerate(zip(shape, out)) if a != b)
                 elif len(out) != len(shape) and name in ("squeeze", "expand_dims"):
-                    first |= bool(shape) and bool(out) and shape[0] != out[0]
-                    last |= bool(shape) and bool(out) and shape[-1] != out[-1]
+                    if not _only_ones(shape, out):
+                        first |= bool(shape) and bool(out) and shape[0] != out[0]
+                        last |= bool(shape) and bool(out) and shape[-1] != out[-1]
             elif name == "dot_general" and touched[:2] == [True, False] and nd == 2 and tuple(
                     eqn.params["dimension_numbers"][0][0]) == (1,) and not any(
                     eqn.params["dimension_numbers"][1]):
                 last = True  # the tile's rows by a weight (a second layer): rows stay apart
             elif name in _MIXES_ALL:
                 first = last = True
+            elif name == "broadcast_in_dim" and touched[0] and shape:
+                # the rows' axis is no longer the first (x[None]): what reduces the
+                # result along an axis cannot tell the rows from the columns any more
+                first |= tuple(eqn.params.get("broadcast_dimensions", (0,)))[:1] != (0,)
             elif name != "broadcast_in_dim" and any(
                     _resized(tuple(getattr(v.aval, "shape", ())), out)
                     for v in eqn.invars if hasattr(v, "aval")):
                 first = last = True  # an op it does not know changes the sizes
             for a in axes:
                 a = a % nd if nd else 0
+                if name in _REDUCING and a < len(shape) and shape[a] == 1:
+                    continue  # over a size-1 axis: nothing is combined
                 first |= a == 0
-                last |= a == nd - 1
+                # any other axis: the columns, or what was made of them (an axis between
+                # them and size-1 axes appended after them, (m, n, 1, 1), is the columns)
+                last |= a != 0
 
     return first, last
+
+
+def _only_ones(shape, out):
+    \"\"\"A reshape that only adds or drops size-1 axes after the rows' axis: it moves no
+    value (an instance norm over (m, n, 1, 1), MaxKernel's 26k, mixes nothing).\"\"\"
+    return (bool(shape) and bool(out) and shape[0] == out[0]
+            and tuple(d for d in shape if d != 1) == tuple(d for d in out if d != 1))
 
 
 def _resized(shape, out):
