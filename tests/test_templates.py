@@ -10,6 +10,7 @@ here (the check shape would otherwise fit one block and hide it).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -243,6 +244,14 @@ def test_the_matmul_template_reads_dot_general_and_keeps_its_precision(tmp_path:
     # the weight stays stored (n, k); the row sum carried online or on whole rows: a switch
     assert tunables.switches(source) == ("F32_PASSES", "ROW_REDUCTION")
     assert "VMEM_CAP" in source and "vmem_limit_bytes=_vmem_limit(" in source
+    # bf16 operands (the brief's arrays, as a worker built them): no F32_PASSES switch,
+    # which would change nothing there; the reference's precision stays (f32 only)
+    narrow = agents.brief(_task(tmp_path, "matmul_row_sum", "bfloat16"))
+    narrow = replace(narrow, production={**(narrow.production or {}), "inputs": [
+        [[64, 256], "bfloat16"], [[256, 256], "bfloat16"]]})
+    source, _why = write_template(narrow, "matmul")
+    assert tunables.switches(source) == ("ROW_REDUCTION",)
+    assert "PRECISION = lax.Precision.HIGHEST" in source and "_product(" not in source
 
 
 @pytest.mark.slow
@@ -297,9 +306,13 @@ def test_the_epilogue_mixing_is_read_from_its_operations(tmp_path: Any) -> None:
     # size-1 axes added after the rows' axis move nothing: an instance norm over (m, n, 1,
     # 1) (MaxKernel's 26k) mixes neither axis; a reduction over the columns there, or one
     # over the rows once they are no longer the first axis, still counts
-    four = (lambda a: a.reshape(64, 256, 1, 1))
-    norm = (lambda x: (x - x.mean(axis=(2, 3), keepdims=True))
-            / jnp.sqrt(x.var(axis=(2, 3), keepdims=True) + 1e-5))
+    def four(a: Any) -> Any:
+        return a.reshape(64, 256, 1, 1)
+
+    def norm(x: Any) -> Any:
+        return (x - x.mean(axis=(2, 3), keepdims=True)) / jnp.sqrt(
+            x.var(axis=(2, 3), keepdims=True) + 1e-5)
+
     assert mixing(lambda a: jnp.squeeze(norm(jnp.expand_dims(a, (2, 3))), (2, 3)),
                   tile) == (False, False)
     assert mixing(lambda a: four(a).sum(axis=1), tile) == (False, True)

@@ -79,5 +79,6 @@ class SameProgram:
 def same_program_note(number: int) -> str:
     """The auto-approver's words for such a rejection."""
     return (f"the same program at the production shape as v{number}, which was already "
-            f"measured: the kernel's own limits undo the change there (a block size it "
-            f"clamps, say). Its number is v{number}'s; propose something different")
+            f"measured: the change makes no difference there (a block size the kernel "
+            f"clamps back, a switch its dtype ignores). Its number is v{number}'s; propose "
+            "something different")

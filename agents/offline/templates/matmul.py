@@ -84,8 +84,9 @@ def matmul(brief: TaskBrief) -> tuple[str, str]:
     # (not where the row reduction is carried online: the product is then never stored)
     split_switch = not split_cols and online is None and may_mix_columns(fn)
     # the reference's precision, for float32 operands (Mosaic takes it for f32 only);
-    # at HIGHEST, in 6 or 3 MXU passes (F32_PASSES, a switch the tuner measures)
-    passes = highest(cutter.precision)
+    # at HIGHEST, in 6 or 3 MXU passes (F32_PASSES, a switch the tuner measures; none for
+    # 16-bit operands, where it changes nothing: JAXBench's bf16 21k spent a proposal on it)
+    passes = highest(cutter.precision) and not _narrow_operands(brief)
     switches = ((("F32_PASSES",) if passes else ()) + (("SPLIT_COLS",) if split_switch else ())
                 + (("ROW_REDUCTION",) if online is not None else ()))
     precision = (", precision=PRECISION if x_ref.dtype == jnp.float32 else None"
