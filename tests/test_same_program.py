@@ -123,8 +123,9 @@ async def test_autonomous_mode_rejects_a_measured_program_before_it_runs(tmp_pat
     core.emit({"type": "mode.change", "mode": "auto", "by": "user"})  # type: ignore[arg-type]
     approver = AutoApproval(ControllerSettings(budgets=Budgets(iterations=None)),
                             core.log.now, same_as=core.same_program)
-    same = core.propose(Proposal("tuning", "BLOCK_ROWS 8 -> 16", source=tuned(16, "A"),
-                                 tuning={"BLOCK_ROWS": 16}), role="tune", base=first)
+    # a tuning as autonomous mode gets it: no source, the change applied to its base
+    same = core.propose(Proposal("tuning", "BLOCK_ROWS 8 -> 16", tuning={"BLOCK_ROWS": 16}),
+                        role="tune", base=first)
     verdict = await core.decide(same, approver)
     assert isinstance(verdict, Decision) and verdict.decision == "reject"
     assert verdict.same_as == first and f"same program at the production shape as v{first}" \

@@ -112,7 +112,7 @@ class SessionCore:
         self.writer = ev.EventWriter(log, state)
         # which correct version a proposal already is at the production shape (the rules
         # of autonomous mode and of the search reject it before it spends an evaluation)
-        self.same_program = SameProgram(self.judge, task, log.get_blob)
+        self.same_program = SameProgram(self.judge, task, log.get_blob, self.proposed_source)
         # Why the session is being stopped under a run (``disconnect``, ``terminated``):
         # the run's result says it was interrupted, and by what.
         self.stopping: str | None = None

@@ -18,6 +18,7 @@ fail differently at the check shapes and still deserves its own evaluation.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -36,25 +37,28 @@ IDENTITY_TIMEOUT_S = 60.0
 class SameProgram:
     """``await same(state, proposal)``: the number of the correct version whose program at
     the production shape is the proposal's, or None (no such version, no source, or the
-    judge could not say: the proposal is then evaluated as usual)."""
+    judge could not say: the proposal is then evaluated as usual). ``read`` gives a blob's
+    bytes, ``proposed`` the source a proposal would make (``SessionCore.proposed_source``:
+    a tuning applied to the version it applies to, which carries no source of its own)."""
 
-    def __init__(self, judge: PoolEvaluator, task: Task, read: Callable[[str], bytes]) -> None:
-        self.judge, self.task, self.read = judge, task, read
-        self._known: dict[str, str | None] = {}  # source blob -> its program (None: unknown)
+    def __init__(self, judge: PoolEvaluator, task: Task, read: Callable[[str], bytes],
+                 proposed: Callable[[ProposalInfo], str]) -> None:
+        self.judge, self.task, self.read, self.proposed = judge, task, read, proposed
+        self._known: dict[str, str | None] = {}  # source's sha256 -> its program (or None)
         self._lock = asyncio.Lock()
 
-    async def program(self, blob: str) -> str | None:
-        """The program of the source stored as ``blob`` (asked once per blob)."""
+    async def program(self, source: str) -> str | None:
+        """The program of ``source`` at the production shape (asked once per source)."""
+        key = hashlib.sha256(source.encode()).hexdigest()
         async with self._lock:
-            if blob not in self._known:
-                self._known[blob] = await self._ask(blob)
-            return self._known[blob]
+            if key not in self._known:
+                self._known[key] = await self._ask(source)
+            return self._known[key]
 
-    async def _ask(self, blob: str) -> str | None:
+    async def _ask(self, source: str) -> str | None:
         options = replace(self.judge.options or EvalOptions(), identity_only=True,
                           timeout_s=IDENTITY_TIMEOUT_S)
         try:
-            source = self.read(blob).decode()
             reply = await self.judge.estimate(self.task, source, options)
         except Exception:  # a judge that cannot say (a fake, a closed pool): evaluate it
             return None
@@ -62,17 +66,26 @@ class SameProgram:
         return program if reply.get("status") == "ok" and isinstance(program, str) else None
 
     async def __call__(self, state: SessionState, proposal: ProposalInfo) -> int | None:
-        blob = proposal.source_blob
-        measured = sorted((v for v in state.versions.values()
-                           if v.correct and v.source_blob != blob), key=lambda v: v.number)
-        if not blob or not measured:
+        measured = sorted((v for v in state.versions.values() if v.correct),
+                          key=lambda v: v.number)
+        if not measured:
             return None
-        mine = await self.program(blob)
+        try:
+            source = self.proposed(proposal)
+        except Exception:  # a tuning that cannot apply: the evaluation will say so
+            return None
+        if not source:
+            return None
+        texts = [(v.number, self.read(v.source_blob).decode()) for v in measured]
+        same = next((n for n, text in texts if text == source), None)
+        if same is not None:  # a tuning that sets what its base already has
+            return same
+        mine = await self.program(source)
         if mine is None:
             return None
-        for version in measured:
-            if await self.program(version.source_blob) == mine:
-                return version.number
+        for number, text in texts:
+            if await self.program(text) == mine:
+                return number
         return None
 
 
