@@ -184,3 +184,5 @@ def test_the_tuner_takes_the_measured_number_for_a_same_program_rejection() -> N
                                              history=history, chip="v5e", rejected=refused),
                                 source, {"BLOCK_ROWS"})
     assert plain.score[alias] == tuner.FAILED
+    # the tuner's last word counts it apart: not measured, not failed
+    assert "1 the same program as one measured (not run)" in tuning.tried_text(request, source)

@@ -161,7 +161,12 @@ def tried_text(request: AgentRequest, source: str) -> str:
                                        request.current_version)
     ran = {k for k, v in measured.score.items() if v != tuner.FAILED}
     failed = {k for k, v in measured.score.items() if v == tuner.FAILED} - rejected
+    same = {tuner.config_key(e["config"]) for e in request.rejected
+            if isinstance(e.get("config"), dict) and set(e["config"]) == names
+            and e.get("same_as") is not None} - ran
     parts = [f"{len(ran)} measured"]
+    if same:
+        parts.append(f"{len(same)} the same program as one measured (not run)")
     if failed:
         parts.append(f"{len(failed)} failed")
     if rejected:
