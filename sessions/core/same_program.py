@@ -3,10 +3,11 @@
 A tuning that a kernel's own limits undo (``BLOCK_K 512 -> 2048`` in a kernel that halves
 its K block until its blocks fit VMEM) is a new source but not a new program: evaluated,
 it measures nothing a version did not. So is a template's "larger blocks" variant that
-the kernel clamps back, or a model's rewrite that changes only comments and names. The judge says which program a source is without
-compiling or running it (``EvalOptions.identity_only``: the candidate traced at the
-production shape, the trace's fingerprint back in seconds), and ``SameProgram`` keeps
-each source's answer by its blob's hash. The rules of autonomous mode and of the search
+the kernel clamps back, or a model's rewrite that changes only comments and names. The
+judge says which program a source is without compiling or running it
+(``EvalOptions.identity_only``: the candidate traced at the production shape, the
+trace's fingerprint back in seconds), and ``SameProgram`` keeps each source's answer by
+the source's hash. The rules of autonomous mode and of the search
 (``sessions.core.approval``) reject such a proposal before it spends an evaluation.
 
 Only versions judged ``correct`` are matched: their production program was checked (its
