@@ -14,6 +14,9 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, TypeVar
 
 MIN_TRIALS = 3  # one trial cannot tell a stale cache from a kernel: fewer count as this
+# EvalOptions fields the app sets for one request and a config file never does (they are
+# not ``[eval]`` keys): which program a source is, asked before an evaluation is spent
+REQUEST_ONLY = frozenset({"identity_only"})
 
 _Options = TypeVar("_Options", "EvalOptions", "ProfileOptions")
 

@@ -2,8 +2,8 @@
 
 A tuning that a kernel's own limits undo (``BLOCK_K 512 -> 2048`` in a kernel that halves
 its K block until its blocks fit VMEM) is a new source but not a new program: evaluated,
-it measures nothing a version did not. So is a template's "larger blocks" variant that
-the kernel clamps back, or a model's rewrite that changes only comments and names. The
+it measures nothing a version did not. Only tunings are asked about: a new kernel with
+the same program can still be a step (it declares its block sizes as TUNABLES, say). The
 judge says which program a source is without compiling or running it
 (``EvalOptions.identity_only``: the candidate traced at the production shape, the
 trace's fingerprint back in seconds), and ``SameProgram`` keeps each source's answer by
@@ -69,7 +69,10 @@ class SameProgram:
     async def __call__(self, state: SessionState, proposal: ProposalInfo) -> int | None:
         measured = sorted((v for v in state.versions.values() if v.correct),
                           key=lambda v: v.number)
-        if not measured:
+        if not measured or proposal.kind != "tuning":
+            # (a new kernel with the same program can still be a step: one that declares
+            # its block sizes as TUNABLES so they can be tuned next, or one that leaves out
+            # what an earlier one did outside its program, a thread it started)
             return None
         try:
             source = self.proposed(proposal)
