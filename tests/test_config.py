@@ -122,9 +122,8 @@ def test_one_set_of_defaults_for_every_reader(monkeypatch) -> None:
 
 
 def test_eval_keys_follow_eval_options() -> None:
-    from tilewright.kernels.pool.workers import EvalOptions
-
     from tilewright.kernels.judge.options import REQUEST_ONLY
+    from tilewright.kernels.pool.workers import EvalOptions
 
     hints = get_type_hints(EvalOptions)
     assert list(EVAL_KEYS) == [f.name for f in fields(EvalOptions)
