@@ -140,6 +140,11 @@ async def test_autonomous_mode_rejects_a_measured_program_before_it_runs(tmp_pat
                                   tuning={"BLOCK_ROWS": 32}), role="tune", base=first)
     assert await core.decide(other, approver) == Decision("approve", "auto")
     assert state.same_program_rejections == 0
+    # a tuning that cannot apply is no "same program as its base": the rule says nothing
+    # and applying it says what is wrong
+    broken = core.propose(Proposal("tuning", "BLOCK_Q 8 -> 16", tuning={"BLOCK_Q": 16}),
+                          role="tune", base=first)
+    assert await core.same_program(core.session, core.session.proposals[broken]) is None
     # a new kernel that is v2's program is still evaluated: it can be a step of its own
     # (the offline agent declares a user's block sizes as TUNABLES so they can be tuned)
     renamed = core.propose(Proposal("kernel", "a rewrite", source="# renamed\n" + tuned(8, "A")),

@@ -140,6 +140,9 @@ def recheck(session: str, task_root: str, overrides: dict[str, str],
     tpu = data.get("tpu") or {}
     rank = ranking(data)
     return {"truly_correct": ok, "recheck_status": data.get("status"),
+            # the crowned kernel's text by its hash (measure_on_chip.py's rows carry
+            # their kernel's): which chip row is of this very kernel
+            "crowned_sha256": hashlib.sha256(source.encode()).hexdigest(),
             "recheck_flags": (data.get("integrity") or {}).get("flags"),
             # the production shape: the task's own size, as written (never --set)
             "production_compile": tpu.get("compile"), "production_shape": tpu.get("shape_label"),
@@ -283,13 +286,9 @@ def run_suite(label: str, directory: Path, args: argparse.Namespace, scratch: Pa
                 {"truly_correct": False}
         except Exception as exc:  # a re-check that cannot run counts as not correct
             check = {"truly_correct": False, "recheck": f"{type(exc).__name__}: {exc}"}
-        source = best_source(task["session"]) if crowned else None
         rows.append({"task": task["task"], "generates": generates.get(task["task"], True),
-                     "crowned": crowned, **check, "lowerable": lowerable(task["session"]),
-                     # the crowned kernel's text by its hash (measure_on_chip.py's rows
-                     # carry their kernel's): which chip row is of this very kernel
-                     "crowned_sha256": hashlib.sha256(source.encode()).hexdigest()
-                     if source else None,
+                     "crowned_sha256": None, "crowned": crowned, **check,
+                     "lowerable": lowerable(task["session"]),
                      "best_rank": task.get("best_rank"),  # kernels.judge.rank.Rank as JSON
                      "evaluations": task["evaluations"]})
     for error in report["errors"]:

@@ -22,6 +22,7 @@ The core never imports a front end (an import contract says so); schedulers impo
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -112,7 +113,8 @@ class SessionCore:
         self.writer = ev.EventWriter(log, state)
         # which correct version a proposal already is at the production shape (the rules
         # of autonomous mode and of the search reject it before it spends an evaluation)
-        self.same_program = SameProgram(self.judge, task, log.get_blob, self.proposed_source)
+        self.same_program = SameProgram(self.judge, task, log.get_blob,
+                                        functools.partial(self.proposed_source, strict=True))
         # Why the session is being stopped under a run (``disconnect``, ``terminated``):
         # the run's result says it was interrupted, and by what.
         self.stopping: str | None = None
@@ -279,9 +281,10 @@ class SessionCore:
             raise ValueError("the proposal carries no kernel source")
         return self.log.get_blob(prop.source_blob).decode(), prop.origin, prop.summary
 
-    def proposed_source(self, prop: ProposalInfo) -> str:
+    def proposed_source(self, prop: ProposalInfo, strict: bool = False) -> str:
         """What the proposal itself would have made (its kernel, or its tuning applied to
-        the version it applies to, ``proposal_base``): an edit is described against it."""
+        the version it applies to, ``proposal_base``): an edit is described against it.
+        A tuning that cannot apply is its base's source, or with ``strict`` the error."""
         if prop.source_blob:
             return self.log.get_blob(prop.source_blob).decode()
         base = proposal_base(self.session, prop)
@@ -294,6 +297,8 @@ class SessionCore:
             try:
                 return tunables.apply(text, prop.tuning)
             except Exception:  # a tuning that cannot apply: described against its base
+                if strict:
+                    raise
                 return text
         return text
 
