@@ -161,21 +161,21 @@ class ChildMaker:
                             rejected=rejected(s, lambda sha: self.log.get_blob(sha).decode()))
 
     def _chip(self, backend: Any) -> str:
-        """The chip the search judges for, by the rule every session's chip follows
-        (``sessions.opening.choose_chip``): its evaluations' (``--chip``), else the TPU
-        host's own, else the TPU a CPU host's interpret mode is judged against."""
-        from tilewright.kernels.judge.result import Backend
-        from tilewright.sessions.errors import OpenError
-        from tilewright.sessions.opening import choose_chip
+        """The chip the search judges for: its evaluations' (``--chip``), else the TPU
+        host's own, else the TPU a CPU host's interpret mode is judged against (the rule
+        of ``sessions.opening.choose_chip``, which this package cannot import: opening
+        imports the search)."""
+        from tilewright.profiling.chips import DEFAULT_TPU, chip_for_device
 
-        fields = ("platform", "mode", "device_kind", "jax_version")
-        known = backend if isinstance(backend, dict) else {}
-        host = Backend(*(str(known[k]) for k in fields)) if all(k in known for k in fields) \
-            else None
-        try:
-            return choose_chip(None, host, self.core.chip or None).key
-        except OpenError:  # a chip name no table knows: the search's own word for it
-            return self.core.chip or "cpu"
+        if self.core.chip:
+            return self.core.chip
+        backend = backend if isinstance(backend, dict) else {}
+        if backend.get("platform") not in (None, "cpu") and backend.get("device_kind"):
+            try:
+                return chip_for_device(backend["platform"], backend["device_kind"]).name
+            except KeyError:
+                pass
+        return DEFAULT_TPU
 
     def _diagnosis(self, lineage: int, parent: int | None) -> dict[str, Any] | None:
         """What the lineage's profiles found: the parent's own diagnosis, else its nearest
