@@ -726,23 +726,99 @@ def test_after_a_correct_convolution_no_other_family_is_a_starting_point(
     assert isinstance(moved, Proposal) and not moved.summary.startswith("conv")
 
 
-def test_a_convolution_followed_by_a_norm_keeps_its_steps_as_written(tmp_path: Any) -> None:
-    """22k's form: the bias after the convolution is per channel, but an instance norm
-    over the image follows. Taking the bias in alone would leave the kernel flagged for
-    the norm, and in float32 it rounds differently from the reference's bf16, which
-    the norm magnifies: the steps stay as written."""
+# 22k's form: an instance norm over each image after the convolution and its bias,
+# then the norm's per-channel weight and bias and a division by a scalar
+INSTANCE_NORM = """    x = x + bias.reshape(1, 1, 1, -1)
+    x = jnp.transpose(x, (0, 3, 1, 2))
+    mean = jnp.mean(x, axis=(2, 3), keepdims=True)
+    var = jnp.var(x, axis=(2, 3), keepdims=True)
+    x = (x - mean) / jnp.sqrt(var + 1e-5)
+    x = x * (1.0 + bias.reshape(1, -1, 1, 1)) + 0.5
+    x = x / 2.0
+    return x
+"""
+# 34k's: a mish written with a temporary, then a training-mode batch norm over the batch
+# and the image, its weight and bias reshaped between the statistics and their use
+BATCH_NORM = """    eps = 1e-5
+    x = x + bias.reshape(1, 1, 1, -1)
+    x = jnp.transpose(x, (0, 3, 1, 2))
+    softplus_x = jax.nn.softplus(x)
+    x = jnp.multiply(jnp.tanh(softplus_x), x)
+    mean = jnp.mean(x, axis=(0, 2, 3), keepdims=True)
+    var = jnp.mean((x - mean) ** 2, axis=(0, 2, 3), keepdims=True)
+    w = (1.0 + bias).reshape(1, -1, 1, 1)
+    x = (x - mean) / jnp.sqrt(var + eps) * w
+    return x
+"""
+
+
+@pytest.mark.parametrize(("tail", "over"), [(INSTANCE_NORM, "its image"),
+                                            (BATCH_NORM, "the batch")])
+def test_a_norm_after_a_convolution_is_read_into_a_second_kernel(tmp_path: Any, tail: str,
+                                                                  over: str) -> None:
+    """The statistics (a mean and a variance, as jnp.var or as the mean of the squared
+    deviation) over the image or over the batch and the image, and the steps that use
+    them, become the second kernel's epilogue; the steps before them the first's (the
+    mish's temporary inlined); the weight's reshape runs before the kernels."""
     root = tmp_path / "conv_norm"
+    root.mkdir()
+    (root / "baseline.py").write_text(_HEAD.format(dtype="bfloat16", inputs=CONV_INPUTS)
+                                      + "\ndef workload(x, weight, bias):" + CONV_HEAD + tail)
+    source, _why = write_template(agents.brief(load_task(root)), "conv")
+    assert f"mean and variance over {over}" in source and "except _Unfusable:" in source
+    assert "(_v - _mean) / jnp.sqrt(_var + " in source
+    fused = source[source.index("try:"):source.index("except _Unfusable:")]
+    assert "norm_epilogue=_epilogue_2" in fused and "jnp.mean" not in fused
+    if tail is BATCH_NORM:
+        assert "jnp.multiply(jnp.tanh(jax.nn.softplus(_v)), _v)" in source
+        assert fused.index("w = (1.0 + bias)") < fused.index("_conv(")
+
+
+def test_a_norm_the_kernels_cannot_take_keeps_its_steps_as_written(tmp_path: Any) -> None:
+    """A group norm (46k's: the channels reshaped into groups) is no statistic of the
+    image or the batch per channel: nothing after the convolution is taken in, since
+    work on the whole output would be left to XLA anyway."""
+    root = tmp_path / "conv_group_norm"
     root.mkdir()
     (root / "baseline.py").write_text(_HEAD.format(dtype="bfloat16", inputs=CONV_INPUTS) + """
 def workload(x, weight, bias):""" + CONV_HEAD + """    x = x + bias.reshape(1, 1, 1, -1)
     x = jnp.transpose(x, (0, 3, 1, 2))
-    mean = jnp.mean(x, axis=(2, 3), keepdims=True)
-    var = jnp.var(x, axis=(2, 3), keepdims=True)
-    return (x - mean) / jnp.sqrt(var + 1e-5)
+    g = x.reshape(x.shape[0], 4, 4, x.shape[2], x.shape[3])
+    mean = jnp.mean(g, axis=(2, 3, 4), keepdims=True)
+    var = jnp.var(g, axis=(2, 3, 4), keepdims=True)
+    return ((g - mean) / jnp.sqrt(var + 1e-5)).reshape(x.shape)
 """)
     source, _why = write_template(agents.brief(load_task(root)), "conv")
-    assert "_epilogue" not in source and "_Unfusable:" not in source
+    assert "def _epilogue" not in source and "_Unfusable:" not in source
     assert "x = x + bias.reshape(1, 1, 1, -1)" in source
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.parametrize(("tail", "dtype", "image", "block_rows"), [
+    (INSTANCE_NORM, "bfloat16", "19, 20", 4),   # 17 rows padded to 20: 5 blocks
+    (BATCH_NORM, "bfloat16", "18, 32", 8),      # 16 rows, 30 of 32 columns: 2 blocks
+    (BATCH_NORM, "float32", "19, 20", 16)])     # 17 rows: 2 blocks, the second 1 valid row
+async def test_a_convolution_and_its_norm_run_in_two_kernels(
+        worker_pool: Any, tmp_path: Any, tail: str, dtype: str, image: str,
+        block_rows: int) -> None:
+    """The norm's statistics gathered block by block (Chan's formula across blocks of
+    rows, leaving out padding rows and columns) and combined across the batch where it
+    is a batch norm: correct against the reference, and nothing on full-size arrays is
+    left to XLA, so the kernel is ranked (22k's and 34k's forms)."""
+    root = tmp_path / f"conv_norm_{dtype}_{image.replace(', ', 'x')}"
+    root.mkdir()
+    # images around 3, not 0: the channels' means stand well above their spread
+    inputs = CONV_INPUTS.replace("18, 20", image).replace("jax.random.normal(ks[0]",
+                                                          "3.0 + jax.random.normal(ks[0]")
+    (root / "baseline.py").write_text(_HEAD.format(dtype=dtype, inputs=inputs)
+                                      + "\ndef workload(x, weight, bias):" + CONV_HEAD + tail)
+    task = load_task(root, {"dtype": dtype} if dtype == "float32" else None)
+    source, _why = write_template(agents.brief(task), "conv")
+    result = await worker_pool.evaluate(
+        task, tunables.apply(source, {"BLOCK_ROWS": block_rows}), QUICK)
+    assert result.status == "correct", (result.error, result.correctness)
+    assert "compute_outside_kernel" not in result.integrity["flags"], result.integrity
 
 
 def test_the_whole_array_fallback_refuses_a_convolution(tmp_path: Any) -> None:

@@ -63,8 +63,9 @@ def _per_channel(p, axis, o):
     return jnp.broadcast_to(a.reshape(-1), (o,)).reshape(1, o).astype(jnp.float32)
 
 
-def _conv_body(x_ref, w_ref, *refs, kh, kw, rows, epilogue, mean, oh, ow, clamp):
-    params, o_ref = refs[:-1], refs[-1]
+def _conv_body(x_ref, w_ref, *refs, kh, kw, rows, epilogue, mean, oh, ow, clamp, stats):
+    count = 3 if stats else 1  # with ``stats``, the image's running mean and M2 follow
+    params, (o_ref, *stat_refs) = refs[:-count], refs[-count:]
     r = pl.program_id(1)
     o = w_ref.shape[-1]
     cols = x_ref.shape[2]
@@ -90,6 +91,9 @@ def _conv_body(x_ref, w_ref, *refs, kh, kw, rows, epilogue, mean, oh, ow, clamp)
     acc = acc.reshape(rows, cols, o)
     if epilogue is not None:  # the reference's elementwise steps, on the float32 block
         acc = epilogue(acc, *[p[...] for p in params])
+    if stats:
+        _store_with_statistics(acc, o_ref, *stat_refs, start=start, oh=oh, ow=ow)
+        return
     if not mean:
         o_ref[0] = acc[:, :ow, :].astype(o_ref.dtype)
         return
@@ -106,6 +110,74 @@ def _conv_body(x_ref, w_ref, *refs, kh, kw, rows, epilogue, mean, oh, ow, clamp)
         o_ref[0] = jnp.zeros_like(o_ref[0])
 
     o_ref[0] += total
+
+
+def _store_with_statistics(acc, o_ref, mu_ref, m2_ref, *, start, oh, ow):
+    """A norm's first pass: the block in float32, and each channel's mean and sum of
+    squared deviations (M2) over the image's rows so far, the block's own (its valid
+    rows and columns) combined with them by Chan's parallel formula: no E[x^2] - E[x]^2,
+    which cancels where the mean is large beside the spread."""
+    rows, cols, o = acc.shape
+    r = pl.program_id(1)
+    o_ref[0] = acc[:, :ow, :]
+    at_row = start + jax.lax.broadcasted_iota(jnp.int32, (rows, cols, 1), 0)
+    at_col = jax.lax.broadcasted_iota(jnp.int32, (rows, cols, 1), 1)
+    keep = (at_row < oh) & (at_col < ow)
+    n_b = (jnp.minimum(rows, oh - start) * ow).astype(jnp.float32)
+    block_mean = jnp.sum(jnp.where(keep, acc, 0.0).reshape(rows * cols, o), axis=0,
+                         keepdims=True) / n_b
+    dev = jnp.where(keep, acc - block_mean.reshape(1, 1, o), 0.0)
+    block_m2 = jnp.sum((dev * dev).reshape(rows * cols, o), axis=0, keepdims=True)
+
+    @pl.when(r == 0)
+    def _():
+        mu_ref[0] = block_mean
+        m2_ref[0] = block_m2
+
+    @pl.when(r > 0)
+    def _():
+        n_a = (r * rows * ow).astype(jnp.float32)  # the blocks before are whole
+        total = n_a + n_b
+        delta = block_mean - mu_ref[0]
+        mu_ref[0] = mu_ref[0] + delta * (n_b / total)
+        m2_ref[0] = m2_ref[0] + block_m2 + delta * delta * (n_a * n_b / total)
+
+
+def _norm_body(y_ref, mu_ref, m2_ref, *refs, epilogue, count):
+    """A norm's second pass: each channel's mean and variance over the image (one
+    image's statistics) or the batch (every image's, combined), and the reference's
+    steps that use them, on a block of the first pass's float32 output."""
+    params, o_ref = refs[:-1], refs[-1]
+    mu, m2 = mu_ref[...], m2_ref[...]  # (images, 1, o)
+    mean = jnp.mean(mu, axis=0)
+    m2 = jnp.sum(m2, axis=0) + count * jnp.sum((mu - mean) ** 2, axis=0)
+    var = m2 / (count * mu.shape[0])
+    out = epilogue(y_ref[0], mean, var, *[p[...] for p in params])
+    o_ref[0] = out.astype(o_ref.dtype)
+
+
+def _norm(y, mu, m2, epilogue, params, over, oh, out_dtype):
+    """The second pass over ``y`` (n, rows, ow, o) in blocks of whole rows of about 2 MiB;
+    ``over``: "HW" (each image's statistics) or "NHW" (the batch's)."""
+    n, rows, ow, o = y.shape
+    row_bytes = ow * (-(-o // 128) * 128) * 4
+    block = max(d for d in range(1, rows + 1) if rows % d == 0 and d * row_bytes <= 2 << 20
+                or d == 1)
+    stat_spec = (pl.BlockSpec((n, 1, o), lambda b, r: (0, 0, 0)) if over == "NHW"
+                 else pl.BlockSpec((1, 1, o), lambda b, r: (b, 0, 0)))
+    need = 2 * block * row_bytes * (1 + jnp.dtype(out_dtype).itemsize / 4) \
+        + 4 * block * row_bytes
+    return pl.pallas_call(
+        functools.partial(_norm_body, epilogue=epilogue, count=float(oh * ow)),
+        out_shape=jax.ShapeDtypeStruct(y.shape, out_dtype),
+        grid=(n, rows // block),
+        in_specs=[pl.BlockSpec((1, block, ow, o), lambda b, r: (b, r, 0, 0)),
+                  stat_spec, stat_spec]
+                 + [pl.BlockSpec((1, o), lambda b, r: (0, 0)) for _ in params],
+        out_specs=pl.BlockSpec((1, block, ow, o), lambda b, r: (b, r, 0, 0)),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel"),
+                                             vmem_limit_bytes=_vmem_limit(int(need))),
+    )(y, mu, m2, *params)
 
 
 def _block_rows(oh, mean, need):
@@ -125,12 +197,16 @@ def _block_rows(oh, mean, need):
 
 def _conv(lhs, rhs, window_strides=(1, 1), padding="VALID", lhs_dilation=None,
           rhs_dilation=None, dimension_numbers=None, feature_group_count=1, *,
-          epilogue=None, params=(), channel_axes=(), mean=None, **unused):
+          epilogue=None, params=(), channel_axes=(), mean=None, norm=None,
+          norm_epilogue=None, norm_params=(), norm_channel_axes=(), **unused):
     """lax.conv_general_dilated for 2-D, stride 1, undilated, ungrouped convolutions;
     with ``epilogue``, the reference's elementwise steps after it (their operands
     ``params``, each per channel along its ``channel_axes`` entry) run on each block
     before it is stored, and with ``mean`` (keepdims, the layout it is taken in) the
-    block's mean over the image is all that is stored."""
+    block's mean over the image is all that is stored. With ``norm`` ("HW": each
+    image's statistics, "NHW": the batch's), the blocks are stored in float32 with their
+    channels' running statistics, and a second kernel runs ``norm_epilogue`` (the steps
+    that use the mean and variance, their operands ``norm_params``) on them."""
     layout = tuple(dimension_numbers) if dimension_numbers is not None else (
         "NCHW", "OIHW", "NCHW")
     if len(layout) != 3 or any(not isinstance(s, str) for s in layout) or len(layout[0]) != 4:
@@ -169,7 +245,8 @@ def _conv(lhs, rhs, window_strides=(1, 1), padding="VALID", lhs_dilation=None,
         lanes, o_lanes = -(-c // 128) * 128, -(-o // 128) * 128
         image = (h + sum(ph) + extra_rows) * cols * lanes * item
         taps_lanes = -(-kh * c // 128) * 128
-        block = 0 if mean is not None else rows * ow * o * jnp.dtype(out_dtype).itemsize
+        block = 0 if mean is not None else rows * ow * o * (
+            4 if norm else jnp.dtype(out_dtype).itemsize)
         return 2 * (image + kh * kw * c * o * item + block) \
             + 3 * rows * cols * o_lanes * 4 + rows * cols * taps_lanes * item
 
@@ -186,7 +263,15 @@ def _conv(lhs, rhs, window_strides=(1, 1), padding="VALID", lhs_dilation=None,
     # is the one that runs at production.
     w = w.transpose(1, 0, 2, 3).reshape(kw, kh * c, o)
     rows_in = [_per_channel(p, a, o) for p, a in zip(params, channel_axes, strict=True)]
-    if mean is not None:  # one (1, o) float32 sum per image, added to over its rows
+    norm_in = [_per_channel(p, a, o) for p, a in zip(norm_params, norm_channel_axes,
+                                                      strict=True)]
+    if norm:  # the block in float32 and its image's running mean and M2 per channel
+        stat = jax.ShapeDtypeStruct((n, 1, o), jnp.float32)
+        out_shape = (jax.ShapeDtypeStruct((n, oh_pad, ow, o), jnp.float32), stat, stat)
+        out_spec = (pl.BlockSpec((1, rows, ow, o), lambda b, r: (b, r, 0, 0)),
+                    pl.BlockSpec((1, 1, o), lambda b, r: (b, 0, 0)),
+                    pl.BlockSpec((1, 1, o), lambda b, r: (b, 0, 0)))
+    elif mean is not None:  # one (1, o) float32 sum per image, added to over its rows
         out_shape = jax.ShapeDtypeStruct((n, 1, o), jnp.float32)
         out_spec = pl.BlockSpec((1, 1, o), lambda b, r: (b, 0, 0))
     else:
@@ -194,7 +279,8 @@ def _conv(lhs, rhs, window_strides=(1, 1), padding="VALID", lhs_dilation=None,
         out_spec = pl.BlockSpec((1, rows, ow, o), lambda b, r: (b, r, 0, 0))
     out = pl.pallas_call(
         functools.partial(_conv_body, kh=kh, kw=kw, rows=rows, epilogue=epilogue,
-                          mean=mean is not None, oh=oh, ow=ow, clamp=clamp),
+                          mean=mean is not None, oh=oh, ow=ow, clamp=clamp,
+                          stats=bool(norm)),
         out_shape=out_shape,
         grid=(n, -(-oh_pad // rows)),
         in_specs=[pl.BlockSpec((1, *x.shape[1:]), lambda b, r: (b, 0, 0, 0)),
@@ -205,7 +291,9 @@ def _conv(lhs, rhs, window_strides=(1, 1), padding="VALID", lhs_dilation=None,
                                              vmem_limit_bytes=_vmem_limit(
                                                  need(rows, extra_rows))),
     )(x, w, *rows_in)
-    if mean is not None:
+    if norm:
+        out = _norm(*out, norm_epilogue, norm_in, norm, oh, out_dtype)
+    elif mean is not None:
         keepdims, taken_in = mean
         found = (out[:, 0, :] / (oh * ow)).astype(out_dtype)  # (n, o)
         if [a for a in taken_in if a in "NC"] == ["C", "N"]:
@@ -244,12 +332,19 @@ def _returns(value: ast.expr | None, name: str) -> bool:
     return isinstance(value, ast.Name) and value.id == name
 
 
+def _epilogue_text(fn_name: str, args: list[str], steps: list[ast.expr], what: str) -> str:
+    lines = "\n".join(f"    _v = {ast.unparse(step)}" for step in steps)
+    return (f"def {fn_name}({', '.join(args)}):\n    \"\"\"On a float32 block: the "
+            f"reference's steps\n    {what}.\"\"\"\n{lines}\n    return _v")
+
+
 def _fuse_tail(fn: ast.FunctionDef) -> str | None:
     """Take the reference's elementwise steps after its convolution (and a closing mean
-    over the image) into the kernel: the convolution's statement and those steps become
-    one ``_conv`` call with an ``_epilogue`` (returned as text), inside a ``try`` whose
-    ``except _Unfusable`` runs them as written (an operand found not per channel when
-    traced). None when nothing follows that the kernel can take."""
+    over the image, or a norm and its steps) into the kernel: the convolution's
+    statement and those steps become one ``_conv`` call with an ``_epilogue`` (and a
+    norm's ``_epilogue_2``; returned as text), inside a ``try`` whose ``except
+    _Unfusable`` runs them as written (an operand found not per channel when traced).
+    None when nothing follows that the kernel can take."""
     body = fn.body
     conv = next((s for s in body if isinstance(s, ast.Assign) and isinstance(s.value, ast.Call)
                  and getattr(s.value.func, "id", "") == "_conv"), None)
@@ -261,11 +356,13 @@ def _fuse_tail(fn: ast.FunctionDef) -> str | None:
     rest = body[tail.end:]
     if tail.mean is None and not (len(rest) == 1 and isinstance(rest[0], ast.Return)
                                   and _returns(rest[0].value, tail.name)):
-        # Work on the whole output is left after the steps (a norm over the image): the
-        # kernel would be flagged for it anyway, and the steps in float32 round
-        # differently from the reference's bf16, which a norm's subtraction of the mean
-        # magnifies (22k and 34k failed their checks so): all of it stays as written.
+        # Work on the whole output is left after the steps (a norm the kernel does not
+        # take, a residual): the kernel would be flagged for it anyway, and the steps in
+        # float32 round differently from the reference's bf16: all of it stays as written.
         return None
+    if tail.mean is not None and any(isinstance(n, ast.Name) and n.id in tail.temps
+                                     for s in rest for n in ast.walk(s)):
+        return None  # a temporary the fused steps define is read after them
     name = tail.name
     call = conv.value
     assert isinstance(call, ast.Call)
@@ -276,22 +373,36 @@ def _fuse_tail(fn: ast.FunctionDef) -> str | None:
         keywords.append(ast.keyword("epilogue", ast.Name("_epilogue", ast.Load())))
     if tail.mean is not None:
         keywords.append(ast.keyword("mean", ast.Constant(tail.mean)))
-    fused: list[ast.stmt] = [ast.Assign([ast.Name(name, ast.Store())],
-                                        ast.Call(call.func, call.args, keywords))]
+    if tail.norm is not None:
+        keywords += [
+            ast.keyword("norm", ast.Constant(tail.norm)),
+            ast.keyword("norm_epilogue", ast.Name("_epilogue_2", ast.Load())),
+            ast.keyword("norm_params", ast.Tuple(list(tail.post.params), ast.Load())),
+            ast.keyword("norm_channel_axes", ast.Constant(tuple(tail.post.channel_axes)))]
+    fused: list[ast.stmt] = [body[i] for i in tail.hoisted]  # they read nothing of v
+    fused.append(ast.Assign([ast.Name(name, ast.Store())],
+                            ast.Call(call.func, call.args, keywords)))
     if tail.mean is None:
         fused += [ast.Assign([ast.Name(name, ast.Store())], ast.Call(
             ast.Attribute(ast.Name("jnp", ast.Load()), "transpose", ast.Load()),
-            [ast.Name(name, ast.Load()), ast.Constant(perm)], [])) for perm in tail.transposes]
+            [ast.Name(name, ast.Load()), ast.Constant(perm)], []))
+            for perm in (*tail.transposes, *tail.post.transposes)]
     guarded = ast.Try(body=fused, handlers=[ast.ExceptHandler(
         ast.Name("_Unfusable", ast.Load()), None, body[tail.conv:tail.end])], orelse=[],
         finalbody=[])
     fn.body = [*body[:tail.conv], guarded, *body[tail.end:]]
-    if not tail.steps:
-        return None
-    args = ", ".join(["_v", *(f"_p{i}" for i in range(len(tail.params)))])
-    steps = "\n".join(f"    _v = {ast.unparse(step)}" for step in tail.steps)
-    return (f"def _epilogue({args}):\n    \"\"\"The reference's steps after its convolution, "
-            f"on a float32 block.\"\"\"\n{steps}\n    return _v")
+    texts = []
+    if tail.steps:
+        texts.append(_epilogue_text(
+            "_epilogue", ["_v", *(f"_p{i}" for i in range(len(tail.params)))], tail.steps,
+            "after its convolution"))
+    if tail.norm is not None:
+        texts.append(_epilogue_text(
+            "_epilogue_2", ["_v", "_mean", "_var",
+                            *(f"_q{i}" for i in range(len(tail.post.params)))],
+            tail.post.steps, "that use each channel's mean and variance over "
+            + ("its image" if tail.norm == "HW" else "the batch")))
+    return "\n\n\n".join(texts) or None
 
 
 def conv(brief: TaskBrief) -> tuple[str, str]:
@@ -326,7 +437,10 @@ def conv(brief: TaskBrief) -> tuple[str, str]:
            "float32 products. "
            + ("The reference's per-channel steps after the convolution"
               + (" and its mean over the image" if "mean=(" in body else "")
-              + " run on each block before it is stored; "
+              + " run on each block before it is stored"
+              + ("; its norm's statistics are gathered as the blocks are stored (in "
+                 "float32), and a second kernel applies the steps that use them; "
+                 if "norm_epilogue=" in body else "; ")
               if "_conv(" in body and "except _Unfusable" in body else "")
            + "the rest of the reference runs as written around the kernel. The tuner sizes "
            "BLOCK_ROWS next.")
