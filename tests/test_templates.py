@@ -769,6 +769,7 @@ def test_a_norm_after_a_convolution_is_read_into_a_second_kernel(tmp_path: Any, 
     assert "(_v - _mean) / jnp.sqrt(_var + " in source
     fused = source[source.index("try:"):source.index("except _Unfusable:")]
     assert "norm_epilogue=_epilogue_2" in fused and "jnp.mean" not in fused
+    assert tunables.switches(source) == ("NORM_F32",)  # the first pass's blocks: f32 or not
     if tail is BATCH_NORM:
         assert "jnp.multiply(jnp.tanh(jax.nn.softplus(_v)), _v)" in source
         assert fused.index("w = (1.0 + bias)") < fused.index("_conv(")
@@ -795,13 +796,14 @@ def workload(x, weight, bias):""" + CONV_HEAD + """    x = x + bias.reshape(1, 1
 
 @pytest.mark.slow
 @pytest.mark.asyncio(loop_scope="module")
-@pytest.mark.parametrize(("tail", "dtype", "image", "block_rows"), [
-    (INSTANCE_NORM, "bfloat16", "19, 20", 4),   # 17 rows padded to 20: 5 blocks
-    (BATCH_NORM, "bfloat16", "18, 32", 8),      # 16 rows, 30 of 32 columns: 2 blocks
-    (BATCH_NORM, "float32", "19, 20", 16)])     # 17 rows: 2 blocks, the second 1 valid row
+@pytest.mark.parametrize(("tail", "dtype", "image", "config"), [
+    (INSTANCE_NORM, "bfloat16", "19, 20", {"BLOCK_ROWS": 4}),  # 17 rows padded to 20: 5 blocks
+    # 16 rows, 30 of 32 columns: 2 blocks; the first pass's blocks stored in bf16
+    (BATCH_NORM, "bfloat16", "18, 32", {"BLOCK_ROWS": 8, "NORM_F32": False}),
+    (BATCH_NORM, "float32", "19, 20", {"BLOCK_ROWS": 16})])  # 2 blocks, the second 1 row
 async def test_a_convolution_and_its_norm_run_in_two_kernels(
         worker_pool: Any, tmp_path: Any, tail: str, dtype: str, image: str,
-        block_rows: int) -> None:
+        config: dict[str, Any]) -> None:
     """The norm's statistics gathered block by block (Chan's formula across blocks of
     rows, leaving out padding rows and columns) and combined across the batch where it
     is a batch norm: correct against the reference, and nothing on full-size arrays is
@@ -815,8 +817,7 @@ async def test_a_convolution_and_its_norm_run_in_two_kernels(
                                       + "\ndef workload(x, weight, bias):" + CONV_HEAD + tail)
     task = load_task(root, {"dtype": dtype} if dtype == "float32" else None)
     source, _why = write_template(agents.brief(task), "conv")
-    result = await worker_pool.evaluate(
-        task, tunables.apply(source, {"BLOCK_ROWS": block_rows}), QUICK)
+    result = await worker_pool.evaluate(task, tunables.apply(source, config), QUICK)
     assert result.status == "correct", (result.error, result.correctness)
     assert "compute_outside_kernel" not in result.integrity["flags"], result.integrity
 

@@ -36,13 +36,21 @@ class _CutConv(ast.NodeTransformer):
         return node
 
 
+_TUNABLES = 'TUNABLES = {"BLOCK_ROWS": [1, 2, 4, 8, 16, 32, 64, 128]}'
+_NORM_F32 = '''
+# A norm's first pass stores its blocks for the second in float32 (the epilogue's own
+# precision), or (False) in the output's dtype: half the bytes each way, rounded where
+# the reference rounds its own intermediates. A switch the tuner measures.
+NORM_F32 = True
+TUNABLE_SWITCHES = ("NORM_F32",)'''
+
 _CONV_KERNEL = '''
 
 # Output rows per grid step (or its largest divisor of the output's rows), halved while
 # the blocks need more VMEM than ROWS_VMEM. Measured on a v5e (18k, 126 output rows):
 # 5.81 ms at 21 rows, 5.42 at 63, 5.02 at 126 (XLA 3.16 ms).
 BLOCK_ROWS = 128
-TUNABLES = {"BLOCK_ROWS": [1, 2, 4, 8, 16, 32, 64, 128]}
+''' + _TUNABLES + '''
 ROWS_VMEM = 56 * 2**20  # under VMEM_CAP, with room for what the count below leaves out
 ''' + VMEM_HELPERS + '''
 
@@ -119,7 +127,7 @@ def _store_with_statistics(acc, o_ref, mu_ref, m2_ref, *, start, oh, ow):
     which cancels where the mean is large beside the spread."""
     rows, cols, o = acc.shape
     r = pl.program_id(1)
-    o_ref[0] = acc[:, :ow, :]
+    o_ref[0] = acc[:, :ow, :].astype(o_ref.dtype)
     at_row = start + jax.lax.broadcasted_iota(jnp.int32, (rows, cols, 1), 0)
     at_col = jax.lax.broadcasted_iota(jnp.int32, (rows, cols, 1), 1)
     keep = (at_row < oh) & (at_col < ow)
@@ -152,7 +160,7 @@ def _norm_body(y_ref, mu_ref, m2_ref, *refs, epilogue, count):
     mean = jnp.mean(mu, axis=0)
     m2 = jnp.sum(m2, axis=0) + count * jnp.sum((mu - mean) ** 2, axis=0)
     var = m2 / (count * mu.shape[0])
-    out = epilogue(y_ref[0], mean, var, *[p[...] for p in params])
+    out = epilogue(y_ref[0].astype(jnp.float32), mean, var, *[p[...] for p in params])
     o_ref[0] = out.astype(o_ref.dtype)
 
 
@@ -160,7 +168,7 @@ def _norm(y, mu, m2, epilogue, params, over, oh, out_dtype):
     """The second pass over ``y`` (n, rows, ow, o) in blocks of whole rows of about 2 MiB;
     ``over``: "HW" (each image's statistics) or "NHW" (the batch's)."""
     n, rows, ow, o = y.shape
-    row_bytes = ow * (-(-o // 128) * 128) * 4
+    row_bytes = ow * (-(-o // 128) * 128) * 4  # in float32, as the epilogue works
     block = max(d for d in range(1, rows + 1) if rows % d == 0 and d * row_bytes <= 2 << 20
                 or d == 1)
     stat_spec = (pl.BlockSpec((n, 1, o), lambda b, r: (0, 0, 0)) if over == "NHW"
@@ -236,6 +244,8 @@ def _conv(lhs, rhs, window_strides=(1, 1), padding="VALID", lhs_dilation=None,
     cols = -(-(wd + sum(pw)) // 16) * 16
     o = w.shape[-1]
     out_dtype = jnp.result_type(lhs.dtype, rhs.dtype)
+    # a norm's first pass: float32 blocks, or (NORM_F32 off) the output's dtype
+    y_dtype = jnp.float32 if norm and NORM_F32 else out_dtype
     item = x.dtype.itemsize
 
     def need(rows, extra_rows):
@@ -245,8 +255,8 @@ def _conv(lhs, rhs, window_strides=(1, 1), padding="VALID", lhs_dilation=None,
         lanes, o_lanes = -(-c // 128) * 128, -(-o // 128) * 128
         image = (h + sum(ph) + extra_rows) * cols * lanes * item
         taps_lanes = -(-kh * c // 128) * 128
-        block = 0 if mean is not None else rows * ow * o * (
-            4 if norm else jnp.dtype(out_dtype).itemsize)
+        block = 0 if mean is not None else rows * ow * o * jnp.dtype(
+            y_dtype if norm else out_dtype).itemsize
         return 2 * (image + kh * kw * c * o * item + block) \
             + 3 * rows * cols * o_lanes * 4 + rows * cols * taps_lanes * item
 
@@ -267,7 +277,7 @@ def _conv(lhs, rhs, window_strides=(1, 1), padding="VALID", lhs_dilation=None,
                                                       strict=True)]
     if norm:  # the block in float32 and its image's running mean and M2 per channel
         stat = jax.ShapeDtypeStruct((n, 1, o), jnp.float32)
-        out_shape = (jax.ShapeDtypeStruct((n, oh_pad, ow, o), jnp.float32), stat, stat)
+        out_shape = (jax.ShapeDtypeStruct((n, oh_pad, ow, o), y_dtype), stat, stat)
         out_spec = (pl.BlockSpec((1, rows, ow, o), lambda b, r: (b, r, 0, 0)),
                     pl.BlockSpec((1, 1, o), lambda b, r: (b, 0, 0)),
                     pl.BlockSpec((1, 1, o), lambda b, r: (b, 0, 0)))
@@ -426,7 +436,11 @@ def conv(brief: TaskBrief) -> tuple[str, str]:
     src = _preamble(brief, "convolution as shifted MXU matmuls") + _IMPORTS + "\n"
     src += "\n\n\n".join(x for x in ("# From the task's reference.\n" + head if head else "",
                                      *helpers) if x)
-    src += _CONV_KERNEL + (epilogue + "\n\n\n" if epilogue else "") + body + "\n"
+    kernel = _CONV_KERNEL
+    if "norm_epilogue=" in body:
+        kernel = kernel.replace(_TUNABLES, _TUNABLES.replace("]}", '], "NORM_F32": [True, False]}')
+                                + _NORM_F32)
+    src += kernel + (epilogue + "\n\n\n" if epilogue else "") + body + "\n"
     why = ("Convolution: the reference's conv_general_dilated becomes a Pallas kernel. One "
            "image (NHWC, padded only where the convolution pads) stays in VMEM while the "
            "grid walks blocks of BLOCK_ROWS output rows; each block accumulates MXU "
