@@ -5,6 +5,7 @@ finished tile."""
 from __future__ import annotations
 
 import ast
+import re
 
 from tilewright.agents.base import TaskBrief
 from tilewright.agents.offline.reference_reading import (
@@ -21,6 +22,7 @@ from tilewright.agents.offline.templates.kernel_text import (
     VMEM_HELPERS,
     highest,
 )
+from tilewright.agents.offline.templates.lean import LEAN_EPILOGUE
 from tilewright.agents.offline.templates.matmul_cut import (
     CutMatmul,
     may_mix_columns,
@@ -70,6 +72,9 @@ def matmul(brief: TaskBrief) -> tuple[str, str]:
                     f"product `_acc` = h @ {w2}.\n" + ast.unparse(two))
         stages = (f"    h = _stage(0, x, w, {_tuple(rests[0])})\n"
                   f"    return _stage(1, h, {w2}, {_tuple(rests[1])})")
+    # An epilogue that views the tile with size-1 axes added (an instance norm over 1x1
+    # images, 26k) runs without them: Mosaic refuses such a shape cast (see lean.py)
+    lean = re.search(r"expand_dims|squeeze|None\]|newaxis", epilogue) is not None
     order = ", ".join(params)
     unpack = f"\n    x, w = {lhs}, {rhs}" if (lhs, rhs) != ("x", "w") else ""
     bm, bn, bk = _matmul_blocks(brief)
@@ -148,7 +153,8 @@ TUNABLES = {{"BLOCK_M": [128, 256, 512, 1024, 2048], "BLOCK_N": [128, 256, 512, 
                  f', "ROW_REDUCTION": [{online[1]!r}, None]' if online is not None else ""}}}
 {f'TUNABLE_SWITCHES = {switches!r}  # how the product is made, not a block size'
  if switches else ""}
-""" + VMEM_HELPERS + (F32_PASSES_HELPERS if passes else "") + EPILOGUE_MIXING + f"""
+""" + VMEM_HELPERS + (F32_PASSES_HELPERS if passes else "") + EPILOGUE_MIXING \
+        + (LEAN_EPILOGUE if lean else "") + f"""
 
 def _accumulate(x_ref, w_ref, acc_ref):
     \"\"\"The float32 accumulator plus this k step's product (zeroed at the first step);
@@ -320,7 +326,8 @@ def _bound(static, stage, dtype, fn=None):
         rest = iter(arrays)
         out = fn(acc, *(fixed[n] if n in fixed else next(rest) for n in names))
         return out if dtype is None else out.astype(dtype)
-    return epilogue
+    return {"_lean(epilogue)  # without the size-1 axes it adds (_lean_eval)" if lean
+            else "epilogue"}
 
 
 _EPILOGUES = {"(_epilogue,)" if chain is None else "(_epilogue, _epilogue_2)"}
