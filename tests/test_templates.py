@@ -786,6 +786,21 @@ def test_a_norm_after_a_convolution_is_read_into_a_second_kernel(tmp_path: Any, 
         assert fused.index("w = (1.0 + bias)") < fused.index("_conv(")
 
 
+def test_a_norm_whose_weight_reuses_the_convolutions_name_stays_as_written(
+        tmp_path: Any) -> None:
+    """The norm's weight rebinds the name the convolution's weight had (``kernel``): run
+    before the convolution, it would replace that weight, so nothing moves and the norm
+    stays as written."""
+    root = tmp_path / "conv_norm_rebinds"
+    root.mkdir()
+    tail = BATCH_NORM.replace("w = (1.0", "kernel = (1.0").replace("* w\n", "* kernel\n")
+    assert "* kernel" in tail
+    (root / "baseline.py").write_text(_HEAD.format(dtype="bfloat16", inputs=CONV_INPUTS)
+                                      + "\ndef workload(x, weight, bias):" + CONV_HEAD + tail)
+    source, _why = write_template(agents.brief(load_task(root)), "conv")
+    assert "norm_epilogue=_epilogue_2" not in source and "kernel = (1.0 + bias)" in source
+
+
 def test_a_norm_the_kernels_cannot_take_keeps_its_steps_as_written(tmp_path: Any) -> None:
     """A group norm (46k's: the channels reshaped into groups) is no statistic of the
     image or the batch per channel: nothing after the convolution is taken in, since

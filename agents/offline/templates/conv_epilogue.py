@@ -182,6 +182,13 @@ def _statistic(value: ast.expr, name: str, axes: list[str],
     return None
 
 
+def _movable(body: list[ast.stmt], conv: int, index: int, target: str) -> bool:
+    """Whether ``body[index]`` (assigning ``target``) can run before the convolution's
+    statement: nothing from that statement up to it reads ``target`` (the convolution's
+    own weight may have the name a norm's weight takes later)."""
+    return not any(_reads(stmt, target) for stmt in body[conv:index])
+
+
 def _step(stmt_value: ast.expr, name: str, known: dict[str, ast.expr], steps: Steps,
           axes: list[str], prefix: str) -> ast.expr | None:
     """``stmt_value`` rewritten as a step on ``_v`` (its operands added to ``steps``), or
@@ -215,6 +222,8 @@ def read_tail(body: list[ast.stmt], out_layout: str) -> Tail | None:
             break
         value = stmt.value  # type: ignore[attr-defined]
         if target != name and not _reads(value, {name, *temps, *tail.temps}):
+            if not _movable(body, conv, index, target):
+                break
             hoisted.append(index)  # reads nothing of ``v`` (an epsilon): before the kernel
             continue
         if target != name:  # a temporary computed from ``v`` (a mish's softplus_x)
@@ -284,7 +293,8 @@ def _read_norm(body: list[ast.stmt], tail: Tail, axes: list[str]) -> None:
             if found is not None and not post.steps:
                 stats[target] = ast.Name(found[0], ast.Load())
                 over[target] = found[1]
-            elif not _reads(value, {name, *stats, *tail.temps}):
+            elif not _reads(value, {name, *stats, *tail.temps}) and _movable(
+                    body, tail.conv, index, target):
                 hoisted.append(index)
             else:
                 return
