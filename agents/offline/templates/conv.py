@@ -121,10 +121,11 @@ def _conv_body(x_ref, w_ref, *refs, kh, kw, rows, epilogue, mean, oh, ow, clamp,
 
 
 def _store_with_statistics(acc, o_ref, mu_ref, m2_ref, *, start, oh, ow):
-    """A norm's first pass: the block in float32, and each channel's mean and sum of
-    squared deviations (M2) over the image's rows so far, the block's own (its valid
-    rows and columns) combined with them by Chan's parallel formula: no E[x^2] - E[x]^2,
-    which cancels where the mean is large beside the spread."""
+    """A norm's first pass: the block (float32 unless NORM_F32 is off), and each
+    channel's mean and sum of squared deviations (M2) over the image's rows so far, the
+    block's own (its valid rows and columns) combined with them by Chan's parallel
+    formula: no E[x^2] - E[x]^2, which cancels where the mean is large beside the
+    spread."""
     rows, cols, o = acc.shape
     r = pl.program_id(1)
     o_ref[0] = acc[:, :ow, :].astype(o_ref.dtype)
@@ -154,7 +155,7 @@ def _store_with_statistics(acc, o_ref, mu_ref, m2_ref, *, start, oh, ow):
 def _norm_body(y_ref, mu_ref, m2_ref, *refs, epilogue, count):
     """A norm's second pass: each channel's mean and variance over the image (one
     image's statistics) or the batch (every image's, combined), and the reference's
-    steps that use them, on a block of the first pass's float32 output."""
+    steps that use them, on a block of the first pass's output (in float32)."""
     params, o_ref = refs[:-1], refs[-1]
     mu, m2 = mu_ref[...], m2_ref[...]  # (images, 1, o)
     mean = jnp.mean(mu, axis=0)
@@ -212,9 +213,10 @@ def _conv(lhs, rhs, window_strides=(1, 1), padding="VALID", lhs_dilation=None,
     ``params``, each per channel along its ``channel_axes`` entry) run on each block
     before it is stored, and with ``mean`` (keepdims, the layout it is taken in) the
     block's mean over the image is all that is stored. With ``norm`` ("HW": each
-    image's statistics, "NHW": the batch's), the blocks are stored in float32 with their
-    channels' running statistics, and a second kernel runs ``norm_epilogue`` (the steps
-    that use the mean and variance, their operands ``norm_params``) on them."""
+    image's statistics, "NHW": the batch's), the blocks are stored (in float32 unless
+    NORM_F32 is off) with their channels' running statistics, and a second kernel runs
+    ``norm_epilogue`` (the steps that use the mean and variance, their operands
+    ``norm_params``) on them."""
     layout = tuple(dimension_numbers) if dimension_numbers is not None else (
         "NCHW", "OIHW", "NCHW")
     if len(layout) != 3 or any(not isinstance(s, str) for s in layout) or len(layout[0]) != 4:
@@ -275,7 +277,7 @@ def _conv(lhs, rhs, window_strides=(1, 1), padding="VALID", lhs_dilation=None,
     rows_in = [_per_channel(p, a, o) for p, a in zip(params, channel_axes, strict=True)]
     norm_in = [_per_channel(p, a, o) for p, a in zip(norm_params, norm_channel_axes,
                                                       strict=True)]
-    if norm:  # the block in float32 and its image's running mean and M2 per channel
+    if norm:  # the block and its image's running mean and M2 per channel
         stat = jax.ShapeDtypeStruct((n, 1, o), jnp.float32)
         out_shape = (jax.ShapeDtypeStruct((n, oh_pad, ow, o), y_dtype), stat, stat)
         out_spec = (pl.BlockSpec((1, rows, ow, o), lambda b, r: (b, r, 0, 0)),
@@ -452,8 +454,9 @@ def conv(brief: TaskBrief) -> tuple[str, str]:
            + ("The reference's per-channel steps after the convolution"
               + (" and its mean over the image" if "mean=(" in body else "")
               + " run on each block before it is stored"
-              + ("; its norm's statistics are gathered as the blocks are stored (in "
-                 "float32), and a second kernel applies the steps that use them; "
+              + ("; its norm's statistics are gathered as the blocks are stored, and a "
+                 "second kernel applies the steps that use them (NORM_F32: the blocks "
+                 "between the two in float32 or in the output's dtype); "
                  if "norm_epilogue=" in body else "; ")
               if "_conv(" in body and "except _Unfusable" in body else "")
            + "the rest of the reference runs as written around the kernel. The tuner sizes "
