@@ -790,7 +790,8 @@ def test_a_norm_whose_weight_reuses_the_convolutions_name_stays_as_written(
         tmp_path: Any) -> None:
     """The norm's weight rebinds the name the convolution's weight had (``kernel``): run
     before the convolution, it would replace that weight, so nothing moves and the norm
-    stays as written."""
+    stays as written; so does a norm whose steps read a temporary of the steps before
+    it (the fused call would pass a name defined only where they run as written)."""
     root = tmp_path / "conv_norm_rebinds"
     root.mkdir()
     tail = BATCH_NORM.replace("w = (1.0", "kernel = (1.0").replace("* w\n", "* kernel\n")
@@ -799,6 +800,12 @@ def test_a_norm_whose_weight_reuses_the_convolutions_name_stays_as_written(
                                       + "\ndef workload(x, weight, bias):" + CONV_HEAD + tail)
     source, _why = write_template(agents.brief(load_task(root)), "conv")
     assert "norm_epilogue=_epilogue_2" not in source and "kernel = (1.0 + bias)" in source
+    # nor when a step after the norm reads the mish's temporary (defined only as written)
+    tail = BATCH_NORM.replace("* w\n", "* w + softplus_x\n")
+    (root / "baseline.py").write_text(_HEAD.format(dtype="bfloat16", inputs=CONV_INPUTS)
+                                      + "\ndef workload(x, weight, bias):" + CONV_HEAD + tail)
+    source, _why = write_template(agents.brief(load_task(root)), "conv")
+    assert "norm_epilogue=_epilogue_2" not in source and "_q" not in source
 
 
 def test_a_norm_the_kernels_cannot_take_keeps_its_steps_as_written(tmp_path: Any) -> None:

@@ -227,7 +227,7 @@ def read_tail(body: list[ast.stmt], out_layout: str) -> Tail | None:
             hoisted.append(index)  # reads nothing of ``v`` (an epsilon): before the kernel
             continue
         if target != name:  # a temporary computed from ``v`` (a mish's softplus_x)
-            if target in temps:
+            if target in temps or _reads(value, set(tail.temps) - set(temps)):
                 break
             found = _step(value, name, temps, tail, axes, "_p")
             if found is None:
@@ -253,6 +253,8 @@ def read_tail(body: list[ast.stmt], out_layout: str) -> Tail | None:
             tail.end = index + 1
             break
         else:
+            if _reads(value, set(tail.temps) - set(temps)):
+                break  # a temporary of an earlier ``v``: defined only as written
             step = _step(value, name, temps, tail, axes, "_p")
             if step is None:
                 break
@@ -301,7 +303,7 @@ def _read_norm(body: list[ast.stmt], tail: Tail, axes: list[str]) -> None:
         elif (perm := _transpose(value, name)) is not None:
             axes = [axes[p] for p in perm]
             post.transposes.append(perm)
-        elif stats:
+        elif stats and not _reads(value, set(tail.temps)):
             step = _step(value, name, stats, post, axes, "_q")
             if step is None:
                 return
