@@ -492,7 +492,10 @@ def _matmul(stage, static, x, w, *operands):
            + (f" The reference hard-codes sizes ({', '.join(sized)}, as written): the "
               "epilogue reads them from the product's own sizes when it is traced "
               "(`_size`), so one kernel runs at the check shapes and at production."
-              if sized else ""))
+              if sized else "")
+           + (" The epilogue views the tile with size-1 axes added (expand_dims, squeeze, "
+              "None): it runs without them (`_lean`), since Mosaic refuses to cast a tile "
+              "to such a shape." if lean else ""))
     return src, why
 
 
