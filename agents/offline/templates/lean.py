@@ -17,6 +17,7 @@ _ELEMENTWISE = {"add", "sub", "mul", "div", "max", "min", "pow", "integer_pow", 
                 "or", "not", "xor", "square", "sin", "cos", "tan", "atan2", "rem", "clamp",
                 "is_finite", "copy", "copy_p", "reduce_precision"}
 
+
 def _lean_axes(shape):
     """The axes of ``shape`` kept on a tile: all, but past two the size-1 ones (the
     trailing first)."""
