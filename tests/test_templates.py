@@ -781,6 +781,15 @@ def test_a_norm_after_a_convolution_is_read_into_a_second_kernel(tmp_path: Any, 
     fused = source[source.index("try:"):source.index("except _Unfusable:")]
     assert "norm_epilogue=_epilogue_2" in fused and "jnp.mean" not in fused
     assert tunables.switches(source) == ("NORM_F32",)  # the first pass's blocks: f32 or not
+    # in float32 the switch would make the same program: none (MaxKernel's f32 22k spent a
+    # proposal on it, rejected as v1's program)
+    f32 = tmp_path / "conv_norm_f32"
+    f32.mkdir()
+    (f32 / "baseline.py").write_text(_HEAD.format(dtype="float32", inputs=CONV_INPUTS)
+                                     + "\ndef workload(x, weight, bias):" + CONV_HEAD + tail)
+    source, _why = write_template(agents.brief(load_task(f32, {"dtype": "float32"})), "conv")
+    assert "norm_epilogue=_epilogue_2" in source and "NORM_F32 = True" in source
+    assert tunables.switches(source) == () and "NORM_F32" not in str(tunables.read(source))
     if tail is BATCH_NORM:
         assert "jnp.multiply(jnp.tanh(jax.nn.softplus(_v)), _v)" in source
         assert fused.index("w = (1.0 + bias)") < fused.index("_conv(")

@@ -39,9 +39,11 @@ class _CutConv(ast.NodeTransformer):
 _TUNABLES = 'TUNABLES = {"BLOCK_ROWS": [1, 2, 4, 8, 16, 32, 64, 128]}'
 _NORM_F32 = '''
 # A norm's first pass stores its blocks for the second in float32 (the epilogue's own
-# precision), or (False) in the output's dtype: half the bytes each way, rounded where
-# the reference rounds its own intermediates. A switch the tuner measures.
-NORM_F32 = True
+# precision), or (False) in the output's dtype: for a 16-bit output half the bytes each
+# way, rounded where the reference rounds its own intermediates (a switch the tuner
+# measures); for a float32 one the same program.
+NORM_F32 = True'''
+_NORM_SWITCH = '''
 TUNABLE_SWITCHES = ("NORM_F32",)'''
 
 _CONV_KERNEL = '''
@@ -417,6 +419,18 @@ def _fuse_tail(fn: ast.FunctionDef) -> str | None:
     return "\n\n\n".join(texts) or None
 
 
+def _float32_operands(brief: TaskBrief) -> bool:
+    """Whether the task's operands are known to be float32: by the inputs a worker built
+    for the brief, else by a ``dtype`` the task's shape sets."""
+    inputs = ((brief.production or {}).get("inputs") or next(
+        (s["inputs"] for s in brief.shapes if s.get("inputs")), []))
+    dtypes = {str(d) for _shape, d in inputs} - {"int32", "i32", "int64", "i64"}
+    if not dtypes:
+        dtypes = {str(d) for d in [((brief.production or {}).get("params") or {}).get(
+            "dtype")] if d}
+    return bool(dtypes) and dtypes <= {"float32", "f32"}
+
+
 def conv(brief: TaskBrief) -> tuple[str, str]:
     """Convolution as matmuls: the reference's ``conv_general_dilated`` (2-D, stride 1,
     VALID or SAME, NHWC/HWIO or NCHW/OIHW) becomes a Pallas kernel that keeps one image
@@ -439,9 +453,11 @@ def conv(brief: TaskBrief) -> tuple[str, str]:
     src += "\n\n\n".join(x for x in ("# From the task's reference.\n" + head if head else "",
                                      *helpers) if x)
     kernel = _CONV_KERNEL
-    if "norm_epilogue=" in body:
+    if "norm_epilogue=" in body and not _float32_operands(brief):  # (f32: one program)
         kernel = kernel.replace(_TUNABLES, _TUNABLES.replace("]}", '], "NORM_F32": [True, False]}')
-                                + _NORM_F32)
+                                + _NORM_F32 + _NORM_SWITCH)
+    elif "norm_epilogue=" in body:
+        kernel = kernel.replace(_TUNABLES, _TUNABLES + _NORM_F32)
     src += kernel + (epilogue + "\n\n\n" if epilogue else "") + body + "\n"
     why = ("Convolution: the reference's conv_general_dilated becomes a Pallas kernel. One "
            "image (NHWC, padded only where the convolution pads) stays in VMEM while the "
