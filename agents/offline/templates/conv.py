@@ -437,7 +437,9 @@ def conv(brief: TaskBrief) -> tuple[str, str]:
     in VMEM and, for each block of output rows, accumulates MXU matmuls of aligned
     (rows x width, row taps x C_in) slabs by the weight slices in float32 (column taps
     rotate the products). The per-channel elementwise steps after it and a closing mean
-    over the image run on each block in the kernel; what else follows stays as written."""
+    over the image run on each block in the kernel, a norm's statistics (over each image
+    or over the batch) and the steps that use them in a second kernel; what else follows
+    stays as written."""
     head, fn, helpers = reference_parts(brief)
     fn = ast.parse(ast.get_source_segment(defining_source(brief)[0], fn)
                    or ast.unparse(fn)).body[0]
