@@ -189,3 +189,15 @@ def literal_value(node: ast.AST | None) -> object:
         return ast.literal_eval(node) if node is not None else None
     except ValueError:
         return None
+
+
+def operand_dtypes(brief: TaskBrief) -> set[str]:
+    """The dtypes of the task's operands (labels and indices aside): by the inputs a worker
+    built for the brief, else by a ``dtype`` the task's shape sets; empty when unknown."""
+    inputs = ((brief.production or {}).get("inputs") or next(
+        (s["inputs"] for s in brief.shapes if s.get("inputs")), []))
+    dtypes = {str(d) for _shape, d in inputs} - {"int32", "i32", "int64", "i64"}
+    if not dtypes:
+        declared = ((brief.production or {}).get("params") or {}).get("dtype")
+        dtypes = {str(declared)} if declared else set()
+    return dtypes

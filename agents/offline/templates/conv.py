@@ -12,6 +12,7 @@ from tilewright.agents.offline.reference_reading import (
     TemplateError,
     _preamble,
     defining_source,
+    operand_dtypes,
     reference_parts,
 )
 from tilewright.agents.offline.templates.conv_epilogue import read_tail
@@ -420,14 +421,8 @@ def _fuse_tail(fn: ast.FunctionDef) -> str | None:
 
 
 def _float32_operands(brief: TaskBrief) -> bool:
-    """Whether the task's operands are known to be float32: by the inputs a worker built
-    for the brief, else by a ``dtype`` the task's shape sets."""
-    inputs = ((brief.production or {}).get("inputs") or next(
-        (s["inputs"] for s in brief.shapes if s.get("inputs")), []))
-    dtypes = {str(d) for _shape, d in inputs} - {"int32", "i32", "int64", "i64"}
-    if not dtypes:
-        dtypes = {str(d) for d in [((brief.production or {}).get("params") or {}).get(
-            "dtype")] if d}
+    """Whether the task's operands are known to be float32."""
+    dtypes = operand_dtypes(brief)
     return bool(dtypes) and dtypes <= {"float32", "f32"}
 
 

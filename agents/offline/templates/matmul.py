@@ -13,6 +13,7 @@ from tilewright.agents.offline.reference_reading import (
     TemplateError,
     _preamble,
     defining_source,
+    operand_dtypes,
     reference_parts,
 )
 from tilewright.agents.offline.templates.kernel_text import (
@@ -565,11 +566,8 @@ def _matmul_blocks(brief: TaskBrief) -> tuple[int, int, int]:
 
 
 def _narrow_operands(brief: TaskBrief) -> bool:
-    """Whether the task's operands are 16-bit or narrower (labels and indices aside)."""
-    inputs = ((brief.production or {}).get("inputs") or next(
-        (s["inputs"] for s in brief.shapes if s.get("inputs")), []))
-    dtypes = {str(d) for _shape, d in inputs} if inputs else set()
-    dtypes -= {"int32", "i32", "int64", "i64"}  # labels and indices: not the operands
+    """Whether the task's operands are 16-bit or narrower."""
+    dtypes = operand_dtypes(brief)
     return bool(dtypes) and dtypes <= {"bfloat16", "float16", "int8", "bf16", "f16", "i8"}
 
 
