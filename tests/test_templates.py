@@ -777,7 +777,7 @@ def test_a_norm_after_a_convolution_is_read_into_a_second_kernel(tmp_path: Any, 
                                       + "\ndef workload(x, weight, bias):" + CONV_HEAD + tail)
     source, _why = write_template(agents.brief(load_task(root)), "conv")
     assert f"mean and variance over {over}" in source and "except _Unfusable:" in source
-    assert "(_v - _mean) / jnp.sqrt(_var + " in source
+    assert "_l0 = (_y - _mean) / jnp.sqrt(_var + " in source
     fused = source[source.index("try:"):source.index("except _Unfusable:")]
     assert "norm_epilogue=_epilogue_2" in fused and "jnp.mean" not in fused
     assert tunables.switches(source) == ("NORM_F32",)  # the first pass's blocks: f32 or not
@@ -817,20 +817,66 @@ def test_a_norm_whose_weight_reuses_the_convolutions_name_stays_as_written(
     assert "norm_epilogue=_epilogue_2" not in source and "_q" not in source
 
 
-def test_a_norm_the_kernels_cannot_take_keeps_its_steps_as_written(tmp_path: Any) -> None:
-    """A group norm (46k's: the channels reshaped into groups) is no statistic of the
-    image or the batch per channel: nothing after the convolution is taken in, since
-    work on the whole output would be left to XLA anyway."""
-    root = tmp_path / "conv_group_norm"
-    root.mkdir()
-    (root / "baseline.py").write_text(_HEAD.format(dtype="bfloat16", inputs=CONV_INPUTS) + """
-def workload(x, weight, bias):""" + CONV_HEAD + """    x = x + bias.reshape(1, 1, 1, -1)
+# 46k's: a group norm (the channels viewed as 16 groups by the shape's names), its steps,
+# a residual of the output before the norm, and a logsumexp over the channels
+GROUP_NORM = """    x = x + bias.reshape(1, 1, 1, -1)
     x = jnp.transpose(x, (0, 3, 1, 2))
-    g = x.reshape(x.shape[0], 4, 4, x.shape[2], x.shape[3])
+    N, C, H, W = x.shape
+    g = x.reshape(N, groups, C // groups, H, W)
     mean = jnp.mean(g, axis=(2, 3, 4), keepdims=True)
     var = jnp.var(g, axis=(2, 3, 4), keepdims=True)
-    return ((g - mean) / jnp.sqrt(var + 1e-5)).reshape(x.shape)
-""")
+    g = (g - mean) / jnp.sqrt(var + eps)
+    g = g.reshape(N, C, H, W)
+    g_norm = g * (1.0 + bias.reshape(1, -1, 1, 1)) + 0.5
+    g_tanh = jnp.tanh(g_norm)
+    res = x + g_tanh * jnp.minimum(jnp.maximum(g_tanh + 3, 0), 6) / 6
+    out = jax.scipy.special.logsumexp(res, axis=1, keepdims=True)
+    return out
+"""
+GROUP_HEAD = CONV_HEAD.replace("\n", "\n    groups = 4\n    eps = 1e-5\n", 1)
+
+
+def test_a_group_norm_and_a_closing_reduction_are_read_into_the_second_kernel(
+        tmp_path: Any) -> None:
+    """46k's form: the group norm's statistics (over each image's groups of channels),
+    its steps on their own locals, the residual of the output before the norm (``_y``)
+    and the closing logsumexp over the channels, all in the second kernel; the group
+    count is passed as the reference names it."""
+    root = tmp_path / "conv_group_norm"
+    root.mkdir()
+    (root / "baseline.py").write_text(_HEAD.format(dtype="bfloat16", inputs=CONV_INPUTS)
+                                      + "\ndef workload(x, weight, bias):" + GROUP_HEAD
+                                      + GROUP_NORM)
+    source, _why = write_template(agents.brief(load_task(root)), "conv")
+    fused = source[source.index("try:"):source.index("except _Unfusable:")]
+    assert "norm='G'" in fused and "norm_groups=groups" in fused
+    assert "norm_closing=True" in fused and "out = _conv(" in fused
+    assert "norm_channel_axes=(None, 1)" in fused  # eps read in the grouped view: a scalar
+    assert "_l0 = (_y - _mean) / jnp.sqrt(_var + _q0)" in source
+    assert "_l3 = _y + _l2 * jnp.minimum(" in source  # the residual: the first pass's block
+    assert "jnp.log(jnp.sum(jnp.exp(_l3 - _top), axis=-1, keepdims=True))" in source
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ("res, axis=1, keepdims", "res, axis=2, keepdims"),  # a logsumexp over rows
+    ("g_norm = g * (1.0", "g_norm = g / C * (1.0"),  # reads the shape's names
+    ("(N, C, H, W)\n", "(N, C, W, H)\n"),  # not the view it came from
+    ("    return out\n", "    return res\n"),  # the reduction's operand returned
+    ("groups, C // groups", "C // groups, groups")])  # groups of channels apart
+def test_a_norm_the_kernels_cannot_take_keeps_its_steps_as_written(
+        tmp_path: Any, change: str, why: str) -> None:
+    """Where the norm's part of 46k's form is changed so that the kernels could not take
+    all of it (a reduction over other axes, a step reading the shape's names, a view
+    back that is not the one it came from, the reduction's operand returned, a grouping
+    the reading does not know), nothing after the convolution is taken in: work on the
+    whole output would be left to XLA anyway."""
+    root = tmp_path / "conv_group_norm"
+    root.mkdir()
+    tail = GROUP_NORM.replace(change, why)
+    assert tail != GROUP_NORM
+    (root / "baseline.py").write_text(_HEAD.format(dtype="bfloat16", inputs=CONV_INPUTS)
+                                      + "\ndef workload(x, weight, bias):" + GROUP_HEAD
+                                      + tail)
     source, _why = write_template(agents.brief(load_task(root)), "conv")
     assert "def _epilogue" not in source and "_Unfusable:" not in source
     assert "x = x + bias.reshape(1, 1, 1, -1)" in source
@@ -842,21 +888,27 @@ def workload(x, weight, bias):""" + CONV_HEAD + """    x = x + bias.reshape(1, 1
     (INSTANCE_NORM, "bfloat16", "19, 20", {"BLOCK_ROWS": 4}),  # 17 rows padded to 20: 5 blocks
     # 16 rows, 30 of 32 columns: 2 blocks; the first pass's blocks stored in bf16
     (BATCH_NORM, "bfloat16", "18, 32", {"BLOCK_ROWS": 8, "NORM_F32": False}),
-    (BATCH_NORM, "float32", "19, 20", {"BLOCK_ROWS": 16})])  # 2 blocks, the second 1 row
+    (BATCH_NORM, "float32", "19, 20", {"BLOCK_ROWS": 16}),  # 2 blocks, the second 1 row
+    # groups of 4 of the 16 channels; 3 blocks of 6 rows, the columns padded 20 -> 32
+    (GROUP_NORM, "bfloat16", "20, 20", {"BLOCK_ROWS": 6, "NORM_F32": False}),
+    (GROUP_NORM, "float32", "19, 20", {"BLOCK_ROWS": 4})])  # 17 rows padded to 20
 async def test_a_convolution_and_its_norm_run_in_two_kernels(
         worker_pool: Any, tmp_path: Any, tail: str, dtype: str, image: str,
         config: dict[str, Any]) -> None:
     """The norm's statistics gathered block by block (Chan's formula across blocks of
     rows, leaving out padding rows and columns) and combined across the batch where it
-    is a batch norm: correct against the reference, and nothing on full-size arrays is
-    left to XLA, so the kernel is ranked (22k's and 34k's forms)."""
+    is a batch norm, or across a group's channels where it is a group norm: correct
+    against the reference, and nothing on full-size arrays is left to XLA, so the
+    kernel is ranked (22k's, 34k's and 46k's forms, the last with its residual of the
+    output before the norm and its logsumexp over the channels)."""
     root = tmp_path / f"conv_norm_{dtype}_{image.replace(', ', 'x')}"
     root.mkdir()
     # images around 3, not 0: the channels' means stand well above their spread
     inputs = CONV_INPUTS.replace("18, 20", image).replace("jax.random.normal(ks[0]",
                                                           "3.0 + jax.random.normal(ks[0]")
+    head = GROUP_HEAD if tail is GROUP_NORM else CONV_HEAD
     (root / "baseline.py").write_text(_HEAD.format(dtype=dtype, inputs=inputs)
-                                      + "\ndef workload(x, weight, bias):" + CONV_HEAD + tail)
+                                      + "\ndef workload(x, weight, bias):" + head + tail)
     task = load_task(root, {"dtype": dtype} if dtype == "float32" else None)
     source, _why = write_template(agents.brief(task), "conv")
     result = await worker_pool.evaluate(task, tunables.apply(source, config), QUICK)

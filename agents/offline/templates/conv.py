@@ -15,7 +15,7 @@ from tilewright.agents.offline.reference_reading import (
     operand_dtypes,
     reference_parts,
 )
-from tilewright.agents.offline.templates.conv_epilogue import read_tail
+from tilewright.agents.offline.templates.conv_epilogue import Tail, read_tail
 from tilewright.agents.offline.templates.kernel_text import VMEM_HELPERS
 
 
@@ -64,8 +64,12 @@ class _Unfusable(Exception):
 def _per_channel(p, axis, o):
     """An epilogue operand as a (1, o) float32 row: it must broadcast against the
     convolution's output along its channel ``axis`` only (a bias, a scale) or be a
-    scalar."""
+    scalar (``axis`` None: a scalar only, as in a group norm's grouped view)."""
     a = jnp.asarray(p)
+    if axis is None:
+        if a.size != 1:
+            raise _Unfusable(f"an operand of shape {a.shape} where a scalar is read")
+        return jnp.broadcast_to(a.reshape(()), (1, o)).astype(jnp.float32)
     if a.ndim > 4:
         raise _Unfusable(f"an operand of rank {a.ndim}")
     shape = (1,) * (4 - a.ndim) + tuple(a.shape)
@@ -168,10 +172,30 @@ def _norm_body(y_ref, mu_ref, m2_ref, *refs, epilogue, count):
     o_ref[0] = out.astype(o_ref.dtype)
 
 
-def _norm(y, mu, m2, epilogue, params, over, oh, out_dtype):
+def _group_statistics(mu, m2, groups, count):
+    """A group norm's statistics from its channels' over the image (each (n, 1, o), of
+    ``count`` values): each group's mean and M2 combined over its channels by Chan's
+    formula (equal counts), given to every channel of the group, the M2 divided by the
+    group's size so that the second pass, which divides by one channel's count, reads
+    the group's variance. On (n, o) arrays, between the two kernels."""
+    n, _, o = mu.shape
+    if o % groups:
+        raise ValueError(f"{o} channels do not split into {groups} groups")
+    size = o // groups
+    mu, m2 = mu.reshape(n, groups, size), m2.reshape(n, groups, size)
+    mean = jnp.mean(mu, axis=-1, keepdims=True)
+    total = jnp.sum(m2, axis=-1, keepdims=True) + count * jnp.sum(
+        (mu - mean) ** 2, axis=-1, keepdims=True)
+    return (jnp.broadcast_to(mean, mu.shape).reshape(n, 1, o),
+            jnp.broadcast_to(total / size, mu.shape).reshape(n, 1, o))
+
+
+def _norm(y, mu, m2, epilogue, params, over, oh, out_dtype, closing):
     """The second pass over ``y`` (n, rows, ow, o) in blocks of whole rows of about 2 MiB;
-    ``over``: "HW" (each image's statistics) or "NHW" (the batch's)."""
+    ``over``: "HW" (each image's statistics) or "NHW" (the batch's); ``closing``: the
+    epilogue ends on a reduction over the channels (one channel out)."""
     n, rows, ow, o = y.shape
+    o_out = 1 if closing else o
     row_bytes = ow * (-(-o // 128) * 128) * 4  # in float32, as the epilogue works
     block = max(d for d in range(1, rows + 1) if rows % d == 0 and d * row_bytes <= 2 << 20
                 or d == 1)
@@ -181,12 +205,12 @@ def _norm(y, mu, m2, epilogue, params, over, oh, out_dtype):
         + 4 * block * row_bytes
     return pl.pallas_call(
         functools.partial(_norm_body, epilogue=epilogue, count=float(oh * ow)),
-        out_shape=jax.ShapeDtypeStruct(y.shape, out_dtype),
+        out_shape=jax.ShapeDtypeStruct((n, rows, ow, o_out), out_dtype),
         grid=(n, rows // block),
         in_specs=[pl.BlockSpec((1, block, ow, o), lambda b, r: (b, r, 0, 0)),
                   stat_spec, stat_spec]
                  + [pl.BlockSpec((1, o), lambda b, r: (0, 0)) for _ in params],
-        out_specs=pl.BlockSpec((1, block, ow, o), lambda b, r: (b, r, 0, 0)),
+        out_specs=pl.BlockSpec((1, block, ow, o_out), lambda b, r: (b, r, 0, 0)),
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel"),
                                              vmem_limit_bytes=_vmem_limit(int(need))),
     )(y, mu, m2, *params)
@@ -210,7 +234,8 @@ def _block_rows(oh, mean, need):
 def _conv(lhs, rhs, window_strides=(1, 1), padding="VALID", lhs_dilation=None,
           rhs_dilation=None, dimension_numbers=None, feature_group_count=1, *,
           epilogue=None, params=(), channel_axes=(), mean=None, norm=None,
-          norm_epilogue=None, norm_params=(), norm_channel_axes=(), **unused):
+          norm_epilogue=None, norm_params=(), norm_channel_axes=(), norm_groups=None,
+          norm_closing=False, **unused):
     """lax.conv_general_dilated for 2-D, stride 1, undilated, ungrouped convolutions;
     with ``epilogue``, the reference's elementwise steps after it (their operands
     ``params``, each per channel along its ``channel_axes`` entry) run on each block
@@ -219,7 +244,9 @@ def _conv(lhs, rhs, window_strides=(1, 1), padding="VALID", lhs_dilation=None,
     image's statistics, "NHW": the batch's), the blocks are stored (in float32 unless
     NORM_F32 is off) with their channels' running statistics, and a second kernel runs
     ``norm_epilogue`` (the steps that use the mean and variance, their operands
-    ``norm_params``) on them."""
+    ``norm_params``) on them; "G" is a group norm, its statistics over each image's
+    ``norm_groups`` groups of channels. ``norm_closing``: that epilogue ends on a
+    reduction over the channels, and one channel is stored."""
     layout = tuple(dimension_numbers) if dimension_numbers is not None else (
         "NCHW", "OIHW", "NCHW")
     if len(layout) != 3 or any(not isinstance(s, str) for s in layout) or len(layout[0]) != 4:
@@ -307,7 +334,11 @@ def _conv(lhs, rhs, window_strides=(1, 1), padding="VALID", lhs_dilation=None,
                                                  need(rows, extra_rows))),
     )(x, w, *rows_in)
     if norm:
-        out = _norm(*out, norm_epilogue, norm_in, norm, oh, out_dtype)
+        y, mu, m2 = out
+        if norm == "G":
+            mu, m2 = _group_statistics(mu, m2, int(norm_groups), float(oh * ow))
+        out = _norm(y, mu, m2, norm_epilogue, norm_in, "NHW" if norm == "NHW" else "HW", oh,
+                    out_dtype, norm_closing)
     elif mean is not None:
         keepdims, taken_in = mean
         found = (out[:, 0, :] / (oh * ow)).astype(out_dtype)  # (n, o)
@@ -353,6 +384,30 @@ def _epilogue_text(fn_name: str, args: list[str], steps: list[ast.expr], what: s
             f"reference's steps\n    {what}.\"\"\"\n{lines}\n    return _v")
 
 
+def _norm_epilogue_text(tail: Tail) -> str:
+    """The second kernel's epilogue: the norm's steps, each on its own local, on the first
+    pass's float32 block (``_y``, the output before the norm), and a closing reduction
+    over the channels (the last axis in the kernel) where the reference ends on one."""
+    over = {"HW": "its image", "NHW": "the batch", "G": "its group of channels in its "
+            "image"}[tail.norm or "HW"]
+    lines = [f"    {t} = {ast.unparse(step)}" for t, step in zip(
+        tail.post.targets, tail.post.steps, strict=True)]
+    final = tail.final
+    if tail.closing == "logsumexp":
+        lines += [f"    _top = jnp.max({final}, axis=-1, keepdims=True)",
+                  f"    return _top + jnp.log(jnp.sum(jnp.exp({final} - _top), axis=-1, "
+                  "keepdims=True))"]
+    elif tail.closing is not None:
+        lines.append(f"    return jnp.{tail.closing}({final}, axis=-1, keepdims=True)")
+    else:
+        lines.append(f"    return {final}")
+    args = ["_y", "_mean", "_var", *(f"_q{i}" for i in range(len(tail.post.params)))]
+    closing = (f", then its {tail.closing} over the channels" if tail.closing else "")
+    return (f"def _epilogue_2({', '.join(args)}):\n    \"\"\"On the first pass's float32 "
+            f"block: the reference's steps\n    that use each channel's mean and variance "
+            f"over {over}{closing}.\"\"\"\n" + "\n".join(lines))
+
+
 def _fuse_tail(fn: ast.FunctionDef) -> str | None:
     """Take the reference's elementwise steps after its convolution (and a closing mean
     over the image, or a norm and its steps) into the kernel: the convolution's
@@ -369,8 +424,9 @@ def _fuse_tail(fn: ast.FunctionDef) -> str | None:
     if tail is None or not tail.fused():
         return None
     rest = body[tail.end:]
+    name = tail.result or tail.name  # (a norm's steps may end on another name)
     if tail.mean is None and not (len(rest) == 1 and isinstance(rest[0], ast.Return)
-                                  and _returns(rest[0].value, tail.name)):
+                                  and _returns(rest[0].value, name)):
         # Work on the whole output is left after the steps (a norm the kernel does not
         # take, a residual): the kernel would be flagged for it anyway, and the steps in
         # float32 round differently from the reference's bf16: all of it stays as written.
@@ -378,7 +434,6 @@ def _fuse_tail(fn: ast.FunctionDef) -> str | None:
     if tail.mean is not None and any(isinstance(n, ast.Name) and n.id in tail.temps
                                      for s in rest for n in ast.walk(s)):
         return None  # a temporary the fused steps define is read after them
-    name = tail.name
     call = conv.value
     assert isinstance(call, ast.Call)
     keywords = [*call.keywords,
@@ -394,6 +449,10 @@ def _fuse_tail(fn: ast.FunctionDef) -> str | None:
             ast.keyword("norm_epilogue", ast.Name("_epilogue_2", ast.Load())),
             ast.keyword("norm_params", ast.Tuple(list(tail.post.params), ast.Load())),
             ast.keyword("norm_channel_axes", ast.Constant(tuple(tail.post.channel_axes)))]
+        if tail.groups is not None:
+            keywords.append(ast.keyword("norm_groups", tail.groups))
+        if tail.closing is not None:
+            keywords.append(ast.keyword("norm_closing", ast.Constant(True)))
     fused: list[ast.stmt] = [body[i] for i in tail.hoisted]  # they read nothing of v
     fused.append(ast.Assign([ast.Name(name, ast.Store())],
                             ast.Call(call.func, call.args, keywords)))
@@ -412,11 +471,7 @@ def _fuse_tail(fn: ast.FunctionDef) -> str | None:
             "_epilogue", ["_v", *(f"_p{i}" for i in range(len(tail.params)))], tail.steps,
             "after its convolution"))
     if tail.norm is not None:
-        texts.append(_epilogue_text(
-            "_epilogue_2", ["_v", "_mean", "_var",
-                            *(f"_q{i}" for i in range(len(tail.post.params)))],
-            tail.post.steps, "that use each channel's mean and variance over "
-            + ("its image" if tail.norm == "HW" else "the batch")))
+        texts.append(_norm_epilogue_text(tail))
     return "\n\n\n".join(texts) or None
 
 

@@ -27,8 +27,11 @@ ELEMENTWISE = frozenset({
     "leaky_relu", "elu", "celu", "selu", "hard_tanh", "hard_sigmoid", "hard_swish", "erf",
     "sin", "cos", "negative", "reciprocal", "multiply", "add", "subtract", "divide"})
 
-# A norm's statistics, as the second kernel's epilogue names them (per channel, float32)
-MEAN, VAR = "_mean", "_var"
+# A norm's statistics, as the second kernel's epilogue names them (per channel, float32),
+# and the first pass's value there (the output before the norm)
+MEAN, VAR, PRE = "_mean", "_var", "_y"
+# A closing reduction over the channels after a norm's steps (``keepdims``), by last name
+CLOSING = frozenset({"logsumexp", "sum", "mean", "max", "min"})
 
 
 @dataclass
@@ -37,8 +40,11 @@ class Steps:
 
     steps: list[ast.expr] = field(default_factory=list)  # each step's new value of ``v``
     params: list[ast.expr] = field(default_factory=list)  # operands computed outside
-    channel_axes: list[int] = field(default_factory=list)  # each param's channel axis
+    # each param's channel axis (None: it must be a scalar)
+    channel_axes: list[int | None] = field(default_factory=list)
     transposes: list[tuple[int, ...]] = field(default_factory=list)  # in order
+    # a norm's steps: the local each assigns (the first pass's steps all assign ``_v``)
+    targets: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -53,10 +59,17 @@ class Tail(Steps):
     layout: str = ""  # the layout of ``v`` after the fused part (without a mean)
     temps: list[str] = field(default_factory=list)  # names the fused statements define
     # A norm after the steps: the axes its statistics reduce ("HW": each image's, an
-    # instance norm; "NHW": the batch's, a batch norm) and the steps that use them (with
-    # MEAN and VAR standing for the statistics)
+    # instance norm; "NHW": the batch's, a batch norm; "G": each image's over groups of
+    # channels, a group norm, ``groups`` of them) and the steps that use them (with
+    # MEAN and VAR standing for the statistics, PRE for the output before the norm),
+    # the last one's value ``result`` (what the reference returns), and a closing
+    # reduction over the channels (``closing``, one of CLOSING) taken from it.
     norm: str | None = None
     post: Steps = field(default_factory=Steps)
+    groups: ast.expr | None = None
+    result: str = ""
+    final: str = ""  # the kernel's local holding ``result`` (before ``closing``)
+    closing: str | None = None
     # The statements among these that read nothing of ``v`` (an epsilon, a norm's
     # weight reshaped): they run before the kernel.
     hoisted: list[int] = field(default_factory=list)
@@ -135,51 +148,20 @@ def _transpose(value: ast.expr, name: str) -> tuple[int, ...] | None:
 
 
 def _over(call: ast.Call, axes: list[str]) -> str | None:
-    """The axes (letters of ``axes``, in NHWC order) a keepdims reduction takes, else
-    None."""
+    """The axes (letters of ``axes``, in NHWC order; a group norm's view splits C into
+    G and c) a keepdims reduction takes, else None."""
     found = {k.arg: literal_value(k.value) for k in call.keywords}
     if set(found) - {"axis", "keepdims", "ddof"} or not found.get("keepdims") \
             or found.get("ddof", 0) != 0:
         return None
     over = found.get("axis", literal_value(call.args[1]) if len(call.args) > 1 else None)
     over = (over,) if isinstance(over, int) else over
-    if not (isinstance(over, tuple | list) and all(isinstance(a, int) and -4 <= a < 4
+    rank = len(axes)
+    if not (isinstance(over, tuple | list) and all(isinstance(a, int) and -rank <= a < rank
                                                    for a in over)):
         return None
-    letters = {axes[a % 4] for a in over}
-    return "".join(a for a in "NHWC" if a in letters)
-
-
-def _statistic(value: ast.expr, name: str, axes: list[str],
-               stats: dict[str, ast.expr], over: dict[str, str]) -> tuple[str, str] | None:
-    """(MEAN or VAR, the axes) when ``value`` is a mean of ``v``, its variance
-    (``jnp.var(v)``), or a mean of its squared deviation from a mean already read
-    (``(v - mean) ** 2``, ``jnp.square(v - mean)``); else None."""
-    if not (isinstance(value, ast.Call) and value.args
-            and _last_name(value.func) in ("mean", "var")):
-        return None
-    axes_of = _over(value, axes)
-    arg = value.args[0]
-    if axes_of is None:
-        return None
-    if isinstance(arg, ast.Name) and arg.id == name:
-        return (MEAN if _last_name(value.func) == "mean" else VAR), axes_of
-    if _last_name(value.func) != "mean":
-        return None
-    if isinstance(arg, ast.BinOp) and isinstance(arg.op, ast.Pow) \
-            and literal_value(arg.right) == 2:
-        inner = arg.left
-    elif isinstance(arg, ast.Call) and _last_name(arg.func) == "square" and len(arg.args) == 1:
-        inner = arg.args[0]
-    else:
-        return None
-    if isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.Sub) \
-            and isinstance(inner.left, ast.Name) and inner.left.id == name \
-            and isinstance(inner.right, ast.Name) and inner.right.id in stats \
-            and isinstance(stats[inner.right.id], ast.Name) \
-            and stats[inner.right.id].id == MEAN and over[inner.right.id] == axes_of:  # type: ignore[attr-defined]
-        return VAR, axes_of
-    return None
+    letters = {axes[a % rank] for a in over}
+    return "".join(a for a in "NGcHWC" if a in letters)
 
 
 def _movable(body: list[ast.stmt], conv: int, index: int, target: str) -> bool:
@@ -272,49 +254,231 @@ def read_tail(body: list[ast.stmt], out_layout: str) -> Tail | None:
     return tail
 
 
+
+
+def _bound(stmt: ast.stmt) -> set[str]:
+    """The names ``stmt`` binds (its assignments' targets, unpacked)."""
+    return {n.id for node in ast.walk(stmt) if isinstance(node, ast.Assign | ast.AugAssign)
+            for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            for n in ast.walk(t) if isinstance(n, ast.Name)}
+
+
+def _shape_unpack(stmt: ast.stmt, env: dict[str, ast.expr]) -> tuple[str, list[str]] | None:
+    """``N, C, H, W = v.shape`` of a value of ``env``: (``v``, the names), else None."""
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 \
+            and isinstance(stmt.targets[0], ast.Tuple) \
+            and all(isinstance(e, ast.Name) for e in stmt.targets[0].elts) \
+            and isinstance(stmt.value, ast.Attribute) and stmt.value.attr == "shape" \
+            and isinstance(stmt.value.value, ast.Name) and stmt.value.value.id in env:
+        return stmt.value.value.id, [e.id for e in stmt.targets[0].elts]  # type: ignore[attr-defined]
+    return None
+
+
+def _reshape(value: ast.expr, env: dict[str, ast.expr]) -> tuple[str, list[ast.expr]] | None:
+    """``v.reshape(a, b, ...)``, ``v.reshape((a, ...))`` or ``jnp.reshape(v, (a, ...))`` of
+    a value of ``env``: (``v``, the new shape's expressions), else None."""
+    if not (isinstance(value, ast.Call) and _last_name(value.func) == "reshape"
+            and not value.keywords):
+        return None
+    args = list(value.args)
+    if isinstance(value.func, ast.Attribute) and isinstance(value.func.value, ast.Name) \
+            and value.func.value.id in env:
+        source = value.func.value.id
+    elif len(args) == 2 and isinstance(args[0], ast.Name) and args[0].id in env:
+        source, args = args[0].id, args[1:]
+    else:
+        return None
+    if len(args) == 1 and isinstance(args[0], ast.Tuple | ast.List):
+        args = list(args[0].elts)
+    return source, args
+
+
+def _is_dim(node: ast.expr, dims: dict[str, str], letter: str) -> bool:
+    return isinstance(node, ast.Name) and dims.get(node.id) == letter
+
+
+def _grouping(args: list[ast.expr], axes: list[str], dims: dict[str, str]) -> ast.expr | None:
+    """The group count ``G`` where ``args`` view a 4-D value of ``axes`` with its channels
+    split into groups (``N, G, C // G, H, W``, or ``-1`` for ``C // G``; the other
+    axes named by ``dims``), else None."""
+    if len(args) != 5:
+        return None
+    at = axes.index("C")
+    groups, within = args[at], args[at + 1]
+    rest = args[:at] + args[at + 2:]
+    if not all(_is_dim(a, dims, letter) for a, letter in zip(
+            rest, [x for x in axes if x != "C"], strict=True)):
+        return None
+    if literal_value(within) == -1 or (
+            isinstance(within, ast.BinOp) and isinstance(within.op, ast.FloorDiv)
+            and _is_dim(within.left, dims, "C")
+            and ast.dump(within.right) == ast.dump(groups)):
+        return groups
+    return None
+
+
+def _ungrouping(args: list[ast.expr], axes: list[str], dims: dict[str, str]) -> bool:
+    """Whether ``args`` view a grouped value back as 4-D (``N, C, H, W``)."""
+    return len(args) == 4 and all(
+        _is_dim(a, dims, letter) or (letter == "C" and literal_value(a) == -1)
+        for a, letter in zip(args, axes, strict=True))
+
+
+def _statistic(value: ast.expr, env: dict[str, ast.expr], view: dict[str, list[str]],
+               stats: dict[str, ast.expr], over: dict[str, str]) -> tuple[str, str] | None:
+    """(MEAN or VAR, the axes) when ``value`` is a mean of the output before the norm,
+    its variance (``jnp.var``), or a mean of its squared deviation from a mean already
+    read over the same axes (``(v - mean) ** 2``, ``jnp.square(v - mean)``); else None."""
+    if not (isinstance(value, ast.Call) and value.args
+            and _last_name(value.func) in ("mean", "var")):
+        return None
+
+    def before_norm(node: ast.expr) -> bool:
+        return isinstance(node, ast.Name) and node.id in env \
+            and getattr(env[node.id], "id", "") == PRE
+
+    arg = value.args[0]
+    if before_norm(arg):
+        axes_of = _over(value, view[arg.id])  # type: ignore[attr-defined]
+        return None if axes_of is None else (
+            (MEAN if _last_name(value.func) == "mean" else VAR), axes_of)
+    if _last_name(value.func) != "mean":
+        return None
+    if isinstance(arg, ast.BinOp) and isinstance(arg.op, ast.Pow) \
+            and literal_value(arg.right) == 2:
+        inner = arg.left
+    elif isinstance(arg, ast.Call) and _last_name(arg.func) == "square" and len(arg.args) == 1:
+        inner = arg.args[0]
+    else:
+        return None
+    if isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.Sub) \
+            and before_norm(inner.left) and isinstance(inner.right, ast.Name) \
+            and getattr(stats.get(inner.right.id), "id", "") == MEAN:
+        axes_of = _over(value, view[inner.left.id])  # type: ignore[attr-defined]
+        if axes_of is not None and over[inner.right.id] == axes_of:
+            return VAR, axes_of
+    return None
+
+
+def _closing(value: ast.expr, env: dict[str, ast.expr],
+             view: dict[str, list[str]]) -> tuple[str, str] | None:
+    """(the reduction, ``v``) when ``value`` reduces a 4-D value of ``env`` over its
+    channels with ``keepdims`` (``logsumexp(v, axis=1, keepdims=True)`` in NCHW)."""
+    if not (isinstance(value, ast.Call) and _last_name(value.func) in CLOSING
+            and value.args and isinstance(value.args[0], ast.Name)
+            and value.args[0].id in env and len(view[value.args[0].id]) == 4):
+        return None
+    source = value.args[0].id
+    return (_last_name(value.func), source) if _over(value, view[source]) == "C" else None
+
+
 def _read_norm(body: list[ast.stmt], tail: Tail, axes: list[str]) -> None:
-    """A norm from ``tail.end`` on: its statistics, the statements that read nothing of
-    ``v`` (hoisted), and the steps that use them up to the first other statement; set on
-    ``tail`` when they take in everything up to the function's last statement."""
-    name = tail.name
+    """A norm from ``tail.end`` on; set on ``tail`` when it takes in everything up to the
+    function's ``return``. Each value on the whole output (``env``) is known by its
+    expression in the second kernel's epilogue (PRE, or a local ``_lK``) and its view
+    (``view``: the axes' letters, C split into G and c while grouped); names bound since
+    the convolution and not known so (temporaries of the steps before, the shape's
+    names) end the reading where a statement would need them."""
+    env: dict[str, ast.expr] = {tail.name: ast.Name(PRE, ast.Load())}
+    view: dict[str, list[str]] = {tail.name: list(axes)}
     stats: dict[str, ast.expr] = {}
     over: dict[str, str] = {}
+    dims: dict[str, str] = {}  # names the shape's unpacking binds: each one's axis
+    hoisted_by_tail = {_assigned(body[i]) for i in tail.hoisted}
+    bound = set().union(*(_bound(s) for s in body[tail.conv:tail.end])) - hoisted_by_tail
     post = Steps()
     hoisted: list[int] = []
-    end = tail.end
-    for index in range(tail.end, len(body) - 1):
+    groups: ast.expr | None = None
+    closing: tuple[str, str, str] | None = None  # the reduction, its operand, its name
+    last = len(body) - 1
+    for index in range(tail.end, last):
         stmt = body[index]
+        unpacked = _shape_unpack(stmt, env)
+        if unpacked is not None and len(unpacked[1]) == len(view[unpacked[0]]) == 4:
+            dims.update(zip(unpacked[1], view[unpacked[0]], strict=True))
+            bound |= set(unpacked[1])
+            continue
         target = _assigned(stmt)
-        if target is None:
+        if target is None or target in stats:
             return
         value = stmt.value  # type: ignore[attr-defined]
-        if target != name:
-            if target in stats or target in tail.temps:
-                return
-            found = _statistic(value, name, axes, stats, over)
-            if found is not None and not post.steps:
-                stats[target] = ast.Name(found[0], ast.Load())
-                over[target] = found[1]
-            elif not _reads(value, {name, *stats, *tail.temps}) and _movable(
-                    body, tail.conv, index, target):
-                hoisted.append(index)
+        known = {**env, **stats}
+        dead = bound - set(known) - set(dims)
+        if _reads(value, dead):
+            return
+        reshaped = _reshape(value, env)
+        if reshaped is not None:
+            source, args = reshaped
+            flat = view[source]
+            if len(flat) == 4 and (found := _grouping(args, flat, dims)) is not None:
+                if _reads(found, bound) or (groups is not None
+                                            and ast.dump(groups) != ast.dump(found)):
+                    return
+                groups = found
+                at = flat.index("C")
+                view[target] = [*flat[:at], "G", "c", *flat[at + 1:]]
+            elif len(flat) == 5 and _ungrouping(
+                    args, back := [("C" if x == "G" else x) for x in flat if x != "c"], dims):
+                view[target] = back
             else:
                 return
-        elif (perm := _transpose(value, name)) is not None:
-            axes = [axes[p] for p in perm]
+            env[target] = env[source]
+        elif (found_stat := _statistic(value, env, view, stats, over)) is not None:
+            stats[target] = ast.Name(found_stat[0], ast.Load())
+            over[target] = found_stat[1]
+        elif isinstance(value, ast.Call) and _last_name(value.func) == "transpose":
+            source = value.args[0].id if value.args and isinstance(
+                value.args[0], ast.Name) else ""
+            perm = _transpose(value, source) if source in env else None
+            if perm is None or target != source or len(env) > 1 or len(view[source]) != 4:
+                return  # (another value on the whole output would keep the old layout)
+            view[target] = [view[source][p] for p in perm]
             post.transposes.append(perm)
-        elif stats and not _reads(value, set(tail.temps)):
-            step = _step(value, name, stats, post, axes, "_q")
-            if step is None:
+        elif index == last - 1 and (found_closing := _closing(value, env, view)) is not None:
+            closing = (*found_closing, target)
+            env[target], view[target] = env[closing[1]], view[closing[1]]
+        elif _reads(value, set(known)):
+            read = [n for n in env if _reads(value, n)]
+            shapes = {len(view[n]) for n in read}
+            if len(shapes) > 1:
                 return
-            post.steps.append(step)
+            kept = view[read[0]] if read else list(axes)
+            rewrite = _Rewrite(PRE, len(post.params), known, "_q")
+            step = rewrite.visit(value)
+            if not rewrite.ok or any(_reads(p, bound) for p in rewrite.params):
+                return
+            post.params += rewrite.params
+            post.channel_axes += [kept.index("C") if "C" in kept else None] * len(
+                rewrite.params)
+            local = f"_l{len(post.steps)}"
+            post.steps.append(step)  # type: ignore[arg-type]
+            post.targets.append(local)
+            env[target], view[target] = ast.Name(local, ast.Load()), kept
+        elif not _reads(value, bound) and _movable(body, tail.conv, index, target):
+            hoisted.append(index)
+            continue
         else:
             return
-        end = index + 1
+        bound.add(target)
+    ret = body[last]
+    returned = ret.value if isinstance(ret, ast.Return) else None
+    if isinstance(returned, ast.Call) and _last_name(returned.func) == "transpose" \
+            and returned.args:
+        returned = returned.args[0]
     kinds = set(over.values())
-    if not post.steps or len(kinds) != 1 or kinds.pop() not in ("HW", "NHW"):
+    if not (isinstance(returned, ast.Name) and returned.id in env and post.steps
+            and len(kinds) == 1 and len(view[returned.id]) == 4):
         return
-    tail.norm = next(iter(over.values()))
-    tail.post, tail.end = post, end
+    kind = kinds.pop()
+    if kind not in ("HW", "NHW", "cHW") or (kind == "cHW") != (groups is not None):
+        return
+    if closing is not None and closing[2] != returned.id:
+        return  # (the reduction's operand returned, or another value)
+    tail.norm = "G" if kind == "cHW" else kind
+    tail.groups = groups
+    tail.closing = closing[0] if closing is not None else None
+    tail.result = returned.id
+    tail.final = ast.unparse(env[returned.id])
+    tail.post, tail.end = post, last
     tail.hoisted += hoisted
-    tail.layout = "".join(axes)
+    tail.layout = "".join(view[returned.id])
