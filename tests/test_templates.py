@@ -114,6 +114,19 @@ def workload(x, weight, bias):
     x = jnp.mean(x, axis=-1, keepdims=True)
     return jnp.max(x, axis=1, keepdims=True) * 3.0
 """, {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128}),
+    # 49k's: an AvgPool1d over windows of 16 columns (reduce_window: no Mosaic lowering;
+    # _lean pools each tile by a 0/1 matrix), then a row max without keepdims, online
+    "matmul_avgpool_max": ("matmul", MATMUL_INPUTS, """
+def workload(x, weight, bias):
+    x = jnp.matmul(x, weight.T) + bias
+    x = jnp.expand_dims(x, axis=1)
+    x = jax.lax.reduce_window(x, init_value=0.0, computation=jax.lax.add,
+                              window_dimensions=(1, 1, 16), window_strides=(1, 1, 16),
+                              padding='VALID') / 16
+    x = jnp.squeeze(x, axis=1)
+    x = jax.nn.gelu(x) * 2.0
+    return jnp.max(x, axis=1)
+""", {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128}),
     # 31k's: a training-mode batch norm reduces down the columns (over the rows)
     "matmul_batch_norm": ("matmul", MATMUL_INPUTS, """
 def workload(x, weight, bias):
@@ -928,6 +941,28 @@ def test_the_whole_array_fallback_refuses_a_convolution(tmp_path: Any) -> None:
     source, _why = write_template(agents.brief(_task(tmp_path, "row_layer_norm", "float32")),
                                   "whole")
     assert "pallas_call" in source
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_pooling_window_that_would_straddle_column_blocks_gets_whole_rows(
+        worker_pool: Any, tmp_path: Any) -> None:
+    """49k's form with windows of 48 columns: blocks of 128 would split a window, so the
+    row max is not carried across column blocks (``_pool`` refuses such a tile); the
+    kernel keeps whole rows of 384 (8 windows) in a block, and is correct."""
+    task_root = tmp_path / "matmul_avgpool_48"
+    task_root.mkdir()
+    body = CASES["matmul_avgpool_max"][2].replace("(1, 1, 16)", "(1, 1, 48)").replace(
+        "/ 16", "/ 48")
+    (task_root / "baseline.py").write_text(_HEAD.format(dtype="float32", inputs=MATMUL_INPUTS)
+                                           + body)
+    task = load_task(task_root, {"dtype": "float32"})
+    source, _why = write_template(agents.brief(task), "matmul")
+    source = tunables.apply(source, {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128})
+    result = await worker_pool.evaluate(task, source, QUICK)
+    assert result.status == "correct", (result.error, result.correctness)
+    names = [k.get("name") for k in (result.tpu or {}).get("kernels") or []]
+    assert names == ["_body"], names
 
 
 @pytest.mark.slow

@@ -24,9 +24,11 @@ _REDUCING = {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_an
              "reduce_or", "reduce_xor", "argmax", "argmin"}
 _ALONG_AXIS = {"cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", "sort"}
 _MIXES_ALL = {"dot_general", "conv_general_dilated", "gather", "scatter", "scatter-add",
-              "scatter_add", "dynamic_slice", "dynamic_update_slice", "reduce_window_sum",
-              "reduce_window_max", "reduce_window_min", "reduce_window", "fft", "while",
-              "scan", "cond", "top_k", "rng_bit_generator"}
+              "scatter_add", "dynamic_slice", "dynamic_update_slice", "reduce_window", "fft",
+              "while", "scan", "cond", "top_k", "rng_bit_generator"}
+# A pooling (windows of an axis summed, or their max or min): it mixes the axes its
+# windows span, each within its window
+_WINDOWED = {"reduce_window_sum", "reduce_window_max", "reduce_window_min"}
 
 
 def _eqns(jaxpr, derived):
@@ -58,13 +60,16 @@ def _split_like_the_tile(closed, args):
             if i == 0 or tuple(getattr(a, "shape", ())) in ((m, n), (1, n), (m, 1))}
 
 
-def _mixing(fn, *args):
+def _mixing(fn, *args, pooled=False):
     \"\"\"(rows mixed, columns mixed): whether ``fn`` combines values of its first argument
     (the tile) across the first or the last axis (a reduction, a cumulative op, a reshape
-    or transpose that moves it, an iota along it, a product that contracts it), read from
-    its jaxpr. Only what derives from the tile and the operands split with it counts (a
-    second layer's weight may be transposed freely). Conservative: an operation it does
-    not know mixes both, so such an epilogue gets the whole product in one block.\"\"\"
+    or transpose that moves it, an iota along it, a product that contracts it, a pooling's
+    windows along it), read from its jaxpr. Only what derives from the tile and the
+    operands split with it counts (a second layer's weight may be transposed freely).
+    Conservative: an operation it does not know mixes both, so such an epilogue gets the
+    whole product in one block. ``pooled``: a sum over unpadded windows as wide as their
+    stride (an AvgPool1d, which ``_lean`` runs on a tile only when its windows do not
+    straddle tiles) mixes nothing.\"\"\"
     closed = jax.make_jaxpr(fn)(*args)
     first = last = False
     for eqn, touched in _eqns(closed.jaxpr, _split_like_the_tile(closed, args)):
@@ -78,6 +83,12 @@ def _mixing(fn, *args):
                 axes = tuple(eqn.params.get("axes", ()))
             elif name in _ALONG_AXIS:
                 axes = (eqn.params.get("axis", eqn.params.get("dimension", 0)),)
+            elif name in _WINDOWED:
+                window, strides = eqn.params["window_dimensions"], eqn.params["window_strides"]
+                axes = tuple(i for i, (a, b) in enumerate(zip(window, strides)) if a != 1 or b != 1)
+                if pooled and name == "reduce_window_sum" and tuple(window) == tuple(strides) \\
+                        and all(tuple(p) == (0, 0) for p in eqn.params["padding"]):
+                    axes = ()
             elif name == "iota":
                 axes, nd = (eqn.params.get("dimension", 0),), len(out)
             elif name == "reshape":

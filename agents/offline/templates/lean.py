@@ -6,6 +6,10 @@ a (bm, bn) vector to (bm, bn, 1, 1), which it refuses ("unsupported shape cast")
 evaluates the epilogue's jaxpr one equation at a time on arrays with those axes left out:
 a reshape that only adds or drops them is no reshape, a reduction over them is none, and
 elementwise work is the same on either shape. What it does not know runs as traced.
+
+An AvgPool1d over the columns (49k's ``reduce_window`` sum, windows as wide as their
+stride) has no Mosaic lowering either: ``_lean`` runs it as the tile times a 0/1 pooling
+matrix, so it is included for such an epilogue too.
 """
 
 LEAN_EPILOGUE = '''
@@ -36,6 +40,31 @@ def _lean_shape(shape):
 def _broadcasts(shape, out):
     """``shape`` is a scalar's, or ``out``'s with 1 along some axes."""
     return not shape or (len(shape) == len(out) and all(a in (1, b) for a, b in zip(shape, out)))
+
+
+def _pool(x, shape, params):
+    """A sum over windows as wide as their stride along the tile's last axis, unpadded and
+    undilated (an AvgPool1d's ``reduce_window``), as the tile times a 0/1 matrix on the
+    MXU (Mosaic has no ``reduce_window``). None for any other window; an error where a
+    window would straddle two tiles."""
+    window, strides = params["window_dimensions"], params["window_strides"]
+    if any(tuple(p) != (0, 0) for p in params["padding"]) or any(
+            d != 1 for d in (*params["base_dilation"], *params["window_dilation"])):
+        return None
+    pooled = [a for a in range(len(shape)) if window[a] != 1 or strides[a] != 1]
+    if len(pooled) != 1 or pooled[0] != _lean_axes(shape)[-1] \
+            or window[pooled[0]] != strides[pooled[0]]:
+        return None
+    k, n, ins_dtype = window[pooled[0]], jnp.shape(x)[-1], x.dtype
+    if n % k:
+        raise ValueError(f"a pooling window of {k} would straddle tiles of {n} columns: "
+                         f"BLOCK_N must be a multiple of {k}")
+    at = jax.lax.broadcasted_iota(jnp.int32, (n, n // k), 0) // k
+    pool = (at == jax.lax.broadcasted_iota(jnp.int32, (n, n // k), 1)).astype(jnp.float32)
+    # float32 at full precision: a product of bf16 parts of the tile (two passes) made
+    # libtpu 0.0.42's estimator abort ("Expected vector-bf16packed, got vector-int16")
+    return jnp.dot(x.astype(jnp.float32), pool, precision=jax.lax.Precision.HIGHEST,
+                   preferred_element_type=jnp.float32).astype(ins_dtype)
 
 
 def _lean_eval(jaxpr, consts, args):
@@ -70,6 +99,9 @@ def _lean_eval(jaxpr, consts, args):
             mid = tuple(full[i] for i in _lean_axes(out))
             x = ins[0] if jnp.shape(ins[0]) == mid else jnp.reshape(ins[0], mid)
             outs = [jnp.broadcast_to(x, _lean_shape(out))]
+        elif name == "reduce_window_sum" and len(ins) == 1 \\
+                and (pooled := _pool(ins[0], shapes[0], params)) is not None:
+            outs = [pooled]
         elif name in ("reduce_sum", "reduce_max", "reduce_min", "reduce_prod") \\
                 and len(ins) == 1:
             kept = _lean_axes(shapes[0])

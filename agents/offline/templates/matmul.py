@@ -75,7 +75,8 @@ def matmul(brief: TaskBrief) -> tuple[str, str]:
                   f"    return _stage(1, h, {w2}, {_tuple(rests[1])})")
     # An epilogue that views the tile with size-1 axes added (an instance norm over 1x1
     # images, 26k) runs without them: Mosaic refuses such a shape cast (see lean.py)
-    lean = re.search(r"expand_dims|squeeze|None\]|newaxis", epilogue) is not None
+    # (and one that pools windows of columns, 49k: reduce_window, which Mosaic lacks)
+    lean = re.search(r"expand_dims|squeeze|None\]|newaxis|reduce_window", epilogue) is not None
     order = ", ".join(params)
     unpack = f"\n    x, w = {lhs}, {rhs}" if (lhs, rhs) != ("x", "w") else ""
     bm, bn, bk = _matmul_blocks(brief)
@@ -316,19 +317,19 @@ def _operand_spec(a, m, n, bm, bn):
                                                            j if cols == bn else 0))
 
 
-def _bound(static, stage, dtype, fn=None):
+def _bound(static, stage, dtype, fn=None, plain=False):
     \"\"\"The stage's epilogue with the reference's Python scalars (``static``: name ->
     value) in their places and the arrays, in order, in the others; a stage that feeds
     the next stores its result in ``dtype`` (the operands'), as the reference's own
-    product would be.\"\"\"
+    product would be. ``plain``: as the reference wrote it (to read what it mixes).\"\"\"
     fixed, names, fn = dict(static), _RESTS[stage], fn or _EPILOGUES[stage]
 
     def epilogue(acc, *arrays):
         rest = iter(arrays)
         out = fn(acc, *(fixed[n] if n in fixed else next(rest) for n in names))
         return out if dtype is None else out.astype(dtype)
-    return {"_lean(epilogue)  # without the size-1 axes it adds (_lean_eval)" if lean
-            else "epilogue"}
+    return {"epilogue if plain else _lean(epilogue)  # without the size-1 axes it adds"
+            if lean else "epilogue"}
 
 
 _EPILOGUES = {"(_epilogue,)" if chain is None else "(_epilogue, _epilogue_2)"}

@@ -304,7 +304,9 @@ class _Replace(ast.NodeTransformer):
 
 
 def _row_reduction(node: ast.AST) -> bool:
-    """Whether ``node`` is ``<module>.<reduction>(EXPR, axis=1|-1, keepdims=True)``."""
+    """Whether ``node`` is ``<module>.<reduction>(EXPR, axis=1|-1[, keepdims=...])``
+    (without ``keepdims`` the reduced column is read as the kernel's (rows, 1) one: the
+    same values, and ``_online`` checks that the rest makes as many, 49k's row max)."""
     if not isinstance(node, ast.Call):
         return False
     func = node.func
@@ -313,9 +315,9 @@ def _row_reduction(node: ast.AST) -> bool:
         return False
     keywords = {k.arg: k.value for k in node.keywords}
     axis = node.args[1] if len(node.args) == 2 else keywords.pop("axis", None)
-    keepdims = keywords.pop("keepdims", None)
+    keepdims = keywords.pop("keepdims", ast.Constant(False))
     return (axis is not None and literal_axes(axis) in ((1,), (-1,)) and not keywords
-            and isinstance(keepdims, ast.Constant) and keepdims.value is True)
+            and isinstance(keepdims, ast.Constant) and keepdims.value in (True, False))
 
 
 def _function(name: str, first: str, params: list[str], body: list[ast.stmt]) -> ast.FunctionDef:

@@ -53,9 +53,9 @@ def _online(static, x, w, extras, m, n, k, full):
     on a v5e, the float32 product written and read back."""
     pre = _bound(static, 0, None, _epilogue_pre)
     post = _bound(static, 0, None, _epilogue_post)
-    if len(full.shape) != 2 or full.shape[0] != m:
+    if len(full.shape) not in (1, 2) or full.shape[0] != m:
         return None
-    r, f32 = full.shape[1], jnp.float32
+    r, f32 = (full.shape[1] if len(full.shape) == 2 else 1), jnp.float32
     bm, bn, bk = min(BLOCK_M, m), min(BLOCK_N, n), _k_block(k, BLOCK_K)
     item = x.dtype.itemsize
 
@@ -64,12 +64,19 @@ def _online(static, x, w, extras, m, n, k, full):
                                      if _tiled(a, m, n) else a.shape, a.dtype) for a in extras]
 
     try:
-        rows_mixed, cols_mixed = _mixing(pre, jax.ShapeDtypeStruct((bm, n), f32), *shapes(bm, n))
+        # (a pooling of the columns mixes nothing here: its windows do not straddle the
+        # column blocks, or _lean's _pool refuses the tile, and the reduction after it
+        # takes all the pooled columns, of fewer per tile: 49k's AvgPool1d)
+        rows_mixed, cols_mixed = _mixing(_bound(static, 0, None, _epilogue_pre, plain=True),
+                                         jax.ShapeDtypeStruct((bm, n), f32), *shapes(bm, n),
+                                         pooled=True)
         tile = jax.eval_shape(pre, jax.ShapeDtypeStruct((bm, bn), f32), *shapes(bm, bn))
+        width = jax.eval_shape(pre, jax.ShapeDtypeStruct((bm, n), f32), *shapes(bm, n)).shape
         out = jax.eval_shape(post, jax.ShapeDtypeStruct((bm, 1), f32), *shapes(bm, bn))
     except (TypeError, ValueError):  # a part that does not stand alone on a tile
         return None
-    if rows_mixed or cols_mixed or tile.shape != (bm, bn) or out.size != bm * r:
+    if rows_mixed or cols_mixed or len(tile.shape) != 2 or tile.shape[0] != bm \\
+            or tile.shape[1] * (n // bn) != width[-1] or out.size != bm * r:
         return None
 
     def need(bm, bn, bk):
@@ -88,8 +95,12 @@ def _online(static, x, w, extras, m, n, k, full):
         bm //= 2
     if m % bm or n % bn or k % bk or need(bm, bn, bk) > VMEM_CAP:
         return None
+    try:  # the tile the blocks shrank to (a pooling's windows must not straddle it)
+        jax.eval_shape(pre, jax.ShapeDtypeStruct((bm, bn), f32), *shapes(bm, bn))
+    except ValueError:
+        return None
     return pl.pallas_call(
-        functools.partial(_online_body, pre, post, ROW_REDUCTION, n),
+        functools.partial(_online_body, pre, post, ROW_REDUCTION, width[-1]),
         out_shape=jax.ShapeDtypeStruct((m, r), full.dtype),
         grid=(1, m // bm, n // bn, k // bk),
         in_specs=[pl.BlockSpec((None, bm, bk), lambda b, i, j, kk: (b, i, kk)),
