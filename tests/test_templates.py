@@ -55,6 +55,10 @@ CONV_HEAD = """
                                  dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
 """
 
+CONV3D_INPUTS = ("(jax.random.normal(ks[0], (2, 8, 6, 10, 20), dtype),\n"
+                 "            jax.random.normal(ks[1], (16, 8, 3, 3, 3), dtype) * 0.1,\n"
+                 "            jax.random.normal(ks[2], (16,), dtype))")
+
 GROUPED_INPUTS = ("(jax.random.normal(ks[0], (2, 128, 256), dtype),\n"
                   "            jax.random.normal(ks[1], (2, 256, 384), dtype) * 0.05)")
 SEQUENCE_INPUTS = ("(jax.random.normal(ks[0], (2, 64, 256), dtype),\n"
@@ -218,6 +222,26 @@ def workload(x, weight, bias):""" + CONV_HEAD + """    x = x + bias.reshape(1, 1
     x = jax.nn.gelu(x)
     x = jnp.mean(x, axis=(1, 2))
     return x
+""", {"BLOCK_ROWS": 4}),
+    # 33k's form: a 3-D convolution (NDHWC/DHWIO, VALID), a bias, a mish and a tanh;
+    # 6 planes of 10 rows by 20 columns, 4 output planes of 8 rows in blocks of 4
+    "conv3d_mish": ("conv", CONV3D_INPUTS, """
+def workload(x, weight, bias):
+    x = jnp.transpose(x, (0, 2, 3, 4, 1))
+    kernel = jnp.transpose(weight, (2, 3, 4, 1, 0))
+    x = jax.lax.conv_general_dilated(x, kernel, window_strides=(1, 1, 1),
+                                     padding=((0, 0), (0, 0), (0, 0)),
+                                     dimension_numbers=('NDHWC', 'DHWIO', 'NDHWC'))
+    x = x + bias.reshape(1, 1, 1, 1, -1)
+    x = x * jnp.tanh(jnp.log(1 + jnp.exp(x)))
+    x = jnp.tanh(x)
+    return jnp.transpose(x, (0, 4, 1, 2, 3))
+""", {"BLOCK_ROWS": 4}),
+    # the same images in NCDHW (lax.conv's default numbering), SAME padding, a relu
+    "conv3d_same": ("conv", CONV3D_INPUTS, """
+def workload(x, weight, bias):
+    x = jax.lax.conv_general_dilated(x, weight, (1, 1, 1), 'SAME')
+    return jax.nn.relu(x + bias.reshape(1, -1, 1, 1, 1))
 """, {"BLOCK_ROWS": 4}),
     "elementwise_gelu": ("elementwise", ROW_INPUTS, """
 def workload(x, scale):
@@ -927,6 +951,27 @@ async def test_a_convolution_and_its_norm_run_in_two_kernels(
     result = await worker_pool.evaluate(task, tunables.apply(source, config), QUICK)
     assert result.status == "correct", (result.error, result.correctness)
     assert "compute_outside_kernel" not in result.integrity["flags"], result.integrity
+
+
+def test_a_norm_after_a_3d_convolution_stays_as_written(tmp_path: Any) -> None:
+    """25k's form: a group norm and a mean after a 3-D convolution. The kernel takes the
+    elementwise steps of 3-D images only; the convolution alone is the kernel's, and the
+    rest stays as written (flagged when evaluated, as work on the whole output)."""
+    root = tmp_path / "conv3d_group_norm"
+    root.mkdir()
+    (root / "baseline.py").write_text(_HEAD.format(dtype="bfloat16", inputs=CONV3D_INPUTS)
+                                      + CASES["conv3d_mish"][2].split("    x = x * jnp")[0]
+                                      + """    x = jnp.transpose(x, (0, 4, 1, 2, 3))
+    N, C, D, H, W = x.shape
+    x = x.reshape(N, 4, C // 4, D, H, W)
+    mean = jnp.mean(x, axis=(2, 3, 4, 5), keepdims=True)
+    var = jnp.var(x, axis=(2, 3, 4, 5), keepdims=True)
+    x = ((x - mean) / jnp.sqrt(var + 1e-5)).reshape(N, C, D, H, W)
+    return jnp.mean(x, axis=(1, 2, 3, 4))
+""")
+    source, _why = write_template(agents.brief(load_task(root)), "conv")
+    assert "def _epilogue" not in source and "_Unfusable:" not in source
+    assert "x = _conv(x, kernel" in source and "x = x + bias.reshape(1, 1, 1, 1, -1)" in source
 
 
 def test_the_whole_array_fallback_refuses_a_convolution(tmp_path: Any) -> None:

@@ -1,6 +1,7 @@
 """Convolutions as MXU matmuls over one NHWC image in VMEM (padded only where the
 convolution pads or its width is not whole sublane tiles), with the per-channel steps
-after them (and a mean over the image) in the kernel."""
+after them (and a mean over the image, or a norm in a second kernel) in the kernel; a
+3-D convolution reads each output plane's input planes as blocks of the same image."""
 
 from __future__ import annotations
 
@@ -61,38 +62,43 @@ class _Unfusable(Exception):
     """An operand of the epilogue is not per channel: the statements run as written."""
 
 
-def _per_channel(p, axis, o):
+def _per_channel(p, axis, o, rank=4):
     """An epilogue operand as a (1, o) float32 row: it must broadcast against the
-    convolution's output along its channel ``axis`` only (a bias, a scale) or be a
-    scalar (``axis`` None: a scalar only, as in a group norm's grouped view)."""
+    convolution's output (of ``rank`` axes) along its channel ``axis`` only (a bias, a
+    scale) or be a scalar (``axis`` None: a scalar only, as in a group norm's grouped
+    view)."""
     a = jnp.asarray(p)
     if axis is None:
         if a.size != 1:
             raise _Unfusable(f"an operand of shape {a.shape} where a scalar is read")
         return jnp.broadcast_to(a.reshape(()), (1, o)).astype(jnp.float32)
-    if a.ndim > 4:
+    if a.ndim > rank:
         raise _Unfusable(f"an operand of rank {a.ndim}")
-    shape = (1,) * (4 - a.ndim) + tuple(a.shape)
+    shape = (1,) * (rank - a.ndim) + tuple(a.shape)
     if any(d != 1 for i, d in enumerate(shape) if i != axis) or shape[axis] not in (1, o):
         raise _Unfusable(f"an operand of shape {a.shape} is not per channel")
     return jnp.broadcast_to(a.reshape(-1), (o,)).reshape(1, o).astype(jnp.float32)
 
 
-def _conv_body(x_ref, w_ref, *refs, kh, kw, rows, epilogue, mean, oh, ow, clamp, stats):
+def _conv_body(*refs, kd, kh, kw, rows, epilogue, mean, oh, ow, clamp, stats, row_axis=1):
+    # ``kd`` input planes (a 3-D convolution's depth taps: the same image at kd depths;
+    # one for a 2-D one), the weights, the epilogue's operands, the output
+    planes, w_ref, refs = refs[:kd], refs[kd], refs[kd + 1:]
     count = 3 if stats else 1  # with ``stats``, the image's running mean and M2 follow
     params, (o_ref, *stat_refs) = refs[:-count], refs[-count:]
-    r = pl.program_id(1)
+    r = pl.program_id(row_axis)  # the block of rows (after the output plane, in 3-D)
     o = w_ref.shape[-1]
+    x_ref = planes[0]
     cols = x_ref.shape[2]
     # ``clamp``: the last block of rows ends at the last output row, overlapping the one
     # before it (only a mean, whose rows are counted once below, reads that way)
     start = jnp.minimum(r * rows, oh - rows) if clamp else r * rows
-    # The row taps side by side in the contraction (channels fewer than the MXU's depth,
-    # 128, share a pass instead of leaving most of it empty); each tap is ``rows`` image
-    # rows at every column: an aligned slab.
-    slabs = [x_ref[0, pl.ds(start + i, rows), :, :] for i in range(kh)]
-    lhs = slabs[0] if kh == 1 else jnp.concatenate(slabs, axis=-1)
-    lhs = lhs.reshape(rows * cols, kh * x_ref.shape[-1])
+    # The row taps (of every depth tap's plane) side by side in the contraction (channels
+    # fewer than the MXU's depth, 128, share a pass instead of leaving most of it empty);
+    # each tap is ``rows`` image rows at every column: an aligned slab.
+    slabs = [p[0, pl.ds(start + i, rows), :, :] for p in planes for i in range(kh)]
+    lhs = slabs[0] if len(slabs) == 1 else jnp.concatenate(slabs, axis=-1)
+    lhs = lhs.reshape(rows * cols, len(slabs) * x_ref.shape[-1])
     acc = None
     for j in range(kw):
         # A column tap rotates the float32 product of every column by its offset (the
@@ -216,6 +222,70 @@ def _norm(y, mu, m2, epilogue, params, over, oh, out_dtype, closing):
     )(y, mu, m2, *params)
 
 
+def _plane(i):
+    """The index map of a 3-D convolution's depth tap ``i``: output plane z reads input
+    plane z + i (a block of one plane, its axis squeezed)."""
+    return lambda b, z, r: (b, z + i, 0, 0, 0)
+
+
+def _conv3d(lhs, rhs, padding, layout, epilogue, params, channel_axes):
+    """A 3-D convolution (stride 1, undilated, ungrouped) and the elementwise steps after
+    it: for each output plane and block of rows, the kd input planes it reads come in as
+    kd blocks of the same image (index maps z + i), all their row taps side by side in
+    the contraction (kd * kh * C_in deep), column taps rotating the products as in 2-D."""
+    x = jnp.transpose(lhs, [layout[0].index(c) for c in "NDHWC"])
+    w = jnp.transpose(rhs, [layout[1].index(c) for c in "DHWIO"])
+    kd, kh, kw = w.shape[:3]
+    if isinstance(padding, str) and padding.upper() in ("SAME", "VALID"):
+        pads = [((k - 1) // 2, k // 2) if padding.upper() == "SAME" else (0, 0)
+                for k in (kd, kh, kw)]
+    elif isinstance(padding, str):
+        raise ValueError(f"padding {padding!r}")
+    else:
+        pads = [tuple(p) for p in padding]
+    pd, ph, pw = pads
+    n, d, h, wd, c = x.shape
+    od, oh, ow = d + sum(pd) - kd + 1, h + sum(ph) - kh + 1, wd + sum(pw) - kw + 1
+    cols = -(-(wd + sum(pw)) // 16) * 16  # whole sublane tiles, as in 2-D
+    o = w.shape[-1]
+    out_dtype = jnp.result_type(lhs.dtype, rhs.dtype)
+    item = x.dtype.itemsize
+
+    def need(rows, extra_rows):
+        """VMEM: the kd planes and the weights (double-buffered, channels padded to 128
+        lanes), the output block, three float32 products, the taps side by side."""
+        lanes, o_lanes = -(-c // 128) * 128, -(-o // 128) * 128
+        plane = (h + sum(ph) + extra_rows) * cols * lanes * item
+        taps_lanes = -(-kd * kh * c // 128) * 128
+        block = rows * ow * o * jnp.dtype(out_dtype).itemsize
+        return 2 * (kd * plane + kd * kh * kw * c * o * item + block) \
+            + 3 * rows * cols * o_lanes * 4 + rows * cols * taps_lanes * item
+
+    rows, _clamp, extra_rows = _block_rows(oh, False, need)
+    oh_pad = oh + extra_rows
+    if pd != (0, 0) or ph != (0, 0) or extra_rows or cols != wd:
+        x = jnp.pad(x, ((0, 0), pd, (ph[0], ph[1] + extra_rows),
+                        (pw[0], cols - wd - pw[0]), (0, 0)))
+    w = w.transpose(2, 0, 1, 3, 4).reshape(kw, kd * kh * c, o)
+    rows_in = [_per_channel(p, a, o, 5) for p, a in zip(params, channel_axes, strict=True)]
+    out = pl.pallas_call(
+        functools.partial(_conv_body, kd=kd, kh=kh, kw=kw, rows=rows, epilogue=epilogue,
+                          mean=False, oh=oh, ow=ow, clamp=False, stats=False, row_axis=2),
+        out_shape=jax.ShapeDtypeStruct((n, od, oh_pad, ow, o), out_dtype),
+        grid=(n, od, -(-oh_pad // rows)),
+        in_specs=[pl.BlockSpec((1, None, *x.shape[2:]), _plane(i)) for i in range(kd)]
+                 + [pl.BlockSpec(w.shape, lambda b, z, r: (0, 0, 0))]
+                 + [pl.BlockSpec((1, o), lambda b, z, r: (0, 0)) for _ in rows_in],
+        out_specs=pl.BlockSpec((1, None, rows, ow, o), lambda b, z, r: (b, z, r, 0, 0)),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            vmem_limit_bytes=_vmem_limit(need(rows, extra_rows))),
+    )(*([x] * kd), w, *rows_in)
+    if oh_pad != oh:
+        out = out[:, :, :oh]
+    return jnp.transpose(out, ["NDHWC".index(ch) for ch in layout[2]])
+
+
 def _block_rows(oh, mean, need):
     """Output rows per grid step, whether the last block is clamped, and the rows the
     image is padded by: BLOCK_ROWS (halved while ``need(rows, padded rows)`` is over
@@ -236,7 +306,8 @@ def _conv(lhs, rhs, window_strides=(1, 1), padding="VALID", lhs_dilation=None,
           epilogue=None, params=(), channel_axes=(), mean=None, norm=None,
           norm_epilogue=None, norm_params=(), norm_channel_axes=(), norm_groups=None,
           norm_closing=False, **unused):
-    """lax.conv_general_dilated for 2-D, stride 1, undilated, ungrouped convolutions;
+    """lax.conv_general_dilated for 2-D, stride 1, undilated, ungrouped convolutions (3-D
+    ones, with elementwise steps only, go to ``_conv3d``);
     with ``epilogue``, the reference's elementwise steps after it (their operands
     ``params``, each per channel along its ``channel_axes`` entry) run on each block
     before it is stored, and with ``mean`` (keepdims, the layout it is taken in) the
@@ -247,14 +318,24 @@ def _conv(lhs, rhs, window_strides=(1, 1), padding="VALID", lhs_dilation=None,
     ``norm_params``) on them; "G" is a group norm, its statistics over each image's
     ``norm_groups`` groups of channels. ``norm_closing``: that epilogue ends on a
     reduction over the channels, and one channel is stored."""
-    layout = tuple(dimension_numbers) if dimension_numbers is not None else (
-        "NCHW", "OIHW", "NCHW")
-    if len(layout) != 3 or any(not isinstance(s, str) for s in layout) or len(layout[0]) != 4:
-        raise ValueError(f"the conv template handles 2-D convolutions named by strings "
-                         f"(NHWC/HWIO or NCHW/OIHW), not {dimension_numbers!r}")
-    if tuple(window_strides) != (1, 1) or any(d not in (None, (1, 1), [1, 1]) for d in (
-            lhs_dilation, rhs_dilation)) or feature_group_count != 1:
+    if dimension_numbers is not None:
+        layout = tuple(dimension_numbers)
+    else:
+        layout = ("NCHW", "OIHW", "NCHW") if jnp.ndim(lhs) == 4 else (
+            "NCDHW", "OIDHW", "NCDHW")
+    if len(layout) != 3 or any(not isinstance(s, str) for s in layout) \
+            or len(layout[0]) not in (4, 5):
+        raise ValueError(f"the conv template handles 2-D and 3-D convolutions named by "
+                         f"strings (NHWC/HWIO, NCHW/OIHW, NDHWC/DHWIO, NCDHW/OIDHW), not "
+                         f"{dimension_numbers!r}")
+    if any(s != 1 for s in window_strides) or any(
+            d is not None and any(e != 1 for e in d) for d in (lhs_dilation, rhs_dilation)) \
+            or feature_group_count != 1:
         raise ValueError("the conv template handles stride 1, no dilation, one group")
+    if len(layout[0]) == 5:
+        if mean is not None or norm:
+            raise ValueError("a 3-D convolution takes in elementwise steps only")
+        return _conv3d(lhs, rhs, padding, layout, epilogue, params, channel_axes)
     x = jnp.transpose(lhs, [layout[0].index(c) for c in "NHWC"])
     w = jnp.transpose(rhs, [layout[1].index(c) for c in "HWIO"])
     kh, kw = w.shape[0], w.shape[1]
@@ -320,7 +401,7 @@ def _conv(lhs, rhs, window_strides=(1, 1), padding="VALID", lhs_dilation=None,
         out_shape = jax.ShapeDtypeStruct((n, oh_pad, ow, o), out_dtype)
         out_spec = pl.BlockSpec((1, rows, ow, o), lambda b, r: (b, r, 0, 0))
     out = pl.pallas_call(
-        functools.partial(_conv_body, kh=kh, kw=kw, rows=rows, epilogue=epilogue,
+        functools.partial(_conv_body, kd=1, kh=kh, kw=kw, rows=rows, epilogue=epilogue,
                           mean=mean is not None, oh=oh, ow=ow, clamp=clamp,
                           stats=bool(norm)),
         out_shape=out_shape,
@@ -483,7 +564,8 @@ def _float32_operands(brief: TaskBrief) -> bool:
 
 def conv(brief: TaskBrief) -> tuple[str, str]:
     """Convolution as matmuls: the reference's ``conv_general_dilated`` (2-D, stride 1,
-    VALID or SAME, NHWC/HWIO or NCHW/OIHW) becomes a Pallas kernel that keeps one image
+    VALID or SAME, NHWC/HWIO or NCHW/OIHW; or 3-D, NDHWC/DHWIO or NCDHW/OIDHW, each
+    output plane's input planes side by side) becomes a Pallas kernel that keeps one image
     in VMEM and, for each block of output rows, accumulates MXU matmuls of aligned
     (rows x width, row taps x C_in) slabs by the weight slices in float32 (column taps
     rotate the products). The per-channel elementwise steps after it and a closing mean
@@ -519,6 +601,10 @@ def conv(brief: TaskBrief) -> tuple[str, str]:
            "the row taps side by side in the "
            "contraction (channels under 128 share an MXU pass) and column taps rotating the "
            "float32 products. "
+           + ("A 3-D convolution: each output plane's input planes come in as blocks of "
+              "the same image, their row taps side by side in the contraction too. "
+              if any(len(shape) == 5 for shape, _dtype in next(
+                  (x["inputs"] for x in brief.shapes if x.get("inputs")), [])) else "")
            + ("The reference's per-channel steps after the convolution"
               + (" and its mean over the image" if "mean=(" in body else "")
               + " run on each block before it is stored"

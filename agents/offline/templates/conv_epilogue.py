@@ -5,7 +5,8 @@ changes between them, and then either a closing mean over the two spatial axes (
 average pool) or a norm: statistics over the image (an instance norm) or over the batch
 and the image (a training-mode batch norm), each channel's mean and variance, and the
 elementwise steps that use them. The template takes them only when nothing on the whole
-output is left after them. Pure ``ast``: the reference is read, never run.
+output is left after them. After a 3-D convolution only the elementwise steps (and the
+layout changes between them) are read. Pure ``ast``: the reference is read, never run.
 
 The operands are checked again when the kernel is traced (``_per_channel`` in the kernel
 text): one that turns out not to be per channel makes the kernel run the statements as
@@ -136,13 +137,13 @@ def _assigned(stmt: ast.stmt) -> str | None:
     return None
 
 
-def _transpose(value: ast.expr, name: str) -> tuple[int, ...] | None:
-    """``jnp.transpose(name, perm)`` of a 4-D ``name``: its permutation."""
+def _transpose(value: ast.expr, name: str, rank: int = 4) -> tuple[int, ...] | None:
+    """``jnp.transpose(name, perm)`` of a ``name`` of ``rank`` axes: its permutation."""
     if isinstance(value, ast.Call) and _last_name(value.func) == "transpose" \
             and len(value.args) == 2 and isinstance(value.args[0], ast.Name) \
             and value.args[0].id == name:
         perm = literal_value(value.args[1])
-        if isinstance(perm, tuple | list) and sorted(perm) == [0, 1, 2, 3]:
+        if isinstance(perm, tuple | list) and sorted(perm) == list(range(rank)):
             return tuple(perm)
     return None
 
@@ -189,8 +190,8 @@ def read_tail(body: list[ast.stmt], out_layout: str) -> Tail | None:
     one); ``out_layout`` is the convolution's output layout ("NHWC", "NCHW")."""
     conv = next((i for i, s in enumerate(body) if _assigned(s) and isinstance(
         s.value, ast.Call) and getattr(s.value.func, "id", "") == "_conv"), None)  # type: ignore[attr-defined]
-    if conv is None or sorted(out_layout) != sorted("NHWC"):
-        return None  # (a layout other than a 2-D image's: nothing is read)
+    if conv is None or sorted(out_layout) not in (sorted("NHWC"), sorted("NDHWC")):
+        return None  # (a layout other than a 2-D or 3-D image's: nothing is read)
     name = _assigned(body[conv]) or ""
     tail = Tail(conv=conv, name=name, end=conv + 1)
     axes = list(out_layout)  # which of N, H, W, C each axis of ``v`` is now
@@ -217,13 +218,14 @@ def read_tail(body: list[ast.stmt], out_layout: str) -> Tail | None:
             temps[target] = found
             tail.temps.append(target)
             continue
-        perm = _transpose(value, name)
+        perm = _transpose(value, name, len(axes))
         fn = _last_name(value.func) if isinstance(value, ast.Call) else ""
         if perm is not None and not temps:
             axes = [axes[p] for p in perm]
             tail.transposes.append(perm)
-        elif fn == "mean" and not temps and isinstance(value, ast.Call) and value.args \
-                and isinstance(value.args[0], ast.Name) and value.args[0].id == name:
+        elif fn == "mean" and not temps and "D" not in axes and isinstance(
+                value, ast.Call) and value.args and isinstance(value.args[0], ast.Name) \
+                and value.args[0].id == name:
             found_kw = {k.arg: literal_value(k.value) for k in value.keywords}
             over = found_kw.get("axis", literal_value(value.args[1]) if len(value.args) > 1
                                 else None)
@@ -249,7 +251,7 @@ def read_tail(body: list[ast.stmt], out_layout: str) -> Tail | None:
         del tail.params[committed:], tail.channel_axes[committed:]
     tail.hoisted = [i for i in hoisted if i < tail.end]
     tail.layout = "".join(axes)
-    if tail.mean is None:
+    if tail.mean is None and "D" not in axes:  # (a 3-D image's: the elementwise steps only)
         _read_norm(body, tail, axes)
     return tail
 
