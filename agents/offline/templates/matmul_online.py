@@ -1,7 +1,8 @@
 """The matmul template's online row reduction, as kernel text: an epilogue that reduces
 each row (a row sum, a mean, a max, a logsumexp) carried across the column blocks in a
 (BLOCK_M, 1) scratch, so the product is tiled like a plain matmul and never written to
-HBM. ``W_BLOCK_2D`` and ``W_BYTES`` are the template's own weight block and its size."""
+HBM. ``W_BLOCK_2D`` and ``W_BYTES`` are the template's own weight block and its size,
+``DOT_WHOLE`` and ``DOT_PART`` its product of the tile's rows, all or a part of them."""
 
 from __future__ import annotations
 
@@ -11,36 +12,62 @@ _PARTS = {"sum": jnp.sum, "mean": jnp.sum, "max": jnp.max, "min": jnp.min}
 _COMBINE = {"sum": jnp.add, "mean": jnp.add, "max": jnp.maximum, "min": jnp.minimum}
 
 
-def _online_body(pre, post, kind, n_total, x_ref, w_ref, *refs):
+def _online_body(pre, post, kind, n_total, parts, x_ref, w_ref, *refs):
     # one (BLOCK_M, BLOCK_N) tile of the product per (i, j): the part of the epilogue
     # before the reduction on it, its partial reduction folded into red_ref (for a
     # logsumexp the running max, with the running sum of exponentials in sum_ref), and at
-    # the last column block the rest of the epilogue on the reduced column
+    # the last column block the rest of the epilogue on the reduced column. ``parts``:
+    # None (the tile whole), or (as in _body) the last k step in LAST_PARTS parts of
+    # rows, each one's product and epilogue in turn, for each operand whether its block's
+    # rows are the tile's
     *extra_refs, o_ref, acc_ref, red_ref, sum_ref = refs
     j = pl.program_id(2)
 
-    @pl.when(_accumulate(x_ref, w_ref, acc_ref))
-    def _tile():
-        t = pre(acc_ref[...], *(r[...] for r in extra_refs)).astype(jnp.float32)
+    def fold(at, acc, split):
+        # the tile's rows ``at`` (all of them, or one part), their product ``acc``
+        ops = [r[at, :] if s else r[...] for r, s in zip(extra_refs, split)]
+        t = pre(acc, *ops).astype(jnp.float32)
         if kind == "logsumexp":
             top = jnp.max(t, axis=-1, keepdims=True)
-            new = jnp.where(j == 0, top, jnp.maximum(red_ref[...], top))
-            carried = jnp.where(j == 0, 0.0, sum_ref[...] * jnp.exp(red_ref[...] - new))
-            sum_ref[...] = carried + jnp.sum(jnp.exp(t - new), axis=-1, keepdims=True)
-            red_ref[...] = new
+            new = jnp.where(j == 0, top, jnp.maximum(red_ref[at, :], top))
+            carried = jnp.where(j == 0, 0.0, sum_ref[at, :] * jnp.exp(red_ref[at, :] - new))
+            sum_ref[at, :] = carried + jnp.sum(jnp.exp(t - new), axis=-1, keepdims=True)
+            red_ref[at, :] = new
         else:
             part = _PARTS[kind](t, axis=-1, keepdims=True)
-            red_ref[...] = jnp.where(j == 0, part, _COMBINE[kind](red_ref[...], part))
+            red_ref[at, :] = jnp.where(j == 0, part, _COMBINE[kind](red_ref[at, :], part))
 
         @pl.when(j == pl.num_programs(2) - 1)
         def _finish():
-            red = red_ref[...]
+            red = red_ref[at, :]
             if kind == "mean":
                 red = red / n_total
             elif kind == "logsumexp":
-                red = red + jnp.log(sum_ref[...])
-            out = post(red, *(r[...] for r in extra_refs))
-            o_ref[...] = out.reshape(o_ref.shape).astype(o_ref.dtype)
+                red = red + jnp.log(sum_ref[at, :])
+            out = post(red, *ops)
+            o_ref[at, :] = out.reshape(acc.shape[0], o_ref.shape[-1]).astype(o_ref.dtype)
+
+    if parts is None:
+        @pl.when(_accumulate(x_ref, w_ref, acc_ref))
+        def _tile():
+            fold(slice(None), acc_ref[...], [False] * len(extra_refs))
+        return
+    k = pl.program_id(3)
+
+    @pl.when(k == 0)
+    def _init():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    @pl.when(k < pl.num_programs(3) - 1)
+    def _step():
+        acc_ref[...] += DOT_WHOLE
+
+    @pl.when(k == pl.num_programs(3) - 1)
+    def _tile_in_parts():
+        rows = acc_ref.shape[0] // LAST_PARTS
+        for c in range(LAST_PARTS):
+            part = pl.ds(c * rows, rows)
+            fold(part, acc_ref[part, :] + DOT_PART, parts)
 
 
 def _online(static, x, w, extras, m, n, k, full):
@@ -67,9 +94,13 @@ def _online(static, x, w, extras, m, n, k, full):
         # (a pooling of the columns mixes nothing here: its windows do not straddle the
         # column blocks, or _lean's _pool refuses the tile, and the reduction after it
         # takes all the pooled columns, of fewer per tile: 49k's AvgPool1d)
-        rows_mixed, cols_mixed = _mixing(_bound(static, 0, None, _epilogue_pre, plain=True),
-                                         jax.ShapeDtypeStruct((bm, n), f32), *shapes(bm, n),
-                                         pooled=True)
+        plain = _bound(static, 0, None, _epilogue_pre, plain=True)
+        rows_mixed, cols_mixed = _mixing(plain, jax.ShapeDtypeStruct((bm, n), f32),
+                                         *shapes(bm, n), pooled=True)
+        # a pooling is a product on the MXU too (_pool): the last step's parts would only
+        # take turns on it (49k, v5e: 4.78 Mcycles whole, 4.84 in 4 parts)
+        pooling = "reduce_window" in str(jax.make_jaxpr(plain)(
+            jax.ShapeDtypeStruct((bm, bn), f32), *shapes(bm, bn)))
         tile = jax.eval_shape(pre, jax.ShapeDtypeStruct((bm, bn), f32), *shapes(bm, bn))
         width = jax.eval_shape(pre, jax.ShapeDtypeStruct((bm, n), f32), *shapes(bm, n)).shape
         out = jax.eval_shape(post, jax.ShapeDtypeStruct((bm, 1), f32), *shapes(bm, bn))
@@ -99,8 +130,10 @@ def _online(static, x, w, extras, m, n, k, full):
         jax.eval_shape(pre, jax.ShapeDtypeStruct((bm, bn), f32), *shapes(bm, bn))
     except ValueError:
         return None
+    parts = None if pooling or bm % (16 * LAST_PARTS) or LAST_PARTS < 2 else tuple(
+        _tiled(a, m, n) and a.shape[0] == m for a in extras)
     return pl.pallas_call(
-        functools.partial(_online_body, pre, post, ROW_REDUCTION, width[-1]),
+        functools.partial(_online_body, pre, post, ROW_REDUCTION, width[-1], parts),
         out_shape=jax.ShapeDtypeStruct((m, r), full.dtype),
         grid=(1, m // bm, n // bn, k // bk),
         in_specs=[pl.BlockSpec((None, bm, bk), lambda b, i, j, kk: (b, i, kk)),
