@@ -215,7 +215,7 @@ def workload(x, scale):
     "conv_nhwc": ("conv", CONV_INPUTS, """
 def workload(x, weight, bias):""" + CONV_HEAD + """    x = jax.nn.relu(x + bias.reshape(1, 1, 1, -1))
     return jnp.transpose(x, (0, 3, 1, 2))
-""", {"BLOCK_ROWS": 4}),
+""", {"BLOCK_ROWS": 4, "PACK_TAPS": True}),  # (the column taps in one product)
     # 39k's form: bias and GELU, then a global average pool over H and W
     "conv_pool": ("conv", CONV_INPUTS, """
 def workload(x, weight, bias):""" + CONV_HEAD + """    x = x + bias.reshape(1, 1, 1, -1)
@@ -242,7 +242,7 @@ def workload(x, weight, bias):
 def workload(x, weight, bias):
     x = jax.lax.conv_general_dilated(x, weight, (1, 1, 1), 'SAME')
     return jax.nn.relu(x + bias.reshape(1, -1, 1, 1, 1))
-""", {"BLOCK_ROWS": 4}),
+""", {"BLOCK_ROWS": 4, "PACK_TAPS": False}),  # (a product per column tap)
     "elementwise_gelu": ("elementwise", ROW_INPUTS, """
 def workload(x, scale):
     return jax.nn.gelu(x) * scale
@@ -817,7 +817,8 @@ def test_a_norm_after_a_convolution_is_read_into_a_second_kernel(tmp_path: Any, 
     assert "_l0 = (_y - _mean) / jnp.sqrt(_var + " in source
     fused = source[source.index("try:"):source.index("except _Unfusable:")]
     assert "norm_epilogue=_epilogue_2" in fused and "jnp.mean" not in fused
-    assert tunables.switches(source) == ("NORM_F32",)  # the first pass's blocks: f32 or not
+    # the first pass's blocks in f32 or not; the column taps in one product or one each
+    assert tunables.switches(source) == ("NORM_F32", "PACK_TAPS")
     # in float32 the switch would make the same program: none (MaxKernel's f32 22k spent a
     # proposal on it, rejected as v1's program)
     f32 = tmp_path / "conv_norm_f32"
@@ -826,7 +827,8 @@ def test_a_norm_after_a_convolution_is_read_into_a_second_kernel(tmp_path: Any, 
                                      + "\ndef workload(x, weight, bias):" + CONV_HEAD + tail)
     source, _why = write_template(agents.brief(load_task(f32, {"dtype": "float32"})), "conv")
     assert "norm_epilogue=_epilogue_2" in source and "NORM_F32 = True" in source
-    assert tunables.switches(source) == () and "NORM_F32" not in str(tunables.read(source))
+    assert tunables.switches(source) == ("PACK_TAPS",)
+    assert "NORM_F32" not in str(tunables.read(source))
     if tail is BATCH_NORM:
         assert "jnp.multiply(jnp.tanh(jax.nn.softplus(_v)), _v)" in source
         assert fused.index("w = (1.0 + bias)") < fused.index("_conv(")
@@ -928,7 +930,7 @@ def test_a_norm_the_kernels_cannot_take_keeps_its_steps_as_written(
     (BATCH_NORM, "float32", "19, 20", {"BLOCK_ROWS": 16}),  # 2 blocks, the second 1 row
     # groups of 4 of the 16 channels; 3 blocks of 6 rows, the columns padded 20 -> 32
     (GROUP_NORM, "bfloat16", "20, 20", {"BLOCK_ROWS": 6, "NORM_F32": False}),
-    (GROUP_NORM, "float32", "19, 20", {"BLOCK_ROWS": 4})])  # 17 rows padded to 20
+    (GROUP_NORM, "float32", "19, 20", {"BLOCK_ROWS": 4, "PACK_TAPS": True})])  # 17 rows, 20
 async def test_a_convolution_and_its_norm_run_in_two_kernels(
         worker_pool: Any, tmp_path: Any, tail: str, dtype: str, image: str,
         config: dict[str, Any]) -> None:
