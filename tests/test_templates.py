@@ -283,6 +283,39 @@ async def test_each_template_is_correct_in_f32_and_bf16(worker_pool: Any, tmp_pa
         assert names == ["_online_body"], names
 
 
+@pytest.mark.parametrize("name", ["matmul_mlp_chain", "matmul_logsumexp",
+                                  "matmul_batch_norm"])
+def test_the_last_step_in_parts_is_the_same_program_at_every_shape(tmp_path: Any,
+                                                                   name: str) -> None:
+    """The last k step runs the tile's rows in LAST_PARTS parts where the rows' block
+    divides into whole sublane tiles, else in one: a loop either way, so the kernels'
+    bodies (what ``production_program_differs`` compares) are the same at a check shape
+    of 32 rows and at 2048 (JAXBench's 14p, a ragged dot whose groups are 32 rows at the
+    check shapes, was rejected when the parts were a Python loop)."""
+    import ast
+    import re
+
+    import jax
+    import jax.numpy as jnp
+
+    from tilewright.kernels.worker.candidate.production import structure
+    from tilewright.kernels.worker.tpu import tpu_compile
+
+    source, _why = write_template(agents.brief(_task(tmp_path, name, "bfloat16")), "matmul")
+    assert "LAST_PARTS = 4" in source and "fori_loop(0, parts, one, 0, unroll=True)" in source
+    namespace: dict[str, Any] = {}
+    exec(compile(source, "kernel.py", "exec"), namespace)
+    _family, inputs, _body, _blocks = CASES[name]
+    shapes = [ast.literal_eval(found) for found in re.findall(r"ks\[\d\], (\([^)]*\))", inputs)]
+    bodies = []
+    for rows in (32, 2048):
+        args = [jax.ShapeDtypeStruct((rows, *shape[1:]) if i == 0 else shape, jnp.bfloat16)
+                for i, shape in enumerate(shapes)]
+        with tpu_compile.abstract_device("v5e"):
+            bodies.append(structure(jax.make_jaxpr(namespace["workload"])(*args)))
+    assert bodies[0] == bodies[1] and bodies[0], bodies
+
+
 def test_the_matmul_template_reads_dot_general_and_keeps_its_precision(tmp_path: Any) -> None:
     task = _task(tmp_path, "matmul_row_sum", "float32")
     source, why = write_template(agents.brief(task), "matmul")

@@ -181,16 +181,12 @@ def _accumulate(x_ref, w_ref, acc_ref):
     return k == pl.num_programs(3) - 1
 
 
-def _body(epilogue, parts, x_ref, w_ref, *refs):
-    # ``parts``: None (the tile whole at the last k step), or for each operand whether
-    # its block's rows are the tile's (sliced with them when the last step runs in parts)
+def _body(epilogue, parts, rows_apart, x_ref, w_ref, *refs):
+    # ``parts``: how many parts of rows the last k step runs in (1: the tile whole);
+    # ``rows_apart``: for each operand whether its block's rows are the tile's (sliced
+    # with a part), None where the epilogue mixes rows (one part, its output block not
+    # the tile's rows). A loop, so that the kernel's body is the same at every shape.
     *extra_refs, o_ref, acc_ref = refs
-    if parts is None:
-        @pl.when(_accumulate(x_ref, w_ref, acc_ref))
-        def _finish():
-            out = epilogue(acc_ref[...], *(r[...] for r in extra_refs))
-            o_ref[...] = out.reshape(o_ref.shape).astype(o_ref.dtype)
-        return
     k = pl.program_id(3)
 
     @pl.when(k == 0)
@@ -202,14 +198,22 @@ def _body(epilogue, parts, x_ref, w_ref, *refs):
         acc_ref[...] += {dot}
 
     @pl.when(k == pl.num_programs(3) - 1)
-    def _finish_in_parts():
-        rows = acc_ref.shape[0] // LAST_PARTS
-        for c in range(LAST_PARTS):
-            part = pl.ds(c * rows, rows)
+    def _finish():
+        rows = acc_ref.shape[0] // parts
+
+        def one(c, carry):
+            part = pl.ds(pl.multiple_of(c * rows, rows), rows)
             acc = acc_ref[part, :] + {dot_part}
-            out = epilogue(acc, *(r[part, :] if split else r[...]
-                                  for r, split in zip(extra_refs, parts)))
-            o_ref[part, :] = out.reshape(rows, o_ref.shape[-1]).astype(o_ref.dtype)
+            if rows_apart is None:
+                out = epilogue(acc, *(r[...] for r in extra_refs))
+                o_ref[...] = out.reshape(o_ref.shape).astype(o_ref.dtype)
+            else:
+                out = epilogue(acc, *(r[part, :] if split else r[...]
+                                      for r, split in zip(extra_refs, rows_apart)))
+                o_ref[part, :] = out.reshape(rows, o_ref.shape[-1]).astype(o_ref.dtype)
+            return carry
+
+        jax.lax.fori_loop(0, parts, one, 0, unroll=True)
 
 
 def _product_body(x_ref, w_ref, o_ref, acc_ref):
@@ -478,10 +482,11 @@ def _matmul(stage, static, x, w, *operands):
     w_block = {w_block} if batched else {w_block_2d}
     # the last k step in LAST_PARTS parts of rows: where the epilogue keeps rows apart and
     # each part is whole sublane tiles of the (bf16 or f32) operands
-    parts = None if rows_mixed or out_block[-2] != bm or bm % (16 * LAST_PARTS) \\
-        or LAST_PARTS < 2 else tuple(_tiled(a, m, n) and a.shape[0] == m for a in extras)
+    rows_apart = None if rows_mixed else tuple(_tiled(a, m, n) and a.shape[0] == m
+                                               for a in extras)
+    parts = LAST_PARTS if rows_apart is not None and bm % (16 * LAST_PARTS) == 0 else 1
     out = pl.pallas_call(
-        functools.partial(_body, epilogue, parts),
+        functools.partial(_body, epilogue, parts, rows_apart),
         out_shape=jax.ShapeDtypeStruct(out_shape, full.dtype),
         grid=(g, pl.cdiv(m, bm), pl.cdiv(n, bn), pl.cdiv(k, bk)),
         in_specs=[pl.BlockSpec((None, bm, bk), lambda b, i, j, kk: (b, i, kk)),

@@ -12,46 +12,15 @@ _PARTS = {"sum": jnp.sum, "mean": jnp.sum, "max": jnp.max, "min": jnp.min}
 _COMBINE = {"sum": jnp.add, "mean": jnp.add, "max": jnp.maximum, "min": jnp.minimum}
 
 
-def _online_body(pre, post, kind, n_total, parts, x_ref, w_ref, *refs):
+def _online_body(pre, post, kind, n_total, parts, rows_apart, x_ref, w_ref, *refs):
     # one (BLOCK_M, BLOCK_N) tile of the product per (i, j): the part of the epilogue
     # before the reduction on it, its partial reduction folded into red_ref (for a
     # logsumexp the running max, with the running sum of exponentials in sum_ref), and at
-    # the last column block the rest of the epilogue on the reduced column. ``parts``:
-    # None (the tile whole), or (as in _body) the last k step in LAST_PARTS parts of
-    # rows, each one's product and epilogue in turn, for each operand whether its block's
-    # rows are the tile's
+    # the last column block the rest of the epilogue on the reduced column. As in _body,
+    # the last k step runs the tile's rows in ``parts`` parts (``rows_apart``: for each
+    # operand whether its block's rows are the tile's), in a loop
     *extra_refs, o_ref, acc_ref, red_ref, sum_ref = refs
     j = pl.program_id(2)
-
-    def fold(at, acc, split):
-        # the tile's rows ``at`` (all of them, or one part), their product ``acc``
-        ops = [r[at, :] if s else r[...] for r, s in zip(extra_refs, split)]
-        t = pre(acc, *ops).astype(jnp.float32)
-        if kind == "logsumexp":
-            top = jnp.max(t, axis=-1, keepdims=True)
-            new = jnp.where(j == 0, top, jnp.maximum(red_ref[at, :], top))
-            carried = jnp.where(j == 0, 0.0, sum_ref[at, :] * jnp.exp(red_ref[at, :] - new))
-            sum_ref[at, :] = carried + jnp.sum(jnp.exp(t - new), axis=-1, keepdims=True)
-            red_ref[at, :] = new
-        else:
-            part = _PARTS[kind](t, axis=-1, keepdims=True)
-            red_ref[at, :] = jnp.where(j == 0, part, _COMBINE[kind](red_ref[at, :], part))
-
-        @pl.when(j == pl.num_programs(2) - 1)
-        def _finish():
-            red = red_ref[at, :]
-            if kind == "mean":
-                red = red / n_total
-            elif kind == "logsumexp":
-                red = red + jnp.log(sum_ref[at, :])
-            out = post(red, *ops)
-            o_ref[at, :] = out.reshape(acc.shape[0], o_ref.shape[-1]).astype(o_ref.dtype)
-
-    if parts is None:
-        @pl.when(_accumulate(x_ref, w_ref, acc_ref))
-        def _tile():
-            fold(slice(None), acc_ref[...], [False] * len(extra_refs))
-        return
     k = pl.program_id(3)
 
     @pl.when(k == 0)
@@ -63,11 +32,38 @@ def _online_body(pre, post, kind, n_total, parts, x_ref, w_ref, *refs):
         acc_ref[...] += DOT_WHOLE
 
     @pl.when(k == pl.num_programs(3) - 1)
-    def _tile_in_parts():
-        rows = acc_ref.shape[0] // LAST_PARTS
-        for c in range(LAST_PARTS):
-            part = pl.ds(c * rows, rows)
-            fold(part, acc_ref[part, :] + DOT_PART, parts)
+    def _tile():
+        rows = acc_ref.shape[0] // parts
+
+        def one(c, carry):
+            part = pl.ds(pl.multiple_of(c * rows, rows), rows)
+            acc = acc_ref[part, :] + DOT_PART
+            ops = [r[part, :] if s else r[...] for r, s in zip(extra_refs, rows_apart)]
+            t = pre(acc, *ops).astype(jnp.float32)
+            if kind == "logsumexp":
+                top = jnp.max(t, axis=-1, keepdims=True)
+                new = jnp.where(j == 0, top, jnp.maximum(red_ref[part, :], top))
+                carried = jnp.where(j == 0, 0.0,
+                                    sum_ref[part, :] * jnp.exp(red_ref[part, :] - new))
+                sum_ref[part, :] = carried + jnp.sum(jnp.exp(t - new), axis=-1, keepdims=True)
+                red_ref[part, :] = new
+            else:
+                reduced = _PARTS[kind](t, axis=-1, keepdims=True)
+                red_ref[part, :] = jnp.where(j == 0, reduced,
+                                           _COMBINE[kind](red_ref[part, :], reduced))
+
+            @pl.when(j == pl.num_programs(2) - 1)
+            def _finish():
+                red = red_ref[part, :]
+                if kind == "mean":
+                    red = red / n_total
+                elif kind == "logsumexp":
+                    red = red + jnp.log(sum_ref[part, :])
+                out = post(red, *ops)
+                o_ref[part, :] = out.reshape(rows, o_ref.shape[-1]).astype(o_ref.dtype)
+            return carry
+
+        jax.lax.fori_loop(0, parts, one, 0, unroll=True)
 
 
 def _online(static, x, w, extras, m, n, k, full):
@@ -130,10 +126,11 @@ def _online(static, x, w, extras, m, n, k, full):
         jax.eval_shape(pre, jax.ShapeDtypeStruct((bm, bn), f32), *shapes(bm, bn))
     except ValueError:
         return None
-    parts = None if pooling or bm % (16 * LAST_PARTS) or LAST_PARTS < 2 else tuple(
-        _tiled(a, m, n) and a.shape[0] == m for a in extras)
+    rows_apart = tuple(_tiled(a, m, n) and a.shape[0] == m for a in extras)
+    parts = 1 if pooling or bm % (16 * LAST_PARTS) else LAST_PARTS
     return pl.pallas_call(
-        functools.partial(_online_body, pre, post, ROW_REDUCTION, width[-1], parts),
+        functools.partial(_online_body, pre, post, ROW_REDUCTION, width[-1], parts,
+                          rows_apart),
         out_shape=jax.ShapeDtypeStruct((m, r), full.dtype),
         grid=(1, m // bm, n // bn, k // bk),
         in_specs=[pl.BlockSpec((None, bm, bk), lambda b, i, j, kk: (b, i, kk)),
