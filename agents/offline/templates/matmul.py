@@ -190,12 +190,9 @@ def _accumulate(x_ref, w_ref, acc_ref):
     return k == pl.num_programs(3) - 1
 
 
-def _body(epilogue, parts, rows_apart, x_ref, w_ref, *refs):
-    # ``parts``: how many parts of rows the last k step runs in (1: the tile whole);
-    # ``rows_apart``: for each operand whether its block's rows are the tile's (sliced
-    # with a part), None where the epilogue mixes rows (one part, its output block not
-    # the tile's rows). A loop, so that the kernel's body is the same at every shape.
-    *extra_refs, o_ref, acc_ref = refs
+def _accumulate_but_last(x_ref, w_ref, acc_ref):
+    \"\"\"As _accumulate, but the last step's product is left to the caller (added in
+    parts of rows, each with its epilogue): True at the last step.\"\"\"
     k = pl.program_id(3)
 
     @pl.when(k == 0)
@@ -206,7 +203,17 @@ def _body(epilogue, parts, rows_apart, x_ref, w_ref, *refs):
     def _step():
         acc_ref[...] += {dot}
 
-    @pl.when(k == pl.num_programs(3) - 1)
+    return k == pl.num_programs(3) - 1
+
+
+def _body(epilogue, parts, rows_apart, x_ref, w_ref, *refs):
+    # ``parts``: how many parts of rows the last k step runs in (1: the tile whole);
+    # ``rows_apart``: for each operand whether its block's rows are the tile's (sliced
+    # with a part), None where the epilogue mixes rows (one part, its output block not
+    # the tile's rows). A loop, so that the kernel's body is the same at every shape.
+    *extra_refs, o_ref, acc_ref = refs
+
+    @pl.when(_accumulate_but_last(x_ref, w_ref, acc_ref))
     def _finish():
         rows = acc_ref.shape[0] // parts
 
@@ -514,7 +521,7 @@ def _matmul(stage, static, x, w, *operands):
 """
     if online is not None:
         src += ONLINE_ROW_REDUCTION.replace("W_BLOCK_2D", w_block_2d).replace(
-            "W_BYTES", w_bytes).replace("DOT_WHOLE", dot).replace("DOT_PART", dot_part)
+            "W_BYTES", w_bytes).replace("DOT_PART", dot_part)
     why = (f"Matmul with an epilogue: the reference's `{lhs} @ {rhs}` becomes a tiled MXU matmul "
            "over a (m/BLOCK_M, n/BLOCK_N, k/BLOCK_K) grid with k innermost and 'arbitrary'; a "
            "float32 VMEM accumulator is zeroed at k == 0 and, at the last k step, the rest of "

@@ -2,7 +2,7 @@
 each row (a row sum, a mean, a max, a logsumexp) carried across the column blocks in a
 (BLOCK_M, 1) scratch, so the product is tiled like a plain matmul and never written to
 HBM. ``W_BLOCK_2D`` and ``W_BYTES`` are the template's own weight block and its size,
-``DOT_WHOLE`` and ``DOT_PART`` its product of the tile's rows, all or a part of them."""
+``DOT_PART`` its product of a part of the tile's rows."""
 
 from __future__ import annotations
 
@@ -21,17 +21,8 @@ def _online_body(pre, post, kind, n_total, parts, rows_apart, x_ref, w_ref, *ref
     # operand whether its block's rows are the tile's), in a loop
     *extra_refs, o_ref, acc_ref, red_ref, sum_ref = refs
     j = pl.program_id(2)
-    k = pl.program_id(3)
 
-    @pl.when(k == 0)
-    def _init():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
-
-    @pl.when(k < pl.num_programs(3) - 1)
-    def _step():
-        acc_ref[...] += DOT_WHOLE
-
-    @pl.when(k == pl.num_programs(3) - 1)
+    @pl.when(_accumulate_but_last(x_ref, w_ref, acc_ref))
     def _tile():
         rows = acc_ref.shape[0] // parts
 
