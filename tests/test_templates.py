@@ -316,6 +316,27 @@ def test_the_last_step_in_parts_is_the_same_program_at_every_shape(tmp_path: Any
     assert bodies[0] == bodies[1] and bodies[0], bodies
 
 
+def test_a_row_reduction_after_a_softmax_is_not_offered_online(tmp_path: Any) -> None:
+    """13p's form: a log_softmax, then a sum of each row (a cross entropy). The part
+    before the sum mixes the columns, so the online kernel would refuse it when traced:
+    no ROW_REDUCTION switch is offered (a proposal spent on it would change nothing),
+    while a pooling before the reduction (49k) still is."""
+    root = tmp_path / "matmul_cross_entropy"
+    root.mkdir()
+    (root / "baseline.py").write_text(_HEAD.format(dtype="bfloat16", inputs=MATMUL_INPUTS) + """
+def workload(x, weight, bias):
+    logits = jnp.matmul(x, weight.T) + bias
+    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.sum(log_probs * 0.5, axis=-1)
+""")
+    source, _why = write_template(agents.brief(load_task(root)), "matmul")
+    assert "ROW_REDUCTION = None" in source and "ROW_REDUCTION" not in str(
+        tunables.switches(source))
+    pooled, _why = write_template(agents.brief(_task(tmp_path, "matmul_avgpool_max",
+                                                     "bfloat16")), "matmul")
+    assert "ROW_REDUCTION = 'max'" in pooled
+
+
 def test_the_matmul_template_reads_dot_general_and_keeps_its_precision(tmp_path: Any) -> None:
     task = _task(tmp_path, "matmul_row_sum", "float32")
     source, why = write_template(agents.brief(task), "matmul")

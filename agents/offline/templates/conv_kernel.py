@@ -63,7 +63,7 @@ def _conv_body(*refs, kd, kh, kw, rows, epilogue, mean, oh, ow, clamp, stats, ro
     params, (o_ref, *stat_refs) = refs[:-count], refs[-count:]
     r = pl.program_id(row_axis)  # the block of rows (after the output plane, in 3-D)
     # (kw, taps, o) weights, a product per column tap; or (taps, kw * o), every column
-    # tap's output channels side by side (_packed), one product for all of them
+    # tap's output channels side by side (PACK_TAPS), one product for all of them
     o = w_ref.shape[-1] // kw if w_ref.ndim == 2 else w_ref.shape[-1]
     x_ref = planes[0]
     cols = x_ref.shape[2]

@@ -266,9 +266,11 @@ def split_row_reduction(fn: ast.FunctionDef
     tile's values), the reduction's kind, and that statement with the reduction read
     as ``_red`` plus the ones after it (``_epilogue_post(_red, ...)``, on the reduced
     column). Both take the epilogue's own arguments. None where no statement holds one
-    such reduction, or where the rest reads a value of what came before it (then only
-    whole rows can hold it). The kernel checks the rest when it is traced: that the
-    part before mixes no columns."""
+    such reduction, where the rest reads a value of what came before it (then only
+    whole rows can hold it), or where the part before calls something that may mix the
+    columns (``may_mix_columns``: 13p's log_softmax before its sum, which no ROW_REDUCTION
+    switch could carry). The kernel checks the rest when it is traced: that the part
+    before mixes no columns (a pooling of tile-aligned windows aside)."""
     params = [a.arg for a in fn.args.args[1:]]
     for at, stmt in enumerate(fn.body):
         found = [node for node in ast.walk(stmt) if _row_reduction(node)]
@@ -286,6 +288,8 @@ def split_row_reduction(fn: ast.FunctionDef
             return None
         pre = _function("_epilogue_pre", "_acc", params,
                         [*(_copy(s) for s in before), ast.Return(call.args[0])])
+        if may_mix_columns(pre):
+            return None  # (a softmax before a cross entropy's sum: _online would refuse it)
         post = _function("_epilogue_post", "_red", params, post_body)
         return pre, _ROW_REDUCTIONS[call.func.attr], post
     return None
