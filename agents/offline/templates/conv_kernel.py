@@ -286,6 +286,19 @@ def _block_rows(oh, mean, need):
         top //= 2
 
 
+def _image_mean(total, mean, oh, ow, out_dtype):
+    """Each image's mean per channel from its sums (n, 1, o), in the layout the
+    reference takes it in (``mean``: keepdims, that layout)."""
+    n, _, o = total.shape
+    keepdims, taken_in = mean
+    found = (total[:, 0, :] / (oh * ow)).astype(out_dtype)  # (n, o)
+    if [a for a in taken_in if a in "NC"] == ["C", "N"]:
+        found = found.T
+    if keepdims:
+        found = found.reshape([n if a == "N" else o if a == "C" else 1 for a in taken_in])
+    return found
+
+
 def _conv(lhs, rhs, window_strides=(1, 1), padding="VALID", lhs_dilation=None,
           rhs_dilation=None, dimension_numbers=None, feature_group_count=1, *,
           epilogue=None, params=(), channel_axes=(), mean=None, norm=None,
@@ -342,6 +355,17 @@ def _conv(lhs, rhs, window_strides=(1, 1), padding="VALID", lhs_dilation=None,
     cols = -(-(wd + sum(pw)) // 16) * 16
     o = w.shape[-1]
     out_dtype = jnp.result_type(lhs.dtype, rhs.dtype)
+    if LANES and norm != "NHW":  # (a batch's statistics span the images: channels on lanes)
+        lanes = _conv_lanes(
+            jnp.transpose(lhs, [layout[0].index(ch) for ch in "NCHW"]),
+            jnp.transpose(rhs, [layout[1].index(ch) for ch in "OIHW"]), ph, pw, layout[2],
+            epilogue, [_per_channel(p, a, o) for p, a in zip(params, channel_axes, strict=True)],
+            mean, norm, norm_epilogue,
+            [_per_channel(p, a, o) for p, a in zip(norm_params, norm_channel_axes,
+                                                    strict=True)],
+            norm_groups, norm_closing)
+        if lanes is not None:
+            return lanes if mean is None else _image_mean(lanes, mean, oh, ow, out_dtype)
     # a norm's first pass: float32 blocks, or (NORM_F32 off) the output's dtype
     y_dtype = jnp.float32 if norm and NORM_F32 else out_dtype
     item = x.dtype.itemsize
@@ -411,17 +435,13 @@ def _conv(lhs, rhs, window_strides=(1, 1), padding="VALID", lhs_dilation=None,
         out = _norm(y, mu, m2, norm_epilogue, norm_in, "NHW" if norm == "NHW" else "HW", oh,
                     out_dtype, norm_closing)
     elif mean is not None:
-        keepdims, taken_in = mean
-        found = (out[:, 0, :] / (oh * ow)).astype(out_dtype)  # (n, o)
-        if [a for a in taken_in if a in "NC"] == ["C", "N"]:
-            found = found.T
-        if keepdims:
-            found = found.reshape([n if a == "N" else o if a == "C" else 1 for a in taken_in])
-        return found
+        return _image_mean(out, mean, oh, ow, out_dtype)
     if oh_pad != oh:
         out = out[:, :oh]
     return jnp.transpose(out, ["NHWC".index(ch) for ch in layout[2]])
+'''
 
+_CONV_END = '''
 
 # The reference, its convolution done by the kernel above.
 '''
