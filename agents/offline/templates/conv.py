@@ -17,7 +17,6 @@ from tilewright.agents.offline.reference_reading import (
     reference_parts,
 )
 from tilewright.agents.offline.templates.conv_epilogue import Tail, read_tail
-from tilewright.agents.offline.templates.conv_lanes import _LANES, _LANES_KERNEL
 from tilewright.agents.offline.templates.conv_kernel import (
     _CONV_END,
     _CONV_KERNEL,
@@ -25,6 +24,7 @@ from tilewright.agents.offline.templates.conv_kernel import (
     _PACK_TAPS,
     _TUNABLES,
 )
+from tilewright.agents.offline.templates.conv_lanes import _LANES, _LANES_KERNEL
 
 
 class _CutConv(ast.NodeTransformer):
