@@ -184,6 +184,13 @@ def test_the_suite_report_merges_runs_and_puts_chip_rows_beside_estimates(
     assert found["1k_a"]["speedup"] == 1.4 and found["1k_a"]["kernel"] == "split2.py"
     module.print_suite(suite, found)
     assert " 1.40x " in capsys.readouterr().out
+    # The suites share task names: a JAXBench row (it names the dtype it ran its task in)
+    # is no MaxKernel figure, and a MaxKernel row no JAXBench one.
+    jaxbench = tmp_path / "jaxbench.jsonl"
+    jaxbench.write_text(json.dumps({**chip, "task": "2k_b", "speedup": 2.0,
+                                    "task_dtype": "bfloat16"}) + "\n")
+    assert set(module.chip_rows([old, jaxbench], suite="MaxKernel")) == {"1k_a"}
+    assert set(module.chip_rows([old, jaxbench], suite="JAXBench")) == {"2k_b"}
 
 
 def test_measure_on_chip_can_time_a_kernel_against_another(tmp_path: Path) -> None:

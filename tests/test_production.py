@@ -457,3 +457,63 @@ def test_a_causal_kernel_is_shortened_along_its_innermost_even_axis() -> None:
     assert plan.grid == (4, 32, 4, 8)
     assert (plan.axis, plan.units_full, plan.units) == (1, 128, (1, 2)), plan.uneven
     assert "shortened along axis 1" in plan.uneven
+
+
+def test_an_estimator_out_of_memory_on_the_shortened_grids_is_asked_at_fewer_repeats(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The estimator walks every grid step, and its memory grows with them: 46k's
+    channels-first kernel (one 16,384-lane step per image) needed more than 8 GB at 16
+    and 32 of its 128 images, and went unpriced. The candidate traces a smaller pair of
+    repeats beside the first (an eighth: 2 and 4), and the estimate is scaled from it
+    when the estimator runs out of memory on the first; the figure says so."""
+    from tilewright.kernels.worker.tpu import compile_pool, estimates
+
+    asked = []
+    per_image = 1000
+
+    class Compilers:
+        def compile(self, blob, chip, kind, deadline, memory_mb, *args, **kwargs):
+            asked.append((blob, kind))
+            if kind == "verdict":
+                return {"compile": "ok"}
+            if blob in (b"s0", b"s1"):
+                return {"compile": "unavailable", "why": "memory", "message":
+                        "the TPU compiler (estimator) needed more than its 8035 MB memory "
+                        "limit"}
+            images = {b"s2": 2, b"s3": 4}[blob]
+            return {"compile": "ok", "records": [{"name": "tw_pallas_0", "cycles":
+                                                  500 + per_image * images, "count": 1}],
+                    "kernels": {"tw_pallas_0": 0}}
+
+    monkeypatch.setattr(compile_pool, "compilers", Compilers)
+    monkeypatch.setattr(estimates, "estimates_possible", lambda chip: (True, None))
+    plan = {"index": 0, "name": "_lanes_body", "grid": [128], "steps": 128, "axis": 0,
+            "units_full": 128, "units": [16, 32], "small": [2, 4]}
+    programs = {"full": b"full", "scaled0": b"s0", "scaled1": b"s1", "scaled2": b"s2",
+                "scaled3": b"s3"}
+    out = estimates._program_estimate(programs, [plan], "v5e", 1e12, 4096)
+    assert out["estimate"]["cycles"] == 500 + per_image * 128, out
+    assert "2 and 4 of 128" in out["estimate"]["detail"]
+    assert "ran out of memory on the first" in out["estimate"]["detail"]
+    assert [blob for blob, kind in asked if kind == "estimate"] == [b"s0", b"s2", b"s3"]
+    # without the smaller pair, the reason stays
+    asked.clear()
+    del programs["scaled2"], programs["scaled3"]
+    out = estimates._program_estimate(programs, [plan], "v5e", 1e12, 4096)
+    assert out["estimate"] is None and "memory limit" in out["unavailable"]
+
+
+def test_a_long_even_grid_has_a_smaller_pair_and_an_uneven_one_none() -> None:
+    """``plan``: 128 alike repeats shortened to 16 and 32, with 2 and 4 beside them; a
+    kernel within the budget, or an uneven one, has none."""
+    from tilewright.kernels.worker.candidate import production
+
+    even = production.KernelPlan(0, "k", (128,), None, axis=0, units_full=128,
+                                 units=(16, 32))
+    assert production._smaller(even) == (2, 4)
+    assert production._smaller(production.KernelPlan(0, "k", (8,), None)) is None
+    assert production._smaller(production.KernelPlan(0, "k", (4, 32), None, axis=1,
+                                                     units_full=128, units=(1, 2))) is None
+    uneven = production.KernelPlan(0, "k", (128,), None, axis=0, units_full=128,
+                                   units=(16, 32), uneven="a pl.when on a grid position")
+    assert production._smaller(uneven) is None
