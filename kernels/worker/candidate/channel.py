@@ -45,7 +45,7 @@ EVAL_FAILURES = {
     "runtime_error": frozenset({"import", "exit", "runtime"}),
     "rejected": frozenset({"harness_tampering", "platform_dependent", "interpret_param"}),
 }
-PRODUCTION_PROGRAMS = ("full", "scaled0", "scaled1", "scaled2", "scaled3")
+PRODUCTION_PROGRAMS = ("full", "scaled0", "scaled1")
 
 
 def text(value: Any, limit: int = TEXT_LIMIT) -> str | None:
@@ -210,9 +210,6 @@ class ProductionReply:
         if ("scaled0" in programs) != ("scaled1" in programs):  # one short grid: no scaling
             programs.pop("scaled0", None)
             programs.pop("scaled1", None)
-        if ("scaled2" in programs) != ("scaled3" in programs) or "scaled0" not in programs:
-            programs.pop("scaled2", None)  # (the smaller pair: only beside the first)
-            programs.pop("scaled3", None)
         said = reply.get("pinned") if isinstance(reply.get("pinned"), dict) else {}
         pinned = {str(k)[:4]: _strings(v, 16) for k, v in list(said.items())[:16]
                   if isinstance(v, list) and any(p == f"pinned{k}" or p.startswith(f"pinned{k}_")

@@ -306,9 +306,6 @@ class Server:
         if prod.any_scaled(plans):
             variants["scaled0"] = prod.variant(closed, plans, 0)
             variants["scaled1"] = prod.variant(closed, plans, 1)
-        if prod.any_small(plans):  # for an estimator out of memory on the pair above
-            variants["scaled2"] = prod.variant(closed, plans, 2)
-            variants["scaled3"] = prod.variant(closed, plans, 3)
         flat = [v.aval for v in closed.jaxpr.invars]
         pinned: dict[str, Any] = {}
         try:  # loops of run-time length: their bounds from the production inputs' values

@@ -62,9 +62,6 @@ class KernelPlan:
     axis: int | None = None  # shortened axis (outer axes set to 1); None: compiled whole
     units_full: int = 1  # repeats of the inner sweep in the production grid
     units: tuple[int, int] = (1, 1)  # repeats in the two scaled compiles
-    # A smaller pair of repeats on the same axis, compiled when the estimator runs out of
-    # memory on ``units`` (its memory grows with every step it walks); None: no smaller
-    small: tuple[int, int] | None = None
     blocks: list[dict[str, Any]] = field(default_factory=list)
     data_dependent: bool = False  # scalar prefetch / manual DMA: traffic not static
     declared_bytes: float | None = None  # the kernel's own pl.CostEstimate, if it gave one
@@ -104,7 +101,6 @@ class KernelPlan:
                 "grid": list(self.grid), "steps": self.steps,
                 "semantics": list(self.semantics) if self.semantics else None,
                 "axis": self.axis, "units_full": self.units_full, "units": list(self.units),
-                "small": list(self.small) if self.small else None,
                 "blocks": self.blocks, "data_dependent": self.data_dependent,
                 "declared_bytes": self.declared_bytes, "scratch_bytes": self.scratch_bytes,
                 "vmem_limit": self.vmem_limit, "vmem_at_least": self.vmem_at_least(),
@@ -471,34 +467,13 @@ def plan(closed: Any, budget: int = STEP_BUDGET) -> list[KernelPlan]:
             p.coverage = _coverage(eqn, grid)
             body = eqn.params["jaxpr"]
             _check_even(p, getattr(body, "jaxpr", body))
-        p.small = _smaller(p)
         plans.append(p)
     return plans
 
 
-SMALL_DIVISOR = 8  # the smaller pair: an eighth of the repeats (16 and 32 -> 2 and 4)
-
-
-def _smaller(p: KernelPlan) -> tuple[int, int] | None:
-    """A pair of fewer repeats on the plan's axis, for an estimator that runs out of
-    memory on ``units`` (46k's channels-first kernel, 16 and 32 images of one 16,384-lane
-    step each: over 8 GB; 2 and 4: priced). None where there is none (or no shortening,
-    or an uneven kernel's pair, already the smallest alike)."""
-    if p.axis is None or p.uneven:
-        return None
-    n2 = max(2, p.units[1] // SMALL_DIVISOR)
-    n1 = max(1, n2 // 2)
-    return (n1, n2) if n2 < p.units[1] else None
-
-
-def any_small(plans: list[KernelPlan]) -> bool:
-    return any(p.small for p in plans)
-
-
 def variant(closed: Any, plans: list[KernelPlan], which: int | None) -> Any:
     """``closed`` with every pallas_call renamed; with ``which`` (0 or 1) also its grid
-    shortened to the plan's ``units[which]`` repeats (outer axes at 1); 2 or 3: to its
-    smaller pair's (``small``, else ``units``)."""
+    shortened to the plan's ``units[which]`` repeats (outer axes at 1)."""
     from jax.extend.core import ClosedJaxpr
 
     by_index = {p.index: p for p in plans}
@@ -510,7 +485,7 @@ def variant(closed: Any, plans: list[KernelPlan], which: int | None) -> Any:
             grid = list(p.grid)
             for axis in range(p.axis):
                 grid[axis] = 1
-            grid[p.axis] = p.units[which] if which < 2 else (p.small or p.units)[which - 2]
+            grid[p.axis] = p.units[which]
             params["grid_mapping"] = dataclasses.replace(params["grid_mapping"],
                                                          grid=tuple(grid))
         return params

@@ -309,9 +309,14 @@ def _program_estimate(programs: dict[str, bytes], plans: list[dict[str, Any]], c
                                       names=names, kernels_by_op=answer.get("kernels"))
         out["cached"] = bool(answer.get("cached"))
         return out
-    answers, small = _scaled_pair(comp, programs, chip, deadline, memory_mb, out)
-    if answers is None:
-        return out
+    answers = []
+    for key in ("scaled0", "scaled1"):
+        answer = comp.compile(programs[key], chip, "estimate", deadline, memory_mb)
+        if answer.get("compile") != "ok" or answer.get("records") is None:
+            out["unavailable"] = why_no_records(answer)
+            out["refusal"] = refusal(answer)
+            return out
+        answers.append(answer)
     (k1, _), (k2, _) = (split_records(a["records"], a.get("kernels")) for a in answers)
     kernels: dict[int, int] = {}
     details = []
@@ -320,43 +325,16 @@ def _program_estimate(programs: dict[str, bytes], plans: list[dict[str, Any]], c
         if plan.get("axis") is None:
             kernels[i] = k2.get(i, 0)
             continue
-        u1, u2 = (plan.get("small") or plan["units"]) if small else plan["units"]
+        u1, u2 = plan["units"]
         kernels[i], how = scale(k1.get(i, 0), k2.get(i, 0), u1, u2, plan["units_full"])
         details.append(f"{plan['name']}: {u1} and {u2} of {plan['units_full']} repeats of "
                        f"{plan['steps'] // plan['units_full']} grid steps ({how})")
     detail = ("kernel cycles scaled from shortened grids to the production grid "
-              f"({'; '.join(details)})" + (f"; {whole}" if whole else "")
-              + ("; the smaller pair of grids: the estimator ran out of memory on the first"
-                 if small else ""))
+              f"({'; '.join(details)})" + (f"; {whole}" if whole else ""))
     out["estimate"] = estimate_of(answers[1]["records"], chip, "scaled", detail, kernels, names,
                                   answers[1].get("kernels"))
     out["cached"] = all(a.get("cached") for a in answers)
     return out
-
-
-def _scaled_pair(comp: compile_pool.Compilers, programs: dict[str, bytes], chip: str,
-                 deadline: float, memory_mb: int, out: dict[str, Any]
-                 ) -> tuple[list[dict[str, Any]] | None, bool]:
-    """The estimator's answers on the two shortened grids, and whether they are the smaller
-    pair's: the first pair (``scaled0``, ``scaled1``), or where the estimator runs out of
-    memory on it, the pair of fewer repeats (``scaled2``, ``scaled3``) the candidate
-    traced beside it. None (the reason in ``out``) when neither is priced."""
-    for keys, small in ((("scaled0", "scaled1"), False), (("scaled2", "scaled3"), True)):
-        if small and "scaled2" not in programs:
-            return None, small
-        answers = []
-        for key in keys:
-            answer = comp.compile(programs[key], chip, "estimate", deadline, memory_mb)
-            if answer.get("compile") != "ok" or answer.get("records") is None:
-                out["unavailable"] = why_no_records(answer)
-                out["refusal"] = refusal(answer)
-                break
-            answers.append(answer)
-        if len(answers) == 2:
-            return answers, small
-        if answer.get("why") != "memory":
-            return None, small
-    return None, True
 
 
 def refusal(answer: dict[str, Any]) -> dict[str, Any] | None:
