@@ -345,22 +345,19 @@ def merged(files: list[Path]) -> list[dict]:
 
 def chip_rows(files: list[Path], crowned: dict[str, str] | None = None,
               suite: str | None = None) -> dict[str, dict]:
-    """Each task's latest row of ``measure_on_chip.py`` for its crowned kernel, from files
-    oldest first: the device times against XLA's on the chip the row names. The kernel is
-    known by its hash where both sides say it (``crowned``: task -> the crowned kernel's
-    ``crowned_sha256``; a row's ``kernel_sha256``), whatever file name it was timed
-    under, and such a row wins over one matched by the name ``crowned.py`` alone. With
-    ``suite``, only that suite's rows: the two suites share task names, and a JAXBench
-    row names the dtype it ran its task in (``task_dtype``), a MaxKernel row none."""
+    """Each task's latest ``measure_on_chip.py`` row for its crowned kernel, from files
+    oldest first (device times against XLA's on the chip the row names): known by its hash
+    where both sides say it (``crowned``: task -> ``crowned_sha256``; a row's
+    ``kernel_sha256``), which wins over the name ``crowned.py`` alone. ``suite``: only its
+    rows (the suites share task names; a JAXBench row names its ``task_dtype``)."""
     by_name: dict[str, dict] = {}
     by_hash: dict[str, dict] = {}
     for path in files:
         for line in path.read_text().splitlines():
             row = json.loads(line) if line.strip() else None
-            if not row or "task" not in row or row.get("against"):
-                continue  # (a row against another kernel than XLA's is no such figure)
-            if suite is not None and bool(row.get("task_dtype")) != (suite == "JAXBench"):
-                continue  # (the other suite's task of the same name)
+            if not row or "task" not in row or row.get("against") or (suite and bool(
+                    row.get("task_dtype")) != (suite == "JAXBench")):
+                continue  # (timed against another kernel than XLA's; the other suite's)
             want = (crowned or {}).get(row["task"])
             if want and row.get("kernel_sha256") == want:
                 by_hash[row["task"]] = row
@@ -557,14 +554,12 @@ def main(argv: list[str] | None = None) -> int:
         for item in args.measured:
             suite, sep, rows = item.partition("=")
             if not sep:
-                parser.error(f"--measured {item!r}: give SUITE=ROWS.jsonl (JAXBench= or "
-                             "MaxKernel=)")
+                parser.error(f"--measured {item!r}: give JAXBench=ROWS or MaxKernel=ROWS")
             measured.setdefault(suite, []).append(Path(rows))
         for result in merged(args.report):
             hashes = {r["task"]: r["crowned_sha256"] for r in result["rows"]
                       if r.get("crowned_sha256")}
-            print_suite(result, chip_rows(measured.get(result["suite"], []), hashes,
-                                          result["suite"]))
+            print_suite(result, chip_rows(measured.get(result["suite"], []), hashes, result["suite"]))
         return 0
     if args.estimate_crowned:
         rows = estimate_crowned(args.estimate_crowned, args.chip, args.timeout)
