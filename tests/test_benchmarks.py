@@ -185,12 +185,16 @@ def test_the_suite_report_merges_runs_and_puts_chip_rows_beside_estimates(
     module.print_suite(suite, found)
     assert " 1.40x " in capsys.readouterr().out
     # The suites share task names: a JAXBench row (it names the dtype it ran its task in)
-    # is no MaxKernel figure, and a MaxKernel row no JAXBench one.
-    jaxbench = tmp_path / "jaxbench.jsonl"
+    # is no MaxKernel figure, and a MaxKernel row (its task_dtype None) no JAXBench one;
+    # a row older than the field (1k_a's) may be either's.
+    jaxbench, maxkernel = tmp_path / "jaxbench.jsonl", tmp_path / "maxkernel.jsonl"
     jaxbench.write_text(json.dumps({**chip, "task": "2k_b", "speedup": 2.0,
                                     "task_dtype": "bfloat16"}) + "\n")
-    assert set(module.chip_rows([old, jaxbench], suite="MaxKernel")) == {"1k_a"}
-    assert set(module.chip_rows([old, jaxbench], suite="JAXBench")) == {"2k_b"}
+    maxkernel.write_text(json.dumps({**chip, "task": "3k_c", "speedup": 3.0,
+                                     "task_dtype": None}) + "\n")
+    rows = [old, jaxbench, maxkernel]
+    assert set(module.chip_rows(rows, suite="MaxKernel")) == {"1k_a", "3k_c"}
+    assert set(module.chip_rows(rows, suite="JAXBench")) == {"1k_a", "2k_b"}
 
 
 def test_measure_on_chip_can_time_a_kernel_against_another(tmp_path: Path) -> None:

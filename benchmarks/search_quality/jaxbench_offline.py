@@ -348,15 +348,15 @@ def chip_rows(files: list[Path], crowned: dict[str, str] | None = None,
     """Each task's latest ``measure_on_chip.py`` row for its crowned kernel, from files
     oldest first (device times against XLA's on the chip the row names): known by its hash
     where both sides say it (``crowned``: task -> ``crowned_sha256``; a row's
-    ``kernel_sha256``), which wins over the name ``crowned.py`` alone. ``suite``: only its
-    rows (the suites share task names; a JAXBench row names its ``task_dtype``)."""
+    ``kernel_sha256``), which wins over the name ``crowned.py`` alone. ``suite``: not the
+    other's rows (the suites share names; a JAXBench row's ``task_dtype`` is set)."""
     by_name: dict[str, dict] = {}
     by_hash: dict[str, dict] = {}
     for path in files:
         for line in path.read_text().splitlines():
             row = json.loads(line) if line.strip() else None
-            if not row or "task" not in row or row.get("against") or (suite and bool(
-                    row.get("task_dtype")) != (suite == "JAXBench")):
+            if not row or "task" not in row or row.get("against") or (suite and "task_dtype"
+                    in row and bool(row["task_dtype"]) != (suite == "JAXBench")):
                 continue  # (timed against another kernel than XLA's; the other suite's)
             want = (crowned or {}).get(row["task"])
             if want and row.get("kernel_sha256") == want:

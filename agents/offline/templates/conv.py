@@ -252,6 +252,13 @@ def conv(brief: TaskBrief) -> tuple[str, str]:
                  "between the two in float32 or in the output's dtype); "
                  if "norm_epilogue=" in body else "; ")
               if "_conv(" in body and "except _Unfusable" in body else "")
-           + "the rest of the reference runs as written around the kernel. The tuner sizes "
-           "BLOCK_ROWS next.")
+           + "the rest of the reference runs as written around the kernel. "
+           + ("LANES (first here: fewer than 32 channels come in; a switch the tuner "
+              "measures) runs it channels-first instead: one image a step, its pixels "
+              "flattened onto the lanes, the taps as lane rotations stacked into one "
+              "product, and a norm over the image in the same kernel. "
+              if lanes else "LANES, a switch the tuner measures, would run it "
+              "channels-first (pixels on the lanes), which pays with few input channels. "
+              if not three_d else "")
+           + "The tuner sizes BLOCK_ROWS next.")
     return src, why

@@ -315,7 +315,8 @@ def _conv(lhs, rhs, window_strides=(1, 1), padding="VALID", lhs_dilation=None,
     ``norm_epilogue`` (the steps that use the mean and variance, their operands
     ``norm_params``) on them; "G" is a group norm, its statistics over each image's
     ``norm_groups`` groups of channels. ``norm_closing``: that epilogue ends on a
-    reduction over the channels, and one channel is stored."""
+    reduction over the channels, and one channel is stored. With LANES (not for a batch's
+    statistics) the channels-first kernel runs instead, where its blocks fit VMEM."""
     if dimension_numbers is not None:
         layout = tuple(dimension_numbers)
     else:
