@@ -19,9 +19,10 @@ LANES = {default}'''
 _LANES_KERNEL = '''
 
 # Flattened pixels a step of the channels-first kernel works on (a multiple of 128): a
-# 128x128 image in one. The TPU compiler's estimator walks every step of every grid step
+# 128x128 image in one. The TPU compiler's estimator needs far more memory for more steps
 # (46k, 4 images: 4.5 GB and 63 s in steps of 2048, 0.6 GB and 4 s in one of 16384, the
-# same cycles within 8%), and above 8 GB it gives no figure.
+# same cycles within 8%), and above 8 GB it gives no figure (at 46k's production it gives
+# none either way: its memory there follows the operands' size).
 LANE_CHUNK = 16384
 
 
